@@ -1,0 +1,29 @@
+// Minimal leveled logging to stderr: "[atom 12:34:56.789 INFO] message".
+#pragma once
+
+#include <fmt/format.h>
+
+#include <string>
+
+namespace atom {
+
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
+
+// From ATOM_LOG_LEVEL (debug|info|warn|error), default info.
+LogLevel log_level();
+void log_write(LogLevel level, const std::string& msg);
+
+template <typename... Args>
+void log_info(fmt::format_string<Args...> f, Args&&... args) {
+  if (log_level() <= LogLevel::kInfo) log_write(LogLevel::kInfo, fmt::format(f, std::forward<Args>(args)...));
+}
+template <typename... Args>
+void log_warn(fmt::format_string<Args...> f, Args&&... args) {
+  if (log_level() <= LogLevel::kWarn) log_write(LogLevel::kWarn, fmt::format(f, std::forward<Args>(args)...));
+}
+template <typename... Args>
+void log_debug(fmt::format_string<Args...> f, Args&&... args) {
+  if (log_level() <= LogLevel::kDebug) log_write(LogLevel::kDebug, fmt::format(f, std::forward<Args>(args)...));
+}
+
+}  // namespace atom
