@@ -136,3 +136,42 @@ TEST_F(Coverage, DuplicateTensorAcrossFilesWithoutIndex) {
 
 }  // namespace
 }  // namespace atom::test
+
+namespace atom::test {
+namespace {
+
+// Post-load processing runs once, after every parameter is filled, in registration order.
+TEST(PostLoad, RunsAfterCoverageInOrder) {
+  TempDir d;
+  Tensor a = Tensor::empty({2, 2}, DType::kF32);
+  for (int i = 0; i < 4; ++i) a.ptr<float>()[i] = static_cast<float>(i);
+  safetensors_write(d.file("model.safetensors"), {{"a.weight", a}, {"b.weight", a}});
+  ParamRegistry reg;
+  Parameter& pa = reg.add("a.weight", Tensor::zeros({2, 2}, DType::kF32));
+  reg.add("b.weight", Tensor::zeros({2, 2}, DType::kF32));
+  std::vector<std::string> order;
+  reg.add_post_load([&] {
+    order.push_back("double a");
+    for (int i = 0; i < 4; ++i) pa.data().ptr<float>()[i] *= 2;
+  });
+  reg.add_post_load([&] { order.push_back("second"); });
+  WeightLoadSpec spec;
+  spec.num_hidden_layers = 1;
+  load_weights(reg, Checkpoint(d.str()), spec, CheckpointReadOptions{});
+  EXPECT_EQ(order, (std::vector<std::string>{"double a", "second"}));
+  EXPECT_EQ(pa.data().ptr<float>()[3], 6.0f);
+
+  // Coverage fails first: no post-load step runs on half-loaded weights.
+  ParamRegistry reg2;
+  reg2.add("a.weight", Tensor::zeros({2, 2}, DType::kF32));
+  reg2.add("b.weight", Tensor::zeros({2, 2}, DType::kF32));
+  reg2.add("c.weight", Tensor::zeros({2, 2}, DType::kF32));
+  bool ran = false;
+  reg2.add_post_load([&] { ran = true; });
+  EXPECT_ERROR_CONTAINS(load_weights(reg2, Checkpoint(d.str()), spec, CheckpointReadOptions{}),
+                        "c.weight", "received no data");
+  EXPECT_FALSE(ran);
+}
+
+}  // namespace
+}  // namespace atom::test
