@@ -106,6 +106,7 @@ void HttpServer::routes() {
       for (const auto& name : options_.served_model_names)
         data.push_back({{"id", name}, {"object", "model"}, {"created", info.created}, {"owned_by", "atom"},
                         {"root", info.model_path}, {"parent", nullptr}, {"max_model_len", info.max_model_len},
+                        {"vocab_size", info.vocab_size},
                         {"permission", json::array()}});
       res.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
     });
