@@ -205,6 +205,19 @@ std::optional<int64_t> cached(HttpServer& s, const Job& job) {
   return job.cached_tokens();
 }
 
+// The end of a stream: an error event if the engine failed, the usage chunk when asked for, then
+// [DONE].
+std::string stream_tail(HttpServer& s, const Job& job, const StreamOptions& so, const std::string& id,
+                        const char* object, int64_t created, const std::string& model) {
+  std::string out;
+  if (!job.error().empty()) out += "data: " + error_body(500, "InternalServerError", job.error()) + "\n\n";
+  if (so.include_usage)
+    out += sse_event({{"id", id}, {"object", object}, {"created", created}, {"model", model},
+                      {"choices", json::array()},
+                      {"usage", usage_json(job.prompt_tokens(), job.completion_tokens(), cached(s, job))}});
+  return out + sse_done();
+}
+
 // Waits for a non-streamed job, aborting it if the client goes away. Returns false on abort.
 bool wait_unstreamed(Job& job, const httplib::Request& req) {
   ConnectionProbe probe(req.remote_addr, req.remote_port);
@@ -353,16 +366,7 @@ void handle_completions(HttpServer& s, const httplib::Request& req, httplib::Res
       ch["usage"] = usage_json(job->prompt_tokens(), job->completion_tokens(), std::nullopt);
     return out + sse_event(ch);
   };
-  auto finish = [=, &s]() {
-    std::string out;
-    if (!job->error().empty())
-      out += "data: " + error_body(500, "InternalServerError", job->error()) + "\n\n";
-    if (so.include_usage)
-      out += sse_event({{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-                        {"choices", json::array()},
-                        {"usage", usage_json(job->prompt_tokens(), job->completion_tokens(), cached(s, *job))}});
-    return out + sse_done();
-  };
+  auto finish = [=, &s]() { return stream_tail(s, *job, so, id, "text_completion", created, model); };
   stream_job(res, req, job, emit, finish);
 }
 
@@ -470,16 +474,7 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
       ch["usage"] = usage_json(job->prompt_tokens(), job->completion_tokens(), std::nullopt);
     return out + sse_event(ch);
   };
-  auto finish = [=, &s]() {
-    std::string out;
-    if (!job->error().empty())
-      out += "data: " + error_body(500, "InternalServerError", job->error()) + "\n\n";
-    if (so.include_usage)
-      out += sse_event({{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
-                        {"choices", json::array()},
-                        {"usage", usage_json(job->prompt_tokens(), job->completion_tokens(), cached(s, *job))}});
-    return out + sse_done();
-  };
+  auto finish = [=, &s]() { return stream_tail(s, *job, so, id, "chat.completion.chunk", created, model); };
   stream_job(res, req, job, emit, finish);
 }
 
