@@ -1,0 +1,22 @@
+// Decoders of tokenizer.json: turn token strings back into text (ByteLevel, Metaspace, Replace,
+// ByteFallback, Fuse, Strip, BPEDecoder, WordPiece, Sequence). As in HF, each decoder maps the
+// list of token strings to a new list and the final text is their concatenation.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tokenizer/json_util.h"
+
+namespace atom::tokenizer {
+
+class Decoder {
+ public:
+  virtual ~Decoder() = default;
+  virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+};
+
+std::unique_ptr<Decoder> decoder_from_json(const Json& j, const std::string& where);
+
+}  // namespace atom::tokenizer

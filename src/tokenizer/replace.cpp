@@ -1,0 +1,54 @@
+#include "tokenizer/replace.h"
+
+#include <cctype>
+#include <vector>
+
+namespace atom::tokenizer {
+
+Replacer::Replacer(const Json& j, const std::string& where) {
+  const Json& pat = json_field(j, "pattern", where);
+  content_ = json_string(j, "content", where);
+  if (pat.is_object() && pat.contains("String")) {
+    literal_ = json_string(pat, "String", where + ".pattern");
+    // HF compiles the escaped literal as a regex; the empty one matches everywhere.
+    if (literal_.empty()) regex_ = std::make_unique<Regex>("", where + ".pattern");
+  } else if (pat.is_object() && pat.contains("Regex")) {
+    regex_ = std::make_unique<Regex>(json_string(pat, "Regex", where + ".pattern"), where + ".pattern");
+  } else {
+    fail("{}.pattern: expected {{\"String\": ...}} or {{\"Regex\": ...}}", where);
+  }
+}
+
+bool Replacer::apply(std::string& s) const {
+  if (regex_ == nullptr) {
+    size_t m = s.find(literal_);
+    if (m == std::string::npos) return false;
+    const bool dropped_first = content_.empty() && m == 0;
+    std::string out;
+    out.reserve(s.size() + s.size() / 4);
+    size_t pos = 0;
+    while (m != std::string::npos) {
+      out.append(s, pos, m - pos).append(content_);
+      pos = m + literal_.size();
+      m = s.find(literal_, pos);
+    }
+    out.append(s, pos, std::string::npos);
+    s = std::move(out);
+    return dropped_first;
+  }
+  thread_local std::vector<std::pair<size_t, size_t>> m;
+  regex_->find_all(s, m);
+  if (m.empty()) return false;
+  const bool dropped_first = content_.empty() && m[0].first == 0 && m[0].second > 0;
+  std::string out;
+  size_t pos = 0;
+  for (auto [a, b] : m) {
+    out.append(s, pos, a - pos).append(content_);
+    pos = b;
+  }
+  out.append(s, pos, std::string::npos);
+  s = std::move(out);
+  return dropped_first;
+}
+
+}  // namespace atom::tokenizer
