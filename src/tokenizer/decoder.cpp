@@ -73,6 +73,7 @@ class ReplaceDec final : public Decoder {
 // per byte (HF's rule, not from_utf8_lossy's).
 class ByteFallbackDec final : public Decoder {
  public:
+  bool has_byte_fallback() const override { return true; }
   void decode_chain(std::vector<std::string>& tokens) const override {
     std::vector<std::string> out;
     out.reserve(tokens.size());
@@ -215,10 +216,18 @@ class SequenceDec final : public Decoder {
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& p : parts_) p->decode_chain(tokens);
   }
+  bool has_byte_fallback() const override {
+    for (const auto& p : parts_) {
+      if (p->has_byte_fallback()) return true;
+    }
+    return false;
+  }
 
  private:
   std::vector<std::unique_ptr<Decoder>> parts_;
 };
+
+bool hex_digit(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
 char32_t single_char(const Json& j, const char* key, const std::string& where) {
   const std::u32string s = json_chars(j, key, where);
@@ -227,6 +236,10 @@ char32_t single_char(const Json& j, const char* key, const std::string& where) {
 }
 
 }  // namespace
+
+bool is_byte_fallback_token(std::string_view t) {
+  return t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && hex_digit(t[3]) && hex_digit(t[4]);
+}
 
 std::unique_ptr<Decoder> decoder_from_json(const Json& j, const std::string& where) {
   if (j.is_null()) return nullptr;

@@ -15,7 +15,13 @@ class Decoder {
  public:
   virtual ~Decoder() = default;
   virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+  // True when a ByteFallback decoder is part of the chain: then a "<0xNN>" run decodes as a
+  // whole (an invalid run becomes one U+FFFD per byte), which streaming has to respect.
+  virtual bool has_byte_fallback() const { return false; }
 };
+
+// "<0xNN>": what the ByteFallback decoder reads as one byte.
+bool is_byte_fallback_token(std::string_view token);
 
 std::unique_ptr<Decoder> decoder_from_json(const Json& j, const std::string& where);
 

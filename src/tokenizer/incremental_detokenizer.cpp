@@ -1,5 +1,6 @@
 #include "tokenizer/incremental_detokenizer.h"
 
+#include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/utf8.h"
 
 namespace atom::tokenizer {
@@ -29,7 +30,21 @@ std::string IncrementalDetokenizer::add(int32_t id) {
 
 std::string IncrementalDetokenizer::finish() { return step(true); }
 
+// True while the last token that reaches the decoder is a "<0xNN>" byte of a ByteFallback decoder:
+// HF decodes such a run as a whole and turns all of it into U+FFFDs if any byte is invalid, so no
+// part of the run is final until a different token (or the end) closes it.
+bool IncrementalDetokenizer::in_byte_run() const {
+  const TokenizerImpl& impl = tok_.impl();
+  if (!impl.decoder || !impl.decoder->has_byte_fallback()) return false;
+  std::string_view text;
+  for (size_t i = ids_.size(); i-- > read_offset_;) {
+    if (impl.token_text(ids_[i], skip_special_, text)) return is_byte_fallback_token(text);
+  }
+  return false;
+}
+
 std::string IncrementalDetokenizer::step(bool final) {
+  if (!final && in_byte_run()) return {};
   const std::span<const int32_t> all(ids_);
   const std::string prefix_text = tok_.decode(all.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_);
   const std::string new_text = tok_.decode(all.subspan(prefix_offset_), skip_special_);
@@ -39,9 +54,9 @@ std::string IncrementalDetokenizer::step(bool final) {
   if (new_text.compare(0, prefix_text.size(), prefix_text) == 0) {
     piece = new_text.substr(prefix_text.size());
   } else {
-    // The window's earlier text changed (a byte-fallback run that turned invalid, see
-    // docs/tokenizer.md): what was emitted stands; continue after it on a character boundary so
-    // the output stays valid UTF-8.
+    // The window's earlier text changed (no decoder atom knows does this; kept as a safety net):
+    // what was emitted stands; continue after it on a character boundary so the output stays
+    // valid UTF-8.
     size_t k = prefix_text.size();
     while (k < new_text.size() && (static_cast<unsigned char>(new_text[k]) & 0xC0) == 0x80) ++k;
     piece = new_text.substr(k);

@@ -6,7 +6,8 @@
 // decodes a short window of recent ids twice, ids[prefix, read) and ids[prefix, end), and emits
 // the difference once the window's text does not end in U+FFFD (an incomplete character). The
 // window starts where the previous emitted text ended, so the concatenation of everything emitted,
-// plus finish(), equals decode(all ids).
+// plus finish(), equals decode(all ids). With a ByteFallback decoder a run of "<0xNN>" tokens is
+// held until it is closed, because HF decodes the run as a whole.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,7 @@ class IncrementalDetokenizer {
 
  private:
   std::string step(bool final);
+  bool in_byte_run() const;
 
   Tokenizer tok_;
   bool skip_special_;

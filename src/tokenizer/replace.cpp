@@ -3,6 +3,8 @@
 #include <cctype>
 #include <vector>
 
+#include "tokenizer/utf8.h"
+
 namespace atom::tokenizer {
 
 Replacer::Replacer(const Json& j, const std::string& where) {
@@ -19,11 +21,19 @@ Replacer::Replacer(const Json& j, const std::string& where) {
   }
 }
 
+// HF aligns replacement text with the last character of what it replaces, and a removed match
+// leaves the next character first. Either way, replacing a match at offset 0 moves the start of the
+// text off the input's offset 0, unless the match is a single character that is replaced by
+// something.
+bool Replacer::moves_origin(std::string_view match) const {
+  return content_.empty() || utf8_char_count(match) > 1;
+}
+
 bool Replacer::apply(std::string& s) const {
   if (regex_ == nullptr) {
     size_t m = s.find(literal_);
     if (m == std::string::npos) return false;
-    const bool dropped_first = content_.empty() && m == 0;
+    const bool dropped_first = m == 0 && moves_origin(literal_);
     std::string out;
     out.reserve(s.size() + s.size() / 4);
     size_t pos = 0;
@@ -39,7 +49,8 @@ bool Replacer::apply(std::string& s) const {
   thread_local std::vector<std::pair<size_t, size_t>> m;
   regex_->find_all(s, m);
   if (m.empty()) return false;
-  const bool dropped_first = content_.empty() && m[0].first == 0 && m[0].second > 0;
+  const bool dropped_first =
+      m[0].first == 0 && m[0].second > 0 && moves_origin(std::string_view(s).substr(0, m[0].second));
   std::string out;
   size_t pos = 0;
   for (auto [a, b] : m) {

@@ -13,11 +13,12 @@ class Replacer {
  public:
   // j holds {"pattern": {"String": s} | {"Regex": r}, "content": c}.
   Replacer(const Json& j, const std::string& where);
-  // Replaces every non-overlapping match in s. Returns true when a non-empty match at offset 0
-  // was replaced by nothing (the first character of s was dropped).
+  // Replaces every non-overlapping match in s. Returns true when the replacement moved the start
+  // of s away from the input's first character (see moves_origin).
   bool apply(std::string& s) const;
 
  private:
+  bool moves_origin(std::string_view match) const;
   std::string literal_;
   std::string content_;
   std::unique_ptr<Regex> regex_;  // set for Regex patterns and for an empty String pattern
