@@ -81,6 +81,17 @@ BpeModel::BpeModel(TokenTable vocab, const RawMerges& merges, BpeOptions options
   }
   if (options_.unk_token) unk_id_ = vocab_.find(*options_.unk_token);
   for (int b = 0; b < 256; ++b) byte_ids_[b] = vocab_.find(fmt::format("<0x{:02X}>", b));
+  if (!options_.continuing_subword_prefix && !options_.end_of_word_suffix) {
+    char_ids_.assign(0x10000, -1);
+    for (int32_t id = 0; id <= vocab_.max_id(); ++id) {
+      const std::string_view t = vocab_.text(id);
+      if (t.empty() || static_cast<size_t>(utf8_seq_len(static_cast<unsigned char>(t[0]))) != t.size()) continue;
+      size_t i = 0;
+      const char32_t c = utf8_next(t, i);
+      // Only when the text maps back to this id (a duplicate text keeps its last id).
+      if (c < 0x10000 && vocab_.find(t) == id) char_ids_[c] = id;
+    }
+  }
 }
 
 BpeModel::~BpeModel() = default;
@@ -158,7 +169,13 @@ void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
       if (is_last && options_.end_of_word_suffix) piece.append(*options_.end_of_word_suffix);
       s = piece;
     }
-    const int32_t id = vocab_.find(s);
+    int32_t id;
+    if (!char_ids_.empty() && byte_len <= 3) {
+      size_t k = 0;
+      id = char_ids_[utf8_next(s, k)];
+    } else {
+      id = vocab_.find(s);
+    }
     if (id >= 0) {
       if (have_unk) {
         add_symbol(unk_pending_id, unk_pending_len);

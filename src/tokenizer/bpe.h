@@ -53,6 +53,9 @@ class BpeModel {
   BpeOptions options_;
   int32_t unk_id_ = -1;
   std::array<int32_t, 256> byte_ids_{};  // ids of "<0xNN>" tokens (-1 when missing)
+  // Ids of single-character tokens below U+10000 (-1 when not in the vocabulary), so splitting a
+  // word into characters needs no hashing; only used without subword prefix/suffix.
+  std::vector<int32_t> char_ids_;
   struct Cache;
   std::unique_ptr<Cache> cache_;
 };

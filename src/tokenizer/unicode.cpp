@@ -89,29 +89,23 @@ void uni_append_lowercase(std::string& out, char32_t c) {
   utf8_append(out, static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(c))));
 }
 
-std::string uni_normalize(std::string_view s, NormForm form) {
-  // Below U+0300 every code point is a starter whose NFC/NFD forms are itself, except the
-  // precomposed Latin-1 letters (which NFD/NFKD/NFKC may change). ASCII never changes.
-  bool ascii = true;
-  for (char ch : s) {
-    if (static_cast<unsigned char>(ch) >= 0x80) {
-      ascii = false;
-      break;
-    }
+namespace {
+
+// True when code point c (>= 0x80) can never change under NFC nor combine with its neighbours, by
+// utf8proc's data: no canonical decomposition, combining class 0, no part in any composition, not
+// a Hangul jamo (those compose algorithmically).
+bool nfc_inert(char32_t c) {
+  if (c < 0x300) {
+    const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(c));
+    return p->comb_index == UINT16_MAX && !(p->decomp_seqindex != UINT16_MAX && p->decomp_type == 0);
   }
-  if (ascii || s.empty()) return std::string(s);
-  if (form == NormForm::kNFC) {
-    bool below = true;
-    for (size_t i = 0; i < s.size() && below;) below = utf8_next(s, i) < 0x300;
-    if (below) return std::string(s);
-  }
-  int flags = UTF8PROC_STABLE;
-  switch (form) {
-    case NormForm::kNFC: flags |= UTF8PROC_COMPOSE; break;
-    case NormForm::kNFD: flags |= UTF8PROC_DECOMPOSE; break;
-    case NormForm::kNFKC: flags |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    case NormForm::kNFKD: flags |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
-  }
+  if ((c >= 0x1100 && c <= 0x11FF) || (c >= 0xA960 && c <= 0xA97F) || (c >= 0xD7B0 && c <= 0xD7FF)) return false;
+  const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(c));
+  if (p->combining_class != 0 || p->comb_index != UINT16_MAX) return false;
+  return !(p->decomp_seqindex != UINT16_MAX && p->decomp_type == 0);
+}
+
+std::string utf8proc_run(std::string_view s, int flags) {
   utf8proc_uint8_t* out = nullptr;
   const utf8proc_ssize_t n =
       utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
@@ -120,6 +114,63 @@ std::string uni_normalize(std::string_view s, NormForm form) {
   std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
   std::free(out);
   return result;
+}
+
+// NFC, running utf8proc only on the stretches that need it. No ASCII character composes with what
+// precedes it, so NFC(s) is the concatenation of NFC over stretches that each begin at an ASCII
+// character; a stretch whose other characters are all inert is already NFC.
+std::string nfc(std::string_view s) {
+  std::string out;
+  size_t copied = 0;     // s[0, copied) is in out
+  size_t seg = 0;        // start of the current stretch
+  bool dirty = false;    // the current stretch has a character that is not inert
+  auto flush = [&](size_t end) {
+    if (dirty) {
+      if (out.empty()) out.reserve(s.size() + 16);
+      out.append(s.substr(copied, seg - copied));
+      out.append(utf8proc_run(s.substr(seg, end - seg), UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+      copied = end;
+    }
+    dirty = false;
+  };
+  for (size_t i = 0; i < s.size();) {
+    if (static_cast<unsigned char>(s[i]) < 0x80) {
+      // A stretch starts with its ASCII character: a combining mark after it may compose with it.
+      flush(i);
+      seg = i;
+      ++i;
+      continue;
+    }
+    if (!nfc_inert(utf8_next(s, i))) {
+      // The whole stretch goes through utf8proc: skip to the next ASCII character.
+      dirty = true;
+      while (i < s.size() && static_cast<unsigned char>(s[i]) >= 0x80) ++i;
+    }
+  }
+  flush(s.size());
+  if (copied == 0) return std::string(s);
+  out.append(s.substr(copied));
+  return out;
+}
+
+}  // namespace
+
+std::string uni_normalize(std::string_view s, NormForm form) {
+  bool ascii = true;
+  for (char ch : s) {
+    if (static_cast<unsigned char>(ch) >= 0x80) {
+      ascii = false;
+      break;
+    }
+  }
+  if (ascii || s.empty()) return std::string(s);
+  switch (form) {
+    case NormForm::kNFC: return nfc(s);
+    case NormForm::kNFD: return utf8proc_run(s, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE);
+    case NormForm::kNFKC: return utf8proc_run(s, UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+    case NormForm::kNFKD: return utf8proc_run(s, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+  }
+  return std::string(s);
 }
 
 }  // namespace atom::tokenizer
