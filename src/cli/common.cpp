@@ -1,0 +1,50 @@
+#include "cli/common.h"
+
+#include <chrono>
+#include <cstdlib>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace atom::cli {
+
+void model_args_add(CLI::App* cmd, ModelArgs& a) {
+  cmd->add_option("--model", a.model, "Hugging Face model folder (config.json + safetensors)")->required();
+  cmd->add_option("--device", a.device, "cpu or cuda (default: cuda when a GPU is present)");
+  cmd->add_option("--load-format", a.load_format,
+                  "auto | safetensors | dummy (seeded random weights from config.json alone)");
+}
+
+LoadedModel model_args_load(const ModelArgs& a) {
+  ModelOptions o;
+  o.device = a.device.empty() ? device_default() : device_parse(a.device);
+  if (o.device.is_cuda() && !cuda_available())
+    fail("--device {}: no usable NVIDIA GPU found (or this build has no CUDA backend)", o.device.str());
+  const auto t0 = std::chrono::steady_clock::now();
+  LoadedModel m = model_load(a.model, o, load_format_parse(a.load_format));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto& st = m.report.checkpoint;
+  log_info("loaded {} ({}) on {} in {:.2f} s: {} tensors, {} of {} shards read, {:.1f} MB read",
+           a.model, m.model->config().architectures[0], o.device.str(), s, m.report.tensors_loaded,
+           st.shards_read, st.shards_total, static_cast<double>(st.bytes_read) / 1e6);
+  return m;
+}
+
+std::vector<int32_t> token_list_parse(const std::string& s, const std::string& flag) {
+  std::vector<int32_t> r;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t comma = s.find(',', pos);
+    const std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
+      fail("{} '{}': expected comma-separated non-negative token ids", flag, s);
+    r.push_back(static_cast<int32_t>(v));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return r;
+}
+
+}  // namespace atom::cli

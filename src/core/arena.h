@@ -1,0 +1,35 @@
+// Per-step scratch memory: a bump allocator reset after every forward step. The same sequence of
+// allocations gets the same addresses every step, which CUDA graph replay relies on.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace atom {
+
+class Arena {
+ public:
+  Arena(Device device, size_t initial_bytes = 1 << 20);
+
+  Tensor alloc(Shape shape, DType dtype);
+  // Invalidates every tensor handed out since the last reset. When one step outgrew the current
+  // block, the blocks are merged into one large enough for it.
+  void reset();
+  Device device() const { return device_; }
+  size_t capacity() const;
+  size_t high_water() const { return high_water_; }
+
+ private:
+  struct Block {
+    std::shared_ptr<Storage> storage;
+    size_t used = 0;
+  };
+  Device device_;
+  std::vector<Block> blocks_;
+  size_t step_bytes_ = 0;
+  size_t high_water_ = 0;
+};
+
+}  // namespace atom

@@ -1,0 +1,55 @@
+// Tensor-parallel communication. A Communicator is one rank's handle on its group.
+// LocalGroup runs several ranks as threads of one process (CPU tests of tensor parallelism);
+// NCCL groups come with the multi-GPU work.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace atom {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // In place: x = sum over ranks of x. Float tensors, same shape on every rank.
+  virtual void all_reduce_sum(Tensor& x) = 0;
+  // out = concat over ranks of `in` along its last dimension; out is [..., size * in.last].
+  virtual void all_gather_last_dim(const Tensor& in, Tensor& out) = 0;
+};
+
+// The single-rank communicator: every collective is the identity.
+class SoloCommunicator final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_reduce_sum(Tensor&) override {}
+  void all_gather_last_dim(const Tensor& in, Tensor& out) override;
+};
+
+// Shared state of `size` ranks that are threads of this process (CPU tensors only).
+class LocalGroup {
+ public:
+  explicit LocalGroup(int size);
+  int size() const { return size_; }
+  // The communicator for `rank`; the group must outlive it.
+  std::unique_ptr<Communicator> communicator(int rank);
+
+ private:
+  friend class LocalCommunicator;
+  // Blocks until all ranks arrived; returns the generation number.
+  void barrier();
+  int size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  long generation_ = 0;
+  std::vector<Tensor> slots_;  // each rank's contribution to the current collective
+};
+
+}  // namespace atom

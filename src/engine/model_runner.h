@@ -1,0 +1,29 @@
+// Runs one Batch through a model on its device: uploads the descriptor, runs forward and the LM
+// head, and returns the logits on the host. Owns the KV cache and the per-step scratch arena.
+#pragma once
+
+#include "layers/batch.h"
+#include "layers/context.h"
+#include "models/model.h"
+
+namespace atom {
+
+class ModelRunner {
+ public:
+  ModelRunner(Model& model, int num_pages, int block_size);
+
+  // Logits [len(batch.logits_indices), vocab] F32 on the host.
+  Tensor execute(Batch& batch);
+
+  Model& model() { return model_; }
+  KvCache& kv() { return kv_; }
+  int block_size() const { return kv_.block_size; }
+  int num_pages() const { return kv_.num_pages; }
+
+ private:
+  Model& model_;
+  KvCache kv_;
+  Arena arena_;
+};
+
+}  // namespace atom

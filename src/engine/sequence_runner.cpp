@@ -1,0 +1,98 @@
+#include "engine/sequence_runner.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/sampling.h"
+
+namespace atom {
+
+namespace {
+
+// One sequence whose context occupies pages 0, 1, 2, ... in order.
+class SingleSequence {
+ public:
+  SingleSequence(Model& model, int capacity, int block_size)
+      : runner_(model, std::max(1, (capacity + block_size - 1) / block_size), block_size) {}
+
+  // Appends `tokens` to the context; returns logits of the listed rows (indices into `tokens`).
+  Tensor step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& logit_rows) {
+    const int bs = runner_.block_size();
+    const int q = static_cast<int>(tokens.size());
+    Batch b;
+    b.token_ids = tokens;
+    for (int i = 0; i < q; ++i) {
+      b.positions.push_back(len_ + i);
+      b.slot_mapping.push_back(len_ + i);  // page p holds slots [p*bs, (p+1)*bs)
+    }
+    len_ += q;
+    ATOM_CHECK(len_ <= runner_.num_pages() * bs, "sequence outgrew its {} pages", runner_.num_pages());
+    b.query_start = {0, q};
+    b.context_lens = {len_};
+    const int pages = (len_ + bs - 1) / bs;
+    b.page_indptr = {0, pages};
+    for (int p = 0; p < pages; ++p) b.page_indices.push_back(p);
+    b.logits_indices = logit_rows;
+    b.state_slots = {0};
+    return runner_.execute(b);
+  }
+
+ private:
+  ModelRunner runner_;
+  int len_ = 0;
+};
+
+int32_t row_argmax(const Tensor& logits, int64_t row) {
+  Tensor ids = Tensor::empty({1}, DType::kI32);
+  Tensor r = logits.narrow(0, row, 1);
+  kernels::argmax(ids, r);
+  return ids.ptr<int32_t>()[0];
+}
+
+}  // namespace
+
+Tensor score_tokens(Model& model, const std::vector<int32_t>& tokens, int chunk, int block_size) {
+  const int T = static_cast<int>(tokens.size());
+  ATOM_CHECK(T > 0, "score needs at least one token");
+  for (int32_t t : tokens)
+    if (t < 0 || t >= model.vocab_size())
+      fail("token id {} is outside the vocabulary [0, {})", t, model.vocab_size());
+  SingleSequence seq(model, T, block_size);
+  Tensor out = Tensor::empty({T, model.vocab_size()}, DType::kF32);
+  const int step = chunk > 0 ? chunk : T;
+  for (int s = 0; s < T; s += step) {
+    const int n = std::min(step, T - s);
+    std::vector<int32_t> part(tokens.begin() + s, tokens.begin() + s + n), rows(n);
+    for (int i = 0; i < n; ++i) rows[i] = i;
+    Tensor logits = seq.step(part, rows);
+    std::memcpy(out.ptr<float>() + static_cast<int64_t>(s) * model.vocab_size(), logits.data(),
+                logits.nbytes());
+  }
+  return out;
+}
+
+GreedyResult generate_greedy(Model& model, const std::vector<int32_t>& prompt, int max_tokens,
+                             const std::vector<int64_t>& eos, bool ignore_eos, int block_size) {
+  ATOM_CHECK(!prompt.empty(), "generate needs a non-empty prompt");
+  for (int32_t t : prompt)
+    if (t < 0 || t >= model.vocab_size())
+      fail("prompt token id {} is outside the vocabulary [0, {})", t, model.vocab_size());
+  GreedyResult r;
+  r.finish_reason = "length";
+  if (max_tokens <= 0) return r;
+  SingleSequence seq(model, static_cast<int>(prompt.size()) + max_tokens, block_size);
+  Tensor logits = seq.step(prompt, {static_cast<int32_t>(prompt.size()) - 1});
+  for (int i = 0; i < max_tokens; ++i) {
+    const int32_t next = row_argmax(logits, 0);
+    r.token_ids.push_back(next);
+    if (!ignore_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) {
+      r.finish_reason = "stop";
+      break;
+    }
+    if (i + 1 < max_tokens) logits = seq.step({next}, {0});
+  }
+  return r;
+}
+
+}  // namespace atom

@@ -1,0 +1,70 @@
+#pragma once
+
+#include "kernels/dispatch.h"
+
+namespace atom::kernels {
+
+// Writes each token's key and value into its cache slot (slot < 0: skipped).
+//   k_cache, v_cache [num_pages, block_size, Hk, D]
+//   k, v [T, Hk * D] (rows may be strided)     slot_mapping [T] I32
+namespace cpu {
+void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
+                    const Tensor& slot_mapping);
+}
+namespace cuda {
+void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
+                    const Tensor& slot_mapping);
+}
+
+inline void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
+                           const Tensor& slot_mapping) {
+  check_same_device("kv_cache_write", k_cache.device(), {&v_cache, &k, &v, &slot_mapping});
+  if (k_cache.device().is_cpu()) return cpu::kv_cache_write(k_cache, v_cache, k, v, slot_mapping);
+  ATOM_KERNEL_CUDA("kv_cache_write", cuda::kv_cache_write(k_cache, v_cache, k, v, slot_mapping));
+}
+
+// Attention of each sequence's new tokens over its whole cached context (prefill, chunked
+// prefill, prefix-cached prefill and decode alike). Query i of a sequence with q new tokens and
+// context L sits at context index L - q + i and sees keys j <= that index (and, with a sliding
+// window W, j > index - W).
+struct AttentionArgs {
+  int num_heads = 0;     // query heads on this rank
+  int num_kv_heads = 0;  // key/value heads on this rank
+  int head_dim = 0;
+  float scale = 1.0f;
+  int sliding_window = 0;  // 0: full attention
+  float logit_softcap = 0.0f;  // 0: none
+  int max_query_len = 0;
+  int max_context_len = 0;
+};
+
+//   out [T, Hq * D]    q [T, Hq * D] (rows may be strided)
+//   query_start [S + 1], context_lens [S], page_indptr [S + 1], page_indices [pages]: I32
+//   sinks [Hq] F32 or undefined: a per-head logit added to the softmax denominator
+struct AttentionBatch {
+  const Tensor* query_start;
+  const Tensor* context_lens;
+  const Tensor* page_indptr;
+  const Tensor* page_indices;
+};
+
+namespace cpu {
+void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const AttentionBatch& b, const Tensor& sinks, const AttentionArgs& a);
+}
+namespace cuda {
+void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const AttentionBatch& b, const Tensor& sinks, const AttentionArgs& a);
+}
+
+inline void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache,
+                            const Tensor& v_cache, const AttentionBatch& b, const Tensor& sinks,
+                            const AttentionArgs& a) {
+  check_same_device("paged_attention", out.device(),
+                    {&q, &k_cache, &v_cache, b.query_start, b.context_lens, b.page_indptr,
+                     b.page_indices, &sinks});
+  if (out.device().is_cpu()) return cpu::paged_attention(out, q, k_cache, v_cache, b, sinks, a);
+  ATOM_KERNEL_CUDA("paged_attention", cuda::paged_attention(out, q, k_cache, v_cache, b, sinks, a));
+}
+
+}  // namespace atom::kernels

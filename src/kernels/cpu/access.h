@@ -1,0 +1,73 @@
+// Element access for the CPU reference kernels: float math on F32, BF16 or F16 storage.
+#pragma once
+
+#include "core/error.h"
+#include "core/half.h"
+#include "core/tensor.h"
+
+namespace atom::kernels::cpu {
+
+inline float load(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default: ATOM_CHECK(false, "CPU kernel: unsupported dtype {}", dtype_name(t));
+  }
+}
+
+inline void store(void* p, DType t, int64_t i, float v) {
+  switch (t) {
+    case DType::kF32: static_cast<float*>(p)[i] = v; break;
+    case DType::kBF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
+    case DType::kF16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
+    default: ATOM_CHECK(false, "CPU kernel: unsupported dtype {}", dtype_name(t));
+  }
+}
+
+// v rounded to the precision of dtype t (identity for F32).
+inline float round_to(DType t, float v) {
+  if (t == DType::kF32) return v;
+  uint16_t b;
+  store(&b, t, 0, v);
+  return load(&b, t, 0);
+}
+
+// Row r of a 2-D tensor whose last dimension is contiguous.
+inline const char* row_ptr(const Tensor& t, int64_t r) {
+  return static_cast<const char*>(t.data()) + r * t.stride(0) * (dtype_bits(t.dtype()) / 8);
+}
+inline char* row_ptr(Tensor& t, int64_t r) {
+  return static_cast<char*>(t.data()) + r * t.stride(0) * (dtype_bits(t.dtype()) / 8);
+}
+
+// A 2-D tensor whose rows may be strided but whose columns are contiguous.
+inline void check_rows(const char* op, const Tensor& t, const char* name) {
+  ATOM_CHECK(t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1),
+             "{}: {} must be 2-D with contiguous rows, got {}", op, name, t.str());
+}
+
+// Converts row r of t to floats in dst[0, cols).
+inline void row_to_float(const Tensor& t, int64_t r, float* dst) {
+  const char* p = row_ptr(t, r);
+  const int64_t n = t.size(1);
+  if (t.dtype() == DType::kF32) {
+    const float* f = reinterpret_cast<const float*>(p);
+    for (int64_t i = 0; i < n; ++i) dst[i] = f[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = load(p, t.dtype(), i);
+  }
+}
+
+inline void float_to_row(Tensor& t, int64_t r, const float* src) {
+  char* p = row_ptr(t, r);
+  const int64_t n = t.size(1);
+  if (t.dtype() == DType::kF32) {
+    float* f = reinterpret_cast<float*>(p);
+    for (int64_t i = 0; i < n; ++i) f[i] = src[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) store(p, t.dtype(), i, src[i]);
+  }
+}
+
+}  // namespace atom::kernels::cpu

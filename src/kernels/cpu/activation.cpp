@@ -1,0 +1,31 @@
+#include "kernels/activation.h"
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/access.h"
+
+namespace atom::kernels::cpu {
+
+void silu_mul(Tensor& out, const Tensor& x) {
+  check_rows("silu_mul", out, "out");
+  check_rows("silu_mul", x, "x");
+  const int64_t M = x.size(0), I = out.size(1);
+  ATOM_CHECK(out.size(0) == M && x.size(1) == 2 * I, "silu_mul: x {} out {}", x.str(), out.str());
+#pragma omp parallel
+  {
+    std::vector<float> v(static_cast<size_t>(2 * I));
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; ++m) {
+      row_to_float(x, m, v.data());
+      for (int64_t i = 0; i < I; ++i) {
+        const float g = v[i];
+        v[i] = g / (1.0f + std::exp(-g)) * v[I + i];
+      }
+      char* o = row_ptr(out, m);
+      for (int64_t i = 0; i < I; ++i) store(o, out.dtype(), i, v[i]);
+    }
+  }
+}
+
+}  // namespace atom::kernels::cpu

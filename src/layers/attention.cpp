@@ -1,0 +1,51 @@
+#include "layers/attention.h"
+
+#include <cmath>
+
+#include "core/convert.h"
+#include "core/error.h"
+#include "kernels/attention.h"
+
+namespace atom {
+
+Attention::Attention(LayerContext& ctx, const std::string& prefix, const AttentionOptions& o)
+    : ctx_(ctx), head_dim_(static_cast<int>(o.head_dim)), sliding_window_(o.sliding_window) {
+  heads_ = static_cast<int>(o.total_heads / ctx.tp_size);
+  kv_heads_ = static_cast<int>(std::max<int64_t>(1, o.total_kv_heads / ctx.tp_size));
+  scale_ = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(o.head_dim)));
+  ATOM_CHECK(ctx.cache_specs, "{}: layer context collects no cache specs", prefix);
+  cache_index_ = static_cast<int>(ctx.cache_specs->size());
+  ctx.cache_specs->push_back({kv_heads_, head_dim_, ctx.act_dtype, sliding_window_});
+  if (o.sinks) {
+    const int64_t per = heads_, start = ctx.tp_rank * per, total = o.total_heads;
+    sinks_ = &ctx.params.add(
+        prefix_join(prefix, "sinks"), ctx.param_tensor({per}, DType::kF32),
+        [per, start, total](Parameter& p, const Tensor& ckpt, const std::string&, int) {
+          param_check_shape(p, ckpt, {total}, "");
+          tensor_assign(p.data(), ckpt.narrow(0, start, per));
+        });
+  }
+}
+
+Tensor Attention::forward(Step& step, const Tensor& q, const Tensor& k, const Tensor& v) {
+  ATOM_CHECK(step.kv, "attention needs a KV cache");
+  Tensor& kc = step.kv->k.at(cache_index_);
+  Tensor& vc = step.kv->v.at(cache_index_);
+  const Batch& b = step.batch;
+  kernels::kv_cache_write(kc, vc, k, v, b.dev.slot_mapping);
+  Tensor out = step.empty({q.size(0), static_cast<int64_t>(heads_) * head_dim_}, ctx_.act_dtype);
+  kernels::AttentionArgs a;
+  a.num_heads = heads_;
+  a.num_kv_heads = kv_heads_;
+  a.head_dim = head_dim_;
+  a.scale = scale_;
+  a.sliding_window = sliding_window_;
+  a.max_query_len = b.max_query_len;
+  a.max_context_len = b.max_context_len;
+  kernels::AttentionBatch ab{&b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr,
+                             &b.dev.page_indices};
+  kernels::paged_attention(out, q, kc, vc, ab, sinks_ ? sinks_->data() : Tensor(), a);
+  return out;
+}
+
+}  // namespace atom

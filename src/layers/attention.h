@@ -1,0 +1,36 @@
+// Paged attention: writes this step's keys and values into the layer's cache pages, then attends
+// each new token over its sequence's whole cached context.
+#pragma once
+
+#include <string>
+
+#include "layers/context.h"
+
+namespace atom {
+
+struct AttentionOptions {
+  int64_t total_heads = 0;
+  int64_t total_kv_heads = 0;
+  int64_t head_dim = 0;
+  double scale = 0;         // 0: head_dim^-0.5
+  int sliding_window = 0;   // 0: full attention
+  bool sinks = false;       // learned per-head sink logits at "<prefix>.sinks" [total_heads]
+};
+
+class Attention {
+ public:
+  Attention(LayerContext& ctx, const std::string& prefix, const AttentionOptions& o);
+
+  // q [T, Hq * D], k and v [T, Hk * D] (rows may be strided views of a fused qkv) -> [T, Hq * D]
+  Tensor forward(Step& step, const Tensor& q, const Tensor& k, const Tensor& v);
+  int cache_index() const { return cache_index_; }
+
+ private:
+  LayerContext& ctx_;
+  int heads_, kv_heads_, head_dim_, sliding_window_;
+  float scale_;
+  int cache_index_;
+  Parameter* sinks_ = nullptr;
+};
+
+}  // namespace atom

@@ -1,0 +1,62 @@
+#include "layers/batch.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace atom {
+
+void Batch::validate() const {
+  const int T = num_tokens(), S = num_seqs();
+  ATOM_CHECK(static_cast<int>(positions.size()) == T && static_cast<int>(slot_mapping.size()) == T,
+             "batch: positions/slot_mapping must have one entry per token");
+  ATOM_CHECK(static_cast<int>(query_start.size()) == S + 1 && query_start[0] == 0 &&
+                 query_start[S] == T,
+             "batch: query_start must run from 0 to num_tokens over num_seqs + 1 entries");
+  ATOM_CHECK(static_cast<int>(page_indptr.size()) == S + 1 && page_indptr[0] == 0 &&
+                 page_indptr[S] == static_cast<int>(page_indices.size()),
+             "batch: page_indptr must cover page_indices");
+  for (int s = 0; s < S; ++s) {
+    const int q = query_start[s + 1] - query_start[s];
+    ATOM_CHECK(q >= 0 && q <= context_lens[s], "batch: sequence {} has {} new tokens but context {}",
+               s, q, context_lens[s]);
+    const int pages = page_indptr[s + 1] - page_indptr[s];
+    ATOM_CHECK(static_cast<int64_t>(pages) * block_size >= context_lens[s],
+               "batch: sequence {} has {} pages for {} tokens", s, pages, context_lens[s]);
+  }
+  for (int32_t i : logits_indices) ATOM_CHECK(i >= 0 && i < T, "batch: logits index {} out of range", i);
+}
+
+void Batch::upload(Arena& arena) {
+  max_query_len = 0;
+  max_context_len = 0;
+  for (int s = 0; s < num_seqs(); ++s) {
+    max_query_len = std::max(max_query_len, query_start[s + 1] - query_start[s]);
+    max_context_len = std::max(max_context_len, context_lens[s]);
+  }
+  std::vector<const std::vector<int32_t>*> fields = {&token_ids,   &positions,     &query_start,
+                                                     &context_lens, &slot_mapping, &page_indptr,
+                                                     &page_indices, &logits_indices, &state_slots};
+  Tensor* views[] = {&dev.token_ids,   &dev.positions,     &dev.query_start,
+                     &dev.context_lens, &dev.slot_mapping, &dev.page_indptr,
+                     &dev.page_indices, &dev.logits_indices, &dev.state_slots};
+  int64_t total = 0;
+  for (const auto* f : fields) total += static_cast<int64_t>(f->size());
+  Tensor host = Tensor::empty({total}, DType::kI32, Device::cpu());
+  int64_t off = 0;
+  for (const auto* f : fields) {
+    if (!f->empty()) std::memcpy(host.ptr<int32_t>() + off, f->data(), f->size() * 4);
+    off += static_cast<int64_t>(f->size());
+  }
+  Tensor all = arena.device().is_cpu() ? host : arena.alloc({total}, DType::kI32);
+  if (!arena.device().is_cpu()) all.copy_from(host);
+  off = 0;
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(fields[i]->size());
+    *views[i] = all.narrow(0, off, n);
+    off += n;
+  }
+}
+
+}  // namespace atom

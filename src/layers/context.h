@@ -1,0 +1,64 @@
+// What layers are built with (LayerContext) and what a forward step hands them (Step).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "dist/communicator.h"
+#include "layers/batch.h"
+#include "loader/parameter.h"
+
+namespace atom {
+
+// One paged attention cache a layer needs: the runner allocates
+// [num_pages, block_size, num_kv_heads, head_dim] for K and for V.
+struct AttentionCacheSpec {
+  int num_kv_heads = 0;  // on this rank
+  int head_dim = 0;
+  DType dtype = DType::kF32;
+  int sliding_window = 0;  // 0: full attention
+};
+
+struct KvCache {
+  int block_size = 16;
+  int num_pages = 0;
+  std::vector<Tensor> k, v;  // one per AttentionCacheSpec, [num_pages, block_size, Hk, D]
+
+  static KvCache allocate(const std::vector<AttentionCacheSpec>& specs, int num_pages,
+                          int block_size, Device device);
+  // Bytes one page takes over all layers.
+  static size_t page_bytes(const std::vector<AttentionCacheSpec>& specs, int block_size);
+};
+
+struct LayerContext {
+  ParamRegistry& params;
+  Device device;
+  DType weight_dtype;  // storage of dense weights
+  DType act_dtype;     // activations (F32 on the CPU reference, BF16 on CUDA)
+  int tp_rank = 0;
+  int tp_size = 1;
+  Communicator* comm = nullptr;  // never null once a model is built
+  std::vector<AttentionCacheSpec>* cache_specs = nullptr;
+
+  // A zero-initialised parameter tensor on the model's device.
+  Tensor param_tensor(Shape shape, DType dtype) const {
+    return Tensor::zeros(std::move(shape), dtype, device);
+  }
+};
+
+// One forward step.
+struct Step {
+  Batch& batch;
+  Arena& arena;
+  KvCache* kv = nullptr;
+
+  Tensor empty(Shape shape, DType dtype) { return arena.alloc(std::move(shape), dtype); }
+};
+
+// "a" + "." + "b", or "b" when a is empty.
+inline std::string prefix_join(const std::string& a, const std::string& b) {
+  return a.empty() ? b : a + "." + b;
+}
+
+}  // namespace atom

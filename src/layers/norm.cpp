@@ -1,0 +1,36 @@
+#include "layers/norm.h"
+
+#include "core/error.h"
+
+namespace atom {
+
+RMSNorm::RMSNorm(LayerContext& ctx, const std::string& prefix, int64_t dim, double eps,
+                 kernels::RmsNormKind kind)
+    : ctx_(ctx), dim_(dim), eps_(static_cast<float>(eps)), kind_(kind) {
+  weight_ = &ctx.params.add(prefix_join(prefix, "weight"), ctx.param_tensor({dim}, ctx.weight_dtype));
+}
+
+Tensor RMSNorm::forward(Step& step, const Tensor& x) {
+  Tensor out = step.empty({x.size(0), dim_}, ctx_.act_dtype);
+  kernels::rms_norm(out, x, nullptr, weight_->data(), eps_, kind_);
+  return out;
+}
+
+Tensor RMSNorm::forward(Step& step, const Tensor& x, Tensor& residual) {
+  Tensor out = step.empty({x.size(0), dim_}, ctx_.act_dtype);
+  if (!residual.defined()) {
+    residual = step.empty({x.size(0), dim_}, ctx_.act_dtype);
+    residual.copy_from(x.contiguous());
+    kernels::rms_norm(out, x, nullptr, weight_->data(), eps_, kind_);
+  } else {
+    kernels::rms_norm(out, x, &residual, weight_->data(), eps_, kind_);
+  }
+  return out;
+}
+
+void RMSNorm::forward_heads_inplace(Step& step, Tensor& x) {
+  ATOM_CHECK(x.dim() == 2 && x.size(1) % dim_ == 0, "per-head norm of {} over {}", x.str(), dim_);
+  kernels::rms_norm(x, x, nullptr, weight_->data(), eps_, kind_);
+}
+
+}  // namespace atom

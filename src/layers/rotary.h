@@ -1,0 +1,35 @@
+// Rotary position embedding for every rope type a checkpoint may name, with transformers'
+// inverse-frequency formulas (default, linear, llama3, yarn).
+#pragma once
+
+#include <vector>
+
+#include "layers/context.h"
+#include "loader/hf_config.h"
+
+namespace atom {
+
+struct RopeTables {
+  std::vector<float> inv_freq;  // [rot_dim / 2]
+  float attention_factor = 1.0f;  // multiplies cos and sin
+};
+
+// rot_dim = int(head_dim * partial_rotary_factor); max_position_embeddings feeds yarn defaults.
+RopeTables rope_tables(const RopeConfig& rope, int rot_dim, int64_t max_position_embeddings);
+
+class RotaryEmbedding {
+ public:
+  RotaryEmbedding(LayerContext& ctx, int head_dim, const RopeConfig& rope,
+                  int64_t max_position_embeddings, bool interleaved = false);
+  // q [T, Hq * head_dim], k [T, Hk * head_dim], rotated in place at step.batch positions.
+  void forward(Step& step, Tensor& q, Tensor& k) const;
+  int rot_dim() const { return rot_dim_; }
+
+ private:
+  int head_dim_, rot_dim_;
+  bool interleaved_;
+  float scale_;
+  Tensor inv_freq_;  // [rot_dim / 2] F32 on the model's device
+};
+
+}  // namespace atom

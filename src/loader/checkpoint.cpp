@@ -1,0 +1,121 @@
+#include "loader/checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "core/env.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace atom {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+CheckpointReadOptions checkpoint_options_from_env() {
+  CheckpointReadOptions o;
+  o.use_mmap = !env_bool("ATOM_DISABLE_MMAP", false);
+  const long n = env_int("ATOM_LOADER_NUM_THREADS", 16);
+  if (n < 1) fail("ATOM_LOADER_NUM_THREADS={} must be at least 1", n);
+  o.num_threads = static_cast<int>(n);
+  return o;
+}
+
+Checkpoint::Checkpoint(std::string dir) : dir_(std::move(dir)) {
+  if (!fs::is_directory(dir_)) fail("model folder '{}' does not exist or is not a folder", dir_);
+  const fs::path index = fs::path(dir_) / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    has_index_ = true;
+    json j;
+    try {
+      std::ifstream in(index);
+      j = json::parse(in);
+    } catch (const json::exception& e) {
+      fail("{}: not valid JSON: {}", index.string(), e.what());
+    }
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      fail("{}: missing the 'weight_map' object", index.string());
+    std::set<std::string> files;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string())
+        fail("{}: weight_map entry '{}' is not a file name", index.string(), it.key());
+      weight_map_[it.key()] = it.value().get<std::string>();
+      files.insert(it.value().get<std::string>());
+    }
+    for (const auto& f : files) {
+      const fs::path p = fs::path(dir_) / f;
+      if (!fs::exists(p))
+        fail("{}: shard '{}' named in the index is missing", index.string(), f);
+      shards_.push_back(p.string());
+    }
+  } else {
+    for (const auto& e : fs::directory_iterator(dir_))
+      if (e.is_regular_file() && e.path().extension() == ".safetensors")
+        shards_.push_back(e.path().string());
+    std::sort(shards_.begin(), shards_.end());
+    if (shards_.empty()) fail("model folder '{}' holds no .safetensors files", dir_);
+  }
+}
+
+bool Checkpoint::is_canonical(const std::string& name, const std::string& file) const {
+  if (!has_index_) return true;
+  auto it = weight_map_.find(name);
+  return it == weight_map_.end() || it->second == file;
+}
+
+std::vector<std::pair<std::string, SafetensorsHeader>> Checkpoint::headers() const {
+  std::vector<std::pair<std::string, SafetensorsHeader>> r;
+  for (const auto& p : shards_) r.emplace_back(p, safetensors_read_header(p));
+  if (has_index_) {
+    // Every tensor the index names must be in the shard it names.
+    std::set<std::pair<std::string, std::string>> present;
+    for (const auto& [path, h] : r)
+      for (const auto& e : h.entries) present.insert({fs::path(path).filename().string(), e.name});
+    for (const auto& [name, file] : weight_map_)
+      if (!present.count({file, name}))
+        fail("{}/model.safetensors.index.json: tensor '{}' should be in shard '{}' but is not",
+             dir_, name, file);
+  }
+  return r;
+}
+
+CheckpointStats Checkpoint::read(const Wants& wants, const Visit& visit,
+                                 const CheckpointReadOptions& options) const {
+  CheckpointStats stats;
+  std::unique_ptr<ThreadPool> pool;
+  if (options.num_threads > 1) pool = std::make_unique<ThreadPool>(options.num_threads);
+  for (const auto& [path, header] : headers()) {
+    ++stats.shards_total;
+    const std::string file = fs::path(path).filename().string();
+    std::vector<const SafetensorsEntry*> wanted;
+    for (const auto& e : header.entries)
+      if (is_canonical(e.name, file) && wants(e.name)) wanted.push_back(&e);
+    if (wanted.empty()) {
+      ++stats.shards_skipped;
+      stats.bytes_skipped += header.file_size;
+      continue;
+    }
+    ++stats.shards_read;
+    stats.tensors_skipped += static_cast<int>(header.entries.size() - wanted.size());
+    stats.tensors_yielded += static_cast<int>(wanted.size());
+    SafetensorsFile shard(path, options.use_mmap);
+    if (options.use_mmap) {
+      for (const auto* e : wanted) stats.bytes_read += e->nbytes();
+    } else {
+      stats.bytes_read += header.file_size - header.data_start();
+    }
+    if (pool) {
+      for (const auto* e : wanted) pool->submit([&, e] { visit(e->name, shard.tensor(*e)); });
+      pool->wait();
+    } else {
+      for (const auto* e : wanted) visit(e->name, shard.tensor(*e));
+    }
+  }
+  return stats;
+}
+
+}  // namespace atom

@@ -1,0 +1,77 @@
+// Parameter: a model tensor that checkpoint data is written into, with its own weight loader
+// (which knows how to slice a checkpoint tensor for this tensor-parallel rank) and coverage
+// tracking (which parts - shards, experts - have arrived).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace atom {
+
+class Parameter;
+
+// Writes checkpoint tensor `ckpt` (a CPU view, any dtype) into `param` for part `shard`
+// ("" for a plain tensor, "q"/"k"/"v", "0"/"1", ...) of expert `expert` (-1: not an expert).
+using WeightLoader =
+    std::function<void(Parameter& param, const Tensor& ckpt, const std::string& shard, int expert)>;
+
+class Parameter {
+ public:
+  Parameter(std::string name, Tensor data, WeightLoader loader,
+            std::vector<std::string> expected_parts);
+
+  const std::string& name() const { return name_; }
+  Tensor& data() { return data_; }
+  const Tensor& data() const { return data_; }
+
+  // Runs the weight loader and records the part; a part written twice is an error.
+  void load(const Tensor& ckpt, const std::string& shard, int expert);
+  std::vector<std::string> missing_parts() const;
+  bool received_nothing() const;
+
+  // An optional parameter may stay unloaded (it is then left as initialised).
+  bool optional = false;
+
+  static std::string part_key(const std::string& shard, int expert);
+
+ private:
+  std::string name_;
+  Tensor data_;
+  WeightLoader loader_;
+  std::vector<std::string> expected_;
+  std::set<std::string> received_;
+  mutable std::mutex mu_;
+};
+
+// Checks `ckpt` has `shape`; otherwise an Error naming the parameter and both shapes.
+void param_check_shape(const Parameter& p, const Tensor& ckpt, const Shape& shape,
+                       const std::string& what);
+
+// The loader for a tensor copied whole (replicated across ranks): shapes must match.
+WeightLoader default_weight_loader();
+
+// The model's parameters by name, plus the steps to run after all weights are loaded.
+class ParamRegistry {
+ public:
+  Parameter& add(const std::string& name, Tensor data, WeightLoader loader = default_weight_loader(),
+                 std::vector<std::string> expected_parts = {""});
+  Parameter* find(const std::string& name);
+  const std::map<std::string, std::unique_ptr<Parameter>>& all() const { return params_; }
+
+  // process_weights_after_loading: runs in registration order once loading is complete.
+  void add_post_load(std::function<void()> fn) { post_load_.push_back(std::move(fn)); }
+  void run_post_load();
+
+ private:
+  std::map<std::string, std::unique_ptr<Parameter>> params_;
+  std::vector<std::function<void()>> post_load_;
+};
+
+}  // namespace atom

@@ -1,0 +1,48 @@
+#include "models/llama.h"
+
+#include "kernels/elementwise.h"
+
+namespace atom {
+
+int llama_layer_window(const ModelConfig& c, int64_t layer) {
+  if (c.layer_types.empty() || c.layer_types.at(layer) != "sliding_attention") return 0;
+  if (!c.sliding_window)
+    fail("{}: layer {} is a sliding_attention layer but 'sliding_window' is missing", c.path, layer);
+  return static_cast<int>(*c.sliding_window);
+}
+
+LlamaAttention::LlamaAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer,
+                               const std::string& prefix)
+    : qkv_proj_(ctx, prefix + ".qkv_proj", c.hidden_size, c.head_dim, c.num_attention_heads,
+                c.num_key_value_heads, c.attention_bias),
+      o_proj_(ctx, prefix + ".o_proj", c.num_attention_heads * c.head_dim, c.hidden_size,
+              c.attention_bias),
+      rotary_(ctx, static_cast<int>(c.head_dim), c.rope, c.max_position_embeddings),
+      attn_(ctx, prefix + ".attn",
+            {c.num_attention_heads, c.num_key_value_heads, c.head_dim, 0,
+             llama_layer_window(c, layer), false}) {
+  q_size_ = qkv_proj_.heads_per_rank() * c.head_dim;
+  kv_size_ = qkv_proj_.kv_heads_per_rank() * c.head_dim;
+}
+
+Tensor LlamaAttention::forward(Step& step, const Tensor& x) {
+  Tensor qkv = qkv_proj_.forward(step, x);
+  Tensor q = qkv.narrow(1, 0, q_size_);
+  Tensor k = qkv.narrow(1, q_size_, kv_size_);
+  Tensor v = qkv.narrow(1, q_size_ + kv_size_, kv_size_);
+  rotary_.forward(step, q, k);
+  Tensor o = attn_.forward(step, q, k, v);
+  return o_proj_.forward(step, o);
+}
+
+Tensor logits_for_batch(Step& step, const Tensor& hidden, ParallelLMHead& lm_head) {
+  const Tensor& idx = step.batch.dev.logits_indices;
+  Tensor rows = step.empty({idx.numel(), hidden.size(1)}, hidden.dtype());
+  kernels::gather_rows(rows, hidden, idx);
+  return lm_head.forward(step, rows);
+}
+
+using LlamaForCausalLM = DecoderOnlyLM<LlamaDecoderLayer<LlamaAttention>>;
+ATOM_REGISTER_MODEL("LlamaForCausalLM", LlamaForCausalLM);
+
+}  // namespace atom

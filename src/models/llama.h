@@ -1,0 +1,106 @@
+// Llama (transformers' modeling_llama.py) and the pieces Llama-like models reuse: the decoder
+// layer around any attention module, and the embed -> layers -> norm -> lm_head stack.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "layers/attention.h"
+#include "layers/embedding.h"
+#include "layers/linear.h"
+#include "layers/mlp.h"
+#include "layers/norm.h"
+#include "layers/rotary.h"
+#include "models/model.h"
+
+namespace atom {
+
+// Sliding window of layer `layer`: config.sliding_window when layer_types marks it
+// "sliding_attention", else 0.
+int llama_layer_window(const ModelConfig& c, int64_t layer);
+
+class LlamaAttention {
+ public:
+  LlamaAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer, const std::string& prefix);
+  Tensor forward(Step& step, const Tensor& x);
+
+ private:
+  QKVParallelLinear qkv_proj_;  // hidden -> (Hq + 2 Hk) * D on this rank
+  RowParallelLinear o_proj_;    // Hq * D -> hidden (all-reduce)
+  RotaryEmbedding rotary_;
+  Attention attn_;
+  int64_t q_size_, kv_size_;
+};
+
+// input_layernorm -> self_attn -> post_attention_layernorm -> mlp, with the residual kept beside.
+template <class SelfAttention>
+class LlamaDecoderLayer {
+ public:
+  LlamaDecoderLayer(LayerContext& ctx, const ModelConfig& c, int64_t layer, const std::string& prefix)
+      : input_layernorm_(ctx, prefix + ".input_layernorm", c.hidden_size, c.rms_norm_eps),
+        self_attn_(ctx, c, layer, prefix + ".self_attn"),
+        post_attention_layernorm_(ctx, prefix + ".post_attention_layernorm", c.hidden_size,
+                                  c.rms_norm_eps),
+        mlp_(ctx, prefix + ".mlp", c.hidden_size, c.intermediate_size, c.mlp_bias) {}
+
+  // h [T, hidden]: in, this layer's input; out, its output before the residual add.
+  void forward(Step& step, Tensor& h, Tensor& residual) {
+    Tensor x = input_layernorm_.forward(step, h, residual);  // residual += h
+    h = self_attn_.forward(step, x);
+    x = post_attention_layernorm_.forward(step, h, residual);
+    h = mlp_.forward(step, x);
+  }
+
+ private:
+  RMSNorm input_layernorm_;
+  SelfAttention self_attn_;
+  RMSNorm post_attention_layernorm_;
+  GatedMlp mlp_;
+};
+
+// model.embed_tokens -> model.layers.N -> model.norm -> lm_head.
+template <class DecoderLayer>
+class DecoderOnlyLM : public Model {
+ public:
+  DecoderOnlyLM(const ModelConfig& c, const ModelOptions& o) : Model(c, o) {
+    LayerContext& x = ctx();
+    if (c.intermediate_size <= 0) fail("{}: field 'intermediate_size' is missing", c.path);
+    embed_tokens_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens", c.vocab_size,
+                                                             c.hidden_size);
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+      layers_.push_back(std::make_unique<DecoderLayer>(x, c, i, "model.layers." + std::to_string(i)));
+    norm_ = std::make_unique<RMSNorm>(x, "model.norm", c.hidden_size, c.rms_norm_eps);
+    lm_head_ = c.tie_word_embeddings
+                   ? std::make_unique<ParallelLMHead>(x, *embed_tokens_)
+                   : std::make_unique<ParallelLMHead>(x, "lm_head", c.vocab_size, c.hidden_size);
+  }
+
+  Tensor forward(Step& step) override {
+    Tensor h = embed_tokens_->forward(step, step.batch.dev.token_ids);
+    Tensor residual;
+    for (auto& layer : layers_) layer->forward(step, h, residual);
+    return norm_->forward(step, h, residual);
+  }
+
+  Tensor compute_logits(Step& step, const Tensor& hidden) override;
+
+ private:
+  std::unique_ptr<VocabParallelEmbedding> embed_tokens_;
+  std::vector<std::unique_ptr<DecoderLayer>> layers_;
+  std::unique_ptr<RMSNorm> norm_;
+  std::unique_ptr<ParallelLMHead> lm_head_;
+
+ protected:
+  ParallelLMHead& lm_head() { return *lm_head_; }
+};
+
+// Rows of `hidden` named by batch.logits_indices through the LM head.
+Tensor logits_for_batch(Step& step, const Tensor& hidden, ParallelLMHead& lm_head);
+
+template <class DecoderLayer>
+Tensor DecoderOnlyLM<DecoderLayer>::compute_logits(Step& step, const Tensor& hidden) {
+  return logits_for_batch(step, hidden, *lm_head_);
+}
+
+}  // namespace atom

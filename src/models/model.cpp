@@ -1,0 +1,83 @@
+#include "models/model.h"
+
+#include <map>
+
+#include "core/error.h"
+
+namespace atom {
+
+namespace {
+DType default_act_dtype(const ModelConfig& c, const ModelOptions& o) {
+  if (o.act_dtype) return *o.act_dtype;
+  if (o.device.is_cpu()) return DType::kF32;
+  return c.dtype == DType::kF16 ? DType::kF16 : DType::kBF16;
+}
+
+DType default_weight_dtype(const ModelConfig& c, const ModelOptions& o, DType act) {
+  if (o.weight_dtype) return *o.weight_dtype;
+  if (o.device.is_cpu() && (c.dtype == DType::kF32 || c.dtype == DType::kBF16 || c.dtype == DType::kF16))
+    return c.dtype;
+  return act;
+}
+
+std::map<std::string, ModelFactory>& registry() {
+  static std::map<std::string, ModelFactory> r;
+  return r;
+}
+}  // namespace
+
+Model::Model(const ModelConfig& config, const ModelOptions& options)
+    : config_(config),
+      ctx_{params_,
+           options.device,
+           default_weight_dtype(config, options, default_act_dtype(config, options)),
+           default_act_dtype(config, options),
+           options.tp_rank,
+           options.tp_size,
+           options.comm ? options.comm : &solo_,
+           &cache_specs_} {
+  if (options.tp_size < 1 || options.tp_rank < 0 || options.tp_rank >= options.tp_size)
+    fail("tensor-parallel rank {} of size {} is invalid", options.tp_rank, options.tp_size);
+  if (options.tp_size > 1 && (!options.comm || options.comm->size() != options.tp_size))
+    fail("tensor-parallel size {} needs a communicator of that size", options.tp_size);
+}
+
+WeightLoadSpec Model::weight_load_spec() const {
+  WeightLoadSpec s;
+  s.num_hidden_layers = config_.num_hidden_layers;
+  s.packed_modules = {{"q_proj", "qkv_proj", "q"},
+                      {"k_proj", "qkv_proj", "k"},
+                      {"v_proj", "qkv_proj", "v"},
+                      {"gate_proj", "gate_up_proj", "0"},
+                      {"up_proj", "gate_up_proj", "1"}};
+  const bool tied = config_.tie_word_embeddings;
+  s.ignorable = [tied](const std::string& name) {
+    if (name.ends_with("rotary_emb.inv_freq")) return true;
+    return tied && name == "lm_head.weight";
+  };
+  return s;
+}
+
+void model_registry_add(const std::string& architecture, ModelFactory factory) {
+  registry()[architecture] = std::move(factory);
+}
+
+std::vector<std::string> model_registry_list() {
+  std::vector<std::string> r;
+  for (const auto& [k, v] : registry()) r.push_back(k);
+  return r;
+}
+
+std::unique_ptr<Model> model_create(const ModelConfig& config, const ModelOptions& options) {
+  const std::string& arch = config.architectures.at(0);
+  auto it = registry().find(arch);
+  if (it == registry().end()) {
+    std::string list;
+    for (const auto& a : model_registry_list()) list += (list.empty() ? "" : ", ") + a;
+    fail("{}: architecture '{}' is not supported; supported architectures: {}", config.path, arch,
+         list);
+  }
+  return it->second(config, options);
+}
+
+}  // namespace atom

@@ -1,0 +1,86 @@
+// The model interface every architecture implements, the options it is built with, and the
+// registry from a checkpoint's `architectures` string to a factory.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dist/communicator.h"
+#include "layers/context.h"
+#include "loader/hf_config.h"
+#include "loader/weight_loading.h"
+
+namespace atom {
+
+struct ModelOptions {
+  Device device = Device::cpu();
+  // Activation dtype. Default: F32 on the CPU reference backend, BF16 (F16 for F16 checkpoints)
+  // on CUDA.
+  std::optional<DType> act_dtype;
+  // Weight storage dtype. Default: the checkpoint's dtype on the CPU, the activation dtype on CUDA.
+  std::optional<DType> weight_dtype;
+  int tp_rank = 0;
+  int tp_size = 1;
+  Communicator* comm = nullptr;  // required when tp_size > 1
+};
+
+class Model {
+ public:
+  Model(const ModelConfig& config, const ModelOptions& options);
+  virtual ~Model() = default;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  ParamRegistry& params() { return params_; }
+  const std::vector<AttentionCacheSpec>& cache_specs() const { return cache_specs_; }
+  Device device() const { return ctx_.device; }
+  DType act_dtype() const { return ctx_.act_dtype; }
+  int64_t vocab_size() const { return config_.vocab_size; }
+
+  // How checkpoint names reach this model's parameters. The default covers Llama-like models:
+  // fused q/k/v and gate/up, and rotary inv_freq buffers that some checkpoints carry.
+  virtual WeightLoadSpec weight_load_spec() const;
+
+  // Hidden states after the final norm, [num_tokens, hidden].
+  virtual Tensor forward(Step& step) = 0;
+  // Logits [len(batch.logits_indices), vocab] F32 for the rows the batch asks for.
+  virtual Tensor compute_logits(Step& step, const Tensor& hidden) = 0;
+
+ protected:
+  LayerContext& ctx() { return ctx_; }
+
+ private:
+  ModelConfig config_;
+  ParamRegistry params_;
+  std::vector<AttentionCacheSpec> cache_specs_;
+  SoloCommunicator solo_;
+  LayerContext ctx_;
+};
+
+using ModelFactory =
+    std::function<std::unique_ptr<Model>(const ModelConfig& config, const ModelOptions& options)>;
+
+void model_registry_add(const std::string& architecture, ModelFactory factory);
+// Registered architecture strings, sorted.
+std::vector<std::string> model_registry_list();
+// Builds the model for config.architectures[0]; an unknown architecture is an error listing the
+// supported ones.
+std::unique_ptr<Model> model_create(const ModelConfig& config, const ModelOptions& options);
+
+}  // namespace atom
+
+#define ATOM_MODEL_CONCAT_(a, b) a##b
+#define ATOM_MODEL_CONCAT(a, b) ATOM_MODEL_CONCAT_(a, b)
+// ATOM_REGISTER_MODEL("LlamaForCausalLM", LlamaForCausalLM);
+#define ATOM_REGISTER_MODEL(arch, Class)                                                 \
+  static const bool ATOM_MODEL_CONCAT(atom_model_registered_, __LINE__) = [] {           \
+    ::atom::model_registry_add(arch, [](const ::atom::ModelConfig& c,                    \
+                                        const ::atom::ModelOptions& o) {                 \
+      return std::unique_ptr<::atom::Model>(new Class(c, o));                            \
+    });                                                                                  \
+    return true;                                                                         \
+  }()

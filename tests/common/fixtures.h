@@ -1,0 +1,52 @@
+// The transformers reference fixtures (tests/fixtures/models, made by tools/make_fixtures.py).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "loader/safetensors.h"
+
+namespace atom::test {
+
+inline std::string fixture_dir(const std::string& name) {
+  return std::string(ATOM_SOURCE_DIR) + "/tests/fixtures/models/" + name;
+}
+
+inline const std::vector<std::string>& fixture_names() {
+  static const std::vector<std::string> names = {"llama3_gqa", "llama_yarn_bias_legacy",
+                                                 "llama_linear_sharded_f32", "qwen3_tied",
+                                                 "qwen3_sliding"};
+  return names;
+}
+
+struct Reference {
+  std::vector<int32_t> input_ids, greedy_prompt, greedy_tokens;
+  Tensor logits;  // F32 [T, V], owned copy
+};
+
+inline std::vector<int32_t> ids_of(const Tensor& t) {
+  std::vector<int32_t> r;
+  for (int64_t i = 0; i < t.numel(); ++i) r.push_back(static_cast<int32_t>(t.ptr<int64_t>()[i]));
+  return r;
+}
+
+inline Reference reference_load(const std::string& name) {
+  SafetensorsFile f(std::string(ATOM_SOURCE_DIR) + "/tests/fixtures/references/" + name + ".safetensors",
+                    /*use_mmap=*/true);
+  Reference r;
+  r.input_ids = ids_of(f.tensor("input_ids"));
+  r.greedy_prompt = ids_of(f.tensor("greedy_prompt"));
+  r.greedy_tokens = ids_of(f.tensor("greedy_tokens"));
+  r.logits = f.tensor("logits").clone();
+  return r;
+}
+
+// max |a - b| over two F32 tensors of the same shape.
+inline float max_abs_diff(const Tensor& a, const Tensor& b) {
+  float m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a.ptr<float>()[i] - b.ptr<float>()[i]));
+  return m;
+}
+
+}  // namespace atom::test
