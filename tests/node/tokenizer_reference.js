@@ -145,6 +145,14 @@ async function runModel(name, cases) {
     out.random_decode.push({ids, text: await tok.decode(ids, false), text_skip: await tok.decode(ids, true)});
   }
   for (let id = 0; id < n + 4; id += (id < 300 ? 1 : 997)) out.id_to_token.push([id, tok.idToToken(id)]);
+  // bos/eos/pad of tokenizer_config.json (a string or an AddedToken object) and their ids in HF.
+  const cfg = JSON.parse(fs.readFileSync(path.join(modelDir(name), 'tokenizer_config.json'), 'utf8'));
+  out.config = {};
+  for (const key of ['bos_token', 'eos_token', 'pad_token']) {
+    const v = cfg[key];
+    const content = v === undefined || v === null ? '' : typeof v === 'string' ? v : v.content;
+    out.config[key] = {content, id: content ? tok.tokenToId(content) : -1};
+  }
   return out;
 }
 

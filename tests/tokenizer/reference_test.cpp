@@ -127,3 +127,62 @@ INSTANTIATE_TEST_SUITE_P(Models, ReferenceTest,
 
 }  // namespace
 }  // namespace atom::tokenizer
+
+namespace atom::tokenizer {
+namespace {
+
+class ConfigTest : public ::testing::TestWithParam<std::string> {};
+
+// bos/eos/pad from tokenizer_config.json, with the ids HF gives their text.
+TEST_P(ConfigTest, SpecialTokensMatch) {
+  const auto ref = test::load_reference(GetParam());
+  ASSERT_FALSE(ref.is_null());
+  const auto tok = Tokenizer::from_dir(test::model_dir(GetParam()));
+  const auto& cfg = ref["config"];
+  EXPECT_EQ(tok.bos_token(), cfg["bos_token"]["content"].get<std::string>());
+  EXPECT_EQ(tok.bos_id(), cfg["bos_token"]["id"].is_null() ? -1 : cfg["bos_token"]["id"].get<int32_t>());
+  EXPECT_EQ(tok.eos_token(), cfg["eos_token"]["content"].get<std::string>());
+  EXPECT_EQ(tok.eos_id(), cfg["eos_token"]["id"].is_null() ? -1 : cfg["eos_token"]["id"].get<int32_t>());
+  EXPECT_EQ(tok.pad_token(), cfg["pad_token"]["content"].get<std::string>());
+  EXPECT_EQ(tok.pad_id(), cfg["pad_token"]["id"].is_null() ? -1 : cfg["pad_token"]["id"].get<int32_t>());
+  if (tok.eos_id() >= 0) {
+    EXPECT_TRUE(tok.is_special(tok.eos_id()));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ConfigTest,
+                         ::testing::Values("qwen3", "llama3_1", "deepseek_v3", "gptoss", "llama2"),
+                         [](const auto& info) { return info.param; });
+
+// `atom tokenize` / `atom detokenize` print what HF gives for a corpus case.
+TEST(TokenizerCli, TokenizeAndDetokenize) {
+  const auto ref = test::load_reference("llama2");
+  ASSERT_FALSE(ref.is_null());
+  const auto& c = ref["cases"][1];  // "Hello, world! How are you today?"
+  const std::string text = c["text"].get<std::string>();
+  ASSERT_EQ(text.find('\''), std::string::npos);
+  auto run = [](const std::string& cmd) {
+    std::string out;
+    FILE* p = popen(cmd.c_str(), "r");
+    char buf[4096];
+    while (p && std::fgets(buf, sizeof(buf), p)) out += buf;
+    EXPECT_EQ(p ? pclose(p) : -1, 0) << cmd;
+    return out;
+  };
+  auto join = [](const std::vector<int32_t>& ids) {
+    std::string s;
+    for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+    return s;
+  };
+  const std::string atom_bin = std::string(ATOM_BINARY_DIR) + "/atom";
+  const std::string dir = test::model_dir("llama2");
+  EXPECT_EQ(run(atom_bin + " tokenize --model " + dir + " '" + text + "'"), join(json_ids(c["ids_special"])) + "\n");
+  EXPECT_EQ(run(atom_bin + " tokenize --model " + dir + " --no-special '" + text + "'"), join(json_ids(c["ids"])) + "\n");
+  EXPECT_EQ(run(atom_bin + " detokenize --model " + dir + " " + join(json_ids(c["ids_special"]))),
+            c["decode"].get<std::string>() + "\n");
+  EXPECT_EQ(run(atom_bin + " detokenize --model " + dir + " --skip-special-tokens " + join(json_ids(c["ids_special"]))),
+            c["decode_skip"].get<std::string>() + "\n");
+}
+
+}  // namespace
+}  // namespace atom::tokenizer
