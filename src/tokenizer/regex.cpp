@@ -3,7 +3,6 @@
 
 #include <pcre2.h>
 
-#include <mutex>
 
 #include "core/error.h"
 #include "tokenizer/utf8.h"
@@ -58,7 +57,6 @@ std::string regex_onig_to_pcre2(std::string_view p) {
 struct Regex::Impl {
   pcre2_code* code = nullptr;
   bool jit = false;
-  // Match data is per call: a Regex is shared by threads that encode concurrently.
 };
 
 Regex::Regex(std::string_view pattern, std::string_view what)
@@ -84,33 +82,33 @@ Regex::~Regex() {
 }
 
 namespace {
-struct MatchData {
-  pcre2_match_data* md = nullptr;
-  const pcre2_code* code = nullptr;
-  ~MatchData() {
-    if (md) pcre2_match_data_free(md);
+// Per-thread match state shared by every pattern: only the whole-match offsets are read, so match
+// data for one pair fits any pattern; the JIT stack may grow to 16 MB for very long inputs.
+struct MatchState {
+  pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
+  pcre2_match_context* mc = pcre2_match_context_create(nullptr);
+  pcre2_jit_stack* stack = pcre2_jit_stack_create(32 * 1024, 16 * 1024 * 1024, nullptr);
+  MatchState() { pcre2_jit_stack_assign(mc, nullptr, stack); }
+  ~MatchState() {
+    pcre2_jit_stack_free(stack);
+    pcre2_match_context_free(mc);
+    pcre2_match_data_free(md);
   }
 };
 }  // namespace
 
 void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>& out) const {
   out.clear();
-  // One match-data block per thread and pattern, reused across calls (allocation is costly).
-  thread_local MatchData tl;
-  if (tl.code != impl_->code) {
-    if (tl.md) pcre2_match_data_free(tl.md);
-    tl.md = pcre2_match_data_create_from_pattern(impl_->code, nullptr);
-    tl.code = impl_->code;
-  }
-  pcre2_match_data* md = tl.md;
+  thread_local MatchState st;
+  pcre2_match_data* md = st.md;
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
   size_t pos = 0;
   bool have_last_end = false;
   size_t last_end = 0;
   while (pos <= s.size()) {
-    const int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, s.size(), pos, 0, md, nullptr)
+    const int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, s.size(), pos, 0, md, st.mc)
                               : pcre2_match(impl_->code, subject, s.size(), pos,
-                                            PCRE2_NO_UTF_CHECK, md, nullptr);
+                                            PCRE2_NO_UTF_CHECK, md, st.mc);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR buf[256];
