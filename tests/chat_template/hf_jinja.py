@@ -62,6 +62,15 @@ def plain_environment():
 
 
 CONTINUE_FINAL_MESSAGE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+_compiled = {}
+
+
+def compile_template(env, template):
+    """transformers caches compiled templates (lru_cache); so does this, per environment."""
+    key = (id(env), template)
+    if key not in _compiled:
+        _compiled[key] = (env, env.from_string(template))
+    return _compiled[key][1]
 
 
 def render_chat(env, template, messages, tools=None, documents=None, add_generation_prompt=False,
@@ -69,7 +78,7 @@ def render_chat(env, template, messages, tools=None, documents=None, add_generat
     """transformers' render_jinja_template for one conversation (string output)."""
     if continue_final_message and add_generation_prompt:
         raise ValueError("continue_final_message and add_generation_prompt are not compatible.")
-    compiled = env.from_string(template)
+    compiled = compile_template(env, template)
     chat = messages
     if continue_final_message:
         chat = deepcopy(chat)

@@ -18,21 +18,6 @@ const std::vector<std::string> kCategories = {"lit", "math", "cmp", "logic", "if
                                                "macro", "f", "t", "m", "dm", "lm", "sl", "u", "ws",
                                                "err", "g", "idiom"};
 
-// hf_jinja.FIXED_NOW: 2025-07-04 15:30:05, a Friday.
-std::tm fixed_now() {
-  std::tm tm{};
-  tm.tm_year = 2025 - 1900;
-  tm.tm_mon = 6;
-  tm.tm_mday = 4;
-  tm.tm_hour = 15;
-  tm.tm_min = 30;
-  tm.tm_sec = 5;
-  tm.tm_wday = 5;
-  tm.tm_yday = 184;
-  tm.tm_isdst = -1;
-  return tm;
-}
-
 const json& snippets() {
   static const json j = test::load_reference("snippets.json");
   return j;
@@ -42,7 +27,7 @@ std::string category_of(const std::string& name) { return name.substr(0, name.fi
 
 // Renders one snippet with atom; returns "" when it matches jinja2, else what went wrong.
 std::string check_snippet(const json& s) {
-  jinja::Environment env = s["env"] == "hf" ? tokenizer::chat_template_environment(fixed_now())
+  jinja::Environment env = s["env"] == "hf" ? tokenizer::chat_template_environment(test::fixed_now())
                                             : jinja::Environment();
   std::string out;
   std::optional<jinja::TemplateError> error;

@@ -23,6 +23,20 @@ nlohmann::ordered_json load_reference(const std::string& name) {
   return nlohmann::ordered_json::parse(ss.str());
 }
 
+std::tm fixed_now() {
+  std::tm tm{};
+  tm.tm_year = 2025 - 1900;
+  tm.tm_mon = 6;
+  tm.tm_mday = 4;
+  tm.tm_hour = 15;
+  tm.tm_min = 30;
+  tm.tm_sec = 5;
+  tm.tm_wday = 5;   // a Friday
+  tm.tm_yday = 184;
+  tm.tm_isdst = -1;
+  return tm;
+}
+
 std::string visible(const std::string& s) {
   std::string out;
   for (unsigned char c : s) {

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <ctime>
 #include <string>
 
 namespace atom::test {
@@ -13,6 +14,9 @@ nlohmann::ordered_json load_reference(const std::string& name);
 // A readable account of the first difference between two renderings: the offset, line and
 // column, and both texts around it with invisible characters escaped. Empty when equal.
 std::string first_difference(const std::string& expected, const std::string& actual);
+
+// hf_jinja.FIXED_NOW, the time both renderers give strftime_now(): 2025-07-04 15:30:05.
+std::tm fixed_now();
 
 // Escapes control characters and backslashes so whitespace differences are visible.
 std::string visible(const std::string& s);
