@@ -98,21 +98,6 @@ std::tm local_now() {
   return tm;
 }
 
-// vLLM's load_chat_template: a readable file, else the template text itself when it looks like
-// one (Python escapes decoded), else an error naming the path.
-std::string load_override(const std::string& value) {
-  std::error_code ec;
-  if (fs::is_regular_file(value, ec)) return read_file(value);
-  if (value.find_first_of("{}\n") == std::string::npos) {
-    fail("the chat template '{}' looks like a file path, but it cannot be opened", value);
-  }
-  try {
-    return jinja::decode_python_escapes(value);
-  } catch (const std::invalid_argument& e) {
-    fail("cannot decode the escapes of the chat template: {}", e.what());
-  }
-}
-
 // transformers' strftime_now(format): datetime.now().strftime(format).
 jinja::Value strftime_now_function(std::optional<std::tm> now) {
   return jinja::make_function("strftime_now", [now](jinja::Interpreter&, jinja::CallArgs& args) {
@@ -124,6 +109,19 @@ jinja::Value strftime_now_function(std::optional<std::tm> now) {
 }
 
 }  // namespace
+
+std::string load_chat_template_arg(const std::string& value) {
+  std::error_code ec;
+  if (fs::is_regular_file(value, ec)) return read_file(value);
+  if (value.find_first_of("{}\n") == std::string::npos) {
+    fail("the chat template '{}' looks like a file path, but it cannot be opened", value);
+  }
+  try {
+    return jinja::decode_python_escapes(value);
+  } catch (const std::invalid_argument& e) {
+    fail("cannot decode the escapes of the chat template: {}", e.what());
+  }
+}
 
 jinja::Value chat_tojson(jinja::Interpreter&, const jinja::Value& value, jinja::CallArgs& args) {
   using jinja::Value;
@@ -206,7 +204,7 @@ ChatTemplate ChatTemplate::from_model_dir(const fs::path& dir, const std::string
   }
   if (!override_template.empty()) {
     ct.origin_ = "(--chat-template)";
-    ct.add_template("default", load_override(override_template));
+    ct.add_template("default", load_chat_template_arg(override_template));
     return ct;
   }
   if (fs::exists(dir / "chat_template.jinja")) {

@@ -85,6 +85,11 @@ class ChatTemplate {
   std::string origin_;  // where the template came from, for error messages
 };
 
+// vLLM's load_chat_template for --chat-template: the contents of the file it names, or, when no
+// such file exists and the value looks like a template (it has '{', '}' or a newline), the value
+// itself with Python escapes decoded. Anything else is an error naming the missing file.
+std::string load_chat_template_arg(const std::string& value);
+
 // The jinja environment transformers renders chat templates in. strftime_now reads `now` when
 // given, else the local time at the call.
 jinja::Environment chat_template_environment(std::optional<std::tm> now = std::nullopt);
