@@ -320,7 +320,7 @@ def render_all(source_dir):
         template_id = file[: -len(".jinja")]
         with open(os.path.join(fixtures, file), encoding="utf-8", newline="") as f:
             template = f.read()
-        special = tokens.get(template_id, {})
+        special = tokens.get(template_id, {"bos_token": "<s>", "eos_token": "</s>"})
         out.append({"id": template_id, "kind": "file", "path": f"tests/fixtures/chat_templates/{file}",
                     "special_tokens": special, "cases": render_cases(template_id, template, special)})
     for name, model_dir in npm_models(source_dir):
