@@ -44,11 +44,13 @@ json read_conversation(const std::string& path) {
 }
 
 void run(const ChatTemplateArgs& a, bool agp_given, bool continue_given) {
-  if (a.model.empty() && a.chat_template.empty()) atom::fail("give --model, --chat-template, or both");
+  if (a.model.empty() && a.chat_template.empty())
+    atom::fail("give --model, --chat-template, or both");
   using atom::tokenizer::ChatTemplate;
-  ChatTemplate ct = a.model.empty()
-                        ? ChatTemplate::from_string(atom::tokenizer::load_chat_template_arg(a.chat_template))
-                        : ChatTemplate::from_model_dir(a.model, a.chat_template);
+  ChatTemplate ct =
+      a.model.empty()
+          ? ChatTemplate::from_string(atom::tokenizer::load_chat_template_arg(a.chat_template))
+          : ChatTemplate::from_model_dir(a.model, a.chat_template);
 
   // A list of messages, or a request-like object; other request fields (model, temperature, ...)
   // are ignored, so an OpenAI chat request body can be given as is.
@@ -61,10 +63,13 @@ void run(const ChatTemplateArgs& a, bool agp_given, bool continue_given) {
     messages = conv["messages"];
     if (conv.contains("tools")) o.tools = conv["tools"];
     if (conv.contains("documents")) o.documents = conv["documents"];
-    if (conv.contains("add_generation_prompt")) o.add_generation_prompt = conv["add_generation_prompt"].get<bool>();
-    if (conv.contains("continue_final_message")) o.continue_final_message = conv["continue_final_message"].get<bool>();
+    if (conv.contains("add_generation_prompt"))
+      o.add_generation_prompt = conv["add_generation_prompt"].get<bool>();
+    if (conv.contains("continue_final_message"))
+      o.continue_final_message = conv["continue_final_message"].get<bool>();
     if (conv.contains("chat_template_kwargs")) {
-      if (!conv["chat_template_kwargs"].is_object()) atom::fail("chat_template_kwargs must be a JSON object");
+      if (!conv["chat_template_kwargs"].is_object())
+        atom::fail("chat_template_kwargs must be a JSON object");
       o.kwargs = conv["chat_template_kwargs"];
     }
   } else {
@@ -83,7 +88,8 @@ void run(const ChatTemplateArgs& a, bool agp_given, bool continue_given) {
   if (agp_given) o.add_generation_prompt = a.add_generation_prompt;
   if (continue_given) o.continue_final_message = a.continue_final_message;
   // Continuing the final message implies no new assistant header unless asked explicitly.
-  if (o.continue_final_message && !agp_given && !(conv.is_object() && conv.contains("add_generation_prompt"))) {
+  if (o.continue_final_message && !agp_given &&
+      !(conv.is_object() && conv.contains("add_generation_prompt"))) {
     o.add_generation_prompt = false;
   }
   std::string prompt = ct.render(messages, o);
@@ -94,20 +100,24 @@ void run(const ChatTemplateArgs& a, bool agp_given, bool continue_given) {
 
 ATOM_REGISTER_COMMAND([](CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "chat-template", "Print the prompt a model's chat template makes of a conversation (as transformers' "
-                       "apply_chat_template)");
+      "chat-template",
+      "Print the prompt a model's chat template makes of a conversation (as transformers' "
+      "apply_chat_template)");
   auto a = std::make_shared<ChatTemplateArgs>();
   cmd->add_option("conversation", a->conversation,
-                  "JSON file (- for stdin): a list of messages, or an object with messages, tools, documents, "
+                  "JSON file (- for stdin): a list of messages, or an object with messages, tools, "
+                  "documents, "
                   "add_generation_prompt, continue_final_message, chat_template_kwargs")
       ->required();
-  cmd->add_option("--model", a->model, "Model folder (tokenizer_config.json, chat_template.jinja, ...)");
+  cmd->add_option("--model", a->model,
+                  "Model folder (tokenizer_config.json, chat_template.jinja, ...)");
   cmd->add_option("--chat-template", a->chat_template,
                   "Chat template file, or the template text itself (replaces the model's)");
   cmd->add_option("--chat-template-kwargs", a->kwargs,
                   "JSON object of extra template variables, e.g. '{\"enable_thinking\": false}'");
-  auto* agp = cmd->add_flag("--add-generation-prompt,!--no-generation-prompt", a->add_generation_prompt,
-                            "Append the assistant turn header (default: on, as vLLM's chat endpoint)");
+  auto* agp =
+      cmd->add_flag("--add-generation-prompt,!--no-generation-prompt", a->add_generation_prompt,
+                    "Append the assistant turn header (default: on, as vLLM's chat endpoint)");
   auto* cont = cmd->add_flag("--continue-final-message", a->continue_final_message,
                              "Leave the final assistant message open for the model to continue");
   cmd->callback([a, agp, cont] { run(*a, agp->count() > 0, cont->count() > 0); });

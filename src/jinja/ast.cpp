@@ -16,8 +16,11 @@ void scan_call(const CallSpec& c, std::set<std::string>& names) {
 void scan_expr(const Expr* e, std::set<std::string>& names) {
   if (!e) return;
   switch (e->kind) {
-    case ExprKind::kConst: return;
-    case ExprKind::kName: names.insert(static_cast<const NameExpr*>(e)->name); return;
+    case ExprKind::kConst:
+      return;
+    case ExprKind::kName:
+      names.insert(static_cast<const NameExpr*>(e)->name);
+      return;
     case ExprKind::kList:
     case ExprKind::kTuple:
       for (const auto& x : static_cast<const SeqExpr*>(e)->items) scan_expr(x.get(), names);
@@ -28,7 +31,9 @@ void scan_expr(const Expr* e, std::set<std::string>& names) {
         scan_expr(v.get(), names);
       }
       return;
-    case ExprKind::kGetattr: scan_expr(static_cast<const GetattrExpr*>(e)->obj.get(), names); return;
+    case ExprKind::kGetattr:
+      scan_expr(static_cast<const GetattrExpr*>(e)->obj.get(), names);
+      return;
     case ExprKind::kGetitem: {
       auto* g = static_cast<const GetitemExpr*>(e);
       scan_expr(g->obj.get(), names);
@@ -42,7 +47,9 @@ void scan_expr(const Expr* e, std::set<std::string>& names) {
       scan_expr(s->step.get(), names);
       return;
     }
-    case ExprKind::kUnary: scan_expr(static_cast<const UnaryExpr*>(e)->operand.get(), names); return;
+    case ExprKind::kUnary:
+      scan_expr(static_cast<const UnaryExpr*>(e)->operand.get(), names);
+      return;
     case ExprKind::kBinary: {
       auto* b = static_cast<const BinaryExpr*>(e);
       scan_expr(b->left.get(), names);
@@ -94,7 +101,8 @@ void collect_names(const Body& body, std::set<std::string>& names) {
   for (const auto& st : body) {
     switch (st->kind) {
       case StmtKind::kOutput:
-        for (const auto& e : static_cast<const OutputStmt*>(st.get())->exprs) scan_expr(e.get(), names);
+        for (const auto& e : static_cast<const OutputStmt*>(st.get())->exprs)
+          scan_expr(e.get(), names);
         break;
       case StmtKind::kIf: {
         auto* n = static_cast<const IfStmt*>(st.get());
@@ -113,7 +121,9 @@ void collect_names(const Body& body, std::set<std::string>& names) {
         collect_names(n->otherwise, names);
         break;
       }
-      case StmtKind::kSet: scan_expr(static_cast<const SetStmt*>(st.get())->value.get(), names); break;
+      case StmtKind::kSet:
+        scan_expr(static_cast<const SetStmt*>(st.get())->value.get(), names);
+        break;
       case StmtKind::kSetBlock: {
         auto* n = static_cast<const SetBlockStmt*>(st.get());
         scan_expr(n->filter.get(), names);
@@ -144,12 +154,14 @@ void collect_names(const Body& body, std::set<std::string>& names) {
         collect_names(n->body, names);
         break;
       }
-      case StmtKind::kScope: collect_names(static_cast<const ScopeStmt*>(st.get())->body, names); break;
-      default: break;
+      case StmtKind::kScope:
+        collect_names(static_cast<const ScopeStmt*>(st.get())->body, names);
+        break;
+      default:
+        break;
     }
   }
 }
-
 
 void collect_names(const Expr& e, std::set<std::string>& names) { scan_expr(&e, names); }
 

@@ -12,8 +12,24 @@
 namespace atom::jinja {
 
 enum class ExprKind : uint8_t {
-  kConst, kName, kList, kTuple, kDict, kGetattr, kGetitem, kSlice, kUnary, kBinary, kAnd, kOr,
-  kConcat, kCompare, kCondExpr, kCall, kFilter, kTest,
+  kConst,
+  kName,
+  kList,
+  kTuple,
+  kDict,
+  kGetattr,
+  kGetitem,
+  kSlice,
+  kUnary,
+  kBinary,
+  kAnd,
+  kOr,
+  kConcat,
+  kCompare,
+  kCondExpr,
+  kCall,
+  kFilter,
+  kTest,
 };
 
 struct Expr {
@@ -132,8 +148,19 @@ struct FilterExpr : Expr {
 // ---- statements ----
 
 enum class StmtKind : uint8_t {
-  kData, kOutput, kIf, kFor, kSet, kSetBlock, kMacro, kCallBlock, kFilterBlock, kWith, kBreak,
-  kContinue, kScope,
+  kData,
+  kOutput,
+  kIf,
+  kFor,
+  kSet,
+  kSetBlock,
+  kMacro,
+  kCallBlock,
+  kFilterBlock,
+  kWith,
+  kBreak,
+  kContinue,
+  kScope,
 };
 
 struct Stmt {

@@ -17,13 +17,20 @@ Value need_arg(CallArgs& args, const char* test, const char* name) {
 
 bool compare_test(CmpOp op, const Value& a, const Value& b) {
   switch (op) {
-    case CmpOp::kEq: return equal(a, b);
-    case CmpOp::kNe: return !equal(a, b);
-    case CmpOp::kLt: return less(a, b);
-    case CmpOp::kLe: return less(a, b) || equal(a, b);
-    case CmpOp::kGt: return less(b, a);
-    case CmpOp::kGe: return less(b, a) || equal(a, b);
-    default: return false;
+    case CmpOp::kEq:
+      return equal(a, b);
+    case CmpOp::kNe:
+      return !equal(a, b);
+    case CmpOp::kLt:
+      return less(a, b);
+    case CmpOp::kLe:
+      return less(a, b) || equal(a, b);
+    case CmpOp::kGt:
+      return less(b, a);
+    case CmpOp::kGe:
+      return less(b, a) || equal(a, b);
+    default:
+      return false;
   }
 }
 
@@ -32,14 +39,22 @@ bool compare_test(CmpOp op, const Value& a, const Value& b) {
 bool same_object(const Value& a, const Value& b) {
   if (a.type() != b.type()) return false;
   switch (a.type()) {
-    case Value::Type::kNone: return true;
-    case Value::Type::kBool: return a.as_bool() == b.as_bool();
-    case Value::Type::kInt: return a.as_int() == b.as_int() && a.as_int() >= -5 && a.as_int() <= 256;
-    case Value::Type::kString: return a.str_ptr() == b.str_ptr();
-    case Value::Type::kList: return a.list_ptr() == b.list_ptr();
-    case Value::Type::kDict: return a.dict_ptr() == b.dict_ptr();
-    case Value::Type::kObject: return a.obj_ptr() == b.obj_ptr();
-    default: return false;
+    case Value::Type::kNone:
+      return true;
+    case Value::Type::kBool:
+      return a.as_bool() == b.as_bool();
+    case Value::Type::kInt:
+      return a.as_int() == b.as_int() && a.as_int() >= -5 && a.as_int() <= 256;
+    case Value::Type::kString:
+      return a.str_ptr() == b.str_ptr();
+    case Value::Type::kList:
+      return a.list_ptr() == b.list_ptr();
+    case Value::Type::kDict:
+      return a.dict_ptr() == b.dict_ptr();
+    case Value::Type::kObject:
+      return a.obj_ptr() == b.obj_ptr();
+    default:
+      return false;
   }
 }
 
@@ -93,17 +108,21 @@ void register_builtin_tests(std::unordered_map<std::string, TestFn>& t) {
   });
   t["odd"] = [](Interpreter& ip, const Value& v, CallArgs& args) {
     args.finish("odd", 0);
-    return equal(binary_op(BinOp::kMod, v, Value::integer(2), ip.limits().max_output_bytes), Value::integer(1));
+    return equal(binary_op(BinOp::kMod, v, Value::integer(2), ip.limits().max_output_bytes),
+                 Value::integer(1));
   };
   t["even"] = [](Interpreter& ip, const Value& v, CallArgs& args) {
     args.finish("even", 0);
-    return equal(binary_op(BinOp::kMod, v, Value::integer(2), ip.limits().max_output_bytes), Value::integer(0));
+    return equal(binary_op(BinOp::kMod, v, Value::integer(2), ip.limits().max_output_bytes),
+                 Value::integer(0));
   };
   t["divisibleby"] = [](Interpreter& ip, const Value& v, CallArgs& args) {
     Value n = need_arg(args, "divisibleby", "num");
     return equal(binary_op(BinOp::kMod, v, n, ip.limits().max_output_bytes), Value::integer(0));
   };
-  t["in"] = [](Interpreter&, const Value& v, CallArgs& args) { return contains(need_arg(args, "in", "seq"), v); };
+  t["in"] = [](Interpreter&, const Value& v, CallArgs& args) {
+    return contains(need_arg(args, "in", "seq"), v);
+  };
   t["sameas"] = [](Interpreter&, const Value& v, CallArgs& args) {
     return same_object(v, need_arg(args, "sameas", "other"));
   };
@@ -119,11 +138,21 @@ void register_builtin_tests(std::unordered_map<std::string, TestFn>& t) {
     const char* name;
     CmpOp op;
   };
-  for (Cmp c : {Cmp{"==", CmpOp::kEq}, {"eq", CmpOp::kEq}, {"equalto", CmpOp::kEq},
-                {"!=", CmpOp::kNe}, {"ne", CmpOp::kNe}, {">", CmpOp::kGt}, {"gt", CmpOp::kGt},
-                {"greaterthan", CmpOp::kGt}, {">=", CmpOp::kGe}, {"ge", CmpOp::kGe},
-                {"<", CmpOp::kLt}, {"lt", CmpOp::kLt}, {"lessthan", CmpOp::kLt},
-                {"<=", CmpOp::kLe}, {"le", CmpOp::kLe}}) {
+  for (Cmp c : {Cmp{"==", CmpOp::kEq},
+                {"eq", CmpOp::kEq},
+                {"equalto", CmpOp::kEq},
+                {"!=", CmpOp::kNe},
+                {"ne", CmpOp::kNe},
+                {">", CmpOp::kGt},
+                {"gt", CmpOp::kGt},
+                {"greaterthan", CmpOp::kGt},
+                {">=", CmpOp::kGe},
+                {"ge", CmpOp::kGe},
+                {"<", CmpOp::kLt},
+                {"lt", CmpOp::kLt},
+                {"lessthan", CmpOp::kLt},
+                {"<=", CmpOp::kLe},
+                {"le", CmpOp::kLe}}) {
     t[c.name] = [c](Interpreter&, const Value& v, CallArgs& args) {
       return compare_test(c.op, v, need_arg(args, c.name, "other"));
     };

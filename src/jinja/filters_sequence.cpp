@@ -15,21 +15,24 @@ Value attr_lookup(Interpreter& ip, const Value& item, const Value& attribute) {
   Value cur = item;
   for (const auto& part : str_split(attribute.str(), Value::string("."), -1, false)) {
     const std::string& p = part.str();
-    bool digits = !p.empty() && std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; });
+    bool digits =
+        !p.empty() && std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; });
     cur = ip.getitem(cur, digits ? Value::integer(std::stoll(p)) : part);
   }
   return cur;
 }
 
 const std::vector<std::string>& unsupported_filters() {
-  static const std::vector<std::string> names = {"filesizeformat", "random",  "striptags", "urlencode",
-                                                 "urlize",         "wordwrap", "xmlattr"};
+  static const std::vector<std::string> names = {
+      "filesizeformat", "random", "striptags", "urlencode", "urlize", "wordwrap", "xmlattr"};
   return names;
 }
 
 namespace {
 
-Value ignore_case(const Value& v) { return v.is_string() ? Value::string(unicode::lower(v.str())) : v; }
+Value ignore_case(const Value& v) {
+  return v.is_string() ? Value::string(unicode::lower(v.str())) : v;
+}
 
 // Python's comparison of sort keys (lists of values).
 bool key_less(const std::vector<Value>& a, const std::vector<Value>& b) {
@@ -70,7 +73,8 @@ Value min_max(Interpreter& ip, const Value& v, CallArgs& args, bool is_max) {
 }
 
 // select / reject / selectattr / rejectattr.
-Value select_or_reject(Interpreter& ip, const Value& v, CallArgs& args, bool keep, bool lookup_attr) {
+Value select_or_reject(Interpreter& ip, const Value& v, CallArgs& args, bool keep,
+                       bool lookup_attr) {
   if (!truthy(v)) return make_iterator({});
   std::vector<Value> pos = args.pos;
   Value attr;
@@ -86,7 +90,8 @@ Value select_or_reject(Interpreter& ip, const Value& v, CallArgs& args, bool kee
     test = pos[off].str();
   }
   CallArgs test_args;
-  if (pos.size() > off + 1) test_args.pos.assign(pos.begin() + static_cast<std::ptrdiff_t>(off + 1), pos.end());
+  if (pos.size() > off + 1)
+    test_args.pos.assign(pos.begin() + static_cast<std::ptrdiff_t>(off + 1), pos.end());
   test_args.kw = args.kw;
   std::vector<Value> out;
   for (const auto& item : iterate(v)) {
@@ -167,7 +172,9 @@ void register_sequence_filters(std::unordered_map<std::string, FilterFn>& f) {
     if (!v.is_undefined() && !v.is_list() && !v.is_dict()) eval_fail("argument must be iterable");
     std::vector<Value> items = iterate(v);
     std::reverse(items.begin(), items.end());
-    const char* kind = v.is_dict() ? "dict_reversekeyiterator" : v.is_tuple() ? "reversed" : "list_reverseiterator";
+    const char* kind = v.is_dict()    ? "dict_reversekeyiterator"
+                       : v.is_tuple() ? "reversed"
+                                      : "list_reverseiterator";
     return make_iterator(std::move(items), kind);
   };
   f["sort"] = [](Interpreter& ip, const Value& v, CallArgs& args) {
@@ -207,8 +214,12 @@ void register_sequence_filters(std::unordered_map<std::string, FilterFn>& f) {
     }
     return make_iterator(std::move(out));
   };
-  f["min"] = [](Interpreter& ip, const Value& v, CallArgs& args) { return min_max(ip, v, args, false); };
-  f["max"] = [](Interpreter& ip, const Value& v, CallArgs& args) { return min_max(ip, v, args, true); };
+  f["min"] = [](Interpreter& ip, const Value& v, CallArgs& args) {
+    return min_max(ip, v, args, false);
+  };
+  f["max"] = [](Interpreter& ip, const Value& v, CallArgs& args) {
+    return min_max(ip, v, args, true);
+  };
   f["sum"] = [](Interpreter& ip, const Value& v, CallArgs& args) {
     auto attribute = args.take(0, "attribute");
     Value total = args.take(1, "start").value_or(Value::integer(0));
@@ -222,12 +233,15 @@ void register_sequence_filters(std::unordered_map<std::string, FilterFn>& f) {
   f["map"] = [](Interpreter& ip, const Value& v, CallArgs& args) {
     if (!truthy(v)) return make_iterator({});
     std::vector<Value> out;
-    auto attr_it = std::find_if(args.kw.begin(), args.kw.end(), [](const auto& p) { return p.first == "attribute"; });
+    auto attr_it = std::find_if(args.kw.begin(), args.kw.end(),
+                                [](const auto& p) { return p.first == "attribute"; });
     if (args.pos.empty() && attr_it != args.kw.end()) {
       Value attribute = attr_it->second, dflt = Value::none();
       for (const auto& [k, x] : args.kw) {
-        if (k == "default") dflt = x;
-        else if (k != "attribute") eval_fail("Unexpected keyword argument '{}'", k);
+        if (k == "default")
+          dflt = x;
+        else if (k != "attribute")
+          eval_fail("Unexpected keyword argument '{}'", k);
       }
       for (const auto& item : iterate(v)) {
         Value x = attr_lookup(ip, item, attribute);
@@ -248,10 +262,18 @@ void register_sequence_filters(std::unordered_map<std::string, FilterFn>& f) {
     }
     return make_iterator(std::move(out));
   };
-  f["select"] = [](Interpreter& ip, const Value& v, CallArgs& args) { return select_or_reject(ip, v, args, true, false); };
-  f["reject"] = [](Interpreter& ip, const Value& v, CallArgs& args) { return select_or_reject(ip, v, args, false, false); };
-  f["selectattr"] = [](Interpreter& ip, const Value& v, CallArgs& args) { return select_or_reject(ip, v, args, true, true); };
-  f["rejectattr"] = [](Interpreter& ip, const Value& v, CallArgs& args) { return select_or_reject(ip, v, args, false, true); };
+  f["select"] = [](Interpreter& ip, const Value& v, CallArgs& args) {
+    return select_or_reject(ip, v, args, true, false);
+  };
+  f["reject"] = [](Interpreter& ip, const Value& v, CallArgs& args) {
+    return select_or_reject(ip, v, args, false, false);
+  };
+  f["selectattr"] = [](Interpreter& ip, const Value& v, CallArgs& args) {
+    return select_or_reject(ip, v, args, true, true);
+  };
+  f["rejectattr"] = [](Interpreter& ip, const Value& v, CallArgs& args) {
+    return select_or_reject(ip, v, args, false, true);
+  };
   f["items"] = [](Interpreter&, const Value& v, CallArgs& args) {
     args.finish("items", 0);
     if (v.is_undefined()) return make_iterator({});
@@ -266,9 +288,12 @@ void register_sequence_filters(std::unordered_map<std::string, FilterFn>& f) {
     bool reverse = arg_bool(args.take(2, "reverse"), false);
     args.finish("dictsort", 3);
     size_t pos;
-    if (by.is_string() && by.str() == "key") pos = 0;
-    else if (by.is_string() && by.str() == "value") pos = 1;
-    else eval_fail("You can only sort by either \"key\" or \"value\"");
+    if (by.is_string() && by.str() == "key")
+      pos = 0;
+    else if (by.is_string() && by.str() == "value")
+      pos = 1;
+    else
+      eval_fail("You can only sort by either \"key\" or \"value\"");
     if (v.is_undefined()) undefined_fail(v);
     if (!v.is_dict()) eval_fail("'{}' object has no attribute 'items'", type_name(v));
     std::vector<std::pair<Value, Value>> items(v.dict().entries.begin(), v.dict().entries.end());
@@ -296,12 +321,14 @@ void register_sequence_filters(std::unordered_map<std::string, FilterFn>& f) {
     };
     std::vector<std::pair<Value, Value>> keyed;
     for (auto& item : iterate(v)) keyed.emplace_back(getter(item, !case_sensitive), item);
-    std::stable_sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return less(a.first, b.first); });
+    std::stable_sort(keyed.begin(), keyed.end(),
+                     [](const auto& a, const auto& b) { return less(a.first, b.first); });
     std::vector<Value> groups;
     for (size_t i = 0; i < keyed.size();) {
       size_t j = i;
       std::vector<Value> members;
-      while (j < keyed.size() && equal(keyed[j].first, keyed[i].first)) members.push_back(keyed[j++].second);
+      while (j < keyed.size() && equal(keyed[j].first, keyed[i].first))
+        members.push_back(keyed[j++].second);
       Value grouper = case_sensitive ? keyed[i].first : getter(members.front(), false);
       groups.push_back(Value::list({grouper, Value::list(std::move(members))}, ListKind::kGroup));
       i = j;

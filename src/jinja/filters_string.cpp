@@ -14,7 +14,8 @@ bool arg_bool(const std::optional<Value>& v, bool dflt) { return v ? truthy(*v) 
 
 int64_t arg_integer(const std::optional<Value>& v, int64_t dflt, const char* what) {
   if (!v) return dflt;
-  if (!v->is_integral()) eval_fail("{}: '{}' object cannot be interpreted as an integer", what, type_name(*v));
+  if (!v->is_integral())
+    eval_fail("{}: '{}' object cannot be interpreted as an integer", what, type_name(*v));
   return v->as_int();
 }
 
@@ -24,12 +25,23 @@ std::string html_escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -58,9 +70,12 @@ std::optional<int64_t> parse_py_int(const std::string& text, int base) {
       prev_digit = false;
       continue;
     }
-    int d = c >= '0' && c <= '9' ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'z' ? (c | 0x20) - 'a' + 10 : 99;
+    int d = c >= '0' && c <= '9'                     ? c - '0'
+            : (c | 0x20) >= 'a' && (c | 0x20) <= 'z' ? (c | 0x20) - 'a' + 10
+                                                     : 99;
     if (d >= base) return std::nullopt;
-    if (v > (static_cast<uint64_t>(INT64_MAX) - static_cast<uint64_t>(d)) / static_cast<uint64_t>(base)) {
+    if (v > (static_cast<uint64_t>(INT64_MAX) - static_cast<uint64_t>(d)) /
+                static_cast<uint64_t>(base)) {
       eval_fail("integer {} is too large (atom's template integers are 64-bit)", text);
     }
     v = v * static_cast<uint64_t>(base) + static_cast<uint64_t>(d);
@@ -88,7 +103,8 @@ std::optional<double> parse_py_float(const std::string& text) {
       if (rest[k] >= '0' && rest[k] <= '9') {
         clean += rest[k++];
         any = prev_digit = true;
-      } else if (rest[k] == '_' && prev_digit && k + 1 < rest.size() && rest[k + 1] >= '0' && rest[k + 1] <= '9') {
+      } else if (rest[k] == '_' && prev_digit && k + 1 < rest.size() && rest[k + 1] >= '0' &&
+                 rest[k + 1] <= '9') {
         ++k;
         prev_digit = false;
       } else {
@@ -147,7 +163,8 @@ std::string pprint_repr(const Value& v) {
   if (v.is_dict()) {
     std::vector<const std::pair<Value, Value>*> items;
     for (const auto& e : v.dict().entries) items.push_back(&e);
-    std::stable_sort(items.begin(), items.end(), [](auto* a, auto* b) { return less(a->first, b->first); });
+    std::stable_sort(items.begin(), items.end(),
+                     [](auto* a, auto* b) { return less(a->first, b->first); });
     std::string out = "{";
     for (size_t i = 0; i < items.size(); ++i) {
       if (i) out += ", ";
@@ -188,7 +205,9 @@ void register_string_filters(std::unordered_map<std::string, FilterFn>& f) {
   // jinja2's title: capitalise each run after -, whitespace, (, {, [ or <.
   f["title"] = unary("title", [](const std::string& s) {
     std::u32string in = unicode::to_u32(s), out;
-    auto sep = [](char32_t c) { return c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || unicode::is_space(c); };
+    auto sep = [](char32_t c) {
+      return c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || unicode::is_space(c);
+    };
     size_t i = 0;
     while (i < in.size()) {
       size_t j = i;
@@ -234,17 +253,22 @@ void register_string_filters(std::unordered_map<std::string, FilterFn>& f) {
     bool blank = arg_bool(args.take(2, "blank"), false);
     args.finish("indent", 3);
     std::string ind;
-    if (w && w->is_string()) ind = w->str();
-    else ind = std::string(static_cast<size_t>(std::max<int64_t>(0, arg_integer(w, 4, "indent"))), ' ');
+    if (w && w->is_string())
+      ind = w->str();
+    else
+      ind =
+          std::string(static_cast<size_t>(std::max<int64_t>(0, arg_integer(w, 4, "indent"))), ' ');
     if (v.is_undefined()) undefined_fail(v);
-    if (!v.is_string()) eval_fail("unsupported operand type(s) for +=: '{}' and 'str'", type_name(v));
+    if (!v.is_string())
+      eval_fail("unsupported operand type(s) for +=: '{}' and 'str'", type_name(v));
     std::vector<std::string> lines = str_splitlines(v.str() + "\n", false);
     std::string rv;
     if (blank) {
       for (size_t i = 0; i < lines.size(); ++i) rv += (i ? "\n" + ind : "") + lines[i];
     } else {
       rv = lines.empty() ? "" : lines[0];
-      for (size_t i = 1; i < lines.size(); ++i) rv += "\n" + (lines[i].empty() ? "" : ind + lines[i]);
+      for (size_t i = 1; i < lines.size(); ++i)
+        rv += "\n" + (lines[i].empty() ? "" : ind + lines[i]);
     }
     if (first) rv = ind + rv;
     return Value::string(std::move(rv));
@@ -346,7 +370,8 @@ void register_string_filters(std::unordered_map<std::string, FilterFn>& f) {
     Value method = args.take(1, "method").value_or(Value::string("common"));
     args.finish("round", 2);
     std::string m = method.is_string() ? method.str() : "";
-    if (m != "common" && m != "ceil" && m != "floor") eval_fail("method must be common, ceil or floor");
+    if (m != "common" && m != "ceil" && m != "floor")
+      eval_fail("method must be common, ceil or floor");
     if (!v.is_number()) eval_fail("type {} doesn't define __round__ method", type_name(v));
     if (m == "common") {
       if (v.is_integral()) return Value::integer(round_int(v.as_int(), precision));
@@ -364,17 +389,25 @@ void register_string_filters(std::unordered_map<std::string, FilterFn>& f) {
     JsonOptions o;
     o.sort_keys = true;
     if (indent && !indent->is_none()) {
-      if (indent->is_string()) o.indent = indent->str();
-      else o.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, arg_integer(indent, 0, "tojson"))), ' ');
+      if (indent->is_string())
+        o.indent = indent->str();
+      else
+        o.indent = std::string(
+            static_cast<size_t>(std::max<int64_t>(0, arg_integer(indent, 0, "tojson"))), ' ');
       o.item_separator = ",";
     }
     std::string s = json_dumps(v, o), out;
     for (char c : s) {
-      if (c == '<') out += "\\u003c";
-      else if (c == '>') out += "\\u003e";
-      else if (c == '&') out += "\\u0026";
-      else if (c == '\'') out += "\\u0027";
-      else out += c;
+      if (c == '<')
+        out += "\\u003c";
+      else if (c == '>')
+        out += "\\u003e";
+      else if (c == '&')
+        out += "\\u0026";
+      else if (c == '\'')
+        out += "\\u0027";
+      else
+        out += c;
     }
     return Value::string(std::move(out));
   };

@@ -44,7 +44,8 @@ std::string Interpreter::render(const Body& body,
   try {
     exec(body, root, out);
   } catch (const EvalError& e) {
-    throw TemplateError(e.kind, e.message, where, e.kind == TemplateError::Kind::kRaised ? 0 : line_);
+    throw TemplateError(e.kind, e.message, where,
+                        e.kind == TemplateError::Kind::kRaised ? 0 : line_);
   }
   return out;
 }
@@ -90,8 +91,10 @@ Interpreter::Flow Interpreter::exec_stmt(const Stmt& st, const ScopePtr& scope, 
     case StmtKind::kOutput:
       for (const auto& e : static_cast<const OutputStmt&>(st).exprs) {
         Value v = eval(*e, *scope);
-        if (v.is_string()) append(out, v.str());
-        else append(out, to_str(v));
+        if (v.is_string())
+          append(out, v.str());
+        else
+          append(out, to_str(v));
       }
       return Flow::kNormal;
     case StmtKind::kIf: {
@@ -245,7 +248,8 @@ Value Interpreter::eval(const Expr& e, Scope& scope) {
     case ExprKind::kTuple: {
       std::vector<Value> items;
       for (const auto& x : static_cast<const SeqExpr&>(e).items) items.push_back(eval(*x, scope));
-      return Value::list(std::move(items), e.kind == ExprKind::kTuple ? ListKind::kTuple : ListKind::kList);
+      return Value::list(std::move(items),
+                         e.kind == ExprKind::kTuple ? ListKind::kTuple : ListKind::kList);
     }
     case ExprKind::kDict: {
       DictData d;
@@ -339,14 +343,30 @@ Value Interpreter::eval_compare(const CompareExpr& e, Scope& scope) {
     line_ = e.line;
     bool r = false;
     switch (op) {
-      case CmpOp::kEq: r = equal(left, right); break;
-      case CmpOp::kNe: r = !equal(left, right); break;
-      case CmpOp::kLt: r = less(left, right); break;
-      case CmpOp::kLe: r = less(left, right) || equal(left, right); break;
-      case CmpOp::kGt: r = less(right, left); break;
-      case CmpOp::kGe: r = less(right, left) || equal(left, right); break;
-      case CmpOp::kIn: r = contains(right, left); break;
-      case CmpOp::kNotIn: r = !contains(right, left); break;
+      case CmpOp::kEq:
+        r = equal(left, right);
+        break;
+      case CmpOp::kNe:
+        r = !equal(left, right);
+        break;
+      case CmpOp::kLt:
+        r = less(left, right);
+        break;
+      case CmpOp::kLe:
+        r = less(left, right) || equal(left, right);
+        break;
+      case CmpOp::kGt:
+        r = less(right, left);
+        break;
+      case CmpOp::kGe:
+        r = less(right, left) || equal(left, right);
+        break;
+      case CmpOp::kIn:
+        r = contains(right, left);
+        break;
+      case CmpOp::kNotIn:
+        r = !contains(right, left);
+        break;
     }
     if (!r) return Value::boolean(false);
     left = std::move(right);
@@ -374,7 +394,8 @@ CallArgs Interpreter::eval_args(const CallSpec& spec, Scope& scope) {
     for (const auto& [k, v] : d.dict().entries) {
       if (!k.is_string()) eval_fail("keywords must be strings");
       for (const auto& existing : args.kw) {
-        if (existing.first == k.str()) eval_fail("got multiple values for keyword argument '{}'", k.str());
+        if (existing.first == k.str())
+          eval_fail("got multiple values for keyword argument '{}'", k.str());
       }
       args.kw.emplace_back(k.str(), v);
     }
@@ -469,7 +490,8 @@ Value Interpreter::getitem(const Value& obj, const Value& key) {
     } else if (auto m = python_attribute(obj, key.str())) {
       return *m;
     }
-    return Value::undefined(fmt::format("'{}' has no attribute '{}'", object_type_repr(obj), key.str()));
+    return Value::undefined(
+        fmt::format("'{}' has no attribute '{}'", object_type_repr(obj), key.str()));
   }
   return Value::undefined(fmt::format("{} has no element {}", object_type_repr(obj), repr(key)));
 }
@@ -496,7 +518,8 @@ Value Interpreter::call_macro(const std::shared_ptr<const MacroDef>& def, const 
   if (npos != np) {
     found_caller = false;
     for (size_t i = npos; i < np; ++i) {
-      auto it = std::find_if(kw.begin(), kw.end(), [&](const auto& p) { return p.first == params[i]; });
+      auto it =
+          std::find_if(kw.begin(), kw.end(), [&](const auto& p) { return p.first == params[i]; });
       if (it != kw.end()) {
         values[i] = it->second;
         kw.erase(it);
@@ -520,7 +543,10 @@ Value Interpreter::call_macro(const std::shared_ptr<const MacroDef>& def, const 
   } else if (!kw.empty()) {
     for (const auto& p : kw) {
       if (p.first == "caller") {
-        eval_fail("macro '{}' was invoked with two values for the special caller argument. This is most likely a bug.", def->name);
+        eval_fail(
+            "macro '{}' was invoked with two values for the special caller argument. This is most "
+            "likely a bug.",
+            def->name);
       }
     }
     eval_fail("macro '{}' takes no keyword argument '{}'", def->name, kw.front().first);
@@ -539,7 +565,8 @@ Value Interpreter::call_macro(const std::shared_ptr<const MacroDef>& def, const 
     } else if (i >= first_default) {
       scope->set(params[i], eval(*def->defaults[i - first_default], *scope));
     } else {
-      scope->set(params[i], Value::undefined(fmt::format("parameter '{}' was not provided", params[i])));
+      scope->set(params[i],
+                 Value::undefined(fmt::format("parameter '{}' was not provided", params[i])));
     }
   }
   std::string out = render_body(def->body, scope);

@@ -39,8 +39,8 @@ Value make_function(std::string name, NativeFn fn);
 
 struct Limits {
   size_t max_output_bytes = size_t{64} << 20;  // also caps any single string the template builds
-  int max_call_depth = 256;                     // nested macro / caller invocations
-  uint64_t max_steps = 50'000'000;              // statements and loop iterations executed
+  int max_call_depth = 256;                    // nested macro / caller invocations
+  uint64_t max_steps = 50'000'000;             // statements and loop iterations executed
 };
 
 // What an environment provides to the interpreter: filters, tests, globals and limits.

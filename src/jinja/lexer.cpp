@@ -103,9 +103,10 @@ size_t match_integer(std::string_view s, size_t i) {
     }
     return last;
   };
-  for (auto [p, ok] : {std::pair<char, bool (*)(char)>{'b', [](char c) { return c == '0' || c == '1'; }},
-                       {'o', [](char c) { return c >= '0' && c <= '7'; }},
-                       {'x', [](char c) { return is_hex(c); }}}) {
+  for (auto [p, ok] :
+       {std::pair<char, bool (*)(char)>{'b', [](char c) { return c == '0' || c == '1'; }},
+        {'o', [](char c) { return c >= '0' && c <= '7'; }},
+        {'x', [](char c) { return is_hex(c); }}}) {
     size_t j = prefixed(p, ok);
     if (j > i) return j;
   }
@@ -126,7 +127,8 @@ bool name_char(std::string_view s, size_t i, size_t* len) {
   size_t j = i;
   char32_t c = unicode::decode(s, j);
   *len = j - i;
-  if (c < 0x80) return c == '_' || (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
+  if (c < 0x80)
+    return c == '_' || (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
   return unicode::is_word(c) || (c >= 0x300 && c <= 0x36F);
 }
 
@@ -146,14 +148,15 @@ int64_t parse_int_literal(std::string text, const std::string& where, int line) 
   char* end = nullptr;
   unsigned long long v = std::strtoull(digits.c_str() + start, &end, base);
   if (errno == ERANGE || v > static_cast<unsigned long long>(INT64_MAX)) {
-    syntax_fail(where, line, "integer literal " + text + " is too large (atom uses 64-bit integers)");
+    syntax_fail(where, line,
+                "integer literal " + text + " is too large (atom uses 64-bit integers)");
   }
   return static_cast<int64_t>(v);
 }
 
-const char* const kOperators[] = {"**", "//", "==", "!=", ">=", "<=", "+", "-", "/", "*", "%",
-                                  "~",  "[",  "]",  "(",  ")",  "{",  "}", ">", "<", "=", ".",
-                                  ":",  "|",  ",",  ";"};
+const char* const kOperators[] = {"**", "//", "==", "!=", ">=", "<=", "+", "-", "/",
+                                  "*",  "%",  "~",  "[",  "]",  "(",  ")", "{", "}",
+                                  ">",  "<",  "=",  ".",  ":",  "|",  ",", ";"};
 
 class Lexer {
  public:
@@ -296,8 +299,10 @@ class Lexer {
       if (balance.empty()) {
         size_t end = 0;
         if (variable) {
-          if (s[pos_] == '-' && starts_with(s, pos_ + 1, "}}")) end = skip_spaces(s, pos_ + 3);
-          else if (starts_with(s, pos_, "}}")) end = pos_ + 2;
+          if (s[pos_] == '-' && starts_with(s, pos_ + 1, "}}"))
+            end = skip_spaces(s, pos_ + 3);
+          else if (starts_with(s, pos_, "}}"))
+            end = pos_ + 2;
         } else {
           end = match_block_end(pos_, '%');
         }
@@ -367,7 +372,8 @@ class Lexer {
         size_t j = pos_;
         std::string ch;
         unicode::append(ch, unicode::decode(s, j));
-        syntax_fail(where_, line_, fmt::format("unexpected char {} at {}", string_repr_char(ch), pos_));
+        syntax_fail(where_, line_,
+                    fmt::format("unexpected char {} at {}", string_repr_char(ch), pos_));
       }
     }
   }
@@ -418,9 +424,12 @@ class Lexer {
 };
 
 void append_backslashreplace(std::string& out, char32_t c) {
-  if (c < 0x100) out += fmt::format("\\x{:02x}", static_cast<unsigned>(c));
-  else if (c < 0x10000) out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-  else out += fmt::format("\\U{:08x}", static_cast<unsigned>(c));
+  if (c < 0x100)
+    out += fmt::format("\\x{:02x}", static_cast<unsigned>(c));
+  else if (c < 0x10000)
+    out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+  else
+    out += fmt::format("\\U{:08x}", static_cast<unsigned>(c));
 }
 
 }  // namespace
@@ -452,21 +461,49 @@ std::string decode_python_escapes(std::string_view s) {
       unicode::append(out, v);
     };
     switch (c) {
-      case '\n': break;
-      case '\\': out += '\\'; break;
-      case '\'': out += '\''; break;
-      case '"': out += '"'; break;
-      case 'a': out += '\a'; break;
-      case 'b': out += '\b'; break;
-      case 'f': out += '\f'; break;
-      case 'n': out += '\n'; break;
-      case 'r': out += '\r'; break;
-      case 't': out += '\t'; break;
-      case 'v': out += '\v'; break;
-      case 'x': hex(2, "\\xXX"); break;
-      case 'u': hex(4, "\\uXXXX"); break;
-      case 'U': hex(8, "\\UXXXXXXXX"); break;
-      case 'N': throw std::invalid_argument("\\N{...} escapes are not supported");
+      case '\n':
+        break;
+      case '\\':
+        out += '\\';
+        break;
+      case '\'':
+        out += '\'';
+        break;
+      case '"':
+        out += '"';
+        break;
+      case 'a':
+        out += '\a';
+        break;
+      case 'b':
+        out += '\b';
+        break;
+      case 'f':
+        out += '\f';
+        break;
+      case 'n':
+        out += '\n';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case 'v':
+        out += '\v';
+        break;
+      case 'x':
+        hex(2, "\\xXX");
+        break;
+      case 'u':
+        hex(4, "\\uXXXX");
+        break;
+      case 'U':
+        hex(8, "\\UXXXXXXXX");
+        break;
+      case 'N':
+        throw std::invalid_argument("\\N{...} escapes are not supported");
       default:
         if (c >= '0' && c <= '7') {
           uint32_t v = static_cast<uint32_t>(c - '0');
@@ -488,6 +525,34 @@ std::string decode_python_escapes(std::string_view s) {
     }
   }
   return out;
+}
+
+std::string describe_token(const Token& t) {
+  switch (t.type) {
+    case Tok::kData:
+      return "template data";
+    case Tok::kVarBegin:
+      return "begin of print statement";
+    case Tok::kVarEnd:
+      return "end of print statement";
+    case Tok::kBlockBegin:
+      return "begin of statement block";
+    case Tok::kBlockEnd:
+      return "end of statement block";
+    case Tok::kName:
+      return "'" + t.text + "'";
+    case Tok::kString:
+      return "string";
+    case Tok::kInteger:
+      return "integer";
+    case Tok::kFloat:
+      return "float";
+    case Tok::kOperator:
+      return "'" + t.text + "'";
+    case Tok::kEof:
+      return "end of template";
+  }
+  return "token";
 }
 
 std::vector<Token> tokenize(std::string_view source, const LexerOptions& options,

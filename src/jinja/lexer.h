@@ -17,10 +17,10 @@ enum class Tok : uint8_t {
   kBlockBegin,  // {%
   kBlockEnd,    // %}
   kName,
-  kString,      // text holds the decoded value
-  kInteger,     // ival
-  kFloat,       // fval
-  kOperator,    // text holds the operator ("+", "//", "(", ...)
+  kString,    // text holds the decoded value
+  kInteger,   // ival
+  kFloat,     // fval
+  kOperator,  // text holds the operator ("+", "//", "(", ...)
   kEof,
 };
 
@@ -44,6 +44,9 @@ struct LexerOptions {
 // Throws TemplateError (kSyntax) naming `where` and the line.
 std::vector<Token> tokenize(std::string_view source, const LexerOptions& options,
                             const std::string& where);
+
+// How jinja2 names a token in syntax errors ("end of print statement", "'foo'").
+std::string describe_token(const Token& t);
 
 // Decodes Python string-literal escapes (\n, \t, \xNN, \uNNNN, \UNNNNNNNN, octal, ...) as
 // jinja2 does through Python's unicode-escape codec. Throws std::invalid_argument on a truncated

@@ -20,7 +20,8 @@ const std::string& arg_str(const Value& v, const char* what) {
 
 int64_t arg_int(const std::optional<Value>& v, int64_t dflt) {
   if (!v || v->is_none()) return dflt;
-  if (!v->is_integral()) eval_fail("'{}' object cannot be interpreted as an integer", type_name(*v));
+  if (!v->is_integral())
+    eval_fail("'{}' object cannot be interpreted as an integer", type_name(*v));
   return v->as_int();
 }
 
@@ -75,7 +76,8 @@ Value affix_impl(const Value& self, CallArgs& args, bool prefix) {
     std::u32string a = unicode::to_u32(o.str());
     if (b > e || e - b < a.size()) continue;
     std::u32string_view win(s.data() + b, e - b);
-    if (prefix ? win.substr(0, a.size()) == a : win.substr(win.size() - a.size()) == a) return Value::boolean(true);
+    if (prefix ? win.substr(0, a.size()) == a : win.substr(win.size() - a.size()) == a)
+      return Value::boolean(true);
   }
   return Value::boolean(false);
 }
@@ -163,8 +165,9 @@ Value str_method(Interpreter& ip, const Value& self, const std::string& name, Ca
     std::string out;
     for (size_t i = 0; i < s.size();) {
       char32_t c = unicode::decode(s, i);
-      unicode::append(out, unicode::is_upper(c) ? unicode::to_lower(c)
-                           : unicode::is_lower(c) ? unicode::to_upper(c) : c);
+      unicode::append(out, unicode::is_upper(c)   ? unicode::to_lower(c)
+                           : unicode::is_lower(c) ? unicode::to_upper(c)
+                                                  : c);
     }
     return Value::string(std::move(out));
   }
@@ -195,7 +198,9 @@ Value str_method(Interpreter& ip, const Value& self, const std::string& name, Ca
     if (sub.empty()) return Value::integer(static_cast<int64_t>(e - b + 1));
     int64_t n = 0;
     std::u32string_view hay(str.data() + b, e - b);
-    for (size_t p = hay.find(sub); p != std::u32string_view::npos; p = hay.find(sub, p + sub.size())) ++n;
+    for (size_t p = hay.find(sub); p != std::u32string_view::npos;
+         p = hay.find(sub, p + sub.size()))
+      ++n;
     return Value::integer(n);
   }
   if (name == "join") {
@@ -228,7 +233,8 @@ Value str_method(Interpreter& ip, const Value& self, const std::string& name, Ca
     args.finish(name, 1);
     if (!a) eval_fail("{}() takes exactly one argument (0 given)", name);
     const std::string& x = arg_str(*a, name.c_str());
-    if (name == "removeprefix" && s.compare(0, x.size(), x) == 0) return Value::string(s.substr(x.size()));
+    if (name == "removeprefix" && s.compare(0, x.size(), x) == 0)
+      return Value::string(s.substr(x.size()));
     if (name == "removesuffix" && !x.empty() && s.size() >= x.size() &&
         s.compare(s.size() - x.size(), x.size(), x) == 0) {
       return Value::string(s.substr(0, s.size() - x.size()));
@@ -269,7 +275,8 @@ Value str_method(Interpreter& ip, const Value& self, const std::string& name, Ca
     args.finish(name, 0);
     bool cased = false;
     for (char32_t c : u32(self)) {
-      if (name == "isupper" ? (unicode::is_lower(c) || unicode::is_title(c)) : (unicode::is_upper(c) || unicode::is_title(c))) {
+      if (name == "isupper" ? (unicode::is_lower(c) || unicode::is_title(c))
+                            : (unicode::is_upper(c) || unicode::is_title(c))) {
         return Value::boolean(false);
       }
       cased = cased || unicode::is_cased(c);
@@ -303,19 +310,22 @@ Value str_method(Interpreter& ip, const Value& self, const std::string& name, Ca
 }
 
 constexpr std::array<const char*, 47> kStrMethods = {
-    "capitalize", "casefold", "center", "count", "encode", "endswith", "expandtabs", "find",
-    "format", "format_map", "index", "isalnum", "isalpha", "isascii", "isdecimal", "isdigit",
-    "isidentifier", "islower", "isnumeric", "isprintable", "isspace", "istitle", "isupper", "join",
-    "ljust", "lower", "lstrip", "maketrans", "partition", "removeprefix", "removesuffix", "replace",
-    "rfind", "rindex", "rjust", "rpartition", "rsplit", "rstrip", "split", "splitlines",
-    "startswith", "strip", "swapcase", "title", "translate", "upper", "zfill"};
+    "capitalize",   "casefold",    "center",    "count",      "encode",       "endswith",
+    "expandtabs",   "find",        "format",    "format_map", "index",        "isalnum",
+    "isalpha",      "isascii",     "isdecimal", "isdigit",    "isidentifier", "islower",
+    "isnumeric",    "isprintable", "isspace",   "istitle",    "isupper",      "join",
+    "ljust",        "lower",       "lstrip",    "maketrans",  "partition",    "removeprefix",
+    "removesuffix", "replace",     "rfind",     "rindex",     "rjust",        "rpartition",
+    "rsplit",       "rstrip",      "split",     "splitlines", "startswith",   "strip",
+    "swapcase",     "title",       "translate", "upper",      "zfill"};
 
 bool in_list(std::initializer_list<const char*> names, const std::string& name) {
   return std::any_of(names.begin(), names.end(), [&](const char* n) { return name == n; });
 }
 
 Value unsafe(const Value& obj, const std::string& name) {
-  return Value::undefined(fmt::format("access to attribute '{}' of '{}' object is unsafe.", name, type_name(obj)));
+  return Value::undefined(
+      fmt::format("access to attribute '{}' of '{}' object is unsafe.", name, type_name(obj)));
 }
 
 Value bind(const Value& self, const std::string& name,
@@ -340,11 +350,16 @@ Value dict_method(Interpreter&, const Value& self, const std::string& name, Call
   if (name == "copy") return self;
   std::vector<Value> out;
   for (const auto& [k, v] : d.entries) {
-    if (name == "keys") out.push_back(k);
-    else if (name == "values") out.push_back(v);
-    else out.push_back(Value::tuple({k, v}));
+    if (name == "keys")
+      out.push_back(k);
+    else if (name == "values")
+      out.push_back(v);
+    else
+      out.push_back(Value::tuple({k, v}));
   }
-  ListKind kind = name == "keys" ? ListKind::kDictKeys : name == "values" ? ListKind::kDictValues : ListKind::kDictItems;
+  ListKind kind = name == "keys"     ? ListKind::kDictKeys
+                  : name == "values" ? ListKind::kDictValues
+                                     : ListKind::kDictItems;
   return Value::list(std::move(out), kind);
 }
 
@@ -375,13 +390,16 @@ Value list_method(Interpreter&, const Value& self, const std::string& name, Call
 std::optional<Value> python_attribute(const Value& obj, const std::string& name) {
   switch (obj.type()) {
     case Value::Type::kString:
-      if (std::find_if(kStrMethods.begin(), kStrMethods.end(), [&](const char* n) { return name == n; }) != kStrMethods.end()) {
+      if (std::find_if(kStrMethods.begin(), kStrMethods.end(),
+                       [&](const char* n) { return name == n; }) != kStrMethods.end()) {
         return bind(obj, name, str_method);
       }
       return std::nullopt;
     case Value::Type::kDict:
-      if (in_list({"keys", "values", "items", "get", "copy"}, name)) return bind(obj, name, dict_method);
-      if (in_list({"clear", "pop", "popitem", "setdefault", "update"}, name)) return unsafe(obj, name);
+      if (in_list({"keys", "values", "items", "get", "copy"}, name))
+        return bind(obj, name, dict_method);
+      if (in_list({"clear", "pop", "popitem", "setdefault", "update"}, name))
+        return unsafe(obj, name);
       if (name == "fromkeys") {
         return make_function(name, [](Interpreter&, CallArgs&) -> Value {
           eval_fail("dict.fromkeys() is not supported by atom's template engine");
@@ -392,7 +410,8 @@ std::optional<Value> python_attribute(const Value& obj, const std::string& name)
       switch (obj.list().kind) {
         case ListKind::kList:
           if (in_list({"index", "count", "copy"}, name)) return bind(obj, name, list_method);
-          if (in_list({"append", "clear", "extend", "insert", "pop", "remove", "reverse", "sort"}, name)) {
+          if (in_list({"append", "clear", "extend", "insert", "pop", "remove", "reverse", "sort"},
+                      name)) {
             return unsafe(obj, name);
           }
           return std::nullopt;
@@ -411,7 +430,8 @@ std::optional<Value> python_attribute(const Value& obj, const std::string& name)
   }
 }
 
-std::vector<Value> str_split(const std::string& s, const Value& sep_v, int64_t maxsplit, bool right) {
+std::vector<Value> str_split(const std::string& s, const Value& sep_v, int64_t maxsplit,
+                             bool right) {
   std::vector<Value> out;
   if (sep_v.is_none()) {
     std::u32string str = unicode::to_u32(s);
@@ -452,7 +472,9 @@ std::vector<Value> str_split(const std::string& s, const Value& sep_v, int64_t m
   if (!right) {
     size_t start = 0;
     while (true) {
-      size_t pos = maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit ? std::string::npos : s.find(sep, start);
+      size_t pos = maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit
+                       ? std::string::npos
+                       : s.find(sep, start);
       if (pos == std::string::npos) {
         out.push_back(Value::string(s.substr(start)));
         break;

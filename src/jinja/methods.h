@@ -16,7 +16,8 @@ namespace atom::jinja {
 std::optional<Value> python_attribute(const Value& obj, const std::string& name);
 
 // Python str methods used by filters too.
-std::vector<Value> str_split(const std::string& s, const Value& sep, int64_t maxsplit, bool from_right);
+std::vector<Value> str_split(const std::string& s, const Value& sep, int64_t maxsplit,
+                             bool from_right);
 std::vector<std::string> str_splitlines(const std::string& s, bool keepends);
 std::string str_replace(const std::string& s, const std::string& old, const std::string& repl,
                         int64_t count);

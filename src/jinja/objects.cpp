@@ -89,7 +89,8 @@ namespace {
 
 // dict(*args, **kwargs) as Python builds it.
 DictData build_dict(const char* callee, CallArgs& args) {
-  if (args.pos.size() > 1) eval_fail("{} expected at most 1 argument, got {}", callee, args.pos.size());
+  if (args.pos.size() > 1)
+    eval_fail("{} expected at most 1 argument, got {}", callee, args.pos.size());
   DictData d;
   if (!args.pos.empty()) {
     const Value& src = args.pos[0];
@@ -164,7 +165,8 @@ Value range_fn(Interpreter&, CallArgs& args) {
   }
   std::vector<int64_t> n;
   for (const auto& v : args.pos) {
-    if (!v.is_integral()) eval_fail("'{}' object cannot be interpreted as an integer", type_name(v));
+    if (!v.is_integral())
+      eval_fail("'{}' object cannot be interpreted as an integer", type_name(v));
     n.push_back(v.as_int());
   }
   int64_t start = n.size() == 1 ? 0 : n[0];
@@ -205,11 +207,12 @@ std::vector<std::pair<std::string, Value>> builtin_globals() {
                    if (args.pos.empty()) eval_fail("at least one item has to be provided");
                    return Value::object(std::make_shared<CyclerObject>(args.pos));
                  }));
-  g.emplace_back("joiner", make_function("joiner", [](Interpreter&, CallArgs& args) {
-                   auto sep = args.take(0, "sep");
-                   args.finish("joiner", 1);
-                   return Value::object(std::make_shared<JoinerObject>(sep ? *sep : Value::string(", ")));
-                 }));
+  g.emplace_back(
+      "joiner", make_function("joiner", [](Interpreter&, CallArgs& args) {
+        auto sep = args.take(0, "sep");
+        args.finish("joiner", 1);
+        return Value::object(std::make_shared<JoinerObject>(sep ? *sep : Value::string(", ")));
+      }));
   return g;
 }
 

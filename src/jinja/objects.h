@@ -45,7 +45,9 @@ class MacroObject : public Object {
   std::string type_name() const override { return "Macro"; }
   std::string repr() const override { return "<Macro '" + def_->name + "'>"; }
   bool callable() const override { return true; }
-  Value call(Interpreter& ip, CallArgs& args) override { return ip.call_macro(def_, closure_, args); }
+  Value call(Interpreter& ip, CallArgs& args) override {
+    return ip.call_macro(def_, closure_, args);
+  }
   std::optional<Value> get_attr(const std::string& name) override;
 
  private:

@@ -39,34 +39,22 @@ class Parser {
   [[noreturn]] void fail(int line, std::string msg) const {
     throw TemplateError(TemplateError::Kind::kSyntax, std::move(msg), opt_.where, line);
   }
-  static std::string describe(const Token& t) {
-    switch (t.type) {
-      case Tok::kData: return "template data";
-      case Tok::kVarBegin: return "begin of print statement";
-      case Tok::kVarEnd: return "end of print statement";
-      case Tok::kBlockBegin: return "begin of statement block";
-      case Tok::kBlockEnd: return "end of statement block";
-      case Tok::kName: return "'" + t.text + "'";
-      case Tok::kString: return "string";
-      case Tok::kInteger: return "integer";
-      case Tok::kFloat: return "float";
-      case Tok::kOperator: return "'" + t.text + "'";
-      case Tok::kEof: return "end of template";
-    }
-    return "token";
-  }
+  static std::string describe(const Token& t) { return describe_token(t); }
   void expect_op(std::string_view op) {
-    if (!skip_op(op)) fail(cur().line, fmt::format("expected token '{}', got {}", op, describe(cur())));
+    if (!skip_op(op))
+      fail(cur().line, fmt::format("expected token '{}', got {}", op, describe(cur())));
   }
   const Token& expect_name() {
     if (cur().type != Tok::kName) fail(cur().line, "expected token 'name', got " + describe(cur()));
     return next();
   }
   void expect_name(std::string_view n) {
-    if (!skip_name(n)) fail(cur().line, fmt::format("expected token '{}', got {}", n, describe(cur())));
+    if (!skip_name(n))
+      fail(cur().line, fmt::format("expected token '{}', got {}", n, describe(cur())));
   }
   void expect(Tok type, const char* what) {
-    if (cur().type != type) fail(cur().line, fmt::format("expected token '{}', got {}", what, describe(cur())));
+    if (cur().type != type)
+      fail(cur().line, fmt::format("expected token '{}', got {}", what, describe(cur())));
     next();
   }
 
@@ -101,7 +89,8 @@ class Parser {
       for (size_t i = 0; i < end_tags.size(); ++i) {
         want += (i ? " or '" : "'") + std::string(end_tags[i]) + "'";
       }
-      fail(cur().line, "Unexpected end of template. Jinja was looking for the following tags: " + want + ".");
+      fail(cur().line,
+           "Unexpected end of template. Jinja was looking for the following tags: " + want + ".");
     }
     return body;
   }
@@ -132,7 +121,8 @@ class Parser {
     if (opt_.loop_controls && (n == "break" || n == "continue")) {
       if (loop_depth_ == 0) fail(tok.line, "'" + n + "' outside loop");
       next();
-      return std::make_unique<Stmt>(n == "break" ? StmtKind::kBreak : StmtKind::kContinue, tok.line);
+      return std::make_unique<Stmt>(n == "break" ? StmtKind::kBreak : StmtKind::kContinue,
+                                    tok.line);
     }
     if (std::find(opt_.scope_tags.begin(), opt_.scope_tags.end(), n) != opt_.scope_tags.end()) {
       auto node = std::make_unique<ScopeStmt>(next().line);
@@ -142,7 +132,9 @@ class Parser {
     }
     for (const char* unsupported :
          {"block", "extends", "include", "import", "from", "autoescape"}) {
-      if (n == unsupported) fail(tok.line, "the '" + n + "' tag is not supported by atom (templates are rendered standalone)");
+      if (n == unsupported)
+        fail(tok.line,
+             "the '" + n + "' tag is not supported by atom (templates are rendered standalone)");
     }
     fail(tok.line, "Encountered unknown tag '" + n + "'.");
   }
@@ -311,7 +303,8 @@ class Parser {
     t.line = cur().line;
     if (cur().type == Tok::kName) {
       const std::string& n = cur().text;
-      if (n == "true" || n == "false" || n == "none" || n == "True" || n == "False" || n == "None") {
+      if (n == "true" || n == "false" || n == "none" || n == "True" || n == "False" ||
+          n == "None") {
         fail(t.line, "can't assign to 'const'");
       }
       t.name = next().text;
@@ -442,12 +435,18 @@ class Parser {
       const Token& t = cur();
       std::optional<CmpOp> op;
       if (t.type == Tok::kOperator) {
-        if (t.text == "==") op = CmpOp::kEq;
-        else if (t.text == "!=") op = CmpOp::kNe;
-        else if (t.text == "<") op = CmpOp::kLt;
-        else if (t.text == "<=") op = CmpOp::kLe;
-        else if (t.text == ">") op = CmpOp::kGt;
-        else if (t.text == ">=") op = CmpOp::kGe;
+        if (t.text == "==")
+          op = CmpOp::kEq;
+        else if (t.text == "!=")
+          op = CmpOp::kNe;
+        else if (t.text == "<")
+          op = CmpOp::kLt;
+        else if (t.text == "<=")
+          op = CmpOp::kLe;
+        else if (t.text == ">")
+          op = CmpOp::kGt;
+        else if (t.text == ">=")
+          op = CmpOp::kGe;
         if (op) next();
       } else if (t.is_name("in")) {
         next();
@@ -492,11 +491,16 @@ class Parser {
     while (true) {
       const Token& t = cur();
       BinOp op;
-      if (t.is_op("*")) op = BinOp::kMul;
-      else if (t.is_op("/")) op = BinOp::kDiv;
-      else if (t.is_op("//")) op = BinOp::kFloorDiv;
-      else if (t.is_op("%")) op = BinOp::kMod;
-      else break;
+      if (t.is_op("*"))
+        op = BinOp::kMul;
+      else if (t.is_op("/"))
+        op = BinOp::kDiv;
+      else if (t.is_op("//"))
+        op = BinOp::kFloorDiv;
+      else if (t.is_op("%"))
+        op = BinOp::kMod;
+      else
+        break;
       int line = next().line;
       left = std::make_unique<BinaryExpr>(op, std::move(left), parse_pow(), line);
     }
@@ -533,10 +537,14 @@ class Parser {
     if (t.type == Tok::kName) {
       const std::string& n = t.text;
       ExprPtr node;
-      if (n == "true" || n == "True") node = std::make_unique<ConstExpr>(Value::boolean(true), line);
-      else if (n == "false" || n == "False") node = std::make_unique<ConstExpr>(Value::boolean(false), line);
-      else if (n == "none" || n == "None") node = std::make_unique<ConstExpr>(Value::none(), line);
-      else node = std::make_unique<NameExpr>(n, line);
+      if (n == "true" || n == "True")
+        node = std::make_unique<ConstExpr>(Value::boolean(true), line);
+      else if (n == "false" || n == "False")
+        node = std::make_unique<ConstExpr>(Value::boolean(false), line);
+      else if (n == "none" || n == "None")
+        node = std::make_unique<ConstExpr>(Value::none(), line);
+      else
+        node = std::make_unique<NameExpr>(n, line);
       next();
       return node;
     }
@@ -545,7 +553,8 @@ class Parser {
       while (cur().type == Tok::kString) s += next().text;  // adjacent literals concatenate
       return std::make_unique<ConstExpr>(Value::string(std::move(s)), line);
     }
-    if (t.type == Tok::kInteger) return std::make_unique<ConstExpr>(Value::integer(next().ival), line);
+    if (t.type == Tok::kInteger)
+      return std::make_unique<ConstExpr>(Value::integer(next().ival), line);
     if (t.type == Tok::kFloat) return std::make_unique<ConstExpr>(Value::number(next().fval), line);
     if (t.is_op("(")) {
       next();
@@ -610,7 +619,8 @@ class Parser {
     const Token& t = next();
     if (t.text == ".") {
       const Token& attr = next();
-      if (attr.type == Tok::kName) return std::make_unique<GetattrExpr>(std::move(node), attr.text, t.line);
+      if (attr.type == Tok::kName)
+        return std::make_unique<GetattrExpr>(std::move(node), attr.text, t.line);
       if (attr.type != Tok::kInteger) fail(attr.line, "expected name or number");
       auto key = std::make_unique<ConstExpr>(Value::integer(attr.ival), attr.line);
       return std::make_unique<GetitemExpr>(std::move(node), std::move(key), t.line);

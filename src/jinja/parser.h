@@ -15,9 +15,9 @@ namespace atom::jinja {
 struct ParserOptions {
   std::function<bool(std::string_view)> has_filter;
   std::function<bool(std::string_view)> has_test;
-  bool loop_controls = true;              // jinja2.ext.loopcontrols: break / continue
-  std::vector<std::string> scope_tags;    // `{% tag %}...{% endtag %}` rendered in place
-  std::string where;                      // template name for error messages
+  bool loop_controls = true;            // jinja2.ext.loopcontrols: break / continue
+  std::vector<std::string> scope_tags;  // `{% tag %}...{% endtag %}` rendered in place
+  std::string where;                    // template name for error messages
 };
 
 // Throws TemplateError (kSyntax).

@@ -32,10 +32,14 @@ std::string ascii_repr(const Value& v) {
   std::string r = repr(v), out;
   for (size_t i = 0; i < r.size();) {
     char32_t c = unicode::decode(r, i);
-    if (c < 0x80) out += static_cast<char>(c);
-    else if (c < 0x100) out += fmt::format("\\x{:02x}", static_cast<unsigned>(c));
-    else if (c < 0x10000) out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-    else out += fmt::format("\\U{:08x}", static_cast<unsigned>(c));
+    if (c < 0x80)
+      out += static_cast<char>(c);
+    else if (c < 0x100)
+      out += fmt::format("\\x{:02x}", static_cast<unsigned>(c));
+    else if (c < 0x10000)
+      out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+    else
+      out += fmt::format("\\U{:08x}", static_cast<unsigned>(c));
   }
   return out;
 }
@@ -68,8 +72,10 @@ std::string int_digits(uint64_t mag, char type) {
 std::string percent_format(const std::string& fmt, const Value& args) {
   bool is_mapping = args.is_dict();
   std::vector<Value> seq;
-  if (args.is_tuple()) seq = args.list().items;
-  else seq.push_back(args);
+  if (args.is_tuple())
+    seq = args.list().items;
+  else
+    seq.push_back(args);
   size_t argi = 0;
   auto next_arg = [&]() -> Value {
     if (argi >= seq.size()) eval_fail("not enough arguments for format string");
@@ -112,7 +118,8 @@ std::string percent_format(const std::string& fmt, const Value& args) {
       }
       ++i;
     } else {
-      while (i < fmt.size() && fmt[i] >= '0' && fmt[i] <= '9') width = width * 10 + (fmt[i++] - '0');
+      while (i < fmt.size() && fmt[i] >= '0' && fmt[i] <= '9')
+        width = width * 10 + (fmt[i++] - '0');
     }
     int prec = -1;
     if (i < fmt.size() && fmt[i] == '.') {
@@ -122,7 +129,8 @@ std::string percent_format(const std::string& fmt, const Value& args) {
         prec = static_cast<int>(to_index(next_arg(), "* wants int"));
         ++i;
       } else {
-        while (i < fmt.size() && fmt[i] >= '0' && fmt[i] <= '9') prec = prec * 10 + (fmt[i++] - '0');
+        while (i < fmt.size() && fmt[i] >= '0' && fmt[i] <= '9')
+          prec = prec * 10 + (fmt[i++] - '0');
       }
     }
     while (i < fmt.size() && (fmt[i] == 'h' || fmt[i] == 'l' || fmt[i] == 'L')) ++i;
@@ -135,7 +143,9 @@ std::string percent_format(const std::string& fmt, const Value& args) {
     Value v = keyed ? *keyed : next_arg();
     bool left = flags.find('-') != std::string::npos;
     bool zero = flags.find('0') != std::string::npos && !left;
-    std::string sign_flag = flags.find('+') != std::string::npos ? "+" : flags.find(' ') != std::string::npos ? " " : "";
+    std::string sign_flag = flags.find('+') != std::string::npos   ? "+"
+                            : flags.find(' ') != std::string::npos ? " "
+                                                                   : "";
     std::string body;
     switch (type) {
       case 's':
@@ -147,13 +157,21 @@ std::string percent_format(const std::string& fmt, const Value& args) {
         continue;
       }
       case 'c': {
-        if (v.is_string() && unicode::length(v.str()) == 1) body = v.str();
-        else if (v.is_integral()) unicode::append(body, static_cast<char32_t>(v.as_int()));
-        else eval_fail("%c requires int or char");
+        if (v.is_string() && unicode::length(v.str()) == 1)
+          body = v.str();
+        else if (v.is_integral())
+          unicode::append(body, static_cast<char32_t>(v.as_int()));
+        else
+          eval_fail("%c requires int or char");
         out += pad(body, static_cast<size_t>(width), left ? '<' : '>', ' ');
         continue;
       }
-      case 'd': case 'i': case 'u': case 'x': case 'X': case 'o': {
+      case 'd':
+      case 'i':
+      case 'u':
+      case 'x':
+      case 'X':
+      case 'o': {
         int64_t n;
         if (v.is_integral()) {
           n = v.as_int();
@@ -184,7 +202,12 @@ std::string percent_format(const std::string& fmt, const Value& args) {
         out += pad(prefix + digits, static_cast<size_t>(width), left ? '<' : '>', ' ');
         continue;
       }
-      case 'e': case 'E': case 'f': case 'F': case 'g': case 'G': {
+      case 'e':
+      case 'E':
+      case 'f':
+      case 'F':
+      case 'g':
+      case 'G': {
         if (!v.is_number()) eval_fail("must be real number, not {}", type_name(v));
         std::string cflags = flags;
         out += c_format_double(cflags, width, prec < 0 ? 6 : prec, type, v.as_double());
@@ -234,25 +257,29 @@ std::string format_spec(const Value& v, const std::string& spec) {
     ++i;
   }
   size_t width = 0;
-  while (i < spec.size() && spec[i] >= '0' && spec[i] <= '9') width = width * 10 + static_cast<size_t>(spec[i++] - '0');
+  while (i < spec.size() && spec[i] >= '0' && spec[i] <= '9')
+    width = width * 10 + static_cast<size_t>(spec[i++] - '0');
   char grouping = 0;
   if (i < spec.size() && (spec[i] == ',' || spec[i] == '_')) grouping = spec[i++];
   int prec = -1;
   if (i < spec.size() && spec[i] == '.') {
     ++i;
     prec = 0;
-    while (i < spec.size() && spec[i] >= '0' && spec[i] <= '9') prec = prec * 10 + (spec[i++] - '0');
+    while (i < spec.size() && spec[i] >= '0' && spec[i] <= '9')
+      prec = prec * 10 + (spec[i++] - '0');
   }
   char type = 0;
   if (i < spec.size()) type = spec[i++];
-  if (i != spec.size()) eval_fail("Invalid format specifier '{}' for object of type '{}'", spec, type_name(v));
+  if (i != spec.size())
+    eval_fail("Invalid format specifier '{}' for object of type '{}'", spec, type_name(v));
 
   if (v.is_string() || (!v.is_number())) {
     if (!v.is_string()) {
       eval_fail("unsupported format string passed to {}.__format__", type_name(v));
     }
     if (type && type != 's') eval_fail("Unknown format code '{}' for object of type 'str'", type);
-    if (sign != '-' || alt || grouping || align == '=') eval_fail("invalid format spec for str: '{}'", spec);
+    if (sign != '-' || alt || grouping || align == '=')
+      eval_fail("invalid format spec for str: '{}'", spec);
     std::string body = v.str();
     if (prec >= 0) body = body.substr(0, unicode::byte_offset(body, static_cast<size_t>(prec)));
     return pad(body, width, align ? align : '<', fill);
@@ -347,8 +374,10 @@ std::string str_format(Interpreter& ip, const std::string& fmt, const CallArgs& 
     size_t j = i + 1;
     int depth = 1;
     while (j < fmt.size() && depth) {
-      if (fmt[j] == '{') ++depth;
-      else if (fmt[j] == '}') --depth;
+      if (fmt[j] == '{')
+        ++depth;
+      else if (fmt[j] == '}')
+        --depth;
       if (depth) ++j;
     }
     if (j >= fmt.size()) eval_fail("expected '}}' before end of string");
@@ -357,8 +386,10 @@ std::string str_format(Interpreter& ip, const std::string& fmt, const CallArgs& 
     std::string spec, conv;
     size_t colon = std::string::npos;
     for (size_t k = 0, br = 0; k < field.size(); ++k) {
-      if (field[k] == '[') ++br;
-      else if (field[k] == ']' && br) --br;
+      if (field[k] == '[')
+        ++br;
+      else if (field[k] == ']' && br)
+        --br;
       else if (field[k] == ':' && !br) {
         colon = k;
         break;
@@ -377,39 +408,51 @@ std::string str_format(Interpreter& ip, const std::string& fmt, const CallArgs& 
     std::string first = field.substr(0, name_end);
     Value v;
     if (first.empty()) {
-      if (used_manual) eval_fail("cannot switch from manual field specification to automatic field numbering");
+      if (used_manual)
+        eval_fail("cannot switch from manual field specification to automatic field numbering");
       used_auto = true;
-      if (auto_index >= args.pos.size()) eval_fail("Replacement index {} out of range for positional args tuple", auto_index);
+      if (auto_index >= args.pos.size())
+        eval_fail("Replacement index {} out of range for positional args tuple", auto_index);
       v = args.pos[auto_index++];
-    } else if (std::all_of(first.begin(), first.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
-      if (used_auto) eval_fail("cannot switch from automatic field numbering to manual field specification");
+    } else if (std::all_of(first.begin(), first.end(),
+                           [](char ch) { return ch >= '0' && ch <= '9'; })) {
+      if (used_auto)
+        eval_fail("cannot switch from automatic field numbering to manual field specification");
       used_manual = true;
       size_t k = std::stoul(first);
-      if (k >= args.pos.size()) eval_fail("Replacement index {} out of range for positional args tuple", k);
+      if (k >= args.pos.size())
+        eval_fail("Replacement index {} out of range for positional args tuple", k);
       v = args.pos[k];
     } else {
-      auto it = std::find_if(args.kw.begin(), args.kw.end(), [&](const auto& kv) { return kv.first == first; });
+      auto it = std::find_if(args.kw.begin(), args.kw.end(),
+                             [&](const auto& kv) { return kv.first == first; });
       if (it == args.kw.end()) eval_fail("KeyError: {}", string_repr(first));
       v = it->second;
     }
     for (size_t k = name_end; k != std::string::npos && k < field.size();) {
       if (field[k] == '.') {
         size_t e = field.find_first_of(".[", k + 1);
-        v = ip.getattr(v, field.substr(k + 1, e == std::string::npos ? std::string::npos : e - k - 1));
+        v = ip.getattr(v,
+                       field.substr(k + 1, e == std::string::npos ? std::string::npos : e - k - 1));
         k = e;
       } else {
         size_t e = field.find(']', k);
         if (e == std::string::npos) eval_fail("Missing ']' in format string");
         std::string key = field.substr(k + 1, e - k - 1);
-        bool numeric = !key.empty() && std::all_of(key.begin(), key.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+        bool numeric = !key.empty() && std::all_of(key.begin(), key.end(),
+                                                   [](char ch) { return ch >= '0' && ch <= '9'; });
         v = ip.getitem(v, numeric ? Value::integer(std::stoll(key)) : Value::string(key));
         k = e + 1;
       }
     }
-    if (conv == "r") v = Value::string(repr(v));
-    else if (conv == "s") v = Value::string(to_str(v));
-    else if (conv == "a") v = Value::string(ascii_repr(v));
-    else if (!conv.empty()) eval_fail("Unknown conversion specifier {}", conv);
+    if (conv == "r")
+      v = Value::string(repr(v));
+    else if (conv == "s")
+      v = Value::string(to_str(v));
+    else if (conv == "a")
+      v = Value::string(ascii_repr(v));
+    else if (!conv.empty())
+      eval_fail("Unknown conversion specifier {}", conv);
     if (spec.find('{') != std::string::npos) spec = str_format(ip, spec, args);
     if (v.is_undefined()) {
       if (!spec.empty()) undefined_fail(v);
@@ -428,14 +471,29 @@ void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
     size_t start = i;
     char32_t c = unicode::decode(s, i);
     switch (c) {
-      case '"': out += "\\\""; continue;
-      case '\\': out += "\\\\"; continue;
-      case '\n': out += "\\n"; continue;
-      case '\r': out += "\\r"; continue;
-      case '\t': out += "\\t"; continue;
-      case '\b': out += "\\b"; continue;
-      case '\f': out += "\\f"; continue;
-      default: break;
+      case '"':
+        out += "\\\"";
+        continue;
+      case '\\':
+        out += "\\\\";
+        continue;
+      case '\n':
+        out += "\\n";
+        continue;
+      case '\r':
+        out += "\\r";
+        continue;
+      case '\t':
+        out += "\\t";
+        continue;
+      case '\b':
+        out += "\\b";
+        continue;
+      case '\f':
+        out += "\\f";
+        continue;
+      default:
+        break;
     }
     if (c < 0x20 || (ensure_ascii && c > 0x7E)) {
       if (c >= 0x10000) {
@@ -464,11 +522,21 @@ void json_value(std::string& out, const Value& v, const JsonOptions& o, int leve
     for (int k = 0; k < lvl; ++k) out += *o.indent;
   };
   switch (v.type()) {
-    case Value::Type::kNone: out += "null"; return;
-    case Value::Type::kBool: out += v.as_bool() ? "true" : "false"; return;
-    case Value::Type::kInt: out += std::to_string(v.as_int()); return;
-    case Value::Type::kFloat: out += json_float(v.as_double()); return;
-    case Value::Type::kString: json_string(out, v.str(), o.ensure_ascii); return;
+    case Value::Type::kNone:
+      out += "null";
+      return;
+    case Value::Type::kBool:
+      out += v.as_bool() ? "true" : "false";
+      return;
+    case Value::Type::kInt:
+      out += std::to_string(v.as_int());
+      return;
+    case Value::Type::kFloat:
+      out += json_float(v.as_double());
+      return;
+    case Value::Type::kString:
+      json_string(out, v.str(), o.ensure_ascii);
+      return;
     case Value::Type::kList: {
       const auto& l = v.list();
       if (!v.is_sequence()) break;
@@ -504,12 +572,18 @@ void json_value(std::string& out, const Value& v, const JsonOptions& o, int leve
         first = false;
         if (o.indent) newline(level + 1);
         const Value& k = e->first;
-        if (k.is_string()) json_string(out, k.str(), o.ensure_ascii);
-        else if (k.is_bool()) out += k.as_bool() ? "\"true\"" : "\"false\"";
-        else if (k.is_int()) out += "\"" + std::to_string(k.as_int()) + "\"";
-        else if (k.is_float()) out += "\"" + json_float(k.as_double()) + "\"";
-        else if (k.is_none()) out += "\"null\"";
-        else eval_fail("keys must be str, int, float, bool or None, not {}", type_name(k));
+        if (k.is_string())
+          json_string(out, k.str(), o.ensure_ascii);
+        else if (k.is_bool())
+          out += k.as_bool() ? "\"true\"" : "\"false\"";
+        else if (k.is_int())
+          out += "\"" + std::to_string(k.as_int()) + "\"";
+        else if (k.is_float())
+          out += "\"" + json_float(k.as_double()) + "\"";
+        else if (k.is_none())
+          out += "\"null\"";
+        else
+          eval_fail("keys must be str, int, float, bool or None, not {}", type_name(k));
         out += o.key_separator;
         json_value(out, e->second, o, level + 1);
       }

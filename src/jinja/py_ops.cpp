@@ -19,7 +19,8 @@ void check_overflow(bool overflow) {
 
 int64_t floor_div(int64_t a, int64_t b) {
   if (b == 0) eval_fail("integer division or modulo by zero");
-  if (a == INT64_MIN && b == -1) eval_fail("integer overflow (atom's template integers are 64-bit)");
+  if (a == INT64_MIN && b == -1)
+    eval_fail("integer overflow (atom's template integers are 64-bit)");
   int64_t q = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
   return q;
@@ -125,7 +126,8 @@ Value binary_op(BinOp op, const Value& a, const Value& b, size_t max_bytes) {
         return Value::list(std::move(items), base_kind(a.list().kind));
       }
       if (a.is_string()) eval_fail("can only concatenate str (not \"{}\") to str", type_name(b));
-      if (a.is_plain_list()) eval_fail("can only concatenate list (not \"{}\") to list", type_name(b));
+      if (a.is_plain_list())
+        eval_fail("can only concatenate list (not \"{}\") to list", type_name(b));
       if (a.is_tuple()) eval_fail("can only concatenate tuple (not \"{}\") to tuple", type_name(b));
       unsupported("+", a, b);
     }
@@ -148,7 +150,8 @@ Value binary_op(BinOp op, const Value& a, const Value& b, size_t max_bytes) {
       if ((a.is_string() || is_seq(a)) && b.is_integral()) return repeat(a, b.as_int(), max_bytes);
       if ((b.is_string() || is_seq(b)) && a.is_integral()) return repeat(b, a.as_int(), max_bytes);
       if (a.is_string() || b.is_string()) {
-        eval_fail("can't multiply sequence by non-int of type '{}'", type_name(a.is_string() ? b : a));
+        eval_fail("can't multiply sequence by non-int of type '{}'",
+                  type_name(a.is_string() ? b : a));
       }
       unsupported("*", a, b);
     }
@@ -189,7 +192,8 @@ Value unary_op(char op, const Value& x) {
   if (x.is_undefined()) undefined_fail(x);
   if (x.is_integral()) {
     if (op == '+') return Value::integer(x.as_int());
-    if (x.as_int() == INT64_MIN) eval_fail("integer overflow (atom's template integers are 64-bit)");
+    if (x.as_int() == INT64_MIN)
+      eval_fail("integer overflow (atom's template integers are 64-bit)");
     return Value::integer(-x.as_int());
   }
   if (x.is_float()) return Value::number(op == '-' ? -x.as_double() : x.as_double());
@@ -234,7 +238,8 @@ int64_t to_index(const Value& v, const char* what) {
 Value slice(const Value& obj, const Value& start_v, const Value& stop_v, const Value& step_v) {
   if (obj.is_undefined()) undefined_fail(obj);
   if (obj.is_dict()) eval_fail("unhashable type: 'slice'");
-  if (!obj.is_string() && !is_seq(obj)) eval_fail("'{}' object is not subscriptable", type_name(obj));
+  if (!obj.is_string() && !is_seq(obj))
+    eval_fail("'{}' object is not subscriptable", type_name(obj));
   for (const Value* v : {&start_v, &stop_v, &step_v}) {
     if (!v->is_none() && !v->is_integral()) {
       eval_fail("slice indices must be integers or None or have an __index__ method");

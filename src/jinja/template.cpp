@@ -76,7 +76,8 @@ std::string Template::render(const nlohmann::ordered_json& context) const {
   std::vector<std::pair<std::string, Value>> vars;
   if (!context.is_null()) {
     if (!context.is_object()) {
-      throw TemplateError(TemplateError::Kind::kRuntime, "the template context must be a JSON object", name_, 0);
+      throw TemplateError(TemplateError::Kind::kRuntime,
+                          "the template context must be a JSON object", name_, 0);
     }
     for (auto it = context.begin(); it != context.end(); ++it) {
       vars.emplace_back(it.key(), value_from_json(it.value()));
@@ -88,19 +89,26 @@ std::string Template::render(const nlohmann::ordered_json& context) const {
 Value value_from_json(const nlohmann::ordered_json& j) {
   using T = nlohmann::ordered_json::value_t;
   switch (j.type()) {
-    case T::null: return Value::none();
-    case T::boolean: return Value::boolean(j.get<bool>());
-    case T::number_integer: return Value::integer(j.get<int64_t>());
+    case T::null:
+      return Value::none();
+    case T::boolean:
+      return Value::boolean(j.get<bool>());
+    case T::number_integer:
+      return Value::integer(j.get<int64_t>());
     case T::number_unsigned: {
       uint64_t u = j.get<uint64_t>();
       if (u > static_cast<uint64_t>(INT64_MAX)) {
-        throw TemplateError(TemplateError::Kind::kRuntime,
-                            "integer " + std::to_string(u) + " is too large (atom's template integers are 64-bit)", "", 0);
+        throw TemplateError(
+            TemplateError::Kind::kRuntime,
+            "integer " + std::to_string(u) + " is too large (atom's template integers are 64-bit)",
+            "", 0);
       }
       return Value::integer(static_cast<int64_t>(u));
     }
-    case T::number_float: return Value::number(j.get<double>());
-    case T::string: return Value::string(j.get<std::string>());
+    case T::number_float:
+      return Value::number(j.get<double>());
+    case T::string:
+      return Value::string(j.get<std::string>());
     case T::array: {
       std::vector<Value> items;
       items.reserve(j.size());
@@ -117,7 +125,8 @@ Value value_from_json(const nlohmann::ordered_json& j) {
       return Value::dict(std::move(d));
     }
     default:
-      throw TemplateError(TemplateError::Kind::kRuntime, "unsupported JSON value in template context", "", 0);
+      throw TemplateError(TemplateError::Kind::kRuntime,
+                          "unsupported JSON value in template context", "", 0);
   }
 }
 

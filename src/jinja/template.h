@@ -11,9 +11,8 @@
 // Errors (syntax, runtime, raised by the template) are TemplateError, an atom::Error.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>

@@ -77,7 +77,9 @@ void CallArgs::finish(std::string_view callee, size_t max_positional) {
   }
 }
 
-Value Object::call(Interpreter&, CallArgs&) { eval_fail("'{}' object is not callable", type_name()); }
+Value Object::call(Interpreter&, CallArgs&) {
+  eval_fail("'{}' object is not callable", type_name());
+}
 
 std::vector<Value> Object::drain() { eval_fail("'{}' object is not iterable", type_name()); }
 
@@ -93,39 +95,62 @@ Value make_iterator(std::vector<Value> items, std::string type_name) {
 
 std::string type_name(const Value& v) {
   switch (v.type()) {
-    case Value::Type::kUndefined: return "Undefined";
-    case Value::Type::kNone: return "NoneType";
-    case Value::Type::kBool: return "bool";
-    case Value::Type::kInt: return "int";
-    case Value::Type::kFloat: return "float";
-    case Value::Type::kString: return "str";
+    case Value::Type::kUndefined:
+      return "Undefined";
+    case Value::Type::kNone:
+      return "NoneType";
+    case Value::Type::kBool:
+      return "bool";
+    case Value::Type::kInt:
+      return "int";
+    case Value::Type::kFloat:
+      return "float";
+    case Value::Type::kString:
+      return "str";
     case Value::Type::kList:
       switch (v.list().kind) {
-        case ListKind::kList: return "list";
-        case ListKind::kTuple: return "tuple";
-        case ListKind::kDictKeys: return "dict_keys";
-        case ListKind::kDictValues: return "dict_values";
-        case ListKind::kDictItems: return "dict_items";
-        case ListKind::kGroup: return "_GroupTuple";
+        case ListKind::kList:
+          return "list";
+        case ListKind::kTuple:
+          return "tuple";
+        case ListKind::kDictKeys:
+          return "dict_keys";
+        case ListKind::kDictValues:
+          return "dict_values";
+        case ListKind::kDictItems:
+          return "dict_items";
+        case ListKind::kGroup:
+          return "_GroupTuple";
       }
       return "list";
-    case Value::Type::kDict: return "dict";
-    case Value::Type::kObject: return v.obj().type_name();
+    case Value::Type::kDict:
+      return "dict";
+    case Value::Type::kObject:
+      return v.obj().type_name();
   }
   return "object";
 }
 
 bool truthy(const Value& v) {
   switch (v.type()) {
-    case Value::Type::kUndefined: return false;
-    case Value::Type::kNone: return false;
-    case Value::Type::kBool: return v.as_bool();
-    case Value::Type::kInt: return v.as_int() != 0;
-    case Value::Type::kFloat: return v.as_double() != 0.0;
-    case Value::Type::kString: return !v.str().empty();
-    case Value::Type::kList: return !v.list().items.empty();
-    case Value::Type::kDict: return !v.dict().entries.empty();
-    case Value::Type::kObject: return v.obj().truthy();
+    case Value::Type::kUndefined:
+      return false;
+    case Value::Type::kNone:
+      return false;
+    case Value::Type::kBool:
+      return v.as_bool();
+    case Value::Type::kInt:
+      return v.as_int() != 0;
+    case Value::Type::kFloat:
+      return v.as_double() != 0.0;
+    case Value::Type::kString:
+      return !v.str().empty();
+    case Value::Type::kList:
+      return !v.list().items.empty();
+    case Value::Type::kDict:
+      return !v.dict().entries.empty();
+    case Value::Type::kObject:
+      return v.obj().truthy();
   }
   return false;
 }
@@ -260,10 +285,14 @@ std::string string_repr(std::string_view s) {
 
 std::string to_str(const Value& v) {
   switch (v.type()) {
-    case Value::Type::kUndefined: return "";
-    case Value::Type::kString: return v.str();
-    case Value::Type::kObject: return v.obj().repr();
-    default: return repr(v);
+    case Value::Type::kUndefined:
+      return "";
+    case Value::Type::kString:
+      return v.str();
+    case Value::Type::kObject:
+      return v.obj().repr();
+    default:
+      return repr(v);
   }
 }
 
@@ -278,22 +307,33 @@ static std::string join_repr(const std::vector<Value>& items) {
 
 std::string repr(const Value& v) {
   switch (v.type()) {
-    case Value::Type::kUndefined: return "Undefined";
-    case Value::Type::kNone: return "None";
-    case Value::Type::kBool: return v.as_bool() ? "True" : "False";
-    case Value::Type::kInt: return std::to_string(v.as_int());
-    case Value::Type::kFloat: return float_repr(v.as_double());
-    case Value::Type::kString: return string_repr(v.str());
+    case Value::Type::kUndefined:
+      return "Undefined";
+    case Value::Type::kNone:
+      return "None";
+    case Value::Type::kBool:
+      return v.as_bool() ? "True" : "False";
+    case Value::Type::kInt:
+      return std::to_string(v.as_int());
+    case Value::Type::kFloat:
+      return float_repr(v.as_double());
+    case Value::Type::kString:
+      return string_repr(v.str());
     case Value::Type::kList: {
       const auto& l = v.list();
       std::string inner = join_repr(l.items);
       switch (l.kind) {
-        case ListKind::kList: return "[" + inner + "]";
+        case ListKind::kList:
+          return "[" + inner + "]";
         case ListKind::kTuple:
-        case ListKind::kGroup: return "(" + inner + (l.items.size() == 1 ? ",)" : ")");
-        case ListKind::kDictKeys: return "dict_keys([" + inner + "])";
-        case ListKind::kDictValues: return "dict_values([" + inner + "])";
-        case ListKind::kDictItems: return "dict_items([" + inner + "])";
+        case ListKind::kGroup:
+          return "(" + inner + (l.items.size() == 1 ? ",)" : ")");
+        case ListKind::kDictKeys:
+          return "dict_keys([" + inner + "])";
+        case ListKind::kDictValues:
+          return "dict_values([" + inner + "])";
+        case ListKind::kDictItems:
+          return "dict_items([" + inner + "])";
       }
       return inner;
     }
@@ -307,18 +347,24 @@ std::string repr(const Value& v) {
       }
       return out + "}";
     }
-    case Value::Type::kObject: return v.obj().repr();
+    case Value::Type::kObject:
+      return v.obj().repr();
   }
   return "";
 }
 
 size_t length(const Value& v) {
   switch (v.type()) {
-    case Value::Type::kUndefined: return 0;
-    case Value::Type::kString: return unicode::length(v.str());
-    case Value::Type::kList: return v.list().items.size();
-    case Value::Type::kDict: return v.dict().entries.size();
-    default: eval_fail("object of type '{}' has no len()", type_name(v));
+    case Value::Type::kUndefined:
+      return 0;
+    case Value::Type::kString:
+      return unicode::length(v.str());
+    case Value::Type::kList:
+      return v.list().items.size();
+    case Value::Type::kDict:
+      return v.dict().entries.size();
+    default:
+      eval_fail("object of type '{}' has no len()", type_name(v));
   }
 }
 
@@ -338,7 +384,8 @@ bool is_iterable(const Value& v) {
 
 std::vector<Value> iterate(const Value& v) {
   switch (v.type()) {
-    case Value::Type::kUndefined: return {};
+    case Value::Type::kUndefined:
+      return {};
     case Value::Type::kString: {
       std::vector<Value> out;
       const std::string& s = v.str();
@@ -349,7 +396,8 @@ std::vector<Value> iterate(const Value& v) {
       }
       return out;
     }
-    case Value::Type::kList: return v.list().items;
+    case Value::Type::kList:
+      return v.list().items;
     case Value::Type::kDict: {
       std::vector<Value> out;
       out.reserve(v.dict().entries.size());

@@ -72,7 +72,15 @@ struct Undefined {
 class Value {
  public:
   enum class Type : uint8_t {
-    kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kDict, kObject
+    kUndefined,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kList,
+    kDict,
+    kObject
   };
 
   Value() : v_(Undefined{}) {}
@@ -87,7 +95,9 @@ class Value {
   static Value string(StrPtr s) { return Value(Raw(std::move(s))); }
   static Value list(std::vector<Value> items, ListKind kind = ListKind::kList);
   static Value tuple(std::vector<Value> items) { return list(std::move(items), ListKind::kTuple); }
-  static Value dict(DictData d) { return Value(Raw(std::make_shared<const DictData>(std::move(d)))); }
+  static Value dict(DictData d) {
+    return Value(Raw(std::make_shared<const DictData>(std::move(d))));
+  }
   static Value object(ObjPtr o) { return Value(Raw(std::move(o))); }
 
   Type type() const { return static_cast<Type>(v_.index()); }

@@ -47,16 +47,21 @@ void collect_special_tokens(const json& config, json& out) {
                           "cls_token", "mask_token"}) {
     if (!config.contains(key)) continue;
     auto text = token_text(config[key]);
-    if (text && !text->empty()) out[key] = *text;
-    else if (config[key].is_null()) out.erase(key);
+    if (text && !text->empty())
+      out[key] = *text;
+    else if (config[key].is_null())
+      out.erase(key);
   }
-  if (config.contains("additional_special_tokens") && config["additional_special_tokens"].is_array()) {
+  if (config.contains("additional_special_tokens") &&
+      config["additional_special_tokens"].is_array()) {
     json list = json::array();
     for (const auto& t : config["additional_special_tokens"]) {
       if (auto text = token_text(t)) list.push_back(*text);
     }
-    if (list.empty()) out.erase("additional_special_tokens");
-    else out["additional_special_tokens"] = list;
+    if (list.empty())
+      out.erase("additional_special_tokens");
+    else
+      out["additional_special_tokens"] = list;
   }
 }
 
@@ -146,7 +151,8 @@ jinja::Value chat_tojson(jinja::Interpreter&, const jinja::Value& value, jinja::
   if (separators && !separators->is_none()) {
     std::vector<Value> seps = jinja::iterate(*separators);
     if (seps.size() != 2 || !seps[0].is_string() || !seps[1].is_string()) {
-      jinja::eval_fail("tojson separators must be an (item_separator, key_separator) pair of strings");
+      jinja::eval_fail(
+          "tojson separators must be an (item_separator, key_separator) pair of strings");
     }
     o.item_separator = seps[0].str();
     o.key_separator = seps[1].str();
@@ -162,11 +168,15 @@ jinja::Environment chat_template_environment(std::optional<std::tm> now) {
   o.scope_tags = {"generation"};  // transformers' AssistantTracker tag
   jinja::Environment env(o);
   env.set_filter("tojson", chat_tojson);
-  env.set_global("raise_exception", jinja::make_function("raise_exception", [](jinja::Interpreter&, jinja::CallArgs& args) -> jinja::Value {
-    auto msg = args.take(0, "message");
-    args.finish("raise_exception", 1);
-    throw jinja::EvalError{jinja::TemplateError::Kind::kRaised, msg ? jinja::to_str(*msg) : ""};
-  }));
+  env.set_global(
+      "raise_exception",
+      jinja::make_function("raise_exception",
+                           [](jinja::Interpreter&, jinja::CallArgs& args) -> jinja::Value {
+                             auto msg = args.take(0, "message");
+                             args.finish("raise_exception", 1);
+                             throw jinja::EvalError{jinja::TemplateError::Kind::kRaised,
+                                                    msg ? jinja::to_str(*msg) : ""};
+                           }));
   env.set_global("strftime_now", strftime_now_function(now));
   return env;
 }
@@ -177,7 +187,8 @@ void ChatTemplate::add_template(const std::string& name, const std::string& sour
   try {
     std::string where = origin_.empty() ? "chat template" : "chat template " + origin_;
     if (name != "default") where += " '" + name + "'";
-    c.tpl = std::make_shared<jinja::Template>(chat_template_environment().from_string(source, where));
+    c.tpl =
+        std::make_shared<jinja::Template>(chat_template_environment().from_string(source, where));
   } catch (const jinja::TemplateError& e) {
     c.error = e.what();
   }
@@ -192,7 +203,8 @@ ChatTemplate ChatTemplate::from_string(const std::string& source, const json& sp
   return ct;
 }
 
-ChatTemplate ChatTemplate::from_model_dir(const fs::path& dir, const std::string& override_template) {
+ChatTemplate ChatTemplate::from_model_dir(const fs::path& dir,
+                                          const std::string& override_template) {
   ChatTemplate ct;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) fail("model folder {} does not exist", dir.string());
@@ -220,7 +232,8 @@ ChatTemplate ChatTemplate::from_model_dir(const fs::path& dir, const std::string
       for (const auto& entry : t) {
         if (!entry.is_object() || !entry.contains("name") || !entry.contains("template") ||
             !entry["name"].is_string() || !entry["template"].is_string()) {
-          fail("{}: chat_template list entries must be {{\"name\": ..., \"template\": ...}}", ct.origin_);
+          fail("{}: chat_template list entries must be {{\"name\": ..., \"template\": ...}}",
+               ct.origin_);
         }
         ct.add_template(entry["name"].get<std::string>(), entry["template"].get<std::string>());
       }
@@ -259,8 +272,9 @@ std::map<std::string, std::string> ChatTemplate::template_sources() const {
 
 const ChatTemplate::Compiled& ChatTemplate::select(const ChatRenderOptions& options) const {
   if (templates_.empty()) {
-    fail("this model has no chat template (none in tokenizer_config.json, chat_template.jinja or "
-         "chat_template.json); pass one with --chat-template");
+    fail(
+        "this model has no chat template (none in tokenizer_config.json, chat_template.jinja or "
+        "chat_template.json); pass one with --chat-template");
   }
   auto names = [&] {
     std::string s;
@@ -270,14 +284,16 @@ const ChatTemplate::Compiled& ChatTemplate::select(const ChatRenderOptions& opti
   if (options.template_name) {
     auto it = templates_.find(*options.template_name);
     if (it == templates_.end()) {
-      fail("this model has no chat template named '{}' (it has: {})", *options.template_name, names());
+      fail("this model has no chat template named '{}' (it has: {})", *options.template_name,
+           names());
     }
     return it->second;
   }
   if (!named_) return templates_.begin()->second;
   if (!options.tools.is_null() && templates_.count("tool_use")) return templates_.at("tool_use");
   if (templates_.count("default")) return templates_.at("default");
-  fail("this model has several chat templates and none is named 'default'; choose one of: {}", names());
+  fail("this model has several chat templates and none is named 'default'; choose one of: {}",
+       names());
 }
 
 std::string ChatTemplate::render(const json& messages, const ChatRenderOptions& options) const {
@@ -285,8 +301,9 @@ std::string ChatTemplate::render(const json& messages, const ChatRenderOptions& 
   if (!c.tpl) throw jinja::TemplateError(jinja::TemplateError::Kind::kSyntax, c.error, "", 0);
   if (!messages.is_array()) fail("the conversation must be a JSON array of messages");
   if (options.continue_final_message && options.add_generation_prompt) {
-    fail("continue_final_message and add_generation_prompt are not compatible: use "
-         "continue_final_message when the final message is a partial assistant response to extend");
+    fail(
+        "continue_final_message and add_generation_prompt are not compatible: use "
+        "continue_final_message when the final message is a partial assistant response to extend");
   }
   if (!options.tools.is_null()) {
     if (!options.tools.is_array()) fail("tools must be a list of tool definitions");
@@ -297,7 +314,8 @@ std::string ChatTemplate::render(const json& messages, const ChatRenderOptions& 
   if (!options.documents.is_null()) {
     if (!options.documents.is_array()) fail("documents must be a list");
     for (const auto& d : options.documents) {
-      if (!d.is_object()) fail("documents should be a list of objects with 'title' and 'text' keys");
+      if (!d.is_object())
+        fail("documents should be a list of objects with 'title' and 'text' keys");
     }
   }
   if (!options.kwargs.is_object()) fail("chat template kwargs must be a JSON object");
@@ -325,7 +343,8 @@ std::string ChatTemplate::render(const json& messages, const ChatRenderOptions& 
           break;
         }
       }
-      if (!found) fail("continue_final_message is set but there is no text to continue in the final message");
+      if (!found)
+        fail("continue_final_message is set but there is no text to continue in the final message");
     } else if (content.is_string()) {
       final_text = content.get<std::string>();
       content = final_text + kTag;
@@ -353,9 +372,11 @@ std::string ChatTemplate::render(const json& messages, const ChatRenderOptions& 
   if (options.continue_final_message) {
     std::string stripped_final = jinja::unicode::strip(final_text, nullptr, true, true);
     static const std::string kTagTrimmed = "CONTINUE_FINAL_MESSAGE_TAG";
-    if (out.find(stripped_final) == std::string::npos || out.find(kTagTrimmed) == std::string::npos) {
-      fail("continue_final_message is set but the final message does not appear in the chat after "
-           "applying the chat template (the template may rewrite or drop parts of it)");
+    if (out.find(stripped_final) == std::string::npos ||
+        out.find(kTagTrimmed) == std::string::npos) {
+      fail(
+          "continue_final_message is set but the final message does not appear in the chat after "
+          "applying the chat template (the template may rewrite or drop parts of it)");
     }
     size_t at = out.rfind(kTagTrimmed);
     if (out.compare(at, kTag.size(), kTag) == 0) {

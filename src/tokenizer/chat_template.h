@@ -5,12 +5,11 @@
 // raise_exception / strftime_now globals).
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <ctime>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -55,9 +54,9 @@ class ChatTemplate {
                                      const std::string& override_template = "");
   // A template given directly, with the special-token variables it may use
   // ({"bos_token": "<s>", ...}).
-  static ChatTemplate from_string(const std::string& source,
-                                  const nlohmann::ordered_json& special_tokens =
-                                      nlohmann::ordered_json::object());
+  static ChatTemplate from_string(
+      const std::string& source,
+      const nlohmann::ordered_json& special_tokens = nlohmann::ordered_json::object());
 
   // Renders a conversation (a JSON array of messages). Throws atom::Error: jinja::TemplateError
   // for template failures, including the template's own raise_exception() (kind kRaised, message

@@ -43,7 +43,8 @@ class CliTest : public ::testing::Test {
   }
   // A model folder holding a fixture template in its tokenizer_config.json.
   std::string model_with(const json& entry) {
-    std::ifstream in(fs::path(ATOM_SOURCE_DIR) / entry["path"].get<std::string>(), std::ios::binary);
+    std::ifstream in(fs::path(ATOM_SOURCE_DIR) / entry["path"].get<std::string>(),
+                     std::ios::binary);
     std::stringstream ss;
     ss << in.rdbuf();
     json config = entry["special_tokens"];
@@ -76,7 +77,9 @@ TEST_F(CliTest, RequestObjectWithToolsAndKwargs) {
   ASSERT_FALSE(qwen.is_null());
   const json* c = case_for(qwen, "tool_call_with_content/v1/gen");  // enable_thinking: false
   ASSERT_TRUE(c && c->contains("output"));
-  json request = {{"model", "m"}, {"messages", (*c)["messages"]}, {"tools", (*c)["tools"]},
+  json request = {{"model", "m"},
+                  {"messages", (*c)["messages"]},
+                  {"tools", (*c)["tools"]},
                   {"chat_template_kwargs", (*c)["kwargs"]}};
   auto r = run_atom("--model " + model_with(qwen) + " " + write("req.json", request.dump()));
   ASSERT_EQ(r.status, 0) << r.out;
@@ -90,8 +93,9 @@ TEST_F(CliTest, MessageListFlagsAndTemplateFile) {
   std::string conv = write("conv.json", (*c)["messages"].dump());
   // The fixture file given as --chat-template (no model folder); strftime_now is not pinned on the
   // command line, so compare the output with today's date put in place of the fixed one.
-  auto r = run_atom("--chat-template " + (fs::path(ATOM_SOURCE_DIR) / oss["path"].get<std::string>()).string() +
-                    " --no-generation-prompt --chat-template-kwargs '" + (*c)["kwargs"].dump() + "' " + conv);
+  auto r = run_atom(
+      "--chat-template " + (fs::path(ATOM_SOURCE_DIR) / oss["path"].get<std::string>()).string() +
+      " --no-generation-prompt --chat-template-kwargs '" + (*c)["kwargs"].dump() + "' " + conv);
   ASSERT_EQ(r.status, 0) << r.out;
   std::string expected = (*c)["output"].get<std::string>();
   char today[16];
@@ -107,8 +111,9 @@ TEST_F(CliTest, MessageListFlagsAndTemplateFile) {
 
 TEST_F(CliTest, TemplateErrorsExitNonZero) {
   const json& mistral = entry_for("mistral-nemo");
-  auto r = run_atom("--model " + model_with(mistral) + " " +
-                    write("bad.json", R"([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])"));
+  auto r = run_atom(
+      "--model " + model_with(mistral) + " " +
+      write("bad.json", R"([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])"));
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.out.find("conversation roles must alternate"), std::string::npos) << r.out;
   auto missing = run_atom(write("ok.json", "[]"));

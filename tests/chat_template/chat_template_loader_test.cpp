@@ -41,12 +41,16 @@ class ModelDir {
 
 const json kHello = json::array({{{"role", "user"}, {"content", "hello"}}});
 
-std::string render(const ChatTemplate& ct, ChatRenderOptions o = {}) { return ct.render(kHello, o); }
+std::string render(const ChatTemplate& ct, ChatRenderOptions o = {}) {
+  return ct.render(kHello, o);
+}
 
 TEST(ChatTemplateLoader, ConfigStringAndAddedTokens) {
   ModelDir d;
   d.write_json("tokenizer_config.json",
-               {{"chat_template", "{{ bos_token }}|{{ eos_token }}|{{ pad_token }}|{{ unk_token is defined }}|{{ messages[0].content }}"},
+               {{"chat_template",
+                 "{{ bos_token }}|{{ eos_token }}|{{ pad_token }}|{{ unk_token is defined }}|{{ "
+                 "messages[0].content }}"},
                 {"bos_token", {{"__type", "AddedToken"}, {"content", "<s>"}, {"lstrip", false}}},
                 {"eos_token", "</s>"},
                 {"pad_token", nullptr},
@@ -58,8 +62,9 @@ TEST(ChatTemplateLoader, ConfigStringAndAddedTokens) {
 
 TEST(ChatTemplateLoader, SpecialTokensMapOverridesConfig) {
   ModelDir d;
-  d.write_json("tokenizer_config.json", {{"chat_template", "{{ bos_token }}{{ additional_special_tokens }}"},
-                                         {"bos_token", "<old>"}});
+  d.write_json("tokenizer_config.json",
+               {{"chat_template", "{{ bos_token }}{{ additional_special_tokens }}"},
+                {"bos_token", "<old>"}});
   d.write_json("special_tokens_map.json",
                {{"bos_token", {{"content", "<new>"}}},
                 {"additional_special_tokens", json::array({"<a>", {{"content", "<b>"}}})}});
@@ -69,9 +74,10 @@ TEST(ChatTemplateLoader, SpecialTokensMapOverridesConfig) {
 TEST(ChatTemplateLoader, NamedTemplatesChooseLikeTransformers) {
   ModelDir d;
   d.write_json("tokenizer_config.json",
-               {{"chat_template", json::array({{{"name", "default"}, {"template", "default"}},
-                                               {{"name", "tool_use"}, {"template", "tools:{{ tools|length }}"}},
-                                               {{"name", "rag"}, {"template", "rag:{{ documents[0].title }}"}}})}});
+               {{"chat_template",
+                 json::array({{{"name", "default"}, {"template", "default"}},
+                              {{"name", "tool_use"}, {"template", "tools:{{ tools|length }}"}},
+                              {{"name", "rag"}, {"template", "rag:{{ documents[0].title }}"}}})}});
   auto ct = ChatTemplate::from_model_dir(d.path());
   EXPECT_EQ(render(ct), "default");
   ChatRenderOptions with_tools;
@@ -93,7 +99,8 @@ TEST(ChatTemplateLoader, NamedTemplatesChooseLikeTransformers) {
 TEST(ChatTemplateLoader, NamedTemplatesWithoutDefault) {
   ModelDir d;
   d.write_json("tokenizer_config.json",
-               {{"chat_template", json::array({{{"name", "a"}, {"template", "A"}}, {{"name", "b"}, {"template", "B"}}})}});
+               {{"chat_template", json::array({{{"name", "a"}, {"template", "A"}},
+                                               {{"name", "b"}, {"template", "B"}}})}});
   auto ct = ChatTemplate::from_model_dir(d.path());
   try {
     render(ct);
@@ -134,10 +141,12 @@ TEST(ChatTemplateLoader, OverrideTemplate) {
   ModelDir d;
   d.write_json("tokenizer_config.json", {{"chat_template", "model"}, {"bos_token", "B"}});
   d.write("custom.jinja", "file {{ bos_token }}");
-  EXPECT_EQ(render(ChatTemplate::from_model_dir(d.path(), (d.path() / "custom.jinja").string())), "file B");
+  EXPECT_EQ(render(ChatTemplate::from_model_dir(d.path(), (d.path() / "custom.jinja").string())),
+            "file B");
   // A literal template on the command line: Python escapes are decoded, as vLLM does.
-  EXPECT_EQ(render(ChatTemplate::from_model_dir(d.path(), "{{ bos_token }}\\n{{ messages[0].content }}")),
-            "B\nhello");
+  EXPECT_EQ(
+      render(ChatTemplate::from_model_dir(d.path(), "{{ bos_token }}\\n{{ messages[0].content }}")),
+      "B\nhello");
   EXPECT_THROW(ChatTemplate::from_model_dir(d.path(), "no/such/file.jinja"), Error);
 }
 
@@ -187,13 +196,15 @@ TEST(ChatTemplateRender, RuntimeErrorNamesTheLine) {
   } catch (const jinja::TemplateError& e) {
     EXPECT_EQ(e.kind(), jinja::TemplateError::Kind::kRuntime);
     EXPECT_NE(std::string(e.what()).find("line 3"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("can only concatenate str"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("can only concatenate str"), std::string::npos)
+        << e.what();
   }
 }
 
 TEST(ChatTemplateRender, VariablesTransformersPasses) {
   auto ct = ChatTemplate::from_string(
-      "{{ add_generation_prompt }}|{{ tools }}|{{ documents }}|{{ bos_token }}|{{ enable_thinking }}",
+      "{{ add_generation_prompt }}|{{ tools }}|{{ documents }}|{{ bos_token }}|{{ enable_thinking "
+      "}}",
       {{"bos_token", "<s>"}});
   ChatRenderOptions o;
   o.add_generation_prompt = false;
@@ -224,10 +235,12 @@ TEST(ChatTemplateRender, ContinueFinalMessageCutsAtTheMessageEnd) {
   ChatRenderOptions o;
   o.add_generation_prompt = false;
   o.continue_final_message = true;
-  json chat = json::array({{{"role", "user"}, {"content", "hi"}}, {{"role", "assistant"}, {"content", "Once upon"}}});
+  json chat = json::array(
+      {{{"role", "user"}, {"content", "hi"}}, {{"role", "assistant"}, {"content", "Once upon"}}});
   EXPECT_EQ(ct.render(chat, o), "<user>hi</user><assistant>Once upon");
   // A template that strips the message loses the tag's space: the cut then strips too.
-  auto trimming = ChatTemplate::from_string("{% for m in messages %}[{{ m.content|trim }}]{% endfor %}");
+  auto trimming =
+      ChatTemplate::from_string("{% for m in messages %}[{{ m.content|trim }}]{% endfor %}");
   json spaced = json::array({{{"role", "assistant"}, {"content", "text  "}}});
   EXPECT_EQ(trimming.render(spaced, o), "[text");
   // A template that drops the message cannot be continued.
@@ -249,8 +262,11 @@ TEST(ChatTemplateRender, StrftimeNow) {
 TEST(ChatTemplateRender, KeyOrderOfToolsIsKept) {
   auto ct = ChatTemplate::from_string("{{ tools[0]|tojson }}");
   ChatRenderOptions o;
-  o.tools = json::parse(R"([{"type": "function", "function": {"name": "z", "description": "d", "parameters": {}}}])");
-  EXPECT_EQ(render(ct, o), R"({"type": "function", "function": {"name": "z", "description": "d", "parameters": {}}})");
+  o.tools = json::parse(
+      R"([{"type": "function", "function": {"name": "z", "description": "d", "parameters": {}}}])");
+  EXPECT_EQ(
+      render(ct, o),
+      R"({"type": "function", "function": {"name": "z", "description": "d", "parameters": {}}})");
 }
 
 }  // namespace

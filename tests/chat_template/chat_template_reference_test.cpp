@@ -83,8 +83,10 @@ std::string check_case(const tokenizer::ChatTemplate& ct, const json& c) {
     return "jinja2 raises " + want["type"].get<std::string>() + " (" +
            want["message"].get<std::string>() + "), atom rendered:\n" + test::visible(out);
   }
-  if (want["raised"].get<bool>() && (!raised || raised_message != want["message"].get<std::string>())) {
-    return "jinja2: raise_exception(\"" + want["message"].get<std::string>() + "\"), atom: " + *error;
+  if (want["raised"].get<bool>() &&
+      (!raised || raised_message != want["message"].get<std::string>())) {
+    return "jinja2: raise_exception(\"" + want["message"].get<std::string>() +
+           "\"), atom: " + *error;
   }
   return "";
 }
@@ -128,7 +130,8 @@ TEST_P(RealTemplates, RenderLikeTransformers) {
     std::string problem = check_case(ct, c);
     if (!problem.empty()) {
       // Report the first few in full; the count tells the rest.
-      if (++failures <= 5) ADD_FAILURE() << GetParam() << " / " << c["id"].get<std::string>() << ": " << problem;
+      if (++failures <= 5)
+        ADD_FAILURE() << GetParam() << " / " << c["id"].get<std::string>() << ": " << problem;
     } else if (c.contains("output")) {
       ++ok;
     }

@@ -31,20 +31,27 @@ TEST(JinjaLimits, OutputSize) {
   jinja::Limits l;
   l.max_output_bytes = 1000;
   auto env = env_with(l);
-  EXPECT_NE(error_of(env, "{% for i in range(2000) %}x{% endfor %}").find("output exceeds"), std::string::npos);
+  EXPECT_NE(error_of(env, "{% for i in range(2000) %}x{% endfor %}").find("output exceeds"),
+            std::string::npos);
   EXPECT_NE(error_of(env, "{{ 'x' * 5000 }}").find("limit"), std::string::npos);
-  EXPECT_NE(error_of(env, "{% set ns = namespace(s='x') %}{% for i in range(20) %}{% set ns.s = ns.s + ns.s %}{% endfor %}")
-                .find("limit"), std::string::npos);
-  EXPECT_EQ(env.from_string("{{ 'x' * 999 }}").render(nlohmann::ordered_json::object()).size(), 999u);
+  EXPECT_NE(error_of(env,
+                     "{% set ns = namespace(s='x') %}{% for i in range(20) %}{% set ns.s = ns.s + "
+                     "ns.s %}{% endfor %}")
+                .find("limit"),
+            std::string::npos);
+  EXPECT_EQ(env.from_string("{{ 'x' * 999 }}").render(nlohmann::ordered_json::object()).size(),
+            999u);
 }
 
 TEST(JinjaLimits, RecursionDepth) {
   jinja::Limits l;
   l.max_call_depth = 50;
   auto env = env_with(l);
-  EXPECT_NE(error_of(env, "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").find("nest deeper than 50"),
+  EXPECT_NE(error_of(env, "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}")
+                .find("nest deeper than 50"),
             std::string::npos);
-  EXPECT_EQ(env.from_string("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}.{% endmacro %}{{ f(40) }}")
+  EXPECT_EQ(env.from_string(
+                   "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}.{% endmacro %}{{ f(40) }}")
                 .render(nlohmann::ordered_json::object())
                 .size(),
             41u);
@@ -54,8 +61,10 @@ TEST(JinjaLimits, Steps) {
   jinja::Limits l;
   l.max_steps = 100000;
   auto env = env_with(l);
-  EXPECT_NE(error_of(env, "{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}")
-                .find("steps"), std::string::npos);
+  EXPECT_NE(
+      error_of(env, "{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}")
+          .find("steps"),
+      std::string::npos);
 }
 
 TEST(JinjaErrors, SyntaxErrorsNameTheLine) {
@@ -79,7 +88,8 @@ TEST(JinjaErrors, UndefinedAttributeNamesTheValue) {
 
 TEST(JinjaTemplate, ConcurrentRenders) {
   jinja::Environment env;
-  auto tpl = env.from_string("{% for i in range(n) %}{{ i }}{% endfor %}{% set ns = namespace(c=0) %}{{ ns.c }}");
+  auto tpl = env.from_string(
+      "{% for i in range(n) %}{{ i }}{% endfor %}{% set ns = namespace(c=0) %}{{ ns.c }}");
   std::vector<std::thread> threads;
   std::vector<std::string> outs(8);
   for (int t = 0; t < 8; ++t) {
@@ -101,7 +111,8 @@ TEST(JinjaTemplate, CustomFiltersTestsAndGlobals) {
     return jinja::length(v) < 3;
   });
   env.set_global("answer", jinja::Value::integer(42));
-  EXPECT_EQ(env.from_string("{{ 'ab'|twice }} {{ 'ab' is short }} {{ answer }}").render(nlohmann::ordered_json::object()),
+  EXPECT_EQ(env.from_string("{{ 'ab'|twice }} {{ 'ab' is short }} {{ answer }}")
+                .render(nlohmann::ordered_json::object()),
             "abab True 42");
   // A template parsed before a change keeps the environment it was parsed with.
   auto before = env.from_string("{{ answer }}");

@@ -14,9 +14,9 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-const std::vector<std::string> kCategories = {"lit", "math", "cmp", "logic", "if", "for", "set",
-                                               "macro", "f", "t", "m", "dm", "lm", "sl", "u", "ws",
-                                               "err", "g", "idiom"};
+const std::vector<std::string> kCategories = {"lit",   "math", "cmp", "logic", "if",   "for", "set",
+                                              "macro", "f",    "t",   "m",     "dm",   "lm",  "sl",
+                                              "u",     "ws",   "err", "g",     "idiom"};
 
 const json& snippets() {
   static const json j = test::load_reference("snippets.json");
@@ -27,8 +27,9 @@ std::string category_of(const std::string& name) { return name.substr(0, name.fi
 
 // Renders one snippet with atom; returns "" when it matches jinja2, else what went wrong.
 std::string check_snippet(const json& s) {
-  jinja::Environment env = s["env"] == "hf" ? tokenizer::chat_template_environment(test::fixed_now())
-                                            : jinja::Environment();
+  jinja::Environment env = s["env"] == "hf"
+                               ? tokenizer::chat_template_environment(test::fixed_now())
+                               : jinja::Environment();
   std::string out;
   std::optional<jinja::TemplateError> error;
   try {

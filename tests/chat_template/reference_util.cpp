@@ -31,7 +31,7 @@ std::tm fixed_now() {
   tm.tm_hour = 15;
   tm.tm_min = 30;
   tm.tm_sec = 5;
-  tm.tm_wday = 5;   // a Friday
+  tm.tm_wday = 5;  // a Friday
   tm.tm_yday = 184;
   tm.tm_isdst = -1;
   return tm;
@@ -41,13 +41,23 @@ std::string visible(const std::string& s) {
   std::string out;
   for (unsigned char c : s) {
     switch (c) {
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\\': out += "\\\\"; break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
       default:
-        if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
-        else out += static_cast<char>(c);
+        if (c < 0x20 || c == 0x7f)
+          out += fmt::format("\\x{:02x}", c);
+        else
+          out += static_cast<char>(c);
     }
   }
   return out;
@@ -58,7 +68,8 @@ std::string first_difference(const std::string& expected, const std::string& act
   size_t i = 0;
   while (i < expected.size() && i < actual.size() && expected[i] == actual[i]) ++i;
   // Back up to a UTF-8 boundary so the excerpts stay readable.
-  while (i > 0 && i < expected.size() && (static_cast<unsigned char>(expected[i]) & 0xC0) == 0x80) --i;
+  while (i > 0 && i < expected.size() && (static_cast<unsigned char>(expected[i]) & 0xC0) == 0x80)
+    --i;
   size_t line = 1, col = 1;
   for (size_t k = 0; k < i; ++k) {
     if (expected[k] == '\n') {

@@ -1,9 +1,8 @@
 // Helpers for comparing atom's rendering with the jinja2 reference files that reference.py writes.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <ctime>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace atom::test {
