@@ -22,6 +22,7 @@ class LoopObject : public Object, public std::enable_shared_from_this<LoopObject
   std::string repr() const override;
   std::optional<Value> get_attr(const std::string& name) override;
 
+  std::optional<size_t> len() const override { return items_.size(); }
   size_t size() const { return items_.size(); }
   const Value& item(size_t i) const { return items_[i]; }
   void set_index(size_t i) { index0_ = i; }

@@ -363,6 +363,9 @@ size_t length(const Value& v) {
       return v.list().items.size();
     case Value::Type::kDict:
       return v.dict().entries.size();
+    case Value::Type::kObject:
+      if (auto n = v.obj().len()) return *n;
+      [[fallthrough]];
     default:
       eval_fail("object of type '{}' has no len()", type_name(v));
   }

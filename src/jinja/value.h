@@ -164,6 +164,8 @@ class Object {
   virtual std::string type_name() const = 0;
   virtual std::string repr() const { return "<" + type_name() + " object>"; }
   virtual bool truthy() const { return true; }
+  // len(obj); nullopt when the object has no length.
+  virtual std::optional<size_t> len() const { return std::nullopt; }
   // getattr(obj, name); nullopt when there is no such attribute.
   virtual std::optional<Value> get_attr(const std::string& name) { return std::nullopt; }
   virtual bool callable() const { return false; }
