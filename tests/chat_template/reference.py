@@ -15,6 +15,8 @@ import json
 import os
 import sys
 
+# Keep the source tree clean: no __pycache__ next to the test scripts.
+sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
