@@ -20,6 +20,7 @@ sys.dont_write_bytecode = True
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import conversations  # noqa: E402
 import hf_jinja  # noqa: E402
 import snippets  # noqa: E402
 
@@ -46,12 +47,7 @@ def main():
         raise SystemExit(__doc__)
     source_dir, out_dir = sys.argv[1], sys.argv[2]
     os.makedirs(out_dir, exist_ok=True)
-    outputs = {"snippets.json": render_snippets()}
-    try:
-        import conversations  # noqa: E402
-        outputs["templates.json"] = conversations.render_all(source_dir)
-    except ImportError:
-        pass
+    outputs = {"snippets.json": render_snippets(), "templates.json": conversations.render_all(source_dir)}
     for name, data in outputs.items():
         path = os.path.join(out_dir, name)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
