@@ -263,4 +263,8 @@ struct ScopeStmt : Stmt {
 void collect_names(const Body& body, std::set<std::string>& names);
 void collect_names(const Expr& expr, std::set<std::string>& names);
 
+// The first use of an unknown filter or test that jinja2 would reject when compiling: one that is
+// not under an if or a conditional expression (those are only errors when they run).
+const FilterExpr* unknown_outside_if(const Body& body);
+
 }  // namespace atom::jinja

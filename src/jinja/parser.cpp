@@ -14,6 +14,10 @@ class Parser {
   Body parse_template() {
     Body body = subparse({});
     if (cur().type != Tok::kEof) fail(cur().line, "unexpected " + describe(cur()));
+    if (const FilterExpr* f = unknown_outside_if(body)) {
+      fail(f->line, fmt::format("No {} named '{}'.", f->kind == ExprKind::kTest ? "test" : "filter",
+                                f->name));
+    }
     return body;
   }
 
@@ -139,25 +143,18 @@ class Parser {
     fail(tok.line, "Encountered unknown tag '" + n + "'.");
   }
 
-  // Function bodies (macros, call blocks) and inner frames reset the soft-frame and loop state.
+  // Function bodies (macros, call blocks, extension tags) cannot break out of an enclosing loop.
   struct FrameGuard {
-    FrameGuard(Parser* p, bool function) : p(p), soft(p->soft_), loops(p->loop_depth_) {
-      p->soft_ = false;
+    FrameGuard(Parser* p, bool function) : p(p), loops(p->loop_depth_) {
       if (function) p->loop_depth_ = 0;
     }
-    ~FrameGuard() {
-      p->soft_ = soft;
-      p->loop_depth_ = loops;
-    }
+    ~FrameGuard() { p->loop_depth_ = loops; }
     Parser* p;
-    bool soft;
     int loops;
   };
 
   StmtPtr parse_if() {
     auto node = std::make_unique<IfStmt>(next().line);
-    bool saved = soft_;
-    soft_ = true;
     while (true) {
       ExprPtr test = parse_tuple(false, false, {}, false);
       Body body = parse_statements({"elif", "else", "endif"}, false);
@@ -167,7 +164,6 @@ class Parser {
       if (tok.text == "else") node->otherwise = parse_statements({"endif"}, true);
       break;
     }
-    soft_ = saved;
     return node;
   }
 
@@ -389,13 +385,10 @@ class Parser {
     ExprPtr expr1 = parse_or();
     while (cur().is_name("if")) {
       next();
-      bool saved = soft_;
-      soft_ = true;
       auto node = std::make_unique<CondExpr>(line);
       node->test = parse_or();
       if (skip_name("else")) node->otherwise = parse_condexpr();
       node->then = std::move(expr1);
-      soft_ = saved;
       expr1 = std::move(node);
     }
     return expr1;
@@ -722,7 +715,7 @@ class Parser {
       auto f = std::make_unique<FilterExpr>(ExprKind::kFilter, line);
       f->name = parse_dotted_name();
       if (cur().is_op("(")) f->call = parse_call_args();
-      check_known(*f, opt_.has_filter, "filter");
+      check_known(*f, opt_.has_filter);
       f->input = std::move(node);
       node = std::move(f);
     }
@@ -743,17 +736,16 @@ class Parser {
       if (c.is_name("is")) fail(c.line, "You cannot chain multiple tests with is");
       t->call.args.push_back(parse_postfix(parse_primary()));
     }
-    check_known(*t, opt_.has_test, "test");
+    check_known(*t, opt_.has_test);
     t->input = std::move(node);
     if (negated) return std::make_unique<UnaryExpr>('!', std::move(t), line);
     return t;
   }
 
-  void check_known(FilterExpr& f, const std::function<bool(std::string_view)>& known,
-                   const char* what) {
-    if (known && known(f.name)) return;
-    if (!soft_) fail(f.line, fmt::format("No {} named '{}'.", what, f.name));
-    f.unknown = true;
+  // Unknown names are only marked here: whether jinja2 rejects them at compile time depends on
+  // where they sit, which parse_template checks over the whole tree (unknown_outside_if).
+  static void check_known(FilterExpr& f, const std::function<bool(std::string_view)>& known) {
+    f.unknown = !(known && known(f.name));
   }
 
   // ---- macro bodies: which special names they use ----
@@ -769,7 +761,6 @@ class Parser {
   const std::vector<Token>& t_;
   const ParserOptions& opt_;
   size_t pos_ = 0;
-  bool soft_ = false;
   int loop_depth_ = 0;
 };
 
