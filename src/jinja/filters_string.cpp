@@ -160,6 +160,7 @@ int64_t round_int(int64_t v, int64_t n) {
 }
 
 std::string pprint_repr(const Value& v) {
+  NestingGuard guard;
   if (v.is_dict()) {
     std::vector<const std::pair<Value, Value>*> items;
     for (const auto& e : v.dict().entries) items.push_back(&e);

@@ -109,8 +109,20 @@ class Parser {
     return body;
   }
 
+  // Recursive descent: bound the nesting so a hostile template cannot overflow the stack.
+  // jinja2 itself gives up (RecursionError) well before these depths.
+  struct DepthGuard {
+    DepthGuard(Parser* p, int line) : p(p) {
+      if (++p->depth_ > kMaxNesting) p->fail(line, "the template nests too deeply");
+    }
+    ~DepthGuard() { --p->depth_; }
+    Parser* p;
+  };
+  static constexpr int kMaxNesting = 256;
+
   StmtPtr parse_statement() {
     const Token& tok = cur();
+    DepthGuard depth(this, tok.line);
     if (tok.type != Tok::kName) fail(tok.line, "tag name expected");
     const std::string& n = tok.text;
     if (n == "if") return parse_if();
@@ -510,6 +522,7 @@ class Parser {
   }
 
   ExprPtr parse_unary(bool with_filter) {
+    DepthGuard depth(this, cur().line);
     ExprPtr node;
     const Token& t = cur();
     if (t.is_op("-") || t.is_op("+")) {
@@ -762,6 +775,7 @@ class Parser {
   const ParserOptions& opt_;
   size_t pos_ = 0;
   int loop_depth_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

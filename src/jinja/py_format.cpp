@@ -517,6 +517,7 @@ std::string json_float(double d) {
 }
 
 void json_value(std::string& out, const Value& v, const JsonOptions& o, int level) {
+  NestingGuard guard;
   auto newline = [&](int lvl) {
     out += '\n';
     for (int k = 0; k < lvl; ++k) out += *o.indent;

@@ -86,7 +86,10 @@ std::string Template::render(const nlohmann::ordered_json& context) const {
   return render(vars);
 }
 
-Value value_from_json(const nlohmann::ordered_json& j) {
+namespace {
+
+Value from_json(const nlohmann::ordered_json& j) {
+  NestingGuard guard;
   using T = nlohmann::ordered_json::value_t;
   switch (j.type()) {
     case T::null:
@@ -112,7 +115,7 @@ Value value_from_json(const nlohmann::ordered_json& j) {
     case T::array: {
       std::vector<Value> items;
       items.reserve(j.size());
-      for (const auto& x : j) items.push_back(value_from_json(x));
+      for (const auto& x : j) items.push_back(from_json(x));
       return Value::list(std::move(items));
     }
     case T::object: {
@@ -120,13 +123,23 @@ Value value_from_json(const nlohmann::ordered_json& j) {
       d.entries.reserve(j.size());
       // JSON object keys are unique, so entries can be appended without a lookup.
       for (auto it = j.begin(); it != j.end(); ++it) {
-        d.entries.emplace_back(Value::string(it.key()), value_from_json(it.value()));
+        d.entries.emplace_back(Value::string(it.key()), from_json(it.value()));
       }
       return Value::dict(std::move(d));
     }
     default:
       throw TemplateError(TemplateError::Kind::kRuntime,
                           "unsupported JSON value in template context", "", 0);
+  }
+}
+
+}  // namespace
+
+Value value_from_json(const nlohmann::ordered_json& j) {
+  try {
+    return from_json(j);
+  } catch (const EvalError& e) {
+    throw TemplateError(TemplateError::Kind::kRuntime, e.message, "template context", 0);
   }
 }
 

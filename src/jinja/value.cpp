@@ -156,6 +156,7 @@ bool truthy(const Value& v) {
 }
 
 bool equal(const Value& a, const Value& b) {
+  NestingGuard guard;
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) return a.as_double() == b.as_double();
     return a.as_int() == b.as_int();
@@ -168,6 +169,7 @@ bool equal(const Value& a, const Value& b) {
     case Value::Type::kString:
       return a.str_ptr() == b.str_ptr() || a.str() == b.str();
     case Value::Type::kList: {
+      if (a.list_ptr() == b.list_ptr()) return true;  // Python compares items by identity first
       const auto& x = a.list();
       const auto& y = b.list();
       // Views compare like sets in Python; list vs tuple never compare equal.
@@ -178,6 +180,7 @@ bool equal(const Value& a, const Value& b) {
       return true;
     }
     case Value::Type::kDict: {
+      if (a.dict_ptr() == b.dict_ptr()) return true;
       const auto& x = a.dict();
       const auto& y = b.dict();
       if (x.entries.size() != y.entries.size()) return false;
@@ -195,6 +198,7 @@ bool equal(const Value& a, const Value& b) {
 }
 
 bool less(const Value& a, const Value& b) {
+  NestingGuard guard;
   if (a.is_undefined()) undefined_fail(a);
   if (b.is_undefined()) undefined_fail(b);
   if (a.is_number() && b.is_number()) {
@@ -306,6 +310,7 @@ static std::string join_repr(const std::vector<Value>& items) {
 }
 
 std::string repr(const Value& v) {
+  NestingGuard guard;
   switch (v.type()) {
     case Value::Type::kUndefined:
       return "Undefined";
@@ -416,6 +421,7 @@ std::vector<Value> iterate(const Value& v) {
 }
 
 void check_hashable(const Value& v) {
+  NestingGuard guard;
   if (v.is_tuple()) {
     for (const auto& x : v.list().items) check_hashable(x);
     return;

@@ -194,6 +194,26 @@ class IteratorObject : public Object {
 
 Value make_iterator(std::vector<Value> items, std::string type_name = "generator");
 
+// Bounds the recursion of functions that walk nested values (repr, ==, json.dumps, ...): a
+// template can build lists nested a million deep, which would overflow the C++ stack. Python
+// stops such values with a RecursionError at about the same depth.
+class NestingGuard {
+ public:
+  static constexpr int kMaxDepth = 1000;
+  NestingGuard() {
+    if (++depth_ > kMaxDepth) {
+      --depth_;
+      eval_fail("value nested more than {} levels deep", kMaxDepth);
+    }
+  }
+  ~NestingGuard() { --depth_; }
+  NestingGuard(const NestingGuard&) = delete;
+  NestingGuard& operator=(const NestingGuard&) = delete;
+
+ private:
+  static inline thread_local int depth_ = 0;
+};
+
 // ---- Python semantics (value.cpp) ----
 
 std::string type_name(const Value& v);

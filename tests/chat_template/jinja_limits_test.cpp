@@ -122,3 +122,29 @@ TEST(JinjaTemplate, CustomFiltersTestsAndGlobals) {
 
 }  // namespace
 }  // namespace atom
+
+namespace atom {
+namespace {
+
+TEST(JinjaLimits, DeepNesting) {
+  jinja::Environment env;
+  // Deeply nested source is a syntax error, not a stack overflow.
+  std::string parens = std::string(5000, '(') + "1" + std::string(5000, ')');
+  EXPECT_THROW(env.from_string("{{ " + parens + " }}"), TemplateError);
+  std::string ifs;
+  for (int i = 0; i < 5000; ++i) ifs += "{% if true %}";
+  EXPECT_THROW(env.from_string(ifs), TemplateError);
+  // Values nested deeper than Python's recursion limit stop with an error when walked.
+  std::string deep =
+      "{% set ns = namespace(v=[]) %}{% for i in range(5000) %}{% set ns.v = [ns.v] %}{% endfor %}";
+  EXPECT_NE(error_of(env, deep + "{{ ns.v }}").find("nested"), std::string::npos);
+  EXPECT_NE(error_of(env, deep + "{{ ns.v == [ns.v] }}").find("nested"), std::string::npos);
+  // And so does deeply nested JSON input.
+  nlohmann::ordered_json j = nlohmann::ordered_json::array();
+  for (int i = 0; i < 5000; ++i) j = nlohmann::ordered_json::array({j});
+  EXPECT_THROW(env.from_string("{{ x|length }}").render(nlohmann::ordered_json{{"x", j}}),
+               TemplateError);
+}
+
+}  // namespace
+}  // namespace atom
