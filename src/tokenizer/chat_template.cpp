@@ -115,6 +115,36 @@ jinja::Value strftime_now_function(std::optional<std::tm> now) {
 
 }  // namespace
 
+void tool_call_arguments_to_dicts(json& messages) {
+  if (!messages.is_array()) return;
+  for (auto& m : messages) {
+    if (!m.is_object() || m.value("role", json()) != "assistant" || !m.contains("tool_calls") ||
+        !m["tool_calls"].is_array()) {
+      continue;
+    }
+    for (auto& call : m["tool_calls"]) {
+      if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
+        continue;
+      json& fn = call["function"];
+      json& args = fn["arguments"];  // inserted as null when absent, then set to {} below
+      bool empty = args.is_null() || (args.is_string() && args.get<std::string>().empty()) ||
+                   (args.is_boolean() && !args.get<bool>()) || (args.is_number() && args == 0) ||
+                   (args.is_object() && args.empty()) || (args.is_array() && args.empty());
+      if (empty) {
+        args = json::object();
+      } else if (!args.is_object() && !args.is_array()) {
+        if (!args.is_string()) continue;
+        try {
+          args = json::parse(args.get<std::string>());
+        } catch (const json::exception& e) {
+          fail("tool call '{}' has arguments that are not valid JSON: {}",
+               fn.value("name", std::string("?")), e.what());
+        }
+      }
+    }
+  }
+}
+
 std::string load_chat_template_arg(const std::string& value) {
   std::error_code ec;
   if (fs::is_regular_file(value, ec)) return read_file(value);

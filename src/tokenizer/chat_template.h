@@ -84,6 +84,12 @@ class ChatTemplate {
   std::string origin_;  // where the template came from, for error messages
 };
 
+// What vLLM does to OpenAI-style messages before rendering (chat_utils._postprocess_messages):
+// assistant tool calls carry `function.arguments` as a JSON string in the API, while templates
+// expect a dict, so a string is parsed (JSON objects keep their key order) and an empty or missing
+// one becomes {}. Throws atom::Error naming the call when a string is not valid JSON.
+void tool_call_arguments_to_dicts(nlohmann::ordered_json& messages);
+
 // vLLM's load_chat_template for --chat-template: the contents of the file it names, or, when no
 // such file exists and the value looks like a template (it has '{', '}' or a newline), the value
 // itself with Python escapes decoded. Anything else is an error naming the missing file.

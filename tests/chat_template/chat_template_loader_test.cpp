@@ -269,5 +269,26 @@ TEST(ChatTemplateRender, KeyOrderOfToolsIsKept) {
       R"({"type": "function", "function": {"name": "z", "description": "d", "parameters": {}}})");
 }
 
+TEST(ChatTemplateRender, ToolCallArgumentsBecomeDictsAsInVllm) {
+  json messages = json::parse(R"([
+    {"role": "user", "content": "x"},
+    {"role": "assistant", "content": null, "tool_calls": [
+      {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{\"z\": 1, \"a\": [true]}"}},
+      {"id": "b", "type": "function", "function": {"name": "g", "arguments": ""}},
+      {"id": "c", "type": "function", "function": {"name": "h"}},
+      {"id": "d", "type": "function", "function": {"name": "k", "arguments": {"already": "dict"}}}]},
+    {"role": "tool", "tool_call_id": "a", "content": "{\"not\": \"touched\"}"}])");
+  tokenizer::tool_call_arguments_to_dicts(messages);
+  const json& calls = messages[1]["tool_calls"];
+  EXPECT_EQ(calls[0]["function"]["arguments"].dump(), R"({"z":1,"a":[true]})");
+  EXPECT_EQ(calls[1]["function"]["arguments"].dump(), "{}");
+  EXPECT_EQ(calls[2]["function"]["arguments"].dump(), "{}");
+  EXPECT_EQ(calls[3]["function"]["arguments"].dump(), R"({"already":"dict"})");
+  EXPECT_TRUE(messages[2]["content"].is_string());
+  json bad = json::parse(
+      R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}])");
+  EXPECT_THROW(tokenizer::tool_call_arguments_to_dicts(bad), Error);
+}
+
 }  // namespace
 }  // namespace atom
