@@ -136,6 +136,12 @@ GENERIC = [
     ("documents", [user("Summarize the documents.")],
      {"documents": [{"title": "Doc A", "text": "Alpha text."}, {"title": "Doc B", "text": "Beta text."}]}),
     ("empty_messages", [], {}),
+    ("tool_call_rich_args", [user("Book it"),
+                             assistant(None, tool_calls=[call("search_docs", {
+                                 "query": "naïve \"quoted\" \\ back\nslash 日本 😀", "filters": [],
+                                 "limit": 2.5, "exact": False, "options": {"lang": None, "nested": {"k": [1, {"x": True}]}}})]),
+                             tool("ok"), assistant("Done.")], {"tools": TOOLS}),
+    ("reasoning_field", [user("q"), assistant("a", reasoning="vLLM's newer field name")], {}),
 ]
 
 # Template-specific kwargs: each generic conversation also renders with each of these.
