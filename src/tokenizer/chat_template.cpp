@@ -190,6 +190,18 @@ jinja::Value chat_tojson(jinja::Interpreter&, const jinja::Value& value, jinja::
   return Value::string(jinja::json_dumps(value, o));
 }
 
+namespace {
+
+// transformers' raise_exception(message): the template rejects the conversation.
+jinja::Value raise_exception(jinja::Interpreter&, jinja::CallArgs& args) {
+  auto msg = args.take(0, "message");
+  args.finish("raise_exception", 1);
+  if (!msg) jinja::eval_fail("raise_exception() missing 1 required positional argument: 'message'");
+  throw jinja::EvalError{jinja::TemplateError::Kind::kRaised, jinja::to_str(*msg)};
+}
+
+}  // namespace
+
 jinja::Environment chat_template_environment(std::optional<std::tm> now) {
   jinja::Options o;
   o.trim_blocks = true;
@@ -198,15 +210,7 @@ jinja::Environment chat_template_environment(std::optional<std::tm> now) {
   o.scope_tags = {"generation"};  // transformers' AssistantTracker tag
   jinja::Environment env(o);
   env.set_filter("tojson", chat_tojson);
-  env.set_global(
-      "raise_exception",
-      jinja::make_function("raise_exception",
-                           [](jinja::Interpreter&, jinja::CallArgs& args) -> jinja::Value {
-                             auto msg = args.take(0, "message");
-                             args.finish("raise_exception", 1);
-                             throw jinja::EvalError{jinja::TemplateError::Kind::kRaised,
-                                                    msg ? jinja::to_str(*msg) : ""};
-                           }));
+  env.set_global("raise_exception", jinja::make_function("raise_exception", raise_exception));
   env.set_global("strftime_now", strftime_now_function(now));
   return env;
 }
