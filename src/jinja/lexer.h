@@ -1,0 +1,56 @@
+// Splits template source into tokens exactly as jinja2's lexer does, including its whitespace
+// rules: `-`/`+` markers, trim_blocks, lstrip_blocks, newline normalisation and the dropped final
+// newline. Whitespace control is settled here, so the parser only sees the surviving text.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace atom::jinja {
+
+enum class Tok : uint8_t {
+  kData,        // template text
+  kVarBegin,    // {{
+  kVarEnd,      // }}
+  kBlockBegin,  // {%
+  kBlockEnd,    // %}
+  kName,
+  kString,    // text holds the decoded value
+  kInteger,   // ival
+  kFloat,     // fval
+  kOperator,  // text holds the operator ("+", "//", "(", ...)
+  kEof,
+};
+
+struct Token {
+  Tok type = Tok::kEof;
+  std::string text;
+  int64_t ival = 0;
+  double fval = 0;
+  int line = 1;
+
+  bool is_op(std::string_view op) const { return type == Tok::kOperator && text == op; }
+  bool is_name(std::string_view name) const { return type == Tok::kName && text == name; }
+};
+
+struct LexerOptions {
+  bool trim_blocks = false;
+  bool lstrip_blocks = false;
+  bool keep_trailing_newline = false;
+};
+
+// Throws TemplateError (kSyntax) naming `where` and the line.
+std::vector<Token> tokenize(std::string_view source, const LexerOptions& options,
+                            const std::string& where);
+
+// How jinja2 names a token in syntax errors ("end of print statement", "'foo'").
+std::string describe_token(const Token& t);
+
+// Decodes Python string-literal escapes (\n, \t, \xNN, \uNNNN, \UNNNNNNNN, octal, ...) as
+// jinja2 does through Python's unicode-escape codec. Throws std::invalid_argument on a truncated
+// escape.
+std::string decode_python_escapes(std::string_view s);
+
+}  // namespace atom::jinja
