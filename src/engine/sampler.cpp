@@ -90,25 +90,45 @@ void apply_penalties(const SampleTask& t, float* w, CpuSampler::Scratch& s) {
   }
 }
 
-// Draws from softmax(w) restricted to min_p / top_k / top_p. w is already divided by temperature.
+// Draws from softmax(w) restricted to min_p / top_k / top_p. w is already divided by temperature;
+// it is overwritten with unnormalised probabilities.
 int32_t draw(const SampleTask& t, float* w, int64_t vocab, CpuSampler::Scratch& s) {
   const SamplingParams& p = *t.params;
   const float mx = w[argmax_first(w, vocab)];
   // min_p keeps tokens whose probability is at least min_p times the largest one.
   const float floor = p.min_p > 0 ? mx + static_cast<float>(std::log(p.min_p)) : kNegInf;
+  double total = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    w[i] = w[i] >= floor && w[i] > kNegInf ? std::exp(w[i] - mx) : 0.0f;
+    total += w[i];
+  }
+  const bool top_k = p.top_k > 0 && p.top_k < vocab;
+  if (!top_k && p.top_p >= 1.0) {
+    // The common case: one walk over the vocabulary, nothing sorted.
+    const double target = philox_uniform(t.seed, static_cast<uint64_t>(t.position)) * total;
+    double acc = 0;
+    int32_t last = 0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      if (w[i] == 0.0f) continue;
+      acc += w[i];
+      last = static_cast<int32_t>(i);
+      if (acc > target) return last;
+    }
+    return last;
+  }
   auto& ids = s.ids;
   ids.clear();
   for (int64_t i = 0; i < vocab; ++i)
-    if (w[i] >= floor && w[i] > kNegInf) ids.push_back(static_cast<int32_t>(i));
+    if (w[i] > 0.0f) ids.push_back(static_cast<int32_t>(i));
   auto before = [w](int32_t a, int32_t b) { return w[a] > w[b] || (w[a] == w[b] && a < b); };
-  if (p.top_k > 0 && static_cast<size_t>(p.top_k) < ids.size()) {
+  if (top_k && static_cast<size_t>(p.top_k) < ids.size()) {
     // Ties with the k-th value stay, as with a threshold on torch.topk's last value.
     std::nth_element(ids.begin(), ids.begin() + (p.top_k - 1), ids.end(), before);
     const float kth = w[ids[static_cast<size_t>(p.top_k - 1)]];
     std::erase_if(ids, [w, kth](int32_t i) { return w[i] < kth; });
+    total = 0;
+    for (int32_t i : ids) total += w[i];
   }
-  double total = 0;
-  for (int32_t i : ids) total += std::exp(static_cast<double>(w[i]) - mx);
   if (p.top_p < 1.0) {
     // The smallest most-likely-first prefix whose mass reaches top_p (the token crossing it
     // included). Grow a partial selection geometrically: peaked distributions never sort the
@@ -116,16 +136,16 @@ int32_t draw(const SampleTask& t, float* w, int64_t vocab, CpuSampler::Scratch& 
     const double need = p.top_p * total;
     size_t k = std::min<size_t>(64, ids.size());
     for (;;) {
-      std::nth_element(ids.begin(), ids.begin() + (k - 1), ids.end(), before);
+      std::nth_element(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k - 1), ids.end(), before);
       double mass = 0;
-      for (size_t i = 0; i < k; ++i) mass += std::exp(static_cast<double>(w[ids[i]]) - mx);
+      for (size_t i = 0; i < k; ++i) mass += w[ids[i]];
       if (mass >= need || k == ids.size()) break;
       k = std::min(ids.size(), k * 4);
     }
     std::sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), before);
     double acc = 0;
     size_t keep = 0;
-    while (keep < k && acc < need) acc += std::exp(static_cast<double>(w[ids[keep++]]) - mx);
+    while (keep < k && acc < need) acc += w[ids[keep++]];
     ids.resize(std::max<size_t>(keep, 1));
     total = acc;
   }
@@ -133,7 +153,7 @@ int32_t draw(const SampleTask& t, float* w, int64_t vocab, CpuSampler::Scratch& 
   const double target = philox_uniform(t.seed, static_cast<uint64_t>(t.position)) * total;
   double acc = 0;
   for (int32_t i : ids) {
-    acc += std::exp(static_cast<double>(w[i]) - mx);
+    acc += w[i];
     if (acc > target) return i;
   }
   return ids.back();
