@@ -4,11 +4,16 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libfmt-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libcli11-dev
-      libxxhash-dev libgtest-dev python3 python3-jinja2 python3-numpy nodejs npm)
+      libxxhash-dev libgtest-dev python3 python3-jinja2 python3-numpy)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
+# Node.js and npm (tests against the Hugging Face tokenizers binding and the openai client): the
+# machine's own when present (Debian's nodejs conflicts with a separately installed npm).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   apt-get update
   apt-get install -y --no-install-recommends "${missing[@]}"

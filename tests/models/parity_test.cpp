@@ -7,7 +7,7 @@
 #include <cstdlib>
 
 #include "engine/sequence_runner.h"
-#include "fixtures.h"
+#include "common/fixtures.h"
 #include "models/loading.h"
 
 namespace atom::test {

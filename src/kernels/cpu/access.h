@@ -7,6 +7,10 @@
 
 namespace atom::kernels::cpu {
 
+// Below about this many elements of work a kernel runs on one thread: waking the OpenMP team
+// costs more than the work.
+constexpr int64_t kParallelMin = 1 << 15;
+
 inline float load(const void* p, DType t, int64_t i) {
   switch (t) {
     case DType::kF32: return static_cast<const float*>(p)[i];

@@ -12,7 +12,7 @@ void silu_mul(Tensor& out, const Tensor& x) {
   check_rows("silu_mul", x, "x");
   const int64_t M = x.size(0), I = out.size(1);
   ATOM_CHECK(out.size(0) == M && x.size(1) == 2 * I, "silu_mul: x {} out {}", x.str(), out.str());
-#pragma omp parallel
+#pragma omp parallel if (M * I > kParallelMin)
   {
     std::vector<float> v(static_cast<size_t>(2 * I));
 #pragma omp for schedule(static)

@@ -22,7 +22,7 @@ void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Ten
              "kv_cache_write: k {} v {} for cache {}", k.str(), v.str(), k_cache.str());
   const int32_t* slots = slot_mapping.ptr<int32_t>();
   const DType ct = k_cache.dtype();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * width > kParallelMin)
   for (int64_t t = 0; t < T; ++t) {
     const int64_t slot = slots[t];
     if (slot < 0) continue;
@@ -61,7 +61,7 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
   const DType ct = k_cache.dtype();
   const int group = Hq / Hk;
 
-#pragma omp parallel
+#pragma omp parallel if (T * Hq * D * 16 > kParallelMin)
   {
     std::vector<float> scores, acc(static_cast<size_t>(D)), qv(static_cast<size_t>(D));
 #pragma omp for schedule(dynamic, 4)

@@ -14,7 +14,7 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
   ATOM_CHECK(a.shape() == b.shape() && out.shape() == a.shape(), "add: {} + {} -> {}", a.str(),
              b.str(), out.str());
   const int64_t R = a.size(0), C = a.size(1);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (R * C > kParallelMin)
   for (int64_t r = 0; r < R; ++r) {
     const char* pa = row_ptr(a, r);
     const char* pb = row_ptr(b, r);

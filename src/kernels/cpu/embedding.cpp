@@ -13,7 +13,7 @@ void embedding(Tensor& out, const Tensor& ids, const Tensor& table, int64_t voca
              "embedding: out {} ids {} table {}", out.str(), ids.str(), table.str());
   const int64_t T = ids.numel(), H = table.size(1), rows = table.size(0);
   const int32_t* id = ids.ptr<int32_t>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * H > kParallelMin)
   for (int64_t t = 0; t < T; ++t) {
     const int64_t r = static_cast<int64_t>(id[t]) - vocab_start;
     char* o = row_ptr(out, t);

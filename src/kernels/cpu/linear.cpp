@@ -41,7 +41,7 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   constexpr int64_t kRows = 16;
   const int64_t blocks = (N + kRows - 1) / kRows;
   const bool w_f32 = w.dtype() == DType::kF32;
-#pragma omp parallel
+#pragma omp parallel if (M * N * K > kParallelMin * 16)
   {
     std::vector<float> wbuf(w_f32 ? 0 : static_cast<size_t>(kRows * K));
 #pragma omp for schedule(static)

@@ -23,7 +23,7 @@ void rms_norm(Tensor& out, const Tensor& x, Tensor* residual, const Tensor& w, f
   }
   std::vector<float> wf(static_cast<size_t>(dim));
   for (int64_t i = 0; i < dim; ++i) wf[i] = load(w.data(), w.dtype(), i);
-#pragma omp parallel
+#pragma omp parallel if (rows * width > kParallelMin)
   {
     std::vector<float> v(static_cast<size_t>(width));
 #pragma omp for schedule(static)

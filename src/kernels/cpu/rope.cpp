@@ -39,7 +39,7 @@ void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& inv_freq,
   const int32_t* pos = positions.ptr<int32_t>();
   const float* f = inv_freq.ptr<float>();
   const int half = a.rot_dim / 2;
-#pragma omp parallel
+#pragma omp parallel if (T * (q.size(1) + k.size(1)) > kParallelMin)
   {
     std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
 #pragma omp for schedule(static)

@@ -1,0 +1,93 @@
+// What the HTTP layer needs from the engine: tokenization, chat rendering, and asynchronous
+// generation with per-request updates and abort. The engine adapter implements it; tests use
+// fakes, so the HTTP layer is tested on its own.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "server/protocol.h"
+
+namespace atom::server {
+
+struct TopLogprob {
+  int32_t token_id;
+  float logprob;
+};
+
+struct TokenLogprob {
+  int32_t token_id;
+  float logprob;
+  std::vector<TopLogprob> top;  // the most likely tokens at this position, best first
+};
+
+// What happened to one choice since its previous update.
+struct ChoiceDelta {
+  int index = 0;
+  std::string text;                    // newly completed text (never a broken UTF-8 sequence)
+  std::vector<int32_t> token_ids;      // newly generated tokens
+  std::vector<TokenLogprob> logprobs;  // one per new token, when the request asked for them
+  std::optional<std::string> finish_reason;  // stop | length | abort | error, on the last update
+  nlohmann::json stop_reason;                // the stop string or token id that ended it, or null
+};
+
+struct RequestUpdate {
+  std::vector<ChoiceDelta> choices;
+  int prompt_tokens = 0;
+  int cached_tokens = 0;                     // prompt tokens served from the prefix cache
+  std::vector<TokenLogprob> prompt_logprobs;  // on the first update, when asked for
+  bool finished = false;                      // every choice has finished
+  std::string error;                          // set when the request failed inside the engine
+};
+
+struct BackendRequest {
+  std::string id;
+  std::vector<int32_t> prompt_ids;
+  SamplingRequest sampling;
+  std::chrono::steady_clock::time_point arrival;
+};
+
+struct BackendInfo {
+  std::string model_name;  // served name
+  std::string model_path;
+  int64_t max_model_len = 0;
+  int64_t vocab_size = 0;
+  int64_t created = 0;  // unix time of start-up
+  bool reasoning = false;  // the chat template emits <think> blocks
+};
+
+struct BackendStats {
+  int running = 0;
+  int waiting = 0;
+  int64_t kv_blocks_total = 0;
+  int64_t kv_blocks_free = 0;
+  int64_t num_preemptions = 0;
+  int64_t prefix_cache_queries = 0;
+  int64_t prefix_cache_hits = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const BackendInfo& info() const = 0;
+  virtual std::vector<int32_t> tokenize(const std::string& text, bool add_special_tokens) = 0;
+  virtual std::string detokenize(std::span<const int32_t> ids, bool skip_special_tokens) = 0;
+  // The text of one token as the logprobs `token` field shows it.
+  virtual std::string token_text(int32_t id) = 0;
+  // The prompt text of a chat request (throws ApiError 400 for template errors).
+  virtual std::string render_chat(const ChatRequest& request) = 0;
+  // Starts generation. `on_update` runs on the engine's thread with each update; the last one has
+  // finished = true. Throws ApiError (503 when the queue is full, 400 for bad input).
+  virtual void submit(BackendRequest request, std::function<void(RequestUpdate)> on_update) = 0;
+  // Stops a request wherever it is; its final update reports finish_reason "abort".
+  virtual void abort(const std::string& id) = 0;
+  virtual BackendStats stats() = 0;
+};
+
+}  // namespace atom::server

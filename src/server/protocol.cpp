@@ -1,0 +1,359 @@
+#include "server/protocol.h"
+
+#include <cmath>
+#include <limits>
+
+#include "server/api_error.h"
+
+namespace atom::server {
+
+using json = nlohmann::ordered_json;
+
+namespace {
+
+// Typed, validated access to the fields of a request body.
+class Fields {
+ public:
+  explicit Fields(const json& j) : j_(j) {}
+
+  bool has(const char* k) const { return j_.contains(k) && !j_[k].is_null(); }
+  const json& at(const char* k) const { return j_[k]; }
+
+  std::optional<int64_t> opt_int(const char* k) const {
+    if (!has(k)) return std::nullopt;
+    const json& v = j_[k];
+    if (v.is_number_integer()) return v.get<int64_t>();
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::abs(d) < 9.2e18) return static_cast<int64_t>(d);
+    }
+    bad_request(k, fmt::format("'{}' must be an integer, got {}", k, v.dump()));
+  }
+  std::optional<double> opt_double(const char* k) const {
+    if (!has(k)) return std::nullopt;
+    const json& v = j_[k];
+    if (!v.is_number()) bad_request(k, fmt::format("'{}' must be a number, got {}", k, v.dump()));
+    const double d = v.get<double>();
+    if (!std::isfinite(d)) bad_request(k, fmt::format("'{}' must be finite", k));
+    return d;
+  }
+  bool get_bool(const char* k, bool fallback) const {
+    if (!has(k)) return fallback;
+    const json& v = j_[k];
+    if (v.is_boolean()) return v.get<bool>();
+    if (v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1)) return v.get<int64_t>() == 1;
+    bad_request(k, fmt::format("'{}' must be a boolean, got {}", k, v.dump()));
+  }
+  std::optional<std::string> opt_string(const char* k) const {
+    if (!has(k)) return std::nullopt;
+    const json& v = j_[k];
+    if (!v.is_string()) bad_request(k, fmt::format("'{}' must be a string, got {}", k, v.dump()));
+    return v.get<std::string>();
+  }
+
+ private:
+  const json& j_;
+};
+
+std::string num(double v) { return fmt::format("{}", v); }
+
+void parse_stop(const Fields& f, SamplingRequest& s) {
+  if (!f.has("stop")) return;
+  const json& v = f.at("stop");
+  if (v.is_string()) {
+    s.stop.push_back(v.get<std::string>());
+  } else if (v.is_array()) {
+    for (const auto& x : v) {
+      if (!x.is_string()) bad_request("stop", "'stop' must be a string or a list of strings");
+      s.stop.push_back(x.get<std::string>());
+    }
+  } else {
+    bad_request("stop", "'stop' must be a string or a list of strings");
+  }
+  for (const auto& st : s.stop)
+    if (st.empty()) bad_request("stop", "'stop' strings must not be empty");
+}
+
+void parse_sampling(const Fields& f, SamplingRequest& s, const ProtocolLimits& limits,
+                    const char* max_tokens_key) {
+  s.temperature = f.opt_double("temperature");
+  s.top_p = f.opt_double("top_p");
+  s.min_p = f.opt_double("min_p");
+  s.presence_penalty = f.opt_double("presence_penalty");
+  s.frequency_penalty = f.opt_double("frequency_penalty");
+  s.repetition_penalty = f.opt_double("repetition_penalty");
+  s.top_k = f.opt_int("top_k");
+  s.seed = f.opt_int("seed");
+  s.max_tokens = f.opt_int(max_tokens_key);
+  if (const auto n = f.opt_int("n")) {
+    if (*n < 1) bad_request("n", fmt::format("n must be at least 1, got {}.", *n));
+    if (*n > limits.max_n) bad_request("n", fmt::format("n must be at most {}, got {}.", limits.max_n, *n));
+    s.n = static_cast<int>(*n);
+  }
+  if (const auto m = f.opt_int("min_tokens")) s.min_tokens = *m;
+  s.ignore_eos = f.get_bool("ignore_eos", false);
+  s.include_stop_str_in_output = f.get_bool("include_stop_str_in_output", false);
+  s.skip_special_tokens = f.get_bool("skip_special_tokens", true);
+  parse_stop(f, s);
+  if (f.has("stop_token_ids")) {
+    const json& v = f.at("stop_token_ids");
+    if (!v.is_array()) bad_request("stop_token_ids", "'stop_token_ids' must be a list of integers");
+    for (const auto& x : v) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0)
+        bad_request("stop_token_ids", "'stop_token_ids' must be a list of non-negative integers");
+      s.stop_token_ids.push_back(x.get<int64_t>());
+    }
+  }
+  if (f.has("logit_bias")) {
+    const json& v = f.at("logit_bias");
+    if (!v.is_object()) bad_request("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      char* end = nullptr;
+      const long long id = std::strtoll(it.key().c_str(), &end, 10);
+      if (it.key().empty() || *end != '\0' || id < 0)
+        bad_request("logit_bias", fmt::format("'logit_bias' key '{}' is not a token id", it.key()));
+      if (!it.value().is_number())
+        bad_request("logit_bias", fmt::format("'logit_bias' value for {} must be a number", it.key()));
+      const double b = it.value().get<double>();
+      if (!(b >= -100 && b <= 100))
+        bad_request("logit_bias", fmt::format("'logit_bias' value for {} must be in [-100, 100], got {}", it.key(), num(b)));
+      s.logit_bias.emplace_back(id, b);
+    }
+  }
+  if (const auto p = f.opt_int("prompt_logprobs")) {
+    if (*p < 0 && *p != -1) bad_request("prompt_logprobs", fmt::format("prompt_logprobs must be non-negative, got {}.", *p));
+    const int64_t want = *p == -1 ? limits.max_logprobs : *p;
+    if (want > limits.max_logprobs)
+      bad_request("prompt_logprobs", fmt::format("Requested prompt logprobs of {}, which is greater than max allowed: {}", *p, limits.max_logprobs));
+    s.prompt_logprobs = static_cast<int>(want);
+  }
+
+  // The checks of vLLM's SamplingParams, with its messages.
+  if (s.temperature && *s.temperature < 0)
+    bad_request("temperature", fmt::format("temperature must be non-negative, got {}.", num(*s.temperature)));
+  if (s.top_p && !(*s.top_p > 0 && *s.top_p <= 1))
+    bad_request("top_p", fmt::format("top_p must be in (0, 1], got {}.", num(*s.top_p)));
+  if (s.min_p && !(*s.min_p >= 0 && *s.min_p <= 1))
+    bad_request("min_p", fmt::format("min_p must be in [0, 1], got {}.", num(*s.min_p)));
+  if (s.top_k && *s.top_k < -1)
+    bad_request("top_k", fmt::format("top_k must be -1 or 0 (disable), or at least 1, got {}.", *s.top_k));
+  if (s.presence_penalty && !(*s.presence_penalty >= -2 && *s.presence_penalty <= 2))
+    bad_request("presence_penalty", fmt::format("presence_penalty must be in [-2, 2], got {}.", num(*s.presence_penalty)));
+  if (s.frequency_penalty && !(*s.frequency_penalty >= -2 && *s.frequency_penalty <= 2))
+    bad_request("frequency_penalty", fmt::format("frequency_penalty must be in [-2, 2], got {}.", num(*s.frequency_penalty)));
+  if (s.repetition_penalty && !(*s.repetition_penalty > 0))
+    bad_request("repetition_penalty", fmt::format("repetition_penalty must be greater than zero, got {}.", num(*s.repetition_penalty)));
+  if (s.max_tokens && *s.max_tokens < 1)
+    bad_request(max_tokens_key, fmt::format("max_tokens must be at least 1, got {}.", *s.max_tokens));
+  if (s.min_tokens < 0)
+    bad_request("min_tokens", fmt::format("min_tokens must be greater than or equal to 0, got {}.", s.min_tokens));
+  if (s.max_tokens && s.min_tokens > *s.max_tokens)
+    bad_request("min_tokens", fmt::format("min_tokens must be less than or equal to max_tokens={}, got {}.", *s.max_tokens, s.min_tokens));
+  if (s.seed && (*s.seed < std::numeric_limits<int64_t>::min() || *s.seed > std::numeric_limits<int64_t>::max()))
+    bad_request("seed", "seed out of range");
+}
+
+StreamOptions parse_stream_options(const Fields& f, bool stream) {
+  StreamOptions o;
+  if (!f.has("stream_options")) return o;
+  if (!stream) bad_request("stream_options", "Stream options can only be defined when `stream=True`.");
+  const json& v = f.at("stream_options");
+  if (!v.is_object()) bad_request("stream_options", "'stream_options' must be an object");
+  Fields so(v);
+  o.include_usage = so.get_bool("include_usage", false);
+  o.continuous_usage_stats = so.get_bool("continuous_usage_stats", false);
+  return o;
+}
+
+std::vector<int32_t> token_list(const json& v, const char* param) {
+  std::vector<int32_t> r;
+  for (const auto& x : v) {
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > std::numeric_limits<int32_t>::max())
+      bad_request(param, fmt::format("'{}' token ids must be non-negative integers", param));
+    r.push_back(static_cast<int32_t>(x.get<int64_t>()));
+  }
+  return r;
+}
+
+std::vector<Prompt> parse_prompts(const Fields& f) {
+  if (!f.has("prompt")) bad_request("prompt", "'prompt' is required");
+  const json& p = f.at("prompt");
+  std::vector<Prompt> r;
+  if (p.is_string()) {
+    r.emplace_back(p.get<std::string>());
+  } else if (p.is_array()) {
+    if (p.empty()) bad_request("prompt", "'prompt' must not be empty");
+    if (p[0].is_number_integer()) {
+      r.emplace_back(token_list(p, "prompt"));
+    } else {
+      for (const auto& x : p) {
+        if (x.is_string()) {
+          r.emplace_back(x.get<std::string>());
+        } else if (x.is_array()) {
+          if (x.empty()) bad_request("prompt", "'prompt' token lists must not be empty");
+          r.emplace_back(token_list(x, "prompt"));
+        } else {
+          bad_request("prompt", "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists");
+        }
+      }
+    }
+  } else {
+    bad_request("prompt", "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists");
+  }
+  return r;
+}
+
+// Chat message content given as a list of parts is flattened to text: the text parts joined by
+// newlines (what vLLM passes to templates that expect string content).
+json normalise_messages(const json& messages) {
+  if (!messages.is_array() || messages.empty()) bad_request("messages", "'messages' must be a non-empty list");
+  json out = json::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    if (!m.is_object()) bad_request("messages", fmt::format("messages[{}] must be an object", i));
+    if (!m.contains("role") || !m["role"].is_string())
+      bad_request("messages", fmt::format("messages[{}].role must be a string", i));
+    json n = m;
+    if (m.contains("content") && m["content"].is_array()) {
+      std::string text;
+      bool first = true;
+      for (const auto& part : m["content"]) {
+        if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+          bad_request("messages", fmt::format("messages[{}].content parts must be objects with a type", i));
+        const std::string type = part["type"].get<std::string>();
+        if (type != "text")
+          bad_request("messages", fmt::format("messages[{}].content part type '{}' is not supported by this model", i, type));
+        if (!part.contains("text") || !part["text"].is_string())
+          bad_request("messages", fmt::format("messages[{}].content text part needs a string 'text'", i));
+        text += (first ? "" : "\n") + part["text"].get<std::string>();
+        first = false;
+      }
+      n["content"] = text;
+    } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
+      bad_request("messages", fmt::format("messages[{}].content must be a string, a list of parts or null", i));
+    }
+    out.push_back(std::move(n));
+  }
+  return out;
+}
+
+}  // namespace
+
+json request_body_parse(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw ApiError(400, "BadRequestError", std::string("Request body is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw ApiError(400, "BadRequestError", "Request body must be a JSON object");
+  return j;
+}
+
+CompletionRequest completion_request_parse(const json& body, const ProtocolLimits& limits) {
+  Fields f(body);
+  CompletionRequest r;
+  r.model = f.opt_string("model");
+  r.prompts = parse_prompts(f);
+  r.echo = f.get_bool("echo", false);
+  r.stream = f.get_bool("stream", false);
+  r.stream_options = parse_stream_options(f, r.stream);
+  r.add_special_tokens = f.get_bool("add_special_tokens", true);
+  r.return_token_ids = f.get_bool("return_token_ids", false);
+  r.request_id = f.opt_string("request_id");
+  parse_sampling(f, r.sampling, limits, "max_tokens");
+  if (!r.sampling.max_tokens) r.sampling.max_tokens = 16;  // OpenAI's and vLLM's default here
+  if (f.has("logprobs")) {
+    const auto lp = f.opt_int("logprobs");
+    if (*lp < 0) bad_request("logprobs", fmt::format("logprobs must be non-negative, got {}.", *lp));
+    if (*lp > limits.max_logprobs)
+      bad_request("logprobs", fmt::format("Requested sample logprobs of {}, which is greater than max allowed: {}", *lp, limits.max_logprobs));
+    r.sampling.logprobs = static_cast<int>(*lp);
+  }
+  if (f.has("suffix")) bad_request("suffix", "suffix is not currently supported");
+  if (f.get_bool("use_beam_search", false)) bad_request("use_beam_search", "beam search is not supported");
+  if (const auto best_of = f.opt_int("best_of"); best_of && *best_of != r.sampling.n)
+    bad_request("best_of", "best_of different from n is not supported");
+  if (r.echo && r.sampling.prompt_logprobs == std::nullopt && r.sampling.logprobs)
+    r.sampling.prompt_logprobs = *r.sampling.logprobs;  // echo with logprobs reports the prompt's too
+  return r;
+}
+
+ChatRequest chat_request_parse(const json& body, const ProtocolLimits& limits) {
+  Fields f(body);
+  ChatRequest r;
+  r.model = f.opt_string("model");
+  if (!f.has("messages")) bad_request("messages", "'messages' is required");
+  r.messages = normalise_messages(f.at("messages"));
+  r.stream = f.get_bool("stream", false);
+  r.stream_options = parse_stream_options(f, r.stream);
+  r.echo = f.get_bool("echo", false);
+  r.add_generation_prompt = f.get_bool("add_generation_prompt", true);
+  r.continue_final_message = f.get_bool("continue_final_message", false);
+  if (r.add_generation_prompt && r.continue_final_message && f.has("add_generation_prompt"))
+    bad_request("continue_final_message",
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+  if (r.continue_final_message) r.add_generation_prompt = false;
+  r.add_special_tokens = f.get_bool("add_special_tokens", false);
+  r.return_token_ids = f.get_bool("return_token_ids", false);
+  r.chat_template = f.opt_string("chat_template");
+  r.reasoning_effort = f.opt_string("reasoning_effort");
+  r.request_id = f.opt_string("request_id");
+  if (f.has("chat_template_kwargs")) {
+    if (!f.at("chat_template_kwargs").is_object())
+      bad_request("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    r.chat_template_kwargs = f.at("chat_template_kwargs");
+  }
+  // max_completion_tokens is preferred; max_tokens is the deprecated spelling.
+  parse_sampling(f, r.sampling, limits, f.has("max_completion_tokens") ? "max_completion_tokens" : "max_tokens");
+  r.logprobs = f.get_bool("logprobs", false);
+  if (const auto top = f.opt_int("top_logprobs")) {
+    if (!r.logprobs) bad_request("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.");
+    if (*top < 0 || *top > limits.max_logprobs)
+      bad_request("top_logprobs", fmt::format("top_logprobs must be between 0 and {}, got {}.", limits.max_logprobs, *top));
+    r.sampling.logprobs = static_cast<int>(*top);
+  } else if (r.logprobs) {
+    r.sampling.logprobs = 0;
+  }
+  if (f.has("tools")) {
+    const json& t = f.at("tools");
+    if (!t.is_array()) bad_request("tools", "'tools' must be a list");
+    if (t.empty()) bad_request("tools", "'tools' must not be an empty list; omit it instead");
+    for (const auto& tool : t)
+      if (!tool.is_object() || !tool.contains("function") || !tool["function"].is_object() ||
+          !tool["function"].contains("name") || !tool["function"]["name"].is_string())
+        bad_request("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    r.tools = t;
+    r.tool_choice = "auto";
+  }
+  if (f.has("tool_choice")) {
+    const json& tc = f.at("tool_choice");
+    if (tc.is_string()) {
+      const std::string s = tc.get<std::string>();
+      if (s != "none" && s != "auto" && s != "required")
+        bad_request("tool_choice", "'tool_choice' must be none, auto, required or a named function");
+      r.tool_choice = s;
+    } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() &&
+               tc["function"].contains("name") && tc["function"]["name"].is_string()) {
+      r.tool_choice = "named";
+      r.named_tool = tc["function"]["name"].get<std::string>();
+    } else {
+      bad_request("tool_choice", "'tool_choice' must be none, auto, required or a named function");
+    }
+    if (r.tools.is_null() && r.tool_choice != "none")
+      bad_request("tool_choice", "When using `tool_choice`, `tools` must be set.");
+    if (r.named_tool) {
+      bool found = false;
+      for (const auto& tool : r.tools) found |= tool["function"]["name"] == *r.named_tool;
+      if (!found) bad_request("tool_choice", fmt::format("Tool '{}' named in tool_choice is not in `tools`.", *r.named_tool));
+    }
+  }
+  if (f.has("response_format")) {
+    const json& rf = f.at("response_format");
+    if (!rf.is_object() || !rf.contains("type") || rf["type"] != "text")
+      bad_request("response_format", "structured output (response_format other than text) is not supported");
+  }
+  return r;
+}
+
+}  // namespace atom::server

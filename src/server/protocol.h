@@ -1,0 +1,89 @@
+// OpenAI / vLLM request bodies for /v1/completions and /v1/chat/completions, parsed and
+// validated into typed structs. Every rule violation is an ApiError (400) naming the parameter.
+// Unknown fields are accepted and ignored, as vLLM does.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace atom::server {
+
+// Sampling fields of a request. Unset fields fall back to the model's generation_config.json,
+// then to vLLM's defaults (the engine applies that chain).
+struct SamplingRequest {
+  std::optional<double> temperature, top_p, min_p;
+  std::optional<double> presence_penalty, frequency_penalty, repetition_penalty;
+  std::optional<int64_t> top_k, seed;
+  std::optional<int64_t> max_tokens;  // unset: 16 for completions, what fits for chat
+  int64_t min_tokens = 0;
+  int n = 1;
+  std::vector<std::string> stop;
+  std::vector<int64_t> stop_token_ids;
+  bool ignore_eos = false;
+  bool include_stop_str_in_output = false;
+  bool skip_special_tokens = true;
+  std::vector<std::pair<int64_t, double>> logit_bias;  // token id -> bias
+  std::optional<int> logprobs;         // top-N logprobs per generated token (0: the sampled one)
+  std::optional<int> prompt_logprobs;  // top-N logprobs per prompt token
+};
+
+struct StreamOptions {
+  bool include_usage = false;
+  bool continuous_usage_stats = false;
+};
+
+// A prompt given as text or as token ids.
+using Prompt = std::variant<std::string, std::vector<int32_t>>;
+
+struct CompletionRequest {
+  std::optional<std::string> model;
+  std::vector<Prompt> prompts;  // a list of prompts gives one choice (or n) per prompt
+  bool echo = false;
+  bool stream = false;
+  StreamOptions stream_options;
+  bool add_special_tokens = true;
+  bool return_token_ids = false;
+  SamplingRequest sampling;
+  std::optional<std::string> request_id;
+};
+
+struct ChatRequest {
+  std::optional<std::string> model;
+  nlohmann::ordered_json messages;            // list of {role, content, ...}
+  nlohmann::ordered_json tools;               // null or a non-empty list
+  std::string tool_choice = "none";           // none | auto | required | named
+  std::optional<std::string> named_tool;      // tool_choice {"type":"function","function":{"name"}}
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
+  std::optional<std::string> chat_template;   // overrides the model's template
+  std::optional<std::string> reasoning_effort;
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
+  bool echo = false;
+  bool stream = false;
+  StreamOptions stream_options;
+  bool add_special_tokens = false;  // the template emits BOS itself
+  bool return_token_ids = false;
+  bool logprobs = false;
+  SamplingRequest sampling;  // sampling.logprobs = top_logprobs when logprobs is true
+  std::optional<std::string> request_id;
+};
+
+// Limits the server applies while parsing.
+struct ProtocolLimits {
+  int max_logprobs = 20;
+  int max_n = 128;
+};
+
+CompletionRequest completion_request_parse(const nlohmann::ordered_json& body,
+                                           const ProtocolLimits& limits = {});
+ChatRequest chat_request_parse(const nlohmann::ordered_json& body, const ProtocolLimits& limits = {});
+
+// The JSON body of a request as text; an ApiError (400) when it is not a JSON object.
+nlohmann::ordered_json request_body_parse(const std::string& text);
+
+}  // namespace atom::server

@@ -1,0 +1,391 @@
+// The HTTP layer against a fake backend: vLLM's response shapes, SSE framing, error envelope and
+// codes, auth, aborts on disconnect, and hostile requests.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "server/fake_backend.h"
+#include "server/http_server.h"
+#include "server/reasoning.h"
+
+namespace atom::test {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+class Http : public ::testing::Test {
+ protected:
+  FakeBackend backend;
+  server::Metrics metrics{"fake-model"};
+  std::unique_ptr<server::HttpServer> srv;
+  std::thread thread;
+  std::unique_ptr<httplib::Client> cli;
+
+  void start(server::ServerOptions o = {}) {
+    o.host = "127.0.0.1";
+    o.port = 0;
+    if (o.served_model_names.empty()) o.served_model_names = {"fake-model"};
+    srv = std::make_unique<server::HttpServer>(backend, metrics, o);
+    ASSERT_TRUE(srv->bind());
+    thread = std::thread([this] { srv->serve(); });
+    cli = std::make_unique<httplib::Client>("127.0.0.1", srv->port());
+    cli->set_read_timeout(20, 0);
+    for (int i = 0; i < 100; ++i) {
+      if (auto r = cli->Get("/health"); r && r->status == 200) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    FAIL() << "server did not start";
+  }
+  void TearDown() override {
+    if (srv) srv->stop();
+    if (thread.joinable()) thread.join();
+  }
+  httplib::Result post(const std::string& path, const json& body, const httplib::Headers& h = {}) {
+    return cli->Post(path.c_str(), h, body.dump(), "application/json");
+  }
+  // SSE events of a streamed body, [DONE] included as the string "[DONE]".
+  static std::vector<json> events(const std::string& body, bool* done = nullptr) {
+    std::vector<json> out;
+    size_t pos = 0;
+    if (done) *done = false;
+    while ((pos = body.find("data: ", pos)) != std::string::npos) {
+      const size_t end = body.find("\n\n", pos);
+      const std::string payload = body.substr(pos + 6, end - pos - 6);
+      if (payload == "[DONE]") {
+        if (done) *done = true;
+      } else {
+        out.push_back(json::parse(payload));
+      }
+      pos = end + 2;
+    }
+    return out;
+  }
+  void expect_error(const httplib::Result& r, int status, const std::string& type, const std::string& param,
+                    const std::string& fragment = "") {
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, status) << r->body;
+    const json j = json::parse(r->body);
+    ASSERT_TRUE(j.contains("error")) << r->body;
+    EXPECT_EQ(j["error"]["type"], type) << r->body;
+    EXPECT_EQ(j["error"]["code"], status);
+    EXPECT_TRUE(j["error"]["message"].is_string());
+    if (param.empty()) {
+      EXPECT_TRUE(j["error"]["param"].is_null()) << r->body;
+    } else {
+      EXPECT_EQ(j["error"]["param"], param) << r->body;
+    }
+    if (!fragment.empty()) {
+      EXPECT_NE(r->body.find(fragment), std::string::npos) << r->body;
+    }
+  }
+};
+
+TEST_F(Http, HealthVersionModels) {
+  start();
+  EXPECT_EQ(cli->Get("/health")->status, 200);
+  EXPECT_EQ(json::parse(cli->Get("/version")->body)["version"], "0.1.0");
+  const json m = json::parse(cli->Get("/v1/models")->body);
+  EXPECT_EQ(m["object"], "list");
+  EXPECT_EQ(m["data"][0]["id"], "fake-model");
+  EXPECT_EQ(m["data"][0]["object"], "model");
+  EXPECT_EQ(m["data"][0]["max_model_len"], 256);
+  EXPECT_EQ(cli->Get("/nope")->status, 404);
+}
+
+TEST_F(Http, CompletionNonStreaming) {
+  start();
+  auto r = post("/v1/completions", {{"model", "fake-model"}, {"prompt", "Hi"}, {"max_tokens", 5}, {"some_unknown_field", 1}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  EXPECT_EQ(j["model"], "fake-model");
+  EXPECT_EQ(j["choices"][0]["text"], "Hello");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 3);  // BOS + 2 bytes
+  EXPECT_EQ(j["usage"]["completion_tokens"], 5);
+  EXPECT_EQ(j["usage"]["total_tokens"], 8);
+  // Defaults: max_tokens 16 for completions.
+  r = post("/v1/completions", {{"prompt", "Hi"}});
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], backend.reply.substr(0, 16));
+}
+
+TEST_F(Http, CompletionEchoLogprobsAndN) {
+  start();
+  auto r = post("/v1/completions", {{"prompt", {1, 70, 71}}, {"max_tokens", 3}, {"echo", true}, {"n", 2}, {"logprobs", 1}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  ASSERT_EQ(j["choices"].size(), 2u);
+  EXPECT_EQ(j["choices"][1]["index"], 1);
+  EXPECT_EQ(j["choices"][0]["text"], "</s>CDHel");
+  const json& lp = j["choices"][0]["logprobs"];
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());  // the first prompt token has none
+  EXPECT_EQ(lp["tokens"].size(), 6u);
+  EXPECT_EQ(lp["token_logprobs"][5], -0.5);
+  EXPECT_EQ(lp["top_logprobs"][5]["l"], -0.5);
+}
+
+TEST_F(Http, CompletionStreamingWithUsage) {
+  start();
+  auto r = post("/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 4}, {"stream", true},
+                                    {"stream_options", {{"include_usage", true}}}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  bool done;
+  const auto ev = events(r->body, &done);
+  EXPECT_TRUE(done);
+  std::string text;
+  for (size_t i = 0; i + 1 < ev.size(); ++i) {
+    EXPECT_EQ(ev[i]["object"], "text_completion");
+    text += ev[i]["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, "Hell");
+  EXPECT_EQ(ev[ev.size() - 2]["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(ev.back()["choices"].empty());
+  EXPECT_EQ(ev.back()["usage"]["completion_tokens"], 4);
+}
+
+TEST_F(Http, ChatNonStreamingAndStreaming) {
+  start();
+  json msgs = json::array({{{"role", "system"}, {"content", "be nice"}},
+                           {{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "hi"}}})}}});
+  auto r = post("/v1/chat/completions", {{"model", "fake-model"}, {"messages", msgs}, {"max_completion_tokens", 5}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], "Hello");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  // Chat max_tokens defaults to what fits: the whole scripted reply, ending with "stop".
+  r = post("/v1/chat/completions", {{"messages", msgs}});
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["message"]["content"], backend.reply);
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["finish_reason"], "stop");
+
+  r = post("/v1/chat/completions", {{"messages", msgs}, {"max_tokens", 3}, {"stream", true}, {"logprobs", true},
+                                    {"top_logprobs", 1}});
+  bool done;
+  const auto ev = events(r->body, &done);
+  EXPECT_TRUE(done);
+  ASSERT_GE(ev.size(), 2u);
+  EXPECT_EQ(ev[0]["object"], "chat.completion.chunk");
+  EXPECT_EQ(ev[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (const auto& e : ev) {
+    if (e["choices"][0]["delta"].contains("content")) text += e["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(text, "Hel");
+  EXPECT_EQ(ev.back()["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(ev.back()["choices"][0]["logprobs"]["content"][0]["token"], "l");
+  EXPECT_EQ(ev.back()["choices"][0]["logprobs"]["content"][0]["top_logprobs"][0]["logprob"], -0.5);
+}
+
+TEST_F(Http, ReasoningIsSplitOut) {
+  backend.reasoning = true;
+  backend.reply = "plan it</think>\n\nThe answer.";
+  start();
+  json msgs = json::array({{{"role", "user"}, {"content", "q"}}});
+  auto r = post("/v1/chat/completions", {{"messages", msgs}});
+  json m = json::parse(r->body)["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning_content"], "plan it");
+  EXPECT_EQ(m["content"], "The answer.");
+  r = post("/v1/chat/completions", {{"messages", msgs}, {"stream", true}});
+  std::string reasoning, content;
+  for (const auto& e : events(r->body)) {
+    const json& d = e["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, "plan it");
+  EXPECT_EQ(content, "The answer.");
+}
+
+TEST(Reasoning, SplitsAcrossArbitraryChunkBoundaries) {
+  const std::string out = "<think>a < b and </th not yet</think>\n\nfinal <b>answer</b>";
+  for (size_t step = 1; step <= 7; ++step) {
+    server::ReasoningParser p(false);
+    std::string r, c;
+    for (size_t i = 0; i < out.size(); i += step) {
+      const auto d = p.feed(out.substr(i, step));
+      r += d.reasoning;
+      c += d.content;
+    }
+    const auto d = p.finish();
+    r += d.reasoning;
+    c += d.content;
+    EXPECT_EQ(r, "a < b and </th not yet") << step;
+    EXPECT_EQ(c, "final <b>answer</b>") << step;
+  }
+  EXPECT_EQ(server::ReasoningParser::split("no thinking here", false).content, "no thinking here");
+  EXPECT_EQ(server::ReasoningParser::split("still thinking", true).reasoning, "still thinking");
+  EXPECT_TRUE(server::ReasoningParser::prompt_opens_reasoning("<|im_start|>assistant\n<think>\n"));
+  EXPECT_FALSE(server::ReasoningParser::prompt_opens_reasoning("<think>\n\n</think>\n\n"));
+}
+
+TEST_F(Http, ErrorsUseVllmEnvelopeAndCodes) {
+  start();
+  auto r = cli->Post("/v1/completions", "{not json", "application/json");
+  expect_error(r, 400, "BadRequestError", "");
+  expect_error(post("/v1/completions", json::array({1, 2})), 400, "BadRequestError", "");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", "many"}}), 400, "BadRequestError", "max_tokens");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", -3}}), 400, "BadRequestError", "max_tokens");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"temperature", -1}}), 400, "BadRequestError", "temperature");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"top_p", 0}}), 400, "BadRequestError", "top_p");
+  expect_error(post("/v1/completions", {{"prompt", 5}}), 400, "BadRequestError", "prompt");
+  expect_error(post("/v1/completions", {{"max_tokens", 5}}), 400, "BadRequestError", "prompt");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"model", "gpt-9"}}), 404, "NotFoundError", "model",
+               "The model `gpt-9` does not exist.");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"stream_options", {{"include_usage", true}}}}), 400,
+               "BadRequestError", "stream_options");
+  expect_error(post("/v1/completions", {{"prompt", std::string(300, 'a')}}), 400, "BadRequestError", "input_tokens",
+               "maximum context length is 256 tokens");
+  expect_error(post("/v1/completions", {{"prompt", "abc"}, {"max_tokens", 1000}}), 400, "BadRequestError",
+               "input_tokens", "you requested 1000 output tokens");
+  expect_error(post("/v1/completions", {{"prompt", {1, 999999}}}), 400, "BadRequestError", "prompt");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"abc", 1}}}}), 400, "BadRequestError", "logit_bias");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"logprobs", 50}}), 400, "BadRequestError", "logprobs");
+  json msgs = json::array({{{"role", "user"}, {"content", "q"}}});
+  expect_error(post("/v1/chat/completions", {{"messages", msgs}, {"top_logprobs", 2}}), 400, "BadRequestError", "top_logprobs");
+  expect_error(post("/v1/chat/completions", {{"messages", msgs}, {"tools", json::array()}}), 400, "BadRequestError", "tools");
+  expect_error(post("/v1/chat/completions", {{"messages", msgs}, {"tool_choice", "auto"}}), 400, "BadRequestError", "tool_choice");
+  expect_error(post("/v1/chat/completions", {{"messages", json::array()}}), 400, "BadRequestError", "messages");
+  expect_error(post("/v1/chat/completions", {{"messages", {{{"role", "raise"}}}}}), 400, "BadRequestError", "",
+               "template error");
+  expect_error(post("/v1/chat/completions", {{"messages", msgs}, {"continue_final_message", true},
+                                             {"add_generation_prompt", true}}),
+               400, "BadRequestError", "continue_final_message");
+  // The server is healthy after all that, with nothing left running.
+  EXPECT_EQ(cli->Get("/health")->status, 200);
+  EXPECT_EQ(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}})->status, 200);
+}
+
+TEST_F(Http, ApiKeyGuardsV1Only) {
+  server::ServerOptions o;
+  o.api_key = "sekret";
+  start(o);
+  auto r = post("/v1/completions", {{"prompt", "x"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  EXPECT_EQ(json::parse(r->body), json::parse(R"({"error":"Unauthorized"})"));
+  EXPECT_EQ(post("/v1/completions", {{"prompt", "x"}}, {{"Authorization", "Bearer wrong"}})->status, 401);
+  EXPECT_EQ(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}}, {{"Authorization", "Bearer sekret"}})->status, 200);
+  EXPECT_EQ(cli->Get("/health")->status, 200);
+  EXPECT_EQ(cli->Get("/metrics")->status, 200);
+}
+
+TEST_F(Http, QueueFullIs503) {
+  backend.max_waiting = 0;
+  start();
+  expect_error(post("/v1/completions", {{"prompt", "x"}}), 503, "ServiceUnavailableError", "");
+}
+
+TEST_F(Http, ClientDisconnectMidStreamAbortsTheRequest) {
+  backend.delay = std::chrono::milliseconds(20);
+  backend.reply = std::string(200, 'x');
+  start();
+  httplib::Client c("127.0.0.1", srv->port());
+  int chunks = 0;
+  json body = {{"prompt", "go"}, {"max_tokens", 200}, {"stream", true}};
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  // Hang up after a few chunks.
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 5; };
+  httplib::Response res;
+  httplib::Error err;
+  EXPECT_FALSE(c.send(req, res, err));
+  for (int i = 0; i < 200 && backend.live() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(backend.live(), 0);
+  EXPECT_EQ(backend.aborted_count(), 1);
+}
+
+TEST_F(Http, ClientDisconnectWhileWaitingAbortsNonStreamed) {
+  backend.delay = std::chrono::milliseconds(20);
+  backend.reply = std::string(200, 'x');
+  start();
+  std::thread t([&] {
+    httplib::Client c("127.0.0.1", srv->port());
+    c.set_read_timeout(0, 300000);  // give up after 0.3 s
+    c.Post("/v1/completions", json{{"prompt", "go"}, {"max_tokens", 200}}.dump(), "application/json");
+  });
+  t.join();
+  for (int i = 0; i < 300 && backend.live() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(backend.live(), 0);
+  EXPECT_EQ(backend.aborted_count(), 1);
+}
+
+TEST_F(Http, HostileBodiesLeaveTheServerHealthy) {
+  server::ServerOptions o;
+  o.max_body_bytes = 1 << 20;
+  o.read_timeout_s = 1;
+  start(o);
+  const std::string big(10 << 20, 'a');
+  auto r = cli->Post("/v1/completions", big, "application/json");
+  if (r) {
+    EXPECT_GE(r->status, 400);
+  }
+  r = post("/v1/completions", {{"prompt", std::string(600 << 10, 'b')}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  // A slow client that never finishes its headers blocks nobody and is dropped after the read
+  // timeout.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(srv->port()));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string partial = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le";
+  ASSERT_EQ(send(fd, partial.data(), partial.size(), 0), static_cast<ssize_t>(partial.size()));
+  EXPECT_EQ(cli->Get("/health")->status, 200);
+  EXPECT_EQ(post("/v1/completions", {{"prompt", "ok"}, {"max_tokens", 2}})->status, 200);
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[256];
+  const auto t0 = std::chrono::steady_clock::now();
+  const ssize_t got = recv(fd, buf, sizeof buf, 0);
+  // Dropped, or answered with a client error; never served.
+  if (got > 0) {
+    const std::string reply(buf, static_cast<size_t>(got));
+    EXPECT_EQ(reply.rfind("HTTP/1.1 4", 0), 0u) << reply;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
+  close(fd);
+  EXPECT_EQ(cli->Get("/health")->status, 200);
+  EXPECT_EQ(post("/v1/completions", {{"prompt", "ok"}, {"max_tokens", 2}})->status, 200);
+  for (int i = 0; i < 100 && backend.live() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(backend.live(), 0);
+}
+
+TEST_F(Http, TokenizeDetokenizeAndMetrics) {
+  start();
+  auto r = post("/tokenize", {{"prompt", "ab"}});
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["count"], 3);
+  EXPECT_EQ(j["tokens"], json::array({0, 'a' + 3, 'b' + 3}));
+  EXPECT_EQ(j["max_model_len"], 256);
+  r = post("/detokenize", {{"tokens", {'h' + 3, 'i' + 3}}});
+  EXPECT_EQ(json::parse(r->body)["prompt"], "hi");
+  expect_error(post("/detokenize", {{"tokens", {-1}}}), 400, "BadRequestError", "tokens");
+  post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 3}});
+  const std::string m = cli->Get("/metrics")->body;
+  for (const char* name : {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                           "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                           "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_count",
+                           "vllm:request_success_total", "# TYPE vllm:generation_tokens_total counter",
+                           "# TYPE vllm:time_to_first_token_seconds histogram"})
+    EXPECT_NE(m.find(name), std::string::npos) << name;
+  EXPECT_NE(m.find("vllm:generation_tokens_total{engine=\"0\",model_name=\"fake-model\"} 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("finished_reason=\"length\"} 1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace atom::test
