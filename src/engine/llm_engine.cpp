@@ -155,7 +155,7 @@ void LLMEngine::append_token(Sequence& seq, int32_t token, Clock::time_point now
     }
   }
   out.tokens.push_back(
-      {&seq.request->id, seq.index, token, std::move(piece), finish != FinishReason::kNone});
+      {&seq.request->id, &seq, seq.index, token, std::move(piece), finish != FinishReason::kNone});
   ++stats_.generation_tokens;
   if (finish != FinishReason::kNone) finish_sequence(seq, finish);
 }
@@ -175,6 +175,7 @@ StepOutput LLMEngine::step() {
     const SchedulerOutput& so = scheduler_.schedule();
     check_progress(so);
     out.num_scheduled_tokens = so.num_tokens;
+    out.tokens.reserve(so.seqs.size());
     batch_build(so, plan_.block_size, batch_, rows_);
     const Tensor logits = runner_->execute(batch_);
     const int64_t V = model_.vocab_size();
@@ -243,19 +244,20 @@ StepOutput LLMEngine::step() {
 
 bool LLMEngine::has_unfinished() const { return scheduler_.has_unfinished() || !done_.empty(); }
 
-RequestOutput LLMEngine::make_output(Request& req) const {
+RequestOutput LLMEngine::make_output(const Request& req) const {
   RequestOutput o;
   o.request_id = req.id;
   o.prompt_token_ids = req.prompt;
-  o.prompt_logprobs = std::move(req.prompt_logprobs);
+  // Copies, not moves: this step's token events still point into the sequences.
+  o.prompt_logprobs = req.prompt_logprobs;
   o.finished = req.finished();
   Clock::time_point last = req.arrival;
-  for (auto& seq : req.seqs) {
+  for (const auto& seq : req.seqs) {
     CompletionOutput c;
     c.index = seq->index;
-    c.text = std::move(seq->text);
+    c.text = seq->text;
     c.token_ids.assign(seq->tokens.begin() + seq->num_prompt_tokens, seq->tokens.end());
-    c.logprobs = std::move(seq->logprobs);
+    c.logprobs = seq->logprobs;
     c.finish_reason = seq->finish_reason;
     c.stop_reason = seq->stop_reason;
     c.num_cached_tokens = std::max(0, seq->num_cached_tokens);

@@ -81,7 +81,7 @@ class LLMEngine {
  private:
   void append_token(Sequence& seq, int32_t token, Clock::time_point now, StepOutput& out);
   void finish_sequence(Sequence& seq, FinishReason reason);
-  RequestOutput make_output(Request& req) const;
+  RequestOutput make_output(const Request& req) const;
   void check_progress(const SchedulerOutput& so);
 
   Model& model_;

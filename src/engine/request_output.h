@@ -35,12 +35,16 @@ struct RequestOutput {
   double e2e_latency = 0;  // seconds from arrival to the last sequence's end
 };
 
-// A token produced in a step, for streaming.
+// A token produced in a step, for streaming. The pointers stay valid until the next call into the
+// engine; through `seq` a streaming front end reads the rest of a delta (seq->logprobs.back() when
+// logprobs were asked for, finish_reason and stop_reason once finished, num_cached_tokens, and the
+// request's prompt_logprobs).
 struct TokenEvent {
-  const std::string* request_id;  // valid until the request's final output is returned
-  int index;                      // which of the n samples
+  const std::string* request_id;
+  const Sequence* seq;
+  int index;          // which of the n samples
   int32_t token_id;
-  std::string text;               // the text this token completed (with a detokenizer)
+  std::string text;   // the text this token completed (with a detokenizer); may be empty
   bool finished;
 };
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "../models/fixtures.h"
+#include "common/fixtures.h"
 #include "core/error.h"
 #include "engine/llm_engine.h"
 #include "engine/sequence_runner.h"

@@ -10,7 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "../models/fixtures.h"
+#include "common/fixtures.h"
+#include "common/test_util.h"
 
 namespace atom::test {
 namespace {
@@ -32,7 +33,7 @@ std::vector<std::string> run_atom(const std::string& args, int* status = nullptr
 
 std::string join(const std::vector<int32_t>& v) { return fmt::format("{}", fmt::join(v, ",")); }
 
-TEST(Cli, GeneratePromptTokensJsonMatchesTransformers) {
+TEST(EngineCli, GeneratePromptTokensJsonMatchesTransformers) {
   const Reference ref = reference_load("llama3_gqa");
   const auto lines = run_atom(fmt::format(
       "generate --model {} --prompt-tokens {} --prompt-tokens 1,2,3 --max-tokens {} --temperature 0 "
@@ -54,9 +55,10 @@ TEST(Cli, GeneratePromptTokensJsonMatchesTransformers) {
   EXPECT_EQ(plain[0], join(ref.greedy_tokens));
 }
 
-TEST(Cli, GenerateJsonlInput) {
+TEST(EngineCli, GenerateJsonlInput) {
   const Reference ref = reference_load("qwen3_tied");
-  const std::string path = fmt::format("{}/cli_test_requests.jsonl", ATOM_BINARY_DIR);
+  TempDir dir;
+  const std::string path = dir.file("requests.jsonl");
   {
     std::ofstream f(path);
     f << nlohmann::json{{"prompt_token_ids", ref.greedy_prompt}, {"max_tokens", 16},
@@ -84,8 +86,9 @@ TEST(Cli, GenerateJsonlInput) {
   EXPECT_NE(rc, 0) << "an invalid request is an error";
 }
 
-TEST(Cli, BenchThroughputAndLatencyWriteJson) {
-  const std::string out = fmt::format("{}/cli_test_bench.json", ATOM_BINARY_DIR);
+TEST(EngineCli, BenchThroughputAndLatencyWriteJson) {
+  TempDir dir;
+  const std::string out = dir.file("bench.json");
   int rc = 0;
   auto lines = run_atom(fmt::format("bench throughput --model {} --input-len 20 --output-len 4 "
                                     "--num-prompts 6 --output-json {}",
