@@ -234,6 +234,8 @@ StepOutput LLMEngine::step() {
     }
     ++stats_.num_steps;
   }
+  for (auto& o : parked_) out.finished.push_back(std::move(o));
+  parked_.clear();
   for (auto& req : done_) {
     out.finished.push_back(make_output(*req));
     returned_.push_back(std::move(req));
@@ -242,7 +244,9 @@ StepOutput LLMEngine::step() {
   return out;
 }
 
-bool LLMEngine::has_unfinished() const { return scheduler_.has_unfinished() || !done_.empty(); }
+bool LLMEngine::has_unfinished() const {
+  return scheduler_.has_unfinished() || !done_.empty() || !parked_.empty();
+}
 
 RequestOutput LLMEngine::make_output(const Request& req) const {
   RequestOutput o;
@@ -316,7 +320,10 @@ std::vector<RequestOutput> LLMEngine::generate(const std::vector<std::vector<int
     StepOutput s = step();
     for (auto& o : s.finished) {
       auto it = index.find(o.request_id);
-      if (it == index.end()) continue;  // someone else's request
+      if (it == index.end()) {  // queued by add_request: hand it out at the next step()
+        parked_.push_back(std::move(o));
+        continue;
+      }
       results[it->second] = std::move(o);
       --remaining;
     }

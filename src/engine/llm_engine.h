@@ -61,7 +61,8 @@ class LLMEngine {
   StepOutput step();
   bool has_unfinished() const;
 
-  // Runs the prompts to completion; outputs in prompt order.
+  // Runs the prompts to completion; outputs in prompt order. Requests queued with add_request run
+  // alongside; their outputs come out of the next step().
   std::vector<RequestOutput> generate(const std::vector<std::vector<int32_t>>& prompts,
                                       const SamplingParams& params);
   std::vector<RequestOutput> generate(const std::vector<std::vector<int32_t>>& prompts,
@@ -100,6 +101,7 @@ class LLMEngine {
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;
   std::vector<std::unique_ptr<Request>> done_;      // finished, output not yet returned
   std::vector<std::unique_ptr<Request>> returned_;  // returned last step; events point into them
+  std::vector<RequestOutput> parked_;  // others' outputs seen by generate(), for the next step()
   uint64_t next_generate_id_ = 0;
   EngineStats stats_;
 

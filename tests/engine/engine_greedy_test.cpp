@@ -151,5 +151,33 @@ TEST(EngineStops, StopTokenIdsEosAndMinTokens) {
   expect_engine_idle(with_eos);
 }
 
+TEST(EngineApi, StepDrivenRequestsAndGenerateShareTheEngine) {
+  Model& model = fixture_model("qwen3_tied");
+  LLMEngine engine(model, test_config());
+  const std::vector<int32_t> a = {5, 6, 7, 8}, b = {9, 10, 11};
+  engine.add_request("mine", a, greedy(30));
+  const auto out = engine.generate({b}, greedy(4));
+  EXPECT_EQ(out.at(0).outputs.at(0).token_ids, generate_greedy(model, b, 4, {}, true).token_ids);
+  std::vector<RequestOutput> later;
+  std::vector<int32_t> streamed;
+  while (engine.has_unfinished()) {
+    StepOutput s = engine.step();
+    for (const TokenEvent& e : s.tokens) {
+      EXPECT_EQ(*e.request_id, "mine");
+      EXPECT_EQ(e.seq->tokens.back(), e.token_id);
+      streamed.push_back(e.token_id);
+    }
+    for (auto& o : s.finished) later.push_back(std::move(o));
+  }
+  ASSERT_EQ(later.size(), 1u);
+  EXPECT_EQ(later[0].request_id, "mine");
+  const auto want = generate_greedy(model, a, 30, {}, true).token_ids;
+  EXPECT_EQ(later[0].outputs.at(0).token_ids, want);
+  // Tokens produced while generate() ran are in the output, the rest were streamed after.
+  ASSERT_LE(streamed.size(), want.size());
+  EXPECT_TRUE(std::equal(streamed.begin(), streamed.end(), want.end() - streamed.size()));
+  expect_engine_idle(engine);
+}
+
 }  // namespace
 }  // namespace atom::test
