@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "cli/bench_command.h"
 #include "cli/common.h"
 #include "cli/command.h"
 #include "cli/engine_args.h"
@@ -193,8 +194,7 @@ void add_common(CLI::App* cmd, BenchArgs& a) {
 }  // namespace
 
 ATOM_REGISTER_COMMAND([](CLI::App& app) {
-  auto* bench = app.add_subcommand("bench", "Offline benchmarks (like vllm bench)");
-  bench->require_subcommand(1);
+  CLI::App* bench = atom::cli::bench_command(app);
 
   auto t = std::make_shared<BenchArgs>();
   auto* tp = bench->add_subcommand("throughput", "Requests and tokens per second for a batch of prompts");
