@@ -6,6 +6,13 @@
 namespace atom::test {
 namespace {
 
+// AtomTestRecurrentForCausalLM (test_recurrent_model.cpp) with seeded random weights.
+Model& recurrent_model() {
+  static LoadedModel m = model_load(std::string(ATOM_SOURCE_DIR) + "/tests/engine/fixtures/test_recurrent",
+                                    ModelOptions{}, LoadFormat::kDummy);
+  return *m.model;
+}
+
 TEST(EngineState, ModelDeclaresItsStateAndChunkedScoringMatchesOneShot) {
   Model& model = recurrent_model();
   ASSERT_EQ(model.state_specs().size(), 2u);  // two recurrent layers

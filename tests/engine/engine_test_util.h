@@ -26,15 +26,6 @@ inline Model& fixture_model(const std::string& name) {
   return *it->second.model;
 }
 
-inline std::string recurrent_dir() {
-  return std::string(ATOM_SOURCE_DIR) + "/tests/engine/fixtures/test_recurrent";
-}
-
-inline Model& recurrent_model() {
-  static LoadedModel m = model_load(recurrent_dir(), ModelOptions{}, LoadFormat::kDummy);
-  return *m.model;
-}
-
 inline SamplingParams greedy(int max_tokens) {
   SamplingParams p;
   p.temperature = 0;

@@ -7,7 +7,8 @@
 // with one state s [hidden] per sequence in the slot batch.state_slots names, and a per-channel
 // decay a in (0, 1). Wrong slots, a state carried across a preemption, or a chunk boundary that
 // loses the state all change the logits, which is what the engine tests look for. CPU only; there
-// is no checkpoint for it (load it with --load-format dummy).
+// is no checkpoint for it (load it with LoadFormat::kDummy). Linked into engine_state_test only, so
+// the architecture never shows up in the atom program's registry.
 #include <cmath>
 #include <cstring>
 
