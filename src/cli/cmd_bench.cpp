@@ -17,8 +17,8 @@
 #include <random>
 
 #include "cli/bench_command.h"
-#include "cli/common.h"
 #include "cli/command.h"
+#include "cli/common.h"
 #include "cli/engine_args.h"
 #include "core/error.h"
 #include "engine/llm_engine.h"
@@ -95,11 +95,12 @@ void run_throughput(const BenchArgs& a) {
   auto m = atom::cli::model_args_load(a.model);
   const atom::EngineConfig config = atom::cli::engine_args_config(a.engine);
   atom::LLMEngine engine(*m.model, config);
-  const Prompts prompts = random_prompts(a.num_prompts, a.input_len, a.prefix_len,
-                                         m.model->vocab_size(), config.seed);
+  const Prompts prompts =
+      random_prompts(a.num_prompts, a.input_len, a.prefix_len, m.model->vocab_size(), config.seed);
   const auto t0 = std::chrono::steady_clock::now();
   const auto outs = engine.generate(prompts, bench_params(a.output_len));
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   int64_t prompt_tokens = 0, output_tokens = 0;
   std::vector<double> ttft, tpot;
@@ -118,9 +119,10 @@ void run_throughput(const BenchArgs& a) {
               static_cast<double>(output_tokens) / elapsed);
   std::printf("Total num prompt tokens:  %lld\n", static_cast<long long>(prompt_tokens));
   std::printf("Total num output tokens:  %lld\n", static_cast<long long>(output_tokens));
-  std::printf("TTFT ms: mean %.2f, median %.2f, p99 %.2f | TPOT ms: mean %.2f, median %.2f, p99 %.2f\n",
-              mean(ttft), percentile(ttft, 50), percentile(ttft, 99), mean(tpot),
-              percentile(tpot, 50), percentile(tpot, 99));
+  std::printf(
+      "TTFT ms: mean %.2f, median %.2f, p99 %.2f | TPOT ms: mean %.2f, median %.2f, p99 %.2f\n",
+      mean(ttft), percentile(ttft, 50), percentile(ttft, 99), mean(tpot), percentile(tpot, 50),
+      percentile(tpot, 99));
   const double hit_rate = st.prefix_cache_queries
                               ? static_cast<double>(st.prefix_cache_hits) / st.prefix_cache_queries
                               : 0.0;
@@ -187,7 +189,8 @@ void add_common(CLI::App* cmd, BenchArgs& a) {
   atom::cli::model_args_add(cmd, a.model);
   atom::cli::engine_args_add(cmd, a.engine);
   cmd->add_option("--input-len", a.input_len, "prompt tokens per request")->capture_default_str();
-  cmd->add_option("--output-len", a.output_len, "generated tokens per request")->capture_default_str();
+  cmd->add_option("--output-len", a.output_len, "generated tokens per request")
+      ->capture_default_str();
   cmd->add_option("--output-json", a.output_json, "also write the results to this JSON file");
 }
 
@@ -197,7 +200,8 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
   CLI::App* bench = atom::cli::bench_command(app);
 
   auto t = std::make_shared<BenchArgs>();
-  auto* tp = bench->add_subcommand("throughput", "Requests and tokens per second for a batch of prompts");
+  auto* tp =
+      bench->add_subcommand("throughput", "Requests and tokens per second for a batch of prompts");
   add_common(tp, *t);
   tp->add_option("--num-prompts", t->num_prompts, "requests")->capture_default_str();
   tp->add_option("--prefix-len", t->prefix_len, "tokens every prompt shares at its start")

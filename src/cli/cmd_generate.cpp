@@ -1,5 +1,5 @@
-// atom generate --model DIR --prompt-tokens 1,2,3 --max-tokens N --temperature 0 --ignore-eos --json
-// atom generate --model DIR --input requests.jsonl [--json]
+// atom generate --model DIR --prompt-tokens 1,2,3 --max-tokens N --temperature 0 --ignore-eos
+// --json atom generate --model DIR --input requests.jsonl [--json]
 //
 // Every prompt goes through the engine together (continuous batching). Each JSONL line is a
 // request object: {"prompt_token_ids": [...], "max_tokens": 32, "temperature": 0.7, ...} with
@@ -15,8 +15,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "cli/common.h"
 #include "cli/command.h"
+#include "cli/common.h"
 #include "cli/engine_args.h"
 #include "core/error.h"
 #include "engine/llm_engine.h"
@@ -44,7 +44,8 @@ struct GenerateArgs {
 json logprob_json(const atom::TokenLogprob& lp) {
   json top = json::array();
   for (const auto& t : lp.top) top.push_back({{"token_id", t.token_id}, {"logprob", t.logprob}});
-  return {{"token_id", lp.token_id}, {"logprob", lp.logprob}, {"rank", lp.rank}, {"top_logprobs", top}};
+  return {
+      {"token_id", lp.token_id}, {"logprob", lp.logprob}, {"rank", lp.rank}, {"top_logprobs", top}};
 }
 
 json stop_reason_json(const atom::StopReason& r) {
@@ -53,8 +54,8 @@ json stop_reason_json(const atom::StopReason& r) {
   return nullptr;
 }
 
-void print_output(const atom::RequestOutput& o, const atom::SamplingParams& p, const GenerateArgs& a,
-                  bool has_text) {
+void print_output(const atom::RequestOutput& o, const atom::SamplingParams& p,
+                  const GenerateArgs& a, bool has_text) {
   for (const auto& c : o.outputs) {
     if (!a.json) {
       std::printf("%s\n", fmt::format("{}", fmt::join(c.token_ids, ",")).c_str());
@@ -74,7 +75,8 @@ void print_output(const atom::RequestOutput& o, const atom::SamplingParams& p, c
     }
     if (p.prompt_logprobs) {
       json lps = json::array();
-      for (const auto& lp : o.prompt_logprobs) lps.push_back(lp ? logprob_json(*lp) : json(nullptr));
+      for (const auto& lp : o.prompt_logprobs)
+        lps.push_back(lp ? logprob_json(*lp) : json(nullptr));
       j["prompt_logprobs"] = lps;
     }
     if (a.metrics)
@@ -91,9 +93,10 @@ void print_output(const atom::RequestOutput& o, const atom::SamplingParams& p, c
 std::vector<int32_t> prompt_from_json(const json& line, const std::string& where) {
   if (!line.contains("prompt_token_ids")) {
     if (line.contains("prompt"))
-      atom::fail("{}: text prompts need a tokenizer, which this build's engine does not have yet; "
-                 "give prompt_token_ids",
-                 where);
+      atom::fail(
+          "{}: text prompts need a tokenizer, which this build's engine does not have yet; "
+          "give prompt_token_ids",
+          where);
     atom::fail("{}: the request has no prompt_token_ids", where);
   }
   const json& ids = line.at("prompt_token_ids");
@@ -168,16 +171,20 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Generate tokens for one or more prompts");
   atom::cli::model_args_add(cmd, args->model);
   atom::cli::engine_args_add(cmd, args->engine);
-  cmd->add_option("--prompt-tokens", args->prompts, "comma-separated prompt token ids (repeatable)");
-  cmd->add_option("--input", args->input,
-                  "JSONL file of requests: {\"prompt_token_ids\": [...], \"max_tokens\": ..., ...}");
+  cmd->add_option("--prompt-tokens", args->prompts,
+                  "comma-separated prompt token ids (repeatable)");
+  cmd->add_option(
+      "--input", args->input,
+      "JSONL file of requests: {\"prompt_token_ids\": [...], \"max_tokens\": ..., ...}");
   cmd->add_option("--max-tokens", args->max_tokens, "tokens to generate per prompt")
       ->capture_default_str();
   cmd->add_option("--temperature", args->temperature, "sampling temperature (0: greedy)")
       ->capture_default_str();
   args->top_p_opt = cmd->add_option("--top-p", args->top_p, "nucleus sampling mass");
-  args->top_k_opt = cmd->add_option("--top-k", args->top_k, "sample among the k most likely (0: off)");
-  args->min_p_opt = cmd->add_option("--min-p", args->min_p, "drop tokens below min_p x the top one");
+  args->top_k_opt =
+      cmd->add_option("--top-k", args->top_k, "sample among the k most likely (0: off)");
+  args->min_p_opt =
+      cmd->add_option("--min-p", args->min_p, "drop tokens below min_p x the top one");
   args->seed_opt = cmd->add_option("--sampling-seed", args->seed, "per-request sampling seed");
   args->n_opt = cmd->add_option("--n", args->n, "samples per prompt");
   args->min_tokens_opt = cmd->add_option("--min-tokens", args->min_tokens,

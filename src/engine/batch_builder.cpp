@@ -22,10 +22,10 @@ void batch_build(const SchedulerOutput& step, int block_size, Batch& b,
   for (const ScheduledSeq& s : step.seqs) {
     Sequence& seq = *s.seq;
     const int start = seq.num_computed_tokens, end = start + s.num_new_tokens;
-    ATOM_CHECK(end <= seq.num_tokens() &&
-                   static_cast<int64_t>(seq.block_table.size()) * block_size >= end,
-               "batch: sequence computes [{}, {}) of {} tokens with {} blocks", start, end,
-               seq.num_tokens(), seq.block_table.size());
+    ATOM_CHECK(
+        end <= seq.num_tokens() && static_cast<int64_t>(seq.block_table.size()) * block_size >= end,
+        "batch: sequence computes [{}, {}) of {} tokens with {} blocks", start, end,
+        seq.num_tokens(), seq.block_table.size());
     const int row0 = b.num_tokens();
     const int P = seq.num_prompt_tokens;
     const Request& req = *seq.request;

@@ -86,8 +86,8 @@ void BlockManager::ensure_hashes(Sequence& seq, int num_full_blocks) {
   auto& h = seq.block_hashes;
   while (static_cast<int>(h.size()) < num_full_blocks) {
     const size_t i = h.size();
-    h.push_back(hasher_(i == 0 ? kRootHash : h[i - 1], seq.tokens.data() + i * block_size_,
-                        block_size_));
+    h.push_back(
+        hasher_(i == 0 ? kRootHash : h[i - 1], seq.tokens.data() + i * block_size_, block_size_));
   }
 }
 
@@ -150,8 +150,10 @@ void BlockManager::free(Sequence& seq) {
     Block& k = blocks_[*it];
     ATOM_CHECK(k.ref_count > 0, "block {} freed more often than taken", *it);
     if (--k.ref_count > 0) continue;
-    if (k.cached) free_list_push_back(*it);  // still worth a hit: evicted last
-    else free_list_push_front(*it);          // holds nothing reusable: reused first
+    if (k.cached)
+      free_list_push_back(*it);  // still worth a hit: evicted last
+    else
+      free_list_push_front(*it);  // holds nothing reusable: reused first
   }
   seq.block_table.clear();
   seq.cache_cursor = 0;
@@ -161,8 +163,8 @@ void BlockManager::free(Sequence& seq) {
 
 void BlockManager::cache_computed_blocks(Sequence& seq) {
   if (!prefix_caching_ || seq.cache_cursor < 0) return;
-  const int full = std::min(seq.num_computed_tokens / block_size_,
-                            static_cast<int>(seq.block_table.size()));
+  const int full =
+      std::min(seq.num_computed_tokens / block_size_, static_cast<int>(seq.block_table.size()));
   if (seq.cache_cursor >= full) return;
   ensure_hashes(seq, full);
   for (int i = seq.cache_cursor; i < full; ++i) {
@@ -185,10 +187,9 @@ void BlockManager::cache_computed_blocks(Sequence& seq) {
     } else {
       const int b = it->second;
       const Block& k = blocks_[b];
-      const bool same = b == own || (k.parent == seq.cache_parent &&
-                                     k.parent_gen == seq.cache_parent_gen &&
-                                     std::memcmp(block_tokens(b), toks,
-                                                 sizeof(int32_t) * block_size_) == 0);
+      const bool same =
+          b == own || (k.parent == seq.cache_parent && k.parent_gen == seq.cache_parent_gen &&
+                       std::memcmp(block_tokens(b), toks, sizeof(int32_t) * block_size_) == 0);
       if (!same) {  // a collision: nothing after this block can be registered consistently
         seq.cache_cursor = -1;
         return;

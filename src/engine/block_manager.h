@@ -63,12 +63,12 @@ class BlockManager {
  private:
   struct Block {
     int ref_count = 0;
-    bool cached = false;      // has a hash and tokens registered in cached_
+    bool cached = false;  // has a hash and tokens registered in cached_
     uint64_t hash = 0;
-    int parent = -1;          // block matched one position earlier (-1: first block)
+    int parent = -1;  // block matched one position earlier (-1: first block)
     uint32_t parent_gen = 0;
-    uint32_t gen = 0;         // bumped whenever the block's content is dropped
-    int prev = -1, next = -1; // free list links
+    uint32_t gen = 0;          // bumped whenever the block's content is dropped
+    int prev = -1, next = -1;  // free list links
     bool in_free_list = false;
   };
 
@@ -77,13 +77,15 @@ class BlockManager {
   void free_list_push_back(int b);
   int take_free_block();  // allocates: pops the free list head, evicting its cached content
   void ensure_hashes(Sequence& seq, int num_full_blocks);
-  const int32_t* block_tokens(int b) const { return &block_tokens_[static_cast<size_t>(b) * block_size_]; }
+  const int32_t* block_tokens(int b) const {
+    return &block_tokens_[static_cast<size_t>(b) * block_size_];
+  }
 
   int num_blocks_, block_size_;
   bool prefix_caching_;
   BlockHasher hasher_;
   std::vector<Block> blocks_;
-  std::vector<int32_t> block_tokens_;  // [num_blocks, block_size] tokens of cached blocks
+  std::vector<int32_t> block_tokens_;         // [num_blocks, block_size] tokens of cached blocks
   std::unordered_map<uint64_t, int> cached_;  // hash -> block
   int free_head_ = -1, free_tail_ = -1, num_free_ = 0;
 };

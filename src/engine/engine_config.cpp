@@ -39,9 +39,10 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
   } else {
     const int64_t left = c.kv_cache_memory - state_bytes;
     if (left <= 0)
-      fail("kv cache memory {} bytes cannot hold the recurrent state pool: {} slots x {} bytes = {} "
-           "bytes; raise --kv-cache-memory or lower --max-num-seqs",
-           c.kv_cache_memory, p.num_state_slots, p.state_slot_bytes, state_bytes);
+      fail(
+          "kv cache memory {} bytes cannot hold the recurrent state pool: {} slots x {} bytes = {} "
+          "bytes; raise --kv-cache-memory or lower --max-num-seqs",
+          c.kv_cache_memory, p.num_state_slots, p.state_slot_bytes, state_bytes);
     const int64_t fit = p.block_bytes > 0 ? left / static_cast<int64_t>(p.block_bytes) : useful;
     p.num_blocks = static_cast<int>(std::min<int64_t>({fit, useful, INT32_MAX / c.block_size}));
   }
@@ -51,12 +52,13 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
             ? fmt::format("set by --num-gpu-blocks-override")
             : fmt::format("from --kv-cache-memory {} bytes minus {} bytes of state slots",
                           c.kv_cache_memory, state_bytes);
-    fail("the KV cache holds {} blocks of {} tokens = {} tokens ({} bytes per block, {}), but one "
-         "sequence of max_model_len {} needs {} blocks ({} bytes); raise --kv-cache-memory or "
-         "--num-gpu-blocks-override, or lower --max-model-len",
-         p.num_blocks, c.block_size, static_cast<int64_t>(p.num_blocks) * c.block_size,
-         p.block_bytes, source, p.max_model_len, per_seq_blocks,
-         per_seq_blocks * static_cast<int64_t>(p.block_bytes));
+    fail(
+        "the KV cache holds {} blocks of {} tokens = {} tokens ({} bytes per block, {}), but one "
+        "sequence of max_model_len {} needs {} blocks ({} bytes); raise --kv-cache-memory or "
+        "--num-gpu-blocks-override, or lower --max-model-len",
+        p.num_blocks, c.block_size, static_cast<int64_t>(p.num_blocks) * c.block_size,
+        p.block_bytes, source, p.max_model_len, per_seq_blocks,
+        per_seq_blocks * static_cast<int64_t>(p.block_bytes));
   }
   return p;
 }
@@ -65,17 +67,25 @@ int64_t byte_size_parse(const std::string& s, const std::string& flag) {
   char* end = nullptr;
   const double v = std::strtod(s.c_str(), &end);
   std::string unit(end);
-  unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char ch) { return std::isspace(ch); }),
-             unit.end());
+  unit.erase(
+      std::remove_if(unit.begin(), unit.end(), [](unsigned char ch) { return std::isspace(ch); }),
+      unit.end());
   for (auto& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   double mult = 0;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kib") mult = 1024.0;
-  else if (unit == "m" || unit == "mib") mult = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "kb") mult = 1e3;
-  else if (unit == "mb") mult = 1e6;
-  else if (unit == "gb") mult = 1e9;
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kib")
+    mult = 1024.0;
+  else if (unit == "m" || unit == "mib")
+    mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "kb")
+    mult = 1e3;
+  else if (unit == "mb")
+    mult = 1e6;
+  else if (unit == "gb")
+    mult = 1e9;
   if (end == s.c_str() || mult == 0 || !(v > 0))
     fail("{} '{}': expected a positive size such as 4GiB, 512MiB or 1000000 (bytes)", flag, s);
   return static_cast<int64_t>(v * mult);

@@ -34,14 +34,14 @@ LLMEngine::LLMEngine(Model& model, const EngineConfig& config, const GenerationC
     if (e >= 0 && e < model.vocab_size()) eos_ids_.push_back(static_cast<int32_t>(e));
   if (config.enable_prefix_caching && !blocks_.prefix_caching())
     log_info("prefix caching is off: the model keeps recurrent state");
-  log_info("engine: {} KV blocks of {} tokens ({:.1f} MiB), {} state slots ({:.1f} MiB), "
-           "max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, prefix caching {}",
-           plan_.num_blocks, plan_.block_size,
-           static_cast<double>(plan_.block_bytes) * plan_.num_blocks / (1 << 20),
-           plan_.num_state_slots,
-           static_cast<double>(plan_.state_slot_bytes) * plan_.num_state_slots / (1 << 20),
-           plan_.max_model_len, config.max_num_seqs, config.max_num_batched_tokens,
-           blocks_.prefix_caching() ? "on" : "off");
+  log_info(
+      "engine: {} KV blocks of {} tokens ({:.1f} MiB), {} state slots ({:.1f} MiB), "
+      "max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, prefix caching {}",
+      plan_.num_blocks, plan_.block_size,
+      static_cast<double>(plan_.block_bytes) * plan_.num_blocks / (1 << 20), plan_.num_state_slots,
+      static_cast<double>(plan_.state_slot_bytes) * plan_.num_state_slots / (1 << 20),
+      plan_.max_model_len, config.max_num_seqs, config.max_num_batched_tokens,
+      blocks_.prefix_caching() ? "on" : "off");
 }
 
 LLMEngine::~LLMEngine() = default;
@@ -74,8 +74,8 @@ void LLMEngine::add_request(const std::string& request_id, std::vector<int32_t> 
   if (params.prompt_logprobs) req->prompt_logprobs.resize(static_cast<size_t>(P));
   const uint64_t seed = params.seed ? static_cast<uint64_t>(*params.seed) : seed_rng_();
   // Every token a sequence can hold is reserved now, so decoding appends without reallocating.
-  const size_t capacity =
-      static_cast<size_t>(std::min<int64_t>(int64_t{P} + params.max_tokens, plan_.max_model_len + 1));
+  const size_t capacity = static_cast<size_t>(
+      std::min<int64_t>(int64_t{P} + params.max_tokens, plan_.max_model_len + 1));
   for (int i = 0; i < params.n; ++i) {
     auto seq = std::make_unique<Sequence>();
     seq->request = req.get();
@@ -163,7 +163,8 @@ void LLMEngine::append_token(Sequence& seq, int32_t token, Clock::time_point now
 void LLMEngine::check_progress(const SchedulerOutput& so) {
   // Capacity is checked at start-up (one max_model_len sequence always fits), so an idle step with
   // work queued is a bug, not a state to wait out.
-  ATOM_CHECK(!so.empty(), "scheduler made no progress: {} waiting, {} running, {} of {} blocks free",
+  ATOM_CHECK(!so.empty(),
+             "scheduler made no progress: {} waiting, {} running, {} of {} blocks free",
              scheduler_.num_waiting(), scheduler_.num_running(), blocks_.num_free_blocks(),
              blocks_.num_blocks());
 }
@@ -200,7 +201,8 @@ StepOutput LLMEngine::step() {
       t.params = &p;
       t.seed = seq.seed;
       t.position = seq.num_output_tokens();
-      t.prompt = std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(seq.num_prompt_tokens));
+      t.prompt =
+          std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(seq.num_prompt_tokens));
       t.output = std::span<const int32_t>(seq.tokens.data() + seq.num_prompt_tokens,
                                           static_cast<size_t>(seq.num_output_tokens()));
       if (seq.num_output_tokens() < p.min_tokens) t.suppressed = req.min_tokens_suppressed;
@@ -214,11 +216,12 @@ StepOutput LLMEngine::step() {
     for (const ScheduledSeq& s : so.seqs) {
       Sequence& seq = *s.seq;
       const int end = seq.num_computed_tokens + s.num_new_tokens;
-      stats_.prompt_tokens += std::max(0, std::min(end, seq.num_prompt_tokens) - seq.num_computed_tokens);
+      stats_.prompt_tokens +=
+          std::max(0, std::min(end, seq.num_prompt_tokens) - seq.num_computed_tokens);
       if (seq.collects_prompt_logprobs) {
         Request& req = *seq.request;
-        req.prompt_logprobs_done = std::max(req.prompt_logprobs_done,
-                                            std::min(end + 1, seq.num_prompt_tokens));
+        req.prompt_logprobs_done =
+            std::max(req.prompt_logprobs_done, std::min(end + 1, seq.num_prompt_tokens));
         if (req.prompt_logprobs_done >= seq.num_prompt_tokens) seq.collects_prompt_logprobs = false;
       }
     }

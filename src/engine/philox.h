@@ -33,10 +33,10 @@ enum class RandomStream : uint32_t { kSample = 0 };
 // A uniform double in [0, 1) with 53 random bits, for draw (seed, position, stream).
 constexpr double philox_uniform(uint64_t seed, uint64_t position,
                                 RandomStream stream = RandomStream::kSample) {
-  const PhiloxBlock r = philox4x32_10({static_cast<uint32_t>(position),
-                                       static_cast<uint32_t>(position >> 32),
-                                       static_cast<uint32_t>(stream), 0u},
-                                      seed);
+  const PhiloxBlock r =
+      philox4x32_10({static_cast<uint32_t>(position), static_cast<uint32_t>(position >> 32),
+                     static_cast<uint32_t>(stream), 0u},
+                    seed);
   const uint64_t bits = (static_cast<uint64_t>(r[0]) << 32 | r[1]) >> 11;
   return static_cast<double>(bits) * (1.0 / 9007199254740992.0);  // 2^-53
 }

@@ -11,13 +11,13 @@
 namespace atom {
 
 struct CompletionOutput {
-  int index = 0;                    // among the request's n samples
-  std::string text;                 // empty without a detokenizer
-  std::vector<int32_t> token_ids;   // generated tokens only
+  int index = 0;                       // among the request's n samples
+  std::string text;                    // empty without a detokenizer
+  std::vector<int32_t> token_ids;      // generated tokens only
   std::vector<TokenLogprob> logprobs;  // one per token when logprobs was requested
   FinishReason finish_reason = FinishReason::kNone;
   StopReason stop_reason;
-  int num_cached_tokens = 0;        // prompt tokens served from the prefix cache at admission
+  int num_cached_tokens = 0;  // prompt tokens served from the prefix cache at admission
   int num_preemptions = 0;
   // Seconds from arrival: to the first token (TTFT), and to each token (ITL = differences).
   double ttft = 0;
@@ -42,9 +42,9 @@ struct RequestOutput {
 struct TokenEvent {
   const std::string* request_id;
   const Sequence* seq;
-  int index;          // which of the n samples
+  int index;  // which of the n samples
   int32_t token_id;
-  std::string text;   // the text this token completed (with a detokenizer); may be empty
+  std::string text;  // the text this token completed (with a detokenizer); may be empty
   bool finished;
 };
 

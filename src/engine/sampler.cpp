@@ -136,7 +136,8 @@ int32_t draw(const SampleTask& t, float* w, int64_t vocab, CpuSampler::Scratch& 
     const double need = p.top_p * total;
     size_t k = std::min<size_t>(64, ids.size());
     for (;;) {
-      std::nth_element(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k - 1), ids.end(), before);
+      std::nth_element(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k - 1), ids.end(),
+                       before);
       double mass = 0;
       for (size_t i = 0; i < k; ++i) mass += w[ids[i]];
       if (mass >= need || k == ids.size()) break;
@@ -196,19 +197,20 @@ void CpuSampler::sample(const Tensor& logits, std::span<const SampleTask> tasks,
              tokens.size());
   const int64_t vocab = logits.size(1);
   const int threads = std::max(1, omp_get_max_threads());
-  while (static_cast<int>(scratch_.size()) < threads) scratch_.push_back(std::make_unique<Scratch>());
+  while (static_cast<int>(scratch_.size()) < threads)
+    scratch_.push_back(std::make_unique<Scratch>());
   const float* base = logits.ptr<float>();
   const int64_t n = static_cast<int64_t>(tasks.size());
   for (const SampleTask& t : tasks)  // checked here: an exception may not leave the parallel loop
     ATOM_CHECK(t.row >= 0 && t.row < logits.size(0) && t.params, "sampler: row {} of {}", t.row,
                logits.size(0));
-  // Rows are independent; a greedy row is one pass over the vocabulary, so only fan out when the
-  // batch has enough of them to pay for the threads.
+    // Rows are independent; a greedy row is one pass over the vocabulary, so only fan out when the
+    // batch has enough of them to pay for the threads.
 #pragma omp parallel for schedule(dynamic, 4) if (n >= 8)
   for (int64_t i = 0; i < n; ++i) {
     const SampleTask& t = tasks[static_cast<size_t>(i)];
-    tokens[static_cast<size_t>(i)] =
-        sample_row(t, base + static_cast<int64_t>(t.row) * vocab, vocab, *scratch_[omp_get_thread_num()]);
+    tokens[static_cast<size_t>(i)] = sample_row(t, base + static_cast<int64_t>(t.row) * vocab,
+                                                vocab, *scratch_[omp_get_thread_num()]);
   }
 }
 

@@ -20,7 +20,7 @@
 namespace atom {
 
 struct SampleTask {
-  int32_t row = 0;                      // row of the logits tensor
+  int32_t row = 0;  // row of the logits tensor
   const SamplingParams* params = nullptr;
   uint64_t seed = 0;
   int64_t position = 0;                 // index of the output token being drawn
@@ -53,7 +53,7 @@ class CpuSampler : public Sampler {
 
 // log_softmax of `logits` [vocab] at `token`, its rank, and the `top` most likely tokens (-1: all)
 // into `out`. Sums in double.
-void logprobs_compute(const float* logits, int64_t vocab, int32_t token, int top,
-                      TokenLogprob& out, std::vector<int32_t>& scratch);
+void logprobs_compute(const float* logits, int64_t vocab, int32_t token, int top, TokenLogprob& out,
+                      std::vector<int32_t>& scratch);
 
 }  // namespace atom

@@ -1,6 +1,8 @@
 #include "engine/sampling_params.h"
 
+#include <climits>
 #include <cmath>
+#include <cstdlib>
 
 #include "core/error.h"
 
@@ -149,8 +151,10 @@ SamplingParams sampling_params_from_json(const json& j, SamplingParams p) {
   if (present(j, "logprobs")) {
     const json& v = j.at("logprobs");
     if (v.is_boolean()) {
-      if (v.get<bool>()) p.logprobs = present(j, "top_logprobs") ? get_int(j, "top_logprobs") : 0;
-      else p.logprobs.reset();
+      if (v.get<bool>())
+        p.logprobs = present(j, "top_logprobs") ? get_int(j, "top_logprobs") : 0;
+      else
+        p.logprobs.reset();
     } else {
       p.logprobs = get_int(j, "logprobs");
     }

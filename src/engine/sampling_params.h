@@ -15,19 +15,19 @@
 namespace atom {
 
 struct SamplingParams {
-  int n = 1;                        // parallel samples of the same prompt
-  double temperature = 1.0;         // < 1e-5: greedy
-  double top_p = 1.0;               // (0, 1]
-  int top_k = 0;                    // 0 or -1: off
-  double min_p = 0.0;               // [0, 1]
-  double repetition_penalty = 1.0;  // > 0; 1: off (prompt and output tokens)
-  double presence_penalty = 0.0;    // [-2, 2] (output tokens)
-  double frequency_penalty = 0.0;   // [-2, 2] (output tokens)
+  int n = 1;                                          // parallel samples of the same prompt
+  double temperature = 1.0;                           // < 1e-5: greedy
+  double top_p = 1.0;                                 // (0, 1]
+  int top_k = 0;                                      // 0 or -1: off
+  double min_p = 0.0;                                 // [0, 1]
+  double repetition_penalty = 1.0;                    // > 0; 1: off (prompt and output tokens)
+  double presence_penalty = 0.0;                      // [-2, 2] (output tokens)
+  double frequency_penalty = 0.0;                     // [-2, 2] (output tokens)
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, added to its logit)
-  std::optional<int64_t> seed;      // per request; the engine draws one when absent
-  int max_tokens = 16;              // >= 0
-  int min_tokens = 0;               // EOS and stop_token_ids are suppressed until then
-  std::vector<std::string> stop;    // matched on the detokenized output text
+  std::optional<int64_t> seed;    // per request; the engine draws one when absent
+  int max_tokens = 16;            // >= 0
+  int min_tokens = 0;             // EOS and stop_token_ids are suppressed until then
+  std::vector<std::string> stop;  // matched on the detokenized output text
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   bool include_stop_str_in_output = false;

@@ -25,7 +25,6 @@ void Scheduler::add(Sequence* seq) {
   ++num_unfinished_;
 }
 
-
 void Scheduler::finish(Sequence* seq) {
   if (seq->finished()) return;
   // Dropped from the queues now: the caller may destroy the sequence once it is finished.
@@ -100,8 +99,10 @@ void Scheduler::admit_waiting(int& budget) {
       continue;
     }
     if (!states_.can_allocate()) break;
-    if (seq->collects_prompt_logprobs) hits_.clear();
-    else blocks_.find_cached_prefix(*seq, hits_);
+    if (seq->collects_prompt_logprobs)
+      hits_.clear();
+    else
+      blocks_.find_cached_prefix(*seq, hits_);
     const int cached = static_cast<int>(hits_.size()) * bs;
     int n = seq->num_tokens() - cached;
     if (config_.long_prefill_token_threshold > 0)

@@ -27,8 +27,8 @@ struct TopLogprob {
 
 struct TokenLogprob {
   int32_t token_id = 0;
-  float logprob = 0;       // log_softmax of the model's raw logits
-  int32_t rank = 0;        // 1 + number of tokens with a larger logprob
+  float logprob = 0;            // log_softmax of the model's raw logits
+  int32_t rank = 0;             // 1 + number of tokens with a larger logprob
   std::vector<TopLogprob> top;  // the most likely tokens, most likely first
 };
 
@@ -52,11 +52,11 @@ struct Sequence {
 
   // --- KV cache state (scheduler, block manager, state pool) ---
   SeqStatus status = SeqStatus::kWaiting;
-  int num_computed_tokens = 0;           // tokens whose KV (and state) are in the cache
-  std::vector<int32_t> block_table;      // physical block of each logical block
-  std::vector<uint64_t> block_hashes;    // chained hash of each full block of `tokens`
-  std::vector<int32_t> state_slots;      // committed slot, then one rollback slot per draft token
-  int num_cached_tokens = -1;            // prefix-cache hit at first admission (-1: not yet)
+  int num_computed_tokens = 0;         // tokens whose KV (and state) are in the cache
+  std::vector<int32_t> block_table;    // physical block of each logical block
+  std::vector<uint64_t> block_hashes;  // chained hash of each full block of `tokens`
+  std::vector<int32_t> state_slots;    // committed slot, then one rollback slot per draft token
+  int num_cached_tokens = -1;          // prefix-cache hit at first admission (-1: not yet)
   // Prefix-cache registration: blocks [0, cache_cursor) are registered or duplicates of
   // registered ones; cache_parent (generation cache_parent_gen) is the registered block that
   // stands for block cache_cursor - 1. cache_cursor < 0: the chain hit a collision, stop.
@@ -73,9 +73,9 @@ struct Sequence {
   bool collects_prompt_logprobs = false;
 
   // --- output ---
-  std::string text;                       // detokenized output (when a detokenizer is set)
+  std::string text;  // detokenized output (when a detokenizer is set)
   std::unique_ptr<TokenTextStream> text_stream;
-  std::vector<TokenLogprob> logprobs;     // one per output token when requested
+  std::vector<TokenLogprob> logprobs;          // one per output token when requested
   std::vector<Clock::time_point> token_times;  // when each output token was produced
   FinishReason finish_reason = FinishReason::kNone;
   StopReason stop_reason;

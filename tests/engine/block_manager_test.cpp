@@ -4,13 +4,13 @@
 // A shadow cache stands in for the KV: computing position p of a sequence writes a fingerprint of
 // tokens[0..p] into the slot. A prefix hit is correct exactly when every hit slot holds the
 // fingerprint this sequence would have written, which is checked independently of the manager.
+#include "engine/block_manager.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 #include <random>
 #include <set>
-
-#include "engine/block_manager.h"
 
 namespace atom {
 namespace {
@@ -110,7 +110,8 @@ TEST(BlockManager, RandomOperationsKeepInvariants) {
         }
       } else if (kind == 1) {  // a running sequence computes more (appending a token if done)
         Sequence& s = *h.live[rng() % h.live.size()];
-        if (s.num_computed_tokens == s.num_tokens()) s.tokens.push_back(static_cast<int32_t>(rng() % 7));
+        if (s.num_computed_tokens == s.num_tokens())
+          s.tokens.push_back(static_cast<int32_t>(rng() % 7));
         const int n = 1 + static_cast<int>(rng() % (s.num_tokens() - s.num_computed_tokens));
         if (h.bm.append_slots(s, n)) h.compute(s, n);
       } else {  // free one
@@ -197,7 +198,8 @@ TEST(BlockManager, FreedCachedBlocksAreHitUntilReallocatedLeastRecentlyFreedFirs
   std::vector<int32_t> hits;
   auto a2 = make_seq({1, 2, 3, 4, 5, 6, 7, 8});
   h.bm.find_cached_prefix(*a2, hits);
-  EXPECT_EQ(hits, std::vector<int32_t>(a_blocks.begin(), a_blocks.begin() + 3)) << "freed blocks hit";
+  EXPECT_EQ(hits, std::vector<int32_t>(a_blocks.begin(), a_blocks.begin() + 3))
+      << "freed blocks hit";
 
   auto c = make_seq({21, 22, 23, 24});
   ASSERT_TRUE(h.bm.allocate(*c, {}, 4));

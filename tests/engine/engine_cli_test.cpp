@@ -35,10 +35,11 @@ std::string join(const std::vector<int32_t>& v) { return fmt::format("{}", fmt::
 
 TEST(EngineCli, GeneratePromptTokensJsonMatchesTransformers) {
   const Reference ref = reference_load("llama3_gqa");
-  const auto lines = run_atom(fmt::format(
-      "generate --model {} --prompt-tokens {} --prompt-tokens 1,2,3 --max-tokens {} --temperature 0 "
-      "--ignore-eos --json",
-      fixture_dir("llama3_gqa"), join(ref.greedy_prompt), ref.greedy_tokens.size()));
+  const auto lines = run_atom(
+      fmt::format("generate --model {} --prompt-tokens {} --prompt-tokens 1,2,3 --max-tokens {} "
+                  "--temperature 0 "
+                  "--ignore-eos --json",
+                  fixture_dir("llama3_gqa"), join(ref.greedy_prompt), ref.greedy_tokens.size()));
   ASSERT_EQ(lines.size(), 2u);
   const auto j = nlohmann::json::parse(lines[0]);
   EXPECT_EQ(j.size(), 3u) << lines[0];
@@ -48,9 +49,9 @@ TEST(EngineCli, GeneratePromptTokensJsonMatchesTransformers) {
   EXPECT_EQ(nlohmann::json::parse(lines[1]).at("prompt_token_ids").get<std::vector<int32_t>>(),
             (std::vector<int32_t>{1, 2, 3}));
   // Without --json: the generated ids, comma-separated.
-  const auto plain = run_atom(
-      fmt::format("generate --model {} --prompt-tokens {} --max-tokens 16 --temperature 0 --ignore-eos",
-                  fixture_dir("llama3_gqa"), join(ref.greedy_prompt)));
+  const auto plain = run_atom(fmt::format(
+      "generate --model {} --prompt-tokens {} --max-tokens 16 --temperature 0 --ignore-eos",
+      fixture_dir("llama3_gqa"), join(ref.greedy_prompt)));
   ASSERT_EQ(plain.size(), 1u);
   EXPECT_EQ(plain[0], join(ref.greedy_tokens));
 }
@@ -61,14 +62,18 @@ TEST(EngineCli, GenerateJsonlInput) {
   const std::string path = dir.file("requests.jsonl");
   {
     std::ofstream f(path);
-    f << nlohmann::json{{"prompt_token_ids", ref.greedy_prompt}, {"max_tokens", 16},
-                        {"ignore_eos", true}}.dump() << "\n\n";
+    f << nlohmann::json{{"prompt_token_ids", ref.greedy_prompt},
+                        {"max_tokens", 16},
+                        {"ignore_eos", true}}
+             .dump()
+      << "\n\n";
     f << R"({"prompt_token_ids": [5, 6, 7], "max_tokens": 4, "temperature": 0.8, "seed": 3, "n": 2, "logprobs": 2})"
       << "\n";
   }
   int rc = 0;
-  const auto lines = run_atom(
-      fmt::format("generate --model {} --input {} --json --metrics", fixture_dir("qwen3_tied"), path), &rc);
+  const auto lines = run_atom(fmt::format("generate --model {} --input {} --json --metrics",
+                                          fixture_dir("qwen3_tied"), path),
+                              &rc);
   EXPECT_EQ(rc, 0);
   ASSERT_EQ(lines.size(), 3u);
   const auto a = nlohmann::json::parse(lines[0]);
@@ -81,7 +86,8 @@ TEST(EngineCli, GenerateJsonlInput) {
   EXPECT_EQ(b0.at("logprobs").size(), 4u);
   EXPECT_EQ(b0.at("logprobs")[0].at("top_logprobs").size(), 2u);
 
-  std::ofstream(path) << R"({"prompt_token_ids": [5], "top_p": 1.5})" << "\n";
+  std::ofstream(path) << R"({"prompt_token_ids": [5], "top_p": 1.5})"
+                      << "\n";
   run_atom(fmt::format("generate --model {} --input {}", fixture_dir("qwen3_tied"), path), &rc);
   EXPECT_NE(rc, 0) << "an invalid request is an error";
 }
@@ -101,10 +107,11 @@ TEST(EngineCli, BenchThroughputAndLatencyWriteJson) {
   EXPECT_EQ(j.at("num_requests"), 6);
   EXPECT_EQ(j.at("total_num_tokens"), 6 * 24);
   EXPECT_GT(j.at("tokens_per_second").get<double>(), 0);
-  lines = run_atom(fmt::format("bench latency --model {} --input-len 8 --output-len 3 --batch-size 2 "
-                               "--num-iters 2 --num-iters-warmup 1 --output-json {}",
-                               fixture_dir("llama3_gqa"), out),
-                   &rc);
+  lines =
+      run_atom(fmt::format("bench latency --model {} --input-len 8 --output-len 3 --batch-size 2 "
+                           "--num-iters 2 --num-iters-warmup 1 --output-json {}",
+                           fixture_dir("llama3_gqa"), out),
+               &rc);
   EXPECT_EQ(rc, 0);
   ASSERT_FALSE(lines.empty());
   EXPECT_EQ(lines[0].rfind("Avg latency: ", 0), 0u) << lines[0];

@@ -14,8 +14,8 @@ TEST_P(EngineGreedy, AloneMatchesTransformers) {
   const Reference ref = reference_load(GetParam());
   Model& model = fixture_model(GetParam());
   LLMEngine engine(model, test_config());
-  const auto out = engine.generate({ref.greedy_prompt},
-                                   greedy(static_cast<int>(ref.greedy_tokens.size())));
+  const auto out =
+      engine.generate({ref.greedy_prompt}, greedy(static_cast<int>(ref.greedy_tokens.size())));
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].outputs.at(0).token_ids, ref.greedy_tokens);
   EXPECT_EQ(out[0].outputs[0].finish_reason, FinishReason::kLength);
@@ -28,7 +28,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineGreedy, ::testing::ValuesIn(fixture_nam
 struct Scenario {
   std::string name;
   EngineConfig config;
-  bool run_twice = false;      // second pass hits the prefix cache
+  bool run_twice = false;  // second pass hits the prefix cache
   bool expect_preemption = false;
 };
 
@@ -68,7 +68,8 @@ TEST_P(EngineWorkload, EveryRequestMatchesTheSingleSequenceRunner) {
   w.params.insert(w.params.begin() + 15, greedy(static_cast<int>(ref.greedy_tokens.size())));
   std::vector<std::vector<int32_t>> want;
   for (size_t i = 0; i < w.prompts.size(); ++i)
-    want.push_back(generate_greedy(model, w.prompts[i], w.params[i].max_tokens, {}, true).token_ids);
+    want.push_back(
+        generate_greedy(model, w.prompts[i], w.params[i].max_tokens, {}, true).token_ids);
   ASSERT_EQ(want[15], ref.greedy_tokens);
 
   for (const Scenario& sc : scenarios()) {
@@ -99,8 +100,7 @@ TEST_P(EngineWorkload, EveryRequestMatchesTheSingleSequenceRunner) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, EngineWorkload,
-                         ::testing::Values("llama3_gqa", "qwen3_sliding"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, EngineWorkload, ::testing::Values("llama3_gqa", "qwen3_sliding"),
                          [](const auto& info) { return info.param; });
 
 TEST(EngineStops, StopTokenIdsEosAndMinTokens) {

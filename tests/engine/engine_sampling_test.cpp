@@ -78,7 +78,8 @@ TEST(EngineSampling, ParallelSamplesShareThePromptAndMatchSeedPlusIndex) {
   for (int i = 0; i < 3; ++i) {
     SamplingParams single = seeded(500 + i, 10);
     EXPECT_EQ(out.outputs[i].index, i);
-    EXPECT_EQ(out.outputs[i].token_ids, engine.generate({prompt}, single).at(0).outputs.at(0).token_ids)
+    EXPECT_EQ(out.outputs[i].token_ids,
+              engine.generate({prompt}, single).at(0).outputs.at(0).token_ids)
         << "sample " << i;
     if (i > 0) {
       EXPECT_EQ(out.outputs[i].num_cached_tokens, 32) << "the prompt's full blocks are shared";

@@ -8,8 +8,9 @@ namespace {
 
 // AtomTestRecurrentForCausalLM (test_recurrent_model.cpp) with seeded random weights.
 Model& recurrent_model() {
-  static LoadedModel m = model_load(std::string(ATOM_SOURCE_DIR) + "/tests/engine/fixtures/test_recurrent",
-                                    ModelOptions{}, LoadFormat::kDummy);
+  static LoadedModel m =
+      model_load(std::string(ATOM_SOURCE_DIR) + "/tests/engine/fixtures/test_recurrent",
+                 ModelOptions{}, LoadFormat::kDummy);
   return *m.model;
 }
 
@@ -28,7 +29,8 @@ TEST(EngineState, BatchedChunkedPreemptedMatchOneShot) {
   Workload w = random_workload(24, 70, 16, model.vocab_size(), 23);
   std::vector<std::vector<int32_t>> want;
   for (size_t i = 0; i < w.prompts.size(); ++i)
-    want.push_back(generate_greedy(model, w.prompts[i], w.params[i].max_tokens, {}, true).token_ids);
+    want.push_back(
+        generate_greedy(model, w.prompts[i], w.params[i].max_tokens, {}, true).token_ids);
 
   EngineConfig batched = test_config();
   EngineConfig chunked = test_config();

@@ -22,7 +22,8 @@ namespace atom::test {
 inline Model& fixture_model(const std::string& name) {
   static std::map<std::string, LoadedModel> cache;
   auto it = cache.find(name);
-  if (it == cache.end()) it = cache.emplace(name, model_load(fixture_dir(name), ModelOptions{})).first;
+  if (it == cache.end())
+    it = cache.emplace(name, model_load(fixture_dir(name), ModelOptions{})).first;
   return *it->second.model;
 }
 

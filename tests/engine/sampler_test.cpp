@@ -1,6 +1,8 @@
 // CpuSampler against independent references: Philox's published known answers, argmax,
 // log_softmax in long double, hand-computed penalty effects, and empirical distributions against
 // the filtered softmax computed here with a plain full sort.
+#include "engine/sampler.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,7 +12,6 @@
 #include <random>
 
 #include "engine/philox.h"
-#include "engine/sampler.h"
 
 namespace atom {
 namespace {
@@ -20,9 +21,9 @@ TEST(Philox, MatchesRandom123KnownAnswers) {
             (PhiloxBlock{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
   EXPECT_EQ(philox4x32_10({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, ~0ull),
             (PhiloxBlock{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
-  EXPECT_EQ(philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},
-                          0x299f31d0a4093822ull),
-            (PhiloxBlock{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
+  EXPECT_EQ(
+      philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, 0x299f31d0a4093822ull),
+      (PhiloxBlock{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
 }
 
 TEST(Philox, UniformsAreInRangeAndSpread) {
@@ -37,8 +38,8 @@ TEST(Philox, UniformsAreInRangeAndSpread) {
 }
 
 Tensor logits_of(const std::vector<std::vector<float>>& rows) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())},
-                           DType::kF32);
+  Tensor t = Tensor::empty(
+      {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())}, DType::kF32);
   for (size_t r = 0; r < rows.size(); ++r)
     std::copy(rows[r].begin(), rows[r].end(), t.ptr<float>() + r * rows[0].size());
   return t;
@@ -105,7 +106,8 @@ TEST(CpuSampler, PenaltiesBiasAndSuppression) {
 std::vector<double> expected_distribution(const std::vector<float>& l, const SamplingParams& p) {
   const size_t V = l.size();
   std::vector<double> x(V);
-  for (size_t i = 0; i < V; ++i) x[i] = static_cast<double>(l[i] / static_cast<float>(p.temperature));
+  for (size_t i = 0; i < V; ++i)
+    x[i] = static_cast<double>(l[i] / static_cast<float>(p.temperature));
   const double mx = *std::max_element(x.begin(), x.end());
   std::vector<double> e(V);
   for (size_t i = 0; i < V; ++i) e[i] = std::exp(x[i] - mx);
@@ -126,8 +128,10 @@ std::vector<double> expected_distribution(const std::vector<float>& l, const Sam
     double acc = 0;
     for (size_t i : order) {
       if (!keep[i]) continue;
-      if (acc >= p.top_p * total) keep[i] = false;
-      else acc += e[i];
+      if (acc >= p.top_p * total)
+        keep[i] = false;
+      else
+        acc += e[i];
     }
     total = acc;
   }

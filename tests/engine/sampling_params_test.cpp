@@ -1,9 +1,10 @@
 // SamplingParams: vLLM's defaults, generation_config precedence, request JSON overlay, and errors
 // that name the parameter.
+#include "engine/sampling_params.h"
+
 #include <gtest/gtest.h>
 
 #include "core/error.h"
-#include "engine/sampling_params.h"
 
 namespace atom {
 namespace {
@@ -82,9 +83,13 @@ TEST(SamplingParams, InvalidValuesNameTheParameter) {
   EXPECT_NE(with([](SamplingParams& p) { p.frequency_penalty = -3; }).find("frequency_penalty"),
             std::string::npos);
   EXPECT_NE(with([](SamplingParams& p) { p.n = 0; }).find("n must be"), std::string::npos);
-  EXPECT_NE(with([](SamplingParams& p) { p.max_tokens = -1; }).find("max_tokens"), std::string::npos);
-  EXPECT_NE(with([](SamplingParams& p) { p.min_tokens = 20; }).find("min_tokens"), std::string::npos);
-  EXPECT_NE(with([](SamplingParams& p) { p.logit_bias = {{1000, 1.0f}}; }).find("logit_bias"),
+  EXPECT_NE(with([](SamplingParams& p) { p.max_tokens = -1; }).find("max_tokens"),
+            std::string::npos);
+  EXPECT_NE(with([](SamplingParams& p) { p.min_tokens = 20; }).find("min_tokens"),
+            std::string::npos);
+  EXPECT_NE(with([](SamplingParams& p) {
+              p.logit_bias = {{1000, 1.0f}};
+            }).find("logit_bias"),
             std::string::npos);
   EXPECT_NE(with([](SamplingParams& p) { p.stop_token_ids = {-1}; }).find("stop_token_ids"),
             std::string::npos);

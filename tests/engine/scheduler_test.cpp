@@ -6,6 +6,8 @@
 // position writes a fingerprint of the prefix into a shadow KV cache. Before a step computes
 // position p, every context position < p must hold this sequence's fingerprint, which is what
 // attention would read. Outputs must equal those of the same request run alone.
+#include "engine/scheduler.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
@@ -13,7 +15,6 @@
 #include <set>
 
 #include "core/error.h"
-#include "engine/scheduler.h"
 
 namespace atom {
 namespace {
@@ -155,7 +156,9 @@ TEST(Scheduler, RandomWorkloadsRespectBudgetsAndKeepKvConsistent) {
     sim.run_to_end();
     if (HasFatalFailure()) return;
     for (const auto& [seq, out] : expect)
-      ASSERT_EQ(std::vector<int32_t>(seq->tokens.begin() + seq->num_prompt_tokens, seq->tokens.end()), out)
+      ASSERT_EQ(
+          std::vector<int32_t>(seq->tokens.begin() + seq->num_prompt_tokens, seq->tokens.end()),
+          out)
           << "trial " << trial;
     EXPECT_EQ(sim.bm.num_free_blocks(), sim.bm.num_blocks());
     EXPECT_EQ(sim.pool.num_free(), sim.pool.num_slots());
@@ -240,7 +243,8 @@ TEST(Scheduler, RejectsBudgetsThatCannotHoldEverySequence) {
     Scheduler s(c, bm, pool);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("max_num_batched_tokens (8)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_num_batched_tokens (8)"), std::string::npos)
+        << e.what();
   }
 }
 

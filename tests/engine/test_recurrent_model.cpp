@@ -71,7 +71,8 @@ class TestRecurrentMixer {
 
 class TestHybridMixer {
  public:
-  TestHybridMixer(LayerContext& ctx, const ModelConfig& c, int64_t layer, const std::string& prefix) {
+  TestHybridMixer(LayerContext& ctx, const ModelConfig& c, int64_t layer,
+                  const std::string& prefix) {
     if (!c.layer_types.empty() && c.layer_types.at(static_cast<size_t>(layer)) == "recurrent")
       recurrent_ = std::make_unique<TestRecurrentMixer>(ctx, c, prefix);
     else

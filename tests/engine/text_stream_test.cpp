@@ -1,8 +1,8 @@
 // Stop-string search on growing text: a match is found whichever pieces it spans, exactly once,
 // at its first position.
-#include <gtest/gtest.h>
-
 #include "engine/text_stream.h"
+
+#include <gtest/gtest.h>
 
 namespace atom {
 namespace {
