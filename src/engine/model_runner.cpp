@@ -2,9 +2,10 @@
 
 namespace atom {
 
-ModelRunner::ModelRunner(Model& model, int num_pages, int block_size)
+ModelRunner::ModelRunner(Model& model, int num_pages, int block_size, int num_state_slots)
     : model_(model),
-      kv_(KvCache::allocate(model.cache_specs(), num_pages, block_size, model.device())),
+      kv_(KvCache::allocate(model.cache_specs(), num_pages, block_size, model.device(),
+                            model.state_specs(), num_state_slots)),
       arena_(model.device(), 8 << 20) {}
 
 Tensor ModelRunner::execute(Batch& batch) {

@@ -10,7 +10,9 @@ namespace atom {
 
 class ModelRunner {
  public:
-  ModelRunner(Model& model, int num_pages, int block_size);
+  // num_state_slots: size of the per-request state pool of the model's recurrent layers (0 for
+  // pure attention models).
+  ModelRunner(Model& model, int num_pages, int block_size, int num_state_slots = 0);
 
   // Logits [len(batch.logits_indices), vocab] F32 on the host.
   Tensor execute(Batch& batch);

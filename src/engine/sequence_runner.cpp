@@ -14,7 +14,8 @@ namespace {
 class SingleSequence {
  public:
   SingleSequence(Model& model, int capacity, int block_size)
-      : runner_(model, std::max(1, (capacity + block_size - 1) / block_size), block_size) {}
+      : runner_(model, std::max(1, (capacity + block_size - 1) / block_size), block_size,
+                /*num_state_slots=*/model.state_specs().empty() ? 0 : 1) {}
 
   // Appends `tokens` to the context; returns logits of the listed rows (indices into `tokens`).
   Tensor step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& logit_rows) {

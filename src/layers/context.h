@@ -20,15 +20,31 @@ struct AttentionCacheSpec {
   int sliding_window = 0;  // 0: full attention
 };
 
+// One per-request state a recurrent layer keeps (gated delta net, KDA, a test layer): the cache
+// holds num_state_slots copies of it, and batch.state_slots says which slot each sequence uses.
+// A layer treats a sequence whose step starts at context index 0 as new and resets its slot.
+struct StateCacheSpec {
+  Shape shape;  // of one slot, e.g. [heads, k_dim, v_dim]
+  DType dtype = DType::kF32;
+};
+
+// Every cache kind a model needs, side by side: paged K/V per attention layer and a state slot
+// pool per recurrent layer.
 struct KvCache {
   int block_size = 16;
   int num_pages = 0;
-  std::vector<Tensor> k, v;  // one per AttentionCacheSpec, [num_pages, block_size, Hk, D]
+  int num_state_slots = 0;
+  std::vector<Tensor> k, v;   // one per AttentionCacheSpec, [num_pages, block_size, Hk, D]
+  std::vector<Tensor> state;  // one per StateCacheSpec, [num_state_slots, *spec.shape]
 
   static KvCache allocate(const std::vector<AttentionCacheSpec>& specs, int num_pages,
-                          int block_size, Device device);
+                          int block_size, Device device,
+                          const std::vector<StateCacheSpec>& state_specs = {},
+                          int num_state_slots = 0);
   // Bytes one page takes over all layers.
   static size_t page_bytes(const std::vector<AttentionCacheSpec>& specs, int block_size);
+  // Bytes one state slot takes over all recurrent layers.
+  static size_t state_slot_bytes(const std::vector<StateCacheSpec>& specs);
 };
 
 struct LayerContext {
@@ -40,6 +56,7 @@ struct LayerContext {
   int tp_size = 1;
   Communicator* comm = nullptr;  // never null once a model is built
   std::vector<AttentionCacheSpec>* cache_specs = nullptr;
+  std::vector<StateCacheSpec>* state_specs = nullptr;  // recurrent layers add theirs here
 
   // A zero-initialised parameter tensor on the model's device.
   Tensor param_tensor(Shape shape, DType dtype) const {

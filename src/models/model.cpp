@@ -35,7 +35,8 @@ Model::Model(const ModelConfig& config, const ModelOptions& options)
            options.tp_rank,
            options.tp_size,
            options.comm ? options.comm : &solo_,
-           &cache_specs_} {
+           &cache_specs_,
+           &state_specs_} {
   if (options.tp_size < 1 || options.tp_rank < 0 || options.tp_rank >= options.tp_size)
     fail("tensor-parallel rank {} of size {} is invalid", options.tp_rank, options.tp_size);
   if (options.tp_size > 1 && (!options.comm || options.comm->size() != options.tp_size))

@@ -37,6 +37,8 @@ class Model {
   const ModelConfig& config() const { return config_; }
   ParamRegistry& params() { return params_; }
   const std::vector<AttentionCacheSpec>& cache_specs() const { return cache_specs_; }
+  // Per-request recurrent state of each recurrent layer (empty for pure attention models).
+  const std::vector<StateCacheSpec>& state_specs() const { return state_specs_; }
   Device device() const { return ctx_.device; }
   DType act_dtype() const { return ctx_.act_dtype; }
   int64_t vocab_size() const { return config_.vocab_size; }
@@ -57,6 +59,7 @@ class Model {
   ModelConfig config_;
   ParamRegistry params_;
   std::vector<AttentionCacheSpec> cache_specs_;
+  std::vector<StateCacheSpec> state_specs_;
   SoloCommunicator solo_;
   LayerContext ctx_;
 };

@@ -1,0 +1,36 @@
+#include "cli/engine_args.h"
+
+namespace atom::cli {
+
+void engine_args_add(CLI::App* cmd, EngineArgs& a) {
+  EngineConfig& c = a.config;
+  cmd->add_option("--max-num-seqs", c.max_num_seqs, "sequences running at once")
+      ->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", c.max_num_batched_tokens,
+                  "tokens per engine step (prefill chunks and decodes together)")
+      ->capture_default_str();
+  cmd->add_option("--long-prefill-token-threshold", c.long_prefill_token_threshold,
+                  "cap on one prompt's chunk per step (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--block-size", c.block_size, "tokens per KV cache block")->capture_default_str();
+  cmd->add_option(
+      "--max-model-len", c.max_model_len,
+      "longest sequence (prompt + output); default: the model's max_position_embeddings");
+  cmd->add_option(
+      "--kv-cache-memory", a.kv_cache_memory,
+      "bytes for the KV cache and state pool on the CPU backend, e.g. 4GiB (default 4GiB)");
+  cmd->add_option("--num-gpu-blocks-override", c.num_gpu_blocks_override,
+                  "use exactly this many KV cache blocks, whatever the memory");
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", c.enable_prefix_caching,
+                "reuse the KV of shared prompt prefixes (default on)");
+  cmd->add_option("--seed", c.seed, "seeds the requests that bring none")->capture_default_str();
+}
+
+EngineConfig engine_args_config(const EngineArgs& a) {
+  EngineConfig c = a.config;
+  if (!a.kv_cache_memory.empty())
+    c.kv_cache_memory = byte_size_parse(a.kv_cache_memory, "--kv-cache-memory");
+  return c;
+}
+
+}  // namespace atom::cli

@@ -1,0 +1,228 @@
+#include "engine/block_manager.h"
+
+#define XXH_STATIC_LINKING_ONLY  // XXH64_state_t on the stack: no allocation per hash
+#include <xxhash.h>
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace atom {
+
+namespace {
+constexpr uint64_t kRootHash = 0x61746f6d2d6b7631ull;  // parent of every sequence's first block
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+}  // namespace
+
+uint64_t block_hash_xxh64(uint64_t parent, const int32_t* tokens, int n) {
+  XXH64_state_t st;
+  XXH64_reset(&st, 0);
+  XXH64_update(&st, &parent, sizeof(parent));
+  XXH64_update(&st, tokens, sizeof(int32_t) * static_cast<size_t>(n));
+  return XXH64_digest(&st);
+}
+
+BlockManager::BlockManager(int num_blocks, int block_size, bool enable_prefix_caching,
+                           BlockHasher hasher)
+    : num_blocks_(num_blocks),
+      block_size_(block_size),
+      prefix_caching_(enable_prefix_caching),
+      hasher_(hasher),
+      blocks_(static_cast<size_t>(num_blocks)),
+      block_tokens_(enable_prefix_caching ? static_cast<size_t>(num_blocks) * block_size : 0) {
+  ATOM_CHECK(num_blocks > 0 && block_size > 0, "block manager: {} blocks of {}", num_blocks,
+             block_size);
+  for (int b = 0; b < num_blocks; ++b) free_list_push_back(b);
+}
+
+void BlockManager::free_list_remove(int b) {
+  Block& k = blocks_[b];
+  ATOM_CHECK(k.in_free_list, "block {} is not free", b);
+  (k.prev >= 0 ? blocks_[k.prev].next : free_head_) = k.next;
+  (k.next >= 0 ? blocks_[k.next].prev : free_tail_) = k.prev;
+  k.prev = k.next = -1;
+  k.in_free_list = false;
+  --num_free_;
+}
+
+void BlockManager::free_list_push_front(int b) {
+  Block& k = blocks_[b];
+  k.prev = -1;
+  k.next = free_head_;
+  (free_head_ >= 0 ? blocks_[free_head_].prev : free_tail_) = b;
+  free_head_ = b;
+  k.in_free_list = true;
+  ++num_free_;
+}
+
+void BlockManager::free_list_push_back(int b) {
+  Block& k = blocks_[b];
+  k.next = -1;
+  k.prev = free_tail_;
+  (free_tail_ >= 0 ? blocks_[free_tail_].next : free_head_) = b;
+  free_tail_ = b;
+  k.in_free_list = true;
+  ++num_free_;
+}
+
+int BlockManager::take_free_block() {
+  const int b = free_head_;
+  ATOM_CHECK(b >= 0, "no free block");
+  free_list_remove(b);
+  Block& k = blocks_[b];
+  if (k.cached) {  // evict: the content is about to be overwritten
+    auto it = cached_.find(k.hash);
+    if (it != cached_.end() && it->second == b) cached_.erase(it);
+    k.cached = false;
+  }
+  ++k.gen;
+  k.parent = -1;
+  k.ref_count = 1;
+  return b;
+}
+
+void BlockManager::ensure_hashes(Sequence& seq, int num_full_blocks) {
+  auto& h = seq.block_hashes;
+  while (static_cast<int>(h.size()) < num_full_blocks) {
+    const size_t i = h.size();
+    h.push_back(
+        hasher_(i == 0 ? kRootHash : h[i - 1], seq.tokens.data() + i * block_size_, block_size_));
+  }
+}
+
+void BlockManager::find_cached_prefix(Sequence& seq, std::vector<int32_t>& hits) {
+  hits.clear();
+  if (!prefix_caching_) return;
+  const int max_blocks = (seq.num_tokens() - 1) / block_size_;
+  ensure_hashes(seq, max_blocks);
+  int parent = -1;
+  uint32_t parent_gen = 0;
+  for (int i = 0; i < max_blocks; ++i) {
+    auto it = cached_.find(seq.block_hashes[static_cast<size_t>(i)]);
+    if (it == cached_.end()) break;
+    const int b = it->second;
+    const Block& k = blocks_[b];
+    // The hash only proposes a block; the parent link and the tokens decide.
+    if (k.parent != parent || k.parent_gen != parent_gen) break;
+    if (std::memcmp(block_tokens(b), seq.tokens.data() + static_cast<size_t>(i) * block_size_,
+                    sizeof(int32_t) * block_size_) != 0)
+      break;
+    hits.push_back(b);
+    parent = b;
+    parent_gen = k.gen;
+  }
+}
+
+bool BlockManager::allocate(Sequence& seq, std::span<const int32_t> hits, int num_new_tokens) {
+  ATOM_CHECK(seq.block_table.empty(), "allocate: sequence already holds {} blocks",
+             seq.block_table.size());
+  const int hit_count = static_cast<int>(hits.size());
+  const int need = ceil_div(hit_count * block_size_ + num_new_tokens, block_size_) - hit_count;
+  int free_hits = 0;  // hit blocks that sit in the free list, so are counted as free
+  for (int32_t b : hits) free_hits += blocks_[b].ref_count == 0;
+  if (need > num_free_ - free_hits) return false;
+  for (int32_t b : hits) {
+    if (blocks_[b].ref_count == 0) free_list_remove(b);
+    ++blocks_[b].ref_count;
+    seq.block_table.push_back(b);
+  }
+  for (int i = 0; i < need; ++i) seq.block_table.push_back(take_free_block());
+  seq.cache_cursor = hit_count;
+  seq.cache_parent = hit_count ? hits.back() : -1;
+  seq.cache_parent_gen = hit_count ? blocks_[hits.back()].gen : 0;
+  return true;
+}
+
+bool BlockManager::append_slots(Sequence& seq, int num_new_tokens) {
+  const int need = ceil_div(seq.num_computed_tokens + num_new_tokens, block_size_) -
+                   static_cast<int>(seq.block_table.size());
+  if (need <= 0) return true;
+  if (need > num_free_) return false;
+  for (int i = 0; i < need; ++i) seq.block_table.push_back(take_free_block());
+  return true;
+}
+
+void BlockManager::free(Sequence& seq) {
+  // Tail first: a sequence's last blocks are evicted before its first ones, which other prompts
+  // share more often.
+  for (auto it = seq.block_table.rbegin(); it != seq.block_table.rend(); ++it) {
+    Block& k = blocks_[*it];
+    ATOM_CHECK(k.ref_count > 0, "block {} freed more often than taken", *it);
+    if (--k.ref_count > 0) continue;
+    if (k.cached)
+      free_list_push_back(*it);  // still worth a hit: evicted last
+    else
+      free_list_push_front(*it);  // holds nothing reusable: reused first
+  }
+  seq.block_table.clear();
+  seq.cache_cursor = 0;
+  seq.cache_parent = -1;
+  seq.cache_parent_gen = 0;
+}
+
+void BlockManager::cache_computed_blocks(Sequence& seq) {
+  if (!prefix_caching_ || seq.cache_cursor < 0) return;
+  const int full =
+      std::min(seq.num_computed_tokens / block_size_, static_cast<int>(seq.block_table.size()));
+  if (seq.cache_cursor >= full) return;
+  ensure_hashes(seq, full);
+  for (int i = seq.cache_cursor; i < full; ++i) {
+    const uint64_t h = seq.block_hashes[static_cast<size_t>(i)];
+    const int32_t* toks = seq.tokens.data() + static_cast<size_t>(i) * block_size_;
+    const int own = seq.block_table[static_cast<size_t>(i)];
+    int canonical;
+    auto it = cached_.find(h);
+    if (it == cached_.end()) {
+      Block& k = blocks_[own];
+      ATOM_CHECK(!k.cached, "block {} is already cached under another hash", own);
+      k.cached = true;
+      k.hash = h;
+      k.parent = seq.cache_parent;
+      k.parent_gen = seq.cache_parent_gen;
+      std::memcpy(&block_tokens_[static_cast<size_t>(own) * block_size_], toks,
+                  sizeof(int32_t) * block_size_);
+      cached_.emplace(h, own);
+      canonical = own;
+    } else {
+      const int b = it->second;
+      const Block& k = blocks_[b];
+      const bool same =
+          b == own || (k.parent == seq.cache_parent && k.parent_gen == seq.cache_parent_gen &&
+                       std::memcmp(block_tokens(b), toks, sizeof(int32_t) * block_size_) == 0);
+      if (!same) {  // a collision: nothing after this block can be registered consistently
+        seq.cache_cursor = -1;
+        return;
+      }
+      canonical = b;  // an identical block is registered already; ours stays private
+    }
+    seq.cache_parent = canonical;
+    seq.cache_parent_gen = blocks_[canonical].gen;
+    seq.cache_cursor = i + 1;
+  }
+}
+
+void BlockManager::check_invariants() const {
+  int free_count = 0, walked = 0;
+  for (int b = 0; b < num_blocks_; ++b) {
+    const Block& k = blocks_[b];
+    ATOM_CHECK(k.ref_count >= 0, "block {} has ref count {}", b, k.ref_count);
+    ATOM_CHECK((k.ref_count == 0) == k.in_free_list, "block {}: ref count {} but in free list {}",
+               b, k.ref_count, k.in_free_list);
+    free_count += k.in_free_list;
+    if (k.cached) {
+      auto it = cached_.find(k.hash);
+      ATOM_CHECK(it != cached_.end() && it->second == b, "cached block {} is not in the map", b);
+    }
+  }
+  for (int b = free_head_, prev = -1; b >= 0; prev = b, b = blocks_[b].next) {
+    ATOM_CHECK(blocks_[b].prev == prev, "free list broken at block {}", b);
+    ATOM_CHECK(++walked <= num_blocks_, "free list has a cycle");
+  }
+  ATOM_CHECK(free_count == num_free_ && walked == num_free_,
+             "free blocks: {} flagged, {} linked, {} counted", free_count, walked, num_free_);
+  for (const auto& [h, b] : cached_)
+    ATOM_CHECK(blocks_[b].cached && blocks_[b].hash == h, "map entry for block {} is stale", b);
+}
+
+}  // namespace atom

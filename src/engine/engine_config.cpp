@@ -1,0 +1,94 @@
+#include "engine/engine_config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace atom {
+
+namespace {
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
+  KvCachePlan p;
+  if (c.block_size < 1) fail("block_size must be at least 1, got {}", c.block_size);
+  if (c.max_num_seqs < 1) fail("max_num_seqs must be at least 1, got {}", c.max_num_seqs);
+  if (c.num_speculative_tokens < 0)
+    fail("num_speculative_tokens must be >= 0, got {}", c.num_speculative_tokens);
+  const int64_t model_max = model.config().max_position_embeddings;
+  p.max_model_len = c.max_model_len > 0 ? c.max_model_len : static_cast<int>(model_max);
+  if (c.max_model_len < 0) fail("max_model_len must be positive, got {}", c.max_model_len);
+  if (p.max_model_len > model_max)
+    fail("max_model_len {} is larger than the model's max_position_embeddings {}", p.max_model_len,
+         model_max);
+  p.block_size = c.block_size;
+  p.block_bytes = KvCache::page_bytes(model.cache_specs(), c.block_size);
+  p.state_slot_bytes = KvCache::state_slot_bytes(model.state_specs());
+  if (!model.state_specs().empty()) {
+    p.state_slots_per_request = 1 + c.num_speculative_tokens;
+    p.num_state_slots = c.max_num_seqs * p.state_slots_per_request;
+  }
+  const int64_t state_bytes = static_cast<int64_t>(p.state_slot_bytes) * p.num_state_slots;
+  const int64_t per_seq_blocks = ceil_div(p.max_model_len, c.block_size);
+  const int64_t useful = per_seq_blocks * c.max_num_seqs;
+  if (c.num_gpu_blocks_override > 0) {
+    p.num_blocks = c.num_gpu_blocks_override;
+  } else {
+    const int64_t left = c.kv_cache_memory - state_bytes;
+    if (left <= 0)
+      fail(
+          "kv cache memory {} bytes cannot hold the recurrent state pool: {} slots x {} bytes = {} "
+          "bytes; raise --kv-cache-memory or lower --max-num-seqs",
+          c.kv_cache_memory, p.num_state_slots, p.state_slot_bytes, state_bytes);
+    const int64_t fit = p.block_bytes > 0 ? left / static_cast<int64_t>(p.block_bytes) : useful;
+    p.num_blocks = static_cast<int>(std::min<int64_t>({fit, useful, INT32_MAX / c.block_size}));
+  }
+  if (p.num_blocks < per_seq_blocks) {
+    const std::string source =
+        c.num_gpu_blocks_override > 0
+            ? fmt::format("set by --num-gpu-blocks-override")
+            : fmt::format("from --kv-cache-memory {} bytes minus {} bytes of state slots",
+                          c.kv_cache_memory, state_bytes);
+    fail(
+        "the KV cache holds {} blocks of {} tokens = {} tokens ({} bytes per block, {}), but one "
+        "sequence of max_model_len {} needs {} blocks ({} bytes); raise --kv-cache-memory or "
+        "--num-gpu-blocks-override, or lower --max-model-len",
+        p.num_blocks, c.block_size, static_cast<int64_t>(p.num_blocks) * c.block_size,
+        p.block_bytes, source, p.max_model_len, per_seq_blocks,
+        per_seq_blocks * static_cast<int64_t>(p.block_bytes));
+  }
+  return p;
+}
+
+int64_t byte_size_parse(const std::string& s, const std::string& flag) {
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  std::string unit(end);
+  unit.erase(
+      std::remove_if(unit.begin(), unit.end(), [](unsigned char ch) { return std::isspace(ch); }),
+      unit.end());
+  for (auto& ch : unit) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  double mult = 0;
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kib")
+    mult = 1024.0;
+  else if (unit == "m" || unit == "mib")
+    mult = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "kb")
+    mult = 1e3;
+  else if (unit == "mb")
+    mult = 1e6;
+  else if (unit == "gb")
+    mult = 1e9;
+  if (end == s.c_str() || mult == 0 || !(v > 0))
+    fail("{} '{}': expected a positive size such as 4GiB, 512MiB or 1000000 (bytes)", flag, s);
+  return static_cast<int64_t>(v * mult);
+}
+
+}  // namespace atom

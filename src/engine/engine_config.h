@@ -1,0 +1,45 @@
+// Engine options (vLLM's names) and how the KV cache is sized from them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "models/model.h"
+
+namespace atom {
+
+struct EngineConfig {
+  int max_num_seqs = 256;                // sequences running at once
+  int max_num_batched_tokens = 8192;     // tokens per step (prefill chunks + decodes)
+  int long_prefill_token_threshold = 0;  // > 0: cap on one prompt's chunk per step
+  int block_size = 16;                   // tokens per KV block
+  int max_model_len = 0;                 // 0: the model's max_position_embeddings
+  // Bytes for the KV cache and the state pool on the CPU backend (vLLM's VLLM_CPU_KVCACHE_SPACE;
+  // GPU sizing from measured memory belongs to the CUDA ModelRunner).
+  int64_t kv_cache_memory = int64_t{4} << 30;
+  int num_gpu_blocks_override = 0;  // > 0: exactly this many KV blocks, whatever the memory
+  bool enable_prefix_caching = true;
+  int num_speculative_tokens = 0;  // rollback state slots per request (recurrent models)
+  uint64_t seed = 0;               // draws the seeds of requests that bring none
+};
+
+struct KvCachePlan {
+  int num_blocks = 0;
+  int block_size = 16;
+  int num_state_slots = 0;
+  int state_slots_per_request = 0;  // 0: the model keeps no recurrent state
+  size_t block_bytes = 0;           // one block over all attention layers
+  size_t state_slot_bytes = 0;      // one slot over all recurrent layers
+  int max_model_len = 0;
+};
+
+// The state pool is reserved first (max_num_seqs requests x (1 + num_speculative_tokens) slots),
+// then the rest of kv_cache_memory becomes blocks, never more than max_num_seqs sequences of
+// max_model_len can fill. Refuses (Error with the numbers) when one sequence of max_model_len does
+// not fit, or when max_model_len exceeds the model's.
+KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& config);
+
+// "4GiB", "512MiB", "1G", "1000000" -> bytes; an Error naming `flag` otherwise.
+int64_t byte_size_parse(const std::string& s, const std::string& flag);
+
+}  // namespace atom

@@ -1,0 +1,345 @@
+#include "engine/llm_engine.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace atom {
+
+namespace {
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+}  // namespace
+
+LLMEngine::LLMEngine(Model& model, const EngineConfig& config, const GenerationConfig& generation,
+                     TextStreamFactory text)
+    : model_(model),
+      config_(config),
+      plan_(kv_cache_plan(model, config)),
+      defaults_(sampling_params_defaults(generation)),
+      text_(std::move(text)),
+      runner_(std::make_unique<ModelRunner>(model, plan_.num_blocks, plan_.block_size,
+                                            plan_.num_state_slots)),
+      // Recurrent state summarises a whole prefix, so KV blocks alone cannot resume one: prefix
+      // caching needs state checkpoints (ATOM's --state-checkpoint-interval-tokens), not built yet.
+      blocks_(plan_.num_blocks, plan_.block_size,
+              config.enable_prefix_caching && model.state_specs().empty()),
+      states_(plan_.num_state_slots, plan_.state_slots_per_request),
+      scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
+                                 config.long_prefill_token_threshold},
+                 blocks_, states_),
+      sampler_(std::make_unique<CpuSampler>()),
+      seed_rng_(config.seed) {
+  for (int64_t e : generation.eos_token_ids)
+    if (e >= 0 && e < model.vocab_size()) eos_ids_.push_back(static_cast<int32_t>(e));
+  if (config.enable_prefix_caching && !blocks_.prefix_caching())
+    log_info("prefix caching is off: the model keeps recurrent state");
+  log_info(
+      "engine: {} KV blocks of {} tokens ({:.1f} MiB), {} state slots ({:.1f} MiB), "
+      "max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, prefix caching {}",
+      plan_.num_blocks, plan_.block_size,
+      static_cast<double>(plan_.block_bytes) * plan_.num_blocks / (1 << 20), plan_.num_state_slots,
+      static_cast<double>(plan_.state_slot_bytes) * plan_.num_state_slots / (1 << 20),
+      plan_.max_model_len, config.max_num_seqs, config.max_num_batched_tokens,
+      blocks_.prefix_caching() ? "on" : "off");
+}
+
+LLMEngine::~LLMEngine() = default;
+
+void LLMEngine::add_request(const std::string& request_id, std::vector<int32_t> prompt,
+                            const SamplingParams& params) {
+  if (requests_.count(request_id)) fail("request id '{}' is already in use", request_id);
+  params.validate(model_.vocab_size());
+  if (prompt.empty()) fail("the prompt is empty: at least one token is needed");
+  for (int32_t t : prompt)
+    if (t < 0 || t >= model_.vocab_size())
+      fail("prompt token id {} is outside the vocabulary [0, {})", t, model_.vocab_size());
+  const int P = static_cast<int>(prompt.size());
+  if (P > plan_.max_model_len)
+    fail("The decoder prompt (length {}) is longer than the maximum model length of {}.", P,
+         plan_.max_model_len);
+  if (!params.stop.empty() && !text_)
+    fail("stop strings need a detokenizer and this engine has none; use stop_token_ids");
+
+  auto req = std::make_unique<Request>();
+  req->id = request_id;
+  req->params = params;
+  req->arrival = Clock::now();
+  if (params.min_tokens > 0) {
+    req->min_tokens_suppressed = params.stop_token_ids;
+    if (!params.ignore_eos)
+      req->min_tokens_suppressed.insert(req->min_tokens_suppressed.end(), eos_ids_.begin(),
+                                        eos_ids_.end());
+  }
+  if (params.prompt_logprobs) req->prompt_logprobs.resize(static_cast<size_t>(P));
+  const uint64_t seed = params.seed ? static_cast<uint64_t>(*params.seed) : seed_rng_();
+  // Every token a sequence can hold is reserved now, so decoding appends without reallocating.
+  const size_t capacity = static_cast<size_t>(
+      std::min<int64_t>(int64_t{P} + params.max_tokens, plan_.max_model_len + 1));
+  for (int i = 0; i < params.n; ++i) {
+    auto seq = std::make_unique<Sequence>();
+    seq->request = req.get();
+    seq->index = i;
+    seq->seed = seed + static_cast<uint64_t>(i);  // vLLM: sample i of n uses seed + i
+    seq->tokens.reserve(capacity);
+    seq->tokens = prompt;
+    seq->num_prompt_tokens = P;
+    seq->token_times.reserve(capacity - static_cast<size_t>(P));
+    if (params.logprobs) seq->logprobs.reserve(capacity - static_cast<size_t>(P));
+    if (text_) seq->text_stream = text_(prompt, params.skip_special_tokens);
+    if (i > 0 && blocks_.prefix_caching()) seq->prefix_leader = req->seqs[0].get();
+    seq->collects_prompt_logprobs = i == 0 && params.prompt_logprobs && P > 1;
+    req->seqs.push_back(std::move(seq));
+  }
+  req->prompt = std::move(prompt);
+  Request* r = req.get();
+  requests_.emplace(request_id, std::move(req));
+  for (auto& seq : r->seqs) {
+    if (params.max_tokens == 0 && !seq->collects_prompt_logprobs) {
+      seq->status = SeqStatus::kFinished;  // never queued: nothing to compute
+      finish_sequence(*seq, FinishReason::kLength);
+      continue;
+    }
+    scheduler_.add(seq.get());
+  }
+}
+
+void LLMEngine::finish_sequence(Sequence& seq, FinishReason reason) {
+  if (seq.finish_reason != FinishReason::kNone) return;
+  seq.finish_reason = reason;
+  scheduler_.finish(&seq);
+  Request& req = *seq.request;
+  ++req.num_finished;
+  if (req.finished()) {
+    auto node = requests_.extract(req.id);
+    if (!node.empty()) done_.push_back(std::move(node.mapped()));
+  }
+}
+
+void LLMEngine::append_token(Sequence& seq, int32_t token, Clock::time_point now, StepOutput& out) {
+  const SamplingParams& p = seq.params();
+  seq.tokens.push_back(token);
+  seq.token_times.push_back(now);
+  const int n_out = seq.num_output_tokens();
+  // vLLM's check order: length first, then (past min_tokens) EOS and stop ids, then stop strings.
+  FinishReason finish = FinishReason::kNone;
+  bool stopped_by_token = false;
+  if (seq.num_tokens() >= plan_.max_model_len || n_out >= p.max_tokens) {
+    finish = FinishReason::kLength;
+  } else if (n_out >= p.min_tokens) {
+    if (!p.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end()) {
+      finish = FinishReason::kStop;
+      stopped_by_token = true;
+    } else if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=
+               p.stop_token_ids.end()) {
+      finish = FinishReason::kStop;
+      stopped_by_token = true;
+      seq.stop_reason = token;
+    }
+  }
+  std::string piece;
+  if (seq.text_stream) {
+    // The text of the token that stopped generation is left out unless asked for.
+    if (!stopped_by_token || p.include_stop_str_in_output) piece = seq.text_stream->append(token);
+    if (finish != FinishReason::kNone) piece += seq.text_stream->finish();
+    const size_t before = seq.text.size();
+    seq.text += piece;
+    if (!p.stop.empty() && n_out >= p.min_tokens && !stopped_by_token) {
+      if (auto m = stop_string_find(seq.text, before, p.stop)) {
+        const std::string& s = p.stop[m->stop_index];
+        seq.text.resize(m->pos + (p.include_stop_str_in_output ? s.size() : 0));
+        piece = before < seq.text.size() ? seq.text.substr(before) : std::string();
+        finish = FinishReason::kStop;
+        seq.stop_reason = s;
+      }
+    }
+  }
+  out.tokens.push_back(
+      {&seq.request->id, &seq, seq.index, token, std::move(piece), finish != FinishReason::kNone});
+  ++stats_.generation_tokens;
+  if (finish != FinishReason::kNone) finish_sequence(seq, finish);
+}
+
+void LLMEngine::check_progress(const SchedulerOutput& so) {
+  // Capacity is checked at start-up (one max_model_len sequence always fits), so an idle step with
+  // work queued is a bug, not a state to wait out.
+  ATOM_CHECK(!so.empty(),
+             "scheduler made no progress: {} waiting, {} running, {} of {} blocks free",
+             scheduler_.num_waiting(), scheduler_.num_running(), blocks_.num_free_blocks(),
+             blocks_.num_blocks());
+}
+
+StepOutput LLMEngine::step() {
+  StepOutput out;
+  returned_.clear();  // outputs handed back last step no longer need their requests
+  if (scheduler_.has_unfinished()) {
+    const SchedulerOutput& so = scheduler_.schedule();
+    check_progress(so);
+    out.num_scheduled_tokens = so.num_tokens;
+    out.tokens.reserve(so.seqs.size());
+    batch_build(so, plan_.block_size, batch_, rows_);
+    const Tensor logits = runner_->execute(batch_);
+    const int64_t V = model_.vocab_size();
+
+    tasks_.clear();
+    task_seqs_.clear();
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      Sequence& seq = *rows_[r].seq;
+      Request& req = *seq.request;
+      const SamplingParams& p = req.params;
+      if (rows_[r].prompt_pos >= 0) {
+        const int pos = rows_[r].prompt_pos;
+        auto& slot = req.prompt_logprobs[static_cast<size_t>(pos + 1)];
+        slot.emplace();
+        logprobs_compute(logits.ptr<float>() + static_cast<int64_t>(r) * V, V,
+                         req.prompt[static_cast<size_t>(pos + 1)], *p.prompt_logprobs, *slot,
+                         lp_scratch_);
+        continue;
+      }
+      SampleTask t;
+      t.row = static_cast<int32_t>(r);
+      t.params = &p;
+      t.seed = seq.seed;
+      t.position = seq.num_output_tokens();
+      t.prompt =
+          std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(seq.num_prompt_tokens));
+      t.output = std::span<const int32_t>(seq.tokens.data() + seq.num_prompt_tokens,
+                                          static_cast<size_t>(seq.num_output_tokens()));
+      if (seq.num_output_tokens() < p.min_tokens) t.suppressed = req.min_tokens_suppressed;
+      if (p.logprobs) t.logprob = &seq.logprobs.emplace_back();
+      tasks_.push_back(t);
+      task_seqs_.push_back(&seq);
+    }
+    sampled_.resize(tasks_.size());
+    sampler_->sample(logits, tasks_, sampled_);
+
+    for (const ScheduledSeq& s : so.seqs) {
+      Sequence& seq = *s.seq;
+      const int end = seq.num_computed_tokens + s.num_new_tokens;
+      stats_.prompt_tokens +=
+          std::max(0, std::min(end, seq.num_prompt_tokens) - seq.num_computed_tokens);
+      if (seq.collects_prompt_logprobs) {
+        Request& req = *seq.request;
+        req.prompt_logprobs_done =
+            std::max(req.prompt_logprobs_done, std::min(end + 1, seq.num_prompt_tokens));
+        if (req.prompt_logprobs_done >= seq.num_prompt_tokens) seq.collects_prompt_logprobs = false;
+      }
+    }
+    scheduler_.step_done();
+    const Clock::time_point now = Clock::now();
+    for (size_t i = 0; i < tasks_.size(); ++i) append_token(*task_seqs_[i], sampled_[i], now, out);
+    // max_tokens 0 with prompt_logprobs: done once the prompt is scored.
+    for (const ScheduledSeq& s : so.seqs) {
+      Sequence& seq = *s.seq;
+      if (!seq.finished() && seq.prefill_done() &&
+          seq.num_output_tokens() >= seq.params().max_tokens)
+        finish_sequence(seq, FinishReason::kLength);
+    }
+    ++stats_.num_steps;
+  }
+  for (auto& o : parked_) out.finished.push_back(std::move(o));
+  parked_.clear();
+  for (auto& req : done_) {
+    out.finished.push_back(make_output(*req));
+    returned_.push_back(std::move(req));
+  }
+  done_.clear();
+  return out;
+}
+
+bool LLMEngine::has_unfinished() const {
+  return scheduler_.has_unfinished() || !done_.empty() || !parked_.empty();
+}
+
+RequestOutput LLMEngine::make_output(const Request& req) const {
+  RequestOutput o;
+  o.request_id = req.id;
+  o.prompt_token_ids = req.prompt;
+  // Copies, not moves: this step's token events still point into the sequences.
+  o.prompt_logprobs = req.prompt_logprobs;
+  o.finished = req.finished();
+  Clock::time_point last = req.arrival;
+  for (const auto& seq : req.seqs) {
+    CompletionOutput c;
+    c.index = seq->index;
+    c.text = seq->text;
+    c.token_ids.assign(seq->tokens.begin() + seq->num_prompt_tokens, seq->tokens.end());
+    c.logprobs = seq->logprobs;
+    c.finish_reason = seq->finish_reason;
+    c.stop_reason = seq->stop_reason;
+    c.num_cached_tokens = std::max(0, seq->num_cached_tokens);
+    c.num_preemptions = seq->num_preemptions;
+    for (const auto& t : seq->token_times) c.token_times.push_back(seconds(t - req.arrival));
+    if (!c.token_times.empty()) {
+      c.ttft = c.token_times.front();
+      if (c.token_times.size() > 1)
+        c.tpot = (c.token_times.back() - c.token_times.front()) /
+                 static_cast<double>(c.token_times.size() - 1);
+      last = std::max(last, seq->token_times.back());
+    }
+    o.outputs.push_back(std::move(c));
+  }
+  o.e2e_latency = seconds((o.finished ? last : Clock::now()) - req.arrival);
+  return o;
+}
+
+std::optional<RequestOutput> LLMEngine::abort(const std::string& request_id) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return std::nullopt;
+  std::unique_ptr<Request> req = std::move(it->second);
+  requests_.erase(it);
+  for (auto& seq : req->seqs) {
+    if (seq->finish_reason != FinishReason::kNone) continue;
+    seq->finish_reason = FinishReason::kAbort;
+    scheduler_.finish(seq.get());  // returns its blocks and slots, wherever it was
+    ++req->num_finished;
+  }
+  return make_output(*req);
+}
+
+std::vector<RequestOutput> LLMEngine::generate(const std::vector<std::vector<int32_t>>& prompts,
+                                               const SamplingParams& params) {
+  return generate(prompts, std::vector<SamplingParams>(prompts.size(), params));
+}
+
+std::vector<RequestOutput> LLMEngine::generate(const std::vector<std::vector<int32_t>>& prompts,
+                                               const std::vector<SamplingParams>& params) {
+  ATOM_CHECK(params.size() == prompts.size(), "generate: {} prompts but {} parameter sets",
+             prompts.size(), params.size());
+  std::unordered_map<std::string, size_t> index;
+  std::vector<RequestOutput> results(prompts.size());
+  try {
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const std::string id = "generate-" + std::to_string(next_generate_id_++);
+      add_request(id, prompts[i], params[i]);
+      index.emplace(id, i);
+    }
+  } catch (...) {
+    for (const auto& [id, i] : index) abort(id);
+    throw;
+  }
+  size_t remaining = prompts.size();
+  while (remaining > 0 && has_unfinished()) {
+    StepOutput s = step();
+    for (auto& o : s.finished) {
+      auto it = index.find(o.request_id);
+      if (it == index.end()) {  // queued by add_request: hand it out at the next step()
+        parked_.push_back(std::move(o));
+        continue;
+      }
+      results[it->second] = std::move(o);
+      --remaining;
+    }
+  }
+  return results;
+}
+
+EngineStats LLMEngine::stats() const {
+  EngineStats s = stats_;
+  s.num_preemptions = scheduler_.stats().num_preemptions;
+  s.prefix_cache_queries = scheduler_.stats().prefix_cache_queries;
+  s.prefix_cache_hits = scheduler_.stats().prefix_cache_hits;
+  return s;
+}
+
+}  // namespace atom

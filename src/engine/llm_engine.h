@@ -1,0 +1,117 @@
+// The offline engine: requests in, continuous batching over a paged KV cache with prefix caching,
+// outputs back. Single-threaded: add_request, abort and step are called from one thread (a server
+// puts a queue in front).
+//
+//   LLMEngine engine(model, config, generation_config_load(dir));
+//   SamplingParams p = engine.default_params();   // generation_config.json, then vLLM's
+//   p.temperature = 0;
+//   auto outs = engine.generate({{1, 2, 3}, {4, 5}}, p);
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/batch_builder.h"
+#include "engine/block_manager.h"
+#include "engine/engine_config.h"
+#include "engine/model_runner.h"
+#include "engine/request_output.h"
+#include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "engine/state_pool.h"
+
+namespace atom {
+
+struct EngineStats {
+  int64_t num_steps = 0;
+  int64_t num_preemptions = 0;
+  int64_t prefix_cache_queries = 0;  // tokens
+  int64_t prefix_cache_hits = 0;     // tokens
+  int64_t prompt_tokens = 0;         // computed (not served from the cache)
+  int64_t generation_tokens = 0;
+};
+
+class LLMEngine {
+ public:
+  // text: makes each sequence's detokenizer; without one, outputs carry no text and stop strings
+  // are refused.
+  LLMEngine(Model& model, const EngineConfig& config, const GenerationConfig& generation = {},
+            TextStreamFactory text = {});
+  ~LLMEngine();
+  LLMEngine(const LLMEngine&) = delete;
+  LLMEngine& operator=(const LLMEngine&) = delete;
+
+  // Request defaults: the model's generation_config.json, then vLLM's.
+  const SamplingParams& default_params() const { return defaults_; }
+
+  // Queues a request. Errors (atom::Error, naming the parameter) on invalid parameters, an empty
+  // or out-of-vocabulary prompt, a prompt longer than max_model_len, a duplicate id, or stop
+  // strings without a detokenizer.
+  void add_request(const std::string& request_id, std::vector<int32_t> prompt_token_ids,
+                   const SamplingParams& params);
+  // Ends a request wherever it is (waiting, prefilling, decoding), returning all its blocks.
+  // Returns its final output (finish_reason abort for unfinished samples), or nothing when the
+  // id is unknown or already finished.
+  std::optional<RequestOutput> abort(const std::string& request_id);
+  // Runs one scheduling step and forward pass.
+  StepOutput step();
+  bool has_unfinished() const;
+
+  // Runs the prompts to completion; outputs in prompt order. Requests queued with add_request run
+  // alongside; their outputs come out of the next step().
+  std::vector<RequestOutput> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                      const SamplingParams& params);
+  std::vector<RequestOutput> generate(const std::vector<std::vector<int32_t>>& prompts,
+                                      const std::vector<SamplingParams>& params);
+
+  // Replaces the CPU sampler (a GPU sampler slots in here).
+  void set_sampler(std::unique_ptr<Sampler> sampler) { sampler_ = std::move(sampler); }
+
+  const KvCachePlan& kv_plan() const { return plan_; }
+  const EngineConfig& config() const { return config_; }
+  EngineStats stats() const;
+  const BlockManager& block_manager() const { return blocks_; }
+  const StatePool& state_pool() const { return states_; }
+  const Scheduler& scheduler() const { return scheduler_; }
+  int num_requests() const { return static_cast<int>(requests_.size()); }
+
+ private:
+  void append_token(Sequence& seq, int32_t token, Clock::time_point now, StepOutput& out);
+  void finish_sequence(Sequence& seq, FinishReason reason);
+  RequestOutput make_output(const Request& req) const;
+  void check_progress(const SchedulerOutput& so);
+
+  Model& model_;
+  EngineConfig config_;
+  KvCachePlan plan_;
+  SamplingParams defaults_;
+  std::vector<int32_t> eos_ids_;
+  TextStreamFactory text_;
+  std::unique_ptr<ModelRunner> runner_;
+  BlockManager blocks_;
+  StatePool states_;
+  Scheduler scheduler_;
+  std::unique_ptr<Sampler> sampler_;
+  std::mt19937_64 seed_rng_;  // seeds for requests without one (engine-local, not global)
+
+  std::unordered_map<std::string, std::unique_ptr<Request>> requests_;
+  std::vector<std::unique_ptr<Request>> done_;      // finished, output not yet returned
+  std::vector<std::unique_ptr<Request>> returned_;  // returned last step; events point into them
+  std::vector<RequestOutput> parked_;  // others' outputs seen by generate(), for the next step()
+  uint64_t next_generate_id_ = 0;
+  EngineStats stats_;
+
+  // Per-step scratch, kept to avoid allocations.
+  Batch batch_;
+  std::vector<LogitsRow> rows_;
+  std::vector<SampleTask> tasks_;
+  std::vector<Sequence*> task_seqs_;
+  std::vector<int32_t> sampled_;
+  std::vector<int32_t> lp_scratch_;
+};
+
+}  // namespace atom

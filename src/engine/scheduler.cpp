@@ -1,0 +1,172 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace atom {
+
+Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks, StatePool& states)
+    : config_(config), blocks_(blocks), states_(states) {
+  if (config.max_num_seqs < 1) fail("max_num_seqs must be at least 1, got {}", config.max_num_seqs);
+  if (config.max_num_batched_tokens < config.max_num_seqs)
+    fail("max_num_batched_tokens ({}) must be greater than or equal to max_num_seqs ({})",
+         config.max_num_batched_tokens, config.max_num_seqs);
+  if (config.long_prefill_token_threshold < 0)
+    fail("long_prefill_token_threshold must be >= 0, got {}", config.long_prefill_token_threshold);
+  running_.reserve(static_cast<size_t>(config.max_num_seqs));
+  out_.seqs.reserve(static_cast<size_t>(config.max_num_seqs));
+}
+
+void Scheduler::add(Sequence* seq) {
+  ATOM_CHECK(seq->status == SeqStatus::kWaiting && seq->block_table.empty(),
+             "scheduler: a new sequence must be waiting and hold no blocks");
+  waiting_.push_back(seq);
+  ++num_unfinished_;
+}
+
+void Scheduler::finish(Sequence* seq) {
+  if (seq->finished()) return;
+  // Dropped from the queues now: the caller may destroy the sequence once it is finished.
+  if (seq->status == SeqStatus::kWaiting) {
+    auto it = std::find(waiting_.begin(), waiting_.end(), seq);
+    if (it != waiting_.end()) waiting_.erase(it);
+  } else {
+    auto it = std::find(running_.begin(), running_.end(), seq);
+    if (it != running_.end()) running_.erase(it);
+  }
+  seq->in_step = false;
+  blocks_.free(*seq);
+  states_.free(*seq);
+  seq->status = SeqStatus::kFinished;
+  --num_unfinished_;
+}
+
+void Scheduler::preempt(Sequence* seq) {
+  blocks_.free(*seq);
+  states_.free(*seq);
+  seq->num_computed_tokens = 0;
+  seq->status = SeqStatus::kWaiting;
+  ++seq->num_preemptions;
+  ++stats_.num_preemptions;
+  preempted_this_step_ = true;
+  waiting_.push_front(seq);
+}
+
+// The most recently admitted running sequence that has no work in this step yet.
+Sequence* Scheduler::pick_victim() {
+  for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
+    Sequence* s = *it;
+    if (!s->finished() && !s->in_step) {
+      running_.erase(std::next(it).base());
+      return s;
+    }
+  }
+  return nullptr;
+}
+
+// Grows seq's blocks for num_new_tokens, preempting others (or, last, seq itself) until it fits.
+bool Scheduler::schedule_running(Sequence* seq, int num_new_tokens) {
+  seq->in_step = true;  // never its own victim while others remain
+  while (!blocks_.append_slots(*seq, num_new_tokens)) {
+    Sequence* victim = pick_victim();
+    if (!victim) {  // everyone else is in this step already: give way
+      seq->in_step = false;
+      running_.erase(std::find(running_.begin(), running_.end(), seq));
+      preempt(seq);
+      return false;
+    }
+    preempt(victim);
+  }
+  out_.seqs.push_back({seq, num_new_tokens});
+  out_.num_tokens += num_new_tokens;
+  return true;
+}
+
+bool Scheduler::waits_for_leader(const Sequence* seq) const {
+  const Sequence* l = seq->prefix_leader;
+  return l && !l->finished() && (l->status == SeqStatus::kWaiting || !l->prefill_done());
+}
+
+void Scheduler::admit_waiting(int& budget) {
+  const int bs = blocks_.block_size();
+  auto it = waiting_.begin();
+  while (budget > 0 && static_cast<int>(running_.size()) < config_.max_num_seqs &&
+         it != waiting_.end()) {
+    Sequence* seq = *it;
+    if (waits_for_leader(seq)) {  // its sibling computes the shared prompt first
+      ++it;
+      continue;
+    }
+    if (!states_.can_allocate()) break;
+    if (seq->collects_prompt_logprobs)
+      hits_.clear();
+    else
+      blocks_.find_cached_prefix(*seq, hits_);
+    const int cached = static_cast<int>(hits_.size()) * bs;
+    int n = seq->num_tokens() - cached;
+    if (config_.long_prefill_token_threshold > 0)
+      n = std::min(n, config_.long_prefill_token_threshold);
+    n = std::min(n, budget);
+    if (!blocks_.allocate(*seq, hits_, n)) break;  // FCFS: nobody overtakes the head
+    ATOM_CHECK(states_.allocate(*seq), "state pool exhausted after can_allocate");
+    stats_.prefix_cache_queries += seq->num_tokens();
+    stats_.prefix_cache_hits += cached;
+    if (seq->num_cached_tokens < 0) seq->num_cached_tokens = cached;
+    seq->num_computed_tokens = cached;
+    seq->status = SeqStatus::kRunning;
+    seq->in_step = true;
+    running_.push_back(seq);
+    out_.seqs.push_back({seq, n});
+    out_.num_tokens += n;
+    budget -= n;
+    it = waiting_.erase(it);
+  }
+}
+
+const SchedulerOutput& Scheduler::schedule() {
+  out_.seqs.clear();  // its sequences may be gone: step_done() already reset their flags
+  out_.num_tokens = 0;
+  preempted_this_step_ = false;
+
+  int budget = config_.max_num_batched_tokens;
+  // Preemption removes sequences from running_, so walk a snapshot and skip whoever left.
+  order_.assign(running_.begin(), running_.end());
+  // 1. Decodes.
+  for (Sequence* seq : order_) {
+    if (budget == 0) break;
+    if (seq->status != SeqStatus::kRunning || seq->in_step ||
+        seq->num_tokens() - seq->num_computed_tokens != 1)
+      continue;
+    if (!schedule_running(seq, 1)) break;  // seq itself gave way: nothing else can fit
+    --budget;
+  }
+  // 2. Prefill chunks (and recomputes) of running sequences.
+  for (Sequence* seq : order_) {
+    if (budget == 0) break;
+    if (seq->status != SeqStatus::kRunning || seq->in_step) continue;
+    int n = seq->num_tokens() - seq->num_computed_tokens;
+    ATOM_CHECK(n > 0, "running sequence has nothing to compute");
+    if (config_.long_prefill_token_threshold > 0)
+      n = std::min(n, config_.long_prefill_token_threshold);
+    n = std::min(n, budget);
+    if (!schedule_running(seq, n)) break;
+    budget -= n;
+  }
+  // 3. New work, unless memory is short right now.
+  if (!preempted_this_step_) admit_waiting(budget);
+  return out_;
+}
+
+void Scheduler::step_done() {
+  for (const ScheduledSeq& s : out_.seqs) {
+    Sequence* seq = s.seq;
+    seq->in_step = false;
+    if (seq->finished()) continue;
+    seq->num_computed_tokens += s.num_new_tokens;
+    ATOM_CHECK(seq->num_computed_tokens <= seq->num_tokens(), "computed past the known tokens");
+    blocks_.cache_computed_blocks(*seq);
+  }
+}
+
+}  // namespace atom

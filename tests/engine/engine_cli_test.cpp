@@ -1,0 +1,124 @@
+// The `atom generate` and `atom bench` command lines, run as a user (and acceptance checks) would:
+// --prompt-tokens ... --json keeps printing exactly {prompt_token_ids, token_ids, finish_reason}
+// per prompt with the fixture's transformers greedy tokens; JSONL input and bench JSON work.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/fixtures.h"
+#include "common/test_util.h"
+
+namespace atom::test {
+namespace {
+
+// Runs the atom binary; returns stdout lines (stderr carries logs).
+std::vector<std::string> run_atom(const std::string& args, int* status = nullptr) {
+  const std::string cmd = fmt::format("{}/atom {} 2>/dev/null", ATOM_BINARY_DIR, args);
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (p && fgets(buf, sizeof buf, p)) out += buf;
+  const int rc = p ? pclose(p) : -1;
+  if (status) *status = rc;
+  std::vector<std::string> lines;
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+std::string join(const std::vector<int32_t>& v) { return fmt::format("{}", fmt::join(v, ",")); }
+
+TEST(EngineCli, GeneratePromptTokensJsonMatchesTransformers) {
+  const Reference ref = reference_load("llama3_gqa");
+  const auto lines = run_atom(
+      fmt::format("generate --model {} --prompt-tokens {} --prompt-tokens 1,2,3 --max-tokens {} "
+                  "--temperature 0 "
+                  "--ignore-eos --json",
+                  fixture_dir("llama3_gqa"), join(ref.greedy_prompt), ref.greedy_tokens.size()));
+  ASSERT_EQ(lines.size(), 2u);
+  const auto j = nlohmann::json::parse(lines[0]);
+  EXPECT_EQ(j.size(), 3u) << lines[0];
+  EXPECT_EQ(j.at("prompt_token_ids").get<std::vector<int32_t>>(), ref.greedy_prompt);
+  EXPECT_EQ(j.at("token_ids").get<std::vector<int32_t>>(), ref.greedy_tokens);
+  EXPECT_EQ(j.at("finish_reason"), "length");
+  EXPECT_EQ(nlohmann::json::parse(lines[1]).at("prompt_token_ids").get<std::vector<int32_t>>(),
+            (std::vector<int32_t>{1, 2, 3}));
+  // Without --json: the generated ids, comma-separated.
+  const auto plain = run_atom(fmt::format(
+      "generate --model {} --prompt-tokens {} --max-tokens 16 --temperature 0 --ignore-eos",
+      fixture_dir("llama3_gqa"), join(ref.greedy_prompt)));
+  ASSERT_EQ(plain.size(), 1u);
+  EXPECT_EQ(plain[0], join(ref.greedy_tokens));
+}
+
+TEST(EngineCli, GenerateJsonlInput) {
+  const Reference ref = reference_load("qwen3_tied");
+  TempDir dir;
+  const std::string path = dir.file("requests.jsonl");
+  {
+    std::ofstream f(path);
+    f << nlohmann::json{{"prompt_token_ids", ref.greedy_prompt},
+                        {"max_tokens", 16},
+                        {"ignore_eos", true}}
+             .dump()
+      << "\n\n";
+    f << R"({"prompt_token_ids": [5, 6, 7], "max_tokens": 4, "temperature": 0.8, "seed": 3, "n": 2, "logprobs": 2})"
+      << "\n";
+  }
+  int rc = 0;
+  const auto lines = run_atom(fmt::format("generate --model {} --input {} --json --metrics",
+                                          fixture_dir("qwen3_tied"), path),
+                              &rc);
+  EXPECT_EQ(rc, 0);
+  ASSERT_EQ(lines.size(), 3u);
+  const auto a = nlohmann::json::parse(lines[0]);
+  EXPECT_EQ(a.at("token_ids").get<std::vector<int32_t>>(), ref.greedy_tokens);
+  EXPECT_TRUE(a.at("metrics").contains("ttft"));
+  const auto b0 = nlohmann::json::parse(lines[1]), b1 = nlohmann::json::parse(lines[2]);
+  EXPECT_EQ(b0.at("index"), 0);
+  EXPECT_EQ(b1.at("index"), 1);
+  EXPECT_EQ(b0.at("token_ids").size(), 4u);
+  EXPECT_EQ(b0.at("logprobs").size(), 4u);
+  EXPECT_EQ(b0.at("logprobs")[0].at("top_logprobs").size(), 2u);
+
+  std::ofstream(path) << R"({"prompt_token_ids": [5], "top_p": 1.5})"
+                      << "\n";
+  run_atom(fmt::format("generate --model {} --input {}", fixture_dir("qwen3_tied"), path), &rc);
+  EXPECT_NE(rc, 0) << "an invalid request is an error";
+}
+
+TEST(EngineCli, BenchThroughputAndLatencyWriteJson) {
+  TempDir dir;
+  const std::string out = dir.file("bench.json");
+  int rc = 0;
+  auto lines = run_atom(fmt::format("bench throughput --model {} --input-len 20 --output-len 4 "
+                                    "--num-prompts 6 --output-json {}",
+                                    fixture_dir("llama3_gqa"), out),
+                        &rc);
+  EXPECT_EQ(rc, 0);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines[0].rfind("Throughput: ", 0), 0u) << lines[0];
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(out));
+  EXPECT_EQ(j.at("num_requests"), 6);
+  EXPECT_EQ(j.at("total_num_tokens"), 6 * 24);
+  EXPECT_GT(j.at("tokens_per_second").get<double>(), 0);
+  lines =
+      run_atom(fmt::format("bench latency --model {} --input-len 8 --output-len 3 --batch-size 2 "
+                           "--num-iters 2 --num-iters-warmup 1 --output-json {}",
+                           fixture_dir("llama3_gqa"), out),
+               &rc);
+  EXPECT_EQ(rc, 0);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines[0].rfind("Avg latency: ", 0), 0u) << lines[0];
+  j = nlohmann::json::parse(std::ifstream(out));
+  EXPECT_EQ(j.at("latencies").size(), 2u);
+  EXPECT_TRUE(j.at("percentiles").contains("99"));
+}
+
+}  // namespace
+}  // namespace atom::test

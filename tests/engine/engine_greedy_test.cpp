@@ -1,0 +1,183 @@
+// Greedy outputs never depend on who else is in the batch: a request alone matches transformers'
+// greedy tokens (the fixtures' references), and every request of a 31-request workload of mixed
+// lengths matches the single-sequence runner (generate_greedy, which shares no scheduling, block
+// or batching code with the engine) whether batched, chunked, preempted and recomputed, or served
+// from the prefix cache.
+#include "engine_test_util.h"
+
+namespace atom::test {
+namespace {
+
+class EngineGreedy : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EngineGreedy, AloneMatchesTransformers) {
+  const Reference ref = reference_load(GetParam());
+  Model& model = fixture_model(GetParam());
+  LLMEngine engine(model, test_config());
+  const auto out =
+      engine.generate({ref.greedy_prompt}, greedy(static_cast<int>(ref.greedy_tokens.size())));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].outputs.at(0).token_ids, ref.greedy_tokens);
+  EXPECT_EQ(out[0].outputs[0].finish_reason, FinishReason::kLength);
+  expect_engine_idle(engine);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, EngineGreedy, ::testing::ValuesIn(fixture_names()),
+                         [](const auto& info) { return info.param; });
+
+struct Scenario {
+  std::string name;
+  EngineConfig config;
+  bool run_twice = false;  // second pass hits the prefix cache
+  bool expect_preemption = false;
+};
+
+std::vector<Scenario> scenarios() {
+  std::vector<Scenario> s;
+  s.push_back({"one_batch", test_config()});
+  Scenario chunked{"chunked_mixed_steps", test_config()};
+  chunked.config.max_num_seqs = 8;
+  chunked.config.max_num_batched_tokens = 16;
+  s.push_back(chunked);
+  Scenario thr{"long_prefill_threshold_no_cache", test_config()};
+  thr.config.long_prefill_token_threshold = 5;
+  thr.config.enable_prefix_caching = false;
+  s.push_back(thr);
+  Scenario pre{"preempted", test_config()};
+  pre.config.max_model_len = 128;
+  pre.config.num_gpu_blocks_override = 10;  // 8 hold one longest sequence
+  pre.config.max_num_seqs = 8;
+  pre.config.max_num_batched_tokens = 64;
+  pre.expect_preemption = true;
+  s.push_back(pre);
+  Scenario cached{"prefix_cache_small_blocks", test_config()};
+  cached.config.block_size = 4;
+  cached.run_twice = true;
+  s.push_back(cached);
+  return s;
+}
+
+class EngineWorkload : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EngineWorkload, EveryRequestMatchesTheSingleSequenceRunner) {
+  const Reference ref = reference_load(GetParam());
+  Model& model = fixture_model(GetParam());
+  Workload w = random_workload(30, 100, 20, model.vocab_size(), 17);
+  // The fixture's own greedy prompt sits in the middle of the batch.
+  w.prompts.insert(w.prompts.begin() + 15, ref.greedy_prompt);
+  w.params.insert(w.params.begin() + 15, greedy(static_cast<int>(ref.greedy_tokens.size())));
+  std::vector<std::vector<int32_t>> want;
+  for (size_t i = 0; i < w.prompts.size(); ++i)
+    want.push_back(
+        generate_greedy(model, w.prompts[i], w.params[i].max_tokens, {}, true).token_ids);
+  ASSERT_EQ(want[15], ref.greedy_tokens);
+
+  for (const Scenario& sc : scenarios()) {
+    SCOPED_TRACE(sc.name);
+    LLMEngine engine(model, sc.config);
+    for (int pass = 0; pass < (sc.run_twice ? 2 : 1); ++pass) {
+      const auto out = engine.generate(w.prompts, w.params);
+      int cached = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        const CompletionOutput& c = out[i].outputs.at(0);
+        EXPECT_EQ(c.token_ids, want[i]) << "request " << i << " pass " << pass;
+        EXPECT_EQ(c.finish_reason, FinishReason::kLength);
+        cached += c.num_cached_tokens;
+        EXPECT_EQ(c.token_times.size(), c.token_ids.size());
+        EXPECT_GT(c.ttft, 0);
+      }
+      if (pass == 1) {
+        EXPECT_GT(cached, 500) << "the second pass should be served from the cache";
+      }
+      expect_engine_idle(engine);
+    }
+    if (sc.expect_preemption) {
+      EXPECT_GT(engine.stats().num_preemptions, 0);
+    }
+    if (sc.name == "one_batch") {
+      EXPECT_LT(engine.stats().num_steps, 25);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, EngineWorkload, ::testing::Values("llama3_gqa", "qwen3_sliding"),
+                         [](const auto& info) { return info.param; });
+
+TEST(EngineStops, StopTokenIdsEosAndMinTokens) {
+  Model& model = fixture_model("llama3_gqa");
+  const Reference ref = reference_load("llama3_gqa");
+  const std::vector<int32_t>& full = ref.greedy_tokens;
+  ASSERT_GE(full.size(), 6u);
+  const int32_t stop = full[2];
+  const size_t first = std::find(full.begin(), full.end(), stop) - full.begin();
+
+  LLMEngine engine(model, test_config());
+  SamplingParams p = greedy(static_cast<int>(full.size()));
+  p.stop_token_ids = {stop};
+  auto out = engine.generate({ref.greedy_prompt}, p).at(0).outputs.at(0);
+  EXPECT_EQ(out.token_ids, std::vector<int32_t>(full.begin(), full.begin() + first + 1));
+  EXPECT_EQ(out.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(std::get<int32_t>(out.stop_reason), stop);
+
+  // As an EOS id from generation_config.json it stops too, with no stop_reason; ignore_eos runs on.
+  GenerationConfig gen;
+  gen.eos_token_ids = {stop};
+  LLMEngine with_eos(model, test_config(), gen);
+  p.stop_token_ids.clear();
+  p.ignore_eos = false;
+  out = with_eos.generate({ref.greedy_prompt}, p).at(0).outputs.at(0);
+  EXPECT_EQ(out.token_ids.size(), first + 1);
+  EXPECT_EQ(out.finish_reason, FinishReason::kStop);
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(out.stop_reason));
+  EXPECT_EQ(generate_greedy(model, ref.greedy_prompt, p.max_tokens, {stop}, false).token_ids,
+            out.token_ids);
+  p.ignore_eos = true;
+  EXPECT_EQ(with_eos.generate({ref.greedy_prompt}, p).at(0).outputs.at(0).token_ids, full);
+
+  // min_tokens: the stop id may not be drawn before then.
+  p.ignore_eos = false;
+  p.min_tokens = static_cast<int>(first) + 2;
+  out = with_eos.generate({ref.greedy_prompt}, p).at(0).outputs.at(0);
+  ASSERT_GE(out.token_ids.size(), static_cast<size_t>(p.min_tokens));
+  for (int i = 0; i < p.min_tokens; ++i) EXPECT_NE(out.token_ids[i], stop);
+  EXPECT_EQ(std::vector<int32_t>(out.token_ids.begin(), out.token_ids.begin() + first),
+            std::vector<int32_t>(full.begin(), full.begin() + first));
+
+  // Length wins when the last allowed token is the stop token (vLLM's order).
+  p.min_tokens = 0;
+  p.max_tokens = static_cast<int>(first) + 1;
+  EXPECT_EQ(with_eos.generate({ref.greedy_prompt}, p).at(0).outputs.at(0).finish_reason,
+            FinishReason::kLength);
+  expect_engine_idle(with_eos);
+}
+
+TEST(EngineApi, StepDrivenRequestsAndGenerateShareTheEngine) {
+  Model& model = fixture_model("qwen3_tied");
+  LLMEngine engine(model, test_config());
+  const std::vector<int32_t> a = {5, 6, 7, 8}, b = {9, 10, 11};
+  engine.add_request("mine", a, greedy(30));
+  const auto out = engine.generate({b}, greedy(4));
+  EXPECT_EQ(out.at(0).outputs.at(0).token_ids, generate_greedy(model, b, 4, {}, true).token_ids);
+  std::vector<RequestOutput> later;
+  std::vector<int32_t> streamed;
+  while (engine.has_unfinished()) {
+    StepOutput s = engine.step();
+    for (const TokenEvent& e : s.tokens) {
+      EXPECT_EQ(*e.request_id, "mine");
+      EXPECT_EQ(e.seq->tokens.back(), e.token_id);
+      streamed.push_back(e.token_id);
+    }
+    for (auto& o : s.finished) later.push_back(std::move(o));
+  }
+  ASSERT_EQ(later.size(), 1u);
+  EXPECT_EQ(later[0].request_id, "mine");
+  const auto want = generate_greedy(model, a, 30, {}, true).token_ids;
+  EXPECT_EQ(later[0].outputs.at(0).token_ids, want);
+  // Tokens produced while generate() ran are in the output, the rest were streamed after.
+  ASSERT_LE(streamed.size(), want.size());
+  EXPECT_TRUE(std::equal(streamed.begin(), streamed.end(), want.end() - streamed.size()));
+  expect_engine_idle(engine);
+}
+
+}  // namespace
+}  // namespace atom::test

@@ -1,0 +1,266 @@
+// The engine's sampling-facing behaviour on a real model: seeded sampling is identical across
+// batch compositions, n > 1 shares the prompt's blocks and matches seed + i, logprobs equal
+// log_softmax of the model's own logits (score_tokens), stop strings split across tokens, abort
+// frees everything, and bad requests or configurations fail naming the problem.
+#include "engine_test_util.h"
+
+namespace atom::test {
+namespace {
+
+SamplingParams seeded(int64_t seed, int max_tokens) {
+  SamplingParams p;
+  p.temperature = 0.9;
+  p.top_p = 0.9;
+  p.top_k = 40;
+  p.min_p = 0.01;
+  p.repetition_penalty = 1.1;
+  p.presence_penalty = 0.2;
+  p.frequency_penalty = 0.1;
+  p.seed = seed;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+TEST(EngineSampling, SeededSamplingIsIdenticalAcrossBatchCompositions) {
+  Model& model = fixture_model("llama3_gqa");
+  std::vector<int32_t> prompt = {5, 17, 300, 42, 42, 9, 77, 123, 31, 8, 64, 200, 11, 13};
+  for (int i = 0; i < 26; ++i) prompt.push_back(3 + (i * 31) % 700);
+  const SamplingParams p = seeded(1234, 24);
+  LLMEngine alone_engine(model, test_config());
+  const auto alone = alone_engine.generate({prompt}, p).at(0).outputs.at(0).token_ids;
+  ASSERT_EQ(alone.size(), 24u);
+  // The draw is a pure function of (seed, position); a different seed must change it.
+  SamplingParams other = p;
+  other.seed = 99;
+  EXPECT_NE(alone_engine.generate({prompt}, other).at(0).outputs.at(0).token_ids, alone);
+
+  Workload w = random_workload(30, 80, 16, model.vocab_size(), 5);
+  for (size_t i = 0; i < w.params.size(); ++i)
+    if (i % 2) w.params[i] = seeded(static_cast<int64_t>(i), w.params[i].max_tokens);
+  w.prompts.insert(w.prompts.begin() + 7, prompt);
+  w.params.insert(w.params.begin() + 7, p);
+
+  EngineConfig chunked = test_config();
+  chunked.max_num_seqs = 6;
+  chunked.max_num_batched_tokens = 12;
+  EngineConfig preempt = test_config();
+  preempt.max_model_len = 112;
+  preempt.num_gpu_blocks_override = 9;
+  preempt.max_num_seqs = 8;
+  preempt.max_num_batched_tokens = 40;
+  for (const EngineConfig& c : {test_config(), chunked, preempt}) {
+    LLMEngine engine(model, c);
+    const auto out = engine.generate(w.prompts, w.params);
+    EXPECT_EQ(out[7].outputs.at(0).token_ids, alone);
+    // Served from the prefix cache on a second pass, with a different neighbourhood.
+    const auto again = engine.generate({w.prompts[3], prompt}, {w.params[3], p});
+    if (!c.num_gpu_blocks_override) {  // (nine blocks cannot keep it cached)
+      EXPECT_GT(again[1].outputs[0].num_cached_tokens, 0);
+    }
+    EXPECT_EQ(again[1].outputs.at(0).token_ids, alone);
+    if (c.num_gpu_blocks_override) {
+      EXPECT_GT(engine.stats().num_preemptions, 0);
+    }
+    expect_engine_idle(engine);
+  }
+}
+
+TEST(EngineSampling, ParallelSamplesShareThePromptAndMatchSeedPlusIndex) {
+  Model& model = fixture_model("llama3_gqa");
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(3 + (i * 37) % 900);
+  LLMEngine engine(model, test_config());
+  SamplingParams p = seeded(500, 10);
+  p.n = 3;
+  const auto out = engine.generate({prompt}, p).at(0);
+  ASSERT_EQ(out.outputs.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    SamplingParams single = seeded(500 + i, 10);
+    EXPECT_EQ(out.outputs[i].index, i);
+    EXPECT_EQ(out.outputs[i].token_ids,
+              engine.generate({prompt}, single).at(0).outputs.at(0).token_ids)
+        << "sample " << i;
+    if (i > 0) {
+      EXPECT_EQ(out.outputs[i].num_cached_tokens, 32) << "the prompt's full blocks are shared";
+    }
+  }
+  EXPECT_NE(out.outputs[0].token_ids, out.outputs[1].token_ids);
+  SamplingParams g = greedy(8);
+  g.n = 4;
+  const auto gout = engine.generate({prompt}, g).at(0);
+  const auto want = generate_greedy(model, prompt, 8, {}, true).token_ids;
+  for (const auto& c : gout.outputs) EXPECT_EQ(c.token_ids, want);
+  expect_engine_idle(engine);
+}
+
+TEST(EngineSampling, LogprobsEqualLogSoftmaxOfTheModelsLogits) {
+  Model& model = fixture_model("llama3_gqa");
+  const int64_t V = model.vocab_size();
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 37; ++i) prompt.push_back(3 + (i * 101) % 997);
+  SamplingParams p = seeded(8, 12);
+  p.logprobs = 5;
+  p.prompt_logprobs = 3;
+  // Chunked and crowded, so prompt rows arrive over several steps and share batches.
+  EngineConfig c = test_config();
+  c.max_num_seqs = 4;
+  c.max_num_batched_tokens = 9;
+  LLMEngine engine(model, c);
+  Workload w = random_workload(6, 30, 8, V, 3);
+  w.prompts.insert(w.prompts.begin() + 2, prompt);
+  w.params.insert(w.params.begin() + 2, p);
+  const RequestOutput o = engine.generate(w.prompts, w.params).at(2);
+  const CompletionOutput& out = o.outputs.at(0);
+  ASSERT_EQ(out.logprobs.size(), out.token_ids.size());
+
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), out.token_ids.begin(), out.token_ids.end() - 1);
+  const Tensor logits = score_tokens(model, all);  // [T, V], the model's own forward
+  const int P = static_cast<int>(prompt.size());
+  for (size_t i = 0; i < out.token_ids.size(); ++i)
+    expect_logprob_matches(out.logprobs[i], logits.ptr<float>() + (P - 1 + i) * V, V,
+                           out.token_ids[i], 5, "output " + std::to_string(i));
+  ASSERT_EQ(o.prompt_logprobs.size(), prompt.size());
+  EXPECT_FALSE(o.prompt_logprobs[0].has_value());
+  for (int j = 1; j < P; ++j) {
+    ASSERT_TRUE(o.prompt_logprobs[j].has_value()) << j;
+    expect_logprob_matches(*o.prompt_logprobs[j], logits.ptr<float>() + (j - 1) * V, V, prompt[j],
+                           3, "prompt " + std::to_string(j));
+  }
+  // A second identical request is scored again (no cache hit may skip its prompt rows).
+  const RequestOutput o2 = engine.generate({prompt}, p).at(0);
+  for (int j = 1; j < P; ++j)
+    EXPECT_EQ(o2.prompt_logprobs[j]->logprob, o.prompt_logprobs[j]->logprob);
+  expect_engine_idle(engine);
+}
+
+// Detokenizer where token t is the t-th piece: short strings, so stop strings span tokens.
+std::vector<std::string> fake_pieces(int64_t V) {
+  static const std::vector<std::string> syll = {"a", "be", "cid", "o", "r", "st", "u ", "xy"};
+  std::vector<std::string> pieces;
+  for (int64_t t = 0; t < V; ++t) {
+    std::string s = syll[static_cast<size_t>(t % 8)];
+    s.append(syll[static_cast<size_t>((t / 8) % 8)]);
+    pieces.push_back(std::move(s));
+  }
+  return pieces;
+}
+
+TEST(EngineSampling, StopStringsSplitAcrossTokens) {
+  Model& model = fixture_model("llama3_gqa");
+  const auto pieces = fake_pieces(model.vocab_size());
+  std::vector<int32_t> prompt = {1, 50, 60, 70, 80};
+  const auto full = generate_greedy(model, prompt, 20, {}, true).token_ids;
+  std::vector<size_t> ends;  // text length after each token
+  std::string text;
+  for (int32_t t : full) ends.push_back((text += pieces[t]).size());
+  // A stop string made of the last character of token 3 and the first two of token 4.
+  const std::string stop = text.substr(ends[3] - 1, 3);
+  const size_t pos = text.find(stop);
+  size_t k = 0;
+  while (ends[k] < pos + stop.size()) ++k;  // the token that completes the first match
+
+  LLMEngine engine(model, test_config(), {}, piece_text_stream_factory(pieces));
+  SamplingParams p = greedy(20);
+  p.stop = {"never-there", stop};
+  auto out = engine.generate({prompt}, p).at(0).outputs.at(0);
+  EXPECT_EQ(out.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(std::get<std::string>(out.stop_reason), stop);
+  EXPECT_EQ(out.text, text.substr(0, pos));
+  EXPECT_EQ(out.token_ids, std::vector<int32_t>(full.begin(), full.begin() + k + 1));
+  p.include_stop_str_in_output = true;
+  out = engine.generate({prompt}, p).at(0).outputs.at(0);
+  EXPECT_EQ(out.text, text.substr(0, pos + stop.size()));
+  // Without a stop, the text is every piece.
+  out = engine.generate({prompt}, greedy(20)).at(0).outputs.at(0);
+  EXPECT_EQ(out.text, text);
+  EXPECT_EQ(out.finish_reason, FinishReason::kLength);
+  // Stop strings need a detokenizer.
+  LLMEngine plain(model, test_config());
+  EXPECT_THROW(plain.add_request("x", prompt, p), Error);
+}
+
+TEST(EngineSampling, AbortAtEveryStageFreesEverything) {
+  Model& model = fixture_model("qwen3_sliding");
+  EngineConfig c = test_config();
+  c.max_num_seqs = 4;
+  c.max_num_batched_tokens = 16;
+  LLMEngine engine(model, c);
+  Workload w = random_workload(10, 60, 30, model.vocab_size(), 9);
+  for (size_t i = 0; i < w.prompts.size(); ++i) {
+    w.params[i].max_tokens = 30;
+    engine.add_request(fmt::format("r{}", i), w.prompts[i], w.params[i]);
+  }
+  for (int i = 0; i < 6; ++i) engine.step();
+  EXPECT_GT(engine.scheduler().num_running(), 0);
+  EXPECT_GT(engine.scheduler().num_waiting(), 0);
+  for (size_t i = 0; i < w.prompts.size(); ++i) {
+    auto o = engine.abort(fmt::format("r{}", i));
+    ASSERT_TRUE(o.has_value()) << i;
+    EXPECT_EQ(o->outputs.at(0).finish_reason, FinishReason::kAbort);
+  }
+  EXPECT_FALSE(engine.abort("r0").has_value());
+  expect_engine_idle(engine);
+  // Still serves correctly afterwards.
+  EXPECT_EQ(engine.generate({w.prompts[0]}, greedy(5)).at(0).outputs.at(0).token_ids,
+            generate_greedy(model, w.prompts[0], 5, {}, true).token_ids);
+}
+
+TEST(EngineSampling, BadRequestsAndConfigurationsFailNamingTheProblem) {
+  Model& model = fixture_model("llama3_gqa");
+  LLMEngine engine(model, test_config());
+  auto msg = [&](const std::vector<int32_t>& prompt, const SamplingParams& p) -> std::string {
+    try {
+      engine.add_request("bad", prompt, p);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    engine.abort("bad");
+    return "";
+  };
+  SamplingParams p = greedy(4);
+  p.top_p = 1.5;
+  EXPECT_EQ(msg({1, 2}, p), "top_p must be in (0, 1], got 1.5");
+  EXPECT_NE(msg({1, 5000}, greedy(4)).find("outside the vocabulary"), std::string::npos);
+  EXPECT_NE(msg({}, greedy(4)).find("empty"), std::string::npos);
+  EXPECT_NE(msg(std::vector<int32_t>(300, 1), greedy(4)).find("maximum model length of 256"),
+            std::string::npos);
+  engine.add_request("dup", {1, 2}, greedy(1));
+  EXPECT_THROW(engine.add_request("dup", {1, 2}, greedy(1)), Error);
+  engine.abort("dup");
+  expect_engine_idle(engine);
+
+  EngineConfig tiny = test_config();
+  tiny.kv_cache_memory = 100000;  // ~8 blocks of 12 KiB; 256 tokens need 16
+  try {
+    LLMEngine e(model, tiny);
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("max_model_len 256"), std::string::npos) << m;
+    EXPECT_NE(m.find("needs 16 blocks"), std::string::npos) << m;
+    EXPECT_NE(m.find("100000"), std::string::npos) << m;
+  }
+  EngineConfig too_long = test_config();
+  too_long.max_model_len = 100000;
+  EXPECT_THROW(LLMEngine(model, too_long), Error);
+}
+
+TEST(EngineSampling, MaxTokensZeroScoresThePromptOnly) {
+  Model& model = fixture_model("llama3_gqa");
+  LLMEngine engine(model, test_config());
+  SamplingParams p = greedy(0);
+  auto o = engine.generate({{4, 5, 6}}, p).at(0);
+  EXPECT_TRUE(o.outputs.at(0).token_ids.empty());
+  EXPECT_EQ(o.outputs[0].finish_reason, FinishReason::kLength);
+  p.prompt_logprobs = 0;
+  o = engine.generate({{4, 5, 6}}, p).at(0);
+  EXPECT_TRUE(o.outputs.at(0).token_ids.empty());
+  ASSERT_EQ(o.prompt_logprobs.size(), 3u);
+  EXPECT_TRUE(o.prompt_logprobs[2].has_value());
+  expect_engine_idle(engine);
+}
+
+}  // namespace
+}  // namespace atom::test

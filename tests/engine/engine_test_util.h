@@ -1,0 +1,114 @@
+// Helpers for the engine tests that run real models on the CPU.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/fixtures.h"
+#include "core/error.h"
+#include "engine/llm_engine.h"
+#include "engine/sequence_runner.h"
+#include "models/loading.h"
+
+namespace atom::test {
+
+// Models are loaded once per test program.
+inline Model& fixture_model(const std::string& name) {
+  static std::map<std::string, LoadedModel> cache;
+  auto it = cache.find(name);
+  if (it == cache.end())
+    it = cache.emplace(name, model_load(fixture_dir(name), ModelOptions{})).first;
+  return *it->second.model;
+}
+
+inline SamplingParams greedy(int max_tokens) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+// A small cache for tests: the default 4 GiB cap is far more than these models need.
+inline EngineConfig test_config() {
+  EngineConfig c;
+  c.max_num_seqs = 64;
+  c.max_num_batched_tokens = 2048;
+  c.max_model_len = 256;
+  c.kv_cache_memory = int64_t{64} << 20;
+  return c;
+}
+
+struct Workload {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> params;
+};
+
+// n prompts of mixed lengths in [1, max_len]; about a third share a stem (prefix-cache hits).
+inline Workload random_workload(int n, int max_len, int max_tokens, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> id(3, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> stem(static_cast<size_t>(max_len));
+  for (auto& t : stem) t = id(rng);
+  Workload w;
+  for (int i = 0; i < n; ++i) {
+    const int len = 1 + static_cast<int>(rng() % static_cast<uint32_t>(max_len));
+    std::vector<int32_t> p;
+    if (i % 3 == 0) p.assign(stem.begin(), stem.begin() + len);
+    while (static_cast<int>(p.size()) < len) p.push_back(id(rng));
+    w.prompts.push_back(p);
+    w.params.push_back(greedy(1 + static_cast<int>(rng() % static_cast<uint32_t>(max_tokens))));
+  }
+  return w;
+}
+
+inline void expect_engine_idle(const LLMEngine& e) {
+  EXPECT_FALSE(e.has_unfinished());
+  EXPECT_EQ(e.num_requests(), 0);
+  EXPECT_EQ(e.block_manager().num_free_blocks(), e.block_manager().num_blocks());
+  EXPECT_EQ(e.state_pool().num_free(), e.state_pool().num_slots());
+  e.block_manager().check_invariants();
+}
+
+// log_softmax of one row, in long double.
+inline std::vector<double> log_softmax(const float* row, int64_t V) {
+  long double mx = row[0], sum = 0;
+  for (int64_t i = 1; i < V; ++i) mx = std::max<long double>(mx, row[i]);
+  for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<long double>(row[i]) - mx);
+  const long double lse = mx + std::log(sum);
+  std::vector<double> r(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) r[static_cast<size_t>(i)] = static_cast<double>(row[i] - lse);
+  return r;
+}
+
+// Checks one returned logprob entry against log_softmax(row) of the model's own logits.
+inline void expect_logprob_matches(const TokenLogprob& got, const float* row, int64_t V,
+                                   int32_t token, int top, const std::string& where) {
+  const auto ls = log_softmax(row, V);
+  EXPECT_EQ(got.token_id, token) << where;
+  EXPECT_NEAR(got.logprob, ls[static_cast<size_t>(token)], 1e-4) << where;
+  int rank = 1;
+  for (double x : ls) rank += x > ls[static_cast<size_t>(token)];
+  EXPECT_EQ(got.rank, rank) << where;
+  ASSERT_EQ(static_cast<int>(got.top.size()), top) << where;
+  for (int i = 0; i < top; ++i) {
+    EXPECT_NEAR(got.top[i].logprob, ls[static_cast<size_t>(got.top[i].token_id)], 1e-4) << where;
+    if (i > 0) {
+      EXPECT_LE(got.top[i].logprob, got.top[i - 1].logprob) << where;
+    }
+  }
+  // Nothing outside the list beats its last entry.
+  if (top > 0) {
+    int better = 0;
+    for (double x : ls) better += x > got.top[top - 1].logprob + 1e-6;
+    EXPECT_LE(better, top - 1) << where;
+  }
+}
+
+}  // namespace atom::test

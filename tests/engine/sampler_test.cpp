@@ -1,0 +1,276 @@
+// CpuSampler against independent references: Philox's published known answers, argmax,
+// log_softmax in long double, hand-computed penalty effects, and empirical distributions against
+// the filtered softmax computed here with a plain full sort.
+#include "engine/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <random>
+
+#include "engine/philox.h"
+
+namespace atom {
+namespace {
+
+TEST(Philox, MatchesRandom123KnownAnswers) {
+  EXPECT_EQ(philox4x32_10({0, 0, 0, 0}, 0),
+            (PhiloxBlock{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
+  EXPECT_EQ(philox4x32_10({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, ~0ull),
+            (PhiloxBlock{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
+  EXPECT_EQ(
+      philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, 0x299f31d0a4093822ull),
+      (PhiloxBlock{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
+}
+
+TEST(Philox, UniformsAreInRangeAndSpread) {
+  double sum = 0;
+  for (uint64_t i = 0; i < 100000; ++i) {
+    const double u = philox_uniform(12345, i);
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    sum += u;
+  }
+  EXPECT_NEAR(sum / 100000, 0.5, 0.005);
+}
+
+Tensor logits_of(const std::vector<std::vector<float>>& rows) {
+  Tensor t = Tensor::empty(
+      {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())}, DType::kF32);
+  for (size_t r = 0; r < rows.size(); ++r)
+    std::copy(rows[r].begin(), rows[r].end(), t.ptr<float>() + r * rows[0].size());
+  return t;
+}
+
+int32_t sample_one(CpuSampler& s, const std::vector<float>& logits, const SamplingParams& p,
+                   uint64_t seed = 0, int64_t position = 0, std::vector<int32_t> prompt = {},
+                   std::vector<int32_t> output = {}, std::vector<int32_t> suppressed = {}) {
+  Tensor t = logits_of({logits});
+  SampleTask task;
+  task.params = &p;
+  task.seed = seed;
+  task.position = position;
+  task.prompt = prompt;
+  task.output = output;
+  task.suppressed = suppressed;
+  std::vector<int32_t> out(1);
+  s.sample(t, {&task, 1}, out);
+  return out[0];
+}
+
+SamplingParams greedy() {
+  SamplingParams p;
+  p.temperature = 0;
+  return p;
+}
+
+TEST(CpuSampler, GreedyIsArgmaxFirstOnTies) {
+  CpuSampler s;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> n;
+  for (int i = 0; i < 20; ++i) {
+    std::vector<float> l(777);
+    for (auto& x : l) x = n(rng);
+    EXPECT_EQ(sample_one(s, l, greedy()),
+              static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin()));
+  }
+  EXPECT_EQ(sample_one(s, {1, 3, 3, 2}, greedy()), 1);
+}
+
+TEST(CpuSampler, PenaltiesBiasAndSuppression) {
+  CpuSampler s;
+  const std::vector<float> l = {2.0f, 1.9f, -1.0f, -1.05f};
+  SamplingParams p = greedy();
+  p.frequency_penalty = 0.06;  // token 0 seen twice in the output: 2.0 - 0.12 < 1.9
+  EXPECT_EQ(sample_one(s, l, p, 0, 0, {}, {0, 0}), 1);
+  EXPECT_EQ(sample_one(s, l, p, 0, 0, {}, {0}), 0);  // once: 1.94 > 1.9
+  p = greedy();
+  p.presence_penalty = 0.2;
+  EXPECT_EQ(sample_one(s, l, p, 0, 0, {}, {0}), 1);
+  EXPECT_EQ(sample_one(s, l, p, 0, 0, {0}, {}), 0) << "presence counts output tokens only";
+  p = greedy();
+  p.repetition_penalty = 1.1;  // prompt tokens count too: 2.0 / 1.1 = 1.82 < 1.9
+  EXPECT_EQ(sample_one(s, l, p, 0, 0, {0}, {}), 1);
+  // Negative logits are multiplied: -1.0 * 1.1 = -1.1 < -1.05.
+  EXPECT_EQ(sample_one(s, {-1.0f, -1.05f}, p, 0, 0, {0}, {}), 1);
+  p = greedy();
+  p.logit_bias = {{3, 3.5f}};
+  EXPECT_EQ(sample_one(s, l, p), 3);
+  EXPECT_EQ(sample_one(s, l, greedy(), 0, 0, {}, {}, {0, 1}), 2) << "suppressed ids are skipped";
+}
+
+// softmax(logits / T) over the tokens min_p, top_k and top_p keep, from a plain full sort.
+std::vector<double> expected_distribution(const std::vector<float>& l, const SamplingParams& p) {
+  const size_t V = l.size();
+  std::vector<double> x(V);
+  for (size_t i = 0; i < V; ++i)
+    x[i] = static_cast<double>(l[i] / static_cast<float>(p.temperature));
+  const double mx = *std::max_element(x.begin(), x.end());
+  std::vector<double> e(V);
+  for (size_t i = 0; i < V; ++i) e[i] = std::exp(x[i] - mx);
+  std::vector<bool> keep(V, true);
+  for (size_t i = 0; i < V; ++i)
+    if (p.min_p > 0 && e[i] < p.min_p) keep[i] = false;
+  std::vector<size_t> order(V);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return x[a] > x[b]; });
+  if (p.top_k > 0) {
+    size_t kept = 0;
+    for (size_t i : order)
+      if (keep[i] && ++kept > static_cast<size_t>(p.top_k)) keep[i] = false;
+  }
+  double total = 0;
+  for (size_t i = 0; i < V; ++i) total += keep[i] ? e[i] : 0;
+  if (p.top_p < 1) {
+    double acc = 0;
+    for (size_t i : order) {
+      if (!keep[i]) continue;
+      if (acc >= p.top_p * total)
+        keep[i] = false;
+      else
+        acc += e[i];
+    }
+    total = acc;
+  }
+  std::vector<double> prob(V, 0);
+  for (size_t i = 0; i < V; ++i) prob[i] = keep[i] ? e[i] / total : 0;
+  return prob;
+}
+
+void check_distribution(const std::vector<float>& l, const SamplingParams& p, int draws) {
+  CpuSampler s;
+  const auto want = expected_distribution(l, p);
+  std::vector<int> count(l.size(), 0);
+  // One row per draw, all in one call: positions differ, so the draws are independent.
+  Tensor t = logits_of(std::vector<std::vector<float>>(static_cast<size_t>(draws), l));
+  std::vector<SampleTask> tasks(static_cast<size_t>(draws));
+  for (int i = 0; i < draws; ++i) {
+    tasks[i].row = i;
+    tasks[i].params = &p;
+    tasks[i].seed = 99;
+    tasks[i].position = i;
+  }
+  std::vector<int32_t> out(static_cast<size_t>(draws));
+  s.sample(t, tasks, out);
+  for (int32_t tok : out) ++count[static_cast<size_t>(tok)];
+  for (size_t i = 0; i < l.size(); ++i) {
+    if (want[i] == 0) {
+      EXPECT_EQ(count[i], 0) << "token " << i << " is filtered out but was drawn";
+      continue;
+    }
+    const double f = static_cast<double>(count[i]) / draws;
+    const double sd = std::sqrt(want[i] * (1 - want[i]) / draws);
+    EXPECT_NEAR(f, want[i], 5 * sd + 1e-3) << "token " << i;
+  }
+}
+
+TEST(CpuSampler, TemperatureDistribution) {
+  SamplingParams p;
+  p.temperature = 0.7;
+  check_distribution({1.0f, 0.5f, 0.0f, -0.5f, 2.0f, 0.2f}, p, 20000);
+}
+
+TEST(CpuSampler, TopKTopPMinPDistribution) {
+  const std::vector<float> l = {1.0f, 0.5f, 0.0f, -0.5f, 2.0f, 0.2f, 1.7f, -3.0f};
+  SamplingParams p;
+  p.temperature = 1.3;
+  p.top_k = 4;
+  check_distribution(l, p, 20000);
+  p.top_k = 0;
+  p.top_p = 0.6;
+  check_distribution(l, p, 20000);
+  p.top_p = 1.0;
+  p.min_p = 0.3;
+  check_distribution(l, p, 20000);
+  p.top_k = 5;
+  p.top_p = 0.8;
+  p.min_p = 0.05;
+  check_distribution(l, p, 20000);
+}
+
+TEST(CpuSampler, TopPOnALargeVocabularyKeepsExactlyTheNucleus) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n(0, 2);
+  std::vector<float> l(5000);
+  for (auto& x : l) x = n(rng);
+  SamplingParams p;
+  p.top_p = 0.5;
+  check_distribution(l, p, 4000);
+}
+
+TEST(CpuSampler, DrawDependsOnlyOnSeedAndPosition) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> n;
+  std::vector<float> target(300);
+  for (auto& x : target) x = n(rng);
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.top_p = 0.95;
+  CpuSampler s;
+  const int32_t alone = sample_one(s, target, p, 1234, 17);
+  // The same row among many others, at another index, with other seeds around it.
+  std::vector<std::vector<float>> rows(40, target);
+  for (auto& r : rows)
+    for (auto& x : r) x += n(rng);
+  rows[23] = target;
+  Tensor t = logits_of(rows);
+  std::vector<SampleTask> tasks(40);
+  for (int i = 0; i < 40; ++i) {
+    tasks[i].row = i;
+    tasks[i].params = &p;
+    tasks[i].seed = static_cast<uint64_t>(i);
+    tasks[i].position = i;
+  }
+  tasks[23].seed = 1234;
+  tasks[23].position = 17;
+  std::vector<int32_t> out(40);
+  s.sample(t, tasks, out);
+  EXPECT_EQ(out[23], alone);
+  int differ = 0;
+  for (int pos = 0; pos < 50; ++pos) differ += sample_one(s, target, p, 1234, pos) != alone;
+  EXPECT_GT(differ, 0) << "different positions should give different draws";
+}
+
+TEST(CpuSampler, LogprobsAreLogSoftmaxOfRawLogits) {
+  std::mt19937 rng(2);
+  std::normal_distribution<float> n(0, 3);
+  std::vector<float> l(1000);
+  for (auto& x : l) x = n(rng);
+  SamplingParams p;
+  p.temperature = 0.5;  // logprobs ignore temperature and penalties (vLLM's raw_logprobs)
+  p.repetition_penalty = 1.3;
+  p.logprobs = 5;
+  long double mx = *std::max_element(l.begin(), l.end()), sum = 0;
+  for (float x : l) sum += std::exp(static_cast<long double>(x) - mx);
+  const long double lse = mx + std::log(sum);
+  Tensor t = logits_of({l});
+  TokenLogprob lp;
+  SampleTask task;
+  task.params = &p;
+  task.seed = 3;
+  task.logprob = &lp;
+  std::vector<int32_t> prompt = {1, 2, 3};
+  task.prompt = prompt;
+  std::vector<int32_t> out(1);
+  CpuSampler s;
+  s.sample(t, {&task, 1}, out);
+  EXPECT_EQ(lp.token_id, out[0]);
+  EXPECT_NEAR(lp.logprob, static_cast<double>(l[out[0]] - lse), 1e-5);
+  int rank = 1;
+  for (float x : l) rank += x > l[out[0]];
+  EXPECT_EQ(lp.rank, rank);
+  std::vector<int> order(l.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });
+  ASSERT_EQ(lp.top.size(), 5u);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(lp.top[i].token_id, order[i]);
+    EXPECT_NEAR(lp.top[i].logprob, static_cast<double>(l[order[i]] - lse), 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace atom
