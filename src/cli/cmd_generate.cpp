@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -20,6 +21,9 @@
 #include "cli/engine_args.h"
 #include "core/error.h"
 #include "engine/llm_engine.h"
+#include "engine/tokenizer_text.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 
@@ -29,6 +33,10 @@ struct GenerateArgs {
   atom::cli::ModelArgs model;
   atom::cli::EngineArgs engine;
   std::vector<std::string> prompts;
+  std::vector<std::string> text_prompts;
+  bool chat = false;
+  std::string chat_template;
+  std::string chat_template_kwargs;
   std::string input;
   int max_tokens = 16;
   double temperature = 0.0;
@@ -58,7 +66,12 @@ void print_output(const atom::RequestOutput& o, const atom::SamplingParams& p,
                   const GenerateArgs& a, bool has_text) {
   for (const auto& c : o.outputs) {
     if (!a.json) {
-      std::printf("%s\n", fmt::format("{}", fmt::join(c.token_ids, ",")).c_str());
+      // Text when the model has a tokenizer, else the generated ids.
+      if (has_text) {
+        std::printf("%s\n", c.text.c_str());
+      } else {
+        std::printf("%s\n", fmt::format("{}", fmt::join(c.token_ids, ",")).c_str());
+      }
       continue;
     }
     json j = {{"prompt_token_ids", o.prompt_token_ids},
@@ -90,14 +103,41 @@ void print_output(const atom::RequestOutput& o, const atom::SamplingParams& p,
   }
 }
 
-std::vector<int32_t> prompt_from_json(const json& line, const std::string& where) {
+// Text prompts: the model folder's tokenizer and, for chat, its chat template.
+struct TextSide {
+  std::optional<atom::tokenizer::Tokenizer> tok;
+  std::optional<atom::tokenizer::ChatTemplate> tpl;
+  nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
+
+  const atom::tokenizer::Tokenizer& tokenizer(const std::string& what) const {
+    if (!tok) atom::fail("{} needs a tokenizer, but the model folder has no tokenizer.json", what);
+    return *tok;
+  }
+  std::vector<int32_t> encode(const std::string& text) const {
+    return tokenizer("a text prompt").encode(text, /*add_special_tokens=*/true);
+  }
+  // The conversation rendered with the chat template, then tokenized without adding specials
+  // (the template writes BOS itself), as vLLM's chat endpoint does.
+  std::vector<int32_t> encode_chat(nlohmann::ordered_json messages) const {
+    const auto& t = tokenizer("a chat prompt");
+    if (!tpl) atom::fail("a chat prompt needs the model's chat template");
+    atom::tokenizer::tool_call_arguments_to_dicts(messages);
+    atom::tokenizer::ChatRenderOptions o;
+    o.kwargs = kwargs;
+    return t.encode(tpl->render(messages, o), /*add_special_tokens=*/false);
+  }
+};
+
+std::vector<int32_t> prompt_from_json(const json& line, const std::string& where, const TextSide& text) {
   if (!line.contains("prompt_token_ids")) {
-    if (line.contains("prompt"))
-      atom::fail(
-          "{}: text prompts need a tokenizer, which this build's engine does not have yet; "
-          "give prompt_token_ids",
-          where);
-    atom::fail("{}: the request has no prompt_token_ids", where);
+    try {
+      if (line.contains("prompt") && line["prompt"].is_string()) return text.encode(line["prompt"].get<std::string>());
+      if (line.contains("messages"))
+        return text.encode_chat(nlohmann::ordered_json::parse(line["messages"].dump()));
+    } catch (const atom::Error& e) {
+      atom::fail("{}: {}", where, e.what());
+    }
+    atom::fail("{}: the request has no prompt_token_ids, prompt or messages", where);
   }
   const json& ids = line.at("prompt_token_ids");
   if (!ids.is_array()) atom::fail("{}: prompt_token_ids must be a list of token ids", where);
@@ -112,12 +152,26 @@ std::vector<int32_t> prompt_from_json(const json& line, const std::string& where
 }
 
 void run(const GenerateArgs& a) {
-  if (a.prompts.empty() && a.input.empty())
-    atom::fail("give prompts with --prompt-tokens or --input FILE.jsonl");
+  if (a.prompts.empty() && a.text_prompts.empty() && a.input.empty())
+    atom::fail("give prompts with --prompt-tokens, --prompt or --input FILE.jsonl");
   if (a.max_tokens < 0) atom::fail("--max-tokens {} must be >= 0", a.max_tokens);
+  TextSide side;
+  if (std::filesystem::exists(std::filesystem::path(a.model.model) / "tokenizer.json")) {
+    side.tok = atom::tokenizer::Tokenizer::from_dir(a.model.model);
+    side.tpl = atom::tokenizer::ChatTemplate::from_model_dir(a.model.model, a.chat_template);
+  }
+  if (!a.chat_template_kwargs.empty()) {
+    try {
+      side.kwargs = nlohmann::ordered_json::parse(a.chat_template_kwargs);
+    } catch (const json::exception& e) {
+      atom::fail("--chat-template-kwargs is not JSON: {}", e.what());
+    }
+    if (!side.kwargs.is_object()) atom::fail("--chat-template-kwargs must be a JSON object");
+  }
   auto m = atom::cli::model_args_load(a.model);
   const auto gen = atom::generation_config_load(a.model.model);
-  atom::LLMEngine engine(*m.model, atom::cli::engine_args_config(a.engine), gen);
+  atom::LLMEngine engine(*m.model, atom::cli::engine_args_config(a.engine), gen,
+                         side.tok ? atom::tokenizer_text_streams(*side.tok) : atom::TextStreamFactory{});
 
   // Command-line sampling options overlay generation_config.json's defaults.
   atom::SamplingParams base = engine.default_params();
@@ -138,6 +192,11 @@ void run(const GenerateArgs& a) {
     prompts.push_back(atom::cli::token_list_parse(p, "--prompt-tokens"));
     params.push_back(base);
   }
+  for (const auto& p : a.text_prompts) {
+    prompts.push_back(a.chat ? side.encode_chat(nlohmann::ordered_json::array({{{"role", "user"}, {"content", p}}}))
+                             : side.encode(p));
+    params.push_back(base);
+  }
   if (!a.input.empty()) {
     std::ifstream in(a.input);
     if (!in) atom::fail("--input {}: cannot open the file", a.input);
@@ -151,7 +210,7 @@ void run(const GenerateArgs& a) {
       } catch (const json::exception& e) {
         atom::fail("{}: not a JSON object: {}", where, e.what());
       }
-      prompts.push_back(prompt_from_json(line, where));
+      prompts.push_back(prompt_from_json(line, where, side));
       try {
         params.push_back(atom::sampling_params_from_json(line, base));
         params.back().validate(m.model->vocab_size());
@@ -161,7 +220,7 @@ void run(const GenerateArgs& a) {
     }
   }
   const auto outputs = engine.generate(prompts, params);
-  for (size_t i = 0; i < outputs.size(); ++i) print_output(outputs[i], params[i], a, false);
+  for (size_t i = 0; i < outputs.size(); ++i) print_output(outputs[i], params[i], a, side.tok.has_value());
 }
 
 }  // namespace
@@ -171,6 +230,11 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Generate tokens for one or more prompts");
   atom::cli::model_args_add(cmd, args->model);
   atom::cli::engine_args_add(cmd, args->engine);
+  cmd->add_option("--prompt", args->text_prompts, "a text prompt (repeatable); needs the model's tokenizer");
+  cmd->add_flag("--chat", args->chat, "send each --prompt as a user message through the chat template");
+  cmd->add_option("--chat-template", args->chat_template, "chat template file or text (default: the model's)");
+  cmd->add_option("--chat-template-kwargs", args->chat_template_kwargs,
+                  "JSON object of extra template variables, e.g. '{\"enable_thinking\": false}'");
   cmd->add_option("--prompt-tokens", args->prompts,
                   "comma-separated prompt token ids (repeatable)");
   cmd->add_option(

@@ -73,6 +73,8 @@ class LLMEngine {
 
   const KvCachePlan& kv_plan() const { return plan_; }
   const EngineConfig& config() const { return config_; }
+  Model& model() { return model_; }
+  const Model& model() const { return model_; }
   EngineStats stats() const;
   const BlockManager& block_manager() const { return blocks_; }
   const StatePool& state_pool() const { return states_; }

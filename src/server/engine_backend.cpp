@@ -1,0 +1,328 @@
+#include "server/engine_backend.h"
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "server/api_error.h"
+#include "server/responses.h"
+
+namespace atom::server {
+
+namespace {
+
+server::TokenLogprob to_server(const atom::TokenLogprob& lp) {
+  server::TokenLogprob r{lp.token_id, lp.logprob, {}};
+  for (const auto& t : lp.top) r.top.push_back({t.token_id, t.logprob});
+  return r;
+}
+
+nlohmann::json stop_reason_json(const StopReason& r) {
+  if (const auto* s = std::get_if<std::string>(&r)) return *s;
+  if (const auto* t = std::get_if<int32_t>(&r)) return *t;
+  return nullptr;
+}
+
+bool template_reasons(const tokenizer::ChatTemplate& t) {
+  for (const auto& [name, src] : t.template_sources())
+    if (src.find("</think>") != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+EngineBackend::EngineBackend(LLMEngine& engine, tokenizer::Tokenizer tok, EngineBackendOptions options)
+    : engine_(engine),
+      tok_(std::move(tok)),
+      template_(tokenizer::ChatTemplate::from_model_dir(options.model_path, options.chat_template)),
+      options_(std::move(options)) {
+  info_.model_name = options_.served_model_name;
+  info_.model_path = options_.model_path;
+  info_.max_model_len = engine_.kv_plan().max_model_len;
+  // Ids the model takes and the tokenizer can print.
+  info_.vocab_size = std::min<int64_t>(engine_.model().vocab_size(), tok_.id_limit());
+  info_.created = unix_time_now();
+  info_.reasoning = template_reasons(template_);
+  blocks_total_ = engine_.block_manager().num_blocks();
+  blocks_free_ = engine_.block_manager().num_free_blocks();
+  thread_ = std::thread([this] { loop(); });
+}
+
+EngineBackend::~EngineBackend() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::vector<int32_t> EngineBackend::tokenize(const std::string& text, bool add_special_tokens) {
+  return tok_.encode(text, add_special_tokens);
+}
+
+std::string EngineBackend::detokenize(std::span<const int32_t> ids, bool skip_special_tokens) {
+  return tok_.decode(ids, skip_special_tokens);
+}
+
+std::string EngineBackend::token_text(int32_t id) {
+  // The token as decoded on its own (what vLLM shows in logprobs).
+  return tok_.decode(std::span<const int32_t>(&id, 1), false);
+}
+
+std::string EngineBackend::render_chat(const ChatRequest& r) {
+  nlohmann::ordered_json messages = r.messages;
+  tokenizer::tool_call_arguments_to_dicts(messages);
+  tokenizer::ChatRenderOptions o;
+  o.add_generation_prompt = r.add_generation_prompt;
+  o.continue_final_message = r.continue_final_message;
+  o.tools = r.tools;
+  o.kwargs = options_.default_chat_template_kwargs;
+  for (auto it = r.chat_template_kwargs.begin(); it != r.chat_template_kwargs.end(); ++it) o.kwargs[it.key()] = it.value();
+  if (r.reasoning_effort) o.kwargs["reasoning_effort"] = *r.reasoning_effort;
+  try {
+    if (r.chat_template) {
+      const auto t = tokenizer::ChatTemplate::from_string(*r.chat_template, template_.special_tokens());
+      return t.render(messages, o);
+    }
+    return template_.render(messages, o);
+  } catch (const ApiError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ApiError(400, "BadRequestError", e.what());
+  }
+}
+
+SamplingParams EngineBackend::sampling_params(const SamplingRequest& r) const {
+  SamplingParams p = engine_.default_params();
+  if (r.temperature) p.temperature = *r.temperature;
+  if (r.top_p) p.top_p = *r.top_p;
+  if (r.min_p) p.min_p = *r.min_p;
+  if (r.top_k) p.top_k = static_cast<int>(*r.top_k);
+  if (r.presence_penalty) p.presence_penalty = *r.presence_penalty;
+  if (r.frequency_penalty) p.frequency_penalty = *r.frequency_penalty;
+  if (r.repetition_penalty) p.repetition_penalty = *r.repetition_penalty;
+  if (r.seed) p.seed = *r.seed;
+  if (r.max_tokens) p.max_tokens = static_cast<int>(std::min<int64_t>(*r.max_tokens, INT32_MAX));
+  p.min_tokens = static_cast<int>(r.min_tokens);
+  p.n = r.n;
+  p.stop = r.stop;
+  p.stop_token_ids.clear();
+  for (int64_t id : r.stop_token_ids) p.stop_token_ids.push_back(static_cast<int32_t>(id));
+  p.ignore_eos = r.ignore_eos;
+  p.include_stop_str_in_output = r.include_stop_str_in_output;
+  p.skip_special_tokens = r.skip_special_tokens;
+  p.logit_bias.clear();
+  for (const auto& [id, b] : r.logit_bias) p.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+  p.logprobs = r.logprobs;
+  p.prompt_logprobs = r.prompt_logprobs;
+  try {
+    p.validate(engine_.model().vocab_size());
+  } catch (const Error& e) {
+    throw ApiError(400, "BadRequestError", e.what());
+  }
+  return p;
+}
+
+void EngineBackend::submit(BackendRequest request, std::function<void(RequestUpdate)> on_update) {
+  if (draining_) throw ApiError(503, "ServiceUnavailableError", "The server is shutting down.");
+  if (waiting_.load() >= options_.max_waiting)
+    throw ApiError(503, "ServiceUnavailableError",
+                   fmt::format("The server is overloaded: {} requests are waiting.", waiting_.load()));
+  Command c{Command::kAdd, std::move(request), {}, std::move(on_update)};
+  c.params = sampling_params(c.request.sampling);
+  ++live_;
+  ++waiting_;  // counted until the engine thread admits it
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_.push_back(std::move(c));
+  }
+  cv_.notify_all();
+}
+
+void EngineBackend::abort(const std::string& id) {
+  Command c{Command::kAbort, {}, {}, {}};
+  c.request.id = id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_.push_back(std::move(c));
+  }
+  cv_.notify_all();
+}
+
+BackendStats EngineBackend::stats() {
+  BackendStats s;
+  s.running = running_;
+  s.waiting = waiting_;
+  s.kv_blocks_total = blocks_total_;
+  s.kv_blocks_free = blocks_free_;
+  s.num_preemptions = preemptions_;
+  s.prefix_cache_queries = prefix_queries_;
+  s.prefix_cache_hits = prefix_hits_;
+  return s;
+}
+
+void EngineBackend::drain() {
+  draining_ = true;
+  while (live_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+void EngineBackend::deliver(std::vector<std::pair<std::function<void(RequestUpdate)>, RequestUpdate>>& out) {
+  for (auto& [cb, u] : out) cb(std::move(u));
+  out.clear();
+}
+
+void EngineBackend::loop() {
+  std::vector<std::pair<std::function<void(RequestUpdate)>, RequestUpdate>> out;
+  // Final update of a request that ended outside a step (abort, or an add that failed).
+  auto final_update = [&](const std::string& id, const RequestOutput* o, const std::string& error) {
+    auto it = live_map_.find(id);
+    if (it == live_map_.end()) return;
+    RequestUpdate u;
+    u.finished = true;
+    u.error = error;
+    if (o) {
+      for (const auto& c : o->outputs) {
+        ChoiceDelta d;
+        d.index = c.index;
+        d.finish_reason = finish_reason_name(c.finish_reason);
+        if (d.finish_reason->empty()) d.finish_reason = "abort";
+        d.stop_reason = stop_reason_json(c.stop_reason);
+        u.choices.push_back(std::move(d));
+      }
+    } else {
+      for (int i = 0; i < it->second.n; ++i) {
+        ChoiceDelta d;
+        d.index = i;
+        d.finish_reason = error.empty() ? "abort" : "error";
+        u.choices.push_back(std::move(d));
+      }
+    }
+    out.emplace_back(it->second.on_update, std::move(u));
+    live_map_.erase(it);
+    --live_;
+  };
+
+  for (;;) {
+    std::deque<Command> cmds;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !commands_.empty() || engine_.has_unfinished(); });
+      if (stop_) break;
+      cmds.swap(commands_);
+    }
+    for (auto& c : cmds) {
+      const std::string id = c.request.id;
+      if (c.kind == Command::kAdd) {
+        --waiting_;
+        live_map_[id] = Live{std::move(c.on_update), false, c.params.n};
+        try {
+          engine_.add_request(id, std::move(c.request.prompt_ids), c.params);
+        } catch (const std::exception& e) {
+          final_update(id, nullptr, e.what());
+        }
+      } else {
+        if (auto o = engine_.abort(id)) final_update(id, &*o, "");
+      }
+    }
+    if (engine_.has_unfinished()) {
+      StepOutput step;
+      try {
+        step = engine_.step();
+      } catch (const std::exception& e) {
+        // A failed step (out of memory, a kernel error) fails the requests it held; the engine
+        // keeps serving the others.
+        log_warn("engine step failed: {}", e.what());
+        std::vector<std::string> ids;
+        for (const auto& [id, live] : live_map_) ids.push_back(id);
+        for (const auto& id : ids) {
+          auto o = engine_.abort(id);
+          final_update(id, o ? &*o : nullptr, std::string("engine error: ") + e.what());
+        }
+        deliver(out);
+        continue;
+      }
+      std::unordered_map<std::string, RequestUpdate> updates;
+      for (const auto& ev : step.tokens) {
+        auto it = live_map_.find(*ev.request_id);
+        if (it == live_map_.end()) continue;
+        RequestUpdate& u = updates[*ev.request_id];
+        const Sequence& seq = *ev.seq;
+        if (!it->second.sent_prompt_info) {
+          u.prompt_tokens = seq.num_prompt_tokens;
+          u.cached_tokens = std::max(0, seq.num_cached_tokens);
+          for (const auto& lp : seq.request->prompt_logprobs)
+            u.prompt_logprobs.push_back(lp ? to_server(*lp) : server::TokenLogprob{seq.request->prompt.front(), 0, {}});
+          it->second.sent_prompt_info = true;
+        }
+        ChoiceDelta* d = nullptr;
+        for (auto& x : u.choices)
+          if (x.index == ev.index) d = &x;
+        if (!d) {
+          u.choices.push_back(ChoiceDelta{});
+          d = &u.choices.back();
+          d->index = ev.index;
+        }
+        d->text += ev.text;
+        d->token_ids.push_back(ev.token_id);
+        if (seq.params().logprobs && !seq.logprobs.empty()) d->logprobs.push_back(to_server(seq.logprobs.back()));
+        if (ev.finished) {
+          d->finish_reason = finish_reason_name(seq.finish_reason);
+          d->stop_reason = stop_reason_json(seq.stop_reason);
+        }
+      }
+      for (const auto& fo : step.finished) {
+        auto it = live_map_.find(fo.request_id);
+        if (it == live_map_.end()) continue;
+        RequestUpdate& u = updates[fo.request_id];
+        u.finished = true;
+        // Text the detokenizer held back until the end, and finish reasons of samples that ended
+        // without a token in this step.
+        for (const auto& c : fo.outputs) {
+          ChoiceDelta* d = nullptr;
+          for (auto& x : u.choices)
+            if (x.index == c.index) d = &x;
+          if (!d) {
+            u.choices.push_back(ChoiceDelta{});
+            d = &u.choices.back();
+            d->index = c.index;
+          }
+          if (!d->finish_reason) {
+            d->finish_reason = finish_reason_name(c.finish_reason);
+            d->stop_reason = stop_reason_json(c.stop_reason);
+          }
+        }
+        if (!it->second.sent_prompt_info) {
+          u.prompt_tokens = static_cast<int>(fo.prompt_token_ids.size());
+          it->second.sent_prompt_info = true;
+        }
+      }
+      for (auto& [id, u] : updates) {
+        auto it = live_map_.find(id);
+        if (it == live_map_.end()) continue;
+        const bool done = u.finished;
+        out.emplace_back(it->second.on_update, std::move(u));
+        if (done) {
+          live_map_.erase(it);
+          --live_;
+        }
+      }
+      const EngineStats st = engine_.stats();
+      preemptions_ = st.num_preemptions;
+      prefix_queries_ = st.prefix_cache_queries;
+      prefix_hits_ = st.prefix_cache_hits;
+    }
+    running_ = engine_.scheduler().num_running();
+    blocks_free_ = engine_.block_manager().num_free_blocks();
+    deliver(out);
+  }
+  // Shutting down: every request still held ends with "abort".
+  std::vector<std::string> ids;
+  for (const auto& [id, live] : live_map_) ids.push_back(id);
+  for (const auto& id : ids) {
+    auto o = engine_.abort(id);
+    final_update(id, o ? &*o : nullptr, "");
+  }
+  deliver(out);
+}
+
+}  // namespace atom::server

@@ -1,0 +1,87 @@
+// The Backend the server runs on: an LLMEngine driven by its own thread (the engine is
+// single-threaded), a tokenizer and a chat template. Requests and aborts reach the engine thread
+// through a queue; each engine step's tokens go back to their requests as updates.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "engine/llm_engine.h"
+#include "server/backend.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace atom::server {
+
+struct EngineBackendOptions {
+  std::string served_model_name;
+  std::string model_path;
+  int max_waiting = 4096;  // queued requests beyond this get 503
+  std::string chat_template;  // --chat-template: file or text; empty: the model's
+  nlohmann::ordered_json default_chat_template_kwargs = nlohmann::ordered_json::object();
+};
+
+class EngineBackend final : public Backend {
+ public:
+  EngineBackend(LLMEngine& engine, tokenizer::Tokenizer tok, EngineBackendOptions options);
+  ~EngineBackend() override;
+
+  const BackendInfo& info() const override { return info_; }
+  std::vector<int32_t> tokenize(const std::string& text, bool add_special_tokens) override;
+  std::string detokenize(std::span<const int32_t> ids, bool skip_special_tokens) override;
+  std::string token_text(int32_t id) override;
+  std::string render_chat(const ChatRequest& request) override;
+  void submit(BackendRequest request, std::function<void(RequestUpdate)> on_update) override;
+  void abort(const std::string& id) override;
+  BackendStats stats() override;
+
+  // Refuses new requests (503) from now on and waits until every running one has finished.
+  void drain();
+  // The number of requests the engine holds (waiting, running, or finishing).
+  int live_requests() const { return live_.load(); }
+
+  // SamplingRequest overlaid on the engine's defaults (generation_config.json, then vLLM's);
+  // invalid values are ApiError 400.
+  SamplingParams sampling_params(const SamplingRequest& r) const;
+
+ private:
+  struct Command {
+    enum Kind { kAdd, kAbort } kind;
+    BackendRequest request;
+    SamplingParams params;
+    std::function<void(RequestUpdate)> on_update;
+  };
+  struct Live {
+    std::function<void(RequestUpdate)> on_update;
+    bool sent_prompt_info = false;
+    int n = 1;
+  };
+
+  void loop();
+  void deliver(std::vector<std::pair<std::function<void(RequestUpdate)>, RequestUpdate>>& out);
+
+  LLMEngine& engine_;
+  tokenizer::Tokenizer tok_;
+  tokenizer::ChatTemplate template_;
+  EngineBackendOptions options_;
+  BackendInfo info_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Command> commands_;
+  bool stop_ = false;
+  std::atomic<bool> draining_{false};
+  std::atomic<int> live_{0};
+  std::atomic<int> waiting_{0}, running_{0};
+  std::atomic<int64_t> blocks_total_{0}, blocks_free_{0}, preemptions_{0}, prefix_queries_{0}, prefix_hits_{0};
+  std::unordered_map<std::string, Live> live_map_;  // engine thread only
+  std::thread thread_;
+};
+
+}  // namespace atom::server
