@@ -44,6 +44,12 @@ Tensor Attention::forward(Step& step, const Tensor& q, const Tensor& k, const Te
   a.max_context_len = b.max_context_len;
   kernels::AttentionBatch ab{&b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr,
                              &b.dev.page_indices};
+  Tensor workspace;
+  const int64_t ws = kernels::paged_attention_workspace_size(ctx_.device, q.size(0), a, q.dtype());
+  if (ws > 0) {
+    workspace = step.empty({ws}, DType::kF32);
+    ab.workspace = &workspace;
+  }
   kernels::paged_attention(out, q, kc, vc, ab, sinks_ ? sinks_->data() : Tensor(), a);
   return out;
 }
