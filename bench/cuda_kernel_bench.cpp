@@ -10,6 +10,7 @@
 #include "bench_util.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
+#include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/linear_config.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
@@ -81,7 +82,8 @@ void bench_gemm() {
 
 // Paged attention over a cache of shuffled 16-token pages. Prefill: every sequence attends over
 // its own new tokens (causal). Decode: one new token over `context` cached tokens.
-void bench_attention_case(const std::string& name, int seqs, int query, int context, int hq, int hk, int d) {
+void bench_attention_case(const std::string& name, int seqs, int query, int context, int hq, int hk, int d,
+                          int context_bound = 0) {
   const int bs = 16;
   const int pages_per = (context + bs - 1) / bs;
   const int pages = seqs * pages_per;
@@ -105,7 +107,7 @@ void bench_attention_case(const std::string& name, int seqs, int query, int cont
   a.head_dim = d;
   a.scale = 1.0f / std::sqrt(static_cast<float>(d));
   a.max_query_len = query;
-  a.max_context_len = context;
+  a.max_context_len = context_bound > 0 ? context_bound : context;
   kernels::AttentionBatch b{&gqs, &gcl, &gpip, &gpid};
   Tensor ws;
   const int64_t need = kernels::paged_attention_workspace_size(kGpu, T, a, DType::kBF16);
@@ -126,16 +128,26 @@ void bench_attention_case(const std::string& name, int seqs, int query, int cont
 }
 
 void bench_attention() {
+  using kernels::cuda::PrefillAttention;
   std::printf("\n== Paged attention, bf16, 16-token pages (shuffled)\n");
-  bench_attention_case("prefill 1x4096 causal, 32/8 heads, d128", 1, 4096, 4096, 32, 8, 128);
-  bench_attention_case("prefill 4x2048 causal, 32/8 heads, d128", 4, 2048, 2048, 32, 8, 128);
-  bench_attention_case("prefill 1x8192 causal, 64/64 heads, d64", 1, 8192, 8192, 64, 64, 64);
-  bench_attention_case("prefill 1x2048 causal, 32/8 heads, d128", 1, 2048, 2048, 32, 8, 128);
+  for (PrefillAttention be : {PrefillAttention::kAuto, PrefillAttention::kMma}) {
+    kernels::cuda::attention_set_backend(be);
+    const std::string tag = be == PrefillAttention::kAuto ? "wgmma" : "mma.sync";
+    bench_attention_case("prefill 1x4096 causal, 32/8 heads, d128 " + tag, 1, 4096, 4096, 32, 8, 128);
+    bench_attention_case("prefill 4x2048 causal, 32/8 heads, d128 " + tag, 4, 2048, 2048, 32, 8, 128);
+    bench_attention_case("prefill 1x8192 causal, 64/64 heads, d64 " + tag, 1, 8192, 8192, 64, 64, 64);
+    bench_attention_case("prefill 1x2048 causal, 32/8 heads, d128 " + tag, 1, 2048, 2048, 32, 8, 128);
+    bench_attention_case("prefill 1x8192 causal, 32/8 heads, d128 " + tag, 1, 8192, 8192, 32, 8, 128);
+  }
+  kernels::cuda::attention_set_backend(PrefillAttention::kAuto);
   bench_attention_case("decode 64 x 4096 ctx, 32/8 heads, d128", 64, 1, 4096, 32, 8, 128);
   bench_attention_case("decode 128 x 1024 ctx, 32/8 heads, d128", 128, 1, 1024, 32, 8, 128);
+  bench_attention_case("decode 32 x 4096 ctx, 32/8 heads, d128", 32, 1, 4096, 32, 8, 128);
   bench_attention_case("decode 1 x 32768 ctx, 32/8 heads, d128", 1, 1, 32768, 32, 8, 128);
   bench_attention_case("decode 1 x 4096 ctx, 32/8 heads, d128", 1, 1, 4096, 32, 8, 128);
   bench_attention_case("decode 8 x 8192 ctx, 32/8 heads, d128", 8, 1, 8192, 32, 8, 128);
+  bench_attention_case("decode 1 x 200 ctx (bound 8192), 32/8, d128", 1, 1, 200, 32, 8, 128, 8192);
+  bench_attention_case("decode 128 x 200 ctx (bound 8192), 32/8, d128", 128, 1, 200, 32, 8, 128, 8192);
 }
 
 void bench_small() {

@@ -23,7 +23,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,cl
 
 if has tests; then
   for f in 'GpuDevice.*' 'GpuElementwise.*' 'GpuRmsNorm.*:GpuRope.*:GpuKvCacheWrite.*' 'GpuLinear.*' \
-           'GpuSampling.*' 'GpuAttention.*' 'GpuParity*' 'GpuRunner.*'; do
+           'GpuSampling.*' 'GpuAttention.*' '*GpuParity*' 'GpuRunner.*'; do
     echo "##### $f" >> "$out/tests.log"
     timeout 150 "$bin/gpu_test" --gtest_filter="$f" >> "$out/tests.log" 2>&1
     note "tests $f: rc=$?"
@@ -51,7 +51,8 @@ if has kernels; then
   note "kernel bench: rc=$?"
   ATOM_ATTENTION_M_ATOMS=1 timeout 60 "$bin/cuda_kernel_bench" attention > "$out/attention_m1.log" 2>&1
   note "attention, one MMA atom per warp: rc=$?"
-  grep -E "prefill" "$out/attention_m1.log" | sed 's/^/m1 /' | tee -a "$summary"
+  grep -E "prefill.*mma.sync" "$out/attention_m1.log" | sed 's/^/m1 /' | tee -a "$summary"
+  grep -E "prefill|decode" "$out/kernels.log" | tee -a "$summary"
 fi
 
 if has e2e; then
@@ -59,6 +60,10 @@ if has e2e; then
     > "$out/e2e.log" 2>&1
   note "e2e bench: rc=$?"
   tail -n 14 "$out/e2e.log" | tee -a "$summary"
+  ATOM_PDL=0 timeout 120 "$bin/cuda_e2e_bench" --model "$stage/bench/models/llama-3.1-8b" --load-format dummy \
+    --prefill 2048 --batch 1,128 >> "$out/e2e.log" 2>&1
+  note "e2e bench without PDL: rc=$?"
+  tail -n 6 "$out/e2e.log" | sed 's/^/no-pdl /' | tee -a "$summary"
 fi
 
 if has hf; then
@@ -69,8 +74,8 @@ if has hf; then
 fi
 
 if has memcheck; then
-  timeout 100 compute-sanitizer --tool memcheck --print-limit 20 "$bin/gpu_test" \
-    --gtest_filter='GpuAttention.*:GpuElementwise.*:GpuRmsNorm.*:GpuRope.*:GpuKvCacheWrite.*:GpuSampling.*' \
+  timeout 150 compute-sanitizer --tool memcheck --print-limit 20 "$bin/gpu_test" \
+    --gtest_filter='GpuAttention.*:GpuLinear.*:GpuElementwise.*:GpuRmsNorm.*:GpuRope.*:GpuKvCacheWrite.*' \
     > "$out/memcheck.log" 2>&1
   note "memcheck: rc=$?"
   grep -E "ERROR SUMMARY|Invalid|out of bounds|PASSED|FAILED" "$out/memcheck.log" | head -20 | tee -a "$summary"

@@ -7,6 +7,7 @@
 
 #include "gpu_util.h"
 #include "kernels/attention.h"
+#include "kernels/cuda/attention_config.h"
 
 namespace atom::test {
 namespace {
@@ -23,6 +24,7 @@ struct AttnCase {
   float softcap = 0.0f;
   DType dt = DType::kBF16;
   bool workspace = true;
+  int context_bound = 0;  // > 0: max_context_len passed as this upper bound (as CUDA graphs do)
 };
 
 std::string describe(const AttnCase& c) {
@@ -72,7 +74,7 @@ void check_attention(const AttnCase& c, uint64_t seed) {
   a.sliding_window = c.window;
   a.logit_softcap = c.softcap;
   a.max_query_len = max_q;
-  a.max_context_len = max_c;
+  a.max_context_len = c.context_bound > 0 ? c.context_bound : max_c;
   Tensor cqs = i32(qs), ccl = i32(cl), cpip = i32(pip), cpid = i32(pid);
   kernels::AttentionBatch cb{&cqs, &ccl, &cpip, &cpid};
   Tensor ref = Tensor::empty({T, qw}, c.dt);
@@ -92,7 +94,8 @@ void check_attention(const AttnCase& c, uint64_t seed) {
   Tensor gq = qkv.to(gpu()).narrow(1, 0, qw);
   kernels::paged_attention(out, gq, kc.to(gpu()), vc.to(gpu()), gb, c.sinks ? sinks.to(gpu()) : Tensor(), a);
   const double tol = c.dt == DType::kF32 ? 1e-5 : 5e-3;
-  EXPECT_LE(rel_err(out, ref), tol) << describe(c) << (need > 0 && c.workspace ? " (split)" : "");
+  EXPECT_LE(rel_err(out, ref), tol) << describe(c) << (need > 0 && c.workspace ? " (split)" : "")
+                                    << " backend " << static_cast<int>(kernels::cuda::attention_backend());
 }
 
 TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {
@@ -104,15 +107,50 @@ TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {
       {16, 16, 64, 16, {{200, 333}, {1, 64}}},
       {8, 1, 256, 16, {{90, 130}, {1, 257}}},
       {64, 8, 64, 4, {{150, 150}}},
+      {16, 16, 64, 16, {{260, 260}, {5, 300}}},
       // Sliding window, sinks, soft-cap.
       {32, 8, 128, 16, {{260, 300}, {1, 500}}, 37, true},
       {8, 2, 64, 16, {{100, 100}}, 0, false, 30.0f},
       {4, 1, 128, 8, {{65, 70}}, 16, false},
+      {32, 8, 128, 16, {{400, 400}}, 150, true, 20.0f},
       // F16.
       {16, 4, 128, 16, {{140, 200}, {1, 77}}, 0, false, 0.0f, DType::kF16},
+      {8, 8, 64, 16, {{190, 190}}, 0, true, 0.0f, DType::kF16},
   };
-  uint64_t seed = 1000;
+  using kernels::cuda::PrefillAttention;
+  for (PrefillAttention b : {PrefillAttention::kAuto, PrefillAttention::kMma}) {
+    kernels::cuda::attention_set_backend(b);
+    uint64_t seed = 1000;
+    for (const AttnCase& c : cases) check_attention(c, seed += 10);
+  }
+  kernels::cuda::attention_set_m_atoms(1);
+  kernels::cuda::attention_set_backend(PrefillAttention::kMma);
+  check_attention(cases[0], 1500);
+  check_attention(cases[5], 1510);
+  kernels::cuda::attention_set_m_atoms(0);
+  kernels::cuda::attention_set_backend(PrefillAttention::kAuto);
+}
+
+TEST(GpuAttention, DecodeModeGroupsAndShortQueries) {
+  const AttnCase cases[] = {
+      // Decode rows per kv head: G = 4, 8, 16 (the 16-row tile), 32 (beyond it: prefill mode).
+      {32, 8, 128, 16, {{1, 700}, {1, 33}, {1, 64}, {1, 65}}},
+      {64, 8, 128, 16, {{1, 1500}, {1, 1}}},
+      {16, 1, 64, 16, {{1, 300}, {1, 2000}}},
+      {32, 1, 128, 16, {{1, 900}, {1, 17}}},
+      // Several new tokens per sequence within the 16 rows (speculative decoding).
+      {32, 8, 128, 16, {{4, 300}, {2, 2}, {3, 1200}}},
+      {16, 8, 256, 16, {{8, 520}, {1, 40}}, 0, true},
+      {32, 8, 64, 4, {{1, 333}, {1, 4096}}, 100, true},
+  };
+  uint64_t seed = 5000;
   for (const AttnCase& c : cases) check_attention(c, seed += 10);
+  // A context bound far above the real lengths, as a captured decode graph passes: every
+  // sequence still splits only as far as its own length allows.
+  for (AttnCase c : cases) {
+    c.context_bound = 8192;
+    check_attention(c, seed += 10);
+  }
 }
 
 TEST(GpuAttention, SplitContextDecodeWithAndWithoutWorkspace) {
@@ -138,6 +176,10 @@ TEST(GpuAttention, SimpleKernelForOtherHeadSizesAndF32) {
   };
   uint64_t seed = 3000;
   for (const AttnCase& c : cases) check_attention(c, seed += 10);
+  // The simple kernel on shapes the tensor-core kernels would take.
+  kernels::cuda::attention_set_backend(kernels::cuda::PrefillAttention::kSimple);
+  check_attention({32, 8, 128, 16, {{70, 250}, {1, 999}}, 37, true}, 3100);
+  kernels::cuda::attention_set_backend(kernels::cuda::PrefillAttention::kAuto);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/env.h"
+#include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/host_common.h"
 
 namespace atom::kernels::cuda {
@@ -13,7 +14,7 @@ namespace atom::kernels::cuda {
 namespace {
 
 constexpr int kMaxSplits = 32;
-constexpr int kMinKeysPerSplit = 256;
+constexpr int kMinKeysPerSplit = 256;  // 4 tiles: decode_splits in attention_common.cuh
 
 int sm_count() {
   static const int n = [] {
@@ -25,36 +26,39 @@ int sm_count() {
   return n;
 }
 
-// ATOM_ATTENTION_BACKEND=simple forces the FP32 kernel (for checking the flash kernel).
-bool force_simple() {
-  static const bool v = env_str("ATOM_ATTENTION_BACKEND", "flash") == "simple";
-  return v;
-}
+PrefillAttention g_backend = [] {
+  const std::string v = env_str("ATOM_ATTENTION_BACKEND", "auto");
+  if (v == "mma") return PrefillAttention::kMma;
+  if (v == "simple") return PrefillAttention::kSimple;
+  return PrefillAttention::kAuto;
+}();
+int g_m_atoms = static_cast<int>(env_int("ATOM_ATTENTION_M_ATOMS", 0));
 
-bool flash_shape(const AttentionArgs& a, DType dtype) {
+bool tensor_core_shape(const AttentionArgs& a, DType dtype) {
   return (dtype == DType::kBF16 || dtype == DType::kF16) &&
-         (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256) && !force_simple();
+         (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256) && g_backend != PrefillAttention::kSimple;
 }
 
-// 16-row MMA atoms per warp: two for long queries (each K/V fragment read from shared memory
-// serves twice the rows), one for decode. ATOM_ATTENTION_M_ATOMS=1|2 overrides (benchmarks).
+// Decode mode: every sequence's rows of one kv-head group fit one 16-row MMA tile.
+bool decode_mode(const AttentionArgs& a) {
+  const int G = a.num_heads / a.num_kv_heads;
+  return static_cast<int64_t>(a.max_query_len) * G <= kDecodeRows;
+}
+
+// 16-row MMA atoms per warp of the mma.sync prefill kernel: two for long queries (each K/V
+// fragment read from shared memory then serves twice the rows).
 int m_atoms_for(const AttentionArgs& a) {
-  static const long forced = env_int("ATOM_ATTENTION_M_ATOMS", 0);
   if (a.head_dim > 128) return 1;
-  if (forced == 1 || forced == 2) return static_cast<int>(forced);
+  if (g_m_atoms == 1 || g_m_atoms == 2) return g_m_atoms;
   const int G = a.num_heads / a.num_kv_heads;
   return static_cast<int64_t>(a.max_query_len) * G > 64 ? 2 : 1;
 }
 
-// Splits of each sequence's keys: enough CTAs for two per SM, each split at least 256 keys.
-// Depends only on sizes and bounds, never on the batch's data, so a captured graph stays valid.
+// Decode splits of each sequence's keys: enough CTAs for two per SM, each split at least 256
+// keys. A bound from sizes only (never the batch's data), so a captured graph stays valid; each
+// sequence then uses as many of them as its own length allows (decode_splits).
 int splits_for(int64_t num_tokens, const AttentionArgs& a) {
-  const int G = a.num_heads / a.num_kv_heads;
-  const int bm = flash_attention_block_rows(m_atoms_for(a));
-  const int64_t row_tiles = static_cast<int64_t>(a.max_query_len) * G <= bm
-                                ? num_tokens
-                                : (num_tokens * G + bm - 1) / bm;
-  const int64_t ctas = std::max<int64_t>(1, row_tiles * a.num_kv_heads);
+  const int64_t ctas = std::max<int64_t>(1, num_tokens * a.num_kv_heads);
   const int64_t want = (2 * sm_count() + ctas - 1) / ctas;
   const int64_t by_len = (a.max_context_len + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
   return static_cast<int>(std::clamp<int64_t>(std::min(want, by_len), 1, kMaxSplits));
@@ -62,8 +66,12 @@ int splits_for(int64_t num_tokens, const AttentionArgs& a) {
 
 }  // namespace
 
+void attention_set_backend(PrefillAttention b) { g_backend = b; }
+PrefillAttention attention_backend() { return g_backend; }
+void attention_set_m_atoms(int m) { g_m_atoms = m; }
+
 int64_t paged_attention_workspace_size(int64_t num_tokens, const AttentionArgs& a, DType dtype) {
-  if (!flash_shape(a, dtype) || a.num_kv_heads <= 0) return 0;
+  if (!tensor_core_shape(a, dtype) || a.num_kv_heads <= 0 || !decode_mode(a)) return 0;
   const int splits = splits_for(num_tokens, a);
   if (splits <= 1) return 0;
   return static_cast<int64_t>(splits) * num_tokens * a.num_heads * (a.head_dim + 2);
@@ -121,10 +129,22 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
   l.softcap = a.logit_softcap;
   l.type = elem_of(q.dtype(), "paged_attention");
 
+  l.block_shift = (l.block_size & (l.block_size - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(l.block_size)) : -1;
+
   const cudaStream_t stream = current_stream();
-  if (!flash_shape(a, q.dtype()) || !flash_attention_supported(l)) {
+  if (!tensor_core_shape(a, q.dtype()) || !flash_attention_supported(l)) {
     launch_attention_simple(l, stream);
     launch_check("paged_attention (simple)");
+    return;
+  }
+  if (!decode_mode(a)) {
+    if (g_backend == PrefillAttention::kAuto && wgmma_attention_supported(l)) {
+      launch_wgmma_attention(l, stream);
+      launch_check("paged_attention (wgmma)");
+    } else {
+      launch_flash_attention(l, m_atoms_for(a), stream);
+      launch_check("paged_attention (flash)");
+    }
     return;
   }
   int splits = splits_for(T, a);
@@ -139,8 +159,8 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
     }
   }
   l.num_splits = splits;
-  launch_flash_attention(l, m_atoms_for(a), stream);
-  launch_check("paged_attention (flash)");
+  launch_flash_decode(l, stream);
+  launch_check("paged_attention (flash decode)");
   if (splits > 1) {
     launch_attention_combine(l, stream);
     launch_check("paged_attention (combine)");

@@ -11,6 +11,8 @@ constexpr int kMaxPerLane = 8;  // head_dim <= 256
 
 template <typename T>
 __global__ void attention_simple_kernel(AttnLaunch a) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t wid = static_cast<int64_t>(blockIdx.x) * 4 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (wid >= a.num_tokens * a.num_heads) return;
@@ -87,9 +89,9 @@ void launch_attention_simple(const AttnLaunch& a, cudaStream_t s) {
   if (warps == 0) return;
   const unsigned grid = static_cast<unsigned>((warps + 3) / 4);
   switch (a.type) {
-    case Elem::kF32: attention_simple_kernel<float><<<grid, 128, 0, s>>>(a); break;
-    case Elem::kBF16: attention_simple_kernel<__nv_bfloat16><<<grid, 128, 0, s>>>(a); break;
-    case Elem::kF16: attention_simple_kernel<__half><<<grid, 128, 0, s>>>(a); break;
+    case Elem::kF32: launch(attention_simple_kernel<float>, grid, 128, 0, s, a); break;
+    case Elem::kBF16: launch(attention_simple_kernel<__nv_bfloat16>, grid, 128, 0, s, a); break;
+    case Elem::kF16: launch(attention_simple_kernel<__half>, grid, 128, 0, s, a); break;
   }
 }
 

@@ -5,6 +5,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/launch.h"
@@ -115,6 +117,41 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   __syncthreads();
   float r = lane < nwarps ? scratch[lane] : -INFINITY;
   return warp_max(r);
+}
+
+// Programmatic dependent launch (PDL): atom's kernels are launched so that the next kernel's
+// blocks may start while the previous one drains (launch latency and ramp-up overlap; in a decode
+// step most kernels are short). Every kernel calls pdl_wait() before it reads anything an earlier
+// kernel wrote, and pdl_launch_dependents() once all its blocks have started (a dependent grid
+// launches only after every block of this one triggered or exited). ATOM_PDL=0 turns it off.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("ATOM_PDL");
+    return !(e && (std::strcmp(e, "0") == 0 || std::strcmp(e, "false") == 0 || std::strcmp(e, "off") == 0));
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when enabled.
+template <typename... Params, typename... Args>
+inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                   Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 inline unsigned grid_for(int64_t n, int threads, int64_t cap = 132 * 16) {

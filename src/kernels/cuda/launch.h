@@ -84,6 +84,7 @@ struct AttnLaunch {
   float* part_ml = nullptr;  // [splits, T * Hq, 2] running max (log2 units) and sum
   int64_t num_tokens = 0;
   int num_seqs = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0, block_size = 0;
+  int block_shift = -1;  // log2(block_size) when a power of two, else -1
   int window = 0;        // 0: full
   int num_splits = 1;
   int max_query_len = 0;  // upper bound
@@ -91,14 +92,22 @@ struct AttnLaunch {
   float softcap = 0.0f;
   Elem type = Elem::kBF16;
 };
-// Tensor-core flash attention: BF16/F16, head_dim 64, 128 or 256, 16-byte aligned rows.
-// m_atoms: 16-row MMA tiles per warp (1 or 2; 2 needs head_dim <= 128).
+// Tensor-core flash attention (mma.sync): BF16/F16, head_dim 64, 128 or 256, 16-byte aligned
+// rows. Prefill mode: m_atoms (1 or 2; 2 needs head_dim <= 128) 16-row MMA tiles per warp, no
+// splits. Decode mode (rows of a sequence's kv-head group <= kDecodeRows): the four warps share
+// the rows and split every key tile; num_splits > 1 splits long contexts across CTAs.
+inline constexpr int kDecodeRows = 16;
 bool flash_attention_supported(const AttnLaunch& a);
 void launch_flash_attention(const AttnLaunch& a, int m_atoms, cudaStream_t s);
-// Rows of query heads each CTA covers, for grid sizing by the entry point.
+void launch_flash_decode(const AttnLaunch& a, cudaStream_t s);
+// Rows of query heads each prefill-mode CTA covers.
 int flash_attention_block_rows(int m_atoms);
-// Merges split partials into out (and applies sinks).
+// Merges decode-mode split partials into out (and applies sinks).
 void launch_attention_combine(const AttnLaunch& a, cudaStream_t s);
+// Hopper prefill kernel (wgmma, two warpgroups of 64 rows, 128-key tiles): BF16/F16, head_dim
+// 64 or 128, 16-byte aligned rows, no splits.
+bool wgmma_attention_supported(const AttnLaunch& a);
+void launch_wgmma_attention(const AttnLaunch& a, cudaStream_t s);
 // One warp per (token, head), FP32 math: any dtype, any head_dim <= 256.
 void launch_attention_simple(const AttnLaunch& a, cudaStream_t s);
 

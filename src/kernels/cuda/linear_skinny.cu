@@ -29,6 +29,7 @@ __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
 
 template <typename T, int M>
 __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a) {
+  pdl_launch_dependents();
   const int lane = threadIdx.x & 31;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
   if (n0 >= a.n) return;
@@ -47,8 +48,10 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
     for (int r = 0; r < kRows; ++r) acc[m][r] = 0.0f;
 
   constexpr int64_t kStep = 32 * 8;  // elements a warp covers per load
-  for (int64_t k0 = lane * 8; k0 < a.k; k0 += kStep * kUnroll) {
-    uint4 wv[kUnroll][kRows];
+  // Weight loads of one step: kUnroll 16-byte loads per row per lane. The next step's loads are
+  // issued before the current step's math, and the first step's before pdl_wait(): weights are
+  // never written by an earlier kernel, so they stream while the previous kernel drains.
+  auto load_w = [&](uint4 (&wv)[kUnroll][kRows], int64_t k0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = k0 + u * kStep;
@@ -56,13 +59,20 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
       for (int r = 0; r < kRows; ++r)
         wv[u][r] = k < a.k ? __ldcs(reinterpret_cast<const uint4*>(w[r] + k)) : make_uint4(0, 0, 0, 0);
     }
+  };
+  uint4 cur[kUnroll][kRows];
+  load_w(cur, lane * 8);
+  pdl_wait();
+  for (int64_t k0 = lane * 8; k0 < a.k; k0 += kStep * kUnroll) {
+    uint4 nxt[kUnroll][kRows];
+    load_w(nxt, k0 + kStep * kUnroll);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = k0 + u * kStep;
       if (k >= a.k) break;
       float wf[kRows][8];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) unpack8<T>(wv[u][r], wf[r]);
+      for (int r = 0; r < kRows; ++r) unpack8<T>(cur[u][r], wf[r]);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         float xf[8];
@@ -73,6 +83,10 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
           for (int i = 0; i < 8; ++i) acc[m][r] = fmaf(xf[i], wf[r][i], acc[m][r]);
       }
     }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) cur[u][r] = nxt[u][r];
   }
 #pragma unroll
   for (int m = 0; m < M; ++m)
@@ -96,10 +110,10 @@ void launch_typed(const SkinnyArgs& a, cudaStream_t s) {
   const int64_t warps = (a.n + kRows - 1) / kRows;
   const unsigned grid = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
   switch (a.x.rows) {
-    case 1: linear_skinny_kernel<T, 1><<<grid, kWarps * 32, 0, s>>>(a); break;
-    case 2: linear_skinny_kernel<T, 2><<<grid, kWarps * 32, 0, s>>>(a); break;
-    case 3: linear_skinny_kernel<T, 3><<<grid, kWarps * 32, 0, s>>>(a); break;
-    default: linear_skinny_kernel<T, 4><<<grid, kWarps * 32, 0, s>>>(a); break;
+    case 1: launch(linear_skinny_kernel<T, 1>, grid, kWarps * 32, 0, s, a); break;
+    case 2: launch(linear_skinny_kernel<T, 2>, grid, kWarps * 32, 0, s, a); break;
+    case 3: launch(linear_skinny_kernel<T, 3>, grid, kWarps * 32, 0, s, a); break;
+    default: launch(linear_skinny_kernel<T, 4>, grid, kWarps * 32, 0, s, a); break;
   }
 }
 

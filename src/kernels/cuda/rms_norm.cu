@@ -64,6 +64,8 @@ __device__ __forceinline__ void norm_pass2(const NormArgs& a, int64_t r, int64_t
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads) rms_norm_row_kernel(NormArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x, width = a.x.cols;
   float ss = norm_pass1<T, V>(a, r, threadIdx.x * V, width, kThreads * V);
@@ -74,6 +76,8 @@ __global__ void __launch_bounds__(kThreads) rms_norm_row_kernel(NormArgs a) {
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads) rms_norm_group_kernel(NormArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t r = blockIdx.x, groups = a.x.cols / a.dim;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int64_t g = warp; g < groups; g += kThreads / 32) {
@@ -89,9 +93,9 @@ template <typename T, int V>
 void launch_typed(const NormArgs& a, cudaStream_t s) {
   const unsigned rows = static_cast<unsigned>(a.x.rows);
   if (a.dim == a.x.cols)
-    rms_norm_row_kernel<T, V><<<rows, kThreads, 0, s>>>(a);
+    launch(rms_norm_row_kernel<T, V>, rows, kThreads, 0, s, a);
   else
-    rms_norm_group_kernel<T, V><<<rows, kThreads, 0, s>>>(a);
+    launch(rms_norm_group_kernel<T, V>, rows, kThreads, 0, s, a);
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }

@@ -10,6 +10,8 @@ constexpr int kThreads = 256;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) rope_kernel(RopeLaunch a, int hq, int hk) {
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ float table[];  // cos [half], sin [half]
   const int64_t t = blockIdx.x;
   const int half = a.rot_dim / 2;
@@ -43,6 +45,8 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeLaunch a, int hq, in
 template <typename W>
 __global__ void kv_write_kernel(char* k_cache, char* v_cache, int64_t num_slots, Mat k, Mat v,
                                 const int32_t* slot_mapping, int64_t row_words) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   const int64_t slot = slot_mapping[t];
   if (slot < 0 || slot >= num_slots) return;
@@ -64,9 +68,9 @@ void launch_rope(const RopeLaunch& a, cudaStream_t s) {
   const size_t smem = static_cast<size_t>(a.rot_dim) * sizeof(float);
   const unsigned grid = static_cast<unsigned>(a.q.rows);
   switch (a.q.type) {
-    case Elem::kF32: rope_kernel<float><<<grid, kThreads, smem, s>>>(a, hq, hk); break;
-    case Elem::kBF16: rope_kernel<__nv_bfloat16><<<grid, kThreads, smem, s>>>(a, hq, hk); break;
-    case Elem::kF16: rope_kernel<__half><<<grid, kThreads, smem, s>>>(a, hq, hk); break;
+    case Elem::kF32: launch(rope_kernel<float>, grid, kThreads, smem, s, a, hq, hk); break;
+    case Elem::kBF16: launch(rope_kernel<__nv_bfloat16>, grid, kThreads, smem, s, a, hq, hk); break;
+    case Elem::kF16: launch(rope_kernel<__half>, grid, kThreads, smem, s, a, hq, hk); break;
   }
 }
 
@@ -82,11 +86,11 @@ void launch_kv_cache_write(void* k_cache, void* v_cache, int64_t num_slots, Mat 
   char* kc = static_cast<char*>(k_cache);
   char* vc = static_cast<char*>(v_cache);
   if (vec)
-    kv_write_kernel<uint4><<<grid, 128, 0, s>>>(kc, vc, num_slots, k, v, slot_mapping, row_bytes / 16);
+    launch(kv_write_kernel<uint4>, grid, 128, 0, s, kc, vc, num_slots, k, v, slot_mapping, row_bytes / 16);
   else if (esize == 4)
-    kv_write_kernel<uint32_t><<<grid, 128, 0, s>>>(kc, vc, num_slots, k, v, slot_mapping, k.cols);
+    launch(kv_write_kernel<uint32_t>, grid, 128, 0, s, kc, vc, num_slots, k, v, slot_mapping, k.cols);
   else
-    kv_write_kernel<uint16_t><<<grid, 128, 0, s>>>(kc, vc, num_slots, k, v, slot_mapping, k.cols);
+    launch(kv_write_kernel<uint16_t>, grid, 128, 0, s, kc, vc, num_slots, k, v, slot_mapping, k.cols);
 }
 
 }  // namespace atom::kernels::cuda

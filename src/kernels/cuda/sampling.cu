@@ -68,6 +68,8 @@ __device__ int64_t row_argmax(const Mat& m, int64_t r, float* sv, int64_t* si) {
 }
 
 __global__ void __launch_bounds__(kThreads) argmax_kernel(int32_t* ids, Mat logits) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ float sv[32];
   __shared__ int64_t si[32];
   const int64_t r = blockIdx.x;
@@ -111,6 +113,8 @@ __device__ double block_mass_ge(const float* x, int64_t V, float t, float lmax, 
 }
 
 __global__ void __launch_bounds__(kThreads) sample_kernel(int32_t* ids, Mat logits, const Row* rows) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ float sv[32];
   __shared__ int64_t si[32];
   __shared__ double sd[32];
@@ -163,12 +167,12 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(int32_t* ids, Mat logi
 
 void launch_argmax(int32_t* ids, Mat logits, cudaStream_t s) {
   if (logits.rows == 0) return;
-  argmax_kernel<<<static_cast<unsigned>(logits.rows), kThreads, 0, s>>>(ids, logits);
+  launch(argmax_kernel, static_cast<unsigned>(logits.rows), kThreads, 0, s, ids, logits);
 }
 
 void launch_sample(int32_t* ids, Mat logits, const void* rows, cudaStream_t s) {
   if (logits.rows == 0) return;
-  sample_kernel<<<static_cast<unsigned>(logits.rows), kThreads, 0, s>>>(ids, logits,
+  launch(sample_kernel, static_cast<unsigned>(logits.rows), kThreads, 0, s, ids, logits,
                                                                          static_cast<const Row*>(rows));
 }
 
