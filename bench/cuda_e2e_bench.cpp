@@ -23,7 +23,7 @@ namespace {
 std::vector<int> int_list(const std::string& s) {
   std::vector<int> r;
   size_t p = 0;
-  while (p < s.size()) {
+  while (p < s.size()) {  // "" gives an empty list
     const size_t c = s.find(',', p);
     r.push_back(std::atoi(s.substr(p, c == std::string::npos ? std::string::npos : c - p).c_str()));
     if (c == std::string::npos) break;

@@ -130,9 +130,11 @@ void bench_attention_case(const std::string& name, int seqs, int query, int cont
 void bench_attention() {
   using kernels::cuda::PrefillAttention;
   std::printf("\n== Paged attention, bf16, 16-token pages (shuffled)\n");
-  for (PrefillAttention be : {PrefillAttention::kAuto, PrefillAttention::kMma}) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const PrefillAttention be = variant < 2 ? PrefillAttention::kAuto : PrefillAttention::kMma;
     kernels::cuda::attention_set_backend(be);
-    const std::string tag = be == PrefillAttention::kAuto ? "wgmma" : "mma.sync";
+    kernels::cuda::attention_set_wgmma_warpgroups(variant == 1 ? 1 : 2);
+    const std::string tag = variant == 0 ? "wgmma 2wg" : variant == 1 ? "wgmma 1wg" : "mma.sync";
     bench_attention_case("prefill 1x4096 causal, 32/8 heads, d128 " + tag, 1, 4096, 4096, 32, 8, 128);
     bench_attention_case("prefill 4x2048 causal, 32/8 heads, d128 " + tag, 4, 2048, 2048, 32, 8, 128);
     bench_attention_case("prefill 1x8192 causal, 64/64 heads, d64 " + tag, 1, 8192, 8192, 64, 64, 64);
@@ -140,6 +142,7 @@ void bench_attention() {
     bench_attention_case("prefill 1x8192 causal, 32/8 heads, d128 " + tag, 1, 8192, 8192, 32, 8, 128);
   }
   kernels::cuda::attention_set_backend(PrefillAttention::kAuto);
+  kernels::cuda::attention_set_wgmma_warpgroups(2);
   bench_attention_case("decode 64 x 4096 ctx, 32/8 heads, d128", 64, 1, 4096, 32, 8, 128);
   bench_attention_case("decode 128 x 1024 ctx, 32/8 heads, d128", 128, 1, 1024, 32, 8, 128);
   bench_attention_case("decode 32 x 4096 ctx, 32/8 heads, d128", 32, 1, 4096, 32, 8, 128);

@@ -60,10 +60,16 @@ if has e2e; then
     > "$out/e2e.log" 2>&1
   note "e2e bench: rc=$?"
   tail -n 14 "$out/e2e.log" | tee -a "$summary"
-  ATOM_PDL=0 timeout 120 "$bin/cuda_e2e_bench" --model "$stage/bench/models/llama-3.1-8b" --load-format dummy \
-    --prefill 2048 --batch 1,128 >> "$out/e2e.log" 2>&1
-  note "e2e bench without PDL: rc=$?"
-  tail -n 6 "$out/e2e.log" | sed 's/^/no-pdl /' | tee -a "$summary"
+  for v in "ATOM_PDL=0" "ATOM_SKINNY_UNROLL=4" "ATOM_SKINNY_GEMM_MAX_M=0"; do
+    env $v timeout 120 "$bin/cuda_e2e_bench" --model "$stage/bench/models/llama-3.1-8b" --load-format dummy \
+      --prefill "" --batch 1 --steps 64 > "$out/e2e_variant.log" 2>&1
+    note "e2e $v: rc=$?"
+    grep -E "decode batch" "$out/e2e_variant.log" | sed "s/^/$v /" | tee -a "$summary"
+  done
+  ATOM_WGMMA_WARPGROUPS=1 timeout 120 "$bin/cuda_e2e_bench" --model "$stage/bench/models/llama-3.1-8b" \
+    --load-format dummy --prefill 2048,8192 --batch "" > "$out/e2e_variant.log" 2>&1
+  note "e2e one-warpgroup wgmma: rc=$?"
+  grep -E "prefill" "$out/e2e_variant.log" | sed "s/^/wgmma-1wg /" | tee -a "$summary"
 fi
 
 if has hf; then
@@ -75,7 +81,7 @@ fi
 
 if has memcheck; then
   timeout 150 compute-sanitizer --tool memcheck --print-limit 20 "$bin/gpu_test" \
-    --gtest_filter='GpuAttention.*:GpuLinear.*:GpuElementwise.*:GpuRmsNorm.*:GpuRope.*:GpuKvCacheWrite.*' \
+    --gtest_filter='GpuAttention.*:GpuLinear.*:GpuRope.*' \
     > "$out/memcheck.log" 2>&1
   note "memcheck: rc=$?"
   grep -E "ERROR SUMMARY|Invalid|out of bounds|PASSED|FAILED" "$out/memcheck.log" | head -20 | tee -a "$summary"

@@ -79,23 +79,32 @@ int ModelRunner::pages_from_memory(const RunnerOptions& o) {
   const int bs = o.block_size;
   const size_t page_bytes = KvCache::page_bytes(specs, bs);
   if (page_bytes == 0) return 1;
-  const int tokens = std::max(1, std::min(o.max_num_batched_tokens, max_model_len_));
+  // The largest step: max_num_batched_tokens tokens, as sequences of at most max_model_len.
+  const int tokens = std::max(1, o.max_num_batched_tokens);
   {
     ATOM_RUNNER_STREAM();
-    KvCache scratch = KvCache::allocate(specs, (tokens + bs - 1) / bs, bs, dev);
+    const int seq_len = std::min(tokens, max_model_len_);
+    const int seqs = (tokens + seq_len - 1) / seq_len;
+    const int pages_per = (seq_len + bs - 1) / bs;
+    KvCache scratch = KvCache::allocate(specs, seqs * pages_per, bs, dev);
     Batch b;
     b.block_size = bs;
-    for (int i = 0; i < tokens; ++i) {
-      b.token_ids.push_back(0);
-      b.positions.push_back(i);
-      b.slot_mapping.push_back(i);
+    b.query_start = {0};
+    b.page_indptr = {0};
+    for (int s = 0; s < seqs; ++s) {
+      const int n = std::min(seq_len, tokens - s * seq_len);
+      for (int i = 0; i < n; ++i) {
+        b.token_ids.push_back(0);
+        b.positions.push_back(i);
+        b.slot_mapping.push_back(s * pages_per * bs + i);
+      }
+      b.query_start.push_back(b.query_start.back() + n);
+      b.context_lens.push_back(n);
+      for (int p = 0; p < (n + bs - 1) / bs; ++p) b.page_indices.push_back(s * pages_per + p);
+      b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
+      b.state_slots.push_back(s);
     }
-    b.query_start = {0, tokens};
-    b.context_lens = {tokens};
-    b.page_indptr = {0, (tokens + bs - 1) / bs};
-    for (int p = 0; p < b.page_indptr[1]; ++p) b.page_indices.push_back(p);
     for (int i = std::max(0, tokens - o.max_num_seqs); i < tokens; ++i) b.logits_indices.push_back(i);
-    b.state_slots = {0};
     arena_.reset();
     b.upload(arena_);
     Step step{b, arena_, &scratch};

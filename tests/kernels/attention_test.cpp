@@ -123,6 +123,9 @@ TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {
     uint64_t seed = 1000;
     for (const AttnCase& c : cases) check_attention(c, seed += 10);
   }
+  kernels::cuda::attention_set_wgmma_warpgroups(1);
+  for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1400 + 10 * i);
+  kernels::cuda::attention_set_wgmma_warpgroups(2);
   kernels::cuda::attention_set_m_atoms(1);
   kernels::cuda::attention_set_backend(PrefillAttention::kMma);
   check_attention(cases[0], 1500);
@@ -165,6 +168,14 @@ TEST(GpuAttention, SplitContextDecodeWithAndWithoutWorkspace) {
   check_attention(c, 2030);
   AttnCase d{8, 8, 64, 16, {{1, 5000}}};
   check_attention(d, 2040);
+  // The same splits merged by the separate combine kernel.
+  kernels::cuda::attention_set_merge_in_kernel(false);
+  AttnCase e{32, 8, 128, 16, {{1, 3000}, {1, 4097}, {1, 100}}, 0, true};
+  check_attention(e, 2050);
+  check_attention(d, 2060);
+  kernels::cuda::attention_set_merge_in_kernel(true);
+  // Repeated launches reuse the split tickets: each launch must leave them zeroed.
+  for (int i = 0; i < 3; ++i) check_attention(e, 2070 + i);
 }
 
 TEST(GpuAttention, SimpleKernelForOtherHeadSizesAndF32) {

@@ -125,5 +125,34 @@ TEST(GpuKvCacheWrite, SlotsSkipsAndStridedSources) {
   }
 }
 
+TEST(GpuRope, FusedWithCacheWriteMatchesRopeThenWrite) {
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    const int hq = 8, hk = 2, D = 64, T = 29, pages = 4, bs = 16;
+    const int64_t width = (hq + 2 * hk) * D;
+    Tensor qkv = random_cpu({T, width}, dt, 400, -2, 2);
+    Tensor kc = random_cpu({pages, bs, hk, D}, dt, 401), vc = random_cpu({pages, bs, hk, D}, dt, 402);
+    Tensor pos = Tensor::empty({T}, DType::kI32), slots = Tensor::empty({T}, DType::kI32);
+    for (int t = 0; t < T; ++t) {
+      pos.ptr<int32_t>()[t] = 100 + 3 * t;
+      slots.ptr<int32_t>()[t] = t == 5 ? -1 : (t * 7) % (pages * bs);
+    }
+    Tensor inv = Tensor::empty({D / 2}, DType::kF32);
+    for (int i = 0; i < D / 2; ++i) inv.ptr<float>()[i] = 1.0f / std::pow(10000.0f, 2.0f * i / D);
+    kernels::RopeArgs a{D, D, 1.0f, false};
+    Tensor ref = qkv.clone();
+    Tensor rq = ref.narrow(1, 0, hq * D), rk = ref.narrow(1, hq * D, hk * D), rv = ref.narrow(1, (hq + hk) * D, hk * D);
+    kernels::rope_kv_cache_write(rq, rk, rv, pos, inv, a, kc, vc, slots);  // CPU: rope, then write
+    Tensor g = qkv.to(gpu());
+    Tensor gq = g.narrow(1, 0, hq * D), gk = g.narrow(1, hq * D, hk * D), gv = g.narrow(1, (hq + hk) * D, hk * D);
+    Tensor gkc = random_cpu({pages, bs, hk, D}, dt, 401).to(gpu()), gvc = random_cpu({pages, bs, hk, D}, dt, 402).to(gpu());
+    Tensor gpos = pos.to(gpu()), ginv = inv.to(gpu()), gslots = slots.to(gpu());
+    kernels::rope_kv_cache_write(gq, gk, gv, gpos, ginv, a, gkc, gvc, gslots);
+    const double tol = dt == DType::kF32 ? 2e-6 : 2e-3;
+    EXPECT_LE(rel_err(g, ref), tol) << dtype_name(dt);
+    EXPECT_LE(rel_err(gkc, kc), tol) << dtype_name(dt);
+    EXPECT_TRUE(same_bytes(gvc, vc)) << dtype_name(dt);
+  }
+}
+
 }  // namespace
 }  // namespace atom::test

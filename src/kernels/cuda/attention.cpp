@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "core/env.h"
 #include "kernels/cuda/attention_config.h"
@@ -33,6 +35,8 @@ PrefillAttention g_backend = [] {
   return PrefillAttention::kAuto;
 }();
 int g_m_atoms = static_cast<int>(env_int("ATOM_ATTENTION_M_ATOMS", 0));
+int g_wgmma_warpgroups = env_int("ATOM_WGMMA_WARPGROUPS", 2) == 1 ? 1 : 2;
+bool g_merge_in_kernel = true;
 
 bool tensor_core_shape(const AttentionArgs& a, DType dtype) {
   return (dtype == DType::kBF16 || dtype == DType::kF16) &&
@@ -64,11 +68,31 @@ int splits_for(int64_t num_tokens, const AttentionArgs& a) {
   return static_cast<int>(std::clamp<int64_t>(std::min(want, by_len), 1, kMaxSplits));
 }
 
+// Zeroed split tickets of one stream (kernels re-zero what they use). Fixed size and kept for
+// the process, so CUDA graphs can hold the address; created on first use, which is never inside
+// a capture (runners warm up eagerly first).
+constexpr int64_t kCounters = 1 << 16;
+int* split_counters(cudaStream_t stream) {
+  static std::mutex mu;
+  static std::map<std::pair<int, cudaStream_t>, int*> buffers;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  int*& p = buffers[{dev, stream}];
+  if (!p) {
+    CUDA_CHECK(cudaMalloc(&p, kCounters * sizeof(int)));
+    CUDA_CHECK(cudaMemsetAsync(p, 0, kCounters * sizeof(int), stream));
+  }
+  return p;
+}
+
 }  // namespace
 
 void attention_set_backend(PrefillAttention b) { g_backend = b; }
 PrefillAttention attention_backend() { return g_backend; }
 void attention_set_m_atoms(int m) { g_m_atoms = m; }
+void attention_set_wgmma_warpgroups(int n) { g_wgmma_warpgroups = n == 1 ? 1 : 2; }
+void attention_set_merge_in_kernel(bool on) { g_merge_in_kernel = on; }
 
 int64_t paged_attention_workspace_size(int64_t num_tokens, const AttentionArgs& a, DType dtype) {
   if (!tensor_core_shape(a, dtype) || a.num_kv_heads <= 0 || !decode_mode(a)) return 0;
@@ -128,6 +152,7 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
   l.scale = a.scale;
   l.softcap = a.logit_softcap;
   l.type = elem_of(q.dtype(), "paged_attention");
+  l.wgmma_warpgroups = g_wgmma_warpgroups;
 
   l.block_shift = (l.block_size & (l.block_size - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(l.block_size)) : -1;
 
@@ -159,9 +184,11 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
     }
   }
   l.num_splits = splits;
+  if (splits > 1 && g_merge_in_kernel && static_cast<int64_t>(S) * Hk <= kCounters)
+    l.counters = split_counters(stream);
   launch_flash_decode(l, stream);
   launch_check("paged_attention (flash decode)");
-  if (splits > 1) {
+  if (splits > 1 && l.counters == nullptr) {
     launch_attention_combine(l, stream);
     launch_check("paged_attention (combine)");
   }

@@ -1,6 +1,6 @@
-// Prefill attention on Hopper's warpgroup MMA (wgmma). A CTA of two warpgroups owns 128 packed
-// query rows (row = token * G + head_in_group, as in attention.cu) of one (sequence, kv head);
-// each warpgroup computes S = Q Kᵀ for its 64 rows over a 128-key tile with both operands in
+// Prefill attention on Hopper's warpgroup MMA (wgmma). A CTA of NWG warpgroups owns 64 * NWG
+// packed query rows (row = token * G + head_in_group, as in attention.cu) of one (sequence, kv
+// head); each warpgroup computes S = Q Kᵀ for its 64 rows over a BN-key tile with both operands in
 // shared memory, runs the online softmax in registers, and accumulates O += P V with P taken
 // straight from the S accumulators (their register layout is wgmma's A-operand layout) and V
 // read transposed (MN-major) from shared memory. K/V tiles are gathered from the paged cache
@@ -14,11 +14,15 @@ namespace atom::kernels::cuda {
 
 namespace {
 
-constexpr int kBM = 128, kBN = 128, kThreads = 256;
-
-template <int D>
+template <int D, int NWG, int BN>
 constexpr size_t wgmma_smem_bytes() {
-  return static_cast<size_t>(kBM * D + 4 * kBN * D) * 2 + 1024;  // + alignment slack
+  return static_cast<size_t>(64 * NWG * D + 4 * BN * D) * 2 + 1024;  // + alignment slack
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void qk_mma(float (&s)[N / 2], uint64_t da, uint64_t db, int scale_d) {
+  if constexpr (N == 128) wgmma_m64n128k16_ss<T>(s, da, db, scale_d);
+  else wgmma_m64n64k16_ss<T>(s, da, db, scale_d);
 }
 
 // Element offset of 16-byte chunk c of row `row` in a [D / 64][rows][64] swizzled tile.
@@ -45,10 +49,11 @@ __device__ __forceinline__ void pv_mma<__half, 64>(float (&o)[32], const uint32_
   wgmma_m64n64k16_rs<__half>(o, a, desc, 1);
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 1) wgmma_attention_kernel(AttnLaunch a) {
+template <typename T, int D, int NWG, int kBN>
+__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) wgmma_attention_kernel(AttnLaunch a) {
   pdl_wait();
   pdl_launch_dependents();
+  constexpr int kBM = 64 * NWG, kThreads = 128 * NWG;
   constexpr int DC = D / 8;   // 16-byte chunks per row
   constexpr int NT = kBN / 8;  // 8-key blocks of S per tile
   constexpr int DT = D / 8;
@@ -104,13 +109,15 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_attention_kernel(AttnLaunch
   const uint32_t sQ_addr = smem_addr(sQ), sK_addr = smem_addr(sK), sV_addr = smem_addr(sV);
   const float scale_log2 = a.scale * kLog2e;
 
+  // One barrier per tile: it publishes tile t, and since every thread has passed it, all are done
+  // with tile t - 1, whose stage the prefetch of tile t + 1 then refills.
   for (int t = 0; t < r.n_tiles; ++t) {
     const int stage = t & 1;
-    if (t + 1 < r.n_tiles) load_kv(t + 1, stage ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();
+    cp_async_wait<0>();
     fence_proxy_async();  // this thread's cp.async data, before the tensor cores read it
     __syncthreads();
+    if (t + 1 < r.n_tiles) load_kv(t + 1, stage ^ 1);
+    cp_async_commit();
     if (wg_active) {
       const uint32_t k_addr = sK_addr + stage * (kBN * D * 2);
       const uint32_t v_addr = sV_addr + stage * (kBN * D * 2);
@@ -122,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_attention_kernel(AttnLaunch
       for (int kk = 0; kk < D / 16; ++kk) {
         const uint32_t qa = sQ_addr + (kk >> 2) * (kBM * 128) + wg * (64 * 128) + (kk & 3) * 32;
         const uint32_t kb = k_addr + (kk >> 2) * (kBN * 128) + (kk & 3) * 32;
-        wgmma_m64n128k16_ss<T>(s, wgmma_desc(qa, 16, 1024), wgmma_desc(kb, 16, 1024), kk > 0 ? 1 : 0);
+        qk_mma<T, kBN>(s, wgmma_desc(qa, 16, 1024), wgmma_desc(kb, 16, 1024), kk > 0 ? 1 : 0);
       }
       wgmma_commit();
       wgmma_wait<0>();
@@ -188,7 +195,6 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_attention_kernel(AttnLaunch
       wgmma_commit();
       wgmma_wait<0>();
     }
-    __syncthreads();  // both warpgroups are done with this stage before it is refilled
   }
   cp_async_wait<0>();
 
@@ -218,20 +224,27 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_attention_kernel(AttnLaunch
   }
 }
 
-template <typename T, int D>
+template <typename T, int D, int NWG, int BN>
 void launch_typed(const AttnLaunch& a, cudaStream_t s) {
-  constexpr size_t smem = wgmma_smem_bytes<D>();
+  constexpr size_t smem = wgmma_smem_bytes<D, NWG, BN>();
   static const bool configured = [] {
-    cudaFuncSetAttribute(wgmma_attention_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(wgmma_attention_kernel<T, D, NWG, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          static_cast<int>(smem));
     return true;
   }();
   (void)configured;
   const int G = a.num_heads / a.num_kv_heads;
   const int64_t max_rows = static_cast<int64_t>(a.max_query_len) * G;
-  const dim3 grid(static_cast<unsigned>((max_rows + kBM - 1) / kBM),
+  const dim3 grid(static_cast<unsigned>((max_rows + 64 * NWG - 1) / (64 * NWG)),
                   static_cast<unsigned>(a.num_seqs * a.num_kv_heads), 1u);
-  launch(wgmma_attention_kernel<T, D>, grid, kThreads, smem, s, a);
+  launch(wgmma_attention_kernel<T, D, NWG, BN>, grid, 128 * NWG, smem, s, a);
+}
+
+// The CTA shape: a.wgmma_warpgroups (attention_config.h).
+template <typename T, int D>
+void launch_shape(const AttnLaunch& a, cudaStream_t s) {
+  if (a.wgmma_warpgroups == 1) launch_typed<T, D, 1, 64>(a, s);
+  else launch_typed<T, D, 2, 128>(a, s);
 }
 
 }  // namespace
@@ -246,9 +259,9 @@ bool wgmma_attention_supported(const AttnLaunch& a) {
 void launch_wgmma_attention(const AttnLaunch& a, cudaStream_t s) {
   if (a.num_tokens == 0 || a.num_seqs == 0) return;
   if (a.type == Elem::kBF16) {
-    a.head_dim == 128 ? launch_typed<__nv_bfloat16, 128>(a, s) : launch_typed<__nv_bfloat16, 64>(a, s);
+    a.head_dim == 128 ? launch_shape<__nv_bfloat16, 128>(a, s) : launch_shape<__nv_bfloat16, 64>(a, s);
   } else {
-    a.head_dim == 128 ? launch_typed<__half, 128>(a, s) : launch_typed<__half, 64>(a, s);
+    a.head_dim == 128 ? launch_shape<__half, 128>(a, s) : launch_shape<__half, 64>(a, s);
   }
 }
 

@@ -50,6 +50,12 @@ struct RopeLaunch {
   int head_dim = 0, rot_dim = 0;
   float scale = 1.0f;
   bool interleaved = false;
+  // Optional fused cache write: k_cache/v_cache [num_slots, Hk * head_dim] of q's type.
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  int64_t num_slots = 0;
+  Mat v;                              // [T, Hk * head_dim]
+  const int32_t* slot_mapping = nullptr;  // [T]
 };
 void launch_rope(const RopeLaunch& a, cudaStream_t s);
 // k_cache/v_cache [num_slots, width] contiguous (width = Hk * D); k, v [T, width]; same type.
@@ -82,6 +88,9 @@ struct AttnLaunch {
   const float* sinks = nullptr;           // [Hq] or null
   float* part_o = nullptr;   // [splits, T * Hq, D] partial outputs when num_splits > 1
   float* part_ml = nullptr;  // [splits, T * Hq, 2] running max (log2 units) and sum
+  // [num_seqs * num_kv_heads] zeroed tickets: with them, the last CTA of a split sequence merges
+  // the partials itself (and re-zeroes its ticket); without, launch_attention_combine does.
+  int* counters = nullptr;
   int64_t num_tokens = 0;
   int num_seqs = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0, block_size = 0;
   int block_shift = -1;  // log2(block_size) when a power of two, else -1
@@ -91,6 +100,7 @@ struct AttnLaunch {
   float scale = 1.0f;
   float softcap = 0.0f;
   Elem type = Elem::kBF16;
+  int wgmma_warpgroups = 2;  // CTA shape of the wgmma prefill kernel: 2 (128 rows) or 1 (64 rows)
 };
 // Tensor-core flash attention (mma.sync): BF16/F16, head_dim 64, 128 or 256, 16-byte aligned
 // rows. Prefill mode: m_atoms (1 or 2; 2 needs head_dim <= 128) 16-row MMA tiles per warp, no

@@ -10,7 +10,7 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kRows = 2;    // weight rows per warp
-constexpr int kUnroll = 4;  // 16-byte weight loads per row in flight per lane
+constexpr int kPrefetchBytes = 8192;  // per weight row, into L2 before the dependency wait
 
 struct SkinnyArgs {
   Mat out, x;
@@ -27,7 +27,8 @@ __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
   for (int i = 0; i < 8; ++i) f[i] = to_float<T>(e[i]);
 }
 
-template <typename T, int M>
+// U: 16-byte weight loads per row in flight per lane.
+template <typename T, int M, int U>
 __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a) {
   pdl_launch_dependents();
   const int lane = threadIdx.x & 31;
@@ -48,31 +49,31 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
     for (int r = 0; r < kRows; ++r) acc[m][r] = 0.0f;
 
   constexpr int64_t kStep = 32 * 8;  // elements a warp covers per load
-  // Weight loads of one step: kUnroll 16-byte loads per row per lane. The next step's loads are
-  // issued before the current step's math, and the first step's before pdl_wait(): weights are
-  // never written by an earlier kernel, so they stream while the previous kernel drains.
-  auto load_w = [&](uint4 (&wv)[kUnroll][kRows], int64_t k0) {
+  // Weights are never written by an earlier kernel: pull the start of this warp's rows into L2
+  // while the previous kernel drains (PDL), then wait for x.
+  {
+    const uint32_t bytes = static_cast<uint32_t>(a.k * 2 < kPrefetchBytes ? a.k * 2 : kPrefetchBytes);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int r = 0; r < kRows; ++r)
+      if (lane == r) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(w[r]), "r"(bytes) : "memory");
+  }
+  pdl_wait();
+  for (int64_t k0 = lane * 8; k0 < a.k; k0 += kStep * U) {
+    uint4 wv[U][kRows];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
       const int64_t k = k0 + u * kStep;
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
         wv[u][r] = k < a.k ? __ldcs(reinterpret_cast<const uint4*>(w[r] + k)) : make_uint4(0, 0, 0, 0);
     }
-  };
-  uint4 cur[kUnroll][kRows];
-  load_w(cur, lane * 8);
-  pdl_wait();
-  for (int64_t k0 = lane * 8; k0 < a.k; k0 += kStep * kUnroll) {
-    uint4 nxt[kUnroll][kRows];
-    load_w(nxt, k0 + kStep * kUnroll);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t k = k0 + u * kStep;
       if (k >= a.k) break;
       float wf[kRows][8];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) unpack8<T>(cur[u][r], wf[r]);
+      for (int r = 0; r < kRows; ++r) unpack8<T>(wv[u][r], wf[r]);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         float xf[8];
@@ -83,10 +84,6 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
           for (int i = 0; i < 8; ++i) acc[m][r] = fmaf(xf[i], wf[r][i], acc[m][r]);
       }
     }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) cur[u][r] = nxt[u][r];
   }
 #pragma unroll
   for (int m = 0; m < M; ++m)
@@ -105,16 +102,33 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
     }
 }
 
+template <typename T, int U>
+void launch_unrolled(const SkinnyArgs& a, unsigned grid, cudaStream_t s) {
+  switch (a.x.rows) {
+    case 1: launch(linear_skinny_kernel<T, 1, U>, grid, kWarps * 32, 0, s, a); break;
+    case 2: launch(linear_skinny_kernel<T, 2, U>, grid, kWarps * 32, 0, s, a); break;
+    case 3: launch(linear_skinny_kernel<T, 3, U>, grid, kWarps * 32, 0, s, a); break;
+    default: launch(linear_skinny_kernel<T, 4, U>, grid, kWarps * 32, 0, s, a); break;
+  }
+}
+
+// ATOM_SKINNY_UNROLL=4|8 (default 8): loads in flight per lane and row.
+int unroll() {
+  static const int u = [] {
+    const char* e = std::getenv("ATOM_SKINNY_UNROLL");
+    return e && std::strcmp(e, "4") == 0 ? 4 : 8;
+  }();
+  return u;
+}
+
 template <typename T>
 void launch_typed(const SkinnyArgs& a, cudaStream_t s) {
   const int64_t warps = (a.n + kRows - 1) / kRows;
   const unsigned grid = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
-  switch (a.x.rows) {
-    case 1: launch(linear_skinny_kernel<T, 1>, grid, kWarps * 32, 0, s, a); break;
-    case 2: launch(linear_skinny_kernel<T, 2>, grid, kWarps * 32, 0, s, a); break;
-    case 3: launch(linear_skinny_kernel<T, 3>, grid, kWarps * 32, 0, s, a); break;
-    default: launch(linear_skinny_kernel<T, 4>, grid, kWarps * 32, 0, s, a); break;
-  }
+  if (unroll() == 4)
+    launch_unrolled<T, 4>(a, grid, s);
+  else
+    launch_unrolled<T, 8>(a, grid, s);
 }
 
 }  // namespace

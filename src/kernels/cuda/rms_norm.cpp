@@ -27,7 +27,10 @@ void rms_norm(Tensor& out, const Tensor& x, Tensor* residual, const Tensor& w, f
   launch_check("rms_norm");
 }
 
-void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& inv_freq, const RopeArgs& a) {
+namespace {
+// Checks rope's arguments and fills the launch; false when there is nothing to do.
+bool rope_prepare(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& inv_freq,
+                  const RopeArgs& a, RopeLaunch& l) {
   check_rows("rope", q, "q");
   check_rows("rope", k, "k");
   const int64_t T = q.size(0);
@@ -38,7 +41,6 @@ void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& inv_freq,
              "rope: rot_dim {} head_dim {} inv_freq {}", a.rot_dim, a.head_dim, inv_freq.str());
   ATOM_CHECK(q.size(1) % a.head_dim == 0 && k.size(1) % a.head_dim == 0, "rope: widths {} {}",
              q.str(), k.str());
-  RopeLaunch l;
   l.q = mat_of(q, "rope");
   l.k = mat_of(k, "rope");
   l.positions = positions.ptr<int32_t>();
@@ -47,6 +49,13 @@ void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& inv_freq,
   l.rot_dim = a.rot_dim;
   l.scale = a.scale;
   l.interleaved = a.interleaved;
+  return T > 0;
+}
+}  // namespace
+
+void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& inv_freq, const RopeArgs& a) {
+  RopeLaunch l;
+  if (!rope_prepare(q, k, positions, inv_freq, a, l)) return;
   launch_rope(l, current_stream());
   launch_check("rope");
 }
@@ -71,6 +80,29 @@ void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Ten
                         mat_of(k, "kv_cache_write"), mat_of(v, "kv_cache_write"),
                         slot_mapping.ptr<int32_t>(), current_stream());
   launch_check("kv_cache_write");
+}
+
+void rope_kv_cache_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions,
+                         const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache, Tensor& v_cache,
+                         const Tensor& slot_mapping) {
+  check_rows("rope_kv_cache_write", v, "v");
+  ATOM_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                 v_cache.shape() == k_cache.shape() && k_cache.dtype() == q.dtype() &&
+                 v_cache.dtype() == q.dtype() && v.dtype() == q.dtype(),
+             "rope_kv_cache_write: caches {} {} for q {} v {}", k_cache.str(), v_cache.str(), q.str(), v.str());
+  ATOM_CHECK(k.size(1) == k_cache.size(2) * k_cache.size(3) && v.size(1) == k.size(1) &&
+                 v.size(0) == k.size(0) && slot_mapping.numel() == k.size(0) && is_i32(slot_mapping),
+             "rope_kv_cache_write: k {} v {} slots {} for cache {}", k.str(), v.str(), slot_mapping.str(),
+             k_cache.str());
+  RopeLaunch l;
+  if (!rope_prepare(q, k, positions, inv_freq, a, l)) return;
+  l.k_cache = k_cache.data();
+  l.v_cache = v_cache.data();
+  l.num_slots = k_cache.size(0) * k_cache.size(1);
+  l.v = mat_of(v, "rope_kv_cache_write");
+  l.slot_mapping = slot_mapping.ptr<int32_t>();
+  launch_rope(l, current_stream());
+  launch_check("rope_kv_cache_write");
 }
 
 }  // namespace atom::kernels::cuda

@@ -8,6 +8,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// With k_cache set, the block then copies its token's rotated k row and v row into the cache
+// slot (slot_mapping; < 0 or past the cache: skipped).
 template <typename T>
 __global__ void __launch_bounds__(kThreads) rope_kernel(RopeLaunch a, int hq, int hk) {
   pdl_wait();
@@ -38,6 +40,18 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeLaunch a, int hq, in
     // Products rounded separately, as the CPU reference computes them.
     row[i1] = from_float<T>(__fsub_rn(__fmul_rn(x1, cs[i]), __fmul_rn(x2, sn[i])));
     row[i2] = from_float<T>(__fadd_rn(__fmul_rn(x2, cs[i]), __fmul_rn(x1, sn[i])));
+  }
+  if (a.k_cache == nullptr) return;
+  const int64_t slot = a.slot_mapping[t];
+  if (slot < 0 || slot >= a.num_slots) return;
+  __syncthreads();  // the block's rotated k row is complete (global writes, visible in the block)
+  const int64_t width = a.k.cols;
+  T* kd = static_cast<T*>(a.k_cache) + slot * width;
+  T* vd = static_cast<T*>(a.v_cache) + slot * width;
+  const T* vrow = reinterpret_cast<const T*>(row_of(a.v, t));
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+    kd[i] = krow[i];
+    vd[i] = vrow[i];
   }
 }
 
