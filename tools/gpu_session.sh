@@ -49,9 +49,6 @@ fi
 if has kernels; then
   timeout 200 "$bin/cuda_kernel_bench" all > "$out/kernels.log" 2>&1
   note "kernel bench: rc=$?"
-  ATOM_ATTENTION_M_ATOMS=1 timeout 60 "$bin/cuda_kernel_bench" attention > "$out/attention_m1.log" 2>&1
-  note "attention, one MMA atom per warp: rc=$?"
-  grep -E "prefill.*mma.sync" "$out/attention_m1.log" | sed 's/^/m1 /' | tee -a "$summary"
   grep -E "prefill|decode" "$out/kernels.log" | tee -a "$summary"
 fi
 
@@ -60,20 +57,16 @@ if has e2e; then
     > "$out/e2e.log" 2>&1
   note "e2e bench: rc=$?"
   tail -n 14 "$out/e2e.log" | tee -a "$summary"
-  for v in "ATOM_PDL=0" "ATOM_SKINNY_UNROLL=4" "ATOM_SKINNY_GEMM_MAX_M=0"; do
+  for v in "ATOM_SKINNY_GEMM_MAX_M=2" "ATOM_PDL=0"; do
     env $v timeout 120 "$bin/cuda_e2e_bench" --model "$stage/bench/models/llama-3.1-8b" --load-format dummy \
-      --prefill "" --batch 1 --steps 64 > "$out/e2e_variant.log" 2>&1
+      --prefill "" --batch 1,32 > "$out/e2e_variant.log" 2>&1
     note "e2e $v: rc=$?"
     grep -E "decode batch" "$out/e2e_variant.log" | sed "s/^/$v /" | tee -a "$summary"
   done
-  ATOM_WGMMA_WARPGROUPS=1 timeout 120 "$bin/cuda_e2e_bench" --model "$stage/bench/models/llama-3.1-8b" \
-    --load-format dummy --prefill 2048,8192 --batch "" > "$out/e2e_variant.log" 2>&1
-  note "e2e one-warpgroup wgmma: rc=$?"
-  grep -E "prefill" "$out/e2e_variant.log" | sed "s/^/wgmma-1wg /" | tee -a "$summary"
 fi
 
 if has hf; then
-  timeout 200 python3 "$stage/bench/hf_baseline.py" "$stage/bench/models/llama-3.1-8b" --new 32 \
+  timeout 200 python3 "$stage/bench/hf_baseline.py" "$stage/bench/models/llama-3.1-8b" --new 64 \
     > "$out/hf.log" 2>&1
   note "hf baseline: rc=$?"
   grep -E "^hf |transformers" "$out/hf.log" | tee -a "$summary"
@@ -81,7 +74,7 @@ fi
 
 if has memcheck; then
   timeout 150 compute-sanitizer --tool memcheck --print-limit 20 "$bin/gpu_test" \
-    --gtest_filter='GpuAttention.*:GpuLinear.*:GpuRope.*' \
+    --gtest_filter='GpuAttention.*:GpuLinear.*:GpuRope.*:GpuElementwise.*:GpuRmsNorm.*:GpuKvCacheWrite.*:GpuSampling.*' \
     > "$out/memcheck.log" 2>&1
   note "memcheck: rc=$?"
   grep -E "ERROR SUMMARY|Invalid|out of bounds|PASSED|FAILED" "$out/memcheck.log" | head -20 | tee -a "$summary"
@@ -89,4 +82,4 @@ fi
 
 echo "================ summary"
 cat "$summary"
-if has kernels; then echo "================ kernels"; grep -vE "^$" "$out/kernels.log" | cut -c1-140 | tail -n 95; fi
+if has kernels; then echo "================ kernels"; grep -vE "^$" "$out/kernels.log" | cut -c1-140 | tail -n 60; fi

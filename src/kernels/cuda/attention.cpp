@@ -16,7 +16,7 @@ namespace atom::kernels::cuda {
 namespace {
 
 constexpr int kMaxSplits = 32;
-constexpr int kMinKeysPerSplit = 256;  // 4 tiles: decode_splits in attention_common.cuh
+constexpr int kMinKeysPerSplit = 256;  // a bound; each sequence splits down to 128 keys (decode_splits)
 
 int sm_count() {
   static const int n = [] {

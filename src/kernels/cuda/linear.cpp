@@ -129,7 +129,7 @@ void* workspace_for(LtDevice& d, cudaStream_t s) {
 }  // namespace
 
 int linear_skinny_max_m() {
-  if (g_skinny_max_m < 0) g_skinny_max_m = static_cast<int>(env_int("ATOM_SKINNY_GEMM_MAX_M", 2));
+  if (g_skinny_max_m < 0) g_skinny_max_m = static_cast<int>(env_int("ATOM_SKINNY_GEMM_MAX_M", 0));
   return g_skinny_max_m;
 }
 

@@ -1,7 +1,8 @@
 // out [M, N] = x [M, K] · w [N, K]ᵀ for the few rows of a decode step (M <= 4). Such a product
 // only streams the weight once, so the kernel is built around the weight read: each warp owns
 // kRows output columns, each lane reads 16 bytes of each of their weight rows per step, several
-// steps in flight, and x (a few KB) is read through L1.
+// steps in flight, and x (a few KB) is read through L1. On the H200 it matches cuBLASLt's GEMV
+// within a few percent (docs/performance.md), so it is off by default (linear_config.h).
 #include "kernels/cuda/device_common.cuh"
 
 namespace atom::kernels::cuda {
@@ -10,7 +11,8 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kRows = 2;    // weight rows per warp
-constexpr int kPrefetchBytes = 8192;  // per weight row, into L2 before the dependency wait
+constexpr int kUnroll = 4;  // 16-byte weight loads per row in flight per lane (8, with the next
+                            // step's loads issued early, or an L2 prefetch, measured slower)
 
 struct SkinnyArgs {
   Mat out, x;
@@ -27,8 +29,7 @@ __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
   for (int i = 0; i < 8; ++i) f[i] = to_float<T>(e[i]);
 }
 
-// U: 16-byte weight loads per row in flight per lane.
-template <typename T, int M, int U>
+template <typename T, int M>
 __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a) {
   pdl_launch_dependents();
   const int lane = threadIdx.x & 31;
@@ -49,26 +50,18 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
     for (int r = 0; r < kRows; ++r) acc[m][r] = 0.0f;
 
   constexpr int64_t kStep = 32 * 8;  // elements a warp covers per load
-  // Weights are never written by an earlier kernel: pull the start of this warp's rows into L2
-  // while the previous kernel drains (PDL), then wait for x.
-  {
-    const uint32_t bytes = static_cast<uint32_t>(a.k * 2 < kPrefetchBytes ? a.k * 2 : kPrefetchBytes);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-      if (lane == r) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(w[r]), "r"(bytes) : "memory");
-  }
   pdl_wait();
-  for (int64_t k0 = lane * 8; k0 < a.k; k0 += kStep * U) {
-    uint4 wv[U][kRows];
+  for (int64_t k0 = lane * 8; k0 < a.k; k0 += kStep * kUnroll) {
+    uint4 wv[kUnroll][kRows];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = k0 + u * kStep;
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
         wv[u][r] = k < a.k ? __ldcs(reinterpret_cast<const uint4*>(w[r] + k)) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = k0 + u * kStep;
       if (k >= a.k) break;
       float wf[kRows][8];
@@ -102,33 +95,16 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
     }
 }
 
-template <typename T, int U>
-void launch_unrolled(const SkinnyArgs& a, unsigned grid, cudaStream_t s) {
-  switch (a.x.rows) {
-    case 1: launch(linear_skinny_kernel<T, 1, U>, grid, kWarps * 32, 0, s, a); break;
-    case 2: launch(linear_skinny_kernel<T, 2, U>, grid, kWarps * 32, 0, s, a); break;
-    case 3: launch(linear_skinny_kernel<T, 3, U>, grid, kWarps * 32, 0, s, a); break;
-    default: launch(linear_skinny_kernel<T, 4, U>, grid, kWarps * 32, 0, s, a); break;
-  }
-}
-
-// ATOM_SKINNY_UNROLL=4|8 (default 8): loads in flight per lane and row.
-int unroll() {
-  static const int u = [] {
-    const char* e = std::getenv("ATOM_SKINNY_UNROLL");
-    return e && std::strcmp(e, "4") == 0 ? 4 : 8;
-  }();
-  return u;
-}
-
 template <typename T>
 void launch_typed(const SkinnyArgs& a, cudaStream_t s) {
   const int64_t warps = (a.n + kRows - 1) / kRows;
   const unsigned grid = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
-  if (unroll() == 4)
-    launch_unrolled<T, 4>(a, grid, s);
-  else
-    launch_unrolled<T, 8>(a, grid, s);
+  switch (a.x.rows) {
+    case 1: launch(linear_skinny_kernel<T, 1>, grid, kWarps * 32, 0, s, a); break;
+    case 2: launch(linear_skinny_kernel<T, 2>, grid, kWarps * 32, 0, s, a); break;
+    case 3: launch(linear_skinny_kernel<T, 3>, grid, kWarps * 32, 0, s, a); break;
+    default: launch(linear_skinny_kernel<T, 4>, grid, kWarps * 32, 0, s, a); break;
+  }
 }
 
 }  // namespace

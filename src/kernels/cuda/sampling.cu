@@ -58,9 +58,21 @@ __device__ int64_t row_argmax(const Mat& m, int64_t r, float* sv, int64_t* si) {
   const char* p = row_of(m, r);
   const float first = load_elem(p, m.type, 0);
   ArgBest best{-INFINITY, -1};
-  for (int64_t c = threadIdx.x; c < m.cols; c += kThreads) {
-    const float v = load_elem(p, m.type, c);
-    if (!isnan(v)) best = arg_better(best, ArgBest{v, c});
+  if (m.type == Elem::kF32 && m.cols % 4 == 0 && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+    // FP32 logits: four consecutive values per load, taken in index order.
+    const float4* p4 = reinterpret_cast<const float4*>(p);
+    for (int64_t c = threadIdx.x; c < m.cols / 4; c += kThreads) {
+      const float4 v = p4[c];
+      const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (!isnan(e[j])) best = arg_better(best, ArgBest{e[j], 4 * c + j});
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < m.cols; c += kThreads) {
+      const float v = load_elem(p, m.type, c);
+      if (!isnan(v)) best = arg_better(best, ArgBest{v, c});
+    }
   }
   best = block_arg_best(best, sv, si);
   if (isnan(first) || best.i < 0) return 0;
