@@ -39,6 +39,7 @@ double now() {
 struct ModelNumbers {
   double weight_bytes = 0;   // read per decode step: every parameter but the input embedding
   double matmul_params = 0;  // parameters in matrix products per token (same set)
+  double head_params = 0;    // of which the LM head (prefill computes it for one row only)
   double kv_bytes_per_token = 0;
   int layers = 0, heads = 0, head_dim = 0;
 };
@@ -106,6 +107,8 @@ int main(int argc, char** argv) {
       if (name == "model.embed_tokens.weight" && !c.tie_word_embeddings) continue;
       n.weight_bytes += static_cast<double>(p->data().nbytes());
       if (p->data().dim() == 2) n.matmul_params += static_cast<double>(p->data().numel());
+      if (name == "lm_head.weight" || (c.tie_word_embeddings && name == "model.embed_tokens.weight"))
+        n.head_params += static_cast<double>(p->data().numel());
     }
     n.layers = static_cast<int>(c.num_hidden_layers);
     n.heads = static_cast<int>(c.num_attention_heads);
@@ -141,7 +144,9 @@ int main(int argc, char** argv) {
       }
       std::sort(ts.begin() + 1, ts.end());
       const double t = ts[2];  // median of the three after the first
-      const double flops = 2.0 * n.matmul_params * len + 4.0 * n.layers * n.heads * n.head_dim * len * len / 2.0;
+      // Layers for every token, the LM head for the last one, causal attention 4 S^2 d H / 2.
+      const double flops = 2.0 * (n.matmul_params - n.head_params) * len + 2.0 * n.head_params +
+                           4.0 * n.layers * n.heads * n.head_dim * static_cast<double>(len) * len / 2.0;
       std::printf("%-44s %9.2f ms %12.0f %9.1f%%\n", fmt::format("prefill {} tokens", len).c_str(), t * 1e3,
                   len / t, 100.0 * flops / bench::kMatmul / t);
       std::fflush(stdout);
