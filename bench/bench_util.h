@@ -22,7 +22,8 @@ inline constexpr double kMatmul = 797e12;      // FLOP/s
 
 // Median over `reps` of the mean time (s) of `iters` back-to-back calls of fn(i), i counting up
 // (to rotate inputs), timed with events on the current stream (the legacy stream here).
-inline double time_op(const std::function<void(int)>& fn, int iters = 20, int reps = 5, int warmup = 3) {
+inline double time_op(const std::function<void(int)>& fn, int iters = 20, int reps = 5,
+                      int warmup = 3) {
   int k = 0;
   for (int i = 0; i < warmup; ++i) fn(k++);
   CUDA_CHECK(cudaDeviceSynchronize());
@@ -51,8 +52,8 @@ inline void report(const std::string& what, double seconds, double bytes, double
   const double t_mem = bytes / kBandwidth, t_math = flops / kMatmul;
   const bool mem_bound = t_mem >= t_math;
   const double pct = 100.0 * std::max(t_mem, t_math) / seconds;
-  std::printf("%-58s %10.1f us %8.3f TB/s %8.1f TFLOP/s %6.1f%% of %s limit\n", what.c_str(), seconds * 1e6,
-              bw / 1e12, fl / 1e12, pct, mem_bound ? "bandwidth" : "matmul");
+  std::printf("%-58s %10.1f us %8.3f TB/s %8.1f TFLOP/s %6.1f%% of %s limit\n", what.c_str(),
+              seconds * 1e6, bw / 1e12, fl / 1e12, pct, mem_bound ? "bandwidth" : "matmul");
   std::fflush(stdout);
 }
 

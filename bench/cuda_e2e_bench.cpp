@@ -82,13 +82,20 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (a == "--model") model_dir = next();
-    else if (a == "--load-format") load = next();
-    else if (a == "--prefill") prefill = int_list(next());
-    else if (a == "--batch") batches = int_list(next());
-    else if (a == "--prompt") prompt = std::atoi(next().c_str());
-    else if (a == "--steps") steps = std::atoi(next().c_str());
-    else if (a == "--eager") eager = true;
+    if (a == "--model")
+      model_dir = next();
+    else if (a == "--load-format")
+      load = next();
+    else if (a == "--prefill")
+      prefill = int_list(next());
+    else if (a == "--batch")
+      batches = int_list(next());
+    else if (a == "--prompt")
+      prompt = std::atoi(next().c_str());
+    else if (a == "--steps")
+      steps = std::atoi(next().c_str());
+    else if (a == "--eager")
+      eager = true;
   }
   if (model_dir.empty()) {
     std::fprintf(stderr, "usage: cuda_e2e_bench --model DIR [--load-format dummy]\n");
@@ -107,15 +114,18 @@ int main(int argc, char** argv) {
       if (name == "model.embed_tokens.weight" && !c.tie_word_embeddings) continue;
       n.weight_bytes += static_cast<double>(p->data().nbytes());
       if (p->data().dim() == 2) n.matmul_params += static_cast<double>(p->data().numel());
-      if (name == "lm_head.weight" || (c.tie_word_embeddings && name == "model.embed_tokens.weight"))
+      if (name == "lm_head.weight" ||
+          (c.tie_word_embeddings && name == "model.embed_tokens.weight"))
         n.head_params += static_cast<double>(p->data().numel());
     }
     n.layers = static_cast<int>(c.num_hidden_layers);
     n.heads = static_cast<int>(c.num_attention_heads);
     n.head_dim = static_cast<int>(c.head_dim);
     n.kv_bytes_per_token = 2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2;
-    std::printf("model %s: %.2f GB of weights read per decode step, %.2f B matmul parameters; loaded in %.1f s\n",
-                model_dir.c_str(), n.weight_bytes / 1e9, n.matmul_params / 1e9, now() - t0);
+    std::printf(
+        "model %s: %.2f GB of weights read per decode step, %.2f B matmul parameters; loaded in "
+        "%.1f s\n",
+        model_dir.c_str(), n.weight_bytes / 1e9, n.matmul_params / 1e9, now() - t0);
 
     int max_batch = 1, max_prefill = 0;
     for (int b : batches) max_batch = std::max(max_batch, b);
@@ -145,10 +155,11 @@ int main(int argc, char** argv) {
       std::sort(ts.begin() + 1, ts.end());
       const double t = ts[2];  // median of the three after the first
       // Layers for every token, the LM head for the last one, causal attention 4 S^2 d H / 2.
-      const double flops = 2.0 * (n.matmul_params - n.head_params) * len + 2.0 * n.head_params +
-                           4.0 * n.layers * n.heads * n.head_dim * static_cast<double>(len) * len / 2.0;
-      std::printf("%-44s %9.2f ms %12.0f %9.1f%%\n", fmt::format("prefill {} tokens", len).c_str(), t * 1e3,
-                  len / t, 100.0 * flops / bench::kMatmul / t);
+      const double flops =
+          2.0 * (n.matmul_params - n.head_params) * len + 2.0 * n.head_params +
+          4.0 * n.layers * n.heads * n.head_dim * static_cast<double>(len) * len / 2.0;
+      std::printf("%-44s %9.2f ms %12.0f %9.1f%%\n", fmt::format("prefill {} tokens", len).c_str(),
+                  t * 1e3, len / t, 100.0 * flops / bench::kMatmul / t);
       std::fflush(stdout);
     }
 
@@ -156,7 +167,8 @@ int main(int argc, char** argv) {
       Seqs sq{bs, (prompt + steps + 8 + bs - 1) / bs, std::vector<int>(B, 0)};
       std::vector<std::vector<int32_t>> toks(B);
       for (int s = 0; s < B; ++s)
-        for (int i = 0; i < prompt; ++i) toks[s].push_back((s * 131 + i * 7919) % static_cast<int>(c.vocab_size));
+        for (int i = 0; i < prompt; ++i)
+          toks[s].push_back((s * 131 + i * 7919) % static_cast<int>(c.vocab_size));
       const double a = now();
       // Prefill the prompts, at most 8192 tokens per step.
       std::vector<int32_t> next(B);

@@ -41,7 +41,8 @@ Tensor i32_gpu(const std::vector<int32_t>& v) {
 }
 
 void bench_gemm() {
-  std::printf("\n== GEMM (x [M, K] . w [N, K]^T, bf16, fp32 accumulate), Llama-3.1-8B projections\n");
+  std::printf(
+      "\n== GEMM (x [M, K] . w [N, K]^T, bf16, fp32 accumulate), Llama-3.1-8B projections\n");
   struct Shape2 {
     const char* name;
     int64_t n, k;
@@ -58,7 +59,8 @@ void bench_gemm() {
     // Enough weight copies to exceed L2 several times over.
     const int copies = static_cast<int>(std::max(1.0, std::ceil(400e6 / wbytes)));
     std::vector<Tensor> ws;
-    for (int c = 0; c < copies; ++c) ws.push_back(rnd({s.n, s.k}, DType::kBF16, 10 + c, -0.02f, 0.02f));
+    for (int c = 0; c < copies; ++c)
+      ws.push_back(rnd({s.n, s.k}, DType::kBF16, 10 + c, -0.02f, 0.02f));
     for (int64_t m : {1, 2, 4, 8, 32, 128, 512, 2048, 8192}) {
       if (s.out == DType::kF32 && m > 128) continue;  // prefill computes the last row's logits only
       Tensor x = rnd({m, s.k}, DType::kBF16, 5);
@@ -82,8 +84,8 @@ void bench_gemm() {
 
 // Paged attention over a cache of shuffled 16-token pages. Prefill: every sequence attends over
 // its own new tokens (causal). Decode: one new token over `context` cached tokens.
-void bench_attention_case(const std::string& name, int seqs, int query, int context, int hq, int hk, int d,
-                          int context_bound = 0) {
+void bench_attention_case(const std::string& name, int seqs, int query, int context, int hq, int hk,
+                          int d, int context_bound = 0) {
   const int bs = 16;
   const int pages_per = (context + bs - 1) / bs;
   const int pages = seqs * pages_per;
@@ -97,7 +99,8 @@ void bench_attention_case(const std::string& name, int seqs, int query, int cont
     pip.push_back(pip.back() + pages_per);
   }
   const int64_t T = qs.back();
-  Tensor kc = rnd({pages, bs, hk, d}, DType::kBF16, 1), vc = rnd({pages, bs, hk, d}, DType::kBF16, 2);
+  Tensor kc = rnd({pages, bs, hk, d}, DType::kBF16, 1),
+         vc = rnd({pages, bs, hk, d}, DType::kBF16, 2);
   Tensor q = rnd({T, static_cast<int64_t>(hq) * d}, DType::kBF16, 3);
   Tensor out = Tensor::empty({T, static_cast<int64_t>(hq) * d}, DType::kBF16, kGpu);
   Tensor gqs = i32_gpu(qs), gcl = i32_gpu(cl), gpip = i32_gpu(pip), gpid = i32_gpu(perm);
@@ -124,7 +127,8 @@ void bench_attention_case(const std::string& name, int seqs, int query, int cont
     flops = 4.0 * seqs * static_cast<double>(query) * context * d * hq;
   }
   bytes = 2.0 * seqs * static_cast<double>(context) * hk * d * 2 + 2.0 * T * hq * d * 2;
-  report(fmt::format("{} ({} splits)", name, need > 0 ? need / (T * hq * (d + 2)) : 1), t, bytes, flops);
+  report(fmt::format("{} ({} splits)", name, need > 0 ? need / (T * hq * (d + 2)) : 1), t, bytes,
+         flops);
 }
 
 void bench_attention() {
@@ -135,11 +139,16 @@ void bench_attention() {
     kernels::cuda::attention_set_backend(be);
     kernels::cuda::attention_set_wgmma_warpgroups(variant == 1 ? 1 : 2);
     const std::string tag = variant == 0 ? "wgmma 2wg" : variant == 1 ? "wgmma 1wg" : "mma.sync";
-    bench_attention_case("prefill 1x4096 causal, 32/8 heads, d128 " + tag, 1, 4096, 4096, 32, 8, 128);
-    bench_attention_case("prefill 4x2048 causal, 32/8 heads, d128 " + tag, 4, 2048, 2048, 32, 8, 128);
-    bench_attention_case("prefill 1x8192 causal, 64/64 heads, d64 " + tag, 1, 8192, 8192, 64, 64, 64);
-    bench_attention_case("prefill 1x2048 causal, 32/8 heads, d128 " + tag, 1, 2048, 2048, 32, 8, 128);
-    bench_attention_case("prefill 1x8192 causal, 32/8 heads, d128 " + tag, 1, 8192, 8192, 32, 8, 128);
+    bench_attention_case("prefill 1x4096 causal, 32/8 heads, d128 " + tag, 1, 4096, 4096, 32, 8,
+                         128);
+    bench_attention_case("prefill 4x2048 causal, 32/8 heads, d128 " + tag, 4, 2048, 2048, 32, 8,
+                         128);
+    bench_attention_case("prefill 1x8192 causal, 64/64 heads, d64 " + tag, 1, 8192, 8192, 64, 64,
+                         64);
+    bench_attention_case("prefill 1x2048 causal, 32/8 heads, d128 " + tag, 1, 2048, 2048, 32, 8,
+                         128);
+    bench_attention_case("prefill 1x8192 causal, 32/8 heads, d128 " + tag, 1, 8192, 8192, 32, 8,
+                         128);
   }
   kernels::cuda::attention_set_backend(PrefillAttention::kAuto);
   kernels::cuda::attention_set_wgmma_warpgroups(2);
@@ -150,14 +159,16 @@ void bench_attention() {
   bench_attention_case("decode 1 x 4096 ctx, 32/8 heads, d128", 1, 1, 4096, 32, 8, 128);
   bench_attention_case("decode 8 x 8192 ctx, 32/8 heads, d128", 8, 1, 8192, 32, 8, 128);
   bench_attention_case("decode 1 x 200 ctx (bound 8192), 32/8, d128", 1, 1, 200, 32, 8, 128, 8192);
-  bench_attention_case("decode 128 x 200 ctx (bound 8192), 32/8, d128", 128, 1, 200, 32, 8, 128, 8192);
+  bench_attention_case("decode 128 x 200 ctx (bound 8192), 32/8, d128", 128, 1, 200, 32, 8, 128,
+                       8192);
 }
 
 void bench_small() {
   std::printf("\n== Memory-bound kernels, 8192 tokens (and 1 token: launch-bound)\n");
   const int64_t H = 4096, I = 14336;
   for (int64_t T : {8192, 1}) {
-    Tensor x = rnd({T, H}, DType::kBF16, 1), res = rnd({T, H}, DType::kBF16, 2), w = rnd({H}, DType::kBF16, 3);
+    Tensor x = rnd({T, H}, DType::kBF16, 1), res = rnd({T, H}, DType::kBF16, 2),
+           w = rnd({H}, DType::kBF16, 3);
     Tensor out = Tensor::empty({T, H}, DType::kBF16, kGpu);
     double t = time_op([&](int) { kernels::rms_norm(out, x, &res, w, 1e-5f); });
     report(fmt::format("rms_norm + residual T={} H={}", T, H), t, 4.0 * T * H * 2, 0);
@@ -200,7 +211,8 @@ void bench_small() {
     }
     Tensor grows = kernels::sampling_rows_tensor(rows).to(kGpu);
     t = time_op([&](int) { kernels::sample(ids, logits, grows); }, 5);
-    report(fmt::format("sample {} x 128256 (T 0.8, top-k 50, top-p 0.9)", R), t, 4.0 * R * 128256, 0);
+    report(fmt::format("sample {} x 128256 (T 0.8, top-k 50, top-p 0.9)", R), t, 4.0 * R * 128256,
+           0);
   }
 }
 
@@ -212,7 +224,8 @@ int main(int argc, char** argv) {
     cudaDeviceProp p{};
     CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
     std::printf("device: %s, %d SMs, L2 %d MB; limits: %.2f TB/s, %.0f TFLOP/s\n", p.name,
-                p.multiProcessorCount, p.l2CacheSize >> 20, bench::kBandwidth / 1e12, bench::kMatmul / 1e12);
+                p.multiProcessorCount, p.l2CacheSize >> 20, bench::kBandwidth / 1e12,
+                bench::kMatmul / 1e12);
     if (what == "gemm" || what == "all") bench_gemm();
     if (what == "attention" || what == "all") bench_attention();
     if (what == "small" || what == "all") bench_small();

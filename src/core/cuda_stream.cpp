@@ -37,18 +37,19 @@ void cuda_device_check(int device) {
   const cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess || n == 0) {
     (void)cudaGetLastError();
-    fail("no usable NVIDIA GPU: {}", err != cudaSuccess
-                                         ? fmt::format("the CUDA driver reports {} ({})",
-                                                       cudaGetErrorName(err), cudaGetErrorString(err))
-                                         : std::string("no device is visible"));
+    fail("no usable NVIDIA GPU: {}",
+         err != cudaSuccess ? fmt::format("the CUDA driver reports {} ({})", cudaGetErrorName(err),
+                                          cudaGetErrorString(err))
+                            : std::string("no device is visible"));
   }
   if (device < 0 || device >= n) fail("cuda:{} requested but {} GPU(s) are visible", device, n);
   cudaDeviceProp p{};
   CUDA_CHECK(cudaGetDeviceProperties(&p, device));
   if (p.major != 9 || p.minor != 0)
-    fail("GPU cuda:{} ({}) has compute capability {}.{}; this build of atom carries CUDA kernels "
-         "for sm_90a only (Hopper: H100, H200)",
-         device, p.name, p.major, p.minor);
+    fail(
+        "GPU cuda:{} ({}) has compute capability {}.{}; this build of atom carries CUDA kernels "
+        "for sm_90a only (Hopper: H100, H200)",
+        device, p.name, p.major, p.minor);
   if (device < 64) passed.fetch_or(uint64_t{1} << device);
 }
 

@@ -72,7 +72,7 @@ Batch DecodeGraphs::padded(const Batch& b, int bucket) const {
 
 struct DecodeGraphs::Graph {
   cudaGraphExec_t exec = nullptr;
-  Tensor logits;              // [bucket, vocab] in the arena
+  Tensor logits;                // [bucket, vocab] in the arena
   const void* input = nullptr;  // where the capture's batch upload sat
   uint64_t generation = 0;
   ~Graph() {
@@ -107,7 +107,8 @@ Tensor DecodeGraphs::capture(int bucket, Batch& p) {
   }
   const uint64_t before = arena_.generation();
   arena_.reset();
-  if (arena_.generation() != before) clear();  // blocks replaced: older graphs point at freed memory
+  if (arena_.generation() != before)
+    clear();  // blocks replaced: older graphs point at freed memory
   p.upload(arena_);
   p.max_context_len = max_model_len_;
   auto g = std::make_unique<Graph>();
@@ -147,7 +148,8 @@ Tensor DecodeGraphs::run(const Batch& batch) {
   } else {
     arena_.reset();
     p.upload(arena_);
-    ATOM_CHECK(p.dev.token_ids.data() == it->second->input && arena_.generation() == it->second->generation,
+    ATOM_CHECK(p.dev.token_ids.data() == it->second->input &&
+                   arena_.generation() == it->second->generation,
                "decode graph of batch size {}: the upload moved", bucket);
     CUDA_CHECK(cudaGraphLaunch(it->second->exec, cuda_current_stream()));
     logits = it->second->logits;
@@ -173,8 +175,12 @@ void DecodeGraphs::capture_all() {
 
 struct DecodeGraphs::Graph {};
 DecodeGraphs::DecodeGraphs(Model& model, KvCache& kv, int max_model_len, int max_num_seqs)
-    : model_(model), kv_(kv), max_model_len_(max_model_len), max_pages_(1),
-      buckets_(buckets_for(max_num_seqs)), arena_(model.device()) {
+    : model_(model),
+      kv_(kv),
+      max_model_len_(max_model_len),
+      max_pages_(1),
+      buckets_(buckets_for(max_num_seqs)),
+      arena_(model.device()) {
   fail("decode graphs need the CUDA backend");
 }
 DecodeGraphs::~DecodeGraphs() = default;

@@ -104,7 +104,8 @@ int ModelRunner::pages_from_memory(const RunnerOptions& o) {
       b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
       b.state_slots.push_back(s);
     }
-    for (int i = std::max(0, tokens - o.max_num_seqs); i < tokens; ++i) b.logits_indices.push_back(i);
+    for (int i = std::max(0, tokens - o.max_num_seqs); i < tokens; ++i)
+      b.logits_indices.push_back(i);
     arena_.reset();
     b.upload(arena_);
     Step step{b, arena_, &scratch};
@@ -123,24 +124,32 @@ int ModelRunner::pages_from_memory(const RunnerOptions& o) {
   // logits rows, already in the profile), with a margin.
   const double share = std::min(1.0, static_cast<double>(o.max_num_seqs) / tokens);
   const double graphs =
-      o.enforce_eager ? 0.0 : 1.25 * share * static_cast<double>(arena_.capacity()) + 256.0 * 1024 * 1024;
+      o.enforce_eager ? 0.0
+                      : 1.25 * share * static_cast<double>(arena_.capacity()) + 256.0 * 1024 * 1024;
   const double workspaces = 64.0 * 1024 * 1024;  // cuBLASLt per stream, kernel images
   const double budget = total * o.gpu_memory_utilization - used - graphs - workspaces;
   const int need = (max_model_len_ + bs - 1) / bs;
-  const int pages = budget > 0 ? static_cast<int>(std::min(budget / static_cast<double>(page_bytes), 2.0e9)) : 0;
+  const int pages =
+      budget > 0 ? static_cast<int>(std::min(budget / static_cast<double>(page_bytes), 2.0e9)) : 0;
   if (pages < need)
-    fail("max_model_len {} needs {} KV-cache pages of {} tokens ({:.2f} GiB), but only {:.2f} GiB are "
-         "left for the KV cache: {:.2f} GiB of GPU memory x gpu_memory_utilization {} = {:.2f} GiB, "
-         "of which weights and other allocations use {:.2f} GiB, activations (profiled at {} tokens) "
-         "{:.2f} GiB, decode graphs {:.2f} GiB and workspaces {:.2f} GiB. Lower --max-model-len or "
-         "raise --gpu-memory-utilization",
-         max_model_len_, need, bs, need * static_cast<double>(page_bytes) / gib, std::max(budget, 0.0) / gib,
-         total / gib, o.gpu_memory_utilization, total * o.gpu_memory_utilization / gib,
-         (used - static_cast<double>(arena_.capacity())) / gib, tokens, arena_.capacity() / gib, graphs / gib,
-         workspaces / gib);
-  log_info("KV cache: {} pages of {} tokens ({:.2f} GiB, {} tokens) on {}; {:.2f} of {:.2f} GiB in use before it",
-           pages, bs, pages * static_cast<double>(page_bytes) / gib, static_cast<int64_t>(pages) * bs,
-           dev.str(), used / gib, total / gib);
+    fail(
+        "max_model_len {} needs {} KV-cache pages of {} tokens ({:.2f} GiB), but only {:.2f} GiB "
+        "are "
+        "left for the KV cache: {:.2f} GiB of GPU memory x gpu_memory_utilization {} = {:.2f} GiB, "
+        "of which weights and other allocations use {:.2f} GiB, activations (profiled at {} "
+        "tokens) "
+        "{:.2f} GiB, decode graphs {:.2f} GiB and workspaces {:.2f} GiB. Lower --max-model-len or "
+        "raise --gpu-memory-utilization",
+        max_model_len_, need, bs, need * static_cast<double>(page_bytes) / gib,
+        std::max(budget, 0.0) / gib, total / gib, o.gpu_memory_utilization,
+        total * o.gpu_memory_utilization / gib,
+        (used - static_cast<double>(arena_.capacity())) / gib, tokens, arena_.capacity() / gib,
+        graphs / gib, workspaces / gib);
+  log_info(
+      "KV cache: {} pages of {} tokens ({:.2f} GiB, {} tokens) on {}; {:.2f} of {:.2f} GiB in use "
+      "before it",
+      pages, bs, pages * static_cast<double>(page_bytes) / gib, static_cast<int64_t>(pages) * bs,
+      dev.str(), used / gib, total / gib);
   return pages;
 #else
   fail("sizing the KV cache from GPU memory needs the CUDA backend");
@@ -193,8 +202,8 @@ std::vector<int32_t> ModelRunner::execute_sample(Batch& batch,
                                                  const std::vector<kernels::SamplingRow>& rows) {
   ATOM_RUNNER_STREAM();
   Tensor logits = forward_logits(batch);
-  ATOM_CHECK(static_cast<int64_t>(rows.size()) == logits.size(0), "execute_sample: {} rows for {} logits rows",
-             rows.size(), logits.size(0));
+  ATOM_CHECK(static_cast<int64_t>(rows.size()) == logits.size(0),
+             "execute_sample: {} rows for {} logits rows", rows.size(), logits.size(0));
   Tensor host = kernels::sampling_rows_tensor(rows);
   Tensor dev_rows = arena_.alloc(host.shape(), DType::kU8);
   dev_rows.copy_from(host);

@@ -1,12 +1,13 @@
 // CUDA paged attention (flash kernel, split-context decode, simple kernel) against the CPU
 // reference on ragged batches over shuffled pages.
+#include "kernels/attention.h"
+
 #include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <random>
 
 #include "gpu_util.h"
-#include "kernels/attention.h"
 #include "kernels/cuda/attention_config.h"
 
 namespace atom::test {
@@ -28,8 +29,9 @@ struct AttnCase {
 };
 
 std::string describe(const AttnCase& c) {
-  std::string s = fmt::format("H{}/{} D{} bs{} w{}{}{} seqs", c.heads, c.kv_heads, c.head_dim, c.block_size,
-                              c.window, c.sinks ? " sinks" : "", c.softcap > 0 ? " softcap" : "");
+  std::string s =
+      fmt::format("H{}/{} D{} bs{} w{}{}{} seqs", c.heads, c.kv_heads, c.head_dim, c.block_size,
+                  c.window, c.sinks ? " sinks" : "", c.softcap > 0 ? " softcap" : "");
   for (const auto& q : c.seqs) s += fmt::format(" {}/{}", q.query, q.context);
   return s;
 }
@@ -92,10 +94,12 @@ void check_attention(const AttnCase& c, uint64_t seed) {
   Tensor out = Tensor::empty({T, qw}, c.dt, gpu());
   poison(out);
   Tensor gq = qkv.to(gpu()).narrow(1, 0, qw);
-  kernels::paged_attention(out, gq, kc.to(gpu()), vc.to(gpu()), gb, c.sinks ? sinks.to(gpu()) : Tensor(), a);
+  kernels::paged_attention(out, gq, kc.to(gpu()), vc.to(gpu()), gb,
+                           c.sinks ? sinks.to(gpu()) : Tensor(), a);
   const double tol = c.dt == DType::kF32 ? 1e-5 : 5e-3;
-  EXPECT_LE(rel_err(out, ref), tol) << describe(c) << (need > 0 && c.workspace ? " (split)" : "")
-                                    << " backend " << static_cast<int>(kernels::cuda::attention_backend());
+  EXPECT_LE(rel_err(out, ref), tol)
+      << describe(c) << (need > 0 && c.workspace ? " (split)" : "") << " backend "
+      << static_cast<int>(kernels::cuda::attention_backend());
 }
 
 TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {

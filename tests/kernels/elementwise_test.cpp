@@ -1,10 +1,11 @@
 // CUDA element-wise kernels against the CPU reference.
+#include "kernels/elementwise.h"
+
 #include <cstring>
 
-#include "kernels/activation.h"
-#include "kernels/elementwise.h"
-#include "kernels/embedding.h"
 #include "gpu_util.h"
+#include "kernels/activation.h"
+#include "kernels/embedding.h"
 
 namespace atom::test {
 namespace {
@@ -84,8 +85,9 @@ TEST(GpuElementwise, SiluMulVectorAndScalarPaths) {
     int64_t m, i;
     DType dt;
   };
-  for (const Case& c : {Case{7, 14336, DType::kBF16}, Case{3, 1000, DType::kBF16}, Case{5, 37, DType::kBF16},
-                        Case{4, 256, DType::kF16}, Case{9, 100, DType::kF32}}) {
+  for (const Case& c :
+       {Case{7, 14336, DType::kBF16}, Case{3, 1000, DType::kBF16}, Case{5, 37, DType::kBF16},
+        Case{4, 256, DType::kF16}, Case{9, 100, DType::kF32}}) {
     Tensor x = random_cpu({c.m, 2 * c.i}, c.dt, 7, -6, 6);
     Tensor ref = Tensor::empty({c.m, c.i}, c.dt);
     kernels::silu_mul(ref, x);

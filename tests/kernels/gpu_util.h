@@ -17,7 +17,8 @@ namespace atom::test {
 inline Device gpu() { return Device::cuda(0); }
 
 // A CPU tensor of seeded uniform values in [lo, hi), rounded to dtype.
-inline Tensor random_cpu(Shape shape, DType dtype, uint64_t seed, float lo = -1.0f, float hi = 1.0f) {
+inline Tensor random_cpu(Shape shape, DType dtype, uint64_t seed, float lo = -1.0f,
+                         float hi = 1.0f) {
   Tensor t = Tensor::empty(std::move(shape), dtype);
   kernels::fill_uniform(t, seed, lo, hi);
   return t;
@@ -32,7 +33,9 @@ inline void poison(Tensor& t) {
 inline Tensor to_f32_cpu(const Tensor& t) { return tensor_cast_cpu(t, DType::kF32); }
 
 // A contiguous host copy (device tensors must be contiguous).
-inline Tensor host(const Tensor& t) { return t.device().is_cpu() ? t.contiguous() : t.to(Device::cpu()); }
+inline Tensor host(const Tensor& t) {
+  return t.device().is_cpu() ? t.contiguous() : t.to(Device::cpu());
+}
 
 // ||a - b|| / ||b|| over all elements (any float dtypes, any devices); infinity on NaN.
 inline double rel_err(const Tensor& a, const Tensor& b) {

@@ -1,7 +1,8 @@
 // CUDA linear (cuBLASLt and the skinny decode kernel) against the CPU reference.
+#include "kernels/linear.h"
+
 #include "gpu_util.h"
 #include "kernels/cuda/linear_config.h"
-#include "kernels/linear.h"
 
 namespace atom::test {
 namespace {
@@ -27,10 +28,10 @@ void check_linear(const LinearCase& c, uint64_t seed) {
   // bf16 outputs: one rounding of a value the CPU rounds too, ~2^-9; fp32 outputs of bf16
   // inputs: summation order only.
   const double tol = c.out == DType::kF32 ? (c.in == DType::kF32 ? 1e-5 : 2e-5) : 5e-3;
-  EXPECT_LE(rel_err(out, ref), tol) << "M=" << c.m << " N=" << c.n << " K=" << c.k << " "
-                                    << dtype_name(c.in) << "->" << dtype_name(c.out)
-                                    << (c.bias ? " bias" : "") << (c.strided_x ? " strided" : "")
-                                    << " skinny<=" << kernels::cuda::linear_skinny_max_m();
+  EXPECT_LE(rel_err(out, ref), tol)
+      << "M=" << c.m << " N=" << c.n << " K=" << c.k << " " << dtype_name(c.in) << "->"
+      << dtype_name(c.out) << (c.bias ? " bias" : "") << (c.strided_x ? " strided" : "")
+      << " skinny<=" << kernels::cuda::linear_skinny_max_m();
 }
 
 const LinearCase kCases[] = {
@@ -59,7 +60,8 @@ TEST(GpuLinear, SkinnyAndCublasLtMatchCpu) {
 
 TEST(GpuLinear, SamePlanReusedAcrossPointers) {
   // Cached plans must not bake in a pointer: run one shape on two different buffers.
-  for (int i = 0; i < 2; ++i) check_linear({64, 512, 256, DType::kBF16, DType::kBF16, true, false}, 900 + i);
+  for (int i = 0; i < 2; ++i)
+    check_linear({64, 512, 256, DType::kBF16, DType::kBF16, true, false}, 900 + i);
 }
 
 }  // namespace

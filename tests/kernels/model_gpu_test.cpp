@@ -31,12 +31,13 @@ class GpuParity : public ::testing::TestWithParam<std::string> {};
 TEST_P(GpuParity, LogitsGreedyAndChunkedPrefill) {
   const Reference ref = reference_load(GetParam());
   LoadedModel m = model_load(fixture_dir(GetParam()), on_gpu());
-  EXPECT_EQ(m.model->act_dtype(), m.model->config().dtype == DType::kF16 ? DType::kF16 : DType::kBF16);
+  EXPECT_EQ(m.model->act_dtype(),
+            m.model->config().dtype == DType::kF16 ? DType::kF16 : DType::kBF16);
   Tensor logits = score_tokens(*m.model, ref.input_ids);
   const double err = rel_err(logits, ref.logits);
   const float dmax = max_abs_diff(logits, ref.logits);
-  std::printf("%s: bf16 GPU vs transformers fp32: rel err %.3g, max |dlogit| %.3g\n", GetParam().c_str(),
-              err, dmax);
+  std::printf("%s: bf16 GPU vs transformers fp32: rel err %.3g, max |dlogit| %.3g\n",
+              GetParam().c_str(), err, dmax);
   EXPECT_LE(err, 3e-2) << GetParam();
 
   // The CPU path in the same precision (bf16 activations and weights).
@@ -66,7 +67,8 @@ TEST_P(GpuParity, LogitsGreedyAndChunkedPrefill) {
     EXPECT_LT(margins[i], noise) << GetParam() << ": greedy token " << i << " differs with margin "
                                  << margins[i];
   }
-  std::printf("%s: greedy tokens agree for %zu of %zu steps\n", GetParam().c_str(), i, r.token_ids.size());
+  std::printf("%s: greedy tokens agree for %zu of %zu steps\n", GetParam().c_str(), i,
+              r.token_ids.size());
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuParity, ::testing::ValuesIn(fixture_names()),

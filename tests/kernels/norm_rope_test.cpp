@@ -23,10 +23,14 @@ struct NormCase {
 TEST(GpuRmsNorm, RowsGroupsResidualAndKinds) {
   using K = kernels::RmsNormKind;
   const NormCase cases[] = {
-      {1, 4096, 4096, DType::kBF16, true, K::kLlama},   {7, 4096, 4096, DType::kBF16, false, K::kLlama},
-      {33, 1000, 1000, DType::kBF16, true, K::kLlama},  {5, 96, 96, DType::kF32, true, K::kLlama},
-      {9, 4096, 128, DType::kBF16, false, K::kLlama},   {3, 1000, 40, DType::kF32, false, K::kGemma},
-      {17, 2048, 2048, DType::kF16, true, K::kGemma},   {4, 100, 100, DType::kBF16, true, K::kLlama},
+      {1, 4096, 4096, DType::kBF16, true, K::kLlama},
+      {7, 4096, 4096, DType::kBF16, false, K::kLlama},
+      {33, 1000, 1000, DType::kBF16, true, K::kLlama},
+      {5, 96, 96, DType::kF32, true, K::kLlama},
+      {9, 4096, 128, DType::kBF16, false, K::kLlama},
+      {3, 1000, 40, DType::kF32, false, K::kGemma},
+      {17, 2048, 2048, DType::kF16, true, K::kGemma},
+      {4, 100, 100, DType::kBF16, true, K::kLlama},
   };
   uint64_t seed = 10;
   for (const NormCase& c : cases) {
@@ -93,7 +97,8 @@ TEST(GpuRope, HalvesInterleavedPartialStrided) {
       inv.ptr<float>()[i] = 1.0f / std::pow(500000.0f, 2.0f * i / static_cast<float>(c.rot_dim));
     kernels::RopeArgs a{c.head_dim, c.rot_dim, c.scale, c.interleaved};
     Tensor ref = qkv.clone();
-    Tensor rq = ref.narrow(1, 0, hq * c.head_dim), rk = ref.narrow(1, hq * c.head_dim, hk * c.head_dim);
+    Tensor rq = ref.narrow(1, 0, hq * c.head_dim),
+           rk = ref.narrow(1, hq * c.head_dim, hk * c.head_dim);
     kernels::rope(rq, rk, pos, inv, a);
     Tensor g = qkv.to(gpu());
     Tensor gq = g.narrow(1, 0, hq * c.head_dim), gk = g.narrow(1, hq * c.head_dim, hk * c.head_dim);
@@ -106,7 +111,8 @@ TEST(GpuRope, HalvesInterleavedPartialStrided) {
 TEST(GpuKvCacheWrite, SlotsSkipsAndStridedSources) {
   for (DType dt : {DType::kBF16, DType::kF32}) {
     const int64_t pages = 9, bs = 16, hk = 2, D = 64, T = 40;
-    Tensor kc = random_cpu({pages, bs, hk, D}, dt, 200), vc = random_cpu({pages, bs, hk, D}, dt, 201);
+    Tensor kc = random_cpu({pages, bs, hk, D}, dt, 200),
+           vc = random_cpu({pages, bs, hk, D}, dt, 201);
     Tensor qkv = random_cpu({T, 3 * hk * D}, dt, 202);
     Tensor k = qkv.narrow(1, hk * D, hk * D), v = qkv.narrow(1, 2 * hk * D, hk * D);
     Tensor slots = Tensor::empty({T}, DType::kI32);
@@ -130,7 +136,8 @@ TEST(GpuRope, FusedWithCacheWriteMatchesRopeThenWrite) {
     const int hq = 8, hk = 2, D = 64, T = 29, pages = 4, bs = 16;
     const int64_t width = (hq + 2 * hk) * D;
     Tensor qkv = random_cpu({T, width}, dt, 400, -2, 2);
-    Tensor kc = random_cpu({pages, bs, hk, D}, dt, 401), vc = random_cpu({pages, bs, hk, D}, dt, 402);
+    Tensor kc = random_cpu({pages, bs, hk, D}, dt, 401),
+           vc = random_cpu({pages, bs, hk, D}, dt, 402);
     Tensor pos = Tensor::empty({T}, DType::kI32), slots = Tensor::empty({T}, DType::kI32);
     for (int t = 0; t < T; ++t) {
       pos.ptr<int32_t>()[t] = 100 + 3 * t;
@@ -140,11 +147,14 @@ TEST(GpuRope, FusedWithCacheWriteMatchesRopeThenWrite) {
     for (int i = 0; i < D / 2; ++i) inv.ptr<float>()[i] = 1.0f / std::pow(10000.0f, 2.0f * i / D);
     kernels::RopeArgs a{D, D, 1.0f, false};
     Tensor ref = qkv.clone();
-    Tensor rq = ref.narrow(1, 0, hq * D), rk = ref.narrow(1, hq * D, hk * D), rv = ref.narrow(1, (hq + hk) * D, hk * D);
+    Tensor rq = ref.narrow(1, 0, hq * D), rk = ref.narrow(1, hq * D, hk * D),
+           rv = ref.narrow(1, (hq + hk) * D, hk * D);
     kernels::rope_kv_cache_write(rq, rk, rv, pos, inv, a, kc, vc, slots);  // CPU: rope, then write
     Tensor g = qkv.to(gpu());
-    Tensor gq = g.narrow(1, 0, hq * D), gk = g.narrow(1, hq * D, hk * D), gv = g.narrow(1, (hq + hk) * D, hk * D);
-    Tensor gkc = random_cpu({pages, bs, hk, D}, dt, 401).to(gpu()), gvc = random_cpu({pages, bs, hk, D}, dt, 402).to(gpu());
+    Tensor gq = g.narrow(1, 0, hq * D), gk = g.narrow(1, hq * D, hk * D),
+           gv = g.narrow(1, (hq + hk) * D, hk * D);
+    Tensor gkc = random_cpu({pages, bs, hk, D}, dt, 401).to(gpu()),
+           gvc = random_cpu({pages, bs, hk, D}, dt, 402).to(gpu());
     Tensor gpos = pos.to(gpu()), ginv = inv.to(gpu()), gslots = slots.to(gpu());
     kernels::rope_kv_cache_write(gq, gk, gv, gpos, ginv, a, gkc, gvc, gslots);
     const double tol = dt == DType::kF32 ? 2e-6 : 2e-3;

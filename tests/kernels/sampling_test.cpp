@@ -1,9 +1,10 @@
 // CUDA argmax and seeded sampling against the CPU reference: exact token ids.
+#include "kernels/sampling.h"
+
 #include <cstring>
 #include <random>
 
 #include "gpu_util.h"
-#include "kernels/sampling.h"
 
 namespace atom::test {
 namespace {

@@ -1,12 +1,13 @@
 // The CPU reference of seeded sampling (kernels/sampling.h): greedy, filters, and the property
 // the engine relies on: a row's token depends only on its logits and (seed, step).
+#include "kernels/sampling.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <map>
 
 #include "kernels/random.h"
-#include "kernels/sampling.h"
 
 namespace atom {
 namespace {

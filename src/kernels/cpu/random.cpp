@@ -13,7 +13,8 @@ void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {
   void* p = t.data();
   const float span = hi - lo;
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) store(p, dt, i, lo + span * random_uniform(seed, static_cast<uint64_t>(i)));
+  for (int64_t i = 0; i < n; ++i)
+    store(p, dt, i, lo + span * random_uniform(seed, static_cast<uint64_t>(i)));
 }
 
 }  // namespace atom::kernels::cpu

@@ -16,7 +16,8 @@ namespace atom::kernels::cuda {
 namespace {
 
 constexpr int kMaxSplits = 32;
-constexpr int kMinKeysPerSplit = 256;  // a bound; each sequence splits down to 128 keys (decode_splits)
+constexpr int kMinKeysPerSplit =
+    256;  // a bound; each sequence splits down to 128 keys (decode_splits)
 
 int sm_count() {
   static const int n = [] {
@@ -40,7 +41,8 @@ bool g_merge_in_kernel = true;
 
 bool tensor_core_shape(const AttentionArgs& a, DType dtype) {
   return (dtype == DType::kBF16 || dtype == DType::kF16) &&
-         (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256) && g_backend != PrefillAttention::kSimple;
+         (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256) &&
+         g_backend != PrefillAttention::kSimple;
 }
 
 // Decode mode: every sequence's rows of one kv-head group fit one 16-row MMA tile.
@@ -112,11 +114,13 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
                  out.size(0) == q.size(0),
              "paged_attention: q {} out {}", q.str(), out.str());
   ATOM_CHECK(k_cache.dim() == 4 && k_cache.size(2) == Hk && k_cache.size(3) == D &&
-                 k_cache.is_contiguous() && v_cache.is_contiguous() && v_cache.shape() == k_cache.shape(),
+                 k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                 v_cache.shape() == k_cache.shape(),
              "paged_attention: cache {} for {} kv heads of {}", k_cache.str(), Hk, D);
-  ATOM_CHECK(q.dtype() == out.dtype() && k_cache.dtype() == q.dtype() && v_cache.dtype() == q.dtype(),
-             "paged_attention: q {}, out {} and caches {} must share a dtype on CUDA", q.str(),
-             out.str(), k_cache.str());
+  ATOM_CHECK(
+      q.dtype() == out.dtype() && k_cache.dtype() == q.dtype() && v_cache.dtype() == q.dtype(),
+      "paged_attention: q {}, out {} and caches {} must share a dtype on CUDA", q.str(), out.str(),
+      k_cache.str());
   ATOM_CHECK(!sinks.defined() || (sinks.numel() == Hq && sinks.dtype() == DType::kF32),
              "paged_attention: sinks {}", sinks.str());
   ATOM_CHECK(is_i32(*b.query_start) && is_i32(*b.context_lens) && is_i32(*b.page_indptr) &&
@@ -154,7 +158,9 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
   l.type = elem_of(q.dtype(), "paged_attention");
   l.wgmma_warpgroups = g_wgmma_warpgroups;
 
-  l.block_shift = (l.block_size & (l.block_size - 1)) == 0 ? __builtin_ctz(static_cast<unsigned>(l.block_size)) : -1;
+  l.block_shift = (l.block_size & (l.block_size - 1)) == 0
+                      ? __builtin_ctz(static_cast<unsigned>(l.block_size))
+                      : -1;
 
   const cudaStream_t stream = current_stream();
   if (!tensor_core_shape(a, q.dtype()) || !flash_attention_supported(l)) {

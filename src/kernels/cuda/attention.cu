@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
   pdl_launch_dependents();
   using C = FlashConfig<D, MA, kDecode>;
   constexpr int BM = C::BM, BN = C::BN, S = C::kStages;
-  constexpr int DC = D / 8;            // 16-byte chunks per row
+  constexpr int DC = D / 8;             // 16-byte chunks per row
   constexpr int NT = C::kWarpKeys / 8;  // 8-key MMA tiles per warp per tile
   constexpr int DT = D / 8;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -45,7 +45,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
   T* sV = sK + S * BN * D;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const CtaRange r = cta_range(a, kDecode ? 0 : gridDim.x - 1 - blockIdx.x, BM, BN);  // long tiles first
+  const CtaRange r =
+      cta_range(a, kDecode ? 0 : gridDim.x - 1 - blockIdx.x, BM, BN);  // long tiles first
   if (r.m0 >= r.rows) return;
   const int split = blockIdx.z;
   int splits = 1, t_begin = 0, t_end = r.n_tiles;
@@ -61,13 +62,15 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
   const int row_base = kDecode ? 0 : warp * 16 * MA;
   auto local_row = [&](int ma, int h) { return row_base + ma * 16 + (lane >> 2) + h * 8; };
   auto out_row_of = [&](int pr) -> int64_t {  // token * num_heads + head, or -1 for padding
-    return pr < r.rows ? static_cast<int64_t>(r.q0 + pr / r.G) * a.num_heads + r.kh * r.G + pr % r.G : -1;
+    return pr < r.rows ? static_cast<int64_t>(r.q0 + pr / r.G) * a.num_heads + r.kh * r.G + pr % r.G
+                       : -1;
   };
   int qpos[MA][2];
 #pragma unroll
   for (int ma = 0; ma < MA; ++ma)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) qpos[ma][h] = r.L - r.qlen + min((r.m0 + local_row(ma, h)) / r.G, r.qlen - 1);
+    for (int h = 0; h < 2; ++h)
+      qpos[ma][h] = r.L - r.qlen + min((r.m0 + local_row(ma, h)) / r.G, r.qlen - 1);
 
   const T* qg = static_cast<const T*>(a.q);
   const T* kc = static_cast<const T*>(a.k_cache);
@@ -77,7 +80,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
     const int pr = r.m0 + row;
     const bool valid = pr < r.rows;
     const int i = valid ? pr / r.G : 0, g = valid ? pr % r.G : 0;
-    const T* src = qg + static_cast<int64_t>(r.q0 + i) * a.q_stride + static_cast<int64_t>(r.kh * r.G + g) * D + c * 8;
+    const T* src = qg + static_cast<int64_t>(r.q0 + i) * a.q_stride +
+                   static_cast<int64_t>(r.kh * r.G + g) * D + c * 8;
     cp_async16(smem_addr(sQ + row * D + ((c ^ (row & 7)) << 3)), valid ? src : qg, valid);
   }
   const int32_t* pages = a.page_indices + a.page_indptr[r.s];
@@ -123,8 +127,10 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
   const uint32_t sQ_addr = smem_addr(sQ), sK_addr = smem_addr(sK), sV_addr = smem_addr(sV);
   const int r7 = lane & 7;
   const uint32_t q_off = (row_base + (lane & 15)) * D * 2 + (((lane >> 4) ^ r7) << 4);
-  const uint32_t k_off = (key_base + (lane >> 4) * 8 + r7) * D * 2 + ((((lane >> 3) & 1) ^ r7) << 4);
-  const uint32_t v_off = (key_base + r7 + ((lane >> 3) & 1) * 8) * D * 2 + (((lane >> 4) ^ r7) << 4);
+  const uint32_t k_off =
+      (key_base + (lane >> 4) * 8 + r7) * D * 2 + ((((lane >> 3) & 1) ^ r7) << 4);
+  const uint32_t v_off =
+      (key_base + r7 + ((lane >> 3) & 1) * 8) * D * 2 + (((lane >> 4) ^ r7) << 4);
   const float scale_log2 = a.scale * kLog2e;
 
   for (int t = t_begin; t < t_end; ++t) {
@@ -150,7 +156,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
       for (int kk = 0; kk < D / 16; ++kk) {
         uint32_t qa[MA][4];
 #pragma unroll
-        for (int ma = 0; ma < MA; ++ma) ldmatrix_x4(sQ_addr + ma * 16 * D * 2 + (q_off ^ (kk << 5)), qa[ma]);
+        for (int ma = 0; ma < MA; ++ma)
+          ldmatrix_x4(sQ_addr + ma * 16 * D * 2 + (q_off ^ (kk << 5)), qa[ma]);
 #pragma unroll
         for (int nt2 = 0; nt2 < NT / 2; ++nt2) {
           uint32_t b[4];
@@ -169,7 +176,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) sc[ma][nt][e] = a.softcap * tanhf(sc[ma][nt][e] * a.scale / a.softcap) * kLog2e;
+            for (int e = 0; e < 4; ++e)
+              sc[ma][nt][e] = a.softcap * tanhf(sc[ma][nt][e] * a.scale / a.softcap) * kLog2e;
       } else {
 #pragma unroll
         for (int ma = 0; ma < MA; ++ma)
@@ -197,7 +205,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
         for (int h = 0; h < 2; ++h) {
           float mx = m_run[ma][h];
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(sc[ma][nt][2 * h], sc[ma][nt][2 * h + 1]));
+          for (int nt = 0; nt < NT; ++nt)
+            mx = fmaxf(mx, fmaxf(sc[ma][nt][2 * h], sc[ma][nt][2 * h + 1]));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           const float m_use = mx == -INFINITY ? 0.0f : mx;
@@ -219,7 +228,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
             o[ma][dt][2 * h + 1] *= alpha;
           }
         }
-      // O += P V
+        // O += P V
 #pragma unroll
       for (int kc2 = 0; kc2 < NT / 2; ++kc2) {
         uint32_t pa[MA][4];
@@ -276,7 +285,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
       l = l * oscale + fast_exp2(sink - mf);
     }
     const float inv = oscale / l;
-    T* dst = static_cast<T*>(a.out) + (orow / a.num_heads) * a.out_stride + static_cast<int64_t>(head) * D;
+    T* dst = static_cast<T*>(a.out) + (orow / a.num_heads) * a.out_stride +
+             static_cast<int64_t>(head) * D;
     *reinterpret_cast<uint32_t*>(dst + col) = pack2<T>(v0 * inv, v1 * inv);
   };
 
@@ -348,7 +358,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
         if (orow < 0) continue;
         const int head = static_cast<int>(orow % a.num_heads);
         float mx = a.sinks ? a.sinks[head] * kLog2e : -INFINITY;
-        for (int sp = 0; sp < splits; ++sp) mx = fmaxf(mx, __ldcg(a.part_ml + (sp * rows_total + orow) * 2));
+        for (int sp = 0; sp < splits; ++sp)
+          mx = fmaxf(mx, __ldcg(a.part_ml + (sp * rows_total + orow) * 2));
         float denom = a.sinks ? fast_exp2(a.sinks[head] * kLog2e - mx) : 0.0f, acc = 0.0f;
         for (int sp = 0; sp < splits; ++sp) {
           const int64_t pi = sp * rows_total + orow;
@@ -356,7 +367,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
           denom += f * __ldcg(a.part_ml + pi * 2 + 1);
           acc += f * __ldcg(a.part_o + pi * D + col);
         }
-        T* dst = static_cast<T*>(a.out) + (orow / a.num_heads) * a.out_stride + static_cast<int64_t>(head) * D;
+        T* dst = static_cast<T*>(a.out) + (orow / a.num_heads) * a.out_stride +
+                 static_cast<int64_t>(head) * D;
         dst[col] = from_float<T>(acc / denom);
       }
       if (tid == 0) a.counters[blockIdx.y] = 0;  // ready for the next launch
@@ -378,12 +390,15 @@ __global__ void attention_combine_kernel(AttnLaunch a) {
   int lo = 0, hi = a.num_seqs - 1;  // the last sequence whose first token is <= t
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (a.query_start[mid] <= t) lo = mid;
-    else hi = mid - 1;
+    if (a.query_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int qlen = a.query_start[lo + 1] - a.query_start[lo], L = a.context_lens[lo];
   const int qpos_lo = L - qlen;
-  const int kv_begin = (a.window > 0 ? max(0, qpos_lo - a.window + 1) : 0) / kDecodeBlockN * kDecodeBlockN;
+  const int kv_begin =
+      (a.window > 0 ? max(0, qpos_lo - a.window + 1) : 0) / kDecodeBlockN * kDecodeBlockN;
   const int n_tiles = (L - kv_begin + kDecodeBlockN - 1) / kDecodeBlockN;
   const int splits = decode_splits(n_tiles, a.num_splits);
   if (splits <= 1) return;  // written by the flash kernel
@@ -412,8 +427,8 @@ template <typename T, int D, int MA, bool kDecode>
 void launch_flash_typed(const AttnLaunch& a, cudaStream_t s) {
   using C = FlashConfig<D, MA, kDecode>;
   static const bool configured = [] {
-    cudaFuncSetAttribute(flash_attention_kernel<T, D, MA, kDecode>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(C::kSmem));
+    cudaFuncSetAttribute(flash_attention_kernel<T, D, MA, kDecode>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(C::kSmem));
     return true;
   }();
   (void)configured;
@@ -428,18 +443,32 @@ void launch_flash_typed(const AttnLaunch& a, cudaStream_t s) {
 template <typename T>
 void launch_flash_dtype(const AttnLaunch& a, int m_atoms, cudaStream_t s) {
   switch (a.head_dim) {
-    case 64: m_atoms == 2 ? launch_flash_typed<T, 64, 2, false>(a, s) : launch_flash_typed<T, 64, 1, false>(a, s); break;
-    case 128: m_atoms == 2 ? launch_flash_typed<T, 128, 2, false>(a, s) : launch_flash_typed<T, 128, 1, false>(a, s); break;
-    default: launch_flash_typed<T, 256, 1, false>(a, s); break;
+    case 64:
+      m_atoms == 2 ? launch_flash_typed<T, 64, 2, false>(a, s)
+                   : launch_flash_typed<T, 64, 1, false>(a, s);
+      break;
+    case 128:
+      m_atoms == 2 ? launch_flash_typed<T, 128, 2, false>(a, s)
+                   : launch_flash_typed<T, 128, 1, false>(a, s);
+      break;
+    default:
+      launch_flash_typed<T, 256, 1, false>(a, s);
+      break;
   }
 }
 
 template <typename T>
 void launch_decode_dtype(const AttnLaunch& a, cudaStream_t s) {
   switch (a.head_dim) {
-    case 64: launch_flash_typed<T, 64, 1, true>(a, s); break;
-    case 128: launch_flash_typed<T, 128, 1, true>(a, s); break;
-    default: launch_flash_typed<T, 256, 1, true>(a, s); break;
+    case 64:
+      launch_flash_typed<T, 64, 1, true>(a, s);
+      break;
+    case 128:
+      launch_flash_typed<T, 128, 1, true>(a, s);
+      break;
+    default:
+      launch_flash_typed<T, 256, 1, true>(a, s);
+      break;
   }
 }
 

@@ -7,8 +7,8 @@
 namespace atom::kernels::cuda {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr int kDecodeBlockN = 64;      // keys per tile in decode mode
-inline constexpr int kMinTilesPerSplit = 2;   // a decode split covers at least 128 keys
+inline constexpr int kDecodeBlockN = 64;     // keys per tile in decode mode
+inline constexpr int kMinTilesPerSplit = 2;  // a decode split covers at least 128 keys
 
 // Splits a sequence of n_tiles key tiles actually uses out of the launch's num_splits.
 __device__ __forceinline__ int decode_splits(int n_tiles, int num_splits) {
@@ -44,7 +44,8 @@ __device__ __forceinline__ CtaRange cta_range(const AttnLaunch& a, int mtile, in
 }
 
 // Element offset of key j's row (for kv head kh) in the paged cache.
-__device__ __forceinline__ int64_t kv_row_offset(const AttnLaunch& a, const int32_t* pages, int j, int kh) {
+__device__ __forceinline__ int64_t kv_row_offset(const AttnLaunch& a, const int32_t* pages, int j,
+                                                 int kh) {
   int64_t page, slot;
   if (a.block_shift >= 0) {
     page = pages[j >> a.block_shift];

@@ -4,8 +4,8 @@
 namespace atom::kernels::cuda {
 
 enum class PrefillAttention {
-  kAuto,  // wgmma for head_dim 64/128, else the mma.sync kernel
-  kMma,   // the mma.sync (FlashAttention-2 style) kernel
+  kAuto,    // wgmma for head_dim 64/128, else the mma.sync kernel
+  kMma,     // the mma.sync (FlashAttention-2 style) kernel
   kSimple,  // the FP32 one-warp-per-head kernel (also for decode)
 };
 // Default: ATOM_ATTENTION_BACKEND = auto | mma | simple.

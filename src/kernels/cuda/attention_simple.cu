@@ -22,8 +22,10 @@ __global__ void attention_simple_kernel(AttnLaunch a) {
   int lo = 0, hi = a.num_seqs - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (a.query_start[mid] <= t) lo = mid;
-    else hi = mid - 1;
+    if (a.query_start[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   const int s = lo;
   const int q0 = a.query_start[s], qlen = a.query_start[s + 1] - q0, L = a.context_lens[s];
@@ -89,9 +91,15 @@ void launch_attention_simple(const AttnLaunch& a, cudaStream_t s) {
   if (warps == 0) return;
   const unsigned grid = static_cast<unsigned>((warps + 3) / 4);
   switch (a.type) {
-    case Elem::kF32: launch(attention_simple_kernel<float>, grid, 128, 0, s, a); break;
-    case Elem::kBF16: launch(attention_simple_kernel<__nv_bfloat16>, grid, 128, 0, s, a); break;
-    case Elem::kF16: launch(attention_simple_kernel<__half>, grid, 128, 0, s, a); break;
+    case Elem::kF32:
+      launch(attention_simple_kernel<float>, grid, 128, 0, s, a);
+      break;
+    case Elem::kBF16:
+      launch(attention_simple_kernel<__nv_bfloat16>, grid, 128, 0, s, a);
+      break;
+    case Elem::kF16:
+      launch(attention_simple_kernel<__half>, grid, 128, 0, s, a);
+      break;
   }
 }
 

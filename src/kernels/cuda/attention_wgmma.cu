@@ -21,8 +21,10 @@ constexpr size_t wgmma_smem_bytes() {
 
 template <typename T, int N>
 __device__ __forceinline__ void qk_mma(float (&s)[N / 2], uint64_t da, uint64_t db, int scale_d) {
-  if constexpr (N == 128) wgmma_m64n128k16_ss<T>(s, da, db, scale_d);
-  else wgmma_m64n64k16_ss<T>(s, da, db, scale_d);
+  if constexpr (N == 128)
+    wgmma_m64n128k16_ss<T>(s, da, db, scale_d);
+  else
+    wgmma_m64n64k16_ss<T>(s, da, db, scale_d);
 }
 
 // Element offset of 16-byte chunk c of row `row` in a [D / 64][rows][64] swizzled tile.
@@ -33,28 +35,33 @@ __device__ __forceinline__ int tile_offset(int rows, int row, int c) {
 template <typename T, int D>
 __device__ __forceinline__ void pv_mma(float (&o)[D / 2], const uint32_t (&a)[4], uint64_t desc);
 template <>
-__device__ __forceinline__ void pv_mma<__nv_bfloat16, 128>(float (&o)[64], const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void pv_mma<__nv_bfloat16, 128>(float (&o)[64], const uint32_t (&a)[4],
+                                                           uint64_t desc) {
   wgmma_m64n128k16_rs<__nv_bfloat16>(o, a, desc, 1);
 }
 template <>
-__device__ __forceinline__ void pv_mma<__nv_bfloat16, 64>(float (&o)[32], const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void pv_mma<__nv_bfloat16, 64>(float (&o)[32], const uint32_t (&a)[4],
+                                                          uint64_t desc) {
   wgmma_m64n64k16_rs<__nv_bfloat16>(o, a, desc, 1);
 }
 template <>
-__device__ __forceinline__ void pv_mma<__half, 128>(float (&o)[64], const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void pv_mma<__half, 128>(float (&o)[64], const uint32_t (&a)[4],
+                                                    uint64_t desc) {
   wgmma_m64n128k16_rs<__half>(o, a, desc, 1);
 }
 template <>
-__device__ __forceinline__ void pv_mma<__half, 64>(float (&o)[32], const uint32_t (&a)[4], uint64_t desc) {
+__device__ __forceinline__ void pv_mma<__half, 64>(float (&o)[32], const uint32_t (&a)[4],
+                                                   uint64_t desc) {
   wgmma_m64n64k16_rs<__half>(o, a, desc, 1);
 }
 
 template <typename T, int D, int NWG, int kBN>
-__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) wgmma_attention_kernel(AttnLaunch a) {
+__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
+    wgmma_attention_kernel(AttnLaunch a) {
   pdl_wait();
   pdl_launch_dependents();
   constexpr int kBM = 64 * NWG, kThreads = 128 * NWG;
-  constexpr int DC = D / 8;   // 16-byte chunks per row
+  constexpr int DC = D / 8;    // 16-byte chunks per row
   constexpr int NT = kBN / 8;  // 8-key blocks of S per tile
   constexpr int DT = D / 8;
   extern __shared__ unsigned char smem_raw[];
@@ -75,7 +82,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) wgmma_attention_k
     const int pr = r.m0 + row;
     const bool valid = pr < r.rows;
     const int i = valid ? pr / r.G : 0, g = valid ? pr % r.G : 0;
-    const T* src = qg + static_cast<int64_t>(r.q0 + i) * a.q_stride + static_cast<int64_t>(r.kh * r.G + g) * D + c * 8;
+    const T* src = qg + static_cast<int64_t>(r.q0 + i) * a.q_stride +
+                   static_cast<int64_t>(r.kh * r.G + g) * D + c * 8;
     cp_async16(smem_addr(sQ + tile_offset(kBM, row, c)), valid ? src : qg, valid);
   }
   const int32_t* pages = a.page_indices + a.page_indptr[r.s];
@@ -137,7 +145,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) wgmma_attention_k
       const int n0 = r.kv_begin + t * kBN;
       if (a.softcap > 0.0f) {
 #pragma unroll
-        for (int i = 0; i < NT * 4; ++i) s[i] = a.softcap * tanhf(s[i] * a.scale / a.softcap) * kLog2e;
+        for (int i = 0; i < NT * 4; ++i)
+          s[i] = a.softcap * tanhf(s[i] * a.scale / a.softcap) * kLog2e;
       } else {
 #pragma unroll
         for (int i = 0; i < NT * 4; ++i) s[i] *= scale_log2;
@@ -156,7 +165,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) wgmma_attention_k
       for (int h = 0; h < 2; ++h) {
         float mx = m_run[h];
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt) mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * h], s[nt * 4 + 2 * h + 1]));
+        for (int nt = 0; nt < NT; ++nt)
+          mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * h], s[nt * 4 + 2 * h + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_use = mx == -INFINITY ? 0.0f : mx;
@@ -219,7 +229,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1) wgmma_attention_k
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) {
       const int col = dt * 8 + 2 * (lane & 3);
-      *reinterpret_cast<uint32_t*>(dst + col) = pack2<T>(o[dt * 4 + 2 * h] * inv, o[dt * 4 + 2 * h + 1] * inv);
+      *reinterpret_cast<uint32_t*>(dst + col) =
+          pack2<T>(o[dt * 4 + 2 * h] * inv, o[dt * 4 + 2 * h + 1] * inv);
     }
   }
 }
@@ -228,8 +239,8 @@ template <typename T, int D, int NWG, int BN>
 void launch_typed(const AttnLaunch& a, cudaStream_t s) {
   constexpr size_t smem = wgmma_smem_bytes<D, NWG, BN>();
   static const bool configured = [] {
-    cudaFuncSetAttribute(wgmma_attention_kernel<T, D, NWG, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(smem));
+    cudaFuncSetAttribute(wgmma_attention_kernel<T, D, NWG, BN>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     return true;
   }();
   (void)configured;
@@ -243,23 +254,27 @@ void launch_typed(const AttnLaunch& a, cudaStream_t s) {
 // The CTA shape: a.wgmma_warpgroups (attention_config.h).
 template <typename T, int D>
 void launch_shape(const AttnLaunch& a, cudaStream_t s) {
-  if (a.wgmma_warpgroups == 1) launch_typed<T, D, 1, 64>(a, s);
-  else launch_typed<T, D, 2, 128>(a, s);
+  if (a.wgmma_warpgroups == 1)
+    launch_typed<T, D, 1, 64>(a, s);
+  else
+    launch_typed<T, D, 2, 128>(a, s);
 }
 
 }  // namespace
 
 bool wgmma_attention_supported(const AttnLaunch& a) {
   auto ok16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  return (a.type == Elem::kBF16 || a.type == Elem::kF16) && (a.head_dim == 64 || a.head_dim == 128) &&
-         a.q_stride % 8 == 0 && a.out_stride % 2 == 0 && ok16(a.q) && ok16(a.k_cache) && ok16(a.v_cache) &&
+  return (a.type == Elem::kBF16 || a.type == Elem::kF16) &&
+         (a.head_dim == 64 || a.head_dim == 128) && a.q_stride % 8 == 0 && a.out_stride % 2 == 0 &&
+         ok16(a.q) && ok16(a.k_cache) && ok16(a.v_cache) &&
          (reinterpret_cast<uintptr_t>(a.out) & 3) == 0;
 }
 
 void launch_wgmma_attention(const AttnLaunch& a, cudaStream_t s) {
   if (a.num_tokens == 0 || a.num_seqs == 0) return;
   if (a.type == Elem::kBF16) {
-    a.head_dim == 128 ? launch_shape<__nv_bfloat16, 128>(a, s) : launch_shape<__nv_bfloat16, 64>(a, s);
+    a.head_dim == 128 ? launch_shape<__nv_bfloat16, 128>(a, s)
+                      : launch_shape<__nv_bfloat16, 64>(a, s);
   } else {
     a.head_dim == 128 ? launch_shape<__half, 128>(a, s) : launch_shape<__half, 64>(a, s);
   }

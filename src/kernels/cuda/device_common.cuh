@@ -15,17 +15,26 @@ namespace atom::kernels::cuda {
 
 __device__ __forceinline__ float load_elem(const void* p, Elem t, int64_t i) {
   switch (t) {
-    case Elem::kF32: return static_cast<const float*>(p)[i];
-    case Elem::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    default: return __half2float(static_cast<const __half*>(p)[i]);
+    case Elem::kF32:
+      return static_cast<const float*>(p)[i];
+    case Elem::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default:
+      return __half2float(static_cast<const __half*>(p)[i]);
   }
 }
 
 __device__ __forceinline__ void store_elem(void* p, Elem t, int64_t i, float v) {
   switch (t) {
-    case Elem::kF32: static_cast<float*>(p)[i] = v; break;
-    case Elem::kBF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    default: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+    case Elem::kF32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case Elem::kBF16:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      break;
+    default:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      break;
   }
 }
 
@@ -36,24 +45,38 @@ __device__ __forceinline__ char* row_of(const Mat& m, int64_t r) {
 template <typename T>
 __device__ __forceinline__ float to_float(T v);
 template <>
-__device__ __forceinline__ float to_float<float>(float v) { return v; }
+__device__ __forceinline__ float to_float<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 template <>
-__device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float<__half>(__half v) {
+  return __half2float(v);
+}
 
 template <typename T>
 __device__ __forceinline__ T from_float(float v);
 template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 // v rounded to T's precision.
 template <typename T>
-__device__ __forceinline__ float round_to(float v) { return to_float<T>(from_float<T>(v)); }
+__device__ __forceinline__ float round_to(float v) {
+  return to_float<T>(from_float<T>(v));
+}
 
 // V consecutive elements through one vector access (V * sizeof(T) is 4, 8 or 16 bytes, or V == 1).
 template <typename T, int V>
@@ -132,15 +155,16 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 inline bool pdl_enabled() {
   static const bool on = [] {
     const char* e = std::getenv("ATOM_PDL");
-    return !(e && (std::strcmp(e, "0") == 0 || std::strcmp(e, "false") == 0 || std::strcmp(e, "off") == 0));
+    return !(e && (std::strcmp(e, "0") == 0 || std::strcmp(e, "false") == 0 ||
+                   std::strcmp(e, "off") == 0));
   }();
   return on;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when enabled.
 template <typename... Params, typename... Args>
-inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                   Args&&... args) {
+inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;

@@ -1,7 +1,8 @@
 // CUDA entry points of the element-wise ops (kernels in elementwise.cu).
+#include "kernels/elementwise.h"
+
 #include "kernels/activation.h"
 #include "kernels/cuda/host_common.h"
-#include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/random.h"
 
@@ -20,8 +21,8 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
 void gather_rows(Tensor& out, const Tensor& x, const Tensor& indices) {
   check_rows("gather_rows", out, "out");
   check_rows("gather_rows", x, "x");
-  ATOM_CHECK(out.size(0) == indices.numel() && out.size(1) == x.size(1) && out.dtype() == x.dtype() &&
-                 is_i32(indices),
+  ATOM_CHECK(out.size(0) == indices.numel() && out.size(1) == x.size(1) &&
+                 out.dtype() == x.dtype() && is_i32(indices),
              "gather_rows: x {} indices {} out {}", x.str(), indices.str(), out.str());
   launch_gather_rows(mat_of(out, "gather_rows"), mat_of(x, "gather_rows"), indices.ptr<int32_t>(),
                      current_stream());
@@ -47,11 +48,12 @@ void add_bias(Tensor& out, const Tensor& bias) {
 
 void embedding(Tensor& out, const Tensor& ids, const Tensor& table, int64_t vocab_start) {
   check_rows("embedding", out, "out");
-  ATOM_CHECK(table.dim() == 2 && table.is_contiguous() && is_i32(ids) && out.size(0) == ids.numel() &&
-                 out.size(1) == table.size(1),
+  ATOM_CHECK(table.dim() == 2 && table.is_contiguous() && is_i32(ids) &&
+                 out.size(0) == ids.numel() && out.size(1) == table.size(1),
              "embedding: out {} ids {} table {}", out.str(), ids.str(), table.str());
   launch_embedding(mat_of(out, "embedding"), ids.ptr<int32_t>(), table.data(),
-                   elem_of(table.dtype(), "embedding"), table.size(0), vocab_start, current_stream());
+                   elem_of(table.dtype(), "embedding"), table.size(0), vocab_start,
+                   current_stream());
   launch_check("embedding");
 }
 

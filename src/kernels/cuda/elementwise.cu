@@ -128,23 +128,26 @@ void launch_add_bias(Mat out, const void* bias, Elem bias_type, cudaStream_t s) 
 void launch_gather_rows(Mat out, Mat x, const int32_t* idx, cudaStream_t s) {
   if (out.rows == 0 || out.cols == 0) return;
   if (out.type == Elem::kF32)
-    launch(gather_rows_kernel<uint32_t>, static_cast<unsigned>(out.rows), kThreads, 0, s, out, x, idx);
+    launch(gather_rows_kernel<uint32_t>, static_cast<unsigned>(out.rows), kThreads, 0, s, out, x,
+           idx);
   else
-    launch(gather_rows_kernel<uint16_t>, static_cast<unsigned>(out.rows), kThreads, 0, s, out, x, idx);
+    launch(gather_rows_kernel<uint16_t>, static_cast<unsigned>(out.rows), kThreads, 0, s, out, x,
+           idx);
 }
 
 void launch_embedding(Mat out, const int32_t* ids, const void* table, Elem table_type,
                       int64_t table_rows, int64_t vocab_start, cudaStream_t s) {
   if (out.rows == 0 || out.cols == 0) return;
-  launch(embedding_kernel, static_cast<unsigned>(out.rows), kThreads, 0, s, out, ids, table, table_type,
-                                                                         table_rows, vocab_start);
+  launch(embedding_kernel, static_cast<unsigned>(out.rows), kThreads, 0, s, out, ids, table,
+         table_type, table_rows, vocab_start);
 }
 
 void launch_silu_mul(Mat out, Mat x, cudaStream_t s) {
   const int64_t n = out.rows * out.cols;
   if (n == 0) return;
   const bool vec = out.type == x.type && out.type != Elem::kF32 && out.cols % 8 == 0 &&
-                   out.stride % 8 == 0 && x.stride % 8 == 0 && aligned16(out.data) && aligned16(x.data);
+                   out.stride % 8 == 0 && x.stride % 8 == 0 && aligned16(out.data) &&
+                   aligned16(x.data);
   if (vec && out.type == Elem::kBF16) {
     launch(silu_mul_kernel<__nv_bfloat16, 8>, grid_for(n / 8, kThreads), kThreads, 0, s, out, x);
   } else if (vec && out.type == Elem::kF16) {
@@ -161,8 +164,8 @@ void launch_silu_mul(Mat out, Mat x, cudaStream_t s) {
 void launch_fill_uniform(void* data, Elem type, int64_t n, uint64_t seed, float lo, float hi,
                          cudaStream_t s) {
   if (n == 0) return;
-  launch(fill_uniform_kernel, grid_for(n, kThreads, 132 * 64), kThreads, 0, s, data, type, n, seed, lo,
-                                                                            hi - lo);
+  launch(fill_uniform_kernel, grid_for(n, kThreads, 132 * 64), kThreads, 0, s, data, type, n, seed,
+         lo, hi - lo);
 }
 
 }  // namespace atom::kernels::cuda

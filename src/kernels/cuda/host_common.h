@@ -12,10 +12,14 @@ inline cudaStream_t current_stream() { return ::atom::cuda_current_stream(); }
 
 inline Elem elem_of(DType t, const char* op) {
   switch (t) {
-    case DType::kF32: return Elem::kF32;
-    case DType::kBF16: return Elem::kBF16;
-    case DType::kF16: return Elem::kF16;
-    default: fail("{}: dtype {} is not supported by the CUDA kernels", op, dtype_name(t));
+    case DType::kF32:
+      return Elem::kF32;
+    case DType::kBF16:
+      return Elem::kBF16;
+    case DType::kF16:
+      return Elem::kF16;
+    default:
+      fail("{}: dtype {} is not supported by the CUDA kernels", op, dtype_name(t));
   }
 }
 

@@ -44,9 +44,9 @@ void launch_rms_norm(Mat out, Mat x, const Mat* residual, const void* w, Elem w_
 
 // ---- rope.cu
 struct RopeLaunch {
-  Mat q, k;                      // [T, Hq * head_dim], [T, Hk * head_dim]
-  const int32_t* positions;      // [T]
-  const float* inv_freq;         // [rot_dim / 2]
+  Mat q, k;                  // [T, Hq * head_dim], [T, Hk * head_dim]
+  const int32_t* positions;  // [T]
+  const float* inv_freq;     // [rot_dim / 2]
   int head_dim = 0, rot_dim = 0;
   float scale = 1.0f;
   bool interleaved = false;
@@ -54,7 +54,7 @@ struct RopeLaunch {
   void* k_cache = nullptr;
   void* v_cache = nullptr;
   int64_t num_slots = 0;
-  Mat v;                              // [T, Hk * head_dim]
+  Mat v;                                  // [T, Hk * head_dim]
   const int32_t* slot_mapping = nullptr;  // [T]
 };
 void launch_rope(const RopeLaunch& a, cudaStream_t s);
@@ -77,7 +77,7 @@ void launch_linear_skinny(Mat out, Mat x, const void* w, int64_t n, int64_t k, c
 struct AttnLaunch {
   const void* q = nullptr;  // [T, Hq * D]
   int64_t q_stride = 0;
-  void* out = nullptr;      // [T, Hq * D]
+  void* out = nullptr;  // [T, Hq * D]
   int64_t out_stride = 0;
   const void* k_cache = nullptr;  // [pages, block_size, Hk, D]
   const void* v_cache = nullptr;
@@ -85,9 +85,9 @@ struct AttnLaunch {
   const int32_t* context_lens = nullptr;  // [S]
   const int32_t* page_indptr = nullptr;   // [S + 1]
   const int32_t* page_indices = nullptr;
-  const float* sinks = nullptr;           // [Hq] or null
-  float* part_o = nullptr;   // [splits, T * Hq, D] partial outputs when num_splits > 1
-  float* part_ml = nullptr;  // [splits, T * Hq, 2] running max (log2 units) and sum
+  const float* sinks = nullptr;  // [Hq] or null
+  float* part_o = nullptr;       // [splits, T * Hq, D] partial outputs when num_splits > 1
+  float* part_ml = nullptr;      // [splits, T * Hq, 2] running max (log2 units) and sum
   // [num_seqs * num_kv_heads] zeroed tickets: with them, the last CTA of a split sequence merges
   // the partials itself (and re-zeroes its ticket); without, launch_attention_combine does.
   int* counters = nullptr;

@@ -2,6 +2,8 @@
 // F16 or F32), or the skinny kernel for decode-sized M. cuBLASLt plans (descriptors + the
 // heuristic's algorithm) are cached per shape, strides, dtypes and pointer alignment; the
 // workspace is fixed per (device, stream), so calls can be captured into CUDA graphs.
+#include "kernels/linear.h"
+
 #include <cublasLt.h>
 
 #include <map>
@@ -12,13 +14,12 @@
 #include "kernels/cuda/host_common.h"
 #include "kernels/cuda/linear_config.h"
 #include "kernels/elementwise.h"
-#include "kernels/linear.h"
 
-#define CUBLAS_CHECK(expr)                                                                  \
-  do {                                                                                      \
-    cublasStatus_t atom_st_ = (expr);                                                       \
-    if (atom_st_ != CUBLAS_STATUS_SUCCESS)                                                  \
-      ::atom::fail("{}:{}: cuBLASLt error {} ({}) in {}", __FILE__, __LINE__,               \
+#define CUBLAS_CHECK(expr)                                                                     \
+  do {                                                                                         \
+    cublasStatus_t atom_st_ = (expr);                                                          \
+    if (atom_st_ != CUBLAS_STATUS_SUCCESS)                                                     \
+      ::atom::fail("{}:{}: cuBLASLt error {} ({}) in {}", __FILE__, __LINE__,                  \
                    cublasLtGetStatusName(atom_st_), cublasLtGetStatusString(atom_st_), #expr); \
   } while (0)
 
@@ -62,10 +63,14 @@ LtDevice& lt_device(int device) {
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
-    default: fail("linear: dtype {} is not supported on CUDA", dtype_name(t));
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      fail("linear: dtype {} is not supported on CUDA", dtype_name(t));
   }
 }
 
@@ -85,8 +90,10 @@ Plan make_plan(cublasLtHandle_t h, const PlanKey& key, DType in, DType out, DTyp
   if (key.bias_type >= 0) {
     const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
     const cudaDataType_t bt = cuda_type(bias);
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
   }
   // Column-major view: outᵀ [N, M] = w [N, K] (stored as Kx N col-major, transposed) · xᵀ [K, M].
   CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.w, cuda_type(in), static_cast<uint64_t>(key.k),
@@ -100,19 +107,27 @@ Plan make_plan(cublasLtHandle_t h, const PlanKey& key, DType in, DType out, DTyp
   const uint64_t ws = kWorkspaceBytes;
   const uint32_t ax = static_cast<uint32_t>(key.align_x), aw = static_cast<uint32_t>(key.align_w),
                  ao = static_cast<uint32_t>(key.align_o);
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof(aw)));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax, sizeof(ax)));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ao, sizeof(ao)));
-  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ao, sizeof(ao)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof(ws)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof(aw)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax, sizeof(ax)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ao, sizeof(ao)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ao, sizeof(ao)));
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, p.op, p.w, p.x, p.o, p.o, pref, 1, &res, &found);
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(h, p.op, p.w, p.x, p.o, p.o, pref, 1, &res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-    fail("linear: cuBLASLt has no algorithm for [{}, {}] x [{}, {}]^T ({} -> {}, alignments {}/{}/{}): {}",
-         key.m, key.k, key.n, key.k, dtype_name(in), dtype_name(out), ax, aw, ao,
-         cublasLtGetStatusString(st));
+    fail(
+        "linear: cuBLASLt has no algorithm for [{}, {}] x [{}, {}]^T ({} -> {}, alignments "
+        "{}/{}/{}): {}",
+        key.m, key.k, key.n, key.k, dtype_name(in), dtype_name(out), ax, aw, ao,
+        cublasLtGetStatusString(st));
   p.algo = res.algo;
   return p;
 }
@@ -138,13 +153,15 @@ void linear_set_skinny_max_m(int m) { g_skinny_max_m = m; }
 void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   check_rows("linear", out, "out");
   check_rows("linear", x, "x");
-  ATOM_CHECK(w.dim() == 2 && w.is_contiguous(), "linear: weight must be contiguous 2-D, got {}", w.str());
+  ATOM_CHECK(w.dim() == 2 && w.is_contiguous(), "linear: weight must be contiguous 2-D, got {}",
+             w.str());
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   ATOM_CHECK(w.size(1) == K && out.size(0) == M && out.size(1) == N,
              "linear: x {} · w {}ᵀ -> out {}", x.str(), w.str(), out.str());
-  ATOM_CHECK(!bias.defined() || (bias.numel() == N && bias.is_contiguous()), "linear: bias {} for N={}",
-             bias.str(), N);
-  ATOM_CHECK(x.dtype() == w.dtype(), "linear: x {} and w {} must share a dtype on CUDA", x.str(), w.str());
+  ATOM_CHECK(!bias.defined() || (bias.numel() == N && bias.is_contiguous()),
+             "linear: bias {} for N={}", bias.str(), N);
+  ATOM_CHECK(x.dtype() == w.dtype(), "linear: x {} and w {} must share a dtype on CUDA", x.str(),
+             w.str());
   const DType in = x.dtype(), od = out.dtype();
   ATOM_CHECK(in == od || od == DType::kF32, "linear: {} inputs cannot write {}", dtype_name(in),
              dtype_name(od));
@@ -166,21 +183,31 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   LtDevice& d = lt_device(device);
-  const PlanKey key{M, N, K, ldx, ldo, static_cast<int>(in), static_cast<int>(od),
-                    fuse_bias ? static_cast<int>(bias.dtype()) : -1, alignment(x.data()),
-                    alignment(w.data()), alignment(out.data())};
+  const PlanKey key{M,
+                    N,
+                    K,
+                    ldx,
+                    ldo,
+                    static_cast<int>(in),
+                    static_cast<int>(od),
+                    fuse_bias ? static_cast<int>(bias.dtype()) : -1,
+                    alignment(x.data()),
+                    alignment(w.data()),
+                    alignment(out.data())};
   std::lock_guard<std::mutex> lock(d.mu);
   auto it = d.plans.find(key);
-  if (it == d.plans.end()) it = d.plans.emplace(key, make_plan(d.handle, key, in, od, bias.dtype())).first;
+  if (it == d.plans.end())
+    it = d.plans.emplace(key, make_plan(d.handle, key, in, od, bias.dtype())).first;
   Plan& p = it->second;
   if (fuse_bias) {
     const void* bp = bias.data();
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
   }
   const float alpha = 1.0f, beta = 0.0f;
-  CUBLAS_CHECK(cublasLtMatmul(d.handle, p.op, &alpha, w.data(), p.w, x.data(), p.x, &beta, out.data(),
-                              p.o, out.data(), p.o, &p.algo, workspace_for(d, stream), kWorkspaceBytes,
-                              stream));
+  CUBLAS_CHECK(cublasLtMatmul(d.handle, p.op, &alpha, w.data(), p.w, x.data(), p.x, &beta,
+                              out.data(), p.o, out.data(), p.o, &p.algo, workspace_for(d, stream),
+                              kWorkspaceBytes, stream));
   if (bias.defined() && !fuse_bias) add_bias(out, bias);
 }
 

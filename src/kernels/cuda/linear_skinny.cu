@@ -58,7 +58,8 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
       const int64_t k = k0 + u * kStep;
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
-        wv[u][r] = k < a.k ? __ldcs(reinterpret_cast<const uint4*>(w[r] + k)) : make_uint4(0, 0, 0, 0);
+        wv[u][r] =
+            k < a.k ? __ldcs(reinterpret_cast<const uint4*>(w[r] + k)) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
   for (int m = 0; m < M; ++m)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) acc[m][r] = warp_sum(acc[m][r]);
-  // Lane m * kRows + r writes output (m, n0 + r).
+      // Lane m * kRows + r writes output (m, n0 + r).
 #pragma unroll
   for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -100,10 +101,18 @@ void launch_typed(const SkinnyArgs& a, cudaStream_t s) {
   const int64_t warps = (a.n + kRows - 1) / kRows;
   const unsigned grid = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
   switch (a.x.rows) {
-    case 1: launch(linear_skinny_kernel<T, 1>, grid, kWarps * 32, 0, s, a); break;
-    case 2: launch(linear_skinny_kernel<T, 2>, grid, kWarps * 32, 0, s, a); break;
-    case 3: launch(linear_skinny_kernel<T, 3>, grid, kWarps * 32, 0, s, a); break;
-    default: launch(linear_skinny_kernel<T, 4>, grid, kWarps * 32, 0, s, a); break;
+    case 1:
+      launch(linear_skinny_kernel<T, 1>, grid, kWarps * 32, 0, s, a);
+      break;
+    case 2:
+      launch(linear_skinny_kernel<T, 2>, grid, kWarps * 32, 0, s, a);
+      break;
+    case 3:
+      launch(linear_skinny_kernel<T, 3>, grid, kWarps * 32, 0, s, a);
+      break;
+    default:
+      launch(linear_skinny_kernel<T, 4>, grid, kWarps * 32, 0, s, a);
+      break;
   }
 }
 

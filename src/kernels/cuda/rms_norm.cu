@@ -111,11 +111,15 @@ void launch_rms_norm(Mat out, Mat x, const Mat* residual, const void* w, Elem w_
              aligned16(x.data) && aligned16(out.data);
   if (residual) vec = vec && residual->stride % v == 0 && aligned16(residual->data);
   switch (x.type) {
-    case Elem::kF32: vec ? launch_typed<float, 4>(a, s) : launch_typed<float, 1>(a, s); break;
+    case Elem::kF32:
+      vec ? launch_typed<float, 4>(a, s) : launch_typed<float, 1>(a, s);
+      break;
     case Elem::kBF16:
       vec ? launch_typed<__nv_bfloat16, 8>(a, s) : launch_typed<__nv_bfloat16, 1>(a, s);
       break;
-    case Elem::kF16: vec ? launch_typed<__half, 8>(a, s) : launch_typed<__half, 1>(a, s); break;
+    case Elem::kF16:
+      vec ? launch_typed<__half, 8>(a, s) : launch_typed<__half, 1>(a, s);
+      break;
   }
 }
 

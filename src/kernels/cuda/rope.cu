@@ -78,13 +78,20 @@ __global__ void kv_write_kernel(char* k_cache, char* v_cache, int64_t num_slots,
 
 void launch_rope(const RopeLaunch& a, cudaStream_t s) {
   if (a.q.rows == 0) return;
-  const int hq = static_cast<int>(a.q.cols / a.head_dim), hk = static_cast<int>(a.k.cols / a.head_dim);
+  const int hq = static_cast<int>(a.q.cols / a.head_dim),
+            hk = static_cast<int>(a.k.cols / a.head_dim);
   const size_t smem = static_cast<size_t>(a.rot_dim) * sizeof(float);
   const unsigned grid = static_cast<unsigned>(a.q.rows);
   switch (a.q.type) {
-    case Elem::kF32: launch(rope_kernel<float>, grid, kThreads, smem, s, a, hq, hk); break;
-    case Elem::kBF16: launch(rope_kernel<__nv_bfloat16>, grid, kThreads, smem, s, a, hq, hk); break;
-    case Elem::kF16: launch(rope_kernel<__half>, grid, kThreads, smem, s, a, hq, hk); break;
+    case Elem::kF32:
+      launch(rope_kernel<float>, grid, kThreads, smem, s, a, hq, hk);
+      break;
+    case Elem::kBF16:
+      launch(rope_kernel<__nv_bfloat16>, grid, kThreads, smem, s, a, hq, hk);
+      break;
+    case Elem::kF16:
+      launch(rope_kernel<__half>, grid, kThreads, smem, s, a, hq, hk);
+      break;
   }
 }
 
@@ -94,17 +101,21 @@ void launch_kv_cache_write(void* k_cache, void* v_cache, int64_t num_slots, Mat 
   const int64_t esize = elem_bytes(k.type);
   const int64_t row_bytes = k.cols * esize;
   auto ok16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  const bool vec = row_bytes % 16 == 0 && (k.stride * esize) % 16 == 0 && (v.stride * esize) % 16 == 0 &&
-                   ok16(k.data) && ok16(v.data) && ok16(k_cache) && ok16(v_cache);
+  const bool vec = row_bytes % 16 == 0 && (k.stride * esize) % 16 == 0 &&
+                   (v.stride * esize) % 16 == 0 && ok16(k.data) && ok16(v.data) && ok16(k_cache) &&
+                   ok16(v_cache);
   const unsigned grid = static_cast<unsigned>(k.rows);
   char* kc = static_cast<char*>(k_cache);
   char* vc = static_cast<char*>(v_cache);
   if (vec)
-    launch(kv_write_kernel<uint4>, grid, 128, 0, s, kc, vc, num_slots, k, v, slot_mapping, row_bytes / 16);
+    launch(kv_write_kernel<uint4>, grid, 128, 0, s, kc, vc, num_slots, k, v, slot_mapping,
+           row_bytes / 16);
   else if (esize == 4)
-    launch(kv_write_kernel<uint32_t>, grid, 128, 0, s, kc, vc, num_slots, k, v, slot_mapping, k.cols);
+    launch(kv_write_kernel<uint32_t>, grid, 128, 0, s, kc, vc, num_slots, k, v, slot_mapping,
+           k.cols);
   else
-    launch(kv_write_kernel<uint16_t>, grid, 128, 0, s, kc, vc, num_slots, k, v, slot_mapping, k.cols);
+    launch(kv_write_kernel<uint16_t>, grid, 128, 0, s, kc, vc, num_slots, k, v, slot_mapping,
+           k.cols);
 }
 
 }  // namespace atom::kernels::cuda

@@ -1,6 +1,7 @@
 // CUDA entry points of argmax and sample (kernels in sampling.cu).
-#include "kernels/cuda/host_common.h"
 #include "kernels/sampling.h"
+
+#include "kernels/cuda/host_common.h"
 
 namespace atom::kernels::cuda {
 
@@ -17,7 +18,8 @@ void sample(Tensor& ids, const Tensor& logits, const Tensor& rows) {
   const int64_t R = logits.size(0);
   ATOM_CHECK(ids.numel() == R && is_i32(ids) && logits.dtype() == DType::kF32 && logits.size(1) > 0,
              "sample: ids {} logits {}", ids.str(), logits.str());
-  ATOM_CHECK(rows.is_contiguous() && rows.nbytes() == static_cast<uint64_t>(R) * sizeof(SamplingRow) &&
+  ATOM_CHECK(rows.is_contiguous() &&
+                 rows.nbytes() == static_cast<uint64_t>(R) * sizeof(SamplingRow) &&
                  (reinterpret_cast<uintptr_t>(rows.data()) & 7) == 0,
              "sample: rows {} for {} logits rows", rows.str(), R);
   launch_sample(ids.ptr<int32_t>(), mat_of(logits, "sample"), rows.data(), current_stream());

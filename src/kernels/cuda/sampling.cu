@@ -96,7 +96,8 @@ __device__ __forceinline__ float scaled(const float* x, int64_t i, float t) {
 
 __device__ float block_count_ge(const float* x, int64_t V, float t, uint32_t c, float* scratch) {
   float n = 0.0f;
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) n += sampling_key(scaled(x, i, t)) >= c ? 1.0f : 0.0f;
+  for (int64_t i = threadIdx.x; i < V; i += kThreads)
+    n += sampling_key(scaled(x, i, t)) >= c ? 1.0f : 0.0f;
   return block_sum(n, scratch);
 }
 
@@ -124,7 +125,8 @@ __device__ double block_mass_ge(const float* x, int64_t V, float t, float lmax, 
   return block_sum_d(m, scratch);
 }
 
-__global__ void __launch_bounds__(kThreads) sample_kernel(int32_t* ids, Mat logits, const Row* rows) {
+__global__ void __launch_bounds__(kThreads)
+    sample_kernel(int32_t* ids, Mat logits, const Row* rows) {
   pdl_wait();
   pdl_launch_dependents();
   __shared__ float sv[32];
@@ -185,7 +187,7 @@ void launch_argmax(int32_t* ids, Mat logits, cudaStream_t s) {
 void launch_sample(int32_t* ids, Mat logits, const void* rows, cudaStream_t s) {
   if (logits.rows == 0) return;
   launch(sample_kernel, static_cast<unsigned>(logits.rows), kThreads, 0, s, ids, logits,
-                                                                         static_cast<const Row*>(rows));
+         static_cast<const Row*>(rows));
 }
 
 }  // namespace atom::kernels::cuda
