@@ -58,7 +58,12 @@ void ModelRunner::init(const RunnerOptions& o) {
     if (dev.is_cuda()) {
       pages = pages_from_memory(o);
     } else {
-      pages = (max_model_len_ + o.block_size - 1) / o.block_size * o.max_num_seqs;
+      // max_num_seqs full-length sequences, within 4 GiB of host memory (at least one sequence).
+      const int64_t per_seq = (max_model_len_ + o.block_size - 1) / o.block_size;
+      const size_t page_bytes =
+          std::max<size_t>(1, KvCache::page_bytes(model_.cache_specs(), o.block_size));
+      const int64_t cap = static_cast<int64_t>((size_t{4} << 30) / page_bytes);
+      pages = static_cast<int>(std::max(per_seq, std::min(per_seq * o.max_num_seqs, cap)));
     }
   }
   kv_ = KvCache::allocate(model_.cache_specs(), pages, o.block_size, dev);

@@ -15,8 +15,8 @@ namespace atom {
 
 struct RunnerOptions {
   int block_size = 16;
-  // KV pages. 0: sized from free GPU memory on CUDA (gpu_memory_utilization), or
-  // max_num_seqs full-length sequences on the CPU.
+  // KV pages. 0: sized from free GPU memory on CUDA (gpu_memory_utilization), or on the CPU
+  // max_num_seqs full-length sequences within 4 GiB (at least one sequence).
   int num_pages = 0;
   int max_model_len = 0;  // tokens one sequence may hold; 0: max_position_embeddings
   int max_num_seqs = 256;
