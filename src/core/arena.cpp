@@ -32,6 +32,7 @@ void Arena::reset() {
     const size_t need = align_up(high_water_ + high_water_ / 4);
     blocks_.clear();
     blocks_.push_back({storage_alloc(need, device_), 0});
+    ++generation_;
   }
   blocks_.back().used = 0;
   step_bytes_ = 0;

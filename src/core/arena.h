@@ -20,6 +20,9 @@ class Arena {
   Device device() const { return device_; }
   size_t capacity() const;
   size_t high_water() const { return high_water_; }
+  // Changes whenever reset() replaced the blocks: tensors (and CUDA graphs) holding addresses of
+  // an earlier generation are stale.
+  uint64_t generation() const { return generation_; }
 
  private:
   struct Block {
@@ -30,6 +33,7 @@ class Arena {
   std::vector<Block> blocks_;
   size_t step_bytes_ = 0;
   size_t high_water_ = 0;
+  uint64_t generation_ = 0;
 };
 
 }  // namespace atom

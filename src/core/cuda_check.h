@@ -19,5 +19,9 @@
   } while (0)
 
 namespace atom {
+// Device memory from a per-device cache of cudaMalloc blocks (no managed memory): a freed block
+// is kept and handed out again for a request of about its size.
 std::shared_ptr<Storage> cuda_storage_alloc(size_t nbytes, Device device);
-}
+// Bytes the cache holds that no tensor uses.
+size_t cuda_cached_bytes(int device);
+}  // namespace atom

@@ -7,6 +7,7 @@
 
 #ifdef ATOM_HAVE_CUDA
 #include "core/cuda_check.h"
+#include "core/cuda_stream.h"
 #endif
 
 namespace atom {
@@ -68,7 +69,12 @@ void memory_copy(void* dst, Device dst_dev, const void* src, Device src_dev, siz
     return;
   }
 #ifdef ATOM_HAVE_CUDA
-  CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyDefault));
+  // On the calling thread's stream, so copies stay ordered with the kernels around them (and a
+  // device-to-device copy can be captured into a CUDA graph). Only a copy to the host waits: a
+  // pageable host source is staged before cudaMemcpyAsync returns.
+  const cudaStream_t s = cuda_current_stream();
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s));
+  if (dst_dev.is_cpu()) CUDA_CHECK(cudaStreamSynchronize(s));
 #else
   fail("copy between {} and {} needs the CUDA backend", dst_dev.str(), src_dev.str());
 #endif
@@ -81,7 +87,7 @@ void memory_zero(void* dst, Device dev, size_t n) {
     return;
   }
 #ifdef ATOM_HAVE_CUDA
-  CUDA_CHECK(cudaMemset(dst, 0, n));
+  CUDA_CHECK(cudaMemsetAsync(dst, 0, n, cuda_current_stream()));
 #else
   fail("device {} needs the CUDA backend", dev.str());
 #endif

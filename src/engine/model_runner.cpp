@@ -1,22 +1,222 @@
 #include "engine/model_runner.h"
 
+#include <algorithm>
+
+#include "core/log.h"
+#include "engine/decode_graphs.h"
+
+#ifdef ATOM_HAVE_CUDA
+#include "core/cuda_check.h"
+#include "core/cuda_stream.h"
+#endif
+
 namespace atom {
 
-ModelRunner::ModelRunner(Model& model, int num_pages, int block_size, int num_state_slots)
-    : model_(model),
-      kv_(KvCache::allocate(model.cache_specs(), num_pages, block_size, model.device(),
-                            model.state_specs(), num_state_slots)),
-      arena_(model.device(), 8 << 20) {}
+#ifdef ATOM_HAVE_CUDA
+struct ModelRunner::Cuda {
+  explicit Cuda(int device) : stream(device) {}
+  CudaStream stream;
+};
+// Work of this runner goes to its own stream (CUDA graphs cannot capture the legacy stream).
+#define ATOM_RUNNER_STREAM() \
+  CudaStreamGuard atom_stream_guard_(cuda_ ? cuda_->stream.get() : cuda_current_stream())
+#else
+struct ModelRunner::Cuda {};
+#define ATOM_RUNNER_STREAM() \
+  do {                       \
+  } while (0)
+#endif
 
-Tensor ModelRunner::execute(Batch& batch) {
+ModelRunner::ModelRunner(Model& model, int num_pages, int block_size, int num_state_slots)
+    : model_(model), arena_(model.device(), 8 << 20) {
+  RunnerOptions o;
+  o.num_pages = std::max(1, num_pages);
+  o.block_size = block_size;
+  o.num_state_slots = num_state_slots;
+  o.max_model_len = o.num_pages * block_size;
+  init(o);
+}
+
+ModelRunner::ModelRunner(Model& model, const RunnerOptions& options)
+    : model_(model), arena_(model.device(), 8 << 20) {
+  init(options);
+}
+
+ModelRunner::~ModelRunner() = default;
+
+void ModelRunner::init(const RunnerOptions& o) {
+  ATOM_CHECK(o.block_size > 0 && o.max_num_seqs > 0, "runner: block_size {} max_num_seqs {}",
+             o.block_size, o.max_num_seqs);
+  max_model_len_ = o.max_model_len > 0 ? o.max_model_len
+                                       : static_cast<int>(model_.config().max_position_embeddings);
+  if (max_model_len_ <= 0) fail("runner: no max_model_len given and the model names none");
+  const Device dev = model_.device();
+  int pages = o.num_pages;
+#ifdef ATOM_HAVE_CUDA
+  if (dev.is_cuda()) cuda_ = std::make_unique<Cuda>(dev.index);
+#endif
+  if (pages <= 0) {
+    if (dev.is_cuda()) {
+      pages = pages_from_memory(o);
+    } else {
+      // max_num_seqs full-length sequences, within 4 GiB of host memory (at least one sequence).
+      const int64_t per_seq = (max_model_len_ + o.block_size - 1) / o.block_size;
+      const size_t page_bytes =
+          std::max<size_t>(1, KvCache::page_bytes(model_.cache_specs(), o.block_size));
+      const int64_t cap = static_cast<int64_t>((size_t{4} << 30) / page_bytes);
+      pages = static_cast<int>(std::max(per_seq, std::min(per_seq * o.max_num_seqs, cap)));
+    }
+  }
+  kv_ = KvCache::allocate(model_.cache_specs(), pages, o.block_size, dev, model_.state_specs(),
+                          o.num_state_slots);
+#ifdef ATOM_HAVE_CUDA
+  if (dev.is_cuda() && !o.enforce_eager) {
+    const int seqs = std::min(o.max_num_seqs, std::max(1, pages));
+    graphs_ = std::make_unique<DecodeGraphs>(model_, kv_, max_model_len_, seqs);
+  }
+#endif
+}
+
+// Sizes the KV cache like vLLM: profile the activations of the largest step, then give the KV
+// cache what is left of gpu_memory_utilization x total memory.
+int ModelRunner::pages_from_memory(const RunnerOptions& o) {
+#ifdef ATOM_HAVE_CUDA
+  const Device dev = model_.device();
+  const auto& specs = model_.cache_specs();
+  const int bs = o.block_size;
+  const size_t page_bytes = KvCache::page_bytes(specs, bs);
+  if (page_bytes == 0) return 1;
+  // The largest step: max_num_batched_tokens tokens, as sequences of at most max_model_len.
+  const int tokens = std::max(1, o.max_num_batched_tokens);
+  {
+    ATOM_RUNNER_STREAM();
+    const int seq_len = std::min(tokens, max_model_len_);
+    const int seqs = (tokens + seq_len - 1) / seq_len;
+    const int pages_per = (seq_len + bs - 1) / bs;
+    KvCache scratch = KvCache::allocate(specs, seqs * pages_per, bs, dev);
+    Batch b;
+    b.block_size = bs;
+    b.query_start = {0};
+    b.page_indptr = {0};
+    for (int s = 0; s < seqs; ++s) {
+      const int n = std::min(seq_len, tokens - s * seq_len);
+      for (int i = 0; i < n; ++i) {
+        b.token_ids.push_back(0);
+        b.positions.push_back(i);
+        b.slot_mapping.push_back(s * pages_per * bs + i);
+      }
+      b.query_start.push_back(b.query_start.back() + n);
+      b.context_lens.push_back(n);
+      for (int p = 0; p < (n + bs - 1) / bs; ++p) b.page_indices.push_back(s * pages_per + p);
+      b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
+      b.state_slots.push_back(s);
+    }
+    for (int i = std::max(0, tokens - o.max_num_seqs); i < tokens; ++i)
+      b.logits_indices.push_back(i);
+    arena_.reset();
+    b.upload(arena_);
+    Step step{b, arena_, &scratch};
+    Tensor h = model_.forward(step);
+    model_.compute_logits(step, h);
+    cuda_->stream.synchronize();
+    arena_.reset();  // one block as large as the profiled step
+  }
+  cuda_cache_release(dev.index);
+  const CudaMemoryInfo m = cuda_memory_info(dev.index);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const double total = static_cast<double>(m.total_bytes);
+  const double used = total - static_cast<double>(m.free_bytes);
+  // Decode graphs get an arena of their own. Activations grow with the step's tokens, so a
+  // decode step of max_num_seqs tokens needs about that share of the profiled step (plus its
+  // logits rows, already in the profile), with a margin.
+  const double share = std::min(1.0, static_cast<double>(o.max_num_seqs) / tokens);
+  const double graphs =
+      o.enforce_eager ? 0.0
+                      : 1.25 * share * static_cast<double>(arena_.capacity()) + 256.0 * 1024 * 1024;
+  const double workspaces = 64.0 * 1024 * 1024;  // cuBLASLt per stream, kernel images
+  const double budget = total * o.gpu_memory_utilization - used - graphs - workspaces;
+  const int need = (max_model_len_ + bs - 1) / bs;
+  const int pages =
+      budget > 0 ? static_cast<int>(std::min(budget / static_cast<double>(page_bytes), 2.0e9)) : 0;
+  if (pages < need)
+    fail(
+        "max_model_len {} needs {} KV-cache pages of {} tokens ({:.2f} GiB), but only {:.2f} GiB "
+        "are "
+        "left for the KV cache: {:.2f} GiB of GPU memory x gpu_memory_utilization {} = {:.2f} GiB, "
+        "of which weights and other allocations use {:.2f} GiB, activations (profiled at {} "
+        "tokens) "
+        "{:.2f} GiB, decode graphs {:.2f} GiB and workspaces {:.2f} GiB. Lower --max-model-len or "
+        "raise --gpu-memory-utilization",
+        max_model_len_, need, bs, need * static_cast<double>(page_bytes) / gib,
+        std::max(budget, 0.0) / gib, total / gib, o.gpu_memory_utilization,
+        total * o.gpu_memory_utilization / gib,
+        (used - static_cast<double>(arena_.capacity())) / gib, tokens, arena_.capacity() / gib,
+        graphs / gib, workspaces / gib);
+  log_info(
+      "KV cache: {} pages of {} tokens ({:.2f} GiB, {} tokens) on {}; {:.2f} of {:.2f} GiB in use "
+      "before it",
+      pages, bs, pages * static_cast<double>(page_bytes) / gib, static_cast<int64_t>(pages) * bs,
+      dev.str(), used / gib, total / gib);
+  return pages;
+#else
+  fail("sizing the KV cache from GPU memory needs the CUDA backend");
+#endif
+}
+
+std::vector<int> ModelRunner::graph_buckets() const {
+  return graphs_ ? graphs_->buckets() : std::vector<int>{};
+}
+
+void ModelRunner::capture_decode_graphs() {
+  if (!graphs_) return;
+  ATOM_RUNNER_STREAM();
+  graphs_->capture_all();
+}
+
+Tensor ModelRunner::forward_logits(Batch& batch) {
   batch.block_size = kv_.block_size;
   batch.validate();
   arena_.reset();
+  if (graphs_ && graphs_->accepts(batch)) return graphs_->run(batch);
   batch.upload(arena_);
   Step step{batch, arena_, &kv_};
   Tensor hidden = model_.forward(step);
-  Tensor logits = model_.compute_logits(step, hidden);
+  return model_.compute_logits(step, hidden);
+}
+
+Tensor ModelRunner::execute(Batch& batch) {
+  ATOM_RUNNER_STREAM();
+  Tensor logits = forward_logits(batch);
   return logits.to(Device::cpu());
+}
+
+namespace {
+std::vector<int32_t> ids_to_host(const Tensor& ids) {
+  Tensor h = ids.to(Device::cpu());
+  return std::vector<int32_t>(h.ptr<int32_t>(), h.ptr<int32_t>() + h.numel());
+}
+}  // namespace
+
+std::vector<int32_t> ModelRunner::execute_greedy(Batch& batch) {
+  ATOM_RUNNER_STREAM();
+  Tensor logits = forward_logits(batch);
+  Tensor ids = arena_.alloc({logits.size(0)}, DType::kI32);
+  kernels::argmax(ids, logits);
+  return ids_to_host(ids);
+}
+
+std::vector<int32_t> ModelRunner::execute_sample(Batch& batch,
+                                                 const std::vector<kernels::SamplingRow>& rows) {
+  ATOM_RUNNER_STREAM();
+  Tensor logits = forward_logits(batch);
+  ATOM_CHECK(static_cast<int64_t>(rows.size()) == logits.size(0),
+             "execute_sample: {} rows for {} logits rows", rows.size(), logits.size(0));
+  Tensor host = kernels::sampling_rows_tensor(rows);
+  Tensor dev_rows = arena_.alloc(host.shape(), DType::kU8);
+  dev_rows.copy_from(host);
+  Tensor ids = arena_.alloc({logits.size(0)}, DType::kI32);
+  kernels::sample(ids, logits, dev_rows);
+  return ids_to_host(ids);
 }
 
 }  // namespace atom

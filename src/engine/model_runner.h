@@ -1,31 +1,77 @@
 // Runs one Batch through a model on its device: uploads the descriptor, runs forward and the LM
-// head, and returns the logits on the host. Owns the KV cache and the per-step scratch arena.
+// head, and returns logits (or sampled tokens) on the host. Owns the KV cache, the per-step
+// scratch arena and, on CUDA, the runner's stream and the decode CUDA graphs.
 #pragma once
 
+#include <memory>
+#include <vector>
+
+#include "kernels/sampling.h"
 #include "layers/batch.h"
 #include "layers/context.h"
 #include "models/model.h"
 
 namespace atom {
 
+struct RunnerOptions {
+  int block_size = 16;
+  // KV pages. 0: sized from free GPU memory on CUDA (gpu_memory_utilization), or on the CPU
+  // max_num_seqs full-length sequences within 4 GiB (at least one sequence).
+  int num_pages = 0;
+  int max_model_len = 0;  // tokens one sequence may hold; 0: max_position_embeddings
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 8192;  // tokens of the largest step (activation profiling)
+  double gpu_memory_utilization = 0.9;
+  bool enforce_eager = false;  // CUDA: run decode without graphs
+  // Per-request state pool of the model's recurrent layers (0 for pure attention models).
+  int num_state_slots = 0;
+};
+
+class DecodeGraphs;
+
 class ModelRunner {
  public:
-  // num_state_slots: size of the per-request state pool of the model's recurrent layers (0 for
-  // pure attention models).
+  // num_pages pages of block_size tokens; sequences up to num_pages * block_size tokens.
+  // num_state_slots: size of the per-request state pool of the model's recurrent layers.
   ModelRunner(Model& model, int num_pages, int block_size, int num_state_slots = 0);
+  ModelRunner(Model& model, const RunnerOptions& options);
+  ~ModelRunner();
+  ModelRunner(const ModelRunner&) = delete;
+  ModelRunner& operator=(const ModelRunner&) = delete;
 
   // Logits [len(batch.logits_indices), vocab] F32 on the host.
   Tensor execute(Batch& batch);
+  // The argmax token of every logits row (computed on the model's device).
+  std::vector<int32_t> execute_greedy(Batch& batch);
+  // A token per logits row drawn under rows[i] (kernels/sampling.h), on the model's device.
+  std::vector<int32_t> execute_sample(Batch& batch, const std::vector<kernels::SamplingRow>& rows);
+
+  // CUDA: captures the decode graph of every batch-size bucket now (largest first) instead of on
+  // first use. No-op on the CPU or with enforce_eager.
+  void capture_decode_graphs();
+  // Batch sizes with a decode graph: 1, 2, 4, 8, 16, 24, 32, ... up to max_num_seqs (empty when
+  // decode runs eagerly).
+  std::vector<int> graph_buckets() const;
 
   Model& model() { return model_; }
   KvCache& kv() { return kv_; }
   int block_size() const { return kv_.block_size; }
   int num_pages() const { return kv_.num_pages; }
+  int max_model_len() const { return max_model_len_; }
 
  private:
+  struct Cuda;
+  void init(const RunnerOptions& o);
+  int pages_from_memory(const RunnerOptions& o);
+  // Logits [R, vocab] F32 on the model's device, valid until the next step.
+  Tensor forward_logits(Batch& batch);
+
   Model& model_;
   KvCache kv_;
   Arena arena_;
+  int max_model_len_ = 0;
+  std::unique_ptr<Cuda> cuda_;  // stream; null on the CPU
+  std::unique_ptr<DecodeGraphs> graphs_;
 };
 
 }  // namespace atom

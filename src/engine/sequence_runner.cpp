@@ -19,6 +19,19 @@ class SingleSequence {
 
   // Appends `tokens` to the context; returns logits of the listed rows (indices into `tokens`).
   Tensor step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& logit_rows) {
+    Batch b = append(tokens, logit_rows);
+    return runner_.execute(b);
+  }
+
+  // Appends `tokens`; returns the argmax token of each listed row (computed on the device).
+  std::vector<int32_t> step_greedy(const std::vector<int32_t>& tokens,
+                                   const std::vector<int32_t>& logit_rows) {
+    Batch b = append(tokens, logit_rows);
+    return runner_.execute_greedy(b);
+  }
+
+ private:
+  Batch append(const std::vector<int32_t>& tokens, const std::vector<int32_t>& logit_rows) {
     const int bs = runner_.block_size();
     const int q = static_cast<int>(tokens.size());
     Batch b;
@@ -36,20 +49,12 @@ class SingleSequence {
     for (int p = 0; p < pages; ++p) b.page_indices.push_back(p);
     b.logits_indices = logit_rows;
     b.state_slots = {0};
-    return runner_.execute(b);
+    return b;
   }
 
- private:
   ModelRunner runner_;
   int len_ = 0;
 };
-
-int32_t row_argmax(const Tensor& logits, int64_t row) {
-  Tensor ids = Tensor::empty({1}, DType::kI32);
-  Tensor r = logits.narrow(0, row, 1);
-  kernels::argmax(ids, r);
-  return ids.ptr<int32_t>()[0];
-}
 
 }  // namespace
 
@@ -83,15 +88,14 @@ GreedyResult generate_greedy(Model& model, const std::vector<int32_t>& prompt, i
   r.finish_reason = "length";
   if (max_tokens <= 0) return r;
   SingleSequence seq(model, static_cast<int>(prompt.size()) + max_tokens, block_size);
-  Tensor logits = seq.step(prompt, {static_cast<int32_t>(prompt.size()) - 1});
+  int32_t next = seq.step_greedy(prompt, {static_cast<int32_t>(prompt.size()) - 1}).at(0);
   for (int i = 0; i < max_tokens; ++i) {
-    const int32_t next = row_argmax(logits, 0);
     r.token_ids.push_back(next);
     if (!ignore_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) {
       r.finish_reason = "stop";
       break;
     }
-    if (i + 1 < max_tokens) logits = seq.step({next}, {0});
+    if (i + 1 < max_tokens) next = seq.step_greedy({next}, {0}).at(0);
   }
   return r;
 }

@@ -34,6 +34,8 @@ struct AttentionArgs {
   float scale = 1.0f;
   int sliding_window = 0;  // 0: full attention
   float logit_softcap = 0.0f;  // 0: none
+  // Upper bounds over the batch (CUDA sizes its grid and its context split from them, so a
+  // CUDA graph may be captured with bounds that hold for every replay).
   int max_query_len = 0;
   int max_context_len = 0;
 };
@@ -46,7 +48,24 @@ struct AttentionBatch {
   const Tensor* context_lens;
   const Tensor* page_indptr;
   const Tensor* page_indices;
+  // F32 scratch of paged_attention_workspace_size() elements, for the partial results of a
+  // context split across thread blocks (CUDA decode); null or smaller: no split.
+  Tensor* workspace = nullptr;
 };
+
+// F32 elements of scratch paged_attention can use for `num_tokens` query tokens (0 on the CPU).
+namespace cuda {
+int64_t paged_attention_workspace_size(int64_t num_tokens, const AttentionArgs& a, DType dtype);
+}
+inline int64_t paged_attention_workspace_size(Device device, int64_t num_tokens,
+                                              const AttentionArgs& a, DType dtype) {
+  if (device.is_cpu()) return 0;
+#ifdef ATOM_HAVE_CUDA
+  return cuda::paged_attention_workspace_size(num_tokens, a, dtype);
+#else
+  return 0;
+#endif
+}
 
 namespace cpu {
 void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

@@ -1,5 +1,8 @@
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "kernels/dispatch.h"
 
 namespace atom::kernels {
@@ -16,6 +19,40 @@ inline void argmax(Tensor& ids, const Tensor& logits) {
   check_same_device("argmax", ids.device(), {&logits});
   if (ids.device().is_cpu()) return cpu::argmax(ids, logits);
   ATOM_KERNEL_CUDA("argmax", cuda::argmax(ids, logits));
+}
+
+// How one logits row is sampled. A row's token depends only on its logits and on (seed, step):
+// never on the other rows of the batch. docs/cuda.md ("Seeded sampling") gives the scheme.
+struct SamplingRow {
+  float temperature = 0.0f;  // < kGreedyTemperature: greedy (argmax)
+  float top_p = 1.0f;        // >= 1: off
+  float min_p = 0.0f;        // <= 0: off
+  int32_t top_k = 0;         // <= 0 or >= vocab: off
+  uint64_t seed = 0;         // the request's seed
+  uint64_t step = 0;         // tokens the request generated before this one
+};
+static_assert(sizeof(SamplingRow) == 32, "SamplingRow is uploaded as raw bytes");
+inline constexpr float kGreedyTemperature = 1e-5f;
+
+// The rows as a U8 tensor [R, sizeof(SamplingRow)] on the CPU, ready for .to(device).
+Tensor sampling_rows_tensor(const std::vector<SamplingRow>& rows);
+
+// ids[r] = a token drawn from logits[r] under rows[r]:
+//   l = logits / temperature; keep l >= the top_k-th largest l (ties kept), then the smallest
+//   set of largest l whose softmax mass reaches top_p (ties kept), then l >= max(l) + log(min_p);
+//   return argmax over kept i of l_i + gumbel(seed, step, i)   (first index on ties).
+//   ids [R] I32, logits [R, V] F32, rows [R, 32] U8 (sampling_rows_tensor)
+namespace cpu {
+void sample(Tensor& ids, const Tensor& logits, const Tensor& rows);
+}
+namespace cuda {
+void sample(Tensor& ids, const Tensor& logits, const Tensor& rows);
+}
+
+inline void sample(Tensor& ids, const Tensor& logits, const Tensor& rows) {
+  check_same_device("sample", ids.device(), {&logits, &rows});
+  if (ids.device().is_cpu()) return cpu::sample(ids, logits, rows);
+  ATOM_KERNEL_CUDA("sample", cuda::sample(ids, logits, rows));
 }
 
 }  // namespace atom::kernels

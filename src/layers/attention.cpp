@@ -5,6 +5,7 @@
 #include "core/convert.h"
 #include "core/error.h"
 #include "kernels/attention.h"
+#include "kernels/rope.h"
 
 namespace atom {
 
@@ -31,8 +32,21 @@ Tensor Attention::forward(Step& step, const Tensor& q, const Tensor& k, const Te
   ATOM_CHECK(step.kv, "attention needs a KV cache");
   Tensor& kc = step.kv->k.at(cache_index_);
   Tensor& vc = step.kv->v.at(cache_index_);
+  kernels::kv_cache_write(kc, vc, k, v, step.batch.dev.slot_mapping);
+  return attend(step, q, kc, vc);
+}
+
+Tensor Attention::forward(Step& step, Tensor& q, Tensor& k, const Tensor& v,
+                          const RotaryEmbedding& rotary) {
+  ATOM_CHECK(step.kv, "attention needs a KV cache");
+  Tensor& kc = step.kv->k.at(cache_index_);
+  Tensor& vc = step.kv->v.at(cache_index_);
+  rotary.forward_and_cache(step, q, k, v, kc, vc);
+  return attend(step, q, kc, vc);
+}
+
+Tensor Attention::attend(Step& step, const Tensor& q, Tensor& kc, Tensor& vc) {
   const Batch& b = step.batch;
-  kernels::kv_cache_write(kc, vc, k, v, b.dev.slot_mapping);
   Tensor out = step.empty({q.size(0), static_cast<int64_t>(heads_) * head_dim_}, ctx_.act_dtype);
   kernels::AttentionArgs a;
   a.num_heads = heads_;
@@ -44,6 +58,12 @@ Tensor Attention::forward(Step& step, const Tensor& q, const Tensor& k, const Te
   a.max_context_len = b.max_context_len;
   kernels::AttentionBatch ab{&b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr,
                              &b.dev.page_indices};
+  Tensor workspace;
+  const int64_t ws = kernels::paged_attention_workspace_size(ctx_.device, q.size(0), a, q.dtype());
+  if (ws > 0) {
+    workspace = step.empty({ws}, DType::kF32);
+    ab.workspace = &workspace;
+  }
   kernels::paged_attention(out, q, kc, vc, ab, sinks_ ? sinks_->data() : Tensor(), a);
   return out;
 }

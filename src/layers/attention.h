@@ -5,6 +5,7 @@
 #include <string>
 
 #include "layers/context.h"
+#include "layers/rotary.h"
 
 namespace atom {
 
@@ -23,9 +24,12 @@ class Attention {
 
   // q [T, Hq * D], k and v [T, Hk * D] (rows may be strided views of a fused qkv) -> [T, Hq * D]
   Tensor forward(Step& step, const Tensor& q, const Tensor& k, const Tensor& v);
+  // The same with RoPE applied to q and k first, fused with the cache write.
+  Tensor forward(Step& step, Tensor& q, Tensor& k, const Tensor& v, const RotaryEmbedding& rotary);
   int cache_index() const { return cache_index_; }
 
  private:
+  Tensor attend(Step& step, const Tensor& q, Tensor& k_cache, Tensor& v_cache);
   LayerContext& ctx_;
   int heads_, kv_heads_, head_dim_, sliding_window_;
   float scale_;

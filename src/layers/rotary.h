@@ -23,6 +23,10 @@ class RotaryEmbedding {
                   int64_t max_position_embeddings, bool interleaved = false);
   // q [T, Hq * head_dim], k [T, Hk * head_dim], rotated in place at step.batch positions.
   void forward(Step& step, Tensor& q, Tensor& k) const;
+  // forward() and then writes k (rotated) and v [T, Hk * head_dim] to the cache slots of
+  // step.batch, in one kernel on CUDA.
+  void forward_and_cache(Step& step, Tensor& q, Tensor& k, const Tensor& v, Tensor& k_cache,
+                         Tensor& v_cache) const;
   int rot_dim() const { return rot_dim_; }
 
  private:

@@ -30,8 +30,7 @@ Tensor LlamaAttention::forward(Step& step, const Tensor& x) {
   Tensor q = qkv.narrow(1, 0, q_size_);
   Tensor k = qkv.narrow(1, q_size_, kv_size_);
   Tensor v = qkv.narrow(1, q_size_ + kv_size_, kv_size_);
-  rotary_.forward(step, q, k);
-  Tensor o = attn_.forward(step, q, k, v);
+  Tensor o = attn_.forward(step, q, k, v, rotary_);  // RoPE fused with the cache write
   return o_proj_.forward(step, o);
 }
 

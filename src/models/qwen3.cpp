@@ -37,8 +37,7 @@ class Qwen3Attention {
     Tensor v = qkv.narrow(1, q_size_ + kv_size_, kv_size_);
     q_norm_.forward_heads_inplace(step, q);  // over head_dim, each head on its own
     k_norm_.forward_heads_inplace(step, k);
-    rotary_.forward(step, q, k);
-    Tensor o = attn_.forward(step, q, k, v);
+    Tensor o = attn_.forward(step, q, k, v, rotary_);  // RoPE fused with the cache write
     return o_proj_.forward(step, o);
   }
 

@@ -1,6 +1,7 @@
 // The transformers reference fixtures (tests/fixtures/models, made by tools/make_fixtures.py).
 #pragma once
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -9,8 +10,15 @@
 
 namespace atom::test {
 
+// The source tree: ATOM_SOURCE_DIR from the environment (tests run from a copy elsewhere, as on
+// the GPU machine), else the one this binary was built from.
+inline std::string source_dir() {
+  const char* e = std::getenv("ATOM_SOURCE_DIR");
+  return e && *e ? e : ATOM_SOURCE_DIR;
+}
+
 inline std::string fixture_dir(const std::string& name) {
-  return std::string(ATOM_SOURCE_DIR) + "/tests/fixtures/models/" + name;
+  return source_dir() + "/tests/fixtures/models/" + name;
 }
 
 inline const std::vector<std::string>& fixture_names() {
@@ -32,7 +40,7 @@ inline std::vector<int32_t> ids_of(const Tensor& t) {
 }
 
 inline Reference reference_load(const std::string& name) {
-  SafetensorsFile f(std::string(ATOM_SOURCE_DIR) + "/tests/fixtures/references/" + name + ".safetensors",
+  SafetensorsFile f(source_dir() + "/tests/fixtures/references/" + name + ".safetensors",
                     /*use_mmap=*/true);
   Reference r;
   r.input_ids = ids_of(f.tensor("input_ids"));

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/attention.h"
 #include "kernels/cpu/access.h"
 
 namespace atom::kernels::cpu {
@@ -53,6 +54,13 @@ void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& inv_freq,
       rotate(k, t, hk, cs.data(), sn.data(), a);
     }
   }
+}
+
+void rope_kv_cache_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions,
+                         const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache, Tensor& v_cache,
+                         const Tensor& slot_mapping) {
+  cpu::rope(q, k, positions, inv_freq, a);
+  cpu::kv_cache_write(k_cache, v_cache, k, v, slot_mapping);
 }
 
 }  // namespace atom::kernels::cpu

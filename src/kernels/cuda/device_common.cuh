@@ -1,0 +1,187 @@
+// Device-side helpers shared by atom's .cu files: element conversion, row addressing, reductions.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cuda/launch.h"
+
+namespace atom::kernels::cuda {
+
+__device__ __forceinline__ float load_elem(const void* p, Elem t, int64_t i) {
+  switch (t) {
+    case Elem::kF32:
+      return static_cast<const float*>(p)[i];
+    case Elem::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default:
+      return __half2float(static_cast<const __half*>(p)[i]);
+  }
+}
+
+__device__ __forceinline__ void store_elem(void* p, Elem t, int64_t i, float v) {
+  switch (t) {
+    case Elem::kF32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case Elem::kBF16:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      break;
+    default:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      break;
+  }
+}
+
+__device__ __forceinline__ char* row_of(const Mat& m, int64_t r) {
+  return static_cast<char*>(m.data) + r * m.stride * (m.type == Elem::kF32 ? 4 : 2);
+}
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v);
+template <>
+__device__ __forceinline__ float to_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) {
+  return __half2float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+// v rounded to T's precision.
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+  return to_float<T>(from_float<T>(v));
+}
+
+// V consecutive elements through one vector access (V * sizeof(T) is 4, 8 or 16 bytes, or V == 1).
+template <typename T, int V>
+__device__ __forceinline__ void load_vec(const T* p, float (&out)[V]) {
+  if constexpr (V == 1) {
+    out[0] = to_float<T>(*p);
+  } else {
+    constexpr int kBytes = V * sizeof(T);
+    static_assert(kBytes == 16 || kBytes == 8, "vector width");
+    using Vec = typename std::conditional<kBytes == 16, uint4, uint2>::type;
+    Vec raw = *reinterpret_cast<const Vec*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < V; ++i) out[i] = to_float<T>(e[i]);
+  }
+}
+
+template <typename T, int V>
+__device__ __forceinline__ void store_vec(T* p, const float (&in)[V]) {
+  if constexpr (V == 1) {
+    *p = from_float<T>(in[0]);
+  } else {
+    constexpr int kBytes = V * sizeof(T);
+    using Vec = typename std::conditional<kBytes == 16, uint4, uint2>::type;
+    Vec raw;
+    T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < V; ++i) e[i] = from_float<T>(in[i]);
+    *reinterpret_cast<Vec*>(p) = raw;
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block; every thread gets the result. `scratch` holds 32 floats.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read from a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float r = lane < nwarps ? scratch[lane] : 0.0f;
+  return warp_sum(r);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float r = lane < nwarps ? scratch[lane] : -INFINITY;
+  return warp_max(r);
+}
+
+// Programmatic dependent launch (PDL): atom's kernels are launched so that the next kernel's
+// blocks may start while the previous one drains (launch latency and ramp-up overlap; in a decode
+// step most kernels are short). Every kernel calls pdl_wait() before it reads anything an earlier
+// kernel wrote, and pdl_launch_dependents() once all its blocks have started (a dependent grid
+// launches only after every block of this one triggered or exited). ATOM_PDL=0 turns it off.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+inline bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("ATOM_PDL");
+    return !(e && (std::strcmp(e, "0") == 0 || std::strcmp(e, "false") == 0 ||
+                   std::strcmp(e, "off") == 0));
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when enabled.
+template <typename... Params, typename... Args>
+inline void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+inline unsigned grid_for(int64_t n, int threads, int64_t cap = 132 * 16) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b > cap) b = cap;
+  return static_cast<unsigned>(b < 1 ? 1 : b);
+}
+
+}  // namespace atom::kernels::cuda

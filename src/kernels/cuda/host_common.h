@@ -1,0 +1,51 @@
+// Host-side helpers of the CUDA entry points: tensors to launcher views, checks, launch errors.
+#pragma once
+
+#include "core/cuda_check.h"
+#include "core/cuda_stream.h"
+#include "core/tensor.h"
+#include "kernels/cuda/launch.h"
+
+namespace atom::kernels::cuda {
+
+inline cudaStream_t current_stream() { return ::atom::cuda_current_stream(); }
+
+inline Elem elem_of(DType t, const char* op) {
+  switch (t) {
+    case DType::kF32:
+      return Elem::kF32;
+    case DType::kBF16:
+      return Elem::kBF16;
+    case DType::kF16:
+      return Elem::kF16;
+    default:
+      fail("{}: dtype {} is not supported by the CUDA kernels", op, dtype_name(t));
+  }
+}
+
+// A 2-D tensor whose rows may be strided but whose columns are contiguous.
+inline void check_rows(const char* op, const Tensor& t, const char* name) {
+  ATOM_CHECK(t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1),
+             "{}: {} must be 2-D with contiguous rows, got {}", op, name, t.str());
+}
+
+inline Mat mat_of(const Tensor& t, const char* op) {
+  Mat m;
+  m.data = t.data();
+  m.rows = t.size(0);
+  m.cols = t.size(1);
+  m.stride = t.size(0) > 1 ? t.stride(0) : t.size(1);
+  m.type = elem_of(t.dtype(), op);
+  return m;
+}
+
+// Errors raised at launch (bad configuration, missing kernel image) name the op.
+inline void launch_check(const char* op) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    fail("{}: CUDA kernel launch failed: {} ({})", op, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+inline bool is_i32(const Tensor& t) { return t.dtype() == DType::kI32 && t.is_contiguous(); }
+
+}  // namespace atom::kernels::cuda

@@ -1,0 +1,124 @@
+// The launchers of atom's CUDA kernels. Arguments are plain pointers, sizes and strides: the .cu
+// files include no fmt (nvcc rejects fmt's consteval format strings), so shape checks and error
+// messages live in the entry points (kernels/cuda/*.cpp), which then call these. Every launcher
+// enqueues on `stream` and returns without synchronising; the caller checks cudaGetLastError.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace atom::kernels::cuda {
+
+enum class Elem : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+inline int elem_bytes(Elem e) { return e == Elem::kF32 ? 4 : 2; }
+
+// A 2-D view whose rows may be strided and whose columns are contiguous.
+struct Mat {
+  void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  int64_t stride = 0;  // elements between rows
+  Elem type = Elem::kF32;
+};
+
+// ---- elementwise.cu
+void launch_add(Mat out, Mat a, Mat b, cudaStream_t s);
+void launch_cast(Mat out, Mat x, cudaStream_t s);
+void launch_add_bias(Mat out, const void* bias, Elem bias_type, cudaStream_t s);
+// out[r] = x[idx[r]] (same element type: rows are copied as bytes)
+void launch_gather_rows(Mat out, Mat x, const int32_t* idx, cudaStream_t s);
+// out[t] = table[ids[t] - vocab_start] when in [0, table_rows), else zeros. table [rows, out.cols]
+void launch_embedding(Mat out, const int32_t* ids, const void* table, Elem table_type,
+                      int64_t table_rows, int64_t vocab_start, cudaStream_t s);
+// out [M, I] = silu(x[:, :I]) * x[:, I:]
+void launch_silu_mul(Mat out, Mat x, cudaStream_t s);
+// data[i] = lo + (hi - lo) * random_uniform(seed, i), i < n, in `type`
+void launch_fill_uniform(void* data, Elem type, int64_t n, uint64_t seed, float lo, float hi,
+                         cudaStream_t s);
+
+// ---- rms_norm.cu
+// out = rmsnorm(x) over groups of `dim` columns; residual (may be null) += x first.
+void launch_rms_norm(Mat out, Mat x, const Mat* residual, const void* w, Elem w_type, int64_t dim,
+                     float eps, bool gemma, cudaStream_t s);
+
+// ---- rope.cu
+struct RopeLaunch {
+  Mat q, k;                  // [T, Hq * head_dim], [T, Hk * head_dim]
+  const int32_t* positions;  // [T]
+  const float* inv_freq;     // [rot_dim / 2]
+  int head_dim = 0, rot_dim = 0;
+  float scale = 1.0f;
+  bool interleaved = false;
+  // Optional fused cache write: k_cache/v_cache [num_slots, Hk * head_dim] of q's type.
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  int64_t num_slots = 0;
+  Mat v;                                  // [T, Hk * head_dim]
+  const int32_t* slot_mapping = nullptr;  // [T]
+};
+void launch_rope(const RopeLaunch& a, cudaStream_t s);
+// k_cache/v_cache [num_slots, width] contiguous (width = Hk * D); k, v [T, width]; same type.
+void launch_kv_cache_write(void* k_cache, void* v_cache, int64_t num_slots, Mat k, Mat v,
+                           const int32_t* slot_mapping, cudaStream_t s);
+
+// ---- sampling.cu
+void launch_argmax(int32_t* ids, Mat logits, cudaStream_t s);
+// rows: [R] SamplingRow (kernels/sampling.h)
+void launch_sample(int32_t* ids, Mat logits, const void* rows, cudaStream_t s);
+
+// ---- linear_skinny.cu
+// out [M, N] = x [M, K] · w [N, K]ᵀ (+ bias) for small M; x and w share type (BF16 or F16),
+// K % 8 == 0, x rows and w 16-byte aligned.
+void launch_linear_skinny(Mat out, Mat x, const void* w, int64_t n, int64_t k, const void* bias,
+                          Elem bias_type, cudaStream_t s);
+
+// ---- attention.cu / attention_simple.cu
+struct AttnLaunch {
+  const void* q = nullptr;  // [T, Hq * D]
+  int64_t q_stride = 0;
+  void* out = nullptr;  // [T, Hq * D]
+  int64_t out_stride = 0;
+  const void* k_cache = nullptr;  // [pages, block_size, Hk, D]
+  const void* v_cache = nullptr;
+  const int32_t* query_start = nullptr;   // [S + 1]
+  const int32_t* context_lens = nullptr;  // [S]
+  const int32_t* page_indptr = nullptr;   // [S + 1]
+  const int32_t* page_indices = nullptr;
+  const float* sinks = nullptr;  // [Hq] or null
+  float* part_o = nullptr;       // [splits, T * Hq, D] partial outputs when num_splits > 1
+  float* part_ml = nullptr;      // [splits, T * Hq, 2] running max (log2 units) and sum
+  // [num_seqs * num_kv_heads] zeroed tickets: with them, the last CTA of a split sequence merges
+  // the partials itself (and re-zeroes its ticket); without, launch_attention_combine does.
+  int* counters = nullptr;
+  int64_t num_tokens = 0;
+  int num_seqs = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0, block_size = 0;
+  int block_shift = -1;  // log2(block_size) when a power of two, else -1
+  int window = 0;        // 0: full
+  int num_splits = 1;
+  int max_query_len = 0;  // upper bound
+  float scale = 1.0f;
+  float softcap = 0.0f;
+  Elem type = Elem::kBF16;
+  int wgmma_warpgroups = 2;  // CTA shape of the wgmma prefill kernel: 2 (128 rows) or 1 (64 rows)
+};
+// Tensor-core flash attention (mma.sync): BF16/F16, head_dim 64, 128 or 256, 16-byte aligned
+// rows. Prefill mode: m_atoms (1 or 2; 2 needs head_dim <= 128) 16-row MMA tiles per warp, no
+// splits. Decode mode (rows of a sequence's kv-head group <= kDecodeRows): the four warps share
+// the rows and split every key tile; num_splits > 1 splits long contexts across CTAs.
+inline constexpr int kDecodeRows = 16;
+bool flash_attention_supported(const AttnLaunch& a);
+void launch_flash_attention(const AttnLaunch& a, int m_atoms, cudaStream_t s);
+void launch_flash_decode(const AttnLaunch& a, cudaStream_t s);
+// Rows of query heads each prefill-mode CTA covers.
+int flash_attention_block_rows(int m_atoms);
+// Merges decode-mode split partials into out (and applies sinks).
+void launch_attention_combine(const AttnLaunch& a, cudaStream_t s);
+// Hopper prefill kernel (wgmma, two warpgroups of 64 rows, 128-key tiles): BF16/F16, head_dim
+// 64 or 128, 16-byte aligned rows, no splits.
+bool wgmma_attention_supported(const AttnLaunch& a);
+void launch_wgmma_attention(const AttnLaunch& a, cudaStream_t s);
+// One warp per (token, head), FP32 math: any dtype, any head_dim <= 256.
+void launch_attention_simple(const AttnLaunch& a, cudaStream_t s);
+
+}  // namespace atom::kernels::cuda

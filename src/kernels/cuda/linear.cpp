@@ -1,0 +1,214 @@
+// CUDA linear: out = x · wᵀ (+ bias) through cuBLASLt (BF16/F16 in, FP32 accumulate, output BF16,
+// F16 or F32), or the skinny kernel for decode-sized M. cuBLASLt plans (descriptors + the
+// heuristic's algorithm) are cached per shape, strides, dtypes and pointer alignment; the
+// workspace is fixed per (device, stream), so calls can be captured into CUDA graphs.
+#include "kernels/linear.h"
+
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "core/env.h"
+#include "kernels/cuda/host_common.h"
+#include "kernels/cuda/linear_config.h"
+#include "kernels/elementwise.h"
+
+#define CUBLAS_CHECK(expr)                                                                     \
+  do {                                                                                         \
+    cublasStatus_t atom_st_ = (expr);                                                          \
+    if (atom_st_ != CUBLAS_STATUS_SUCCESS)                                                     \
+      ::atom::fail("{}:{}: cuBLASLt error {} ({}) in {}", __FILE__, __LINE__,                  \
+                   cublasLtGetStatusName(atom_st_), cublasLtGetStatusString(atom_st_), #expr); \
+  } while (0)
+
+namespace atom::kernels::cuda {
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = 32u << 20;
+
+int g_skinny_max_m = -1;
+
+struct PlanKey {
+  int64_t m, n, k, ldx, ldo;
+  int in_type, out_type, bias_type;  // bias_type -1: no bias epilogue
+  int align_x, align_w, align_o;
+  auto tie() const {
+    return std::tie(m, n, k, ldx, ldo, in_type, out_type, bias_type, align_x, align_w, align_o);
+  }
+  bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
+};
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t w = nullptr, x = nullptr, o = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+struct LtDevice {
+  std::mutex mu;
+  cublasLtHandle_t handle = nullptr;
+  std::map<PlanKey, Plan> plans;
+  std::map<cudaStream_t, void*> workspaces;
+};
+
+LtDevice& lt_device(int device) {
+  static LtDevice* devices = new LtDevice[64];  // never destroyed: handles outlive statics
+  LtDevice& d = devices[device];
+  if (!d.handle) CUBLAS_CHECK(cublasLtCreate(&d.handle));
+  return d;
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      fail("linear: dtype {} is not supported on CUDA", dtype_name(t));
+  }
+}
+
+int alignment(const void* p) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  int a = 256;
+  while (a > 1 && (v % a) != 0) a /= 2;
+  return a;
+}
+
+Plan make_plan(cublasLtHandle_t h, const PlanKey& key, DType in, DType out, DType bias) {
+  Plan p;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (key.bias_type >= 0) {
+    const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+    const cudaDataType_t bt = cuda_type(bias);
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+  }
+  // Column-major view: outᵀ [N, M] = w [N, K] (stored as Kx N col-major, transposed) · xᵀ [K, M].
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.w, cuda_type(in), static_cast<uint64_t>(key.k),
+                                          static_cast<uint64_t>(key.n), key.k));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.x, cuda_type(in), static_cast<uint64_t>(key.k),
+                                          static_cast<uint64_t>(key.m), key.ldx));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.o, cuda_type(out), static_cast<uint64_t>(key.n),
+                                          static_cast<uint64_t>(key.m), key.ldo));
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = kWorkspaceBytes;
+  const uint32_t ax = static_cast<uint32_t>(key.align_x), aw = static_cast<uint32_t>(key.align_w),
+                 ao = static_cast<uint32_t>(key.align_o);
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof(ws)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof(aw)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax, sizeof(ax)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ao, sizeof(ao)));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ao, sizeof(ao)));
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  const cublasStatus_t st =
+      cublasLtMatmulAlgoGetHeuristic(h, p.op, p.w, p.x, p.o, p.o, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+    fail(
+        "linear: cuBLASLt has no algorithm for [{}, {}] x [{}, {}]^T ({} -> {}, alignments "
+        "{}/{}/{}): {}",
+        key.m, key.k, key.n, key.k, dtype_name(in), dtype_name(out), ax, aw, ao,
+        cublasLtGetStatusString(st));
+  p.algo = res.algo;
+  return p;
+}
+
+void* workspace_for(LtDevice& d, cudaStream_t s) {
+  auto it = d.workspaces.find(s);
+  if (it != d.workspaces.end()) return it->second;
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, kWorkspaceBytes));  // held for the process: graphs capture its address
+  d.workspaces.emplace(s, p);
+  return p;
+}
+
+}  // namespace
+
+int linear_skinny_max_m() {
+  if (g_skinny_max_m < 0) g_skinny_max_m = static_cast<int>(env_int("ATOM_SKINNY_GEMM_MAX_M", 0));
+  return g_skinny_max_m;
+}
+
+void linear_set_skinny_max_m(int m) { g_skinny_max_m = m; }
+
+void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  check_rows("linear", out, "out");
+  check_rows("linear", x, "x");
+  ATOM_CHECK(w.dim() == 2 && w.is_contiguous(), "linear: weight must be contiguous 2-D, got {}",
+             w.str());
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  ATOM_CHECK(w.size(1) == K && out.size(0) == M && out.size(1) == N,
+             "linear: x {} · w {}ᵀ -> out {}", x.str(), w.str(), out.str());
+  ATOM_CHECK(!bias.defined() || (bias.numel() == N && bias.is_contiguous()),
+             "linear: bias {} for N={}", bias.str(), N);
+  ATOM_CHECK(x.dtype() == w.dtype(), "linear: x {} and w {} must share a dtype on CUDA", x.str(),
+             w.str());
+  const DType in = x.dtype(), od = out.dtype();
+  ATOM_CHECK(in == od || od == DType::kF32, "linear: {} inputs cannot write {}", dtype_name(in),
+             dtype_name(od));
+  if (M == 0 || N == 0) return;
+  const cudaStream_t stream = current_stream();
+  const int64_t ldx = M > 1 ? x.stride(0) : K, ldo = M > 1 ? out.stride(0) : N;
+
+  if ((in == DType::kBF16 || in == DType::kF16) && M <= linear_skinny_max_m() && K % 8 == 0 &&
+      ldx % 8 == 0 && alignment(x.data()) >= 16 && alignment(w.data()) >= 16) {
+    launch_linear_skinny(mat_of(out, "linear"), mat_of(x, "linear"), w.data(), N, K,
+                         bias.defined() ? bias.data() : nullptr,
+                         bias.defined() ? elem_of(bias.dtype(), "linear") : Elem::kF32, stream);
+    launch_check("linear (skinny)");
+    return;
+  }
+
+  // The bias epilogue takes a bias of the output's dtype; any other bias is added afterwards.
+  const bool fuse_bias = bias.defined() && bias.dtype() == od && alignment(bias.data()) >= 16;
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  LtDevice& d = lt_device(device);
+  const PlanKey key{M,
+                    N,
+                    K,
+                    ldx,
+                    ldo,
+                    static_cast<int>(in),
+                    static_cast<int>(od),
+                    fuse_bias ? static_cast<int>(bias.dtype()) : -1,
+                    alignment(x.data()),
+                    alignment(w.data()),
+                    alignment(out.data())};
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.plans.find(key);
+  if (it == d.plans.end())
+    it = d.plans.emplace(key, make_plan(d.handle, key, in, od, bias.dtype())).first;
+  Plan& p = it->second;
+  if (fuse_bias) {
+    const void* bp = bias.data();
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  CUBLAS_CHECK(cublasLtMatmul(d.handle, p.op, &alpha, w.data(), p.w, x.data(), p.x, &beta,
+                              out.data(), p.o, out.data(), p.o, &p.algo, workspace_for(d, stream),
+                              kWorkspaceBytes, stream));
+  if (bias.defined() && !fuse_bias) add_bias(out, bias);
+}
+
+}  // namespace atom::kernels::cuda

@@ -1,0 +1,126 @@
+// RMSNorm with the fused residual add, whole rows (one block reduction per row) or groups of
+// `dim` columns (per-head q/k norm: one warp per group). Two passes over the row: the second
+// re-reads it from L1/L2, so nothing is held in registers and any width works.
+#include "kernels/cuda/device_common.cuh"
+
+namespace atom::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+struct NormArgs {
+  Mat out, x, res;
+  bool has_res;
+  const void* w;
+  Elem w_type;
+  int64_t dim;
+  float eps;
+  bool gemma;
+};
+
+// Pass 1 over columns [c0, c1) with step: v = x (+ res, rounded and stored back); sum of squares.
+template <typename T, int V>
+__device__ __forceinline__ float norm_pass1(const NormArgs& a, int64_t r, int64_t c0, int64_t c1,
+                                            int64_t step) {
+  const T* x = reinterpret_cast<const T*>(row_of(a.x, r));
+  T* res = a.has_res ? reinterpret_cast<T*>(row_of(a.res, r)) : nullptr;
+  float ss = 0.0f;
+  for (int64_t c = c0; c < c1; c += step) {
+    float v[V];
+    load_vec<T, V>(x + c, v);
+    if (res) {
+      float rv[V];
+      load_vec<T, V>(res + c, rv);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = round_to<T>(v[j] + rv[j]);
+      store_vec<T, V>(res + c, v);
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) ss += v[j] * v[j];
+  }
+  return ss;
+}
+
+// Pass 2: out = w * round(v * inv) (Llama) or v * inv * (1 + w) (Gemma); w index is c - g0.
+template <typename T, int V>
+__device__ __forceinline__ void norm_pass2(const NormArgs& a, int64_t r, int64_t g0, int64_t c0,
+                                           int64_t c1, int64_t step, float inv) {
+  const T* src = a.has_res ? reinterpret_cast<const T*>(row_of(a.res, r))
+                           : reinterpret_cast<const T*>(row_of(a.x, r));
+  T* out = reinterpret_cast<T*>(row_of(a.out, r));
+  for (int64_t c = c0; c < c1; c += step) {
+    float v[V];
+    load_vec<T, V>(src + c, v);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float w = load_elem(a.w, a.w_type, c - g0 + j);
+      const float n = v[j] * inv;
+      v[j] = a.gemma ? n * (1.0f + w) : w * round_to<T>(n);
+    }
+    store_vec<T, V>(out + c, v);
+  }
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads) rms_norm_row_kernel(NormArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x, width = a.x.cols;
+  float ss = norm_pass1<T, V>(a, r, threadIdx.x * V, width, kThreads * V);
+  ss = block_sum(ss, scratch);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.dim) + a.eps);
+  norm_pass2<T, V>(a, r, 0, threadIdx.x * V, width, kThreads * V, inv);
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads) rms_norm_group_kernel(NormArgs a) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t r = blockIdx.x, groups = a.x.cols / a.dim;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int64_t g = warp; g < groups; g += kThreads / 32) {
+    const int64_t g0 = g * a.dim;
+    float ss = norm_pass1<T, V>(a, r, g0 + lane * V, g0 + a.dim, 32 * V);
+    ss = warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.dim) + a.eps);
+    norm_pass2<T, V>(a, r, g0, g0 + lane * V, g0 + a.dim, 32 * V, inv);
+  }
+}
+
+template <typename T, int V>
+void launch_typed(const NormArgs& a, cudaStream_t s) {
+  const unsigned rows = static_cast<unsigned>(a.x.rows);
+  if (a.dim == a.x.cols)
+    launch(rms_norm_row_kernel<T, V>, rows, kThreads, 0, s, a);
+  else
+    launch(rms_norm_group_kernel<T, V>, rows, kThreads, 0, s, a);
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+}  // namespace
+
+void launch_rms_norm(Mat out, Mat x, const Mat* residual, const void* w, Elem w_type, int64_t dim,
+                     float eps, bool gemma, cudaStream_t s) {
+  if (x.rows == 0) return;
+  NormArgs a{out, x, residual ? *residual : Mat{}, residual != nullptr, w, w_type, dim, eps, gemma};
+  const int v = x.type == Elem::kF32 ? 4 : 8;
+  bool vec = dim % v == 0 && x.cols % v == 0 && x.stride % v == 0 && out.stride % v == 0 &&
+             aligned16(x.data) && aligned16(out.data);
+  if (residual) vec = vec && residual->stride % v == 0 && aligned16(residual->data);
+  switch (x.type) {
+    case Elem::kF32:
+      vec ? launch_typed<float, 4>(a, s) : launch_typed<float, 1>(a, s);
+      break;
+    case Elem::kBF16:
+      vec ? launch_typed<__nv_bfloat16, 8>(a, s) : launch_typed<__nv_bfloat16, 1>(a, s);
+      break;
+    case Elem::kF16:
+      vec ? launch_typed<__half, 8>(a, s) : launch_typed<__half, 1>(a, s);
+      break;
+  }
+}
+
+}  // namespace atom::kernels::cuda

@@ -1,0 +1,121 @@
+// Rotary embedding in place on q and k (one block per token, cos/sin computed once per token in
+// shared memory), and the paged KV-cache write.
+#include "kernels/cuda/device_common.cuh"
+
+namespace atom::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// With k_cache set, the block then copies its token's rotated k row and v row into the cache
+// slot (slot_mapping; < 0 or past the cache: skipped).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) rope_kernel(RopeLaunch a, int hq, int hk) {
+  pdl_wait();
+  pdl_launch_dependents();
+  extern __shared__ float table[];  // cos [half], sin [half]
+  const int64_t t = blockIdx.x;
+  const int half = a.rot_dim / 2;
+  float* cs = table;
+  float* sn = table + half;
+  const float pos = static_cast<float>(a.positions[t]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    float s, c;
+    sincosf(pos * a.inv_freq[i], &s, &c);  // angle in fp32, as transformers
+    cs[i] = c * a.scale;
+    sn[i] = s * a.scale;
+  }
+  __syncthreads();
+  const int total = (hq + hk) * half;
+  T* qrow = reinterpret_cast<T*>(row_of(a.q, t));
+  T* krow = reinterpret_cast<T*>(row_of(a.k, t));
+  for (int p = threadIdx.x; p < total; p += blockDim.x) {
+    const int h = p / half, i = p % half;
+    T* row = h < hq ? qrow + static_cast<int64_t>(h) * a.head_dim
+                    : krow + static_cast<int64_t>(h - hq) * a.head_dim;
+    const int i1 = a.interleaved ? 2 * i : i;
+    const int i2 = a.interleaved ? 2 * i + 1 : i + half;
+    const float x1 = to_float<T>(row[i1]), x2 = to_float<T>(row[i2]);
+    // Products rounded separately, as the CPU reference computes them.
+    row[i1] = from_float<T>(__fsub_rn(__fmul_rn(x1, cs[i]), __fmul_rn(x2, sn[i])));
+    row[i2] = from_float<T>(__fadd_rn(__fmul_rn(x2, cs[i]), __fmul_rn(x1, sn[i])));
+  }
+  if (a.k_cache == nullptr) return;
+  const int64_t slot = a.slot_mapping[t];
+  if (slot < 0 || slot >= a.num_slots) return;
+  __syncthreads();  // the block's rotated k row is complete (global writes, visible in the block)
+  const int64_t width = a.k.cols;
+  T* kd = static_cast<T*>(a.k_cache) + slot * width;
+  T* vd = static_cast<T*>(a.v_cache) + slot * width;
+  const T* vrow = reinterpret_cast<const T*>(row_of(a.v, t));
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+    kd[i] = krow[i];
+    vd[i] = vrow[i];
+  }
+}
+
+// One block per token; rows copied as 16-byte words when every row is aligned, else as T.
+template <typename W>
+__global__ void kv_write_kernel(char* k_cache, char* v_cache, int64_t num_slots, Mat k, Mat v,
+                                const int32_t* slot_mapping, int64_t row_words) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slot_mapping[t];
+  if (slot < 0 || slot >= num_slots) return;
+  const W* ks = reinterpret_cast<const W*>(row_of(k, t));
+  const W* vs = reinterpret_cast<const W*>(row_of(v, t));
+  W* kd = reinterpret_cast<W*>(k_cache) + slot * row_words;
+  W* vd = reinterpret_cast<W*>(v_cache) + slot * row_words;
+  for (int64_t i = threadIdx.x; i < row_words; i += blockDim.x) {
+    kd[i] = ks[i];
+    vd[i] = vs[i];
+  }
+}
+
+}  // namespace
+
+void launch_rope(const RopeLaunch& a, cudaStream_t s) {
+  if (a.q.rows == 0) return;
+  const int hq = static_cast<int>(a.q.cols / a.head_dim),
+            hk = static_cast<int>(a.k.cols / a.head_dim);
+  const size_t smem = static_cast<size_t>(a.rot_dim) * sizeof(float);
+  const unsigned grid = static_cast<unsigned>(a.q.rows);
+  switch (a.q.type) {
+    case Elem::kF32:
+      launch(rope_kernel<float>, grid, kThreads, smem, s, a, hq, hk);
+      break;
+    case Elem::kBF16:
+      launch(rope_kernel<__nv_bfloat16>, grid, kThreads, smem, s, a, hq, hk);
+      break;
+    case Elem::kF16:
+      launch(rope_kernel<__half>, grid, kThreads, smem, s, a, hq, hk);
+      break;
+  }
+}
+
+void launch_kv_cache_write(void* k_cache, void* v_cache, int64_t num_slots, Mat k, Mat v,
+                           const int32_t* slot_mapping, cudaStream_t s) {
+  if (k.rows == 0) return;
+  const int64_t esize = elem_bytes(k.type);
+  const int64_t row_bytes = k.cols * esize;
+  auto ok16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  const bool vec = row_bytes % 16 == 0 && (k.stride * esize) % 16 == 0 &&
+                   (v.stride * esize) % 16 == 0 && ok16(k.data) && ok16(v.data) && ok16(k_cache) &&
+                   ok16(v_cache);
+  const unsigned grid = static_cast<unsigned>(k.rows);
+  char* kc = static_cast<char*>(k_cache);
+  char* vc = static_cast<char*>(v_cache);
+  if (vec)
+    launch(kv_write_kernel<uint4>, grid, 128, 0, s, kc, vc, num_slots, k, v, slot_mapping,
+           row_bytes / 16);
+  else if (esize == 4)
+    launch(kv_write_kernel<uint32_t>, grid, 128, 0, s, kc, vc, num_slots, k, v, slot_mapping,
+           k.cols);
+  else
+    launch(kv_write_kernel<uint16_t>, grid, 128, 0, s, kc, vc, num_slots, k, v, slot_mapping,
+           k.cols);
+}
+
+}  // namespace atom::kernels::cuda

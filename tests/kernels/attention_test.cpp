@@ -1,0 +1,201 @@
+// CUDA paged attention (flash kernel, split-context decode, simple kernel) against the CPU
+// reference on ragged batches over shuffled pages.
+#include "kernels/attention.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "gpu_util.h"
+#include "kernels/cuda/attention_config.h"
+
+namespace atom::test {
+namespace {
+
+struct SeqShape {
+  int query, context;  // new tokens, tokens in the cache after this step
+};
+
+struct AttnCase {
+  int heads, kv_heads, head_dim, block_size;
+  std::vector<SeqShape> seqs;
+  int window = 0;
+  bool sinks = false;
+  float softcap = 0.0f;
+  DType dt = DType::kBF16;
+  bool workspace = true;
+  int context_bound = 0;  // > 0: max_context_len passed as this upper bound (as CUDA graphs do)
+};
+
+std::string describe(const AttnCase& c) {
+  std::string s =
+      fmt::format("H{}/{} D{} bs{} w{}{}{} seqs", c.heads, c.kv_heads, c.head_dim, c.block_size,
+                  c.window, c.sinks ? " sinks" : "", c.softcap > 0 ? " softcap" : "");
+  for (const auto& q : c.seqs) s += fmt::format(" {}/{}", q.query, q.context);
+  return s;
+}
+
+Tensor i32(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32);
+  if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * 4);
+  return t;
+}
+
+void check_attention(const AttnCase& c, uint64_t seed) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::vector<int32_t> qs = {0}, cl, pip = {0}, pid;
+  int total_pages = 0, max_q = 0, max_c = 0;
+  for (const auto& s : c.seqs) {
+    qs.push_back(qs.back() + s.query);
+    cl.push_back(s.context);
+    const int pages = (s.context + c.block_size - 1) / c.block_size;
+    total_pages += pages;
+    pip.push_back(pip.back() + pages);
+    max_q = std::max(max_q, s.query);
+    max_c = std::max(max_c, s.context);
+  }
+  const int num_pages = total_pages + 3;
+  std::vector<int32_t> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  pid.assign(perm.begin(), perm.begin() + total_pages);
+  const int64_t T = qs.back();
+  const int64_t qw = static_cast<int64_t>(c.heads) * c.head_dim;
+  // q is a slice of a wider (qkv-like) row: strided.
+  Tensor qkv = random_cpu({T, qw + 64}, c.dt, seed + 1, -2, 2);
+  Tensor q = qkv.narrow(1, 0, qw);
+  Tensor kc = random_cpu({num_pages, c.block_size, c.kv_heads, c.head_dim}, c.dt, seed + 2, -2, 2);
+  Tensor vc = random_cpu({num_pages, c.block_size, c.kv_heads, c.head_dim}, c.dt, seed + 3, -2, 2);
+  Tensor sinks = c.sinks ? random_cpu({c.heads}, DType::kF32, seed + 4, -1, 3) : Tensor();
+  kernels::AttentionArgs a;
+  a.num_heads = c.heads;
+  a.num_kv_heads = c.kv_heads;
+  a.head_dim = c.head_dim;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  a.sliding_window = c.window;
+  a.logit_softcap = c.softcap;
+  a.max_query_len = max_q;
+  a.max_context_len = c.context_bound > 0 ? c.context_bound : max_c;
+  Tensor cqs = i32(qs), ccl = i32(cl), cpip = i32(pip), cpid = i32(pid);
+  kernels::AttentionBatch cb{&cqs, &ccl, &cpip, &cpid};
+  Tensor ref = Tensor::empty({T, qw}, c.dt);
+  kernels::paged_attention(ref, q, kc, vc, cb, sinks, a);
+
+  Tensor gqs = cqs.to(gpu()), gcl = ccl.to(gpu()), gpip = cpip.to(gpu()), gpid = cpid.to(gpu());
+  Tensor ws;
+  kernels::AttentionBatch gb{&gqs, &gcl, &gpip, &gpid};
+  const int64_t need = kernels::paged_attention_workspace_size(gpu(), T, a, c.dt);
+  if (c.workspace && need > 0) {
+    ws = Tensor::empty({need}, DType::kF32, gpu());
+    poison(ws);
+    gb.workspace = &ws;
+  }
+  Tensor out = Tensor::empty({T, qw}, c.dt, gpu());
+  poison(out);
+  Tensor gq = qkv.to(gpu()).narrow(1, 0, qw);
+  kernels::paged_attention(out, gq, kc.to(gpu()), vc.to(gpu()), gb,
+                           c.sinks ? sinks.to(gpu()) : Tensor(), a);
+  const double tol = c.dt == DType::kF32 ? 1e-5 : 5e-3;
+  EXPECT_LE(rel_err(out, ref), tol)
+      << describe(c) << (need > 0 && c.workspace ? " (split)" : "") << " backend "
+      << static_cast<int>(kernels::cuda::attention_backend());
+}
+
+TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {
+  const AttnCase cases[] = {
+      // Prefill of several lengths, none a tile multiple; GQA 4.
+      {32, 8, 128, 16, {{300, 300}, {17, 17}, {129, 129}}},
+      // Chunked / prefix-cached prefill (context > query) and decode rows in one batch.
+      {32, 8, 128, 16, {{70, 250}, {1, 999}, {1, 3}, {40, 40}, {0, 12}}},
+      {16, 16, 64, 16, {{200, 333}, {1, 64}}},
+      {8, 1, 256, 16, {{90, 130}, {1, 257}}},
+      {64, 8, 64, 4, {{150, 150}}},
+      {16, 16, 64, 16, {{260, 260}, {5, 300}}},
+      // Sliding window, sinks, soft-cap.
+      {32, 8, 128, 16, {{260, 300}, {1, 500}}, 37, true},
+      {8, 2, 64, 16, {{100, 100}}, 0, false, 30.0f},
+      {4, 1, 128, 8, {{65, 70}}, 16, false},
+      {32, 8, 128, 16, {{400, 400}}, 150, true, 20.0f},
+      // F16.
+      {16, 4, 128, 16, {{140, 200}, {1, 77}}, 0, false, 0.0f, DType::kF16},
+      {8, 8, 64, 16, {{190, 190}}, 0, true, 0.0f, DType::kF16},
+  };
+  using kernels::cuda::PrefillAttention;
+  for (PrefillAttention b : {PrefillAttention::kAuto, PrefillAttention::kMma}) {
+    kernels::cuda::attention_set_backend(b);
+    uint64_t seed = 1000;
+    for (const AttnCase& c : cases) check_attention(c, seed += 10);
+  }
+  kernels::cuda::attention_set_wgmma_warpgroups(1);
+  for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1400 + 10 * i);
+  kernels::cuda::attention_set_wgmma_warpgroups(2);
+  kernels::cuda::attention_set_m_atoms(1);
+  kernels::cuda::attention_set_backend(PrefillAttention::kMma);
+  check_attention(cases[0], 1500);
+  check_attention(cases[5], 1510);
+  kernels::cuda::attention_set_m_atoms(0);
+  kernels::cuda::attention_set_backend(PrefillAttention::kAuto);
+}
+
+TEST(GpuAttention, DecodeModeGroupsAndShortQueries) {
+  const AttnCase cases[] = {
+      // Decode rows per kv head: G = 4, 8, 16 (the 16-row tile), 32 (beyond it: prefill mode).
+      {32, 8, 128, 16, {{1, 700}, {1, 33}, {1, 64}, {1, 65}}},
+      {64, 8, 128, 16, {{1, 1500}, {1, 1}}},
+      {16, 1, 64, 16, {{1, 300}, {1, 2000}}},
+      {32, 1, 128, 16, {{1, 900}, {1, 17}}},
+      // Several new tokens per sequence within the 16 rows (speculative decoding).
+      {32, 8, 128, 16, {{4, 300}, {2, 2}, {3, 1200}}},
+      {16, 8, 256, 16, {{8, 520}, {1, 40}}, 0, true},
+      {32, 8, 64, 4, {{1, 333}, {1, 4096}}, 100, true},
+  };
+  uint64_t seed = 5000;
+  for (const AttnCase& c : cases) check_attention(c, seed += 10);
+  // A context bound far above the real lengths, as a captured decode graph passes: every
+  // sequence still splits only as far as its own length allows.
+  for (AttnCase c : cases) {
+    c.context_bound = 8192;
+    check_attention(c, seed += 10);
+  }
+}
+
+TEST(GpuAttention, SplitContextDecodeWithAndWithoutWorkspace) {
+  // Few sequences with long contexts: the context is split across CTAs (flash-decoding).
+  AttnCase c{32, 8, 128, 16, {{1, 3000}, {1, 4097}, {1, 100}}};
+  check_attention(c, 2000);
+  c.sinks = true;
+  check_attention(c, 2010);
+  c.window = 1000;
+  check_attention(c, 2020);
+  c.workspace = false;
+  check_attention(c, 2030);
+  AttnCase d{8, 8, 64, 16, {{1, 5000}}};
+  check_attention(d, 2040);
+  // The same splits merged by the separate combine kernel.
+  kernels::cuda::attention_set_merge_in_kernel(false);
+  AttnCase e{32, 8, 128, 16, {{1, 3000}, {1, 4097}, {1, 100}}, 0, true};
+  check_attention(e, 2050);
+  check_attention(d, 2060);
+  kernels::cuda::attention_set_merge_in_kernel(true);
+  // Repeated launches reuse the split tickets: each launch must leave them zeroed.
+  for (int i = 0; i < 3; ++i) check_attention(e, 2070 + i);
+}
+
+TEST(GpuAttention, SimpleKernelForOtherHeadSizesAndF32) {
+  const AttnCase cases[] = {
+      {8, 2, 32, 16, {{40, 40}, {1, 20}}},
+      {4, 4, 80, 16, {{33, 50}}, 9, true},
+      {8, 2, 16, 4, {{21, 21}}, 0, false, 0.0f, DType::kF32},
+      {4, 2, 128, 16, {{50, 70}, {1, 33}}, 0, true, 0.0f, DType::kF32},
+  };
+  uint64_t seed = 3000;
+  for (const AttnCase& c : cases) check_attention(c, seed += 10);
+  // The simple kernel on shapes the tensor-core kernels would take.
+  kernels::cuda::attention_set_backend(kernels::cuda::PrefillAttention::kSimple);
+  check_attention({32, 8, 128, 16, {{70, 250}, {1, 999}}, 37, true}, 3100);
+  kernels::cuda::attention_set_backend(kernels::cuda::PrefillAttention::kAuto);
+}
+
+}  // namespace
+}  // namespace atom::test

@@ -1,0 +1,103 @@
+// CUDA element-wise kernels against the CPU reference.
+#include "kernels/elementwise.h"
+
+#include <cstring>
+
+#include "gpu_util.h"
+#include "kernels/activation.h"
+#include "kernels/embedding.h"
+
+namespace atom::test {
+namespace {
+
+TEST(GpuElementwise, FillUniformMatchesCpuExactly) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    Tensor c = Tensor::empty({1001, 37}, dt);
+    kernels::fill_uniform(c, 1234, -0.5f, 2.0f);
+    Tensor g = Tensor::empty({1001, 37}, dt, gpu());
+    poison(g);
+    kernels::fill_uniform(g, 1234, -0.5f, 2.0f);
+    EXPECT_TRUE(same_bytes(g, c)) << dtype_name(dt);
+  }
+}
+
+TEST(GpuElementwise, AddCastBiasOnStridedRows) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    // a and b are column slices of wider tensors: strided rows.
+    Tensor wa = random_cpu({33, 300}, dt, 1), wb = random_cpu({33, 200}, dt, 2);
+    Tensor a = wa.narrow(1, 100, 150), b = wb.narrow(1, 7, 150);
+    Tensor ref = Tensor::empty({33, 150}, dt);
+    kernels::add(ref, a, b);
+    Tensor ga = wa.to(gpu()).narrow(1, 100, 150), gb = wb.to(gpu()).narrow(1, 7, 150);
+    Tensor out = Tensor::empty({33, 150}, dt, gpu());
+    poison(out);
+    kernels::add(out, ga, gb);
+    EXPECT_LE(rel_err(out, ref), 1e-6) << dtype_name(dt);
+
+    Tensor bias = random_cpu({150}, dt, 3);
+    Tensor ref2 = ref.clone();
+    kernels::add_bias(ref2, bias);
+    kernels::add_bias(out, bias.to(gpu()));
+    EXPECT_LE(rel_err(out, ref2), 1e-6) << dtype_name(dt);
+  }
+  Tensor x = random_cpu({17, 129}, DType::kF32, 4, -100, 100);
+  for (DType to : {DType::kBF16, DType::kF16, DType::kF32}) {
+    Tensor ref = Tensor::empty({17, 129}, to);
+    kernels::cast(ref, x);
+    Tensor out = Tensor::empty({17, 129}, to, gpu());
+    poison(out);
+    kernels::cast(out, x.to(gpu()));
+    EXPECT_TRUE(same_bytes(out, ref)) << dtype_name(to);
+  }
+}
+
+TEST(GpuElementwise, GatherRowsAndEmbeddingShards) {
+  Tensor x = random_cpu({50, 96}, DType::kBF16, 5);
+  std::vector<int32_t> idx = {49, 0, 7, 7, 23};
+  Tensor ci = Tensor::empty({5}, DType::kI32);
+  std::memcpy(ci.data(), idx.data(), 20);
+  Tensor ref = Tensor::empty({5, 96}, DType::kBF16);
+  kernels::gather_rows(ref, x, ci);
+  Tensor out = Tensor::empty({5, 96}, DType::kBF16, gpu());
+  poison(out);
+  Tensor gi = ci.to(gpu());
+  kernels::gather_rows(out, x.to(gpu()), gi);
+  EXPECT_TRUE(same_bytes(out, ref));
+
+  // A vocabulary shard [100, 164): ids outside it give zero rows.
+  Tensor table = random_cpu({64, 72}, DType::kBF16, 6);
+  std::vector<int32_t> ids = {100, 163, 164, 5, 120, 99, 130};
+  Tensor cids = Tensor::empty({7}, DType::kI32);
+  std::memcpy(cids.data(), ids.data(), ids.size() * 4);
+  for (DType od : {DType::kBF16, DType::kF32}) {
+    Tensor eref = Tensor::empty({7, 72}, od);
+    kernels::embedding(eref, cids, table, 100);
+    Tensor eout = Tensor::empty({7, 72}, od, gpu());
+    poison(eout);
+    Tensor gids = cids.to(gpu());
+    kernels::embedding(eout, gids, table.to(gpu()), 100);
+    EXPECT_TRUE(same_bytes(eout, eref)) << dtype_name(od);
+  }
+}
+
+TEST(GpuElementwise, SiluMulVectorAndScalarPaths) {
+  struct Case {
+    int64_t m, i;
+    DType dt;
+  };
+  for (const Case& c :
+       {Case{7, 14336, DType::kBF16}, Case{3, 1000, DType::kBF16}, Case{5, 37, DType::kBF16},
+        Case{4, 256, DType::kF16}, Case{9, 100, DType::kF32}}) {
+    Tensor x = random_cpu({c.m, 2 * c.i}, c.dt, 7, -6, 6);
+    Tensor ref = Tensor::empty({c.m, c.i}, c.dt);
+    kernels::silu_mul(ref, x);
+    Tensor out = Tensor::empty({c.m, c.i}, c.dt, gpu());
+    poison(out);
+    kernels::silu_mul(out, x.to(gpu()));
+    // Same formula in fp32 on both sides; at most a rounding flip of the low-precision output.
+    EXPECT_LE(rel_err(out, ref), c.dt == DType::kF32 ? 1e-6 : 1e-3) << c.m << "x" << c.i;
+  }
+}
+
+}  // namespace
+}  // namespace atom::test

@@ -1,0 +1,60 @@
+// Helpers of the GPU tests: seeded random inputs, poisoned outputs, normalised errors.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/convert.h"
+#include "core/tensor.h"
+#include "kernels/random.h"
+
+namespace atom::test {
+
+inline Device gpu() { return Device::cuda(0); }
+
+// A CPU tensor of seeded uniform values in [lo, hi), rounded to dtype.
+inline Tensor random_cpu(Shape shape, DType dtype, uint64_t seed, float lo = -1.0f,
+                         float hi = 1.0f) {
+  Tensor t = Tensor::empty(std::move(shape), dtype);
+  kernels::fill_uniform(t, seed, lo, hi);
+  return t;
+}
+
+// Fills a device tensor with 0xff bytes: NaN for floats, -1 for integers. Unwritten outputs fail.
+inline void poison(Tensor& t) {
+  ASSERT_TRUE(t.is_contiguous());
+  ASSERT_EQ(cudaMemset(t.data(), 0xff, t.nbytes()), cudaSuccess);
+}
+
+inline Tensor to_f32_cpu(const Tensor& t) { return tensor_cast_cpu(t, DType::kF32); }
+
+// A contiguous host copy (device tensors must be contiguous).
+inline Tensor host(const Tensor& t) {
+  return t.device().is_cpu() ? t.contiguous() : t.to(Device::cpu());
+}
+
+// ||a - b|| / ||b|| over all elements (any float dtypes, any devices); infinity on NaN.
+inline double rel_err(const Tensor& a, const Tensor& b) {
+  Tensor x = to_f32_cpu(host(a)), y = to_f32_cpu(host(b));
+  EXPECT_EQ(x.numel(), y.numel());
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double p = x.ptr<float>()[i], q = y.ptr<float>()[i];
+    if (std::isnan(p) || std::isnan(q)) return std::numeric_limits<double>::infinity();
+    num += (p - q) * (p - q);
+    den += q * q;
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// Exact equality of two tensors' bytes.
+inline bool same_bytes(const Tensor& a, const Tensor& b) {
+  Tensor x = host(a), y = host(b);
+  return x.nbytes() == y.nbytes() && std::memcmp(x.data(), y.data(), x.nbytes()) == 0;
+}
+
+}  // namespace atom::test

@@ -1,0 +1,68 @@
+// CUDA linear (cuBLASLt and the skinny decode kernel) against the CPU reference.
+#include "kernels/linear.h"
+
+#include "gpu_util.h"
+#include "kernels/cuda/linear_config.h"
+
+namespace atom::test {
+namespace {
+
+struct LinearCase {
+  int64_t m, n, k;
+  DType in, out;
+  bool bias, strided_x;
+};
+
+void check_linear(const LinearCase& c, uint64_t seed) {
+  const int64_t kx = c.strided_x ? c.k + 24 : c.k;
+  Tensor xw = random_cpu({c.m, kx}, c.in, seed, -1, 1);
+  Tensor x = xw.narrow(1, c.strided_x ? 16 : 0, c.k);
+  Tensor w = random_cpu({c.n, c.k}, c.in, seed + 1, -0.1f, 0.1f);
+  Tensor b = c.bias ? random_cpu({c.n}, c.in, seed + 2) : Tensor();
+  Tensor ref = Tensor::empty({c.m, c.n}, c.out);
+  kernels::linear(ref, x, w, b);
+  Tensor gx = xw.to(gpu()).narrow(1, c.strided_x ? 16 : 0, c.k);
+  Tensor out = Tensor::empty({c.m, c.n}, c.out, gpu());
+  poison(out);
+  kernels::linear(out, gx, w.to(gpu()), c.bias ? b.to(gpu()) : Tensor());
+  // bf16 outputs: one rounding of a value the CPU rounds too, ~2^-9; fp32 outputs of bf16
+  // inputs: summation order only.
+  const double tol = c.out == DType::kF32 ? (c.in == DType::kF32 ? 1e-5 : 2e-5) : 5e-3;
+  EXPECT_LE(rel_err(out, ref), tol)
+      << "M=" << c.m << " N=" << c.n << " K=" << c.k << " " << dtype_name(c.in) << "->"
+      << dtype_name(c.out) << (c.bias ? " bias" : "") << (c.strided_x ? " strided" : "")
+      << " skinny<=" << kernels::cuda::linear_skinny_max_m();
+}
+
+const LinearCase kCases[] = {
+    {1, 4096, 4096, DType::kBF16, DType::kBF16, false, false},
+    {1, 1000, 512, DType::kBF16, DType::kF32, false, false},
+    {2, 6144, 4096, DType::kBF16, DType::kBF16, true, true},
+    {3, 130, 200, DType::kBF16, DType::kBF16, true, false},
+    {4, 256, 1024, DType::kF16, DType::kF16, false, true},
+    {5, 96, 72, DType::kBF16, DType::kBF16, true, false},
+    {17, 1000, 4096, DType::kBF16, DType::kF32, false, false},
+    {128, 14336, 512, DType::kBF16, DType::kBF16, false, true},
+    {300, 384, 256, DType::kBF16, DType::kBF16, true, false},
+    {33, 64, 100, DType::kF32, DType::kF32, true, false},
+    {1, 4096, 14336, DType::kBF16, DType::kBF16, false, false},
+};
+
+TEST(GpuLinear, SkinnyAndCublasLtMatchCpu) {
+  const int saved = kernels::cuda::linear_skinny_max_m();
+  uint64_t seed = 300;
+  for (int skinny : {4, 0}) {
+    kernels::cuda::linear_set_skinny_max_m(skinny);
+    for (const LinearCase& c : kCases) check_linear(c, seed += 3);
+  }
+  kernels::cuda::linear_set_skinny_max_m(saved);
+}
+
+TEST(GpuLinear, SamePlanReusedAcrossPointers) {
+  // Cached plans must not bake in a pointer: run one shape on two different buffers.
+  for (int i = 0; i < 2; ++i)
+    check_linear({64, 512, 256, DType::kBF16, DType::kBF16, true, false}, 900 + i);
+}
+
+}  // namespace
+}  // namespace atom::test

@@ -1,0 +1,206 @@
+// Whole models on the GPU: logits against transformers' fp32 fixtures (bf16 tolerance) and
+// against the CPU path, greedy tokens where the reference margins allow, decode through CUDA
+// graphs against eager decode, and KV-cache sizing from GPU memory.
+#include <algorithm>
+#include <cstdio>
+
+#include "core/cuda_stream.h"
+#include "engine/model_runner.h"
+#include "engine/sequence_runner.h"
+#include "gpu_util.h"
+#include "common/fixtures.h"
+#include "models/loading.h"
+
+namespace atom::test {
+namespace {
+
+ModelOptions on_gpu() {
+  ModelOptions o;
+  o.device = gpu();
+  return o;
+}
+
+std::vector<float> margins_of(const std::string& name) {
+  SafetensorsFile f(source_dir() + "/tests/fixtures/references/" + name + ".safetensors", true);
+  Tensor m = f.tensor("greedy_margins").clone();
+  return std::vector<float>(m.ptr<float>(), m.ptr<float>() + m.numel());
+}
+
+class GpuParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuParity, LogitsGreedyAndChunkedPrefill) {
+  const Reference ref = reference_load(GetParam());
+  LoadedModel m = model_load(fixture_dir(GetParam()), on_gpu());
+  EXPECT_EQ(m.model->act_dtype(),
+            m.model->config().dtype == DType::kF16 ? DType::kF16 : DType::kBF16);
+  Tensor logits = score_tokens(*m.model, ref.input_ids);
+  const double err = rel_err(logits, ref.logits);
+  const float dmax = max_abs_diff(logits, ref.logits);
+  std::printf("%s: bf16 GPU vs transformers fp32: rel err %.3g, max |dlogit| %.3g\n",
+              GetParam().c_str(), err, dmax);
+  EXPECT_LE(err, 3e-2) << GetParam();
+
+  // The CPU path in the same precision (bf16 activations and weights).
+  ModelOptions cpu_bf16;
+  cpu_bf16.act_dtype = m.model->act_dtype();
+  cpu_bf16.weight_dtype = m.model->act_dtype();
+  LoadedModel c = model_load(fixture_dir(GetParam()), cpu_bf16);
+  Tensor cpu_logits = score_tokens(*c.model, ref.input_ids);
+  const double err_cpu = rel_err(logits, cpu_logits);
+  std::printf("%s: bf16 GPU vs bf16 CPU: rel err %.3g\n", GetParam().c_str(), err_cpu);
+  EXPECT_LE(err_cpu, 2e-2) << GetParam();
+
+  // Chunked prefill (chunks straddle pages) and token-by-token decode through the graphs.
+  Tensor chunked = score_tokens(*m.model, ref.input_ids, /*chunk=*/7, /*block_size=*/4);
+  EXPECT_LE(rel_err(chunked, logits), 2e-2) << GetParam();
+  Tensor stepwise = score_tokens(*m.model, ref.input_ids, /*chunk=*/1, /*block_size=*/16);
+  EXPECT_LE(rel_err(stepwise, logits), 2e-2) << GetParam();
+
+  // Greedy tokens: identical up to the first step whose reference margin is within bf16 noise.
+  const GreedyResult r = generate_greedy(*m.model, ref.greedy_prompt,
+                                         static_cast<int>(ref.greedy_tokens.size()), {}, true);
+  const auto margins = margins_of(GetParam());
+  const float noise = std::max(0.05f, 2.0f * dmax);
+  size_t i = 0;
+  while (i < r.token_ids.size() && r.token_ids[i] == ref.greedy_tokens[i]) ++i;
+  if (i < r.token_ids.size()) {
+    EXPECT_LT(margins[i], noise) << GetParam() << ": greedy token " << i << " differs with margin "
+                                 << margins[i];
+  }
+  std::printf("%s: greedy tokens agree for %zu of %zu steps\n", GetParam().c_str(), i,
+              r.token_ids.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuParity, ::testing::ValuesIn(fixture_names()),
+                         [](const auto& info) { return info.param; });
+
+// Three sequences decoded together, graphs against eager, then one more with a new bucket.
+TEST(GpuRunner, DecodeGraphsMatchEager) {
+  LoadedModel m = model_load(fixture_dir("qwen3_sliding"), on_gpu());
+  RunnerOptions o;
+  o.num_pages = 64;
+  o.block_size = 4;
+  o.max_model_len = 64;
+  o.max_num_seqs = 8;
+  ModelRunner graphs(*m.model, o);
+  o.enforce_eager = true;
+  ModelRunner eager(*m.model, o);
+  EXPECT_EQ(graphs.graph_buckets(), (std::vector<int>{1, 2, 4, 8}));
+  EXPECT_TRUE(eager.graph_buckets().empty());
+  const int S = 3;
+  std::vector<int> len(S, 0);
+  const std::vector<int> prompt_len = {5, 11, 2};
+  // Sequence s owns pages [16 s, 16 s + 16).
+  // Appends toks[s] to each sequence; one logits row per sequence (its last new token).
+  auto make = [&](const std::vector<std::vector<int32_t>>& toks) {
+    Batch b;
+    b.query_start = {0};
+    b.page_indptr = {0};
+    for (int s = 0; s < S; ++s) {
+      for (size_t i = 0; i < toks[s].size(); ++i) {
+        const int pos = len[s] + static_cast<int>(i);
+        b.token_ids.push_back(toks[s][i]);
+        b.positions.push_back(pos);
+        b.slot_mapping.push_back(16 * s * 4 + pos);
+      }
+      len[s] += static_cast<int>(toks[s].size());
+      b.query_start.push_back(b.query_start.back() + static_cast<int>(toks[s].size()));
+      b.context_lens.push_back(len[s]);
+      const int pages = (len[s] + 3) / 4;
+      for (int p = 0; p < pages; ++p) b.page_indices.push_back(16 * s + p);
+      b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
+      b.logits_indices.push_back(b.query_start.back() - 1);
+      b.state_slots.push_back(s);
+    }
+    return b;
+  };
+  std::vector<std::vector<int32_t>> prompts(S);
+  for (int s = 0; s < S; ++s)
+    for (int i = 0; i < prompt_len[s]; ++i) prompts[s].push_back((s * 37 + i * 11) % 500);
+  Batch pb = make(prompts);
+  Batch pb2 = pb;
+  std::vector<int32_t> next = graphs.execute_greedy(pb);
+  EXPECT_EQ(eager.execute_greedy(pb2), next);
+  for (int step = 0; step < 12; ++step) {
+    std::vector<std::vector<int32_t>> toks(S);
+    for (int s = 0; s < S; ++s) toks[s] = {next[s]};
+    Batch b = make(toks);
+    Batch b2 = b;
+    Tensor lg = graphs.execute(b), le = eager.execute(b2);
+    EXPECT_LE(rel_err(lg, le), 1e-2) << "step " << step;
+    next.clear();
+    for (int s = 0; s < S; ++s) {
+      const float* row = lg.ptr<float>() + s * lg.size(1);
+      next.push_back(static_cast<int32_t>(std::max_element(row, row + lg.size(1)) - row));
+    }
+  }
+  // Capturing every bucket afterwards leaves decoding intact.
+  graphs.capture_decode_graphs();
+  std::vector<std::vector<int32_t>> toks(S);
+  for (int s = 0; s < S; ++s) toks[s] = {next[s]};
+  Batch b = make(toks);
+  Batch b2 = b;
+  EXPECT_LE(rel_err(graphs.execute(b), eager.execute(b2)), 1e-2);
+}
+
+TEST(GpuRunner, KvCacheSizedFromMemoryAndRefusedWithNumbers) {
+  LoadedModel m = model_load(fixture_dir("llama3_gqa"), on_gpu());
+  RunnerOptions o;
+  o.max_model_len = 512;
+  o.max_num_batched_tokens = 512;
+  o.gpu_memory_utilization = 0.5;
+  {
+    ModelRunner r(*m.model, o);
+    EXPECT_GE(static_cast<int64_t>(r.num_pages()) * r.block_size(), 512);
+  }
+  o.max_model_len = 2000000000;
+  o.max_num_batched_tokens = 256;
+  try {
+    ModelRunner r(*m.model, o);
+    FAIL() << "a max_model_len beyond memory was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("max_model_len 2000000000"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("gpu_memory_utilization"), std::string::npos) << msg;
+  }
+}
+
+TEST(GpuDevice, ChecksNameTheProblem) {
+  EXPECT_NO_THROW(cuda_device_check(0));
+  try {
+    cuda_device_check(63);
+    FAIL() << "cuda:63 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda:63"), std::string::npos) << e.what();
+  }
+}
+
+TEST(GpuSampling, RunnerSamplesOnTheDevice) {
+  LoadedModel m = model_load(fixture_dir("qwen3_tied"), on_gpu());
+  ModelRunner r(*m.model, 8, 16);
+  Batch b;
+  b.token_ids = {1, 2, 3, 4};
+  b.positions = {0, 1, 2, 3};
+  b.slot_mapping = {0, 1, 2, 3};
+  b.query_start = {0, 4};
+  b.context_lens = {4};
+  b.page_indptr = {0, 1};
+  b.page_indices = {0};
+  b.logits_indices = {3, 3};
+  b.state_slots = {0};
+  kernels::SamplingRow greedy, hot;
+  hot.temperature = 1.0f;
+  hot.seed = 42;
+  hot.step = 3;
+  Batch b2 = b;
+  const auto ids = r.execute_sample(b, {greedy, hot});
+  Tensor logits = r.execute(b2);
+  const float* row = logits.ptr<float>() + 0;
+  EXPECT_EQ(ids[0], static_cast<int32_t>(std::max_element(row, row + logits.size(1)) - row));
+  Tensor cpu_ids = Tensor::empty({2}, DType::kI32);
+  kernels::sample(cpu_ids, logits, kernels::sampling_rows_tensor({greedy, hot}));
+  EXPECT_EQ(ids[1], cpu_ids.ptr<int32_t>()[1]);
+}
+
+}  // namespace
+}  // namespace atom::test

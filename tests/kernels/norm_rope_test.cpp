@@ -1,0 +1,168 @@
+// CUDA rms_norm, rope and kv_cache_write against the CPU reference.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "gpu_util.h"
+#include "kernels/attention.h"
+#include "kernels/rms_norm.h"
+#include "kernels/rope.h"
+
+namespace atom::test {
+namespace {
+
+struct NormCase {
+  int64_t rows, width, dim;
+  DType dt;
+  bool residual;
+  kernels::RmsNormKind kind;
+};
+
+TEST(GpuRmsNorm, RowsGroupsResidualAndKinds) {
+  using K = kernels::RmsNormKind;
+  const NormCase cases[] = {
+      {1, 4096, 4096, DType::kBF16, true, K::kLlama},
+      {7, 4096, 4096, DType::kBF16, false, K::kLlama},
+      {33, 1000, 1000, DType::kBF16, true, K::kLlama},
+      {5, 96, 96, DType::kF32, true, K::kLlama},
+      {9, 4096, 128, DType::kBF16, false, K::kLlama},
+      {3, 1000, 40, DType::kF32, false, K::kGemma},
+      {17, 2048, 2048, DType::kF16, true, K::kGemma},
+      {4, 100, 100, DType::kBF16, true, K::kLlama},
+  };
+  uint64_t seed = 10;
+  for (const NormCase& c : cases) {
+    Tensor x = random_cpu({c.rows, c.width}, c.dt, ++seed, -3, 3);
+    Tensor res = random_cpu({c.rows, c.width}, c.dt, ++seed, -3, 3);
+    Tensor w = random_cpu({c.dim}, c.dt, ++seed, 0.5f, 1.5f);
+    Tensor ref = Tensor::empty({c.rows, c.width}, c.dt);
+    Tensor ref_res = res.clone();
+    kernels::rms_norm(ref, x, c.residual ? &ref_res : nullptr, w, 1e-5f, c.kind);
+    Tensor out = Tensor::empty({c.rows, c.width}, c.dt, gpu());
+    poison(out);
+    Tensor gres = res.to(gpu());
+    kernels::rms_norm(out, x.to(gpu()), c.residual ? &gres : nullptr, w.to(gpu()), 1e-5f, c.kind);
+    const double tol = c.dt == DType::kF32 ? 1e-6 : 2e-3;
+    EXPECT_LE(rel_err(out, ref), tol) << c.rows << "x" << c.width << "/" << c.dim;
+    if (c.residual) {
+      EXPECT_TRUE(same_bytes(gres, ref_res)) << "residual " << c.rows << "x" << c.width;
+    }
+  }
+}
+
+TEST(GpuRmsNorm, PerHeadInPlaceOnStridedView) {
+  // q of a fused qkv row [T, (32 + 2 * 8) * 128]: per-head norm over 128, in place.
+  const int64_t T = 11, D = 128, width = 48 * D;
+  Tensor qkv = random_cpu({T, width}, DType::kBF16, 77, -2, 2);
+  Tensor w = random_cpu({D}, DType::kBF16, 78, 0.5f, 1.5f);
+  Tensor ref = qkv.clone();
+  Tensor rq = ref.narrow(1, 0, 32 * D);
+  kernels::rms_norm(rq, rq, nullptr, w, 1e-6f);
+  Tensor g = qkv.to(gpu());
+  Tensor gq = g.narrow(1, 0, 32 * D);
+  kernels::rms_norm(gq, gq, nullptr, w.to(gpu()), 1e-6f);
+  EXPECT_LE(rel_err(g, ref), 2e-3);
+  // The untouched k and v columns stay bit-identical.
+  Tensor back = g.to(Device::cpu());
+  for (int64_t t = 0; t < T; ++t)
+    EXPECT_EQ(std::memcmp(static_cast<char*>(back.data()) + (t * width + 32 * D) * 2,
+                          static_cast<char*>(qkv.data()) + (t * width + 32 * D) * 2, 16 * D * 2),
+              0);
+}
+
+TEST(GpuRope, HalvesInterleavedPartialStrided) {
+  struct Case {
+    int head_dim, rot_dim;
+    bool interleaved;
+    DType dt;
+    float scale;
+  };
+  const Case cases[] = {{128, 128, false, DType::kBF16, 1.0f},
+                        {64, 64, true, DType::kF32, 1.0f},
+                        {128, 64, false, DType::kF32, 1.2f},
+                        {80, 40, true, DType::kBF16, 1.0f},
+                        {32, 32, false, DType::kF16, 0.9f}};
+  uint64_t seed = 100;
+  for (const Case& c : cases) {
+    const int hq = 8, hk = 2;
+    const int64_t T = 37, width = (hq + 2 * hk) * c.head_dim;
+    Tensor qkv = random_cpu({T, width}, c.dt, ++seed, -2, 2);
+    Tensor pos = Tensor::empty({T}, DType::kI32);
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    for (int64_t t = 0; t < T; ++t) pos.ptr<int32_t>()[t] = static_cast<int32_t>(rng() % 9000);
+    Tensor inv = Tensor::empty({c.rot_dim / 2}, DType::kF32);
+    for (int i = 0; i < c.rot_dim / 2; ++i)
+      inv.ptr<float>()[i] = 1.0f / std::pow(500000.0f, 2.0f * i / static_cast<float>(c.rot_dim));
+    kernels::RopeArgs a{c.head_dim, c.rot_dim, c.scale, c.interleaved};
+    Tensor ref = qkv.clone();
+    Tensor rq = ref.narrow(1, 0, hq * c.head_dim),
+           rk = ref.narrow(1, hq * c.head_dim, hk * c.head_dim);
+    kernels::rope(rq, rk, pos, inv, a);
+    Tensor g = qkv.to(gpu());
+    Tensor gq = g.narrow(1, 0, hq * c.head_dim), gk = g.narrow(1, hq * c.head_dim, hk * c.head_dim);
+    Tensor gpos = pos.to(gpu()), ginv = inv.to(gpu());
+    kernels::rope(gq, gk, gpos, ginv, a);
+    EXPECT_LE(rel_err(g, ref), c.dt == DType::kF32 ? 2e-6 : 2e-3) << c.head_dim << "/" << c.rot_dim;
+  }
+}
+
+TEST(GpuKvCacheWrite, SlotsSkipsAndStridedSources) {
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    const int64_t pages = 9, bs = 16, hk = 2, D = 64, T = 40;
+    Tensor kc = random_cpu({pages, bs, hk, D}, dt, 200),
+           vc = random_cpu({pages, bs, hk, D}, dt, 201);
+    Tensor qkv = random_cpu({T, 3 * hk * D}, dt, 202);
+    Tensor k = qkv.narrow(1, hk * D, hk * D), v = qkv.narrow(1, 2 * hk * D, hk * D);
+    Tensor slots = Tensor::empty({T}, DType::kI32);
+    std::vector<int32_t> perm(pages * bs);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(5));
+    for (int64_t t = 0; t < T; ++t) slots.ptr<int32_t>()[t] = t % 7 == 3 ? -1 : perm[t];
+    Tensor gk = kc.to(gpu()), gv = vc.to(gpu());
+    Tensor g = qkv.to(gpu());
+    Tensor gks = g.narrow(1, hk * D, hk * D), gvs = g.narrow(1, 2 * hk * D, hk * D);
+    Tensor gslots = slots.to(gpu());
+    kernels::kv_cache_write(kc, vc, k, v, slots);
+    kernels::kv_cache_write(gk, gv, gks, gvs, gslots);
+    EXPECT_TRUE(same_bytes(gk, kc)) << dtype_name(dt);
+    EXPECT_TRUE(same_bytes(gv, vc)) << dtype_name(dt);
+  }
+}
+
+TEST(GpuRope, FusedWithCacheWriteMatchesRopeThenWrite) {
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    const int hq = 8, hk = 2, D = 64, T = 29, pages = 4, bs = 16;
+    const int64_t width = (hq + 2 * hk) * D;
+    Tensor qkv = random_cpu({T, width}, dt, 400, -2, 2);
+    Tensor kc = random_cpu({pages, bs, hk, D}, dt, 401),
+           vc = random_cpu({pages, bs, hk, D}, dt, 402);
+    Tensor pos = Tensor::empty({T}, DType::kI32), slots = Tensor::empty({T}, DType::kI32);
+    for (int t = 0; t < T; ++t) {
+      pos.ptr<int32_t>()[t] = 100 + 3 * t;
+      slots.ptr<int32_t>()[t] = t == 5 ? -1 : (t * 7) % (pages * bs);
+    }
+    Tensor inv = Tensor::empty({D / 2}, DType::kF32);
+    for (int i = 0; i < D / 2; ++i) inv.ptr<float>()[i] = 1.0f / std::pow(10000.0f, 2.0f * i / D);
+    kernels::RopeArgs a{D, D, 1.0f, false};
+    Tensor ref = qkv.clone();
+    Tensor rq = ref.narrow(1, 0, hq * D), rk = ref.narrow(1, hq * D, hk * D),
+           rv = ref.narrow(1, (hq + hk) * D, hk * D);
+    kernels::rope_kv_cache_write(rq, rk, rv, pos, inv, a, kc, vc, slots);  // CPU: rope, then write
+    Tensor g = qkv.to(gpu());
+    Tensor gq = g.narrow(1, 0, hq * D), gk = g.narrow(1, hq * D, hk * D),
+           gv = g.narrow(1, (hq + hk) * D, hk * D);
+    Tensor gkc = random_cpu({pages, bs, hk, D}, dt, 401).to(gpu()),
+           gvc = random_cpu({pages, bs, hk, D}, dt, 402).to(gpu());
+    Tensor gpos = pos.to(gpu()), ginv = inv.to(gpu()), gslots = slots.to(gpu());
+    kernels::rope_kv_cache_write(gq, gk, gv, gpos, ginv, a, gkc, gvc, gslots);
+    const double tol = dt == DType::kF32 ? 2e-6 : 2e-3;
+    EXPECT_LE(rel_err(g, ref), tol) << dtype_name(dt);
+    EXPECT_LE(rel_err(gkc, kc), tol) << dtype_name(dt);
+    EXPECT_TRUE(same_bytes(gvc, vc)) << dtype_name(dt);
+  }
+}
+
+}  // namespace
+}  // namespace atom::test

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# One GPU session on the device machine, from a folder staged by tools/gpu_stage.sh:
+# GPU tests (one process per suite, so a crash cannot hide the rest), the CLI on the GPU,
+# kernel and end-to-end benchmarks, the transformers baseline, compute-sanitizer. Logs go to
+# $OUT; the last lines printed are a summary.
+#   bash STAGE/tools/gpu_session.sh [steps]   steps: comma list of tests,cli,kernels,e2e,hf,memcheck
+set -u
+stage="$(cd "$(dirname "$0")/.." && pwd)"
+bin="$stage/bin"
+out="${OUT:-/tmp/atom-out}"
+mkdir -p "$out"
+steps=",${1:-tests,cli,kernels,e2e,hf,memcheck},"
+export ATOM_SOURCE_DIR="$stage" PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+summary="$out/summary.log"
+: > "$summary"
+note() { echo "$*" | tee -a "$summary"; }
+has() { [[ "$steps" == *",$1,"* ]]; }
+
+cat "$stage/COMMIT" | head -1 | sed 's/^/commit /' | tee -a "$summary"
+nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
+  --format=csv | tee -a "$summary"
+
+if has tests; then
+  for f in 'GpuDevice.*' 'GpuElementwise.*' 'GpuRmsNorm.*:GpuRope.*:GpuKvCacheWrite.*' 'GpuLinear.*' \
+           'GpuSampling.*' 'GpuAttention.*' '*GpuParity*' 'GpuRunner.*'; do
+    echo "##### $f" >> "$out/tests.log"
+    timeout 150 "$bin/gpu_test" --gtest_filter="$f" >> "$out/tests.log" 2>&1
+    note "tests $f: rc=$?"
+  done
+  grep -E "^\[  FAILED  \]|Failure|Expected|Which is|actual|error:|rel err|greedy tokens agree|max \|" "$out/tests.log" \
+    | grep -v "listed below" | head -60 | tee -a "$summary"
+  grep -cE "^\[       OK \]" "$out/tests.log" | sed 's/^/tests passed: /' | tee -a "$summary"
+fi
+
+if has cli; then
+  {
+    "$bin/atom" generate --model "$stage/tests/fixtures/models/llama3_gqa" --prompt-tokens 1,2,3,4,5 \
+      --max-tokens 8 --device cuda --json
+    "$bin/atom" generate --model "$stage/tests/fixtures/models/llama3_gqa" --prompt-tokens 1,2,3,4,5 \
+      --max-tokens 8 --device cpu --json
+    "$bin/atom" score --model "$stage/tests/fixtures/models/qwen3_tied" --tokens 1,2,3,4 \
+      --out /tmp/score.safetensors --device cuda
+  } > "$out/cli.log" 2>&1
+  note "cli: rc=$?"
+  tail -n 5 "$out/cli.log" | tee -a "$summary"
+fi
+
+if has kernels; then
+  timeout 200 "$bin/cuda_kernel_bench" all > "$out/kernels.log" 2>&1
+  note "kernel bench: rc=$?"
+  grep -E "prefill|decode" "$out/kernels.log" | tee -a "$summary"
+fi
+
+if has e2e; then
+  timeout 240 "$bin/cuda_e2e_bench" --model "$stage/bench/models/llama-3.1-8b" --load-format dummy \
+    > "$out/e2e.log" 2>&1
+  note "e2e bench: rc=$?"
+  tail -n 14 "$out/e2e.log" | tee -a "$summary"
+  for v in "ATOM_SKINNY_GEMM_MAX_M=2" "ATOM_PDL=0"; do
+    env $v timeout 120 "$bin/cuda_e2e_bench" --model "$stage/bench/models/llama-3.1-8b" --load-format dummy \
+      --prefill "" --batch 1,32 > "$out/e2e_variant.log" 2>&1
+    note "e2e $v: rc=$?"
+    grep -E "decode batch" "$out/e2e_variant.log" | sed "s/^/$v /" | tee -a "$summary"
+  done
+fi
+
+if has hf; then
+  timeout 200 python3 "$stage/bench/hf_baseline.py" "$stage/bench/models/llama-3.1-8b" --new 64 \
+    > "$out/hf.log" 2>&1
+  note "hf baseline: rc=$?"
+  grep -E "^hf |transformers" "$out/hf.log" | tee -a "$summary"
+fi
+
+if has memcheck; then
+  timeout 150 compute-sanitizer --tool memcheck --print-limit 20 "$bin/gpu_test" \
+    --gtest_filter='GpuAttention.*:GpuLinear.*:GpuRope.*:GpuElementwise.*:GpuRmsNorm.*:GpuKvCacheWrite.*:GpuSampling.*' \
+    > "$out/memcheck.log" 2>&1
+  note "memcheck: rc=$?"
+  grep -E "ERROR SUMMARY|Invalid|out of bounds|PASSED|FAILED" "$out/memcheck.log" | head -20 | tee -a "$summary"
+fi
+
+echo "================ summary"
+cat "$summary"
+if has kernels; then echo "================ kernels"; grep -vE "^$" "$out/kernels.log" | cut -c1-140 | tail -n 60; fi

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Stages what a GPU session needs into DEST (default: build-gpu-stage/ of this checkout): the
+# CUDA build's binaries (stripped), the test fixtures, the benchmark model configs, the
+# transformers baseline and gpu_session.sh. The device tool sends the session's checkout plus the
+# ignored folders named in `carry`, so DEST must be an ignored folder of that checkout.
+#   tools/gpu_stage.sh [BUILD_DIR] [DEST]
+set -euo pipefail
+src="$(cd "$(dirname "$0")/.." && pwd)"
+build="${1:-$src/build-gpu}"
+dest="${2:-$src/build-gpu-stage}"
+rm -rf "$dest"
+mkdir -p "$dest/bin" "$dest/tests" "$dest/bench" "$dest/tools"
+for b in atom tests/kernels/gpu_test bench/cuda_kernel_bench bench/cuda_e2e_bench; do
+  strip -o "$dest/bin/$(basename "$b")" "$build/$b"
+done
+cp -r "$src/tests/fixtures" "$dest/tests/"
+cp -r "$src/bench/models" "$src/bench/hf_baseline.py" "$dest/bench/"
+cp "$src/tools/gpu_session.sh" "$dest/tools/"
+(cd "$src" && git rev-parse --short HEAD && git status --short | head -20) > "$dest/COMMIT"
+du -sh "$dest"
