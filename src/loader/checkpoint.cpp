@@ -9,6 +9,7 @@
 
 #include "core/env.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/thread_pool.h"
 
 namespace atom {
@@ -88,7 +89,8 @@ CheckpointStats Checkpoint::read(const Wants& wants, const Visit& visit,
   CheckpointStats stats;
   std::unique_ptr<ThreadPool> pool;
   if (options.num_threads > 1) pool = std::make_unique<ThreadPool>(options.num_threads);
-  for (const auto& [path, header] : headers()) {
+  const auto all = headers();
+  for (const auto& [path, header] : all) {
     ++stats.shards_total;
     const std::string file = fs::path(path).filename().string();
     std::vector<const SafetensorsEntry*> wanted;
@@ -114,6 +116,10 @@ CheckpointStats Checkpoint::read(const Wants& wants, const Visit& visit,
     } else {
       for (const auto* e : wanted) visit(e->name, shard.tensor(*e));
     }
+    // Progress, shard by shard (a large checkpoint takes a while).
+    if (all.size() > 1)
+      log_info("weights: shard {}/{} read ({:.1f} MB so far)", stats.shards_total, all.size(),
+               static_cast<double>(stats.bytes_read) / 1e6);
   }
   return stats;
 }

@@ -41,6 +41,7 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   constexpr int64_t kRows = 16;
   const int64_t blocks = (N + kRows - 1) / kRows;
   const bool w_f32 = w.dtype() == DType::kF32;
+  const void* w_data = w.data();
 #pragma omp parallel if (M * N * K > kParallelMin * 16)
   {
     std::vector<float> wbuf(w_f32 ? 0 : static_cast<size_t>(kRows * K));
@@ -49,10 +50,14 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
       const int64_t n0 = b * kRows, n1 = std::min(N, n0 + kRows);
       const float* wb;
       if (w_f32) {
-        wb = w.ptr<float>() + n0 * K;
+        wb = static_cast<const float*>(w_data) + n0 * K;
+      } else if (w.dtype() == DType::kBF16) {
+        const uint16_t* src = static_cast<const uint16_t*>(w_data) + n0 * K;
+        for (int64_t i = 0; i < (n1 - n0) * K; ++i) wbuf[i] = bf16_to_f32(src[i]);
+        wb = wbuf.data();
       } else {
         for (int64_t n = n0; n < n1; ++n)
-          for (int64_t k = 0; k < K; ++k) wbuf[(n - n0) * K + k] = load(w.data(), w.dtype(), n * K + k);
+          for (int64_t k = 0; k < K; ++k) wbuf[(n - n0) * K + k] = load(w_data, w.dtype(), n * K + k);
         wb = wbuf.data();
       }
       for (int64_t m = 0; m < M; ++m) {

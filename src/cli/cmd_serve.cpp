@@ -1,0 +1,156 @@
+// atom serve MODEL: an OpenAI-compatible server with vLLM's flags and routes.
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "cli/command.h"
+#include "cli/common.h"
+#include "cli/engine_args.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/llm_engine.h"
+#include "engine/tokenizer_text.h"
+#include "server/engine_backend.h"
+#include "server/http_server.h"
+
+namespace {
+
+struct ServeArgs {
+  std::string model;
+  atom::cli::ModelArgs load;
+  atom::cli::EngineArgs engine;
+  std::string host = "0.0.0.0";
+  int port = 8000;
+  std::string api_key;
+  std::vector<std::string> served_model_names;
+  int tensor_parallel_size = 1;
+  std::string chat_template;
+  std::string default_chat_template_kwargs;
+  std::string generation_config = "auto";
+  bool enable_prompt_tokens_details = false;
+  int max_waiting = 4096;
+  int64_t max_body_bytes = 32 << 20;
+};
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void serve(ServeArgs& a) {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  if (a.tensor_parallel_size != 1)
+    atom::fail("--tensor-parallel-size {}: serving across several GPUs is not built yet (use 1)",
+               a.tensor_parallel_size);
+  // vLLM's API key may also come from the environment.
+  if (a.api_key.empty()) {
+    if (const char* k = std::getenv("VLLM_API_KEY")) a.api_key = k;
+  }
+  a.load.model = a.model;
+
+  // Signals go to a dedicated thread (blocked here, before any thread starts).
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  auto t = Clock::now();
+  atom::log_info("atom serve {}: loading the tokenizer", a.model);
+  if (!std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json"))
+    atom::fail("{}: the server needs the model's tokenizer.json", a.model);
+  atom::tokenizer::Tokenizer tok = atom::tokenizer::Tokenizer::from_dir(a.model);
+  atom::log_info("tokenizer ready in {:.2f} s ({} tokens)", since(t), tok.vocab_size());
+
+  t = Clock::now();
+  atom::log_info("loading the model ({})", a.load.load_format);
+  atom::LoadedModel m = atom::cli::model_args_load(a.load);
+  atom::log_info("model ready in {:.2f} s", since(t));
+
+  atom::GenerationConfig gen;
+  if (a.generation_config == "auto") {
+    gen = atom::generation_config_load(a.model);
+  } else if (a.generation_config != "vllm") {
+    gen = atom::generation_config_load(a.generation_config);
+  }
+
+  t = Clock::now();
+  atom::LLMEngine engine(*m.model, atom::cli::engine_args_config(a.engine), gen,
+                         atom::tokenizer_text_streams(tok));
+  atom::log_info("engine ready in {:.2f} s (KV cache and start-up)", since(t));
+
+  atom::server::EngineBackendOptions bo;
+  bo.served_model_name = a.served_model_names.empty() ? a.model : a.served_model_names[0];
+  bo.model_path = a.model;
+  bo.max_waiting = a.max_waiting;
+  bo.chat_template = a.chat_template;
+  if (!a.default_chat_template_kwargs.empty()) {
+    try {
+      bo.default_chat_template_kwargs = nlohmann::ordered_json::parse(a.default_chat_template_kwargs);
+    } catch (const nlohmann::json::exception& e) {
+      atom::fail("--default-chat-template-kwargs is not JSON: {}", e.what());
+    }
+    if (!bo.default_chat_template_kwargs.is_object())
+      atom::fail("--default-chat-template-kwargs must be a JSON object");
+  }
+  atom::server::EngineBackend backend(engine, tok, bo);
+
+  atom::server::ServerOptions so;
+  so.host = a.host;
+  so.port = a.port;
+  if (!a.api_key.empty()) so.api_key = a.api_key;
+  so.served_model_names = a.served_model_names.empty() ? std::vector<std::string>{a.model} : a.served_model_names;
+  so.enable_prompt_tokens_details = a.enable_prompt_tokens_details;
+  so.max_body_bytes = static_cast<size_t>(a.max_body_bytes);
+  atom::server::Metrics metrics(so.served_model_names[0]);
+  metrics.set_cache_config({{"block_size", std::to_string(engine.kv_plan().block_size)},
+                            {"num_gpu_blocks", std::to_string(engine.kv_plan().num_blocks)},
+                            {"enable_prefix_caching", engine.config().enable_prefix_caching ? "True" : "False"}});
+  atom::server::HttpServer http(backend, metrics, so);
+  if (!http.bind()) atom::fail("cannot listen on {}:{} (in use?)", a.host, a.port);
+
+  std::thread signals([&] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    atom::log_info("signal {}: draining {} running request(s), then exiting", sig, backend.live_requests());
+    backend.drain();
+    http.stop();
+  });
+  atom::log_info("serving {} at http://{}:{} (started in {:.2f} s)", so.served_model_names[0], a.host,
+                 http.port(), since(start));
+  http.serve();
+  // serve() returns after stop(); the signal thread has finished draining.
+  signals.join();
+  atom::log_info("server stopped");
+}
+
+}  // namespace
+
+ATOM_REGISTER_COMMAND([](CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API (like vllm serve)");
+  cmd->add_option("model", a->model, "Hugging Face model folder")->required();
+  cmd->add_option("--device", a->load.device, "cpu or cuda (default: cuda when a GPU is present)");
+  cmd->add_option("--load-format", a->load.load_format, "auto | safetensors | dummy");
+  atom::cli::engine_args_add(cmd, a->engine);
+  cmd->add_option("--host", a->host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", a->port, "port to listen on (0: any free port)")->capture_default_str();
+  cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' on /v1 routes");
+  cmd->add_option("--served-model-name", a->served_model_names, "names reported by /v1/models; responses use the first");
+  cmd->add_option("--tensor-parallel-size", a->tensor_parallel_size, "GPUs to split the model over")
+      ->capture_default_str();
+  cmd->add_option("--chat-template", a->chat_template, "chat template file or text (default: the model's)");
+  cmd->add_option("--default-chat-template-kwargs", a->default_chat_template_kwargs,
+                  "JSON object of template variables applied to every chat request, e.g. '{\"enable_thinking\": false}'");
+  cmd->add_option("--generation-config", a->generation_config,
+                  "auto (the model's generation_config.json), vllm (ignore it), or a folder")
+      ->capture_default_str();
+  cmd->add_flag("--enable-prompt-tokens-details", a->enable_prompt_tokens_details,
+                "report usage.prompt_tokens_details.cached_tokens");
+  cmd->add_option("--max-waiting-requests", a->max_waiting, "queued requests beyond this get 503")
+      ->capture_default_str();
+  cmd->add_option("--max-request-body-bytes", a->max_body_bytes, "larger bodies get 413")->capture_default_str();
+  cmd->callback([a] { serve(*a); });
+});
