@@ -148,11 +148,27 @@ void LLMEngine::append_token(Sequence& seq, int32_t token, Clock::time_point now
       if (auto m = stop_string_find(seq.text, before, p.stop)) {
         const std::string& s = p.stop[m->stop_index];
         seq.text.resize(m->pos + (p.include_stop_str_in_output ? s.size() : 0));
-        piece = before < seq.text.size() ? seq.text.substr(before) : std::string();
         finish = FinishReason::kStop;
         seq.stop_reason = s;
       }
     }
+    // A stop string may begin in text already produced (inside an earlier token), and streamed
+    // text cannot be taken back: as vLLM, hold back the last (longest stop string - 1) bytes
+    // until the sequence ends or they can no longer start a match.
+    size_t emit_to = seq.text.size();
+    if (finish == FinishReason::kNone && !p.stop.empty()) {
+      size_t longest = 0;
+      for (const auto& s : p.stop) longest = std::max(longest, s.size());
+      emit_to = seq.text.size() + 1 > longest ? seq.text.size() + 1 - longest : 0;
+      // Never split a UTF-8 character.
+      while (emit_to > seq.text_emitted && emit_to < seq.text.size() &&
+             (static_cast<unsigned char>(seq.text[emit_to]) & 0xC0) == 0x80)
+        --emit_to;
+    }
+    ATOM_CHECK(seq.text.size() >= seq.text_emitted, "stop truncation took back streamed text");
+    emit_to = std::max(emit_to, seq.text_emitted);
+    piece = seq.text.substr(seq.text_emitted, emit_to - seq.text_emitted);
+    seq.text_emitted = emit_to;
   }
   out.tokens.push_back(
       {&seq.request->id, &seq, seq.index, token, std::move(piece), finish != FinishReason::kNone});

@@ -74,6 +74,9 @@ struct Sequence {
 
   // --- output ---
   std::string text;  // detokenized output (when a detokenizer is set)
+  // Bytes of `text` already handed out as streamed pieces; text that could still turn into the
+  // start of a stop string is held back.
+  size_t text_emitted = 0;
   std::unique_ptr<TokenTextStream> text_stream;
   std::vector<TokenLogprob> logprobs;          // one per output token when requested
   std::vector<Clock::time_point> token_times;  // when each output token was produced

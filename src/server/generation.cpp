@@ -101,6 +101,7 @@ class Job {
     std::vector<ChoiceEvent> events;
     for (auto& [p, u] : queue_->take(wait)) {
       EngineRequest& r = requests_[p];
+      if (r.finished) continue;  // aborted here already: its last update changes nothing
       if (!u.error.empty()) error_ = u.error;
       if (u.prompt_tokens) r.prompt_tokens = u.prompt_tokens;
       r.cached_tokens = u.cached_tokens;
@@ -131,7 +132,7 @@ class Job {
         }
         events.push_back({global, std::move(d)});
       }
-      if (u.finished && !r.finished) {
+      if (u.finished) {
         r.finished = true;
         ++finished_;
         s_.metrics().add_prompt_tokens(r.prompt_tokens);
@@ -146,9 +147,18 @@ class Job {
   }
 
   bool all_finished() const { return finished_ == submitted_; }
+  // Aborts what is still running. The handler stops polling after this, so the requests are
+  // counted as aborted here.
   void abort_unfinished() {
-    for (auto& r : requests_)
-      if (!r.finished && !r.id.empty()) s_.backend().abort(r.id);
+    for (size_t p = 0; p < requests_.size(); ++p) {
+      EngineRequest& r = requests_[p];
+      if (r.finished || r.id.empty()) continue;
+      s_.backend().abort(r.id);
+      r.finished = true;
+      ++finished_;
+      for (int j = 0; j < sampling_.n; ++j)
+        if (!choices_[p * sampling_.n + j].finish_reason) s_.metrics().add_request_success("abort");
+    }
   }
   const std::string& error() const { return error_; }
   std::vector<ChoiceState>& choices() { return choices_; }

@@ -115,6 +115,8 @@ void HttpServer::routes() {
     const BackendStats st = backend_.stats();
     metrics_.set_running(st.running);
     metrics_.set_waiting(st.waiting);
+    metrics_.set_prefix_cache(st.prefix_cache_queries, st.prefix_cache_hits);
+    metrics_.set_preemptions(st.num_preemptions);
     metrics_.set_kv_cache_usage(st.kv_blocks_total > 0
                                     ? 1.0 - static_cast<double>(st.kv_blocks_free) / static_cast<double>(st.kv_blocks_total)
                                     : 0.0);

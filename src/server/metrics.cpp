@@ -64,12 +64,12 @@ void Metrics::set_waiting(int n) { ATOM_LOCKED; waiting_ = n; }
 void Metrics::set_kv_cache_usage(double f) { ATOM_LOCKED; kv_usage_ = f; }
 void Metrics::add_prompt_tokens(int64_t n) { ATOM_LOCKED; prompt_tokens_ += n; }
 void Metrics::add_generation_tokens(int64_t n) { ATOM_LOCKED; generation_tokens_ += n; }
-void Metrics::add_prefix_cache(int64_t q, int64_t h) {
+void Metrics::set_prefix_cache(int64_t q, int64_t h) {
   ATOM_LOCKED;
-  prefix_queries_ += q;
-  prefix_hits_ += h;
+  prefix_queries_ = q;
+  prefix_hits_ = h;
 }
-void Metrics::add_preemptions(int64_t n) { ATOM_LOCKED; preemptions_ += n; }
+void Metrics::set_preemptions(int64_t total) { ATOM_LOCKED; preemptions_ = total; }
 void Metrics::add_request_success(const std::string& r) { ATOM_LOCKED; ++success_[r]; }
 void Metrics::add_http_request(const std::string& handler, const std::string& method, int status) {
   ATOM_LOCKED;

@@ -22,8 +22,9 @@ class Metrics {
   // Counters.
   void add_prompt_tokens(int64_t n);
   void add_generation_tokens(int64_t n);
-  void add_prefix_cache(int64_t queried_tokens, int64_t hit_tokens);
-  void add_preemptions(int64_t n);
+  // Engine totals (counters the engine keeps).
+  void set_prefix_cache(int64_t queried_tokens, int64_t hit_tokens);
+  void set_preemptions(int64_t total);
   void add_request_success(const std::string& finished_reason);  // stop | length | abort | error
   void add_http_request(const std::string& handler, const std::string& method, int status);
 

