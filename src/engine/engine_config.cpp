@@ -16,6 +16,8 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
   KvCachePlan p;
   if (c.block_size < 1) fail("block_size must be at least 1, got {}", c.block_size);
   if (c.max_num_seqs < 1) fail("max_num_seqs must be at least 1, got {}", c.max_num_seqs);
+  if (!(c.gpu_memory_utilization > 0 && c.gpu_memory_utilization <= 1))
+    fail("gpu_memory_utilization must be in (0, 1], got {}", c.gpu_memory_utilization);
   if (c.num_speculative_tokens < 0)
     fail("num_speculative_tokens must be >= 0, got {}", c.num_speculative_tokens);
   const int64_t model_max = model.config().max_position_embeddings;
@@ -36,6 +38,9 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
   const int64_t useful = per_seq_blocks * c.max_num_seqs;
   if (c.num_gpu_blocks_override > 0) {
     p.num_blocks = c.num_gpu_blocks_override;
+  } else if (model.device().is_cuda()) {
+    p.from_gpu_memory = true;  // the runner profiles a step and measures what is left
+    return p;
   } else {
     const int64_t left = c.kv_cache_memory - state_bytes;
     if (left <= 0)

@@ -168,8 +168,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = threadIdx.x; i < V; i += kThreads) {
     const float l = scaled(x, i, t);
     if (sampling_key(l) < kmin) continue;
-    const float u = random_uniform(stream, static_cast<uint64_t>(i));
-    const float score = l + -logf(-logf(u));
+    const float score = l + sampling_gumbel(stream, static_cast<uint64_t>(i));
     if (score > -INFINITY) best = arg_better(best, ArgBest{score, i});
   }
   best = block_arg_best(best, sv, si);
