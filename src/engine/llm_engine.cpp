@@ -31,7 +31,8 @@ std::string kv_source(const EngineConfig& c, const KvCachePlan& p) {
   if (c.num_gpu_blocks_override > 0) return "--num-gpu-blocks-override";
   if (p.from_gpu_memory)
     return fmt::format("free GPU memory at gpu_memory_utilization {}", c.gpu_memory_utilization);
-  return fmt::format("--kv-cache-memory {} bytes", c.kv_cache_memory);
+  return fmt::format("--kv-cache-memory {} bytes",
+                     c.kv_cache_memory > 0 ? c.kv_cache_memory : kCpuKvCacheMemory);
 }
 }  // namespace
 

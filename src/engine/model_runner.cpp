@@ -140,8 +140,11 @@ int ModelRunner::pages_from_memory(const RunnerOptions& o) {
                         std::max(0, o.num_state_slots);
   const double budget = total * o.gpu_memory_utilization - used - graphs - workspaces - states;
   const int need = (max_model_len_ + bs - 1) / bs;
+  // Cache slots (page x block_size + offset) are 32-bit.
+  const double max_pages = static_cast<double>(INT32_MAX / bs);
   const int pages =
-      budget > 0 ? static_cast<int>(std::min(budget / static_cast<double>(page_bytes), 2.0e9)) : 0;
+      budget > 0 ? static_cast<int>(std::min(budget / static_cast<double>(page_bytes), max_pages))
+                 : 0;
   if (pages < need)
     fail(
         "max_model_len {} needs {} KV-cache pages of {} tokens ({:.2f} GiB), but only {:.2f} GiB "
