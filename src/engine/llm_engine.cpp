@@ -59,6 +59,15 @@ LLMEngine::LLMEngine(Model& model, const EngineConfig& config, const GenerationC
   if (config.enable_prefix_caching && !blocks_.prefix_caching())
     log_info("prefix caching is off: the model keeps recurrent state");
   const bool graphs = !runner_->graph_buckets().empty();
+  if (graphs) {
+    // Up front, as vLLM does: captured on first use, the buckets a shrinking batch walks through
+    // would each stall a step of the run.
+    const auto t0 = Clock::now();
+    runner_->capture_decode_graphs();
+    log_info("captured {} decode CUDA graphs (batch sizes 1 to {}) in {:.2f} s",
+             runner_->graph_buckets().size(), runner_->graph_buckets().back(),
+             seconds(Clock::now() - t0));
+  }
   log_info(
       "engine on {}: {} KV blocks of {} tokens ({:.1f} MiB, {} tokens, from {}), {} state slots "
       "({:.1f} MiB), max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, prefix "
