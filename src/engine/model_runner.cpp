@@ -226,10 +226,6 @@ std::vector<int32_t> ModelRunner::execute_sample(Batch& batch,
   return ids_to_host(ids);
 }
 
-}  // namespace atom
-
-namespace atom {
-
 Tensor ModelRunner::upload(const void* data, Shape shape, DType dtype) {
   Tensor t = arena_.alloc(std::move(shape), dtype);
   memory_copy(t.data(), t.device(), data, Device::cpu(), t.nbytes());
