@@ -17,6 +17,7 @@
 #include <random>
 
 #include "cli/bench_command.h"
+#include "cli/bench_util.h"
 #include "cli/command.h"
 #include "cli/common.h"
 #include "cli/engine_args.h"
@@ -25,6 +26,11 @@
 
 namespace {
 
+using atom::cli::bench_params;
+using atom::cli::mean;
+using atom::cli::percentile;
+using atom::cli::random_tokens;
+using atom::cli::write_json;
 using nlohmann::json;
 using Prompts = std::vector<std::vector<int32_t>>;
 
@@ -38,50 +44,17 @@ struct BenchArgs {
   std::string output_json;
 };
 
-// Uniform random ids in [0, vocab); the first prefix_len are the same in every prompt.
+// Random prompts; the first prefix_len tokens are the same in every prompt.
 Prompts random_prompts(int count, int len, int prefix_len, int64_t vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> prefix(static_cast<size_t>(std::min(prefix_len, len)));
-  for (auto& t : prefix) t = id(rng);
+  const std::vector<int32_t> prefix = random_tokens(rng, std::min(prefix_len, len), vocab);
   Prompts r(static_cast<size_t>(count));
   for (auto& p : r) {
     p = prefix;
-    while (static_cast<int>(p.size()) < len) p.push_back(id(rng));
+    const auto rest = random_tokens(rng, len - static_cast<int>(prefix.size()), vocab);
+    p.insert(p.end(), rest.begin(), rest.end());
   }
   return r;
-}
-
-atom::SamplingParams bench_params(int output_len) {
-  atom::SamplingParams p;  // vLLM's benchmarks: n=1, temperature 1, top_p 1, ignore_eos
-  p.temperature = 1.0;
-  p.top_p = 1.0;
-  p.ignore_eos = true;
-  p.max_tokens = output_len;
-  return p;
-}
-
-// numpy.percentile's default (linear interpolation between closest ranks).
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = q / 100.0 * static_cast<double>(v.size() - 1);
-  const size_t lo = static_cast<size_t>(pos);
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
-}
-
-double mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / static_cast<double>(v.size());
-}
-
-void write_json(const std::string& path, const json& j) {
-  if (path.empty()) return;
-  std::ofstream f(path);
-  if (!f) atom::fail("--output-json {}: cannot write the file", path);
-  f << j.dump(4) << "\n";
 }
 
 void check_lengths(const BenchArgs& a) {

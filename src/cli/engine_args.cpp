@@ -18,7 +18,13 @@ void engine_args_add(CLI::App* cmd, EngineArgs& a) {
       "longest sequence (prompt + output); default: the model's max_position_embeddings");
   cmd->add_option(
       "--kv-cache-memory", a.kv_cache_memory,
-      "bytes for the KV cache and state pool on the CPU backend, e.g. 4GiB (default 4GiB)");
+      "bytes for the KV cache and state pool, e.g. 4GiB (default: 4GiB on the CPU; on CUDA "
+      "what --gpu-memory-utilization leaves)");
+  cmd->add_option("--gpu-memory-utilization", c.gpu_memory_utilization,
+                  "CUDA: share of the GPU's memory for weights, activations and the KV cache, "
+                  "which gets what the others leave")
+      ->capture_default_str();
+  cmd->add_flag("--enforce-eager", c.enforce_eager, "CUDA: decode without CUDA graphs");
   cmd->add_option("--num-gpu-blocks-override", c.num_gpu_blocks_override,
                   "use exactly this many KV cache blocks, whatever the memory");
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", c.enable_prefix_caching,

@@ -34,9 +34,10 @@ bool DecodeGraphs::accepts(const Batch& batch) const {
   return true;
 }
 
-Batch DecodeGraphs::padded(const Batch& b, int bucket) const {
+void DecodeGraphs::pad(const Batch& b, int bucket, Batch& p) const {
   const int S = b.num_seqs();
-  Batch p;
+  // Assignments into p's vectors reuse their capacity: a steady stream of decode steps
+  // allocates nothing here.
   p.block_size = b.block_size;
   p.token_ids = b.token_ids;
   p.positions = b.positions;
@@ -59,13 +60,16 @@ Batch DecodeGraphs::padded(const Batch& b, int bucket) const {
     p.page_indptr.push_back(static_cast<int32_t>(p.page_indices.size()));
     p.state_slots.push_back(0);
   }
-  // A fixed-size page table, so every field of the upload sits at the captured offset; the
-  // filler pages belong to the last sequence and are never read.
-  p.page_indices.resize(static_cast<size_t>(bucket) * max_pages_, 0);
-  p.page_indptr[bucket] = static_cast<int32_t>(p.page_indices.size());
   p.logits_indices.resize(bucket);
   for (int s = 0; s < bucket; ++s) p.logits_indices[s] = s;
-  return p;
+}
+
+void DecodeGraphs::upload(Batch& p, int bucket) {
+  // The page table is uploaded last with room for bucket x max_pages entries, so every field
+  // lands at the offset the capture recorded whatever the contexts' lengths; only the pages in
+  // use are copied.
+  p.upload(arena_, static_cast<int64_t>(bucket) * max_pages_);
+  p.max_context_len = max_model_len_;  // the bound every replay honours
 }
 
 #ifdef ATOM_HAVE_CUDA
@@ -99,8 +103,7 @@ Tensor DecodeGraphs::capture(int bucket, Batch& p) {
   // and kernel attribute outside the capture.
   {
     arena_.reset();
-    p.upload(arena_);
-    p.max_context_len = max_model_len_;  // the bound every replay honours
+    upload(p, bucket);
     Step step{p, arena_, &kv_};
     Tensor h = model_.forward(step);
     model_.compute_logits(step, h);
@@ -109,8 +112,7 @@ Tensor DecodeGraphs::capture(int bucket, Batch& p) {
   arena_.reset();
   if (arena_.generation() != before)
     clear();  // blocks replaced: older graphs point at freed memory
-  p.upload(arena_);
-  p.max_context_len = max_model_len_;
+  upload(p, bucket);
   auto g = std::make_unique<Graph>();
   g->input = p.dev.token_ids.data();
   g->generation = arena_.generation();
@@ -140,14 +142,15 @@ Tensor DecodeGraphs::capture(int bucket, Batch& p) {
 Tensor DecodeGraphs::run(const Batch& batch) {
   const int S = batch.num_seqs();
   const int bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), S);
-  Batch p = padded(batch, bucket);
+  Batch& p = padded_;
+  pad(batch, bucket, p);
   auto it = graphs_.find(bucket);
   Tensor logits;
   if (it == graphs_.end() || it->second->generation != arena_.generation()) {
     logits = capture(bucket, p);
   } else {
     arena_.reset();
-    p.upload(arena_);
+    upload(p, bucket);
     ATOM_CHECK(p.dev.token_ids.data() == it->second->input &&
                    arena_.generation() == it->second->generation,
                "decode graph of batch size {}: the upload moved", bucket);
@@ -165,7 +168,8 @@ void DecodeGraphs::capture_all() {
     empty.block_size = kv_.block_size;
     empty.query_start = {0};
     empty.page_indptr = {0};
-    Batch p = padded(empty, *b);
+    Batch p;
+    pad(empty, *b, p);
     capture(*b, p);
   }
   CUDA_CHECK(cudaStreamSynchronize(cuda_current_stream()));

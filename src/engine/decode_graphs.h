@@ -35,7 +35,9 @@ class DecodeGraphs {
 
  private:
   struct Graph;
-  Batch padded(const Batch& b, int bucket) const;
+  // p = b padded to `bucket` sequences.
+  void pad(const Batch& b, int bucket, Batch& p) const;
+  void upload(Batch& p, int bucket);
   Tensor capture(int bucket, Batch& p);
   void clear();
 
@@ -45,6 +47,7 @@ class DecodeGraphs {
   std::vector<int> buckets_;
   Arena arena_;
   std::map<int, std::unique_ptr<Graph>> graphs_;
+  Batch padded_;  // the padded batch of run(), kept so its vectors are reused
 };
 
 }  // namespace atom

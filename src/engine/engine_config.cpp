@@ -16,6 +16,8 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
   KvCachePlan p;
   if (c.block_size < 1) fail("block_size must be at least 1, got {}", c.block_size);
   if (c.max_num_seqs < 1) fail("max_num_seqs must be at least 1, got {}", c.max_num_seqs);
+  if (!(c.gpu_memory_utilization > 0 && c.gpu_memory_utilization <= 1))
+    fail("gpu_memory_utilization must be in (0, 1], got {}", c.gpu_memory_utilization);
   if (c.num_speculative_tokens < 0)
     fail("num_speculative_tokens must be >= 0, got {}", c.num_speculative_tokens);
   const int64_t model_max = model.config().max_position_embeddings;
@@ -34,15 +36,20 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
   const int64_t state_bytes = static_cast<int64_t>(p.state_slot_bytes) * p.num_state_slots;
   const int64_t per_seq_blocks = ceil_div(p.max_model_len, c.block_size);
   const int64_t useful = per_seq_blocks * c.max_num_seqs;
+  if (c.kv_cache_memory < 0) fail("kv_cache_memory must be positive, got {}", c.kv_cache_memory);
+  const int64_t kv_bytes = c.kv_cache_memory > 0 ? c.kv_cache_memory : kCpuKvCacheMemory;
   if (c.num_gpu_blocks_override > 0) {
     p.num_blocks = c.num_gpu_blocks_override;
+  } else if (model.device().is_cuda() && c.kv_cache_memory <= 0) {
+    p.from_gpu_memory = true;  // the runner profiles a step and measures what is left
+    return p;
   } else {
-    const int64_t left = c.kv_cache_memory - state_bytes;
+    const int64_t left = kv_bytes - state_bytes;
     if (left <= 0)
       fail(
           "kv cache memory {} bytes cannot hold the recurrent state pool: {} slots x {} bytes = {} "
           "bytes; raise --kv-cache-memory or lower --max-num-seqs",
-          c.kv_cache_memory, p.num_state_slots, p.state_slot_bytes, state_bytes);
+          kv_bytes, p.num_state_slots, p.state_slot_bytes, state_bytes);
     const int64_t fit = p.block_bytes > 0 ? left / static_cast<int64_t>(p.block_bytes) : useful;
     p.num_blocks = static_cast<int>(std::min<int64_t>({fit, useful, INT32_MAX / c.block_size}));
   }
@@ -50,8 +57,8 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
     const std::string source =
         c.num_gpu_blocks_override > 0
             ? fmt::format("set by --num-gpu-blocks-override")
-            : fmt::format("from --kv-cache-memory {} bytes minus {} bytes of state slots",
-                          c.kv_cache_memory, state_bytes);
+            : fmt::format("from --kv-cache-memory {} bytes minus {} bytes of state slots", kv_bytes,
+                          state_bytes);
     fail(
         "the KV cache holds {} blocks of {} tokens = {} tokens ({} bytes per block, {}), but one "
         "sequence of max_model_len {} needs {} blocks ({} bytes); raise --kv-cache-memory or "

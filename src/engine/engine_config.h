@@ -14,9 +14,13 @@ struct EngineConfig {
   int long_prefill_token_threshold = 0;  // > 0: cap on one prompt's chunk per step
   int block_size = 16;                   // tokens per KV block
   int max_model_len = 0;                 // 0: the model's max_position_embeddings
-  // Bytes for the KV cache and the state pool on the CPU backend (vLLM's VLLM_CPU_KVCACHE_SPACE;
-  // GPU sizing from measured memory belongs to the CUDA ModelRunner).
-  int64_t kv_cache_memory = int64_t{4} << 30;
+  // Bytes for the KV cache and the state pool. 0: 4 GiB on the CPU (vLLM's VLLM_CPU_KVCACHE_SPACE
+  // default), on CUDA whatever gpu_memory_utilization leaves (measured by the runner).
+  int64_t kv_cache_memory = 0;
+  // CUDA: the share of the GPU's memory the runner may use; the KV cache gets what the weights,
+  // the profiled activations, decode graphs and workspaces leave of it.
+  double gpu_memory_utilization = 0.9;
+  bool enforce_eager = false;       // CUDA: decode without CUDA graphs
   int num_gpu_blocks_override = 0;  // > 0: exactly this many KV blocks, whatever the memory
   bool enable_prefix_caching = true;
   int num_speculative_tokens = 0;  // rollback state slots per request (recurrent models)
@@ -24,7 +28,8 @@ struct EngineConfig {
 };
 
 struct KvCachePlan {
-  int num_blocks = 0;
+  int num_blocks = 0;  // 0 while from_gpu_memory: the runner measures, the engine fills it in
+  bool from_gpu_memory = false;
   int block_size = 16;
   int num_state_slots = 0;
   int state_slots_per_request = 0;  // 0: the model keeps no recurrent state
@@ -36,8 +41,12 @@ struct KvCachePlan {
 // The state pool is reserved first (max_num_seqs requests x (1 + num_speculative_tokens) slots),
 // then the rest of kv_cache_memory becomes blocks, never more than max_num_seqs sequences of
 // max_model_len can fill. Refuses (Error with the numbers) when one sequence of max_model_len does
-// not fit, or when max_model_len exceeds the model's.
+// not fit, or when max_model_len exceeds the model's. For a model on CUDA with neither
+// num_gpu_blocks_override nor kv_cache_memory the blocks are left to the ModelRunner, which sizes
+// them from free GPU memory (from_gpu_memory, num_blocks 0).
 KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& config);
+
+inline constexpr int64_t kCpuKvCacheMemory = int64_t{4} << 30;
 
 // "4GiB", "512MiB", "1G", "1000000" -> bytes; an Error naming `flag` otherwise.
 int64_t byte_size_parse(const std::string& s, const std::string& flag);

@@ -9,6 +9,31 @@ namespace atom {
 
 namespace {
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// The runner for this plan. On CUDA without --num-gpu-blocks-override it sizes the KV cache from
+// free GPU memory; the plan takes its page count.
+std::unique_ptr<ModelRunner> runner_create(Model& model, const EngineConfig& c, KvCachePlan& plan) {
+  RunnerOptions o;
+  o.block_size = plan.block_size;
+  o.num_pages = plan.num_blocks;  // 0: measured
+  o.max_model_len = plan.max_model_len;
+  o.max_num_seqs = c.max_num_seqs;
+  o.max_num_batched_tokens = c.max_num_batched_tokens;
+  o.gpu_memory_utilization = c.gpu_memory_utilization;
+  o.enforce_eager = c.enforce_eager;
+  o.num_state_slots = plan.num_state_slots;
+  auto runner = std::make_unique<ModelRunner>(model, o);
+  plan.num_blocks = runner->num_pages();
+  return runner;
+}
+
+std::string kv_source(const EngineConfig& c, const KvCachePlan& p) {
+  if (c.num_gpu_blocks_override > 0) return "--num-gpu-blocks-override";
+  if (p.from_gpu_memory)
+    return fmt::format("free GPU memory at gpu_memory_utilization {}", c.gpu_memory_utilization);
+  return fmt::format("--kv-cache-memory {} bytes",
+                     c.kv_cache_memory > 0 ? c.kv_cache_memory : kCpuKvCacheMemory);
+}
 }  // namespace
 
 LLMEngine::LLMEngine(Model& model, const EngineConfig& config, const GenerationConfig& generation,
@@ -18,8 +43,7 @@ LLMEngine::LLMEngine(Model& model, const EngineConfig& config, const GenerationC
       plan_(kv_cache_plan(model, config)),
       defaults_(sampling_params_defaults(generation)),
       text_(std::move(text)),
-      runner_(std::make_unique<ModelRunner>(model, plan_.num_blocks, plan_.block_size,
-                                            plan_.num_state_slots)),
+      runner_(runner_create(model, config, plan_)),
       // Recurrent state summarises a whole prefix, so KV blocks alone cannot resume one: prefix
       // caching needs state checkpoints (ATOM's --state-checkpoint-interval-tokens), not built yet.
       blocks_(plan_.num_blocks, plan_.block_size,
@@ -34,14 +58,27 @@ LLMEngine::LLMEngine(Model& model, const EngineConfig& config, const GenerationC
     if (e >= 0 && e < model.vocab_size()) eos_ids_.push_back(static_cast<int32_t>(e));
   if (config.enable_prefix_caching && !blocks_.prefix_caching())
     log_info("prefix caching is off: the model keeps recurrent state");
+  const bool graphs = !runner_->graph_buckets().empty();
+  if (graphs) {
+    // Up front, as vLLM does: captured on first use, the buckets a shrinking batch walks through
+    // would each stall a step of the run.
+    const auto t0 = Clock::now();
+    runner_->capture_decode_graphs();
+    log_info("captured {} decode CUDA graphs (batch sizes 1 to {}) in {:.2f} s",
+             runner_->graph_buckets().size(), runner_->graph_buckets().back(),
+             seconds(Clock::now() - t0));
+  }
   log_info(
-      "engine: {} KV blocks of {} tokens ({:.1f} MiB), {} state slots ({:.1f} MiB), "
-      "max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, prefix caching {}",
-      plan_.num_blocks, plan_.block_size,
-      static_cast<double>(plan_.block_bytes) * plan_.num_blocks / (1 << 20), plan_.num_state_slots,
+      "engine on {}: {} KV blocks of {} tokens ({:.1f} MiB, {} tokens, from {}), {} state slots "
+      "({:.1f} MiB), max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, prefix "
+      "caching {}, decode {}",
+      model.device().str(), plan_.num_blocks, plan_.block_size,
+      static_cast<double>(plan_.block_bytes) * plan_.num_blocks / (1 << 20),
+      static_cast<int64_t>(plan_.num_blocks) * plan_.block_size, kv_source(config, plan_),
+      plan_.num_state_slots,
       static_cast<double>(plan_.state_slot_bytes) * plan_.num_state_slots / (1 << 20),
       plan_.max_model_len, config.max_num_seqs, config.max_num_batched_tokens,
-      blocks_.prefix_caching() ? "on" : "off");
+      blocks_.prefix_caching() ? "on" : "off", graphs ? "from CUDA graphs" : "eager");
 }
 
 LLMEngine::~LLMEngine() = default;
@@ -176,6 +213,51 @@ void LLMEngine::append_token(Sequence& seq, int32_t token, Clock::time_point now
   if (finish != FinishReason::kNone) finish_sequence(seq, finish);
 }
 
+void LLMEngine::plan_sampling() {
+  sampling_.clear();
+  tasks_.clear();
+  task_seqs_.clear();
+  task_source_.clear();
+  prompt_rows_.clear();
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    Sequence& seq = *rows_[r].seq;
+    Request& req = *seq.request;
+    const SamplingParams& p = req.params;
+    const auto row = static_cast<int32_t>(r);
+    const auto host_row = static_cast<int32_t>(sampling_.host_rows.size());
+    if (rows_[r].prompt_pos >= 0) {
+      prompt_rows_.push_back({&seq, rows_[r].prompt_pos, host_row});
+      sampling_.host_rows.push_back(row);
+      continue;
+    }
+    const int n_out = seq.num_output_tokens();
+    // Decided by the request's own parameters and output count, never by its neighbours; and
+    // both paths draw the same token from the same row anyway (sampler.h).
+    const bool suppressing = n_out < p.min_tokens && !req.min_tokens_suppressed.empty();
+    task_seqs_.push_back(&seq);
+    if (device_sampleable(p) && !suppressing) {
+      task_source_.push_back(static_cast<int32_t>(sampling_.device_rows.size()));
+      sampling_.device_rows.push_back(row);
+      sampling_.device_params.push_back(sampling_row(p, seq.seed, n_out));
+      continue;
+    }
+    SampleTask t;
+    t.row = host_row;
+    t.params = &p;
+    t.seed = seq.seed;
+    t.position = n_out;
+    t.prompt =
+        std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(seq.num_prompt_tokens));
+    t.output = std::span<const int32_t>(seq.tokens.data() + seq.num_prompt_tokens,
+                                        static_cast<size_t>(n_out));
+    if (suppressing) t.suppressed = req.min_tokens_suppressed;
+    if (p.logprobs) t.logprob = &seq.logprobs.emplace_back();
+    task_source_.push_back(-1 - static_cast<int32_t>(tasks_.size()));
+    sampling_.host_rows.push_back(row);
+    tasks_.push_back(t);
+  }
+}
+
 void LLMEngine::check_progress(const SchedulerOutput& so) {
   // Capacity is checked at start-up (one max_model_len sequence always fits), so an idle step with
   // work queued is a bug, not a state to wait out.
@@ -194,40 +276,20 @@ StepOutput LLMEngine::step() {
     out.num_scheduled_tokens = so.num_tokens;
     out.tokens.reserve(so.seqs.size());
     batch_build(so, plan_.block_size, batch_, rows_);
-    const Tensor logits = runner_->execute(batch_);
+    plan_sampling();
+    runner_->execute_sampling(batch_, sampling_, samples_);
+    const Tensor& host = samples_.host_logits;
     const int64_t V = model_.vocab_size();
-
-    tasks_.clear();
-    task_seqs_.clear();
-    for (size_t r = 0; r < rows_.size(); ++r) {
-      Sequence& seq = *rows_[r].seq;
-      Request& req = *seq.request;
-      const SamplingParams& p = req.params;
-      if (rows_[r].prompt_pos >= 0) {
-        const int pos = rows_[r].prompt_pos;
-        auto& slot = req.prompt_logprobs[static_cast<size_t>(pos + 1)];
-        slot.emplace();
-        logprobs_compute(logits.ptr<float>() + static_cast<int64_t>(r) * V, V,
-                         req.prompt[static_cast<size_t>(pos + 1)], *p.prompt_logprobs, *slot,
-                         lp_scratch_);
-        continue;
-      }
-      SampleTask t;
-      t.row = static_cast<int32_t>(r);
-      t.params = &p;
-      t.seed = seq.seed;
-      t.position = seq.num_output_tokens();
-      t.prompt =
-          std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(seq.num_prompt_tokens));
-      t.output = std::span<const int32_t>(seq.tokens.data() + seq.num_prompt_tokens,
-                                          static_cast<size_t>(seq.num_output_tokens()));
-      if (seq.num_output_tokens() < p.min_tokens) t.suppressed = req.min_tokens_suppressed;
-      if (p.logprobs) t.logprob = &seq.logprobs.emplace_back();
-      tasks_.push_back(t);
-      task_seqs_.push_back(&seq);
+    for (const PromptRow& pr : prompt_rows_) {
+      Request& req = *pr.seq->request;
+      auto& slot = req.prompt_logprobs[static_cast<size_t>(pr.prompt_pos + 1)];
+      slot.emplace();
+      logprobs_compute(host.ptr<float>() + static_cast<int64_t>(pr.host_row) * V, V,
+                       req.prompt[static_cast<size_t>(pr.prompt_pos + 1)],
+                       *req.params.prompt_logprobs, *slot, lp_scratch_);
     }
-    sampled_.resize(tasks_.size());
-    sampler_->sample(logits, tasks_, sampled_);
+    host_sampled_.resize(tasks_.size());
+    if (!tasks_.empty()) sampler_->sample(host, tasks_, host_sampled_);
 
     for (const ScheduledSeq& s : so.seqs) {
       Sequence& seq = *s.seq;
@@ -243,7 +305,11 @@ StepOutput LLMEngine::step() {
     }
     scheduler_.step_done();
     const Clock::time_point now = Clock::now();
-    for (size_t i = 0; i < tasks_.size(); ++i) append_token(*task_seqs_[i], sampled_[i], now, out);
+    for (size_t i = 0; i < task_seqs_.size(); ++i) {
+      const int32_t src = task_source_[i];
+      append_token(*task_seqs_[i], src >= 0 ? samples_.tokens[src] : host_sampled_[-1 - src], now,
+                   out);
+    }
     // max_tokens 0 with prompt_logprobs: done once the prompt is scored.
     for (const ScheduledSeq& s : so.seqs) {
       Sequence& seq = *s.seq;

@@ -68,7 +68,7 @@ class LLMEngine {
   std::vector<RequestOutput> generate(const std::vector<std::vector<int32_t>>& prompts,
                                       const std::vector<SamplingParams>& params);
 
-  // Replaces the CPU sampler (a GPU sampler slots in here).
+  // Replaces the CPU sampler of the rows that are not drawn on the model's device.
   void set_sampler(std::unique_ptr<Sampler> sampler) { sampler_ = std::move(sampler); }
 
   const KvCachePlan& kv_plan() const { return plan_; }
@@ -86,6 +86,8 @@ class LLMEngine {
   void finish_sequence(Sequence& seq, FinishReason reason);
   RequestOutput make_output(const Request& req) const;
   void check_progress(const SchedulerOutput& so);
+  // Splits this step's logits rows: drawn on the model's device, or sampled on the host.
+  void plan_sampling();
 
   Model& model_;
   EngineConfig config_;
@@ -108,11 +110,21 @@ class LLMEngine {
   EngineStats stats_;
 
   // Per-step scratch, kept to avoid allocations.
+  struct PromptRow {
+    Sequence* seq;
+    int prompt_pos;    // the row scores prompt token prompt_pos + 1
+    int32_t host_row;  // its row of samples_.host_logits
+  };
   Batch batch_;
   std::vector<LogitsRow> rows_;
-  std::vector<SampleTask> tasks_;
-  std::vector<Sequence*> task_seqs_;
-  std::vector<int32_t> sampled_;
+  StepSampling sampling_;
+  StepSamples samples_;
+  std::vector<SampleTask> tasks_;      // rows sampled on the host
+  std::vector<int32_t> host_sampled_;  // their tokens
+  std::vector<Sequence*> task_seqs_;   // every sequence that draws a token, in row order
+  std::vector<int32_t>
+      task_source_;  // its token: >= 0 samples_.tokens[i], < 0 host_sampled_[-1 - i]
+  std::vector<PromptRow> prompt_rows_;
   std::vector<int32_t> lp_scratch_;
 };
 

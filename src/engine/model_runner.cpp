@@ -4,6 +4,7 @@
 
 #include "core/log.h"
 #include "engine/decode_graphs.h"
+#include "kernels/elementwise.h"
 
 #ifdef ATOM_HAVE_CUDA
 #include "core/cuda_check.h"
@@ -134,10 +135,16 @@ int ModelRunner::pages_from_memory(const RunnerOptions& o) {
       o.enforce_eager ? 0.0
                       : 1.25 * share * static_cast<double>(arena_.capacity()) + 256.0 * 1024 * 1024;
   const double workspaces = 64.0 * 1024 * 1024;  // cuBLASLt per stream, kernel images
-  const double budget = total * o.gpu_memory_utilization - used - graphs - workspaces;
+  // The recurrent state pool is allocated with the pages (KvCache::allocate).
+  const double states = static_cast<double>(KvCache::state_slot_bytes(model_.state_specs())) *
+                        std::max(0, o.num_state_slots);
+  const double budget = total * o.gpu_memory_utilization - used - graphs - workspaces - states;
   const int need = (max_model_len_ + bs - 1) / bs;
+  // Cache slots (page x block_size + offset) are 32-bit.
+  const double max_pages = static_cast<double>(INT32_MAX / bs);
   const int pages =
-      budget > 0 ? static_cast<int>(std::min(budget / static_cast<double>(page_bytes), 2.0e9)) : 0;
+      budget > 0 ? static_cast<int>(std::min(budget / static_cast<double>(page_bytes), max_pages))
+                 : 0;
   if (pages < need)
     fail(
         "max_model_len {} needs {} KV-cache pages of {} tokens ({:.2f} GiB), but only {:.2f} GiB "
@@ -145,13 +152,13 @@ int ModelRunner::pages_from_memory(const RunnerOptions& o) {
         "left for the KV cache: {:.2f} GiB of GPU memory x gpu_memory_utilization {} = {:.2f} GiB, "
         "of which weights and other allocations use {:.2f} GiB, activations (profiled at {} "
         "tokens) "
-        "{:.2f} GiB, decode graphs {:.2f} GiB and workspaces {:.2f} GiB. Lower --max-model-len or "
-        "raise --gpu-memory-utilization",
+        "{:.2f} GiB, decode graphs {:.2f} GiB, workspaces {:.2f} GiB and state slots {:.2f} GiB. "
+        "Lower --max-model-len or raise --gpu-memory-utilization",
         max_model_len_, need, bs, need * static_cast<double>(page_bytes) / gib,
         std::max(budget, 0.0) / gib, total / gib, o.gpu_memory_utilization,
         total * o.gpu_memory_utilization / gib,
         (used - static_cast<double>(arena_.capacity())) / gib, tokens, arena_.capacity() / gib,
-        graphs / gib, workspaces / gib);
+        graphs / gib, workspaces / gib, states / gib);
   log_info(
       "KV cache: {} pages of {} tokens ({:.2f} GiB, {} tokens) on {}; {:.2f} of {:.2f} GiB in use "
       "before it",
@@ -217,6 +224,84 @@ std::vector<int32_t> ModelRunner::execute_sample(Batch& batch,
   Tensor ids = arena_.alloc({logits.size(0)}, DType::kI32);
   kernels::sample(ids, logits, dev_rows);
   return ids_to_host(ids);
+}
+
+Tensor ModelRunner::upload(const void* data, Shape shape, DType dtype) {
+  Tensor t = arena_.alloc(std::move(shape), dtype);
+  memory_copy(t.data(), t.device(), data, Device::cpu(), t.nbytes());
+  return t;
+}
+
+void ModelRunner::sample_rows(const Tensor& logits, const StepSampling& want,
+                              std::vector<int32_t>& tokens) {
+  const int64_t R = logits.size(0), V = logits.size(1);
+  const int64_t n = static_cast<int64_t>(want.device_rows.size());
+  // When most rows are drawn, every row is drawn (the others as an argmax, whose result is
+  // dropped): cheaper than gathering the drawn rows into a copy of the logits.
+  const bool every_row = 2 * n >= R;
+  Tensor src = logits;
+  if (every_row) {
+    row_params_.assign(static_cast<size_t>(R), kernels::SamplingRow{});  // greedy
+    for (int64_t i = 0; i < n; ++i) row_params_[want.device_rows[i]] = want.device_params[i];
+  } else {
+    Tensor index = upload(want.device_rows.data(), {n}, DType::kI32);
+    src = arena_.alloc({n, V}, DType::kF32);
+    kernels::gather_rows(src, logits, index);
+    row_params_.assign(want.device_params.begin(), want.device_params.end());
+  }
+  const int64_t rows = src.size(0);
+  Tensor params = upload(row_params_.data(),
+                         {rows, static_cast<int64_t>(sizeof(kernels::SamplingRow))}, DType::kU8);
+  Tensor ids = arena_.alloc({rows}, DType::kI32);
+  kernels::sample(ids, src, params);
+  ids_host_.resize(static_cast<size_t>(rows));
+  memory_copy(ids_host_.data(), Device::cpu(), ids.data(), ids.device(), ids.nbytes());
+  tokens.resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    tokens[i] = ids_host_[static_cast<size_t>(every_row ? want.device_rows[i] : i)];
+}
+
+Tensor ModelRunner::host_rows(const Tensor& logits, const std::vector<int32_t>& rows) {
+  const int64_t R = logits.size(0), V = logits.size(1);
+  const int64_t n = static_cast<int64_t>(rows.size());
+  bool identity = n == R;
+  for (int64_t i = 0; identity && i < n; ++i) identity = rows[i] == i;
+  if (identity && logits.device().is_cpu() && logits.is_contiguous()) return logits;
+  if (!host_logits_.defined() || host_logits_.size(0) < n || host_logits_.size(1) != V) {
+    const int64_t grown = host_logits_.defined() && host_logits_.size(1) == V
+                              ? host_logits_.size(0) + host_logits_.size(0) / 2
+                              : 0;
+    host_logits_ = Tensor::empty({std::max(n, grown), V}, DType::kF32);
+  }
+  Tensor out = host_logits_.narrow(0, 0, n);
+  if (identity) {
+    out.copy_from(logits);
+    return out;
+  }
+  Tensor index = upload(rows.data(), {n}, DType::kI32);
+  if (logits.device().is_cpu()) {
+    kernels::gather_rows(out, logits, index);
+  } else {
+    Tensor gathered = arena_.alloc({n, V}, DType::kF32);
+    kernels::gather_rows(gathered, logits, index);
+    out.copy_from(gathered);
+  }
+  return out;
+}
+
+void ModelRunner::execute_sampling(Batch& batch, const StepSampling& want, StepSamples& out) {
+  ATOM_RUNNER_STREAM();
+  ATOM_CHECK(want.device_params.size() == want.device_rows.size(),
+             "execute_sampling: {} device rows with {} parameter sets", want.device_rows.size(),
+             want.device_params.size());
+  Tensor logits = forward_logits(batch);
+  const int64_t R = logits.size(0);
+  for (const auto* rows : {&want.device_rows, &want.host_rows})
+    for (int32_t r : *rows)
+      ATOM_CHECK(r >= 0 && r < R, "execute_sampling: logits row {} of {}", r, R);
+  out.tokens.clear();
+  if (!want.device_rows.empty()) sample_rows(logits, want, out.tokens);
+  out.host_logits = want.host_rows.empty() ? Tensor() : host_rows(logits, want.host_rows);
 }
 
 }  // namespace atom

@@ -27,6 +27,24 @@ struct RunnerOptions {
   int num_state_slots = 0;
 };
 
+// What one step wants from its logits rows: some drawn on the model's device, the others copied
+// to the host (for the CPU sampler, logprobs, prompt logprobs). Rows named in neither are dropped.
+struct StepSampling {
+  std::vector<int32_t> device_rows;                 // logits rows drawn by kernels::sample
+  std::vector<kernels::SamplingRow> device_params;  // how each device row is drawn
+  std::vector<int32_t> host_rows;                   // logits rows needed on the host
+  void clear() {
+    device_rows.clear();
+    device_params.clear();
+    host_rows.clear();
+  }
+};
+
+struct StepSamples {
+  std::vector<int32_t> tokens;  // one per device row
+  Tensor host_logits;  // [host rows, vocab] F32 on the host, valid until the runner's next step
+};
+
 class DecodeGraphs;
 
 class ModelRunner {
@@ -45,6 +63,9 @@ class ModelRunner {
   std::vector<int32_t> execute_greedy(Batch& batch);
   // A token per logits row drawn under rows[i] (kernels/sampling.h), on the model's device.
   std::vector<int32_t> execute_sample(Batch& batch, const std::vector<kernels::SamplingRow>& rows);
+  // One forward pass; the device rows are sampled where the logits are and only their ids come
+  // back, with the host rows' logits. Buffers in `out` are reused.
+  void execute_sampling(Batch& batch, const StepSampling& want, StepSamples& out);
 
   // CUDA: captures the decode graph of every batch-size bucket now (largest first) instead of on
   // first use. No-op on the CPU or with enforce_eager.
@@ -65,6 +86,10 @@ class ModelRunner {
   int pages_from_memory(const RunnerOptions& o);
   // Logits [R, vocab] F32 on the model's device, valid until the next step.
   Tensor forward_logits(Batch& batch);
+  void sample_rows(const Tensor& logits, const StepSampling& want, std::vector<int32_t>& tokens);
+  Tensor host_rows(const Tensor& logits, const std::vector<int32_t>& rows);
+  // Host data copied into the step arena (on the model's device), valid until the next step.
+  Tensor upload(const void* data, Shape shape, DType dtype);
 
   Model& model_;
   KvCache kv_;
@@ -72,6 +97,11 @@ class ModelRunner {
   int max_model_len_ = 0;
   std::unique_ptr<Cuda> cuda_;  // stream; null on the CPU
   std::unique_ptr<DecodeGraphs> graphs_;
+  // Per-step buffers of execute_sampling, kept so that steps allocate nothing.
+  std::vector<kernels::SamplingRow> row_params_;
+  std::vector<int32_t> row_index_;
+  std::vector<int32_t> ids_host_;
+  Tensor host_logits_;  // [capacity rows, vocab] F32 on the host
 };
 
 }  // namespace atom

@@ -8,27 +8,19 @@
 #include <numeric>
 
 #include "core/error.h"
-#include "engine/philox.h"
 
 namespace atom {
 
 namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-int32_t argmax_first(const float* x, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return static_cast<int32_t>(best);
-}
 }  // namespace
 
 struct CpuSampler::Scratch {
   std::vector<float> work;     // [vocab] the processed logits of one row
-  std::vector<int32_t> ids;    // candidate token ids
   std::vector<int32_t> count;  // [vocab] output-token counts (penalties), zero between rows
   std::vector<uint8_t> seen;   // [vocab] prompt-or-output marks (repetition), zero between rows
   std::vector<int32_t> order;  // scratch for logprob ranking
+  kernels::cpu::SampleScratch draw;
 
   void fit(int64_t vocab) {
     if (static_cast<int64_t>(work.size()) == vocab) return;
@@ -37,6 +29,21 @@ struct CpuSampler::Scratch {
     seen.assign(static_cast<size_t>(vocab), 0);
   }
 };
+
+kernels::SamplingRow sampling_row(const SamplingParams& p, uint64_t seed, int64_t position) {
+  kernels::SamplingRow r;
+  r.temperature = p.greedy() ? 0.0f : static_cast<float>(p.temperature);
+  r.top_p = static_cast<float>(p.top_p);
+  r.min_p = static_cast<float>(p.min_p);
+  r.top_k = p.top_k;
+  r.seed = seed;
+  r.step = static_cast<uint64_t>(position);
+  return r;
+}
+
+bool device_sampleable(const SamplingParams& p) {
+  return !p.has_penalties() && p.logit_bias.empty() && !p.logprobs && !p.prompt_logprobs;
+}
 
 CpuSampler::CpuSampler() = default;
 CpuSampler::~CpuSampler() = default;
@@ -90,97 +97,22 @@ void apply_penalties(const SampleTask& t, float* w, CpuSampler::Scratch& s) {
   }
 }
 
-// Draws from softmax(w) restricted to min_p / top_k / top_p. w is already divided by temperature;
-// it is overwritten with unnormalised probabilities.
-int32_t draw(const SampleTask& t, float* w, int64_t vocab, CpuSampler::Scratch& s) {
-  const SamplingParams& p = *t.params;
-  const float mx = w[argmax_first(w, vocab)];
-  // min_p keeps tokens whose probability is at least min_p times the largest one.
-  const float floor = p.min_p > 0 ? mx + static_cast<float>(std::log(p.min_p)) : kNegInf;
-  double total = 0;
-  for (int64_t i = 0; i < vocab; ++i) {
-    w[i] = w[i] >= floor && w[i] > kNegInf ? std::exp(w[i] - mx) : 0.0f;
-    total += w[i];
-  }
-  const bool top_k = p.top_k > 0 && p.top_k < vocab;
-  if (!top_k && p.top_p >= 1.0) {
-    // The common case: one walk over the vocabulary, nothing sorted.
-    const double target = philox_uniform(t.seed, static_cast<uint64_t>(t.position)) * total;
-    double acc = 0;
-    int32_t last = 0;
-    for (int64_t i = 0; i < vocab; ++i) {
-      if (w[i] == 0.0f) continue;
-      acc += w[i];
-      last = static_cast<int32_t>(i);
-      if (acc > target) return last;
-    }
-    return last;
-  }
-  auto& ids = s.ids;
-  ids.clear();
-  for (int64_t i = 0; i < vocab; ++i)
-    if (w[i] > 0.0f) ids.push_back(static_cast<int32_t>(i));
-  auto before = [w](int32_t a, int32_t b) { return w[a] > w[b] || (w[a] == w[b] && a < b); };
-  if (top_k && static_cast<size_t>(p.top_k) < ids.size()) {
-    // Ties with the k-th value stay, as with a threshold on torch.topk's last value.
-    std::nth_element(ids.begin(), ids.begin() + (p.top_k - 1), ids.end(), before);
-    const float kth = w[ids[static_cast<size_t>(p.top_k - 1)]];
-    std::erase_if(ids, [w, kth](int32_t i) { return w[i] < kth; });
-    total = 0;
-    for (int32_t i : ids) total += w[i];
-  }
-  if (p.top_p < 1.0) {
-    // The smallest most-likely-first prefix whose mass reaches top_p (the token crossing it
-    // included). Grow a partial selection geometrically: peaked distributions never sort the
-    // whole vocabulary.
-    const double need = p.top_p * total;
-    size_t k = std::min<size_t>(64, ids.size());
-    for (;;) {
-      std::nth_element(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k - 1), ids.end(),
-                       before);
-      double mass = 0;
-      for (size_t i = 0; i < k; ++i) mass += w[ids[i]];
-      if (mass >= need || k == ids.size()) break;
-      k = std::min(ids.size(), k * 4);
-    }
-    std::sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), before);
-    double acc = 0;
-    size_t keep = 0;
-    while (keep < k && acc < need) acc += w[ids[keep++]];
-    ids.resize(std::max<size_t>(keep, 1));
-    total = acc;
-  }
-  std::sort(ids.begin(), ids.end());  // the draw walks tokens in id order
-  const double target = philox_uniform(t.seed, static_cast<uint64_t>(t.position)) * total;
-  double acc = 0;
-  for (int32_t i : ids) {
-    acc += w[i];
-    if (acc > target) return i;
-  }
-  return ids.back();
-}
-
 int32_t sample_row(const SampleTask& t, const float* raw, int64_t vocab, CpuSampler::Scratch& s) {
   const SamplingParams& p = *t.params;
-  const bool modify = !p.logit_bias.empty() || !t.suppressed.empty() || p.has_penalties();
-  int32_t token;
-  if (p.greedy() && !modify) {
-    token = argmax_first(raw, vocab);
-  } else {
+  const float* row = raw;
+  if (!p.logit_bias.empty() || !t.suppressed.empty() || p.has_penalties()) {
     s.fit(vocab);
     float* w = s.work.data();
     std::copy(raw, raw + vocab, w);
     for (const auto& [id, bias] : p.logit_bias) w[id] += bias;
     for (int32_t id : t.suppressed) w[id] = kNegInf;
     apply_penalties(t, w, s);
-    if (p.greedy()) {
-      token = argmax_first(w, vocab);
-    } else {
-      const float temperature = static_cast<float>(p.temperature);
-      for (int64_t i = 0; i < vocab; ++i) w[i] /= temperature;
-      token = draw(t, w, vocab, s);
-    }
+    row = w;
   }
+  // The draw itself is kernels::sample's, so the same logits give the same token here and on the
+  // model's device.
+  const int32_t token =
+      kernels::cpu::sample_row(row, vocab, sampling_row(p, t.seed, t.position), s.draw);
   if (t.logprob) logprobs_compute(raw, vocab, token, *p.logprobs, *t.logprob, s.order);
   return token;
 }

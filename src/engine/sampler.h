@@ -1,11 +1,14 @@
-// Turning logits into tokens. Sampler is the seam where a GPU sampler slots in; CpuSampler is the
-// reference, working on host F32 logits.
+// Turning logits into tokens. Sampler is the seam where another sampler slots in; CpuSampler is
+// the reference, working on host F32 logits.
 //
 // Per row, in vLLM's order: log-probabilities of the raw logits (when asked), logit_bias, EOS and
 // stop ids suppressed until min_tokens, repetition penalty (prompt and output tokens: positive
-// logits divided, others multiplied), frequency and presence penalties (output tokens), then
-// greedy argmax when temperature < 1e-5, else temperature, min_p, top_k, top_p, and one draw by
-// inverse CDF over the kept tokens in id order with u = philox_uniform(seed, position).
+// logits divided, others multiplied), frequency and presence penalties (output tokens), then the
+// draw of kernels::sample (kernels/sampling.h): greedy argmax when temperature < 1e-5, else
+// temperature, min_p, top_k, top_p and Gumbel-max keyed by (seed, position). Because the draw is
+// the device sampler's, a row without penalties, bias or suppression gets the same token here as
+// from kernels::sample on the model's device: which of the two samples a request never changes
+// its tokens.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +19,7 @@
 #include "core/tensor.h"
 #include "engine/sampling_params.h"
 #include "engine/sequence.h"
+#include "kernels/sampling.h"
 
 namespace atom {
 
@@ -50,6 +54,15 @@ class CpuSampler : public Sampler {
  private:
   std::vector<std::unique_ptr<Scratch>> scratch_;  // one per thread, kept across steps
 };
+
+// How kernels::sample draws a token for these parameters at output position `position`.
+kernels::SamplingRow sampling_row(const SamplingParams& p, uint64_t seed, int64_t position);
+
+// Whether a request's tokens can be drawn by kernels::sample on the model's device: nothing the
+// CPU sampler adds (penalties, logit_bias, logprobs, prompt_logprobs) is asked for. A property of
+// the request, not of the step; min_tokens suppression is checked per token by the engine (it
+// depends only on the request's own output count).
+bool device_sampleable(const SamplingParams& p);
 
 // log_softmax of `logits` [vocab] at `token`, its rank, and the `top` most likely tokens (-1: all)
 // into `out`. Sums in double.

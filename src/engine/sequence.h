@@ -45,7 +45,7 @@ struct Request;
 struct Sequence {
   Request* request = nullptr;
   int index = 0;      // among the request's n samples
-  uint64_t seed = 0;  // keys this sequence's random draws (see philox.h)
+  uint64_t seed = 0;  // keys this sequence's random draws (kernels/sampling_scheme.h)
 
   std::vector<int32_t> tokens;  // prompt, then generated tokens
   int num_prompt_tokens = 0;

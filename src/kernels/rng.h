@@ -21,10 +21,16 @@ ATOM_RNG_HD uint64_t random_mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Uniform in (0, 1), exactly representable: (24 random bits + 0.5) / 2^24. Never 0 or 1.
+// Uniform in (0, 1) from random bits: (the top 23 bits + 0.5) / 2^23, exactly representable, so
+// never 0 or 1. (With 24 bits, 2^24 - 1 + 0.5 rounds to 2^24 in float and gives exactly 1, which
+// the sampler's Gumbel noise turns into +inf.)
+ATOM_RNG_HD float random_uniform_from_bits(uint64_t r) {
+  return (static_cast<float>(r >> 41) + 0.5f) * (1.0f / 8388608.0f);
+}
+
+// Value i of stream `seed`, uniform in (0, 1).
 ATOM_RNG_HD float random_uniform(uint64_t seed, uint64_t i) {
-  const uint64_t r = random_mix(seed ^ random_mix(i));
-  return (static_cast<float>(r >> 40) + 0.5f) * (1.0f / 16777216.0f);
+  return random_uniform_from_bits(random_mix(seed ^ random_mix(i)));
 }
 
 }  // namespace atom::kernels

@@ -44,7 +44,20 @@ Tensor sampling_rows_tensor(const std::vector<SamplingRow>& rows);
 //   ids [R] I32, logits [R, V] F32, rows [R, 32] U8 (sampling_rows_tensor)
 namespace cpu {
 void sample(Tensor& ids, const Tensor& logits, const Tensor& rows);
-}
+
+// Buffers of sample_row, kept by the caller across rows and steps.
+struct SampleScratch {
+  std::vector<float> l, e;    // scaled logits, exp(l - max l)
+  std::vector<uint32_t> key;  // sampling_key(l)
+  std::vector<uint32_t> sel;  // top-k selection
+  std::vector<int32_t> cand;  // tokens still kept, in id order
+};
+
+// One row of sample() on host F32 logits x[0, V): the CPU reference itself. The engine's CPU
+// sampler draws through it too, so a request gets the same token whether its row is sampled by
+// sample() or by the CPU sampler (after penalties, which leave the row unchanged when off).
+int32_t sample_row(const float* x, int64_t V, const SamplingRow& p, SampleScratch& s);
+}  // namespace cpu
 namespace cuda {
 void sample(Tensor& ids, const Tensor& logits, const Tensor& rows);
 }

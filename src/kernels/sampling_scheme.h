@@ -1,5 +1,5 @@
-// The seeded sampling scheme shared by the CPU reference and the CUDA kernel (and meant for the
-// engine's sampler): Gumbel-max over the kept tokens, with the Gumbel noise of token i a pure
+// The seeded sampling scheme shared by the CPU reference, the CUDA kernel and the engine's CPU
+// sampler: Gumbel-max over the kept tokens, with the Gumbel noise of token i a pure
 // function of (seed, step, i). Thresholds are searched over the order-preserving integer image
 // of the floats, so both backends find the same kept set.
 #pragma once
@@ -16,6 +16,16 @@ namespace atom::kernels {
 ATOM_RNG_HD uint64_t sampling_stream(uint64_t seed, uint64_t step) {
   return random_mix(seed ^ random_mix(step ^ 0x5a6d706c65ull));
 }
+
+// The Gumbel noise of token i in a stream: -log(-log(u)), u uniform in (0, 1).
+ATOM_RNG_HD float sampling_gumbel(uint64_t stream, uint64_t i) {
+  return -logf(-logf(random_uniform(stream, i)));
+}
+
+// Above every value sampling_gumbel can return (16.64, at the largest u, 1 - 2^-24): a token
+// whose scaled logit l has l + kGumbelBound below the best score so far cannot win, so the host
+// skips its noise without changing the draw.
+constexpr float kGumbelBound = 17.0f;
 
 // Order-preserving map of floats (no NaN) to unsigned integers.
 ATOM_RNG_HD uint32_t sampling_key(float f) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
 
 #include "core/error.h"
 
@@ -11,48 +12,56 @@ void Batch::validate() const {
   const int T = num_tokens(), S = num_seqs();
   ATOM_CHECK(static_cast<int>(positions.size()) == T && static_cast<int>(slot_mapping.size()) == T,
              "batch: positions/slot_mapping must have one entry per token");
-  ATOM_CHECK(static_cast<int>(query_start.size()) == S + 1 && query_start[0] == 0 &&
-                 query_start[S] == T,
-             "batch: query_start must run from 0 to num_tokens over num_seqs + 1 entries");
+  ATOM_CHECK(
+      static_cast<int>(query_start.size()) == S + 1 && query_start[0] == 0 && query_start[S] == T,
+      "batch: query_start must run from 0 to num_tokens over num_seqs + 1 entries");
   ATOM_CHECK(static_cast<int>(page_indptr.size()) == S + 1 && page_indptr[0] == 0 &&
                  page_indptr[S] == static_cast<int>(page_indices.size()),
              "batch: page_indptr must cover page_indices");
   for (int s = 0; s < S; ++s) {
     const int q = query_start[s + 1] - query_start[s];
-    ATOM_CHECK(q >= 0 && q <= context_lens[s], "batch: sequence {} has {} new tokens but context {}",
-               s, q, context_lens[s]);
+    ATOM_CHECK(q >= 0 && q <= context_lens[s],
+               "batch: sequence {} has {} new tokens but context {}", s, q, context_lens[s]);
     const int pages = page_indptr[s + 1] - page_indptr[s];
     ATOM_CHECK(static_cast<int64_t>(pages) * block_size >= context_lens[s],
                "batch: sequence {} has {} pages for {} tokens", s, pages, context_lens[s]);
   }
-  for (int32_t i : logits_indices) ATOM_CHECK(i >= 0 && i < T, "batch: logits index {} out of range", i);
+  for (int32_t i : logits_indices)
+    ATOM_CHECK(i >= 0 && i < T, "batch: logits index {} out of range", i);
 }
 
-void Batch::upload(Arena& arena) {
+void Batch::upload(Arena& arena, int64_t page_capacity) {
   max_query_len = 0;
   max_context_len = 0;
   for (int s = 0; s < num_seqs(); ++s) {
     max_query_len = std::max(max_query_len, query_start[s + 1] - query_start[s]);
     max_context_len = std::max(max_context_len, context_lens[s]);
   }
-  std::vector<const std::vector<int32_t>*> fields = {&token_ids,   &positions,     &query_start,
-                                                     &context_lens, &slot_mapping, &page_indptr,
-                                                     &page_indices, &logits_indices, &state_slots};
-  Tensor* views[] = {&dev.token_ids,   &dev.positions,     &dev.query_start,
-                     &dev.context_lens, &dev.slot_mapping, &dev.page_indptr,
-                     &dev.page_indices, &dev.logits_indices, &dev.state_slots};
-  int64_t total = 0;
-  for (const auto* f : fields) total += static_cast<int64_t>(f->size());
-  Tensor host = Tensor::empty({total}, DType::kI32, Device::cpu());
+  // page_indices last, so that room reserved for more pages sits past everything else.
+  const std::vector<int32_t>* fields[] = {&token_ids,      &positions,    &query_start,
+                                          &context_lens,   &slot_mapping, &page_indptr,
+                                          &logits_indices, &state_slots,  &page_indices};
+  Tensor* views[] = {&dev.token_ids,      &dev.positions,    &dev.query_start,
+                     &dev.context_lens,   &dev.slot_mapping, &dev.page_indptr,
+                     &dev.logits_indices, &dev.state_slots,  &dev.page_indices};
+  int64_t used = 0;
+  for (const auto* f : fields) used += static_cast<int64_t>(f->size());
+  const int64_t pages = static_cast<int64_t>(page_indices.size());
+  Tensor all = arena.alloc({used + std::max<int64_t>(0, page_capacity - pages)}, DType::kI32);
+  // On the CPU the fields are packed straight into the arena; otherwise into a host buffer kept
+  // across steps, then copied in one transfer.
+  const bool host = arena.device().is_cpu();
+  if (!host) upload_staging.resize(static_cast<size_t>(used));
+  int32_t* dst = host ? all.ptr<int32_t>() : upload_staging.data();
   int64_t off = 0;
   for (const auto* f : fields) {
-    if (!f->empty()) std::memcpy(host.ptr<int32_t>() + off, f->data(), f->size() * 4);
+    if (!f->empty()) std::memcpy(dst + off, f->data(), f->size() * 4);
     off += static_cast<int64_t>(f->size());
   }
-  Tensor all = arena.device().is_cpu() ? host : arena.alloc({total}, DType::kI32);
-  if (!arena.device().is_cpu()) all.copy_from(host);
+  if (!host)
+    memory_copy(all.data(), arena.device(), dst, Device::cpu(), static_cast<size_t>(used) * 4);
   off = 0;
-  for (size_t i = 0; i < fields.size(); ++i) {
+  for (size_t i = 0; i < std::size(fields); ++i) {
     const int64_t n = static_cast<int64_t>(fields[i]->size());
     *views[i] = all.narrow(0, off, n);
     off += n;

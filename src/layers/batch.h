@@ -30,14 +30,17 @@ struct Batch {
 
   // Device side, valid after upload().
   struct Views {
-    Tensor token_ids, positions, query_start, context_lens, slot_mapping, page_indptr,
-        page_indices, logits_indices, state_slots;  // I32
+    Tensor token_ids, positions, query_start, context_lens, slot_mapping, page_indptr, page_indices,
+        logits_indices, state_slots;  // I32
   } dev;
 
   // Checks the descriptor is consistent (sizes, monotone offsets, bounds); throws on a bug.
   void validate() const;
   // Packs every field into one buffer and copies it to `arena`'s device in one transfer.
-  void upload(Arena& arena);
+  // page_capacity: room for that many page entries is reserved (only the used ones are copied),
+  // so a replayed CUDA graph finds every field at the address it recorded for a larger table.
+  void upload(Arena& arena, int64_t page_capacity = 0);
+  std::vector<int32_t> upload_staging;  // host buffer of upload(), reused across steps
 };
 
 }  // namespace atom

@@ -1,6 +1,7 @@
 // The `atom generate` and `atom bench` command lines, run as a user (and acceptance checks) would:
 // --prompt-tokens ... --json keeps printing exactly {prompt_token_ids, token_ids, finish_reason}
-// per prompt with the fixture's transformers greedy tokens; JSONL input and bench JSON work.
+// per prompt with the fixture's transformers greedy tokens; JSONL input and bench JSON work; the
+// prefix-cache TTFT bench shares exactly the prefix's full blocks.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
@@ -118,6 +119,38 @@ TEST(EngineCli, BenchThroughputAndLatencyWriteJson) {
   j = nlohmann::json::parse(std::ifstream(out));
   EXPECT_EQ(j.at("latencies").size(), 2u);
   EXPECT_TRUE(j.at("percentiles").contains("99"));
+}
+
+TEST(EngineCli, BenchPrefixReportsColdAndCachedTtft) {
+  TempDir dir;
+  const std::string out = dir.file("prefix.json");
+  int rc = 0;
+  const auto lines = run_atom(fmt::format("bench prefix --model {} --prefix-len 40 --suffix-len 5 "
+                                          "--num-iters 2 --num-iters-warmup 1 --max-model-len 128 "
+                                          "--output-json {}",
+                                          fixture_dir("llama3_gqa"), out),
+                              &rc);
+  EXPECT_EQ(rc, 0);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0].rfind("Cold TTFT (45-token prompt", 0), 0u) << lines[0];
+  // The prefix's full 16-token blocks are shared: 32 of its 40 tokens.
+  EXPECT_EQ(lines[1].rfind("Warm TTFT (32 of 45 prompt tokens", 0), 0u) << lines[1];
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(out));
+  EXPECT_EQ(j.at("cached_tokens"), 32);
+  EXPECT_EQ(j.at("cold_ttft_ms").size(), 2u);
+  EXPECT_EQ(j.at("warm_ttft_ms").size(), 2u);
+  EXPECT_GT(j.at("mean_cold_ttft_ms").get<double>(), 0);
+  // Flags of the CUDA configuration are accepted (and checked) on any device.
+  run_atom(fmt::format("bench throughput --model {} --input-len 8 --output-len 2 --num-prompts 2 "
+                       "--gpu-memory-utilization 0.9 --enforce-eager",
+                       fixture_dir("llama3_gqa")),
+           &rc);
+  EXPECT_EQ(rc, 0);
+  run_atom(fmt::format("bench throughput --model {} --input-len 8 --output-len 2 --num-prompts 2 "
+                       "--gpu-memory-utilization 1.5",
+                       fixture_dir("llama3_gqa")),
+           &rc);
+  EXPECT_NE(rc, 0) << "gpu_memory_utilization above 1 is refused";
 }
 
 }  // namespace

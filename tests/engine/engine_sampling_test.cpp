@@ -1,7 +1,8 @@
 // The engine's sampling-facing behaviour on a real model: seeded sampling is identical across
-// batch compositions, n > 1 shares the prompt's blocks and matches seed + i, logprobs equal
-// log_softmax of the model's own logits (score_tokens), stop strings split across tokens, abort
-// frees everything, and bad requests or configurations fail naming the problem.
+// batch compositions, tokens drawn on the model's device and by the CPU sampler agree (and equal
+// kernels::sample over score_tokens logits), n > 1 shares the prompt's blocks and matches seed + i,
+// logprobs equal log_softmax of the model's own logits (score_tokens), stop strings split across
+// tokens, abort frees everything, and bad requests or configurations fail naming the problem.
 #include "engine_test_util.h"
 
 namespace atom::test {
@@ -66,6 +67,150 @@ TEST(EngineSampling, SeededSamplingIsIdenticalAcrossBatchCompositions) {
   }
 }
 
+// Sampling that the device sampler can do alone: no penalties, bias or logprobs.
+SamplingParams plain(int64_t seed, int max_tokens) {
+  SamplingParams p;
+  p.temperature = 0.8;
+  p.top_p = 0.95;
+  p.top_k = 60;
+  p.min_p = 0.01;
+  p.seed = seed;
+  p.max_tokens = max_tokens;
+  p.ignore_eos = true;
+  return p;
+}
+
+// The same draws forced onto the CPU sampler: a zero bias and logprobs change no logit.
+SamplingParams on_host(SamplingParams p) {
+  p.logit_bias = {{11, 0.0f}};
+  p.logprobs = 0;
+  return p;
+}
+
+std::vector<int32_t> prompt_of(int len, int mul) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < len; ++i) p.push_back(3 + (i * mul) % 900);
+  return p;
+}
+
+TEST(EngineSampling, DeviceAndHostSamplersDrawTheModelsTokens) {
+  Model& model = fixture_model("llama3_gqa");
+  const std::vector<int32_t> prompt = prompt_of(29, 53);
+  for (const SamplingParams& p : {plain(77, 20), plain(3, 20)}) {
+    ASSERT_TRUE(device_sampleable(p));
+    ASSERT_FALSE(device_sampleable(on_host(p)));
+    LLMEngine engine(model, test_config());
+    const auto device = engine.generate({prompt}, p).at(0).outputs.at(0).token_ids;
+    const auto host = engine.generate({prompt}, on_host(p)).at(0).outputs.at(0).token_ids;
+    ASSERT_EQ(device.size(), 20u);
+    EXPECT_EQ(host, device);
+    // Independently: kernels::sample over the model's own logits of each prefix, keyed by
+    // (seed, output index).
+    std::vector<int32_t> seq = prompt;
+    seq.insert(seq.end(), device.begin(), device.end() - 1);
+    const Tensor logits = score_tokens(model, seq);
+    const int64_t V = model.vocab_size(), P = static_cast<int64_t>(prompt.size());
+    for (size_t i = 0; i < device.size(); ++i) {
+      Tensor row = logits.narrow(0, P - 1 + static_cast<int64_t>(i), 1).contiguous();
+      Tensor id = Tensor::empty({1}, DType::kI32);
+      kernels::sample(id, row,
+                      kernels::sampling_rows_tensor({sampling_row(p, static_cast<uint64_t>(*p.seed),
+                                                                  static_cast<int64_t>(i))}));
+      EXPECT_EQ(device[i], id.ptr<int32_t>()[0]) << "token " << i << " of vocab " << V;
+    }
+    expect_engine_idle(engine);
+  }
+}
+
+TEST(EngineSampling, TokensDoNotDependOnWhichSamplerTheNeighboursNeed) {
+  Model& model = fixture_model("llama3_gqa");
+  const std::vector<int32_t> prompt = prompt_of(35, 29);
+  const SamplingParams p = plain(2024, 18);
+  LLMEngine alone_engine(model, test_config());
+  const auto alone = alone_engine.generate({prompt}, p).at(0).outputs.at(0).token_ids;
+  ASSERT_EQ(alone.size(), 18u);
+
+  // Neighbours of every kind: greedy and plain (device), penalties, logprobs, prompt_logprobs,
+  // min_tokens with stop ids (host); the request itself on either side.
+  Workload w = random_workload(24, 60, 14, model.vocab_size(), 12);
+  for (size_t i = 0; i < w.params.size(); ++i) {
+    const int max_tokens = w.params[i].max_tokens;
+    switch (i % 6) {
+      case 0:
+        w.params[i] = plain(static_cast<int64_t>(i), max_tokens);
+        break;
+      case 1:
+        w.params[i] = seeded(static_cast<int64_t>(i), max_tokens);
+        break;
+      case 2:
+        w.params[i].logprobs = 2;
+        break;
+      case 3:
+        w.params[i].prompt_logprobs = 1;
+        break;
+      case 4:
+        w.params[i] = plain(static_cast<int64_t>(i), max_tokens);
+        w.params[i].min_tokens = max_tokens / 2;
+        w.params[i].stop_token_ids = {5, 6};
+        break;
+      default:
+        break;  // greedy
+    }
+  }
+  w.prompts.insert(w.prompts.begin() + 5, prompt);
+  w.params.insert(w.params.begin() + 5, p);
+  w.prompts.insert(w.prompts.begin() + 17, prompt);
+  w.params.insert(w.params.begin() + 17, on_host(p));
+
+  EngineConfig chunked = test_config();
+  chunked.max_num_seqs = 5;
+  chunked.max_num_batched_tokens = 16;
+  EngineConfig preempt = test_config();
+  preempt.max_model_len = 112;
+  preempt.num_gpu_blocks_override = 10;
+  preempt.max_num_seqs = 8;
+  preempt.max_num_batched_tokens = 40;
+  for (const EngineConfig& c : {test_config(), chunked, preempt}) {
+    LLMEngine engine(model, c);
+    const auto out = engine.generate(w.prompts, w.params);
+    EXPECT_EQ(out[5].outputs.at(0).token_ids, alone);
+    EXPECT_EQ(out[17].outputs.at(0).token_ids, alone);
+    if (c.num_gpu_blocks_override) {
+      EXPECT_GT(engine.stats().num_preemptions, 0);
+    }
+    expect_engine_idle(engine);
+  }
+}
+
+TEST(EngineSampling, MinTokensMovesARequestBetweenSamplersWithoutChangingItsDraws) {
+  // While min_tokens suppresses its stop ids a request is sampled on the host; afterwards on the
+  // device. Masking ids that would not have been drawn leaves a filterless Gumbel-max draw
+  // unchanged, so the tokens are those of the unmasked request until the first stop id.
+  Model& model = fixture_model("llama3_gqa");
+  const std::vector<int32_t> prompt = prompt_of(21, 71);
+  SamplingParams p;
+  p.temperature = 1.0;
+  p.seed = 31;
+  p.max_tokens = 24;
+  p.ignore_eos = true;
+  LLMEngine engine(model, test_config());
+  const auto free = engine.generate({prompt}, p).at(0).outputs.at(0).token_ids;
+  ASSERT_EQ(free.size(), 24u);
+  // The first id that appears at index >= 8 and not before it.
+  size_t j = 8;
+  while (j < free.size() && std::find(free.begin(), free.begin() + j, free[j]) != free.begin() + j)
+    ++j;
+  ASSERT_LT(j, free.size()) << "no fresh token after index 8 in this draw";
+  SamplingParams q = p;
+  q.min_tokens = 8;
+  q.stop_token_ids = {free[j]};
+  const auto out = engine.generate({prompt}, q).at(0).outputs.at(0);
+  EXPECT_EQ(out.token_ids, std::vector<int32_t>(free.begin(), free.begin() + j + 1));
+  EXPECT_EQ(out.finish_reason, FinishReason::kStop);
+  EXPECT_EQ(std::get<int32_t>(out.stop_reason), free[j]);
+  expect_engine_idle(engine);
+}
+
 TEST(EngineSampling, ParallelSamplesShareThePromptAndMatchSeedPlusIndex) {
   Model& model = fixture_model("llama3_gqa");
   std::vector<int32_t> prompt;
@@ -86,6 +231,14 @@ TEST(EngineSampling, ParallelSamplesShareThePromptAndMatchSeedPlusIndex) {
     }
   }
   EXPECT_NE(out.outputs[0].token_ids, out.outputs[1].token_ids);
+  // The same with every sample drawn on the device.
+  SamplingParams d = plain(900, 10);
+  d.n = 3;
+  const auto dout = engine.generate({prompt}, d).at(0);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(dout.outputs.at(i).token_ids,
+              engine.generate({prompt}, plain(900 + i, 10)).at(0).outputs.at(0).token_ids)
+        << "device sample " << i;
   SamplingParams g = greedy(8);
   g.n = 4;
   const auto gout = engine.generate({prompt}, g).at(0);

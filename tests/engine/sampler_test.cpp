@@ -1,6 +1,6 @@
-// CpuSampler against independent references: Philox's published known answers, argmax,
-// log_softmax in long double, hand-computed penalty effects, and empirical distributions against
-// the filtered softmax computed here with a plain full sort.
+// CpuSampler against independent references: argmax, log_softmax in long double, hand-computed
+// penalty effects, empirical distributions against the filtered softmax computed here with a
+// plain full sort, and kernels::sample on rows modified here by hand (the device path).
 #include "engine/sampler.h"
 
 #include <gtest/gtest.h>
@@ -11,31 +11,10 @@
 #include <numeric>
 #include <random>
 
-#include "engine/philox.h"
+#include "kernels/sampling.h"
 
 namespace atom {
 namespace {
-
-TEST(Philox, MatchesRandom123KnownAnswers) {
-  EXPECT_EQ(philox4x32_10({0, 0, 0, 0}, 0),
-            (PhiloxBlock{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
-  EXPECT_EQ(philox4x32_10({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, ~0ull),
-            (PhiloxBlock{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
-  EXPECT_EQ(
-      philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, 0x299f31d0a4093822ull),
-      (PhiloxBlock{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
-}
-
-TEST(Philox, UniformsAreInRangeAndSpread) {
-  double sum = 0;
-  for (uint64_t i = 0; i < 100000; ++i) {
-    const double u = philox_uniform(12345, i);
-    ASSERT_GE(u, 0.0);
-    ASSERT_LT(u, 1.0);
-    sum += u;
-  }
-  EXPECT_NEAR(sum / 100000, 0.5, 0.005);
-}
 
 Tensor logits_of(const std::vector<std::vector<float>>& rows) {
   Tensor t = Tensor::empty(
@@ -269,6 +248,70 @@ TEST(CpuSampler, LogprobsAreLogSoftmaxOfRawLogits) {
   for (int i = 0; i < 5; ++i) {
     EXPECT_EQ(lp.top[i].token_id, order[i]);
     EXPECT_NEAR(lp.top[i].logprob, static_cast<double>(l[order[i]] - lse), 1e-5);
+  }
+}
+
+// kernels::sample on one host row: what the engine's device path draws.
+int32_t device_draw(const std::vector<float>& row, const SamplingParams& p, uint64_t seed,
+                    int64_t position) {
+  Tensor ids = Tensor::empty({1}, DType::kI32);
+  kernels::sample(ids, logits_of({row}),
+                  kernels::sampling_rows_tensor({sampling_row(p, seed, position)}));
+  return ids.ptr<int32_t>()[0];
+}
+
+TEST(CpuSampler, DrawsWhatTheDeviceSamplerDraws) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> n(0, 2);
+  std::vector<float> l(3000);
+  std::vector<SamplingParams> ps(5);
+  ps[0].temperature = 0;
+  ps[1].temperature = 1.0;
+  ps[2].temperature = 0.7;
+  ps[2].top_p = 0.9;
+  ps[3].temperature = 1.2;
+  ps[3].top_k = 50;
+  ps[3].min_p = 0.02;
+  ps[4].temperature = 0.8;
+  ps[4].top_k = 20;
+  ps[4].top_p = 0.5;
+  CpuSampler s;
+  for (int trial = 0; trial < 40; ++trial) {
+    for (auto& x : l) x = n(rng);
+    const SamplingParams& p = ps[trial % ps.size()];
+    const uint64_t seed = rng();
+    const int64_t pos = trial * 3;
+    ASSERT_TRUE(device_sampleable(p));
+    EXPECT_EQ(sample_one(s, l, p, seed, pos), device_draw(l, p, seed, pos)) << trial;
+    // With penalties and bias the CPU sampler draws from the modified row as the device would.
+    SamplingParams q = p;
+    q.logit_bias = {{7, 4.0f}};
+    q.frequency_penalty = 0.5;
+    q.repetition_penalty = 1.2;
+    EXPECT_FALSE(device_sampleable(q));
+    std::vector<float> m = l;
+    m[7] += 4.0f;
+    for (int32_t id : {7, 100}) m[id] = m[id] > 0 ? m[id] / 1.2f : m[id] * 1.2f;  // seen once each
+    m[100] -= 0.5f;  // frequency: output token 100 once
+    EXPECT_EQ(sample_one(s, l, q, seed, pos, {7}, {100}), device_draw(m, p, seed, pos)) << trial;
+  }
+}
+
+TEST(CpuSampler, SuppressingTokensThatWouldNotWinChangesNothing) {
+  // Gumbel-max without filters: masking a token other than the drawn one leaves the draw as it
+  // was (the argmax of the others is unchanged), so a min_tokens request draws the same tokens as
+  // an unmasked one as long as the masked ids would not have been drawn.
+  std::mt19937 rng(8);
+  std::normal_distribution<float> n;
+  std::vector<float> l(500);
+  SamplingParams p;
+  p.temperature = 0.9;
+  CpuSampler s;
+  for (int trial = 0; trial < 50; ++trial) {
+    for (auto& x : l) x = n(rng);
+    const int32_t free = sample_one(s, l, p, 5, trial);
+    const int32_t other = (free + 1 + trial) % 500;
+    EXPECT_EQ(sample_one(s, l, p, 5, trial, {}, {}, {other}), free);
   }
 }
 

@@ -1,13 +1,17 @@
-// The CPU reference of seeded sampling (kernels/sampling.h): greedy, filters, and the property
-// the engine relies on: a row's token depends only on its logits and (seed, step).
+// The CPU reference of seeded sampling (kernels/sampling.h): greedy, filters, the property the
+// engine relies on (a row's token depends only on its logits and (seed, step)), and the fast host
+// implementation against a plain transcription of the scheme in docs/cuda.md.
 #include "kernels/sampling.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
+#include <random>
 
 #include "kernels/random.h"
+#include "kernels/sampling_scheme.h"
 
 namespace atom {
 namespace {
@@ -29,6 +33,116 @@ TEST(Sampling, UniformIsInOpenUnitInterval) {
     const float u = kernels::random_uniform(7, i);
     ASSERT_GT(u, 0.0f);
     ASSERT_LT(u, 1.0f);
+  }
+  // The extremes of the bits: a 24-bit version rounded the top value up to exactly 1.
+  EXPECT_GT(kernels::random_uniform_from_bits(0), 0.0f);
+  EXPECT_LT(kernels::random_uniform_from_bits(~0ull), 1.0f);
+  const float top = kernels::random_uniform_from_bits(~0ull);
+  EXPECT_LT(-std::log(-std::log(top)), kernels::kGumbelBound);
+  EXPECT_TRUE(std::isfinite(-std::log(-std::log(kernels::random_uniform_from_bits(0)))));
+}
+
+TEST(Sampling, ANegligibleTokenIsNeverDrawn) {
+  // One token holds all but ~1e-8 of the mass over a Llama-sized vocabulary. A uniform that can
+  // reach 1 gives some token infinite Gumbel noise in 1 of 2^24 draws, i.e. a uniformly random
+  // token in ~0.8% of rows here (8 expected in 1000). The likely token is the last one, so that
+  // the host sampler cannot skip the others' noise before it has seen it.
+  const int64_t V = 131072, hot = V - 1;
+  Tensor l = Tensor::empty({1, V}, DType::kF32);
+  std::fill(l.ptr<float>(), l.ptr<float>() + V, -30.0f);
+  l.ptr<float>()[hot] = 0.0f;
+  int other = 0;
+  for (uint64_t step = 0; step < 1000; ++step) {
+    kernels::SamplingRow r;
+    r.temperature = 1.0f;
+    r.seed = 3;
+    r.step = step;
+    other += sample(l, {r})[0] != hot;
+  }
+  EXPECT_EQ(other, 0);
+}
+
+// docs/cuda.md's scheme transcribed literally: 32-step bitwise searches over every token,
+// masses recomputed from scratch, Gumbel noise for every kept token.
+int32_t scheme_reference(const float* x, int64_t V, const kernels::SamplingRow& p) {
+  using kernels::sampling_key;
+  auto argmax = [&] {
+    int64_t b = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (x[i] > x[b]) b = i;
+    return static_cast<int32_t>(b);
+  };
+  if (!(p.temperature >= kernels::kGreedyTemperature)) return argmax();
+  std::vector<float> l(static_cast<size_t>(V));
+  float lmax = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < V; ++i) {
+    l[i] = std::isnan(x[i]) ? -std::numeric_limits<float>::infinity() : x[i] / p.temperature;
+    lmax = std::max(lmax, l[i]);
+  }
+  uint32_t kmin = 0;
+  if (p.min_p > 0) kmin = std::max(kmin, sampling_key(lmax + std::log(p.min_p)));
+  if (p.top_k > 0 && p.top_k < V) {
+    uint32_t k = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+      const uint32_t c = k | (1u << bit);
+      int64_t n = 0;
+      for (int64_t i = 0; i < V; ++i) n += sampling_key(l[i]) >= c;
+      if (n >= p.top_k) k = c;
+    }
+    kmin = std::max(kmin, k);
+  }
+  if (p.top_p < 1) {
+    auto mass = [&](uint32_t c) {
+      double m = 0;
+      for (int64_t i = 0; i < V; ++i)
+        if (sampling_key(l[i]) >= c) m += static_cast<double>(std::exp(l[i] - lmax));
+      return m;
+    };
+    const double target = static_cast<double>(p.top_p) * mass(kmin);
+    uint32_t k = 0;
+    for (int bit = 31; bit >= 0; --bit) {
+      const uint32_t c = k | (1u << bit);
+      if (mass(std::max(c, kmin)) >= target) k = c;
+    }
+    kmin = std::max(kmin, k);
+  }
+  const uint64_t stream = kernels::sampling_stream(p.seed, p.step);
+  int64_t best = -1;
+  float bs = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < V; ++i) {
+    if (sampling_key(l[i]) < kmin) continue;
+    const float u = kernels::random_uniform(stream, static_cast<uint64_t>(i));
+    const float s = l[i] + -std::log(-std::log(u));
+    if (s > bs) {
+      bs = s;
+      best = i;
+    }
+  }
+  return best >= 0 ? static_cast<int32_t>(best) : argmax();
+}
+
+TEST(Sampling, HostRowSamplerIsTheSchemeExactly) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> n(0, 3);
+  kernels::cpu::SampleScratch scratch;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t V = 1 + static_cast<int64_t>(rng() % 700);
+    std::vector<float> x(static_cast<size_t>(V));
+    for (auto& v : x) v = n(rng);
+    // Ties (top-k and top-p boundaries), masked tokens and a NaN now and then.
+    for (int64_t i = 0; i + 1 < V; i += 5) x[i + 1] = x[i];
+    if (trial % 4 == 1)
+      for (int64_t i = 0; i < V; i += 3) x[i] = -std::numeric_limits<float>::infinity();
+    if (trial % 7 == 3) x[static_cast<size_t>(V / 2)] = std::nanf("");
+    kernels::SamplingRow p;
+    p.temperature = trial % 10 == 0 ? 0.0f : 0.2f + 0.1f * static_cast<float>(trial % 15);
+    p.top_k = trial % 3 == 0 ? 0 : static_cast<int32_t>(1 + rng() % 60);
+    p.top_p = trial % 4 == 2 ? 1.0f : 0.05f + 0.9f * static_cast<float>(rng() % 100) / 100.0f;
+    p.min_p = trial % 5 == 1 ? 0.1f : 0.0f;
+    p.seed = rng();
+    p.step = static_cast<uint64_t>(trial);
+    EXPECT_EQ(kernels::cpu::sample_row(x.data(), V, p, scratch), scheme_reference(x.data(), V, p))
+        << "trial " << trial << " V " << V;
   }
 }
 

@@ -141,9 +141,12 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float* x = reinterpret_cast<const float*>(row_of(logits, r));
   const float t = p.temperature;
+  // Only min-p and top-p need the largest logit; plain temperature rows read the row once.
   float lmax = -INFINITY;
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) lmax = fmaxf(lmax, scaled(x, i, t));
-  lmax = block_max(lmax, sv);
+  if (p.min_p > 0.0f || p.top_p < 1.0f) {
+    for (int64_t i = threadIdx.x; i < V; i += kThreads) lmax = fmaxf(lmax, scaled(x, i, t));
+    lmax = block_max(lmax, sv);
+  }
   uint32_t kmin = 0;
   if (p.min_p > 0.0f) kmin = max(kmin, sampling_key(lmax + logf(p.min_p)));
   if (p.top_k > 0 && p.top_k < V) {
@@ -168,8 +171,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = threadIdx.x; i < V; i += kThreads) {
     const float l = scaled(x, i, t);
     if (sampling_key(l) < kmin) continue;
-    const float u = random_uniform(stream, static_cast<uint64_t>(i));
-    const float score = l + -logf(-logf(u));
+    const float score = l + sampling_gumbel(stream, static_cast<uint64_t>(i));
     if (score > -INFINITY) best = arg_better(best, ArgBest{score, i});
   }
   best = block_arg_best(best, sv, si);

@@ -1,0 +1,101 @@
+// The engine on the GPU: the KV cache sized from GPU memory, tokens drawn on the device agreeing
+// with the CPU sampler on the same logits, and steps that mix device-sampled rows with rows the
+// host needs (logprobs, penalties, prompt logprobs).
+#include <gtest/gtest.h>
+
+#include "common/fixtures.h"
+#include "engine/llm_engine.h"
+#include "gpu_util.h"
+#include "models/loading.h"
+
+namespace atom::test {
+namespace {
+
+EngineConfig gpu_config() {
+  EngineConfig c;
+  c.max_model_len = 256;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 512;
+  c.gpu_memory_utilization = 0.5;
+  return c;
+}
+
+SamplingParams plain(int64_t seed) {
+  SamplingParams p;
+  p.temperature = 0.8;
+  p.top_p = 0.95;
+  p.top_k = 60;
+  p.seed = seed;
+  p.max_tokens = 16;
+  p.ignore_eos = true;
+  return p;
+}
+
+std::vector<int32_t> prompt_of(int len, int mul) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < len; ++i) p.push_back(3 + (i * mul) % 900);
+  return p;
+}
+
+TEST(GpuEngine, SizesTheKvCacheFromGpuMemory) {
+  ModelOptions o;
+  o.device = gpu();
+  LoadedModel m = model_load(fixture_dir("llama3_gqa"), o);
+  LLMEngine e(*m.model, gpu_config());
+  EXPECT_TRUE(e.kv_plan().from_gpu_memory);
+  EXPECT_GE(static_cast<int64_t>(e.kv_plan().num_blocks) * e.kv_plan().block_size, 256);
+  EXPECT_EQ(e.block_manager().num_blocks(), e.kv_plan().num_blocks);
+  // Bytes given explicitly are honoured on CUDA too.
+  EngineConfig bytes = gpu_config();
+  bytes.kv_cache_memory = int64_t{64} << 20;
+  LLMEngine b(*m.model, bytes);
+  EXPECT_FALSE(b.kv_plan().from_gpu_memory);
+  EXPECT_EQ(static_cast<size_t>(b.kv_plan().num_blocks),
+            std::min<size_t>((size_t{64} << 20) / b.kv_plan().block_bytes, 8 * 16));
+}
+
+TEST(GpuEngine, DeviceAndHostSamplersAgreeAndStepsMixThem) {
+  ModelOptions o;
+  o.device = gpu();
+  LoadedModel m = model_load(fixture_dir("llama3_gqa"), o);
+  for (bool eager : {false, true}) {
+    EngineConfig c = gpu_config();
+    c.enforce_eager = eager;
+    LLMEngine e(*m.model, c);
+    EXPECT_EQ(e.config().enforce_eager, eager);
+    const std::vector<int32_t> prompt = prompt_of(37, 41);
+    const auto device = e.generate({prompt}, plain(9)).at(0).outputs.at(0).token_ids;
+    SamplingParams host = plain(9);
+    host.logprobs = 0;  // the same draw, on the CPU sampler
+    host.logit_bias = {{11, 0.0f}};
+    EXPECT_EQ(e.generate({prompt}, host).at(0).outputs.at(0).token_ids, device);
+
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<SamplingParams> params;
+    for (int i = 0; i < 8; ++i) {
+      prompts.push_back(prompt_of(10 + 7 * i, 13 + i));
+      SamplingParams p = plain(100 + i);
+      if (i % 4 == 1) p.logprobs = 3;
+      if (i % 4 == 2) p.repetition_penalty = 1.3;
+      if (i % 4 == 3) p.prompt_logprobs = 2;
+      params.push_back(p);
+    }
+    const auto outs = e.generate(prompts, params);
+    for (int i = 0; i < 8; ++i) {
+      const auto& out = outs[i].outputs.at(0);
+      EXPECT_EQ(out.token_ids.size(), 16u) << i;
+      for (int32_t t : out.token_ids) EXPECT_TRUE(t >= 0 && t < m.model->vocab_size()) << i;
+      if (i % 4 == 1) {
+        ASSERT_EQ(out.logprobs.size(), 16u);
+        for (size_t k = 0; k < 16; ++k) EXPECT_EQ(out.logprobs[k].token_id, out.token_ids[k]);
+      }
+      if (i % 4 == 3) {
+        EXPECT_EQ(outs[i].prompt_logprobs.size(), prompts[i].size());
+      }
+    }
+    EXPECT_EQ(e.block_manager().num_free_blocks(), e.block_manager().num_blocks());
+  }
+}
+
+}  // namespace
+}  // namespace atom::test
