@@ -11,7 +11,7 @@ out="${OUT:-/tmp/atom-out}"
 mkdir -p "$out"
 steps=",${1:-tests,cli,kernels,e2e,hf,memcheck},"
 export ATOM_SOURCE_DIR="$stage" PYTHONUNBUFFERED=1
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$stage/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
 summary="$out/summary.log"
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
@@ -78,6 +78,46 @@ if has memcheck; then
     > "$out/memcheck.log" 2>&1
   note "memcheck: rc=$?"
   grep -E "ERROR SUMMARY|Invalid|out of bounds|PASSED|FAILED" "$out/memcheck.log" | head -20 | tee -a "$summary"
+fi
+
+if has engine; then
+  m="$stage/bench/models/llama-3.1-8b"
+  timeout 300 "$bin/atom" bench throughput --model "$m" --load-format dummy --device cuda \
+    --input-len 1000 --output-len 1000 --num-prompts 512 --max-num-seqs 256 \
+    --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 --output-json "$out/throughput.json" \
+    > "$out/engine.log" 2>&1
+  note "bench throughput 512x1000/1000: rc=$?"
+  grep -vE "^\[atom" "$out/engine.log" | tail -n 8 | tee -a "$summary"
+  grep -E "KV|engine:|preempt" "$out/engine.log" | head -5 | tee -a "$summary"
+  timeout 120 "$bin/atom" bench prefix --model "$m" --load-format dummy --device cuda \
+    --prefix-len 2000 --suffix-len 16 --num-iters 10 --output-json "$out/prefix.json" >> "$out/engine.log" 2>&1
+  note "bench prefix: rc=$?"
+  grep -vE "^\[atom" "$out/engine.log" | tail -n 6 | tee -a "$summary"
+fi
+
+if has serve; then
+  m="$stage/bench/models/llama-3.1-8b-tok"
+  # Offline baseline on the served workload: 256 requests of 1000/1000 at 64 sequences.
+  timeout 200 "$bin/atom" bench throughput --model "$m" --load-format dummy --device cuda \
+    --input-len 1000 --output-len 1000 --num-prompts 256 --max-num-seqs 64 \
+    --output-json "$out/throughput64.json" > "$out/serve.log" 2>&1
+  note "bench throughput 256x1000/1000 @64: rc=$?"
+  grep -vE "^\[atom" "$out/serve.log" | tail -n 4 | tee -a "$summary"
+  "$bin/atom" serve "$m" --load-format dummy --device cuda --host 127.0.0.1 --port 8011 \
+    --max-model-len 4096 --max-num-seqs 64 --served-model-name llama > "$out/server.log" 2>&1 &
+  spid=$!
+  for i in $(seq 1 240); do grep -q "serving llama" "$out/server.log" && break; sleep 0.5; done
+  grep -E "ready in|serving" "$out/server.log" | tee -a "$summary"
+  timeout 200 "$bin/atom" bench serve --port 8011 --num-prompts 256 --random-input-len 1000 \
+    --random-output-len 1000 --max-concurrency 64 --percentile-metrics ttft,tpot,itl,e2el \
+    --metric-percentiles 50,99 --result-filename "$out/serve64.json" >> "$out/serve.log" 2>&1
+  note "bench serve 256x1000/1000 @64: rc=$?"
+  timeout 100 "$bin/atom" bench serve --port 8011 --num-prompts 20 --random-input-len 1000 \
+    --random-output-len 16 --max-concurrency 1 --percentile-metrics ttft,e2el --metric-percentiles 50,99 \
+    --result-filename "$out/serve_lowload.json" >> "$out/serve.log" 2>&1
+  note "bench serve low load: rc=$?"
+  grep -E "Successful|Failed|duration|Output token|Mean TTFT|Median TTFT|P99 TTFT|Mean TPOT|Median ITL" "$out/serve.log" | tee -a "$summary"
+  kill -TERM $spid; wait $spid; note "server exit: $?"
 fi
 
 echo "================ summary"

