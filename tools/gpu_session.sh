@@ -23,7 +23,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,cl
 
 if has tests; then
   for f in 'GpuDevice.*' 'GpuElementwise.*' 'GpuRmsNorm.*:GpuRope.*:GpuKvCacheWrite.*' 'GpuLinear.*' \
-           'GpuSampling.*' 'GpuAttention.*' '*GpuParity*' 'GpuRunner.*'; do
+           'GpuSampling.*' 'GpuAttention.*' '*GpuParity*' 'GpuRunner.*' 'GpuEngine.*'; do
     echo "##### $f" >> "$out/tests.log"
     timeout 150 "$bin/gpu_test" --gtest_filter="$f" >> "$out/tests.log" 2>&1
     note "tests $f: rc=$?"
