@@ -67,18 +67,16 @@ void device_make_current(Device d) {
 #endif
 }
 
-void device_synchronize_all() {
+void device_synchronize(Device d) {
+  if (d.is_cpu()) return;
 #ifdef ATOM_HAVE_CUDA
   int current = 0;
-  if (cudaGetDevice(&current) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return;
-  }
-  for (int i = 0; i < cuda_device_count(); ++i) {
-    CUDA_CHECK(cudaSetDevice(i));
-    CUDA_CHECK(cudaDeviceSynchronize());
-  }
+  CUDA_CHECK(cudaGetDevice(&current));
+  CUDA_CHECK(cudaSetDevice(d.index));
+  CUDA_CHECK(cudaDeviceSynchronize());
   CUDA_CHECK(cudaSetDevice(current));
+#else
+  fail("device {} needs the CUDA backend", d.str());
 #endif
 }
 

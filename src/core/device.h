@@ -35,8 +35,9 @@ int cuda_device_count();
 // allocations go to the thread's current device, so each tensor-parallel rank keeps a thread whose
 // current device is its own.
 void device_make_current(Device d);
-// Waits for the work queued on every visible GPU (nothing without the CUDA backend).
-void device_synchronize_all();
+// Waits for all work queued on device `d`, from any thread (nothing for the CPU); the calling
+// thread's current device is left as it was.
+void device_synchronize(Device d);
 
 // A block of bytes on a device, freed by its release function.
 class Storage {

@@ -42,9 +42,12 @@ std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
     o.tp_size = tp_size;
     o.comm = &g->comms_->communicator(r);
     LoadedModel m = model_load(model_dir, o, format);
-    // The loader's copy threads queue their uploads on their own current device's stream, which
-    // later work on this rank's device does not wait for.
-    device_synchronize_all();
+    // The loader's copy threads queue their uploads on the default stream of their current
+    // device, cuda:0 (a new thread's), which later work on this rank's device does not wait for.
+    if (o.device.is_cuda()) {
+      device_synchronize(Device::cuda(0));
+      device_synchronize(o.device);
+    }
     g->models_[static_cast<size_t>(r)] = std::move(m.model);
     if (r == 0) g->report_ = std::move(m.report);
   });
