@@ -20,7 +20,6 @@
 #include "engine/engine_config.h"
 #include "engine/model_runner.h"
 #include "engine/request_output.h"
-#include "engine/step_runner.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/state_pool.h"
