@@ -12,6 +12,12 @@ mkdir -p "$out"
 steps=",${1:-tests,cli,kernels,e2e,hf,memcheck},"
 export ATOM_SOURCE_DIR="$stage" PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH="$stage/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+# The binaries link libnccl.so.2 (tensor parallelism): from the CUDA folders, else the image's wheel.
+if ! ldd "$bin/atom" | grep -q "libnccl.so.2 => /"; then
+  nccl="$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0] + "/lib")' 2>/dev/null)"
+  [ -n "$nccl" ] && export LD_LIBRARY_PATH="$nccl:$LD_LIBRARY_PATH"
+fi
+export NCCL_NVLS_ENABLE=0
 summary="$out/summary.log"
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }

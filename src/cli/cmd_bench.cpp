@@ -67,9 +67,9 @@ void run_throughput(const BenchArgs& a) {
   if (a.num_prompts < 1) atom::fail("--num-prompts must be at least 1, got {}", a.num_prompts);
   auto m = atom::cli::model_args_load(a.model);
   const atom::EngineConfig config = atom::cli::engine_args_config(a.engine);
-  atom::LLMEngine engine(*m.model, config);
+  atom::LLMEngine engine(*m, config);
   const Prompts prompts =
-      random_prompts(a.num_prompts, a.input_len, a.prefix_len, m.model->vocab_size(), config.seed);
+      random_prompts(a.num_prompts, a.input_len, a.prefix_len, m->model().vocab_size(), config.seed);
   const auto t0 = std::chrono::steady_clock::now();
   const auto outs = engine.generate(prompts, bench_params(a.output_len));
   const double elapsed =
@@ -128,9 +128,9 @@ void run_latency(const BenchArgs& a) {
   if (a.num_iters < 1) atom::fail("--num-iters must be at least 1, got {}", a.num_iters);
   auto m = atom::cli::model_args_load(a.model);
   const atom::EngineConfig config = atom::cli::engine_args_config(a.engine);
-  atom::LLMEngine engine(*m.model, config);
+  atom::LLMEngine engine(*m, config);
   const Prompts prompts =
-      random_prompts(a.batch_size, a.input_len, 0, m.model->vocab_size(), config.seed);
+      random_prompts(a.batch_size, a.input_len, 0, m->model().vocab_size(), config.seed);
   const atom::SamplingParams params = bench_params(a.output_len);
   auto run_once = [&](std::vector<double>* ttft) {
     const auto t0 = std::chrono::steady_clock::now();

@@ -41,8 +41,8 @@ void run_prefix(const PrefixArgs& a) {
   const atom::EngineConfig config = atom::cli::engine_args_config(a.engine);
   if (!config.enable_prefix_caching)
     atom::log_warn("prefix caching is off: the second request recomputes the prefix too");
-  atom::LLMEngine engine(*m.model, config);
-  const int64_t V = m.model->vocab_size();
+  atom::LLMEngine engine(*m, config);
+  const int64_t V = m->model().vocab_size();
   const atom::SamplingParams params = atom::cli::bench_params(a.output_len);
   std::mt19937_64 rng(config.seed);
   std::vector<double> cold, warm;

@@ -170,7 +170,7 @@ void run(const GenerateArgs& a) {
   }
   auto m = atom::cli::model_args_load(a.model);
   const auto gen = atom::generation_config_load(a.model.model);
-  atom::LLMEngine engine(*m.model, atom::cli::engine_args_config(a.engine), gen,
+  atom::LLMEngine engine(*m, atom::cli::engine_args_config(a.engine), gen,
                          side.tok ? atom::tokenizer_text_streams(*side.tok) : atom::TextStreamFactory{});
 
   // Command-line sampling options overlay generation_config.json's defaults.
@@ -213,7 +213,7 @@ void run(const GenerateArgs& a) {
       prompts.push_back(prompt_from_json(line, where, side));
       try {
         params.push_back(atom::sampling_params_from_json(line, base));
-        params.back().validate(m.model->vocab_size());
+        params.back().validate(m->model().vocab_size());
       } catch (const atom::Error& e) {
         atom::fail("{}: {}", where, e.what());
       }

@@ -25,7 +25,6 @@ struct ServeArgs {
   int port = 8000;
   std::string api_key;
   std::vector<std::string> served_model_names;
-  int tensor_parallel_size = 1;
   std::string chat_template;
   std::string default_chat_template_kwargs;
   std::string generation_config = "auto";
@@ -41,9 +40,6 @@ double since(std::chrono::steady_clock::time_point t0) {
 void serve(ServeArgs& a) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  if (a.tensor_parallel_size != 1)
-    atom::fail("--tensor-parallel-size {}: serving across several GPUs is not built yet (use 1)",
-               a.tensor_parallel_size);
   // vLLM's API key may also come from the environment.
   if (a.api_key.empty()) {
     if (const char* k = std::getenv("VLLM_API_KEY")) a.api_key = k;
@@ -66,7 +62,7 @@ void serve(ServeArgs& a) {
 
   t = Clock::now();
   atom::log_info("loading the model ({})", a.load.load_format);
-  atom::LoadedModel m = atom::cli::model_args_load(a.load);
+  std::unique_ptr<atom::ModelGroup> m = atom::cli::model_args_load(a.load);
   atom::log_info("model ready in {:.2f} s", since(t));
 
   atom::GenerationConfig gen;
@@ -77,7 +73,7 @@ void serve(ServeArgs& a) {
   }
 
   t = Clock::now();
-  atom::LLMEngine engine(*m.model, atom::cli::engine_args_config(a.engine), gen,
+  atom::LLMEngine engine(*m, atom::cli::engine_args_config(a.engine), gen,
                          atom::tokenizer_text_streams(tok));
   atom::log_info("engine ready in {:.2f} s (KV cache and start-up)", since(t));
 
@@ -132,15 +128,12 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API (like vllm serve)");
   cmd->add_option("model", a->model, "Hugging Face model folder")->required();
-  cmd->add_option("--device", a->load.device, "cpu or cuda (default: cuda when a GPU is present)");
-  cmd->add_option("--load-format", a->load.load_format, "auto | safetensors | dummy");
+  atom::cli::model_args_add_placement(cmd, a->load);
   atom::cli::engine_args_add(cmd, a->engine);
   cmd->add_option("--host", a->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", a->port, "port to listen on (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' on /v1 routes");
   cmd->add_option("--served-model-name", a->served_model_names, "names reported by /v1/models; responses use the first");
-  cmd->add_option("--tensor-parallel-size", a->tensor_parallel_size, "GPUs to split the model over")
-      ->capture_default_str();
   cmd->add_option("--chat-template", a->chat_template, "chat template file or text (default: the model's)");
   cmd->add_option("--default-chat-template-kwargs", a->default_chat_template_kwargs,
                   "JSON object of template variables applied to every chat request, e.g. '{\"enable_thinking\": false}'");

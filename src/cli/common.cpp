@@ -10,23 +10,37 @@ namespace atom::cli {
 
 void model_args_add(CLI::App* cmd, ModelArgs& a) {
   cmd->add_option("--model", a.model, "Hugging Face model folder (config.json + safetensors)")->required();
+  model_args_add_placement(cmd, a);
+}
+
+void model_args_add_placement(CLI::App* cmd, ModelArgs& a) {
   cmd->add_option("--device", a.device, "cpu or cuda (default: cuda when a GPU is present)");
   cmd->add_option("--load-format", a.load_format,
                   "auto | safetensors | dummy (seeded random weights from config.json alone)");
+  // vLLM's short spelling, -tp, is not a name CLI11 accepts (one-character short names only).
+  cmd->add_option("--tensor-parallel-size,--tp", a.tensor_parallel_size,
+                  "ranks to split the model over: GPUs cuda:0, cuda:1, ... (threads on the CPU)")
+      ->capture_default_str();
 }
 
-LoadedModel model_args_load(const ModelArgs& a) {
+std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   ModelOptions o;
   o.device = a.device.empty() ? device_default() : device_parse(a.device);
   if (o.device.is_cuda() && !cuda_available())
     fail("--device {}: no usable NVIDIA GPU found (or this build has no CUDA backend)", o.device.str());
   const auto t0 = std::chrono::steady_clock::now();
-  LoadedModel m = model_load(a.model, o, load_format_parse(a.load_format));
+  std::unique_ptr<ModelGroup> m =
+      model_group_load(a.model, o, a.tensor_parallel_size, load_format_parse(a.load_format));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const auto& st = m.report.checkpoint;
-  log_info("loaded {} ({}) on {} in {:.2f} s: {} tensors, {} of {} shards read, {:.1f} MB read",
-           a.model, m.model->config().architectures[0], o.device.str(), s, m.report.tensors_loaded,
-           st.shards_read, st.shards_total, static_cast<double>(st.bytes_read) / 1e6);
+  const auto& st = m->report().checkpoint;
+  const std::string where =
+      m->tp_size() == 1 ? o.device.str()
+                        : fmt::format("{} tensor-parallel ranks from {}", m->tp_size(),
+                                      o.device.str());
+  log_info("loaded {} ({}) on {} in {:.2f} s: {} tensors, {} of {} shards read, {:.1f} MB read{}",
+           a.model, m->model().config().architectures[0], where, s, m->report().tensors_loaded,
+           st.shards_read, st.shards_total, static_cast<double>(st.bytes_read) / 1e6,
+           m->tp_size() == 1 ? "" : " (rank 0)");
   return m;
 }
 

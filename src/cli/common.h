@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "models/loading.h"
+#include "models/model_group.h"
 
 namespace atom::cli {
 
@@ -16,11 +17,16 @@ struct ModelArgs {
   std::string model;
   std::string device;  // empty: cuda when a GPU is present, else cpu
   std::string load_format = "auto";
+  int tensor_parallel_size = 1;  // ranks: GPUs cuda:0.. (counted from --device), or CPU threads
 };
 
+// --model and the options of model_args_add_placement.
 void model_args_add(CLI::App* cmd, ModelArgs& a);
-// Loads the model, logging each phase with its time.
-LoadedModel model_args_load(const ModelArgs& a);
+// --device, --load-format and --tensor-parallel-size (also --tp), for commands that take the
+// model otherwise (atom serve MODEL).
+void model_args_add_placement(CLI::App* cmd, ModelArgs& a);
+// Loads every tensor-parallel rank of the model, logging the time it took.
+std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a);
 
 // "1,2,3" -> {1, 2, 3}; an error naming `flag` on anything else.
 std::vector<int32_t> token_list_parse(const std::string& s, const std::string& flag);

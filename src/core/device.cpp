@@ -44,6 +44,42 @@ bool cuda_available() {
 
 Device device_default() { return cuda_available() ? Device::cuda(0) : Device::cpu(); }
 
+int cuda_device_count() {
+#ifdef ATOM_HAVE_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+#else
+  return 0;
+#endif
+}
+
+void device_make_current(Device d) {
+  if (d.is_cpu()) return;
+#ifdef ATOM_HAVE_CUDA
+  cuda_device_check(d.index);
+  CUDA_CHECK(cudaSetDevice(d.index));
+#else
+  fail("device {} requested but this build of atom has no CUDA backend", d.str());
+#endif
+}
+
+void device_synchronize(Device d) {
+  if (d.is_cpu()) return;
+#ifdef ATOM_HAVE_CUDA
+  int current = 0;
+  CUDA_CHECK(cudaGetDevice(&current));
+  CUDA_CHECK(cudaSetDevice(d.index));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  CUDA_CHECK(cudaSetDevice(current));
+#else
+  fail("device {} needs the CUDA backend", d.str());
+#endif
+}
+
 namespace {
 constexpr size_t kCpuAlign = 64;
 }

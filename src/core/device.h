@@ -29,6 +29,15 @@ Device device_parse(std::string_view s);
 bool cuda_available();
 // The device a command uses when the user names none: cuda when a GPU is present, else cpu.
 Device device_default();
+// GPUs visible to this process (0 without the CUDA backend or a driver).
+int cuda_device_count();
+// Makes `d` the calling thread's current CUDA device (nothing for the CPU). Kernels, copies and
+// allocations go to the thread's current device, so each tensor-parallel rank keeps a thread whose
+// current device is its own.
+void device_make_current(Device d);
+// Waits for all work queued on device `d`, from any thread (nothing for the CPU); the calling
+// thread's current device is left as it was.
+void device_synchronize(Device d);
 
 // A block of bytes on a device, freed by its release function.
 class Storage {

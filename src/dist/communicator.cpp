@@ -77,15 +77,23 @@ std::unique_ptr<Communicator> LocalGroup::communicator(int rank) {
   return std::make_unique<LocalCommunicator>(*this, rank);
 }
 
+void LocalGroup::abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = true;
+  cv_.notify_all();
+}
+
 void LocalGroup::barrier() {
   std::unique_lock<std::mutex> lock(mu_);
+  if (aborted_) fail("tensor-parallel group aborted: another rank failed");
   const long gen = generation_;
   if (++arrived_ == size_) {
     arrived_ = 0;
     ++generation_;
     cv_.notify_all();
   } else {
-    cv_.wait(lock, [&] { return generation_ != gen; });
+    cv_.wait(lock, [&] { return generation_ != gen || aborted_; });
+    if (generation_ == gen) fail("tensor-parallel group aborted: another rank failed");
   }
 }
 

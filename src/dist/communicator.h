@@ -1,6 +1,6 @@
 // Tensor-parallel communication. A Communicator is one rank's handle on its group.
-// LocalGroup runs several ranks as threads of one process (CPU tests of tensor parallelism);
-// NCCL groups come with the multi-GPU work.
+// LocalGroup runs several ranks as threads of one process on the CPU; NcclGroup
+// (dist/nccl_communicator.h) runs one rank per GPU; dist/comm_group.h picks between them.
 #pragma once
 
 #include <condition_variable>
@@ -39,16 +39,20 @@ class LocalGroup {
   int size() const { return size_; }
   // The communicator for `rank`; the group must outlive it.
   std::unique_ptr<Communicator> communicator(int rank);
+  // Makes every collective waiting now, and every later one, throw: a rank that failed will never
+  // join them, so the others must not wait for it.
+  void abort();
 
  private:
   friend class LocalCommunicator;
-  // Blocks until all ranks arrived; returns the generation number.
+  // Blocks until all ranks arrived; throws once the group is aborted.
   void barrier();
   int size_;
   std::mutex mu_;
   std::condition_variable cv_;
   int arrived_ = 0;
   long generation_ = 0;
+  bool aborted_ = false;
   std::vector<Tensor> slots_;  // each rank's contribution to the current collective
 };
 

@@ -4,15 +4,18 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/tp_runner.h"
 
 namespace atom {
 
 namespace {
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-// The runner for this plan. On CUDA without --num-gpu-blocks-override it sizes the KV cache from
-// free GPU memory; the plan takes its page count.
-std::unique_ptr<ModelRunner> runner_create(Model& model, const EngineConfig& c, KvCachePlan& plan) {
+// The runner for this plan: one device's, or every tensor-parallel rank's. On CUDA without
+// --num-gpu-blocks-override it sizes the KV cache from free GPU memory; the plan takes its page
+// count.
+std::unique_ptr<StepRunner> runner_create(Model& model, ModelGroup* models, const EngineConfig& c,
+                                          KvCachePlan& plan) {
   RunnerOptions o;
   o.block_size = plan.block_size;
   o.num_pages = plan.num_blocks;  // 0: measured
@@ -22,7 +25,8 @@ std::unique_ptr<ModelRunner> runner_create(Model& model, const EngineConfig& c, 
   o.gpu_memory_utilization = c.gpu_memory_utilization;
   o.enforce_eager = c.enforce_eager;
   o.num_state_slots = plan.num_state_slots;
-  auto runner = std::make_unique<ModelRunner>(model, o);
+  std::unique_ptr<StepRunner> runner = models ? step_runner_create(*models, o)
+                                               : std::make_unique<ModelRunner>(model, o);
   plan.num_blocks = runner->num_pages();
   return runner;
 }
@@ -38,12 +42,21 @@ std::string kv_source(const EngineConfig& c, const KvCachePlan& p) {
 
 LLMEngine::LLMEngine(Model& model, const EngineConfig& config, const GenerationConfig& generation,
                      TextStreamFactory text)
+    : LLMEngine(model, nullptr, config, generation, std::move(text)) {}
+
+LLMEngine::LLMEngine(ModelGroup& models, const EngineConfig& config,
+                     const GenerationConfig& generation, TextStreamFactory text)
+    : LLMEngine(models.model(0), &models, config, generation, std::move(text)) {}
+
+LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& config,
+                     const GenerationConfig& generation, TextStreamFactory text)
     : model_(model),
       config_(config),
       plan_(kv_cache_plan(model, config)),
       defaults_(sampling_params_defaults(generation)),
       text_(std::move(text)),
-      runner_(runner_create(model, config, plan_)),
+      tp_size_(models ? models->tp_size() : 1),
+      runner_(runner_create(model, models, config, plan_)),
       // Recurrent state summarises a whole prefix, so KV blocks alone cannot resume one: prefix
       // caching needs state checkpoints (ATOM's --state-checkpoint-interval-tokens), not built yet.
       blocks_(plan_.num_blocks, plan_.block_size,
@@ -68,11 +81,16 @@ LLMEngine::LLMEngine(Model& model, const EngineConfig& config, const GenerationC
              runner_->graph_buckets().size(), runner_->graph_buckets().back(),
              seconds(Clock::now() - t0));
   }
+  // With tensor parallelism every rank holds this many blocks of its own kv heads.
+  const std::string where =
+      tp_size_ == 1 ? model.device().str()
+                    : fmt::format("{} ranks from {} (tensor parallel, KV per rank)", tp_size_,
+                                  model.device().str());
   log_info(
       "engine on {}: {} KV blocks of {} tokens ({:.1f} MiB, {} tokens, from {}), {} state slots "
       "({:.1f} MiB), max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, prefix "
       "caching {}, decode {}",
-      model.device().str(), plan_.num_blocks, plan_.block_size,
+      where, plan_.num_blocks, plan_.block_size,
       static_cast<double>(plan_.block_bytes) * plan_.num_blocks / (1 << 20),
       static_cast<int64_t>(plan_.num_blocks) * plan_.block_size, kv_source(config, plan_),
       plan_.num_state_slots,

@@ -23,6 +23,7 @@
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
 #include "engine/state_pool.h"
+#include "models/model_group.h"
 
 namespace atom {
 
@@ -41,6 +42,11 @@ class LLMEngine {
   // are refused.
   LLMEngine(Model& model, const EngineConfig& config, const GenerationConfig& generation = {},
             TextStreamFactory text = {});
+  // Tensor parallel: each step runs on every rank of `models` (engine/tp_runner.h); rank 0's model
+  // is model(). KV blocks are per rank (each holds its kv heads of every block); the count is the
+  // smallest any rank's memory allows. With one rank, the same as the constructor above.
+  LLMEngine(ModelGroup& models, const EngineConfig& config,
+            const GenerationConfig& generation = {}, TextStreamFactory text = {});
   ~LLMEngine();
   LLMEngine(const LLMEngine&) = delete;
   LLMEngine& operator=(const LLMEngine&) = delete;
@@ -82,6 +88,8 @@ class LLMEngine {
   int num_requests() const { return static_cast<int>(requests_.size()); }
 
  private:
+  LLMEngine(Model& model, ModelGroup* models, const EngineConfig& config,
+            const GenerationConfig& generation, TextStreamFactory text);
   void append_token(Sequence& seq, int32_t token, Clock::time_point now, StepOutput& out);
   void finish_sequence(Sequence& seq, FinishReason reason);
   RequestOutput make_output(const Request& req) const;
@@ -95,7 +103,8 @@ class LLMEngine {
   SamplingParams defaults_;
   std::vector<int32_t> eos_ids_;
   TextStreamFactory text_;
-  std::unique_ptr<ModelRunner> runner_;
+  int tp_size_ = 1;
+  std::unique_ptr<StepRunner> runner_;
   BlockManager blocks_;
   StatePool states_;
   Scheduler scheduler_;

@@ -68,6 +68,7 @@ void ModelRunner::init(const RunnerOptions& o) {
       pages = static_cast<int>(std::max(per_seq, std::min(per_seq * o.max_num_seqs, cap)));
     }
   }
+  if (o.agree_pages) pages = o.agree_pages(pages);
   kv_ = KvCache::allocate(model_.cache_specs(), pages, o.block_size, dev, model_.state_specs(),
                           o.num_state_slots);
 #ifdef ATOM_HAVE_CUDA
@@ -189,6 +190,11 @@ Tensor ModelRunner::forward_logits(Batch& batch) {
   Step step{batch, arena_, &kv_};
   Tensor hidden = model_.forward(step);
   return model_.compute_logits(step, hidden);
+}
+
+void ModelRunner::execute_forward(Batch& batch) {
+  ATOM_RUNNER_STREAM();
+  forward_logits(batch);
 }
 
 Tensor ModelRunner::execute(Batch& batch) {

@@ -3,9 +3,11 @@
 // scratch arena and, on CUDA, the runner's stream and the decode CUDA graphs.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
+#include "engine/step_runner.h"
 #include "kernels/sampling.h"
 #include "layers/batch.h"
 #include "layers/context.h"
@@ -25,60 +27,48 @@ struct RunnerOptions {
   bool enforce_eager = false;  // CUDA: run decode without graphs
   // Per-request state pool of the model's recurrent layers (0 for pure attention models).
   int num_state_slots = 0;
-};
-
-// What one step wants from its logits rows: some drawn on the model's device, the others copied
-// to the host (for the CPU sampler, logprobs, prompt logprobs). Rows named in neither are dropped.
-struct StepSampling {
-  std::vector<int32_t> device_rows;                 // logits rows drawn by kernels::sample
-  std::vector<kernels::SamplingRow> device_params;  // how each device row is drawn
-  std::vector<int32_t> host_rows;                   // logits rows needed on the host
-  void clear() {
-    device_rows.clear();
-    device_params.clear();
-    host_rows.clear();
-  }
-};
-
-struct StepSamples {
-  std::vector<int32_t> tokens;  // one per device row
-  Tensor host_logits;  // [host rows, vocab] F32 on the host, valid until the runner's next step
+  // Tensor parallelism: every rank passes the page count it sized and all use the result (the
+  // smallest), so the engine's block numbers are valid on every rank. Unset: no agreement.
+  std::function<int(int pages)> agree_pages;
 };
 
 class DecodeGraphs;
 
-class ModelRunner {
+class ModelRunner final : public StepRunner {
  public:
   // num_pages pages of block_size tokens; sequences up to num_pages * block_size tokens.
   // num_state_slots: size of the per-request state pool of the model's recurrent layers.
   ModelRunner(Model& model, int num_pages, int block_size, int num_state_slots = 0);
   ModelRunner(Model& model, const RunnerOptions& options);
-  ~ModelRunner();
+  ~ModelRunner() override;
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
 
   // Logits [len(batch.logits_indices), vocab] F32 on the host.
-  Tensor execute(Batch& batch);
+  Tensor execute(Batch& batch) override;
   // The argmax token of every logits row (computed on the model's device).
-  std::vector<int32_t> execute_greedy(Batch& batch);
+  std::vector<int32_t> execute_greedy(Batch& batch) override;
   // A token per logits row drawn under rows[i] (kernels/sampling.h), on the model's device.
   std::vector<int32_t> execute_sample(Batch& batch, const std::vector<kernels::SamplingRow>& rows);
   // One forward pass; the device rows are sampled where the logits are and only their ids come
   // back, with the host rows' logits. Buffers in `out` are reused.
-  void execute_sampling(Batch& batch, const StepSampling& want, StepSamples& out);
+  void execute_sampling(Batch& batch, const StepSampling& want, StepSamples& out) override;
+  // A forward pass whose logits nobody reads: a tensor-parallel rank other than 0 runs its share
+  // of the step (collectives included) and returns without waiting for the device.
+  void execute_forward(Batch& batch);
 
   // CUDA: captures the decode graph of every batch-size bucket now (largest first) instead of on
   // first use. No-op on the CPU or with enforce_eager.
-  void capture_decode_graphs();
+  void capture_decode_graphs() override;
   // Batch sizes with a decode graph: 1, 2, 4, 8, 16, 24, 32, ... up to max_num_seqs (empty when
   // decode runs eagerly).
-  std::vector<int> graph_buckets() const;
+  std::vector<int> graph_buckets() const override;
 
   Model& model() { return model_; }
   KvCache& kv() { return kv_; }
-  int block_size() const { return kv_.block_size; }
-  int num_pages() const { return kv_.num_pages; }
-  int max_model_len() const { return max_model_len_; }
+  int block_size() const override { return kv_.block_size; }
+  int num_pages() const override { return kv_.num_pages; }
+  int max_model_len() const override { return max_model_len_; }
 
  private:
   struct Cuda;

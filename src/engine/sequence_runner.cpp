@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "engine/tp_runner.h"
 #include "kernels/sampling.h"
 
 namespace atom {
@@ -14,25 +15,38 @@ namespace {
 class SingleSequence {
  public:
   SingleSequence(Model& model, int capacity, int block_size)
-      : runner_(model, std::max(1, (capacity + block_size - 1) / block_size), block_size,
-                /*num_state_slots=*/model.state_specs().empty() ? 0 : 1) {}
+      : runner_(std::make_unique<ModelRunner>(model, pages_for(capacity, block_size), block_size,
+                                              state_slots(model))) {}
+  SingleSequence(ModelGroup& models, int capacity, int block_size) {
+    RunnerOptions o;
+    o.num_pages = pages_for(capacity, block_size);
+    o.block_size = block_size;
+    o.num_state_slots = state_slots(models.model(0));
+    o.max_model_len = o.num_pages * block_size;
+    runner_ = step_runner_create(models, o);
+  }
 
   // Appends `tokens` to the context; returns logits of the listed rows (indices into `tokens`).
   Tensor step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& logit_rows) {
     Batch b = append(tokens, logit_rows);
-    return runner_.execute(b);
+    return runner_->execute(b);
   }
 
   // Appends `tokens`; returns the argmax token of each listed row (computed on the device).
   std::vector<int32_t> step_greedy(const std::vector<int32_t>& tokens,
                                    const std::vector<int32_t>& logit_rows) {
     Batch b = append(tokens, logit_rows);
-    return runner_.execute_greedy(b);
+    return runner_->execute_greedy(b);
   }
 
  private:
+  static int pages_for(int capacity, int block_size) {
+    return std::max(1, (capacity + block_size - 1) / block_size);
+  }
+  static int state_slots(const Model& model) { return model.state_specs().empty() ? 0 : 1; }
+
   Batch append(const std::vector<int32_t>& tokens, const std::vector<int32_t>& logit_rows) {
-    const int bs = runner_.block_size();
+    const int bs = runner_->block_size();
     const int q = static_cast<int>(tokens.size());
     Batch b;
     b.token_ids = tokens;
@@ -41,7 +55,8 @@ class SingleSequence {
       b.slot_mapping.push_back(len_ + i);  // page p holds slots [p*bs, (p+1)*bs)
     }
     len_ += q;
-    ATOM_CHECK(len_ <= runner_.num_pages() * bs, "sequence outgrew its {} pages", runner_.num_pages());
+    ATOM_CHECK(len_ <= runner_->num_pages() * bs, "sequence outgrew its {} pages",
+               runner_->num_pages());
     b.query_start = {0, q};
     b.context_lens = {len_};
     const int pages = (len_ + bs - 1) / bs;
@@ -52,19 +67,20 @@ class SingleSequence {
     return b;
   }
 
-  ModelRunner runner_;
+  std::unique_ptr<StepRunner> runner_;
   int len_ = 0;
 };
 
-}  // namespace
-
-Tensor score_tokens(Model& model, const std::vector<int32_t>& tokens, int chunk, int block_size) {
+// Model or ModelGroup: the sequence runs on one device or on every rank.
+template <typename Models>
+Tensor score_with(Models& models, const Model& model, const std::vector<int32_t>& tokens, int chunk,
+                  int block_size) {
   const int T = static_cast<int>(tokens.size());
   ATOM_CHECK(T > 0, "score needs at least one token");
   for (int32_t t : tokens)
     if (t < 0 || t >= model.vocab_size())
       fail("token id {} is outside the vocabulary [0, {})", t, model.vocab_size());
-  SingleSequence seq(model, T, block_size);
+  SingleSequence seq(models, T, block_size);
   Tensor out = Tensor::empty({T, model.vocab_size()}, DType::kF32);
   const int step = chunk > 0 ? chunk : T;
   for (int s = 0; s < T; s += step) {
@@ -78,8 +94,10 @@ Tensor score_tokens(Model& model, const std::vector<int32_t>& tokens, int chunk,
   return out;
 }
 
-GreedyResult generate_greedy(Model& model, const std::vector<int32_t>& prompt, int max_tokens,
-                             const std::vector<int64_t>& eos, bool ignore_eos, int block_size) {
+template <typename Models>
+GreedyResult greedy_with(Models& models, const Model& model, const std::vector<int32_t>& prompt,
+                         int max_tokens, const std::vector<int64_t>& eos, bool ignore_eos,
+                         int block_size) {
   ATOM_CHECK(!prompt.empty(), "generate needs a non-empty prompt");
   for (int32_t t : prompt)
     if (t < 0 || t >= model.vocab_size())
@@ -87,7 +105,7 @@ GreedyResult generate_greedy(Model& model, const std::vector<int32_t>& prompt, i
   GreedyResult r;
   r.finish_reason = "length";
   if (max_tokens <= 0) return r;
-  SingleSequence seq(model, static_cast<int>(prompt.size()) + max_tokens, block_size);
+  SingleSequence seq(models, static_cast<int>(prompt.size()) + max_tokens, block_size);
   int32_t next = seq.step_greedy(prompt, {static_cast<int32_t>(prompt.size()) - 1}).at(0);
   for (int i = 0; i < max_tokens; ++i) {
     r.token_ids.push_back(next);
@@ -98,6 +116,27 @@ GreedyResult generate_greedy(Model& model, const std::vector<int32_t>& prompt, i
     if (i + 1 < max_tokens) next = seq.step_greedy({next}, {0}).at(0);
   }
   return r;
+}
+
+}  // namespace
+
+Tensor score_tokens(Model& model, const std::vector<int32_t>& tokens, int chunk, int block_size) {
+  return score_with(model, model, tokens, chunk, block_size);
+}
+
+Tensor score_tokens(ModelGroup& models, const std::vector<int32_t>& tokens, int chunk,
+                    int block_size) {
+  return score_with(models, models.model(0), tokens, chunk, block_size);
+}
+
+GreedyResult generate_greedy(Model& model, const std::vector<int32_t>& prompt, int max_tokens,
+                             const std::vector<int64_t>& eos, bool ignore_eos, int block_size) {
+  return greedy_with(model, model, prompt, max_tokens, eos, ignore_eos, block_size);
+}
+
+GreedyResult generate_greedy(ModelGroup& models, const std::vector<int32_t>& prompt, int max_tokens,
+                             const std::vector<int64_t>& eos, bool ignore_eos, int block_size) {
+  return greedy_with(models, models.model(0), prompt, max_tokens, eos, ignore_eos, block_size);
 }
 
 }  // namespace atom

@@ -1,4 +1,4 @@
-// Single-sequence helpers over ModelRunner for `atom score` and `atom generate`: a sequence's
+// Single-sequence helpers over a ModelRunner (or a tensor-parallel TpRunner) for `atom score` and `atom generate`: a sequence's
 // pages are allocated contiguously, its prompt is prefilled (optionally in chunks), then decoded
 // one token at a time.
 #pragma once
@@ -7,12 +7,16 @@
 #include <vector>
 
 #include "engine/model_runner.h"
+#include "models/model_group.h"
 
 namespace atom {
 
 // Logits [T, vocab] F32 for every position of `tokens`. chunk > 0 prefills in chunks of that
 // many tokens (each chunk attends to the cached context of the previous ones).
 Tensor score_tokens(Model& model, const std::vector<int32_t>& tokens, int chunk = 0,
+                    int block_size = 16);
+// The same over every rank of a tensor-parallel group (rank 0's logits).
+Tensor score_tokens(ModelGroup& models, const std::vector<int32_t>& tokens, int chunk = 0,
                     int block_size = 16);
 
 struct GreedyResult {
@@ -23,5 +27,8 @@ struct GreedyResult {
 // Greedy decoding: up to max_tokens new tokens; stops at any of `eos` unless ignore_eos.
 GreedyResult generate_greedy(Model& model, const std::vector<int32_t>& prompt, int max_tokens,
                              const std::vector<int64_t>& eos, bool ignore_eos, int block_size = 16);
+GreedyResult generate_greedy(ModelGroup& models, const std::vector<int32_t>& prompt,
+                             int max_tokens, const std::vector<int64_t>& eos, bool ignore_eos,
+                             int block_size = 16);
 
 }  // namespace atom

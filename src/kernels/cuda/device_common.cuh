@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -182,6 +183,19 @@ inline unsigned grid_for(int64_t n, int threads, int64_t cap = 132 * 16) {
   int64_t b = (n + threads - 1) / threads;
   if (b > cap) b = cap;
   return static_cast<unsigned>(b < 1 ? 1 : b);
+}
+
+// Lets `kernel` launch with `bytes` of dynamic shared memory on the current device. The attribute
+// belongs to one device, so each device a kernel runs on (each tensor-parallel rank) needs it
+// once; `done` is the caller's record of which devices have it (one bit each).
+template <typename Kernel>
+void max_dynamic_smem_once(std::atomic<uint64_t>& done, Kernel kernel, int bytes) {
+  int device = 0;
+  cudaGetDevice(&device);
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if (done.load(std::memory_order_acquire) & bit) return;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  done.fetch_or(bit, std::memory_order_release);
 }
 
 }  // namespace atom::kernels::cuda

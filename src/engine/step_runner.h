@@ -1,0 +1,52 @@
+// What the engine drives each step: a ModelRunner on one device, or a TpRunner over the ranks of
+// a tensor-parallel group (engine/tp_runner.h). Both take the same Batch and give back the same
+// host results, so the scheduler, block manager and sampler never know how many ranks there are.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/sampling.h"
+#include "layers/batch.h"
+
+namespace atom {
+
+// What one step wants from its logits rows: some drawn on the model's device, the others copied
+// to the host (for the CPU sampler, logprobs, prompt logprobs). Rows named in neither are dropped.
+struct StepSampling {
+  std::vector<int32_t> device_rows;                 // logits rows drawn by kernels::sample
+  std::vector<kernels::SamplingRow> device_params;  // how each device row is drawn
+  std::vector<int32_t> host_rows;                   // logits rows needed on the host
+  void clear() {
+    device_rows.clear();
+    device_params.clear();
+    host_rows.clear();
+  }
+};
+
+struct StepSamples {
+  std::vector<int32_t> tokens;  // one per device row
+  Tensor host_logits;  // [host rows, vocab] F32 on the host, valid until the runner's next step
+};
+
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  // Logits [len(batch.logits_indices), vocab] F32 on the host.
+  virtual Tensor execute(Batch& batch) = 0;
+  // The argmax token of every logits row (computed on the model's device).
+  virtual std::vector<int32_t> execute_greedy(Batch& batch) = 0;
+  // One forward pass; the device rows are sampled where the logits are and only their ids come
+  // back, with the host rows' logits. Buffers in `out` are reused.
+  virtual void execute_sampling(Batch& batch, const StepSampling& want, StepSamples& out) = 0;
+  // CUDA: captures the decode graph of every batch-size bucket now instead of on first use.
+  virtual void capture_decode_graphs() = 0;
+  // Batch sizes with a decode graph (empty when decode runs eagerly).
+  virtual std::vector<int> graph_buckets() const = 0;
+  virtual int block_size() const = 0;
+  virtual int num_pages() const = 0;
+  virtual int max_model_len() const = 0;
+};
+
+}  // namespace atom

@@ -1,0 +1,88 @@
+#include "engine/tp_runner.h"
+
+#include "core/error.h"
+
+namespace atom {
+
+namespace {
+// The host side of `from` (the device views are each rank's own, made by its upload).
+void batch_copy_host(const Batch& from, Batch& to) {
+  to.token_ids = from.token_ids;
+  to.positions = from.positions;
+  to.query_start = from.query_start;
+  to.context_lens = from.context_lens;
+  to.slot_mapping = from.slot_mapping;
+  to.page_indptr = from.page_indptr;
+  to.page_indices = from.page_indices;
+  to.logits_indices = from.logits_indices;
+  to.state_slots = from.state_slots;
+  to.block_size = from.block_size;
+}
+
+RankThreads& threads_of(ModelGroup& models) {
+  ATOM_CHECK(models.tp_size() > 1 && models.threads(),
+             "TpRunner needs a tensor-parallel group of more than one rank");
+  return *models.threads();
+}
+}  // namespace
+
+TpRunner::TpRunner(ModelGroup& models, const RunnerOptions& options)
+    : models_(models),
+      threads_(threads_of(models)),
+      runners_(static_cast<size_t>(models.tp_size())),
+      copies_(static_cast<size_t>(models.tp_size() - 1)) {
+  RunnerOptions o = options;
+  o.agree_pages = [this](int pages) { return threads_.min_over_ranks(pages); };
+  try {
+    threads_.run([&](int r) {
+      runners_[static_cast<size_t>(r)] = std::make_unique<ModelRunner>(models_.model(r), o);
+    });
+  } catch (...) {
+    threads_.run([this](int r) { runners_[static_cast<size_t>(r)].reset(); });
+    throw;
+  }
+}
+
+TpRunner::~TpRunner() {
+  // Each rank's stream, graphs and cache are released on the thread whose device they are on.
+  threads_.run([this](int r) { runners_[static_cast<size_t>(r)].reset(); });
+}
+
+void TpRunner::run_step(Batch& batch, const std::function<void(ModelRunner&)>& rank0) {
+  // Copied here, before the ranks start: rank 0 writes into `batch` (its upload) while it runs.
+  for (Batch& c : copies_) batch_copy_host(batch, c);
+  threads_.run([&](int r) {
+    if (r == 0) {
+      rank0(*runners_[0]);
+    } else {
+      runners_[static_cast<size_t>(r)]->execute_forward(copies_[static_cast<size_t>(r - 1)]);
+    }
+  });
+}
+
+Tensor TpRunner::execute(Batch& batch) {
+  Tensor logits;
+  run_step(batch, [&](ModelRunner& r) { logits = r.execute(batch); });
+  return logits;
+}
+
+std::vector<int32_t> TpRunner::execute_greedy(Batch& batch) {
+  std::vector<int32_t> ids;
+  run_step(batch, [&](ModelRunner& r) { ids = r.execute_greedy(batch); });
+  return ids;
+}
+
+void TpRunner::execute_sampling(Batch& batch, const StepSampling& want, StepSamples& out) {
+  run_step(batch, [&](ModelRunner& r) { r.execute_sampling(batch, want, out); });
+}
+
+void TpRunner::capture_decode_graphs() {
+  threads_.run([this](int r) { runners_[static_cast<size_t>(r)]->capture_decode_graphs(); });
+}
+
+std::unique_ptr<StepRunner> step_runner_create(ModelGroup& models, const RunnerOptions& options) {
+  if (models.tp_size() == 1) return std::make_unique<ModelRunner>(models.model(0), options);
+  return std::make_unique<TpRunner>(models, options);
+}
+
+}  // namespace atom

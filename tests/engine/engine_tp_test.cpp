@@ -1,0 +1,193 @@
+// The engine over tensor-parallel ranks on the CPU: 2 and 4 ranks as threads of this process
+// (LocalGroup collectives), each holding only its shards and its kv heads of every KV block,
+// driven in lockstep by one scheduler. Alone, a request gives transformers' greedy tokens; in a
+// batch of mixed requests (one batch, chunked prefill with mixed steps, preempted and recomputed,
+// served from the prefix cache) every request gives what the single-rank engine gives.
+#include "common/test_util.h"
+#include "engine/tp_runner.h"
+#include "engine_test_util.h"
+#include "models/model_group.h"
+
+namespace atom::test {
+namespace {
+
+std::unique_ptr<ModelGroup> tp_model(const std::string& name, int tp) {
+  return model_group_load(fixture_dir(name), ModelOptions{}, tp);
+}
+
+struct Case {
+  std::string fixture;
+  int tp;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.fixture << " tp " << c.tp; }
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  return info.param.fixture + "_tp" + std::to_string(info.param.tp);
+}
+
+class EngineTp : public ::testing::TestWithParam<Case> {};
+
+TEST_P(EngineTp, AloneMatchesTransformers) {
+  const auto [name, tp] = GetParam();
+  const Reference ref = reference_load(name);
+  auto models = tp_model(name, tp);
+  ASSERT_EQ(models->tp_size(), tp);
+  LLMEngine engine(*models, test_config());
+  const auto out =
+      engine.generate({ref.greedy_prompt}, greedy(static_cast<int>(ref.greedy_tokens.size())));
+  EXPECT_EQ(out.at(0).outputs.at(0).token_ids, ref.greedy_tokens);
+  expect_engine_idle(engine);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTp,
+                         ::testing::Values(Case{"llama3_gqa", 2},
+                                           Case{"llama3_gqa", 4},  // 2 kv heads: replicated
+                                           Case{"qwen3_tied", 2}, Case{"qwen3_tied", 4},
+                                           Case{"qwen3_sliding", 2},            // 1 kv head, window
+                                           Case{"llama_yarn_bias_legacy", 2}),  // biases
+                         case_name);
+
+struct Scenario {
+  std::string name;
+  EngineConfig config;
+  bool run_twice = false;
+  bool expect_preemption = false;
+};
+
+std::vector<Scenario> scenarios() {
+  std::vector<Scenario> s;
+  s.push_back({"one_batch", test_config()});
+  Scenario chunked{"chunked_mixed_steps", test_config()};
+  chunked.config.max_num_seqs = 6;
+  chunked.config.max_num_batched_tokens = 16;
+  s.push_back(chunked);
+  Scenario pre{"preempted", test_config()};
+  pre.config.max_model_len = 128;
+  pre.config.num_gpu_blocks_override = 10;
+  pre.config.max_num_seqs = 6;
+  pre.config.max_num_batched_tokens = 48;
+  pre.expect_preemption = true;
+  s.push_back(pre);
+  Scenario cached{"prefix_cache", test_config()};
+  cached.config.block_size = 4;
+  cached.run_twice = true;
+  s.push_back(cached);
+  return s;
+}
+
+class EngineTpWorkload : public ::testing::TestWithParam<Case> {};
+
+// The single-rank engine's tokens are the reference: the ranks only split the sums, so greedy
+// choices agree unless two logits tie to ~1e-6, which these seeded workloads do not hit.
+TEST_P(EngineTpWorkload, EveryRequestMatchesTheSingleRankEngine) {
+  const auto [name, tp] = GetParam();
+  Model& solo = fixture_model(name);
+  auto models = tp_model(name, tp);
+  const Workload w = random_workload(18, 80, 12, solo.vocab_size(), 29);
+  for (const Scenario& sc : scenarios()) {
+    SCOPED_TRACE(sc.name);
+    LLMEngine one(solo, sc.config);
+    const auto want = one.generate(w.prompts, w.params);
+    LLMEngine engine(*models, sc.config);
+    EXPECT_EQ(engine.kv_plan().num_blocks, one.kv_plan().num_blocks);
+    for (int pass = 0; pass < (sc.run_twice ? 2 : 1); ++pass) {
+      const auto out = engine.generate(w.prompts, w.params);
+      int cached = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        EXPECT_EQ(out[i].outputs.at(0).token_ids, want[i].outputs.at(0).token_ids)
+            << "request " << i << " pass " << pass;
+        cached += out[i].outputs[0].num_cached_tokens;
+      }
+      if (pass == 1) {
+        EXPECT_GT(cached, 300) << "the second pass should be served from the cache";
+      }
+      expect_engine_idle(engine);
+    }
+    if (sc.expect_preemption) {
+      EXPECT_GT(engine.stats().num_preemptions, 0);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTpWorkload,
+                         ::testing::Values(Case{"llama3_gqa", 2}, Case{"llama3_gqa", 4},
+                                           Case{"qwen3_tied", 2}),
+                         case_name);
+
+TEST(EngineTpSampling, SeededSamplingAndLogprobsMatchTheSingleRankEngine) {
+  Model& solo = fixture_model("qwen3_tied");
+  auto models = tp_model("qwen3_tied", 2);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> params;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> p;
+    for (int j = 0; j < 5 + 9 * i; ++j) p.push_back(3 + (j * 37 + i * 11) % 700);
+    prompts.push_back(p);
+    SamplingParams sp = greedy(10);
+    sp.temperature = 0.7;
+    sp.top_k = 40;
+    sp.seed = 100 + i;
+    if (i % 2) sp.logprobs = 2;
+    params.push_back(sp);
+  }
+  LLMEngine one(solo, test_config());
+  LLMEngine tp(*models, test_config());
+  const auto want = one.generate(prompts, params);
+  const auto got = tp.generate(prompts, params);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto& a = got[i].outputs.at(0);
+    const auto& b = want[i].outputs.at(0);
+    EXPECT_EQ(a.token_ids, b.token_ids) << i;
+    ASSERT_EQ(a.logprobs.size(), b.logprobs.size()) << i;
+    for (size_t k = 0; k < a.logprobs.size(); ++k)
+      EXPECT_NEAR(a.logprobs[k].logprob, b.logprobs[k].logprob, 1e-4) << i << " " << k;
+  }
+}
+
+TEST(EngineTpRunner, ScoresMatchTheSingleRankRunnerAndKvIsSharded) {
+  const Reference ref = reference_load("llama3_gqa");
+  Model& solo = fixture_model("llama3_gqa");
+  const Tensor want = score_tokens(solo, ref.input_ids);
+  for (int tp : {2, 4}) {
+    auto models = tp_model("llama3_gqa", tp);
+    // Prefill in chunks that straddle pages: each rank's cache shard carries the context.
+    const Tensor got = score_tokens(*models, ref.input_ids, /*chunk=*/5, /*block_size=*/4);
+    EXPECT_LE(max_abs_diff(got, want), 1e-4f) << "tp " << tp;
+    EXPECT_LE(max_abs_diff(got, ref.logits), 1e-3f) << "tp " << tp;
+    const GreedyResult g = generate_greedy(*models, ref.greedy_prompt,
+                                           static_cast<int>(ref.greedy_tokens.size()), {}, true);
+    EXPECT_EQ(g.token_ids, ref.greedy_tokens) << "tp " << tp;
+    // 2 kv heads over tp ranks: one per rank (replicated at tp 4), so a block is half as large.
+    const KvCachePlan one = kv_cache_plan(solo, test_config());
+    const KvCachePlan per_rank = kv_cache_plan(models->model(), test_config());
+    EXPECT_EQ(per_rank.block_bytes * 2, one.block_bytes) << "tp " << tp;
+    RunnerOptions o;
+    o.num_pages = 12;
+    o.max_model_len = 48;
+    TpRunner runner(*models, o);
+    EXPECT_EQ(runner.tp_size(), tp);
+    EXPECT_EQ(runner.num_pages(), 12);
+    for (int r = 0; r < tp; ++r) {
+      EXPECT_EQ(runner.rank(r).kv().k.at(0).size(0), 12);
+      EXPECT_EQ(runner.rank(r).kv().k.at(0).size(2), 1) << "kv heads on rank " << r;
+    }
+  }
+}
+
+TEST(EngineTpErrors, ClearMessages) {
+  EXPECT_ERROR_CONTAINS(tp_model("llama3_gqa", 3), "not divisible by the tensor-parallel size 3");
+  EXPECT_ERROR_CONTAINS(tp_model("llama3_gqa", 0), "--tensor-parallel-size must be at least 1");
+  ModelOptions gpu;
+  gpu.device = Device::cuda(0);
+  EXPECT_ERROR_CONTAINS(model_group_load(fixture_dir("llama3_gqa"), gpu, 64),
+                        "--tensor-parallel-size 64 needs 64 GPUs (cuda to cuda:63), but");
+  // A KV cache too small for one sequence is refused on every rank, naming the numbers.
+  auto models = tp_model("llama3_gqa", 2);
+  EngineConfig c = test_config();
+  c.num_gpu_blocks_override = 3;
+  EXPECT_ERROR_CONTAINS(LLMEngine(*models, c), "the KV cache holds 3 blocks");
+}
+
+}  // namespace
+}  // namespace atom::test
