@@ -22,6 +22,7 @@ std::unique_ptr<ModelRunner> runner_create(Model& model, const EngineConfig& c, 
   o.gpu_memory_utilization = c.gpu_memory_utilization;
   o.enforce_eager = c.enforce_eager;
   o.num_state_slots = plan.num_state_slots;
+  o.kv_cache_dtype = plan.kv_cache_dtype;
   auto runner = std::make_unique<ModelRunner>(model, o);
   plan.num_blocks = runner->num_pages();
   return runner;
@@ -69,11 +70,12 @@ LLMEngine::LLMEngine(Model& model, const EngineConfig& config, const GenerationC
              seconds(Clock::now() - t0));
   }
   log_info(
-      "engine on {}: {} KV blocks of {} tokens ({:.1f} MiB, {} tokens, from {}), {} state slots "
+      "engine on {}: {} KV blocks of {} tokens ({:.1f} MiB of {}, {} tokens, from {}), {} state slots "
       "({:.1f} MiB), max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, prefix "
       "caching {}, decode {}",
       model.device().str(), plan_.num_blocks, plan_.block_size,
       static_cast<double>(plan_.block_bytes) * plan_.num_blocks / (1 << 20),
+      dtype_name(plan_.kv_cache_dtype),
       static_cast<int64_t>(plan_.num_blocks) * plan_.block_size, kv_source(config, plan_),
       plan_.num_state_slots,
       static_cast<double>(plan_.state_slot_bytes) * plan_.num_state_slots / (1 << 20),

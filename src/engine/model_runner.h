@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "kernels/sampling.h"
@@ -25,6 +26,8 @@ struct RunnerOptions {
   bool enforce_eager = false;  // CUDA: run decode without graphs
   // Per-request state pool of the model's recurrent layers (0 for pure attention models).
   int num_state_slots = 0;
+  // Element type of the attention caches (e.g. F8E4M3); unset: the model's, its activation dtype.
+  std::optional<DType> kv_cache_dtype;
 };
 
 // What one step wants from its logits rows: some drawn on the model's device, the others copied
@@ -92,6 +95,7 @@ class ModelRunner {
   Tensor upload(const void* data, Shape shape, DType dtype);
 
   Model& model_;
+  std::vector<AttentionCacheSpec> cache_specs_;  // the model's, in the KV cache dtype
   KvCache kv_;
   Arena arena_;
   int max_model_len_ = 0;

@@ -13,9 +13,8 @@ namespace {
 // One sequence whose context occupies pages 0, 1, 2, ... in order.
 class SingleSequence {
  public:
-  SingleSequence(Model& model, int capacity, int block_size)
-      : runner_(model, std::max(1, (capacity + block_size - 1) / block_size), block_size,
-                /*num_state_slots=*/model.state_specs().empty() ? 0 : 1) {}
+  SingleSequence(Model& model, int capacity, int block_size, std::optional<DType> kv_cache_dtype)
+      : runner_(model, options(model, capacity, block_size, kv_cache_dtype)) {}
 
   // Appends `tokens` to the context; returns logits of the listed rows (indices into `tokens`).
   Tensor step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& logit_rows) {
@@ -31,6 +30,18 @@ class SingleSequence {
   }
 
  private:
+  // Pages for `capacity` tokens, as ModelRunner(model, num_pages, block_size, slots) sizes them.
+  static RunnerOptions options(Model& model, int capacity, int block_size,
+                               std::optional<DType> kv_cache_dtype) {
+    RunnerOptions o;
+    o.num_pages = std::max(1, (capacity + block_size - 1) / block_size);
+    o.block_size = block_size;
+    o.num_state_slots = model.state_specs().empty() ? 0 : 1;
+    o.max_model_len = o.num_pages * block_size;
+    o.kv_cache_dtype = kv_cache_dtype;
+    return o;
+  }
+
   Batch append(const std::vector<int32_t>& tokens, const std::vector<int32_t>& logit_rows) {
     const int bs = runner_.block_size();
     const int q = static_cast<int>(tokens.size());
@@ -58,13 +69,14 @@ class SingleSequence {
 
 }  // namespace
 
-Tensor score_tokens(Model& model, const std::vector<int32_t>& tokens, int chunk, int block_size) {
+Tensor score_tokens(Model& model, const std::vector<int32_t>& tokens, int chunk, int block_size,
+                    std::optional<DType> kv_cache_dtype) {
   const int T = static_cast<int>(tokens.size());
   ATOM_CHECK(T > 0, "score needs at least one token");
   for (int32_t t : tokens)
     if (t < 0 || t >= model.vocab_size())
       fail("token id {} is outside the vocabulary [0, {})", t, model.vocab_size());
-  SingleSequence seq(model, T, block_size);
+  SingleSequence seq(model, T, block_size, kv_cache_dtype);
   Tensor out = Tensor::empty({T, model.vocab_size()}, DType::kF32);
   const int step = chunk > 0 ? chunk : T;
   for (int s = 0; s < T; s += step) {
@@ -79,7 +91,8 @@ Tensor score_tokens(Model& model, const std::vector<int32_t>& tokens, int chunk,
 }
 
 GreedyResult generate_greedy(Model& model, const std::vector<int32_t>& prompt, int max_tokens,
-                             const std::vector<int64_t>& eos, bool ignore_eos, int block_size) {
+                             const std::vector<int64_t>& eos, bool ignore_eos, int block_size,
+                             std::optional<DType> kv_cache_dtype) {
   ATOM_CHECK(!prompt.empty(), "generate needs a non-empty prompt");
   for (int32_t t : prompt)
     if (t < 0 || t >= model.vocab_size())
@@ -87,7 +100,8 @@ GreedyResult generate_greedy(Model& model, const std::vector<int32_t>& prompt, i
   GreedyResult r;
   r.finish_reason = "length";
   if (max_tokens <= 0) return r;
-  SingleSequence seq(model, static_cast<int>(prompt.size()) + max_tokens, block_size);
+  SingleSequence seq(model, static_cast<int>(prompt.size()) + max_tokens, block_size,
+                     kv_cache_dtype);
   int32_t next = seq.step_greedy(prompt, {static_cast<int32_t>(prompt.size()) - 1}).at(0);
   for (int i = 0; i < max_tokens; ++i) {
     r.token_ids.push_back(next);
