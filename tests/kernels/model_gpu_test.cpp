@@ -82,7 +82,10 @@ TEST_P(GpuParity, Fp8KvCache) {
   const float dmax = max_abs_diff(logits, ref.logits);
   std::printf("%s: fp8 KV cache GPU vs transformers fp32: rel err %.3g, max |dlogit| %.3g\n",
               GetParam().c_str(), err, dmax);
-  EXPECT_LE(err, 3e-2) << GetParam();
+  // On the CPU (fp32 activations) these fixtures give 3.6-4.8e-2 with an FP8 cache, 4.3-4.8e-2
+  // with bf16 activations (tests/engine/kv_cache_dtype_test.cpp, docs/cuda.md): the 3 mantissa
+  // bits of e4m3 on small random models. The GPU adds its bf16 rounding (1.1e-2 without FP8).
+  EXPECT_LE(err, 7e-2) << GetParam();
   EXPECT_GT(rel_err(logits, score_tokens(*m.model, ref.input_ids)), 1e-4) << "not quantised";
 
   ModelOptions cpu_bf16;
@@ -92,10 +95,13 @@ TEST_P(GpuParity, Fp8KvCache) {
   const double err_cpu = rel_err(logits, score_tokens(*c.model, ref.input_ids, 0, 16, f8));
   std::printf("%s: fp8 KV cache GPU vs CPU (bf16 activations): rel err %.3g\n", GetParam().c_str(),
               err_cpu);
-  EXPECT_LE(err_cpu, 2e-2) << GetParam();
+  // A last-bit difference in a key before quantisation moves it a whole e4m3 step now and then:
+  // on the CPU, bf16 against fp32 activations differ by 1.1e-2 without FP8 and 3.2-3.7e-2 with it,
+  // so the GPU-CPU (6e-3 in bf16) and chunked-whole differences get 4e-2 here (2e-2 in bf16).
+  EXPECT_LE(err_cpu, 4e-2) << GetParam();
 
-  EXPECT_LE(rel_err(score_tokens(*m.model, ref.input_ids, 7, 4, f8), logits), 2e-2) << GetParam();
-  EXPECT_LE(rel_err(score_tokens(*m.model, ref.input_ids, 1, 16, f8), logits), 2e-2) << GetParam();
+  EXPECT_LE(rel_err(score_tokens(*m.model, ref.input_ids, 7, 4, f8), logits), 4e-2) << GetParam();
+  EXPECT_LE(rel_err(score_tokens(*m.model, ref.input_ids, 1, 16, f8), logits), 4e-2) << GetParam();
 
   const GreedyResult r = generate_greedy(*m.model, ref.greedy_prompt,
                                          static_cast<int>(ref.greedy_tokens.size()), {}, true, 16, f8);
@@ -120,6 +126,8 @@ TEST(GpuRunner, DecodeGraphsMatchEager) {
   const std::optional<DType> kv_dtypes[] = {std::nullopt, DType::kF8E4M3};
   for (const std::optional<DType> kv : kv_dtypes) {
     SCOPED_TRACE(kv ? "fp8 cache" : "bf16 cache");
+    // Padded graph batches may round a key's last bit differently, which can move an e4m3 code.
+    const double tol = kv ? 4e-2 : 1e-2;
     LoadedModel m = model_load(fixture_dir("qwen3_sliding"), on_gpu());
     RunnerOptions o;
     o.num_pages = 64;
@@ -172,7 +180,7 @@ TEST(GpuRunner, DecodeGraphsMatchEager) {
       Batch b = make(toks);
       Batch b2 = b;
       Tensor lg = graphs.execute(b), le = eager.execute(b2);
-      EXPECT_LE(rel_err(lg, le), 1e-2) << "step " << step;
+      EXPECT_LE(rel_err(lg, le), tol) << "step " << step;
       next.clear();
       for (int s = 0; s < S; ++s) {
         const float* row = lg.ptr<float>() + s * lg.size(1);
@@ -185,7 +193,7 @@ TEST(GpuRunner, DecodeGraphsMatchEager) {
     for (int s = 0; s < S; ++s) toks[s] = {next[s]};
     Batch b = make(toks);
     Batch b2 = b;
-    EXPECT_LE(rel_err(graphs.execute(b), eager.execute(b2)), 1e-2);
+    EXPECT_LE(rel_err(graphs.execute(b), eager.execute(b2)), tol);
   }
 }
 
