@@ -4,6 +4,9 @@
 // first step whose reference margin is within the FP8 cache's noise.
 #include <cstdio>
 
+#include <filesystem>
+
+#include "common/test_util.h"
 #include "engine_test_util.h"
 #include "loader/safetensors.h"
 
@@ -71,6 +74,26 @@ TEST(KvCacheDtype, OneBytePerElementFitsFourTimesTheF32Blocks) {
   c.kv_cache_dtype = "fp8";
   LLMEngine engine(model, c);
   EXPECT_EQ(engine.block_manager().num_blocks(), 160);
+}
+
+// atom reads no checkpoint KV scales: a checkpoint carrying them (vLLM's `*.k_scale` /
+// `*.v_scale`) is refused, naming the tensors, rather than served with scales of 1.
+TEST(KvCacheDtype, CheckpointKvScalesAreRefusedNotIgnored) {
+  TempDir dir;
+  for (const char* f : {"config.json", "model.safetensors"})
+    std::filesystem::copy_file(fixture_dir("llama3_gqa") + "/" + f, dir.file(f));
+  Tensor one = Tensor::empty({}, DType::kF32);
+  one.ptr<float>()[0] = 1.0f;
+  safetensors_write(dir.file("kv_scales.safetensors"),
+                    {{"model.layers.0.self_attn.k_scale", one},
+                     {"model.layers.0.self_attn.v_scale", one}});
+  try {
+    model_load(dir.str(), ModelOptions{});
+    FAIL() << "a checkpoint with KV-cache scales was loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.0.self_attn.k_scale"), std::string::npos)
+        << e.what();
+  }
 }
 
 class KvCacheFp8Fixture : public ::testing::TestWithParam<std::string> {};
