@@ -127,8 +127,8 @@ int main(int argc, char** argv) {
     n.heads = static_cast<int>(c.num_attention_heads);
     n.head_dim = static_cast<int>(c.head_dim);
     const DType kv = kv_cache_dtype_for(model, kv_dtype);
-    n.kv_bytes_per_token = 2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim *
-                           (dtype_bits(kv) / 8);
+    n.kv_bytes_per_token =
+        2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * (dtype_bits(kv) / 8);
     std::printf(
         "model %s: %.2f GB of weights read per decode step, %.2f B matmul parameters, %s KV cache; "
         "loaded in %.1f s\n",

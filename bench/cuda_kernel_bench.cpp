@@ -109,8 +109,7 @@ void bench_attention_case(const std::string& name, int seqs, int query, int cont
     Tensor v8 = Tensor::empty({pages, bs, hk, d}, DType::kF8E4M3, kGpu);
     std::vector<int32_t> all(slots);
     std::iota(all.begin(), all.end(), 0);
-    kernels::kv_cache_write(k8, v8, kc.view({slots, width}), vc.view({slots, width}),
-                            i32_gpu(all));
+    kernels::kv_cache_write(k8, v8, kc.view({slots, width}), vc.view({slots, width}), i32_gpu(all));
     kc = k8;
     vc = v8;
   }
@@ -139,8 +138,7 @@ void bench_attention_case(const std::string& name, int seqs, int query, int cont
   } else {
     flops = 4.0 * seqs * static_cast<double>(query) * context * d * hq;
   }
-  bytes = 2.0 * seqs * static_cast<double>(context) * hk * d * (fp8 ? 1 : 2) +
-          2.0 * T * hq * d * 2;
+  bytes = 2.0 * seqs * static_cast<double>(context) * hk * d * (fp8 ? 1 : 2) + 2.0 * T * hq * d * 2;
   report(fmt::format("{} ({} splits)", name, need > 0 ? need / (T * hq * (d + 2)) : 1), t, bytes,
          flops);
 }
@@ -193,16 +191,16 @@ void bench_attention() {
                        true);
   bench_attention_case("fp8 decode 8 x 8192 ctx, 32/8 heads, d128", 8, 1, 8192, 32, 8, 128, 0,
                        true);
-  bench_attention_case("fp8 decode 128 x 200 ctx (bound 8192), 32/8, d128", 128, 1, 200, 32, 8,
-                       128, 8192, true);
+  bench_attention_case("fp8 decode 128 x 200 ctx (bound 8192), 32/8, d128", 128, 1, 200, 32, 8, 128,
+                       8192, true);
   bench_attention_case("bf16 decode 256 x 1536 ctx, 32/8 heads, d128", 256, 1, 1536, 32, 8, 128);
   for (const PrefillAttention be : {PrefillAttention::kAuto, PrefillAttention::kMma}) {
     kernels::cuda::attention_set_backend(be);
     const std::string tag = be == PrefillAttention::kAuto ? "wgmma" : "mma.sync";
-    bench_attention_case("fp8 prefill 1x4096 causal, 32/8 heads, d128 " + tag, 1, 4096, 4096, 32,
-                         8, 128, 0, true);
-    bench_attention_case("fp8 prefill 1x8192 causal, 32/8 heads, d128 " + tag, 1, 8192, 8192, 32,
-                         8, 128, 0, true);
+    bench_attention_case("fp8 prefill 1x4096 causal, 32/8 heads, d128 " + tag, 1, 4096, 4096, 32, 8,
+                         128, 0, true);
+    bench_attention_case("fp8 prefill 1x8192 causal, 32/8 heads, d128 " + tag, 1, 8192, 8192, 32, 8,
+                         128, 0, true);
     bench_attention_case("fp8 prefill 1x8192 causal, 64/64 heads, d64 " + tag, 1, 8192, 8192, 64,
                          64, 64, 0, true);
   }

@@ -32,9 +32,10 @@ void engine_args_add(CLI::App* cmd, EngineArgs& a) {
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", c.enable_prefix_caching,
                 "reuse the KV of shared prompt prefixes (default on)");
   cmd->add_option("--seed", c.seed, "seeds the requests that bring none")->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", c.kv_cache_dtype,
-                  "KV cache element type: auto (the activation dtype), fp8 / fp8_e4m3 (e4m3, scales "
-                  "1.0: half the bytes of bf16), bf16 / bfloat16")
+  cmd->add_option(
+         "--kv-cache-dtype", c.kv_cache_dtype,
+         "KV cache element type: auto (the activation dtype), fp8 / fp8_e4m3 (e4m3, scales "
+         "1.0: half the bytes of bf16), bf16 / bfloat16")
       ->capture_default_str()
       ->check([](const std::string& v) {  // refused before the model loads
         try {

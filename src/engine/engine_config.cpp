@@ -86,8 +86,8 @@ DType kv_cache_dtype_for(const Model& model, const std::string& name) {
   // The CUDA attention kernels read caches of the activation dtype or e4m3; the CPU reference
   // reads any float dtype.
   if (model.device().is_cuda() && t != act && t != DType::kF8E4M3)
-    fail("--kv-cache-dtype {}: on {} the KV cache holds the activation dtype {} or fp8, not {}", name,
-         model.device().str(), dtype_name(act), dtype_name(t));
+    fail("--kv-cache-dtype {}: on {} the KV cache holds the activation dtype {} or fp8, not {}",
+         name, model.device().str(), dtype_name(act), dtype_name(t));
   return t;
 }
 

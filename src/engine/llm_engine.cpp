@@ -70,14 +70,14 @@ LLMEngine::LLMEngine(Model& model, const EngineConfig& config, const GenerationC
              seconds(Clock::now() - t0));
   }
   log_info(
-      "engine on {}: {} KV blocks of {} tokens ({:.1f} MiB of {}, {} tokens, from {}), {} state slots "
+      "engine on {}: {} KV blocks of {} tokens ({:.1f} MiB of {}, {} tokens, from {}), {} state "
+      "slots "
       "({:.1f} MiB), max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, prefix "
       "caching {}, decode {}",
       model.device().str(), plan_.num_blocks, plan_.block_size,
       static_cast<double>(plan_.block_bytes) * plan_.num_blocks / (1 << 20),
-      dtype_name(plan_.kv_cache_dtype),
-      static_cast<int64_t>(plan_.num_blocks) * plan_.block_size, kv_source(config, plan_),
-      plan_.num_state_slots,
+      dtype_name(plan_.kv_cache_dtype), static_cast<int64_t>(plan_.num_blocks) * plan_.block_size,
+      kv_source(config, plan_), plan_.num_state_slots,
       static_cast<double>(plan_.state_slot_bytes) * plan_.num_state_slots / (1 << 20),
       plan_.max_model_len, config.max_num_seqs, config.max_num_batched_tokens,
       blocks_.prefix_caching() ? "on" : "off", graphs ? "from CUDA graphs" : "eager");

@@ -54,10 +54,11 @@ void ModelRunner::init(const RunnerOptions& o) {
   const Device dev = model_.device();
   cache_specs_ = o.kv_cache_dtype ? cache_specs_with_dtype(model_.cache_specs(), *o.kv_cache_dtype)
                                   : model_.cache_specs();
-  ATOM_CHECK(!o.kv_cache_dtype || dev.is_cpu() || *o.kv_cache_dtype == model_.act_dtype() ||
-                 *o.kv_cache_dtype == DType::kF8E4M3,
-             "runner: the CUDA kernels read KV caches of the activation dtype {} or F8_E4M3, not {}",
-             dtype_name(model_.act_dtype()), dtype_name(*o.kv_cache_dtype));
+  ATOM_CHECK(
+      !o.kv_cache_dtype || dev.is_cpu() || *o.kv_cache_dtype == model_.act_dtype() ||
+          *o.kv_cache_dtype == DType::kF8E4M3,
+      "runner: the CUDA kernels read KV caches of the activation dtype {} or F8_E4M3, not {}",
+      dtype_name(model_.act_dtype()), dtype_name(*o.kv_cache_dtype));
   int pages = o.num_pages;
 #ifdef ATOM_HAVE_CUDA
   if (dev.is_cuda()) cuda_ = std::make_unique<Cuda>(dev.index);

@@ -37,13 +37,13 @@ inline void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& in
 // kv_cache_write (kernels/attention.h).
 namespace cpu {
 void rope_kv_cache_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions,
-                         const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache, Tensor& v_cache,
-                         const Tensor& slot_mapping, KvScales scales = {});
+                         const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache,
+                         Tensor& v_cache, const Tensor& slot_mapping, KvScales scales = {});
 }
 namespace cuda {
 void rope_kv_cache_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions,
-                         const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache, Tensor& v_cache,
-                         const Tensor& slot_mapping, KvScales scales = {});
+                         const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache,
+                         Tensor& v_cache, const Tensor& slot_mapping, KvScales scales = {});
 }
 
 inline void rope_kv_cache_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions,
@@ -54,8 +54,9 @@ inline void rope_kv_cache_write(Tensor& q, Tensor& k, const Tensor& v, const Ten
   if (q.device().is_cpu())
     return cpu::rope_kv_cache_write(q, k, v, positions, inv_freq, a, k_cache, v_cache, slot_mapping,
                                     scales);
-  ATOM_KERNEL_CUDA("rope_kv_cache_write", cuda::rope_kv_cache_write(q, k, v, positions, inv_freq, a, k_cache,
-                                                                     v_cache, slot_mapping, scales));
+  ATOM_KERNEL_CUDA("rope_kv_cache_write",
+                   cuda::rope_kv_cache_write(q, k, v, positions, inv_freq, a, k_cache, v_cache,
+                                             slot_mapping, scales));
 }
 
 }  // namespace atom::kernels

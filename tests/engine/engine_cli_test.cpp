@@ -68,11 +68,11 @@ TEST(EngineCli, GenerateWithAnFp8KvCache) {
       generate_greedy(*m.model, ref.greedy_prompt, 16, {}, true, 16, DType::kF8E4M3).token_ids;
   const auto exact = generate_greedy(*m.model, ref.greedy_prompt, 16, {}, true).token_ids;
   int rc = 0;
-  const auto lines = run_atom(
-      fmt::format("generate --model {} --prompt-tokens {} --max-tokens 16 --temperature 0 "
-                  "--ignore-eos --kv-cache-dtype fp8",
-                  fixture_dir("qwen3_sliding"), join(ref.greedy_prompt)),
-      &rc);
+  const auto lines =
+      run_atom(fmt::format("generate --model {} --prompt-tokens {} --max-tokens 16 --temperature 0 "
+                           "--ignore-eos --kv-cache-dtype fp8",
+                           fixture_dir("qwen3_sliding"), join(ref.greedy_prompt)),
+               &rc);
   EXPECT_EQ(rc, 0);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0], join(want));

@@ -3,7 +3,6 @@
 // (normalised) and at e4m3's precision relative to a BF16 cache, greedy tokens equal up to the
 // first step whose reference margin is within the FP8 cache's noise.
 #include <cstdio>
-
 #include <filesystem>
 
 #include "common/test_util.h"
@@ -84,9 +83,8 @@ TEST(KvCacheDtype, CheckpointKvScalesAreRefusedNotIgnored) {
     std::filesystem::copy_file(fixture_dir("llama3_gqa") + "/" + f, dir.file(f));
   Tensor one = Tensor::empty({}, DType::kF32);
   one.ptr<float>()[0] = 1.0f;
-  safetensors_write(dir.file("kv_scales.safetensors"),
-                    {{"model.layers.0.self_attn.k_scale", one},
-                     {"model.layers.0.self_attn.v_scale", one}});
+  safetensors_write(dir.file("kv_scales.safetensors"), {{"model.layers.0.self_attn.k_scale", one},
+                                                        {"model.layers.0.self_attn.v_scale", one}});
   try {
     model_load(dir.str(), ModelOptions{});
     FAIL() << "a checkpoint with KV-cache scales was loaded";
@@ -134,8 +132,8 @@ TEST_P(KvCacheFp8Fixture, EngineStaysCloseToTransformers) {
   size_t i = 0;
   while (i < tokens.size() && tokens[i] == ref.greedy_tokens[i]) ++i;
   if (i < tokens.size()) {
-    EXPECT_LT(margins[i], noise) << GetParam() << ": greedy token " << i
-                                 << " differs with margin " << margins[i];
+    EXPECT_LT(margins[i], noise) << GetParam() << ": greedy token " << i << " differs with margin "
+                                 << margins[i];
   }
   std::printf("%s: fp8 greedy tokens agree for %zu of %zu steps\n", GetParam().c_str(), i,
               tokens.size());

@@ -35,12 +35,12 @@ struct AttnCase {
 };
 
 std::string describe(const AttnCase& c) {
-  std::string s =
-      fmt::format("H{}/{} D{} bs{} w{}{}{}{} seqs", c.heads, c.kv_heads, c.head_dim, c.block_size,
-                  c.window, c.sinks ? " sinks" : "", c.softcap > 0 ? " softcap" : "",
-                  c.fp8 ? fmt::format(" fp8 k{} v{}{}", c.scales.k, c.scales.v,
-                                      c.every_code ? " every code" : "")
-                        : "");
+  std::string s = fmt::format(
+      "H{}/{} D{} bs{} w{}{}{}{} seqs", c.heads, c.kv_heads, c.head_dim, c.block_size, c.window,
+      c.sinks ? " sinks" : "", c.softcap > 0 ? " softcap" : "",
+      c.fp8
+          ? fmt::format(" fp8 k{} v{}{}", c.scales.k, c.scales.v, c.every_code ? " every code" : "")
+          : "");
   for (const auto& q : c.seqs) s += fmt::format(" {}/{}", q.query, q.context);
   return s;
 }
@@ -80,7 +80,8 @@ void check_attention(const AttnCase& c, uint64_t seed) {
   if (c.fp8) {
     const int64_t slots = static_cast<int64_t>(num_pages) * c.block_size;
     const int64_t width = static_cast<int64_t>(c.kv_heads) * c.head_dim;
-    Tensor k8 = Tensor::empty(kc.shape(), DType::kF8E4M3), v8 = Tensor::empty(kc.shape(), DType::kF8E4M3);
+    Tensor k8 = Tensor::empty(kc.shape(), DType::kF8E4M3),
+           v8 = Tensor::empty(kc.shape(), DType::kF8E4M3);
     if (c.every_code) {
       for (int64_t i = 0; i < k8.numel(); ++i) {
         uint8_t b = static_cast<uint8_t>(rng()), d = static_cast<uint8_t>(rng());

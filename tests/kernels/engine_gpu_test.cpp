@@ -140,7 +140,8 @@ TEST(GpuEngine, Fp8KvCacheHoldsTwiceTheBlocks) {
     const auto& got = outs[i].outputs.at(0).token_ids;
     ASSERT_EQ(got.size(), 12u) << i;
     for (int32_t t : got) EXPECT_TRUE(t >= 0 && t < m.model->vocab_size()) << i;
-    same += got == generate_greedy(*m.model, prompts[i], 12, {}, true, 16, DType::kF8E4M3).token_ids;
+    same +=
+        got == generate_greedy(*m.model, prompts[i], 12, {}, true, 16, DType::kF8E4M3).token_ids;
   }
   std::printf("fp8 engine: %d of 8 requests equal the single-sequence runner's tokens\n", same);
   EXPECT_EQ(e.block_manager().num_free_blocks(), e.block_manager().num_blocks());

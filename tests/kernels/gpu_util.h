@@ -56,8 +56,7 @@ inline double rel_err(const Tensor& a, const Tensor& b) {
 inline Tensor f8_to_f32_host(const Tensor& t) {
   Tensor h = host(t);
   Tensor out = Tensor::empty(h.shape(), DType::kF32);
-  for (int64_t i = 0; i < h.numel(); ++i)
-    out.ptr<float>()[i] = f8e4m3_to_f32(h.ptr<uint8_t>()[i]);
+  for (int64_t i = 0; i < h.numel(); ++i) out.ptr<float>()[i] = f8e4m3_to_f32(h.ptr<uint8_t>()[i]);
   return out;
 }
 

@@ -103,8 +103,8 @@ TEST_P(GpuParity, Fp8KvCache) {
   EXPECT_LE(rel_err(score_tokens(*m.model, ref.input_ids, 7, 4, f8), logits), 4e-2) << GetParam();
   EXPECT_LE(rel_err(score_tokens(*m.model, ref.input_ids, 1, 16, f8), logits), 4e-2) << GetParam();
 
-  const GreedyResult r = generate_greedy(*m.model, ref.greedy_prompt,
-                                         static_cast<int>(ref.greedy_tokens.size()), {}, true, 16, f8);
+  const GreedyResult r = generate_greedy(
+      *m.model, ref.greedy_prompt, static_cast<int>(ref.greedy_tokens.size()), {}, true, 16, f8);
   const auto margins = margins_of(GetParam());
   const float noise = std::max(0.05f, 2.0f * dmax);
   size_t i = 0;

@@ -175,19 +175,23 @@ TEST(GpuKvCacheWrite, Fp8MatchesTheCpuByteForByte) {
         // Rows of 3 * width + 8 elements: 16-byte multiples in every dtype.
         Tensor qkv = random_cpu({T, 3 * width + 8}, DType::kF32, 210, -500, 500);
         // Ties between e4m3 neighbours, subnormals and values past 448, as exact floats.
-        const float special[] = {1.0625f, 1.1875f, 15.5f, -15.5f, 0.0029296875f, 0.0009765625f,
-                                 0.0146484375f, 448.0f, 460.0f, 1e6f, -1e6f, 1e-6f, -0.0f};
+        const float special[] = {1.0625f,       1.1875f,       15.5f,  -15.5f, 0.0029296875f,
+                                 0.0009765625f, 0.0146484375f, 448.0f, 460.0f, 1e6f,
+                                 -1e6f,         1e-6f,         -0.0f};
         for (int64_t i = 0; i < T * (3 * width + 8); i += 7)
           qkv.ptr<float>()[i] = special[(i / 7) % std::size(special)] * sc.k;
         Tensor src = tensor_cast_cpu(qkv, dt);
-        Tensor k = src.narrow(1, width + offset, width), v = src.narrow(1, 2 * width + offset, width);
+        Tensor k = src.narrow(1, width + offset, width),
+               v = src.narrow(1, 2 * width + offset, width);
         Tensor slots = Tensor::empty({T}, DType::kI32);
-        for (int64_t t = 0; t < T; ++t) slots.ptr<int32_t>()[t] = t % 7 == 3 ? -1 : (t * 11) % (pages * bs);
+        for (int64_t t = 0; t < T; ++t)
+          slots.ptr<int32_t>()[t] = t % 7 == 3 ? -1 : (t * 11) % (pages * bs);
         Tensor kc = Tensor::zeros({pages, bs, hk, D}, DType::kF8E4M3),
                vc = Tensor::zeros({pages, bs, hk, D}, DType::kF8E4M3);
         Tensor gk = kc.to(gpu()), gv = vc.to(gpu());
         Tensor g = src.to(gpu());
-        Tensor gks = g.narrow(1, width + offset, width), gvs = g.narrow(1, 2 * width + offset, width);
+        Tensor gks = g.narrow(1, width + offset, width),
+               gvs = g.narrow(1, 2 * width + offset, width);
         kernels::kv_cache_write(kc, vc, k, v, slots, sc);
         kernels::kv_cache_write(gk, gv, gks, gvs, slots.to(gpu()), sc);
         EXPECT_TRUE(same_bytes(gk, kc)) << dtype_name(dt) << " offset " << offset;

@@ -80,22 +80,22 @@ TEST(Fp8E4m3, RoundsToNearestEvenAndSaturates) {
   };
   const Case cases[] = {
       {1.0f, 0x38},
-      {1.0625f, 0x38},                    // halfway 1 .. 1.125: even mantissa (1)
-      {1.0625001f, 0x39},                 // just above halfway
-      {1.1875f, 0x3a},                    // halfway 1.125 .. 1.25: even (1.25)
-      {15.5f, 0x58},                      // halfway 15 .. 16: carries into the exponent
+      {1.0625f, 0x38},     // halfway 1 .. 1.125: even mantissa (1)
+      {1.0625001f, 0x39},  // just above halfway
+      {1.1875f, 0x3a},     // halfway 1.125 .. 1.25: even (1.25)
+      {15.5f, 0x58},       // halfway 15 .. 16: carries into the exponent
       {-15.5f, 0xd8},
       {448.0f, 0x7e},
-      {449.0f, 0x7e},                     // saturates (no rounding up to NaN)
+      {449.0f, 0x7e},  // saturates (no rounding up to NaN)
       {1e30f, 0x7e},
       {std::numeric_limits<float>::infinity(), 0x7e},
       {-std::numeric_limits<float>::infinity(), 0xfe},
-      {std::ldexp(1.0f, -9), 0x01},       // smallest subnormal
-      {std::ldexp(1.0f, -10), 0x00},      // halfway 0 .. 2^-9: even (0)
+      {std::ldexp(1.0f, -9), 0x01},   // smallest subnormal
+      {std::ldexp(1.0f, -10), 0x00},  // halfway 0 .. 2^-9: even (0)
       {std::ldexp(1.5f, -10), 0x01},
-      {std::ldexp(3.0f, -10), 0x02},      // halfway 1 .. 2 (x 2^-9): even (2)
-      {std::ldexp(15.0f, -10), 0x08},     // halfway 7 x 2^-9 .. 2^-6: even (the smallest normal)
-      {-std::ldexp(1.0f, -12), 0x80},     // rounds to zero, keeps the sign
+      {std::ldexp(3.0f, -10), 0x02},   // halfway 1 .. 2 (x 2^-9): even (2)
+      {std::ldexp(15.0f, -10), 0x08},  // halfway 7 x 2^-9 .. 2^-6: even (the smallest normal)
+      {-std::ldexp(1.0f, -12), 0x80},  // rounds to zero, keeps the sign
       {0.0f, 0x00},
       {-0.0f, 0x80},
       {std::numeric_limits<float>::denorm_min(), 0x00},

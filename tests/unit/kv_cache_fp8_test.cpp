@@ -55,7 +55,8 @@ TEST(KvCacheFp8, WriteStoresRoundedQuotientsAndSkipsNegativeSlots) {
     std::memset(kc.data(), 0x55, kc.nbytes());
     std::memset(vc.data(), 0x55, vc.nbytes());
     std::vector<int32_t> slots(T);
-    for (int64_t t = 0; t < T; ++t) slots[t] = t % 5 == 2 ? -1 : static_cast<int32_t>((t * 7) % (pages * bs));
+    for (int64_t t = 0; t < T; ++t)
+      slots[t] = t % 5 == 2 ? -1 : static_cast<int32_t>((t * 7) % (pages * bs));
     kernels::kv_cache_write(kc, vc, k, v, i32(slots), sc);
     std::vector<bool> written(pages * bs, false);
     for (int64_t t = 0; t < T; ++t) {
@@ -179,13 +180,15 @@ TEST(KvCacheFp8, FusedRopeWriteQuantisesTheRotatedKeys) {
   for (int i = 0; i < D / 2; ++i) inv.ptr<float>()[i] = 1.0f / std::pow(10000.0f, 2.0f * i / D);
   kernels::RopeArgs ra{D, D, 1.0f, false};
   const kernels::KvScales sc{0.5f, 2.0f};
-  Tensor kc = Tensor::zeros({4, 4, hk, D}, DType::kF8E4M3), vc = Tensor::zeros(kc.shape(), DType::kF8E4M3);
+  Tensor kc = Tensor::zeros({4, 4, hk, D}, DType::kF8E4M3),
+         vc = Tensor::zeros(kc.shape(), DType::kF8E4M3);
   Tensor a = qkv.clone();
   Tensor q = a.narrow(1, 0, hq * D), k = a.narrow(1, hq * D, hk * D),
          v = a.narrow(1, (hq + hk) * D, hk * D);
   kernels::rope_kv_cache_write(q, k, v, pos, inv, ra, kc, vc, slots, sc);
   // The same as rope, then the cache write.
-  Tensor kc2 = Tensor::zeros(kc.shape(), DType::kF8E4M3), vc2 = Tensor::zeros(kc.shape(), DType::kF8E4M3);
+  Tensor kc2 = Tensor::zeros(kc.shape(), DType::kF8E4M3),
+         vc2 = Tensor::zeros(kc.shape(), DType::kF8E4M3);
   Tensor b = qkv.clone();
   Tensor q2 = b.narrow(1, 0, hq * D), k2 = b.narrow(1, hq * D, hk * D),
          v2 = b.narrow(1, (hq + hk) * D, hk * D);
@@ -197,7 +200,8 @@ TEST(KvCacheFp8, FusedRopeWriteQuantisesTheRotatedKeys) {
 }
 
 TEST(KvCacheFp8, ScalesMustBePositive) {
-  Tensor kc = Tensor::zeros({1, 4, 1, 8}, DType::kF8E4M3), vc = Tensor::zeros(kc.shape(), DType::kF8E4M3);
+  Tensor kc = Tensor::zeros({1, 4, 1, 8}, DType::kF8E4M3),
+         vc = Tensor::zeros(kc.shape(), DType::kF8E4M3);
   Tensor k = Tensor::zeros({1, 8}, DType::kF32);
   EXPECT_THROW(kernels::kv_cache_write(kc, vc, k, k, i32({0}), {0.0f, 1.0f}), Error);
   EXPECT_THROW(kernels::kv_cache_write(kc, vc, k, k, i32({0}), {1.0f, -1.0f}), Error);

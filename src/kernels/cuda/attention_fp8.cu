@@ -119,8 +119,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fp8_kernel(AttnLaunch a) {
       const int i = pr / r.G, gi = pr % r.G;
       const int s = k8 >> 1;
       const int64_t base = static_cast<int64_t>(r.q0 + i) * a.q_stride +
-                           static_cast<int64_t>(r.kh * r.G + gi) * D + 64 * (s >> 2) +
-                           4 * (s & 3) + 2 * (k8 & 1);
+                           static_cast<int64_t>(r.kh * r.G + gi) * D + 64 * (s >> 2) + 4 * (s & 3) +
+                           2 * (k8 & 1);
 #pragma unroll
       for (int cc = 0; cc < 4; ++cc)
         w[cc] = pack2<__half>(load_elem(a.q, a.type, base + 16 * cc) * qscale,
@@ -222,8 +222,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fp8_kernel(AttnLaunch a) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            sc[nt][e] = a.softcap * tanhf(sc[nt][e] / a.softcap) * kLog2e;
+          for (int e = 0; e < 4; ++e) sc[nt][e] = a.softcap * tanhf(sc[nt][e] / a.softcap) * kLog2e;
       } else {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
@@ -270,10 +269,10 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fp8_kernel(AttnLaunch a) {
       // O += P V, one 16-key group at a time: byte dt of a key's run is tile dt's column g.
 #pragma unroll
       for (int h = 0; h < NT / 2; ++h) {
-        const uint32_t pa[4] = {
-            pack2<__half>(sc[2 * h][0], sc[2 * h][1]), pack2<__half>(sc[2 * h][2], sc[2 * h][3]),
-            pack2<__half>(sc[2 * h + 1][0], sc[2 * h + 1][1]),
-            pack2<__half>(sc[2 * h + 1][2], sc[2 * h + 1][3])};
+        const uint32_t pa[4] = {pack2<__half>(sc[2 * h][0], sc[2 * h][1]),
+                                pack2<__half>(sc[2 * h][2], sc[2 * h][3]),
+                                pack2<__half>(sc[2 * h + 1][0], sc[2 * h + 1][1]),
+                                pack2<__half>(sc[2 * h + 1][2], sc[2 * h + 1][3])};
         uint32_t vw[4][DT / 4];  // [key 4c + t][word]
 #pragma unroll
         for (int t = 0; t < 4; ++t) {

@@ -72,7 +72,8 @@ __global__ void attention_simple_kernel(AttnLaunch a) {
 #pragma unroll
     for (int j = 0; j < kMaxPerLane; ++j) {
       const int d = lane + 32 * j;
-      acc[j] = acc[j] * alpha + (d < D ? p * (cache_at<T>(a.v_cache, a.kv_fp8, base + d) * vs) : 0.0f);
+      acc[j] =
+          acc[j] * alpha + (d < D ? p * (cache_at<T>(a.v_cache, a.kv_fp8, base + d) * vs) : 0.0f);
     }
     m = mn;
   }

@@ -76,7 +76,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   T* sQ = reinterpret_cast<T*>(base);    // [D/64][kBM][64]
   T* sK = sQ + kBM * D;                  // [kStages][D/64][kBN][64]
   T* sV = sK + kStages * kBN * D;        // [kStages][D/64][kBN][64]
-  uint8_t* sRaw = reinterpret_cast<uint8_t*>(sV + kStages * kBN * D);  // FP8: [2][K, V][kBN][D]
+  // FP8: [2][K, V][kBN][D] e4m3 stages
+  uint8_t* sRaw = reinterpret_cast<uint8_t*>(sV + kStages * kBN * D);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
   const CtaRange r = cta_range(a, gridDim.x - 1 - blockIdx.x, kBM, kBN);  // long tiles first
@@ -134,18 +135,14 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       const int row = idx / RC, c = idx % RC;
       const uint4 xk = *reinterpret_cast<const uint4*>(rk + idx * 16);
       const uint4 xv = *reinterpret_cast<const uint4*>(rv + idx * 16);
-      *reinterpret_cast<uint4*>(sK + tile_offset(kBN, row, 2 * c)) =
-          make_uint4(fp8x2_to<T>(xk.x), fp8x2_to<T>(xk.x >> 16), fp8x2_to<T>(xk.y),
-                     fp8x2_to<T>(xk.y >> 16));
-      *reinterpret_cast<uint4*>(sK + tile_offset(kBN, row, 2 * c + 1)) =
-          make_uint4(fp8x2_to<T>(xk.z), fp8x2_to<T>(xk.z >> 16), fp8x2_to<T>(xk.w),
-                     fp8x2_to<T>(xk.w >> 16));
-      *reinterpret_cast<uint4*>(sV + tile_offset(kBN, row, 2 * c)) =
-          make_uint4(fp8x2_to<T>(xv.x), fp8x2_to<T>(xv.x >> 16), fp8x2_to<T>(xv.y),
-                     fp8x2_to<T>(xv.y >> 16));
-      *reinterpret_cast<uint4*>(sV + tile_offset(kBN, row, 2 * c + 1)) =
-          make_uint4(fp8x2_to<T>(xv.z), fp8x2_to<T>(xv.z >> 16), fp8x2_to<T>(xv.w),
-                     fp8x2_to<T>(xv.w >> 16));
+      *reinterpret_cast<uint4*>(sK + tile_offset(kBN, row, 2 * c)) = make_uint4(
+          fp8x2_to<T>(xk.x), fp8x2_to<T>(xk.x >> 16), fp8x2_to<T>(xk.y), fp8x2_to<T>(xk.y >> 16));
+      *reinterpret_cast<uint4*>(sK + tile_offset(kBN, row, 2 * c + 1)) = make_uint4(
+          fp8x2_to<T>(xk.z), fp8x2_to<T>(xk.z >> 16), fp8x2_to<T>(xk.w), fp8x2_to<T>(xk.w >> 16));
+      *reinterpret_cast<uint4*>(sV + tile_offset(kBN, row, 2 * c)) = make_uint4(
+          fp8x2_to<T>(xv.x), fp8x2_to<T>(xv.x >> 16), fp8x2_to<T>(xv.y), fp8x2_to<T>(xv.y >> 16));
+      *reinterpret_cast<uint4*>(sV + tile_offset(kBN, row, 2 * c + 1)) = make_uint4(
+          fp8x2_to<T>(xv.z), fp8x2_to<T>(xv.z >> 16), fp8x2_to<T>(xv.w), fp8x2_to<T>(xv.w >> 16));
     }
   };
   load_kv(0, 0);

@@ -93,11 +93,11 @@ void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Ten
                  slot_mapping.numel() == T && is_i32(slot_mapping),
              "kv_cache_write: k {} v {} slots {} for cache {}", k.str(), v.str(),
              slot_mapping.str(), k_cache.str());
-  ATOM_CHECK((k.dtype() == k_cache.dtype() || k_cache.dtype() == DType::kF8E4M3) &&
-                 v.dtype() == k.dtype(),
-             "kv_cache_write: k {} and v {} must have the cache's dtype {} (or an F8_E4M3 cache) "
-             "on CUDA",
-             k.str(), v.str(), k_cache.str());
+  ATOM_CHECK(
+      (k.dtype() == k_cache.dtype() || k_cache.dtype() == DType::kF8E4M3) && v.dtype() == k.dtype(),
+      "kv_cache_write: k {} and v {} must have the cache's dtype {} (or an F8_E4M3 cache) "
+      "on CUDA",
+      k.str(), v.str(), k_cache.str());
   launch_kv_cache_write(k_cache.data(), v_cache.data(), k_cache.size(0) * k_cache.size(1),
                         mat_of(k, "kv_cache_write"), mat_of(v, "kv_cache_write"),
                         slot_mapping.ptr<int32_t>(), kv_fp8_of("kv_cache_write", k_cache, scales),

@@ -54,8 +54,10 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeLaunch a, int hq, in
     uint8_t* vd = static_cast<uint8_t*>(a.v_cache) + slot * width;
     for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
       // IEEE division, as the CPU reference (x / scale), then one rounding to e4m3.
-      kd[i] = static_cast<uint8_t>(float2_to_fp8x2(__fdiv_rn(to_float<T>(krow[i]), a.k_scale), 0.0f));
-      vd[i] = static_cast<uint8_t>(float2_to_fp8x2(__fdiv_rn(to_float<T>(vrow[i]), a.v_scale), 0.0f));
+      kd[i] =
+          static_cast<uint8_t>(float2_to_fp8x2(__fdiv_rn(to_float<T>(krow[i]), a.k_scale), 0.0f));
+      vd[i] =
+          static_cast<uint8_t>(float2_to_fp8x2(__fdiv_rn(to_float<T>(vrow[i]), a.v_scale), 0.0f));
     }
     return;
   }
@@ -117,8 +119,8 @@ __global__ void kv_write_fp8_kernel(uint8_t* k_cache, uint8_t* v_cache, int64_t 
         uint32_t w[2];
 #pragma unroll
         for (int p = 0; p < 2; ++p) {
-          const uint32_t lo = float2_to_fp8x2(__fdiv_rn(x[4 * p], scale[kv]),
-                                              __fdiv_rn(x[4 * p + 1], scale[kv]));
+          const uint32_t lo =
+              float2_to_fp8x2(__fdiv_rn(x[4 * p], scale[kv]), __fdiv_rn(x[4 * p + 1], scale[kv]));
           const uint32_t hi = float2_to_fp8x2(__fdiv_rn(x[4 * p + 2], scale[kv]),
                                               __fdiv_rn(x[4 * p + 3], scale[kv]));
           w[p] = lo | (hi << 16);
@@ -141,8 +143,9 @@ void launch_kv_write_fp8(void* k_cache, void* v_cache, int64_t num_slots, Mat k,
                          const int32_t* slot_mapping, KvFp8 f, cudaStream_t s) {
   const int64_t esize = sizeof(T);
   auto ok = [](const void* p, int n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; };
-  const bool vec = k.cols % 8 == 0 && (k.stride * esize) % 16 == 0 && (v.stride * esize) % 16 == 0 &&
-                   ok(k.data, 16) && ok(v.data, 16) && ok(k_cache, 8) && ok(v_cache, 8);
+  const bool vec = k.cols % 8 == 0 && (k.stride * esize) % 16 == 0 &&
+                   (v.stride * esize) % 16 == 0 && ok(k.data, 16) && ok(v.data, 16) &&
+                   ok(k_cache, 8) && ok(v_cache, 8);
   launch(kv_write_fp8_kernel<T>, static_cast<unsigned>(k.rows), 128, 0, s,
          static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache), num_slots, k, v,
          slot_mapping, f, vec);
