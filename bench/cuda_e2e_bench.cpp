@@ -3,6 +3,7 @@
 // (decode steps replay CUDA graphs; each step's tokens return to the host, as in serving).
 //   cuda_e2e_bench --model DIR [--load-format dummy|auto] [--prefill 2048,8192]
 //                  [--batch 1,32,128] [--prompt 128] [--steps 128] [--eager]
+//                  [--kv-cache-dtype auto|fp8|bf16]
 // Each line prints tokens/s and the fraction of the hardware limit: bytes per decode step
 // (weights + KV read) over the measured bandwidth, FLOPs per prefill over the matmul rate.
 #include <chrono>
@@ -13,6 +14,7 @@
 
 #include "bench_util.h"
 #include "core/log.h"
+#include "engine/engine_config.h"
 #include "engine/model_runner.h"
 #include "models/loading.h"
 
@@ -79,6 +81,7 @@ int main(int argc, char** argv) {
   std::vector<int> prefill = {2048, 8192}, batches = {1, 32, 128};
   int prompt = 128, steps = 128;
   bool eager = false;
+  std::string kv_dtype = "auto";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -96,6 +99,8 @@ int main(int argc, char** argv) {
       steps = std::atoi(next().c_str());
     else if (a == "--eager")
       eager = true;
+    else if (a == "--kv-cache-dtype")
+      kv_dtype = next();
   }
   if (model_dir.empty()) {
     std::fprintf(stderr, "usage: cuda_e2e_bench --model DIR [--load-format dummy]\n");
@@ -121,11 +126,14 @@ int main(int argc, char** argv) {
     n.layers = static_cast<int>(c.num_hidden_layers);
     n.heads = static_cast<int>(c.num_attention_heads);
     n.head_dim = static_cast<int>(c.head_dim);
-    n.kv_bytes_per_token = 2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2;
+    const DType kv = kv_cache_dtype_for(model, kv_dtype);
+    n.kv_bytes_per_token =
+        2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * (dtype_bits(kv) / 8);
     std::printf(
-        "model %s: %.2f GB of weights read per decode step, %.2f B matmul parameters; loaded in "
-        "%.1f s\n",
-        model_dir.c_str(), n.weight_bytes / 1e9, n.matmul_params / 1e9, now() - t0);
+        "model %s: %.2f GB of weights read per decode step, %.2f B matmul parameters, %s KV cache; "
+        "loaded in %.1f s\n",
+        model_dir.c_str(), n.weight_bytes / 1e9, n.matmul_params / 1e9,
+        std::string(dtype_name(kv)).c_str(), now() - t0);
 
     int max_batch = 1, max_prefill = 0;
     for (int b : batches) max_batch = std::max(max_batch, b);
@@ -136,6 +144,7 @@ int main(int argc, char** argv) {
     ro.max_num_batched_tokens = std::max(8192, max_prefill);
     ro.gpu_memory_utilization = 0.9;
     ro.enforce_eager = eager;
+    ro.kv_cache_dtype = kv;
     ModelRunner runner(model, ro);
     const int bs = runner.block_size();
 

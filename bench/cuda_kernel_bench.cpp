@@ -83,9 +83,11 @@ void bench_gemm() {
 }
 
 // Paged attention over a cache of shuffled 16-token pages. Prefill: every sequence attends over
-// its own new tokens (causal). Decode: one new token over `context` cached tokens.
+// its own new tokens (causal). Decode: one new token over `context` cached tokens. fp8: the cache
+// holds e4m3 codes (the BF16 values through kv_cache_write), and the bytes counted are 1 per
+// element.
 void bench_attention_case(const std::string& name, int seqs, int query, int context, int hq, int hk,
-                          int d, int context_bound = 0) {
+                          int d, int context_bound = 0, bool fp8 = false) {
   const int bs = 16;
   const int pages_per = (context + bs - 1) / bs;
   const int pages = seqs * pages_per;
@@ -101,6 +103,16 @@ void bench_attention_case(const std::string& name, int seqs, int query, int cont
   const int64_t T = qs.back();
   Tensor kc = rnd({pages, bs, hk, d}, DType::kBF16, 1),
          vc = rnd({pages, bs, hk, d}, DType::kBF16, 2);
+  if (fp8) {
+    const int64_t slots = static_cast<int64_t>(pages) * bs, width = static_cast<int64_t>(hk) * d;
+    Tensor k8 = Tensor::empty({pages, bs, hk, d}, DType::kF8E4M3, kGpu);
+    Tensor v8 = Tensor::empty({pages, bs, hk, d}, DType::kF8E4M3, kGpu);
+    std::vector<int32_t> all(slots);
+    std::iota(all.begin(), all.end(), 0);
+    kernels::kv_cache_write(k8, v8, kc.view({slots, width}), vc.view({slots, width}), i32_gpu(all));
+    kc = k8;
+    vc = v8;
+  }
   Tensor q = rnd({T, static_cast<int64_t>(hq) * d}, DType::kBF16, 3);
   Tensor out = Tensor::empty({T, static_cast<int64_t>(hq) * d}, DType::kBF16, kGpu);
   Tensor gqs = i32_gpu(qs), gcl = i32_gpu(cl), gpip = i32_gpu(pip), gpid = i32_gpu(perm);
@@ -126,7 +138,7 @@ void bench_attention_case(const std::string& name, int seqs, int query, int cont
   } else {
     flops = 4.0 * seqs * static_cast<double>(query) * context * d * hq;
   }
-  bytes = 2.0 * seqs * static_cast<double>(context) * hk * d * 2 + 2.0 * T * hq * d * 2;
+  bytes = 2.0 * seqs * static_cast<double>(context) * hk * d * (fp8 ? 1 : 2) + 2.0 * T * hq * d * 2;
   report(fmt::format("{} ({} splits)", name, need > 0 ? need / (T * hq * (d + 2)) : 1), t, bytes,
          flops);
 }
@@ -161,6 +173,38 @@ void bench_attention() {
   bench_attention_case("decode 1 x 200 ctx (bound 8192), 32/8, d128", 1, 1, 200, 32, 8, 128, 8192);
   bench_attention_case("decode 128 x 200 ctx (bound 8192), 32/8, d128", 128, 1, 200, 32, 8, 128,
                        8192);
+
+  // FP8 (e4m3) KV cache: the same shapes; decode reads half the bytes (% of 4.29 TB/s counts
+  // them), prefill converts tiles to BF16 in shared memory (wgmma) or FP16 in registers (mma).
+  std::printf("\n== Paged attention, bf16 activations, fp8 e4m3 KV cache, 16-token pages\n");
+  bench_attention_case("fp8 decode 64 x 4096 ctx, 32/8 heads, d128", 64, 1, 4096, 32, 8, 128, 0,
+                       true);
+  bench_attention_case("fp8 decode 128 x 1024 ctx, 32/8 heads, d128", 128, 1, 1024, 32, 8, 128, 0,
+                       true);
+  bench_attention_case("fp8 decode 256 x 1536 ctx, 32/8 heads, d128", 256, 1, 1536, 32, 8, 128, 0,
+                       true);
+  bench_attention_case("fp8 decode 32 x 4096 ctx, 32/8 heads, d128", 32, 1, 4096, 32, 8, 128, 0,
+                       true);
+  bench_attention_case("fp8 decode 1 x 32768 ctx, 32/8 heads, d128", 1, 1, 32768, 32, 8, 128, 0,
+                       true);
+  bench_attention_case("fp8 decode 1 x 4096 ctx, 32/8 heads, d128", 1, 1, 4096, 32, 8, 128, 0,
+                       true);
+  bench_attention_case("fp8 decode 8 x 8192 ctx, 32/8 heads, d128", 8, 1, 8192, 32, 8, 128, 0,
+                       true);
+  bench_attention_case("fp8 decode 128 x 200 ctx (bound 8192), 32/8, d128", 128, 1, 200, 32, 8, 128,
+                       8192, true);
+  bench_attention_case("bf16 decode 256 x 1536 ctx, 32/8 heads, d128", 256, 1, 1536, 32, 8, 128);
+  for (const PrefillAttention be : {PrefillAttention::kAuto, PrefillAttention::kMma}) {
+    kernels::cuda::attention_set_backend(be);
+    const std::string tag = be == PrefillAttention::kAuto ? "wgmma" : "mma.sync";
+    bench_attention_case("fp8 prefill 1x4096 causal, 32/8 heads, d128 " + tag, 1, 4096, 4096, 32, 8,
+                         128, 0, true);
+    bench_attention_case("fp8 prefill 1x8192 causal, 32/8 heads, d128 " + tag, 1, 8192, 8192, 32, 8,
+                         128, 0, true);
+    bench_attention_case("fp8 prefill 1x8192 causal, 64/64 heads, d64 " + tag, 1, 8192, 8192, 64,
+                         64, 64, 0, true);
+  }
+  kernels::cuda::attention_set_backend(PrefillAttention::kAuto);
 }
 
 void bench_small() {
@@ -190,6 +234,10 @@ void bench_small() {
     Tensor kk = qkv.narrow(1, 4096, 1024), vv = qkv.narrow(1, 5120, 1024);
     t = time_op([&](int) { kernels::kv_cache_write(kc, vc, kk, vv, pos); });
     report(fmt::format("kv_cache_write T={} 8 heads d128", T), t, 4.0 * T * 1024 * 2, 0);
+    Tensor kc8 = Tensor::empty({(T + 15) / 16 + 1, 16, 8, 128}, DType::kF8E4M3, kGpu);
+    Tensor vc8 = Tensor::empty({(T + 15) / 16 + 1, 16, 8, 128}, DType::kF8E4M3, kGpu);
+    t = time_op([&](int) { kernels::kv_cache_write(kc8, vc8, kk, vv, pos); });
+    report(fmt::format("kv_cache_write fp8 T={} 8 heads d128", T), t, 2.0 * T * 1024 * 3, 0);
     Tensor table = rnd({128256, H}, DType::kBF16, 7);
     std::vector<int32_t> ids(T);
     for (int64_t i = 0; i < T; ++i) ids[i] = static_cast<int32_t>((i * 7919) % 128256);

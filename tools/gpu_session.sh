@@ -4,6 +4,7 @@
 # kernel and end-to-end benchmarks, the transformers baseline, compute-sanitizer. Logs go to
 # $OUT; the last lines printed are a summary.
 #   bash STAGE/tools/gpu_session.sh [steps]   steps: comma list of tests,cli,kernels,e2e,hf,memcheck
+#   (also engine, serve, and fp8: the FP8 KV cache's tests under memcheck, e2e and engine runs)
 set -u
 stage="$(cd "$(dirname "$0")/.." && pwd)"
 bin="$stage/bin"
@@ -29,7 +30,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,cl
 
 if has tests; then
   for f in 'GpuDevice.*' 'GpuElementwise.*' 'GpuRmsNorm.*:GpuRope.*:GpuKvCacheWrite.*' 'GpuLinear.*' \
-           'GpuSampling.*' 'GpuAttention.*' '*GpuParity*' 'GpuRunner.*' 'GpuEngine.*'; do
+           'GpuSampling.*' 'GpuAttention.*:-GpuAttention.Fp8*' 'GpuAttention.Fp8*' '*GpuParity*' \
+           'GpuRunner.*' 'GpuEngine.*'; do
     echo "##### $f" >> "$out/tests.log"
     timeout 150 "$bin/gpu_test" --gtest_filter="$f" >> "$out/tests.log" 2>&1
     note "tests $f: rc=$?"
@@ -80,7 +82,7 @@ fi
 
 if has memcheck; then
   timeout 150 compute-sanitizer --tool memcheck --print-limit 20 "$bin/gpu_test" \
-    --gtest_filter='GpuAttention.*:GpuLinear.*:GpuRope.*:GpuElementwise.*:GpuRmsNorm.*:GpuKvCacheWrite.*:GpuSampling.*' \
+    --gtest_filter='GpuAttention.*:GpuLinear.*:GpuRope.*:GpuElementwise.*:GpuRmsNorm.*:GpuKvCacheWrite.*:GpuSampling.*:-GpuAttention.Fp8*' \
     > "$out/memcheck.log" 2>&1
   note "memcheck: rc=$?"
   grep -E "ERROR SUMMARY|Invalid|out of bounds|PASSED|FAILED" "$out/memcheck.log" | head -20 | tee -a "$summary"
@@ -99,6 +101,27 @@ if has engine; then
     --prefix-len 2000 --suffix-len 16 --num-iters 10 --output-json "$out/prefix.json" >> "$out/engine.log" 2>&1
   note "bench prefix: rc=$?"
   grep -vE "^\[atom" "$out/engine.log" | tail -n 6 | tee -a "$summary"
+fi
+
+if has fp8; then
+  timeout 300 compute-sanitizer --tool memcheck --print-limit 20 "$bin/gpu_test" \
+    --gtest_filter='GpuAttention.Fp8CacheDecodeSplitsAndMerges:*Fp8*Cpu*' > "$out/fp8_memcheck.log" 2>&1
+  note "fp8 memcheck: rc=$?"
+  grep -E "ERROR SUMMARY|Invalid|out of bounds|PASSED|FAILED" "$out/fp8_memcheck.log" | head -20 | tee -a "$summary"
+  timeout 240 "$bin/cuda_e2e_bench" --model "$stage/bench/models/llama-3.1-8b" --load-format dummy \
+    --batch 1,32,128,256 --kv-cache-dtype fp8 > "$out/e2e_fp8.log" 2>&1
+  note "e2e bench, fp8 KV cache: rc=$?"
+  tail -n 8 "$out/e2e_fp8.log" | tee -a "$summary"
+  m="$stage/bench/models/llama-3.1-8b"
+  for seqs in 256 384 512; do
+    timeout 300 "$bin/atom" bench throughput --model "$m" --load-format dummy --device cuda \
+      --input-len 1000 --output-len 1000 --num-prompts 512 --max-num-seqs $seqs \
+      --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 --kv-cache-dtype fp8 \
+      --output-json "$out/throughput_fp8_$seqs.json" > "$out/engine_fp8_$seqs.log" 2>&1
+    note "bench throughput 512x1000/1000, fp8 KV cache, max-num-seqs $seqs: rc=$?"
+    grep -vE "^\[atom" "$out/engine_fp8_$seqs.log" | tail -n 8 | tee -a "$summary"
+    grep -E "KV|engine on|preempt" "$out/engine_fp8_$seqs.log" | head -5 | tee -a "$summary"
+  done
 fi
 
 if has serve; then

@@ -1,5 +1,7 @@
 #include "cli/engine_args.h"
 
+#include "core/error.h"
+
 namespace atom::cli {
 
 void engine_args_add(CLI::App* cmd, EngineArgs& a) {
@@ -30,6 +32,19 @@ void engine_args_add(CLI::App* cmd, EngineArgs& a) {
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", c.enable_prefix_caching,
                 "reuse the KV of shared prompt prefixes (default on)");
   cmd->add_option("--seed", c.seed, "seeds the requests that bring none")->capture_default_str();
+  cmd->add_option(
+         "--kv-cache-dtype", c.kv_cache_dtype,
+         "KV cache element type: auto (the activation dtype), fp8 / fp8_e4m3 (e4m3, scales "
+         "1.0: half the bytes of bf16), bf16 / bfloat16")
+      ->capture_default_str()
+      ->check([](const std::string& v) {  // refused before the model loads
+        try {
+          kv_cache_dtype_parse(v);
+          return std::string();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+      });
 }
 
 EngineConfig engine_args_config(const EngineArgs& a) {

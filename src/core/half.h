@@ -1,4 +1,4 @@
-// bf16 and f16 bit conversions (host and device).
+// bf16, f16 and fp8 (e4m3fn) bit conversions (host and device).
 #pragma once
 
 #include <cstdint>
@@ -77,6 +77,51 @@ ATOM_HD uint16_t f32_to_f16(float f) {
   const uint32_t rem = mant & 0x1fffu;
   if (rem > 0x1000u || (rem == 0x1000u && (half & 1))) ++half;
   return static_cast<uint16_t>(half);
+}
+
+// float8_e4m3fn, the FP8 KV cache's format (torch.float8_e4m3fn, vLLM's "fp8_e4m3"): sign, 4-bit
+// exponent (bias 7), 3-bit mantissa; no infinities, 0x7f and 0xff are NaN, the largest finite
+// value is 448. Codes 0x01-0x07 are subnormal: m * 2^-9.
+ATOM_HD float f8e4m3_to_f32(uint8_t b) {
+  const uint32_t sign = static_cast<uint32_t>(b & 0x80u) << 24;
+  const uint32_t exp = (b >> 3) & 0xfu, mant = b & 0x7u;
+  uint32_t u;
+  if (exp == 0xfu && mant == 0x7u) {
+    u = sign | 0x7fc00000u;
+  } else if (exp == 0) {  // zero or subnormal: mant * 2^-9, exact in float
+    float f = static_cast<float>(mant) * 0.001953125f;
+    memcpy(&u, &f, 4);
+    u |= sign;
+  } else {
+    u = sign | ((exp + 120u) << 23) | (mant << 20);
+  }
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even, saturating as vLLM's cache write (__NV_SATFINITE): a magnitude above
+// 448 (infinity included) becomes 448; NaN becomes 0x7f with the input's sign.
+ATOM_HD uint8_t f32_to_f8e4m3(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);
+  if (a >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);  // >= 448
+  if (a >= 0x3c800000u) {  // >= 2^-6: normal; carry out of the mantissa bumps the exponent
+    const uint32_t r = a + 0x7ffffu + ((a >> 20) & 1u);
+    return static_cast<uint8_t>(sign | ((r >> 20) - (120u << 3)));
+  }
+  // Below 2^-6: multiples of 2^-9. The value in units of 2^-9 is m * 2^(e - 150 + 9).
+  const uint32_t e = a >> 23;
+  if (e < 141 - 24) return sign;  // < 2^-11: rounds to zero
+  const uint32_t m = (a & 0x7fffffu) | (e ? 0x800000u : 0u);
+  const uint32_t shift = 141 - e;  // >= 21 since a < 2^-6 means e <= 120
+  uint32_t q = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (q & 1u))) ++q;
+  return static_cast<uint8_t>(sign | q);
 }
 
 }  // namespace atom

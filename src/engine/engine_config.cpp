@@ -27,7 +27,9 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
     fail("max_model_len {} is larger than the model's max_position_embeddings {}", p.max_model_len,
          model_max);
   p.block_size = c.block_size;
-  p.block_bytes = KvCache::page_bytes(model.cache_specs(), c.block_size);
+  p.kv_cache_dtype = kv_cache_dtype_for(model, c.kv_cache_dtype);
+  p.block_bytes = KvCache::page_bytes(cache_specs_with_dtype(model.cache_specs(), p.kv_cache_dtype),
+                                      c.block_size);
   p.state_slot_bytes = KvCache::state_slot_bytes(model.state_specs());
   if (!model.state_specs().empty()) {
     p.state_slots_per_request = 1 + c.num_speculative_tokens;
@@ -68,6 +70,25 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
         per_seq_blocks * static_cast<int64_t>(p.block_bytes));
   }
   return p;
+}
+
+std::optional<DType> kv_cache_dtype_parse(const std::string& name) {
+  if (name == "auto") return std::nullopt;
+  if (name == "fp8" || name == "fp8_e4m3") return DType::kF8E4M3;
+  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
+  fail("--kv-cache-dtype '{}': expected auto, fp8, fp8_e4m3, bf16 or bfloat16{}", name,
+       name.starts_with("fp8") ? " (FP8 caches are e4m3 only)" : "");
+}
+
+DType kv_cache_dtype_for(const Model& model, const std::string& name) {
+  const DType act = model.act_dtype();
+  const DType t = kv_cache_dtype_parse(name).value_or(act);
+  // The CUDA attention kernels read caches of the activation dtype or e4m3; the CPU reference
+  // reads any float dtype.
+  if (model.device().is_cuda() && t != act && t != DType::kF8E4M3)
+    fail("--kv-cache-dtype {}: on {} the KV cache holds the activation dtype {} or fp8, not {}",
+         name, model.device().str(), dtype_name(act), dtype_name(t));
+  return t;
 }
 
 int64_t byte_size_parse(const std::string& s, const std::string& flag) {

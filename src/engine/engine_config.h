@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "models/model.h"
@@ -25,6 +26,9 @@ struct EngineConfig {
   bool enable_prefix_caching = true;
   int num_speculative_tokens = 0;  // rollback state slots per request (recurrent models)
   uint64_t seed = 0;               // draws the seeds of requests that bring none
+  // KV cache element type, vLLM's --kv-cache-dtype: "auto" (the activation dtype), "fp8" or
+  // "fp8_e4m3" (e4m3 with per-tensor scales of 1: half the bytes of BF16), "bf16" or "bfloat16".
+  std::string kv_cache_dtype = "auto";
 };
 
 struct KvCachePlan {
@@ -33,6 +37,7 @@ struct KvCachePlan {
   int block_size = 16;
   int num_state_slots = 0;
   int state_slots_per_request = 0;  // 0: the model keeps no recurrent state
+  DType kv_cache_dtype = DType::kF32;  // what the attention layers' caches store
   size_t block_bytes = 0;           // one block over all attention layers
   size_t state_slot_bytes = 0;      // one slot over all recurrent layers
   int max_model_len = 0;
@@ -45,6 +50,13 @@ struct KvCachePlan {
 // num_gpu_blocks_override nor kv_cache_memory the blocks are left to the ModelRunner, which sizes
 // them from free GPU memory (from_gpu_memory, num_blocks 0).
 KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& config);
+
+// --kv-cache-dtype: "auto" -> nullopt (the activation dtype); "fp8", "fp8_e4m3" -> F8E4M3; "bf16",
+// "bfloat16" -> BF16. Anything else is an Error naming the flag and the accepted values.
+std::optional<DType> kv_cache_dtype_parse(const std::string& name);
+// The KV cache dtype for `model` under --kv-cache-dtype `name`; an Error naming the flag when the
+// model's device cannot attend over it (CUDA: the activation dtype or F8E4M3).
+DType kv_cache_dtype_for(const Model& model, const std::string& name);
 
 inline constexpr int64_t kCpuKvCacheMemory = int64_t{4} << 30;
 

@@ -25,6 +25,7 @@ std::unique_ptr<StepRunner> runner_create(Model& model, ModelGroup* models, cons
   o.gpu_memory_utilization = c.gpu_memory_utilization;
   o.enforce_eager = c.enforce_eager;
   o.num_state_slots = plan.num_state_slots;
+  o.kv_cache_dtype = plan.kv_cache_dtype;
   std::unique_ptr<StepRunner> runner = models ? step_runner_create(*models, o)
                                                : std::make_unique<ModelRunner>(model, o);
   plan.num_blocks = runner->num_pages();
@@ -87,13 +88,14 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
                     : fmt::format("{} ranks from {} (tensor parallel, KV per rank)", tp_size_,
                                   model.device().str());
   log_info(
-      "engine on {}: {} KV blocks of {} tokens ({:.1f} MiB, {} tokens, from {}), {} state slots "
+      "engine on {}: {} KV blocks of {} tokens ({:.1f} MiB of {}, {} tokens, from {}), {} state "
+      "slots "
       "({:.1f} MiB), max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, prefix "
       "caching {}, decode {}",
       where, plan_.num_blocks, plan_.block_size,
       static_cast<double>(plan_.block_bytes) * plan_.num_blocks / (1 << 20),
-      static_cast<int64_t>(plan_.num_blocks) * plan_.block_size, kv_source(config, plan_),
-      plan_.num_state_slots,
+      dtype_name(plan_.kv_cache_dtype), static_cast<int64_t>(plan_.num_blocks) * plan_.block_size,
+      kv_source(config, plan_), plan_.num_state_slots,
       static_cast<double>(plan_.state_slot_bytes) * plan_.num_state_slots / (1 << 20),
       plan_.max_model_len, config.max_num_seqs, config.max_num_batched_tokens,
       blocks_.prefix_caching() ? "on" : "off", graphs ? "from CUDA graphs" : "eager");

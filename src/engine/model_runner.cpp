@@ -52,6 +52,13 @@ void ModelRunner::init(const RunnerOptions& o) {
                                        : static_cast<int>(model_.config().max_position_embeddings);
   if (max_model_len_ <= 0) fail("runner: no max_model_len given and the model names none");
   const Device dev = model_.device();
+  cache_specs_ = o.kv_cache_dtype ? cache_specs_with_dtype(model_.cache_specs(), *o.kv_cache_dtype)
+                                  : model_.cache_specs();
+  ATOM_CHECK(
+      !o.kv_cache_dtype || dev.is_cpu() || *o.kv_cache_dtype == model_.act_dtype() ||
+          *o.kv_cache_dtype == DType::kF8E4M3,
+      "runner: the CUDA kernels read KV caches of the activation dtype {} or F8_E4M3, not {}",
+      dtype_name(model_.act_dtype()), dtype_name(*o.kv_cache_dtype));
   int pages = o.num_pages;
 #ifdef ATOM_HAVE_CUDA
   if (dev.is_cuda()) cuda_ = std::make_unique<Cuda>(dev.index);
@@ -63,13 +70,13 @@ void ModelRunner::init(const RunnerOptions& o) {
       // max_num_seqs full-length sequences, within 4 GiB of host memory (at least one sequence).
       const int64_t per_seq = (max_model_len_ + o.block_size - 1) / o.block_size;
       const size_t page_bytes =
-          std::max<size_t>(1, KvCache::page_bytes(model_.cache_specs(), o.block_size));
+          std::max<size_t>(1, KvCache::page_bytes(cache_specs_, o.block_size));
       const int64_t cap = static_cast<int64_t>((size_t{4} << 30) / page_bytes);
       pages = static_cast<int>(std::max(per_seq, std::min(per_seq * o.max_num_seqs, cap)));
     }
   }
   if (o.agree_pages) pages = o.agree_pages(pages);
-  kv_ = KvCache::allocate(model_.cache_specs(), pages, o.block_size, dev, model_.state_specs(),
+  kv_ = KvCache::allocate(cache_specs_, pages, o.block_size, dev, model_.state_specs(),
                           o.num_state_slots);
 #ifdef ATOM_HAVE_CUDA
   if (dev.is_cuda() && !o.enforce_eager) {
@@ -84,7 +91,7 @@ void ModelRunner::init(const RunnerOptions& o) {
 int ModelRunner::pages_from_memory(const RunnerOptions& o) {
 #ifdef ATOM_HAVE_CUDA
   const Device dev = model_.device();
-  const auto& specs = model_.cache_specs();
+  const auto& specs = cache_specs_;
   const int bs = o.block_size;
   const size_t page_bytes = KvCache::page_bytes(specs, bs);
   if (page_bytes == 0) return 1;

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "engine/step_runner.h"
@@ -30,6 +31,8 @@ struct RunnerOptions {
   // Tensor parallelism: every rank passes the page count it sized and all use the result (the
   // smallest), so the engine's block numbers are valid on every rank. Unset: no agreement.
   std::function<int(int pages)> agree_pages;
+  // Element type of the attention caches (e.g. F8E4M3); unset: the model's, its activation dtype.
+  std::optional<DType> kv_cache_dtype;
 };
 
 class DecodeGraphs;
@@ -82,6 +85,7 @@ class ModelRunner final : public StepRunner {
   Tensor upload(const void* data, Shape shape, DType dtype);
 
   Model& model_;
+  std::vector<AttentionCacheSpec> cache_specs_;  // the model's, in the KV cache dtype
   KvCache kv_;
   Arena arena_;
   int max_model_len_ = 0;

@@ -14,16 +14,11 @@ namespace {
 // One sequence whose context occupies pages 0, 1, 2, ... in order.
 class SingleSequence {
  public:
-  SingleSequence(Model& model, int capacity, int block_size)
-      : runner_(std::make_unique<ModelRunner>(model, pages_for(capacity, block_size), block_size,
-                                              state_slots(model))) {}
-  SingleSequence(ModelGroup& models, int capacity, int block_size) {
-    RunnerOptions o;
-    o.num_pages = pages_for(capacity, block_size);
-    o.block_size = block_size;
-    o.num_state_slots = state_slots(models.model(0));
-    o.max_model_len = o.num_pages * block_size;
-    runner_ = step_runner_create(models, o);
+  SingleSequence(Model& model, int capacity, int block_size, std::optional<DType> kv_cache_dtype)
+      : runner_(std::make_unique<ModelRunner>(model, options(model, capacity, block_size, kv_cache_dtype))) {}
+  SingleSequence(ModelGroup& models, int capacity, int block_size,
+                 std::optional<DType> kv_cache_dtype) {
+    runner_ = step_runner_create(models, options(models.model(0), capacity, block_size, kv_cache_dtype));
   }
 
   // Appends `tokens` to the context; returns logits of the listed rows (indices into `tokens`).
@@ -40,10 +35,17 @@ class SingleSequence {
   }
 
  private:
-  static int pages_for(int capacity, int block_size) {
-    return std::max(1, (capacity + block_size - 1) / block_size);
+  // Pages for `capacity` tokens in order, one state slot for recurrent models.
+  static RunnerOptions options(const Model& model, int capacity, int block_size,
+                               std::optional<DType> kv_cache_dtype) {
+    RunnerOptions o;
+    o.num_pages = std::max(1, (capacity + block_size - 1) / block_size);
+    o.block_size = block_size;
+    o.num_state_slots = model.state_specs().empty() ? 0 : 1;
+    o.max_model_len = o.num_pages * block_size;
+    o.kv_cache_dtype = kv_cache_dtype;
+    return o;
   }
-  static int state_slots(const Model& model) { return model.state_specs().empty() ? 0 : 1; }
 
   Batch append(const std::vector<int32_t>& tokens, const std::vector<int32_t>& logit_rows) {
     const int bs = runner_->block_size();
@@ -74,13 +76,13 @@ class SingleSequence {
 // Model or ModelGroup: the sequence runs on one device or on every rank.
 template <typename Models>
 Tensor score_with(Models& models, const Model& model, const std::vector<int32_t>& tokens, int chunk,
-                  int block_size) {
+                  int block_size, std::optional<DType> kv_cache_dtype) {
   const int T = static_cast<int>(tokens.size());
   ATOM_CHECK(T > 0, "score needs at least one token");
   for (int32_t t : tokens)
     if (t < 0 || t >= model.vocab_size())
       fail("token id {} is outside the vocabulary [0, {})", t, model.vocab_size());
-  SingleSequence seq(models, T, block_size);
+  SingleSequence seq(models, T, block_size, kv_cache_dtype);
   Tensor out = Tensor::empty({T, model.vocab_size()}, DType::kF32);
   const int step = chunk > 0 ? chunk : T;
   for (int s = 0; s < T; s += step) {
@@ -97,7 +99,7 @@ Tensor score_with(Models& models, const Model& model, const std::vector<int32_t>
 template <typename Models>
 GreedyResult greedy_with(Models& models, const Model& model, const std::vector<int32_t>& prompt,
                          int max_tokens, const std::vector<int64_t>& eos, bool ignore_eos,
-                         int block_size) {
+                         int block_size, std::optional<DType> kv_cache_dtype) {
   ATOM_CHECK(!prompt.empty(), "generate needs a non-empty prompt");
   for (int32_t t : prompt)
     if (t < 0 || t >= model.vocab_size())
@@ -105,7 +107,7 @@ GreedyResult greedy_with(Models& models, const Model& model, const std::vector<i
   GreedyResult r;
   r.finish_reason = "length";
   if (max_tokens <= 0) return r;
-  SingleSequence seq(models, static_cast<int>(prompt.size()) + max_tokens, block_size);
+  SingleSequence seq(models, static_cast<int>(prompt.size()) + max_tokens, block_size, kv_cache_dtype);
   int32_t next = seq.step_greedy(prompt, {static_cast<int32_t>(prompt.size()) - 1}).at(0);
   for (int i = 0; i < max_tokens; ++i) {
     r.token_ids.push_back(next);
@@ -120,23 +122,27 @@ GreedyResult greedy_with(Models& models, const Model& model, const std::vector<i
 
 }  // namespace
 
-Tensor score_tokens(Model& model, const std::vector<int32_t>& tokens, int chunk, int block_size) {
-  return score_with(model, model, tokens, chunk, block_size);
+Tensor score_tokens(Model& model, const std::vector<int32_t>& tokens, int chunk, int block_size,
+                    std::optional<DType> kv_cache_dtype) {
+  return score_with(model, model, tokens, chunk, block_size, kv_cache_dtype);
 }
 
 Tensor score_tokens(ModelGroup& models, const std::vector<int32_t>& tokens, int chunk,
-                    int block_size) {
-  return score_with(models, models.model(0), tokens, chunk, block_size);
+                    int block_size, std::optional<DType> kv_cache_dtype) {
+  return score_with(models, models.model(0), tokens, chunk, block_size, kv_cache_dtype);
 }
 
 GreedyResult generate_greedy(Model& model, const std::vector<int32_t>& prompt, int max_tokens,
-                             const std::vector<int64_t>& eos, bool ignore_eos, int block_size) {
-  return greedy_with(model, model, prompt, max_tokens, eos, ignore_eos, block_size);
+                             const std::vector<int64_t>& eos, bool ignore_eos, int block_size,
+                             std::optional<DType> kv_cache_dtype) {
+  return greedy_with(model, model, prompt, max_tokens, eos, ignore_eos, block_size, kv_cache_dtype);
 }
 
 GreedyResult generate_greedy(ModelGroup& models, const std::vector<int32_t>& prompt, int max_tokens,
-                             const std::vector<int64_t>& eos, bool ignore_eos, int block_size) {
-  return greedy_with(models, models.model(0), prompt, max_tokens, eos, ignore_eos, block_size);
+                             const std::vector<int64_t>& eos, bool ignore_eos, int block_size,
+                             std::optional<DType> kv_cache_dtype) {
+  return greedy_with(models, models.model(0), prompt, max_tokens, eos, ignore_eos, block_size,
+                     kv_cache_dtype);
 }
 
 }  // namespace atom

@@ -4,23 +4,33 @@
 
 namespace atom::kernels {
 
+// Per-tensor scales of an FP8 (F8E4M3) KV cache, vLLM's k_scale and v_scale: the cache stores
+// e4m3(x / scale) (round to nearest even, saturating at +-448) and attention reads e4m3 * scale.
+// Caches of any other dtype ignore them.
+struct KvScales {
+  float k = 1.0f;
+  float v = 1.0f;
+};
+
 // Writes each token's key and value into its cache slot (slot < 0: skipped).
-//   k_cache, v_cache [num_pages, block_size, Hk, D]
+//   k_cache, v_cache [num_pages, block_size, Hk, D]: the activations' dtype, or F8E4M3
 //   k, v [T, Hk * D] (rows may be strided)     slot_mapping [T] I32
 namespace cpu {
 void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
-                    const Tensor& slot_mapping);
+                    const Tensor& slot_mapping, KvScales scales = {});
 }
 namespace cuda {
 void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
-                    const Tensor& slot_mapping);
+                    const Tensor& slot_mapping, KvScales scales = {});
 }
 
 inline void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
-                           const Tensor& slot_mapping) {
+                           const Tensor& slot_mapping, KvScales scales = {}) {
   check_same_device("kv_cache_write", k_cache.device(), {&v_cache, &k, &v, &slot_mapping});
-  if (k_cache.device().is_cpu()) return cpu::kv_cache_write(k_cache, v_cache, k, v, slot_mapping);
-  ATOM_KERNEL_CUDA("kv_cache_write", cuda::kv_cache_write(k_cache, v_cache, k, v, slot_mapping));
+  if (k_cache.device().is_cpu())
+    return cpu::kv_cache_write(k_cache, v_cache, k, v, slot_mapping, scales);
+  ATOM_KERNEL_CUDA("kv_cache_write",
+                   cuda::kv_cache_write(k_cache, v_cache, k, v, slot_mapping, scales));
 }
 
 // Attention of each sequence's new tokens over its whole cached context (prefill, chunked
@@ -38,9 +48,11 @@ struct AttentionArgs {
   // CUDA graph may be captured with bounds that hold for every replay).
   int max_query_len = 0;
   int max_context_len = 0;
+  KvScales kv_scales;  // F8E4M3 caches only
 };
 
 //   out [T, Hq * D]    q [T, Hq * D] (rows may be strided)
+//   caches as in kv_cache_write (CUDA: q's dtype, or F8E4M3 read through a.kv_scales)
 //   query_start [S + 1], context_lens [S], page_indptr [S + 1], page_indices [pages]: I32
 //   sinks [Hq] F32 or undefined: a per-head logit added to the softmax denominator
 struct AttentionBatch {

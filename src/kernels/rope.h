@@ -1,5 +1,6 @@
 #pragma once
 
+#include "kernels/attention.h"
 #include "kernels/dispatch.h"
 
 namespace atom::kernels {
@@ -31,29 +32,31 @@ inline void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& in
   ATOM_KERNEL_CUDA("rope", cuda::rope(q, k, positions, inv_freq, a));
 }
 
-// rope(q, k) followed by kv_cache_write(k_cache, v_cache, k, v, slot_mapping), in one kernel on
-// CUDA (the rotated keys go to the cache without another pass). Shapes as in rope and
+// rope(q, k) followed by kv_cache_write(k_cache, v_cache, k, v, slot_mapping, scales), in one
+// kernel on CUDA (the rotated keys go to the cache without another pass). Shapes as in rope and
 // kv_cache_write (kernels/attention.h).
 namespace cpu {
 void rope_kv_cache_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions,
-                         const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache, Tensor& v_cache,
-                         const Tensor& slot_mapping);
+                         const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache,
+                         Tensor& v_cache, const Tensor& slot_mapping, KvScales scales = {});
 }
 namespace cuda {
 void rope_kv_cache_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions,
-                         const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache, Tensor& v_cache,
-                         const Tensor& slot_mapping);
+                         const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache,
+                         Tensor& v_cache, const Tensor& slot_mapping, KvScales scales = {});
 }
 
 inline void rope_kv_cache_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions,
                                 const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache,
-                                Tensor& v_cache, const Tensor& slot_mapping) {
+                                Tensor& v_cache, const Tensor& slot_mapping, KvScales scales = {}) {
   check_same_device("rope_kv_cache_write", q.device(),
                     {&k, &v, &positions, &inv_freq, &k_cache, &v_cache, &slot_mapping});
   if (q.device().is_cpu())
-    return cpu::rope_kv_cache_write(q, k, v, positions, inv_freq, a, k_cache, v_cache, slot_mapping);
-  ATOM_KERNEL_CUDA("rope_kv_cache_write", cuda::rope_kv_cache_write(q, k, v, positions, inv_freq, a, k_cache,
-                                                                     v_cache, slot_mapping));
+    return cpu::rope_kv_cache_write(q, k, v, positions, inv_freq, a, k_cache, v_cache, slot_mapping,
+                                    scales);
+  ATOM_KERNEL_CUDA("rope_kv_cache_write",
+                   cuda::rope_kv_cache_write(q, k, v, positions, inv_freq, a, k_cache, v_cache,
+                                             slot_mapping, scales));
 }
 
 }  // namespace atom::kernels

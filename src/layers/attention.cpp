@@ -32,7 +32,7 @@ Tensor Attention::forward(Step& step, const Tensor& q, const Tensor& k, const Te
   ATOM_CHECK(step.kv, "attention needs a KV cache");
   Tensor& kc = step.kv->k.at(cache_index_);
   Tensor& vc = step.kv->v.at(cache_index_);
-  kernels::kv_cache_write(kc, vc, k, v, step.batch.dev.slot_mapping);
+  kernels::kv_cache_write(kc, vc, k, v, step.batch.dev.slot_mapping, kv_scales_);
   return attend(step, q, kc, vc);
 }
 
@@ -41,7 +41,7 @@ Tensor Attention::forward(Step& step, Tensor& q, Tensor& k, const Tensor& v,
   ATOM_CHECK(step.kv, "attention needs a KV cache");
   Tensor& kc = step.kv->k.at(cache_index_);
   Tensor& vc = step.kv->v.at(cache_index_);
-  rotary.forward_and_cache(step, q, k, v, kc, vc);
+  rotary.forward_and_cache(step, q, k, v, kc, vc, kv_scales_);
   return attend(step, q, kc, vc);
 }
 
@@ -56,6 +56,7 @@ Tensor Attention::attend(Step& step, const Tensor& q, Tensor& kc, Tensor& vc) {
   a.sliding_window = sliding_window_;
   a.max_query_len = b.max_query_len;
   a.max_context_len = b.max_context_len;
+  a.kv_scales = kv_scales_;
   kernels::AttentionBatch ab{&b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr,
                              &b.dev.page_indices};
   Tensor workspace;

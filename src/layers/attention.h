@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "kernels/attention.h"
 #include "layers/context.h"
 #include "layers/rotary.h"
 
@@ -33,6 +34,9 @@ class Attention {
   LayerContext& ctx_;
   int heads_, kv_heads_, head_dim_, sliding_window_;
   float scale_;
+  // FP8 caches: vLLM's default per-tensor scales of 1. Checkpoint scales (`*.k_scale`,
+  // `*.v_scale`) are not read: a checkpoint holding them fails to load, its tensors unclaimed.
+  kernels::KvScales kv_scales_;
   int cache_index_;
   Parameter* sinks_ = nullptr;
 };

@@ -47,6 +47,13 @@ struct KvCache {
   static size_t state_slot_bytes(const std::vector<StateCacheSpec>& specs);
 };
 
+// `specs` with every attention cache stored as `dtype` (the KV cache dtype the runner is given).
+inline std::vector<AttentionCacheSpec> cache_specs_with_dtype(std::vector<AttentionCacheSpec> specs,
+                                                              DType dtype) {
+  for (auto& s : specs) s.dtype = dtype;
+  return specs;
+}
+
 struct LayerContext {
   ParamRegistry& params;
   Device device;

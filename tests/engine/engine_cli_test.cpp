@@ -14,6 +14,8 @@
 #include "common/fixtures.h"
 #include "common/test_util.h"
 #include "loader/safetensors.h"
+#include "engine/sequence_runner.h"
+#include "models/loading.h"
 
 namespace atom::test {
 namespace {
@@ -56,6 +58,34 @@ TEST(EngineCli, GeneratePromptTokensJsonMatchesTransformers) {
       fixture_dir("llama3_gqa"), join(ref.greedy_prompt)));
   ASSERT_EQ(plain.size(), 1u);
   EXPECT_EQ(plain[0], join(ref.greedy_tokens));
+}
+
+// --kv-cache-dtype fp8 reaches the engine's cache: the tokens are those of the single-sequence
+// runner over an FP8 cache (no scheduler or CLI code), and a bad value is refused.
+TEST(EngineCli, GenerateWithAnFp8KvCache) {
+  const Reference ref = reference_load("qwen3_sliding");
+  LoadedModel m = model_load(fixture_dir("qwen3_sliding"), ModelOptions{});
+  const auto want =
+      generate_greedy(*m.model, ref.greedy_prompt, 16, {}, true, 16, DType::kF8E4M3).token_ids;
+  const auto exact = generate_greedy(*m.model, ref.greedy_prompt, 16, {}, true).token_ids;
+  int rc = 0;
+  const auto lines =
+      run_atom(fmt::format("generate --model {} --prompt-tokens {} --max-tokens 16 --temperature 0 "
+                           "--ignore-eos --kv-cache-dtype fp8",
+                           fixture_dir("qwen3_sliding"), join(ref.greedy_prompt)),
+               &rc);
+  EXPECT_EQ(rc, 0);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0], join(want));
+  EXPECT_NE(want, exact) << "this fixture's greedy tokens should show the FP8 cache";
+  for (const char* bad : {"fp8_e5m2", "int8"}) {
+    const auto out = run_atom(fmt::format("generate --model {} --prompt-tokens 1,2 --max-tokens 2 "
+                                          "--kv-cache-dtype {}",
+                                          fixture_dir("qwen3_sliding"), bad),
+                              &rc);
+    EXPECT_NE(rc, 0) << bad;
+    EXPECT_TRUE(out.empty()) << bad;
+  }
 }
 
 TEST(EngineCli, GenerateJsonlInput) {

@@ -26,12 +26,21 @@ struct AttnCase {
   DType dt = DType::kBF16;
   bool workspace = true;
   int context_bound = 0;  // > 0: max_context_len passed as this upper bound (as CUDA graphs do)
+  // FP8 (e4m3) caches: random keys and values quantised by the CPU cache write (with these
+  // scales); every_code: random e4m3 codes instead (every finite code, subnormals and +-448 too),
+  // with small queries so the logits stay moderate.
+  bool fp8 = false;
+  kernels::KvScales scales = {};
+  bool every_code = false;
 };
 
 std::string describe(const AttnCase& c) {
-  std::string s =
-      fmt::format("H{}/{} D{} bs{} w{}{}{} seqs", c.heads, c.kv_heads, c.head_dim, c.block_size,
-                  c.window, c.sinks ? " sinks" : "", c.softcap > 0 ? " softcap" : "");
+  std::string s = fmt::format(
+      "H{}/{} D{} bs{} w{}{}{}{} seqs", c.heads, c.kv_heads, c.head_dim, c.block_size, c.window,
+      c.sinks ? " sinks" : "", c.softcap > 0 ? " softcap" : "",
+      c.fp8
+          ? fmt::format(" fp8 k{} v{}{}", c.scales.k, c.scales.v, c.every_code ? " every code" : "")
+          : "");
   for (const auto& q : c.seqs) s += fmt::format(" {}/{}", q.query, q.context);
   return s;
 }
@@ -63,10 +72,31 @@ void check_attention(const AttnCase& c, uint64_t seed) {
   const int64_t T = qs.back();
   const int64_t qw = static_cast<int64_t>(c.heads) * c.head_dim;
   // q is a slice of a wider (qkv-like) row: strided.
-  Tensor qkv = random_cpu({T, qw + 64}, c.dt, seed + 1, -2, 2);
+  const float qr = c.every_code ? 4e-3f : 2.0f;
+  Tensor qkv = random_cpu({T, qw + 64}, c.dt, seed + 1, -qr, qr);
   Tensor q = qkv.narrow(1, 0, qw);
   Tensor kc = random_cpu({num_pages, c.block_size, c.kv_heads, c.head_dim}, c.dt, seed + 2, -2, 2);
   Tensor vc = random_cpu({num_pages, c.block_size, c.kv_heads, c.head_dim}, c.dt, seed + 3, -2, 2);
+  if (c.fp8) {
+    const int64_t slots = static_cast<int64_t>(num_pages) * c.block_size;
+    const int64_t width = static_cast<int64_t>(c.kv_heads) * c.head_dim;
+    Tensor k8 = Tensor::empty(kc.shape(), DType::kF8E4M3),
+           v8 = Tensor::empty(kc.shape(), DType::kF8E4M3);
+    if (c.every_code) {
+      for (int64_t i = 0; i < k8.numel(); ++i) {
+        uint8_t b = static_cast<uint8_t>(rng()), d = static_cast<uint8_t>(rng());
+        k8.ptr<uint8_t>()[i] = (b & 0x7f) == 0x7f ? 0x00 : b;  // NaN codes never stored
+        v8.ptr<uint8_t>()[i] = (d & 0x7f) == 0x7f ? 0x80 : d;
+      }
+    } else {
+      std::vector<int32_t> all(slots);
+      std::iota(all.begin(), all.end(), 0);
+      kernels::kv_cache_write(k8, v8, kc.view({slots, width}), vc.view({slots, width}), i32(all),
+                              c.scales);
+    }
+    kc = k8;
+    vc = v8;
+  }
   Tensor sinks = c.sinks ? random_cpu({c.heads}, DType::kF32, seed + 4, -1, 3) : Tensor();
   kernels::AttentionArgs a;
   a.num_heads = c.heads;
@@ -77,6 +107,7 @@ void check_attention(const AttnCase& c, uint64_t seed) {
   a.logit_softcap = c.softcap;
   a.max_query_len = max_q;
   a.max_context_len = c.context_bound > 0 ? c.context_bound : max_c;
+  a.kv_scales = c.scales;
   Tensor cqs = i32(qs), ccl = i32(cl), cpip = i32(pip), cpid = i32(pid);
   kernels::AttentionBatch cb{&cqs, &ccl, &cpip, &cpid};
   Tensor ref = Tensor::empty({T, qw}, c.dt);
@@ -96,6 +127,7 @@ void check_attention(const AttnCase& c, uint64_t seed) {
   Tensor gq = qkv.to(gpu()).narrow(1, 0, qw);
   kernels::paged_attention(out, gq, kc.to(gpu()), vc.to(gpu()), gb,
                            c.sinks ? sinks.to(gpu()) : Tensor(), a);
+  // Against the CPU over the same (FP8 or not) cache: FP32 math, or BF16/F16 operands.
   const double tol = c.dt == DType::kF32 ? 1e-5 : 5e-3;
   EXPECT_LE(rel_err(out, ref), tol)
       << describe(c) << (need > 0 && c.workspace ? " (split)" : "") << " backend "
@@ -195,6 +227,90 @@ TEST(GpuAttention, SimpleKernelForOtherHeadSizesAndF32) {
   kernels::cuda::attention_set_backend(kernels::cuda::PrefillAttention::kSimple);
   check_attention({32, 8, 128, 16, {{70, 250}, {1, 999}}, 37, true}, 3100);
   kernels::cuda::attention_set_backend(kernels::cuda::PrefillAttention::kAuto);
+}
+
+// FP8 caches on every path, against the CPU reference over the same e4m3 cache.
+std::vector<AttnCase> fp8_cases(std::vector<AttnCase> cs, kernels::KvScales scales = {}) {
+  for (auto& c : cs) {
+    c.fp8 = true;
+    c.scales = scales;
+  }
+  return cs;
+}
+
+TEST(GpuAttention, Fp8CachePrefillPaths) {
+  const std::vector<AttnCase> base = {
+      // Prefill of several lengths, chunked / prefix-cached prefill with decode rows in one batch.
+      {32, 8, 128, 16, {{300, 300}, {17, 17}, {129, 129}}},
+      {32, 8, 128, 16, {{70, 250}, {1, 999}, {1, 3}, {40, 40}, {0, 12}}},
+      {16, 16, 64, 16, {{200, 333}, {1, 64}}},
+      {8, 1, 256, 16, {{90, 130}, {1, 257}}},
+      {64, 8, 64, 4, {{150, 150}}},
+      // Sliding window, sinks, soft-cap; F16 activations.
+      {32, 8, 128, 16, {{260, 300}, {1, 500}}, 37, true},
+      {8, 2, 64, 16, {{100, 100}}, 0, false, 30.0f},
+      {32, 8, 128, 16, {{400, 400}}, 150, true, 20.0f},
+      {16, 4, 128, 16, {{140, 200}, {1, 77}}, 0, false, 0.0f, DType::kF16},
+      {8, 8, 64, 16, {{190, 190}}, 0, true, 0.0f, DType::kF16},
+  };
+  using kernels::cuda::PrefillAttention;
+  for (PrefillAttention b :
+       {PrefillAttention::kAuto, PrefillAttention::kMma, PrefillAttention::kSimple}) {
+    kernels::cuda::attention_set_backend(b);
+    uint64_t seed = 7000;
+    for (const AttnCase& c : fp8_cases(base)) check_attention(c, seed += 10);
+    for (const AttnCase& c : fp8_cases(base, {0.05f, 4.0f})) check_attention(c, seed += 10);
+  }
+  kernels::cuda::attention_set_backend(PrefillAttention::kAuto);
+  // The one-warpgroup wgmma setting leaves FP8 prefill on two warpgroups.
+  kernels::cuda::attention_set_wgmma_warpgroups(1);
+  check_attention(fp8_cases(base)[0], 7500);
+  kernels::cuda::attention_set_wgmma_warpgroups(2);
+  // Every e4m3 code, on the wgmma (d128, d64) and mma.sync (d256) paths.
+  for (AttnCase c : fp8_cases({base[0], base[2], base[3]})) {
+    c.every_code = true;
+    check_attention(c, 7600 + c.head_dim);
+  }
+}
+
+TEST(GpuAttention, Fp8CacheDecodeSplitsAndMerges) {
+  const std::vector<AttnCase> base = {
+      // Decode rows per kv head: G = 4, 8, 16 (the 16-row tile), 32 (prefill mode).
+      {32, 8, 128, 16, {{1, 700}, {1, 33}, {1, 64}, {1, 65}}},
+      {64, 8, 128, 16, {{1, 1500}, {1, 1}}},
+      {16, 1, 64, 16, {{1, 300}, {1, 2000}}},
+      {32, 1, 128, 16, {{1, 900}, {1, 17}}},
+      // Speculative tokens within the 16 rows; head_dim 256 with sinks; window and small pages.
+      {32, 8, 128, 16, {{4, 300}, {2, 2}, {3, 1200}}},
+      {16, 8, 256, 16, {{8, 520}, {1, 40}}, 0, true},
+      {32, 8, 64, 4, {{1, 333}, {1, 4096}}, 100, true},
+      // Few long sequences: split across CTAs (flash-decoding); soft-cap; F16.
+      {32, 8, 128, 16, {{1, 3000}, {1, 4097}, {1, 100}}, 0, true},
+      {32, 8, 128, 16, {{1, 3000}, {1, 4097}, {1, 100}}, 1000, true, 25.0f},
+      {8, 8, 64, 16, {{1, 5000}}},
+      {16, 2, 256, 16, {{1, 2500}, {1, 700}}, 0, false, 0.0f, DType::kF16},
+  };
+  uint64_t seed = 8000;
+  for (const AttnCase& c : fp8_cases(base)) check_attention(c, seed += 10);
+  for (AttnCase c : fp8_cases(base, {2.5f, 0.3f})) {
+    c.context_bound = 8192;  // a captured graph's bound: splits by each sequence's own length
+    check_attention(c, seed += 10);
+  }
+  // Without workspace (no split), and merged by the separate combine kernel.
+  for (AttnCase c : fp8_cases({base[7], base[9]})) {
+    c.workspace = false;
+    check_attention(c, seed += 10);
+  }
+  kernels::cuda::attention_set_merge_in_kernel(false);
+  for (const AttnCase& c : fp8_cases({base[7], base[9], base[10]}, {0.5f, 2.0f}))
+    check_attention(c, seed += 10);
+  kernels::cuda::attention_set_merge_in_kernel(true);
+  // Repeated launches leave the split tickets zeroed; every e4m3 code through the decode kernel.
+  for (int i = 0; i < 3; ++i) check_attention(fp8_cases({base[7]})[0], seed += 10);
+  for (AttnCase c : fp8_cases({base[1], base[5], base[9]})) {
+    c.every_code = true;
+    check_attention(c, seed += 10);
+  }
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/convert.h"
+#include "core/half.h"
 #include "core/tensor.h"
 #include "kernels/random.h"
 
@@ -49,6 +50,14 @@ inline double rel_err(const Tensor& a, const Tensor& b) {
     den += q * q;
   }
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// An F32 host copy of an F8E4M3 tensor (any device, contiguous), code by code.
+inline Tensor f8_to_f32_host(const Tensor& t) {
+  Tensor h = host(t);
+  Tensor out = Tensor::empty(h.shape(), DType::kF32);
+  for (int64_t i = 0; i < h.numel(); ++i) out.ptr<float>()[i] = f8e4m3_to_f32(h.ptr<uint8_t>()[i]);
+  return out;
 }
 
 // Exact equality of two tensors' bytes.

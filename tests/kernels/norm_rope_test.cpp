@@ -164,5 +164,99 @@ TEST(GpuRope, FusedWithCacheWriteMatchesRopeThenWrite) {
   }
 }
 
+// FP8 caches: the GPU write rounds exactly as the CPU reference (x / scale, then round to nearest
+// even, saturating), from every activation dtype, through the 16-byte path and the element path,
+// on values that hit every rounding case: ties, subnormals, saturation.
+TEST(GpuKvCacheWrite, Fp8MatchesTheCpuByteForByte) {
+  for (DType dt : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (const kernels::KvScales sc : {kernels::KvScales{}, kernels::KvScales{0.37f, 3.0f}}) {
+      for (const int64_t offset : {0, 1}) {  // 1: rows not 16-byte aligned (element path)
+        const int64_t pages = 9, bs = 16, hk = 2, D = 64, T = 40, width = hk * D;
+        // Rows of 3 * width + 8 elements: 16-byte multiples in every dtype.
+        Tensor qkv = random_cpu({T, 3 * width + 8}, DType::kF32, 210, -500, 500);
+        // Ties between e4m3 neighbours, subnormals and values past 448, as exact floats.
+        const float special[] = {1.0625f,       1.1875f,       15.5f,  -15.5f, 0.0029296875f,
+                                 0.0009765625f, 0.0146484375f, 448.0f, 460.0f, 1e6f,
+                                 -1e6f,         1e-6f,         -0.0f};
+        for (int64_t i = 0; i < T * (3 * width + 8); i += 7)
+          qkv.ptr<float>()[i] = special[(i / 7) % std::size(special)] * sc.k;
+        Tensor src = tensor_cast_cpu(qkv, dt);
+        Tensor k = src.narrow(1, width + offset, width),
+               v = src.narrow(1, 2 * width + offset, width);
+        Tensor slots = Tensor::empty({T}, DType::kI32);
+        for (int64_t t = 0; t < T; ++t)
+          slots.ptr<int32_t>()[t] = t % 7 == 3 ? -1 : (t * 11) % (pages * bs);
+        Tensor kc = Tensor::zeros({pages, bs, hk, D}, DType::kF8E4M3),
+               vc = Tensor::zeros({pages, bs, hk, D}, DType::kF8E4M3);
+        Tensor gk = kc.to(gpu()), gv = vc.to(gpu());
+        Tensor g = src.to(gpu());
+        Tensor gks = g.narrow(1, width + offset, width),
+               gvs = g.narrow(1, 2 * width + offset, width);
+        kernels::kv_cache_write(kc, vc, k, v, slots, sc);
+        kernels::kv_cache_write(gk, gv, gks, gvs, slots.to(gpu()), sc);
+        EXPECT_TRUE(same_bytes(gk, kc)) << dtype_name(dt) << " offset " << offset;
+        EXPECT_TRUE(same_bytes(gv, vc)) << dtype_name(dt) << " offset " << offset;
+      }
+    }
+  }
+}
+
+TEST(GpuRope, FusedWithFp8CacheWriteMatchesTheCpu) {
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    const int hq = 8, hk = 2, D = 128, T = 29, pages = 4, bs = 16;
+    const int64_t width = (hq + 2 * hk) * D;
+    const kernels::KvScales sc{0.5f, 0.25f};
+    Tensor qkv = random_cpu({T, width}, dt, 410, -2, 2);
+    Tensor pos = Tensor::empty({T}, DType::kI32), slots = Tensor::empty({T}, DType::kI32);
+    for (int t = 0; t < T; ++t) {
+      pos.ptr<int32_t>()[t] = 100 + 3 * t;
+      slots.ptr<int32_t>()[t] = t == 5 ? -1 : (t * 7) % (pages * bs);
+    }
+    Tensor inv = Tensor::empty({D / 2}, DType::kF32);
+    for (int i = 0; i < D / 2; ++i) inv.ptr<float>()[i] = 1.0f / std::pow(10000.0f, 2.0f * i / D);
+    kernels::RopeArgs a{D, D, 1.0f, false};
+    Tensor kc = Tensor::zeros({pages, bs, hk, D}, DType::kF8E4M3),
+           vc = Tensor::zeros({pages, bs, hk, D}, DType::kF8E4M3);
+    Tensor ref = qkv.clone();
+    Tensor rq = ref.narrow(1, 0, hq * D), rk = ref.narrow(1, hq * D, hk * D),
+           rv = ref.narrow(1, (hq + hk) * D, hk * D);
+    kernels::rope_kv_cache_write(rq, rk, rv, pos, inv, a, kc, vc, slots, sc);
+    Tensor g = qkv.to(gpu());
+    Tensor gq = g.narrow(1, 0, hq * D), gk = g.narrow(1, hq * D, hk * D),
+           gv = g.narrow(1, (hq + hk) * D, hk * D);
+    Tensor gkc = kc.to(gpu()), gvc = vc.to(gpu());
+    poison(gkc);  // every written slot must be overwritten; unwritten ones compared below
+    Tensor gvcp = vc.to(gpu());
+    poison(gvcp);
+    kernels::rope_kv_cache_write(gq, gk, gv, pos.to(gpu()), inv.to(gpu()), a, gkc, gvcp,
+                                 slots.to(gpu()), sc);
+    EXPECT_LE(rel_err(g, ref), dt == DType::kF32 ? 2e-6 : 2e-3) << dtype_name(dt);
+    // Rows the write skipped stay poisoned; rows it wrote match the CPU (k within a code where
+    // the two ropes round differently, v exactly).
+    Tensor hk8 = host(gkc), hv8 = host(gvcp);
+    const int64_t row = static_cast<int64_t>(hk) * D;
+    int64_t differing = 0;
+    for (int64_t s = 0; s < pages * bs; ++s) {
+      bool written = false;
+      for (int t = 0; t < T; ++t) written |= slots.ptr<int32_t>()[t] == s;
+      for (int64_t i = s * row; i < (s + 1) * row; ++i) {
+        const uint8_t gkb = hk8.ptr<uint8_t>()[i], ckb = kc.ptr<uint8_t>()[i];
+        if (!written) {
+          ASSERT_EQ(gkb, 0xff);
+          ASSERT_EQ(hv8.ptr<uint8_t>()[i], 0xff);
+          continue;
+        }
+        ASSERT_EQ(hv8.ptr<uint8_t>()[i], vc.ptr<uint8_t>()[i]) << dtype_name(dt);
+        if (gkb != ckb) {
+          ++differing;
+          ASSERT_EQ(gkb & 0x80, ckb & 0x80);
+          ASSERT_LE(std::abs((gkb & 0x7f) - (ckb & 0x7f)), 1) << dtype_name(dt);
+        }
+      }
+    }
+    EXPECT_LE(differing, (T - 1) * row / 50) << dtype_name(dt);
+  }
+}
+
 }  // namespace
 }  // namespace atom::test

@@ -1,4 +1,5 @@
-// Element access for the CPU reference kernels: float math on F32, BF16 or F16 storage.
+// Element access for the CPU reference kernels: float math on F32, BF16, F16 or (KV caches)
+// F8E4M3 storage.
 #pragma once
 
 #include "core/error.h"
@@ -16,6 +17,7 @@ inline float load(const void* p, DType t, int64_t i) {
     case DType::kF32: return static_cast<const float*>(p)[i];
     case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
     case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF8E4M3: return f8e4m3_to_f32(static_cast<const uint8_t*>(p)[i]);
     default: ATOM_CHECK(false, "CPU kernel: unsupported dtype {}", dtype_name(t));
   }
 }
@@ -25,6 +27,7 @@ inline void store(void* p, DType t, int64_t i, float v) {
     case DType::kF32: static_cast<float*>(p)[i] = v; break;
     case DType::kBF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
     case DType::kF16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
+    case DType::kF8E4M3: static_cast<uint8_t*>(p)[i] = f32_to_f8e4m3(v); break;
     default: ATOM_CHECK(false, "CPU kernel: unsupported dtype {}", dtype_name(t));
   }
 }

@@ -9,8 +9,19 @@
 
 namespace atom::kernels::cpu {
 
+namespace {
+// The scale an FP8 cache applies (1 for every other dtype, whose values are stored as they are).
+void check_scales(const char* op, KvScales s) {
+  ATOM_CHECK(std::isfinite(s.k) && s.k > 0 && std::isfinite(s.v) && s.v > 0,
+             "{}: kv scales k {} v {} must be positive and finite", op, s.k, s.v);
+}
+KvScales effective_scales(DType cache, KvScales s) {
+  return cache == DType::kF8E4M3 ? s : KvScales{};
+}
+}  // namespace
+
 void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
-                    const Tensor& slot_mapping) {
+                    const Tensor& slot_mapping, KvScales scales) {
   check_rows("kv_cache_write", k, "k");
   check_rows("kv_cache_write", v, "v");
   ATOM_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.shape() == k_cache.shape(),
@@ -20,8 +31,13 @@ void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Ten
   const int64_t T = k.size(0);
   ATOM_CHECK(k.size(1) == width && v.size(1) == width && slot_mapping.numel() == T,
              "kv_cache_write: k {} v {} for cache {}", k.str(), v.str(), k_cache.str());
+  ATOM_CHECK(v_cache.dtype() == k_cache.dtype(), "kv_cache_write: caches {} {}", k_cache.str(),
+             v_cache.str());
+  check_scales("kv_cache_write", scales);
   const int32_t* slots = slot_mapping.ptr<int32_t>();
   const DType ct = k_cache.dtype();
+  // Division, as vLLM's FP8 cache write (x / scale, then a saturating round to e4m3).
+  const KvScales sc = effective_scales(ct, scales);
 #pragma omp parallel for schedule(static) if (T * width > kParallelMin)
   for (int64_t t = 0; t < T; ++t) {
     const int64_t slot = slots[t];
@@ -30,8 +46,8 @@ void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Ten
     const char* kr = row_ptr(k, t);
     const char* vr = row_ptr(v, t);
     for (int64_t i = 0; i < width; ++i) {
-      store(k_cache.data(), ct, slot * width + i, load(kr, k.dtype(), i));
-      store(v_cache.data(), ct, slot * width + i, load(vr, v.dtype(), i));
+      store(k_cache.data(), ct, slot * width + i, load(kr, k.dtype(), i) / sc.k);
+      store(v_cache.data(), ct, slot * width + i, load(vr, v.dtype(), i) / sc.v);
     }
   }
 }
@@ -58,7 +74,11 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
   std::vector<int> seq_of(static_cast<size_t>(T));
   for (int s = 0; s < S; ++s)
     for (int t = qs[s]; t < qs[s + 1]; ++t) seq_of[t] = s;
+  ATOM_CHECK(v_cache.shape() == k_cache.shape() && v_cache.dtype() == k_cache.dtype(),
+             "paged_attention: caches {} {}", k_cache.str(), v_cache.str());
+  check_scales("paged_attention", a.kv_scales);
   const DType ct = k_cache.dtype();
+  const KvScales sc = effective_scales(ct, a.kv_scales);  // each cached value times its scale
   const int group = Hq / Hk;
 
 #pragma omp parallel if (T * Hq * D * 16 > kParallelMin)
@@ -80,7 +100,7 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
         const int64_t page = pid[pip[s] + j / bs];
         const int64_t base = ((page * bs + j % bs) * Hk + kvh) * D;
         float dot = 0;
-        for (int d = 0; d < D; ++d) dot += qv[d] * load(k_cache.data(), ct, base + d);
+        for (int d = 0; d < D; ++d) dot += qv[d] * (load(k_cache.data(), ct, base + d) * sc.k);
         float sc = dot * a.scale;
         if (a.logit_softcap > 0) sc = a.logit_softcap * std::tanh(sc / a.logit_softcap);
         scores[j - lo] = sc;
@@ -98,7 +118,7 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
         const int64_t page = pid[pip[s] + j / bs];
         const int64_t base = ((page * bs + j % bs) * Hk + kvh) * D;
         const float p = scores[j - lo] / denom;
-        for (int d = 0; d < D; ++d) acc[d] += p * load(v_cache.data(), ct, base + d);
+        for (int d = 0; d < D; ++d) acc[d] += p * (load(v_cache.data(), ct, base + d) * sc.v);
       }
       char* orow = row_ptr(out, t);
       for (int d = 0; d < D; ++d) store(orow, out.dtype(), static_cast<int64_t>(h) * D + d, acc[d]);

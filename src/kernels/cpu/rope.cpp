@@ -57,10 +57,10 @@ void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& inv_freq,
 }
 
 void rope_kv_cache_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions,
-                         const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache, Tensor& v_cache,
-                         const Tensor& slot_mapping) {
+                         const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache,
+                         Tensor& v_cache, const Tensor& slot_mapping, KvScales scales) {
   cpu::rope(q, k, positions, inv_freq, a);
-  cpu::kv_cache_write(k_cache, v_cache, k, v, slot_mapping);
+  cpu::kv_cache_write(k_cache, v_cache, k, v, slot_mapping, scales);
 }
 
 }  // namespace atom::kernels::cpu

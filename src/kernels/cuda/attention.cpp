@@ -1,8 +1,10 @@
 // CUDA entry point of paged attention: picks the tensor-core flash kernel (BF16/F16, head_dim
-// 64/128/256) or the simple FP32 kernel, and how far to split long contexts across CTAs.
+// 64/128/256; its FP8-cache twin for F8E4M3 caches) or the simple FP32 kernel, and how far to
+// split long contexts across CTAs.
 #include "kernels/attention.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -117,10 +119,15 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
                  k_cache.is_contiguous() && v_cache.is_contiguous() &&
                  v_cache.shape() == k_cache.shape(),
              "paged_attention: cache {} for {} kv heads of {}", k_cache.str(), Hk, D);
-  ATOM_CHECK(
-      q.dtype() == out.dtype() && k_cache.dtype() == q.dtype() && v_cache.dtype() == q.dtype(),
-      "paged_attention: q {}, out {} and caches {} must share a dtype on CUDA", q.str(), out.str(),
-      k_cache.str());
+  const bool fp8 = k_cache.dtype() == DType::kF8E4M3;
+  ATOM_CHECK(q.dtype() == out.dtype() && (k_cache.dtype() == q.dtype() || fp8) &&
+                 v_cache.dtype() == k_cache.dtype(),
+             "paged_attention: q {}, out {} and caches {} must share a dtype (or the caches be "
+             "F8_E4M3) on CUDA",
+             q.str(), out.str(), k_cache.str());
+  const KvScales& ks = a.kv_scales;
+  ATOM_CHECK(!fp8 || (std::isfinite(ks.k) && ks.k > 0 && std::isfinite(ks.v) && ks.v > 0),
+             "paged_attention: kv scales k {} v {} must be positive and finite", ks.k, ks.v);
   ATOM_CHECK(!sinks.defined() || (sinks.numel() == Hq && sinks.dtype() == DType::kF32),
              "paged_attention: sinks {}", sinks.str());
   ATOM_CHECK(is_i32(*b.query_start) && is_i32(*b.context_lens) && is_i32(*b.page_indptr) &&
@@ -157,6 +164,11 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
   l.softcap = a.logit_softcap;
   l.type = elem_of(q.dtype(), "paged_attention");
   l.wgmma_warpgroups = g_wgmma_warpgroups;
+  l.kv_fp8 = fp8;
+  if (fp8) {
+    l.k_scale = ks.k;
+    l.v_scale = ks.v;
+  }
 
   l.block_shift = (l.block_size & (l.block_size - 1)) == 0
                       ? __builtin_ctz(static_cast<unsigned>(l.block_size))
@@ -172,6 +184,9 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
     if (g_backend == PrefillAttention::kAuto && wgmma_attention_supported(l)) {
       launch_wgmma_attention(l, stream);
       launch_check("paged_attention (wgmma)");
+    } else if (fp8) {
+      launch_flash_fp8_attention(l, stream);
+      launch_check("paged_attention (flash, fp8 cache)");
     } else {
       launch_flash_attention(l, m_atoms_for(a), stream);
       launch_check("paged_attention (flash)");
@@ -192,8 +207,13 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
   l.num_splits = splits;
   if (splits > 1 && g_merge_in_kernel && static_cast<int64_t>(S) * Hk <= kCounters)
     l.counters = split_counters(stream);
-  launch_flash_decode(l, stream);
-  launch_check("paged_attention (flash decode)");
+  if (fp8) {
+    launch_flash_fp8_decode(l, stream);
+    launch_check("paged_attention (flash decode, fp8 cache)");
+  } else {
+    launch_flash_decode(l, stream);
+    launch_check("paged_attention (flash decode)");
+  }
   if (splits > 1 && l.counters == nullptr) {
     launch_attention_combine(l, stream);
     launch_check("paged_attention (combine)");

@@ -2,12 +2,20 @@
 // and any head_dim up to 256. It serves what the flash kernel does not (FP32 activations, small
 // or odd head sizes, unaligned rows) and is a second, independent implementation for tests.
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/fp8.cuh"
 
 namespace atom::kernels::cuda {
 
 namespace {
 
 constexpr int kMaxPerLane = 8;  // head_dim <= 256
+
+// Element i of a cache of T, or of e4m3 codes.
+template <typename T>
+__device__ __forceinline__ float cache_at(const void* c, bool fp8, int64_t i) {
+  return fp8 ? fp8_to_float(static_cast<const uint8_t*>(c)[i])
+             : to_float<T>(static_cast<const T*>(c)[i]);
+}
 
 template <typename T>
 __global__ void attention_simple_kernel(AttnLaunch a) {
@@ -41,8 +49,8 @@ __global__ void attention_simple_kernel(AttnLaunch a) {
     qv[j] = d < D ? to_float<T>(q[d]) : 0.0f;
     acc[j] = 0.0f;
   }
-  const T* kc = static_cast<const T*>(a.k_cache);
-  const T* vc = static_cast<const T*>(a.v_cache);
+  // As the CPU reference: each cached value times its scale (1 unless the cache is FP8).
+  const float ks = a.kv_fp8 ? a.k_scale : 1.0f, vs = a.kv_fp8 ? a.v_scale : 1.0f;
   const int32_t* pages = a.page_indices + a.page_indptr[s];
   float m = -INFINITY, l = 0.0f;
   for (int key = first; key <= qpos; ++key) {
@@ -52,7 +60,7 @@ __global__ void attention_simple_kernel(AttnLaunch a) {
 #pragma unroll
     for (int j = 0; j < kMaxPerLane; ++j) {
       const int d = lane + 32 * j;
-      if (d < D) dot += qv[j] * to_float<T>(kc[base + d]);
+      if (d < D) dot += qv[j] * (cache_at<T>(a.k_cache, a.kv_fp8, base + d) * ks);
     }
     dot = warp_sum(dot);
     float sc = dot * a.scale;
@@ -64,7 +72,8 @@ __global__ void attention_simple_kernel(AttnLaunch a) {
 #pragma unroll
     for (int j = 0; j < kMaxPerLane; ++j) {
       const int d = lane + 32 * j;
-      acc[j] = acc[j] * alpha + (d < D ? p * to_float<T>(vc[base + d]) : 0.0f);
+      acc[j] =
+          acc[j] * alpha + (d < D ? p * (cache_at<T>(a.v_cache, a.kv_fp8, base + d) * vs) : 0.0f);
     }
     m = mn;
   }

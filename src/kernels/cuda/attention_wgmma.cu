@@ -6,7 +6,11 @@
 // read transposed (MN-major) from shared memory. K/V tiles are gathered from the paged cache
 // with cp.async into two stages laid out as wgmma's 128-byte-swizzled canonical tiles:
 // [head_dim / 64][rows][64], row r's 16-byte chunk c stored at chunk c ^ (r % 8).
+// FP8 (e4m3) caches (kFp8): the e4m3 tiles arrive with cp.async in two stages of their own and
+// every thread then converts its share into one canonical tile of q's type (exact), which costs a
+// second barrier per tile; the scales fold into the softmax scale (k) and the output (v).
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/fp8.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/wgmma.cuh"
 
@@ -14,8 +18,10 @@ namespace atom::kernels::cuda {
 
 namespace {
 
-template <int D, int NWG, int BN>
+template <int D, int NWG, int BN, bool kFp8>
 constexpr size_t wgmma_smem_bytes() {
+  if constexpr (kFp8)  // Q, one converted K/V tile, two stages of e4m3 K/V
+    return static_cast<size_t>(64 * NWG * D + 2 * BN * D) * 2 + 4 * BN * D + 1024;
   return static_cast<size_t>(64 * NWG * D + 4 * BN * D) * 2 + 1024;  // + alignment slack
 }
 
@@ -55,7 +61,7 @@ __device__ __forceinline__ void pv_mma<__half, 64>(float (&o)[32], const uint32_
   wgmma_m64n64k16_rs<__half>(o, a, desc, 1);
 }
 
-template <typename T, int D, int NWG, int kBN>
+template <typename T, int D, int NWG, int kBN, bool kFp8>
 __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     wgmma_attention_kernel(AttnLaunch a) {
   pdl_wait();
@@ -66,9 +72,12 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   constexpr int DT = D / 8;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-  T* sQ = reinterpret_cast<T*>(base);  // [D/64][kBM][64]
-  T* sK = sQ + kBM * D;                // [2][D/64][kBN][64]
-  T* sV = sK + 2 * kBN * D;            // [2][D/64][kBN][64]
+  constexpr int kStages = kFp8 ? 1 : 2;  // canonical K/V tiles
+  T* sQ = reinterpret_cast<T*>(base);    // [D/64][kBM][64]
+  T* sK = sQ + kBM * D;                  // [kStages][D/64][kBN][64]
+  T* sV = sK + kStages * kBN * D;        // [kStages][D/64][kBN][64]
+  // FP8: [2][K, V][kBN][D] e4m3 stages
+  uint8_t* sRaw = reinterpret_cast<uint8_t*>(sV + kStages * kBN * D);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
   const CtaRange r = cta_range(a, gridDim.x - 1 - blockIdx.x, kBM, kBN);  // long tiles first
@@ -89,6 +98,22 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   const int32_t* pages = a.page_indices + a.page_indptr[r.s];
   auto load_kv = [&](int tile, int stage) {
     const int n0 = r.kv_begin + tile * kBN;
+    if constexpr (kFp8) {  // e4m3 rows as they are, into raw stage `stage`
+      constexpr int RC = D / 16;
+      uint8_t* dk = sRaw + stage * 2 * kBN * D;
+      uint8_t* dv = dk + kBN * D;
+      const uint8_t* kc8 = static_cast<const uint8_t*>(a.k_cache);
+      const uint8_t* vc8 = static_cast<const uint8_t*>(a.v_cache);
+      for (int idx = tid; idx < kBN * RC; idx += kThreads) {
+        const int row = idx / RC, c = idx % RC;
+        const int j = n0 + row;
+        const bool valid = j < r.kv_end;
+        const int64_t off = valid ? kv_row_offset(a, pages, j, r.kh) + c * 16 : 0;
+        cp_async16(smem_addr(dk + idx * 16), kc8 + off, valid);
+        cp_async16(smem_addr(dv + idx * 16), vc8 + off, valid);
+      }
+      return;
+    }
     T* dk = sK + stage * kBN * D;
     T* dv = sV + stage * kBN * D;
     for (int idx = tid; idx < kBN * DC; idx += kThreads) {
@@ -99,6 +124,25 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       const int to = tile_offset(kBN, row, c);
       cp_async16(smem_addr(dk + to), kc + off, valid);
       cp_async16(smem_addr(dv + to), vc + off, valid);
+    }
+  };
+  // FP8: raw stage `stage` -> the canonical tiles; raw chunk c of a row is tile chunks 2c, 2c+1.
+  auto convert_kv = [&](int stage) {
+    constexpr int RC = D / 16;
+    const uint8_t* rk = sRaw + stage * 2 * kBN * D;
+    const uint8_t* rv = rk + kBN * D;
+    for (int idx = tid; idx < kBN * RC; idx += kThreads) {
+      const int row = idx / RC, c = idx % RC;
+      const uint4 xk = *reinterpret_cast<const uint4*>(rk + idx * 16);
+      const uint4 xv = *reinterpret_cast<const uint4*>(rv + idx * 16);
+      *reinterpret_cast<uint4*>(sK + tile_offset(kBN, row, 2 * c)) = make_uint4(
+          fp8x2_to<T>(xk.x), fp8x2_to<T>(xk.x >> 16), fp8x2_to<T>(xk.y), fp8x2_to<T>(xk.y >> 16));
+      *reinterpret_cast<uint4*>(sK + tile_offset(kBN, row, 2 * c + 1)) = make_uint4(
+          fp8x2_to<T>(xk.z), fp8x2_to<T>(xk.z >> 16), fp8x2_to<T>(xk.w), fp8x2_to<T>(xk.w >> 16));
+      *reinterpret_cast<uint4*>(sV + tile_offset(kBN, row, 2 * c)) = make_uint4(
+          fp8x2_to<T>(xv.x), fp8x2_to<T>(xv.x >> 16), fp8x2_to<T>(xv.y), fp8x2_to<T>(xv.y >> 16));
+      *reinterpret_cast<uint4*>(sV + tile_offset(kBN, row, 2 * c + 1)) = make_uint4(
+          fp8x2_to<T>(xv.z), fp8x2_to<T>(xv.z >> 16), fp8x2_to<T>(xv.w), fp8x2_to<T>(xv.w >> 16));
     }
   };
   load_kv(0, 0);
@@ -115,17 +159,29 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   const uint32_t sQ_addr = smem_addr(sQ), sK_addr = smem_addr(sK), sV_addr = smem_addr(sV);
-  const float scale_log2 = a.scale * kLog2e;
+  const float qk_scale = kFp8 ? a.scale * a.k_scale : a.scale;
+  const float scale_log2 = qk_scale * kLog2e;
 
   // One barrier per tile: it publishes tile t, and since every thread has passed it, all are done
   // with tile t - 1, whose stage the prefetch of tile t + 1 then refills.
+  // FP8: the first barrier publishes raw tile t (and frees raw stage (t+1) % 2 and the canonical
+  // tiles, whose last readers were tile t - 1's); the second publishes the converted tile.
   for (int t = 0; t < r.n_tiles; ++t) {
-    const int stage = t & 1;
+    const int stage = kFp8 ? 0 : t & 1;
     cp_async_wait<0>();
-    fence_proxy_async();  // this thread's cp.async data, before the tensor cores read it
-    __syncthreads();
-    if (t + 1 < r.n_tiles) load_kv(t + 1, stage ^ 1);
-    cp_async_commit();
+    if constexpr (kFp8) {
+      __syncthreads();
+      if (t + 1 < r.n_tiles) load_kv(t + 1, (t + 1) & 1);
+      cp_async_commit();
+      convert_kv(t & 1);
+      fence_proxy_async();  // this thread's converted tiles, before the tensor cores read them
+      __syncthreads();
+    } else {
+      fence_proxy_async();  // this thread's cp.async data, before the tensor cores read it
+      __syncthreads();
+      if (t + 1 < r.n_tiles) load_kv(t + 1, stage ^ 1);
+      cp_async_commit();
+    }
     if (wg_active) {
       const uint32_t k_addr = sK_addr + stage * (kBN * D * 2);
       const uint32_t v_addr = sV_addr + stage * (kBN * D * 2);
@@ -146,7 +202,7 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       if (a.softcap > 0.0f) {
 #pragma unroll
         for (int i = 0; i < NT * 4; ++i)
-          s[i] = a.softcap * tanhf(s[i] * a.scale / a.softcap) * kLog2e;
+          s[i] = a.softcap * tanhf(s[i] * qk_scale / a.softcap) * kLog2e;
       } else {
 #pragma unroll
         for (int i = 0; i < NT * 4; ++i) s[i] *= scale_log2;
@@ -224,7 +280,8 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       oscale = fast_exp2(m_run[h] - mf);
       l = l * oscale + fast_exp2(sink - mf);
     }
-    const float inv = oscale / l;
+    float inv = oscale / l;
+    if constexpr (kFp8) inv *= a.v_scale;
     T* dst = static_cast<T*>(a.out) + token * a.out_stride + static_cast<int64_t>(head) * D;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) {
@@ -235,25 +292,28 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   }
 }
 
-template <typename T, int D, int NWG, int BN>
+template <typename T, int D, int NWG, int BN, bool kFp8>
 void launch_typed(const AttnLaunch& a, cudaStream_t s) {
-  constexpr size_t smem = wgmma_smem_bytes<D, NWG, BN>();
+  constexpr size_t smem = wgmma_smem_bytes<D, NWG, BN, kFp8>();
   static std::atomic<uint64_t> configured{0};
-  max_dynamic_smem_once(configured, wgmma_attention_kernel<T, D, NWG, BN>, static_cast<int>(smem));
+  max_dynamic_smem_once(configured, wgmma_attention_kernel<T, D, NWG, BN, kFp8>, static_cast<int>(smem));
   const int G = a.num_heads / a.num_kv_heads;
   const int64_t max_rows = static_cast<int64_t>(a.max_query_len) * G;
   const dim3 grid(static_cast<unsigned>((max_rows + 64 * NWG - 1) / (64 * NWG)),
                   static_cast<unsigned>(a.num_seqs * a.num_kv_heads), 1u);
-  launch(wgmma_attention_kernel<T, D, NWG, BN>, grid, 128 * NWG, smem, s, a);
+  launch(wgmma_attention_kernel<T, D, NWG, BN, kFp8>, grid, 128 * NWG, smem, s, a);
 }
 
-// The CTA shape: a.wgmma_warpgroups (attention_config.h).
+// The CTA shape: a.wgmma_warpgroups (attention_config.h). FP8 caches: two warpgroups always
+// (one instantiation fewer per type; the one-warpgroup shape measured slower with BF16).
 template <typename T, int D>
 void launch_shape(const AttnLaunch& a, cudaStream_t s) {
-  if (a.wgmma_warpgroups == 1)
-    launch_typed<T, D, 1, 64>(a, s);
+  if (a.kv_fp8)
+    launch_typed<T, D, 2, 128, true>(a, s);
+  else if (a.wgmma_warpgroups == 1)
+    launch_typed<T, D, 1, 64, false>(a, s);
   else
-    launch_typed<T, D, 2, 128>(a, s);
+    launch_typed<T, D, 2, 128, false>(a, s);
 }
 
 }  // namespace

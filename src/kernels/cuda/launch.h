@@ -50,17 +50,26 @@ struct RopeLaunch {
   int head_dim = 0, rot_dim = 0;
   float scale = 1.0f;
   bool interleaved = false;
-  // Optional fused cache write: k_cache/v_cache [num_slots, Hk * head_dim] of q's type.
+  // Optional fused cache write: k_cache/v_cache [num_slots, Hk * head_dim] of q's type, or
+  // e4m3 codes of x / scale (KvFp8).
   void* k_cache = nullptr;
   void* v_cache = nullptr;
   int64_t num_slots = 0;
   Mat v;                                  // [T, Hk * head_dim]
   const int32_t* slot_mapping = nullptr;  // [T]
+  bool cache_fp8 = false;
+  float k_scale = 1.0f, v_scale = 1.0f;
 };
 void launch_rope(const RopeLaunch& a, cudaStream_t s);
-// k_cache/v_cache [num_slots, width] contiguous (width = Hk * D); k, v [T, width]; same type.
+// An FP8 (e4m3) cache: it holds round_to_e4m3(x / scale), saturating at +-448.
+struct KvFp8 {
+  bool on = false;
+  float k_scale = 1.0f, v_scale = 1.0f;
+};
+// k_cache/v_cache [num_slots, width] contiguous (width = Hk * D); k, v [T, width]; the caches
+// have k's type, or fp8.on and e4m3 codes.
 void launch_kv_cache_write(void* k_cache, void* v_cache, int64_t num_slots, Mat k, Mat v,
-                           const int32_t* slot_mapping, cudaStream_t s);
+                           const int32_t* slot_mapping, KvFp8 fp8, cudaStream_t s);
 
 // ---- sampling.cu
 void launch_argmax(int32_t* ids, Mat logits, cudaStream_t s);
@@ -101,6 +110,9 @@ struct AttnLaunch {
   float softcap = 0.0f;
   Elem type = Elem::kBF16;
   int wgmma_warpgroups = 2;  // CTA shape of the wgmma prefill kernel: 2 (128 rows) or 1 (64 rows)
+  // FP8 (e4m3) caches: values read as code * scale (kernels/attention.h, KvScales).
+  bool kv_fp8 = false;
+  float k_scale = 1.0f, v_scale = 1.0f;
 };
 // Tensor-core flash attention (mma.sync): BF16/F16, head_dim 64, 128 or 256, 16-byte aligned
 // rows. Prefill mode: m_atoms (1 or 2; 2 needs head_dim <= 128) 16-row MMA tiles per warp, no
@@ -114,11 +126,18 @@ void launch_flash_decode(const AttnLaunch& a, cudaStream_t s);
 int flash_attention_block_rows(int m_atoms);
 // Merges decode-mode split partials into out (and applies sinks).
 void launch_attention_combine(const AttnLaunch& a, cudaStream_t s);
+// The same two modes over an FP8 cache (attention_fp8.cu; supported where
+// flash_attention_supported holds): K and V are converted to FP16 in registers as they are read
+// from shared memory and the MMAs run in FP16 (q is scaled by scale * k_scale and rounded to
+// FP16). Prefill mode uses one 16-row atom per warp.
+void launch_flash_fp8_attention(const AttnLaunch& a, cudaStream_t s);
+void launch_flash_fp8_decode(const AttnLaunch& a, cudaStream_t s);
 // Hopper prefill kernel (wgmma, two warpgroups of 64 rows, 128-key tiles): BF16/F16, head_dim
-// 64 or 128, 16-byte aligned rows, no splits.
+// 64 or 128, 16-byte aligned rows, no splits. FP8 caches: tiles are converted to q's type in
+// shared memory before the MMAs (two warpgroups only).
 bool wgmma_attention_supported(const AttnLaunch& a);
 void launch_wgmma_attention(const AttnLaunch& a, cudaStream_t s);
-// One warp per (token, head), FP32 math: any dtype, any head_dim <= 256.
+// One warp per (token, head), FP32 math: any dtype (FP8 caches too), any head_dim <= 256.
 void launch_attention_simple(const AttnLaunch& a, cudaStream_t s);
 
 }  // namespace atom::kernels::cuda

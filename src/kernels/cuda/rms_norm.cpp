@@ -1,6 +1,8 @@
 // CUDA entry points of rms_norm, rope and kv_cache_write (kernels in rms_norm.cu and rope.cu).
 #include "kernels/rms_norm.h"
 
+#include <cmath>
+
 #include "kernels/attention.h"
 #include "kernels/cuda/host_common.h"
 #include "kernels/rope.h"
@@ -64,8 +66,22 @@ void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& inv_freq,
   launch_check("rope");
 }
 
+namespace {
+// The FP8 form of a cache write: on for F8E4M3 caches (with checked scales), off otherwise.
+KvFp8 kv_fp8_of(const char* op, const Tensor& k_cache, KvScales s) {
+  KvFp8 f;
+  if (k_cache.dtype() != DType::kF8E4M3) return f;
+  ATOM_CHECK(std::isfinite(s.k) && s.k > 0 && std::isfinite(s.v) && s.v > 0,
+             "{}: kv scales k {} v {} must be positive and finite", op, s.k, s.v);
+  f.on = true;
+  f.k_scale = s.k;
+  f.v_scale = s.v;
+  return f;
+}
+}  // namespace
+
 void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Tensor& v,
-                    const Tensor& slot_mapping) {
+                    const Tensor& slot_mapping, KvScales scales) {
   check_rows("kv_cache_write", k, "k");
   check_rows("kv_cache_write", v, "v");
   ATOM_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
@@ -77,22 +93,26 @@ void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Ten
                  slot_mapping.numel() == T && is_i32(slot_mapping),
              "kv_cache_write: k {} v {} slots {} for cache {}", k.str(), v.str(),
              slot_mapping.str(), k_cache.str());
-  ATOM_CHECK(k.dtype() == k_cache.dtype() && v.dtype() == k_cache.dtype(),
-             "kv_cache_write: k {} and v {} must have the cache's dtype {} on CUDA", k.str(),
-             v.str(), k_cache.str());
+  ATOM_CHECK(
+      (k.dtype() == k_cache.dtype() || k_cache.dtype() == DType::kF8E4M3) && v.dtype() == k.dtype(),
+      "kv_cache_write: k {} and v {} must have the cache's dtype {} (or an F8_E4M3 cache) "
+      "on CUDA",
+      k.str(), v.str(), k_cache.str());
   launch_kv_cache_write(k_cache.data(), v_cache.data(), k_cache.size(0) * k_cache.size(1),
                         mat_of(k, "kv_cache_write"), mat_of(v, "kv_cache_write"),
-                        slot_mapping.ptr<int32_t>(), current_stream());
+                        slot_mapping.ptr<int32_t>(), kv_fp8_of("kv_cache_write", k_cache, scales),
+                        current_stream());
   launch_check("kv_cache_write");
 }
 
 void rope_kv_cache_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions,
                          const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache,
-                         Tensor& v_cache, const Tensor& slot_mapping) {
+                         Tensor& v_cache, const Tensor& slot_mapping, KvScales scales) {
   check_rows("rope_kv_cache_write", v, "v");
   ATOM_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                 v_cache.shape() == k_cache.shape() && k_cache.dtype() == q.dtype() &&
-                 v_cache.dtype() == q.dtype() && v.dtype() == q.dtype(),
+                 v_cache.shape() == k_cache.shape() &&
+                 (k_cache.dtype() == q.dtype() || k_cache.dtype() == DType::kF8E4M3) &&
+                 v_cache.dtype() == k_cache.dtype() && v.dtype() == q.dtype(),
              "rope_kv_cache_write: caches {} {} for q {} v {}", k_cache.str(), v_cache.str(),
              q.str(), v.str());
   ATOM_CHECK(k.size(1) == k_cache.size(2) * k_cache.size(3) && v.size(1) == k.size(1) &&
@@ -107,6 +127,10 @@ void rope_kv_cache_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& po
   l.num_slots = k_cache.size(0) * k_cache.size(1);
   l.v = mat_of(v, "rope_kv_cache_write");
   l.slot_mapping = slot_mapping.ptr<int32_t>();
+  const KvFp8 f = kv_fp8_of("rope_kv_cache_write", k_cache, scales);
+  l.cache_fp8 = f.on;
+  l.k_scale = f.k_scale;
+  l.v_scale = f.v_scale;
   launch_rope(l, current_stream());
   launch_check("rope_kv_cache_write");
 }

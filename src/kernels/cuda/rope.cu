@@ -1,6 +1,7 @@
 // Rotary embedding in place on q and k (one block per token, cos/sin computed once per token in
 // shared memory), and the paged KV-cache write.
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/fp8.cuh"
 
 namespace atom::kernels::cuda {
 
@@ -9,7 +10,8 @@ namespace {
 constexpr int kThreads = 256;
 
 // With k_cache set, the block then copies its token's rotated k row and v row into the cache
-// slot (slot_mapping; < 0 or past the cache: skipped).
+// slot (slot_mapping; < 0 or past the cache: skipped), as e4m3 codes of x / scale when
+// a.cache_fp8.
 template <typename T>
 __global__ void __launch_bounds__(kThreads) rope_kernel(RopeLaunch a, int hq, int hk) {
   pdl_wait();
@@ -46,9 +48,21 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeLaunch a, int hq, in
   if (slot < 0 || slot >= a.num_slots) return;
   __syncthreads();  // the block's rotated k row is complete (global writes, visible in the block)
   const int64_t width = a.k.cols;
+  const T* vrow = reinterpret_cast<const T*>(row_of(a.v, t));
+  if (a.cache_fp8) {
+    uint8_t* kd = static_cast<uint8_t*>(a.k_cache) + slot * width;
+    uint8_t* vd = static_cast<uint8_t*>(a.v_cache) + slot * width;
+    for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+      // IEEE division, as the CPU reference (x / scale), then one rounding to e4m3.
+      kd[i] =
+          static_cast<uint8_t>(float2_to_fp8x2(__fdiv_rn(to_float<T>(krow[i]), a.k_scale), 0.0f));
+      vd[i] =
+          static_cast<uint8_t>(float2_to_fp8x2(__fdiv_rn(to_float<T>(vrow[i]), a.v_scale), 0.0f));
+    }
+    return;
+  }
   T* kd = static_cast<T*>(a.k_cache) + slot * width;
   T* vd = static_cast<T*>(a.v_cache) + slot * width;
-  const T* vrow = reinterpret_cast<const T*>(row_of(a.v, t));
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
     kd[i] = krow[i];
     vd[i] = vrow[i];
@@ -74,6 +88,69 @@ __global__ void kv_write_kernel(char* k_cache, char* v_cache, int64_t num_slots,
   }
 }
 
+// FP8 cache: one block per token; 8 elements per thread (16-byte loads, 8-byte stores) when
+// every row is aligned, else one at a time. Stored: e4m3(x / scale), as the CPU reference.
+template <typename T>
+__global__ void kv_write_fp8_kernel(uint8_t* k_cache, uint8_t* v_cache, int64_t num_slots, Mat k,
+                                    Mat v, const int32_t* slot_mapping, KvFp8 f, bool vec) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slot_mapping[t];
+  if (slot < 0 || slot >= num_slots) return;
+  const int64_t width = k.cols;
+  const T* rows[2] = {reinterpret_cast<const T*>(row_of(k, t)),
+                      reinterpret_cast<const T*>(row_of(v, t))};
+  uint8_t* dst[2] = {k_cache + slot * width, v_cache + slot * width};
+  const float scale[2] = {f.k_scale, f.v_scale};
+  constexpr int V = 16 / sizeof(T) < 8 ? 16 / sizeof(T) : 8;  // elements per vector load
+  if (vec) {
+    for (int64_t i = threadIdx.x * 8; i < width; i += blockDim.x * 8) {
+#pragma unroll
+      for (int kv = 0; kv < 2; ++kv) {
+        float x[8];
+#pragma unroll
+        for (int h = 0; h < 8; h += V) {
+          float part[V];
+          load_vec<T, V>(rows[kv] + i + h, part);
+#pragma unroll
+          for (int e = 0; e < V; ++e) x[h + e] = part[e];
+        }
+        uint32_t w[2];
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+          const uint32_t lo =
+              float2_to_fp8x2(__fdiv_rn(x[4 * p], scale[kv]), __fdiv_rn(x[4 * p + 1], scale[kv]));
+          const uint32_t hi = float2_to_fp8x2(__fdiv_rn(x[4 * p + 2], scale[kv]),
+                                              __fdiv_rn(x[4 * p + 3], scale[kv]));
+          w[p] = lo | (hi << 16);
+        }
+        *reinterpret_cast<uint2*>(dst[kv] + i) = make_uint2(w[0], w[1]);
+      }
+    }
+    return;
+  }
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+#pragma unroll
+    for (int kv = 0; kv < 2; ++kv)
+      dst[kv][i] = static_cast<uint8_t>(
+          float2_to_fp8x2(__fdiv_rn(to_float<T>(rows[kv][i]), scale[kv]), 0.0f));
+  }
+}
+
+template <typename T>
+void launch_kv_write_fp8(void* k_cache, void* v_cache, int64_t num_slots, Mat k, Mat v,
+                         const int32_t* slot_mapping, KvFp8 f, cudaStream_t s) {
+  const int64_t esize = sizeof(T);
+  auto ok = [](const void* p, int n) { return (reinterpret_cast<uintptr_t>(p) & (n - 1)) == 0; };
+  const bool vec = k.cols % 8 == 0 && (k.stride * esize) % 16 == 0 &&
+                   (v.stride * esize) % 16 == 0 && ok(k.data, 16) && ok(v.data, 16) &&
+                   ok(k_cache, 8) && ok(v_cache, 8);
+  launch(kv_write_fp8_kernel<T>, static_cast<unsigned>(k.rows), 128, 0, s,
+         static_cast<uint8_t*>(k_cache), static_cast<uint8_t*>(v_cache), num_slots, k, v,
+         slot_mapping, f, vec);
+}
+
 }  // namespace
 
 void launch_rope(const RopeLaunch& a, cudaStream_t s) {
@@ -96,8 +173,19 @@ void launch_rope(const RopeLaunch& a, cudaStream_t s) {
 }
 
 void launch_kv_cache_write(void* k_cache, void* v_cache, int64_t num_slots, Mat k, Mat v,
-                           const int32_t* slot_mapping, cudaStream_t s) {
+                           const int32_t* slot_mapping, KvFp8 fp8, cudaStream_t s) {
   if (k.rows == 0) return;
+  if (fp8.on) {
+    switch (k.type) {
+      case Elem::kF32:
+        return launch_kv_write_fp8<float>(k_cache, v_cache, num_slots, k, v, slot_mapping, fp8, s);
+      case Elem::kBF16:
+        return launch_kv_write_fp8<__nv_bfloat16>(k_cache, v_cache, num_slots, k, v, slot_mapping,
+                                                  fp8, s);
+      case Elem::kF16:
+        return launch_kv_write_fp8<__half>(k_cache, v_cache, num_slots, k, v, slot_mapping, fp8, s);
+    }
+  }
   const int64_t esize = elem_bytes(k.type);
   const int64_t row_bytes = k.cols * esize;
   auto ok16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
