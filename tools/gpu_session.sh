@@ -103,7 +103,7 @@ if has engine; then
   grep -vE "^\[atom" "$out/engine.log" | tail -n 6 | tee -a "$summary"
 fi
 
-if has fp8; then
+if has fp8check; then
   timeout 300 compute-sanitizer --tool memcheck --print-limit 20 "$bin/gpu_test" \
     --gtest_filter='GpuAttention.Fp8CacheDecodeSplitsAndMerges:*Fp8*Cpu*' > "$out/fp8_memcheck.log" 2>&1
   note "fp8 memcheck: rc=$?"
@@ -112,8 +112,11 @@ if has fp8; then
     --batch 1,32,128,256 --kv-cache-dtype fp8 > "$out/e2e_fp8.log" 2>&1
   note "e2e bench, fp8 KV cache: rc=$?"
   tail -n 8 "$out/e2e_fp8.log" | tee -a "$summary"
+fi
+
+if has fp8; then
   m="$stage/bench/models/llama-3.1-8b"
-  for seqs in 256 384 512; do
+  for seqs in ${ATOM_FP8_SEQS:-256 512}; do
     timeout 300 "$bin/atom" bench throughput --model "$m" --load-format dummy --device cuda \
       --input-len 1000 --output-len 1000 --num-prompts 512 --max-num-seqs $seqs \
       --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 --kv-cache-dtype fp8 \
