@@ -6,6 +6,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -169,8 +170,8 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   const cudaStream_t stream = current_stream();
   const int64_t ldx = M > 1 ? x.stride(0) : K, ldo = M > 1 ? out.stride(0) : N;
 
-  if ((in == DType::kBF16 || in == DType::kF16) && M <= linear_skinny_max_m() && K % 8 == 0 &&
-      ldx % 8 == 0 && alignment(x.data()) >= 16 && alignment(w.data()) >= 16) {
+  if ((in == DType::kBF16 || in == DType::kF16) && M <= std::min(linear_skinny_max_m(), 4) &&
+      K % 8 == 0 && ldx % 8 == 0 && alignment(x.data()) >= 16 && alignment(w.data()) >= 16) {
     launch_linear_skinny(mat_of(out, "linear"), mat_of(x, "linear"), w.data(), N, K,
                          bias.defined() ? bias.data() : nullptr,
                          bias.defined() ? elem_of(bias.dtype(), "linear") : Elem::kF32, stream);
