@@ -26,8 +26,17 @@ void check_divisible(const std::string& prefix, const char* what, int64_t n, int
 }
 }  // namespace
 
-Tensor LinearBase::forward(Step& step, const Tensor& x) {
-  Tensor y = step.empty({x.size(0), out_}, ctx_.act_dtype);
+Tensor LinearBase::output(Step& step, const Tensor& x, const Tensor& out) const {
+  if (!out.defined()) return step.empty({x.size(0), out_}, ctx_.act_dtype);
+  ATOM_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == out_ &&
+                 out.dtype() == ctx_.act_dtype && out.is_contiguous(),
+             "linear: output {} for input {} must be contiguous [{}, {}] of {}", out.str(), x.str(),
+             x.size(0), out_, dtype_name(ctx_.act_dtype));
+  return out;
+}
+
+Tensor LinearBase::forward(Step& step, const Tensor& x, const Tensor& out) {
+  Tensor y = output(step, x, out);
   kernels::linear(y, x, weight_->data(), bias_ ? bias_->data() : Tensor());
   return y;
 }
@@ -35,8 +44,10 @@ Tensor LinearBase::forward(Step& step, const Tensor& x) {
 ReplicatedLinear::ReplicatedLinear(LayerContext& ctx, const std::string& prefix, int64_t in,
                                    int64_t out, bool bias)
     : LinearBase(ctx, in, out) {
-  weight_ = &ctx.params.add(prefix_join(prefix, "weight"), ctx.param_tensor({out, in}, ctx.weight_dtype));
-  if (bias) bias_ = &ctx.params.add(prefix_join(prefix, "bias"), ctx.param_tensor({out}, ctx.weight_dtype));
+  weight_ =
+      &ctx.params.add(prefix_join(prefix, "weight"), ctx.param_tensor({out, in}, ctx.weight_dtype));
+  if (bias)
+    bias_ = &ctx.params.add(prefix_join(prefix, "bias"), ctx.param_tensor({out}, ctx.weight_dtype));
 }
 
 ColumnParallelLinear::ColumnParallelLinear(LayerContext& ctx, int64_t in, int64_t out_per_rank)
@@ -50,8 +61,11 @@ ColumnParallelLinear::ColumnParallelLinear(LayerContext& ctx, const std::string&
   auto loader = [per, start, out](Parameter& p, const Tensor& ckpt, const std::string&, int) {
     param_load_rows(p, ckpt, start, 0, per, out);
   };
-  weight_ = &ctx.params.add(prefix_join(prefix, "weight"), ctx.param_tensor({per, in}, ctx.weight_dtype), loader);
-  if (bias) bias_ = &ctx.params.add(prefix_join(prefix, "bias"), ctx.param_tensor({per}, ctx.weight_dtype), loader);
+  weight_ = &ctx.params.add(prefix_join(prefix, "weight"),
+                            ctx.param_tensor({per, in}, ctx.weight_dtype), loader);
+  if (bias)
+    bias_ = &ctx.params.add(prefix_join(prefix, "bias"), ctx.param_tensor({per}, ctx.weight_dtype),
+                            loader);
 }
 
 RowParallelLinear::RowParallelLinear(LayerContext& ctx, const std::string& prefix, int64_t in,
@@ -64,12 +78,14 @@ RowParallelLinear::RowParallelLinear(LayerContext& ctx, const std::string& prefi
     Tensor& d = p.data();
     tensor_assign(d, ckpt.narrow(1, start, per));
   };
-  weight_ = &ctx.params.add(prefix_join(prefix, "weight"), ctx.param_tensor({out, per}, ctx.weight_dtype), loader);
-  if (bias) bias_ = &ctx.params.add(prefix_join(prefix, "bias"), ctx.param_tensor({out}, ctx.weight_dtype));
+  weight_ = &ctx.params.add(prefix_join(prefix, "weight"),
+                            ctx.param_tensor({out, per}, ctx.weight_dtype), loader);
+  if (bias)
+    bias_ = &ctx.params.add(prefix_join(prefix, "bias"), ctx.param_tensor({out}, ctx.weight_dtype));
 }
 
-Tensor RowParallelLinear::forward(Step& step, const Tensor& x) {
-  Tensor y = step.empty({x.size(0), out_}, ctx_.act_dtype);
+Tensor RowParallelLinear::forward(Step& step, const Tensor& x, const Tensor& out) {
+  Tensor y = output(step, x, out);
   if (ctx_.tp_size == 1 || !reduce_) {
     kernels::linear(y, x, weight_->data(), bias_ ? bias_->data() : Tensor());
     return y;
@@ -106,19 +122,21 @@ QKVParallelLinear::QKVParallelLinear(LayerContext& ctx, const std::string& prefi
   auto loader = [=](Parameter& p, const Tensor& ckpt, const std::string& shard, int) {
     if (shard == "q") return param_load_rows(p, ckpt, q_start, 0, q_rows, q_total);
     if (shard == "k") return param_load_rows(p, ckpt, kv_start, q_rows, kv_rows, kv_total);
-    if (shard == "v") return param_load_rows(p, ckpt, kv_start, q_rows + kv_rows, kv_rows, kv_total);
+    if (shard == "v")
+      return param_load_rows(p, ckpt, kv_start, q_rows + kv_rows, kv_rows, kv_total);
     fail("parameter '{}' takes parts q, k and v, not '{}'", p.name(), shard);
   };
-  weight_ = &ctx.params.add(prefix_join(prefix, "weight"), ctx.param_tensor({out_, hidden}, ctx.weight_dtype),
-                            loader, {"q", "k", "v"});
+  weight_ =
+      &ctx.params.add(prefix_join(prefix, "weight"),
+                      ctx.param_tensor({out_, hidden}, ctx.weight_dtype), loader, {"q", "k", "v"});
   if (bias)
-    bias_ = &ctx.params.add(prefix_join(prefix, "bias"), ctx.param_tensor({out_}, ctx.weight_dtype), loader,
-                            {"q", "k", "v"});
+    bias_ = &ctx.params.add(prefix_join(prefix, "bias"), ctx.param_tensor({out_}, ctx.weight_dtype),
+                            loader, {"q", "k", "v"});
 }
 
 MergedColumnParallelLinear::MergedColumnParallelLinear(LayerContext& ctx, const std::string& prefix,
-                                                       int64_t in, std::vector<int64_t> output_sizes,
-                                                       bool bias)
+                                                       int64_t in,
+                                                       std::vector<int64_t> output_sizes, bool bias)
     : ColumnParallelLinear(ctx, in, 0), sizes_(std::move(output_sizes)) {
   std::vector<std::string> parts;
   std::vector<int64_t> offsets;
@@ -131,8 +149,8 @@ MergedColumnParallelLinear::MergedColumnParallelLinear(LayerContext& ctx, const 
   }
   const auto sizes = sizes_;
   const int tp = ctx.tp_size, rank = ctx.tp_rank;
-  auto loader = [sizes, offsets, tp, rank](Parameter& p, const Tensor& ckpt, const std::string& shard,
-                                           int) {
+  auto loader = [sizes, offsets, tp, rank](Parameter& p, const Tensor& ckpt,
+                                           const std::string& shard, int) {
     size_t i = 0;
     try {
       i = std::stoul(shard);
@@ -143,10 +161,11 @@ MergedColumnParallelLinear::MergedColumnParallelLinear(LayerContext& ctx, const 
     const int64_t per = sizes[i] / tp;
     param_load_rows(p, ckpt, rank * per, offsets[i], per, sizes[i]);
   };
-  weight_ = &ctx.params.add(prefix_join(prefix, "weight"), ctx.param_tensor({out_, in}, ctx.weight_dtype),
-                            loader, parts);
+  weight_ = &ctx.params.add(prefix_join(prefix, "weight"),
+                            ctx.param_tensor({out_, in}, ctx.weight_dtype), loader, parts);
   if (bias)
-    bias_ = &ctx.params.add(prefix_join(prefix, "bias"), ctx.param_tensor({out_}, ctx.weight_dtype), loader, parts);
+    bias_ = &ctx.params.add(prefix_join(prefix, "bias"), ctx.param_tensor({out_}, ctx.weight_dtype),
+                            loader, parts);
 }
 
 }  // namespace atom

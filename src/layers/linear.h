@@ -11,8 +11,9 @@ namespace atom {
 
 class LinearBase {
  public:
-  // y = x · Wᵀ (+ b)   x [T, in_per_rank] -> [T, out_per_rank]
-  virtual Tensor forward(Step& step, const Tensor& x);
+  // y = x · Wᵀ (+ b)   x [T, in_per_rank] -> [T, out_per_rank], written into `out` when it is
+  // given (a caller-owned buffer), else into a new tensor of the step.
+  virtual Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor());
   int64_t in_per_rank() const { return in_; }
   int64_t out_per_rank() const { return out_; }
   Parameter& weight() { return *weight_; }
@@ -22,6 +23,8 @@ class LinearBase {
  protected:
   LinearBase(LayerContext& ctx, int64_t in_per_rank, int64_t out_per_rank)
       : ctx_(ctx), in_(in_per_rank), out_(out_per_rank) {}
+  // `out` checked against this layer's output for x, or a new step tensor when undefined.
+  Tensor output(Step& step, const Tensor& x, const Tensor& out) const;
   LayerContext& ctx_;
   int64_t in_, out_;
   Parameter* weight_ = nullptr;
@@ -31,7 +34,8 @@ class LinearBase {
 // The same full weight on every rank.
 class ReplicatedLinear : public LinearBase {
  public:
-  ReplicatedLinear(LayerContext& ctx, const std::string& prefix, int64_t in, int64_t out, bool bias);
+  ReplicatedLinear(LayerContext& ctx, const std::string& prefix, int64_t in, int64_t out,
+                   bool bias);
 };
 
 // Output features split over ranks; each rank computes its slice of y.
@@ -48,9 +52,9 @@ class ColumnParallelLinear : public LinearBase {
 // the (replicated) bias is added once.
 class RowParallelLinear : public LinearBase {
  public:
-  RowParallelLinear(LayerContext& ctx, const std::string& prefix, int64_t in, int64_t out, bool bias,
-                    bool reduce_results = true);
-  Tensor forward(Step& step, const Tensor& x) override;
+  RowParallelLinear(LayerContext& ctx, const std::string& prefix, int64_t in, int64_t out,
+                    bool bias, bool reduce_results = true);
+  Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor()) override;
 
  private:
   bool reduce_;

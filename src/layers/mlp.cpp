@@ -7,14 +7,15 @@ namespace atom {
 GatedMlp::GatedMlp(LayerContext& ctx, const std::string& prefix, int64_t hidden,
                    int64_t intermediate, bool bias)
     : ctx_(ctx),
-      gate_up_proj_(ctx, prefix_join(prefix, "gate_up_proj"), hidden, {intermediate, intermediate}, bias),
+      gate_up_proj_(ctx, prefix_join(prefix, "gate_up_proj"), hidden, {intermediate, intermediate},
+                    bias),
       down_proj_(ctx, prefix_join(prefix, "down_proj"), intermediate, hidden, bias) {}
 
-Tensor GatedMlp::forward(Step& step, const Tensor& x) {
+Tensor GatedMlp::forward(Step& step, const Tensor& x, const Tensor& out) {
   Tensor gate_up = gate_up_proj_.forward(step, x);
   Tensor act = step.empty({x.size(0), gate_up.size(1) / 2}, ctx_.act_dtype);
   kernels::silu_mul(act, gate_up);
-  return down_proj_.forward(step, act);
+  return down_proj_.forward(step, act, out);
 }
 
 }  // namespace atom

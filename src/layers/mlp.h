@@ -11,7 +11,8 @@ class GatedMlp {
  public:
   GatedMlp(LayerContext& ctx, const std::string& prefix, int64_t hidden, int64_t intermediate,
            bool bias);
-  Tensor forward(Step& step, const Tensor& x);
+  // Into `out` [T, hidden] when given (LinearBase::forward), else a new step tensor.
+  Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor());
 
  private:
   LayerContext& ctx_;

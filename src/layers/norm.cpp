@@ -7,7 +7,8 @@ namespace atom {
 RMSNorm::RMSNorm(LayerContext& ctx, const std::string& prefix, int64_t dim, double eps,
                  kernels::RmsNormKind kind)
     : ctx_(ctx), dim_(dim), eps_(static_cast<float>(eps)), kind_(kind) {
-  weight_ = &ctx.params.add(prefix_join(prefix, "weight"), ctx.param_tensor({dim}, ctx.weight_dtype));
+  weight_ =
+      &ctx.params.add(prefix_join(prefix, "weight"), ctx.param_tensor({dim}, ctx.weight_dtype));
 }
 
 Tensor RMSNorm::forward(Step& step, const Tensor& x) {
@@ -17,14 +18,9 @@ Tensor RMSNorm::forward(Step& step, const Tensor& x) {
 }
 
 Tensor RMSNorm::forward(Step& step, const Tensor& x, Tensor& residual) {
+  ATOM_CHECK(residual.defined(), "rms_norm: the residual stream is undefined");
   Tensor out = step.empty({x.size(0), dim_}, ctx_.act_dtype);
-  if (!residual.defined()) {
-    residual = step.empty({x.size(0), dim_}, ctx_.act_dtype);
-    residual.copy_from(x.contiguous());
-    kernels::rms_norm(out, x, nullptr, weight_->data(), eps_, kind_);
-  } else {
-    kernels::rms_norm(out, x, &residual, weight_->data(), eps_, kind_);
-  }
+  kernels::rms_norm(out, x, &residual, weight_->data(), eps_, kind_);
   return out;
 }
 

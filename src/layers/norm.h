@@ -14,7 +14,7 @@ class RMSNorm {
 
   // x [rows, dim] -> normalised copy
   Tensor forward(Step& step, const Tensor& x);
-  // Fused residual add: residual += x (residual = x when undefined), returns norm(residual).
+  // Fused residual add: residual += x, returns norm(residual).
   Tensor forward(Step& step, const Tensor& x, Tensor& residual);
   // Normalises each head_dim-wide group of x [rows, heads * dim] in place (per-head q/k norm).
   void forward_heads_inplace(Step& step, Tensor& x);

@@ -37,19 +37,23 @@ class LlamaAttention {
 template <class SelfAttention>
 class LlamaDecoderLayer {
  public:
-  LlamaDecoderLayer(LayerContext& ctx, const ModelConfig& c, int64_t layer, const std::string& prefix)
+  LlamaDecoderLayer(LayerContext& ctx, const ModelConfig& c, int64_t layer,
+                    const std::string& prefix)
       : input_layernorm_(ctx, prefix + ".input_layernorm", c.hidden_size, c.rms_norm_eps),
         self_attn_(ctx, c, layer, prefix + ".self_attn"),
         post_attention_layernorm_(ctx, prefix + ".post_attention_layernorm", c.hidden_size,
                                   c.rms_norm_eps),
         mlp_(ctx, prefix + ".mlp", c.hidden_size, c.intermediate_size, c.mlp_bias) {}
 
-  // h [T, hidden]: in, this layer's input; out, its output before the residual add.
-  void forward(Step& step, Tensor& h, Tensor& residual) {
-    Tensor x = input_layernorm_.forward(step, h, residual);  // residual += h
-    h = self_attn_.forward(step, x);
-    x = post_attention_layernorm_.forward(step, h, residual);
-    h = mlp_.forward(step, x);
+  // residual [T, hidden]: the residual stream, updated in place. h: the previous layer's output,
+  // not yet added to it (undefined before the first layer). Writes this layer's output, before
+  // its residual add, into `out` (not h's buffer).
+  void forward(Step& step, const Tensor& h, Tensor& residual, const Tensor& out) {
+    Tensor x = h.defined() ? input_layernorm_.forward(step, h, residual)  // residual += h
+                           : input_layernorm_.forward(step, residual);
+    Tensor a = self_attn_.forward(step, x);
+    x = post_attention_layernorm_.forward(step, a, residual);
+    mlp_.forward(step, x, out);
   }
 
  private:
@@ -69,18 +73,29 @@ class DecoderOnlyLM : public Model {
     embed_tokens_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens", c.vocab_size,
                                                              c.hidden_size);
     for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-      layers_.push_back(std::make_unique<DecoderLayer>(x, c, i, "model.layers." + std::to_string(i)));
+      layers_.push_back(
+          std::make_unique<DecoderLayer>(x, c, i, "model.layers." + std::to_string(i)));
     norm_ = std::make_unique<RMSNorm>(x, "model.norm", c.hidden_size, c.rms_norm_eps);
     lm_head_ = c.tie_word_embeddings
                    ? std::make_unique<ParallelLMHead>(x, *embed_tokens_)
                    : std::make_unique<ParallelLMHead>(x, "lm_head", c.vocab_size, c.hidden_size);
   }
 
+  // Activations are one layer's, not the model's: each layer's scratch goes back to the arena
+  // when the layer ends. Between layers live only the residual stream and the last layer's output,
+  // which the layers write into two buffers in turn.
   Tensor forward(Step& step) override {
-    Tensor h = embed_tokens_->forward(step, step.batch.dev.token_ids);
-    Tensor residual;
-    for (auto& layer : layers_) layer->forward(step, h, residual);
-    return norm_->forward(step, h, residual);
+    Tensor residual = embed_tokens_->forward(step, step.batch.dev.token_ids);
+    const Tensor outs[2] = {step.empty(residual.shape(), residual.dtype()),
+                            step.empty(residual.shape(), residual.dtype())};
+    Tensor h;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Arena::Mark scratch = step.arena.mark();
+      layers_[i]->forward(step, h, residual, outs[i % 2]);
+      h = outs[i % 2];
+      step.arena.release(scratch);
+    }
+    return h.defined() ? norm_->forward(step, h, residual) : norm_->forward(step, residual);
   }
 
   Tensor compute_logits(Step& step, const Tensor& hidden) override;
