@@ -4,7 +4,8 @@
 # kernel and end-to-end benchmarks, the transformers baseline, compute-sanitizer. Logs go to
 # $OUT; the last lines printed are a summary.
 #   bash STAGE/tools/gpu_session.sh [steps]   steps: comma list of tests,cli,kernels,e2e,hf,memcheck
-#   (also engine, serve, and fp8: the FP8 KV cache's tests under memcheck, e2e and engine runs)
+#   (also engine, serve, fp8check: the FP8 KV cache's tests under memcheck and e2e; fp8 and bf16:
+#   bench throughput with that KV cache dtype at ATOM_FP8_SEQS / ATOM_BF16_SEQS sequences)
 set -u
 stage="$(cd "$(dirname "$0")/.." && pwd)"
 bin="$stage/bin"
@@ -114,18 +115,22 @@ if has fp8check; then
   tail -n 8 "$out/e2e_fp8.log" | tee -a "$summary"
 fi
 
-if has fp8; then
-  m="$stage/bench/models/llama-3.1-8b"
-  for seqs in ${ATOM_FP8_SEQS:-256 512}; do
+# `atom bench throughput` of the 8B shape, 512 x 1000/1000, with KV cache dtype $1 at each
+# --max-num-seqs in $2 (steps fp8 and bf16).
+kv_throughput() {
+  local m="$stage/bench/models/llama-3.1-8b"
+  for seqs in $2; do
     timeout 300 "$bin/atom" bench throughput --model "$m" --load-format dummy --device cuda \
       --input-len 1000 --output-len 1000 --num-prompts 512 --max-num-seqs $seqs \
-      --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 --kv-cache-dtype fp8 \
-      --output-json "$out/throughput_fp8_$seqs.json" > "$out/engine_fp8_$seqs.log" 2>&1
-    note "bench throughput 512x1000/1000, fp8 KV cache, max-num-seqs $seqs: rc=$?"
-    grep -vE "^\[atom" "$out/engine_fp8_$seqs.log" | tail -n 8 | tee -a "$summary"
-    grep -E "KV|engine on|preempt" "$out/engine_fp8_$seqs.log" | head -5 | tee -a "$summary"
+      --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 --kv-cache-dtype "$1" \
+      --output-json "$out/throughput_$1_$seqs.json" > "$out/engine_$1_$seqs.log" 2>&1
+    note "bench throughput 512x1000/1000, $1 KV cache, max-num-seqs $seqs: rc=$?"
+    grep -vE "^\[atom" "$out/engine_$1_$seqs.log" | tail -n 8 | tee -a "$summary"
+    grep -E "KV|engine on|preempt" "$out/engine_$1_$seqs.log" | head -5 | tee -a "$summary"
   done
-fi
+}
+if has fp8; then kv_throughput fp8 "${ATOM_FP8_SEQS:-256 512}"; fi
+if has bf16; then kv_throughput bf16 "${ATOM_BF16_SEQS:-256 512}"; fi
 
 if has serve; then
   m="$stage/bench/models/llama-3.1-8b-tok"
