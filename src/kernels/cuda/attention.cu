@@ -342,37 +342,13 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
       }
       write_row(orow, m, l, col, v0, v1, col == 0);
     }
-    if (splits > 1 && a.counters != nullptr) {
-      // The last of the sequence's split CTAs to finish merges everyone's partials.
-      __shared__ int is_last;
-      __threadfence();  // this CTA's partials are visible before its ticket
-      __syncthreads();
-      if (tid == 0) is_last = atomicAdd(a.counters + blockIdx.y, 1) == splits - 1;
-      __syncthreads();
-      if (!is_last) return;
-      __threadfence();
-      const int64_t rows_total = a.num_tokens * a.num_heads;
-      for (int idx = tid; idx < 16 * D; idx += kWarps * 32) {
-        const int row = idx / D, col = idx % D;
-        const int64_t orow = out_row_of(r.m0 + row);
-        if (orow < 0) continue;
-        const int head = static_cast<int>(orow % a.num_heads);
-        float mx = a.sinks ? a.sinks[head] * kLog2e : -INFINITY;
-        for (int sp = 0; sp < splits; ++sp)
-          mx = fmaxf(mx, __ldcg(a.part_ml + (sp * rows_total + orow) * 2));
-        float denom = a.sinks ? fast_exp2(a.sinks[head] * kLog2e - mx) : 0.0f, acc = 0.0f;
-        for (int sp = 0; sp < splits; ++sp) {
-          const int64_t pi = sp * rows_total + orow;
-          const float f = fast_exp2(__ldcg(a.part_ml + pi * 2) - mx);
-          denom += f * __ldcg(a.part_ml + pi * 2 + 1);
-          acc += f * __ldcg(a.part_o + pi * D + col);
-        }
-        T* dst = static_cast<T*>(a.out) + (orow / a.num_heads) * a.out_stride +
-                 static_cast<int64_t>(head) * D;
-        dst[col] = from_float<T>(acc / denom);
-      }
-      if (tid == 0) a.counters[blockIdx.y] = 0;  // ready for the next launch
-    }
+    if (splits > 1 && a.counters != nullptr)
+      merge_splits_if_last<D, kWarps * 32>(
+          a, splits, r.m0, tid, out_row_of, [&](int64_t orow, int head, int col, float v) {
+            T* dst = static_cast<T*>(a.out) + (orow / a.num_heads) * a.out_stride +
+                     static_cast<int64_t>(head) * D;
+            dst[col] = from_float<T>(v);
+          });
   }
 }
 

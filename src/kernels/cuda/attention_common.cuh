@@ -3,6 +3,7 @@
 #pragma once
 
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace atom::kernels::cuda {
 
@@ -55,6 +56,42 @@ __device__ __forceinline__ int64_t kv_row_offset(const AttnLaunch& a, const int3
     slot = j % a.block_size;
   }
   return ((page * a.block_size + slot) * a.num_kv_heads + kh) * a.head_dim;
+}
+
+// After a decode split CTA has written its partials (a.part_ml, a.part_o) for its 16 rows: the
+// last of the sequence's `splits` CTAs to finish merges every split's partials with the sinks and
+// stores each output value through store(orow, head, col, value); the others return. The merging
+// CTA resets the sequence's counter for the next launch. out_row_of(row) is token * num_heads +
+// head for the CTA's row m0 + row, or -1 for padding.
+template <int D, int kThreads, typename RowOf, typename Store>
+__device__ __forceinline__ void merge_splits_if_last(const AttnLaunch& a, int splits, int m0,
+                                                     int tid, RowOf out_row_of, Store store) {
+  __shared__ int is_last;
+  __threadfence();  // this CTA's partials are visible before its ticket
+  __syncthreads();
+  if (tid == 0) is_last = atomicAdd(a.counters + blockIdx.y, 1) == splits - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  const int64_t rows_total = a.num_tokens * a.num_heads;
+  for (int idx = tid; idx < 16 * D; idx += kThreads) {
+    const int row = idx / D, col = idx % D;
+    const int64_t orow = out_row_of(m0 + row);
+    if (orow < 0) continue;
+    const int head = static_cast<int>(orow % a.num_heads);
+    float mx = a.sinks ? a.sinks[head] * kLog2e : -INFINITY;
+    for (int sp = 0; sp < splits; ++sp)
+      mx = fmaxf(mx, __ldcg(a.part_ml + (sp * rows_total + orow) * 2));
+    float denom = a.sinks ? fast_exp2(a.sinks[head] * kLog2e - mx) : 0.0f, acc = 0.0f;
+    for (int sp = 0; sp < splits; ++sp) {
+      const int64_t pi = sp * rows_total + orow;
+      const float f = fast_exp2(__ldcg(a.part_ml + pi * 2) - mx);
+      denom += f * __ldcg(a.part_ml + pi * 2 + 1);
+      acc += f * __ldcg(a.part_o + pi * D + col);
+    }
+    store(orow, head, col, acc / denom);
+  }
+  if (tid == 0) a.counters[blockIdx.y] = 0;  // ready for the next launch
 }
 
 }  // namespace atom::kernels::cuda

@@ -19,6 +19,7 @@
 // The scales fold into the arithmetic: q is multiplied by scale * k_scale (before its rounding to
 // FP16) and the output by v_scale.
 #include <atomic>
+
 #include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/fp8.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fp8_kernel(AttnLaunch a) {
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int e = 0; e < 4; ++e) sc[nt][e] = 0.0f;
-      // S = Q Kᵀ, 64 head dims (four k steps) at a time.
+          // S = Q Kᵀ, 64 head dims (four k steps) at a time.
 #pragma unroll
       for (int j = 0; j < D / 64; ++j) {
         uint32_t qa[4][4];
@@ -407,37 +408,13 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fp8_kernel(AttnLaunch a) {
       }
       write_row(orow, m, l, col, v0 * a.v_scale, v1 * a.v_scale, col == 0);
     }
-    if (splits > 1 && a.counters != nullptr) {
-      // The last of the sequence's split CTAs to finish merges everyone's partials.
-      __shared__ int is_last;
-      __threadfence();  // this CTA's partials are visible before its ticket
-      __syncthreads();
-      if (tid == 0) is_last = atomicAdd(a.counters + blockIdx.y, 1) == splits - 1;
-      __syncthreads();
-      if (!is_last) return;
-      __threadfence();
-      const int64_t rows_total = a.num_tokens * a.num_heads;
-      for (int idx = tid; idx < 16 * D; idx += kWarps * 32) {
-        const int row = idx / D, col = idx % D;
-        const int64_t orow = out_row_of(r.m0 + row);
-        if (orow < 0) continue;
-        const int head = static_cast<int>(orow % a.num_heads);
-        float mx = a.sinks ? a.sinks[head] * kLog2e : -INFINITY;
-        for (int sp = 0; sp < splits; ++sp)
-          mx = fmaxf(mx, __ldcg(a.part_ml + (sp * rows_total + orow) * 2));
-        float denom = a.sinks ? fast_exp2(a.sinks[head] * kLog2e - mx) : 0.0f, acc = 0.0f;
-        for (int sp = 0; sp < splits; ++sp) {
-          const int64_t pi = sp * rows_total + orow;
-          const float f = fast_exp2(__ldcg(a.part_ml + pi * 2) - mx);
-          denom += f * __ldcg(a.part_ml + pi * 2 + 1);
-          acc += f * __ldcg(a.part_o + pi * D + col);
-        }
-        store_elem(a.out, a.type,
-                   (orow / a.num_heads) * a.out_stride + static_cast<int64_t>(head) * D + col,
-                   acc / denom);
-      }
-      if (tid == 0) a.counters[blockIdx.y] = 0;  // ready for the next launch
-    }
+    if (splits > 1 && a.counters != nullptr)
+      merge_splits_if_last<D, kWarps * 32>(
+          a, splits, r.m0, tid, out_row_of, [&](int64_t orow, int head, int col, float v) {
+            store_elem(a.out, a.type,
+                       (orow / a.num_heads) * a.out_stride + static_cast<int64_t>(head) * D + col,
+                       v);
+          });
   }
 }
 
