@@ -7,15 +7,45 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "core/convert.h"
 #include "core/half.h"
 #include "core/tensor.h"
 #include "kernels/random.h"
+#include "layers/batch.h"
 
 namespace atom::test {
 
 inline Device gpu() { return Device::cuda(0); }
+
+// One step that appends toks[s] to each sequence s, whose length len[s] it advances. Pages hold 4
+// tokens and sequence s owns pages [16 s, 16 s + 16); one logits row per sequence (its last new
+// token).
+inline Batch append_step_batch(const std::vector<std::vector<int32_t>>& toks,
+                               std::vector<int>& len) {
+  const int S = static_cast<int>(toks.size());
+  Batch b;
+  b.query_start = {0};
+  b.page_indptr = {0};
+  for (int s = 0; s < S; ++s) {
+    for (size_t i = 0; i < toks[s].size(); ++i) {
+      const int pos = len[s] + static_cast<int>(i);
+      b.token_ids.push_back(toks[s][i]);
+      b.positions.push_back(pos);
+      b.slot_mapping.push_back(16 * s * 4 + pos);
+    }
+    len[s] += static_cast<int>(toks[s].size());
+    b.query_start.push_back(b.query_start.back() + static_cast<int>(toks[s].size()));
+    b.context_lens.push_back(len[s]);
+    const int pages = (len[s] + 3) / 4;
+    for (int p = 0; p < pages; ++p) b.page_indices.push_back(16 * s + p);
+    b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
+    b.logits_indices.push_back(b.query_start.back() - 1);
+    b.state_slots.push_back(s);
+  }
+  return b;
+}
 
 // A CPU tensor of seeded uniform values in [lo, hi), rounded to dtype.
 inline Tensor random_cpu(Shape shape, DType dtype, uint64_t seed, float lo = -1.0f,

@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "common/fixtures.h"
 #include "core/cuda_stream.h"
 #include "engine/model_runner.h"
 #include "engine/sequence_runner.h"
 #include "gpu_util.h"
-#include "common/fixtures.h"
 #include "models/loading.h"
 
 namespace atom::test {
@@ -143,29 +143,8 @@ TEST(GpuRunner, DecodeGraphsMatchEager) {
     const int S = 3;
     std::vector<int> len(S, 0);
     const std::vector<int> prompt_len = {5, 11, 2};
-    // Sequence s owns pages [16 s, 16 s + 16).
-    // Appends toks[s] to each sequence; one logits row per sequence (its last new token).
     auto make = [&](const std::vector<std::vector<int32_t>>& toks) {
-      Batch b;
-      b.query_start = {0};
-      b.page_indptr = {0};
-      for (int s = 0; s < S; ++s) {
-        for (size_t i = 0; i < toks[s].size(); ++i) {
-          const int pos = len[s] + static_cast<int>(i);
-          b.token_ids.push_back(toks[s][i]);
-          b.positions.push_back(pos);
-          b.slot_mapping.push_back(16 * s * 4 + pos);
-        }
-        len[s] += static_cast<int>(toks[s].size());
-        b.query_start.push_back(b.query_start.back() + static_cast<int>(toks[s].size()));
-        b.context_lens.push_back(len[s]);
-        const int pages = (len[s] + 3) / 4;
-        for (int p = 0; p < pages; ++p) b.page_indices.push_back(16 * s + p);
-        b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
-        b.logits_indices.push_back(b.query_start.back() - 1);
-        b.state_slots.push_back(s);
-      }
-      return b;
+      return append_step_batch(toks, len);
     };
     std::vector<std::vector<int32_t>> prompts(S);
     for (int s = 0; s < S; ++s)

@@ -194,28 +194,8 @@ TEST(GpuTp, DecodeGraphsMatchEager) {
   graphs.capture_decode_graphs();
   const int S = 3;
   std::vector<int> len(S, 0);
-  // Sequence s owns pages [16 s, 16 s + 16); one logits row per sequence (its last new token).
   auto make = [&](const std::vector<std::vector<int32_t>>& toks) {
-    Batch b;
-    b.query_start = {0};
-    b.page_indptr = {0};
-    for (int s = 0; s < S; ++s) {
-      for (size_t i = 0; i < toks[s].size(); ++i) {
-        const int pos = len[s] + static_cast<int>(i);
-        b.token_ids.push_back(toks[s][i]);
-        b.positions.push_back(pos);
-        b.slot_mapping.push_back(16 * s * 4 + pos);
-      }
-      len[s] += static_cast<int>(toks[s].size());
-      b.query_start.push_back(b.query_start.back() + static_cast<int>(toks[s].size()));
-      b.context_lens.push_back(len[s]);
-      const int pages = (len[s] + 3) / 4;
-      for (int p = 0; p < pages; ++p) b.page_indices.push_back(16 * s + p);
-      b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
-      b.logits_indices.push_back(b.query_start.back() - 1);
-      b.state_slots.push_back(s);
-    }
-    return b;
+    return append_step_batch(toks, len);
   };
   std::vector<std::vector<int32_t>> prompts = {
       {5, 9, 13, 2, 7}, {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5}, {8, 8}};
