@@ -1,6 +1,8 @@
 // The `atom` program: subcommands are registered by the cmd_*.cpp files.
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "cli/command.h"
 #include "core/error.h"
@@ -16,8 +18,15 @@ int main(int argc, char** argv) {
   CLI::App app{"atom: a C++/CUDA engine that serves large language models"};
   app.require_subcommand(1);
   for (auto& setup : atom::cli::command_setups()) setup(app);
+  // vLLM's `-tp N` / `-tp=N`: CLI11 takes one-character short names only, so the spelling is
+  // rewritten to --tensor-parallel-size before parsing.
+  std::vector<std::string> args(argv, argv + argc);
+  for (std::string& a : args)
+    if (a == "-tp" || a.rfind("-tp=", 0) == 0) a = "--tensor-parallel-size" + a.substr(3);
+  std::vector<char*> args_c;
+  for (std::string& a : args) args_c.push_back(a.data());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(args_c.size()), args_c.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const atom::Error& e) {

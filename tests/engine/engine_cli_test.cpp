@@ -13,8 +13,8 @@
 
 #include "common/fixtures.h"
 #include "common/test_util.h"
-#include "loader/safetensors.h"
 #include "engine/sequence_runner.h"
+#include "loader/safetensors.h"
 #include "models/loading.h"
 
 namespace atom::test {
@@ -184,10 +184,11 @@ TEST(EngineCli, BenchPrefixReportsColdAndCachedTtft) {
   EXPECT_NE(rc, 0) << "gpu_memory_utilization above 1 is refused";
 }
 
-// --tensor-parallel-size (or --tp) on the CPU: the ranks are threads, each holding its shards.
+// --tensor-parallel-size (or --tp, or vLLM's -tp) on the CPU: the ranks are threads, each holding
+// its shards.
 TEST(EngineCli, TensorParallelRanksOnTheCpu) {
   const Reference ref = reference_load("llama3_gqa");
-  for (const std::string flag : {"--tensor-parallel-size 2", "--tp 4"}) {
+  for (const std::string flag : {"--tensor-parallel-size 2", "--tp 4", "-tp 2", "-tp=4"}) {
     int rc = 0;
     const auto lines = run_atom(
         fmt::format("generate --model {} --device cpu {} --prompt-tokens {} --max-tokens {} "
@@ -203,10 +204,11 @@ TEST(EngineCli, TensorParallelRanksOnTheCpu) {
   }
   TempDir dir;
   int rc = 0;
-  run_atom(fmt::format("score --model {} --device cpu --tp 2 --tokens {} --prefill-chunk 5 --out {}",
-                       fixture_dir("qwen3_tied"), join(reference_load("qwen3_tied").input_ids),
-                       dir.file("logits.safetensors")),
-           &rc);
+  run_atom(
+      fmt::format("score --model {} --device cpu --tp 2 --tokens {} --prefill-chunk 5 --out {}",
+                  fixture_dir("qwen3_tied"), join(reference_load("qwen3_tied").input_ids),
+                  dir.file("logits.safetensors")),
+      &rc);
   ASSERT_EQ(rc, 0);
   SafetensorsFile f(dir.file("logits.safetensors"), /*use_mmap=*/false);
   EXPECT_LE(max_abs_diff(f.tensor("logits").clone(), reference_load("qwen3_tied").logits), 1e-3f);
