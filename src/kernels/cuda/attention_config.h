@@ -17,6 +17,11 @@ void attention_set_m_atoms(int m);
 // Warpgroups per CTA of the wgmma prefill kernel: 2 (128 rows, 128-key tiles) or 1 (64 rows,
 // 64-key tiles, two CTAs per SM). Default: ATOM_WGMMA_WARPGROUPS, else 2.
 void attention_set_wgmma_warpgroups(int n);
+// K/V pipeline of the wgmma prefill kernel (BF16/F16 caches): 0 the serial loop (each GEMM waited
+// before the softmax that follows), 2 or 3 the overlapped loop (the next tile's Q Kᵀ and the P V
+// product in flight during the softmax) with that many K/V stages; one warpgroup uses 2 for 3.
+// Default: ATOM_WGMMA_PIPELINE, else 2.
+void attention_set_wgmma_pipeline(int stages);
 // Split decode: the last CTA of a sequence merges the partials (default), or, when off, a
 // separate combine kernel does.
 void attention_set_merge_in_kernel(bool on);

@@ -6,10 +6,17 @@
 // read transposed (MN-major) from shared memory. K/V tiles are gathered from the paged cache
 // with cp.async into two stages laid out as wgmma's 128-byte-swizzled canonical tiles:
 // [head_dim / 64][rows][64], row r's 16-byte chunk c stored at chunk c ^ (r % 8).
+// BF16/F16 caches: kPipe = 0 is the serial loop (each GEMM waited before the softmax that
+// follows); kPipe 2 and 3 overlap each tile's softmax with the previous tile's P V product, with
+// K one tile ahead of V in two stages (2) or K and V tiles together in three (3). Each thread
+// looks a key's page up once for both K and V.
 // FP8 (e4m3) caches (kFp8): the e4m3 tiles arrive with cp.async in two stages of their own and
 // every thread then converts its share into one canonical tile of q's type (exact), which costs a
 // second barrier per tile; the scales fold into the softmax scale (k) and the output (v).
+#include <cstdlib>
+
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/fp8.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -18,11 +25,12 @@ namespace atom::kernels::cuda {
 
 namespace {
 
-template <int D, int NWG, int BN, bool kFp8>
+template <int D, int NWG, int BN, bool kFp8, int kPipe>
 constexpr size_t wgmma_smem_bytes() {
   if constexpr (kFp8)  // Q, one converted K/V tile, two stages of e4m3 K/V
     return static_cast<size_t>(64 * NWG * D + 2 * BN * D) * 2 + 4 * BN * D + 1024;
-  return static_cast<size_t>(64 * NWG * D + 4 * BN * D) * 2 + 1024;  // + alignment slack
+  constexpr int stages = kPipe > 0 ? kPipe : 2;
+  return static_cast<size_t>(64 * NWG * D + 2 * stages * BN * D) * 2 + 1024;  // + alignment slack
 }
 
 template <typename T, int N>
@@ -61,7 +69,7 @@ __device__ __forceinline__ void pv_mma<__half, 64>(float (&o)[32], const uint32_
   wgmma_m64n64k16_rs<__half>(o, a, desc, 1);
 }
 
-template <typename T, int D, int NWG, int kBN, bool kFp8>
+template <typename T, int D, int NWG, int kBN, bool kFp8, int kPipe>
 __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     wgmma_attention_kernel(AttnLaunch a) {
   pdl_wait();
@@ -72,10 +80,11 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   constexpr int DT = D / 8;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-  constexpr int kStages = kFp8 ? 1 : 2;  // canonical K/V tiles
-  T* sQ = reinterpret_cast<T*>(base);    // [D/64][kBM][64]
-  T* sK = sQ + kBM * D;                  // [kStages][D/64][kBN][64]
-  T* sV = sK + kStages * kBN * D;        // [kStages][D/64][kBN][64]
+  static_assert(!kFp8 || kPipe == 0, "the FP8 cache keeps the serial loop");
+  constexpr int kStages = kFp8 ? 1 : kPipe == 3 ? 3 : 2;  // canonical K/V tiles
+  T* sQ = reinterpret_cast<T*>(base);                     // [D/64][kBM][64]
+  T* sK = sQ + kBM * D;                                   // [kStages][D/64][kBN][64]
+  T* sV = sK + kStages * kBN * D;                         // [kStages][D/64][kBN][64]
   // FP8: [2][K, V][kBN][D] e4m3 stages
   uint8_t* sRaw = reinterpret_cast<uint8_t*>(sV + kStages * kBN * D);
 
@@ -96,34 +105,21 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     cp_async16(smem_addr(sQ + tile_offset(kBM, row, c)), valid ? src : qg, valid);
   }
   const int32_t* pages = a.page_indices + a.page_indptr[r.s];
-  auto load_kv = [&](int tile, int stage) {
+  // FP8: the e4m3 rows as they are, into raw stage `stage`.
+  auto load_kv_fp8 = [&](int tile, int stage) {
     const int n0 = r.kv_begin + tile * kBN;
-    if constexpr (kFp8) {  // e4m3 rows as they are, into raw stage `stage`
-      constexpr int RC = D / 16;
-      uint8_t* dk = sRaw + stage * 2 * kBN * D;
-      uint8_t* dv = dk + kBN * D;
-      const uint8_t* kc8 = static_cast<const uint8_t*>(a.k_cache);
-      const uint8_t* vc8 = static_cast<const uint8_t*>(a.v_cache);
-      for (int idx = tid; idx < kBN * RC; idx += kThreads) {
-        const int row = idx / RC, c = idx % RC;
-        const int j = n0 + row;
-        const bool valid = j < r.kv_end;
-        const int64_t off = valid ? kv_row_offset(a, pages, j, r.kh) + c * 16 : 0;
-        cp_async16(smem_addr(dk + idx * 16), kc8 + off, valid);
-        cp_async16(smem_addr(dv + idx * 16), vc8 + off, valid);
-      }
-      return;
-    }
-    T* dk = sK + stage * kBN * D;
-    T* dv = sV + stage * kBN * D;
-    for (int idx = tid; idx < kBN * DC; idx += kThreads) {
-      const int row = idx / DC, c = idx % DC;
+    constexpr int RC = D / 16;
+    uint8_t* dk = sRaw + stage * 2 * kBN * D;
+    uint8_t* dv = dk + kBN * D;
+    const uint8_t* kc8 = static_cast<const uint8_t*>(a.k_cache);
+    const uint8_t* vc8 = static_cast<const uint8_t*>(a.v_cache);
+    for (int idx = tid; idx < kBN * RC; idx += kThreads) {
+      const int row = idx / RC, c = idx % RC;
       const int j = n0 + row;
       const bool valid = j < r.kv_end;
-      const int64_t off = valid ? kv_row_offset(a, pages, j, r.kh) + c * 8 : 0;
-      const int to = tile_offset(kBN, row, c);
-      cp_async16(smem_addr(dk + to), kc + off, valid);
-      cp_async16(smem_addr(dv + to), vc + off, valid);
+      const int64_t off = valid ? kv_row_offset(a, pages, j, r.kh) + c * 16 : 0;
+      cp_async16(smem_addr(dk + idx * 16), kc8 + off, valid);
+      cp_async16(smem_addr(dv + idx * 16), vc8 + off, valid);
     }
   };
   // FP8: raw stage `stage` -> the canonical tiles; raw chunk c of a row is tile chunks 2c, 2c+1.
@@ -145,14 +141,67 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
           fp8x2_to<T>(xv.z), fp8x2_to<T>(xv.z >> 16), fp8x2_to<T>(xv.w), fp8x2_to<T>(xv.w >> 16));
     }
   };
-  load_kv(0, 0);
-  cp_async_commit();
+  // BF16/F16: thread tid copies 16-byte chunk kv_c of a tile's rows kv_r0 + kRowsPass * p, whose
+  // swizzled places differ by whole rows (kRowsPass % 8 == 0). A key's row in the cache is its
+  // token slot (page * block_size + slot, -1 past kv_end) times the token stride.
+  constexpr int kRowsPass = kThreads / DC, kPasses = kBN / kRowsPass;
+  static_assert(kRowsPass % 8 == 0 && kBN % kRowsPass == 0, "row passes");
+  const int kv_c = tid % DC, kv_r0 = tid / DC;
+  const int kv_to = tile_offset(kBN, kv_r0, kv_c);
+  const int64_t tok_stride = static_cast<int64_t>(a.num_kv_heads) * D;
+  const T* kcol = kc + r.kh * D + kv_c * 8;
+  const T* vcol = vc + r.kh * D + kv_c * 8;
+  auto tile_tokens = [&](int tile, int(&tok)[kPasses]) {
+    const int j0 = r.kv_begin + tile * kBN + kv_r0;
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int j = j0 + p * kRowsPass;
+      int slot = -1;
+      if (j < r.kv_end) {
+        if (a.block_shift >= 0)
+          slot = pages[j >> a.block_shift] * a.block_size + (j & (a.block_size - 1));
+        else
+          slot = pages[j / a.block_size] * a.block_size + j % a.block_size;
+      }
+      tok[p] = slot;
+    }
+  };
+  auto copy_rows = [&](const T* col, T* stage_tile, const int(&tok)[kPasses]) {
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const bool valid = tok[p] >= 0;
+      cp_async16(smem_addr(stage_tile + kv_to + p * kRowsPass * 64),
+                 valid ? col + tok[p] * tok_stride : col, valid);
+    }
+  };
+  // cp.async group i: kPipe == 2 K tile i and V tile i - 1 (the tokens of V's rows kept from the
+  // previous group's K), else K and V tile i; each into stage tile % kStages, if below n_tiles.
+  int tok_prev[kPasses];
+  auto load_group = [&](int i) {
+    int tok[kPasses];
+    if (i < r.n_tiles) {
+      tile_tokens(i, tok);
+      copy_rows(kcol, sK + (i % kStages) * kBN * D, tok);
+      if constexpr (kPipe != 2) copy_rows(vcol, sV + (i % kStages) * kBN * D, tok);
+    }
+    if constexpr (kPipe == 2) {
+      if (i >= 1 && i - 1 < r.n_tiles)
+        copy_rows(vcol, sV + ((i - 1) % kStages) * kBN * D, tok_prev);
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p) tok_prev[p] = tok[p];
+    }
+    cp_async_commit();
+  };
+  if constexpr (kFp8)
+    load_kv_fp8(0, 0);
+  else
+    load_group(0);
+  cp_async_commit();  // (an empty group for BF16/F16)
 
   // This thread's two rows: lane/4 and lane/4 + 8 of its warp's 16 (wgmma accumulator layout).
   const int row0 = warp * 16 + (lane >> 2);
   int qpos[2];
   for (int h = 0; h < 2; ++h) qpos[h] = r.L - r.qlen + min((r.m0 + row0 + 8 * h) / r.G, r.qlen - 1);
-  const bool wg_active = r.m0 + wg * 64 < r.rows;  // uniform over the warpgroup
 
   float o[D / 2];
 #pragma unroll
@@ -161,106 +210,163 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   const uint32_t sQ_addr = smem_addr(sQ), sK_addr = smem_addr(sK), sV_addr = smem_addr(sV);
   const float qk_scale = kFp8 ? a.scale * a.k_scale : a.scale;
   const float scale_log2 = qk_scale * kLog2e;
-
-  // One barrier per tile: it publishes tile t, and since every thread has passed it, all are done
-  // with tile t - 1, whose stage the prefetch of tile t + 1 then refills.
-  // FP8: the first barrier publishes raw tile t (and frees raw stage (t+1) % 2 and the canonical
-  // tiles, whose last readers were tile t - 1's); the second publishes the converted tile.
-  for (int t = 0; t < r.n_tiles; ++t) {
-    const int stage = kFp8 ? 0 : t & 1;
+  // Every warpgroup runs the loop, also one past the last query row (its Q rows are zeros and its
+  // outputs are not stored): no wgmma sits on a divergent path, which would serialize them.
+  const float fscale = a.softcap > 0.0f ? 1.0f : scale_log2;
+  uint32_t pa[kBN / 16][4];
+  float s[NT * 4];
+#pragma unroll
+  for (int i = 0; i < NT * 4; ++i) s[i] = 0.0f;
+  auto wait_tile = [&] {
     cp_async_wait<0>();
-    if constexpr (kFp8) {
+    fence_proxy_async();  // this thread's cp.async data, before the tensor cores read it
+    __syncthreads();
+  };
+  // S = Q K_t into s (the first k-step overwrites it).
+  auto issue_qk = [&](int t) {
+    wgmma_fence();
+    const uint32_t k_addr = sK_addr + (t % kStages) * (kBN * D * 2);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t qa = sQ_addr + (kk >> 2) * (kBM * 128) + wg * (64 * 128) + (kk & 3) * 32;
+      const uint32_t kb = k_addr + (kk >> 2) * (kBN * 128) + (kk & 3) * 32;
+      qk_mma<T, kBN>(s, wgmma_desc(qa, 16, 1024), wgmma_desc(kb, 16, 1024), kk > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  };
+  // O += P V_t; 16 keys = two 8-row groups (1024 B apart), the D/64 column blocks kBN * 128 B
+  // apart.
+  auto issue_pv = [&](int t) {
+    const uint32_t v_addr = sV_addr + (t % kStages) * (kBN * D * 2);
+#pragma unroll
+    for (int kc2 = 0; kc2 < kBN / 16; ++kc2)
+      pv_mma<T, D>(o, pa[kc2], wgmma_desc(v_addr + kc2 * 16 * 128, kBN * 128, 1024));
+    wgmma_commit();
+  };
+  // Tile t's mask and online softmax, in log2 units: p = 2^(s * fscale - m), m the running
+  // maximum of s * fscale. Leaves P in s and O's rescale factors in alpha. Maxima and sums run in
+  // four independent chains.
+  auto softmax = [&](int t, float(&alpha)[2]) {
+    const int n0 = r.kv_begin + t * kBN;
+    if (a.softcap > 0.0f) {
+#pragma unroll
+      for (int i = 0; i < NT * 4; ++i)
+        s[i] = a.softcap * tanhf(s[i] * qk_scale / a.softcap) * kLog2e;
+    }
+    if (n0 + kBN - 1 > r.qpos_lo || (a.window > 0 && n0 <= r.qpos_hi - a.window)) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = n0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+          const int qp = qpos[e >> 1];
+          if (key > qp || (a.window > 0 && key <= qp - a.window)) s[nt * 4 + e] = -INFINITY;
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float m4[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        m4[nt & 3] = fmaxf(m4[nt & 3], fmaxf(s[nt * 4 + 2 * h], s[nt * 4 + 2 * h + 1]));
+      float mx = fmaxf(fmaxf(m4[0], m4[1]), fmaxf(m4[2], m4[3]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(m_run[h], mx * fscale);
+      const float m_use = mx == -INFINITY ? 0.0f : mx;
+      alpha[h] = fast_exp2(m_run[h] - m_use);
+      m_run[h] = mx;
+      float r4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float p0 = fast_exp2(fmaf(s[nt * 4 + 2 * h], fscale, -m_use));
+        const float p1 = fast_exp2(fmaf(s[nt * 4 + 2 * h + 1], fscale, -m_use));
+        s[nt * 4 + 2 * h] = p0;
+        s[nt * 4 + 2 * h + 1] = p1;
+        r4[nt & 3] += p0 + p1;
+      }
+      l_run[h] = l_run[h] * alpha[h] + ((r4[0] + r4[1]) + (r4[2] + r4[3]));
+    }
+  };
+  auto rescale_pack = [&](const float(&alpha)[2]) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      o[dt * 4 + 0] *= alpha[0];
+      o[dt * 4 + 1] *= alpha[0];
+      o[dt * 4 + 2] *= alpha[1];
+      o[dt * 4 + 3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kc2 = 0; kc2 < kBN / 16; ++kc2) {
+      pa[kc2][0] = pack2<T>(s[(2 * kc2) * 4 + 0], s[(2 * kc2) * 4 + 1]);
+      pa[kc2][1] = pack2<T>(s[(2 * kc2) * 4 + 2], s[(2 * kc2) * 4 + 3]);
+      pa[kc2][2] = pack2<T>(s[(2 * kc2 + 1) * 4 + 0], s[(2 * kc2 + 1) * 4 + 1]);
+      pa[kc2][3] = pack2<T>(s[(2 * kc2 + 1) * 4 + 2], s[(2 * kc2 + 1) * 4 + 3]);
+    }
+  };
+  float alpha[2];
+
+  if constexpr (kFp8) {
+    // One barrier publishes raw tile t (and frees raw stage (t+1) % 2 and the canonical tiles,
+    // whose last readers were tile t - 1's); the second publishes the converted tile.
+    for (int t = 0; t < r.n_tiles; ++t) {
+      cp_async_wait<0>();
       __syncthreads();
-      if (t + 1 < r.n_tiles) load_kv(t + 1, (t + 1) & 1);
+      if (t + 1 < r.n_tiles) load_kv_fp8(t + 1, (t + 1) & 1);
       cp_async_commit();
       convert_kv(t & 1);
       fence_proxy_async();  // this thread's converted tiles, before the tensor cores read them
       __syncthreads();
-    } else {
-      fence_proxy_async();  // this thread's cp.async data, before the tensor cores read it
-      __syncthreads();
-      if (t + 1 < r.n_tiles) load_kv(t + 1, stage ^ 1);
-      cp_async_commit();
-    }
-    if (wg_active) {
-      const uint32_t k_addr = sK_addr + stage * (kBN * D * 2);
-      const uint32_t v_addr = sV_addr + stage * (kBN * D * 2);
-      float s[NT * 4];
-#pragma unroll
-      for (int i = 0; i < NT * 4; ++i) s[i] = 0.0f;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        const uint32_t qa = sQ_addr + (kk >> 2) * (kBM * 128) + wg * (64 * 128) + (kk & 3) * 32;
-        const uint32_t kb = k_addr + (kk >> 2) * (kBN * 128) + (kk & 3) * 32;
-        qk_mma<T, kBN>(s, wgmma_desc(qa, 16, 1024), wgmma_desc(kb, 16, 1024), kk > 0 ? 1 : 0);
-      }
-      wgmma_commit();
+      issue_qk(0);
       wgmma_wait<0>();
-
-      const int n0 = r.kv_begin + t * kBN;
-      if (a.softcap > 0.0f) {
-#pragma unroll
-        for (int i = 0; i < NT * 4; ++i)
-          s[i] = a.softcap * tanhf(s[i] * qk_scale / a.softcap) * kLog2e;
-      } else {
-#pragma unroll
-        for (int i = 0; i < NT * 4; ++i) s[i] *= scale_log2;
-      }
-      if (n0 + kBN - 1 > r.qpos_lo || (a.window > 0 && n0 <= r.qpos_hi - a.window)) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = n0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-            const int qp = qpos[e >> 1];
-            if (key > qp || (a.window > 0 && key <= qp - a.window)) s[nt * 4 + e] = -INFINITY;
-          }
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = m_run[h];
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-          mx = fmaxf(mx, fmaxf(s[nt * 4 + 2 * h], s[nt * 4 + 2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_use = mx == -INFINITY ? 0.0f : mx;
-        const float alpha = fast_exp2(m_run[h] - m_use);
-        m_run[h] = mx;
-        float rs = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const float p0 = fast_exp2(s[nt * 4 + 2 * h] - m_use);
-          const float p1 = fast_exp2(s[nt * 4 + 2 * h + 1] - m_use);
-          s[nt * 4 + 2 * h] = p0;
-          s[nt * 4 + 2 * h + 1] = p1;
-          rs += p0 + p1;
-        }
-        l_run[h] = l_run[h] * alpha + rs;
-#pragma unroll
-        for (int dt = 0; dt < DT; ++dt) {
-          o[dt * 4 + 2 * h] *= alpha;
-          o[dt * 4 + 2 * h + 1] *= alpha;
-        }
-      }
-      uint32_t pa[kBN / 16][4];
-#pragma unroll
-      for (int kc2 = 0; kc2 < kBN / 16; ++kc2) {
-        pa[kc2][0] = pack2<T>(s[(2 * kc2) * 4 + 0], s[(2 * kc2) * 4 + 1]);
-        pa[kc2][1] = pack2<T>(s[(2 * kc2) * 4 + 2], s[(2 * kc2) * 4 + 3]);
-        pa[kc2][2] = pack2<T>(s[(2 * kc2 + 1) * 4 + 0], s[(2 * kc2 + 1) * 4 + 1]);
-        pa[kc2][3] = pack2<T>(s[(2 * kc2 + 1) * 4 + 2], s[(2 * kc2 + 1) * 4 + 3]);
-      }
+      softmax(t, alpha);
+      rescale_pack(alpha);
       wgmma_fence();
-#pragma unroll
-      for (int kc2 = 0; kc2 < kBN / 16; ++kc2) {
-        // 16 keys = two 8-row groups (1024 B apart); the D/64 column blocks are kBN * 128 B apart.
-        pv_mma<T, D>(o, pa[kc2], wgmma_desc(v_addr + kc2 * 16 * 128, kBN * 128, 1024));
-      }
-      wgmma_commit();
+      issue_pv(0);
       wgmma_wait<0>();
     }
+  } else if constexpr (kPipe == 0) {
+    // Serial loop: one barrier per tile publishes cp.async group t (K_t, V_t) and, since every
+    // thread has passed it, all are done with tile t - 1, whose stage group t + 1 then refills.
+    for (int t = 0; t < r.n_tiles; ++t) {
+      wait_tile();
+      issue_qk(t);
+      load_group(t + 1);  // while the tensor cores work
+      wgmma_wait<0>();
+      softmax(t, alpha);
+      rescale_pack(alpha);
+      wgmma_fence();
+      issue_pv(t);
+      wgmma_wait<0>();
+    }
+  } else {
+    // FlashAttention-3's intra-warpgroup overlap: iteration t issues S = Q K_t and then
+    // O += P_{t-1} V_{t-1}, waits for S only, and runs tile t's softmax while the P V product is
+    // still on the tensor cores; O is rescaled once that product is done. One barrier per tile:
+    // it publishes cp.async group t (kPipe 2: K_t, V_{t-1}; 3: K_t, V_t) and, since every thread
+    // has passed it, all are done with iteration t - 1, i.e. with K_{t-1} and V_{t-2}, whose
+    // stages group t + 1 (kPipe 2: K_{t+1}, V_t; 3: K_{t+1}, V_{t+1} in the third stage) then
+    // refills, issued behind the GEMMs.
+    wait_tile();
+    issue_qk(0);
+    load_group(1);
+    wgmma_wait<0>();
+    softmax(0, alpha);  // O is still zero
+    rescale_pack(alpha);
+    for (int t = 1; t < r.n_tiles; ++t) {
+      wait_tile();
+      issue_qk(t);
+      issue_pv(t - 1);
+      load_group(t + 1);
+      wgmma_wait<1>();  // S_t
+      softmax(t, alpha);
+      wgmma_wait<0>();  // P_{t-1} V_{t-1}: O and P are free again
+      rescale_pack(alpha);
+    }
+    wait_tile();  // kPipe 2: V_{n-1} is group n
+    wgmma_fence();
+    issue_pv(r.n_tiles - 1);
+    wgmma_wait<0>();
   }
   cp_async_wait<0>();
 
@@ -292,31 +398,49 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   }
 }
 
-template <typename T, int D, int NWG, int BN, bool kFp8>
+template <typename T, int D, int NWG, int BN, bool kFp8, int kPipe>
 void launch_typed(const AttnLaunch& a, cudaStream_t s) {
-  constexpr size_t smem = wgmma_smem_bytes<D, NWG, BN, kFp8>();
+  constexpr size_t smem = wgmma_smem_bytes<D, NWG, BN, kFp8, kPipe>();
   static std::atomic<uint64_t> configured{0};
-  max_dynamic_smem_once(configured, wgmma_attention_kernel<T, D, NWG, BN, kFp8>, static_cast<int>(smem));
+  max_dynamic_smem_once(configured, wgmma_attention_kernel<T, D, NWG, BN, kFp8, kPipe>,
+                        static_cast<int>(smem));
   const int G = a.num_heads / a.num_kv_heads;
   const int64_t max_rows = static_cast<int64_t>(a.max_query_len) * G;
   const dim3 grid(static_cast<unsigned>((max_rows + 64 * NWG - 1) / (64 * NWG)),
                   static_cast<unsigned>(a.num_seqs * a.num_kv_heads), 1u);
-  launch(wgmma_attention_kernel<T, D, NWG, BN, kFp8>, grid, 128 * NWG, smem, s, a);
+  launch(wgmma_attention_kernel<T, D, NWG, BN, kFp8, kPipe>, grid, 128 * NWG, smem, s, a);
 }
+
+// The K/V pipeline of the BF16/F16 kernel: 0 the serial loop (each GEMM waited before the softmax
+// that follows), 2 or 3 the overlapped loop with that many K/V stages (one warpgroup: 2).
+int g_wgmma_pipeline = [] {
+  const char* v = std::getenv("ATOM_WGMMA_PIPELINE");
+  const int n = v ? std::atoi(v) : 2;
+  return n == 0 || n == 3 ? n : 2;
+}();
 
 // The CTA shape: a.wgmma_warpgroups (attention_config.h). FP8 caches: two warpgroups always
 // (one instantiation fewer per type; the one-warpgroup shape measured slower with BF16).
 template <typename T, int D>
 void launch_shape(const AttnLaunch& a, cudaStream_t s) {
   if (a.kv_fp8)
-    launch_typed<T, D, 2, 128, true>(a, s);
+    launch_typed<T, D, 2, 128, true, 0>(a, s);
   else if (a.wgmma_warpgroups == 1)
-    launch_typed<T, D, 1, 64, false>(a, s);
+    g_wgmma_pipeline == 0 ? launch_typed<T, D, 1, 64, false, 0>(a, s)
+                          : launch_typed<T, D, 1, 64, false, 2>(a, s);
+  else if (g_wgmma_pipeline == 0)
+    launch_typed<T, D, 2, 128, false, 0>(a, s);
+  else if (g_wgmma_pipeline == 3)
+    launch_typed<T, D, 2, 128, false, 3>(a, s);
   else
-    launch_typed<T, D, 2, 128, false>(a, s);
+    launch_typed<T, D, 2, 128, false, 2>(a, s);
 }
 
 }  // namespace
+
+void attention_set_wgmma_pipeline(int stages) {
+  g_wgmma_pipeline = stages == 0 || stages == 3 ? stages : 2;
+}
 
 bool wgmma_attention_supported(const AttnLaunch& a) {
   auto ok16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
