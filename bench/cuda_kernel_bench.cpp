@@ -146,11 +146,25 @@ void bench_attention_case(const std::string& name, int seqs, int query, int cont
 void bench_attention() {
   using kernels::cuda::PrefillAttention;
   std::printf("\n== Paged attention, bf16, 16-token pages (shuffled)\n");
-  for (int variant = 0; variant < 3; ++variant) {
-    const PrefillAttention be = variant < 2 ? PrefillAttention::kAuto : PrefillAttention::kMma;
-    kernels::cuda::attention_set_backend(be);
-    kernels::cuda::attention_set_wgmma_warpgroups(variant == 1 ? 1 : 2);
-    const std::string tag = variant == 0 ? "wgmma 2wg" : variant == 1 ? "wgmma 1wg" : "mma.sync";
+  // wgmma: warpgroups per CTA and K/V pipeline (0 the serial loop, 2/3 overlapped, stages).
+  struct Variant {
+    PrefillAttention be;
+    int warpgroups, pipeline;
+    const char* tag;
+  };
+  const Variant variants[] = {
+      {PrefillAttention::kAuto, 2, 2, "wgmma 2wg"},
+      {PrefillAttention::kAuto, 2, 3, "wgmma 2wg 3-stage"},
+      {PrefillAttention::kAuto, 2, 0, "wgmma 2wg serial"},
+      {PrefillAttention::kAuto, 1, 2, "wgmma 1wg"},
+      {PrefillAttention::kAuto, 1, 0, "wgmma 1wg serial"},
+      {PrefillAttention::kMma, 2, 2, "mma.sync"},
+  };
+  for (const Variant& v : variants) {
+    kernels::cuda::attention_set_backend(v.be);
+    kernels::cuda::attention_set_wgmma_warpgroups(v.warpgroups);
+    kernels::cuda::attention_set_wgmma_pipeline(v.pipeline);
+    const std::string tag = v.tag;
     bench_attention_case("prefill 1x4096 causal, 32/8 heads, d128 " + tag, 1, 4096, 4096, 32, 8,
                          128);
     bench_attention_case("prefill 4x2048 causal, 32/8 heads, d128 " + tag, 4, 2048, 2048, 32, 8,
@@ -164,6 +178,7 @@ void bench_attention() {
   }
   kernels::cuda::attention_set_backend(PrefillAttention::kAuto);
   kernels::cuda::attention_set_wgmma_warpgroups(2);
+  kernels::cuda::attention_set_wgmma_pipeline(2);
   bench_attention_case("decode 64 x 4096 ctx, 32/8 heads, d128", 64, 1, 4096, 32, 8, 128);
   bench_attention_case("decode 128 x 1024 ctx, 32/8 heads, d128", 128, 1, 1024, 32, 8, 128);
   bench_attention_case("decode 32 x 4096 ctx, 32/8 heads, d128", 32, 1, 4096, 32, 8, 128);
