@@ -1,0 +1,316 @@
+#include "server/tool_parser.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <stdexcept>
+
+namespace atom::server {
+
+namespace {
+
+using json = nlohmann::ordered_json;
+constexpr const char* kSpace = " \t\r\n";
+
+// Length of the longest suffix of `s` that is a proper prefix of `tag`.
+size_t partial_tag_suffix(const std::string& s, const std::string& tag) {
+  for (size_t n = std::min(s.size(), tag.size() - 1); n > 0; --n)
+    if (s.compare(s.size() - n, n, tag, 0, n) == 0) return n;
+  return 0;
+}
+
+bool all_space(const std::string& s) { return s.find_first_not_of(kSpace) == std::string::npos; }
+
+// A call object {"name": "...", <args_key>: {...}}; false when the text is anything else.
+bool call_from_json(const std::string& text, const std::vector<const char*>& args_keys,
+                    ToolCall& out) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  const auto name = j.find("name");
+  if (name == j.end() || !name->is_string() || name->get_ref<const std::string&>().empty())
+    return false;
+  const json* args = nullptr;
+  for (const char* k : args_keys) {
+    const auto it = j.find(k);
+    if (it != j.end()) {
+      args = &*it;
+      break;
+    }
+  }
+  if (!args) return false;
+  json value = *args;
+  if (value.is_string()) {  // arguments already serialised by the model
+    value = json::parse(args->get_ref<const std::string&>(), nullptr, false);
+    if (value.is_discarded()) return false;
+  }
+  if (!value.is_object()) return false;
+  out.id = tool_call_id();
+  out.name = name->get<std::string>();
+  out.arguments = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return true;
+}
+
+// Hermes / Qwen2.5 / Qwen3: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, any
+// number of them, text before them is content. Whitespace after a call is dropped.
+class HermesParser : public ToolParser {
+ public:
+  ToolDelta feed(const std::string& text) override {
+    ToolDelta out;
+    held_ += text;
+    for (;;) {
+      if (!in_call_) {
+        const size_t open = held_.find(kOpen);
+        if (open != std::string::npos) {
+          text_out(out, held_.substr(0, open));
+          held_.erase(0, open + kOpen.size());
+          in_call_ = true;
+          continue;
+        }
+        const size_t keep = partial_tag_suffix(held_, kOpen);
+        text_out(out, held_.substr(0, held_.size() - keep));
+        held_.erase(0, held_.size() - keep);
+        return out;
+      }
+      const size_t close = held_.find(kClose);
+      if (close == std::string::npos) return out;
+      const std::string body = held_.substr(0, close);
+      held_.erase(0, close + kClose.size());
+      in_call_ = false;
+      call_out(out, body, true);
+    }
+  }
+
+  ToolDelta finish() override {
+    ToolDelta out;
+    if (in_call_) {
+      call_out(out, held_, false);  // unclosed: a call if the JSON is complete
+    } else {
+      text_out(out, held_);
+    }
+    held_.clear();
+    in_call_ = false;
+    return out;
+  }
+
+ private:
+  void text_out(ToolDelta& out, const std::string& s) {
+    if (s.empty()) return;
+    if (after_call_) {
+      const size_t first = s.find_first_not_of(kSpace);
+      if (first == std::string::npos) return;
+      after_call_ = false;
+      out.content += s.substr(first);
+      return;
+    }
+    out.content += s;
+  }
+  void call_out(ToolDelta& out, const std::string& body, bool closed) {
+    ToolCall c;
+    if (call_from_json(body, {"arguments"}, c)) {
+      out.calls.push_back(std::move(c));
+      after_call_ = true;
+      return;
+    }
+    text_out(out, kOpen + body + (closed ? kClose : ""));
+  }
+
+  const std::string kOpen = "<tool_call>", kClose = "</tool_call>";
+  std::string held_;
+  bool in_call_ = false;
+  bool after_call_ = false;
+};
+
+// Llama 3.1/3.2/3.3 JSON tool calls: the whole answer is {"name": ..., "parameters": {...}} (or
+// "arguments"), optionally after <|python_tag|>, several separated by ';'. An answer that does not
+// start that way is content; one whose first object is not a call is content as a whole.
+class Llama3JsonParser : public ToolParser {
+ public:
+  ToolDelta feed(const std::string& text) override {
+    ToolDelta out;
+    held_ += text;
+    run(out);
+    return out;
+  }
+
+  ToolDelta finish() override {
+    ToolDelta out;
+    switch (state_) {
+      case State::kStart:
+      case State::kContent:
+        out.content = held_;
+        break;
+      case State::kExpectObject:
+      case State::kAfterCall:
+        // Only whitespace is held here: after a call it is dropped.
+        if (any_call_ && all_space(held_)) break;
+        out.content = raw_ + held_;
+        break;
+      case State::kObject:
+        out.content = raw_ + held_;  // unclosed object
+        break;
+    }
+    held_.clear();
+    raw_.clear();
+    state_ = State::kContent;
+    return out;
+  }
+
+ private:
+  enum class State { kStart, kExpectObject, kObject, kAfterCall, kContent };
+
+  void to_content() {
+    held_ = raw_ + held_;
+    raw_.clear();
+    state_ = State::kContent;
+  }
+  void start_object() {
+    state_ = State::kObject;
+    depth_ = 0;
+    scanned_ = 0;
+    in_string_ = escaped_ = false;
+  }
+
+  void run(ToolDelta& out) {
+    for (;;) {
+      switch (state_) {
+        case State::kStart: {
+          const size_t lead = held_.find_first_not_of(kSpace);
+          if (lead == std::string::npos) return;
+          const std::string rest = held_.substr(lead);
+          if (rest.compare(0, kTag.size(), kTag) == 0) {
+            raw_ += held_.substr(0, lead + kTag.size());
+            held_.erase(0, lead + kTag.size());
+            state_ = State::kExpectObject;
+          } else if (rest.size() < kTag.size() && kTag.compare(0, rest.size(), rest) == 0) {
+            return;  // maybe the tag
+          } else if (rest[0] == '{') {
+            raw_ += held_.substr(0, lead);
+            held_.erase(0, lead);
+            start_object();
+          } else {
+            state_ = State::kContent;
+          }
+          break;
+        }
+        case State::kExpectObject: {
+          const size_t lead = held_.find_first_not_of(kSpace);
+          if (lead == std::string::npos) return;
+          if (held_[lead] != '{') {
+            to_content();
+            break;
+          }
+          raw_ += held_.substr(0, lead);
+          held_.erase(0, lead);
+          start_object();
+          break;
+        }
+        case State::kObject: {
+          const size_t end = scan();
+          if (end == std::string::npos) return;
+          ToolCall c;
+          if (!call_from_json(held_.substr(0, end), {"parameters", "arguments"}, c)) {
+            to_content();
+            break;
+          }
+          out.calls.push_back(std::move(c));
+          any_call_ = true;
+          held_.erase(0, end);
+          raw_.clear();
+          state_ = State::kAfterCall;
+          break;
+        }
+        case State::kAfterCall: {
+          const size_t lead = held_.find_first_not_of(kSpace);
+          if (lead == std::string::npos) return;
+          if (held_[lead] == ';') {
+            raw_ += held_.substr(0, lead + 1);
+            held_.erase(0, lead + 1);
+            state_ = State::kExpectObject;
+          } else if (held_[lead] == '{') {
+            raw_ += held_.substr(0, lead);
+            held_.erase(0, lead);
+            start_object();
+          } else {
+            held_.erase(0, lead);  // trailing text after the calls: content
+            to_content();
+          }
+          break;
+        }
+        case State::kContent:
+          out.content += held_;
+          held_.clear();
+          return;
+      }
+    }
+  }
+
+  // Scans the object that starts at held_[0]; returns one past its closing brace, or npos when it
+  // has not closed yet.
+  size_t scan() {
+    for (; scanned_ < held_.size(); ++scanned_) {
+      const char ch = held_[scanned_];
+      if (in_string_) {
+        if (escaped_) {
+          escaped_ = false;
+        } else if (ch == '\\') {
+          escaped_ = true;
+        } else if (ch == '"') {
+          in_string_ = false;
+        }
+      } else if (ch == '"') {
+        in_string_ = true;
+      } else if (ch == '{' || ch == '[') {
+        ++depth_;
+      } else if (ch == '}' || ch == ']') {
+        if (--depth_ == 0) return ++scanned_;
+      }
+    }
+    return std::string::npos;
+  }
+
+  const std::string kTag = "<|python_tag|>";
+  State state_ = State::kStart;
+  std::string held_;  // text not yet attributed (in kObject: the object so far)
+  std::string raw_;   // text consumed since the last call, given back if what follows is no call
+  bool any_call_ = false;
+  int depth_ = 0;
+  size_t scanned_ = 0;
+  bool in_string_ = false, escaped_ = false;
+};
+
+}  // namespace
+
+ToolDelta ToolParser::parse(const std::string& output) {
+  ToolDelta a = feed(output);
+  ToolDelta b = finish();
+  a.content += b.content;
+  for (auto& c : b.calls) a.calls.push_back(std::move(c));
+  return a;
+}
+
+const std::vector<std::string>& tool_parser_names() {
+  static const std::vector<std::string> names = {"hermes", "llama3_json"};
+  return names;
+}
+
+bool tool_parser_known(const std::string& name) {
+  const auto& n = tool_parser_names();
+  return std::find(n.begin(), n.end(), name) != n.end();
+}
+
+std::unique_ptr<ToolParser> make_tool_parser(const std::string& name) {
+  if (name == "hermes") return std::make_unique<HermesParser>();
+  if (name == "llama3_json") return std::make_unique<Llama3JsonParser>();
+  throw std::invalid_argument(fmt::format("invalid tool call parser: {} (choose from {{ {} }})",
+                                          name, fmt::join(tool_parser_names(), ", ")));
+}
+
+std::string tool_call_id() {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return fmt::format("chatcmpl-tool-{:016x}{:016x}", rng(), rng());
+}
+
+}  // namespace atom::server
