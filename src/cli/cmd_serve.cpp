@@ -1,4 +1,5 @@
 // atom serve MODEL: an OpenAI-compatible server with vLLM's flags and routes.
+#include <fmt/ranges.h>
 #include <signal.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include "engine/tokenizer_text.h"
 #include "server/engine_backend.h"
 #include "server/http_server.h"
+#include "server/tool_parser.h"
 
 namespace {
 
@@ -29,6 +31,8 @@ struct ServeArgs {
   std::string default_chat_template_kwargs;
   std::string generation_config = "auto";
   bool enable_prompt_tokens_details = false;
+  bool enable_auto_tool_choice = false;
+  std::string tool_call_parser;
   int max_waiting = 4096;
   int64_t max_body_bytes = 32 << 20;
 };
@@ -45,6 +49,12 @@ void serve(ServeArgs& a) {
     if (const char* k = std::getenv("VLLM_API_KEY")) a.api_key = k;
   }
   a.load.model = a.model;
+  // vLLM's start-up checks of the tool flags, before anything is loaded.
+  if (a.enable_auto_tool_choice && a.tool_call_parser.empty())
+    atom::fail("--enable-auto-tool-choice requires --tool-call-parser");
+  if (!a.tool_call_parser.empty() && !atom::server::tool_parser_known(a.tool_call_parser))
+    atom::fail("invalid tool call parser: {} (choose from {{ {} }})", a.tool_call_parser,
+               fmt::join(atom::server::tool_parser_names(), ", "));
 
   // Signals go to a dedicated thread (blocked here, before any thread starts).
   sigset_t sigs;
@@ -99,6 +109,8 @@ void serve(ServeArgs& a) {
   if (!a.api_key.empty()) so.api_key = a.api_key;
   so.served_model_names = a.served_model_names.empty() ? std::vector<std::string>{a.model} : a.served_model_names;
   so.enable_prompt_tokens_details = a.enable_prompt_tokens_details;
+  so.enable_auto_tool_choice = a.enable_auto_tool_choice;
+  so.tool_call_parser = a.tool_call_parser;
   so.max_body_bytes = static_cast<size_t>(a.max_body_bytes);
   atom::server::Metrics metrics(so.served_model_names[0]);
   metrics.set_cache_config({{"block_size", std::to_string(engine.kv_plan().block_size)},
@@ -142,6 +154,12 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--enable-prompt-tokens-details", a->enable_prompt_tokens_details,
                 "report usage.prompt_tokens_details.cached_tokens");
+  cmd->add_flag("--enable-auto-tool-choice", a->enable_auto_tool_choice,
+                "parse tool calls out of answers when a request has tools and tool_choice \"auto\" "
+                "(needs --tool-call-parser)");
+  cmd->add_option("--tool-call-parser", a->tool_call_parser,
+                  "how the model writes tool calls: hermes (Qwen2.5, Qwen3, Hermes) or llama3_json "
+                  "(Llama 3.1-3.3)");
   cmd->add_option("--max-waiting-requests", a->max_waiting, "queued requests beyond this get 503")
       ->capture_default_str();
   cmd->add_option("--max-request-body-bytes", a->max_body_bytes, "larger bodies get 413")->capture_default_str();

@@ -69,6 +69,9 @@ class Job {
     starts_in_reasoning_ = starts_in_reasoning;
   }
 
+  // Tool calls are parsed out of each choice's answer with this parser (vLLM's name).
+  void set_tool_parser(std::string name) { tool_parser_ = std::move(name); }
+
   void add_prompt(std::vector<int32_t> ids, std::string text) {
     EngineRequest r;
     r.prompt_ids = std::move(ids);
@@ -79,6 +82,7 @@ class Job {
       ChoiceState c;
       c.index = static_cast<int>(choices_.size());
       if (reasoning_) c.reasoning_parser = std::make_unique<ReasoningParser>(starts_in_reasoning_);
+      if (!tool_parser_.empty()) c.tool_parser = make_tool_parser(tool_parser_);
       choices_.push_back(std::move(c));
     }
   }
@@ -190,6 +194,7 @@ class Job {
   int submitted_ = 0, finished_ = 0;
   std::string error_;
   bool reasoning_ = false, starts_in_reasoning_ = false;
+  std::string tool_parser_;
 };
 
 // Tokenised prompt checks shared by both endpoints.
@@ -383,9 +388,10 @@ void handle_completions(HttpServer& s, const httplib::Request& req, httplib::Res
 void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib::Response& res) {
   ChatRequest r = chat_request_parse(request_body_parse(req.body), s.options().limits);
   s.check_model(r.model);
-  // Tools are rendered into the prompt; parsing calls back out of the output is not built yet, so
-  // as vLLM without --enable-auto-tool-choice, only tool_choice "none" is served.
-  if (!r.tools.is_null() && r.tool_choice == "auto")
+  // Tools are rendered into the prompt. As vLLM, tool_choice "auto" parses calls back out of the
+  // answer only when the server runs with --enable-auto-tool-choice and a --tool-call-parser.
+  const bool auto_tools = !r.tools.is_null() && r.tool_choice == "auto";
+  if (auto_tools && !(s.options().enable_auto_tool_choice && !s.options().tool_call_parser.empty()))
     bad_request("tool_choice",
                 "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
   if (!r.tools.is_null() && (r.tool_choice == "required" || r.tool_choice == "named"))
@@ -396,6 +402,7 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
   const bool reasoning = s.backend().info().reasoning;
   const bool starts_in_reasoning = reasoning && ReasoningParser::prompt_opens_reasoning(prompt);
   auto job = std::make_shared<Job>(s, r.sampling, reasoning, starts_in_reasoning);
+  if (auto_tools) job->set_tool_parser(s.options().tool_call_parser);
   job->add_prompt(std::move(ids), prompt);
   job->submit_all(r.request_id, "chatcmpl");
   const std::string id = response_id("chatcmpl");
@@ -421,13 +428,28 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
         message["reasoning_content"] = d.reasoning.empty() ? json(nullptr) : json(d.reasoning);
         message["reasoning"] = message["reasoning_content"];
       }
-      message["content"] = echo_text + content;
-      message["tool_calls"] = json::array();
-      json choice = {{"index", c.index},
-                     {"message", message},
-                     {"logprobs", want_logprobs ? json{{"content", lr.chat(c.logprobs)}} : json(nullptr)},
-                     {"finish_reason", c.finish_reason ? json(*c.finish_reason) : json(nullptr)},
-                     {"stop_reason", c.stop_reason.is_null() ? json(nullptr) : json(c.stop_reason)}};
+      json tool_calls = json::array();
+      if (c.tool_parser) {
+        ToolDelta t = c.tool_parser->parse(content);
+        content = std::move(t.content);
+        for (const ToolCall& call : t.calls)
+          tool_calls.push_back(
+              {{"id", call.id},
+               {"type", "function"},
+               {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+      }
+      // With tool calls and no text around them, content is null (as vLLM).
+      const bool no_content = !tool_calls.empty() && echo_text.empty() && content.empty();
+      message["content"] = no_content ? json(nullptr) : json(echo_text + content);
+      message["tool_calls"] = tool_calls;
+      std::optional<std::string> finish = c.finish_reason;
+      if (!tool_calls.empty() && finish == "stop") finish = "tool_calls";
+      json choice = {
+          {"index", c.index},
+          {"message", message},
+          {"logprobs", want_logprobs ? json{{"content", lr.chat(c.logprobs)}} : json(nullptr)},
+          {"finish_reason", finish ? json(*finish) : json(nullptr)},
+          {"stop_reason", c.stop_reason.is_null() ? json(nullptr) : json(c.stop_reason)}};
       if (r.return_token_ids) choice["token_ids"] = c.token_ids;
       choices.push_back(choice);
     }
@@ -457,6 +479,7 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
                                 {"logprobs", nullptr}, {"finish_reason", nullptr}}));
     }
     json delta = json::object();
+    std::string content = ev.delta.text;
     if (c.reasoning_parser) {
       ReasoningDelta d = c.reasoning_parser->feed(ev.delta.text);
       if (ev.delta.finish_reason) {
@@ -468,21 +491,57 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
         delta["reasoning_content"] = d.reasoning;
         delta["reasoning"] = d.reasoning;
       }
-      if (!d.content.empty()) delta["content"] = d.content;
-    } else if (!ev.delta.text.empty()) {
-      delta["content"] = ev.delta.text;
+      content = std::move(d.content);
+    }
+    std::vector<ToolCall> calls;
+    if (c.tool_parser) {
+      ToolDelta t = c.tool_parser->feed(content);
+      if (ev.delta.finish_reason) {
+        ToolDelta rest = c.tool_parser->finish();
+        t.content += rest.content;
+        for (auto& call : rest.calls) t.calls.push_back(std::move(call));
+      }
+      content = std::move(t.content);
+      calls = std::move(t.calls);
+    }
+    if (!content.empty()) delta["content"] = content;
+    // One chunk for the text, then per tool call one with its id and name and one with its
+    // arguments (vLLM's delta shapes); logprobs ride on the first, finish_reason on the last.
+    std::vector<json> deltas;
+    if (!delta.empty()) deltas.push_back(delta);
+    for (const ToolCall& call : calls) {
+      const int index = c.tool_calls_sent++;
+      deltas.push_back({{"tool_calls", json::array({{{"index", index},
+                                                     {"id", call.id},
+                                                     {"type", "function"},
+                                                     {"function", {{"name", call.name}}}}})}});
+      deltas.push_back(
+          {{"tool_calls",
+            json::array({{{"index", index}, {"function", {{"arguments", call.arguments}}}}})}});
     }
     const bool has_tokens = !ev.delta.token_ids.empty();
-    if (delta.empty() && !ev.delta.finish_reason && !(want_logprobs && has_tokens)) return out;
-    json ch = chunk({{"index", ev.choice}, {"delta", delta},
-                     {"logprobs", want_logprobs && has_tokens ? json{{"content", lr.chat(ev.delta.logprobs)}} : json(nullptr)},
-                     {"finish_reason", ev.delta.finish_reason ? json(*ev.delta.finish_reason) : json(nullptr)}});
-    if (ev.delta.finish_reason)
-      ch["choices"][0]["stop_reason"] = ev.delta.stop_reason.is_null() ? json(nullptr) : json(ev.delta.stop_reason);
-    if (r.return_token_ids) ch["choices"][0]["token_ids"] = ev.delta.token_ids;
-    if (so.continuous_usage_stats)
-      ch["usage"] = usage_json(job->prompt_tokens(), job->completion_tokens(), std::nullopt);
-    return out + sse_event(ch);
+    if (deltas.empty() && !ev.delta.finish_reason && !(want_logprobs && has_tokens)) return out;
+    if (deltas.empty()) deltas.push_back(json::object());
+    std::optional<std::string> finish = ev.delta.finish_reason;
+    if (c.tool_calls_sent > 0 && finish == "stop") finish = "tool_calls";
+    for (size_t k = 0; k < deltas.size(); ++k) {
+      const bool first = k == 0, last = k + 1 == deltas.size();
+      json ch = chunk({{"index", ev.choice},
+                       {"delta", deltas[k]},
+                       {"logprobs", first && want_logprobs && has_tokens
+                                        ? json{{"content", lr.chat(ev.delta.logprobs)}}
+                                        : json(nullptr)},
+                       {"finish_reason", last && finish ? json(*finish) : json(nullptr)}});
+      if (last && finish)
+        ch["choices"][0]["stop_reason"] =
+            ev.delta.stop_reason.is_null() ? json(nullptr) : json(ev.delta.stop_reason);
+      if (r.return_token_ids)
+        ch["choices"][0]["token_ids"] = first ? json(ev.delta.token_ids) : json::array();
+      if (so.continuous_usage_stats)
+        ch["usage"] = usage_json(job->prompt_tokens(), job->completion_tokens(), std::nullopt);
+      out += sse_event(ch);
+    }
+    return out;
   };
   auto finish = [=, &s]() { return stream_tail(s, *job, so, id, "chat.completion.chunk", created, model); };
   stream_job(res, req, job, emit, finish);

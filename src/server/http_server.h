@@ -27,6 +27,8 @@ struct ServerOptions {
   int threads = 512;                // connections served at once
   int read_timeout_s = 30;          // a client that sends nothing for this long is dropped
   bool enable_prompt_tokens_details = false;
+  bool enable_auto_tool_choice = false;  // with tool_call_parser: tool_choice "auto" is served
+  std::string tool_call_parser;          // a name from tool_parser_names(), or empty
   ProtocolLimits limits;
   std::string version = "0.1.0";
 };

@@ -9,6 +9,7 @@
 
 #include "server/backend.h"
 #include "server/reasoning.h"
+#include "server/tool_parser.h"
 
 namespace atom::server {
 
@@ -44,6 +45,8 @@ struct ChoiceState {
   std::optional<std::string> finish_reason;
   nlohmann::json stop_reason;
   std::unique_ptr<ReasoningParser> reasoning_parser;  // chat models with <think> blocks
+  std::unique_ptr<ToolParser> tool_parser;  // tool_choice "auto" with --enable-auto-tool-choice
+  int tool_calls_sent = 0;                  // streamed so far
 };
 
 ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens,

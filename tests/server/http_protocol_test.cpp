@@ -228,6 +228,219 @@ TEST(Reasoning, SplitsAcrossArbitraryChunkBoundaries) {
   EXPECT_FALSE(server::ReasoningParser::prompt_opens_reasoning("<think>\n\n</think>\n\n"));
 }
 
+// Tool calls with --enable-auto-tool-choice --tool-call-parser: the scripted reply is what the
+// model "wrote".
+class HttpTools : public Http {
+ protected:
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  const json msgs = json::array({{{"role", "user"}, {"content", "q"}}});
+  void start_with(const std::string& parser) {
+    server::ServerOptions o{};
+    o.enable_auto_tool_choice = true;
+    o.tool_call_parser = parser;
+    start(o);
+  }
+  // Streamed content, and per tool-call index its id, name and concatenated arguments.
+  struct Streamed {
+    std::string content;
+    std::vector<json> calls;  // {"id", "type", "name", "arguments"}
+    json finish_reason;
+    int finish_chunks = 0;
+    bool first_is_role = false;
+  };
+  Streamed stream(json body) {
+    body["stream"] = true;
+    auto r = post("/v1/chat/completions", body);
+    EXPECT_EQ(r->status, 200) << r->body;
+    bool done = false;
+    Streamed st;
+    const auto ev = events(r->body, &done);
+    EXPECT_TRUE(done);
+    if (ev.empty()) return st;
+    st.first_is_role = ev[0]["choices"][0]["delta"]["role"] == "assistant";
+    for (const auto& e : ev) {
+      if (e["choices"].empty()) continue;
+      const json& c = e["choices"][0];
+      const json& d = c["delta"];
+      if (d.contains("content")) st.content += d["content"].get<std::string>();
+      if (!c["finish_reason"].is_null()) {
+        st.finish_reason = c["finish_reason"];
+        ++st.finish_chunks;
+      }
+      if (!d.contains("tool_calls")) continue;
+      for (const auto& tc : d["tool_calls"]) {
+        const size_t i = tc["index"].get<size_t>();
+        if (i == st.calls.size()) {
+          // The first delta of a call names it.
+          EXPECT_TRUE(tc.contains("id") && tc["function"].contains("name")) << tc.dump();
+          st.calls.push_back({{"id", tc["id"]},
+                              {"type", tc["type"]},
+                              {"name", tc["function"]["name"]},
+                              {"arguments", ""}});
+        }
+        EXPECT_LT(i, st.calls.size()) << tc.dump();
+        if (i < st.calls.size() && tc["function"].contains("arguments"))
+          st.calls[i]["arguments"] = st.calls[i]["arguments"].get<std::string>() +
+                                     tc["function"]["arguments"].get<std::string>();
+      }
+    }
+    return st;
+  }
+};
+
+TEST_F(HttpTools, HermesCallsNonStreamedAndStreamed) {
+  backend.reply =
+      "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Paris\"}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Zürich\"}}\n</tool_call>";
+  start_with("hermes");
+  const json body = {{"messages", msgs}, {"tools", tools}, {"tool_choice", "auto"}};
+  auto r = post("/v1/chat/completions", body);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json c = json::parse(r->body)["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  EXPECT_EQ(c["message"]["content"], "Checking.\n");
+  const json& calls = c["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 2u) << r->body;
+  for (const auto& call : calls) {
+    EXPECT_EQ(call["id"].get<std::string>().rfind("chatcmpl-tool-", 0), 0u);
+    EXPECT_EQ(call["type"], "function");
+    EXPECT_EQ(call["function"]["name"], "get_weather");
+    EXPECT_TRUE(call["function"]["arguments"].is_string());
+  }
+  EXPECT_NE(calls[0]["id"], calls[1]["id"]);
+  EXPECT_EQ(json::parse(calls[0]["function"]["arguments"].get<std::string>()),
+            json({{"city", "Paris"}}));
+  EXPECT_EQ(json::parse(calls[1]["function"]["arguments"].get<std::string>()),
+            json({{"city", "Zürich"}}));
+  // Usage counts every generated token, calls included.
+  EXPECT_EQ(json::parse(r->body)["usage"]["completion_tokens"], backend.reply.size());
+
+  // Tools default to tool_choice "auto".
+  const Streamed st = stream({{"messages", msgs}, {"tools", tools}});
+  EXPECT_TRUE(st.first_is_role);
+  EXPECT_EQ(st.content, "Checking.\n");
+  ASSERT_EQ(st.calls.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(st.calls[i]["type"], "function");
+    EXPECT_EQ(st.calls[i]["name"], "get_weather");
+    EXPECT_EQ(st.calls[i]["id"].get<std::string>().rfind("chatcmpl-tool-", 0), 0u);
+    EXPECT_EQ(st.calls[i]["arguments"], calls[i]["function"]["arguments"]);
+  }
+  EXPECT_EQ(st.finish_reason, "tool_calls");
+  EXPECT_EQ(st.finish_chunks, 1);
+}
+
+TEST_F(HttpTools, OnlyACallMeansNullContent) {
+  backend.reply =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+  start_with("hermes");
+  auto r =
+      post("/v1/chat/completions", {{"messages", msgs}, {"tools", tools}, {"tool_choice", "auto"}});
+  const json c = json::parse(r->body)["choices"][0];
+  EXPECT_TRUE(c["message"]["content"].is_null()) << r->body;
+  EXPECT_EQ(c["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  // Cut off by max_tokens at the last byte: the call is parsed, but the finish reason stays
+  // "length".
+  r = post("/v1/chat/completions",
+           {{"messages", msgs}, {"tools", tools}, {"max_tokens", backend.reply.size()}});
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["finish_reason"], "length") << r->body;
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["message"]["tool_calls"].size(), 1u) << r->body;
+  const Streamed st =
+      stream({{"messages", msgs}, {"tools", tools}, {"max_tokens", backend.reply.size()}});
+  EXPECT_EQ(st.finish_reason, "length");
+  EXPECT_EQ(st.calls.size(), 1u);
+  EXPECT_EQ(st.content, "");
+}
+
+TEST_F(HttpTools, MalformedCallsAndToolChoiceNoneAreContent) {
+  backend.reply =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {city: Paris}}\n</tool_call>";
+  start_with("hermes");
+  for (const json& choice : {json("auto"), json("none")}) {
+    auto r = post("/v1/chat/completions",
+                  {{"messages", msgs}, {"tools", tools}, {"tool_choice", choice}});
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json c = json::parse(r->body)["choices"][0];
+    EXPECT_EQ(c["message"]["content"], backend.reply);
+    EXPECT_TRUE(c["message"]["tool_calls"].empty());
+    EXPECT_EQ(c["finish_reason"], "stop");
+    const Streamed st = stream({{"messages", msgs}, {"tools", tools}, {"tool_choice", choice}});
+    EXPECT_EQ(st.content, backend.reply);
+    EXPECT_TRUE(st.calls.empty());
+    EXPECT_EQ(st.finish_reason, "stop");
+  }
+  // tool_choice "none" parses nothing, even a well-formed call; so do requests without tools.
+  backend.reply = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {}}</tool_call>";
+  auto r =
+      post("/v1/chat/completions", {{"messages", msgs}, {"tools", tools}, {"tool_choice", "none"}});
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["message"]["content"], backend.reply);
+  r = post("/v1/chat/completions", {{"messages", msgs}});
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["message"]["content"], backend.reply);
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["finish_reason"], "stop");
+  // "required" and named tools still need structured outputs.
+  expect_error(post("/v1/chat/completions",
+                    {{"messages", msgs}, {"tools", tools}, {"tool_choice", "required"}}),
+               400, "BadRequestError", "tool_choice");
+}
+
+TEST_F(HttpTools, ReasoningThenACallWithLogprobs) {
+  backend.reasoning = true;
+  backend.reply =
+      "use the tool</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+      "{}}\n</tool_call>";
+  start_with("hermes");
+  auto r = post("/v1/chat/completions", {{"messages", msgs}, {"tools", tools}, {"logprobs", true}});
+  const json c = json::parse(r->body)["choices"][0];
+  EXPECT_EQ(c["message"]["reasoning_content"], "use the tool");
+  EXPECT_TRUE(c["message"]["content"].is_null()) << r->body;
+  ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["arguments"], "{}");
+  EXPECT_EQ(c["logprobs"]["content"].size(), backend.reply.size());
+  // Streamed, every token's logprob is still sent exactly once.
+  auto sr = post("/v1/chat/completions",
+                 {{"messages", msgs}, {"tools", tools}, {"logprobs", true}, {"stream", true}});
+  size_t lps = 0;
+  for (const auto& e : events(sr->body))
+    if (!e["choices"].empty() && !e["choices"][0]["logprobs"].is_null())
+      lps += e["choices"][0]["logprobs"]["content"].size();
+  EXPECT_EQ(lps, backend.reply.size());
+}
+
+TEST_F(HttpTools, Llama3Json) {
+  backend.reply = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Lima\"}}";
+  start_with("llama3_json");
+  auto r = post("/v1/chat/completions", {{"messages", msgs}, {"tools", tools}});
+  const json c = json::parse(r->body)["choices"][0];
+  EXPECT_TRUE(c["message"]["content"].is_null()) << r->body;
+  ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(json::parse(c["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()),
+            json({{"city", "Lima"}}));
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  const Streamed st = stream({{"messages", msgs}, {"tools", tools}});
+  ASSERT_EQ(st.calls.size(), 1u);
+  EXPECT_EQ(st.calls[0]["arguments"], c["message"]["tool_calls"][0]["function"]["arguments"]);
+  EXPECT_EQ(st.content, "");
+  EXPECT_EQ(st.finish_reason, "tool_calls");
+}
+
+TEST_F(HttpTools, AutoWithoutTheFlagsIsRefusedAsVllm) {
+  start();  // no --enable-auto-tool-choice
+  for (bool streamed : {false, true})
+    expect_error(
+        post("/v1/chat/completions", {{"messages", msgs}, {"tools", tools}, {"stream", streamed}}),
+        400, "BadRequestError", "tool_choice",
+        "\\\"auto\\\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be "
+        "set");
+  EXPECT_EQ(
+      post("/v1/chat/completions", {{"messages", msgs}, {"tools", tools}, {"tool_choice", "none"}})
+          ->status,
+      200);
+}
+
 TEST_F(Http, ErrorsUseVllmEnvelopeAndCodes) {
   start();
   auto r = cli->Post("/v1/completions", "{not json", "application/json");
