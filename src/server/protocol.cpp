@@ -204,7 +204,7 @@ std::vector<Prompt> parse_prompts(const Fields& f) {
 }
 
 // Chat message content given as a list of parts is flattened to text: the text parts joined by
-// newlines (what vLLM passes to templates that expect string content).
+// newlines (what vLLM passes to templates that expect string content); null or missing is "".
 json normalise_messages(const json& messages) {
   if (!messages.is_array() || messages.empty()) bad_request("messages", "'messages' must be a non-empty list");
   json out = json::array();
@@ -231,6 +231,10 @@ json normalise_messages(const json& messages) {
       n["content"] = text;
     } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
       bad_request("messages", fmt::format("messages[{}].content must be a string, a list of parts or null", i));
+    } else if (!m.contains("content") || m["content"].is_null()) {
+      // As vLLM: no content is empty text (an assistant turn that only called tools has content
+      // null, and templates test it with `in`).
+      n["content"] = "";
     }
     out.push_back(std::move(n));
   }
