@@ -158,8 +158,8 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
                 "parse tool calls out of answers when a request has tools and tool_choice \"auto\" "
                 "(needs --tool-call-parser)");
   cmd->add_option("--tool-call-parser", a->tool_call_parser,
-                  "how the model writes tool calls: hermes (Qwen2.5, Qwen3, Hermes) or llama3_json "
-                  "(Llama 3.1-3.3)");
+                  "how the model writes tool calls: hermes (Qwen2.5, Qwen3, Hermes), llama3_json "
+                  "(Llama 3.1-3.3) or deepseek_v31 (DeepSeek-V3.1)");
   cmd->add_option("--max-waiting-requests", a->max_waiting, "queued requests beyond this get 503")
       ->capture_default_str();
   cmd->add_option("--max-request-body-bytes", a->max_body_bytes, "larger bodies get 413")->capture_default_str();

@@ -11,6 +11,7 @@
 #include "server/connection_probe.h"
 #include "server/http_server.h"
 #include "server/responses.h"
+#include "server/tool_parser.h"
 
 namespace atom::server {
 
@@ -396,6 +397,8 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
                 "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
   if (!r.tools.is_null() && (r.tool_choice == "required" || r.tool_choice == "named"))
     bad_request("tool_choice", "tool_choice \"required\" or a named tool needs structured outputs, which atom does not support yet");
+  if (auto_tools && tool_parser_keeps_special_tokens(s.options().tool_call_parser))
+    r.sampling.skip_special_tokens = false;
   const std::string prompt = s.backend().render_chat(r);
   std::vector<int32_t> ids = s.backend().tokenize(prompt, r.add_special_tokens);
   check_prompt(s, ids, r.sampling, true);

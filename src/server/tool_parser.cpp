@@ -24,6 +24,20 @@ size_t partial_tag_suffix(const std::string& s, const std::string& tag) {
 
 bool all_space(const std::string& s) { return s.find_first_not_of(kSpace) == std::string::npos; }
 
+// A call of `name` with `args`: a JSON object, or a string holding one.
+bool make_call(const std::string& name, const json& args, ToolCall& out) {
+  json value = args;
+  if (value.is_string()) {  // arguments already serialised by the model
+    value = json::parse(args.get_ref<const std::string&>(), nullptr, false);
+    if (value.is_discarded()) return false;
+  }
+  if (name.empty() || !value.is_object()) return false;
+  out.id = tool_call_id();
+  out.name = name;
+  out.arguments = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return true;
+}
+
 // A call object {"name": "...", <args_key>: {...}}; false when the text is anything else.
 bool call_from_json(const std::string& text, const std::vector<const char*>& args_keys,
                     ToolCall& out) {
@@ -40,17 +54,7 @@ bool call_from_json(const std::string& text, const std::vector<const char*>& arg
       break;
     }
   }
-  if (!args) return false;
-  json value = *args;
-  if (value.is_string()) {  // arguments already serialised by the model
-    value = json::parse(args->get_ref<const std::string&>(), nullptr, false);
-    if (value.is_discarded()) return false;
-  }
-  if (!value.is_object()) return false;
-  out.id = tool_call_id();
-  out.name = name->get<std::string>();
-  out.arguments = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  return true;
+  return args && make_call(name->get<std::string>(), *args, out);
 }
 
 // Hermes / Qwen2.5 / Qwen3: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, any
@@ -281,6 +285,109 @@ class Llama3JsonParser : public ToolParser {
   bool in_string_ = false, escaped_ = false;
 };
 
+// DeepSeek-V3.1:
+// <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜> (more
+// calls) <｜tool▁calls▁end｜>; text before the section is content.
+class DeepSeekV31Parser : public ToolParser {
+ public:
+  ToolDelta feed(const std::string& text) override {
+    ToolDelta out;
+    held_ += text;
+    for (;;) {
+      if (state_ == State::kText) {
+        const size_t open = held_.find(kCallsBegin);
+        if (open != std::string::npos) {
+          text_out(out, held_.substr(0, open));
+          held_.erase(0, open + kCallsBegin.size());
+          state_ = State::kSection;
+          continue;
+        }
+        const size_t keep = partial_tag_suffix(held_, kCallsBegin);
+        text_out(out, held_.substr(0, held_.size() - keep));
+        held_.erase(0, held_.size() - keep);
+        return out;
+      }
+      if (state_ == State::kSection) {
+        // Between calls: whitespace, then a call or the end of the section.
+        const size_t lead = held_.find_first_not_of(kSpace);
+        if (lead == std::string::npos) return out;
+        const std::string rest = held_.substr(lead);
+        if (rest.compare(0, kCallBegin.size(), kCallBegin) == 0) {
+          held_ = rest.substr(kCallBegin.size());
+          state_ = State::kCall;
+        } else if (rest.compare(0, kCallsEnd.size(), kCallsEnd) == 0) {
+          held_ = rest.substr(kCallsEnd.size());
+          state_ = State::kText;
+          after_call_ = true;
+        } else if (is_prefix(rest, kCallBegin) || is_prefix(rest, kCallsEnd)) {
+          return out;
+        } else {
+          state_ = State::kText;  // not a call after all: the rest is text
+          held_ = rest;
+        }
+        continue;
+      }
+      const size_t close = held_.find(kCallEnd);
+      if (close == std::string::npos) return out;
+      const std::string body = held_.substr(0, close);
+      held_.erase(0, close + kCallEnd.size());
+      state_ = State::kSection;
+      call_out(out, body, true);
+    }
+  }
+
+  ToolDelta finish() override {
+    ToolDelta out;
+    if (state_ == State::kCall) {
+      call_out(out, held_, false);
+    } else if (state_ == State::kText || !all_space(held_)) {
+      text_out(out, held_);
+    }
+    held_.clear();
+    state_ = State::kText;
+    return out;
+  }
+
+ private:
+  enum class State { kText, kSection, kCall };
+  static bool is_prefix(const std::string& s, const std::string& tag) {
+    return s.size() < tag.size() && tag.compare(0, s.size(), s) == 0;
+  }
+  void text_out(ToolDelta& out, const std::string& s) {
+    if (after_call_) {
+      const size_t first = s.find_first_not_of(kSpace);
+      if (first == std::string::npos) return;
+      after_call_ = false;
+      out.content += s.substr(first);
+      return;
+    }
+    out.content += s;
+  }
+  void call_out(ToolDelta& out, const std::string& body, bool closed) {
+    const size_t sep = body.find(kSep);
+    ToolCall c;
+    if (sep != std::string::npos) {
+      std::string name = body.substr(0, sep);
+      const size_t a = name.find_first_not_of(kSpace), b = name.find_last_not_of(kSpace);
+      name = a == std::string::npos ? "" : name.substr(a, b - a + 1);
+      const json args = json::parse(body.substr(sep + kSep.size()), nullptr, false);
+      if (!args.is_discarded() && make_call(name, args, c)) {
+        out.calls.push_back(std::move(c));
+        after_call_ = true;
+        return;
+      }
+    }
+    text_out(out, kCallBegin + body + (closed ? kCallEnd : ""));
+  }
+
+  const std::string kCallsBegin = "<｜tool▁calls▁begin｜>", kCallsEnd = "<｜tool▁calls▁end｜>";
+  const std::string kCallBegin = "<｜tool▁call▁begin｜>", kCallEnd = "<｜tool▁call▁end｜>";
+  const std::string kSep = "<｜tool▁sep｜>";
+  State state_ = State::kText;
+  std::string held_;
+  bool after_call_ = false;
+};
+
 }  // namespace
 
 ToolDelta ToolParser::parse(const std::string& output) {
@@ -292,7 +399,7 @@ ToolDelta ToolParser::parse(const std::string& output) {
 }
 
 const std::vector<std::string>& tool_parser_names() {
-  static const std::vector<std::string> names = {"hermes", "llama3_json"};
+  static const std::vector<std::string> names = {"hermes", "llama3_json", "deepseek_v31"};
   return names;
 }
 
@@ -304,9 +411,12 @@ bool tool_parser_known(const std::string& name) {
 std::unique_ptr<ToolParser> make_tool_parser(const std::string& name) {
   if (name == "hermes") return std::make_unique<HermesParser>();
   if (name == "llama3_json") return std::make_unique<Llama3JsonParser>();
+  if (name == "deepseek_v31") return std::make_unique<DeepSeekV31Parser>();
   throw std::invalid_argument(fmt::format("invalid tool call parser: {} (choose from {{ {} }})",
                                           name, fmt::join(tool_parser_names(), ", ")));
 }
+
+bool tool_parser_keeps_special_tokens(const std::string& name) { return name == "hermes"; }
 
 std::string tool_call_id() {
   thread_local std::mt19937_64 rng(std::random_device{}());

@@ -38,6 +38,10 @@ bool tool_parser_known(const std::string& name);
 // Throws std::invalid_argument for an unknown name (the message lists the supported ones).
 std::unique_ptr<ToolParser> make_tool_parser(const std::string& name);
 
+// True when the parser needs special tokens left in the text: as vLLM's hermes parser, requests
+// it parses get skip_special_tokens false (<tool_call> is a special token in some tokenizers).
+bool tool_parser_keeps_special_tokens(const std::string& name);
+
 // A fresh "chatcmpl-tool-<32 hex>" id.
 std::string tool_call_id();
 

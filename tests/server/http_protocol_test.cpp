@@ -427,6 +427,40 @@ TEST_F(HttpTools, Llama3Json) {
   EXPECT_EQ(st.finish_reason, "tool_calls");
 }
 
+TEST_F(HttpTools, HermesKeepsSpecialTokensInTheTextItParses) {
+  start_with("hermes");
+  // As vLLM: <tool_call> is a special token in some tokenizers, so auto tool requests keep them.
+  ASSERT_EQ(post("/v1/chat/completions", {{"messages", msgs}, {"tools", tools}})->status, 200);
+  EXPECT_FALSE(backend.last_request().sampling.skip_special_tokens);
+  ASSERT_EQ(
+      post("/v1/chat/completions", {{"messages", msgs}, {"tools", tools}, {"tool_choice", "none"}})
+          ->status,
+      200);
+  EXPECT_TRUE(backend.last_request().sampling.skip_special_tokens);
+  ASSERT_EQ(post("/v1/chat/completions", {{"messages", msgs}})->status, 200);
+  EXPECT_TRUE(backend.last_request().sampling.skip_special_tokens);
+}
+
+TEST_F(HttpTools, DeepSeekV31) {
+  backend.reply =
+      "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": "
+      "\"Rome\"}"
+      "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  start_with("deepseek_v31");
+  auto r = post("/v1/chat/completions", {{"messages", msgs}, {"tools", tools}});
+  const json c = json::parse(r->body)["choices"][0];
+  EXPECT_EQ(c["message"]["content"], "Sure.");
+  ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r->body;
+  EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  EXPECT_TRUE(backend.last_request().sampling.skip_special_tokens);
+  const Streamed st = stream({{"messages", msgs}, {"tools", tools}});
+  EXPECT_EQ(st.content, "Sure.");
+  ASSERT_EQ(st.calls.size(), 1u);
+  EXPECT_EQ(st.calls[0]["arguments"], c["message"]["tool_calls"][0]["function"]["arguments"]);
+  EXPECT_EQ(st.finish_reason, "tool_calls");
+}
+
 TEST_F(HttpTools, AutoWithoutTheFlagsIsRefusedAsVllm) {
   start();  // no --enable-auto-tool-choice
   for (bool streamed : {false, true})

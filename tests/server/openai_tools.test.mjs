@@ -86,7 +86,7 @@ test('the tool flags are checked at start-up as vLLM does', async () => {
   assert.match(r.log, /--enable-auto-tool-choice requires --tool-call-parser/);
   r = await refusedStart(modelDir, ['--enable-auto-tool-choice', '--tool-call-parser', 'nope']);
   assert.notEqual(r.code, 0);
-  assert.match(r.log, /invalid tool call parser: nope \(choose from \{ hermes, llama3_json \}\)/);
+  assert.match(r.log, /invalid tool call parser: nope \(choose from \{ hermes, llama3_json, deepseek_v31 \}\)/);
 });
 
 function checkToolCalls(calls) {

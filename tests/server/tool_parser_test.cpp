@@ -218,15 +218,66 @@ TEST(Llama3JsonToolParser, TrailingTextAfterACallIsContent) {
   EXPECT_EQ(p.content, "I called f.");
 }
 
+// DeepSeek-V3.1's markers, as its chat template writes them.
+const std::string kCallsBegin = "<｜tool▁calls▁begin｜>", kCallsEnd = "<｜tool▁calls▁end｜>";
+const std::string kCallBegin = "<｜tool▁call▁begin｜>", kCallEnd = "<｜tool▁call▁end｜>";
+const std::string kSep = "<｜tool▁sep｜>";
+
+TEST(DeepSeekV31ToolParser, TextThenSeveralCalls) {
+  const Parsed p = parse_every_way(
+      "deepseek_v31", "I'll look both up.\n" + kCallsBegin + kCallBegin + "get_weather" + kSep +
+                          "{\"city\": \"東京\"}" + kCallEnd + "\n" + kCallBegin + "get_time" +
+                          kSep + "{\"tz\": \"JST\", \"fmt\": {\"h\": 24}}" + kCallEnd + kCallsEnd);
+  EXPECT_EQ(p.content, "I'll look both up.\n");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.calls[0].first, "get_weather");
+  EXPECT_EQ(p.calls[0].second, json({{"city", "東京"}}));
+  EXPECT_EQ(p.calls[1].first, "get_time");
+  EXPECT_EQ(p.calls[1].second["fmt"]["h"], 24);
+}
+
+TEST(DeepSeekV31ToolParser, MalformedAndPartialStayContent) {
+  const std::string bad = kCallBegin + "f" + kSep + "{\"x\": }" + kCallEnd;
+  Parsed p = parse_every_way("deepseek_v31", kCallsBegin + bad + kCallsEnd);
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, bad);
+  p = parse_every_way("deepseek_v31",
+                      kCallsBegin + kCallBegin + "no separator" + kCallEnd + kCallsEnd);
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, kCallBegin + "no separator" + kCallEnd);
+  // A partial marker at the end is released as text.
+  const std::string cut = "answer " + kCallsBegin.substr(0, 7);
+  p = parse_every_way("deepseek_v31", cut);
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, cut);
+  // Unclosed at the end: a call when its JSON is complete, text otherwise.
+  p = parse_every_way("deepseek_v31", kCallsBegin + kCallBegin + "f" + kSep + "{\"a\": 1}");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.content, "");
+  p = parse_every_way("deepseek_v31", kCallsBegin + kCallBegin + "f" + kSep + "{\"a\": ");
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, kCallBegin + "f" + kSep + "{\"a\": ");
+  // A section that holds no call is text; a real section after it still parses.
+  p = parse_every_way("deepseek_v31", kCallsBegin + "oops " + kCallsBegin + kCallBegin + "g" +
+                                          kSep + "{}" + kCallEnd + kCallsEnd + "\n\nafter");
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].first, "g");
+  EXPECT_EQ(p.content, "oops after");
+}
+
 TEST(ToolParsers, NamesAreVllms) {
   EXPECT_TRUE(server::tool_parser_known("hermes"));
   EXPECT_TRUE(server::tool_parser_known("llama3_json"));
+  EXPECT_TRUE(server::tool_parser_known("deepseek_v31"));
   EXPECT_FALSE(server::tool_parser_known("nope"));
+  EXPECT_TRUE(server::tool_parser_keeps_special_tokens("hermes"));
+  EXPECT_FALSE(server::tool_parser_keeps_special_tokens("llama3_json"));
   try {
     server::make_tool_parser("nope");
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("hermes, llama3_json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("hermes, llama3_json, deepseek_v31"), std::string::npos)
+        << e.what();
   }
   EXPECT_NE(server::tool_call_id(), server::tool_call_id());
 }
