@@ -8,6 +8,9 @@
 #include <random>
 #include <stdexcept>
 
+#include "jinja/py_format.h"
+#include "jinja/template.h"
+
 namespace atom::server {
 
 namespace {
@@ -34,7 +37,11 @@ bool make_call(const std::string& name, const json& args, ToolCall& out) {
   if (name.empty() || !value.is_object()) return false;
   out.id = tool_call_id();
   out.name = name;
-  out.arguments = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  // As vLLM writes them: Python's json.dumps(arguments, ensure_ascii=False), keys in the model's
+  // order.
+  jinja::JsonOptions py;
+  py.ensure_ascii = false;
+  out.arguments = jinja::json_dumps(jinja::value_from_json(value), py);
   return true;
 }
 
