@@ -27,6 +27,19 @@ size_t partial_tag_suffix(const std::string& s, const std::string& tag) {
 
 bool all_space(const std::string& s) { return s.find_first_not_of(kSpace) == std::string::npos; }
 
+// Appends text to the content; right after a call (after_call) its leading whitespace is dropped,
+// and the flag cleared once non-blank text arrives.
+void content_out(ToolDelta& out, const std::string& s, bool& after_call) {
+  if (after_call) {
+    const size_t first = s.find_first_not_of(kSpace);
+    if (first == std::string::npos) return;
+    after_call = false;
+    out.content += s.substr(first);
+    return;
+  }
+  out.content += s;
+}
+
 // A call of `name` with `args`: a JSON object, or a string holding one.
 bool make_call(const std::string& name, const json& args, ToolCall& out) {
   json value = args;
@@ -107,17 +120,7 @@ class HermesParser : public ToolParser {
   }
 
  private:
-  void text_out(ToolDelta& out, const std::string& s) {
-    if (s.empty()) return;
-    if (after_call_) {
-      const size_t first = s.find_first_not_of(kSpace);
-      if (first == std::string::npos) return;
-      after_call_ = false;
-      out.content += s.substr(first);
-      return;
-    }
-    out.content += s;
-  }
+  void text_out(ToolDelta& out, const std::string& s) { content_out(out, s, after_call_); }
   void call_out(ToolDelta& out, const std::string& body, bool closed) {
     ToolCall c;
     if (call_from_json(body, {"arguments"}, c)) {
@@ -360,16 +363,7 @@ class DeepSeekV31Parser : public ToolParser {
   static bool is_prefix(const std::string& s, const std::string& tag) {
     return s.size() < tag.size() && tag.compare(0, s.size(), s) == 0;
   }
-  void text_out(ToolDelta& out, const std::string& s) {
-    if (after_call_) {
-      const size_t first = s.find_first_not_of(kSpace);
-      if (first == std::string::npos) return;
-      after_call_ = false;
-      out.content += s.substr(first);
-      return;
-    }
-    out.content += s;
-  }
+  void text_out(ToolDelta& out, const std::string& s) { content_out(out, s, after_call_); }
   void call_out(ToolDelta& out, const std::string& body, bool closed) {
     const size_t sep = body.find(kSep);
     ToolCall c;
