@@ -267,27 +267,12 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
   // Writes row `orow`'s result: normalised output (sinks applied) or, with several splits, the
   // unnormalised partial with its running max and sum.
   auto write_row = [&](int64_t orow, float m, float l, int col, float v0, float v1, bool write_ml) {
-    if (splits > 1) {
-      const int64_t pi = static_cast<int64_t>(split) * a.num_tokens * a.num_heads + orow;
-      *reinterpret_cast<float2*>(a.part_o + pi * D + col) = make_float2(v0, v1);
-      if (write_ml) {
-        a.part_ml[pi * 2] = m;
-        a.part_ml[pi * 2 + 1] = l;
-      }
-      return;
-    }
-    float oscale = 1.0f;
-    const int head = static_cast<int>(orow % a.num_heads);
-    if (a.sinks) {
-      const float sink = a.sinks[head] * kLog2e;
-      const float mf = fmaxf(m, sink);
-      oscale = fast_exp2(m - mf);
-      l = l * oscale + fast_exp2(sink - mf);
-    }
-    const float inv = oscale / l;
-    T* dst = static_cast<T*>(a.out) + (orow / a.num_heads) * a.out_stride +
-             static_cast<int64_t>(head) * D;
-    *reinterpret_cast<uint32_t*>(dst + col) = pack2<T>(v0 * inv, v1 * inv);
+    write_attention_row<D>(a, split, splits, orow, m, l, col, v0, v1, write_ml,
+                           [&](int64_t r, int head, int c, float x0, float x1) {
+                             T* dst = static_cast<T*>(a.out) + (r / a.num_heads) * a.out_stride +
+                                      static_cast<int64_t>(head) * D;
+                             *reinterpret_cast<uint32_t*>(dst + c) = pack2<T>(x0, x1);
+                           });
   };
 
   if constexpr (!kDecode) {

@@ -58,6 +58,36 @@ __device__ __forceinline__ int64_t kv_row_offset(const AttnLaunch& a, const int3
   return ((page * a.block_size + slot) * a.num_kv_heads + kh) * a.head_dim;
 }
 
+// Writes columns col, col + 1 of output row `orow` (token * num_heads + head) from a CTA's
+// running max m, sum l and unnormalised values v0, v1: with several splits, the partials of
+// split `split` (m and l only where write_ml); otherwise the normalised output, sinks applied,
+// through store(orow, head, col, v0, v1).
+template <int D, typename Store>
+__device__ __forceinline__ void write_attention_row(const AttnLaunch& a, int split, int splits,
+                                                    int64_t orow, float m, float l, int col,
+                                                    float v0, float v1, bool write_ml,
+                                                    Store store) {
+  if (splits > 1) {
+    const int64_t pi = static_cast<int64_t>(split) * a.num_tokens * a.num_heads + orow;
+    *reinterpret_cast<float2*>(a.part_o + pi * D + col) = make_float2(v0, v1);
+    if (write_ml) {
+      a.part_ml[pi * 2] = m;
+      a.part_ml[pi * 2 + 1] = l;
+    }
+    return;
+  }
+  float oscale = 1.0f;
+  const int head = static_cast<int>(orow % a.num_heads);
+  if (a.sinks) {
+    const float sink = a.sinks[head] * kLog2e;
+    const float mf = fmaxf(m, sink);
+    oscale = fast_exp2(m - mf);
+    l = l * oscale + fast_exp2(sink - mf);
+  }
+  const float inv = oscale / l;
+  store(orow, head, col, v0 * inv, v1 * inv);
+}
+
 // After a decode split CTA has written its partials (a.part_ml, a.part_o) for its 16 rows: the
 // last of the sequence's `splits` CTAs to finish merges every split's partials with the sinks and
 // stores each output value through store(orow, head, col, value); the others return. The merging

@@ -324,27 +324,12 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fp8_kernel(AttnLaunch a) {
   // output (sinks applied) or, with several splits, the unnormalised partial with its running
   // max and sum (merged by the last CTA or by attention.cu's combine kernel).
   auto write_row = [&](int64_t orow, float m, float l, int col, float v0, float v1, bool write_ml) {
-    if (splits > 1) {
-      const int64_t pi = static_cast<int64_t>(split) * a.num_tokens * a.num_heads + orow;
-      *reinterpret_cast<float2*>(a.part_o + pi * D + col) = make_float2(v0, v1);
-      if (write_ml) {
-        a.part_ml[pi * 2] = m;
-        a.part_ml[pi * 2 + 1] = l;
-      }
-      return;
-    }
-    float oscale = 1.0f;
-    const int head = static_cast<int>(orow % a.num_heads);
-    if (a.sinks) {
-      const float sink = a.sinks[head] * kLog2e;
-      const float mf = fmaxf(m, sink);
-      oscale = fast_exp2(m - mf);
-      l = l * oscale + fast_exp2(sink - mf);
-    }
-    const float inv = oscale / l;
-    store_pair(a.out, a.type,
-               (orow / a.num_heads) * a.out_stride + static_cast<int64_t>(head) * D + col, v0 * inv,
-               v1 * inv);
+    write_attention_row<D>(
+        a, split, splits, orow, m, l, col, v0, v1, write_ml,
+        [&](int64_t r, int head, int c, float x0, float x1) {
+          store_pair(a.out, a.type,
+                     (r / a.num_heads) * a.out_stride + static_cast<int64_t>(head) * D + c, x0, x1);
+        });
   };
 
   if constexpr (!kDecode) {
