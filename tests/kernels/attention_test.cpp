@@ -45,12 +45,6 @@ std::string describe(const AttnCase& c) {
   return s;
 }
 
-Tensor i32(const std::vector<int32_t>& v) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32);
-  if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * 4);
-  return t;
-}
-
 void check_attention(const AttnCase& c, uint64_t seed) {
   std::mt19937 rng(static_cast<uint32_t>(seed));
   std::vector<int32_t> qs = {0}, cl, pip = {0}, pid;

@@ -9,10 +9,10 @@
 #include <limits>
 #include <vector>
 
+#include "common/tensor_util.h"
 #include "core/convert.h"
 #include "core/half.h"
 #include "core/tensor.h"
-#include "kernels/random.h"
 #include "layers/batch.h"
 
 namespace atom::test {
@@ -45,14 +45,6 @@ inline Batch append_step_batch(const std::vector<std::vector<int32_t>>& toks,
     b.state_slots.push_back(s);
   }
   return b;
-}
-
-// A CPU tensor of seeded uniform values in [lo, hi), rounded to dtype.
-inline Tensor random_cpu(Shape shape, DType dtype, uint64_t seed, float lo = -1.0f,
-                         float hi = 1.0f) {
-  Tensor t = Tensor::empty(std::move(shape), dtype);
-  kernels::fill_uniform(t, seed, lo, hi);
-  return t;
 }
 
 // Fills a device tensor with 0xff bytes: NaN for floats, -1 for integers. Unwritten outputs fail.

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "common/tensor_util.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "kernels/attention.h"
@@ -20,17 +21,8 @@
 namespace atom {
 namespace {
 
-Tensor random_tensor(Shape shape, DType dt, uint64_t seed, float lo, float hi) {
-  Tensor t = Tensor::empty(std::move(shape), dt);
-  kernels::fill_uniform(t, seed, lo, hi);
-  return t;
-}
-
-Tensor i32(const std::vector<int32_t>& v) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32);
-  if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * 4);
-  return t;
-}
+using test::i32;
+using test::random_cpu;
 
 // Element i of a contiguous F32 or BF16 tensor.
 float value_at(const Tensor& t, int64_t i) {
@@ -45,7 +37,7 @@ TEST(KvCacheFp8, WriteStoresRoundedQuotientsAndSkipsNegativeSlots) {
   const int64_t pages = 5, bs = 4, hk = 2, D = 16, T = 13, width = hk * D;
   for (const kernels::KvScales sc : {kernels::KvScales{}, kernels::KvScales{0.37f, 3.0f}}) {
     // Values far past 448 (saturation) and far below 2^-9 (subnormals, zero) included.
-    Tensor kv = random_tensor({T, 3 * width}, DType::kF32, 11, -600.0f, 600.0f);
+    Tensor kv = random_cpu({T, 3 * width}, DType::kF32, 11, -600.0f, 600.0f);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t i = 0; i < width; i += 3)
         kv.ptr<float>()[t * 3 * width + i] *= std::ldexp(1.0f, -14);
@@ -110,8 +102,8 @@ void check_fp8_equals_dequantised_bf16(const Case& c, uint64_t seed) {
   // Fill every slot of the FP8 cache through the cache write, from random keys and values.
   Tensor kc = Tensor::empty({num_pages, c.block_size, c.kv_heads, c.head_dim}, DType::kF8E4M3);
   Tensor vc = Tensor::empty(kc.shape(), DType::kF8E4M3);
-  Tensor k = random_tensor({slots, width}, c.act, seed + 1, -3.0f, 3.0f);
-  Tensor v = random_tensor({slots, width}, c.act, seed + 2, -3.0f, 3.0f);
+  Tensor k = random_cpu({slots, width}, c.act, seed + 1, -3.0f, 3.0f);
+  Tensor v = random_cpu({slots, width}, c.act, seed + 2, -3.0f, 3.0f);
   std::vector<int32_t> all(slots);
   std::iota(all.begin(), all.end(), 0);
   kernels::kv_cache_write(kc, vc, k, v, i32(all), c.scales);
@@ -125,8 +117,8 @@ void check_fp8_equals_dequantised_bf16(const Case& c, uint64_t seed) {
     vb.ptr<uint16_t>()[i] = f32_to_bf16(vx);
   }
 
-  Tensor q = random_tensor({T, qw}, c.act, seed + 3, -2.0f, 2.0f);
-  Tensor sinks = c.sinks ? random_tensor({c.heads}, DType::kF32, seed + 4, -1.0f, 3.0f) : Tensor();
+  Tensor q = random_cpu({T, qw}, c.act, seed + 3, -2.0f, 2.0f);
+  Tensor sinks = c.sinks ? random_cpu({c.heads}, DType::kF32, seed + 4, -1.0f, 3.0f) : Tensor();
   kernels::AttentionArgs a;
   a.num_heads = c.heads;
   a.num_kv_heads = c.kv_heads;
@@ -174,7 +166,7 @@ TEST(KvCacheFp8, AttentionEqualsABf16CacheOfTheDequantisedValues) {
 
 TEST(KvCacheFp8, FusedRopeWriteQuantisesTheRotatedKeys) {
   const int hq = 4, hk = 2, D = 32, T = 9;
-  Tensor qkv = random_tensor({T, (hq + 2 * hk) * D}, DType::kF32, 300, -2.0f, 2.0f);
+  Tensor qkv = random_cpu({T, (hq + 2 * hk) * D}, DType::kF32, 300, -2.0f, 2.0f);
   Tensor pos = i32({0, 1, 2, 3, 4, 5, 6, 7, 8}), slots = i32({3, 4, 5, -1, 7, 8, 9, 10, 11});
   Tensor inv = Tensor::empty({D / 2}, DType::kF32);
   for (int i = 0; i < D / 2; ++i) inv.ptr<float>()[i] = 1.0f / std::pow(10000.0f, 2.0f * i / D);
