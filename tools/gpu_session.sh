@@ -5,7 +5,8 @@
 # $OUT; the last lines printed are a summary.
 #   bash STAGE/tools/gpu_session.sh [steps]   steps: comma list of tests,cli,kernels,e2e,hf,memcheck
 #   (also engine, serve, fp8check: the FP8 KV cache's tests under memcheck and e2e; fp8 and bf16:
-#   bench throughput with that KV cache dtype at ATOM_FP8_SEQS / ATOM_BF16_SEQS sequences)
+#   bench throughput with that KV cache dtype at ATOM_FP8_SEQS / ATOM_BF16_SEQS sequences; decode:
+#   decode steps under the environments of ATOM_DECODE_VARIANTS)
 set -u
 stage="$(cd "$(dirname "$0")/.." && pwd)"
 bin="$stage/bin"
@@ -71,6 +72,20 @@ if has e2e; then
       --prefill "" --batch 1,32 > "$out/e2e_variant.log" 2>&1
     note "e2e $v: rc=$?"
     grep -E "decode batch" "$out/e2e_variant.log" | sed "s/^/$v /" | tee -a "$summary"
+  done
+fi
+
+# Decode steps only (batch 1, 32, 128) under each environment of $ATOM_DECODE_VARIANTS
+# (space-separated; commas separate the assignments of one variant; "default" is none), twice over.
+if has decode; then
+  for round in 1 2; do
+    for v in ${ATOM_DECODE_VARIANTS:-default ATOM_L2_PREFETCH_MB=0}; do
+      [ "$v" = default ] && e="" || e="${v//,/ }"
+      env $e timeout 120 "$bin/cuda_e2e_bench" --model "$stage/bench/models/llama-3.1-8b" \
+        --load-format dummy --prefill "" --batch 1,32,128 > "$out/decode_${round}_${v//[=,]/_}.log" 2>&1
+      note "decode $v (round $round): rc=$?"
+      grep -E "decode batch" "$out/decode_${round}_${v//[=,]/_}.log" | sed "s/^/  $v /" | tee -a "$summary"
+    done
   done
 fi
 

@@ -46,16 +46,23 @@ const LinearCase kCases[] = {
     {300, 384, 256, DType::kBF16, DType::kBF16, true, false},
     {33, 64, 100, DType::kF32, DType::kF32, true, false},
     {1, 4096, 14336, DType::kBF16, DType::kBF16, false, false},
+    {3, 1001, 2056, DType::kBF16, DType::kBF16, true, true},
+    {1, 130, 1032, DType::kF16, DType::kF32, false, false},
 };
 
 TEST(GpuLinear, SkinnyAndCublasLtMatchCpu) {
   const int saved = kernels::cuda::linear_skinny_max_m();
+  const int64_t saved_split = kernels::cuda::linear_skinny_split_max_n();
   uint64_t seed = 300;
-  for (int skinny : {4, 0}) {
+  // Skinny with K split over a block's warps (every N here is below 1 << 20), unsplit, cuBLASLt.
+  for (auto [skinny, split] : {std::pair{4, int64_t{1} << 20}, {4, int64_t{0}}, {0, int64_t{0}}}) {
     kernels::cuda::linear_set_skinny_max_m(skinny);
+    kernels::cuda::linear_set_skinny_split_max_n(split);
+    SCOPED_TRACE("split below N " + std::to_string(split));
     for (const LinearCase& c : kCases) check_linear(c, seed += 3);
   }
   kernels::cuda::linear_set_skinny_max_m(saved);
+  kernels::cuda::linear_set_skinny_split_max_n(saved_split);
 }
 
 TEST(GpuLinear, SamePlanReusedAcrossPointers) {

@@ -132,8 +132,16 @@ TEST(GpuKvCacheWrite, SlotsSkipsAndStridedSources) {
 }
 
 TEST(GpuRope, FusedWithCacheWriteMatchesRopeThenWrite) {
-  for (DType dt : {DType::kBF16, DType::kF32}) {
-    const int hq = 8, hk = 2, D = 64, T = 29, pages = 4, bs = 16;
+  struct Case {
+    DType dt;
+    int hq, hk, D;
+  };
+  // BF16/F16 full-head rotation takes the vectorised kernel; 128 + 16 heads of 128 need more
+  // 16-byte words (1,408) than a block has threads.
+  for (const Case& c : {Case{DType::kBF16, 8, 2, 64}, Case{DType::kF32, 8, 2, 64},
+                        Case{DType::kF16, 32, 8, 128}, Case{DType::kBF16, 128, 16, 128}}) {
+    const DType dt = c.dt;
+    const int hq = c.hq, hk = c.hk, D = c.D, T = 29, pages = 4, bs = 16;
     const int64_t width = (hq + 2 * hk) * D;
     Tensor qkv = random_cpu({T, width}, dt, 400, -2, 2);
     Tensor kc = random_cpu({pages, bs, hk, D}, dt, 401),

@@ -31,6 +31,7 @@ namespace {
 constexpr size_t kWorkspaceBytes = 32u << 20;
 
 int g_skinny_max_m = -1;
+int64_t g_skinny_split_max_n = -1;
 
 struct PlanKey {
   int64_t m, n, k, ldx, ldo;
@@ -145,11 +146,18 @@ void* workspace_for(LtDevice& d, cudaStream_t s) {
 }  // namespace
 
 int linear_skinny_max_m() {
-  if (g_skinny_max_m < 0) g_skinny_max_m = static_cast<int>(env_int("ATOM_SKINNY_GEMM_MAX_M", 0));
+  if (g_skinny_max_m < 0) g_skinny_max_m = static_cast<int>(env_int("ATOM_SKINNY_GEMM_MAX_M", 1));
   return g_skinny_max_m;
 }
 
 void linear_set_skinny_max_m(int m) { g_skinny_max_m = m; }
+
+int64_t linear_skinny_split_max_n() {
+  if (g_skinny_split_max_n < 0) g_skinny_split_max_n = env_int("ATOM_SKINNY_SPLIT_MAX_N", 8192);
+  return g_skinny_split_max_n;
+}
+
+void linear_set_skinny_split_max_n(int64_t n) { g_skinny_split_max_n = n; }
 
 void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   check_rows("linear", out, "out");

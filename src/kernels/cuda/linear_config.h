@@ -1,6 +1,8 @@
 // Tuning knobs of the CUDA linear op, for benchmarks and tests.
 #pragma once
 
+#include <cstdint>
+
 namespace atom::kernels::cuda {
 
 // Products with at most this many rows (capped at 4, the kernel's limit) use the skinny kernel
@@ -12,5 +14,9 @@ namespace atom::kernels::cuda {
 // fused-skinny-decode-experiment).
 int linear_skinny_max_m();
 void linear_set_skinny_max_m(int m);
+// Skinny products with fewer output columns than this (and K >= 1,024) split K over the warps of
+// a block (linear_skinny.cu). Default: ATOM_SKINNY_SPLIT_MAX_N, else 8,192.
+int64_t linear_skinny_split_max_n();
+void linear_set_skinny_split_max_n(int64_t n);
 
 }  // namespace atom::kernels::cuda

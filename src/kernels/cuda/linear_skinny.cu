@@ -4,6 +4,7 @@
 // steps in flight, and x (a few KB) is read through L1. On the H200 it matches cuBLASLt's GEMV
 // within a few percent (docs/performance.md), so it is off by default (linear_config.h).
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/linear_config.h"
 
 namespace atom::kernels::cuda {
 
@@ -29,12 +30,22 @@ __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
   for (int i = 0; i < 8; ++i) f[i] = to_float<T>(e[i]);
 }
 
-template <typename T, int M>
+// kSplit 1: each warp owns kRows output columns over all of K. kSplit kWarps: the block's warps
+// share kRows columns, each over a quarter of K, summed through shared memory in a fixed order;
+// four times the blocks, for products with few columns and a long K (o_proj, down_proj), whose
+// unsplit grid leaves too few weight loads in flight per SM.
+template <typename T, int M, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a) {
+  static_assert(kSplit == 1 || kSplit == kWarps, "split over the block's warps");
   pdl_launch_dependents();
-  const int lane = threadIdx.x & 31;
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t n0 = kSplit == 1 ? (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows
+                                 : static_cast<int64_t>(blockIdx.x) * kRows;
   if (n0 >= a.n) return;
+  // This warp's K range, in whole 8-element words.
+  const int64_t kchunk = kSplit == 1 ? a.k : ((a.k + 8 * kSplit - 1) / (8 * kSplit)) * 8;
+  const int64_t kbeg = kSplit == 1 ? 0 : warp * kchunk;
+  const int64_t kend = kSplit == 1 ? a.k : min(a.k, kbeg + kchunk);
   const T* w[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
@@ -50,21 +61,27 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
     for (int r = 0; r < kRows; ++r) acc[m][r] = 0.0f;
 
   constexpr int64_t kStep = 32 * 8;  // elements a warp covers per load
-  pdl_wait();
-  for (int64_t k0 = lane * 8; k0 < a.k; k0 += kStep * kUnroll) {
-    uint4 wv[kUnroll][kRows];
+  uint4 wv[kUnroll][kRows];
+  auto load_weights = [&](int64_t k0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = k0 + u * kStep;
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
         wv[u][r] =
-            k < a.k ? __ldcs(reinterpret_cast<const uint4*>(w[r] + k)) : make_uint4(0, 0, 0, 0);
+            k < kend ? __ldcs(reinterpret_cast<const uint4*>(w[r] + k)) : make_uint4(0, 0, 0, 0);
     }
+  };
+  // The weights do not depend on earlier kernels: the first loads are in flight while the
+  // previous kernel drains (programmatic dependent launch); x is read only after the wait.
+  int64_t k0 = kbeg + lane * 8;
+  if (k0 < kend) load_weights(k0);
+  pdl_wait();
+  for (; k0 < kend;) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t k = k0 + u * kStep;
-      if (k >= a.k) break;
+      if (k >= kend) break;
       float wf[kRows][8];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) unpack8<T>(wv[u][r], wf[r]);
@@ -78,12 +95,33 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
           for (int i = 0; i < 8; ++i) acc[m][r] = fmaf(xf[i], wf[r][i], acc[m][r]);
       }
     }
+    k0 += kStep * kUnroll;
+    if (k0 < kend) load_weights(k0);
   }
 #pragma unroll
   for (int m = 0; m < M; ++m)
 #pragma unroll
     for (int r = 0; r < kRows; ++r) acc[m][r] = warp_sum(acc[m][r]);
-      // Lane m * kRows + r writes output (m, n0 + r).
+  if constexpr (kSplit > 1) {
+    __shared__ float part[kSplit][M][kRows];
+    if (lane == 0)
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) part[warp][m][r] = acc[m][r];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float v = part[0][m][r];
+#pragma unroll
+        for (int w = 1; w < kSplit; ++w) v += part[w][m][r];
+        acc[m][r] = v;
+      }
+  }
+  // Lane m * kRows + r writes output (m, n0 + r).
 #pragma unroll
   for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -96,24 +134,33 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
     }
 }
 
-template <typename T>
-void launch_typed(const SkinnyArgs& a, cudaStream_t s) {
-  const int64_t warps = (a.n + kRows - 1) / kRows;
-  const unsigned grid = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
+template <typename T, int kSplit>
+void launch_split(const SkinnyArgs& a, cudaStream_t s) {
+  const int64_t groups = (a.n + kRows - 1) / kRows;  // kRows columns each
+  const unsigned grid =
+      static_cast<unsigned>(kSplit == 1 ? (groups + kWarps - 1) / kWarps : groups);
   switch (a.x.rows) {
     case 1:
-      launch(linear_skinny_kernel<T, 1>, grid, kWarps * 32, 0, s, a);
+      launch(linear_skinny_kernel<T, 1, kSplit>, grid, kWarps * 32, 0, s, a);
       break;
     case 2:
-      launch(linear_skinny_kernel<T, 2>, grid, kWarps * 32, 0, s, a);
+      launch(linear_skinny_kernel<T, 2, kSplit>, grid, kWarps * 32, 0, s, a);
       break;
     case 3:
-      launch(linear_skinny_kernel<T, 3>, grid, kWarps * 32, 0, s, a);
+      launch(linear_skinny_kernel<T, 3, kSplit>, grid, kWarps * 32, 0, s, a);
       break;
     default:
-      launch(linear_skinny_kernel<T, 4>, grid, kWarps * 32, 0, s, a);
+      launch(linear_skinny_kernel<T, 4, kSplit>, grid, kWarps * 32, 0, s, a);
       break;
   }
+}
+
+template <typename T>
+void launch_typed(const SkinnyArgs& a, cudaStream_t s) {
+  if (a.n < linear_skinny_split_max_n() && a.k >= 8 * 32 * kWarps)
+    launch_split<T, kWarps>(a, s);
+  else
+    launch_split<T, 1>(a, s);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // RMSNorm with the fused residual add, whole rows (one block reduction per row) or groups of
-// `dim` columns (per-head q/k norm: one warp per group). Two passes over the row: the second
-// re-reads it from L1/L2, so nothing is held in registers and any width works.
+// `dim` columns (per-head q/k norm: one warp per group). Rows of up to 1,024 16-byte vectors
+// (hidden 8,192 in BF16) keep one vector per thread in registers; wider or unaligned rows take
+// two passes, the second re-reading the row from L1/L2, so any width works.
 #include "kernels/cuda/device_common.cuh"
 
 namespace atom::kernels::cuda {
@@ -74,6 +75,45 @@ __global__ void __launch_bounds__(kThreads) rms_norm_row_kernel(NormArgs a) {
   norm_pass2<T, V>(a, r, 0, threadIdx.x * V, width, kThreads * V, inv);
 }
 
+// A row of at most 1,024 vectors: one vector per thread, held in registers between the passes,
+// and the weight's vector loaded before waiting on the previous kernel (it never changes), so a
+// decode-sized norm costs about one memory round trip plus the block reduction.
+template <typename T, int V>
+__global__ void __launch_bounds__(1024) rms_norm_row_reg_kernel(NormArgs a) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x, c = static_cast<int64_t>(threadIdx.x) * V;
+  const bool active = c < a.x.cols;
+  float w[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) w[j] = active ? load_elem(a.w, a.w_type, c + j) : 0.0f;
+  pdl_wait();
+  pdl_launch_dependents();
+  float v[V];
+  float ss = 0.0f;
+  if (active) {
+    load_vec<T, V>(reinterpret_cast<const T*>(row_of(a.x, r)) + c, v);
+    if (a.has_res) {
+      T* res = reinterpret_cast<T*>(row_of(a.res, r)) + c;
+      float rv[V];
+      load_vec<T, V>(res, rv);
+#pragma unroll
+      for (int j = 0; j < V; ++j) v[j] = round_to<T>(v[j] + rv[j]);
+      store_vec<T, V>(res, v);
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) ss += v[j] * v[j];
+  }
+  ss = block_sum(ss, scratch);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.dim) + a.eps);
+  if (!active) return;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const float n = v[j] * inv;
+    v[j] = a.gemma ? n * (1.0f + w[j]) : w[j] * round_to<T>(n);
+  }
+  store_vec<T, V>(reinterpret_cast<T*>(row_of(a.out, r)) + c, v);
+}
+
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads) rms_norm_group_kernel(NormArgs a) {
   pdl_wait();
@@ -92,7 +132,11 @@ __global__ void __launch_bounds__(kThreads) rms_norm_group_kernel(NormArgs a) {
 template <typename T, int V>
 void launch_typed(const NormArgs& a, cudaStream_t s) {
   const unsigned rows = static_cast<unsigned>(a.x.rows);
-  if (a.dim == a.x.cols)
+  const int64_t vectors = (a.x.cols + V - 1) / V;
+  if (a.dim == a.x.cols && V > 1 && vectors <= 1024)
+    launch(rms_norm_row_reg_kernel<T, V>, rows, static_cast<unsigned>((vectors + 31) / 32 * 32), 0,
+           s, a);
+  else if (a.dim == a.x.cols)
     launch(rms_norm_row_kernel<T, V>, rows, kThreads, 0, s, a);
   else
     launch(rms_norm_group_kernel<T, V>, rows, kThreads, 0, s, a);

@@ -1,5 +1,7 @@
 // Rotary embedding in place on q and k (one block per token, cos/sin computed once per token in
 // shared memory), and the paged KV-cache write.
+#include <algorithm>
+
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/fp8.cuh"
 
@@ -66,6 +68,57 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeLaunch a, int hq, in
   for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
     kd[i] = krow[i];
     vd[i] = vrow[i];
+  }
+}
+
+// The same for half-split rotation over the whole head (rot_dim == head_dim) with 16-byte aligned
+// rows and a cache of q's type, built for latency (a decode step runs it at one token per
+// sequence): each thread rotates 8 pairs (i, i + half) of one head with two 16-byte loads and
+// stores, computing its own 8 angles (the same fp32 values the table above holds), and writes
+// rotated k straight from registers into the cache; the v rows are copied by 16-byte words in
+// the same pass. One round trip to memory instead of one per loop iteration.
+template <typename T>
+__global__ void __launch_bounds__(1024) rope_vec_kernel(RopeLaunch a, int hq, int hk) {
+  static_assert(sizeof(T) == 2, "16-bit types: 8 elements per 16-byte word");
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t t = blockIdx.x;
+  const int half = a.rot_dim / 2, hv = half / 8;  // 16-byte words per half head
+  const int rot_words = (hq + hk) * hv, v_words = hk * a.head_dim / 8;
+  const int64_t slot = a.k_cache ? a.slot_mapping[t] : -1;
+  const bool cache = slot >= 0 && slot < a.num_slots;
+  const float pos = static_cast<float>(a.positions[t]);
+  for (int p = threadIdx.x; p < rot_words + (cache ? v_words : 0); p += blockDim.x) {
+    if (p >= rot_words) {  // v row word into the cache
+      const int wv = p - rot_words;
+      const uint4 x = reinterpret_cast<const uint4*>(row_of(a.v, t))[wv];
+      reinterpret_cast<uint4*>(static_cast<T*>(a.v_cache) + slot * a.v.cols)[wv] = x;
+      continue;
+    }
+    const int h = p / hv, i0 = (p % hv) * 8;
+    T* row = h < hq ? reinterpret_cast<T*>(row_of(a.q, t)) + static_cast<int64_t>(h) * a.head_dim
+                    : reinterpret_cast<T*>(row_of(a.k, t)) +
+                          static_cast<int64_t>(h - hq) * a.head_dim;
+    float x1[8], x2[8];
+    load_vec<T, 8>(row + i0, x1);
+    load_vec<T, 8>(row + i0 + half, x2);
+    float y1[8], y2[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      float s, c;
+      sincosf(pos * a.inv_freq[i0 + j], &s, &c);  // as rope_kernel's table
+      c *= a.scale;
+      s *= a.scale;
+      y1[j] = __fsub_rn(__fmul_rn(x1[j], c), __fmul_rn(x2[j], s));
+      y2[j] = __fadd_rn(__fmul_rn(x2[j], c), __fmul_rn(x1[j], s));
+    }
+    store_vec<T, 8>(row + i0, y1);
+    store_vec<T, 8>(row + i0 + half, y2);
+    if (h >= hq && cache) {
+      T* kd = static_cast<T*>(a.k_cache) + slot * a.k.cols + static_cast<int64_t>(h - hq) * a.head_dim;
+      store_vec<T, 8>(kd + i0, y1);
+      store_vec<T, 8>(kd + i0 + half, y2);
+    }
   }
 }
 
@@ -159,6 +212,23 @@ void launch_rope(const RopeLaunch& a, cudaStream_t s) {
             hk = static_cast<int>(a.k.cols / a.head_dim);
   const size_t smem = static_cast<size_t>(a.rot_dim) * sizeof(float);
   const unsigned grid = static_cast<unsigned>(a.q.rows);
+  auto ok16 = [](const void* p, int64_t stride_elems) {
+    return (reinterpret_cast<uintptr_t>(p) & 15) == 0 && (stride_elems * 2) % 16 == 0;
+  };
+  const bool vec = a.q.type != Elem::kF32 && !a.interleaved && a.rot_dim == a.head_dim &&
+                   a.head_dim % 16 == 0 && !a.cache_fp8 && ok16(a.q.data, a.q.stride) &&
+                   ok16(a.k.data, a.k.stride) && (a.k.cols * 2) % 16 == 0 &&
+                   (!a.k_cache || (ok16(a.k_cache, a.k.cols) && ok16(a.v_cache, a.v.cols) &&
+                                   ok16(a.v.data, a.v.stride) && a.v.cols == a.k.cols));
+  if (vec) {
+    const int words = (hq + hk) * a.rot_dim / 16 + (a.k_cache ? hk * a.head_dim / 8 : 0);
+    const unsigned threads = static_cast<unsigned>(std::min(1024, (words + 31) / 32 * 32));
+    if (a.q.type == Elem::kBF16)
+      launch(rope_vec_kernel<__nv_bfloat16>, grid, threads, 0, s, a, hq, hk);
+    else
+      launch(rope_vec_kernel<__half>, grid, threads, 0, s, a, hq, hk);
+    return;
+  }
   switch (a.q.type) {
     case Elem::kF32:
       launch(rope_kernel<float>, grid, kThreads, smem, s, a, hq, hk);
