@@ -22,4 +22,22 @@ inline void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& 
   ATOM_KERNEL_CUDA("linear", cuda::linear(out, x, w, bias));
 }
 
+// out [M, I] = silu(g) * u where [g | u] = x · wᵀ (+ bias), w [2I, K] = [gate; up], in one kernel
+// where one applies (CUDA, decode-sized M on the skinny GEMV): the same values as linear() into
+// [M, 2I] then silu_mul(). Returns false, computing nothing, where none applies (the CPU, larger
+// M); the caller then runs the two ops.
+namespace cuda {
+bool linear_silu_mul(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias);
+}
+inline bool linear_silu_mul(Tensor& out, const Tensor& x, const Tensor& w,
+                            const Tensor& bias = {}) {
+  check_same_device("linear_silu_mul", out.device(), {&x, &w, &bias});
+  if (out.device().is_cpu()) return false;
+#ifdef ATOM_HAVE_CUDA
+  return cuda::linear_silu_mul(out, x, w, bias);
+#else
+  return false;
+#endif
+}
+
 }  // namespace atom::kernels

@@ -35,6 +35,10 @@ Tensor LinearBase::output(Step& step, const Tensor& x, const Tensor& out) const 
   return out;
 }
 
+bool LinearBase::forward_silu_mul(Tensor& out, const Tensor& x) {
+  return kernels::linear_silu_mul(out, x, weight_->data(), bias_ ? bias_->data() : Tensor());
+}
+
 Tensor LinearBase::forward(Step& step, const Tensor& x, const Tensor& out) {
   Tensor y = output(step, x, out);
   kernels::linear(y, x, weight_->data(), bias_ ? bias_->data() : Tensor());

@@ -18,6 +18,9 @@ class LinearBase {
   int64_t out_per_rank() const { return out_; }
   Parameter& weight() { return *weight_; }
   Parameter* bias() { return bias_; }
+  // For a [gate; up] weight: out [T, out_per_rank / 2] = silu(gate) * up in one kernel where the
+  // backend has one for this size (kernels::linear_silu_mul); false, computing nothing, otherwise.
+  bool forward_silu_mul(Tensor& out, const Tensor& x);
   virtual ~LinearBase() = default;
 
  protected:

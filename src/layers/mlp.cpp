@@ -12,9 +12,11 @@ GatedMlp::GatedMlp(LayerContext& ctx, const std::string& prefix, int64_t hidden,
       down_proj_(ctx, prefix_join(prefix, "down_proj"), intermediate, hidden, bias) {}
 
 Tensor GatedMlp::forward(Step& step, const Tensor& x, const Tensor& out) {
-  Tensor gate_up = gate_up_proj_.forward(step, x);
-  Tensor act = step.empty({x.size(0), gate_up.size(1) / 2}, ctx_.act_dtype);
-  kernels::silu_mul(act, gate_up);
+  Tensor act = step.empty({x.size(0), gate_up_proj_.out_per_rank() / 2}, ctx_.act_dtype);
+  if (!gate_up_proj_.forward_silu_mul(act, x)) {
+    Tensor gate_up = gate_up_proj_.forward(step, x);
+    kernels::silu_mul(act, gate_up);
+  }
   return down_proj_.forward(step, act, out);
 }
 

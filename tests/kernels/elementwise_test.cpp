@@ -78,6 +78,18 @@ TEST(GpuElementwise, GatherRowsAndEmbeddingShards) {
     kernels::embedding(eout, gids, table.to(gpu()), 100);
     EXPECT_TRUE(same_bytes(eout, eref)) << dtype_name(od);
   }
+  // Rows of 1,025 16-byte words: more than one word per thread on the vector path.
+  Tensor wide = random_cpu({8, 8200}, DType::kBF16, 7);
+  std::vector<int32_t> wids = {3, 0, 7, 9};
+  Tensor cw = Tensor::empty({4}, DType::kI32);
+  std::memcpy(cw.data(), wids.data(), 16);
+  Tensor wref = Tensor::empty({4, 8200}, DType::kBF16);
+  kernels::embedding(wref, cw, wide, 0);
+  Tensor wout = Tensor::empty({4, 8200}, DType::kBF16, gpu());
+  poison(wout);
+  Tensor gw = cw.to(gpu());
+  kernels::embedding(wout, gw, wide.to(gpu()), 0);
+  EXPECT_TRUE(same_bytes(wout, wref));
 }
 
 TEST(GpuElementwise, SiluMulVectorAndScalarPaths) {

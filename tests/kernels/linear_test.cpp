@@ -2,6 +2,7 @@
 #include "kernels/linear.h"
 
 #include "gpu_util.h"
+#include "kernels/activation.h"
 #include "kernels/cuda/linear_config.h"
 
 namespace atom::test {
@@ -63,6 +64,51 @@ TEST(GpuLinear, SkinnyAndCublasLtMatchCpu) {
   }
   kernels::cuda::linear_set_skinny_max_m(saved);
   kernels::cuda::linear_set_skinny_split_max_n(saved_split);
+}
+
+// gate_up and SiLU·mul in one skinny kernel: byte-identical to linear() then silu_mul() on the
+// GPU (same products, same roundings), close to the CPU; not applied (false) past the skinny M.
+TEST(GpuLinear, SiluMulFusedMatchesLinearThenSiluMul) {
+  const int saved = kernels::cuda::linear_skinny_max_m();
+  kernels::cuda::linear_set_skinny_max_m(4);
+  struct Case {
+    int64_t m, i, k;
+    DType dt;
+    bool bias, strided_x;
+  };
+  uint64_t seed = 700;
+  for (const Case& c : {Case{1, 14336, 4096, DType::kBF16, false, false},
+                        Case{2, 1000, 2056, DType::kBF16, true, true},  // K split over warps
+                        Case{4, 130, 520, DType::kF16, true, false},
+                        Case{3, 4096, 1024, DType::kBF16, false, true}}) {
+    SCOPED_TRACE("M=" + std::to_string(c.m) + " I=" + std::to_string(c.i));
+    const int64_t kx = c.strided_x ? c.k + 24 : c.k;
+    Tensor xw = random_cpu({c.m, kx}, c.dt, ++seed, -1, 1);
+    Tensor w = random_cpu({2 * c.i, c.k}, c.dt, ++seed, -0.1f, 0.1f);
+    Tensor b = c.bias ? random_cpu({2 * c.i}, c.dt, ++seed) : Tensor();
+    Tensor gx = xw.to(gpu()).narrow(1, c.strided_x ? 16 : 0, c.k);
+    Tensor gw = w.to(gpu()), gb = c.bias ? b.to(gpu()) : Tensor();
+    Tensor fused = Tensor::empty({c.m, c.i}, c.dt, gpu());
+    poison(fused);
+    ASSERT_TRUE(kernels::linear_silu_mul(fused, gx, gw, gb));
+    Tensor gate_up = Tensor::empty({c.m, 2 * c.i}, c.dt, gpu());
+    Tensor two = Tensor::empty({c.m, c.i}, c.dt, gpu());
+    kernels::linear(gate_up, gx, gw, gb);
+    kernels::silu_mul(two, gate_up);
+    EXPECT_TRUE(same_bytes(fused, two));
+    Tensor ref_gu = Tensor::empty({c.m, 2 * c.i}, c.dt), ref = Tensor::empty({c.m, c.i}, c.dt);
+    kernels::linear(ref_gu, xw.narrow(1, c.strided_x ? 16 : 0, c.k), w, b);
+    kernels::silu_mul(ref, ref_gu);
+    EXPECT_LE(rel_err(fused, ref), 1e-2);
+  }
+  Tensor x5 = Tensor::empty({5, 64}, DType::kBF16, gpu()),
+         w = Tensor::empty({64, 64}, DType::kBF16, gpu());
+  Tensor o5 = Tensor::empty({5, 32}, DType::kBF16, gpu());
+  EXPECT_FALSE(kernels::linear_silu_mul(o5, x5, w));
+  Tensor cx = Tensor::empty({1, 64}, DType::kBF16), cw = Tensor::empty({64, 64}, DType::kBF16);
+  Tensor co = Tensor::empty({1, 32}, DType::kBF16);
+  EXPECT_FALSE(kernels::linear_silu_mul(co, cx, cw));
+  kernels::cuda::linear_set_skinny_max_m(saved);
 }
 
 TEST(GpuLinear, SamePlanReusedAcrossPointers) {

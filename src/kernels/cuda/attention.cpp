@@ -19,7 +19,7 @@ namespace {
 
 constexpr int kMaxSplits = 32;
 constexpr int kMinKeysPerSplit =
-    256;  // a bound; each sequence splits down to 128 keys (decode_splits)
+    256;  // a bound; each sequence splits down to 256 keys (decode_splits)
 
 int sm_count() {
   static const int n = [] {

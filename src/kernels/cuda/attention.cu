@@ -32,7 +32,9 @@ struct FlashConfig {
 
 template <typename T, int D, int MA, bool kDecode>
 __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch a) {
-  pdl_wait();
+  // The batch's layout (query starts, context lengths, page tables) was copied in before the
+  // step's first kernel, so it is read before waiting on the previous kernel (which writes q and
+  // this step's keys); a CTA with nothing to do still waits, keeping completion in order.
   pdl_launch_dependents();
   using C = FlashConfig<D, MA, kDecode>;
   constexpr int BM = C::BM, BN = C::BN, S = C::kStages;
@@ -47,12 +49,12 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const CtaRange r =
       cta_range(a, kDecode ? 0 : gridDim.x - 1 - blockIdx.x, BM, BN);  // long tiles first
-  if (r.m0 >= r.rows) return;
+  if (r.m0 >= r.rows) return pdl_wait();
   const int split = blockIdx.z;
   int splits = 1, t_begin = 0, t_end = r.n_tiles;
   if constexpr (kDecode) {
     splits = decode_splits(r.n_tiles, a.num_splits);
-    if (split >= splits) return;
+    if (split >= splits) return pdl_wait();
     const int per = (r.n_tiles + splits - 1) / splits;
     t_begin = split * per;
     t_end = min(r.n_tiles, t_begin + per);
@@ -75,6 +77,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
   const T* qg = static_cast<const T*>(a.q);
   const T* kc = static_cast<const T*>(a.k_cache);
   const T* vc = static_cast<const T*>(a.v_cache);
+  const int32_t* pages = a.page_indices + a.page_indptr[r.s];
+  pdl_wait();
   for (int idx = tid; idx < BM * DC; idx += kWarps * 32) {
     const int row = idx / DC, c = idx % DC;
     const int pr = r.m0 + row;
@@ -84,7 +88,6 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
                    static_cast<int64_t>(r.kh * r.G + g) * D + c * 8;
     cp_async16(smem_addr(sQ + row * D + ((c ^ (row & 7)) << 3)), valid ? src : qg, valid);
   }
-  const int32_t* pages = a.page_indices + a.page_indptr[r.s];
   auto load_kv = [&](int tile, int stage) {
     const int n0 = r.kv_begin + tile * BN;
     T* dk = sK + stage * BN * D;

@@ -8,8 +8,10 @@
 namespace atom::kernels::cuda {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr int kDecodeBlockN = 64;     // keys per tile in decode mode
-inline constexpr int kMinTilesPerSplit = 2;  // a decode split covers at least 128 keys
+inline constexpr int kDecodeBlockN = 64;  // keys per tile in decode mode
+// A decode split covers at least 256 keys: below that, merging the splits' partials (a
+// threadfence, a ticket and a pass over the partials) costs more than the tiles it parallelises.
+inline constexpr int kMinTilesPerSplit = 4;
 
 // Splits a sequence of n_tiles key tiles actually uses out of the launch's num_splits.
 __device__ __forceinline__ int decode_splits(int n_tiles, int num_splits) {

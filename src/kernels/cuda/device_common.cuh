@@ -110,6 +110,9 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[V]) {
   }
 }
 
+// silu(g) * u in fp32, as silu_mul and the skinny GEMV's fused epilogue compute it.
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

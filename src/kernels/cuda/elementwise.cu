@@ -1,6 +1,8 @@
 // Small memory-bound kernels: add, cast, add_bias, gather_rows, embedding, silu_mul, fill_uniform.
 // Most read and write by run-time element type (a uniform branch); silu_mul, which moves the
 // most bytes in prefill, has a 16-byte vector path.
+#include <algorithm>
+
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/rng.h"
 
@@ -70,7 +72,19 @@ __global__ void embedding_kernel(Mat out, const int32_t* ids, const void* table,
     store_elem(o, out.type, h, in_shard ? load_elem(table, table_type, r * out.cols + h) : 0.0f);
 }
 
-__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+// The same when the table has out's type and rows are whole 16-byte words: one word per thread
+// per step (a decode step's single row in one or two round trips instead of one per element).
+__global__ void embedding_vec_kernel(Mat out, const int32_t* ids, const uint4* table,
+                                     int64_t table_rows, int64_t vocab_start, int64_t words) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t t = blockIdx.x;
+  const int64_t r = static_cast<int64_t>(ids[t]) - vocab_start;
+  uint4* o = reinterpret_cast<uint4*>(row_of(out, t));
+  const bool in_shard = r >= 0 && r < table_rows;
+  for (int64_t w = threadIdx.x; w < words; w += blockDim.x)
+    o[w] = in_shard ? table[r * words + w] : make_uint4(0, 0, 0, 0);
+}
 
 // V elements per thread per step; V > 1 needs I % V == 0 and 16-byte aligned rows.
 template <typename T, int V>
@@ -138,6 +152,15 @@ void launch_gather_rows(Mat out, Mat x, const int32_t* idx, cudaStream_t s) {
 void launch_embedding(Mat out, const int32_t* ids, const void* table, Elem table_type,
                       int64_t table_rows, int64_t vocab_start, cudaStream_t s) {
   if (out.rows == 0 || out.cols == 0) return;
+  const int64_t row_bytes = out.cols * elem_bytes(out.type);
+  if (table_type == out.type && row_bytes % 16 == 0 &&
+      (out.stride * elem_bytes(out.type)) % 16 == 0 && aligned16(out.data) && aligned16(table)) {
+    const int64_t words = row_bytes / 16;
+    const unsigned threads = static_cast<unsigned>(std::min<int64_t>(1024, (words + 31) / 32 * 32));
+    launch(embedding_vec_kernel, static_cast<unsigned>(out.rows), threads, 0, s, out, ids,
+           static_cast<const uint4*>(table), table_rows, vocab_start, words);
+    return;
+  }
   launch(embedding_kernel, static_cast<unsigned>(out.rows), kThreads, 0, s, out, ids, table,
          table_type, table_rows, vocab_start);
 }

@@ -78,9 +78,10 @@ void launch_sample(int32_t* ids, Mat logits, const void* rows, cudaStream_t s);
 
 // ---- linear_skinny.cu
 // out [M, N] = x [M, K] · w [N, K]ᵀ (+ bias) for small M; x and w share type (BF16 or F16),
-// K % 8 == 0, x rows and w 16-byte aligned.
+// K % 8 == 0, x rows and w 16-byte aligned. silu_mul_pairs: w is [gate; up] (n / 2 rows each)
+// and out [M, n / 2] = silu(gate) * up, each product rounded to x's type first.
 void launch_linear_skinny(Mat out, Mat x, const void* w, int64_t n, int64_t k, const void* bias,
-                          Elem bias_type, cudaStream_t s);
+                          Elem bias_type, cudaStream_t s, bool silu_mul_pairs = false);
 
 // ---- attention.cu / attention_simple.cu
 struct AttnLaunch {

@@ -159,6 +159,40 @@ int64_t linear_skinny_split_max_n() {
 
 void linear_set_skinny_split_max_n(int64_t n) { g_skinny_split_max_n = n; }
 
+int linear_skinny_unroll() {
+  static const int u = env_int("ATOM_SKINNY_UNROLL", 4) == 8 ? 8 : 4;
+  return u;
+}
+
+namespace {
+bool skinny_applies(const Tensor& x, const Tensor& w) {
+  const int64_t M = x.size(0), K = x.size(1);
+  const int64_t ldx = M > 1 ? x.stride(0) : K;
+  return (x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) &&
+         M <= std::min(linear_skinny_max_m(), 4) && K % 8 == 0 && ldx % 8 == 0 &&
+         alignment(x.data()) >= 16 && alignment(w.data()) >= 16;
+}
+}  // namespace
+
+bool linear_silu_mul(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  check_rows("linear_silu_mul", out, "out");
+  check_rows("linear_silu_mul", x, "x");
+  ATOM_CHECK(w.dim() == 2 && w.is_contiguous() && w.size(0) % 2 == 0 && w.size(1) == x.size(1) &&
+                 out.size(0) == x.size(0) && out.size(1) == w.size(0) / 2,
+             "linear_silu_mul: x {} · w {}ᵀ -> out {} (half the columns)", x.str(), w.str(),
+             out.str());
+  ATOM_CHECK(!bias.defined() || (bias.numel() == w.size(0) && bias.is_contiguous()),
+             "linear_silu_mul: bias {} for N={}", bias.str(), w.size(0));
+  if (x.dtype() != w.dtype() || out.dtype() != x.dtype() || !skinny_applies(x, w)) return false;
+  if (x.size(0) == 0) return true;
+  launch_linear_skinny(mat_of(out, "linear_silu_mul"), mat_of(x, "linear_silu_mul"), w.data(),
+                       w.size(0), x.size(1), bias.defined() ? bias.data() : nullptr,
+                       bias.defined() ? elem_of(bias.dtype(), "linear_silu_mul") : Elem::kF32,
+                       current_stream(), true);
+  launch_check("linear_silu_mul (skinny)");
+  return true;
+}
+
 void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   check_rows("linear", out, "out");
   check_rows("linear", x, "x");
@@ -178,8 +212,7 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   const cudaStream_t stream = current_stream();
   const int64_t ldx = M > 1 ? x.stride(0) : K, ldo = M > 1 ? out.stride(0) : N;
 
-  if ((in == DType::kBF16 || in == DType::kF16) && M <= std::min(linear_skinny_max_m(), 4) &&
-      K % 8 == 0 && ldx % 8 == 0 && alignment(x.data()) >= 16 && alignment(w.data()) >= 16) {
+  if (skinny_applies(x, w)) {
     launch_linear_skinny(mat_of(out, "linear"), mat_of(x, "linear"), w.data(), N, K,
                          bias.defined() ? bias.data() : nullptr,
                          bias.defined() ? elem_of(bias.dtype(), "linear") : Elem::kF32, stream);

@@ -18,5 +18,7 @@ void linear_set_skinny_max_m(int m);
 // a block (linear_skinny.cu). Default: ATOM_SKINNY_SPLIT_MAX_N, else 8,192.
 int64_t linear_skinny_split_max_n();
 void linear_set_skinny_split_max_n(int64_t n);
+// 16-byte weight loads per row in flight per lane: 4 (default) or 8 (ATOM_SKINNY_UNROLL).
+int linear_skinny_unroll();
 
 }  // namespace atom::kernels::cuda

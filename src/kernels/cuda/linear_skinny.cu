@@ -11,9 +11,10 @@ namespace atom::kernels::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kRows = 2;    // weight rows per warp
-constexpr int kUnroll = 4;  // 16-byte weight loads per row in flight per lane (8, with the next
-                            // step's loads issued early, or an L2 prefetch, measured slower)
+constexpr int kRows = 2;  // weight rows per warp
+constexpr int kUnrollDefault =
+    4;  // 16-byte weight loads per row in flight per lane (8, with the next
+        // step's loads issued early, or an L2 prefetch, measured slower)
 
 struct SkinnyArgs {
   Mat out, x;
@@ -21,6 +22,9 @@ struct SkinnyArgs {
   int64_t n, k;
   const void* bias;
   Elem bias_type;
+  // > 0: w is [gate; up] with `pair` rows each, a warp's two rows are gate row j and up row j,
+  // and out [M, pair] gets silu(g) * u with g and u rounded to T first (linear then silu_mul).
+  int64_t pair;
 };
 
 template <typename T>
@@ -34,14 +38,15 @@ __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
 // share kRows columns, each over a quarter of K, summed through shared memory in a fixed order;
 // four times the blocks, for products with few columns and a long K (o_proj, down_proj), whose
 // unsplit grid leaves too few weight loads in flight per SM.
-template <typename T, int M, int kSplit>
+template <typename T, int M, int kSplit, int kUnroll>
 __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a) {
   static_assert(kSplit == 1 || kSplit == kWarps, "split over the block's warps");
   pdl_launch_dependents();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t n0 = kSplit == 1 ? (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows
-                                 : static_cast<int64_t>(blockIdx.x) * kRows;
-  if (n0 >= a.n) return;
+  const int64_t group = kSplit == 1 ? static_cast<int64_t>(blockIdx.x) * kWarps + warp
+                                    : static_cast<int64_t>(blockIdx.x);
+  const int64_t n0 = a.pair ? group : group * kRows;  // pair: the gate row (output column)
+  if (n0 >= (a.pair ? a.pair : a.n)) return;
   // This warp's K range, in whole 8-element words.
   const int64_t kchunk = kSplit == 1 ? a.k : ((a.k + 8 * kSplit - 1) / (8 * kSplit)) * 8;
   const int64_t kbeg = kSplit == 1 ? 0 : warp * kchunk;
@@ -49,7 +54,8 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
   const T* w[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r)
-    w[r] = static_cast<const T*>(a.w) + min(n0 + r, a.n - 1) * a.k;  // tail rows: computed, dropped
+    w[r] = static_cast<const T*>(a.w) +
+           (a.pair ? n0 + r * a.pair : min(n0 + r, a.n - 1)) * a.k;  // tail rows: computed, dropped
   const T* x[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) x[m] = reinterpret_cast<const T*>(row_of(a.x, m));
@@ -121,6 +127,20 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
         acc[m][r] = v;
       }
   }
+  if (a.pair) {  // lane m writes output (m, n0)
+    static_assert(kRows == 2, "gate and up rows");
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      if (lane == m) {
+        float g = acc[m][0], u = acc[m][1];
+        if (a.bias) {
+          g += load_elem(a.bias, a.bias_type, n0);
+          u += load_elem(a.bias, a.bias_type, n0 + a.pair);
+        }
+        store_elem(row_of(a.out, m), a.out.type, n0, silu_times(round_to<T>(g), round_to<T>(u)));
+      }
+    return;
+  }
   // Lane m * kRows + r writes output (m, n0 + r).
 #pragma unroll
   for (int m = 0; m < M; ++m)
@@ -134,41 +154,43 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
     }
 }
 
-template <typename T, int kSplit>
+template <typename T, int kSplit, int kUnroll>
 void launch_split(const SkinnyArgs& a, cudaStream_t s) {
-  const int64_t groups = (a.n + kRows - 1) / kRows;  // kRows columns each
+  const int64_t groups = a.pair ? a.pair : (a.n + kRows - 1) / kRows;  // kRows columns each
   const unsigned grid =
       static_cast<unsigned>(kSplit == 1 ? (groups + kWarps - 1) / kWarps : groups);
   switch (a.x.rows) {
     case 1:
-      launch(linear_skinny_kernel<T, 1, kSplit>, grid, kWarps * 32, 0, s, a);
+      launch(linear_skinny_kernel<T, 1, kSplit, kUnroll>, grid, kWarps * 32, 0, s, a);
       break;
     case 2:
-      launch(linear_skinny_kernel<T, 2, kSplit>, grid, kWarps * 32, 0, s, a);
+      launch(linear_skinny_kernel<T, 2, kSplit, kUnroll>, grid, kWarps * 32, 0, s, a);
       break;
     case 3:
-      launch(linear_skinny_kernel<T, 3, kSplit>, grid, kWarps * 32, 0, s, a);
+      launch(linear_skinny_kernel<T, 3, kSplit, kUnroll>, grid, kWarps * 32, 0, s, a);
       break;
     default:
-      launch(linear_skinny_kernel<T, 4, kSplit>, grid, kWarps * 32, 0, s, a);
+      launch(linear_skinny_kernel<T, 4, kSplit, kUnroll>, grid, kWarps * 32, 0, s, a);
       break;
   }
 }
 
 template <typename T>
 void launch_typed(const SkinnyArgs& a, cudaStream_t s) {
-  if (a.n < linear_skinny_split_max_n() && a.k >= 8 * 32 * kWarps)
-    launch_split<T, kWarps>(a, s);
+  const bool split = a.n < linear_skinny_split_max_n() && a.k >= 8 * 32 * kWarps;
+  if (linear_skinny_unroll() == 8)
+    split ? launch_split<T, kWarps, 8>(a, s) : launch_split<T, 1, 8>(a, s);
   else
-    launch_split<T, 1>(a, s);
+    split ? launch_split<T, kWarps, kUnrollDefault>(a, s)
+          : launch_split<T, 1, kUnrollDefault>(a, s);
 }
 
 }  // namespace
 
 void launch_linear_skinny(Mat out, Mat x, const void* w, int64_t n, int64_t k, const void* bias,
-                          Elem bias_type, cudaStream_t s) {
+                          Elem bias_type, cudaStream_t s, bool silu_mul_pairs) {
   if (x.rows == 0 || n == 0) return;
-  SkinnyArgs a{out, x, w, n, k, bias, bias_type};
+  SkinnyArgs a{out, x, w, n, k, bias, bias_type, silu_mul_pairs ? n / 2 : 0};
   if (x.type == Elem::kBF16)
     launch_typed<__nv_bfloat16>(a, s);
   else

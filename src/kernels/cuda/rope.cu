@@ -96,9 +96,9 @@ __global__ void __launch_bounds__(1024) rope_vec_kernel(RopeLaunch a, int hq, in
       continue;
     }
     const int h = p / hv, i0 = (p % hv) * 8;
-    T* row = h < hq ? reinterpret_cast<T*>(row_of(a.q, t)) + static_cast<int64_t>(h) * a.head_dim
-                    : reinterpret_cast<T*>(row_of(a.k, t)) +
-                          static_cast<int64_t>(h - hq) * a.head_dim;
+    T* row = h < hq
+                 ? reinterpret_cast<T*>(row_of(a.q, t)) + static_cast<int64_t>(h) * a.head_dim
+                 : reinterpret_cast<T*>(row_of(a.k, t)) + static_cast<int64_t>(h - hq) * a.head_dim;
     float x1[8], x2[8];
     load_vec<T, 8>(row + i0, x1);
     load_vec<T, 8>(row + i0 + half, x2);
@@ -115,7 +115,8 @@ __global__ void __launch_bounds__(1024) rope_vec_kernel(RopeLaunch a, int hq, in
     store_vec<T, 8>(row + i0, y1);
     store_vec<T, 8>(row + i0 + half, y2);
     if (h >= hq && cache) {
-      T* kd = static_cast<T*>(a.k_cache) + slot * a.k.cols + static_cast<int64_t>(h - hq) * a.head_dim;
+      T* kd =
+          static_cast<T*>(a.k_cache) + slot * a.k.cols + static_cast<int64_t>(h - hq) * a.head_dim;
       store_vec<T, 8>(kd + i0, y1);
       store_vec<T, 8>(kd + i0 + half, y2);
     }

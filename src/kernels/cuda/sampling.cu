@@ -59,9 +59,25 @@ __device__ int64_t row_argmax(const Mat& m, int64_t r, float* sv, int64_t* si) {
   const float first = load_elem(p, m.type, 0);
   ArgBest best{-INFINITY, -1};
   if (m.type == Elem::kF32 && m.cols % 4 == 0 && (reinterpret_cast<uintptr_t>(p) & 15) == 0) {
-    // FP32 logits: four consecutive values per load, taken in index order.
+    // FP32 logits: four consecutive values per load; eight loads in flight per thread before any
+    // is compared (arg_better is a total order, so the order of comparisons does not matter).
     const float4* p4 = reinterpret_cast<const float4*>(p);
-    for (int64_t c = threadIdx.x; c < m.cols / 4; c += kThreads) {
+    const int64_t n4 = m.cols / 4;
+    constexpr int kBatch = 8;
+    int64_t c = threadIdx.x;
+    for (; c + (kBatch - 1) * kThreads < n4; c += kBatch * kThreads) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) v[u] = p4[c + u * kThreads];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (!isnan(e[j])) best = arg_better(best, ArgBest{e[j], 4 * (c + u * kThreads) + j});
+      }
+    }
+    for (; c < n4; c += kThreads) {
       const float4 v = p4[c];
       const float e[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
