@@ -146,7 +146,8 @@ void bench_attention_case(const std::string& name, int seqs, int query, int cont
 void bench_attention() {
   using kernels::cuda::PrefillAttention;
   std::printf("\n== Paged attention, bf16, 16-token pages (shuffled)\n");
-  // wgmma: warpgroups per CTA and K/V pipeline (0 the serial loop, 2/3 overlapped, stages).
+  // wgmma: warpgroups per CTA and K/V pipeline (0 the serial loop, 2/3 overlapped, stages;
+  // 4 warp-specialized, 5 with ping-pong).
   struct Variant {
     PrefillAttention be;
     int warpgroups, pipeline;
@@ -154,6 +155,8 @@ void bench_attention() {
   };
   const Variant variants[] = {
       {PrefillAttention::kAuto, 2, 2, "wgmma 2wg"},
+      {PrefillAttention::kAuto, 2, 4, "wgmma 2wg warp-specialized"},
+      {PrefillAttention::kAuto, 2, 5, "wgmma 2wg warp-specialized ping-pong"},
       {PrefillAttention::kAuto, 2, 3, "wgmma 2wg 3-stage"},
       {PrefillAttention::kAuto, 2, 0, "wgmma 2wg serial"},
       {PrefillAttention::kAuto, 1, 2, "wgmma 1wg"},

@@ -157,10 +157,20 @@ TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {
   for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1400 + 10 * i);
   kernels::cuda::attention_set_wgmma_warpgroups(2);
   // The wgmma kernel's other K/V pipelines (the default, 2, ran above): serial, three stages,
-  // and the serial loop with one warpgroup.
-  for (int pipe : {0, 3}) {
+  // warp-specialized without and with ping-pong, and the serial loop with one warpgroup.
+  for (int pipe : {0, 3, 4, 5}) {
     kernels::cuda::attention_set_wgmma_pipeline(pipe);
     for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1600 + 10 * i + pipe);
+  }
+  // Warp-specialized: enough key tiles to cycle its K and V stages many times; one warpgroup
+  // falls back to pipeline 2.
+  for (int pipe : {4, 5}) {
+    kernels::cuda::attention_set_wgmma_pipeline(pipe);
+    check_attention({8, 2, 128, 16, {{1100, 1100}, {37, 900}}, 0, true}, 1660 + pipe);
+    check_attention({16, 16, 64, 16, {{1000, 1000}}, 300}, 1670 + pipe);
+    kernels::cuda::attention_set_wgmma_warpgroups(1);
+    check_attention(cases[0], 1680 + pipe);
+    kernels::cuda::attention_set_wgmma_warpgroups(2);
   }
   kernels::cuda::attention_set_wgmma_warpgroups(1);
   kernels::cuda::attention_set_wgmma_pipeline(0);

@@ -19,8 +19,9 @@ void attention_set_m_atoms(int m);
 void attention_set_wgmma_warpgroups(int n);
 // K/V pipeline of the wgmma prefill kernel (BF16/F16 caches): 0 the serial loop (each GEMM waited
 // before the softmax that follows), 2 or 3 the overlapped loop (the next tile's Q Kᵀ and the P V
-// product in flight during the softmax) with that many K/V stages; one warpgroup uses 2 for 3.
-// Default: ATOM_WGMMA_PIPELINE, else 2.
+// product in flight during the softmax) with that many K/V stages, 4 that loop warp-specialized
+// (a producer warpgroup gathers K/V into mbarrier stages), 5 that with ping-pong of the two
+// computing warpgroups; one warpgroup uses 2 for 3, 4 and 5. Default: ATOM_WGMMA_PIPELINE, else 2.
 void attention_set_wgmma_pipeline(int stages);
 // Split decode: the last CTA of a sequence merges the partials (default), or, when off, a
 // separate combine kernel does.

@@ -10,6 +10,15 @@
 // follows); kPipe 2 and 3 overlap each tile's softmax with the previous tile's P V product, with
 // K one tile ahead of V in two stages (2) or K and V tiles together in three (3). Each thread
 // looks a key's page up once for both K and V.
+// kPipe 4 (warp-specialized, FlashAttention-3's recipe; two warpgroups only): a third warpgroup,
+// the producer, with its registers cut by setmaxnreg, gathers Q and the K/V tiles with cp.async
+// into rings of kWsStages stages, each stage announced on a "full" mbarrier
+// (cp.async.mbarrier.arrive) and handed back on an "empty" one once the consumers' wgmma reading
+// it has retired; the two consumer warpgroups run kPipe 2's loop with mbarrier waits in place of
+// the per-tile __syncthreads. K runs one tile ahead of V (rings of their own), so Q K_t can start
+// while V_{t-1} is still arriving. kPipe 5 adds FlashAttention-3's ping-pong: the two consumer
+// warpgroups take turns issuing their GEMMs (two named barriers), so one's softmax runs while the
+// other's GEMMs occupy the tensor cores.
 // FP8 (e4m3) caches (kFp8): the e4m3 tiles arrive with cp.async in two stages of their own and
 // every thread then converts its share into one canonical tile of q's type (exact), which costs a
 // second barrier per tile; the scales fold into the softmax scale (k) and the output (v).
@@ -29,8 +38,10 @@ template <int D, int NWG, int BN, bool kFp8, int kPipe>
 constexpr size_t wgmma_smem_bytes() {
   if constexpr (kFp8)  // Q, one converted K/V tile, two stages of e4m3 K/V
     return static_cast<size_t>(64 * NWG * D + 2 * BN * D) * 2 + 4 * BN * D + 1024;
-  constexpr int stages = kPipe > 0 ? kPipe : 2;
-  return static_cast<size_t>(64 * NWG * D + 2 * stages * BN * D) * 2 + 1024;  // + alignment slack
+  constexpr int stages = kPipe == 3 ? 3 : 2;
+  constexpr size_t barriers = kPipe >= 4 ? 128 : 0;  // kPipe 4/5's mbarriers
+  constexpr size_t slack = 1024;                     // for the 1024-byte alignment
+  return static_cast<size_t>(64 * NWG * D + 2 * stages * BN * D) * 2 + barriers + slack;
 }
 
 template <typename T, int N>
@@ -69,41 +80,58 @@ __device__ __forceinline__ void pv_mma<__half, 64>(float (&o)[32], const uint32_
   wgmma_m64n64k16_rs<__half>(o, a, desc, 1);
 }
 
+// kPipe 4/5: K/V stages per ring, and the registers per thread setmaxnreg gives the producer and
+// each consumer warpgroup: 128 * 40 + 256 * 232 = 64,512, all of a 384-thread CTA's 168 per
+// thread (ptxas allocates that many at launch); the producer spilled with 24.
+constexpr int kWsStages = 2;
+constexpr int kWsProducerRegs = 40, kWsConsumerRegs = 232;
+
 template <typename T, int D, int NWG, int kBN, bool kFp8, int kPipe>
-__global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
+__global__ void __launch_bounds__(128 * NWG + (kPipe >= 4 ? 128 : 0), NWG == 1 ? 2 : 1)
     wgmma_attention_kernel(AttnLaunch a) {
   pdl_wait();
   pdl_launch_dependents();
-  constexpr int kBM = 64 * NWG, kThreads = 128 * NWG;
+  constexpr bool kWs = kPipe >= 4;  // warp-specialized: warpgroup 0 loads, the others compute
+  constexpr bool kPingPong = kPipe == 5;
+  static_assert(!kWs || (NWG == 2 && !kFp8), "kPipe 4/5: two consumer warpgroups, BF16/F16");
+  // kThreads compute; kLoadThreads issue the cp.async copies.
+  constexpr int kBM = 64 * NWG, kThreads = 128 * NWG, kLoadThreads = kWs ? 128 : kThreads;
   constexpr int DC = D / 8;    // 16-byte chunks per row
   constexpr int NT = kBN / 8;  // 8-key blocks of S per tile
   constexpr int DT = D / 8;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* base = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
   static_assert(!kFp8 || kPipe == 0, "the FP8 cache keeps the serial loop");
-  constexpr int kStages = kFp8 ? 1 : kPipe == 3 ? 3 : 2;  // canonical K/V tiles
-  T* sQ = reinterpret_cast<T*>(base);                     // [D/64][kBM][64]
-  T* sK = sQ + kBM * D;                                   // [kStages][D/64][kBN][64]
-  T* sV = sK + kStages * kBN * D;                         // [kStages][D/64][kBN][64]
+  // Canonical K/V tiles (per ring).
+  constexpr int kStages = kFp8 ? 1 : kPipe == 3 ? 3 : kWs ? kWsStages : 2;
+  T* sQ = reinterpret_cast<T*>(base);  // [D/64][kBM][64]
+  T* sK = sQ + kBM * D;                // [kStages][D/64][kBN][64]
+  T* sV = sK + kStages * kBN * D;      // [kStages][D/64][kBN][64]
   // FP8: [2][K, V][kBN][D] e4m3 stages
   uint8_t* sRaw = reinterpret_cast<uint8_t*>(sV + kStages * kBN * D);
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+  // kPipe 4/5: the producer's threads and the consumers' each count from 0.
+  const bool producer = kWs && threadIdx.x < 128;
+  const int tid = kWs && !producer ? threadIdx.x - 128 : threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
   const CtaRange r = cta_range(a, gridDim.x - 1 - blockIdx.x, kBM, kBN);  // long tiles first
   if (r.m0 >= r.rows) return;
 
   const T* qg = static_cast<const T*>(a.q);
   const T* kc = static_cast<const T*>(a.k_cache);
   const T* vc = static_cast<const T*>(a.v_cache);
-  for (int idx = tid; idx < kBM * DC; idx += kThreads) {
-    const int row = idx / DC, c = idx % DC;
-    const int pr = r.m0 + row;
-    const bool valid = pr < r.rows;
-    const int i = valid ? pr / r.G : 0, g = valid ? pr % r.G : 0;
-    const T* src = qg + static_cast<int64_t>(r.q0 + i) * a.q_stride +
-                   static_cast<int64_t>(r.kh * r.G + g) * D + c * 8;
-    cp_async16(smem_addr(sQ + tile_offset(kBM, row, c)), valid ? src : qg, valid);
-  }
+  auto load_q = [&] {
+    for (int idx = tid; idx < kBM * DC; idx += kLoadThreads) {
+      const int row = idx / DC, c = idx % DC;
+      const int pr = r.m0 + row;
+      const bool valid = pr < r.rows;
+      const int i = valid ? pr / r.G : 0, g = valid ? pr % r.G : 0;
+      const T* src = qg + static_cast<int64_t>(r.q0 + i) * a.q_stride +
+                     static_cast<int64_t>(r.kh * r.G + g) * D + c * 8;
+      cp_async16(smem_addr(sQ + tile_offset(kBM, row, c)), valid ? src : qg, valid);
+    }
+  };
+  if constexpr (!kWs) load_q();
   const int32_t* pages = a.page_indices + a.page_indptr[r.s];
   // FP8: the e4m3 rows as they are, into raw stage `stage`.
   auto load_kv_fp8 = [&](int tile, int stage) {
@@ -144,27 +172,27 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
   // BF16/F16: thread tid copies 16-byte chunk kv_c of a tile's rows kv_r0 + kRowsPass * p, whose
   // swizzled places differ by whole rows (kRowsPass % 8 == 0). A key's row in the cache is its
   // token slot (page * block_size + slot, -1 past kv_end) times the token stride.
-  constexpr int kRowsPass = kThreads / DC, kPasses = kBN / kRowsPass;
+  constexpr int kRowsPass = kLoadThreads / DC, kPasses = kBN / kRowsPass;
   static_assert(kRowsPass % 8 == 0 && kBN % kRowsPass == 0, "row passes");
   const int kv_c = tid % DC, kv_r0 = tid / DC;
   const int kv_to = tile_offset(kBN, kv_r0, kv_c);
   const int64_t tok_stride = static_cast<int64_t>(a.num_kv_heads) * D;
   const T* kcol = kc + r.kh * D + kv_c * 8;
   const T* vcol = vc + r.kh * D + kv_c * 8;
+  auto key_slot = [&](int j) {
+    int slot = -1;
+    if (j < r.kv_end) {
+      if (a.block_shift >= 0)
+        slot = pages[j >> a.block_shift] * a.block_size + (j & (a.block_size - 1));
+      else
+        slot = pages[j / a.block_size] * a.block_size + j % a.block_size;
+    }
+    return slot;
+  };
   auto tile_tokens = [&](int tile, int(&tok)[kPasses]) {
     const int j0 = r.kv_begin + tile * kBN + kv_r0;
 #pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const int j = j0 + p * kRowsPass;
-      int slot = -1;
-      if (j < r.kv_end) {
-        if (a.block_shift >= 0)
-          slot = pages[j >> a.block_shift] * a.block_size + (j & (a.block_size - 1));
-        else
-          slot = pages[j / a.block_size] * a.block_size + j % a.block_size;
-      }
-      tok[p] = slot;
-    }
+    for (int p = 0; p < kPasses; ++p) tok[p] = key_slot(j0 + p * kRowsPass);
   };
   auto copy_rows = [&](const T* col, T* stage_tile, const int(&tok)[kPasses]) {
 #pragma unroll
@@ -192,11 +220,80 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
     }
     cp_async_commit();
   };
-  if constexpr (kFp8)
-    load_kv_fp8(0, 0);
-  else
-    load_group(0);
-  cp_async_commit();  // (an empty group for BF16/F16)
+
+  // kPipe 4/5's mbarriers, after the V stages: Q full, then per stage K full, K empty, V full,
+  // V empty. A full barrier's phase completes when each producer thread's copies into the stage
+  // have landed; an empty one's when every consumer thread has seen its wgmma reading the stage
+  // retire. Use u = t / kStages of stage t % kStages is phase u of both.
+  const uint32_t bar0 = smem_addr(sV + kStages * kBN * D), q_full = bar0;
+  auto k_full = [&](int st) { return bar0 + 8 * (1 + st); };
+  auto k_empty = [&](int st) { return bar0 + 8 * (1 + kStages + st); };
+  auto v_full = [&](int st) { return bar0 + 8 * (1 + 2 * kStages + st); };
+  auto v_empty = [&](int st) { return bar0 + 8 * (1 + 3 * kStages + st); };
+  // kPipe 4/5's producer: Q, then K_0, then K_{t+1} and V_t for t = 0, 1, ... (the order the
+  // consumers need them), each into its ring's stage t % kStages once the consumers have freed
+  // it. Lane l of each warp looks up one of the 32 keys its warp's threads copy (the rows
+  // kv_r0 + kRowsPass * p of the threads' kv_r0 % kRowLanes == l % kRowLanes, p = l / kRowLanes)
+  // and hands the slot to those threads with a shuffle; V_t's slots are K_t's.
+  auto produce = [&] {
+    constexpr int kRowLanes = 32 / DC;
+    static_assert(!kWs || kPasses * kRowLanes == 32, "one key per producer lane");
+    const int look_row = warp * kRowLanes + lane % kRowLanes + kRowsPass * (lane / kRowLanes);
+    auto copy_tile = [&](const T* col, T* stage_tile, int slot) {
+      int tok[kPasses];
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p)
+        tok[p] = __shfl_sync(0xffffffffu, slot, p * kRowLanes + lane / DC);
+      copy_rows(col, stage_tile, tok);
+    };
+    load_q();
+    cp_async_mbar_arrive(q_full);
+    int slot_v = -1;
+    for (int t = 0; t <= r.n_tiles; ++t) {
+      const int slot_k = t < r.n_tiles ? key_slot(r.kv_begin + t * kBN + look_row) : -1;
+      if (t < r.n_tiles) {
+        const int st = t % kStages;
+        if (t >= kStages) mbar_wait(k_empty(st), (t / kStages - 1) & 1);
+        copy_tile(kcol, sK + st * kBN * D, slot_k);
+        cp_async_mbar_arrive(k_full(st));
+      }
+      if (t >= 1) {
+        const int st = (t - 1) % kStages;
+        if (t - 1 >= kStages) mbar_wait(v_empty(st), ((t - 1) / kStages - 1) & 1);
+        copy_tile(vcol, sV + st * kBN * D, slot_v);
+        cp_async_mbar_arrive(v_full(st));
+      }
+      slot_v = slot_k;
+    }
+    cp_async_commit();  // wait for this thread's copies before it exits
+    cp_async_wait<0>();
+  };
+
+  if constexpr (kWs) {
+    if (threadIdx.x == 0) {
+      mbar_init(q_full, 128);
+      for (int st = 0; st < kStages; ++st) {
+        mbar_init(k_full(st), 128);
+        mbar_init(v_full(st), 128);
+        mbar_init(k_empty(st), kThreads);
+        mbar_init(v_empty(st), kThreads);
+      }
+      mbar_fence_init();
+    }
+    __syncthreads();
+    if (producer) {
+      setmaxnreg_dec<kWsProducerRegs>();
+      produce();
+      return;
+    }
+    setmaxnreg_inc<kWsConsumerRegs>();
+  } else {
+    if constexpr (kFp8)
+      load_kv_fp8(0, 0);
+    else
+      load_group(0);
+    cp_async_commit();  // (an empty group for BF16/F16)
+  }
 
   // This thread's two rows: lane/4 and lane/4 + 8 of its warp's 16 (wgmma accumulator layout).
   const int row0 = warp * 16 + (lane >> 2);
@@ -339,6 +436,58 @@ __global__ void __launch_bounds__(128 * NWG, NWG == 1 ? 2 : 1)
       issue_pv(t);
       wgmma_wait<0>();
     }
+  } else if constexpr (kWs) {
+    // kPipe 2's loop (below) with the producer's stages: wait for a stage's full barrier (and
+    // make the cp.async data visible to the tensor cores), arrive on its empty barrier once the
+    // wgmma reading it has retired. Q K_t is issued before V_{t-1} is waited for.
+    auto wait_full = [&](uint32_t bar, int parity) {
+      mbar_wait(bar, parity);
+      fence_proxy_async();  // the producer's cp.async writes, before the tensor cores read them
+    };
+    // kPipe 5: warpgroup w issues its GEMMs once the other has issued its own (named barrier
+    // 1 + w, 256 threads: w syncs, the other arrives); warpgroup 0 goes first. Each issues
+    // n_tiles + 1 times; warpgroup 1's last arrival is left out, so every arrival is consumed.
+    auto gemms_begin = [&] {
+      if constexpr (kPingPong) named_bar_sync(1 + wg, 2 * 128);
+    };
+    auto gemms_end = [&](bool last) {
+      if constexpr (kPingPong)
+        if (!last || wg == 0) named_bar_arrive(2 - wg, 2 * 128);
+    };
+    if constexpr (kPingPong)
+      if (wg == 1) named_bar_arrive(1, 2 * 128);
+    wait_full(q_full, 0);
+    wait_full(k_full(0), 0);
+    gemms_begin();
+    issue_qk(0);
+    gemms_end(false);
+    wgmma_wait<0>();
+    mbar_arrive(k_empty(0));
+    softmax(0, alpha);  // O is still zero
+    rescale_pack(alpha);
+    for (int t = 1; t < r.n_tiles; ++t) {
+      const int sk = t % kStages, sv = (t - 1) % kStages;
+      wait_full(k_full(sk), (t / kStages) & 1);
+      gemms_begin();
+      issue_qk(t);
+      wait_full(v_full(sv), ((t - 1) / kStages) & 1);
+      wgmma_fence();  // (ptxas would insert it: the wait loop sits between the two GEMMs)
+      issue_pv(t - 1);
+      gemms_end(false);
+      wgmma_wait<1>();  // S_t: K_t is free
+      mbar_arrive(k_empty(sk));
+      softmax(t, alpha);
+      wgmma_wait<0>();  // P_{t-1} V_{t-1}: O, P and V_{t-1} are free
+      mbar_arrive(v_empty(sv));
+      rescale_pack(alpha);
+    }
+    const int last = r.n_tiles - 1;
+    wait_full(v_full(last % kStages), (last / kStages) & 1);
+    gemms_begin();
+    wgmma_fence();
+    issue_pv(last);
+    gemms_end(true);
+    wgmma_wait<0>();
   } else {
     // FlashAttention-3's intra-warpgroup overlap: iteration t issues S = Q K_t and then
     // O += P_{t-1} V_{t-1}, waits for S only, and runs tile t's softmax while the P V product is
@@ -408,15 +557,17 @@ void launch_typed(const AttnLaunch& a, cudaStream_t s) {
   const int64_t max_rows = static_cast<int64_t>(a.max_query_len) * G;
   const dim3 grid(static_cast<unsigned>((max_rows + 64 * NWG - 1) / (64 * NWG)),
                   static_cast<unsigned>(a.num_seqs * a.num_kv_heads), 1u);
-  launch(wgmma_attention_kernel<T, D, NWG, BN, kFp8, kPipe>, grid, 128 * NWG, smem, s, a);
+  launch(wgmma_attention_kernel<T, D, NWG, BN, kFp8, kPipe>, grid,
+         128 * NWG + (kPipe >= 4 ? 128 : 0), smem, s, a);
 }
 
 // The K/V pipeline of the BF16/F16 kernel: 0 the serial loop (each GEMM waited before the softmax
-// that follows), 2 or 3 the overlapped loop with that many K/V stages (one warpgroup: 2).
+// that follows), 2 or 3 the overlapped loop with that many K/V stages, 4 the warp-specialized
+// one, 5 that with ping-pong (one warpgroup: 2 for 3, 4 and 5).
+int valid_pipeline(int n) { return n == 0 || n == 3 || n == 4 || n == 5 ? n : 2; }
 int g_wgmma_pipeline = [] {
   const char* v = std::getenv("ATOM_WGMMA_PIPELINE");
-  const int n = v ? std::atoi(v) : 2;
-  return n == 0 || n == 3 ? n : 2;
+  return valid_pipeline(v ? std::atoi(v) : 2);
 }();
 
 // The CTA shape: a.wgmma_warpgroups (attention_config.h). FP8 caches: two warpgroups always
@@ -432,15 +583,17 @@ void launch_shape(const AttnLaunch& a, cudaStream_t s) {
     launch_typed<T, D, 2, 128, false, 0>(a, s);
   else if (g_wgmma_pipeline == 3)
     launch_typed<T, D, 2, 128, false, 3>(a, s);
+  else if (g_wgmma_pipeline == 4)
+    launch_typed<T, D, 2, 128, false, 4>(a, s);
+  else if (g_wgmma_pipeline == 5)
+    launch_typed<T, D, 2, 128, false, 5>(a, s);
   else
     launch_typed<T, D, 2, 128, false, 2>(a, s);
 }
 
 }  // namespace
 
-void attention_set_wgmma_pipeline(int stages) {
-  g_wgmma_pipeline = stages == 0 || stages == 3 ? stages : 2;
-}
+void attention_set_wgmma_pipeline(int stages) { g_wgmma_pipeline = valid_pipeline(stages); }
 
 bool wgmma_attention_supported(const AttnLaunch& a) {
   auto ok16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };

@@ -1,4 +1,5 @@
-// Inline-PTX wrappers of the Hopper warpgroup MMA (wgmma) instructions the attention kernel uses.
+// Inline-PTX wrappers of the Hopper warpgroup MMA (wgmma) instructions the attention kernel uses,
+// and of the mbarrier / setmaxnreg instructions of its warp-specialized pipeline.
 // Generated shapes: m64n128k16 and m64n64k16 with both operands in shared memory (S = Q Kᵀ,
 // K-major), and
 // m64n128k16 / m64n64k16 with A in registers and B transposed (MN-major) in shared memory
@@ -38,6 +39,58 @@ __device__ __forceinline__ void wgmma_wait() {
 // async-proxy reads (wgmma).
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// mbarrier (shared::cta) wrappers for warp-specialized pipelines; `bar` is a shared-memory
+// address of an 8-byte-aligned uint64_t. A phase completes when `count` arrivals have happened;
+// waiting on parity p returns once the phase of that parity has completed.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes initialised barriers visible to the async proxy (cp.async arrivals); a CTA barrier
+// must still follow before other threads use them.
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+// One arrival on `bar` once all of this thread's earlier cp.async copies have landed (the
+// barrier's expected count includes it: .noinc).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Named barrier `id` (1-15; 0 is __syncthreads) of `n` threads: sync waits for the n arrivals,
+// arrive adds this warp's without waiting. Warp-uniform.
+__device__ __forceinline__ void named_bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+// Warpgroup-wide register reallocation (all warps of a warpgroup execute it; N % 8 == 0).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 template <typename T>
