@@ -153,16 +153,12 @@ int linear_skinny_max_m() {
 void linear_set_skinny_max_m(int m) { g_skinny_max_m = m; }
 
 int64_t linear_skinny_split_max_n() {
-  if (g_skinny_split_max_n < 0) g_skinny_split_max_n = env_int("ATOM_SKINNY_SPLIT_MAX_N", 8192);
+  if (g_skinny_split_max_n < 0)
+    g_skinny_split_max_n = env_int("ATOM_SKINNY_SPLIT_MAX_N", int64_t{1} << 40);
   return g_skinny_split_max_n;
 }
 
 void linear_set_skinny_split_max_n(int64_t n) { g_skinny_split_max_n = n; }
-
-int linear_skinny_unroll() {
-  static const int u = env_int("ATOM_SKINNY_UNROLL", 4) == 8 ? 8 : 4;
-  return u;
-}
 
 namespace {
 bool skinny_applies(const Tensor& x, const Tensor& w) {

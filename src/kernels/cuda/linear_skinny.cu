@@ -1,8 +1,10 @@
 // out [M, N] = x [M, K] · w [N, K]ᵀ for the few rows of a decode step (M <= 4). Such a product
 // only streams the weight once, so the kernel is built around the weight read: each warp owns
 // kRows output columns, each lane reads 16 bytes of each of their weight rows per step, several
-// steps in flight, and x (a few KB) is read through L1. On the H200 it matches cuBLASLt's GEMV
-// within a few percent (docs/performance.md), so it is off by default (linear_config.h).
+// steps in flight, and x (a few KB) is read through L1. K is split over a block's warps (more
+// blocks, more loads in flight, a shorter tail), the first weight loads are issued before the PDL
+// wait, and a [gate; up] weight can end in SiLU·mul. On the H200 it beats cuBLASLt's GEMV at
+// M = 1 (docs/performance.md), where it is the default (linear_config.h).
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/linear_config.h"
 
@@ -12,9 +14,9 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kRows = 2;  // weight rows per warp
-constexpr int kUnrollDefault =
-    4;  // 16-byte weight loads per row in flight per lane (8, with the next
-        // step's loads issued early, or an L2 prefetch, measured slower)
+// 16-byte weight loads per row in flight per lane. 8 measured slower on the H200 (batch-1 decode
+// step 4.56-4.58 against 4.41-4.43 ms), as did the next step's loads issued early or an L2 prefetch.
+constexpr int kUnroll = 4;
 
 struct SkinnyArgs {
   Mat out, x;
@@ -38,7 +40,7 @@ __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
 // share kRows columns, each over a quarter of K, summed through shared memory in a fixed order;
 // four times the blocks, for products with few columns and a long K (o_proj, down_proj), whose
 // unsplit grid leaves too few weight loads in flight per SM.
-template <typename T, int M, int kSplit, int kUnroll>
+template <typename T, int M, int kSplit>
 __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a) {
   static_assert(kSplit == 1 || kSplit == kWarps, "split over the block's warps");
   pdl_launch_dependents();
@@ -154,35 +156,33 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
     }
 }
 
-template <typename T, int kSplit, int kUnroll>
+template <typename T, int kSplit>
 void launch_split(const SkinnyArgs& a, cudaStream_t s) {
   const int64_t groups = a.pair ? a.pair : (a.n + kRows - 1) / kRows;  // kRows columns each
   const unsigned grid =
       static_cast<unsigned>(kSplit == 1 ? (groups + kWarps - 1) / kWarps : groups);
   switch (a.x.rows) {
     case 1:
-      launch(linear_skinny_kernel<T, 1, kSplit, kUnroll>, grid, kWarps * 32, 0, s, a);
+      launch(linear_skinny_kernel<T, 1, kSplit>, grid, kWarps * 32, 0, s, a);
       break;
     case 2:
-      launch(linear_skinny_kernel<T, 2, kSplit, kUnroll>, grid, kWarps * 32, 0, s, a);
+      launch(linear_skinny_kernel<T, 2, kSplit>, grid, kWarps * 32, 0, s, a);
       break;
     case 3:
-      launch(linear_skinny_kernel<T, 3, kSplit, kUnroll>, grid, kWarps * 32, 0, s, a);
+      launch(linear_skinny_kernel<T, 3, kSplit>, grid, kWarps * 32, 0, s, a);
       break;
     default:
-      launch(linear_skinny_kernel<T, 4, kSplit, kUnroll>, grid, kWarps * 32, 0, s, a);
+      launch(linear_skinny_kernel<T, 4, kSplit>, grid, kWarps * 32, 0, s, a);
       break;
   }
 }
 
 template <typename T>
 void launch_typed(const SkinnyArgs& a, cudaStream_t s) {
-  const bool split = a.n < linear_skinny_split_max_n() && a.k >= 8 * 32 * kWarps;
-  if (linear_skinny_unroll() == 8)
-    split ? launch_split<T, kWarps, 8>(a, s) : launch_split<T, 1, 8>(a, s);
+  if (a.n < linear_skinny_split_max_n() && a.k >= 8 * 32 * kWarps)
+    launch_split<T, kWarps>(a, s);
   else
-    split ? launch_split<T, kWarps, kUnrollDefault>(a, s)
-          : launch_split<T, 1, kUnrollDefault>(a, s);
+    launch_split<T, 1>(a, s);
 }
 
 }  // namespace
