@@ -82,7 +82,7 @@ if has decode; then
     for v in ${ATOM_DECODE_VARIANTS:-default ATOM_L2_PREFETCH_MB=0}; do
       [ "$v" = default ] && e="" || e="${v//,/ }"
       env $e timeout 120 "$bin/cuda_e2e_bench" --model "$stage/bench/models/llama-3.1-8b" \
-        --load-format dummy --prefill "" --batch 1,32,128 > "$out/decode_${round}_${v//[=,]/_}.log" 2>&1
+        --load-format dummy --prefill "" --batch ${ATOM_DECODE_BATCHES:-1,32,128} > "$out/decode_${round}_${v//[=,]/_}.log" 2>&1
       note "decode $v (round $round): rc=$?"
       grep -E "decode batch" "$out/decode_${round}_${v//[=,]/_}.log" | sed "s/^/  $v /" | tee -a "$summary"
     done

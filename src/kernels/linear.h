@@ -29,6 +29,38 @@ inline void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& 
 namespace cuda {
 bool linear_silu_mul(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias);
 }
+
+// A [q; k; v] projection followed by RoPE on q and k and the paged cache write of k and v
+// (kernels/rope.h: rope_kv_cache_write), for linear_rope_kv.
+struct QkvRope {
+  int q_heads = 0, kv_heads = 0, head_dim = 0;
+  const Tensor* positions = nullptr;  // [M] I32
+  const Tensor* inv_freq = nullptr;   // [rot_dim / 2] F32
+  float scale = 1.0f;
+  int rot_dim = 0;
+  bool interleaved = false;
+  Tensor* k_cache = nullptr;  // [..., kv_heads, head_dim]
+  Tensor* v_cache = nullptr;
+  const Tensor* slot_mapping = nullptr;  // [M] I32
+};
+// out [M, (q_heads + 2 kv_heads) head_dim] = x · wᵀ (+ bias), q and k rotated, k and v in the
+// cache: the same values as linear(), rope_kv_cache_write(), in one kernel where one applies
+// (CUDA, decode-sized M, half-split rotation of whole heads, a cache of x's dtype). Returns false,
+// computing nothing, where none applies.
+namespace cuda {
+bool linear_rope_kv(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                    const QkvRope& r);
+}
+inline bool linear_rope_kv(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                           const QkvRope& r) {
+  check_same_device("linear_rope_kv", out.device(), {&x, &w, &bias});
+  if (out.device().is_cpu()) return false;
+#ifdef ATOM_HAVE_CUDA
+  return cuda::linear_rope_kv(out, x, w, bias, r);
+#else
+  return false;
+#endif
+}
 inline bool linear_silu_mul(Tensor& out, const Tensor& x, const Tensor& w,
                             const Tensor& bias = {}) {
   check_same_device("linear_silu_mul", out.device(), {&x, &w, &bias});

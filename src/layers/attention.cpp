@@ -13,7 +13,8 @@ Attention::Attention(LayerContext& ctx, const std::string& prefix, const Attenti
     : ctx_(ctx), head_dim_(static_cast<int>(o.head_dim)), sliding_window_(o.sliding_window) {
   heads_ = static_cast<int>(o.total_heads / ctx.tp_size);
   kv_heads_ = static_cast<int>(std::max<int64_t>(1, o.total_kv_heads / ctx.tp_size));
-  scale_ = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(o.head_dim)));
+  scale_ =
+      static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(o.head_dim)));
   ATOM_CHECK(ctx.cache_specs, "{}: layer context collects no cache specs", prefix);
   cache_index_ = static_cast<int>(ctx.cache_specs->size());
   ctx.cache_specs->push_back({kv_heads_, head_dim_, ctx.act_dtype, sliding_window_});
@@ -43,6 +44,29 @@ Tensor Attention::forward(Step& step, Tensor& q, Tensor& k, const Tensor& v,
   Tensor& vc = step.kv->v.at(cache_index_);
   rotary.forward_and_cache(step, q, k, v, kc, vc, kv_scales_);
   return attend(step, q, kc, vc);
+}
+
+Tensor Attention::forward_projected(Step& step, const Tensor& x, LinearBase& qkv_proj,
+                                    const RotaryEmbedding& rotary) {
+  ATOM_CHECK(step.kv, "attention needs a KV cache");
+  if (x.device().is_cpu() || rotary.head_dim() != head_dim_) return Tensor();
+  Tensor& kc = step.kv->k.at(cache_index_);
+  Tensor& vc = step.kv->v.at(cache_index_);
+  kernels::QkvRope r;
+  r.q_heads = heads_;
+  r.kv_heads = kv_heads_;
+  r.head_dim = head_dim_;
+  r.positions = &step.batch.dev.positions;
+  r.inv_freq = &rotary.inv_freq();
+  r.scale = rotary.scale();
+  r.rot_dim = rotary.rot_dim();
+  r.interleaved = rotary.interleaved();
+  r.k_cache = &kc;
+  r.v_cache = &vc;
+  r.slot_mapping = &step.batch.dev.slot_mapping;
+  Tensor qkv = step.empty({x.size(0), qkv_proj.out_per_rank()}, ctx_.act_dtype);
+  if (!qkv_proj.forward_rope_kv(qkv, x, r)) return Tensor();
+  return attend(step, qkv.narrow(1, 0, static_cast<int64_t>(heads_) * head_dim_), kc, vc);
 }
 
 Tensor Attention::attend(Step& step, const Tensor& q, Tensor& kc, Tensor& vc) {

@@ -6,6 +6,7 @@
 
 #include "kernels/attention.h"
 #include "layers/context.h"
+#include "layers/linear.h"
 #include "layers/rotary.h"
 
 namespace atom {
@@ -14,9 +15,9 @@ struct AttentionOptions {
   int64_t total_heads = 0;
   int64_t total_kv_heads = 0;
   int64_t head_dim = 0;
-  double scale = 0;         // 0: head_dim^-0.5
-  int sliding_window = 0;   // 0: full attention
-  bool sinks = false;       // learned per-head sink logits at "<prefix>.sinks" [total_heads]
+  double scale = 0;        // 0: head_dim^-0.5
+  int sliding_window = 0;  // 0: full attention
+  bool sinks = false;      // learned per-head sink logits at "<prefix>.sinks" [total_heads]
 };
 
 class Attention {
@@ -27,6 +28,12 @@ class Attention {
   Tensor forward(Step& step, const Tensor& q, const Tensor& k, const Tensor& v);
   // The same with RoPE applied to q and k first, fused with the cache write.
   Tensor forward(Step& step, Tensor& q, Tensor& k, const Tensor& v, const RotaryEmbedding& rotary);
+  // x [T, hidden] through the fused [q; k; v] projection, RoPE and the cache write in one kernel
+  // where the backend has one for this step (decode-sized steps on CUDA with a cache of the
+  // activations' dtype, kernels::linear_rope_kv), then attention: [T, Hq * D]. Undefined, having
+  // computed nothing, where it has none; the caller then projects and calls forward().
+  Tensor forward_projected(Step& step, const Tensor& x, LinearBase& qkv_proj,
+                           const RotaryEmbedding& rotary);
   int cache_index() const { return cache_index_; }
 
  private:

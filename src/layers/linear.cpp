@@ -39,6 +39,10 @@ bool LinearBase::forward_silu_mul(Tensor& out, const Tensor& x) {
   return kernels::linear_silu_mul(out, x, weight_->data(), bias_ ? bias_->data() : Tensor());
 }
 
+bool LinearBase::forward_rope_kv(Tensor& out, const Tensor& x, const kernels::QkvRope& r) {
+  return kernels::linear_rope_kv(out, x, weight_->data(), bias_ ? bias_->data() : Tensor(), r);
+}
+
 Tensor LinearBase::forward(Step& step, const Tensor& x, const Tensor& out) {
   Tensor y = output(step, x, out);
   kernels::linear(y, x, weight_->data(), bias_ ? bias_->data() : Tensor());

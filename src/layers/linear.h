@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/linear.h"
 #include "layers/context.h"
 
 namespace atom {
@@ -21,6 +22,10 @@ class LinearBase {
   // For a [gate; up] weight: out [T, out_per_rank / 2] = silu(gate) * up in one kernel where the
   // backend has one for this size (kernels::linear_silu_mul); false, computing nothing, otherwise.
   bool forward_silu_mul(Tensor& out, const Tensor& x);
+  // For a [q; k; v] weight: out = x · Wᵀ (+ b) with RoPE and the cache write fused where the
+  // backend has one kernel for this size (kernels::linear_rope_kv); false, computing nothing,
+  // otherwise.
+  bool forward_rope_kv(Tensor& out, const Tensor& x, const kernels::QkvRope& r);
   virtual ~LinearBase() = default;
 
  protected:

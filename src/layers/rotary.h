@@ -11,7 +11,7 @@
 namespace atom {
 
 struct RopeTables {
-  std::vector<float> inv_freq;  // [rot_dim / 2]
+  std::vector<float> inv_freq;    // [rot_dim / 2]
   float attention_factor = 1.0f;  // multiplies cos and sin
 };
 
@@ -29,6 +29,10 @@ class RotaryEmbedding {
   void forward_and_cache(Step& step, Tensor& q, Tensor& k, const Tensor& v, Tensor& k_cache,
                          Tensor& v_cache, kernels::KvScales scales = {}) const;
   int rot_dim() const { return rot_dim_; }
+  int head_dim() const { return head_dim_; }
+  bool interleaved() const { return interleaved_; }
+  float scale() const { return scale_; }
+  const Tensor& inv_freq() const { return inv_freq_; }
 
  private:
   int head_dim_, rot_dim_;

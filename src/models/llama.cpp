@@ -7,7 +7,8 @@ namespace atom {
 int llama_layer_window(const ModelConfig& c, int64_t layer) {
   if (c.layer_types.empty() || c.layer_types.at(layer) != "sliding_attention") return 0;
   if (!c.sliding_window)
-    fail("{}: layer {} is a sliding_attention layer but 'sliding_window' is missing", c.path, layer);
+    fail("{}: layer {} is a sliding_attention layer but 'sliding_window' is missing", c.path,
+         layer);
   return static_cast<int>(*c.sliding_window);
 }
 
@@ -26,6 +27,9 @@ LlamaAttention::LlamaAttention(LayerContext& ctx, const ModelConfig& c, int64_t 
 }
 
 Tensor LlamaAttention::forward(Step& step, const Tensor& x) {
+  // Decode-sized steps on CUDA: projection, RoPE and the cache write in one kernel.
+  if (Tensor o = attn_.forward_projected(step, x, qkv_proj_, rotary_); o.defined())
+    return o_proj_.forward(step, o);
   Tensor qkv = qkv_proj_.forward(step, x);
   Tensor q = qkv.narrow(1, 0, q_size_);
   Tensor k = qkv.narrow(1, q_size_, kv_size_);

@@ -1,9 +1,12 @@
 // CUDA linear (cuBLASLt and the skinny decode kernel) against the CPU reference.
 #include "kernels/linear.h"
 
+#include <cmath>
+
 #include "gpu_util.h"
 #include "kernels/activation.h"
 #include "kernels/cuda/linear_config.h"
+#include "kernels/rope.h"
 
 namespace atom::test {
 namespace {
@@ -108,6 +111,108 @@ TEST(GpuLinear, SiluMulFusedMatchesLinearThenSiluMul) {
   Tensor cx = Tensor::empty({1, 64}, DType::kBF16), cw = Tensor::empty({64, 64}, DType::kBF16);
   Tensor co = Tensor::empty({1, 32}, DType::kBF16);
   EXPECT_FALSE(kernels::linear_silu_mul(co, cx, cw));
+  kernels::cuda::linear_set_skinny_max_m(saved);
+}
+
+// The [q; k; v] projection with RoPE and the cache write in its epilogue: byte-identical to
+// linear() then rope_kv_cache_write() on the GPU (output rows, both caches, a skipped slot),
+// close to the CPU; not applied (false) where the fused kernel does not cover the case.
+TEST(GpuLinear, RopeKvFusedMatchesLinearThenRope) {
+  const int saved = kernels::cuda::linear_skinny_max_m();
+  kernels::cuda::linear_set_skinny_max_m(4);
+  struct Case {
+    int64_t m;
+    int hq, hk, d;
+    int64_t k;
+    DType dt;
+    bool bias;
+  };
+  uint64_t seed = 800;
+  for (const Case& c :
+       {Case{1, 32, 8, 128, 4096, DType::kBF16, false}, Case{3, 8, 2, 64, 520, DType::kBF16, true},
+        Case{4, 4, 4, 128, 1032, DType::kF16, true}}) {
+    SCOPED_TRACE("M=" + std::to_string(c.m) + " D=" + std::to_string(c.d));
+    const int64_t n = static_cast<int64_t>(c.hq + 2 * c.hk) * c.d, pages = 3, bs = 4;
+    Tensor x = random_cpu({c.m, c.k}, c.dt, ++seed, -1, 1);
+    Tensor w = random_cpu({n, c.k}, c.dt, ++seed, -0.1f, 0.1f);
+    Tensor b = c.bias ? random_cpu({n}, c.dt, ++seed) : Tensor();
+    Tensor kc0 = random_cpu({pages, bs, c.hk, c.d}, c.dt, ++seed);
+    Tensor vc0 = random_cpu({pages, bs, c.hk, c.d}, c.dt, ++seed);
+    Tensor pos = Tensor::empty({c.m}, DType::kI32), slots = Tensor::empty({c.m}, DType::kI32);
+    for (int64_t t = 0; t < c.m; ++t) {
+      pos.ptr<int32_t>()[t] = static_cast<int32_t>(1000 + 37 * t);
+      slots.ptr<int32_t>()[t] = t == 1 ? -1 : static_cast<int32_t>((t * 5 + 2) % (pages * bs));
+    }
+    Tensor inv = Tensor::empty({c.d / 2}, DType::kF32);
+    for (int i = 0; i < c.d / 2; ++i)
+      inv.ptr<float>()[i] = 1.0f / std::pow(500000.0f, 2.0f * i / static_cast<float>(c.d));
+    Tensor gx = x.to(gpu()), gw = w.to(gpu()), gb = c.bias ? b.to(gpu()) : Tensor();
+    Tensor gpos = pos.to(gpu()), gslots = slots.to(gpu()), ginv = inv.to(gpu());
+    const float scale = 1.1f;
+    // Fused.
+    Tensor fk = kc0.to(gpu()), fv = vc0.to(gpu());
+    Tensor fused = Tensor::empty({c.m, n}, c.dt, gpu());
+    poison(fused);
+    kernels::QkvRope r;
+    r.q_heads = c.hq;
+    r.kv_heads = c.hk;
+    r.head_dim = c.d;
+    r.positions = &gpos;
+    r.inv_freq = &ginv;
+    r.scale = scale;
+    r.rot_dim = c.d;
+    r.k_cache = &fk;
+    r.v_cache = &fv;
+    r.slot_mapping = &gslots;
+    ASSERT_TRUE(kernels::linear_rope_kv(fused, gx, gw, gb, r));
+    // Two ops on the GPU, and on the CPU.
+    const int64_t qw = static_cast<int64_t>(c.hq) * c.d, kw = static_cast<int64_t>(c.hk) * c.d;
+    const kernels::RopeArgs ra{c.d, c.d, scale, false};
+    Tensor tk = kc0.to(gpu()), tv = vc0.to(gpu());
+    Tensor two = Tensor::empty({c.m, n}, c.dt, gpu());
+    kernels::linear(two, gx, gw, gb);
+    Tensor q2 = two.narrow(1, 0, qw), k2 = two.narrow(1, qw, kw), v2 = two.narrow(1, qw + kw, kw);
+    kernels::rope_kv_cache_write(q2, k2, v2, gpos, ginv, ra, tk, tv, gslots);
+    EXPECT_TRUE(same_bytes(fused, two));
+    EXPECT_TRUE(same_bytes(fk, tk));
+    EXPECT_TRUE(same_bytes(fv, tv));
+    Tensor ck = kc0.clone(), cv = vc0.clone(), cpu_out = Tensor::empty({c.m, n}, c.dt);
+    kernels::linear(cpu_out, x, w, b);
+    Tensor q3 = cpu_out.narrow(1, 0, qw), k3 = cpu_out.narrow(1, qw, kw),
+           v3 = cpu_out.narrow(1, qw + kw, kw);
+    kernels::rope_kv_cache_write(q3, k3, v3, pos, inv, ra, ck, cv, slots);
+    EXPECT_LE(rel_err(fused, cpu_out), 1e-2);
+    EXPECT_LE(rel_err(fk, ck), 1e-2);
+    // Not covered: interleaved or partial rotation, an FP8 cache, more rows than the skinny M.
+    kernels::QkvRope other = r;
+    other.interleaved = true;
+    EXPECT_FALSE(kernels::linear_rope_kv(fused, gx, gw, gb, other));
+    other = r;
+    other.rot_dim = c.d / 2;
+    EXPECT_FALSE(kernels::linear_rope_kv(fused, gx, gw, gb, other));
+    Tensor k8 = Tensor::empty({pages, bs, c.hk, c.d}, DType::kF8E4M3, gpu());
+    Tensor v8 = Tensor::empty({pages, bs, c.hk, c.d}, DType::kF8E4M3, gpu());
+    other = r;
+    other.k_cache = &k8;
+    other.v_cache = &v8;
+    EXPECT_FALSE(kernels::linear_rope_kv(fused, gx, gw, gb, other));
+  }
+  kernels::cuda::linear_set_skinny_max_m(0);
+  Tensor x1 = Tensor::empty({1, 64}, DType::kBF16, gpu());
+  Tensor w1 = Tensor::empty({3 * 64, 64}, DType::kBF16, gpu());
+  Tensor o1 = Tensor::empty({1, 3 * 64}, DType::kBF16, gpu());
+  Tensor p1 = Tensor::empty({1}, DType::kI32, gpu()), i1 = Tensor::empty({32}, DType::kF32, gpu());
+  Tensor kc = Tensor::empty({2, 64}, DType::kBF16, gpu()),
+         vc = Tensor::empty({2, 64}, DType::kBF16, gpu());
+  kernels::QkvRope r1;
+  r1.q_heads = r1.kv_heads = 1;
+  r1.head_dim = r1.rot_dim = 64;
+  r1.positions = &p1;
+  r1.inv_freq = &i1;
+  r1.k_cache = &kc;
+  r1.v_cache = &vc;
+  r1.slot_mapping = &p1;
+  EXPECT_FALSE(kernels::linear_rope_kv(o1, x1, w1, Tensor(), r1));  // skinny off: cuBLASLt path
   kernels::cuda::linear_set_skinny_max_m(saved);
 }
 

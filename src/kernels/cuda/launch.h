@@ -80,8 +80,22 @@ void launch_sample(int32_t* ids, Mat logits, const void* rows, cudaStream_t s);
 // out [M, N] = x [M, K] · w [N, K]ᵀ (+ bias) for small M; x and w share type (BF16 or F16),
 // K % 8 == 0, x rows and w 16-byte aligned. silu_mul_pairs: w is [gate; up] (n / 2 rows each)
 // and out [M, n / 2] = silu(gate) * up, each product rounded to x's type first.
+struct SkinnyRope {
+  bool on = false;
+  int q_heads = 0, kv_heads = 0, head_dim = 0;  // w's rows: q heads, k heads, v heads
+  const int32_t* positions = nullptr;           // [M]
+  const float* inv_freq = nullptr;              // [head_dim / 2]
+  float scale = 1.0f;
+  void* k_cache = nullptr;  // [num_slots, kv_heads * head_dim] of x's type, or null
+  void* v_cache = nullptr;
+  const int32_t* slot_mapping = nullptr;  // [M]
+  int64_t num_slots = 0;
+};
+// rope.on: w is a [q; k; v] projection (n = (q_heads + 2 kv_heads) head_dim); q and k are rotated
+// (half-split over the whole head, as launch_rope) and k, v written to the cache slots.
 void launch_linear_skinny(Mat out, Mat x, const void* w, int64_t n, int64_t k, const void* bias,
-                          Elem bias_type, cudaStream_t s, bool silu_mul_pairs = false);
+                          Elem bias_type, cudaStream_t s, bool silu_mul_pairs = false,
+                          const SkinnyRope& rope = {});
 
 // ---- attention.cu / attention_simple.cu
 struct AttnLaunch {

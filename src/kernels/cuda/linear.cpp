@@ -146,7 +146,7 @@ void* workspace_for(LtDevice& d, cudaStream_t s) {
 }  // namespace
 
 int linear_skinny_max_m() {
-  if (g_skinny_max_m < 0) g_skinny_max_m = static_cast<int>(env_int("ATOM_SKINNY_GEMM_MAX_M", 1));
+  if (g_skinny_max_m < 0) g_skinny_max_m = static_cast<int>(env_int("ATOM_SKINNY_GEMM_MAX_M", 2));
   return g_skinny_max_m;
 }
 
@@ -186,6 +186,50 @@ bool linear_silu_mul(Tensor& out, const Tensor& x, const Tensor& w, const Tensor
                        bias.defined() ? elem_of(bias.dtype(), "linear_silu_mul") : Elem::kF32,
                        current_stream(), true);
   launch_check("linear_silu_mul (skinny)");
+  return true;
+}
+
+bool linear_rope_kv(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+                    const QkvRope& r) {
+  check_rows("linear_rope_kv", out, "out");
+  check_rows("linear_rope_kv", x, "x");
+  const int64_t width = static_cast<int64_t>(r.kv_heads) * r.head_dim;
+  const int64_t N = static_cast<int64_t>(r.q_heads) * r.head_dim + 2 * width;
+  ATOM_CHECK(w.dim() == 2 && w.is_contiguous() && w.size(0) == N && w.size(1) == x.size(1) &&
+                 out.size(0) == x.size(0) && out.size(1) == N,
+             "linear_rope_kv: x {} · w {}ᵀ -> out {} for {} + 2 x {} heads of {}", x.str(), w.str(),
+             out.str(), r.q_heads, r.kv_heads, r.head_dim);
+  ATOM_CHECK(!bias.defined() || (bias.numel() == N && bias.is_contiguous()),
+             "linear_rope_kv: bias {} for N={}", bias.str(), N);
+  ATOM_CHECK(r.positions && r.inv_freq && r.k_cache && r.v_cache && r.slot_mapping,
+             "linear_rope_kv: positions, inv_freq, caches and slot_mapping are required");
+  const Tensor &kc = *r.k_cache, &vc = *r.v_cache;
+  const bool applies = x.dtype() == w.dtype() && out.dtype() == x.dtype() &&
+                       kc.dtype() == x.dtype() && vc.dtype() == x.dtype() && !r.interleaved &&
+                       r.rot_dim == r.head_dim && r.head_dim % 2 == 0 && kc.is_contiguous() &&
+                       vc.is_contiguous() && kc.numel() == vc.numel() && kc.numel() % width == 0 &&
+                       is_i32(*r.positions) && is_i32(*r.slot_mapping) &&
+                       r.inv_freq->dtype() == DType::kF32 && skinny_applies(x, w);
+  static const bool enabled = env_int("ATOM_FUSE_QKV_ROPE", 1) != 0;
+  if (!applies || !enabled) return false;
+  if (x.size(0) == 0) return true;
+  SkinnyRope p;
+  p.on = true;
+  p.q_heads = r.q_heads;
+  p.kv_heads = r.kv_heads;
+  p.head_dim = r.head_dim;
+  p.positions = r.positions->ptr<int32_t>();
+  p.inv_freq = r.inv_freq->ptr<float>();
+  p.scale = r.scale;
+  p.k_cache = r.k_cache->data();
+  p.v_cache = r.v_cache->data();
+  p.slot_mapping = r.slot_mapping->ptr<int32_t>();
+  p.num_slots = kc.numel() / width;
+  launch_linear_skinny(mat_of(out, "linear_rope_kv"), mat_of(x, "linear_rope_kv"), w.data(), N,
+                       x.size(1), bias.defined() ? bias.data() : nullptr,
+                       bias.defined() ? elem_of(bias.dtype(), "linear_rope_kv") : Elem::kF32,
+                       current_stream(), false, p);
+  launch_check("linear_rope_kv (skinny)");
   return true;
 }
 

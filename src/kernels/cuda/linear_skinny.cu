@@ -15,7 +15,8 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kRows = 2;  // weight rows per warp
 // 16-byte weight loads per row in flight per lane. 8 measured slower on the H200 (batch-1 decode
-// step 4.56-4.58 against 4.41-4.43 ms), as did the next step's loads issued early or an L2 prefetch.
+// step 4.56-4.58 against 4.41-4.43 ms), as did the next step's loads issued early or an L2
+// prefetch.
 constexpr int kUnroll = 4;
 
 struct SkinnyArgs {
@@ -27,7 +28,37 @@ struct SkinnyArgs {
   // > 0: w is [gate; up] with `pair` rows each, a warp's two rows are gate row j and up row j,
   // and out [M, pair] gets silu(g) * u with g and u rounded to T first (linear then silu_mul).
   int64_t pair;
+  // rope.on: w is a [q; k; v] projection; a warp's two rows are the rotation pair (i, i + D/2) of
+  // a q or k head, or two neighbouring v columns, and the epilogue rotates q and k (half-split,
+  // as rope_kernel) and writes k and v into the cache slots, as the separate RoPE + cache write.
+  SkinnyRope rope;
 };
+
+// Output rows (weight rows) r0, r1 of column group g.
+__device__ __forceinline__ void group_rows(const SkinnyArgs& a, int64_t g, int64_t& r0,
+                                           int64_t& r1) {
+  if (a.pair) {
+    r0 = g;
+    r1 = g + a.pair;
+  } else if (a.rope.on) {
+    const int64_t D = a.rope.head_dim, half = D / 2,
+                  rot = static_cast<int64_t>(a.rope.q_heads + a.rope.kv_heads) * half;
+    if (g < rot) {
+      r0 = (g / half) * D + g % half;
+      r1 = r0 + half;
+    } else {
+      r0 = 2 * rot + 2 * (g - rot);  // after the q and k columns
+      r1 = r0 + 1;
+    }
+  } else {  // tail rows: computed, dropped
+    r0 = min(2 * g, a.n - 1);
+    r1 = min(2 * g + 1, a.n - 1);
+  }
+}
+
+__host__ __device__ __forceinline__ int64_t num_groups(const SkinnyArgs& a) {
+  return a.pair ? a.pair : a.rope.on ? a.n / 2 : (a.n + 1) / 2;
+}
 
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
@@ -47,17 +78,17 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t group = kSplit == 1 ? static_cast<int64_t>(blockIdx.x) * kWarps + warp
                                     : static_cast<int64_t>(blockIdx.x);
-  const int64_t n0 = a.pair ? group : group * kRows;  // pair: the gate row (output column)
-  if (n0 >= (a.pair ? a.pair : a.n)) return;
+  static_assert(kRows == 2, "column groups are row pairs");
+  if (group >= num_groups(a)) return;
+  int64_t rows[kRows];
+  group_rows(a, group, rows[0], rows[1]);
   // This warp's K range, in whole 8-element words.
   const int64_t kchunk = kSplit == 1 ? a.k : ((a.k + 8 * kSplit - 1) / (8 * kSplit)) * 8;
   const int64_t kbeg = kSplit == 1 ? 0 : warp * kchunk;
   const int64_t kend = kSplit == 1 ? a.k : min(a.k, kbeg + kchunk);
   const T* w[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
-    w[r] = static_cast<const T*>(a.w) +
-           (a.pair ? n0 + r * a.pair : min(n0 + r, a.n - 1)) * a.k;  // tail rows: computed, dropped
+  for (int r = 0; r < kRows; ++r) w[r] = static_cast<const T*>(a.w) + rows[r] * a.k;
   const T* x[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) x[m] = reinterpret_cast<const T*>(row_of(a.x, m));
@@ -84,6 +115,21 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
   // previous kernel drains (programmatic dependent launch); x is read only after the wait.
   int64_t k0 = kbeg + lane * 8;
   if (k0 < kend) load_weights(k0);
+  // RoPE epilogue: lane m's token's rotation and cache slot, ready before the wait (the batch's
+  // positions and slots were copied in before the step's first kernel; inv_freq is constant).
+  float rope_c = 1.0f, rope_s = 0.0f;
+  int64_t rope_slot = -1;
+  if (a.rope.on && lane < M && (kSplit == 1 || warp == 0)) {
+    const int64_t half = a.rope.head_dim / 2,
+                  rot = static_cast<int64_t>(a.rope.q_heads + a.rope.kv_heads) * half;
+    if (group < rot) {
+      sincosf(static_cast<float>(a.rope.positions[lane]) * a.rope.inv_freq[group % half], &rope_s,
+              &rope_c);  // as rope_kernel
+      rope_c *= a.rope.scale;
+      rope_s *= a.rope.scale;
+    }
+    rope_slot = a.rope.slot_mapping[lane];
+  }
   pdl_wait();
   for (; k0 < kend;) {
 #pragma unroll
@@ -129,36 +175,61 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
         acc[m][r] = v;
       }
   }
-  if (a.pair) {  // lane m writes output (m, n0)
-    static_assert(kRows == 2, "gate and up rows");
+  if (a.bias)
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[m][r] += load_elem(a.bias, a.bias_type, rows[r]);
+  if (a.pair) {  // lane m writes output (m, group)
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      if (lane == m)
+        store_elem(row_of(a.out, m), a.out.type, group,
+                   silu_times(round_to<T>(acc[m][0]), round_to<T>(acc[m][1])));
+    return;
+  }
+  if (a.rope.on) {  // lane m: the pair of token m, rotated, then its cache slot
+    const SkinnyRope& p = a.rope;
+    const int64_t half = p.head_dim / 2, rot = static_cast<int64_t>(p.q_heads + p.kv_heads) * half;
+    const int64_t width = static_cast<int64_t>(p.kv_heads) * p.head_dim;  // a cache slot's row
 #pragma unroll
     for (int m = 0; m < M; ++m)
       if (lane == m) {
-        float g = acc[m][0], u = acc[m][1];
-        if (a.bias) {
-          g += load_elem(a.bias, a.bias_type, n0);
-          u += load_elem(a.bias, a.bias_type, n0 + a.pair);
+        float y1 = round_to<T>(acc[m][0]), y2 = round_to<T>(acc[m][1]);
+        int64_t dst = -1;  // element of the k or v cache row this pair starts at
+        if (group < rot) {
+          const int64_t h = group / half, i = group % half;
+          const float c = rope_c, s = rope_s, x1 = y1, x2 = y2;
+          y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+          y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+          if (h >= p.q_heads) dst = (h - p.q_heads) * p.head_dim + i;
+        } else {
+          dst = rows[0] - 2 * rot;
         }
-        store_elem(row_of(a.out, m), a.out.type, n0, silu_times(round_to<T>(g), round_to<T>(u)));
+        char* o = row_of(a.out, m);
+        store_elem(o, a.out.type, rows[0], y1);
+        store_elem(o, a.out.type, rows[1], y2);
+        const int64_t slot = dst >= 0 ? rope_slot : -1;
+        if (slot >= 0 && slot < p.num_slots) {
+          T* cache = static_cast<T*>(group < rot ? p.k_cache : p.v_cache) + slot * width + dst;
+          cache[0] = from_float<T>(y1);
+          cache[group < rot ? half : 1] = from_float<T>(y2);
+        }
       }
     return;
   }
-  // Lane m * kRows + r writes output (m, n0 + r).
+  // Lane m * kRows + r writes output (m, rows[r]).
 #pragma unroll
   for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (lane == m * kRows + r && n0 + r < a.n) {
-        float v = acc[m][r];
-        if (a.bias) v += load_elem(a.bias, a.bias_type, n0 + r);
-        store_elem(row_of(a.out, m), a.out.type, n0 + r, v);
-      }
-    }
+    for (int r = 0; r < kRows; ++r)
+      if (lane == m * kRows + r && 2 * group + r < a.n)
+        store_elem(row_of(a.out, m), a.out.type, rows[r], acc[m][r]);
 }
 
 template <typename T, int kSplit>
 void launch_split(const SkinnyArgs& a, cudaStream_t s) {
-  const int64_t groups = a.pair ? a.pair : (a.n + kRows - 1) / kRows;  // kRows columns each
+  const int64_t groups = num_groups(a);
   const unsigned grid =
       static_cast<unsigned>(kSplit == 1 ? (groups + kWarps - 1) / kWarps : groups);
   switch (a.x.rows) {
@@ -188,9 +259,10 @@ void launch_typed(const SkinnyArgs& a, cudaStream_t s) {
 }  // namespace
 
 void launch_linear_skinny(Mat out, Mat x, const void* w, int64_t n, int64_t k, const void* bias,
-                          Elem bias_type, cudaStream_t s, bool silu_mul_pairs) {
+                          Elem bias_type, cudaStream_t s, bool silu_mul_pairs,
+                          const SkinnyRope& rope) {
   if (x.rows == 0 || n == 0) return;
-  SkinnyArgs a{out, x, w, n, k, bias, bias_type, silu_mul_pairs ? n / 2 : 0};
+  SkinnyArgs a{out, x, w, n, k, bias, bias_type, silu_mul_pairs ? n / 2 : 0, rope};
   if (x.type == Elem::kBF16)
     launch_typed<__nv_bfloat16>(a, s);
   else
