@@ -21,7 +21,7 @@ void attention_set_wgmma_warpgroups(int n);
 // before the softmax that follows), 2 or 3 the overlapped loop (the next tile's Q Kᵀ and the P V
 // product in flight during the softmax) with that many K/V stages, 4 that loop warp-specialized
 // (a producer warpgroup gathers K/V into mbarrier stages), 5 that with ping-pong of the two
-// computing warpgroups; one warpgroup uses 2 for 3, 4 and 5. Default: ATOM_WGMMA_PIPELINE, else 2.
+// computing warpgroups; one warpgroup uses 2 for 3, 4 and 5. Default: ATOM_WGMMA_PIPELINE, else 5.
 void attention_set_wgmma_pipeline(int stages);
 // Split decode: the last CTA of a sequence merges the partials (default), or, when off, a
 // separate combine kernel does.

@@ -563,11 +563,12 @@ void launch_typed(const AttnLaunch& a, cudaStream_t s) {
 
 // The K/V pipeline of the BF16/F16 kernel: 0 the serial loop (each GEMM waited before the softmax
 // that follows), 2 or 3 the overlapped loop with that many K/V stages, 4 the warp-specialized
-// one, 5 that with ping-pong (one warpgroup: 2 for 3, 4 and 5).
-int valid_pipeline(int n) { return n == 0 || n == 3 || n == 4 || n == 5 ? n : 2; }
+// one, 5 that with ping-pong (one warpgroup: 2 for 3, 4 and 5). Default 5: on the H200 at 1 x
+// 4,096 causal tokens, 32/8 heads, d128: 433.9 TFLOP/s against 426.8 (4) and 342.1 (2).
+int valid_pipeline(int n) { return n == 0 || n == 2 || n == 3 || n == 4 ? n : 5; }
 int g_wgmma_pipeline = [] {
   const char* v = std::getenv("ATOM_WGMMA_PIPELINE");
-  return valid_pipeline(v ? std::atoi(v) : 2);
+  return valid_pipeline(v ? std::atoi(v) : 5);
 }();
 
 // The CTA shape: a.wgmma_warpgroups (attention_config.h). FP8 caches: two warpgroups always
