@@ -81,12 +81,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
   pdl_wait();
   for (int idx = tid; idx < BM * DC; idx += kWarps * 32) {
     const int row = idx / DC, c = idx % DC;
-    const int pr = r.m0 + row;
-    const bool valid = pr < r.rows;
-    const int i = valid ? pr / r.G : 0, g = valid ? pr % r.G : 0;
-    const T* src = qg + static_cast<int64_t>(r.q0 + i) * a.q_stride +
-                   static_cast<int64_t>(r.kh * r.G + g) * D + c * 8;
-    cp_async16(smem_addr(sQ + row * D + ((c ^ (row & 7)) << 3)), valid ? src : qg, valid);
+    const T* src = q_chunk<D>(a, r, qg, row, c);
+    cp_async16(smem_addr(sQ + row * D + ((c ^ (row & 7)) << 3)), src ? src : qg, src != nullptr);
   }
   auto load_kv = [&](int tile, int stage) {
     const int n0 = r.kv_begin + tile * BN;

@@ -46,6 +46,16 @@ __device__ __forceinline__ CtaRange cta_range(const AttnLaunch& a, int mtile, in
   return r;
 }
 
+// 16-byte chunk c of the q row behind the CTA's packed row m0 + row, or null past its rows.
+template <int D, typename T>
+__device__ __forceinline__ const T* q_chunk(const AttnLaunch& a, const CtaRange& r, const T* q,
+                                            int row, int c) {
+  const int pr = r.m0 + row;
+  if (pr >= r.rows) return nullptr;
+  return q + static_cast<int64_t>(r.q0 + pr / r.G) * a.q_stride +
+         static_cast<int64_t>(r.kh * r.G + pr % r.G) * D + c * 8;
+}
+
 // Element offset of key j's row (for kv head kh) in the paged cache.
 __device__ __forceinline__ int64_t kv_row_offset(const AttnLaunch& a, const int32_t* pages, int j,
                                                  int kh) {

@@ -123,12 +123,8 @@ __global__ void __launch_bounds__(128 * NWG + (kPipe >= 4 ? 128 : 0), NWG == 1 ?
   auto load_q = [&] {
     for (int idx = tid; idx < kBM * DC; idx += kLoadThreads) {
       const int row = idx / DC, c = idx % DC;
-      const int pr = r.m0 + row;
-      const bool valid = pr < r.rows;
-      const int i = valid ? pr / r.G : 0, g = valid ? pr % r.G : 0;
-      const T* src = qg + static_cast<int64_t>(r.q0 + i) * a.q_stride +
-                     static_cast<int64_t>(r.kh * r.G + g) * D + c * 8;
-      cp_async16(smem_addr(sQ + tile_offset(kBM, row, c)), valid ? src : qg, valid);
+      const T* src = q_chunk<D>(a, r, qg, row, c);
+      cp_async16(smem_addr(sQ + tile_offset(kBM, row, c)), src ? src : qg, src != nullptr);
     }
   };
   if constexpr (!kWs) load_q();
