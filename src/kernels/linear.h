@@ -29,6 +29,16 @@ inline void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& 
 namespace cuda {
 bool linear_silu_mul(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias);
 }
+inline bool linear_silu_mul(Tensor& out, const Tensor& x, const Tensor& w,
+                            const Tensor& bias = {}) {
+  check_same_device("linear_silu_mul", out.device(), {&x, &w, &bias});
+  if (out.device().is_cpu()) return false;
+#ifdef ATOM_HAVE_CUDA
+  return cuda::linear_silu_mul(out, x, w, bias);
+#else
+  return false;
+#endif
+}
 
 // A [q; k; v] projection followed by RoPE on q and k and the paged cache write of k and v
 // (kernels/rope.h: rope_kv_cache_write), for linear_rope_kv.
@@ -57,16 +67,6 @@ inline bool linear_rope_kv(Tensor& out, const Tensor& x, const Tensor& w, const 
   if (out.device().is_cpu()) return false;
 #ifdef ATOM_HAVE_CUDA
   return cuda::linear_rope_kv(out, x, w, bias, r);
-#else
-  return false;
-#endif
-}
-inline bool linear_silu_mul(Tensor& out, const Tensor& x, const Tensor& w,
-                            const Tensor& bias = {}) {
-  check_same_device("linear_silu_mul", out.device(), {&x, &w, &bias});
-  if (out.device().is_cpu()) return false;
-#ifdef ATOM_HAVE_CUDA
-  return cuda::linear_silu_mul(out, x, w, bias);
 #else
   return false;
 #endif

@@ -64,8 +64,14 @@ Tensor Attention::forward_projected(Step& step, const Tensor& x, LinearBase& qkv
   r.k_cache = &kc;
   r.v_cache = &vc;
   r.slot_mapping = &step.batch.dev.slot_mapping;
+  // Where no fused kernel applies (prefill-sized steps), the buffer goes straight back: the
+  // caller's projection allocates its own, and the layer's peak stays one qkv buffer.
+  const Arena::Mark before = step.arena.mark();
   Tensor qkv = step.empty({x.size(0), qkv_proj.out_per_rank()}, ctx_.act_dtype);
-  if (!qkv_proj.forward_rope_kv(qkv, x, r)) return Tensor();
+  if (!qkv_proj.forward_rope_kv(qkv, x, r)) {
+    step.arena.release(before);
+    return Tensor();
+  }
   return attend(step, qkv.narrow(1, 0, static_cast<int64_t>(heads_) * head_dim_), kc, vc);
 }
 

@@ -110,6 +110,21 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[V]) {
   }
 }
 
+// RoPE as the CPU reference computes it (the rope kernels and the skinny GEMV's fused epilogue):
+// the angle pos * inv_freq in fp32, cos and sin times the attention factor, and the rotation of a
+// pair with each product rounded separately.
+__device__ __forceinline__ void rope_cos_sin(float pos, float inv_freq, float scale, float& c,
+                                             float& s) {
+  sincosf(pos * inv_freq, &s, &c);
+  c *= scale;
+  s *= scale;
+}
+__device__ __forceinline__ void rope_rotate(float x1, float x2, float c, float s, float& y1,
+                                            float& y2) {
+  y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+  y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+
 // silu(g) * u in fp32, as silu_mul and the skinny GEMV's fused epilogue compute it.
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 
 #include "core/env.h"
@@ -168,6 +169,17 @@ bool skinny_applies(const Tensor& x, const Tensor& w) {
          M <= std::min(linear_skinny_max_m(), 4) && K % 8 == 0 && ldx % 8 == 0 &&
          alignment(x.data()) >= 16 && alignment(w.data()) >= 16;
 }
+
+// The skinny kernel for `op` (linear, its SiLU·mul or its RoPE + cache-write form) on checked
+// tensors: out [M, ·] = x [M, K] · w [n, K]ᵀ (+ bias) and the form's epilogue.
+void launch_skinny(const char* op, Tensor& out, const Tensor& x, const Tensor& w, int64_t n,
+                   const Tensor& bias, bool silu_mul_pairs = false, const SkinnyRope& rope = {}) {
+  launch_linear_skinny(mat_of(out, op), mat_of(x, op), w.data(), n, x.size(1),
+                       bias.defined() ? bias.data() : nullptr,
+                       bias.defined() ? elem_of(bias.dtype(), op) : Elem::kF32, current_stream(),
+                       silu_mul_pairs, rope);
+  launch_check((std::string(op) + " (skinny)").c_str());
+}
 }  // namespace
 
 bool linear_silu_mul(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
@@ -181,11 +193,7 @@ bool linear_silu_mul(Tensor& out, const Tensor& x, const Tensor& w, const Tensor
              "linear_silu_mul: bias {} for N={}", bias.str(), w.size(0));
   if (x.dtype() != w.dtype() || out.dtype() != x.dtype() || !skinny_applies(x, w)) return false;
   if (x.size(0) == 0) return true;
-  launch_linear_skinny(mat_of(out, "linear_silu_mul"), mat_of(x, "linear_silu_mul"), w.data(),
-                       w.size(0), x.size(1), bias.defined() ? bias.data() : nullptr,
-                       bias.defined() ? elem_of(bias.dtype(), "linear_silu_mul") : Elem::kF32,
-                       current_stream(), true);
-  launch_check("linear_silu_mul (skinny)");
+  launch_skinny("linear_silu_mul", out, x, w, w.size(0), bias, true);
   return true;
 }
 
@@ -225,11 +233,7 @@ bool linear_rope_kv(Tensor& out, const Tensor& x, const Tensor& w, const Tensor&
   p.v_cache = r.v_cache->data();
   p.slot_mapping = r.slot_mapping->ptr<int32_t>();
   p.num_slots = kc.numel() / width;
-  launch_linear_skinny(mat_of(out, "linear_rope_kv"), mat_of(x, "linear_rope_kv"), w.data(), N,
-                       x.size(1), bias.defined() ? bias.data() : nullptr,
-                       bias.defined() ? elem_of(bias.dtype(), "linear_rope_kv") : Elem::kF32,
-                       current_stream(), false, p);
-  launch_check("linear_rope_kv (skinny)");
+  launch_skinny("linear_rope_kv", out, x, w, N, bias, false, p);
   return true;
 }
 
@@ -253,10 +257,7 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   const int64_t ldx = M > 1 ? x.stride(0) : K, ldo = M > 1 ? out.stride(0) : N;
 
   if (skinny_applies(x, w)) {
-    launch_linear_skinny(mat_of(out, "linear"), mat_of(x, "linear"), w.data(), N, K,
-                         bias.defined() ? bias.data() : nullptr,
-                         bias.defined() ? elem_of(bias.dtype(), "linear") : Elem::kF32, stream);
-    launch_check("linear (skinny)");
+    launch_skinny("linear", out, x, w, N, bias);
     return;
   }
 

@@ -122,12 +122,9 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
   if (a.rope.on && lane < M && (kSplit == 1 || warp == 0)) {
     const int64_t half = a.rope.head_dim / 2,
                   rot = static_cast<int64_t>(a.rope.q_heads + a.rope.kv_heads) * half;
-    if (group < rot) {
-      sincosf(static_cast<float>(a.rope.positions[lane]) * a.rope.inv_freq[group % half], &rope_s,
-              &rope_c);  // as rope_kernel
-      rope_c *= a.rope.scale;
-      rope_s *= a.rope.scale;
-    }
+    if (group < rot)
+      rope_cos_sin(static_cast<float>(a.rope.positions[lane]), a.rope.inv_freq[group % half],
+                   a.rope.scale, rope_c, rope_s);
     rope_slot = a.rope.slot_mapping[lane];
   }
   pdl_wait();
@@ -199,9 +196,7 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
         int64_t dst = -1;  // element of the k or v cache row this pair starts at
         if (group < rot) {
           const int64_t h = group / half, i = group % half;
-          const float c = rope_c, s = rope_s, x1 = y1, x2 = y2;
-          y1 = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
-          y2 = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+          rope_rotate(y1, y2, rope_c, rope_s, y1, y2);  // x1, x2 are taken by value
           if (h >= p.q_heads) dst = (h - p.q_heads) * p.head_dim + i;
         } else {
           dst = rows[0] - 2 * rot;

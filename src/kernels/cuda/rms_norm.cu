@@ -20,6 +20,13 @@ struct NormArgs {
   bool gemma;
 };
 
+// A normalised element: w * round(v * inv) (Llama) or v * inv * (1 + w) (Gemma).
+template <typename T>
+__device__ __forceinline__ float norm_apply(float v, float inv, float w, bool gemma) {
+  const float n = v * inv;
+  return gemma ? n * (1.0f + w) : w * round_to<T>(n);
+}
+
 // Pass 1 over columns [c0, c1) with step: v = x (+ res, rounded and stored back); sum of squares.
 template <typename T, int V>
 __device__ __forceinline__ float norm_pass1(const NormArgs& a, int64_t r, int64_t c0, int64_t c1,
@@ -54,11 +61,8 @@ __device__ __forceinline__ void norm_pass2(const NormArgs& a, int64_t r, int64_t
     float v[V];
     load_vec<T, V>(src + c, v);
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float w = load_elem(a.w, a.w_type, c - g0 + j);
-      const float n = v[j] * inv;
-      v[j] = a.gemma ? n * (1.0f + w) : w * round_to<T>(n);
-    }
+    for (int j = 0; j < V; ++j)
+      v[j] = norm_apply<T>(v[j], inv, load_elem(a.w, a.w_type, c - g0 + j), a.gemma);
     store_vec<T, V>(out + c, v);
   }
 }
@@ -107,10 +111,7 @@ __global__ void __launch_bounds__(1024) rms_norm_row_reg_kernel(NormArgs a) {
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.dim) + a.eps);
   if (!active) return;
 #pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const float n = v[j] * inv;
-    v[j] = a.gemma ? n * (1.0f + w[j]) : w[j] * round_to<T>(n);
-  }
+  for (int j = 0; j < V; ++j) v[j] = norm_apply<T>(v[j], inv, w[j], a.gemma);
   store_vec<T, V>(reinterpret_cast<T*>(row_of(a.out, r)) + c, v);
 }
 

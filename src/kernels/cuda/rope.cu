@@ -24,12 +24,8 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeLaunch a, int hq, in
   float* cs = table;
   float* sn = table + half;
   const float pos = static_cast<float>(a.positions[t]);
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    float s, c;
-    sincosf(pos * a.inv_freq[i], &s, &c);  // angle in fp32, as transformers
-    cs[i] = c * a.scale;
-    sn[i] = s * a.scale;
-  }
+  for (int i = threadIdx.x; i < half; i += blockDim.x)
+    rope_cos_sin(pos, a.inv_freq[i], a.scale, cs[i], sn[i]);
   __syncthreads();
   const int total = (hq + hk) * half;
   T* qrow = reinterpret_cast<T*>(row_of(a.q, t));
@@ -40,10 +36,10 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeLaunch a, int hq, in
                     : krow + static_cast<int64_t>(h - hq) * a.head_dim;
     const int i1 = a.interleaved ? 2 * i : i;
     const int i2 = a.interleaved ? 2 * i + 1 : i + half;
-    const float x1 = to_float<T>(row[i1]), x2 = to_float<T>(row[i2]);
-    // Products rounded separately, as the CPU reference computes them.
-    row[i1] = from_float<T>(__fsub_rn(__fmul_rn(x1, cs[i]), __fmul_rn(x2, sn[i])));
-    row[i2] = from_float<T>(__fadd_rn(__fmul_rn(x2, cs[i]), __fmul_rn(x1, sn[i])));
+    float y1, y2;
+    rope_rotate(to_float<T>(row[i1]), to_float<T>(row[i2]), cs[i], sn[i], y1, y2);
+    row[i1] = from_float<T>(y1);
+    row[i2] = from_float<T>(y2);
   }
   if (a.k_cache == nullptr) return;
   const int64_t slot = a.slot_mapping[t];
@@ -105,12 +101,9 @@ __global__ void __launch_bounds__(1024) rope_vec_kernel(RopeLaunch a, int hq, in
     float y1[8], y2[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      float s, c;
-      sincosf(pos * a.inv_freq[i0 + j], &s, &c);  // as rope_kernel's table
-      c *= a.scale;
-      s *= a.scale;
-      y1[j] = __fsub_rn(__fmul_rn(x1[j], c), __fmul_rn(x2[j], s));
-      y2[j] = __fadd_rn(__fmul_rn(x2[j], c), __fmul_rn(x1[j], s));
+      float c, s;
+      rope_cos_sin(pos, a.inv_freq[i0 + j], a.scale, c, s);
+      rope_rotate(x1[j], x2[j], c, s, y1[j], y2[j]);
     }
     store_vec<T, 8>(row + i0, y1);
     store_vec<T, 8>(row + i0 + half, y2);

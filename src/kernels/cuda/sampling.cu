@@ -63,6 +63,12 @@ __device__ int64_t row_argmax(const Mat& m, int64_t r, float* sv, int64_t* si) {
     // is compared (arg_better is a total order, so the order of comparisons does not matter).
     const float4* p4 = reinterpret_cast<const float4*>(p);
     const int64_t n4 = m.cols / 4;
+    auto take = [&](const float4& v, int64_t c) {  // the four values of word c
+      const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (!isnan(e[j])) best = arg_better(best, ArgBest{e[j], 4 * c + j});
+    };
     constexpr int kBatch = 8;
     int64_t c = threadIdx.x;
     for (; c + (kBatch - 1) * kThreads < n4; c += kBatch * kThreads) {
@@ -70,20 +76,9 @@ __device__ int64_t row_argmax(const Mat& m, int64_t r, float* sv, int64_t* si) {
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) v[u] = p4[c + u * kThreads];
 #pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          if (!isnan(e[j])) best = arg_better(best, ArgBest{e[j], 4 * (c + u * kThreads) + j});
-      }
+      for (int u = 0; u < kBatch; ++u) take(v[u], c + u * kThreads);
     }
-    for (; c < n4; c += kThreads) {
-      const float4 v = p4[c];
-      const float e[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (!isnan(e[j])) best = arg_better(best, ArgBest{e[j], 4 * c + j});
-    }
+    for (; c < n4; c += kThreads) take(p4[c], c);
   } else {
     for (int64_t c = threadIdx.x; c < m.cols; c += kThreads) {
       const float v = load_elem(p, m.type, c);
