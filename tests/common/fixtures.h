@@ -1,6 +1,10 @@
 // The transformers reference fixtures (tests/fixtures/models, made by tools/make_fixtures.py).
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -50,10 +54,31 @@ inline Reference reference_load(const std::string& name) {
   return r;
 }
 
+// The reference's margin between its top two logits at each greedy step.
+inline std::vector<float> reference_margins(const std::string& name) {
+  SafetensorsFile f(source_dir() + "/tests/fixtures/references/" + name + ".safetensors", true);
+  Tensor m = f.tensor("greedy_margins").clone();
+  return std::vector<float>(m.ptr<float>(), m.ptr<float>() + m.numel());
+}
+
+// Greedy tokens against fixture `name`'s: identical up to the first step whose reference margin
+// is below `noise` (where rounding may flip the choice). Returns how many leading steps agree.
+inline size_t expect_greedy_agrees(const std::string& name, const std::vector<int32_t>& got,
+                                   const std::vector<int32_t>& want, float noise) {
+  size_t i = 0;
+  while (i < got.size() && got[i] == want[i]) ++i;
+  if (i < got.size()) {
+    const float margin = reference_margins(name).at(i);
+    EXPECT_LT(margin, noise) << name << ": greedy token " << i << " differs with margin " << margin;
+  }
+  return i;
+}
+
 // max |a - b| over two F32 tensors of the same shape.
 inline float max_abs_diff(const Tensor& a, const Tensor& b) {
   float m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a.ptr<float>()[i] - b.ptr<float>()[i]));
+  for (int64_t i = 0; i < a.numel(); ++i)
+    m = std::max(m, std::abs(a.ptr<float>()[i] - b.ptr<float>()[i]));
   return m;
 }
 

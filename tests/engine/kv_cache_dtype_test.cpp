@@ -12,12 +12,6 @@
 namespace atom::test {
 namespace {
 
-std::vector<float> margins_of(const std::string& name) {
-  SafetensorsFile f(source_dir() + "/tests/fixtures/references/" + name + ".safetensors", true);
-  Tensor m = f.tensor("greedy_margins").clone();
-  return std::vector<float>(m.ptr<float>(), m.ptr<float>() + m.numel());
-}
-
 // ||a - b|| / ||b|| over two F32 tensors of the same shape.
 double rel_err(const Tensor& a, const Tensor& b) {
   EXPECT_EQ(a.shape(), b.shape());
@@ -127,14 +121,8 @@ TEST_P(KvCacheFp8Fixture, EngineStaysCloseToTransformers) {
       engine.generate({ref.greedy_prompt}, greedy(static_cast<int>(ref.greedy_tokens.size())));
   const auto& tokens = out.at(0).outputs.at(0).token_ids;
   ASSERT_EQ(tokens.size(), ref.greedy_tokens.size());
-  const auto margins = margins_of(GetParam());
-  const float noise = std::max(0.05f, 2.0f * dmax);
-  size_t i = 0;
-  while (i < tokens.size() && tokens[i] == ref.greedy_tokens[i]) ++i;
-  if (i < tokens.size()) {
-    EXPECT_LT(margins[i], noise) << GetParam() << ": greedy token " << i << " differs with margin "
-                                 << margins[i];
-  }
+  const size_t i =
+      expect_greedy_agrees(GetParam(), tokens, ref.greedy_tokens, std::max(0.05f, 2.0f * dmax));
   std::printf("%s: fp8 greedy tokens agree for %zu of %zu steps\n", GetParam().c_str(), i,
               tokens.size());
   expect_engine_idle(engine);

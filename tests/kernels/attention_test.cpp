@@ -185,18 +185,24 @@ TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {
   kernels::cuda::attention_set_backend(PrefillAttention::kAuto);
 }
 
-TEST(GpuAttention, DecodeModeGroupsAndShortQueries) {
-  const AttnCase cases[] = {
+// Decode-mode shapes, for the BF16/F16 and the FP8 cache tests.
+std::vector<AttnCase> decode_mode_cases() {
+  return {
       // Decode rows per kv head: G = 4, 8, 16 (the 16-row tile), 32 (beyond it: prefill mode).
       {32, 8, 128, 16, {{1, 700}, {1, 33}, {1, 64}, {1, 65}}},
       {64, 8, 128, 16, {{1, 1500}, {1, 1}}},
       {16, 1, 64, 16, {{1, 300}, {1, 2000}}},
       {32, 1, 128, 16, {{1, 900}, {1, 17}}},
-      // Several new tokens per sequence within the 16 rows (speculative decoding).
+      // Several new tokens per sequence within the 16 rows (speculative decoding); head_dim 256
+      // with sinks; a window and small pages.
       {32, 8, 128, 16, {{4, 300}, {2, 2}, {3, 1200}}},
       {16, 8, 256, 16, {{8, 520}, {1, 40}}, 0, true},
       {32, 8, 64, 4, {{1, 333}, {1, 4096}}, 100, true},
   };
+}
+
+TEST(GpuAttention, DecodeModeGroupsAndShortQueries) {
+  const std::vector<AttnCase> cases = decode_mode_cases();
   uint64_t seed = 5000;
   for (const AttnCase& c : cases) check_attention(c, seed += 10);
   // A context bound far above the real lengths, as a captured decode graph passes: every
@@ -289,22 +295,12 @@ TEST(GpuAttention, Fp8CachePrefillPaths) {
 }
 
 TEST(GpuAttention, Fp8CacheDecodeSplitsAndMerges) {
-  const std::vector<AttnCase> base = {
-      // Decode rows per kv head: G = 4, 8, 16 (the 16-row tile), 32 (prefill mode).
-      {32, 8, 128, 16, {{1, 700}, {1, 33}, {1, 64}, {1, 65}}},
-      {64, 8, 128, 16, {{1, 1500}, {1, 1}}},
-      {16, 1, 64, 16, {{1, 300}, {1, 2000}}},
-      {32, 1, 128, 16, {{1, 900}, {1, 17}}},
-      // Speculative tokens within the 16 rows; head_dim 256 with sinks; window and small pages.
-      {32, 8, 128, 16, {{4, 300}, {2, 2}, {3, 1200}}},
-      {16, 8, 256, 16, {{8, 520}, {1, 40}}, 0, true},
-      {32, 8, 64, 4, {{1, 333}, {1, 4096}}, 100, true},
-      // Few long sequences: split across CTAs (flash-decoding); soft-cap; F16.
-      {32, 8, 128, 16, {{1, 3000}, {1, 4097}, {1, 100}}, 0, true},
-      {32, 8, 128, 16, {{1, 3000}, {1, 4097}, {1, 100}}, 1000, true, 25.0f},
-      {8, 8, 64, 16, {{1, 5000}}},
-      {16, 2, 256, 16, {{1, 2500}, {1, 700}}, 0, false, 0.0f, DType::kF16},
-  };
+  std::vector<AttnCase> base = decode_mode_cases();
+  // Few long sequences: split across CTAs (flash-decoding); soft-cap; F16.
+  base.insert(base.end(), {{32, 8, 128, 16, {{1, 3000}, {1, 4097}, {1, 100}}, 0, true},
+                           {32, 8, 128, 16, {{1, 3000}, {1, 4097}, {1, 100}}, 1000, true, 25.0f},
+                           {8, 8, 64, 16, {{1, 5000}}},
+                           {16, 2, 256, 16, {{1, 2500}, {1, 700}}, 0, false, 0.0f, DType::kF16}});
   uint64_t seed = 8000;
   for (const AttnCase& c : fp8_cases(base)) check_attention(c, seed += 10);
   for (AttnCase c : fp8_cases(base, {2.5f, 0.3f})) {

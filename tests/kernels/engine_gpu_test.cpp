@@ -41,9 +41,7 @@ std::vector<int32_t> prompt_of(int len, int mul) {
 }
 
 TEST(GpuEngine, SizesTheKvCacheFromGpuMemory) {
-  ModelOptions o;
-  o.device = gpu();
-  LoadedModel m = model_load(fixture_dir("llama3_gqa"), o);
+  LoadedModel m = model_load(fixture_dir("llama3_gqa"), on_gpu());
   LLMEngine e(*m.model, gpu_config());
   EXPECT_TRUE(e.kv_plan().from_gpu_memory);
   EXPECT_GE(static_cast<int64_t>(e.kv_plan().num_blocks) * e.kv_plan().block_size, 256);
@@ -58,9 +56,7 @@ TEST(GpuEngine, SizesTheKvCacheFromGpuMemory) {
 }
 
 TEST(GpuEngine, DeviceAndHostSamplersAgreeAndStepsMixThem) {
-  ModelOptions o;
-  o.device = gpu();
-  LoadedModel m = model_load(fixture_dir("llama3_gqa"), o);
+  LoadedModel m = model_load(fixture_dir("llama3_gqa"), on_gpu());
   for (bool eager : {false, true}) {
     EngineConfig c = gpu_config();
     c.enforce_eager = eager;
@@ -106,9 +102,7 @@ TEST(GpuEngine, DeviceAndHostSamplersAgreeAndStepsMixThem) {
 // GEMMs round keys differently in the last bit, which moves an e4m3 code now and then, and these
 // small random models have many near-tied steps; tests/kernels/model_gpu_test.cpp checks logits.)
 TEST(GpuEngine, Fp8KvCacheHoldsTwiceTheBlocks) {
-  ModelOptions o;
-  o.device = gpu();
-  LoadedModel m = model_load(fixture_dir("llama3_gqa"), o);
+  LoadedModel m = model_load(fixture_dir("llama3_gqa"), on_gpu());
   int bf16_blocks = 0;
   {
     LLMEngine e(*m.model, gpu_config());

@@ -14,10 +14,18 @@
 #include "core/half.h"
 #include "core/tensor.h"
 #include "layers/batch.h"
+#include "models/model.h"
 
 namespace atom::test {
 
 inline Device gpu() { return Device::cuda(0); }
+
+// Model options that load onto the first GPU.
+inline ModelOptions on_gpu() {
+  ModelOptions o;
+  o.device = gpu();
+  return o;
+}
 
 // One step that appends toks[s] to each sequence s, whose length len[s] it advances. Pages hold 4
 // tokens and sequence s owns pages [16 s, 16 s + 16); one logits row per sequence (its last new

@@ -14,18 +14,6 @@
 namespace atom::test {
 namespace {
 
-ModelOptions on_gpu() {
-  ModelOptions o;
-  o.device = gpu();
-  return o;
-}
-
-std::vector<float> margins_of(const std::string& name) {
-  SafetensorsFile f(source_dir() + "/tests/fixtures/references/" + name + ".safetensors", true);
-  Tensor m = f.tensor("greedy_margins").clone();
-  return std::vector<float>(m.ptr<float>(), m.ptr<float>() + m.numel());
-}
-
 class GpuParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuParity, LogitsGreedyAndChunkedPrefill) {
@@ -59,14 +47,8 @@ TEST_P(GpuParity, LogitsGreedyAndChunkedPrefill) {
   // Greedy tokens: identical up to the first step whose reference margin is within bf16 noise.
   const GreedyResult r = generate_greedy(*m.model, ref.greedy_prompt,
                                          static_cast<int>(ref.greedy_tokens.size()), {}, true);
-  const auto margins = margins_of(GetParam());
-  const float noise = std::max(0.05f, 2.0f * dmax);
-  size_t i = 0;
-  while (i < r.token_ids.size() && r.token_ids[i] == ref.greedy_tokens[i]) ++i;
-  if (i < r.token_ids.size()) {
-    EXPECT_LT(margins[i], noise) << GetParam() << ": greedy token " << i << " differs with margin "
-                                 << margins[i];
-  }
+  const size_t i = expect_greedy_agrees(GetParam(), r.token_ids, ref.greedy_tokens,
+                                        std::max(0.05f, 2.0f * dmax));
   std::printf("%s: greedy tokens agree for %zu of %zu steps\n", GetParam().c_str(), i,
               r.token_ids.size());
 }
@@ -105,14 +87,8 @@ TEST_P(GpuParity, Fp8KvCache) {
 
   const GreedyResult r = generate_greedy(
       *m.model, ref.greedy_prompt, static_cast<int>(ref.greedy_tokens.size()), {}, true, 16, f8);
-  const auto margins = margins_of(GetParam());
-  const float noise = std::max(0.05f, 2.0f * dmax);
-  size_t i = 0;
-  while (i < r.token_ids.size() && r.token_ids[i] == ref.greedy_tokens[i]) ++i;
-  if (i < r.token_ids.size()) {
-    EXPECT_LT(margins[i], noise) << GetParam() << ": greedy token " << i << " differs with margin "
-                                 << margins[i];
-  }
+  const size_t i = expect_greedy_agrees(GetParam(), r.token_ids, ref.greedy_tokens,
+                                        std::max(0.05f, 2.0f * dmax));
   std::printf("%s: fp8 greedy tokens agree for %zu of %zu steps\n", GetParam().c_str(), i,
               r.token_ids.size());
 }

@@ -131,6 +131,22 @@ TEST(GpuKvCacheWrite, SlotsSkipsAndStridedSources) {
   }
 }
 
+// Inputs of the fused RoPE + cache write tests: positions 100 + 3t, cache slots 7t (mod
+// num_slots) with token 5's skipped, and inverse frequencies of base 10,000 over head_dim D.
+struct RopeWriteInputs {
+  Tensor pos, slots, inv;
+};
+RopeWriteInputs rope_write_inputs(int T, int D, int num_slots) {
+  RopeWriteInputs r{Tensor::empty({T}, DType::kI32), Tensor::empty({T}, DType::kI32),
+                    Tensor::empty({D / 2}, DType::kF32)};
+  for (int t = 0; t < T; ++t) {
+    r.pos.ptr<int32_t>()[t] = 100 + 3 * t;
+    r.slots.ptr<int32_t>()[t] = t == 5 ? -1 : (t * 7) % num_slots;
+  }
+  for (int i = 0; i < D / 2; ++i) r.inv.ptr<float>()[i] = 1.0f / std::pow(10000.0f, 2.0f * i / D);
+  return r;
+}
+
 TEST(GpuRope, FusedWithCacheWriteMatchesRopeThenWrite) {
   struct Case {
     DType dt;
@@ -146,13 +162,7 @@ TEST(GpuRope, FusedWithCacheWriteMatchesRopeThenWrite) {
     Tensor qkv = random_cpu({T, width}, dt, 400, -2, 2);
     Tensor kc = random_cpu({pages, bs, hk, D}, dt, 401),
            vc = random_cpu({pages, bs, hk, D}, dt, 402);
-    Tensor pos = Tensor::empty({T}, DType::kI32), slots = Tensor::empty({T}, DType::kI32);
-    for (int t = 0; t < T; ++t) {
-      pos.ptr<int32_t>()[t] = 100 + 3 * t;
-      slots.ptr<int32_t>()[t] = t == 5 ? -1 : (t * 7) % (pages * bs);
-    }
-    Tensor inv = Tensor::empty({D / 2}, DType::kF32);
-    for (int i = 0; i < D / 2; ++i) inv.ptr<float>()[i] = 1.0f / std::pow(10000.0f, 2.0f * i / D);
+    const auto [pos, slots, inv] = rope_write_inputs(T, D, pages * bs);
     kernels::RopeArgs a{D, D, 1.0f, false};
     Tensor ref = qkv.clone();
     Tensor rq = ref.narrow(1, 0, hq * D), rk = ref.narrow(1, hq * D, hk * D),
@@ -215,13 +225,7 @@ TEST(GpuRope, FusedWithFp8CacheWriteMatchesTheCpu) {
     const int64_t width = (hq + 2 * hk) * D;
     const kernels::KvScales sc{0.5f, 0.25f};
     Tensor qkv = random_cpu({T, width}, dt, 410, -2, 2);
-    Tensor pos = Tensor::empty({T}, DType::kI32), slots = Tensor::empty({T}, DType::kI32);
-    for (int t = 0; t < T; ++t) {
-      pos.ptr<int32_t>()[t] = 100 + 3 * t;
-      slots.ptr<int32_t>()[t] = t == 5 ? -1 : (t * 7) % (pages * bs);
-    }
-    Tensor inv = Tensor::empty({D / 2}, DType::kF32);
-    for (int i = 0; i < D / 2; ++i) inv.ptr<float>()[i] = 1.0f / std::pow(10000.0f, 2.0f * i / D);
+    const auto [pos, slots, inv] = rope_write_inputs(T, D, pages * bs);
     kernels::RopeArgs a{D, D, 1.0f, false};
     Tensor kc = Tensor::zeros({pages, bs, hk, D}, DType::kF8E4M3),
            vc = Tensor::zeros({pages, bs, hk, D}, DType::kF8E4M3);

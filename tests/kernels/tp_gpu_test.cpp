@@ -29,18 +29,6 @@ void sync_both() {
   device_synchronize(Device::cuda(1));
 }
 
-ModelOptions on_gpu() {
-  ModelOptions o;
-  o.device = gpu();
-  return o;
-}
-
-std::vector<float> margins_of(const std::string& name) {
-  SafetensorsFile f(source_dir() + "/tests/fixtures/references/" + name + ".safetensors", true);
-  Tensor m = f.tensor("greedy_margins").clone();
-  return std::vector<float>(m.ptr<float>(), m.ptr<float>() + m.numel());
-}
-
 // Host reference of a sum over ranks, rounded to dtype once (two ranks: one addition).
 Tensor host_sum(const std::vector<Tensor>& xs, DType dtype) {
   Tensor s = Tensor::zeros(xs[0].shape(), DType::kF32);
@@ -162,14 +150,8 @@ TEST_P(GpuTpParity, TwoRanksMatchOneGpuAndTransformers) {
   // Greedy tokens: identical up to the first step whose reference margin is within bf16 noise.
   const GreedyResult r = generate_greedy(*models, ref.greedy_prompt,
                                          static_cast<int>(ref.greedy_tokens.size()), {}, true);
-  const auto margins = margins_of(name);
-  const float noise = std::max(0.05f, 2.0f * dmax);
-  size_t i = 0;
-  while (i < r.token_ids.size() && r.token_ids[i] == ref.greedy_tokens[i]) ++i;
-  if (i < r.token_ids.size()) {
-    EXPECT_LT(margins[i], noise) << name << ": greedy token " << i << " differs with margin "
-                                 << margins[i];
-  }
+  const size_t i =
+      expect_greedy_agrees(name, r.token_ids, ref.greedy_tokens, std::max(0.05f, 2.0f * dmax));
   std::printf("%s: tp 2 greedy tokens agree for %zu of %zu steps\n", name.c_str(), i,
               r.token_ids.size());
 }
@@ -245,11 +227,9 @@ TEST(GpuTp, EngineOnTwoRanks) {
     g.ignore_eos = true;
     g.max_tokens = static_cast<int>(ref.greedy_tokens.size());
     const auto tokens = e.generate({ref.greedy_prompt}, g).at(0).outputs.at(0).token_ids;
-    const auto margins = margins_of("llama3_gqa");
-    size_t i = 0;
-    while (i < tokens.size() && tokens[i] == ref.greedy_tokens[i]) ++i;
-    if (i < tokens.size()) {
-      EXPECT_LT(margins[i], 0.05f) << "eager " << eager << ": token " << i << " differs";
+    {
+      SCOPED_TRACE(eager ? "eager" : "graphs");
+      expect_greedy_agrees("llama3_gqa", tokens, ref.greedy_tokens, 0.05f);
     }
     // Device-drawn and host-drawn twins of a seeded request agree (rank 0's logits either way),
     // in a batch with greedy neighbours of mixed lengths.
