@@ -39,6 +39,11 @@ Tensor LlamaAttention::forward(Step& step, const Tensor& x) {
 }
 
 Tensor logits_for_batch(Step& step, const Tensor& hidden, ParallelLMHead& lm_head) {
+  // Decode steps ask for every row in order: no gather.
+  const std::vector<int32_t>& want = step.batch.logits_indices;
+  bool all_rows = static_cast<int64_t>(want.size()) == hidden.size(0);
+  for (size_t i = 0; all_rows && i < want.size(); ++i) all_rows = want[i] == static_cast<int>(i);
+  if (all_rows) return lm_head.forward(step, hidden);
   const Tensor& idx = step.batch.dev.logits_indices;
   Tensor rows = step.empty({idx.numel(), hidden.size(1)}, hidden.dtype());
   kernels::gather_rows(rows, hidden, idx);
