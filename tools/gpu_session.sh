@@ -6,7 +6,8 @@
 #   bash STAGE/tools/gpu_session.sh [steps]   steps: comma list of tests,cli,kernels,e2e,hf,memcheck
 #   (also engine, serve, fp8check: the FP8 KV cache's tests under memcheck and e2e; fp8 and bf16:
 #   bench throughput with that KV cache dtype at ATOM_FP8_SEQS / ATOM_BF16_SEQS sequences; decode:
-#   decode steps under the environments of ATOM_DECODE_VARIANTS)
+#   decode steps under the environments of ATOM_DECODE_VARIANTS; ncu: per-kernel durations of a
+#   batch-1 decode step)
 set -u
 stage="$(cd "$(dirname "$0")/.." && pwd)"
 bin="$stage/bin"
@@ -72,6 +73,20 @@ if has e2e; then
       --prefill "" --batch 1,32 > "$out/e2e_variant.log" 2>&1
     note "e2e $v: rc=$?"
     grep -E "decode batch" "$out/e2e_variant.log" | sed "s/^/$v /" | tee -a "$summary"
+  done
+fi
+
+# Per-kernel durations of the last batch-1 decode step (ncu, each graph node on its own).
+# Under each environment of $ATOM_NCU_VARIANTS (as ATOM_DECODE_VARIANTS).
+if has ncu; then
+  for v in ${ATOM_NCU_VARIANTS:-default}; do
+    [ "$v" = default ] && e="" || e="${v//,/ }"
+    f="$out/ncu_${v//[=,]/_}"
+    env $e timeout 300 ncu --graph-profiling node --metrics gpu__time_duration.sum --csv \
+      "$bin/cuda_e2e_bench" --model "$stage/bench/models/llama-3.1-8b" --load-format dummy \
+      --prefill "" --batch ${ATOM_NCU_BATCH:-1} --steps 6 > "$f.csv" 2> "$f.err"
+    note "ncu $v: rc=$?"
+    python3 "$stage/tools/ncu_step_summary.py" "$f.csv" | tee -a "$summary"
   done
 fi
 

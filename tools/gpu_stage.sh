@@ -25,6 +25,6 @@ fi
 # Shared libraries the GPU machine lacks (the HTTP server's).
 mkdir -p "$dest/lib"
 for l in $(ldd "$build/atom" | awk '/httplib|brotli/ {print $3}'); do cp -L "$l" "$dest/lib/"; done
-cp "$src/tools/gpu_session.sh" "$src/tools/gpu_tp_session.sh" "$dest/tools/"
+cp "$src/tools/gpu_session.sh" "$src/tools/gpu_tp_session.sh" "$src/tools/ncu_step_summary.py" "$dest/tools/"
 (cd "$src" && git rev-parse --short HEAD && git status --short | head -20) > "$dest/COMMIT"
 du -sh "$dest"
