@@ -289,43 +289,13 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
   } else {
     // Merge the four warps' states of the same 16 rows through shared memory (the K/V stages,
     // free now: every warp passed the loop's last barrier).
-    float* red_o = reinterpret_cast<float*>(sK);  // [warp][16][D]
-    float* red_m = red_o + kWarps * 16 * D;       // [warp][16]
-    float* red_l = red_m + kWarps * 16;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = (lane >> 2) + h * 8;
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt) {
-        const int col = dt * 8 + 2 * (lane & 3);
-        red_o[(warp * 16 + row) * D + col] = o[0][dt][2 * h];
-        red_o[(warp * 16 + row) * D + col + 1] = o[0][dt][2 * h + 1];
-      }
-      if ((lane & 3) == 0) {
-        red_m[warp * 16 + row] = m_run[0][h];
-        red_l[warp * 16 + row] = l_run[0][h];
-      }
-    }
-    __syncthreads();
-    for (int idx = tid; idx < 16 * (D / 2); idx += kWarps * 32) {
-      const int row = idx / (D / 2), col = (idx % (D / 2)) * 2;
-      const int64_t orow = out_row_of(r.m0 + row);
-      if (orow < 0) continue;
-      float m = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red_m[w * 16 + row]);
-      float l = 0.0f, v0 = 0.0f, v1 = 0.0f;
-      if (m != -INFINITY) {
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          const float f = fast_exp2(red_m[w * 16 + row] - m);
-          l += f * red_l[w * 16 + row];
-          v0 += f * red_o[(w * 16 + row) * D + col];
-          v1 += f * red_o[(w * 16 + row) * D + col + 1];
-        }
-      }
-      write_row(orow, m, l, col, v0, v1, col == 0);
-    }
+    merge_decode_warps<D, kWarps>(
+        reinterpret_cast<float*>(sK), tid, [&](int dt, int e) { return o[0][dt][e]; },
+        [&](int h) { return m_run[0][h]; }, [&](int h) { return l_run[0][h]; },
+        [&](int row) { return out_row_of(r.m0 + row) >= 0; }, [](int col) { return col; }, 1,
+        [&](int row, float m, float l, int col, float v0, float v1) {
+          write_row(out_row_of(r.m0 + row), m, l, col, v0, v1, col == 0);
+        });
     if (splits > 1 && a.counters != nullptr)
       merge_splits_if_last<D, kWarps * 32>(
           a, splits, r.m0, tid, out_row_of, [&](int64_t orow, int head, int col, float v) {

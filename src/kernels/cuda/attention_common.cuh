@@ -100,6 +100,58 @@ __device__ __forceinline__ void write_attention_row(const AttnLaunch& a, int spl
   store(orow, head, col, v0 * inv, v1 * inv);
 }
 
+// Decode mode: the block's warps hold softmax states (running max m, sum l, unnormalised values)
+// of the same 16 rows over different keys, in mma.sync accumulator fragments. Each warp stores
+// its state into shared memory (red: [warps][16][D] values, then [warps][16] maxima and sums;
+// the value of fragment (dt, e) of row lane/4 + 8 (e/2) at dt * 8 + 2 (lane % 4) + e % 2), the
+// block synchronises, and every (row, column pair) is merged over the warps and handed to
+// write(row, m, l, col, v0, v1). The values of columns col and col + 1 sit at pos_of(col) and
+// pos_of(col) + step (the kernel's fragment column order); rows where row_ok(row) is false
+// (padding) are skipped. o_at(dt, e), m_at(h), l_at(h): this thread's fragments and row states.
+template <int D, int kWarps, typename OAt, typename MAt, typename LAt, typename RowOk,
+          typename PosOf, typename Write>
+__device__ __forceinline__ void merge_decode_warps(float* red, int tid, OAt o_at, MAt m_at,
+                                                   LAt l_at, RowOk row_ok, PosOf pos_of, int step,
+                                                   Write write) {
+  constexpr int DT = D / 8;
+  float* red_o = red;                      // [warp][16][D]
+  float* red_m = red_o + kWarps * 16 * D;  // [warp][16]
+  float* red_l = red_m + kWarps * 16;
+  const int lane = tid & 31, warp = tid >> 5;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = (lane >> 2) + h * 8;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+      *reinterpret_cast<float2*>(red_o + (warp * 16 + row) * D + dt * 8 + 2 * (lane & 3)) =
+          make_float2(o_at(dt, 2 * h), o_at(dt, 2 * h + 1));
+    if ((lane & 3) == 0) {
+      red_m[warp * 16 + row] = m_at(h);
+      red_l[warp * 16 + row] = l_at(h);
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < 16 * (D / 2); idx += kWarps * 32) {
+    const int row = idx / (D / 2), col = (idx % (D / 2)) * 2;
+    if (!row_ok(row)) continue;
+    const int pos = pos_of(col);
+    float m = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red_m[w * 16 + row]);
+    float l = 0.0f, v0 = 0.0f, v1 = 0.0f;
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = fast_exp2(red_m[w * 16 + row] - m);
+        l += f * red_l[w * 16 + row];
+        v0 += f * red_o[(w * 16 + row) * D + pos];
+        v1 += f * red_o[(w * 16 + row) * D + pos + step];
+      }
+    }
+    write(row, m, l, col, v0, v1);
+  }
+}
+
 // After a decode split CTA has written its partials (a.part_ml, a.part_o) for its 16 rows: the
 // last of the sequence's `splits` CTAs to finish merges every split's partials with the sinks and
 // stores each output value through store(orow, head, col, value); the others return. The merging

@@ -356,43 +356,16 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fp8_kernel(AttnLaunch a) {
     }
   } else {
     // Merge the four warps' states of the same 16 rows through shared memory (the K/V stages,
-    // free now), in the fragment order: position dt * 8 + n holds output column n D/8 + dt.
-    float* red_o = reinterpret_cast<float*>(sK);  // [warp][16][D]
-    float* red_m = red_o + kWarps * 16 * D;       // [warp][16]
-    float* red_l = red_m + kWarps * 16;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = g + h * 8;
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt)
-        *reinterpret_cast<float2*>(red_o + (warp * 16 + row) * D + dt * 8 + 2 * c) =
-            make_float2(o[dt][2 * h], o[dt][2 * h + 1]);
-      if (c == 0) {
-        red_m[warp * 16 + row] = m_run[h];
-        red_l[warp * 16 + row] = l_run[h];
-      }
-    }
-    __syncthreads();
-    for (int idx = tid; idx < 16 * (D / 2); idx += kWarps * 32) {
-      const int row = idx / (D / 2), col = (idx % (D / 2)) * 2;
-      const int64_t orow = out_row_of(r.m0 + row);
-      if (orow < 0) continue;
-      const int pos = (col % DT) * 8 + col / DT;  // col + 1 sits at pos + 8 (DT is even)
-      float m = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) m = fmaxf(m, red_m[w * 16 + row]);
-      float l = 0.0f, v0 = 0.0f, v1 = 0.0f;
-      if (m != -INFINITY) {
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          const float f = fast_exp2(red_m[w * 16 + row] - m);
-          l += f * red_l[w * 16 + row];
-          v0 += f * red_o[(w * 16 + row) * D + pos];
-          v1 += f * red_o[(w * 16 + row) * D + pos + 8];
-        }
-      }
-      write_row(orow, m, l, col, v0 * a.v_scale, v1 * a.v_scale, col == 0);
-    }
+    // free now), in the fragment order: position dt * 8 + n holds output column n D/8 + dt, so
+    // column col + 1 sits 8 positions after col (DT is even).
+    merge_decode_warps<D, kWarps>(
+        reinterpret_cast<float*>(sK), tid, [&](int dt, int e) { return o[dt][e]; },
+        [&](int h) { return m_run[h]; }, [&](int h) { return l_run[h]; },
+        [&](int row) { return out_row_of(r.m0 + row) >= 0; },
+        [](int col) { return (col % DT) * 8 + col / DT; }, 8,
+        [&](int row, float m, float l, int col, float v0, float v1) {
+          write_row(out_row_of(r.m0 + row), m, l, col, v0 * a.v_scale, v1 * a.v_scale, col == 0);
+        });
     if (splits > 1 && a.counters != nullptr)
       merge_splits_if_last<D, kWarps * 32>(
           a, splits, r.m0, tid, out_row_of, [&](int64_t orow, int head, int col, float v) {
