@@ -181,7 +181,7 @@ void bench_attention() {
   }
   kernels::cuda::attention_set_backend(PrefillAttention::kAuto);
   kernels::cuda::attention_set_wgmma_warpgroups(2);
-  kernels::cuda::attention_set_wgmma_pipeline(2);
+  kernels::cuda::attention_set_wgmma_pipeline(5);
   bench_attention_case("decode 64 x 4096 ctx, 32/8 heads, d128", 64, 1, 4096, 32, 8, 128);
   bench_attention_case("decode 128 x 1024 ctx, 32/8 heads, d128", 128, 1, 1024, 32, 8, 128);
   bench_attention_case("decode 32 x 4096 ctx, 32/8 heads, d128", 32, 1, 4096, 32, 8, 128);
