@@ -105,13 +105,14 @@ __device__ __forceinline__ void write_attention_row(const AttnLaunch& a, int spl
 // its state into shared memory (red: [warps][16][D] values, then [warps][16] maxima and sums;
 // the value of fragment (dt, e) of row lane/4 + 8 (e/2) at dt * 8 + 2 (lane % 4) + e % 2), the
 // block synchronises, and every (row, column pair) is merged over the warps and handed to
-// write(row, m, l, col, v0, v1). The values of columns col and col + 1 sit at pos_of(col) and
-// pos_of(col) + step (the kernel's fragment column order); rows where row_ok(row) is false
-// (padding) are skipped. o_at(dt, e), m_at(h), l_at(h): this thread's fragments and row states.
-template <int D, int kWarps, typename OAt, typename MAt, typename LAt, typename RowOk,
+// write(orow, m, l, col, v0, v1), orow = out_row(row) (token * num_heads + head; rows where it is
+// negative, padding, are skipped). The values of columns col and col + 1 sit at pos_of(col) and
+// pos_of(col) + step (the kernel's fragment column order). o_at(dt, e), m_at(h), l_at(h): this
+// thread's fragments and row states.
+template <int D, int kWarps, typename OAt, typename MAt, typename LAt, typename OutRow,
           typename PosOf, typename Write>
 __device__ __forceinline__ void merge_decode_warps(float* red, int tid, OAt o_at, MAt m_at,
-                                                   LAt l_at, RowOk row_ok, PosOf pos_of, int step,
+                                                   LAt l_at, OutRow out_row, PosOf pos_of, int step,
                                                    Write write) {
   constexpr int DT = D / 8;
   float* red_o = red;                      // [warp][16][D]
@@ -133,7 +134,8 @@ __device__ __forceinline__ void merge_decode_warps(float* red, int tid, OAt o_at
   __syncthreads();
   for (int idx = tid; idx < 16 * (D / 2); idx += kWarps * 32) {
     const int row = idx / (D / 2), col = (idx % (D / 2)) * 2;
-    if (!row_ok(row)) continue;
+    const int64_t orow = out_row(row);
+    if (orow < 0) continue;
     const int pos = pos_of(col);
     float m = -INFINITY;
 #pragma unroll
@@ -148,7 +150,7 @@ __device__ __forceinline__ void merge_decode_warps(float* red, int tid, OAt o_at
         v1 += f * red_o[(w * 16 + row) * D + pos + step];
       }
     }
-    write(row, m, l, col, v0, v1);
+    write(orow, m, l, col, v0, v1);
   }
 }
 

@@ -361,10 +361,10 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fp8_kernel(AttnLaunch a) {
     merge_decode_warps<D, kWarps>(
         reinterpret_cast<float*>(sK), tid, [&](int dt, int e) { return o[dt][e]; },
         [&](int h) { return m_run[h]; }, [&](int h) { return l_run[h]; },
-        [&](int row) { return out_row_of(r.m0 + row) >= 0; },
+        [&](int row) { return out_row_of(r.m0 + row); },
         [](int col) { return (col % DT) * 8 + col / DT; }, 8,
-        [&](int row, float m, float l, int col, float v0, float v1) {
-          write_row(out_row_of(r.m0 + row), m, l, col, v0 * a.v_scale, v1 * a.v_scale, col == 0);
+        [&](int64_t orow, float m, float l, int col, float v0, float v1) {
+          write_row(orow, m, l, col, v0 * a.v_scale, v1 * a.v_scale, col == 0);
         });
     if (splits > 1 && a.counters != nullptr)
       merge_splits_if_last<D, kWarps * 32>(
