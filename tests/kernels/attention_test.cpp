@@ -162,6 +162,14 @@ TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {
     kernels::cuda::attention_set_wgmma_pipeline(pipe);
     for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1600 + 10 * i + pipe);
   }
+  // The default pipeline with its CTAs in either order (these grids are short enough for the
+  // order across (sequence, kv head)s by default; the order within is what long prompts use).
+  kernels::cuda::attention_set_wgmma_pipeline(5);
+  for (int order : {0, 1}) {
+    kernels::cuda::attention_set_wgmma_order_across(order);
+    for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1800 + 10 * i + order);
+  }
+  kernels::cuda::attention_set_wgmma_order_across(-1);
   // Warp-specialized: enough key tiles to cycle its K and V stages many times; one warpgroup
   // falls back to pipeline 2.
   for (int pipe : {4, 5}) {

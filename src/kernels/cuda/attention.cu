@@ -78,6 +78,34 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
   const T* kc = static_cast<const T*>(a.k_cache);
   const T* vc = static_cast<const T*>(a.v_cache);
   const int32_t* pages = a.page_indices + a.page_indptr[r.s];
+  // Decode's K/V tile copies: chunk tid + i * threads of a tile's rows, i < kLoadIters, the pages
+  // looked up kGroup at a time before the copies are issued (copy_tile_batched), the first tile's
+  // before the PDL wait (the page table is ready before the step). Prefill, at its register limit
+  // (batched lookups spilled) and compute-bound, keeps the lookups in the copy loop.
+  constexpr int kLoadIters = BN * DC / (kWarps * 32);
+  static_assert(BN * DC % (kWarps * 32) == 0, "whole copy passes");
+  constexpr int kGroup = kLoadIters < 8 ? kLoadIters : 8;
+  constexpr bool kEarlySlots = kDecode && kLoadIters == kGroup;
+  auto key_slot = [&](int n0, int i) {  // n0: the tile's first key
+    const int j = n0 + (tid + i * kWarps * 32) / DC;
+    return j < r.kv_end ? kv_slot(a, pages, j) : -1;
+  };
+  auto copy_chunk = [&](T* dk, T* dv, int i, int slot) {
+    const int idx = tid + i * kWarps * 32, row = idx / DC, c = idx % DC;
+    const bool valid = slot >= 0;
+    const int64_t off =
+        valid ? (static_cast<int64_t>(slot) * a.num_kv_heads + r.kh) * D + c * 8 : 0;
+    const int sw = row * D + ((c ^ (row & 7)) << 3);
+    cp_async16(smem_addr(dk + sw), kc + off, valid);
+    cp_async16(smem_addr(dv + sw), vc + off, valid);
+  };
+  int first_slots[kEarlySlots ? kGroup : 1];
+  if constexpr (kEarlySlots) {
+    if (t_begin < t_end)
+#pragma unroll
+      for (int i = 0; i < kGroup; ++i)
+        first_slots[i] = key_slot(r.kv_begin + t_begin * BN, i);
+  }
   pdl_wait();
   for (int idx = tid; idx < BM * DC; idx += kWarps * 32) {
     const int row = idx / DC, c = idx % DC;
@@ -88,20 +116,32 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
     const int n0 = r.kv_begin + tile * BN;
     T* dk = sK + stage * BN * D;
     T* dv = sV + stage * BN * D;
-    for (int idx = tid; idx < BN * DC; idx += kWarps * 32) {
-      const int row = idx / DC, c = idx % DC;
-      const int j = n0 + row;
-      const bool valid = j < r.kv_end;
-      const int64_t off = valid ? kv_row_offset(a, pages, j, r.kh) + c * 8 : 0;
-      const int sw = row * D + ((c ^ (row & 7)) << 3);
-      cp_async16(smem_addr(dk + sw), kc + off, valid);
-      cp_async16(smem_addr(dv + sw), vc + off, valid);
+    if constexpr (kDecode) {
+      copy_tile_batched<kLoadIters, kGroup>([&](int i) { return key_slot(n0, i); },
+                                            [&](int i, int slot) { copy_chunk(dk, dv, i, slot); });
+    } else {
+      for (int idx = tid; idx < BN * DC; idx += kWarps * 32) {
+        const int row = idx / DC, c = idx % DC;
+        const int j = n0 + row;
+        const bool valid = j < r.kv_end;
+        const int64_t off = valid ? kv_row_offset(a, pages, j, r.kh) + c * 8 : 0;
+        const int sw = row * D + ((c ^ (row & 7)) << 3);
+        cp_async16(smem_addr(dk + sw), kc + off, valid);
+        cp_async16(smem_addr(dv + sw), vc + off, valid);
+      }
     }
   };
   // Stages ahead: one commit group per tile (empty groups past the end keep the count uniform).
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
-    if (t_begin + i < t_end) load_kv(t_begin + i, i);
+    if (t_begin + i < t_end) {
+      if (kEarlySlots && i == 0) {
+#pragma unroll
+        for (int c = 0; c < kGroup; ++c) copy_chunk(sK, sV, c, first_slots[kEarlySlots ? c : 0]);
+      } else {
+        load_kv(t_begin + i, i);
+      }
+    }
     cp_async_commit();
   }
 

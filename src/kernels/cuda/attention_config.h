@@ -23,6 +23,10 @@ void attention_set_wgmma_warpgroups(int n);
 // (a producer warpgroup gathers K/V into mbarrier stages), 5 that with ping-pong of the two
 // computing warpgroups; one warpgroup uses 2 for 3, 4 and 5. Default: ATOM_WGMMA_PIPELINE, else 5.
 void attention_set_wgmma_pipeline(int stages);
+// CTA order of the wgmma kernel: -1 (default) longest row tiles first across all (sequence, kv
+// head)s for grids of at most four waves, within each (sequence, kv head) otherwise; 0 always
+// within; 1 always across (tests).
+void attention_set_wgmma_order_across(int mode);
 // Split decode: the last CTA of a sequence merges the partials (default), or, when off, a
 // separate combine kernel does.
 void attention_set_merge_in_kernel(bool on);

@@ -135,18 +135,37 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fp8_kernel(AttnLaunch a) {
   const int32_t* pages = a.page_indices + a.page_indptr[r.s];
   const uint8_t* kc = static_cast<const uint8_t*>(a.k_cache);
   const uint8_t* vc = static_cast<const uint8_t*>(a.v_cache);
+  // Decode looks a tile's pages up in groups before issuing its copies (copy_tile_batched).
+  constexpr int kLoadIters = BN * DC / (kWarps * 32);
   auto load_kv = [&](int tile, int stage) {
     const int n0 = r.kv_begin + tile * BN;
     uint8_t* dk = sK + stage * BN * D;
     uint8_t* dv = sV + stage * BN * D;
-    for (int idx = tid; idx < BN * DC; idx += kWarps * 32) {
-      const int row = idx / DC, ch = idx % DC;
-      const int j = n0 + row;
-      const bool valid = j < r.kv_end;
-      const int64_t off = valid ? kv_row_offset(a, pages, j, r.kh) + ch * 16 : 0;
-      const int to = row * D + ((ch ^ kv_swizzle<D>(row)) << 4);
-      cp_async16(smem_addr(dk + to), kc + off, valid);
-      cp_async16(smem_addr(dv + to), vc + off, valid);
+    if constexpr (kDecode && BN * DC % (kWarps * 32) == 0) {
+      copy_tile_batched<kLoadIters, (kLoadIters < 8 ? kLoadIters : 8)>(
+          [&](int i) {
+            const int j = n0 + (tid + i * kWarps * 32) / DC;
+            return j < r.kv_end ? kv_slot(a, pages, j) : -1;
+          },
+          [&](int i, int slot) {
+            const int idx = tid + i * kWarps * 32, row = idx / DC, ch = idx % DC;
+            const bool valid = slot >= 0;
+            const int64_t off =
+                valid ? (static_cast<int64_t>(slot) * a.num_kv_heads + r.kh) * D + ch * 16 : 0;
+            const int to = row * D + ((ch ^ kv_swizzle<D>(row)) << 4);
+            cp_async16(smem_addr(dk + to), kc + off, valid);
+            cp_async16(smem_addr(dv + to), vc + off, valid);
+          });
+    } else {
+      for (int idx = tid; idx < BN * DC; idx += kWarps * 32) {
+        const int row = idx / DC, ch = idx % DC;
+        const int j = n0 + row;
+        const bool valid = j < r.kv_end;
+        const int64_t off = valid ? kv_row_offset(a, pages, j, r.kh) + ch * 16 : 0;
+        const int to = row * D + ((ch ^ kv_swizzle<D>(row)) << 4);
+        cp_async16(smem_addr(dk + to), kc + off, valid);
+        cp_async16(smem_addr(dv + to), vc + off, valid);
+      }
     }
   };
 #pragma unroll

@@ -128,6 +128,9 @@ struct AttnLaunch {
   // FP8 (e4m3) caches: values read as code * scale (kernels/attention.h, KvScales).
   bool kv_fp8 = false;
   float k_scale = 1.0f, v_scale = 1.0f;
+  // wgmma prefill: order the CTAs longest first across all (sequence, kv head)s instead of within
+  // each (set by its launcher for grids of a few waves; attention_wgmma.cu).
+  bool longest_first_across = false;
 };
 // Tensor-core flash attention (mma.sync): BF16/F16, head_dim 64, 128 or 256, 16-byte aligned
 // rows. Prefill mode: m_atoms (1 or 2; 2 needs head_dim <= 128) 16-row MMA tiles per warp, no
