@@ -582,7 +582,7 @@ void launch_typed(const AttnLaunch& a, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((max_rows + 64 * NWG - 1) / (64 * NWG)),
                   static_cast<unsigned>(a.num_seqs * a.num_kv_heads), 1u);
   // At most four waves of CTAs (one CTA per SM): longest first over all (sequence, kv head)s.
-  // On the H200 at 1 x 2,048 causal tokens, 32/8 heads, d128: 346-349 against 310-320 TFLOP/s
+  // On the H200 at 1 x 2,048 causal tokens, 32/8 heads, d128: 345-349 against 310-320 TFLOP/s
   // (docs/performance.md). Longer grids keep each (sequence, kv head) together: ordered across,
   // 1 x 8,192 tokens fell from 490-505 to 467.
   AttnLaunch b = a;
