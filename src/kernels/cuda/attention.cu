@@ -103,8 +103,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
   if constexpr (kEarlySlots) {
     if (t_begin < t_end)
 #pragma unroll
-      for (int i = 0; i < kGroup; ++i)
-        first_slots[i] = key_slot(r.kv_begin + t_begin * BN, i);
+      for (int i = 0; i < kGroup; ++i) first_slots[i] = key_slot(r.kv_begin + t_begin * BN, i);
   }
   pdl_wait();
   for (int idx = tid; idx < BM * DC; idx += kWarps * 32) {

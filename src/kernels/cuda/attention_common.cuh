@@ -88,7 +88,7 @@ __device__ __forceinline__ int64_t kv_row_offset(const AttnLaunch& a, const int3
 // kThreads (i < kIters) of the tile's rows. The rows' pages are looked up first, kGroup at a time
 // as plain loads issued back to back, and then the copies are issued: a lookup written inside the
 // copy loop waits behind the previous chunk's asynchronous copy, one memory round trip per row
-// (on the H200, 64 x 4k-token decode attention read 3.2-3.5 TB/s so, 3.8-4.0 batched).
+// (on the H200, 64 x 4k-token decode attention read 3.2-3.5 TB/s so, 3.8-4.2 batched).
 // slot(i): -1 past the context. copy(i, slot): issues chunk i's copies.
 template <int kIters, int kGroup, typename Slot, typename Copy>
 __device__ __forceinline__ void copy_tile_batched(Slot slot, Copy copy) {

@@ -121,7 +121,8 @@ __global__ void __launch_bounds__(128 * NWG + (kPipe >= 4 ? 128 : 0), NWG == 1 ?
   // waves) the order is by length over all of them, which balances the SMs' work.
   int mtile = static_cast<int>(gridDim.x - 1 - blockIdx.x), seq_head = static_cast<int>(blockIdx.y);
   if (a.longest_first_across) {
-    const int L = static_cast<int>(blockIdx.x + gridDim.x * blockIdx.y), n = static_cast<int>(gridDim.y);
+    const int L = static_cast<int>(blockIdx.x + gridDim.x * blockIdx.y),
+              n = static_cast<int>(gridDim.y);
     mtile = static_cast<int>(gridDim.x) - 1 - L / n;
     seq_head = L % n;
   }
