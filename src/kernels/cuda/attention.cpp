@@ -4,6 +4,7 @@
 #include "kernels/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -20,16 +21,6 @@ namespace {
 constexpr int kMaxSplits = 32;
 constexpr int kMinKeysPerSplit =
     256;  // a bound; each sequence splits down to 256 keys (decode_splits)
-
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
 
 PrefillAttention g_backend = [] {
   const std::string v = env_str("ATOM_ATTENTION_BACKEND", "auto");
@@ -91,6 +82,19 @@ int* split_counters(cudaStream_t stream) {
 }
 
 }  // namespace
+
+int sm_count() {
+  static std::atomic<int> counts[64] = {};
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  std::atomic<int>& c = counts[dev & 63];
+  int n = c.load(std::memory_order_relaxed);
+  if (n == 0) {
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    c.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
 
 void attention_set_backend(PrefillAttention b) { g_backend = b; }
 PrefillAttention attention_backend() { return g_backend; }

@@ -87,8 +87,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
   constexpr int kGroup = kLoadIters < 8 ? kLoadIters : 8;
   constexpr bool kEarlySlots = kDecode && kLoadIters == kGroup;
   auto key_slot = [&](int n0, int i) {  // n0: the tile's first key
-    const int j = n0 + (tid + i * kWarps * 32) / DC;
-    return j < r.kv_end ? kv_slot(a, pages, j) : -1;
+    return tile_chunk_slot<DC>(a, pages, n0, r.kv_end, tid + i * kWarps * 32);
   };
   auto copy_chunk = [&](T* dk, T* dv, int i, int slot) {
     const int idx = tid + i * kWarps * 32, row = idx / DC, c = idx % DC;

@@ -63,16 +63,8 @@ __device__ __forceinline__ const T* q_chunk(const AttnLaunch& a, const CtaRange&
          static_cast<int64_t>(r.kh * r.G + pr % r.G) * D + c * 8;
 }
 
-// Token slot (page * block_size + place in the page) of key j in a sequence's page table (an int:
-// a cache of 2^31 token slots would not fit a GPU).
-__device__ __forceinline__ int kv_slot(const AttnLaunch& a, const int32_t* pages, int j) {
-  return a.block_shift >= 0 ? pages[j >> a.block_shift] * a.block_size + (j & (a.block_size - 1))
-                            : pages[j / a.block_size] * a.block_size + j % a.block_size;
-}
-
-// Element offset of key j's row (for kv head kh) in the paged cache.
-__device__ __forceinline__ int64_t kv_row_offset(const AttnLaunch& a, const int32_t* pages, int j,
-                                                 int kh) {
+// Token slot (page * block_size + place in the page) of key j in a sequence's page table.
+__device__ __forceinline__ int64_t kv_slot(const AttnLaunch& a, const int32_t* pages, int j) {
   int64_t page, slot;
   if (a.block_shift >= 0) {
     page = pages[j >> a.block_shift];
@@ -81,7 +73,22 @@ __device__ __forceinline__ int64_t kv_row_offset(const AttnLaunch& a, const int3
     page = pages[j / a.block_size];
     slot = j % a.block_size;
   }
-  return ((page * a.block_size + slot) * a.num_kv_heads + kh) * a.head_dim;
+  return page * a.block_size + slot;
+}
+
+// Element offset of key j's row (for kv head kh) in the paged cache.
+__device__ __forceinline__ int64_t kv_row_offset(const AttnLaunch& a, const int32_t* pages, int j,
+                                                 int kh) {
+  return (kv_slot(a, pages, j) * a.num_kv_heads + kh) * a.head_dim;
+}
+
+// Token slot of the key behind chunk idx of a K/V tile that starts at key n0 (DC 16-byte chunks a
+// row), or -1 past the context (an int: a cache of 2^31 token slots would not fit a GPU).
+template <int DC>
+__device__ __forceinline__ int tile_chunk_slot(const AttnLaunch& a, const int32_t* pages, int n0,
+                                               int kv_end, int idx) {
+  const int j = n0 + idx / DC;
+  return j < kv_end ? static_cast<int>(kv_slot(a, pages, j)) : -1;
 }
 
 // A CTA's copy of one K/V tile into shared memory: kThreads threads, chunk idx = tid + i *

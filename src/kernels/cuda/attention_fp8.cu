@@ -143,10 +143,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fp8_kernel(AttnLaunch a) {
     uint8_t* dv = sV + stage * BN * D;
     if constexpr (kDecode && BN * DC % (kWarps * 32) == 0) {
       copy_tile_batched<kLoadIters, (kLoadIters < 8 ? kLoadIters : 8)>(
-          [&](int i) {
-            const int j = n0 + (tid + i * kWarps * 32) / DC;
-            return j < r.kv_end ? kv_slot(a, pages, j) : -1;
-          },
+          [&](int i) { return tile_chunk_slot<DC>(a, pages, n0, r.kv_end, tid + i * kWarps * 32); },
           [&](int i, int slot) {
             const int idx = tid + i * kWarps * 32, row = idx / DC, ch = idx % DC;
             const bool valid = slot >= 0;

@@ -22,7 +22,6 @@
 // FP8 (e4m3) caches (kFp8): the e4m3 tiles arrive with cp.async in two stages of their own and
 // every thread then converts its share into one canonical tile of q's type (exact), which costs a
 // second barrier per tile; the scales fold into the softmax scale (k) and the output (v).
-#include <atomic>
 #include <cstdlib>
 
 #include "kernels/cuda/attention_common.cuh"
@@ -556,21 +555,6 @@ __global__ void __launch_bounds__(128 * NWG + (kPipe >= 4 ? 128 : 0), NWG == 1 ?
 }
 
 int g_order_across = -1;  // attention_set_wgmma_order_across
-
-// Streaming multiprocessors of the current device (cached per device).
-int sm_count() {
-  static std::atomic<int> counts[64] = {};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  std::atomic<int>& c = counts[dev & 63];
-  int n = c.load(std::memory_order_relaxed);
-  if (n == 0) {
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    n = n > 0 ? n : 1;
-    c.store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
 
 template <typename T, int D, int NWG, int BN, bool kFp8, int kPipe>
 void launch_typed(const AttnLaunch& a, cudaStream_t s) {

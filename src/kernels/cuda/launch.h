@@ -153,6 +153,8 @@ void launch_flash_fp8_decode(const AttnLaunch& a, cudaStream_t s);
 // Hopper prefill kernel (wgmma, two warpgroups of 64 rows, 128-key tiles): BF16/F16, head_dim
 // 64 or 128, 16-byte aligned rows, no splits. FP8 caches: tiles are converted to q's type in
 // shared memory before the MMAs (two warpgroups only).
+// Streaming multiprocessors of the current device (cached per device; attention.cpp).
+int sm_count();
 bool wgmma_attention_supported(const AttnLaunch& a);
 void launch_wgmma_attention(const AttnLaunch& a, cudaStream_t s);
 // One warp per (token, head), FP32 math: any dtype (FP8 caches too), any head_dim <= 256.
