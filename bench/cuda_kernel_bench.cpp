@@ -2,6 +2,7 @@
 // and FLOP/s, and the fraction of the binding hardware limit (bench_util.h).
 //   cuda_kernel_bench [gemm|attention|small|all]
 // Inputs larger than L2 (weights, KV caches) are rotated or sized past the 50 MB L2.
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -147,13 +148,14 @@ void bench_attention() {
   using kernels::cuda::PrefillAttention;
   std::printf("\n== Paged attention, bf16, 16-token pages (shuffled)\n");
   // wgmma: warpgroups per CTA and K/V pipeline (0 the serial loop, 2/3 overlapped, stages;
-  // 4 warp-specialized, 5 with ping-pong).
+  // 4 warp-specialized, 5 with ping-pong, 6 with two row tiles per CTA: the default).
   struct Variant {
     PrefillAttention be;
     int warpgroups, pipeline;
     const char* tag;
   };
   const Variant variants[] = {
+      {PrefillAttention::kAuto, 2, 6, "wgmma 2wg ping-pong, tile pairs (default)"},
       {PrefillAttention::kAuto, 2, 2, "wgmma 2wg"},
       {PrefillAttention::kAuto, 2, 4, "wgmma 2wg warp-specialized"},
       {PrefillAttention::kAuto, 2, 5, "wgmma 2wg warp-specialized ping-pong"},
@@ -163,7 +165,23 @@ void bench_attention() {
       {PrefillAttention::kAuto, 1, 0, "wgmma 1wg serial"},
       {PrefillAttention::kMma, 2, 2, "mma.sync"},
   };
-  for (const Variant& v : variants) {
+  // ATOM_BENCH_PIPELINES=5,6,5: only the two-warpgroup wgmma rows of those pipelines, in that
+  // order (repeats allowed, to see the GPU's clocks drift); default every variant.
+  std::vector<const Variant*> order;
+  if (const char* list = std::getenv("ATOM_BENCH_PIPELINES")) {
+    for (const char* c = list; *c;) {
+      const int pipe = std::atoi(c);
+      for (const Variant& v : variants)
+        if (v.be == PrefillAttention::kAuto && v.warpgroups == 2 && v.pipeline == pipe)
+          order.push_back(&v);
+      while (*c && *c != ',') ++c;
+      if (*c == ',') ++c;
+    }
+  } else {
+    for (const Variant& v : variants) order.push_back(&v);
+  }
+  for (const Variant* vp : order) {
+    const Variant& v = *vp;
     kernels::cuda::attention_set_backend(v.be);
     kernels::cuda::attention_set_wgmma_warpgroups(v.warpgroups);
     kernels::cuda::attention_set_wgmma_pipeline(v.pipeline);
@@ -181,7 +199,7 @@ void bench_attention() {
   }
   kernels::cuda::attention_set_backend(PrefillAttention::kAuto);
   kernels::cuda::attention_set_wgmma_warpgroups(2);
-  kernels::cuda::attention_set_wgmma_pipeline(5);
+  kernels::cuda::attention_set_wgmma_pipeline(6);
   bench_attention_case("decode 64 x 4096 ctx, 32/8 heads, d128", 64, 1, 4096, 32, 8, 128);
   bench_attention_case("decode 128 x 1024 ctx, 32/8 heads, d128", 128, 1, 1024, 32, 8, 128);
   bench_attention_case("decode 32 x 4096 ctx, 32/8 heads, d128", 32, 1, 4096, 32, 8, 128);

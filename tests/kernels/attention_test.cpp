@@ -156,14 +156,15 @@ TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {
   kernels::cuda::attention_set_wgmma_warpgroups(1);
   for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1400 + 10 * i);
   kernels::cuda::attention_set_wgmma_warpgroups(2);
-  // The wgmma kernel's other K/V pipelines (the default, 5, ran above): serial, two and three
-  // stages, warp-specialized without ping-pong, and the serial loop with one warpgroup.
-  for (int pipe : {0, 2, 3, 4}) {
+  // The wgmma kernel's other K/V pipelines (the default, 6, ran above): serial, two and three
+  // stages, warp-specialized without and with ping-pong (one row tile per CTA), and the serial
+  // loop with one warpgroup.
+  for (int pipe : {0, 2, 3, 4, 5}) {
     kernels::cuda::attention_set_wgmma_pipeline(pipe);
     for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1600 + 10 * i + pipe);
   }
-  // The default pipeline with its CTAs in either order (these grids are short enough for the
-  // order across (sequence, kv head)s by default; the order within is what long prompts use).
+  // Pipeline 5 with its CTAs in either order (these grids are short enough for the order across
+  // (sequence, kv head)s by default; the order within is what long prompts use).
   kernels::cuda::attention_set_wgmma_pipeline(5);
   for (int order : {0, 1}) {
     kernels::cuda::attention_set_wgmma_order_across(order);
@@ -172,7 +173,7 @@ TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {
   kernels::cuda::attention_set_wgmma_order_across(-1);
   // Warp-specialized: enough key tiles to cycle its K and V stages many times; one warpgroup
   // falls back to pipeline 2.
-  for (int pipe : {4, 5}) {
+  for (int pipe : {4, 5, 6}) {
     kernels::cuda::attention_set_wgmma_pipeline(pipe);
     check_attention({8, 2, 128, 16, {{1100, 1100}, {37, 900}}, 0, true}, 1660 + pipe);
     check_attention({16, 16, 64, 16, {{1000, 1000}}, 300}, 1670 + pipe);
@@ -184,7 +185,7 @@ TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {
   kernels::cuda::attention_set_wgmma_pipeline(0);
   for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1700 + 10 * i);
   kernels::cuda::attention_set_wgmma_warpgroups(2);
-  kernels::cuda::attention_set_wgmma_pipeline(5);
+  kernels::cuda::attention_set_wgmma_pipeline(6);  // the default
   kernels::cuda::attention_set_m_atoms(1);
   kernels::cuda::attention_set_backend(PrefillAttention::kMma);
   check_attention(cases[0], 1500);

@@ -21,7 +21,8 @@ void attention_set_wgmma_warpgroups(int n);
 // before the softmax that follows), 2 or 3 the overlapped loop (the next tile's Q Kᵀ and the P V
 // product in flight during the softmax) with that many K/V stages, 4 that loop warp-specialized
 // (a producer warpgroup gathers K/V into mbarrier stages), 5 that with ping-pong of the two
-// computing warpgroups; one warpgroup uses 2 for 3, 4 and 5. Default: ATOM_WGMMA_PIPELINE, else 5.
+// computing warpgroups, 6 that with two row tiles per CTA (the longest and the shortest of a
+// (sequence, kv head)); one warpgroup uses 2 for 3 to 6. Default: ATOM_WGMMA_PIPELINE, else 6.
 void attention_set_wgmma_pipeline(int stages);
 // CTA order of the wgmma kernel: -1 (default) longest row tiles first across all (sequence, kv
 // head)s for grids of at most four waves, within each (sequence, kv head) otherwise; 0 always
