@@ -9,17 +9,26 @@ namespace atom::kernels {
 //   x    [M, K]  (rows may be strided)
 //   w    [N, K]  contiguous (F32 or BF16 on the CPU)
 //   bias [N] or undefined
+// Scheduling hints (the values are the same either way).
+struct LinearHints {
+  // The product follows a latency-bound kernel (decode attention feeding o_proj): the CUDA skinny
+  // kernel issues a quarter of its first weight loads before waiting for that kernel instead of
+  // all of them, so that fewer of them queue ahead of its memory accesses.
+  bool after_latency_bound = false;
+};
 namespace cpu {
 void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias);
 }
 namespace cuda {
-void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias);
+void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+            const LinearHints& hints = {});
 }
 
-inline void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias = {}) {
+inline void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias = {},
+                   const LinearHints& hints = {}) {
   check_same_device("linear", out.device(), {&x, &w, &bias});
   if (out.device().is_cpu()) return cpu::linear(out, x, w, bias);
-  ATOM_KERNEL_CUDA("linear", cuda::linear(out, x, w, bias));
+  ATOM_KERNEL_CUDA("linear", cuda::linear(out, x, w, bias, hints));
 }
 
 // out [M, I] = silu(g) * u where [g | u] = x · wᵀ (+ bias), w [2I, K] = [gate; up], in one kernel

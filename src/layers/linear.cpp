@@ -45,7 +45,7 @@ bool LinearBase::forward_rope_kv(Tensor& out, const Tensor& x, const kernels::Qk
 
 Tensor LinearBase::forward(Step& step, const Tensor& x, const Tensor& out) {
   Tensor y = output(step, x, out);
-  kernels::linear(y, x, weight_->data(), bias_ ? bias_->data() : Tensor());
+  kernels::linear(y, x, weight_->data(), bias_ ? bias_->data() : Tensor(), hints_);
   return y;
 }
 
@@ -95,10 +95,10 @@ RowParallelLinear::RowParallelLinear(LayerContext& ctx, const std::string& prefi
 Tensor RowParallelLinear::forward(Step& step, const Tensor& x, const Tensor& out) {
   Tensor y = output(step, x, out);
   if (ctx_.tp_size == 1 || !reduce_) {
-    kernels::linear(y, x, weight_->data(), bias_ ? bias_->data() : Tensor());
+    kernels::linear(y, x, weight_->data(), bias_ ? bias_->data() : Tensor(), hints_);
     return y;
   }
-  kernels::linear(y, x, weight_->data(), Tensor());
+  kernels::linear(y, x, weight_->data(), Tensor(), hints_);
   ctx_.comm->all_reduce_sum(y);
   if (bias_) kernels::add_bias(y, bias_->data());
   return y;

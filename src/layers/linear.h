@@ -18,6 +18,8 @@ class LinearBase {
   int64_t in_per_rank() const { return in_; }
   int64_t out_per_rank() const { return out_; }
   Parameter& weight() { return *weight_; }
+  // Scheduling hints for this layer's products (kernels::LinearHints; values unchanged).
+  void set_hints(const kernels::LinearHints& h) { hints_ = h; }
   Parameter* bias() { return bias_; }
   // For a [gate; up] weight: out [T, out_per_rank / 2] = silu(gate) * up in one kernel where the
   // backend has one for this size (kernels::linear_silu_mul); false, computing nothing, otherwise.
@@ -37,6 +39,7 @@ class LinearBase {
   int64_t in_, out_;
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;  // [out_per_rank]
+  kernels::LinearHints hints_;
 };
 
 // The same full weight on every rank.

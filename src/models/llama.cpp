@@ -24,6 +24,7 @@ LlamaAttention::LlamaAttention(LayerContext& ctx, const ModelConfig& c, int64_t 
              llama_layer_window(c, layer), false}) {
   q_size_ = qkv_proj_.heads_per_rank() * c.head_dim;
   kv_size_ = qkv_proj_.kv_heads_per_rank() * c.head_dim;
+  o_proj_.set_hints({.after_latency_bound = true});  // it follows decode attention
 }
 
 Tensor LlamaAttention::forward(Step& step, const Tensor& x) {

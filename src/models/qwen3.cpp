@@ -28,6 +28,7 @@ class Qwen3Attention {
                qwen3_layer_window(c, layer), false}) {
     q_size_ = qkv_proj_.heads_per_rank() * c.head_dim;
     kv_size_ = qkv_proj_.kv_heads_per_rank() * c.head_dim;
+    o_proj_.set_hints({.after_latency_bound = true});  // it follows decode attention
   }
 
   Tensor forward(Step& step, const Tensor& x) {

@@ -216,6 +216,31 @@ TEST(GpuLinear, RopeKvFusedMatchesLinearThenRope) {
   kernels::cuda::linear_set_skinny_max_m(saved);
 }
 
+// The after-attention hint (a quarter of the first weight loads before the PDL wait) changes
+// when the skinny kernel loads, not what it computes: the same bytes, split over the warps or not.
+TEST(GpuLinear, SkinnyAfterLatencyBoundHintSameBytes) {
+  const int saved = kernels::cuda::linear_skinny_max_m();
+  kernels::cuda::linear_set_skinny_max_m(2);
+  uint64_t seed = 1300;
+  for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 4096, 4096},
+                                {2, 1000, 4096}, {1, 300, 520}, {2, 64, 8200}}) {
+    SCOPED_TRACE("M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k));
+    Tensor x = random_cpu({m, k}, DType::kBF16, ++seed, -1, 1).to(gpu());
+    Tensor w = random_cpu({n, k}, DType::kBF16, ++seed, -0.1f, 0.1f).to(gpu());
+    Tensor plain = Tensor::empty({m, n}, DType::kBF16, gpu());
+    Tensor hinted = Tensor::empty({m, n}, DType::kBF16, gpu());
+    poison(plain);
+    poison(hinted);
+    kernels::linear(plain, x, w);
+    kernels::linear(hinted, x, w, Tensor(), {.after_latency_bound = true});
+    EXPECT_TRUE(same_bytes(plain, hinted));
+    Tensor cpu_out = Tensor::empty({m, n}, DType::kBF16);
+    kernels::linear(cpu_out, x.to(Device::cpu()), w.to(Device::cpu()));
+    EXPECT_LE(rel_err(hinted, cpu_out), 1e-2);
+  }
+  kernels::cuda::linear_set_skinny_max_m(saved);
+}
+
 TEST(GpuLinear, SamePlanReusedAcrossPointers) {
   // Cached plans must not bake in a pointer: run one shape on two different buffers.
   for (int i = 0; i < 2; ++i)

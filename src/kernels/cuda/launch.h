@@ -93,9 +93,12 @@ struct SkinnyRope {
 };
 // rope.on: w is a [q; k; v] projection (n = (q_heads + 2 kv_heads) head_dim); q and k are rotated
 // (half-split over the whole head, as launch_rope) and k, v written to the cache slots.
+// early_loads: of the kSkinnyEarlyLoadsAll 16-byte weight loads per row a lane has in flight, how
+// many it issues before the PDL wait (the rest right after it).
+inline constexpr int kSkinnyEarlyLoadsAll = 4;
 void launch_linear_skinny(Mat out, Mat x, const void* w, int64_t n, int64_t k, const void* bias,
                           Elem bias_type, cudaStream_t s, bool silu_mul_pairs = false,
-                          const SkinnyRope& rope = {});
+                          const SkinnyRope& rope = {}, int early_loads = kSkinnyEarlyLoadsAll);
 
 // ---- attention.cu / attention_simple.cu
 struct AttnLaunch {

@@ -173,11 +173,12 @@ bool skinny_applies(const Tensor& x, const Tensor& w) {
 // The skinny kernel for `op` (linear, its SiLU·mul or its RoPE + cache-write form) on checked
 // tensors: out [M, ·] = x [M, K] · w [n, K]ᵀ (+ bias) and the form's epilogue.
 void launch_skinny(const char* op, Tensor& out, const Tensor& x, const Tensor& w, int64_t n,
-                   const Tensor& bias, bool silu_mul_pairs = false, const SkinnyRope& rope = {}) {
+                   const Tensor& bias, bool silu_mul_pairs = false, const SkinnyRope& rope = {},
+                   int early_loads = kSkinnyEarlyLoadsAll) {
   launch_linear_skinny(mat_of(out, op), mat_of(x, op), w.data(), n, x.size(1),
                        bias.defined() ? bias.data() : nullptr,
                        bias.defined() ? elem_of(bias.dtype(), op) : Elem::kF32, current_stream(),
-                       silu_mul_pairs, rope);
+                       silu_mul_pairs, rope, early_loads);
   launch_check((std::string(op) + " (skinny)").c_str());
 }
 }  // namespace
@@ -237,7 +238,8 @@ bool linear_rope_kv(Tensor& out, const Tensor& x, const Tensor& w, const Tensor&
   return true;
 }
 
-void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
+void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+            const LinearHints& hints) {
   check_rows("linear", out, "out");
   check_rows("linear", x, "x");
   ATOM_CHECK(w.dim() == 2 && w.is_contiguous(), "linear: weight must be contiguous 2-D, got {}",
@@ -257,7 +259,11 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   const int64_t ldx = M > 1 ? x.stride(0) : K, ldo = M > 1 ? out.stride(0) : N;
 
   if (skinny_applies(x, w)) {
-    launch_skinny("linear", out, x, w, N, bias);
+    // After decode attention: one of the four first weight loads before the wait. H200, batch-1
+    // decode: 4.150-4.183 ms against 4.199-4.250 with all four (docs/performance.md, fifth pass);
+    // fewer early loads for the other products were slower.
+    launch_skinny("linear", out, x, w, N, bias, false, {},
+                  hints.after_latency_bound ? 1 : kSkinnyEarlyLoadsAll);
     return;
   }
 

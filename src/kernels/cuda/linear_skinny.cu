@@ -5,6 +5,8 @@
 // blocks, more loads in flight, a shorter tail), the first weight loads are issued before the PDL
 // wait, and a [gate; up] weight can end in SiLU·mul. On the H200 it beats cuBLASLt's GEMV at
 // M = 1 (docs/performance.md), where it is the default (linear_config.h).
+#include <algorithm>
+
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/linear_config.h"
 
@@ -18,6 +20,7 @@ constexpr int kRows = 2;  // weight rows per warp
 // step 4.56-4.58 against 4.41-4.43 ms), as did the next step's loads issued early or an L2
 // prefetch.
 constexpr int kUnroll = 4;
+static_assert(kUnroll == kSkinnyEarlyLoadsAll, "launch.h");
 
 struct SkinnyArgs {
   Mat out, x;
@@ -32,6 +35,7 @@ struct SkinnyArgs {
   // a q or k head, or two neighbouring v columns, and the epilogue rotates q and k (half-split,
   // as rope_kernel) and writes k and v into the cache slots, as the separate RoPE + cache write.
   SkinnyRope rope;
+  int early_loads;  // of the kUnroll first loads per row, those issued before the PDL wait
 };
 
 // Output rows (weight rows) r0, r1 of column group g.
@@ -101,9 +105,10 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
 
   constexpr int64_t kStep = 32 * 8;  // elements a warp covers per load
   uint4 wv[kUnroll][kRows];
-  auto load_weights = [&](int64_t k0) {
+  auto load_weights = [&](int64_t k0, int u0 = 0, int u1 = kUnroll) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
+      if (u < u0 || u >= u1) continue;
       const int64_t k = k0 + u * kStep;
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
@@ -113,8 +118,10 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
   };
   // The weights do not depend on earlier kernels: the first loads are in flight while the
   // previous kernel drains (programmatic dependent launch); x is read only after the wait.
+  // a.early_loads < kUnroll (after decode attention, which is latency-bound): the rest of them
+  // right after the wait, so that fewer queue ahead of that kernel's memory accesses.
   int64_t k0 = kbeg + lane * 8;
-  if (k0 < kend) load_weights(k0);
+  if (k0 < kend) load_weights(k0, 0, a.early_loads);
   // RoPE epilogue: lane m's token's rotation and cache slot, ready before the wait (the batch's
   // positions and slots were copied in before the step's first kernel; inv_freq is constant).
   float rope_c = 1.0f, rope_s = 0.0f;
@@ -128,6 +135,7 @@ __global__ void __launch_bounds__(kWarps * 32) linear_skinny_kernel(SkinnyArgs a
     rope_slot = a.rope.slot_mapping[lane];
   }
   pdl_wait();
+  if (k0 < kend && a.early_loads < kUnroll) load_weights(k0, a.early_loads, kUnroll);
   for (; k0 < kend;) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -255,9 +263,13 @@ void launch_typed(const SkinnyArgs& a, cudaStream_t s) {
 
 void launch_linear_skinny(Mat out, Mat x, const void* w, int64_t n, int64_t k, const void* bias,
                           Elem bias_type, cudaStream_t s, bool silu_mul_pairs,
-                          const SkinnyRope& rope) {
+                          const SkinnyRope& rope, int early_loads) {
   if (x.rows == 0 || n == 0) return;
-  SkinnyArgs a{out, x, w, n, k, bias, bias_type, silu_mul_pairs ? n / 2 : 0, rope};
+  SkinnyArgs a{out,       x,
+               w,         n,
+               k,         bias,
+               bias_type, silu_mul_pairs ? n / 2 : 0,
+               rope,      std::clamp(early_loads, 0, kUnroll)};
   if (x.type == Elem::kBF16)
     launch_typed<__nv_bfloat16>(a, s);
   else
