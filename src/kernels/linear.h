@@ -4,18 +4,19 @@
 
 namespace atom::kernels {
 
-// out = x · wᵀ (+ bias). Accumulates in fp32.
-//   out  [M, N]  (rows may be strided, columns contiguous)
-//   x    [M, K]  (rows may be strided)
-//   w    [N, K]  contiguous (F32 or BF16 on the CPU)
-//   bias [N] or undefined
-// Scheduling hints (the values are the same either way).
+// Scheduling hints for linear (the values are the same either way).
 struct LinearHints {
   // The product follows a latency-bound kernel (decode attention feeding o_proj): the CUDA skinny
   // kernel issues a quarter of its first weight loads before waiting for that kernel instead of
   // all of them, so that fewer of them queue ahead of its memory accesses.
   bool after_latency_bound = false;
 };
+
+// out = x · wᵀ (+ bias). Accumulates in fp32.
+//   out  [M, N]  (rows may be strided, columns contiguous)
+//   x    [M, K]  (rows may be strided)
+//   w    [N, K]  contiguous (F32 or BF16 on the CPU)
+//   bias [N] or undefined
 namespace cpu {
 void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias);
 }

@@ -25,7 +25,6 @@
 // FP8 (e4m3) caches (kFp8): the e4m3 tiles arrive with cp.async in two stages of their own and
 // every thread then converts its share into one canonical tile of q's type (exact), which costs a
 // second barrier per tile; the scales fold into the softmax scale (k) and the output (v).
-#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 

@@ -19,8 +19,7 @@ constexpr int kRows = 2;  // weight rows per warp
 // 16-byte weight loads per row in flight per lane. 8 measured slower on the H200 (batch-1 decode
 // step 4.56-4.58 against 4.41-4.43 ms), as did the next step's loads issued early or an L2
 // prefetch.
-constexpr int kUnroll = 4;
-static_assert(kUnroll == kSkinnyEarlyLoadsAll, "launch.h");
+constexpr int kUnroll = kSkinnyEarlyLoadsAll;  // 4
 
 struct SkinnyArgs {
   Mat out, x;
@@ -265,11 +264,8 @@ void launch_linear_skinny(Mat out, Mat x, const void* w, int64_t n, int64_t k, c
                           Elem bias_type, cudaStream_t s, bool silu_mul_pairs,
                           const SkinnyRope& rope, int early_loads) {
   if (x.rows == 0 || n == 0) return;
-  SkinnyArgs a{out,       x,
-               w,         n,
-               k,         bias,
-               bias_type, silu_mul_pairs ? n / 2 : 0,
-               rope,      std::clamp(early_loads, 0, kUnroll)};
+  const int early = std::clamp(early_loads, 0, kUnroll);
+  SkinnyArgs a{out, x, w, n, k, bias, bias_type, silu_mul_pairs ? n / 2 : 0, rope, early};
   if (x.type == Elem::kBF16)
     launch_typed<__nv_bfloat16>(a, s);
   else
