@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -19,6 +20,19 @@ namespace atom::bench {
 // cuBLAS BF16 GEMM 8192^3.
 inline constexpr double kBandwidth = 4.29e12;  // bytes/s
 inline constexpr double kMatmul = 797e12;      // FLOP/s
+
+// "2048,8192" -> {2048, 8192}; "" gives an empty list.
+inline std::vector<int> int_list(const std::string& s) {
+  std::vector<int> r;
+  size_t p = 0;
+  while (p < s.size()) {
+    const size_t c = s.find(',', p);
+    r.push_back(std::atoi(s.substr(p, c == std::string::npos ? std::string::npos : c - p).c_str()));
+    if (c == std::string::npos) break;
+    p = c + 1;
+  }
+  return r;
+}
 
 // Median over `reps` of the mean time (s) of `iters` back-to-back calls of fn(i), i counting up
 // (to rotate inputs), timed with events on the current stream (the legacy stream here).

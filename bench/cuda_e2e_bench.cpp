@@ -22,18 +22,6 @@ using namespace atom;
 
 namespace {
 
-std::vector<int> int_list(const std::string& s) {
-  std::vector<int> r;
-  size_t p = 0;
-  while (p < s.size()) {  // "" gives an empty list
-    const size_t c = s.find(',', p);
-    r.push_back(std::atoi(s.substr(p, c == std::string::npos ? std::string::npos : c - p).c_str()));
-    if (c == std::string::npos) break;
-    p = c + 1;
-  }
-  return r;
-}
-
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -90,9 +78,9 @@ int main(int argc, char** argv) {
     else if (a == "--load-format")
       load = next();
     else if (a == "--prefill")
-      prefill = int_list(next());
+      prefill = bench::int_list(next());
     else if (a == "--batch")
-      batches = int_list(next());
+      batches = bench::int_list(next());
     else if (a == "--prompt")
       prompt = std::atoi(next().c_str());
     else if (a == "--steps")

@@ -169,14 +169,10 @@ void bench_attention() {
   // order (repeats allowed, to see the GPU's clocks drift); default every variant.
   std::vector<const Variant*> order;
   if (const char* list = std::getenv("ATOM_BENCH_PIPELINES")) {
-    for (const char* c = list; *c;) {
-      const int pipe = std::atoi(c);
+    for (const int pipe : bench::int_list(list))
       for (const Variant& v : variants)
         if (v.be == PrefillAttention::kAuto && v.warpgroups == 2 && v.pipeline == pipe)
           order.push_back(&v);
-      while (*c && *c != ',') ++c;
-      if (*c == ',') ++c;
-    }
   } else {
     for (const Variant& v : variants) order.push_back(&v);
   }
