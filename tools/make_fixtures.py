@@ -2,27 +2,43 @@
 """Builds the tiny reference checkpoints under tests/fixtures/models with Hugging Face transformers.
 
 Runs on the GPU machine (transformers 5.17, PyTorch 2.11). For each fixture it:
-  1. builds a random-weight model from a config (hidden 64-128, 2-3 layers, vocab <= 1000), with
-     weights scaled so the logits are far from flat;
-  2. saves it with save_pretrained (bf16 unless the fixture says f32), optionally sharded, and
-     optionally rewrites config.json into the legacy layout (rope_theta + rope_scaling,
-     torch_dtype) so the loader's both forms are exercised - transformers then reloads that file;
-  3. reloads the saved folder in float32 with eager attention (TF32 off) and records the logits
-     for fixed token ids plus 16 greedy tokens from a fixed prompt, with each step's top-1/top-2
-     margin, into OUT_DIR/references/NAME.safetensors (outside the model folder, whose every
-     tensor must belong to the model).
+  1. builds a random-weight model from a config (hidden 64-128, 2-4 layers, vocab <= 1024), with
+     weights scaled so the logits are far from flat (a tied embedding is scaled down so that the
+     input token does not dominate its own logits; routers' correction biases are random);
+  2. saves it with save_pretrained (bf16 unless the fixture says f32), then rewrites the weights in
+     the layout the fixture names (per-expert hub names, Mixtral's block_sparse_moe/w1/w3/w2,
+     stacked experts.gate_up_proj/down_proj), sharded when asked, plus extra tensors transformers
+     ignores (MTP layers past num_hidden_layers); optionally rewrites config.json into the legacy
+     layout (rope_theta + rope_scaling, torch_dtype);
+  3. reloads the saved folder fresh in float32 with eager attention (TF32 off), checks that every
+     weight arrived with the values the model had (so the rewritten layout is one transformers
+     reads), and records the logits for fixed token ids plus 16 greedy tokens from a fixed prompt,
+     with each step's top-1/top-2 margin, into OUT_DIR/references/NAME.safetensors (outside the
+     model folder, whose every tensor must belong to the model).
+
+A fixture is rejected (no files written) when its references could not fail a test:
+  - a greedy run with fewer than MIN_DISTINCT distinct tokens, or one token repeated more than
+    MAX_RUN times in a row;
+  - more than MAX_SELF_ARGMAX of the logit rows whose top logit is that row's own input token;
+  - a greedy step whose top-2 margin is below MIN_MARGIN (rounding could flip it);
+  - an MoE router whose choice for some token is within ROUTER_MARGIN of a tie (fp32 rounding
+    could route differently).
+Ids and prompts are re-drawn (bounded attempts) until these hold.
 
 Checkpoints go to OUT_DIR/models/NAME. Usage: python3 tools/make_fixtures.py tests/fixtures [NAME ...]
 """
+import glob
 import json
 import math
 import os
+import re
 import shutil
 import sys
+import traceback
 
 import torch
 import transformers
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
@@ -78,14 +94,95 @@ FIXTURES = [
                     use_sliding_window=True, sliding_window=8, max_window_layers=1,
                     rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
         tokens=40, seed=5),
+    # Qwen3-MoE: softmax top-2 of 8 with renormalisation, layer 1 dense through mlp_only_layers,
+    # per-expert hub names, two shards.
+    dict(
+        name="qwen3_moe",
+        cls="Qwen3MoeConfig",
+        config=dict(vocab_size=512, hidden_size=64, intermediate_size=128,
+                    moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+                    norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+                    max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+        router="softmax", experts="per_expert", shards=2,
+        tokens=64, seed=6),
+    # Qwen3-MoE with stacked experts (experts.gate_up_proj [E, 2I, H], experts.down_proj
+    # [E, H, I]), top-4 of 16 without renormalisation, every second layer sparse.
+    dict(
+        name="qwen3_moe_stacked",
+        cls="Qwen3MoeConfig",
+        config=dict(vocab_size=384, hidden_size=64, intermediate_size=96,
+                    moe_intermediate_size=24, num_hidden_layers=4, num_attention_heads=4,
+                    num_key_value_heads=1, head_dim=16, num_experts=16, num_experts_per_tok=4,
+                    norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[],
+                    max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+        router="softmax", experts="stacked",
+        tokens=64, seed=7),
+    # Mixtral: top-2 of 8 (always renormalised), hub names block_sparse_moe.experts.N.w1/w3/w2,
+    # a 16-token sliding window on every layer.
+    dict(
+        name="mixtral",
+        cls="MixtralConfig",
+        config=dict(vocab_size=512, hidden_size=64, intermediate_size=48, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    num_local_experts=8, num_experts_per_tok=2, sliding_window=16,
+                    max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+        router="softmax", experts="mixtral",
+        tokens=64, seed=8),
+    # GLM-4.5 shape: sigmoid scores + e_score_correction_bias, 4 groups keep 2, top-4 of 16,
+    # renormalised and scaled by 2.5, one shared expert, the first layer dense, q/k/v bias,
+    # QK norm, RoPE on the first half of each head.
+    dict(
+        name="glm4_moe",
+        cls="Glm4MoeConfig",
+        config=dict(vocab_size=512, hidden_size=64, intermediate_size=128,
+                    moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=32, partial_rotary_factor=0.5,
+                    attention_bias=True, use_qk_norm=True, n_routed_experts=16,
+                    n_shared_experts=1, num_experts_per_tok=4, n_group=4, topk_group=2,
+                    routed_scaling_factor=2.5, first_k_dense_replace=1, norm_topk_prob=True,
+                    max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                         partial_rotary_factor=0.5)),
+        router="sigmoid_grouped", experts="per_expert",
+        tokens=64, seed=9),
+    # GLM-4.5-Air shape: one group, no QK norm, scale 1, two shared experts, 2 shards, and an MTP
+    # layer at model.layers.{num_hidden_layers} that a plain load must skip.
+    dict(
+        name="glm4_moe_air",
+        cls="Glm4MoeConfig",
+        config=dict(vocab_size=448, hidden_size=64, intermediate_size=96,
+                    moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=4, head_dim=16, partial_rotary_factor=0.5,
+                    attention_bias=True, use_qk_norm=False, n_routed_experts=8,
+                    n_shared_experts=2, num_experts_per_tok=2, n_group=1, topk_group=1,
+                    routed_scaling_factor=1.0, first_k_dense_replace=1, norm_topk_prob=True,
+                    num_nextn_predict_layers=1,
+                    max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                         partial_rotary_factor=0.5)),
+        router="sigmoid_grouped", experts="per_expert", shards=2, mtp_layers=1,
+        tokens=64, seed=10),
 ]
 
 GREEDY_PROMPT = 7
 GREEDY_TOKENS = 16
 MIN_MARGIN = 0.02
+MIN_DISTINCT = 8
+MAX_RUN = 3
+MAX_SELF_ARGMAX = 0.1
+ROUTER_MARGIN = 1e-3
+ATTEMPTS = 60
 
 
-def scale_weights(model, seed):
+class Rejected(Exception):
+    pass
+
+
+def scale_weights(model, seed, tied_embed_scale):
     """Random weights that keep activations O(1) and logits spread over several units."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -95,12 +192,19 @@ def scale_weights(model, seed):
             elif name.endswith("bias"):
                 v = 0.2 * torch.randn(p.shape, generator=g)
             elif "embed_tokens" in name:
-                v = torch.randn(p.shape, generator=g)
+                # Tied: the embedding is also the LM head, and an O(1) embedding makes each row's
+                # own input token its top logit.
+                v = torch.randn(p.shape, generator=g) * tied_embed_scale
             elif name.startswith("lm_head"):
                 v = 3.0 * torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1])
+            elif p.dim() == 3:  # stacked experts [E, out, in]
+                v = 1.2 * torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1])
             else:
                 v = 1.2 * torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1])
             p.copy_(v.to(p.dtype))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
 
 
 def to_legacy(config_path):
@@ -121,6 +225,151 @@ def to_legacy(config_path):
         json.dump(c, f, indent=2)
 
 
+# ---- checkpoint layouts -------------------------------------------------------------------------
+
+STACKED_GU = re.compile(r"^(.*\.experts)\.gate_up_proj$")
+STACKED_D = re.compile(r"^(.*\.experts)\.down_proj$")
+PER_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
+MIXTRAL_NAMES = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+HF_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+
+
+def to_per_expert(sd):
+    """Any expert layout -> model.layers.N.mlp.experts.J.{gate,up,down}_proj.weight."""
+    out = {}
+    for k, t in sd.items():
+        m = STACKED_GU.match(k)
+        if m:
+            inter = t.shape[1] // 2
+            for j in range(t.shape[0]):
+                out[f"{m.group(1)}.{j}.gate_proj.weight"] = t[j, :inter].clone()
+                out[f"{m.group(1)}.{j}.up_proj.weight"] = t[j, inter:].clone()
+            continue
+        m = STACKED_D.match(k)
+        if m:
+            for j in range(t.shape[0]):
+                out[f"{m.group(1)}.{j}.down_proj.weight"] = t[j].clone()
+            continue
+        m = PER_EXPERT.match(k)
+        if m:
+            out[f"{m.group(1)}.{m.group(2)}.{HF_NAMES.get(m.group(3), m.group(3))}.weight"] = t
+            continue
+        out[k.replace(".block_sparse_moe.", ".mlp.")] = t
+    return out
+
+
+def to_stacked(sd):
+    per = to_per_expert(sd)
+    groups, out = {}, {}
+    for k, t in per.items():
+        m = PER_EXPERT.match(k)
+        if m:
+            groups.setdefault(m.group(1), {})[(int(m.group(2)), m.group(3))] = t
+        else:
+            out[k] = t
+    for prefix, g in groups.items():
+        n = 1 + max(j for j, _ in g)
+        out[prefix + ".gate_up_proj"] = torch.stack(
+            [torch.cat([g[(j, "gate_proj")], g[(j, "up_proj")]], 0) for j in range(n)]).contiguous()
+        out[prefix + ".down_proj"] = torch.stack([g[(j, "down_proj")] for j in range(n)]).contiguous()
+    return out
+
+
+def to_mixtral(sd):
+    out = {}
+    for k, t in to_per_expert(sd).items():
+        m = PER_EXPERT.match(k)
+        if m:
+            k = f"{m.group(1)}.{m.group(2)}.{MIXTRAL_NAMES[m.group(3)]}.weight"
+        if ".mlp.gate." in k or ".mlp.experts." in k:
+            k = k.replace(".mlp.", ".block_sparse_moe.")
+        out[k] = t
+    return out
+
+
+def add_mtp_layers(sd, cfg, n, g):
+    """Tensors of an MTP layer at index num_hidden_layers (GLM-4.5 layout), which transformers
+    ignores and a plain load must skip."""
+    H = cfg.hidden_size
+    src = f"model.layers.{cfg.num_hidden_layers - 1}."
+    for i in range(n):
+        dst = f"model.layers.{cfg.num_hidden_layers + i}."
+        for k in [k for k in sd if k.startswith(src)]:
+            sd[dst + k[len(src):]] = sd[k].clone()
+        dtype = sd["model.norm.weight"].dtype
+        sd[dst + "enorm.weight"] = torch.ones(H, dtype=dtype)
+        sd[dst + "hnorm.weight"] = torch.ones(H, dtype=dtype)
+        sd[dst + "eh_proj.weight"] = (torch.randn(H, 2 * H, generator=g) / math.sqrt(2 * H)).to(dtype)
+        sd[dst + "shared_head.norm.weight"] = torch.ones(H, dtype=dtype)
+        sd[dst + "shared_head.head.weight"] = (
+            torch.randn(cfg.vocab_size, H, generator=g) / math.sqrt(H)).to(dtype)
+
+
+def write_checkpoint(out, sd, shards):
+    for f in glob.glob(os.path.join(out, "*.safetensors")) + glob.glob(os.path.join(out, "*.index.json")):
+        os.remove(f)
+    sd = {k: v.contiguous() for k, v in sd.items()}
+    if not shards or shards == 1:
+        save_file(sd, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+        return
+    keys = sorted(sd)
+    per = math.ceil(len(keys) / shards)
+    weight_map, total = {}, 0
+    for s in range(shards):
+        name = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {k: sd[k] for k in keys[s * per:(s + 1) * per]}
+        save_file(part, os.path.join(out, name), metadata={"format": "pt"})
+        for k, v in part.items():
+            weight_map[k] = name
+            total += v.numel() * v.element_size()
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
+def read_checkpoint(out):
+    sd = {}
+    for f in sorted(glob.glob(os.path.join(out, "*.safetensors"))):
+        sd.update(load_file(f))
+    return sd
+
+
+# ---- checks -------------------------------------------------------------------------------------
+
+class RouterWatch:
+    """Records, for every MoE block call, how close each token's expert choice came to a tie."""
+
+    def __init__(self, model, kind, cfg):
+        self.kind, self.cfg, self.min_margin, self.blocks = kind, cfg, float("inf"), 0
+        for _, mod in model.named_modules():
+            gate = getattr(mod, "gate", None)
+            if getattr(mod, "experts", None) is not None and gate is not None and hasattr(gate, "weight"):
+                mod.register_forward_pre_hook(self.hook)
+                self.blocks += 1
+
+    def hook(self, mod, args):
+        x = args[0].reshape(-1, args[0].shape[-1]).float()
+        logits = x @ mod.gate.weight.float().t()
+        self.min_margin = min(self.min_margin, self.margin(mod, logits))
+
+    def margin(self, mod, logits):
+        c = self.cfg
+        k = c.num_experts_per_tok
+        if self.kind == "softmax":  # softmax is monotone: the logits' k-th / (k+1)-th gap
+            top = torch.topk(logits, k + 1, dim=-1).values
+            return float((top[:, k - 1] - top[:, k]).min())
+        s = torch.sigmoid(logits) + mod.gate.e_score_correction_bias.float()
+        E, G, keep = s.shape[-1], c.n_group, c.topk_group
+        m = float("inf")
+        if G > 1:  # as transformers: experts of dropped groups score 0.0
+            gs = s.view(-1, G, E // G).topk(2, dim=-1).values.sum(-1)
+            top = torch.topk(gs, keep + 1, dim=-1)
+            m = float((top.values[:, keep - 1] - top.values[:, keep]).min())
+            mask = torch.zeros_like(gs).scatter_(1, top.indices[:, :keep], 1.0)
+            s = s.masked_fill(~mask.bool().repeat_interleave(E // G, 1), 0.0)
+        top = torch.topk(s, k + 1, dim=-1).values
+        return min(m, float((top[:, k - 1] - top[:, k]).min()))
+
+
 @torch.no_grad()
 def logits_of(model, ids):
     out = model(input_ids=torch.tensor([ids], device=DEVICE))
@@ -139,41 +388,115 @@ def greedy(model, prompt, n):
     return ids[len(prompt):], margins
 
 
+def longest_run(tokens):
+    best = run = 1
+    for a, b in zip(tokens, tokens[1:]):
+        run = run + 1 if a == b else 1
+        best = max(best, run)
+    return best
+
+
+def self_argmax_fraction(logits, ids):
+    return float((logits.argmax(-1) == torch.tensor(ids)).float().mean())
+
+
+def check_weights(ref, model):
+    """The reloaded model holds exactly the weights the built one had (after the save dtype)."""
+    want = {k: v.float().cpu() for k, v in model.state_dict().items()}
+    got = {k: v.float().cpu() for k, v in ref.state_dict().items()}
+    bad = [k for k in want if k not in got or not torch.equal(want[k], got[k])]
+    if bad:
+        raise Rejected(f"reload lost or changed {len(bad)} weight(s): {bad[:6]}")
+
+
 def build(fx, out_root):
     out = os.path.join(out_root, "models", fx["name"])
     ref_root = os.path.join(out_root, "references")
     os.makedirs(ref_root, exist_ok=True)
+    tied = fx["config"].get("tie_word_embeddings", False)
+    last_error = None
+    for embed_scale in ([0.5, 0.35, 0.25] if tied else [1.0]):
+        try:
+            return build_once(fx, out, ref_root, embed_scale)
+        except Rejected as e:
+            last_error = e
+            print(f"{fx['name']}: rejected with embedding scale {embed_scale}: {e}")
+    shutil.rmtree(out, ignore_errors=True)
+    raise SystemExit(f"{fx['name']}: {last_error}")
+
+
+def build_once(fx, out, ref_root, embed_scale):
     shutil.rmtree(out, ignore_errors=True)
     torch.manual_seed(fx["seed"])
     cfg = getattr(transformers, fx["cls"])(**fx["config"])
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    scale_weights(model, fx["seed"])
+    scale_weights(model, fx["seed"], embed_scale)
     save_dtype = getattr(torch, fx.get("save_dtype", "bfloat16"))
     model = model.to(save_dtype)
-    kwargs = {}
-    if fx.get("shards"):
-        total = sum(p.numel() * p.element_size() for p in model.state_dict().values())
-        kwargs["max_shard_size"] = int(total / fx["shards"] * 1.05)
-    model.save_pretrained(out, **kwargs)
+    model.save_pretrained(out)
+    saved = read_checkpoint(out)
+    layout = fx.get("experts")
+    convert = {None: lambda sd: sd, "per_expert": to_per_expert, "stacked": to_stacked,
+               "mixtral": to_mixtral}[layout]
+    if fx.get("mtp_layers"):
+        add_mtp_layers(saved, cfg, fx["mtp_layers"], torch.Generator().manual_seed(fx["seed"]))
+    write_checkpoint(out, convert(saved), fx.get("shards"))
     if "generation_config" in fx:
         with open(os.path.join(out, "generation_config.json"), "w") as f:
             json.dump(fx["generation_config"], f, indent=2)
     if fx.get("legacy_config"):
         to_legacy(os.path.join(out, "config.json"))
 
-    ref = transformers.AutoModelForCausalLM.from_pretrained(
-        out, dtype=torch.float32, attn_implementation="eager").to(DEVICE).eval()
+    read_layout = layout
+    try:
+        ref = transformers.AutoModelForCausalLM.from_pretrained(
+            out, dtype=torch.float32, attn_implementation="eager").to(DEVICE).eval()
+        check_weights(ref, model)
+    except Rejected as e:
+        if layout != "stacked":
+            raise
+        # This transformers reads stacked experts only in its own layout: it computes the
+        # references from the per-expert names of the same weights, and atom's folder keeps the
+        # stacked layout.
+        print(f"{fx['name']}: transformers did not read the stacked layout ({e}); "
+              "references from per-expert names")
+        write_checkpoint(out, to_per_expert(saved), fx.get("shards"))
+        ref = transformers.AutoModelForCausalLM.from_pretrained(
+            out, dtype=torch.float32, attn_implementation="eager").to(DEVICE).eval()
+        check_weights(ref, model)
+        write_checkpoint(out, convert(saved), fx.get("shards"))
+        read_layout = "per_expert"
+    watch = RouterWatch(ref, fx["router"], ref.config) if fx.get("router") else None
+    if watch and watch.blocks == 0:
+        raise Rejected("no MoE block found to watch")
     V = fx["config"]["vocab_size"]
     g = torch.Generator().manual_seed(1000 + fx["seed"])
-    ids = torch.randint(3, V, (fx["tokens"],), generator=g).tolist()
-    logits = logits_of(ref, ids)
-    for attempt in range(50):
-        prompt = torch.randint(3, V, (GREEDY_PROMPT,), generator=g).tolist()
-        gen, margins = greedy(ref, prompt, GREEDY_TOKENS)
-        if min(margins) >= MIN_MARGIN:
-            break
+    for attempt in range(ATTEMPTS):
+        ids = torch.randint(3, V, (fx["tokens"],), generator=g).tolist()
+        if watch:
+            watch.min_margin = float("inf")
+        logits = logits_of(ref, ids)
+        if watch and watch.min_margin < ROUTER_MARGIN:
+            continue
+        break
     else:
-        raise SystemExit(f"{fx['name']}: no prompt with greedy margins >= {MIN_MARGIN}")
+        raise Rejected(f"no token ids with router margins >= {ROUTER_MARGIN}")
+    self_frac = self_argmax_fraction(logits, ids)
+    if self_frac > MAX_SELF_ARGMAX:
+        raise Rejected(f"{self_frac:.0%} of rows have their input token as top logit")
+    for attempt in range(ATTEMPTS):
+        prompt = torch.randint(3, V, (GREEDY_PROMPT,), generator=g).tolist()
+        if watch:
+            watch.min_margin = float("inf")
+        gen, margins = greedy(ref, prompt, GREEDY_TOKENS)
+        if min(margins) < MIN_MARGIN or len(set(gen)) < MIN_DISTINCT or longest_run(gen) > MAX_RUN:
+            continue
+        if watch and watch.min_margin < ROUTER_MARGIN:
+            continue
+        break
+    else:
+        raise Rejected(f"no greedy prompt with margins >= {MIN_MARGIN}, >= {MIN_DISTINCT} distinct "
+                       f"tokens, runs <= {MAX_RUN} and router margins >= {ROUTER_MARGIN}")
     save_file({
         "input_ids": torch.tensor(ids, dtype=torch.int64),
         "logits": logits.contiguous(),
@@ -184,23 +507,35 @@ def build(fx, out_root):
         "transformers": transformers.__version__, "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
         "attn_implementation": "eager", "compute_dtype": "float32", "tf32": "off",
-        "tool": "tools/make_fixtures.py"})
+        "tool": "tools/make_fixtures.py", "transformers_read_layout": str(read_layout)})
     std = float(logits.std())
     files = sorted(os.listdir(out))
     size = sum(os.path.getsize(os.path.join(out, f)) for f in files)
     size += os.path.getsize(os.path.join(ref_root, fx["name"] + ".safetensors"))
+    router = f", min router margin {watch.min_margin:.2e}" if watch else ""
     print(f"{fx['name']}: {files} {size/1e6:.2f} MB, logits std {std:.2f}, "
-          f"min greedy margin {min(margins):.3f}, attempts {attempt + 1}")
+          f"self-argmax rows {self_frac:.0%}, greedy {gen}, distinct {len(set(gen))}, "
+          f"min greedy margin {min(margins):.3f}{router}, embedding scale {embed_scale}")
 
 
 def main():
     out_root = sys.argv[1]
     names = set(sys.argv[2:])
+    unknown = names - {fx["name"] for fx in FIXTURES}
+    if unknown:
+        raise SystemExit(f"unknown fixture(s): {sorted(unknown)}")
     os.makedirs(out_root, exist_ok=True)
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, device {DEVICE}")
+    failed = []
     for fx in FIXTURES:
         if not names or fx["name"] in names:
-            build(fx, out_root)
+            try:
+                build(fx, out_root)
+            except (SystemExit, Exception) as e:  # one broken fixture must not hide the others
+                traceback.print_exc()
+                failed.append(f"{fx['name']}: {e}")
+    if failed:
+        raise SystemExit("failed:\n  " + "\n  ".join(failed))
 
 
 if __name__ == "__main__":

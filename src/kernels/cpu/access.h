@@ -2,6 +2,8 @@
 // F8E4M3 storage.
 #pragma once
 
+#include <cmath>
+
 #include "core/error.h"
 #include "core/half.h"
 #include "core/tensor.h"
@@ -76,5 +78,21 @@ inline void float_to_row(Tensor& t, int64_t r, const float* src) {
     for (int64_t i = 0; i < n; ++i) store(p, t.dtype(), i, src[i]);
   }
 }
+
+// Σ a[i] b[i] with eight partial sums, which lets the compiler vectorise without reassociating
+// floats itself. Every CPU product (linear, the experts) uses this one, so equal inputs give
+// bit-equal results whichever op computes them.
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// silu(g) * u, as silu_mul and the experts compute it.
+inline float silu_mul_f32(float g, float u) { return g / (1.0f + std::exp(-g)) * u; }
 
 }  // namespace atom::kernels::cpu

@@ -18,10 +18,7 @@ void silu_mul(Tensor& out, const Tensor& x) {
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; ++m) {
       row_to_float(x, m, v.data());
-      for (int64_t i = 0; i < I; ++i) {
-        const float g = v[i];
-        v[i] = g / (1.0f + std::exp(-g)) * v[I + i];
-      }
+      for (int64_t i = 0; i < I; ++i) v[i] = silu_mul_f32(v[i], v[I + i]);
       char* o = row_ptr(out, m);
       for (int64_t i = 0; i < I; ++i) store(o, out.dtype(), i, v[i]);
     }

@@ -6,19 +6,6 @@
 
 namespace atom::kernels::cpu {
 
-namespace {
-// Eight partial sums let the compiler vectorise without reassociating floats itself.
-inline float dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-}  // namespace
-
 void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   check_rows("linear", out, "out");
   check_rows("linear", x, "x");

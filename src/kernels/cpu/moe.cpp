@@ -1,0 +1,196 @@
+#include "kernels/moe.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/access.h"
+
+namespace atom::kernels::cpu {
+
+namespace {
+
+void check_route_args(const Tensor& ids, const Tensor& weights, const Tensor& logits,
+                      const Tensor& bias, const RouterArgs& a) {
+  check_rows("moe_route", logits, "logits");
+  ATOM_CHECK(logits.dtype() == DType::kF32, "moe_route: logits must be F32, got {}", logits.str());
+  const int64_t T = logits.size(0), E = logits.size(1);
+  const int64_t KT = a.top_k + a.num_fused_shared;
+  ATOM_CHECK(a.top_k >= 1 && a.top_k <= E, "moe_route: top_k {} for {} experts", a.top_k, E);
+  ATOM_CHECK(a.num_fused_shared >= 0, "moe_route: num_fused_shared {}", a.num_fused_shared);
+  ATOM_CHECK(ids.dtype() == DType::kI32 && ids.is_contiguous() && ids.dim() == 2 &&
+                 ids.size(0) == T && ids.size(1) == KT,
+             "moe_route: topk_ids {} must be contiguous I32 [{}, {}]", ids.str(), T, KT);
+  ATOM_CHECK(weights.dtype() == DType::kF32 && weights.is_contiguous() && weights.dim() == 2 &&
+                 weights.size(0) == T && weights.size(1) == KT,
+             "moe_route: topk_weights {} must be contiguous F32 [{}, {}]", weights.str(), T, KT);
+  ATOM_CHECK(a.n_group >= 1 && E % a.n_group == 0 && a.topk_group >= 1 &&
+                 a.topk_group <= a.n_group,
+             "moe_route: {} experts in {} groups keeping {}", E, a.n_group, a.topk_group);
+  ATOM_CHECK(a.n_group == 1 || a.topk_group * (E / a.n_group) >= a.top_k,
+             "moe_route: {} kept groups of {} experts hold fewer than top_k {}", a.topk_group,
+             E / a.n_group, a.top_k);
+  ATOM_CHECK(a.n_group == 1 || a.group_score == GroupScore::kMax || E / a.n_group >= 2,
+             "moe_route: groups of one expert have no top-2 sum");
+  if (bias.defined()) {
+    ATOM_CHECK(a.scoring == RouterScoring::kSigmoid,
+               "moe_route: a correction bias needs sigmoid scoring");
+    ATOM_CHECK(bias.dtype() == DType::kF32 && bias.numel() == E && bias.is_contiguous(),
+               "moe_route: correction bias {} must be contiguous F32 [{}]", bias.str(), E);
+  }
+}
+
+// Index of the largest value of v over entries not taken; ties go to the lower index.
+int64_t argmax_untaken(const std::vector<float>& v, const std::vector<char>& taken) {
+  int64_t best = -1;
+  for (int64_t e = 0; e < static_cast<int64_t>(v.size()); ++e)
+    if (!taken[e] && (best < 0 || v[e] > v[best])) best = e;
+  return best;
+}
+
+}  // namespace
+
+void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
+               const Tensor& correction_bias, const RouterArgs& a) {
+  check_route_args(topk_ids, topk_weights, logits, correction_bias, a);
+  const int64_t T = logits.size(0), E = logits.size(1), K = a.top_k;
+  const int64_t KT = K + a.num_fused_shared;
+  const int64_t G = a.n_group, per_group = E / G;
+  const float* bias = correction_bias.defined() ? correction_bias.ptr<float>() : nullptr;
+#pragma omp parallel if (T * E > kParallelMin)
+  {
+    std::vector<float> score(E), choice(E), group(G);
+    std::vector<char> taken(E), group_taken(G);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      row_to_float(logits, t, score.data());
+      if (a.scoring == RouterScoring::kSoftmax) {
+        float mx = -std::numeric_limits<float>::infinity();
+        for (float v : score) mx = std::max(mx, v);
+        float sum = 0;
+        for (float& v : score) sum += (v = std::exp(v - mx));
+        for (float& v : score) v /= sum;
+      } else if (a.scoring == RouterScoring::kSigmoid) {
+        for (float& v : score) v = 1.0f / (1.0f + std::exp(-v));
+      }
+      for (int64_t e = 0; e < E; ++e) choice[e] = score[e] + (bias ? bias[e] : 0.0f);
+      if (G > 1) {
+        for (int64_t g = 0; g < G; ++g) {
+          const float* c = choice.data() + g * per_group;
+          if (a.group_score == GroupScore::kMax) {
+            float m = c[0];
+            for (int64_t i = 1; i < per_group; ++i) m = c[i] > m ? c[i] : m;
+            group[g] = m;
+          } else {  // the two largest (transformers: topk(2).sum)
+            int64_t i0 = 0;
+            for (int64_t i = 1; i < per_group; ++i)
+              if (c[i] > c[i0]) i0 = i;
+            int64_t i1 = -1;
+            for (int64_t i = 0; i < per_group; ++i)
+              if (i != i0 && (i1 < 0 || c[i] > c[i1])) i1 = i;
+            group[g] = c[i0] + c[i1];
+          }
+        }
+        std::fill(group_taken.begin(), group_taken.end(), 0);
+        for (int64_t k = 0; k < a.topk_group; ++k) group_taken[argmax_untaken(group, group_taken)] = 1;
+        for (int64_t e = 0; e < E; ++e)
+          if (!group_taken[e / per_group]) choice[e] = 0.0f;
+      }
+      std::fill(taken.begin(), taken.end(), 0);
+      int32_t* ids = topk_ids.ptr<int32_t>() + t * KT;
+      float* w = topk_weights.ptr<float>() + t * KT;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t e = argmax_untaken(choice, taken);
+        taken[e] = 1;
+        ids[k] = static_cast<int32_t>(e);
+        w[k] = a.scoring == RouterScoring::kTopKThenSoftmax ? choice[e] : score[e];
+      }
+      if (a.scoring == RouterScoring::kTopKThenSoftmax) {  // softmax over the k chosen logits
+        float mx = w[0], sum = 0;  // w[0] is the largest
+        for (int64_t k = 0; k < K; ++k) sum += (w[k] = std::exp(w[k] - mx));
+        for (int64_t k = 0; k < K; ++k) w[k] /= sum;
+      }
+      if (a.renormalize) {
+        float sum = 0;
+        for (int64_t k = 0; k < K; ++k) sum += w[k];
+        if (a.scoring == RouterScoring::kSigmoid) sum += 1e-20f;  // as transformers
+        for (int64_t k = 0; k < K; ++k) w[k] /= sum;
+      }
+      for (int64_t k = 0; k < K; ++k) w[k] *= a.routed_scaling_factor;
+      for (int64_t s = 0; s < a.num_fused_shared; ++s) {
+        ids[K + s] = a.shared_slot_first + static_cast<int32_t>(s);
+        w[K + s] = 1.0f;
+      }
+    }
+  }
+}
+
+void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& topk_ids,
+               const Tensor& topk_weights, Tensor* workspace) {
+  check_rows("fused_moe", out, "out");
+  check_rows("fused_moe", x, "x");
+  ATOM_CHECK(w.w13 && w.w2, "fused_moe: expert weights missing");
+  const Tensor& w13 = *w.w13;
+  const Tensor& w2 = *w.w2;
+  ATOM_CHECK(w13.dim() == 3 && w13.is_contiguous() && w2.dim() == 3 && w2.is_contiguous(),
+             "fused_moe: w13 {} and w2 {} must be contiguous [S, 2I, H] and [S, H, I]", w13.str(),
+             w2.str());
+  const int64_t T = x.size(0), H = x.size(1), S = w13.size(0), I = w13.size(1) / 2;
+  ATOM_CHECK(w13.size(1) == 2 * I && w13.size(2) == H && w2.size(0) == S && w2.size(1) == H &&
+                 w2.size(2) == I,
+             "fused_moe: x {} with w13 {} and w2 {}", x.str(), w13.str(), w2.str());
+  ATOM_CHECK(out.size(0) == T && out.size(1) == H, "fused_moe: out {} for x {}", out.str(), x.str());
+  ATOM_CHECK(topk_ids.dtype() == DType::kI32 && topk_ids.is_contiguous() && topk_ids.dim() == 2 &&
+                 topk_ids.size(0) == T,
+             "fused_moe: topk_ids {} for {} tokens", topk_ids.str(), T);
+  ATOM_CHECK(topk_weights.dtype() == DType::kF32 && topk_weights.is_contiguous() &&
+                 topk_weights.shape() == topk_ids.shape(),
+             "fused_moe: topk_weights {} for topk_ids {}", topk_weights.str(), topk_ids.str());
+  ATOM_CHECK(w.activation == MoeActivation::kSiluMul, "fused_moe: unknown activation");
+  const int64_t K = topk_ids.size(1);
+  const int32_t* ids = topk_ids.ptr<int32_t>();
+  const float* wts = topk_weights.ptr<float>();
+
+  // Tokens of each slot, so that each expert's weights are converted once.
+  std::vector<std::vector<int64_t>> routed(static_cast<size_t>(S));  // (t * K + j)
+  for (int64_t r = 0; r < T * K; ++r) {
+    const int32_t e = ids[r];
+    ATOM_CHECK(e >= 0 && e < S, "fused_moe: token {} chose slot {} of {}", r / K, e, S);
+    routed[e].push_back(r);
+  }
+  std::vector<float> xf(static_cast<size_t>(T * H));
+  for (int64_t t = 0; t < T; ++t) row_to_float(x, t, xf.data() + t * H);
+  // y[(t, j)] = expert output before weighting; summed per token in j order below.
+  std::vector<float> y(static_cast<size_t>(T * K * H));
+  const int64_t w13_slot = 2 * I * H, w2_slot = H * I;
+#pragma omp parallel if (T * K * 3 * I * H > kParallelMin * 16)
+  {
+    std::vector<float> w13f(static_cast<size_t>(w13_slot)), w2f(static_cast<size_t>(w2_slot));
+    std::vector<float> gu(static_cast<size_t>(2 * I)), act(static_cast<size_t>(I));
+#pragma omp for schedule(dynamic)
+    for (int64_t e = 0; e < S; ++e) {
+      if (routed[e].empty()) continue;
+      for (int64_t i = 0; i < w13_slot; ++i) w13f[i] = load(w13.data(), w13.dtype(), e * w13_slot + i);
+      for (int64_t i = 0; i < w2_slot; ++i) w2f[i] = load(w2.data(), w2.dtype(), e * w2_slot + i);
+      for (const int64_t r : routed[e]) {
+        const float* xr = xf.data() + (r / K) * H;
+        for (int64_t n = 0; n < 2 * I; ++n) gu[n] = dot(xr, w13f.data() + n * H, H);
+        for (int64_t i = 0; i < I; ++i) act[i] = silu_mul_f32(gu[i], gu[I + i]);
+        float* yr = y.data() + r * H;
+        for (int64_t h = 0; h < H; ++h) yr[h] = dot(act.data(), w2f.data() + h * I, I);
+      }
+    }
+  }
+  std::vector<float> acc(static_cast<size_t>(H));
+  for (int64_t t = 0; t < T; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t j = 0; j < K; ++j) {
+      const float wt = wts[t * K + j];
+      const float* yr = y.data() + (t * K + j) * H;
+      for (int64_t h = 0; h < H; ++h) acc[h] += wt * yr[h];
+    }
+    float_to_row(out, t, acc.data());
+  }
+}
+
+}  // namespace atom::kernels::cpu

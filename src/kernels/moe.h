@@ -1,0 +1,110 @@
+// Mixture of experts: the router (which experts each token goes to, with what weight) and the
+// fused experts (every token through its chosen experts, weighted and summed).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/dispatch.h"
+
+namespace atom::kernels {
+
+// How router logits become (expert, weight) choices. The families:
+//   softmax top-k (Qwen3-MoE, Mixtral with renormalize, Qwen3-Next):
+//     p = softmax(logits); (w, idx) = topk(p, k); renormalize: w /= Σw
+//   sigmoid + correction bias, group-limited (DeepSeek-V3, GLM-4.5, Kimi):
+//     s = sigmoid(logits); c = s + correction_bias (the choice only)
+//     n_group > 1: group score = sum of the top 2 (kTop2Sum) or the max (kMax) of c per group;
+//       the topk_group best groups are kept, the other experts' c set to 0 (as transformers);
+//     idx = topk(c, k); w = s[idx]; renormalize: w /= Σw
+//   top-k then softmax (GPT-OSS): (v, idx) = topk(logits, k); w = softmax(v)
+// then w *= routed_scaling_factor. Ties go to the lower expert index, on every device.
+enum class RouterScoring : int { kSoftmax = 0, kSigmoid = 1, kTopKThenSoftmax = 2 };
+enum class GroupScore : int { kTop2Sum = 0, kMax = 1 };
+
+struct RouterArgs {
+  RouterScoring scoring = RouterScoring::kSoftmax;
+  int top_k = 0;
+  bool renormalize = false;
+  int n_group = 1;     // experts split into n_group equal groups (1: no group limit)
+  int topk_group = 1;  // groups kept
+  GroupScore group_score = GroupScore::kTop2Sum;
+  float routed_scaling_factor = 1.0f;
+  // Fused shared experts: after the top_k routed choices, every token also goes to slots
+  // shared_slot_first .. shared_slot_first + num_fused_shared - 1 with weight 1 (not scaled).
+  int num_fused_shared = 0;
+  int shared_slot_first = 0;
+};
+
+// Routes every token.
+//   logits          [T, E] F32 (rows may be strided)
+//   correction_bias [E] F32, or undefined (only with kSigmoid)
+//   topk_ids        [T, top_k + num_fused_shared] I32, contiguous: routed choices in
+//                   descending score order (ties: lower index first), then the shared slots
+//   topk_weights    [T, top_k + num_fused_shared] F32, contiguous
+// Every id written is a valid slot, whatever the logits hold (NaN included).
+namespace cpu {
+void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
+               const Tensor& correction_bias, const RouterArgs& a);
+}
+namespace cuda {
+void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
+               const Tensor& correction_bias, const RouterArgs& a);
+}
+
+inline void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
+                      const Tensor& correction_bias, const RouterArgs& a) {
+  check_same_device("moe_route", topk_ids.device(), {&topk_weights, &logits, &correction_bias});
+  if (topk_ids.device().is_cpu())
+    return cpu::moe_route(topk_ids, topk_weights, logits, correction_bias, a);
+  ATOM_KERNEL_CUDA("moe_route",
+                   cuda::moe_route(topk_ids, topk_weights, logits, correction_bias, a));
+}
+
+// The expert MLP's activation on its [gate | up] product.
+enum class MoeActivation : int {
+  kSiluMul = 0,  // silu(gate) * up, gate = the first half of w13's rows (transformers' layout)
+};
+
+// The stacked expert weights of one layer on this rank (S slots: routed experts, then fused
+// shared experts, then redundant copies). I may be padded past the checkpoint's width: the
+// padding rows of w13 and columns of w2 are zero, so they add nothing.
+struct MoeExperts {
+  const Tensor* w13 = nullptr;  // [S, 2 * I, H]: rows [0, I) gate, [I, 2I) up
+  const Tensor* w2 = nullptr;   // [S, H, I]
+  MoeActivation activation = MoeActivation::kSiluMul;
+};
+
+// out [T, H] = Σ_j topk_weights[t, j] · w2[e] · act(w13[e] · x[t]),  e = topk_ids[t, j]
+//   x [T, H] (rows may be strided); topk_ids, topk_weights [T, K] as moe_route writes them
+//   workspace: scratch of fused_moe_workspace_bytes() bytes (U8), or null when that is 0
+// Accumulates in fp32. The CPU sums each token's experts in j order.
+namespace cpu {
+void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& topk_ids,
+               const Tensor& topk_weights, Tensor* workspace);
+}
+namespace cuda {
+void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& topk_ids,
+               const Tensor& topk_weights, Tensor* workspace);
+// Bytes of scratch fused_moe needs for T tokens of K choices each.
+int64_t fused_moe_workspace_bytes(int64_t num_tokens, int64_t k, const MoeExperts& w,
+                                  DType act_dtype);
+}  // namespace cuda
+
+inline int64_t fused_moe_workspace_bytes(Device device, int64_t num_tokens, int64_t k,
+                                         const MoeExperts& w, DType act_dtype) {
+  if (device.is_cpu()) return 0;
+#ifdef ATOM_HAVE_CUDA
+  return cuda::fused_moe_workspace_bytes(num_tokens, k, w, act_dtype);
+#else
+  return 0;
+#endif
+}
+
+inline void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& topk_ids,
+                      const Tensor& topk_weights, Tensor* workspace) {
+  check_same_device("fused_moe", out.device(), {&x, w.w13, w.w2, &topk_ids, &topk_weights});
+  if (out.device().is_cpu()) return cpu::fused_moe(out, x, w, topk_ids, topk_weights, workspace);
+  ATOM_KERNEL_CUDA("fused_moe", cuda::fused_moe(out, x, w, topk_ids, topk_weights, workspace));
+}
+
+}  // namespace atom::kernels
