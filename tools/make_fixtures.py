@@ -360,12 +360,12 @@ class RouterWatch:
         s = torch.sigmoid(logits) + mod.gate.e_score_correction_bias.float()
         E, G, keep = s.shape[-1], c.n_group, c.topk_group
         m = float("inf")
-        if G > 1:  # as transformers: experts of dropped groups score 0.0
+        if G > 1:  # as transformers 5.17: experts of dropped groups score -inf
             gs = s.view(-1, G, E // G).topk(2, dim=-1).values.sum(-1)
             top = torch.topk(gs, keep + 1, dim=-1)
             m = float((top.values[:, keep - 1] - top.values[:, keep]).min())
             mask = torch.zeros_like(gs).scatter_(1, top.indices[:, :keep], 1.0)
-            s = s.masked_fill(~mask.bool().repeat_interleave(E // G, 1), 0.0)
+            s = s.masked_fill(~mask.bool().repeat_interleave(E // G, 1), float("-inf"))
         top = torch.topk(s, k + 1, dim=-1).values
         return min(m, float((top[:, k - 1] - top[:, k]).min()))
 

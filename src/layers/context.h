@@ -64,6 +64,8 @@ struct LayerContext {
   Communicator* comm = nullptr;  // never null once a model is built
   std::vector<AttentionCacheSpec>* cache_specs = nullptr;
   std::vector<StateCacheSpec>* state_specs = nullptr;  // recurrent layers add theirs here
+  // Shared experts load as slots of their layer's fused experts (ModelOptions).
+  bool fuse_shared_experts = false;
 
   // A zero-initialised parameter tensor on the model's device.
   Tensor param_tensor(Shape shape, DType dtype) const {

@@ -5,11 +5,12 @@
 namespace atom {
 
 GatedMlp::GatedMlp(LayerContext& ctx, const std::string& prefix, int64_t hidden,
-                   int64_t intermediate, bool bias)
+                   int64_t intermediate, bool bias, bool reduce_results)
     : ctx_(ctx),
       gate_up_proj_(ctx, prefix_join(prefix, "gate_up_proj"), hidden, {intermediate, intermediate},
                     bias),
-      down_proj_(ctx, prefix_join(prefix, "down_proj"), intermediate, hidden, bias) {}
+      down_proj_(ctx, prefix_join(prefix, "down_proj"), intermediate, hidden, bias,
+                 reduce_results) {}
 
 Tensor GatedMlp::forward(Step& step, const Tensor& x, const Tensor& out) {
   Tensor act = step.empty({x.size(0), gate_up_proj_.out_per_rank() / 2}, ctx_.act_dtype);

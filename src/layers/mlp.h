@@ -1,4 +1,5 @@
-// The SwiGLU MLP of Llama-family models: down(silu(gate(x)) * up(x)), with gate and up fused.
+// The feed-forward half of a decoder layer. A model file picks one per layer: the dense SwiGLU MLP
+// of Llama-family models (GatedMlp), or a mixture of experts (layers/moe.h).
 #pragma once
 
 #include <string>
@@ -7,12 +8,22 @@
 
 namespace atom {
 
-class GatedMlp {
+class FeedForward {
  public:
+  virtual ~FeedForward() = default;
+  // x [T, hidden] -> [T, hidden], into `out` when given (a caller-owned buffer), else a new step
+  // tensor.
+  virtual Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor()) = 0;
+};
+
+// down(silu(gate(x)) * up(x)), with gate and up fused.
+class GatedMlp : public FeedForward {
+ public:
+  // reduce_results = false leaves this rank's partial sum unreduced, for a caller that adds it to
+  // other partial sums and reduces once (the shared experts beside a mixture of experts).
   GatedMlp(LayerContext& ctx, const std::string& prefix, int64_t hidden, int64_t intermediate,
-           bool bias);
-  // Into `out` [T, hidden] when given (LinearBase::forward), else a new step tensor.
-  Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor());
+           bool bias, bool reduce_results = true);
+  Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor()) override;
 
  private:
   LayerContext& ctx_;

@@ -16,14 +16,15 @@ std::string Parameter::part_key(const std::string& shard, int expert) {
   return expert >= 0 ? fmt::format("expert {}/{}", expert, shard) : shard;
 }
 
+void Parameter::record_part(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!received_.insert(key).second)
+    fail("parameter '{}' received {} twice (duplicate checkpoint tensor)", name_,
+         key.empty() ? "its data" : "part '" + key + "'");
+}
+
 void Parameter::load(const Tensor& ckpt, const std::string& shard, int expert) {
-  const std::string key = part_key(shard, expert);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!received_.insert(key).second)
-      fail("parameter '{}' received {} twice (duplicate checkpoint tensor)", name_,
-           key.empty() ? "its data" : "part '" + key + "'");
-  }
+  record_part(part_key(shard, expert));
   loader_(*this, ckpt, shard, expert);
 }
 

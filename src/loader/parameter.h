@@ -22,6 +22,22 @@ class Parameter;
 using WeightLoader =
     std::function<void(Parameter& param, const Tensor& ckpt, const std::string& shard, int expert)>;
 
+// How a fused expert parameter [num_slots, ...] is laid out, for the loaders that write one
+// (slot, shard) region at a time: the per-expert weight loader and the batched staging pool
+// (loader/expert_staging.h). Slots [0, num_base) are the routed base experts; fused shared
+// experts and redundant copies come after them.
+struct ExpertLayout {
+  int64_t num_base = 0;
+  int64_t num_slots = 0;
+  std::vector<int64_t> redundant_slots;  // copies filled after loading; zeroed until then
+  std::vector<std::string> shards;       // the parts each slot takes, e.g. {"w1", "w3"}
+  // The region of one slot's view (of the parameter or of a staging buffer) that `shard` fills.
+  std::function<Tensor(const Tensor& slot, const std::string& shard)> region;
+  // Writes this rank's part of checkpoint tensor `ckpt` into `region` (the padding past the
+  // checkpoint's width is left as it is, zero).
+  std::function<void(Tensor& region, const Tensor& ckpt, const std::string& shard)> write;
+};
+
 class Parameter {
  public:
   Parameter(std::string name, Tensor data, WeightLoader loader,
@@ -33,11 +49,16 @@ class Parameter {
 
   // Runs the weight loader and records the part; a part written twice is an error.
   void load(const Tensor& ckpt, const std::string& shard, int expert);
+  // Records a part written by some other path (a staged expert region, the parts a stacked
+  // tensor covers); a part recorded twice is an error.
+  void record_part(const std::string& key);
   std::vector<std::string> missing_parts() const;
   bool received_nothing() const;
 
   // An optional parameter may stay unloaded (it is then left as initialised).
   bool optional = false;
+  // Set for fused expert parameters (FusedMoE): lets the staging pool write their regions.
+  std::shared_ptr<const ExpertLayout> expert_layout;
 
   static std::string part_key(const std::string& shard, int expert);
 

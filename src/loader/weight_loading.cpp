@@ -4,16 +4,65 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "loader/expert_staging.h"
 
 namespace atom {
 
+ExpertMappingIndex::ExpertMappingIndex(const std::vector<ExpertParamMapping>& mapping) {
+  for (const auto& m : mapping) {
+    ATOM_CHECK(!m.ckpt.empty(), "expert mapping entry for '{}' has no checkpoint name", m.param);
+    by_ckpt_[m.ckpt] = &m;
+    heads_.insert(m.ckpt.substr(0, m.ckpt.find('.')));
+  }
+}
+
+const ExpertParamMapping* ExpertMappingIndex::match(const std::string& name,
+                                                    std::string* param_name) const {
+  if (by_ckpt_.empty()) return nullptr;
+  for (size_t pos = 0; pos < name.size();) {
+    const size_t dot = name.find('.', pos);
+    const size_t end = dot == std::string::npos ? name.size() : dot;
+    if (heads_.count(name.substr(pos, end - pos))) {
+      // Keys are whole components from here: "experts.3.gate_proj." (more follows) or
+      // "experts.gate_up_proj" (the name's end).
+      for (size_t e = end; e <= name.size();) {
+        const bool last = e == name.size();
+        const std::string key = last ? name.substr(pos) : name.substr(pos, e - pos + 1);
+        auto it = by_ckpt_.find(key);
+        if (it != by_ckpt_.end()) {
+          *param_name = name.substr(0, pos) + it->second->param + name.substr(pos + key.size());
+          return it->second;
+        }
+        if (last) break;
+        const size_t next = name.find('.', e + 1);
+        e = next == std::string::npos ? name.size() : next;
+      }
+    }
+    if (dot == std::string::npos) break;
+    pos = dot + 1;
+  }
+  return nullptr;
+}
+
 WeightDestination weight_destination(ParamRegistry& params, const CheckpointNameRewriter& rewriter,
-                                     const WeightLoadSpec& spec, const std::string& ckpt_name) {
+                                     const WeightLoadSpec& spec, const std::string& ckpt_name,
+                                     const ExpertMappingIndex* experts) {
   WeightDestination d;
   const auto name = rewriter.rewrite(ckpt_name);
   if (!name) {
     d.kind = WeightDestination::kNotWanted;
     return d;
+  }
+  std::string expert_param;
+  if (const ExpertParamMapping* m = experts ? experts->match(*name, &expert_param) : nullptr) {
+    if (Parameter* p = params.find(expert_param)) {
+      d.kind = WeightDestination::kParam;
+      d.param = p;
+      d.shard = m->shard;
+      d.expert = m->expert;
+      return d;
+    }
   }
   for (const auto& pm : spec.packed_modules) {
     const auto fused = weight_name_replace_component(*name, pm.ckpt, pm.param);
@@ -53,13 +102,19 @@ LoadReport load_weights(ParamRegistry& params, const Checkpoint& checkpoint,
   LoadReport report;
   CheckpointNameRewriter rewriter(spec.num_hidden_layers, spec.weights_mapping, spec.spec_decode,
                                   spec.spec_layer_rewrite);
+  const ExpertMappingIndex experts(spec.expert_mapping);
+  const bool strict = loader_strict_coverage_from_env();
+  // Batched expert staging with the parallel loader; one thread sends every expert through its
+  // parameter's own loader.
+  std::unique_ptr<ExpertStagingPool> pool;
+  if (options.num_threads > 1) pool = std::make_unique<ExpertStagingPool>(strict);
   // Route every tensor from the headers alone, so an unclaimed tensor fails before any data is read.
   std::map<std::string, WeightDestination> routes;
   std::vector<std::string> unclaimed;
   for (const auto& [path, header] : checkpoint.headers()) {
     for (const auto& e : header.entries) {
       if (routes.count(e.name)) continue;  // a duplicate copy; the index decides which is read
-      WeightDestination d = weight_destination(params, rewriter, spec, e.name);
+      WeightDestination d = weight_destination(params, rewriter, spec, e.name, &experts);
       if (d.kind == WeightDestination::kUnclaimed) unclaimed.push_back(e.name + "  (in " + path + ")");
       if (d.kind == WeightDestination::kIgnored) ++report.tensors_ignored;
       if (d.kind == WeightDestination::kNotWanted) ++report.tensors_not_wanted;
@@ -78,20 +133,39 @@ LoadReport load_weights(ParamRegistry& params, const Checkpoint& checkpoint,
       [&](const std::string& name, const Tensor& t) {
         const WeightDestination& d = routes.at(name);
         try {
-          d.param->load(t, d.shard, d.expert);
+          if (pool && pool->owns(*d.param, d.expert)) {
+            pool->stage(*d.param, t, d.shard, d.expert);
+          } else {
+            // A stacked tensor writes regions the pool may have staged: it takes the parameter
+            // over first.
+            if (pool && d.param->expert_layout && d.expert < 0) pool->decline(*d.param);
+            d.param->load(t, d.shard, d.expert);
+          }
         } catch (const Error& e) {
           fail("{}: loading tensor '{}': {}", checkpoint.dir(), name, e.what());
         }
       },
       options);
   report.tensors_loaded = report.checkpoint.tensors_yielded;
+  if (pool) {
+    pool->finish();
+    report.expert_bulk_copies = pool->stats().bulk_copies;
+    report.expert_region_copies = pool->stats().region_copies;
+  }
 
-  std::vector<std::string> missing;
+  std::vector<std::string> missing, missing_experts;
   for (const auto& [name, p] : params.all()) {
     if (p->optional && p->received_nothing()) continue;
-    for (const auto& part : p->missing_parts())
-      missing.push_back(part.empty() ? name : name + " (part " + part + ")");
+    for (const auto& part : p->missing_parts()) {
+      const std::string what = part.empty() ? name : name + " (part " + part + ")";
+      // ATOM_LOADER_STRICT_COVERAGE=false: missing experts load anyway, as initialised.
+      (!strict && part.starts_with("expert ") ? missing_experts : missing).push_back(what);
+    }
   }
+  if (!missing_experts.empty())
+    log_warn("{}: {} expert part(s) received no data; left as initialised "
+             "(ATOM_LOADER_STRICT_COVERAGE=false):{}",
+             checkpoint.dir(), missing_experts.size(), name_list(missing_experts));
   if (!missing.empty())
     fail("{}: {} parameter(s) received no data from the checkpoint:{}", checkpoint.dir(),
          missing.size(), name_list(missing));

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <functional>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -12,10 +14,23 @@
 
 namespace atom {
 
+// One entry of a model's expert mapping (the spec's make_expert_params_mapping tuples): checkpoint
+// name part `ckpt` ("experts.3.gate_proj.", matched on whole dotted components) is replaced by
+// `param` ("experts.w13_") and the tensor goes to that parameter as part `shard` of expert
+// `expert`. A stacked tensor of every routed expert ("experts.gate_up_proj", the last component of
+// the name) has expert -1.
+struct ExpertParamMapping {
+  std::string param;
+  std::string ckpt;
+  int expert = -1;
+  std::string shard;
+};
+
 // What a model declares about its checkpoint.
 struct WeightLoadSpec {
   int64_t num_hidden_layers = 0;
   std::vector<PackedModule> packed_modules;
+  std::vector<ExpertParamMapping> expert_mapping;
   WeightsMapper weights_mapping;
   // Parameter-side names that may be present in a checkpoint but are not needed
   // (e.g. rotary_emb.inv_freq, or lm_head.weight when embeddings are tied).
@@ -26,6 +41,8 @@ struct WeightLoadSpec {
 
 struct LoadReport {
   CheckpointStats checkpoint;
+  int expert_bulk_copies = 0;    // expert parameters staged and written in one copy
+  int expert_region_copies = 0;  // staged (slot, shard) regions written one by one
   int tensors_loaded = 0;
   int tensors_ignored = 0;  // declared ignorable
   int tensors_not_wanted = 0;  // skipped by name rules (e.g. MTP layers)
@@ -40,8 +57,21 @@ struct WeightDestination {
   int expert = -1;
 };
 
+// The expert mapping indexed for lookups by name (built once per load).
+class ExpertMappingIndex {
+ public:
+  explicit ExpertMappingIndex(const std::vector<ExpertParamMapping>& mapping);
+  // The entry matching `name` and the parameter name it gives, or nullptr.
+  const ExpertParamMapping* match(const std::string& name, std::string* param_name) const;
+
+ private:
+  std::map<std::string, const ExpertParamMapping*> by_ckpt_;
+  std::set<std::string> heads_;  // first components of the ckpt parts ("experts")
+};
+
 WeightDestination weight_destination(ParamRegistry& params, const CheckpointNameRewriter& rewriter,
-                                     const WeightLoadSpec& spec, const std::string& ckpt_name);
+                                     const WeightLoadSpec& spec, const std::string& ckpt_name,
+                                     const ExpertMappingIndex* experts = nullptr);
 
 LoadReport load_weights(ParamRegistry& params, const Checkpoint& checkpoint,
                         const WeightLoadSpec& spec, const CheckpointReadOptions& options);

@@ -22,7 +22,9 @@ int llama_layer_window(const ModelConfig& c, int64_t layer);
 
 class LlamaAttention {
  public:
-  LlamaAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer, const std::string& prefix);
+  // sliding_window < 0: llama_layer_window(c, layer).
+  LlamaAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer, const std::string& prefix,
+                 int sliding_window = -1);
   Tensor forward(Step& step, const Tensor& x);
 
  private:
@@ -33,8 +35,31 @@ class LlamaAttention {
   int64_t q_size_, kv_size_;
 };
 
+// The dense SwiGLU MLP of a Llama-family layer, sized by the config.
+class LlamaMlp : public GatedMlp {
+ public:
+  LlamaMlp(LayerContext& ctx, const ModelConfig& c, int64_t layer, const std::string& prefix)
+      : GatedMlp(ctx, prefix, c.hidden_size, c.intermediate_size, c.mlp_bias) {}
+};
+
+// The feed-forward a model picks for each layer (a dense MLP or a mixture of experts) behind one
+// type: Choose(ctx, config, layer, prefix) builds it.
+template <auto Choose>
+class PerLayerMlp : public FeedForward {
+ public:
+  PerLayerMlp(LayerContext& ctx, const ModelConfig& c, int64_t layer, const std::string& prefix)
+      : impl_(Choose(ctx, c, layer, prefix)) {}
+  Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor()) override {
+    return impl_->forward(step, x, out);
+  }
+
+ private:
+  std::unique_ptr<FeedForward> impl_;
+};
+
 // input_layernorm -> self_attn -> post_attention_layernorm -> mlp, with the residual kept beside.
-template <class SelfAttention>
+// Mlp is built as Mlp(ctx, config, layer, prefix + ".mlp").
+template <class SelfAttention, class Mlp = LlamaMlp>
 class LlamaDecoderLayer {
  public:
   LlamaDecoderLayer(LayerContext& ctx, const ModelConfig& c, int64_t layer,
@@ -43,7 +68,7 @@ class LlamaDecoderLayer {
         self_attn_(ctx, c, layer, prefix + ".self_attn"),
         post_attention_layernorm_(ctx, prefix + ".post_attention_layernorm", c.hidden_size,
                                   c.rms_norm_eps),
-        mlp_(ctx, prefix + ".mlp", c.hidden_size, c.intermediate_size, c.mlp_bias) {}
+        mlp_(ctx, c, layer, prefix + ".mlp") {}
 
   // residual [T, hidden]: the residual stream, updated in place. h: the previous layer's output,
   // not yet added to it (undefined before the first layer). Writes this layer's output, before
@@ -60,7 +85,7 @@ class LlamaDecoderLayer {
   RMSNorm input_layernorm_;
   SelfAttention self_attn_;
   RMSNorm post_attention_layernorm_;
-  GatedMlp mlp_;
+  Mlp mlp_;
 };
 
 // model.embed_tokens -> model.layers.N -> model.norm -> lm_head.

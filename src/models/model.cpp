@@ -3,6 +3,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "layers/moe.h"
 
 namespace atom {
 
@@ -36,7 +37,8 @@ Model::Model(const ModelConfig& config, const ModelOptions& options)
            options.tp_size,
            options.comm ? options.comm : &solo_,
            &cache_specs_,
-           &state_specs_} {
+           &state_specs_,
+           options.fuse_shared_experts.value_or(moe_fuse_shared_experts_from_env())} {
   if (options.tp_size < 1 || options.tp_rank < 0 || options.tp_rank >= options.tp_size)
     fail("tensor-parallel rank {} of size {} is invalid", options.tp_rank, options.tp_size);
   if (options.tp_size > 1 && (!options.comm || options.comm->size() != options.tp_size))

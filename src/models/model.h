@@ -25,6 +25,9 @@ struct ModelOptions {
   int tp_rank = 0;
   int tp_size = 1;
   Communicator* comm = nullptr;  // required when tp_size > 1
+  // Mixtures of experts: load shared experts as slots of the fused experts layer instead of a
+  // separate MLP (the same values either way). Default: ATOM_MOE_FUSE_SHARED_EXPERTS (off).
+  std::optional<bool> fuse_shared_experts;
 };
 
 class Model {
@@ -40,6 +43,7 @@ class Model {
   // Per-request recurrent state of each recurrent layer (empty for pure attention models).
   const std::vector<StateCacheSpec>& state_specs() const { return state_specs_; }
   Device device() const { return ctx_.device; }
+  bool fuse_shared_experts() const { return ctx_.fuse_shared_experts; }
   DType act_dtype() const { return ctx_.act_dtype; }
   int64_t vocab_size() const { return config_.vocab_size; }
 

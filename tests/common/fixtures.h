@@ -26,9 +26,10 @@ inline std::string fixture_dir(const std::string& name) {
 }
 
 inline const std::vector<std::string>& fixture_names() {
-  static const std::vector<std::string> names = {"llama3_gqa", "llama_yarn_bias_legacy",
-                                                 "llama_linear_sharded_f32", "qwen3_tied",
-                                                 "qwen3_sliding"};
+  static const std::vector<std::string> names = {
+      "llama3_gqa",   "llama_yarn_bias_legacy", "llama_linear_sharded_f32", "qwen3_tied",
+      "qwen3_sliding", "qwen3_moe",             "qwen3_moe_stacked",        "mixtral",
+      "glm4_moe",     "glm4_moe_air"};
   return names;
 }
 

@@ -1,0 +1,237 @@
+#include "layers/moe.h"
+
+#include "core/convert.h"
+#include "core/env.h"
+#include "core/error.h"
+#include "kernels/elementwise.h"
+#include "kernels/linear.h"
+
+namespace atom {
+
+std::vector<ExpertParamMapping> fused_moe_expert_mapping(const std::string& gate,
+                                                         const std::string& down,
+                                                         const std::string& up,
+                                                         int64_t num_experts) {
+  std::vector<ExpertParamMapping> m;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const std::string at = "experts." + std::to_string(e) + ".";
+    const int id = static_cast<int>(e);
+    m.push_back({"experts.w13_", at + gate + ".", id, "w1"});
+    m.push_back({"experts.w2_", at + down + ".", id, "w2"});
+    m.push_back({"experts.w13_", at + up + ".", id, "w3"});
+  }
+  return m;
+}
+
+std::vector<ExpertParamMapping> fused_moe_stacked_mapping() {
+  return {{"experts.w13_weight", "experts.gate_up_proj", -1, "gate_up"},
+          {"experts.w2_weight", "experts.down_proj", -1, "down"}};
+}
+
+bool moe_fuse_shared_experts_from_env() {
+  return env_bool("ATOM_MOE_FUSE_SHARED_EXPERTS", false);
+}
+
+namespace {
+
+// dst = src (converted), where dst's rows may be strided (a padded parameter's leading columns).
+void assign_2d(Tensor& dst, const Tensor& src) {
+  if (dst.is_contiguous()) return tensor_assign(dst, src);
+  for (int64_t r = 0; r < dst.size(0); ++r) {
+    Tensor d = dst.select(0, r);
+    tensor_assign(d, src.select(0, r));
+  }
+}
+
+void check_expert_tensor(const std::string& param, const Tensor& ckpt, const Shape& want,
+                         const std::string& shard) {
+  if (ckpt.shape() != want)
+    fail("checkpoint tensor for '{}' (expert part {}) has shape {}, expected {}", param, shard,
+         shape_str(ckpt.shape()), shape_str(want));
+}
+
+std::vector<std::string> expert_parts(int64_t num_experts, int64_t num_shared_slots,
+                                      const std::vector<std::string>& shards) {
+  std::vector<std::string> parts;
+  for (int64_t e = 0; e < num_experts + (num_shared_slots > 0 ? 1 : 0); ++e)
+    for (const auto& s : shards) parts.push_back(Parameter::part_key(s, static_cast<int>(e)));
+  return parts;
+}
+
+}  // namespace
+
+FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEOptions& o)
+    : ctx_(ctx), o_(o) {
+  const int tp = ctx.tp_size;
+  if (o.num_experts <= 0 || o.hidden <= 0 || o.intermediate <= 0)
+    fail("{}: a mixture of experts needs experts ({}), a hidden size ({}) and an intermediate "
+         "size ({})",
+         prefix, o.num_experts, o.hidden, o.intermediate);
+  if (o.intermediate % tp != 0)
+    fail("{}: the experts' intermediate size {} is not divisible by the tensor-parallel size {}",
+         prefix, o.intermediate, tp);
+  ATOM_CHECK(o.pad_intermediate_to >= 1, "{}: padding multiple {}", prefix, o.pad_intermediate_to);
+  slots_ = o.num_experts + o.num_shared_slots;
+  inter_rank_ = o.intermediate / tp;
+  inter_padded_ = (inter_rank_ + o.pad_intermediate_to - 1) / o.pad_intermediate_to *
+                  o.pad_intermediate_to;
+  const int64_t E = o.num_experts, H = o.hidden, I = o.intermediate, Ir = inter_rank_,
+                Ip = inter_padded_, S = o.num_shared_slots;
+  const int64_t start = ctx.tp_rank * Ir;
+  const std::string w13_name = prefix_join(prefix, "w13_weight");
+  const std::string w2_name = prefix_join(prefix, "w2_weight");
+
+  auto w13_layout = std::make_shared<ExpertLayout>();
+  w13_layout->num_base = E;
+  w13_layout->num_slots = slots_;
+  w13_layout->shards = {"w1", "w3"};
+  w13_layout->region = [Ip](const Tensor& slot, const std::string& shard) {
+    return slot.narrow(0, shard == "w1" ? 0 : Ip, Ip);
+  };
+  w13_layout->write = [w13_name, I, H, Ir, start](Tensor& region, const Tensor& ckpt,
+                                                   const std::string& shard) {
+    check_expert_tensor(w13_name, ckpt, {I, H}, shard);
+    Tensor dst = region.narrow(0, 0, Ir);
+    tensor_assign(dst, ckpt.narrow(0, start, Ir));
+  };
+  auto w2_layout = std::make_shared<ExpertLayout>();
+  w2_layout->num_base = E;
+  w2_layout->num_slots = slots_;
+  w2_layout->shards = {"w2"};
+  w2_layout->region = [](const Tensor& slot, const std::string&) { return slot; };
+  w2_layout->write = [w2_name, I, H, Ir, start](Tensor& region, const Tensor& ckpt,
+                                                 const std::string& shard) {
+    check_expert_tensor(w2_name, ckpt, {H, I}, shard);
+    Tensor dst = region.narrow(1, 0, Ir);
+    assign_2d(dst, ckpt.narrow(1, start, Ir));
+  };
+
+  // One loader for both: per-expert tensors, the shared experts (cut into their slots) and
+  // stacked tensors of every routed expert.
+  auto loader = [E, I, H, S](Parameter& p, const Tensor& ckpt, const std::string& shard,
+                             int expert) {
+    const ExpertLayout& layout = *p.expert_layout;
+    auto write_slot = [&](int64_t slot, const Tensor& t, const std::string& part) {
+      Tensor region = layout.region(p.data().select(0, slot), part);
+      layout.write(region, t, part);
+    };
+    if (expert >= 0 && expert < E) return write_slot(expert, ckpt, shard);
+    if (expert == E && S > 0) {  // the shared MLP, S * I wide
+      const bool down = shard == "w2";
+      const int64_t wide = ckpt.dim() == 2 ? ckpt.size(down ? 1 : 0) : -1;
+      if (wide != S * I)
+        fail("checkpoint tensor for '{}' (shared experts, part {}) has shape {}, expected "
+             "{} intermediate channels",
+             p.name(), shard, shape_str(ckpt.shape()), S * I);
+      for (int64_t s = 0; s < S; ++s) write_slot(E + s, ckpt.narrow(down ? 1 : 0, s * I, I), shard);
+      return;
+    }
+    if (expert == -1 && (shard == "gate_up" || shard == "down")) {  // stacked: every routed expert
+      const bool gu = shard == "gate_up";
+      const Shape want = gu ? Shape{E, 2 * I, H} : Shape{E, H, I};
+      if (ckpt.shape() != want)
+        fail("stacked checkpoint tensor for '{}' has shape {}, expected {}", p.name(),
+             shape_str(ckpt.shape()), shape_str(want));
+      for (int64_t e = 0; e < E; ++e) {
+        const Tensor t = ckpt.select(0, e);
+        for (const auto& part : layout.shards)
+          p.record_part(Parameter::part_key(part, static_cast<int>(e)));
+        if (gu) {
+          write_slot(e, t.narrow(0, 0, I), "w1");
+          write_slot(e, t.narrow(0, I, I), "w3");
+        } else {
+          write_slot(e, t, "w2");
+        }
+      }
+      return;
+    }
+    fail("parameter '{}' takes routed experts 0..{}{}, not expert {} part '{}'", p.name(), E - 1,
+         S > 0 ? fmt::format(" and the shared experts as expert {}", E) : std::string(), expert,
+         shard);
+  };
+  w13_ = &ctx.params.add(w13_name, ctx.param_tensor({slots_, 2 * Ip, H}, ctx.weight_dtype), loader,
+                         expert_parts(E, S, w13_layout->shards));
+  w13_->expert_layout = w13_layout;
+  w2_ = &ctx.params.add(w2_name, ctx.param_tensor({slots_, H, Ip}, ctx.weight_dtype), loader,
+                        expert_parts(E, S, w2_layout->shards));
+  w2_->expert_layout = w2_layout;
+}
+
+void FusedMoE::forward(Step& step, const Tensor& x, const Tensor& topk_ids,
+                       const Tensor& topk_weights, Tensor& out) {
+  kernels::MoeExperts w;
+  w.w13 = &w13_->data();
+  w.w2 = &w2_->data();
+  w.activation = o_.activation;
+  const int64_t bytes = kernels::fused_moe_workspace_bytes(ctx_.device, x.size(0),
+                                                           topk_ids.size(1), w, ctx_.act_dtype);
+  Tensor workspace = bytes > 0 ? step.empty({bytes}, DType::kU8) : Tensor();
+  kernels::fused_moe(out, x, w, topk_ids, topk_weights, bytes > 0 ? &workspace : nullptr);
+}
+
+namespace {
+FusedMoEOptions experts_options(const SparseMoeOptions& o) {
+  FusedMoEOptions f;
+  f.num_experts = o.num_experts;
+  f.hidden = o.hidden;
+  f.intermediate = o.moe_intermediate;
+  f.pad_intermediate_to = o.pad_intermediate_to;
+  if (o.fuse_shared && o.shared_intermediate > 0) {
+    if (o.shared_intermediate % o.moe_intermediate != 0)
+      fail("shared experts of width {} cannot be fused as experts of width {}",
+           o.shared_intermediate, o.moe_intermediate);
+    f.num_shared_slots = o.shared_intermediate / o.moe_intermediate;
+  }
+  return f;
+}
+}  // namespace
+
+SparseMoeBlock::SparseMoeBlock(LayerContext& ctx, const std::string& prefix,
+                               const SparseMoeOptions& o)
+    : ctx_(ctx),
+      o_(o),
+      args_(o.router),
+      gate_(ctx, prefix_join(prefix, o.gate_name), o.hidden, o.num_experts, o.router_bias),
+      experts_(ctx, prefix_join(prefix, "experts"), experts_options(o)) {
+  if (args_.top_k < 1 || args_.top_k > o.num_experts)
+    fail("{}: num_experts_per_tok {} must be in [1, {}]", prefix, args_.top_k, o.num_experts);
+  if (args_.n_group < 1 || o.num_experts % args_.n_group != 0 || args_.topk_group < 1 ||
+      args_.topk_group > args_.n_group ||
+      (args_.n_group > 1 && args_.topk_group * (o.num_experts / args_.n_group) < args_.top_k))
+    fail("{}: {} experts in n_group {} keeping topk_group {} cannot give {} experts per token",
+         prefix, o.num_experts, args_.n_group, args_.topk_group, args_.top_k);
+  if (o.correction_bias)
+    correction_ = &ctx.params.add(prefix_join(prefix, o.gate_name + ".e_score_correction_bias"),
+                                  ctx.param_tensor({o.num_experts}, DType::kF32));
+  const int64_t fused = experts_.num_slots() - o.num_experts;
+  args_.num_fused_shared = static_cast<int>(fused);
+  args_.shared_slot_first = static_cast<int>(o.num_experts);
+  if (o.shared_intermediate > 0 && fused == 0)
+    shared_ = std::make_unique<GatedMlp>(ctx, prefix_join(prefix, o.shared_name), o.hidden,
+                                         o.shared_intermediate, false, /*reduce_results=*/false);
+}
+
+void SparseMoeBlock::route(Step& step, const Tensor& x, Tensor& topk_ids, Tensor& topk_weights) {
+  const int64_t T = x.size(0), K = args_.top_k + args_.num_fused_shared;
+  Tensor logits = step.empty({T, o_.num_experts}, DType::kF32);
+  kernels::linear(logits, x, gate_.weight().data(), gate_.bias() ? gate_.bias()->data() : Tensor());
+  topk_ids = step.empty({T, K}, DType::kI32);
+  topk_weights = step.empty({T, K}, DType::kF32);
+  kernels::moe_route(topk_ids, topk_weights, logits, correction_ ? correction_->data() : Tensor(),
+                     args_);
+}
+
+Tensor SparseMoeBlock::forward(Step& step, const Tensor& x, const Tensor& out) {
+  Tensor ids, weights;
+  route(step, x, ids, weights);
+  Tensor y = out.defined() ? out : step.empty({x.size(0), o_.hidden}, ctx_.act_dtype);
+  experts_.forward(step, x, ids, weights, y);
+  if (shared_) {
+    Tensor s = shared_->forward(step, x);
+    kernels::add(y, y, s);
+  }
+  if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(y);
+  return y;
+}
+
+}  // namespace atom

@@ -1,0 +1,105 @@
+// Mixture of experts: the router, the fused experts (FusedMoE) and the sparse block built from
+// them, with shared experts beside the routed ones or fused into the same layer.
+//
+// Parameters follow vLLM's FusedMoE (and so the spec's expert mapping): "<prefix>.w13_weight"
+// [slots, 2 I, H] holds each expert's gate rows then up rows, "<prefix>.w2_weight" [slots, H, I]
+// its down projection; I is this rank's share of the intermediate size (tensor parallelism
+// splits every expert), rounded up to FusedMoEOptions::pad_intermediate_to with zero padding.
+// Slots [0, num_experts) are the routed experts, then num_shared_slots fused shared experts.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/moe.h"
+#include "layers/linear.h"
+#include "layers/mlp.h"
+#include "loader/weight_loading.h"
+
+namespace atom {
+
+// The spec's make_expert_params_mapping: for experts 0..num_experts-1, checkpoint names
+// "experts.E.<gate>." -> w13 part "w1", "experts.E.<up>." -> w13 part "w3", "experts.E.<down>." ->
+// w2 part "w2" (transformers' per-expert layout: gate_proj/up_proj/down_proj; Mixtral's w1/w3/w2).
+std::vector<ExpertParamMapping> fused_moe_expert_mapping(const std::string& gate,
+                                                         const std::string& down,
+                                                         const std::string& up,
+                                                         int64_t num_experts);
+// Stacked checkpoints (transformers v5's layout): "experts.gate_up_proj" [E, 2I, H] (gate first)
+// and "experts.down_proj" [E, H, I] hold every routed expert of a layer.
+std::vector<ExpertParamMapping> fused_moe_stacked_mapping();
+
+struct FusedMoEOptions {
+  int64_t num_experts = 0;   // routed
+  int64_t hidden = 0;
+  int64_t intermediate = 0;  // of one expert, unsharded
+  // Shared experts loaded as slots of this layer (the checkpoint's shared MLP of width
+  // num_shared_slots * intermediate is cut into that many slots); their tensors arrive as expert
+  // num_experts (the spec's "mlp.shared_experts" -> "mlp.experts.<n_routed_experts>").
+  int64_t num_shared_slots = 0;
+  int64_t pad_intermediate_to = 1;  // this rank's I rounded up to a multiple of this
+  kernels::MoeActivation activation = kernels::MoeActivation::kSiluMul;
+};
+
+class FusedMoE {
+ public:
+  FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEOptions& o);
+
+  // out [T, H] = Σ_j topk_weights[t, j] · expert_{topk_ids[t, j]}(x[t]): this rank's partial sum
+  // (the caller reduces across ranks once, after adding anything else).
+  void forward(Step& step, const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
+               Tensor& out);
+  int64_t num_slots() const { return slots_; }
+  int64_t intermediate_per_rank() const { return inter_rank_; }      // of the checkpoint
+  int64_t intermediate_padded() const { return inter_padded_; }     // as stored
+  Parameter& w13() { return *w13_; }
+  Parameter& w2() { return *w2_; }
+
+ private:
+  LayerContext& ctx_;
+  FusedMoEOptions o_;
+  int64_t slots_, inter_rank_, inter_padded_;
+  Parameter* w13_ = nullptr;  // [slots, 2 Ip, H]
+  Parameter* w2_ = nullptr;   // [slots, H, Ip]
+};
+
+struct SparseMoeOptions {
+  int64_t hidden = 0;
+  int64_t num_experts = 0;
+  int64_t moe_intermediate = 0;
+  kernels::RouterArgs router;         // top_k, scoring, groups, scale (shared slots set here)
+  bool router_bias = false;           // "<gate>.bias" [E]
+  bool correction_bias = false;       // "<gate>.e_score_correction_bias" [E], F32
+  int64_t shared_intermediate = 0;    // 0: no shared experts
+  bool fuse_shared = false;           // shared experts as slots of the fused layer
+  std::string gate_name = "gate";
+  std::string shared_name = "shared_experts";
+  int64_t pad_intermediate_to = 1;
+};
+
+// gate (router) -> routed experts (+ shared experts) -> one all-reduce across ranks.
+class SparseMoeBlock : public FeedForward {
+ public:
+  // prefix: the block's module, e.g. "model.layers.3.mlp".
+  SparseMoeBlock(LayerContext& ctx, const std::string& prefix, const SparseMoeOptions& o);
+  Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor()) override;
+
+  // Router logits [T, E] F32 and the routing of x: topk_ids, topk_weights [T, K].
+  void route(Step& step, const Tensor& x, Tensor& topk_ids, Tensor& topk_weights);
+
+ private:
+  LayerContext& ctx_;
+  SparseMoeOptions o_;
+  kernels::RouterArgs args_;
+  ReplicatedLinear gate_;           // hidden -> E, the same on every rank
+  Parameter* correction_ = nullptr;  // [E] F32
+  FusedMoE experts_;
+  std::unique_ptr<GatedMlp> shared_;  // unfused shared experts, left unreduced
+};
+
+// Whether shared experts load as slots of the fused layer (ATOM_MOE_FUSE_SHARED_EXPERTS, default
+// off); the two ways compute the same values.
+bool moe_fuse_shared_experts_from_env();
+
+}  // namespace atom
