@@ -100,7 +100,9 @@ TEST_P(EngineWorkload, EveryRequestMatchesTheSingleSequenceRunner) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, EngineWorkload, ::testing::Values("llama3_gqa", "qwen3_sliding"),
+INSTANTIATE_TEST_SUITE_P(Fixtures, EngineWorkload,
+                         ::testing::Values("llama3_gqa", "qwen3_sliding", "qwen3_moe", "mixtral",
+                                           "glm4_moe"),
                          [](const auto& info) { return info.param; });
 
 TEST(EngineStops, StopTokenIdsEosAndMinTokens) {

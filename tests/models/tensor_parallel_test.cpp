@@ -64,7 +64,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"llama3_gqa", 2}, Case{"llama3_gqa", 4},  // tp 4 > 2 kv heads: replicas
                       Case{"llama_yarn_bias_legacy", 2},             // row-parallel bias added once
                       Case{"qwen3_tied", 2}, Case{"qwen3_tied", 4},  // tied head, kv replicas
-                      Case{"qwen3_sliding", 2}),
+                      Case{"qwen3_sliding", 2},
+                      // experts split by intermediate channel, one reduction after the combine
+                      Case{"qwen3_moe", 2}, Case{"qwen3_moe", 4}, Case{"qwen3_moe_stacked", 2},
+                      Case{"mixtral", 2}, Case{"glm4_moe", 2},  // shared experts unreduced
+                      Case{"glm4_moe_air", 4}),
     [](const auto& info) { return info.param.fixture + "_tp" + std::to_string(info.param.tp); });
 
 TEST(TensorParallelErrors, IndivisibleSizesAreClearErrors) {
