@@ -33,8 +33,8 @@ void ExpertStagingPool::stage(Parameter& p, const Tensor& ckpt, const std::strin
   if (!known) fail("parameter '{}' takes no expert part '{}'", p.name(), shard);
   Entry& e = entry(p);
   std::lock_guard<std::mutex> lock(e.mu);
+  p.record_part(Parameter::part_key(shard, expert));  // a duplicate fails here
   ATOM_CHECK(!e.declined && !e.flushed, "staging into '{}' after it was handed over", p.name());
-  p.record_part(Parameter::part_key(shard, expert));
   if (!e.buffer.defined()) e.buffer = Tensor::zeros(p.data().shape(), p.data().dtype());
   Tensor region = layout.region(e.buffer.select(0, expert), shard);
   layout.write(region, ckpt, shard);

@@ -128,7 +128,7 @@ TEST_P(KvCacheFp8Fixture, EngineStaysCloseToTransformers) {
   expect_engine_idle(engine);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, KvCacheFp8Fixture, ::testing::ValuesIn(fixture_names()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, KvCacheFp8Fixture, ::testing::ValuesIn(dense_fixture_names()),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -93,7 +93,7 @@ TEST_P(GpuParity, Fp8KvCache) {
               r.token_ids.size());
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GpuParity, ::testing::ValuesIn(fixture_names()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuParity, ::testing::ValuesIn(dense_fixture_names()),
                          [](const auto& info) { return info.param; });
 
 // Three sequences decoded together, graphs against eager, then one more with a new bucket.

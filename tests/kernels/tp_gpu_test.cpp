@@ -156,7 +156,7 @@ TEST_P(GpuTpParity, TwoRanksMatchOneGpuAndTransformers) {
               r.token_ids.size());
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GpuTpParity, ::testing::ValuesIn(fixture_names()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuTpParity, ::testing::ValuesIn(dense_fixture_names()),
                          [](const auto& info) { return info.param; });
 
 // Three sequences decoded together on two ranks: every rank's graphs against eager decode.

@@ -1,0 +1,276 @@
+// The CPU routers and fused experts against hand-derived values and an independent reference
+// written here (sorting by (score desc, index asc), double precision), not against atom's output.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "common/tensor_util.h"
+#include "common/test_util.h"
+#include "core/convert.h"
+#include "kernels/moe.h"
+
+namespace atom::test {
+namespace {
+
+using kernels::GroupScore;
+using kernels::RouterArgs;
+using kernels::RouterScoring;
+
+Tensor f32(const std::vector<float>& v, Shape shape) {
+  Tensor t = Tensor::empty(std::move(shape), DType::kF32);
+  std::copy(v.begin(), v.end(), t.ptr<float>());
+  return t;
+}
+
+struct Routed {
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+};
+
+Routed route(const std::vector<float>& logits, int64_t T, const RouterArgs& a,
+             const std::vector<float>& bias = {}) {
+  const int64_t E = static_cast<int64_t>(logits.size()) / T, K = a.top_k + a.num_fused_shared;
+  Tensor ids = Tensor::empty({T, K}, DType::kI32), w = Tensor::empty({T, K}, DType::kF32);
+  kernels::moe_route(ids, w, f32(logits, {T, E}), bias.empty() ? Tensor() : f32(bias, {E}), a);
+  return {std::vector<int32_t>(ids.ptr<int32_t>(), ids.ptr<int32_t>() + T * K),
+          std::vector<float>(w.ptr<float>(), w.ptr<float>() + T * K)};
+}
+
+// The independent reference: one token.
+Routed reference_route(const std::vector<double>& logits, const RouterArgs& a,
+                       const std::vector<double>& bias = {}) {
+  const int64_t E = static_cast<int64_t>(logits.size());
+  std::vector<double> score(E), choice(E);
+  if (a.scoring == RouterScoring::kSoftmax) {
+    double mx = *std::max_element(logits.begin(), logits.end()), sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(logits[e] - mx);
+    for (int64_t e = 0; e < E; ++e) score[e] = std::exp(logits[e] - mx) / sum;
+  } else if (a.scoring == RouterScoring::kSigmoid) {
+    for (int64_t e = 0; e < E; ++e) score[e] = 1 / (1 + std::exp(-logits[e]));
+  } else {
+    score = logits;
+  }
+  for (int64_t e = 0; e < E; ++e) choice[e] = score[e] + (bias.empty() ? 0 : bias[e]);
+  auto order = [](const std::vector<double>& v) {
+    std::vector<int64_t> idx(v.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](int64_t x, int64_t y) { return v[x] > v[y]; });
+    return idx;
+  };
+  if (a.n_group > 1) {
+    const int64_t per = E / a.n_group;
+    std::vector<double> g(a.n_group);
+    for (int64_t i = 0; i < a.n_group; ++i) {
+      std::vector<double> c(choice.begin() + i * per, choice.begin() + (i + 1) * per);
+      std::sort(c.rbegin(), c.rend());
+      g[i] = a.group_score == GroupScore::kMax ? c[0] : c[0] + c[1];
+    }
+    const auto go = order(g);
+    std::vector<bool> keep(a.n_group, false);
+    for (int i = 0; i < a.topk_group; ++i) keep[go[i]] = true;
+    for (int64_t e = 0; e < E; ++e)
+      if (!keep[e / per]) choice[e] = -std::numeric_limits<double>::infinity();
+  }
+  const auto o = order(choice);
+  Routed r;
+  std::vector<double> w;
+  for (int k = 0; k < a.top_k; ++k) {
+    r.ids.push_back(static_cast<int32_t>(o[k]));
+    w.push_back(a.scoring == RouterScoring::kTopKThenSoftmax ? choice[o[k]] : score[o[k]]);
+  }
+  if (a.scoring == RouterScoring::kTopKThenSoftmax) {
+    double mx = w[0], sum = 0;
+    for (double& v : w) sum += (v = std::exp(v - mx));
+    for (double& v : w) v /= sum;
+  }
+  if (a.renormalize) {
+    const double sum = std::accumulate(w.begin(), w.end(), 0.0);
+    for (double& v : w) v /= sum;
+  }
+  for (double v : w) r.w.push_back(static_cast<float>(v * a.routed_scaling_factor));
+  for (int s = 0; s < a.num_fused_shared; ++s) {
+    r.ids.push_back(a.shared_slot_first + s);
+    r.w.push_back(1.0f);
+  }
+  return r;
+}
+
+void expect_route(const std::vector<float>& logits, int64_t T, const RouterArgs& a,
+                  const std::vector<float>& bias = {}) {
+  const Routed got = route(logits, T, a, bias);
+  const int64_t E = static_cast<int64_t>(logits.size()) / T, K = a.top_k + a.num_fused_shared;
+  for (int64_t t = 0; t < T; ++t) {
+    const std::vector<double> row(logits.begin() + t * E, logits.begin() + (t + 1) * E);
+    const Routed want = reference_route(row, a, std::vector<double>(bias.begin(), bias.end()));
+    for (int64_t k = 0; k < K; ++k) {
+      EXPECT_EQ(got.ids[t * K + k], want.ids[k]) << "token " << t << " choice " << k;
+      EXPECT_NEAR(got.w[t * K + k], want.w[k], 1e-6 * std::max(1.0f, std::abs(want.w[k])))
+          << "token " << t << " choice " << k;
+    }
+  }
+}
+
+TEST(MoeRoute, SoftmaxTopKHandDerived) {
+  RouterArgs a;
+  a.top_k = 2;
+  // softmax([1, 3, 2, 0.5]): e^3 and e^2 over their sum with e^1 and e^0.5.
+  const double z = std::exp(1.0) + std::exp(3.0) + std::exp(2.0) + std::exp(0.5);
+  Routed r = route({1, 3, 2, 0.5f}, 1, a);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_NEAR(r.w[0], std::exp(3.0) / z, 1e-7);
+  EXPECT_NEAR(r.w[1], std::exp(2.0) / z, 1e-7);
+  a.renormalize = true;
+  r = route({1, 3, 2, 0.5f}, 1, a);
+  EXPECT_NEAR(r.w[0], std::exp(3.0) / (std::exp(3.0) + std::exp(2.0)), 1e-7);
+  EXPECT_NEAR(r.w[0] + r.w[1], 1.0, 1e-7);
+}
+
+TEST(MoeRoute, TiesGoToTheLowerIndex) {
+  RouterArgs a;
+  a.top_k = 1;
+  EXPECT_EQ(route({2, 5, 5, 1}, 1, a).ids, (std::vector<int32_t>{1}));
+  a.top_k = 3;
+  EXPECT_EQ(route({7, 7, 7, 7, 7}, 1, a).ids, (std::vector<int32_t>{0, 1, 2}));
+  a.scoring = RouterScoring::kSigmoid;
+  a.top_k = 2;
+  // Sigmoid + bias ties on the choice: 0.5 + 0.25 for experts 1 and 3.
+  EXPECT_EQ(route({0, 0, -10, 0}, 1, a, {0, 0.25f, 0, 0.25f}).ids, (std::vector<int32_t>{1, 3}));
+}
+
+TEST(MoeRoute, NanLogitsStillGiveValidDistinctSlots) {
+  RouterArgs a;
+  a.top_k = 3;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const auto sc : {RouterScoring::kSoftmax, RouterScoring::kSigmoid, RouterScoring::kTopKThenSoftmax}) {
+    a.scoring = sc;
+    const Routed r = route({nan, nan, nan, nan, nan, 1, nan, 2}, 1, a);
+    std::vector<int32_t> s = r.ids;
+    std::sort(s.begin(), s.end());
+    EXPECT_TRUE(std::adjacent_find(s.begin(), s.end()) == s.end());
+    for (int32_t id : r.ids) EXPECT_TRUE(id >= 0 && id < 8) << id;
+  }
+}
+
+TEST(MoeRoute, EveryVariantMatchesTheReference) {
+  // 37 tokens of 16 experts, seeded.
+  Tensor l = random_cpu({37, 16}, DType::kF32, 11, -3, 3);
+  const std::vector<float> logits(l.ptr<float>(), l.ptr<float>() + l.numel());
+  Tensor b = random_cpu({16}, DType::kF32, 12, -0.3f, 0.3f);
+  const std::vector<float> bias(b.ptr<float>(), b.ptr<float>() + 16);
+  RouterArgs a;
+  a.top_k = 4;
+  expect_route(logits, 37, a);
+  a.renormalize = true;
+  expect_route(logits, 37, a);
+  a.scoring = RouterScoring::kTopKThenSoftmax;  // GPT-OSS
+  a.renormalize = false;
+  expect_route(logits, 37, a);
+  a.scoring = RouterScoring::kSigmoid;  // DeepSeek-V3 / GLM-4.5
+  a.renormalize = true;
+  a.routed_scaling_factor = 2.5f;
+  expect_route(logits, 37, a, bias);
+  a.n_group = 4;
+  a.topk_group = 2;
+  expect_route(logits, 37, a, bias);
+  a.group_score = GroupScore::kMax;  // DeepSeek-V2's group-limited greedy
+  a.scoring = RouterScoring::kSoftmax;
+  a.routed_scaling_factor = 1.0f;
+  expect_route(logits, 37, a);
+  a.num_fused_shared = 2;  // shared experts fused as slots 16 and 17, weight 1
+  a.shared_slot_first = 16;
+  expect_route(logits, 37, a);
+}
+
+TEST(MoeRoute, GroupLimitHandDerived) {
+  // 4 experts in 2 groups, keep 1: group {0,1} scores 0.9+0.1 = 1.0, group {2,3} 0.6+0.6 = 1.2,
+  // so expert 0 (the best single score) is not chosen.
+  RouterArgs a;
+  a.scoring = RouterScoring::kSigmoid;
+  a.top_k = 2;
+  a.n_group = 2;
+  a.topk_group = 1;
+  auto logit = [](double p) { return static_cast<float>(std::log(p / (1 - p))); };
+  const Routed r = route({logit(0.9), logit(0.1), logit(0.6), logit(0.6)}, 1, a);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 3}));
+  EXPECT_NEAR(r.w[0], 0.6, 1e-6);
+}
+
+TEST(MoeRoute, BadArgumentsAreErrors) {
+  RouterArgs a;
+  a.top_k = 5;
+  EXPECT_ERROR_CONTAINS(route({1, 2, 3, 4}, 1, a), "top_k 5 for 4 experts");
+  a.top_k = 1;
+  a.n_group = 3;
+  EXPECT_ERROR_CONTAINS(route({1, 2, 3, 4}, 1, a), "4 experts in 3 groups");
+  a.n_group = 1;
+  EXPECT_ERROR_CONTAINS(route({1, 2, 3, 4}, 1, a, {0, 0, 0, 0}), "needs sigmoid scoring");
+}
+
+// out[t] = Σ_j w_j · W2[e] silu(W1[e] x) * (W3[e] x), in double, from the weights as stored.
+TEST(FusedMoe, CpuMatchesADirectSumAndPaddingAddsNothing) {
+  const int64_t T = 5, E = 4, K = 3, H = 16, I = 12, Ip = 16;
+  for (const DType wt : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(wt));
+    Tensor x = random_cpu({T, H}, DType::kF32, 1);
+    Tensor w13 = random_cpu({E, 2 * I, H}, wt, 2, -0.5f, 0.5f);
+    Tensor w2 = random_cpu({E, H, I}, wt, 3, -0.5f, 0.5f);
+    Tensor ids = i32({0, 2, 3, 1, 1, 0, 3, 2, 1, 2, 2, 3, 0, 3, 1});
+    ids = ids.view({T, K});
+    Tensor w = random_cpu({T, K}, DType::kF32, 4, 0, 1);
+    Tensor out = Tensor::empty({T, H}, DType::kF32);
+    kernels::MoeExperts ex;
+    ex.w13 = &w13;
+    ex.w2 = &w2;
+    kernels::fused_moe(out, x, ex, ids, w, nullptr);
+    const Tensor w13f = tensor_cast_cpu(w13, DType::kF32), w2f = tensor_cast_cpu(w2, DType::kF32);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        double want = 0;
+        for (int64_t j = 0; j < K; ++j) {
+          const int64_t e = ids.ptr<int32_t>()[t * K + j];
+          double y = 0;
+          for (int64_t i = 0; i < I; ++i) {
+            double g = 0, u = 0;
+            for (int64_t c = 0; c < H; ++c) {
+              g += w13f.ptr<float>()[(e * 2 * I + i) * H + c] * x.ptr<float>()[t * H + c];
+              u += w13f.ptr<float>()[(e * 2 * I + I + i) * H + c] * x.ptr<float>()[t * H + c];
+            }
+            y += w2f.ptr<float>()[(e * H + h) * I + i] * (g / (1 + std::exp(-g)) * u);
+          }
+          want += w.ptr<float>()[t * K + j] * y;
+        }
+        EXPECT_NEAR(out.ptr<float>()[t * H + h], want, 1e-5 * std::max(1.0, std::abs(want)));
+      }
+    // The same experts with I padded to 16 by zero rows (gate, up) and columns (down).
+    Tensor p13 = Tensor::zeros({E, 2 * Ip, H}, wt), p2 = Tensor::zeros({E, H, Ip}, wt);
+    for (int64_t e = 0; e < E; ++e) {
+      for (int half = 0; half < 2; ++half) {
+        Tensor dst = p13.select(0, e).narrow(0, half * Ip, I);
+        dst.copy_from(w13.select(0, e).narrow(0, half * I, I).contiguous());
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        Tensor dst = p2.select(0, e).select(0, h).narrow(0, 0, I);
+        dst.copy_from(w2.select(0, e).select(0, h));
+      }
+    }
+    Tensor padded = Tensor::empty({T, H}, DType::kF32);
+    ex.w13 = &p13;
+    ex.w2 = &p2;
+    kernels::fused_moe(padded, x, ex, ids, w, nullptr);
+    // Zero terms change only the order of the dot product's partial sums (8 lanes over 16
+    // channels instead of 8 + a tail of 4): fp32 rounding, not a different value.
+    for (int64_t i = 0; i < T * H; ++i)
+      EXPECT_NEAR(padded.ptr<float>()[i], out.ptr<float>()[i],
+                  1e-6f * std::max(1.0f, std::abs(out.ptr<float>()[i])));
+    // A slot past the layer is an error, not a read out of bounds.
+    ids.ptr<int32_t>()[4] = 4;
+    EXPECT_ERROR_CONTAINS(kernels::fused_moe(out, x, ex, ids, w, nullptr), "chose slot 4 of 4");
+  }
+}
+
+}  // namespace
+}  // namespace atom::test
