@@ -7,6 +7,7 @@
 // Each line prints tokens/s and the fraction of the hardware limit: bytes per decode step
 // (weights + KV read) over the measured bandwidth, FLOPs per prefill over the matmul rate.
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -28,10 +29,28 @@ double now() {
 
 struct ModelNumbers {
   double weight_bytes = 0;   // read per decode step: every parameter but the input embedding
+                             // and the experts
   double matmul_params = 0;  // parameters in matrix products per token (same set)
   double head_params = 0;    // of which the LM head (prefill computes it for one row only)
   double kv_bytes_per_token = 0;
   int layers = 0, heads = 0, head_dim = 0;
+  // Mixtures of experts (FusedMoE's w13/w2 parameters): per layer, slots of expert_slot_params
+  // each, top_k of them per token.
+  int moe_layers = 0, slots = 0, top_k = 0;
+  double expert_slot_params = 0, expert_slot_bytes = 0;  // one slot of one layer
+
+  // Expected distinct experts a batch of B tokens touches per layer when each token picks top_k
+  // of `slots` uniformly (dummy weights route close to that).
+  double distinct_experts(int B) const {
+    if (slots == 0) return 0;
+    return slots * (1.0 - std::pow(1.0 - static_cast<double>(top_k) / slots, B));
+  }
+  double step_bytes(int B) const {
+    return weight_bytes + moe_layers * distinct_experts(B) * expert_slot_bytes;
+  }
+  double token_matmul_params() const {
+    return matmul_params + moe_layers * top_k * expert_slot_params;
+  }
 };
 
 // Sequences of a batch, each owning pages [s * pages_per, (s + 1) * pages_per).
@@ -105,11 +124,24 @@ int main(int argc, char** argv) {
     ModelNumbers n;
     for (const auto& [name, p] : model.params().all()) {
       if (name == "model.embed_tokens.weight" && !c.tie_word_embeddings) continue;
+      if (name.ends_with("experts.w13_weight") || name.ends_with("experts.w2_weight")) {
+        const Tensor& w = p->data();
+        n.slots = static_cast<int>(w.size(0));
+        if (name.ends_with("w13_weight")) ++n.moe_layers;
+        n.expert_slot_params += static_cast<double>(w.numel() / w.size(0));
+        n.expert_slot_bytes += static_cast<double>(w.nbytes() / w.size(0));
+        continue;
+      }
       n.weight_bytes += static_cast<double>(p->data().nbytes());
       if (p->data().dim() == 2) n.matmul_params += static_cast<double>(p->data().numel());
       if (name == "lm_head.weight" ||
           (c.tie_word_embeddings && name == "model.embed_tokens.weight"))
         n.head_params += static_cast<double>(p->data().numel());
+    }
+    if (n.moe_layers > 0) {  // per layer, from the sums over layers
+      n.expert_slot_params /= n.moe_layers;
+      n.expert_slot_bytes /= n.moe_layers;
+      n.top_k = static_cast<int>(c.text.get_int("num_experts_per_tok"));
     }
     n.layers = static_cast<int>(c.num_hidden_layers);
     n.heads = static_cast<int>(c.num_attention_heads);
@@ -118,10 +150,14 @@ int main(int argc, char** argv) {
     n.kv_bytes_per_token =
         2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * (dtype_bits(kv) / 8);
     std::printf(
-        "model %s: %.2f GB of weights read per decode step, %.2f B matmul parameters, %s KV cache; "
-        "loaded in %.1f s\n",
-        model_dir.c_str(), n.weight_bytes / 1e9, n.matmul_params / 1e9,
+        "model %s: %.2f GB of weights read per batch-1 decode step, %.2f B matmul parameters per "
+        "token, %s KV cache; loaded in %.1f s\n",
+        model_dir.c_str(), n.step_bytes(1) / 1e9, n.token_matmul_params() / 1e9,
         std::string(dtype_name(kv)).c_str(), now() - t0);
+    if (n.moe_layers > 0)
+      std::printf("  %d MoE layers of %d experts, top-%d, %.1f MB per expert; the decode limits count "
+                  "the distinct experts a batch touches under uniform routing (batch 32: %.1f)\n",
+                  n.moe_layers, n.slots, n.top_k, n.expert_slot_bytes / 1e6, n.distinct_experts(32));
 
     int max_batch = 1, max_prefill = 0;
     for (int b : batches) max_batch = std::max(max_batch, b);
@@ -153,7 +189,7 @@ int main(int argc, char** argv) {
       const double t = ts[2];  // median of the three after the first
       // Layers for every token, the LM head for the last one, causal attention 4 S^2 d H / 2.
       const double flops =
-          2.0 * (n.matmul_params - n.head_params) * len + 2.0 * n.head_params +
+          2.0 * (n.token_matmul_params() - n.head_params) * len + 2.0 * n.head_params +
           4.0 * n.layers * n.heads * n.head_dim * static_cast<double>(len) * len / 2.0;
       std::printf("%-44s %9.2f ms %12.0f %9.1f%%\n", fmt::format("prefill {} tokens", len).c_str(),
                   t * 1e3, len / t, 100.0 * flops / bench::kMatmul / t);
@@ -189,8 +225,8 @@ int main(int argc, char** argv) {
       const double end = now();
       const double decode_t = (end - t_first) / (steps - warm);
       const double ctx = prompt + steps / 2.0;
-      const double bytes = n.weight_bytes + B * ctx * n.kv_bytes_per_token;
-      const double flops = 2.0 * n.matmul_params * B;
+      const double bytes = n.step_bytes(B) + B * ctx * n.kv_bytes_per_token;
+      const double flops = 2.0 * n.token_matmul_params() * B;
       const double limit = std::max(bytes / bench::kBandwidth, flops / bench::kMatmul);
       std::printf("%-44s %9.3f ms %12.1f %9.1f%%   (%.2f TB/s)\n",
                   fmt::format("decode batch {} (step, ctx ~{})", B, static_cast<int>(ctx)).c_str(),

@@ -24,16 +24,24 @@ def main():
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--prefill", default="2048,8192")
+    # Mixtures of experts: transformers' expert kernels ("eager" loops over experts, "grouped_mm"
+    # calls torch's grouped GEMM); empty keeps transformers' default.
+    ap.add_argument("--experts-implementation", default="")
     args = ap.parse_args()
     cfg = AutoConfig.from_pretrained(args.model)
     torch.manual_seed(0)
     t0 = time.time()
+    kw = {}
+    if args.experts_implementation:
+        kw["experts_implementation"] = args.experts_implementation
     with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, **kw)
     model.eval()
     torch.cuda.synchronize()
+    experts = getattr(model.config, "_experts_implementation", None)
     print(f"transformers {__import__('transformers').__version__}, torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name()}; model built in {time.time() - t0:.1f} s", flush=True)
+          f"{torch.cuda.get_device_name()}; model built in {time.time() - t0:.1f} s; "
+          f"experts implementation {experts}", flush=True)
     results = {}
     gen = torch.Generator(device="cuda").manual_seed(0)
     with torch.no_grad():
