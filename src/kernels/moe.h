@@ -62,21 +62,28 @@ inline void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logi
                    cuda::moe_route(topk_ids, topk_weights, logits, correction_bias, a));
 }
 
-// The expert MLP's activation on its [gate | up] product.
+// The expert MLP's activation on its [gate | up] product (gate = the first half of w13's rows).
 enum class MoeActivation : int {
-  kSiluMul = 0,  // silu(gate) * up, gate = the first half of w13's rows (transformers' layout)
+  kSiluMul = 0,    // silu(gate) * up (transformers' layout)
+  kSwigluOai = 1,  // GPT-OSS: g = min(gate, limit), u = clamp(up, -limit, limit),
+                   // (u + 1) * g * sigmoid(alpha * g)
 };
 
 // The stacked expert weights of one layer on this rank (S slots: routed experts, then fused
 // shared experts, then redundant copies). I may be padded past the checkpoint's width: the
-// padding rows of w13 and columns of w2 are zero, so they add nothing.
+// padding rows of w13 and columns of w2 are zero (their biases too), so they add nothing.
 struct MoeExperts {
-  const Tensor* w13 = nullptr;  // [S, 2 * I, H]: rows [0, I) gate, [I, 2I) up
-  const Tensor* w2 = nullptr;   // [S, H, I]
+  const Tensor* w13 = nullptr;       // [S, 2 * I, H]: rows [0, I) gate, [I, 2I) up
+  const Tensor* w2 = nullptr;        // [S, H, I]
+  const Tensor* w13_bias = nullptr;  // [S, 2 * I] or null
+  const Tensor* w2_bias = nullptr;   // [S, H] or null (each expert's output bias, weighted too)
   MoeActivation activation = MoeActivation::kSiluMul;
+  float swiglu_alpha = 1.702f;  // kSwigluOai
+  float swiglu_limit = 7.0f;    // kSwigluOai
 };
 
-// out [T, H] = Σ_j topk_weights[t, j] · w2[e] · act(w13[e] · x[t]),  e = topk_ids[t, j]
+// out [T, H] = Σ_j topk_weights[t, j] · (w2[e] · act(w13[e] · x[t] + b13[e]) + b2[e]),
+// e = topk_ids[t, j]
 //   x [T, H] (rows may be strided); topk_ids, topk_weights [T, K] as moe_route writes them
 //   workspace: scratch of fused_moe_workspace_bytes() bytes (U8), or null when that is 0
 // Accumulates in fp32. The CPU sums each token's experts in j order.
@@ -104,7 +111,8 @@ inline int64_t fused_moe_workspace_bytes(Device device, int64_t num_tokens, int6
 
 inline void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& topk_ids,
                       const Tensor& topk_weights, Tensor* workspace) {
-  check_same_device("fused_moe", out.device(), {&x, w.w13, w.w2, &topk_ids, &topk_weights});
+  check_same_device("fused_moe", out.device(),
+                    {&x, w.w13, w.w2, w.w13_bias, w.w2_bias, &topk_ids, &topk_weights});
   if (out.device().is_cpu()) return cpu::fused_moe(out, x, w, topk_ids, topk_weights, workspace);
   ATOM_KERNEL_CUDA("fused_moe", cuda::fused_moe(out, x, w, topk_ids, topk_weights, workspace));
 }

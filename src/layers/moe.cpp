@@ -60,6 +60,68 @@ std::vector<std::string> expert_parts(int64_t num_experts, int64_t num_shared_sl
 
 }  // namespace
 
+// The canonical stacked layout, written for every routed expert.
+class FusedMoE::Writer : public FusedMoEWriter {
+ public:
+  explicit Writer(FusedMoE& m) : m_(m) {}
+
+  void gate_up(const Tensor& t) override {
+    check(*m_.w13_, t, {E(), 2 * I(), m_.o_.hidden});
+    for (int64_t e = 0; e < E(); ++e) {
+      const Tensor x = t.select(0, e);
+      write(*m_.w13_, e, x.narrow(0, 0, I()), "w1");
+      write(*m_.w13_, e, x.narrow(0, I(), I()), "w3");
+    }
+  }
+  void down(const Tensor& t) override {
+    check(*m_.w2_, t, {E(), m_.o_.hidden, I()});
+    for (int64_t e = 0; e < E(); ++e) write(*m_.w2_, e, t.select(0, e), "w2");
+  }
+  void gate_up_bias(const Tensor& t) override {
+    Parameter& p = bias(m_.w13_bias_, "gate/up bias");
+    check(p, t, {E(), 2 * I()});
+    const int64_t Ir = m_.inter_rank_, Ip = m_.inter_padded_, start = m_.ctx_.tp_rank * Ir;
+    for (int64_t e = 0; e < E(); ++e) {
+      p.record_part(Parameter::part_key("b13", static_cast<int>(e)));
+      for (int half = 0; half < 2; ++half) {
+        Tensor dst = p.data().select(0, e).narrow(0, half * Ip, Ir);
+        tensor_assign(dst, t.select(0, e).narrow(0, half * I() + start, Ir));
+      }
+    }
+  }
+  void down_bias(const Tensor& t) override {
+    Parameter& p = bias(m_.w2_bias_, "down bias");
+    check(p, t, {E(), m_.o_.hidden});
+    for (int64_t e = 0; e < E(); ++e) {
+      p.record_part(Parameter::part_key("b2", static_cast<int>(e)));
+      // Summed over ranks after the combine: rank 0 adds it, the others hold zeros.
+      if (m_.ctx_.tp_rank == 0) {
+        Tensor dst = p.data().select(0, e);
+        tensor_assign(dst, t.select(0, e));
+      }
+    }
+  }
+
+ private:
+  int64_t E() const { return m_.o_.num_experts; }
+  int64_t I() const { return m_.o_.intermediate; }
+  Parameter& bias(Parameter* p, const char* what) {
+    if (!p) fail("{}: this layer has no {} (FusedMoEOptions::bias)", m_.w13_->name(), what);
+    return *p;
+  }
+  static void check(const Parameter& p, const Tensor& t, const Shape& want) {
+    if (t.shape() != want)
+      fail("stacked checkpoint tensor for '{}' has shape {}, expected {}", p.name(),
+           shape_str(t.shape()), shape_str(want));
+  }
+  static void write(Parameter& p, int64_t e, const Tensor& t, const std::string& part) {
+    p.record_part(Parameter::part_key(part, static_cast<int>(e)));
+    Tensor region = p.expert_layout->region(p.data().select(0, e), part);
+    p.expert_layout->write(region, t, part);
+  }
+  FusedMoE& m_;
+};
+
 FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEOptions& o)
     : ctx_(ctx), o_(o) {
   const int tp = ctx.tp_size;
@@ -106,10 +168,21 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
     assign_2d(dst, ckpt.narrow(1, start, Ir));
   };
 
-  // One loader for both: per-expert tensors, the shared experts (cut into their slots) and
-  // stacked tensors of every routed expert.
-  auto loader = [E, I, H, S](Parameter& p, const Tensor& ckpt, const std::string& shard,
-                             int expert) {
+  // One loader for every parameter of the layer: per-expert tensors, the shared experts (cut into
+  // their slots), stacked tensors of every routed expert, and the model's own stacked formats.
+  auto loader = [this, E, I, S](Parameter& p, const Tensor& ckpt, const std::string& shard,
+                                int expert) {
+    Writer w(*this);
+    if (auto it = o_.stacked_formats.find(shard); it != o_.stacked_formats.end())
+      return it->second(w, ckpt);
+    if (expert == -1) {
+      if (shard == "gate_up") return w.gate_up(ckpt);
+      if (shard == "down") return w.down(ckpt);
+      if (shard == "gate_up_bias") return w.gate_up_bias(ckpt);
+      if (shard == "down_bias") return w.down_bias(ckpt);
+    }
+    ATOM_CHECK(p.expert_layout, "parameter '{}' takes stacked tensors only, not expert {} part '{}'",
+               p.name(), expert, shard);
     const ExpertLayout& layout = *p.expert_layout;
     auto write_slot = [&](int64_t slot, const Tensor& t, const std::string& part) {
       Tensor region = layout.region(p.data().select(0, slot), part);
@@ -126,25 +199,6 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
       for (int64_t s = 0; s < S; ++s) write_slot(E + s, ckpt.narrow(down ? 1 : 0, s * I, I), shard);
       return;
     }
-    if (expert == -1 && (shard == "gate_up" || shard == "down")) {  // stacked: every routed expert
-      const bool gu = shard == "gate_up";
-      const Shape want = gu ? Shape{E, 2 * I, H} : Shape{E, H, I};
-      if (ckpt.shape() != want)
-        fail("stacked checkpoint tensor for '{}' has shape {}, expected {}", p.name(),
-             shape_str(ckpt.shape()), shape_str(want));
-      for (int64_t e = 0; e < E; ++e) {
-        const Tensor t = ckpt.select(0, e);
-        for (const auto& part : layout.shards)
-          p.record_part(Parameter::part_key(part, static_cast<int>(e)));
-        if (gu) {
-          write_slot(e, t.narrow(0, 0, I), "w1");
-          write_slot(e, t.narrow(0, I, I), "w3");
-        } else {
-          write_slot(e, t, "w2");
-        }
-      }
-      return;
-    }
     fail("parameter '{}' takes routed experts 0..{}{}, not expert {} part '{}'", p.name(), E - 1,
          S > 0 ? fmt::format(" and the shared experts as expert {}", E) : std::string(), expert,
          shard);
@@ -155,6 +209,15 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
   w2_ = &ctx.params.add(w2_name, ctx.param_tensor({slots_, H, Ip}, ctx.weight_dtype), loader,
                         expert_parts(E, S, w2_layout->shards));
   w2_->expert_layout = w2_layout;
+  if (o.bias) {
+    ATOM_CHECK(S == 0, "{}: fused shared experts with expert biases", prefix);
+    w13_bias_ = &ctx.params.add(prefix_join(prefix, "w13_bias"),
+                                ctx.param_tensor({slots_, 2 * Ip}, ctx.weight_dtype), loader,
+                                expert_parts(E, 0, {"b13"}));
+    w2_bias_ = &ctx.params.add(prefix_join(prefix, "w2_bias"),
+                               ctx.param_tensor({slots_, H}, ctx.weight_dtype), loader,
+                               expert_parts(E, 0, {"b2"}));
+  }
 }
 
 void FusedMoE::forward(Step& step, const Tensor& x, const Tensor& topk_ids,
@@ -162,7 +225,11 @@ void FusedMoE::forward(Step& step, const Tensor& x, const Tensor& topk_ids,
   kernels::MoeExperts w;
   w.w13 = &w13_->data();
   w.w2 = &w2_->data();
+  w.w13_bias = w13_bias_ ? &w13_bias_->data() : nullptr;
+  w.w2_bias = w2_bias_ ? &w2_bias_->data() : nullptr;
   w.activation = o_.activation;
+  w.swiglu_alpha = o_.swiglu_alpha;
+  w.swiglu_limit = o_.swiglu_limit;
   const int64_t bytes = kernels::fused_moe_workspace_bytes(ctx_.device, x.size(0),
                                                            topk_ids.size(1), w, ctx_.act_dtype);
   Tensor workspace = bytes > 0 ? step.empty({bytes}, DType::kU8) : Tensor();
@@ -171,11 +238,10 @@ void FusedMoE::forward(Step& step, const Tensor& x, const Tensor& topk_ids,
 
 namespace {
 FusedMoEOptions experts_options(const SparseMoeOptions& o) {
-  FusedMoEOptions f;
+  FusedMoEOptions f = o.experts;
   f.num_experts = o.num_experts;
   f.hidden = o.hidden;
   f.intermediate = o.moe_intermediate;
-  f.pad_intermediate_to = o.pad_intermediate_to;
   if (o.fuse_shared && o.shared_intermediate > 0) {
     if (o.shared_intermediate % o.moe_intermediate != 0)
       fail("shared experts of width {} cannot be fused as experts of width {}",

@@ -8,6 +8,8 @@
 // Slots [0, num_experts) are the routed experts, then num_shared_slots fused shared experts.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +32,23 @@ std::vector<ExpertParamMapping> fused_moe_expert_mapping(const std::string& gate
 // and "experts.down_proj" [E, H, I] hold every routed expert of a layer.
 std::vector<ExpertParamMapping> fused_moe_stacked_mapping();
 
+// Writes a whole layer's experts, given in the canonical stacked layout, into a FusedMoE's
+// parameters (this rank's slice, padding left zero), recording each expert's parts. A model whose
+// checkpoint stacks its experts another way (GPT-OSS: transposed, gate and up interleaved, MXFP4)
+// converts them and calls these.
+class FusedMoEWriter {
+ public:
+  virtual ~FusedMoEWriter() = default;
+  virtual void gate_up(const Tensor& t) = 0;       // [E, 2I, H], gate rows first
+  virtual void down(const Tensor& t) = 0;          // [E, H, I]
+  virtual void gate_up_bias(const Tensor& t) = 0;  // [E, 2I], gate first
+  virtual void down_bias(const Tensor& t) = 0;     // [E, H]
+};
+
+// A checkpoint format of the model's own: called with the tensor routed to part `shard` of one of
+// the layer's parameters.
+using FusedMoEStackedFormat = std::function<void(FusedMoEWriter& w, const Tensor& ckpt)>;
+
 struct FusedMoEOptions {
   int64_t num_experts = 0;   // routed
   int64_t hidden = 0;
@@ -39,7 +58,11 @@ struct FusedMoEOptions {
   // num_experts (the spec's "mlp.shared_experts" -> "mlp.experts.<n_routed_experts>").
   int64_t num_shared_slots = 0;
   int64_t pad_intermediate_to = 1;  // this rank's I rounded up to a multiple of this
+  bool bias = false;                // w13_bias [slots, 2I] and w2_bias [slots, H]
   kernels::MoeActivation activation = kernels::MoeActivation::kSiluMul;
+  float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;
+  // Parts (shards of the expert mapping) in the model's own stacked formats.
+  std::map<std::string, FusedMoEStackedFormat> stacked_formats;
 };
 
 class FusedMoE {
@@ -57,11 +80,14 @@ class FusedMoE {
   Parameter& w2() { return *w2_; }
 
  private:
+  class Writer;
   LayerContext& ctx_;
   FusedMoEOptions o_;
   int64_t slots_, inter_rank_, inter_padded_;
-  Parameter* w13_ = nullptr;  // [slots, 2 Ip, H]
-  Parameter* w2_ = nullptr;   // [slots, H, Ip]
+  Parameter* w13_ = nullptr;       // [slots, 2 Ip, H]
+  Parameter* w2_ = nullptr;        // [slots, H, Ip]
+  Parameter* w13_bias_ = nullptr;  // [slots, 2 Ip]
+  Parameter* w2_bias_ = nullptr;   // [slots, H]: on rank 0 only (others zero), added once
 };
 
 struct SparseMoeOptions {
@@ -75,7 +101,7 @@ struct SparseMoeOptions {
   bool fuse_shared = false;           // shared experts as slots of the fused layer
   std::string gate_name = "gate";
   std::string shared_name = "shared_experts";
-  int64_t pad_intermediate_to = 1;
+  FusedMoEOptions experts;            // activation, biases, formats (sizes set from the above)
 };
 
 // gate (router) -> routed experts (+ shared experts) -> one all-reduce across ranks.

@@ -1,5 +1,6 @@
 #include "kernels/moe.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -146,7 +147,12 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   ATOM_CHECK(topk_weights.dtype() == DType::kF32 && topk_weights.is_contiguous() &&
                  topk_weights.shape() == topk_ids.shape(),
              "fused_moe: topk_weights {} for topk_ids {}", topk_weights.str(), topk_ids.str());
-  ATOM_CHECK(w.activation == MoeActivation::kSiluMul, "fused_moe: unknown activation");
+  ATOM_CHECK(w.activation == MoeActivation::kSiluMul || w.activation == MoeActivation::kSwigluOai,
+             "fused_moe: unknown activation");
+  ATOM_CHECK(!w.w13_bias || (w.w13_bias->is_contiguous() && w.w13_bias->shape() == Shape{S, 2 * I}),
+             "fused_moe: w13 bias {} for w13 {}", w.w13_bias ? w.w13_bias->str() : "", w13.str());
+  ATOM_CHECK(!w.w2_bias || (w.w2_bias->is_contiguous() && w.w2_bias->shape() == Shape{S, H}),
+             "fused_moe: w2 bias {} for w2 {}", w.w2_bias ? w.w2_bias->str() : "", w2.str());
   const int64_t K = topk_ids.size(1);
   const int32_t* ids = topk_ids.ptr<int32_t>();
   const float* wts = topk_weights.ptr<float>();
@@ -167,17 +173,31 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   {
     std::vector<float> w13f(static_cast<size_t>(w13_slot)), w2f(static_cast<size_t>(w2_slot));
     std::vector<float> gu(static_cast<size_t>(2 * I)), act(static_cast<size_t>(I));
+    std::vector<float> b13(static_cast<size_t>(2 * I), 0.0f), b2(static_cast<size_t>(H), 0.0f);
+    const float alpha = w.swiglu_alpha, limit = w.swiglu_limit;
 #pragma omp for schedule(dynamic)
     for (int64_t e = 0; e < S; ++e) {
       if (routed[e].empty()) continue;
       for (int64_t i = 0; i < w13_slot; ++i) w13f[i] = load(w13.data(), w13.dtype(), e * w13_slot + i);
       for (int64_t i = 0; i < w2_slot; ++i) w2f[i] = load(w2.data(), w2.dtype(), e * w2_slot + i);
+      if (w.w13_bias)
+        for (int64_t n = 0; n < 2 * I; ++n) b13[n] = load(w.w13_bias->data(), w.w13_bias->dtype(), e * 2 * I + n);
+      if (w.w2_bias)
+        for (int64_t h = 0; h < H; ++h) b2[h] = load(w.w2_bias->data(), w.w2_bias->dtype(), e * H + h);
       for (const int64_t r : routed[e]) {
         const float* xr = xf.data() + (r / K) * H;
-        for (int64_t n = 0; n < 2 * I; ++n) gu[n] = dot(xr, w13f.data() + n * H, H);
-        for (int64_t i = 0; i < I; ++i) act[i] = silu_mul_f32(gu[i], gu[I + i]);
+        for (int64_t n = 0; n < 2 * I; ++n) gu[n] = dot(xr, w13f.data() + n * H, H) + b13[n];
+        if (w.activation == MoeActivation::kSiluMul) {
+          for (int64_t i = 0; i < I; ++i) act[i] = silu_mul_f32(gu[i], gu[I + i]);
+        } else {
+          for (int64_t i = 0; i < I; ++i) {
+            const float g = std::min(gu[i], limit);
+            const float u = std::clamp(gu[I + i], -limit, limit);
+            act[i] = (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
+          }
+        }
         float* yr = y.data() + r * H;
-        for (int64_t h = 0; h < H; ++h) yr[h] = dot(act.data(), w2f.data() + h * I, I);
+        for (int64_t h = 0; h < H; ++h) yr[h] = dot(act.data(), w2f.data() + h * I, I) + b2[h];
       }
     }
   }
