@@ -168,6 +168,39 @@ FIXTURES = [
         tokens=64, seed=10),
 ]
 
+FIXTURES += [
+    # GPT-OSS: q/k/v/o bias, sinks, a 16-token window on even layers, YaRN without truncation,
+    # router bias with top-k then softmax, expert biases, clamped SwiGLU; transformers' BF16
+    # layout (gate_up_proj [E, H, 2I] interleaved).
+    dict(
+        name="gpt_oss",
+        cls="GptOssConfig",
+        config=dict(vocab_size=512, hidden_size=64, intermediate_size=64, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    num_local_experts=8, num_experts_per_tok=2, sliding_window=16,
+                    max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0,
+                                         beta_fast=32.0, beta_slow=1.0, truncate=False,
+                                         original_max_position_embeddings=64)),
+        router="topk_softmax", experts_transposed=True,
+        tokens=64, seed=11),
+    # The same family with MXFP4 experts (quant_method mxfp4): blocks [E, out, in/32, 16] U8 and
+    # scales [E, out, in/32] U8, dequantised by transformers on load.
+    dict(
+        name="gpt_oss_mxfp4",
+        cls="GptOssConfig",
+        config=dict(vocab_size=448, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                    num_local_experts=4, num_experts_per_tok=2, sliding_window=12,
+                    layer_types=["sliding_attention", "full_attention"],
+                    max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=8.0,
+                                         beta_fast=32.0, beta_slow=1.0, truncate=False,
+                                         original_max_position_embeddings=32)),
+        router="topk_softmax", experts_transposed=True, quantize="mxfp4", shards=2,
+        tokens=64, seed=12),
+]
+
 GREEDY_PROMPT = 7
 GREEDY_TOKENS = 16
 MIN_MARGIN = 0.02
@@ -182,11 +215,14 @@ class Rejected(Exception):
     pass
 
 
-def scale_weights(model, seed, tied_embed_scale):
+def scale_weights(model, seed, tied_embed_scale, experts_transposed=False):
     """Random weights that keep activations O(1) and logits spread over several units."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
+            fan_in = p.shape[-1]
+            if p.dim() == 3 and experts_transposed:  # GPT-OSS experts: x @ W, [E, in, out]
+                fan_in = p.shape[1]
             if name.endswith("norm.weight"):
                 v = 0.75 + 0.5 * torch.rand(p.shape, generator=g)
             elif name.endswith("bias"):
@@ -197,10 +233,8 @@ def scale_weights(model, seed, tied_embed_scale):
                 v = torch.randn(p.shape, generator=g) * tied_embed_scale
             elif name.startswith("lm_head"):
                 v = 3.0 * torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1])
-            elif p.dim() == 3:  # stacked experts [E, out, in]
-                v = 1.2 * torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1])
             else:
-                v = 1.2 * torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1])
+                v = 1.2 * torch.randn(p.shape, generator=g) / math.sqrt(fan_in)
             p.copy_(v.to(p.dtype))
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
@@ -333,6 +367,49 @@ def read_checkpoint(out):
     return sd
 
 
+# ---- MXFP4 -------------------------------------------------------------------------------------
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                     -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def mxfp4_quantize(w):
+    """w [..., K] (K % 32 == 0) -> blocks [..., K/32, 16] U8 (low nibble = even element), scales
+    [..., K/32] U8 (e8m0, 2^(s-127)); each 32-value group scaled so its largest |x| fits 6."""
+    *pre, K = w.shape
+    grp = w.float().reshape(*pre, K // 32, 32)
+    amax = grp.abs().amax(-1, keepdim=True).clamp(min=2.0 ** -120)
+    e = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+    q = grp / torch.exp2(e)
+    idx = (q.abs().unsqueeze(-1) - E2M1[:8]).abs().argmin(-1) + 8 * (q < 0).long()
+    blocks = (idx[..., 0::2] | (idx[..., 1::2] << 4)).to(torch.uint8)
+    return blocks, (e.squeeze(-1) + 127).to(torch.uint8)
+
+
+def mxfp4_dequantize(blocks, scales):
+    lo, hi = E2M1[(blocks & 0x0F).long()], E2M1[(blocks >> 4).long()]
+    vals = torch.stack([lo, hi], -1).flatten(-2)  # [..., K/32, 32]
+    vals = vals * torch.exp2(scales.float() - 127).unsqueeze(-1)
+    return vals.flatten(-2)
+
+
+def quantize_gpt_oss_experts(model):
+    """Replaces the model's expert weights by their MXFP4 round trip; returns the checkpoint
+    tensors (blocks, scales) in OpenAI's layout, keyed by transformers' parameter names."""
+    out = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not (name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj")):
+                continue
+            w = p.detach().float().cpu().transpose(1, 2)  # [E, out, in]
+            blocks, scales = mxfp4_quantize(w)
+            deq = mxfp4_dequantize(blocks, scales)
+            p.copy_(deq.transpose(1, 2).to(p.dtype))
+            out[name + "_blocks"] = blocks.contiguous()
+            out[name + "_scales"] = scales.contiguous()
+    return out
+
+
 # ---- checks -------------------------------------------------------------------------------------
 
 class RouterWatch:
@@ -341,23 +418,26 @@ class RouterWatch:
     def __init__(self, model, kind, cfg):
         self.kind, self.cfg, self.min_margin, self.blocks = kind, cfg, float("inf"), 0
         for _, mod in model.named_modules():
-            gate = getattr(mod, "gate", None)
+            gate = getattr(mod, "gate", None) or getattr(mod, "router", None)
             if getattr(mod, "experts", None) is not None and gate is not None and hasattr(gate, "weight"):
                 mod.register_forward_pre_hook(self.hook)
                 self.blocks += 1
 
     def hook(self, mod, args):
+        gate = getattr(mod, "gate", None) or getattr(mod, "router")
         x = args[0].reshape(-1, args[0].shape[-1]).float()
-        logits = x @ mod.gate.weight.float().t()
-        self.min_margin = min(self.min_margin, self.margin(mod, logits))
+        logits = x @ gate.weight.float().t()
+        if getattr(gate, "bias", None) is not None:
+            logits = logits + gate.bias.float()
+        self.min_margin = min(self.min_margin, self.margin(gate, logits))
 
-    def margin(self, mod, logits):
+    def margin(self, gate, logits):
         c = self.cfg
         k = c.num_experts_per_tok
-        if self.kind == "softmax":  # softmax is monotone: the logits' k-th / (k+1)-th gap
+        if self.kind in ("softmax", "topk_softmax"):  # monotone in the logits: k-th / (k+1)-th gap
             top = torch.topk(logits, k + 1, dim=-1).values
             return float((top[:, k - 1] - top[:, k]).min())
-        s = torch.sigmoid(logits) + mod.gate.e_score_correction_bias.float()
+        s = torch.sigmoid(logits) + gate.e_score_correction_bias.float()
         E, G, keep = s.shape[-1], c.n_group, c.topk_group
         m = float("inf")
         if G > 1:  # as transformers 5.17: experts of dropped groups score -inf
@@ -430,11 +510,23 @@ def build_once(fx, out, ref_root, embed_scale):
     torch.manual_seed(fx["seed"])
     cfg = getattr(transformers, fx["cls"])(**fx["config"])
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    scale_weights(model, fx["seed"], embed_scale)
+    scale_weights(model, fx["seed"], embed_scale, fx.get("experts_transposed", False))
     save_dtype = getattr(torch, fx.get("save_dtype", "bfloat16"))
     model = model.to(save_dtype)
+    quantized = quantize_gpt_oss_experts(model) if fx.get("quantize") == "mxfp4" else {}
     model.save_pretrained(out)
     saved = read_checkpoint(out)
+    for name in quantized:  # the dense expert tensors give way to blocks and scales
+        saved.pop(name[: -len("_blocks")] if name.endswith("_blocks") else name[: -len("_scales")], None)
+    saved.update(quantized)
+    if quantized:
+        cpath = os.path.join(out, "config.json")
+        with open(cpath) as f:
+            c = json.load(f)
+        c["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+        with open(cpath, "w") as f:
+            json.dump(c, f, indent=2)
     layout = fx.get("experts")
     convert = {None: lambda sd: sd, "per_expert": to_per_expert, "stacked": to_stacked,
                "mixtral": to_mixtral}[layout]
@@ -448,9 +540,13 @@ def build_once(fx, out, ref_root, embed_scale):
         to_legacy(os.path.join(out, "config.json"))
 
     read_layout = layout
+    load_kw = {}
+    if quantized:  # transformers' own MXFP4 dequantisation (convert_moe_packed_tensors)
+        load_kw["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
     try:
         ref = transformers.AutoModelForCausalLM.from_pretrained(
-            out, dtype=torch.float32, attn_implementation="eager").to(DEVICE).eval()
+            out, dtype=torch.float32, attn_implementation="eager", **load_kw).to(DEVICE).eval()
+        ref = ref.float()
         check_weights(ref, model)
     except Rejected as e:
         if layout != "stacked":

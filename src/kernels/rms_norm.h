@@ -4,9 +4,10 @@
 
 namespace atom::kernels {
 
-enum class RmsNormKind {
-  kLlama,  // w * cast(x * rsqrt(mean(x²) + eps))
-  kGemma,  // cast(x * rsqrt(mean(x²) + eps) * (1 + w)): weights stored centred on zero
+enum class RmsNormKind : int {
+  kLlama = 0,   // w * cast(x * rsqrt(mean(x²) + eps))
+  kGemma = 1,   // cast(x * rsqrt(mean(x²) + eps) * (1 + w)): weights stored centred on zero
+  kGptOss = 2,  // cast(w * x * rsqrt(mean(x²) + eps)): the weight applied before the cast
 };
 
 // out = rmsnorm(x) over the last dimension.

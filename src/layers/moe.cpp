@@ -65,17 +65,25 @@ class FusedMoE::Writer : public FusedMoEWriter {
  public:
   explicit Writer(FusedMoE& m) : m_(m) {}
 
+  int64_t num_experts() const override { return E(); }
   void gate_up(const Tensor& t) override {
     check(*m_.w13_, t, {E(), 2 * I(), m_.o_.hidden});
-    for (int64_t e = 0; e < E(); ++e) {
-      const Tensor x = t.select(0, e);
-      write(*m_.w13_, e, x.narrow(0, 0, I()), "w1");
-      write(*m_.w13_, e, x.narrow(0, I(), I()), "w3");
-    }
+    for (int64_t e = 0; e < E(); ++e) gate_up_expert(e, t.select(0, e));
   }
   void down(const Tensor& t) override {
     check(*m_.w2_, t, {E(), m_.o_.hidden, I()});
-    for (int64_t e = 0; e < E(); ++e) write(*m_.w2_, e, t.select(0, e), "w2");
+    for (int64_t e = 0; e < E(); ++e) down_expert(e, t.select(0, e));
+  }
+  void gate_up_expert(int64_t e, const Tensor& t) override {
+    ATOM_CHECK(e >= 0 && e < E(), "expert {} of '{}'", e, m_.w13_->name());
+    check(*m_.w13_, t, {2 * I(), m_.o_.hidden});
+    write(*m_.w13_, e, t.narrow(0, 0, I()), "w1");
+    write(*m_.w13_, e, t.narrow(0, I(), I()), "w3");
+  }
+  void down_expert(int64_t e, const Tensor& t) override {
+    ATOM_CHECK(e >= 0 && e < E(), "expert {} of '{}'", e, m_.w2_->name());
+    check(*m_.w2_, t, {m_.o_.hidden, I()});
+    write(*m_.w2_, e, t, "w2");
   }
   void gate_up_bias(const Tensor& t) override {
     Parameter& p = bias(m_.w13_bias_, "gate/up bias");

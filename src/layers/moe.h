@@ -39,10 +39,14 @@ std::vector<ExpertParamMapping> fused_moe_stacked_mapping();
 class FusedMoEWriter {
  public:
   virtual ~FusedMoEWriter() = default;
+  virtual int64_t num_experts() const = 0;
   virtual void gate_up(const Tensor& t) = 0;       // [E, 2I, H], gate rows first
   virtual void down(const Tensor& t) = 0;          // [E, H, I]
   virtual void gate_up_bias(const Tensor& t) = 0;  // [E, 2I], gate first
   virtual void down_bias(const Tensor& t) = 0;     // [E, H]
+  // One routed expert at a time (formats converted expert by expert).
+  virtual void gate_up_expert(int64_t e, const Tensor& t) = 0;  // [2I, H]
+  virtual void down_expert(int64_t e, const Tensor& t) = 0;     // [H, I]
 };
 
 // A checkpoint format of the model's own: called with the tensor routed to part `shard` of one of

@@ -172,6 +172,7 @@ ModelConfig model_config_parse(const json& j, const std::string& path) {
   }
   const ConfigFields& t = c.text;
   c.architectures = c.root.get_string_list("architectures");
+  c.quantization = quantization_config_parse(c.root);
   if (c.architectures.empty()) c.root.bad("architectures", "is empty");
   c.model_type = t.get_string("model_type", c.root.get_string("model_type", ""));
   c.hidden_size = t.get_int("hidden_size");

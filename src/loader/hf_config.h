@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "loader/quantization.h"
 
 namespace atom {
 
@@ -78,6 +79,9 @@ struct ModelConfig {
   std::map<std::string, RopeConfig> rope_by_layer_type;
   std::vector<std::string> layer_types;  // one per layer when the file gives them
   std::optional<int64_t> sliding_window;
+
+  // quantization_config, when the weights are stored quantised.
+  std::optional<QuantizationConfig> quantization;
 
   // Every field of the text config (text_config when nested), for family-specific fields.
   ConfigFields text;

@@ -124,6 +124,15 @@ LoadReport load_weights(ParamRegistry& params, const Checkpoint& checkpoint,
   if (!unclaimed.empty())
     fail("{}: {} checkpoint tensor(s) match no parameter of this model:{}", checkpoint.dir(),
          unclaimed.size(), name_list(unclaimed));
+  if (spec.check_names) {
+    std::vector<std::string> names;
+    for (const auto& [name, d] : routes) names.push_back(name);
+    try {
+      spec.check_names(names);
+    } catch (const Error& e) {
+      fail("{}: {}", checkpoint.dir(), e.what());
+    }
+  }
 
   report.checkpoint = checkpoint.read(
       [&](const std::string& name) {

@@ -35,6 +35,9 @@ struct WeightLoadSpec {
   // Parameter-side names that may be present in a checkpoint but are not needed
   // (e.g. rotary_emb.inv_freq, or lm_head.weight when embeddings are tied).
   std::function<bool(const std::string& name)> ignorable;
+  // Called with every checkpoint tensor's name before any data is read, to reject a checkpoint
+  // whose tensors do not fit together (e.g. a quantised weight without its scales).
+  std::function<void(const std::vector<std::string>& names)> check_names;
   bool spec_decode = false;
   CheckpointNameRewriter::SpecRewrite spec_layer_rewrite;
 };

@@ -58,16 +58,20 @@ class PerLayerMlp : public FeedForward {
 };
 
 // input_layernorm -> self_attn -> post_attention_layernorm -> mlp, with the residual kept beside.
-// Mlp is built as Mlp(ctx, config, layer, prefix + ".mlp").
-template <class SelfAttention, class Mlp = LlamaMlp>
+// Mlp is built as Mlp(ctx, config, layer, prefix + ".mlp"); Norm is the family's RMSNorm (the
+// model's final norm uses it too).
+template <class SelfAttention, class Mlp = LlamaMlp,
+          kernels::RmsNormKind Norm = kernels::RmsNormKind::kLlama>
 class LlamaDecoderLayer {
  public:
+  static constexpr kernels::RmsNormKind kNorm = Norm;
+
   LlamaDecoderLayer(LayerContext& ctx, const ModelConfig& c, int64_t layer,
                     const std::string& prefix)
-      : input_layernorm_(ctx, prefix + ".input_layernorm", c.hidden_size, c.rms_norm_eps),
+      : input_layernorm_(ctx, prefix + ".input_layernorm", c.hidden_size, c.rms_norm_eps, Norm),
         self_attn_(ctx, c, layer, prefix + ".self_attn"),
         post_attention_layernorm_(ctx, prefix + ".post_attention_layernorm", c.hidden_size,
-                                  c.rms_norm_eps),
+                                  c.rms_norm_eps, Norm),
         mlp_(ctx, c, layer, prefix + ".mlp") {}
 
   // residual [T, hidden]: the residual stream, updated in place. h: the previous layer's output,
@@ -100,7 +104,8 @@ class DecoderOnlyLM : public Model {
     for (int64_t i = 0; i < c.num_hidden_layers; ++i)
       layers_.push_back(
           std::make_unique<DecoderLayer>(x, c, i, "model.layers." + std::to_string(i)));
-    norm_ = std::make_unique<RMSNorm>(x, "model.norm", c.hidden_size, c.rms_norm_eps);
+    norm_ = std::make_unique<RMSNorm>(x, "model.norm", c.hidden_size, c.rms_norm_eps,
+                                      DecoderLayer::kNorm);
     lm_head_ = c.tie_word_embeddings
                    ? std::make_unique<ParallelLMHead>(x, *embed_tokens_)
                    : std::make_unique<ParallelLMHead>(x, "lm_head", c.vocab_size, c.hidden_size);

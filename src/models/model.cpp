@@ -1,5 +1,6 @@
 #include "models/model.h"
 
+#include <algorithm>
 #include <map>
 
 #include "core/error.h"
@@ -80,7 +81,19 @@ std::unique_ptr<Model> model_create(const ModelConfig& config, const ModelOption
     fail("{}: architecture '{}' is not supported; supported architectures: {}", config.path, arch,
          list);
   }
-  return it->second(config, options);
+  std::unique_ptr<Model> model = it->second(config, options);
+  if (config.quantization) {
+    const auto methods = model->quantization_methods();
+    if (std::find(methods.begin(), methods.end(), config.quantization->method) == methods.end()) {
+      std::string list;
+      for (const auto& m : methods) list += (list.empty() ? "" : ", ") + m;
+      fail("{}: quantization_config.quant_method '{}' is not supported for {}{}", config.path,
+           config.quantization->method, arch,
+           list.empty() ? std::string(" (it reads unquantised weights only)")
+                        : " (it reads: " + list + ")");
+    }
+  }
+  return model;
 }
 
 }  // namespace atom

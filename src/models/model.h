@@ -47,6 +47,9 @@ class Model {
   DType act_dtype() const { return ctx_.act_dtype; }
   int64_t vocab_size() const { return config_.vocab_size; }
 
+  // quantization_config methods this model reads (none by default: full-precision weights).
+  virtual std::vector<std::string> quantization_methods() const { return {}; }
+
   // How checkpoint names reach this model's parameters. The default covers Llama-like models:
   // fused q/k/v and gate/up, and rotary inv_freq buffers that some checkpoints carry.
   virtual WeightLoadSpec weight_load_spec() const;

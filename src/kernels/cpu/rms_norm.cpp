@@ -47,6 +47,8 @@ void rms_norm(Tensor& out, const Tensor& x, Tensor* residual, const Tensor& w, f
           if (kind == RmsNormKind::kLlama) {
             // transformers rounds the normalised value to the activation dtype before the weight.
             vg[i] = wf[i] * round_to(out.dtype(), n);
+          } else if (kind == RmsNormKind::kGptOss) {
+            vg[i] = wf[i] * n;
           } else {
             vg[i] = n * (1.0f + wf[i]);
           }

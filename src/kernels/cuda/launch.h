@@ -40,7 +40,7 @@ void launch_fill_uniform(void* data, Elem type, int64_t n, uint64_t seed, float 
 // ---- rms_norm.cu
 // out = rmsnorm(x) over groups of `dim` columns; residual (may be null) += x first.
 void launch_rms_norm(Mat out, Mat x, const Mat* residual, const void* w, Elem w_type, int64_t dim,
-                     float eps, bool gemma, cudaStream_t s);
+                     float eps, int kind, cudaStream_t s);  // kind: kernels::RmsNormKind
 
 // ---- rope.cu
 struct RopeLaunch {

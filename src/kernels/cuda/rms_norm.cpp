@@ -26,7 +26,7 @@ void rms_norm(Tensor& out, const Tensor& x, Tensor* residual, const Tensor& w, f
     res = mat_of(*residual, "rms_norm");
   }
   launch_rms_norm(mat_of(out, "rms_norm"), mat_of(x, "rms_norm"), residual ? &res : nullptr,
-                  w.data(), elem_of(w.dtype(), "rms_norm"), dim, eps, kind == RmsNormKind::kGemma,
+                  w.data(), elem_of(w.dtype(), "rms_norm"), dim, eps, static_cast<int>(kind),
                   current_stream());
   launch_check("rms_norm");
 }

@@ -17,14 +17,15 @@ struct NormArgs {
   Elem w_type;
   int64_t dim;
   float eps;
-  bool gemma;
+  int kind;  // kernels::RmsNormKind
 };
 
-// A normalised element: w * round(v * inv) (Llama) or v * inv * (1 + w) (Gemma).
+// A normalised element: w * round(v * inv) (Llama), v * inv * (1 + w) (Gemma) or w * v * inv
+// (GPT-OSS).
 template <typename T>
-__device__ __forceinline__ float norm_apply(float v, float inv, float w, bool gemma) {
+__device__ __forceinline__ float norm_apply(float v, float inv, float w, int kind) {
   const float n = v * inv;
-  return gemma ? n * (1.0f + w) : w * round_to<T>(n);
+  return kind == 1 ? n * (1.0f + w) : kind == 2 ? w * n : w * round_to<T>(n);
 }
 
 // Pass 1 over columns [c0, c1) with step: v = x (+ res, rounded and stored back); sum of squares.
@@ -50,7 +51,7 @@ __device__ __forceinline__ float norm_pass1(const NormArgs& a, int64_t r, int64_
   return ss;
 }
 
-// Pass 2: out = w * round(v * inv) (Llama) or v * inv * (1 + w) (Gemma); w index is c - g0.
+// Pass 2: out = norm_apply (by kind); w index is c - g0.
 template <typename T, int V>
 __device__ __forceinline__ void norm_pass2(const NormArgs& a, int64_t r, int64_t g0, int64_t c0,
                                            int64_t c1, int64_t step, float inv) {
@@ -62,7 +63,7 @@ __device__ __forceinline__ void norm_pass2(const NormArgs& a, int64_t r, int64_t
     load_vec<T, V>(src + c, v);
 #pragma unroll
     for (int j = 0; j < V; ++j)
-      v[j] = norm_apply<T>(v[j], inv, load_elem(a.w, a.w_type, c - g0 + j), a.gemma);
+      v[j] = norm_apply<T>(v[j], inv, load_elem(a.w, a.w_type, c - g0 + j), a.kind);
     store_vec<T, V>(out + c, v);
   }
 }
@@ -111,7 +112,7 @@ __global__ void __launch_bounds__(1024) rms_norm_row_reg_kernel(NormArgs a) {
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.dim) + a.eps);
   if (!active) return;
 #pragma unroll
-  for (int j = 0; j < V; ++j) v[j] = norm_apply<T>(v[j], inv, w[j], a.gemma);
+  for (int j = 0; j < V; ++j) v[j] = norm_apply<T>(v[j], inv, w[j], a.kind);
   store_vec<T, V>(reinterpret_cast<T*>(row_of(a.out, r)) + c, v);
 }
 
@@ -148,9 +149,9 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 }  // namespace
 
 void launch_rms_norm(Mat out, Mat x, const Mat* residual, const void* w, Elem w_type, int64_t dim,
-                     float eps, bool gemma, cudaStream_t s) {
+                     float eps, int kind, cudaStream_t s) {
   if (x.rows == 0) return;
-  NormArgs a{out, x, residual ? *residual : Mat{}, residual != nullptr, w, w_type, dim, eps, gemma};
+  NormArgs a{out, x, residual ? *residual : Mat{}, residual != nullptr, w, w_type, dim, eps, kind};
   const int v = x.type == Elem::kF32 ? 4 : 8;
   bool vec = dim % v == 0 && x.cols % v == 0 && x.stride % v == 0 && out.stride % v == 0 &&
              aligned16(x.data) && aligned16(out.data);
