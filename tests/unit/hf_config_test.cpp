@@ -215,3 +215,40 @@ TEST(Rope, YarnAttentionFactorAndRamp) {
 
 }  // namespace
 }  // namespace atom::test
+
+namespace atom::test {
+namespace {
+
+TEST(QuantizationConfig, MethodAndExclusions) {
+  const nlohmann::json j = nlohmann::json::parse(R"({
+    "architectures": ["X"], "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "vocab_size": 16,
+    "quantization_config": {"quant_method": "mxfp4",
+      "modules_to_not_convert": ["model.layers.*.self_attn", "lm_head", "re:.*\\.router$"]}})");
+  const ModelConfig c = model_config_parse(j, "config.json");
+  ASSERT_TRUE(c.quantization);
+  EXPECT_EQ(c.quantization->method, "mxfp4");
+  EXPECT_TRUE(c.quantization->excludes("model.layers.3.self_attn"));
+  EXPECT_TRUE(c.quantization->excludes("model.layers.3.self_attn.q_proj"));  // inside it
+  EXPECT_TRUE(c.quantization->excludes("lm_head"));
+  EXPECT_FALSE(c.quantization->excludes("lm_head_extra"));  // a prefix is a whole component
+  EXPECT_TRUE(c.quantization->excludes("model.layers.0.mlp.router"));
+  EXPECT_FALSE(c.quantization->excludes("model.layers.0.mlp.experts"));
+  nlohmann::json none = j;
+  none.erase("quantization_config");
+  EXPECT_FALSE(model_config_parse(none, "config.json").quantization);
+}
+
+TEST(QuantizationConfig, BadFieldsAreNamed) {
+  nlohmann::json j = nlohmann::json::parse(R"({
+    "architectures": ["X"], "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "vocab_size": 16, "quantization_config": {"modules_to_not_convert": []}})");
+  EXPECT_ERROR_CONTAINS(model_config_parse(j, "config.json"), "quantization_config", "quant_method");
+  j["quantization_config"] = {{"quant_method", "fp8"}, {"ignore", {"re:("}}};
+  EXPECT_ERROR_CONTAINS(model_config_parse(j, "config.json"), "ignore", "re:(");
+  j["quantization_config"] = 3;
+  EXPECT_ERROR_CONTAINS(model_config_parse(j, "config.json"), "quantization_config", "object");
+}
+
+}  // namespace
+}  // namespace atom::test

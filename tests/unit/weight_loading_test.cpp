@@ -124,6 +124,14 @@ TEST_F(Coverage, ShapeMismatchNamesParameterAndShapes) {
   EXPECT_ERROR_CONTAINS(model_load(d.str(), {}), "model.norm.weight", "[63]", "[64]");
 }
 
+TEST_F(Coverage, QuantizedCheckpointOfAnUnsupportedMethodIsRefusedByName) {
+  std::string cfg = read_file(d.file("config.json"));
+  cfg.insert(cfg.rfind('}'), R"(, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]})");
+  write_file(d.file("config.json"), cfg);
+  EXPECT_ERROR_CONTAINS(model_load(d.str(), {}), "quant_method 'fp8' is not supported",
+                        "Qwen3ForCausalLM");
+}
+
 TEST_F(Coverage, DuplicateTensorAcrossFilesWithoutIndex) {
   std::vector<std::pair<std::string, Tensor>> one;
   {
