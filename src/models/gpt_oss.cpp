@@ -26,40 +26,12 @@ namespace atom {
 
 namespace {
 
-class GptOssAttention {
+// Llama's attention with a sink logit per head ("self_attn.sinks").
+class GptOssAttention : public LlamaAttention {
  public:
   GptOssAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer,
                   const std::string& prefix)
-      : qkv_proj_(ctx, prefix + ".qkv_proj", c.hidden_size, c.head_dim, c.num_attention_heads,
-                  c.num_key_value_heads, c.attention_bias),
-        o_proj_(ctx, prefix + ".o_proj", c.num_attention_heads * c.head_dim, c.hidden_size,
-                c.attention_bias),
-        rotary_(ctx, static_cast<int>(c.head_dim), c.rope, c.max_position_embeddings),
-        attn_(ctx, prefix,  // the sinks are "<prefix>.sinks", as the checkpoint names them
-              {c.num_attention_heads, c.num_key_value_heads, c.head_dim, 0,
-               llama_layer_window(c, layer), true}) {
-    q_size_ = qkv_proj_.heads_per_rank() * c.head_dim;
-    kv_size_ = qkv_proj_.kv_heads_per_rank() * c.head_dim;
-    o_proj_.set_hints({.after_latency_bound = true});  // it follows decode attention
-  }
-
-  Tensor forward(Step& step, const Tensor& x) {
-    if (Tensor o = attn_.forward_projected(step, x, qkv_proj_, rotary_); o.defined())
-      return o_proj_.forward(step, o);
-    Tensor qkv = qkv_proj_.forward(step, x);
-    Tensor q = qkv.narrow(1, 0, q_size_);
-    Tensor k = qkv.narrow(1, q_size_, kv_size_);
-    Tensor v = qkv.narrow(1, q_size_ + kv_size_, kv_size_);
-    Tensor o = attn_.forward(step, q, k, v, rotary_);
-    return o_proj_.forward(step, o);
-  }
-
- private:
-  QKVParallelLinear qkv_proj_;
-  RowParallelLinear o_proj_;
-  RotaryEmbedding rotary_;
-  Attention attn_;
-  int64_t q_size_, kv_size_;
+      : LlamaAttention(ctx, c, layer, prefix, -1, /*sinks=*/true) {}
 };
 
 // e2m1 codes, the low nibble first; value * 2^(scale - 127). [rows, K/32, 16] U8 and

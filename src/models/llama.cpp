@@ -13,15 +13,15 @@ int llama_layer_window(const ModelConfig& c, int64_t layer) {
 }
 
 LlamaAttention::LlamaAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer,
-                               const std::string& prefix, int sliding_window)
+                               const std::string& prefix, int sliding_window, bool sinks)
     : qkv_proj_(ctx, prefix + ".qkv_proj", c.hidden_size, c.head_dim, c.num_attention_heads,
                 c.num_key_value_heads, c.attention_bias),
       o_proj_(ctx, prefix + ".o_proj", c.num_attention_heads * c.head_dim, c.hidden_size,
               c.attention_bias),
       rotary_(ctx, static_cast<int>(c.head_dim), c.rope, c.max_position_embeddings),
-      attn_(ctx, prefix + ".attn",
+      attn_(ctx, prefix,
             {c.num_attention_heads, c.num_key_value_heads, c.head_dim, 0,
-             sliding_window >= 0 ? sliding_window : llama_layer_window(c, layer), false}) {
+             sliding_window >= 0 ? sliding_window : llama_layer_window(c, layer), sinks}) {
   q_size_ = qkv_proj_.heads_per_rank() * c.head_dim;
   kv_size_ = qkv_proj_.kv_heads_per_rank() * c.head_dim;
   o_proj_.set_hints({.after_latency_bound = true});  // it follows decode attention

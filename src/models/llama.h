@@ -22,9 +22,10 @@ int llama_layer_window(const ModelConfig& c, int64_t layer);
 
 class LlamaAttention {
  public:
-  // sliding_window < 0: llama_layer_window(c, layer).
+  // sliding_window < 0: llama_layer_window(c, layer). sinks: a learned sink logit per head,
+  // "<prefix>.sinks" (GPT-OSS).
   LlamaAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer, const std::string& prefix,
-                 int sliding_window = -1);
+                 int sliding_window = -1, bool sinks = false);
   Tensor forward(Step& step, const Tensor& x);
 
  private:
