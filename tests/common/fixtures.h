@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/compare.h"
 #include "core/tensor.h"
 #include "loader/safetensors.h"
 
@@ -72,14 +73,6 @@ inline size_t expect_greedy_agrees(const std::string& name, const std::vector<in
     EXPECT_LT(margin, noise) << name << ": greedy token " << i << " differs with margin " << margin;
   }
   return i;
-}
-
-// max |a - b| over two F32 tensors of the same shape.
-inline float max_abs_diff(const Tensor& a, const Tensor& b) {
-  float m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i)
-    m = std::max(m, std::abs(a.ptr<float>()[i] - b.ptr<float>()[i]));
-  return m;
 }
 
 }  // namespace atom::test

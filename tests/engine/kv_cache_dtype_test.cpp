@@ -12,18 +12,6 @@
 namespace atom::test {
 namespace {
 
-// ||a - b|| / ||b|| over two F32 tensors of the same shape.
-double rel_err(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = a.ptr<float>()[i], y = b.ptr<float>()[i];
-    num += (x - y) * (x - y);
-    den += y * y;
-  }
-  return std::sqrt(num / den);
-}
-
 void expect_flag_error(const std::string& value) {
   try {
     kv_cache_dtype_parse(value);
