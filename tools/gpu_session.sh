@@ -26,6 +26,16 @@ summary="$out/summary.log"
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
 has() { [[ "$steps" == *",$1,"* ]]; }
+# Per-test outcomes of gtest logs, skipped tests counted apart from passed ones (a GTEST_SKIP,
+# e.g. a tensor-parallel test on one GPU, is not a pass), with the skipped tests' names.
+gtest_summary() {
+  local ok skipped failed
+  ok=$(grep -cE '^\[       OK \] .*\([0-9]+ ms\)$' "$@")
+  skipped=$(grep -cE '^\[  SKIPPED \] .*\([0-9]+ ms\)$' "$@")
+  failed=$(grep -cE '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$@")
+  note "tests: $ok passed, $skipped skipped, $failed failed"
+  grep -hE '^\[  SKIPPED \] .*\([0-9]+ ms\)$' "$@" | sed 's/^/  /' | tee -a "$summary"
+}
 
 cat "$stage/COMMIT" | head -1 | sed 's/^/commit /' | tee -a "$summary"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
@@ -39,9 +49,9 @@ if has tests; then
     timeout 150 "$bin/gpu_test" --gtest_filter="$f" >> "$out/tests.log" 2>&1
     note "tests $f: rc=$?"
   done
-  grep -E "^\[  FAILED  \]|Failure|Expected|Which is|actual|error:|rel err|greedy tokens agree|max \|" "$out/tests.log" \
-    | grep -v "listed below" | head -60 | tee -a "$summary"
-  grep -cE "^\[       OK \]" "$out/tests.log" | sed 's/^/tests passed: /' | tee -a "$summary"
+  grep -E "^\[  FAILED  \]|Failure|Expected|Which is|actual|error:|Skipped|rel err|agree for|max \|" "$out/tests.log" \
+    | grep -v "listed below" | head -80 | tee -a "$summary"
+  gtest_summary "$out/tests.log"
 fi
 
 if has cli; then

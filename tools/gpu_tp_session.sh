@@ -26,6 +26,16 @@ summary="$out/summary.log"
 : > "$summary"
 note() { echo "$*" | tee -a "$summary"; }
 has() { [[ "$steps" == *",$1,"* ]]; }
+# Per-test outcomes of gtest logs, skipped tests counted apart from passed ones (a GTEST_SKIP,
+# e.g. a tensor-parallel test on one GPU, is not a pass), with the skipped tests' names.
+gtest_summary() {
+  local ok skipped failed
+  ok=$(grep -cE '^\[       OK \] .*\([0-9]+ ms\)$' "$@")
+  skipped=$(grep -cE '^\[  SKIPPED \] .*\([0-9]+ ms\)$' "$@")
+  failed=$(grep -cE '^\[  FAILED  \] .*\([0-9]+ ms\)$' "$@")
+  note "tests: $ok passed, $skipped skipped, $failed failed"
+  grep -hE '^\[  SKIPPED \] .*\([0-9]+ ms\)$' "$@" | sed 's/^/  /' | tee -a "$summary"
+}
 # Whether a step still fits: none starts after 420 s.
 fits() {
   if (( SECONDS - start > 420 )); then note "$1: skipped (time budget)"; return 1; fi
@@ -42,9 +52,9 @@ m="$stage/bench/models/llama-3.1-8b"
 if has tests && fits tests; then
   timeout 240 "$bin/gpu_test" --gtest_filter='GpuTp*:*GpuTpParity*:GpuRunner.*' > "$out/tests.log" 2>&1
   note "tests GpuTp*, GpuTpParity, GpuRunner: rc=$?"
-  grep -E "^\[  FAILED  \]|^\[  SKIPPED \]|Failure|Expected|Which is|error:|rel err|agree for" "$out/tests.log" \
+  grep -E "^\[  FAILED  \]|Failure|Expected|Which is|error:|Skipped|rel err|agree for" "$out/tests.log" \
     | grep -v "listed below" | head -40 | tee -a "$summary"
-  grep -cE "^\[       OK \]" "$out/tests.log" | sed 's/^/tests passed: /' | tee -a "$summary"
+  gtest_summary "$out/tests.log"
 fi
 
 if has cli && fits cli; then

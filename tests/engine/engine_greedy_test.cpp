@@ -105,6 +105,43 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineWorkload,
                                            "glm4_moe"),
                          [](const auto& info) { return info.param; });
 
+// The prefix cache's hit count, exactly, on a workload whose sharing is known by construction
+// (tests/engine/block_manager_test.cpp, PrefixHitsOfAKnownSharingPattern, spells out the
+// blocks): the engine reports each request's cached tokens and the total hits. Greedy tokens
+// cannot show a lost hit (recomputing gives the same tokens), so only these counts can.
+TEST(EnginePrefixCache, HitCountsOfAKnownSharingPattern) {
+  Model& model = fixture_model("llama3_gqa");
+  EngineConfig c = test_config();
+  c.block_size = 4;
+  LLMEngine engine(model, c);
+  const std::vector<int32_t> X = {11, 12, 13, 14}, Y = {21, 22, 23, 24}, Z = {31, 32, 33, 34},
+                             W = {41, 42, 43, 44};
+  auto cat = [](std::initializer_list<std::vector<int32_t>> parts, int32_t last) {
+    std::vector<int32_t> t;
+    for (const auto& p : parts) t.insert(t.end(), p.begin(), p.end());
+    t.push_back(last);
+    return t;
+  };
+  const std::vector<std::vector<int32_t>> prompts = {
+      cat({X, Y, Z, W}, 101), cat({X, Y, Z, W}, 102), cat({Y, Z, W, X}, 103),
+      cat({Y, Z, W, X}, 104), cat({X, X, X, X}, 105), cat({X, X, X, X}, 106)};
+  const std::vector<int> want = {0, 16, 0, 16, 4, 16};
+  int64_t total = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto out = engine.generate({prompts[i]}, greedy(2)).at(0).outputs.at(0);
+    EXPECT_EQ(out.num_cached_tokens, want[i]) << "request " << i + 1;
+    EXPECT_EQ(out.token_ids, generate_greedy(model, prompts[i], 2, {}, true).token_ids);
+    total += want[i];
+  }
+  EXPECT_EQ(engine.stats().prefix_cache_hits, total);
+  EXPECT_EQ(engine.stats().prefix_cache_queries, 6 * 17);
+  // A repeat of everything is served from the cache: all 16 full-block tokens of each.
+  const auto again = engine.generate(prompts, greedy(2));
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(again[i].outputs.at(0).num_cached_tokens, 16) << "repeat of request " << i + 1;
+  expect_engine_idle(engine);
+}
+
 TEST(EngineStops, StopTokenIdsEosAndMinTokens) {
   Model& model = fixture_model("llama3_gqa");
   const Reference ref = reference_load("llama3_gqa");

@@ -1,8 +1,12 @@
 // The engine's sampling-facing behaviour on a real model: seeded sampling is identical across
 // batch compositions, tokens drawn on the model's device and by the CPU sampler agree (and equal
-// kernels::sample over score_tokens logits), n > 1 shares the prompt's blocks and matches seed + i,
-// logprobs equal log_softmax of the model's own logits (score_tokens), stop strings split across
-// tokens, abort frees everything, and bad requests or configurations fail naming the problem.
+// an independent derivation of the scheme over score_tokens logits), n > 1 shares the prompt's
+// blocks and matches seed + i, logprobs equal log_softmax of the model's own logits (score_tokens),
+// stop strings split across tokens, abort frees everything, and bad requests or configurations fail
+// naming the problem.
+#include <set>
+
+#include "common/sampling_reference.h"
 #include "engine_test_util.h"
 
 namespace atom::test {
@@ -104,20 +108,26 @@ TEST(EngineSampling, DeviceAndHostSamplersDrawTheModelsTokens) {
     const auto host = engine.generate({prompt}, on_host(p)).at(0).outputs.at(0).token_ids;
     ASSERT_EQ(device.size(), 20u);
     EXPECT_EQ(host, device);
-    // Independently: kernels::sample over the model's own logits of each prefix, keyed by
-    // (seed, output index).
+    // Independently: the scheme derived in common/sampling_reference.h (not kernels::sample,
+    // which on a CPU build is the very row function both samplers call) over the model's own
+    // logits of each prefix, keyed by (seed, output index).
     std::vector<int32_t> seq = prompt;
     seq.insert(seq.end(), device.begin(), device.end() - 1);
     const Tensor logits = score_tokens(model, seq);
     const int64_t V = model.vocab_size(), P = static_cast<int64_t>(prompt.size());
+    RefSamplingParams r;
+    r.temperature = static_cast<float>(p.temperature);
+    r.top_p = static_cast<float>(p.top_p);
+    r.top_k = p.top_k;
+    r.min_p = static_cast<float>(p.min_p);
+    r.seed = static_cast<uint64_t>(*p.seed);
+    std::set<int32_t> distinct(device.begin(), device.end());
     for (size_t i = 0; i < device.size(); ++i) {
-      Tensor row = logits.narrow(0, P - 1 + static_cast<int64_t>(i), 1).contiguous();
-      Tensor id = Tensor::empty({1}, DType::kI32);
-      kernels::sample(id, row,
-                      kernels::sampling_rows_tensor({sampling_row(p, static_cast<uint64_t>(*p.seed),
-                                                                  static_cast<int64_t>(i))}));
-      EXPECT_EQ(device[i], id.ptr<int32_t>()[0]) << "token " << i << " of vocab " << V;
+      r.step = i;
+      const float* row = logits.ptr<float>() + (P - 1 + static_cast<int64_t>(i)) * V;
+      EXPECT_EQ(device[i], reference_sample(row, V, r)) << "token " << i << " of vocab " << V;
     }
+    EXPECT_GE(distinct.size(), 10u) << "a seeded run at temperature 0.8 should vary";
     expect_engine_idle(engine);
   }
 }

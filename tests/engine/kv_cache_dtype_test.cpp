@@ -1,7 +1,7 @@
 // --kv-cache-dtype (vLLM's values): parsing and refusals, KV sizing at 1 byte per element, and the
-// CPU engine with an FP8 (e4m3) cache against transformers' fp32 fixtures: logits within 6e-2
-// (normalised) and at e4m3's precision relative to a BF16 cache, greedy tokens equal up to the
-// first step whose reference margin is within the FP8 cache's noise.
+// CPU engine with an FP8 (e4m3) cache against transformers' fp32 fixtures: logits within 8e-2
+// (normalised) and at e4m3's precision relative to a BF16 cache, greedy steps teacher-forced and
+// free-running against a noise level measured from the FP8 cache's own margin errors.
 #include <cstdio>
 #include <filesystem>
 
@@ -11,18 +11,6 @@
 
 namespace atom::test {
 namespace {
-
-// ||a - b|| / ||b|| over two F32 tensors of the same shape.
-double rel_err(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = a.ptr<float>()[i], y = b.ptr<float>()[i];
-    num += (x - y) * (x - y);
-    den += y * y;
-  }
-  return std::sqrt(num / den);
-}
 
 void expect_flag_error(const std::string& value) {
   try {
@@ -91,40 +79,62 @@ TEST(KvCacheDtype, CheckpointKvScalesAreRefusedNotIgnored) {
 class KvCacheFp8Fixture : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(KvCacheFp8Fixture, EngineStaysCloseToTransformers) {
-  const Reference ref = reference_load(GetParam());
-  Model& model = fixture_model(GetParam());
-  Tensor fp8 = score_tokens(model, ref.input_ids, 0, 16, DType::kF8E4M3);
-  const double err = rel_err(fp8, ref.logits);
-  const float dmax = max_abs_diff(fp8, ref.logits);
+  const std::string name = GetParam();
+  const Reference ref = reference_load(name);
+  Model& model = fixture_model(name);
+  const DType f8 = DType::kF8E4M3;
+  Tensor fp8 = score_tokens(model, ref.input_ids, 0, 16, f8);
+  const double err = rel_err(fp8, ref.logits, name);
+  const float dmax = max_abs_diff(fp8, ref.logits, name);
+  const float margin_err = max_margin_error(fp8, ref.logits);
   const double err_bf16 =
-      rel_err(score_tokens(model, ref.input_ids, 0, 16, DType::kBF16), ref.logits);
+      rel_err(score_tokens(model, ref.input_ids, 0, 16, DType::kBF16), ref.logits, name);
+  const double err_f32 = rel_err(score_tokens(model, ref.input_ids), ref.logits, name);
+  const double err_chunked = rel_err(score_tokens(model, ref.input_ids, 7, 4, f8), fp8, name);
+  const double err_decode = rel_err(score_tokens(model, ref.input_ids, 1, 16, f8), fp8, name);
   std::printf(
-      "%s: vs transformers fp32: fp8 KV cache rel err %.3g (max |dlogit| %.3g), bf16 cache %.3g, "
-      "f32 cache %.3g\n",
-      GetParam().c_str(), err, dmax, err_bf16,
-      rel_err(score_tokens(model, ref.input_ids), ref.logits));
-  // These fixtures (3 layers, head_dim 16, random weights) are sensitive: measured 3.6-4.8e-2,
-  // about 16x the BF16 cache's error, as e4m3's 3 mantissa bits against bf16's 7 predict.
-  EXPECT_LE(err, 6e-2) << GetParam();
-  EXPECT_GT(err, 4 * err_bf16) << "not quantised to e4m3's precision";
-  EXPECT_LT(err, 30 * err_bf16) << "coarser than e4m3 rounding";
-  // Chunked prefill over small pages, and token-by-token decode, read the same FP8 cache.
-  EXPECT_LE(rel_err(score_tokens(model, ref.input_ids, 7, 4, DType::kF8E4M3), fp8), 1e-2);
-  EXPECT_LE(rel_err(score_tokens(model, ref.input_ids, 1, 16, DType::kF8E4M3), fp8), 1e-2);
+      "%s: vs transformers fp32: fp8 KV cache rel err %.3g (max |dlogit| %.3g, top-2 margin error "
+      "%.3g), bf16 cache %.3g, f32 cache %.3g; fp8 chunked and token by token against whole "
+      "prefill: %.3g, %.3g\n",
+      name.c_str(), err, dmax, margin_err, err_bf16, err_f32, err_chunked, err_decode);
+  // Measured on the fixtures (3 layers, head_dim 16-32, random weights): 4.0-6.5e-2, 15-19x the
+  // BF16 cache's error, as e4m3's 3 mantissa bits against bf16's 7 predict (2^4 = 16).
+  EXPECT_LE(err, 8e-2) << name;
+  EXPECT_GT(err, 10 * err_bf16) << "not quantised to e4m3's precision";
+  EXPECT_LT(err, 25 * err_bf16) << "coarser than e4m3 rounding";
+  // Chunked prefill over small pages, and token-by-token decode, read the same FP8 cache: the
+  // CPU computes every row's K and V the same way whatever the chunk, so the codes are equal.
+  EXPECT_LE(err_chunked, 1e-5) << name;
+  EXPECT_LE(err_decode, 1e-5) << name;
 
-  // Greedy through the engine: equal up to the first step whose reference margin is within the
-  // FP8 noise (twice the largest logit error seen above).
+  // Greedy. The FP8 cache moves logits by up to ~1 here, so a step whose reference margin is small
+  // may flip, and a free-running run diverges for good after its first flip. The test therefore
+  //  1. takes the noise level from a measurement: twice the largest error of the reference's
+  //     top-2 margin over the fixture's scored rows (the error of that difference is what flips a
+  //     choice; on the greedy rows it was measured at 0.3-1.2x the scored rows' value, so twice
+  //     covers them);
+  //  2. checks every greedy step teacher-forced (the reference's tokens as context, decoded token
+  //     by token through the FP8 cache as the engine does): each step whose reference margin is
+  //     above the noise must choose the reference token, and at least 12 of the 16 must (measured:
+  //     13-16; an FP8 path off by a scale flips most of them);
+  //  3. runs the engine free: it must reproduce the teacher-forced run's leading agreeing steps
+  //     (same context, same cache codes) and, where it first differs, the reference margin must
+  //     be below the noise.
+  const float noise = 2.0f * margin_err;
+  const ForcedGreedy forced = expect_forced_greedy_agrees(
+      name, score_tokens(model, greedy_sequence(ref), 1, 16, f8), noise, 12);
   EngineConfig c = test_config();
   c.kv_cache_dtype = "fp8";
   LLMEngine engine(model, c);
   const auto out =
       engine.generate({ref.greedy_prompt}, greedy(static_cast<int>(ref.greedy_tokens.size())));
   const auto& tokens = out.at(0).outputs.at(0).token_ids;
-  ASSERT_EQ(tokens.size(), ref.greedy_tokens.size());
-  const size_t i =
-      expect_greedy_agrees(GetParam(), tokens, ref.greedy_tokens, std::max(0.05f, 2.0f * dmax));
-  std::printf("%s: fp8 greedy tokens agree for %zu of %zu steps\n", GetParam().c_str(), i,
-              tokens.size());
+  expect_greedy_agrees(name, tokens, ref.greedy_tokens, noise, forced.leading);
+  // And the single-sequence runner, which shares no scheduling or batching code, draws the same.
+  EXPECT_EQ(
+      generate_greedy(model, ref.greedy_prompt, static_cast<int>(tokens.size()), {}, true, 16, f8)
+          .token_ids,
+      tokens);
   expect_engine_idle(engine);
 }
 

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 
+#include "common/sampling_reference.h"
 #include "kernels/sampling.h"
 
 namespace atom {
@@ -119,22 +120,31 @@ std::vector<double> expected_distribution(const std::vector<float>& l, const Sam
   return prob;
 }
 
-void check_distribution(const std::vector<float>& l, const SamplingParams& p, int draws) {
+// How often each token is drawn in `draws` draws of one row (rows of one row each, a thousand per
+// call: positions differ, so the draws are independent).
+std::vector<int> draw_counts(const std::vector<float>& l, const SamplingParams& p, int draws) {
   CpuSampler s;
-  const auto want = expected_distribution(l, p);
   std::vector<int> count(l.size(), 0);
-  // One row per draw, all in one call: positions differ, so the draws are independent.
-  Tensor t = logits_of(std::vector<std::vector<float>>(static_cast<size_t>(draws), l));
-  std::vector<SampleTask> tasks(static_cast<size_t>(draws));
-  for (int i = 0; i < draws; ++i) {
-    tasks[i].row = i;
-    tasks[i].params = &p;
-    tasks[i].seed = 99;
-    tasks[i].position = i;
+  for (int first = 0; first < draws; first += 1000) {
+    const int n = std::min(1000, draws - first);
+    Tensor t = logits_of(std::vector<std::vector<float>>(static_cast<size_t>(n), l));
+    std::vector<SampleTask> tasks(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      tasks[i].row = i;
+      tasks[i].params = &p;
+      tasks[i].seed = 99;
+      tasks[i].position = first + i;
+    }
+    std::vector<int32_t> out(static_cast<size_t>(n));
+    s.sample(t, tasks, out);
+    for (int32_t tok : out) ++count[static_cast<size_t>(tok)];
   }
-  std::vector<int32_t> out(static_cast<size_t>(draws));
-  s.sample(t, tasks, out);
-  for (int32_t tok : out) ++count[static_cast<size_t>(tok)];
+  return count;
+}
+
+void check_distribution(const std::vector<float>& l, const SamplingParams& p, int draws) {
+  const auto want = expected_distribution(l, p);
+  const std::vector<int> count = draw_counts(l, p, draws);
   for (size_t i = 0; i < l.size(); ++i) {
     if (want[i] == 0) {
       EXPECT_EQ(count[i], 0) << "token " << i << " is filtered out but was drawn";
@@ -177,7 +187,45 @@ TEST(CpuSampler, TopPOnALargeVocabularyKeepsExactlyTheNucleus) {
   for (auto& x : l) x = n(rng);
   SamplingParams p;
   p.top_p = 0.5;
-  check_distribution(l, p, 4000);
+  const int draws = 8000;
+  check_distribution(l, p, draws);
+  // The nucleus from the plain sort, and the token whose mass crosses top_p (the least likely one
+  // in it). Its frequency alone sits inside the slack above, so the set of drawn tokens must be
+  // the nucleus exactly: every token of it has at least `least` expected draws.
+  const auto want = expected_distribution(l, p);
+  size_t nucleus = 0, crossing = 0;
+  for (size_t i = 0; i < l.size(); ++i)
+    if (want[i] > 0) {
+      ++nucleus;
+      if (want[crossing] == 0 || want[i] < want[crossing]) crossing = i;
+    }
+  const double least = want[crossing] * draws;
+  // P(a token of the nucleus is never drawn) <= nucleus * exp(-least): below 1e-6 here.
+  ASSERT_GT(least, 15.0) << "the test needs more draws to see every nucleus token";
+  const std::vector<int> count = draw_counts(l, p, draws);
+  size_t drawn = 0;
+  for (size_t i = 0; i < l.size(); ++i) drawn += count[i] > 0;
+  EXPECT_GT(count[crossing], 0) << "the threshold-crossing token " << crossing << " (probability "
+                                << want[crossing] << ") was never drawn";
+  EXPECT_EQ(drawn, nucleus) << "tokens drawn against the nucleus of top_p " << p.top_p;
+  // The same nucleus from the independent derivation of the scheme.
+  test::RefSamplingParams r;
+  r.temperature = 1.0f;
+  r.top_p = 0.5f;
+  const std::vector<bool> kept = test::reference_kept(l.data(), static_cast<int64_t>(l.size()), r);
+  for (size_t i = 0; i < l.size(); ++i) EXPECT_EQ(kept[i], want[i] > 0) << "token " << i;
+
+  // A nucleus of three whose crossing token holds a fifth of it: dropping that token moves
+  // its mass to the other two, far outside the statistical slack.
+  std::vector<float> small(5000, -20.0f);
+  small[10] = 2.0f;
+  small[4000] = 1.5f;
+  small[77] = 1.2f;  // the crossing token: 0.49 + 0.30 < 0.9 <= all three
+  p.top_p = 0.9;
+  const auto w3 = expected_distribution(small, p);
+  ASSERT_GT(w3[77], 0.2);
+  ASSERT_EQ(std::count_if(w3.begin(), w3.end(), [](double x) { return x > 0; }), 3);
+  check_distribution(small, p, 4000);
 }
 
 TEST(CpuSampler, DrawDependsOnlyOnSeedAndPosition) {
@@ -260,6 +308,22 @@ int32_t device_draw(const std::vector<float>& row, const SamplingParams& p, uint
   return ids.ptr<int32_t>()[0];
 }
 
+// The independent derivation of the scheme (common/sampling_reference.h) for these parameters,
+// set field by field here rather than through sampling_row.
+int32_t scheme_draw(const std::vector<float>& row, const SamplingParams& p, uint64_t seed,
+                    int64_t position) {
+  test::RefSamplingParams r;
+  r.temperature = p.temperature < 1e-5 ? 0.0f : static_cast<float>(p.temperature);
+  r.top_p = static_cast<float>(p.top_p);
+  r.min_p = static_cast<float>(p.min_p);
+  r.top_k = p.top_k;
+  r.seed = seed;
+  r.step = static_cast<uint64_t>(position);
+  return test::reference_sample(row, r);
+}
+
+// On a CPU build kernels::sample and the CPU sampler run the same row function, so agreeing with
+// each other proves nothing: both must draw what the independent derivation draws.
 TEST(CpuSampler, DrawsWhatTheDeviceSamplerDraws) {
   std::mt19937 rng(21);
   std::normal_distribution<float> n(0, 2);
@@ -276,14 +340,19 @@ TEST(CpuSampler, DrawsWhatTheDeviceSamplerDraws) {
   ps[4].top_k = 20;
   ps[4].top_p = 0.5;
   CpuSampler s;
+  int differ_from_argmax = 0;
   for (int trial = 0; trial < 40; ++trial) {
     for (auto& x : l) x = n(rng);
     const SamplingParams& p = ps[trial % ps.size()];
     const uint64_t seed = rng();
     const int64_t pos = trial * 3;
     ASSERT_TRUE(device_sampleable(p));
-    EXPECT_EQ(sample_one(s, l, p, seed, pos), device_draw(l, p, seed, pos)) << trial;
-    // With penalties and bias the CPU sampler draws from the modified row as the device would.
+    const int32_t want = scheme_draw(l, p, seed, pos);
+    differ_from_argmax += want != std::max_element(l.begin(), l.end()) - l.begin();
+    EXPECT_EQ(sample_one(s, l, p, seed, pos), want) << trial;
+    EXPECT_EQ(device_draw(l, p, seed, pos), want) << trial;
+    // With penalties and bias the CPU sampler draws from the row modified as the device would:
+    // the modification done here by hand.
     SamplingParams q = p;
     q.logit_bias = {{7, 4.0f}};
     q.frequency_penalty = 0.5;
@@ -293,8 +362,9 @@ TEST(CpuSampler, DrawsWhatTheDeviceSamplerDraws) {
     m[7] += 4.0f;
     for (int32_t id : {7, 100}) m[id] = m[id] > 0 ? m[id] / 1.2f : m[id] * 1.2f;  // seen once each
     m[100] -= 0.5f;  // frequency: output token 100 once
-    EXPECT_EQ(sample_one(s, l, q, seed, pos, {7}, {100}), device_draw(m, p, seed, pos)) << trial;
+    EXPECT_EQ(sample_one(s, l, q, seed, pos, {7}, {100}), scheme_draw(m, p, seed, pos)) << trial;
   }
+  EXPECT_GT(differ_from_argmax, 20) << "the trials should mostly draw something other than argmax";
 }
 
 TEST(CpuSampler, SuppressingTokensThatWouldNotWinChangesNothing) {

@@ -1,4 +1,5 @@
-// Helpers of the GPU tests: seeded random inputs, poisoned outputs, normalised errors.
+// Helpers of the GPU tests: seeded random inputs, poisoned outputs; normalised errors come from
+// common/compare.h (shapes must match, and an unmatched NaN or Inf fails).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/compare.h"  // rel_err, max_abs_diff: shape- and NaN-checked
 #include "common/tensor_util.h"
 #include "core/convert.h"
 #include "core/half.h"
@@ -66,20 +68,6 @@ inline Tensor to_f32_cpu(const Tensor& t) { return tensor_cast_cpu(t, DType::kF3
 // A contiguous host copy (device tensors must be contiguous).
 inline Tensor host(const Tensor& t) {
   return t.device().is_cpu() ? t.contiguous() : t.to(Device::cpu());
-}
-
-// ||a - b|| / ||b|| over all elements (any float dtypes, any devices); infinity on NaN.
-inline double rel_err(const Tensor& a, const Tensor& b) {
-  Tensor x = to_f32_cpu(host(a)), y = to_f32_cpu(host(b));
-  EXPECT_EQ(x.numel(), y.numel());
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    const double p = x.ptr<float>()[i], q = y.ptr<float>()[i];
-    if (std::isnan(p) || std::isnan(q)) return std::numeric_limits<double>::infinity();
-    num += (p - q) * (p - q);
-    den += q * q;
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 // An F32 host copy of an F8E4M3 tensor (any device, contiguous), code by code.

@@ -1,6 +1,7 @@
 // Whole models on the GPU: logits against transformers' fp32 fixtures (bf16 tolerance) and
-// against the CPU path, greedy tokens where the reference margins allow, decode through CUDA
-// graphs against eager decode, and KV-cache sizing from GPU memory.
+// against the CPU path, greedy tokens teacher-forced and free-running against a measured noise
+// level with a stated minimum of agreeing steps, decode through CUDA graphs against eager decode,
+// and KV-cache sizing from GPU memory.
 #include <algorithm>
 #include <cstdio>
 
@@ -17,80 +18,104 @@ namespace {
 class GpuParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuParity, LogitsGreedyAndChunkedPrefill) {
-  const Reference ref = reference_load(GetParam());
-  LoadedModel m = model_load(fixture_dir(GetParam()), on_gpu());
+  const std::string name = GetParam();
+  const Reference ref = reference_load(name);
+  LoadedModel m = model_load(fixture_dir(name), on_gpu());
   EXPECT_EQ(m.model->act_dtype(),
             m.model->config().dtype == DType::kF16 ? DType::kF16 : DType::kBF16);
   Tensor logits = score_tokens(*m.model, ref.input_ids);
-  const double err = rel_err(logits, ref.logits);
-  const float dmax = max_abs_diff(logits, ref.logits);
-  std::printf("%s: bf16 GPU vs transformers fp32: rel err %.3g, max |dlogit| %.3g\n",
-              GetParam().c_str(), err, dmax);
-  EXPECT_LE(err, 3e-2) << GetParam();
-
+  const double err = rel_err(logits, ref.logits, name);
+  const float dmax = max_abs_diff(logits, ref.logits, name);
+  const float margin_err = max_margin_error(logits, ref.logits);
   // The CPU path in the same precision (bf16 activations and weights).
   ModelOptions cpu_bf16;
   cpu_bf16.act_dtype = m.model->act_dtype();
   cpu_bf16.weight_dtype = m.model->act_dtype();
-  LoadedModel c = model_load(fixture_dir(GetParam()), cpu_bf16);
+  LoadedModel c = model_load(fixture_dir(name), cpu_bf16);
   Tensor cpu_logits = score_tokens(*c.model, ref.input_ids);
-  const double err_cpu = rel_err(logits, cpu_logits);
-  std::printf("%s: bf16 GPU vs bf16 CPU: rel err %.3g\n", GetParam().c_str(), err_cpu);
-  EXPECT_LE(err_cpu, 2e-2) << GetParam();
-
+  const double err_cpu = rel_err(logits, cpu_logits, name);
   // Chunked prefill (chunks straddle pages) and token-by-token decode through the graphs.
-  Tensor chunked = score_tokens(*m.model, ref.input_ids, /*chunk=*/7, /*block_size=*/4);
-  EXPECT_LE(rel_err(chunked, logits), 2e-2) << GetParam();
-  Tensor stepwise = score_tokens(*m.model, ref.input_ids, /*chunk=*/1, /*block_size=*/16);
-  EXPECT_LE(rel_err(stepwise, logits), 2e-2) << GetParam();
+  const double err_chunked =
+      rel_err(score_tokens(*m.model, ref.input_ids, /*chunk=*/7, /*block_size=*/4), logits, name);
+  const double err_stepwise =
+      rel_err(score_tokens(*m.model, ref.input_ids, /*chunk=*/1, /*block_size=*/16), logits, name);
+  std::printf(
+      "%s: bf16 GPU vs transformers fp32: rel err %.3g, max |dlogit| %.3g, top-2 margin error "
+      "%.3g; vs bf16 CPU: rel err %.3g; chunked, token by token vs whole: %.3g, %.3g\n",
+      name.c_str(), err, dmax, margin_err, err_cpu, err_chunked, err_stepwise);
+  // bf16 against fp32: the CPU in bf16 measures 1.03-1.39e-2 on these fixtures (the GPU measured
+  // 0.96-1.13e-2 on the fixtures before their regeneration), hence 2e-2 (3e-2 before). bf16
+  // noise hides small bugs at this level (an RMSNorm eps x 100 leaves the CPU's bf16 error at
+  // 1.03-1.41e-2): those are caught by the CPU parity tests (fp32, 3e-5) and, for the CUDA
+  // kernels, by their F32 cases against the CPU (GpuRmsNorm: 1e-6).
+  EXPECT_LE(err, 2e-2) << name;
+  // The same precision on both sides: measured 8e-8 to 6.1e-3 (bench/results/*/tests.log).
+  EXPECT_LE(err_cpu, 1.2e-2) << name;
+  EXPECT_LE(err_chunked, 2e-2) << name;
+  EXPECT_LE(err_stepwise, 2e-2) << name;
 
-  // Greedy tokens: identical up to the first step whose reference margin is within bf16 noise.
+  // Greedy. The noise level is measured: twice the largest error of the reference's top-2 margin
+  // over the scored rows (what flips a choice is the error of that difference). Teacher-forced
+  // through the decode graphs, every step whose reference margin is above it must agree, and at
+  // least 13 of 16: the CPU in bf16 measures 15-16 of 16, and the GPU, rounding differently,
+  // may flip one or two more of the steps whose reference margin is below 0.1 (at most 3 per
+  // fixture). Free-running, the steps before the first one within the noise must agree.
+  const float noise = 2.0f * margin_err;
+  expect_forced_greedy_agrees(name, score_tokens(*m.model, greedy_sequence(ref), 1, 16), noise, 13);
   const GreedyResult r = generate_greedy(*m.model, ref.greedy_prompt,
                                          static_cast<int>(ref.greedy_tokens.size()), {}, true);
-  const size_t i = expect_greedy_agrees(GetParam(), r.token_ids, ref.greedy_tokens,
-                                        std::max(0.05f, 2.0f * dmax));
-  std::printf("%s: greedy tokens agree for %zu of %zu steps\n", GetParam().c_str(), i,
-              r.token_ids.size());
+  expect_greedy_agrees(name, r.token_ids, ref.greedy_tokens, noise,
+                       leading_steps_above(name, noise));
 }
 
 // The FP8 (e4m3) KV cache end to end: logits against transformers and against the CPU path with
 // the same cache, chunked prefill and token-by-token decode through the graphs, greedy tokens.
 TEST_P(GpuParity, Fp8KvCache) {
-  const Reference ref = reference_load(GetParam());
-  LoadedModel m = model_load(fixture_dir(GetParam()), on_gpu());
+  const std::string name = GetParam();
+  const Reference ref = reference_load(name);
+  LoadedModel m = model_load(fixture_dir(name), on_gpu());
   const DType f8 = DType::kF8E4M3;
   Tensor logits = score_tokens(*m.model, ref.input_ids, 0, 16, f8);
-  const double err = rel_err(logits, ref.logits);
-  const float dmax = max_abs_diff(logits, ref.logits);
-  std::printf("%s: fp8 KV cache GPU vs transformers fp32: rel err %.3g, max |dlogit| %.3g\n",
-              GetParam().c_str(), err, dmax);
-  // On the CPU (fp32 activations) these fixtures give 3.6-4.8e-2 with an FP8 cache, 4.3-4.8e-2
-  // with bf16 activations (tests/engine/kv_cache_dtype_test.cpp, docs/cuda.md): the 3 mantissa
-  // bits of e4m3 on small random models. The GPU adds its bf16 rounding (1.1e-2 without FP8).
-  EXPECT_LE(err, 7e-2) << GetParam();
-  EXPECT_GT(rel_err(logits, score_tokens(*m.model, ref.input_ids)), 1e-4) << "not quantised";
+  const double err = rel_err(logits, ref.logits, name);
+  const float dmax = max_abs_diff(logits, ref.logits, name);
+  const float margin_err = max_margin_error(logits, ref.logits);
+  std::printf(
+      "%s: fp8 KV cache GPU vs transformers fp32: rel err %.3g, max |dlogit| %.3g, top-2 margin "
+      "error %.3g\n",
+      name.c_str(), err, dmax, margin_err);
+  // The CPU with bf16 activations and an FP8 cache measures 4.3-6.5e-2 on these fixtures (the
+  // 3 mantissa bits of e4m3 on small random models; tests/engine/kv_cache_dtype_test.cpp has the
+  // fp32 activations' 4.0-6.5e-2); the GPU measured 3.7-4.8e-2 before the regeneration.
+  EXPECT_LE(err, 8e-2) << name;
+  EXPECT_GT(rel_err(logits, score_tokens(*m.model, ref.input_ids), name), 1e-4) << "not quantised";
 
   ModelOptions cpu_bf16;
   cpu_bf16.act_dtype = m.model->act_dtype();
   cpu_bf16.weight_dtype = m.model->act_dtype();
-  LoadedModel c = model_load(fixture_dir(GetParam()), cpu_bf16);
-  const double err_cpu = rel_err(logits, score_tokens(*c.model, ref.input_ids, 0, 16, f8));
-  std::printf("%s: fp8 KV cache GPU vs CPU (bf16 activations): rel err %.3g\n", GetParam().c_str(),
-              err_cpu);
+  LoadedModel c = model_load(fixture_dir(name), cpu_bf16);
+  const double err_cpu = rel_err(logits, score_tokens(*c.model, ref.input_ids, 0, 16, f8), name);
+  const double err_chunked = rel_err(score_tokens(*m.model, ref.input_ids, 7, 4, f8), logits, name);
+  const double err_stepwise =
+      rel_err(score_tokens(*m.model, ref.input_ids, 1, 16, f8), logits, name);
+  std::printf(
+      "%s: fp8 KV cache GPU vs CPU (bf16 activations): rel err %.3g; chunked, token by token vs "
+      "whole: %.3g, %.3g\n",
+      name.c_str(), err_cpu, err_chunked, err_stepwise);
   // A last-bit difference in a key before quantisation moves it a whole e4m3 step now and then:
-  // on the CPU, bf16 against fp32 activations differ by 1.1e-2 without FP8 and 3.2-3.7e-2 with it,
-  // so the GPU-CPU (6e-3 in bf16) and chunked-whole differences get 4e-2 here (2e-2 in bf16).
-  EXPECT_LE(err_cpu, 4e-2) << GetParam();
+  // GPU against CPU measured 7.7e-8 to 7.6e-3 (bench/results/*/tests.log).
+  EXPECT_LE(err_cpu, 2e-2) << name;
+  EXPECT_LE(err_chunked, 4e-2) << name;
+  EXPECT_LE(err_stepwise, 4e-2) << name;
 
-  EXPECT_LE(rel_err(score_tokens(*m.model, ref.input_ids, 7, 4, f8), logits), 4e-2) << GetParam();
-  EXPECT_LE(rel_err(score_tokens(*m.model, ref.input_ids, 1, 16, f8), logits), 4e-2) << GetParam();
-
+  // Greedy as above; FP8 flips more steps: at least 12 of 16 teacher-forced (the CPU with bf16
+  // activations and an FP8 cache: 14-16 of 16).
+  const float noise = 2.0f * margin_err;
+  expect_forced_greedy_agrees(name, score_tokens(*m.model, greedy_sequence(ref), 1, 16, f8), noise,
+                              12);
   const GreedyResult r = generate_greedy(
       *m.model, ref.greedy_prompt, static_cast<int>(ref.greedy_tokens.size()), {}, true, 16, f8);
-  const size_t i = expect_greedy_agrees(GetParam(), r.token_ids, ref.greedy_tokens,
-                                        std::max(0.05f, 2.0f * dmax));
-  std::printf("%s: fp8 greedy tokens agree for %zu of %zu steps\n", GetParam().c_str(), i,
-              r.token_ids.size());
+  expect_greedy_agrees(name, r.token_ids, ref.greedy_tokens, noise,
+                       leading_steps_above(name, noise));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuParity, ::testing::ValuesIn(dense_fixture_names()),

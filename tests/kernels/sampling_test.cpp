@@ -1,9 +1,11 @@
-// CUDA argmax and seeded sampling against the CPU reference: exact token ids.
+// CUDA argmax and seeded sampling against the CPU reference (itself checked against an independent
+// derivation of the scheme): exact token ids.
 #include "kernels/sampling.h"
 
 #include <cstring>
 #include <random>
 
+#include "common/sampling_reference.h"
 #include "gpu_util.h"
 
 namespace atom::test {
@@ -58,6 +60,17 @@ TEST(GpuSampling, SeededSamplingMatchesCpuAndRespectsFilters) {
   kernels::sample(out, l.to(gpu()), crow.to(gpu()));
   const auto got = ids_of(out), want = ids_of(ref);
   EXPECT_EQ(got, want);
+  // And both are the scheme: the independent derivation (common/sampling_reference.h) per row.
+  for (int64_t r = 0; r < R; ++r) {
+    RefSamplingParams q;
+    q.temperature = rows[r].temperature;
+    q.top_p = rows[r].top_p;
+    q.min_p = rows[r].min_p;
+    q.top_k = rows[r].top_k;
+    q.seed = rows[r].seed;
+    q.step = rows[r].step;
+    EXPECT_EQ(want[r], reference_sample(l.ptr<float>() + r * V, V, q)) << "row " << r;
+  }
   // Filters hold: a top-k row's token is among its k largest logits.
   for (int64_t r = 0; r < R; ++r) {
     if (rows[r].temperature == 0.0f || rows[r].top_k <= 0) continue;

@@ -136,24 +136,32 @@ TEST_P(GpuTpParity, TwoRanksMatchOneGpuAndTransformers) {
   auto models = model_group_load(fixture_dir(name), on_gpu(), 2);
   ASSERT_EQ(models->model(1).device(), Device::cuda(1));
   const Tensor got = score_tokens(*models, ref.input_ids);
-  const double err_one = rel_err(got, want), err_ref = rel_err(got, ref.logits);
-  const float dmax = max_abs_diff(got, ref.logits);
+  const double err_one = rel_err(got, want, name), err_ref = rel_err(got, ref.logits, name);
+  const float dmax = max_abs_diff(got, ref.logits, name);
+  const float margin_err = max_margin_error(got, ref.logits);
+  const double err_chunked = rel_err(score_tokens(*models, ref.input_ids, 7, 4), got, name);
+  const double err_stepwise = rel_err(score_tokens(*models, ref.input_ids, 1, 16), got, name);
   std::printf(
-      "%s: tp 2 vs 1 GPU rel err %.3g; vs transformers fp32 rel err %.3g, max |dlogit| %.3g\n",
-      name.c_str(), err_one, err_ref, dmax);
+      "%s: tp 2 vs 1 GPU rel err %.3g; vs transformers fp32 rel err %.3g, max |dlogit| %.3g, "
+      "top-2 margin error %.3g; chunked, token by token vs whole: %.3g, %.3g\n",
+      name.c_str(), err_one, err_ref, dmax, margin_err, err_chunked, err_stepwise);
+  // Measured (bench/results/2026-11-30-h200x2-tp, fixtures before their regeneration): tp 2
+  // against one GPU 0.89-1.25e-2 (bf16 partial sums added in another order), against
+  // transformers 0.97-1.24e-2; the CPU in bf16 measures 1.03-1.39e-2 on the current fixtures.
   EXPECT_LE(err_one, 2e-2) << name;
-  EXPECT_LE(err_ref, 3e-2) << name;
+  EXPECT_LE(err_ref, 2e-2) << name;
   // Chunked prefill over pages, and token by token through the ranks' decode graphs.
-  EXPECT_LE(rel_err(score_tokens(*models, ref.input_ids, 7, 4), got), 2e-2) << name;
-  EXPECT_LE(rel_err(score_tokens(*models, ref.input_ids, 1, 16), got), 2e-2) << name;
+  EXPECT_LE(err_chunked, 2e-2) << name;
+  EXPECT_LE(err_stepwise, 2e-2) << name;
 
-  // Greedy tokens: identical up to the first step whose reference margin is within bf16 noise.
+  // Greedy as in GpuParity (model_gpu_test.cpp): measured noise, at least 13 of 16 steps
+  // teacher-forced, free-running up to the first step within the noise.
+  const float noise = 2.0f * margin_err;
+  expect_forced_greedy_agrees(name, score_tokens(*models, greedy_sequence(ref), 1, 16), noise, 13);
   const GreedyResult r = generate_greedy(*models, ref.greedy_prompt,
                                          static_cast<int>(ref.greedy_tokens.size()), {}, true);
-  const size_t i =
-      expect_greedy_agrees(name, r.token_ids, ref.greedy_tokens, std::max(0.05f, 2.0f * dmax));
-  std::printf("%s: tp 2 greedy tokens agree for %zu of %zu steps\n", name.c_str(), i,
-              r.token_ids.size());
+  expect_greedy_agrees(name, r.token_ids, ref.greedy_tokens, noise,
+                       leading_steps_above(name, noise));
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuTpParity, ::testing::ValuesIn(dense_fixture_names()),
@@ -211,6 +219,8 @@ TEST(GpuTp, EngineOnTwoRanks) {
   SKIP_WITHOUT_TWO_GPUS();
   const Reference ref = reference_load("llama3_gqa");
   auto models = model_group_load(fixture_dir("llama3_gqa"), on_gpu(), 2);
+  // The noise level of the greedy check, measured as in GpuTpParity.
+  const float noise = 2.0f * max_margin_error(score_tokens(*models, ref.input_ids), ref.logits);
   EngineConfig c;
   c.max_model_len = 256;
   c.max_num_seqs = 8;
@@ -229,7 +239,8 @@ TEST(GpuTp, EngineOnTwoRanks) {
     const auto tokens = e.generate({ref.greedy_prompt}, g).at(0).outputs.at(0).token_ids;
     {
       SCOPED_TRACE(eager ? "eager" : "graphs");
-      expect_greedy_agrees("llama3_gqa", tokens, ref.greedy_tokens, 0.05f);
+      expect_greedy_agrees("llama3_gqa", tokens, ref.greedy_tokens, noise,
+                           leading_steps_above("llama3_gqa", noise));
     }
     // Device-drawn and host-drawn twins of a seeded request agree (rank 0's logits either way),
     // in a batch with greedy neighbours of mixed lengths.

@@ -1,6 +1,7 @@
 // The CPU reference of seeded sampling (kernels/sampling.h): greedy, filters, the property the
 // engine relies on (a row's token depends only on its logits and (seed, step)), and the fast host
-// implementation against a plain transcription of the scheme in docs/cuda.md.
+// implementation against an independent derivation of the scheme in docs/cuda.md
+// (common/sampling_reference.h: its own random numbers, filters found by sorting).
 #include "kernels/sampling.h"
 
 #include <gtest/gtest.h>
@@ -9,7 +10,9 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 
+#include "common/sampling_reference.h"
 #include "kernels/random.h"
 #include "kernels/sampling_scheme.h"
 
@@ -62,63 +65,16 @@ TEST(Sampling, ANegligibleTokenIsNeverDrawn) {
   EXPECT_EQ(other, 0);
 }
 
-// docs/cuda.md's scheme transcribed literally: 32-step bitwise searches over every token,
-// masses recomputed from scratch, Gumbel noise for every kept token.
-int32_t scheme_reference(const float* x, int64_t V, const kernels::SamplingRow& p) {
-  using kernels::sampling_key;
-  auto argmax = [&] {
-    int64_t b = 0;
-    for (int64_t i = 1; i < V; ++i)
-      if (x[i] > x[b]) b = i;
-    return static_cast<int32_t>(b);
-  };
-  if (!(p.temperature >= kernels::kGreedyTemperature)) return argmax();
-  std::vector<float> l(static_cast<size_t>(V));
-  float lmax = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < V; ++i) {
-    l[i] = std::isnan(x[i]) ? -std::numeric_limits<float>::infinity() : x[i] / p.temperature;
-    lmax = std::max(lmax, l[i]);
-  }
-  uint32_t kmin = 0;
-  if (p.min_p > 0) kmin = std::max(kmin, sampling_key(lmax + std::log(p.min_p)));
-  if (p.top_k > 0 && p.top_k < V) {
-    uint32_t k = 0;
-    for (int bit = 31; bit >= 0; --bit) {
-      const uint32_t c = k | (1u << bit);
-      int64_t n = 0;
-      for (int64_t i = 0; i < V; ++i) n += sampling_key(l[i]) >= c;
-      if (n >= p.top_k) k = c;
-    }
-    kmin = std::max(kmin, k);
-  }
-  if (p.top_p < 1) {
-    auto mass = [&](uint32_t c) {
-      double m = 0;
-      for (int64_t i = 0; i < V; ++i)
-        if (sampling_key(l[i]) >= c) m += static_cast<double>(std::exp(l[i] - lmax));
-      return m;
-    };
-    const double target = static_cast<double>(p.top_p) * mass(kmin);
-    uint32_t k = 0;
-    for (int bit = 31; bit >= 0; --bit) {
-      const uint32_t c = k | (1u << bit);
-      if (mass(std::max(c, kmin)) >= target) k = c;
-    }
-    kmin = std::max(kmin, k);
-  }
-  const uint64_t stream = kernels::sampling_stream(p.seed, p.step);
-  int64_t best = -1;
-  float bs = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < V; ++i) {
-    if (sampling_key(l[i]) < kmin) continue;
-    const float u = kernels::random_uniform(stream, static_cast<uint64_t>(i));
-    const float s = l[i] + -std::log(-std::log(u));
-    if (s > bs) {
-      bs = s;
-      best = i;
-    }
-  }
-  return best >= 0 ? static_cast<int32_t>(best) : argmax();
+// The scheme derived independently (common/sampling_reference.h) for a kernels::SamplingRow.
+int32_t scheme_reference(const float* x, int64_t V, const kernels::SamplingRow& r) {
+  test::RefSamplingParams p;
+  p.temperature = r.temperature;
+  p.top_p = r.top_p;
+  p.min_p = r.min_p;
+  p.top_k = r.top_k;
+  p.seed = r.seed;
+  p.step = r.step;
+  return test::reference_sample(x, V, p);
 }
 
 TEST(Sampling, HostRowSamplerIsTheSchemeExactly) {
@@ -165,7 +121,8 @@ TEST(Sampling, GreedyAndTopOneAreArgmax) {
 }
 
 TEST(Sampling, RowsAreIndependentOfTheBatch) {
-  Tensor l = random_logits(8, 1000, 2);
+  const int64_t V = 1000;
+  Tensor l = random_logits(8, V, 2);
   std::vector<kernels::SamplingRow> rows(8);
   for (int r = 0; r < 8; ++r) {
     rows[r].temperature = 0.9f;
@@ -177,11 +134,27 @@ TEST(Sampling, RowsAreIndependentOfTheBatch) {
   for (int r = 0; r < 8; ++r) {
     Tensor one = l.narrow(0, r, 1).contiguous();
     EXPECT_EQ(sample(one, {rows[r]})[0], all[r]) << r;
+    EXPECT_EQ(all[r], scheme_reference(l.ptr<float>() + r * V, V, rows[r])) << r;
   }
-  // Another step draws anew; the same (seed, step) draws the same.
+  // A later step of one row draws anew (the token the scheme gives for that step), and the other
+  // rows, whose (seed, step) did not change, draw what they drew.
   rows[3].step = 6;
   const auto next = sample(l, rows);
-  EXPECT_EQ(next[2], all[2]);
+  EXPECT_EQ(next[3], scheme_reference(l.ptr<float>() + 3 * V, V, rows[3]));
+  for (int r = 0; r < 8; ++r)
+    if (r != 3) {
+      EXPECT_EQ(next[r], all[r]) << r;
+    }
+  // Over 40 steps a row's draws change: this nucleus holds hundreds of tokens, none with more
+  // than ~2% of its mass, so a sampler that ignored the step would repeat one token 40 times.
+  std::set<int32_t> seen;
+  for (uint64_t step = 0; step < 40; ++step) {
+    rows[3].step = step;
+    const int32_t t = sample(l, rows)[3];
+    EXPECT_EQ(t, scheme_reference(l.ptr<float>() + 3 * V, V, rows[3])) << "step " << step;
+    seen.insert(t);
+  }
+  EXPECT_GE(seen.size(), 30u) << "40 steps of one row drew only " << seen.size() << " tokens";
 }
 
 TEST(Sampling, FiltersKeepOnlyAllowedTokens) {

@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Plants known bugs in a scratch copy of atom, one at a time, and reports which CPU tests catch each.
+
+A test suite that passes with a bug planted in the code it covers cannot fail for that bug. Each
+mutation below is a small textual patch of one source file (the `old` text must occur exactly once,
+so a mutation that no longer applies is reported, not skipped). For each mutation the script:
+  1. copies the tree (the files git tracks or would track) into SCRATCH/src, changing only files
+     whose bytes differ, so the build there stays incremental across runs and mutations;
+  2. applies the patch, builds CPU-only into SCRATCH/build (cmake -G Ninja -DATOM_CUDA=OFF),
+  3. runs the CPU suite (ctest -LE gpu -j2 --timeout 900) and records the failing tests,
+  4. restores the file.
+A baseline run without any mutation comes first; tests that fail there are reported and left out
+of the mutations' counts. A mutation that no test catches, or that does not apply or build, makes
+the script exit with status 1.
+
+Usage: python3 tools/mutate.py [--scratch DIR] [--only NAME[,NAME...]] [--list] [--markdown FILE]
+                               [--no-baseline] [--report]
+Python 3 standard library only. Takes about 2-3 minutes per mutation on 2 cores.
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name, what it plants, file, old text, new text
+MUTATIONS = [
+    ("rmsnorm_eps_dropped", "RMSNorm without its epsilon", "src/kernels/cpu/rms_norm.cpp",
+     "std::sqrt(ss / static_cast<float>(dim) + eps)",
+     "std::sqrt(ss / static_cast<float>(dim))"),
+    ("rmsnorm_eps_x10", "RMSNorm with 10 x epsilon", "src/kernels/cpu/rms_norm.cpp",
+     "std::sqrt(ss / static_cast<float>(dim) + eps)",
+     "std::sqrt(ss / static_cast<float>(dim) + 10.0f * eps)"),
+    ("gemma_norm_without_one", "Gemma RMSNorm scaling by w instead of (1 + w)",
+     "src/kernels/cpu/rms_norm.cpp",
+     "vg[i] = n * (1.0f + wf[i]);",
+     "vg[i] = n * wf[i];"),
+    ("rope_sign_flipped", "RoPE rotating by -theta", "src/kernels/cpu/rope.cpp",
+     "sn[i] = std::sin(angle) * a.scale;",
+     "sn[i] = -std::sin(angle) * a.scale;"),
+    ("rope_interleaved_as_halves", "interleaved RoPE rotating halves (NeoX pairs)",
+     "src/kernels/cpu/rope.cpp",
+     "const int64_t i1 = base + (a.interleaved ? 2 * i : i);\n"
+     "      const int64_t i2 = base + (a.interleaved ? 2 * i + 1 : i + half);",
+     "const int64_t i1 = base + i;\n"
+     "      const int64_t i2 = base + i + half;"),
+    ("partial_rope_pairs_by_head_dim", "partial RoPE pairing i with i + head_dim / 2",
+     "src/kernels/cpu/rope.cpp",
+     "const int64_t i2 = base + (a.interleaved ? 2 * i + 1 : i + half);",
+     "const int64_t i2 = base + (a.interleaved ? 2 * i + 1 : i + a.head_dim / 2);"),
+    ("nan_after_first_chunk", "NaN logits for every row of a prefill chunk after the first",
+     "src/engine/model_runner.cpp",
+     "  Tensor hidden = model_.forward(step);\n"
+     "  return model_.compute_logits(step, hidden);\n",
+     "  Tensor hidden = model_.forward(step);\n"
+     "  Tensor mutated = model_.compute_logits(step, hidden);\n"
+     "  if (mutated.device().is_cpu())\n"
+     "    for (size_t r = 0; r < batch.logits_indices.size(); ++r) {\n"
+     "      const int t = batch.logits_indices[r];\n"
+     "      size_t s = 0;\n"
+     "      while (batch.query_start[s + 1] <= t) ++s;\n"
+     "      const int q0 = batch.query_start[s], qn = batch.query_start[s + 1] - q0;\n"
+     "      if (qn > 1 && batch.positions[q0] > 0)\n"
+     "        for (int64_t v = 0; v < mutated.size(1); ++v)\n"
+     "          mutated.ptr<float>()[static_cast<int64_t>(r) * mutated.size(1) + v] =\n"
+     "              __builtin_nanf(\"\");\n"
+     "    }\n"
+     "  return mutated;\n"),
+    ("top_p_drops_crossing_token", "top-p dropping the token whose mass crosses top_p",
+     "src/kernels/cpu/sampling.cpp",
+     "        keep_at_least(cand, s.key, c);\n      }\n    }\n",
+     "        keep_at_least(cand, s.key, c);\n      }\n    }\n"
+     "    keep_at_least(cand, s.key, k + 1);\n"),
+    ("block_hash_ignores_parent", "a block hash that ignores its parent block",
+     "src/engine/block_manager.cpp",
+     "  XXH64_update(&st, &parent, sizeof(parent));\n",
+     ""),
+]
+
+
+def tree_files():
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         cwd=ROOT, check=True, capture_output=True).stdout
+    return [f for f in out.decode().split("\0") if f and os.path.isfile(os.path.join(ROOT, f))]
+
+
+def sync_tree(dst):
+    """Makes dst a copy of the tree, rewriting only the files whose bytes differ."""
+    want = set(tree_files())
+    changed = 0
+    for rel in want:
+        s, d = os.path.join(ROOT, rel), os.path.join(dst, rel)
+        with open(s, "rb") as f:
+            data = f.read()
+        if os.path.isfile(d) and not os.path.islink(d):
+            with open(d, "rb") as f:
+                if f.read() == data:
+                    continue
+        os.makedirs(os.path.dirname(d), exist_ok=True)
+        with open(d, "wb") as f:
+            f.write(data)
+        shutil.copymode(s, d)
+        changed += 1
+    for dirpath, dirnames, filenames in os.walk(dst):
+        rel_dir = os.path.relpath(dirpath, dst)
+        if rel_dir == "tests/node":
+            dirnames[:] = [n for n in dirnames if n != "node_modules"]
+        for n in filenames:
+            rel = os.path.normpath(os.path.join(rel_dir, n))
+            if rel not in want and not os.path.islink(os.path.join(dirpath, n)):
+                os.remove(os.path.join(dirpath, n))
+    # The npm client the server tests run (git-ignored, large): linked, not copied.
+    nm = os.path.join(ROOT, "tests/node/node_modules")
+    link = os.path.join(dst, "tests/node/node_modules")
+    if os.path.isdir(nm) and not os.path.lexists(link):
+        os.symlink(nm, link)
+    return changed
+
+
+def run(cmd, cwd, log):
+    with open(log, "w") as f:
+        return subprocess.run(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT).returncode
+
+
+def build(src, bld, log):
+    if not os.path.exists(os.path.join(bld, "build.ninja")):
+        rc = run(["cmake", "-S", src, "-B", bld, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                  "-DATOM_CUDA=OFF"], src, log + ".configure")
+        if rc:
+            return rc
+    return run(["cmake", "--build", bld, "-j", str(os.cpu_count() or 2)], src, log)
+
+
+FAILED_LINE = re.compile(r"^\s*\d+ - (\S+)")
+
+
+def run_suite(bld, log):
+    with open(log, "w") as f:
+        subprocess.run(["ctest", "-LE", "gpu", "-j2", "--timeout", "900"], cwd=bld, stdout=f,
+                       stderr=subprocess.STDOUT)
+    return parse_ctest(log)
+
+
+def parse_ctest(log):
+    """The failing tests and the test count of a ctest log; (None, None) if it did not finish."""
+    failed, in_list, total = [], False, None
+    with open(log, errors="replace") as f:
+        for line in f:
+            m = re.search(r"tests passed, (\d+) tests failed out of (\d+)", line)
+            if m:
+                total = int(m.group(2))
+            if line.startswith("The following tests FAILED"):
+                in_list = True
+                continue
+            if in_list:
+                m = FAILED_LINE.match(line)
+                if m:
+                    failed.append(m.group(1))
+                elif line.strip() and not line.startswith("\t"):
+                    in_list = False
+    if total is None and "100% tests passed" not in open(log, errors="replace").read():
+        return None, None
+    return failed, total
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--scratch", default="/tmp/atom-mutate")
+    ap.add_argument("--only", default="", help="comma list of mutation names")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--markdown", default="", help="also write the table to this file")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    ap.add_argument("--report", action="store_true",
+                    help="print the table from the logs of the last run, running nothing")
+    args = ap.parse_args()
+    if args.list:
+        for name, what, path, _, _ in MUTATIONS:
+            print(f"{name:34} {path:34} {what}")
+        return 0
+    chosen = [m for m in MUTATIONS if not args.only or m[0] in args.only.split(",")]
+    if args.only and len(chosen) != len(args.only.split(",")):
+        print("unknown mutation in --only; --list shows them", file=sys.stderr)
+        return 2
+    if args.report:
+        return report(args, chosen)
+    src, bld = os.path.join(args.scratch, "src"), os.path.join(args.scratch, "build")
+    logs = os.path.join(args.scratch, "logs")
+    os.makedirs(src, exist_ok=True)
+    os.makedirs(logs, exist_ok=True)
+    print(f"synced {sync_tree(src)} files into {src}", flush=True)
+
+    baseline_failed = set()
+    if not args.no_baseline:
+        t = time.time()
+        if build(src, bld, os.path.join(logs, "baseline.build")):
+            print(f"baseline does not build: {logs}/baseline.build", file=sys.stderr)
+            return 1
+        failed, total = run_suite(bld, os.path.join(logs, "baseline.ctest"))
+        if failed is None:
+            print(f"baseline suite did not run: {logs}/baseline.ctest", file=sys.stderr)
+            return 1
+        baseline_failed = set(failed)
+        print(f"baseline: {len(failed)} of {total} tests fail ({time.time() - t:.0f} s)"
+              + (": " + ", ".join(failed) if failed else ""), flush=True)
+
+    rows, bad = [], 0
+    for name, what, path, old, new in chosen:
+        t = time.time()
+        target = os.path.join(src, path)
+        with open(target) as f:
+            original = f.read()
+        count = original.count(old)
+        if count != 1:
+            rows.append((name, what, path, None, [], f"patch text found {count} times"))
+            bad += 1
+            print(f"{name}: does not apply ({count} matches of its text in {path})", flush=True)
+            continue
+        with open(target, "w") as f:
+            f.write(original.replace(old, new))
+        try:
+            if build(src, bld, os.path.join(logs, name + ".build")):
+                rows.append((name, what, path, None, [], "does not build"))
+                bad += 1
+                print(f"{name}: does not build ({logs}/{name}.build)", flush=True)
+                continue
+            failed, total = run_suite(bld, os.path.join(logs, name + ".ctest"))
+        finally:
+            with open(target, "w") as f:
+                f.write(original)
+        if failed is None:
+            rows.append((name, what, path, None, [], "suite did not run"))
+            bad += 1
+            continue
+        caught = [x for x in failed if x not in baseline_failed]
+        rows.append((name, what, path, len(caught), caught, ""))
+        bad += not caught
+        print(f"{name}: {len(caught)} of {total} tests fail ({time.time() - t:.0f} s)"
+              + (": " + ", ".join(caught[:6]) + (" ..." if len(caught) > 6 else "")
+                 if caught else "  <-- NOT CAUGHT"), flush=True)
+    # Leave the scratch build matching the tree again.
+    build(src, bld, os.path.join(logs, "restore.build"))
+
+    write_table(rows, args.markdown)
+    return 1 if bad else 0
+
+
+def examples(caught, n=4):
+    """Up to n failing tests, one per test suite first (Fixtures/Parity.X/llama3_gqa: Parity)."""
+    def suite(t):
+        return (t.split("/")[1] if t.startswith("Fixtures/") else t).split(".")[0]
+    picked, suites = [], set()
+    for t in caught:
+        if suite(t) not in suites:
+            suites.add(suite(t))
+            picked.append(t)
+    picked += [t for t in caught if t not in picked]
+    return picked[:n]
+
+
+def write_table(rows, markdown):
+    table = ["| mutation | planted bug | failing CPU tests | examples |", "|---|---|---|---|"]
+    for name, what, path, n, caught, note in rows:
+        if n is None:
+            table.append(f"| `{name}` | {what} (`{path}`) | {note} | |")
+            continue
+        ex = ", ".join(f"`{c}`" for c in examples(caught)) + (", ..." if len(caught) > 4 else "")
+        table.append(f"| `{name}` | {what} (`{path}`) | {n if n else '**0: not caught**'} | {ex} |")
+    print("\n".join(table))
+    if markdown:
+        with open(markdown, "w") as f:
+            f.write("\n".join(table) + "\n")
+
+
+def report(args, chosen):
+    """The table again from the logs of an earlier run (no build, no tests)."""
+    logs = os.path.join(args.scratch, "logs")
+    base = os.path.join(logs, "baseline.ctest")
+    baseline_failed = set(parse_ctest(base)[0] or []) if os.path.exists(base) else set()
+    rows, bad = [], 0
+    for name, what, path, _, _ in chosen:
+        log = os.path.join(logs, name + ".ctest")
+        failed = parse_ctest(log)[0] if os.path.exists(log) else None
+        if failed is None:
+            rows.append((name, what, path, None, [], "no finished run in " + logs))
+            bad += 1
+            continue
+        caught = [x for x in failed if x not in baseline_failed]
+        rows.append((name, what, path, len(caught), caught, ""))
+        bad += not caught
+    write_table(rows, args.markdown)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
