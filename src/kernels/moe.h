@@ -14,7 +14,9 @@ namespace atom::kernels {
 //   sigmoid + correction bias, group-limited (DeepSeek-V3, GLM-4.5, Kimi):
 //     s = sigmoid(logits); c = s + correction_bias (the choice only)
 //     n_group > 1: group score = sum of the top 2 (kTop2Sum) or the max (kMax) of c per group;
-//       the topk_group best groups are kept, the other experts' c set to 0 (as transformers);
+//       the topk_group best groups are kept, the other experts' c set to -inf (as transformers
+//       5.17's DeepSeek-V3, GLM-4.5 and Kimi routers; DeepSeek-V2's softmax scores, masked to 0
+//       there, are positive, so the choice is the same);
 //     idx = topk(c, k); w = s[idx]; renormalize: w /= Σw
 //   top-k then softmax (GPT-OSS): (v, idx) = topk(logits, k); w = softmax(v)
 // then w *= routed_scaling_factor. Ties go to the lower expert index, on every device.

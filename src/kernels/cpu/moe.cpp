@@ -94,7 +94,7 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
         std::fill(group_taken.begin(), group_taken.end(), 0);
         for (int64_t k = 0; k < a.topk_group; ++k) group_taken[argmax_untaken(group, group_taken)] = 1;
         for (int64_t e = 0; e < E; ++e)
-          if (!group_taken[e / per_group]) choice[e] = 0.0f;
+          if (!group_taken[e / per_group]) choice[e] = -std::numeric_limits<float>::infinity();
       }
       std::fill(taken.begin(), taken.end(), 0);
       int32_t* ids = topk_ids.ptr<int32_t>() + t * KT;
