@@ -352,6 +352,7 @@ TEST(GpuMoe, FusedMatchesCpu) {
       {2048, 64, 8, 1, 264, 200, 208},
       {2048, 128, 1, 0, 128, 64, 64, DType::kBF16, DType::kF32},
       {37, 8, 2, 0, 128, 64, 64, DType::kF16, DType::kF16},
+      {48, 8, 2, 1, 136, 64, 64, DType::kBF16, DType::kBF16, true},  // decode: 2 passes of 32
       {300, 64, 8, 1, 136, 72, 80, DType::kF16, DType::kBF16},
   };
   uint64_t seed = 1000;
