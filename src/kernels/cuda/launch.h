@@ -163,4 +163,53 @@ void launch_wgmma_attention(const AttnLaunch& a, cudaStream_t s);
 // One warp per (token, head), FP32 math: any dtype (FP8 caches too), any head_dim <= 256.
 void launch_attention_simple(const AttnLaunch& a, cudaStream_t s);
 
+// ---- moe_route.cu
+// One warp per token: scores, optional group limit, top-k with the CPU reference's tie and NaN
+// rules (kernels/moe.h), then the fused shared slots.
+struct MoeRouteLaunch {
+  int32_t* ids = nullptr;  // [T, top_k + num_shared]
+  float* weights = nullptr;
+  const float* logits = nullptr;  // [T, E], rows `logits_stride` apart
+  int64_t logits_stride = 0;
+  const float* bias = nullptr;  // [E] or null
+  int64_t num_tokens = 0;
+  int num_experts = 0;
+  int scoring = 0;  // RouterScoring: 0 softmax, 1 sigmoid, 2 top-k then softmax
+  int top_k = 0;
+  bool renormalize = false;
+  int n_group = 1, topk_group = 1;
+  int group_score = 0;  // GroupScore: 0 top-2 sum, 1 max
+  float scale = 1.0f;
+  int num_shared = 0, shared_first = 0;
+};
+inline constexpr int kMoeRouteMaxExperts = 512, kMoeRouteMaxTopK = 16;
+void launch_moe_route(const MoeRouteLaunch& a, cudaStream_t s);
+
+// ---- fused_moe.cu, fused_moe_gemm.cu
+// out [T, H] = sum_j weights[t, j] * w2[e] * silu_mul(w13[e] * x[t]), e = ids[t, j] (slots
+// outside [0, S) add nothing). x, w13, w2 share `type` (BF16/F16); H % 8 == 0, I % 8 == 0, x rows
+// and the weights 16-byte aligned. Decode-sized T*K (moe_config.h): two kernels that read each
+// active expert's weights once (tensor cores on the tokens of an expert, weights streamed from
+// HBM into registers); larger: a counting sort by slot, two persistent wgmma grouped GEMMs and a
+// combine. Nothing depends on per-expert counts on the host (CUDA-graph safe).
+struct MoeLaunch {
+  Mat out;                       // [T, H]
+  Mat x;                         // [T, H]
+  const void* w13 = nullptr;     // [S, 2I, H]
+  const void* w2 = nullptr;      // [S, H, I]
+  const int32_t* ids = nullptr;  // [T, K]
+  const float* weights = nullptr;
+  int64_t T = 0, H = 0, I = 0;
+  int K = 0, S = 0;
+  Elem type = Elem::kBF16;
+  void* workspace = nullptr;
+  bool decode = false;      // the decode path (needs T * K <= kMoeDecodeMaxRowsCap)
+  int gemm_tile_rows = 64;  // the grouped GEMMs' rows per tile: 64 or 128
+  int decode_depth = 2;     // the decode kernels' k steps per load group: 2 or 4
+};
+inline constexpr int kMoeMaxSlots = 2048, kMoeDecodeMaxRowsCap = 512;
+// Workspace bytes for the path(s) T * K rows may take (both, where either may).
+int64_t moe_workspace_bytes(int64_t T, int K, int S, int64_t H, int64_t I, int elem_bytes);
+void launch_fused_moe(const MoeLaunch& a, cudaStream_t s);
+
 }  // namespace atom::kernels::cuda

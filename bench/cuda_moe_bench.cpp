@@ -1,0 +1,169 @@
+// fused_moe alone on the GPU: Qwen3-30B-A3B's expert shapes (H 2048, I 768, E 128, top-8, bf16)
+// at decode batches (bandwidth: the bytes of the distinct experts a call touches plus the
+// activations, over 4.29 TB/s) and at 2k / 16k routed rows and 16k tokens (compute:
+// 2 * 3 * H * I FLOP per routed row, over 797 TFLOP/s), and Mixtral-8x7B's (H 4096, I 14336,
+// E 8, top-2) at batch 1. Routing is uniform top-k without repeats, a different draw for each
+// timed call (8 draws rotated), so the experts a call reads are not left in L2 by the one
+// before.
+//   cuda_moe_bench [--counts FILE] [--paths]
+// --counts writes the per-expert row counts of the 2k- and 16k-routed-row cases (one line each)
+// for bench/moe_grouped_mm_torch.py, which times torch._grouped_mm on the same distribution.
+// --paths also times both fused_moe paths (decode kernels, grouped GEMMs) at a few batches.
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "kernels/cuda/moe_config.h"
+#include "kernels/moe.h"
+#include "kernels/random.h"
+
+using namespace atom;
+using bench::report;
+using bench::time_op;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+Tensor rnd(Shape s, DType dt, uint64_t seed, float lo = -1, float hi = 1) {
+  Tensor t = Tensor::empty(std::move(s), dt, kGpu);
+  kernels::fill_uniform(t, seed, lo, hi);
+  return t;
+}
+
+struct Model {
+  const char* name;
+  int64_t H, I, E;
+  int K;
+};
+
+struct Routing {
+  std::vector<Tensor> ids, wts;  // rotated draws
+  double distinct = 0;           // mean distinct experts per draw
+  std::vector<int> counts;       // rows per expert of the first draw
+};
+
+Routing draw(const Model& m, int64_t T, int draws, uint64_t seed) {
+  Routing r;
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> perm(static_cast<size_t>(m.E));
+  r.counts.assign(static_cast<size_t>(m.E), 0);
+  for (int d = 0; d < draws; ++d) {
+    Tensor ids = Tensor::empty({T, m.K}, DType::kI32), wts = Tensor::empty({T, m.K}, DType::kF32);
+    std::set<int32_t> seen;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t e = 0; e < m.E; ++e) perm[e] = static_cast<int32_t>(e);
+      for (int j = 0; j < m.K; ++j) {
+        std::swap(perm[j], perm[j + static_cast<int64_t>(rng() % (m.E - j))]);
+        ids.ptr<int32_t>()[t * m.K + j] = perm[j];
+        wts.ptr<float>()[t * m.K + j] = 1.0f / m.K;
+        seen.insert(perm[j]);
+        if (d == 0) ++r.counts[perm[j]];
+      }
+    }
+    r.distinct += static_cast<double>(seen.size()) / draws;
+    r.ids.push_back(ids.to(kGpu));
+    r.wts.push_back(wts.to(kGpu));
+  }
+  return r;
+}
+
+void bench_case(const Model& m, const Tensor& w13, const Tensor& w2, int64_t T,
+                const std::string& tag, FILE* counts_out) {
+  const int draws = 8;
+  Routing r = draw(m, T, draws, 77 + static_cast<uint64_t>(T));
+  Tensor x = rnd({T, m.H}, DType::kBF16, 5);
+  Tensor out = Tensor::empty({T, m.H}, DType::kBF16, kGpu);
+  kernels::MoeExperts ex;
+  ex.w13 = &w13;
+  ex.w2 = &w2;
+  const int64_t wsb = kernels::fused_moe_workspace_bytes(kGpu, T, m.K, ex, DType::kBF16);
+  Tensor ws = Tensor::empty({std::max<int64_t>(wsb, 1)}, DType::kU8, kGpu);
+  const int64_t rows = T * m.K;
+  const double expert_bytes = 3.0 * m.H * m.I * 2;
+  const double bytes = r.distinct * expert_bytes + 2.0 * T * m.H * 2;
+  const double flops = 2.0 * 3.0 * m.H * m.I * rows;
+  const int iters = rows >= 100000 ? 5 : rows >= 10000 ? 10 : 50;
+  const double t = time_op(
+      [&](int i) { kernels::fused_moe(out, x, ex, r.ids[i % draws], r.wts[i % draws], &ws); },
+      iters);
+  report(fmt::format("{} T={} top-{} ({} rows, {:.1f} experts){}", m.name, T, m.K, rows, r.distinct,
+                     tag),
+         t, bytes, flops);
+  if (counts_out) {
+    std::fprintf(counts_out, "%lld %lld %lld %.3f", static_cast<long long>(rows),
+                 static_cast<long long>(m.H), static_cast<long long>(m.I), t * 1e6);
+    for (int c : r.counts) std::fprintf(counts_out, " %d", c);
+    std::fprintf(counts_out, "\n");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string counts_path;
+  bool paths = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--counts") && i + 1 < argc) counts_path = argv[++i];
+    if (!std::strcmp(argv[i], "--paths")) paths = true;
+  }
+  FILE* counts = counts_path.empty() ? nullptr : std::fopen(counts_path.c_str(), "w");
+  std::printf(
+      "== fused_moe (bf16, fp32 accumulate): bandwidth counts the distinct experts' "
+      "weights + x + out; FLOP = 6 H I per routed row\n");
+  {
+    const Model q{"qwen3-30b-a3b", 2048, 768, 128, 8};
+    Tensor w13 = rnd({q.E, 2 * q.I, q.H}, DType::kBF16, 1, -0.02f, 0.02f);
+    Tensor w2 = rnd({q.E, q.H, q.I}, DType::kBF16, 2, -0.02f, 0.02f);
+    for (int64_t T : {1, 32}) bench_case(q, w13, w2, T, "", nullptr);
+    for (int64_t T : {256, 2048}) bench_case(q, w13, w2, T, "", counts);
+    bench_case(q, w13, w2, 16384, "", nullptr);
+    if (paths) {
+      const int saved = kernels::cuda::fused_moe_decode_max_rows();
+      const int saved_tile = kernels::cuda::fused_moe_gemm_tile_rows();
+      for (int64_t T : {256, 1024, 2048, 16384})
+        for (int rows : {64, 128}) {
+          kernels::cuda::fused_moe_set_gemm_tile_rows(rows);
+          bench_case(q, w13, w2, T, fmt::format(" gemm tiles of {}", rows), nullptr);
+        }
+      kernels::cuda::fused_moe_set_gemm_tile_rows(saved_tile);
+      const int saved_depth = kernels::cuda::fused_moe_decode_depth();
+      for (int64_t T : {1, 2, 4, 8, 16, 32}) {
+        kernels::cuda::fused_moe_set_decode_max_rows(0);
+        bench_case(q, w13, w2, T, " gemm path", nullptr);
+        kernels::cuda::fused_moe_set_decode_max_rows(512);
+        for (int depth : {2, 4}) {
+          kernels::cuda::fused_moe_set_decode_depth(depth);
+          bench_case(q, w13, w2, T, fmt::format(" decode path, depth {}", depth), nullptr);
+        }
+        kernels::cuda::fused_moe_set_decode_depth(saved_depth);
+      }
+      kernels::cuda::fused_moe_set_decode_max_rows(saved);
+    }
+  }
+  {
+    const Model m{"mixtral-8x7b", 4096, 14336, 8, 2};
+    Tensor w13 = rnd({m.E, 2 * m.I, m.H}, DType::kBF16, 3, -0.02f, 0.02f);
+    Tensor w2 = rnd({m.E, m.H, m.I}, DType::kBF16, 4, -0.02f, 0.02f);
+    for (int64_t T : {1, 4}) bench_case(m, w13, w2, T, "", nullptr);
+    if (paths) {
+      const int saved = kernels::cuda::fused_moe_decode_max_rows();
+      const int saved_depth = kernels::cuda::fused_moe_decode_depth();
+      for (int64_t T : {1, 4, 8}) {
+        kernels::cuda::fused_moe_set_decode_max_rows(0);
+        bench_case(m, w13, w2, T, " gemm path", nullptr);
+        kernels::cuda::fused_moe_set_decode_max_rows(512);
+        kernels::cuda::fused_moe_set_decode_depth(4);
+        bench_case(m, w13, w2, T, " decode path, depth 4", nullptr);
+      }
+      kernels::cuda::fused_moe_set_decode_depth(saved_depth);
+      kernels::cuda::fused_moe_set_decode_max_rows(saved);
+    }
+  }
+  if (counts) std::fclose(counts);
+  return 0;
+}

@@ -1,0 +1,247 @@
+// The grouped GEMMs of fused_moe's larger batches, on Hopper's warpgroup MMA. A persistent CTA
+// of two warpgroups walks work items (m tile of the sorted rows, n tile), n fastest, so the m
+// tiles of a slot and the n tiles of an m tile run close together in time (their weights and
+// rows are read from L2). A work item is kBM sorted rows of one slot (64 or 128) against 256
+// weight rows, wgmma m64n128k16 with both operands in shared memory and fp32 accumulators:
+// kBM 64: both warpgroups share the A tile (the rows: x gathered by token for w13, act for w2)
+// and each multiplies it with its own 128 weight rows; kBM 128: each warpgroup takes 64 of the
+// rows against all 256 weight rows (two MMAs per k step; half the weight traffic per row, which
+// is what binds at 16k routed rows, for more padding). Per 128 weight rows, w13 has 64 gate
+// rows and the 64 up rows of the same intermediate index, so the accumulator columns j and
+// j + 64 of a thread are gate and up of one index and SiLU·mul happens in registers; the
+// result is rounded to the activation type and written to act in sorted order. w2's epilogue
+// writes each row of y at its (token, choice) row. Tiles are 64-column k slices laid out as the
+// attention kernels' Q/K tiles (128-byte rows, 16-byte chunk c of row r at chunk c ^ (r % 8));
+// cp.async fills kStages stages, kStages - 2 ahead (the stage being refilled was read by the
+// MMAs two steps back, which have retired in every warpgroup by the barrier of this step). The
+// pipeline runs across work items: the next item's first stages load while this one's last
+// MMAs and epilogue run, and each item's table entries are fetched one item ahead. Rows past a
+// tile's count, weight rows past I (w13) or H (w2) and k past the reduction length are
+// zero-filled; their results are not stored.
+#include <algorithm>
+#include <atomic>
+
+#include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/fused_moe.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace atom::kernels::cuda::moe {
+
+namespace {
+
+constexpr int kBN = 256, kBK = 64;
+constexpr int kThreads = 256;
+
+template <int kBM>
+struct Cfg {
+  static constexpr int kStages = kBM == 64 ? 5 : 4, kAhead = kStages - 2;
+  static constexpr int kStageA = kBM * kBK * 2, kStageB = kBN * kBK * 2;  // bytes
+  static constexpr int kStageBytes = kStageA + kStageB;
+  static constexpr int kSmem = kStages * kStageBytes + 1024;  // + the 1024-byte alignment
+  static constexpr int kARows = kBM / 32;                     // A rows a loader thread copies
+  static constexpr int kNH = kBM / 64;  // 128-column halves of the tile per warpgroup
+};
+
+template <typename T, bool kW13, int kBM>
+__global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
+  using C = Cfg<kBM>;
+  pdl_wait();  // the tile table (sort kernel) and, for w2, act (the w13 GEMM)
+  pdl_launch_dependents();
+  const int n_tiles_n =
+      kW13 ? static_cast<int>((g.I + 127) / 128) : static_cast<int>((g.H + kBN - 1) / kBN);
+  const int total = *g.num_tiles * n_tiles_n;
+  if (static_cast<int>(blockIdx.x) >= total) return;
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t sbase = (smem_addr(smem_raw) + 1023) & ~1023u;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int64_t kdim = kW13 ? g.H : g.I;
+  const int nk = static_cast<int>((kdim + kBK - 1) / kBK);
+  const T* A = static_cast<const T*>(g.a);
+  const T* W = static_cast<const T*>(g.w);
+
+  // Loader: thread tid copies 16-byte chunk lc of rows lr + 32 p (A: p < kARows; B: p < 8),
+  // whose swizzled places differ by whole 8-row groups.
+  const int lc = tid & 7, lr = tid >> 3;
+  const uint32_t ldst = static_cast<uint32_t>(lr * 128 + ((lc ^ (lr & 7)) << 4));
+  int lw = static_cast<int>(blockIdx.x), lkt = 0;
+  const T* asrc[C::kARows];
+  bool aval[C::kARows];
+  int l_n = 0, l_e = 0;
+  // The next work item's table entries, fetched while this one's first stage is issued (tile t
+  // holds sorted positions [t kBM, (t + 1) kBM): every slot's rows are padded to whole tiles).
+  int nx_e = 0, nx_rows = 0, nx_r[C::kARows];
+  bool nx_have = false;
+  auto fetch_item = [&](int w) {
+    const int tile = w / n_tiles_n;
+    nx_e = g.tile_expert[tile];
+    nx_rows = g.tile_rows[tile];
+#pragma unroll
+    for (int q = 0; q < C::kARows; ++q)
+      nx_r[q] = kW13 ? g.sorted_rows[tile * kBM + lr + 32 * q] : tile * kBM + lr + 32 * q;
+  };
+  auto set_load_item = [&] {
+    if (lw >= total) return;
+    if (!nx_have) fetch_item(lw);
+    nx_have = false;
+    l_n = lw % n_tiles_n;
+    l_e = nx_e;
+#pragma unroll
+    for (int q = 0; q < C::kARows; ++q) {
+      aval[q] = lr + 32 * q < nx_rows && nx_r[q] >= 0;
+      // w13: x row of the token (row t * K + j); w2: act row of the sorted position
+      asrc[q] =
+          A + static_cast<int64_t>(aval[q] ? (kW13 ? nx_r[q] / g.K : nx_r[q]) : 0) * g.a_stride;
+    }
+  };
+  auto load_stage = [&](int stage) {
+    if (lw < total) {
+      const uint32_t sa = sbase + stage * C::kStageBytes, sb = sa + C::kStageA;
+      const int64_t k = static_cast<int64_t>(lkt) * kBK + lc * 8;
+      const bool kv = k < kdim;
+#pragma unroll
+      for (int q = 0; q < C::kARows; ++q) {
+        const bool v = aval[q] && kv;
+        cp_async16(sa + ldst + q * 32 * 128, v ? asrc[q] + k : A, v);
+      }
+#pragma unroll
+      for (int p = 0; p < 8; ++p) {
+        bool v;
+        int64_t wrow;
+        if (kW13) {  // B rows [128 h, 128 h + 64): gate i, [128 h + 64, 128 h + 128): up i
+          const int64_t i = static_cast<int64_t>(l_n) * 128 + 64 * (p >> 2) + 32 * (p & 1) + lr;
+          v = i < g.I;
+          wrow = static_cast<int64_t>(l_e) * 2 * g.I + ((p & 3) < 2 ? i : g.I + i);
+        } else {
+          const int64_t h = static_cast<int64_t>(l_n) * kBN + 32 * p + lr;
+          v = h < g.H;
+          wrow = static_cast<int64_t>(l_e) * g.H + h;
+        }
+        v = v && kv;
+        cp_async16(sb + ldst + p * 32 * 128, v ? W + wrow * kdim + k : W, v);
+      }
+      const int nw = lw + static_cast<int>(gridDim.x);
+      if (lkt == 0 && nw < total) {
+        fetch_item(nw);
+        nx_have = true;
+      }
+      if (++lkt == nk) {
+        lkt = 0;
+        lw = nw;
+        set_load_item();
+      }
+    }
+    cp_async_commit();
+  };
+
+  set_load_item();
+#pragma unroll
+  for (int s = 0; s < C::kAhead; ++s) load_stage(s);
+
+  float acc[C::kNH][64];
+#pragma unroll
+  for (int h = 0; h < C::kNH; ++h)
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[h][i] = 0.0f;
+  // This warpgroup's 64-row group of the tile and its 128-column halves.
+  const int mg = kBM == 64 ? 0 : wg;
+  auto half_of = [&](int h) { return kBM == 64 ? wg : h; };
+  const int wi = warp & 3, g8 = lane >> 2, c4 = lane & 3;
+  int step = 0;
+  for (int cw = static_cast<int>(blockIdx.x); cw < total; cw += static_cast<int>(gridDim.x)) {
+    // The epilogue's table entries, loaded now and used after the k loop.
+    const int tile = cw / n_tiles_n, n = cw % n_tiles_n;
+    const int nrows = g.tile_rows[tile];
+    int ep_r[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+      ep_r[hh] = kW13 ? 0 : g.sorted_rows[tile * kBM + mg * 64 + wi * 16 + g8 + 8 * hh];
+    for (int ckt = 0; ckt < nk; ++ckt, ++step) {
+      cp_async_wait<C::kAhead - 1>();
+      fence_proxy_async();  // this thread's cp.async data, before the tensor cores read it
+      __syncthreads();
+      load_stage((step + C::kAhead) % C::kStages);
+      const uint32_t sa = sbase + (step % C::kStages) * C::kStageBytes + mg * (64 * 128);
+      const uint32_t sb = sbase + (step % C::kStages) * C::kStageBytes + C::kStageA;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk)
+#pragma unroll
+        for (int h = 0; h < C::kNH; ++h)
+          wgmma_m64n128k16_ss<T>(acc[h], wgmma_desc(sa + kk * 32, 16, 1024),
+                                 wgmma_desc(sb + half_of(h) * (128 * 128) + kk * 32, 16, 1024),
+                                 (ckt > 0 || kk > 0) ? 1 : 0);
+      wgmma_commit();
+      wgmma_wait<1>();  // the previous step's MMAs have retired: its stage may be refilled
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = mg * 64 + wi * 16 + g8 + 8 * hh;
+      if (row >= nrows) continue;
+      if (kW13) {
+        T* dst = static_cast<T*>(g.out) + static_cast<int64_t>(tile * kBM + row) * g.I;
+#pragma unroll
+        for (int h = 0; h < C::kNH; ++h)
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            const int64_t i = static_cast<int64_t>(n) * 128 + 64 * half_of(h) + nt * 8 + 2 * c4;
+            if (i < g.I) {
+              const float v0 = silu_times(acc[h][nt * 4 + 2 * hh], acc[h][(nt + 8) * 4 + 2 * hh]);
+              const float v1 =
+                  silu_times(acc[h][nt * 4 + 2 * hh + 1], acc[h][(nt + 8) * 4 + 2 * hh + 1]);
+              *reinterpret_cast<uint32_t*>(dst + i) = pack2<T>(v0, v1);
+            }
+          }
+      } else {
+        const int r = ep_r[hh];
+        if (r < 0) continue;
+        T* dst = static_cast<T*>(g.out) + static_cast<int64_t>(r) * g.H;
+#pragma unroll
+        for (int h = 0; h < C::kNH; ++h)
+#pragma unroll
+          for (int nt = 0; nt < 16; ++nt) {
+            const int64_t col = static_cast<int64_t>(n) * kBN + 128 * half_of(h) + nt * 8 + 2 * c4;
+            if (col < g.H)
+              *reinterpret_cast<uint32_t*>(dst + col) =
+                  pack2<T>(acc[h][nt * 4 + 2 * hh], acc[h][nt * 4 + 2 * hh + 1]);
+          }
+      }
+    }
+  }
+  cp_async_wait<0>();
+}
+
+template <typename T, bool kW13, int kBM>
+void launch_gemm(const GemmArgs& g, cudaStream_t s) {
+  static std::atomic<uint64_t> smem_done{0};
+  auto kernel = moe_gemm_kernel<T, kW13, kBM>;
+  max_dynamic_smem_once(smem_done, kernel, Cfg<kBM>::kSmem);
+  const int64_t n_tiles_n = kW13 ? (g.I + 127) / 128 : (g.H + kBN - 1) / kBN;
+  const int64_t items = static_cast<int64_t>(g.max_tiles) * n_tiles_n;
+  const unsigned grid =
+      static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(items, sm_count())));
+  launch(kernel, grid, kThreads, Cfg<kBM>::kSmem, s, g);
+}
+
+template <bool kW13>
+void launch_typed(const GemmArgs& g, Elem type, cudaStream_t s) {
+  if (type == Elem::kBF16)
+    g.tile_rows_cap == 128 ? launch_gemm<__nv_bfloat16, kW13, 128>(g, s)
+                           : launch_gemm<__nv_bfloat16, kW13, 64>(g, s);
+  else
+    g.tile_rows_cap == 128 ? launch_gemm<__half, kW13, 128>(g, s)
+                           : launch_gemm<__half, kW13, 64>(g, s);
+}
+
+}  // namespace
+
+void launch_moe_gemm_w13(const GemmArgs& g, Elem type, cudaStream_t s) {
+  launch_typed<true>(g, type, s);
+}
+
+void launch_moe_gemm_w2(const GemmArgs& g, Elem type, cudaStream_t s) {
+  launch_typed<false>(g, type, s);
+}
+
+}  // namespace atom::kernels::cuda::moe

@@ -1,0 +1,196 @@
+// CUDA entry points of moe_route and fused_moe (kernels in moe_route.cu, fused_moe.cu and
+// fused_moe_gemm.cu): the shape, dtype and alignment checks, then the launchers.
+#include "kernels/moe.h"
+
+#include <algorithm>
+
+#include "core/env.h"
+#include "kernels/cuda/host_common.h"
+#include "kernels/cuda/moe_config.h"
+
+namespace atom::kernels::cuda {
+
+namespace {
+
+int g_decode_max_rows = -1;
+int g_gemm_tile_rows = -1;
+int g_decode_depth = -1;
+constexpr int kTileRowsFrom = 8192;  // routed rows from which the default tile is 128 rows
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+int fused_moe_decode_max_rows() {
+  if (g_decode_max_rows < 0)
+    g_decode_max_rows = static_cast<int>(
+        std::clamp<long>(env_int("ATOM_MOE_DECODE_MAX_ROWS", 8), 0, kMoeDecodeMaxRowsCap));
+  return g_decode_max_rows;
+}
+
+void fused_moe_set_decode_max_rows(int rows) {
+  g_decode_max_rows = std::clamp(rows, 0, kMoeDecodeMaxRowsCap);
+}
+
+int fused_moe_decode_depth() {
+  if (g_decode_depth < 0) g_decode_depth = env_int("ATOM_MOE_DECODE_DEPTH", 2) == 4 ? 4 : 2;
+  return g_decode_depth;
+}
+
+void fused_moe_set_decode_depth(int steps) { g_decode_depth = steps == 4 ? 4 : 2; }
+
+int fused_moe_gemm_tile_rows() {
+  if (g_gemm_tile_rows < 0) {
+    const long v = env_int("ATOM_MOE_GEMM_TILE_ROWS", 0);
+    g_gemm_tile_rows = v == 64 || v == 128 ? static_cast<int>(v) : 0;
+  }
+  return g_gemm_tile_rows;
+}
+
+void fused_moe_set_gemm_tile_rows(int rows) {
+  g_gemm_tile_rows = rows == 64 || rows == 128 ? rows : 0;
+}
+
+void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
+               const Tensor& correction_bias, const RouterArgs& a) {
+  check_rows("moe_route", logits, "logits");
+  ATOM_CHECK(logits.dtype() == DType::kF32, "moe_route: logits must be F32, got {}", logits.str());
+  const int64_t T = logits.size(0), E = logits.size(1);
+  const int64_t KT = a.top_k + a.num_fused_shared;
+  ATOM_CHECK(a.top_k >= 1 && a.top_k <= E, "moe_route: top_k {} for {} experts", a.top_k, E);
+  ATOM_CHECK(E <= kMoeRouteMaxExperts && a.top_k <= kMoeRouteMaxTopK,
+             "moe_route: the CUDA router takes up to {} experts and top_k {}, got {} and {}",
+             kMoeRouteMaxExperts, kMoeRouteMaxTopK, E, a.top_k);
+  ATOM_CHECK(a.num_fused_shared >= 0, "moe_route: num_fused_shared {}", a.num_fused_shared);
+  ATOM_CHECK(topk_ids.dtype() == DType::kI32 && topk_ids.is_contiguous() && topk_ids.dim() == 2 &&
+                 topk_ids.size(0) == T && topk_ids.size(1) == KT,
+             "moe_route: topk_ids {} must be contiguous I32 [{}, {}]", topk_ids.str(), T, KT);
+  ATOM_CHECK(topk_weights.dtype() == DType::kF32 && topk_weights.is_contiguous() &&
+                 topk_weights.dim() == 2 && topk_weights.size(0) == T && topk_weights.size(1) == KT,
+             "moe_route: topk_weights {} must be contiguous F32 [{}, {}]", topk_weights.str(), T,
+             KT);
+  ATOM_CHECK(a.n_group >= 1 && E % a.n_group == 0 && a.topk_group >= 1 && a.topk_group <= a.n_group,
+             "moe_route: {} experts in {} groups keeping {}", E, a.n_group, a.topk_group);
+  ATOM_CHECK(a.n_group == 1 || a.topk_group * (E / a.n_group) >= a.top_k,
+             "moe_route: {} kept groups of {} experts hold fewer than top_k {}", a.topk_group,
+             E / a.n_group, a.top_k);
+  ATOM_CHECK(a.n_group == 1 || a.group_score == GroupScore::kMax || E / a.n_group >= 2,
+             "moe_route: groups of one expert have no top-2 sum");
+  if (correction_bias.defined()) {
+    ATOM_CHECK(a.scoring == RouterScoring::kSigmoid,
+               "moe_route: a correction bias needs sigmoid scoring");
+    ATOM_CHECK(correction_bias.dtype() == DType::kF32 && correction_bias.numel() == E &&
+                   correction_bias.is_contiguous(),
+               "moe_route: correction bias {} must be contiguous F32 [{}]", correction_bias.str(),
+               E);
+  }
+  if (T == 0) return;
+  MoeRouteLaunch l;
+  l.ids = topk_ids.ptr<int32_t>();
+  l.weights = topk_weights.ptr<float>();
+  l.logits = logits.ptr<float>();
+  l.logits_stride = T > 1 ? logits.stride(0) : E;
+  l.bias = correction_bias.defined() ? correction_bias.ptr<float>() : nullptr;
+  l.num_tokens = T;
+  l.num_experts = static_cast<int>(E);
+  l.scoring = static_cast<int>(a.scoring);
+  l.top_k = a.top_k;
+  l.renormalize = a.renormalize;
+  l.n_group = a.n_group;
+  l.topk_group = a.topk_group;
+  l.group_score = static_cast<int>(a.group_score);
+  l.scale = a.routed_scaling_factor;
+  l.num_shared = a.num_fused_shared;
+  l.shared_first = a.shared_slot_first;
+  launch_moe_route(l, current_stream());
+  launch_check("moe_route");
+}
+
+int64_t fused_moe_workspace_bytes(int64_t num_tokens, int64_t k, const MoeExperts& w,
+                                  DType act_dtype) {
+  ATOM_CHECK(w.w13 && w.w2 && w.w13->dim() == 3 && w.w2->dim() == 3,
+             "fused_moe_workspace_bytes: expert weights missing");
+  const int64_t S = w.w13->size(0), I = w.w13->size(1) / 2, H = w.w13->size(2);
+  return moe_workspace_bytes(num_tokens, static_cast<int>(k), static_cast<int>(S), H, I,
+                             static_cast<int>(dtype_bytes(act_dtype, 1)));
+}
+
+void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& topk_ids,
+               const Tensor& topk_weights, Tensor* workspace) {
+  check_rows("fused_moe", out, "out");
+  check_rows("fused_moe", x, "x");
+  ATOM_CHECK(w.w13 && w.w2, "fused_moe: expert weights missing");
+  const Tensor& w13 = *w.w13;
+  const Tensor& w2 = *w.w2;
+  ATOM_CHECK(w13.dim() == 3 && w13.is_contiguous() && w2.dim() == 3 && w2.is_contiguous(),
+             "fused_moe: w13 {} and w2 {} must be contiguous [S, 2I, H] and [S, H, I]", w13.str(),
+             w2.str());
+  const int64_t T = x.size(0), H = x.size(1), S = w13.size(0), I = w13.size(1) / 2;
+  ATOM_CHECK(w13.size(1) == 2 * I && w13.size(2) == H && w2.size(0) == S && w2.size(1) == H &&
+                 w2.size(2) == I,
+             "fused_moe: x {} with w13 {} and w2 {}", x.str(), w13.str(), w2.str());
+  ATOM_CHECK(out.size(0) == T && out.size(1) == H, "fused_moe: out {} for x {}", out.str(),
+             x.str());
+  ATOM_CHECK(topk_ids.dtype() == DType::kI32 && topk_ids.is_contiguous() && topk_ids.dim() == 2 &&
+                 topk_ids.size(0) == T,
+             "fused_moe: topk_ids {} for {} tokens", topk_ids.str(), T);
+  ATOM_CHECK(topk_weights.dtype() == DType::kF32 && topk_weights.is_contiguous() &&
+                 topk_weights.shape() == topk_ids.shape(),
+             "fused_moe: topk_weights {} for topk_ids {}", topk_weights.str(), topk_ids.str());
+  ATOM_CHECK(w.activation == MoeActivation::kSiluMul, "fused_moe: unknown activation");
+  ATOM_CHECK((x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) && w13.dtype() == x.dtype() &&
+                 w2.dtype() == x.dtype(),
+             "fused_moe: the CUDA kernels take BF16 or F16 activations and weights of one dtype, "
+             "got x {}, w13 {}, w2 {}",
+             x.str(), w13.str(), w2.str());
+  ATOM_CHECK(
+      out.dtype() == DType::kF32 || out.dtype() == DType::kBF16 || out.dtype() == DType::kF16,
+      "fused_moe: out {} must be F32, BF16 or F16", out.str());
+  ATOM_CHECK(H % 8 == 0 && I % 8 == 0,
+             "fused_moe: the CUDA kernels need the hidden size {} and the intermediate size {} "
+             "to be multiples of 8",
+             H, I);
+  const int64_t K = topk_ids.size(1);
+  ATOM_CHECK(S <= kMoeMaxSlots && T * K <= (int64_t{1} << 30) && K <= (int64_t{1} << 20),
+             "fused_moe: at most {} expert slots and 2^30 routed rows on CUDA, got {} and {}",
+             kMoeMaxSlots, S, T * K);
+  Mat xm = mat_of(x, "fused_moe");
+  ATOM_CHECK(
+      xm.stride % 8 == 0 && aligned16(x.data()) && aligned16(w13.data()) && aligned16(w2.data()),
+      "fused_moe: x rows and the expert weights must be 16-byte aligned (x {} stride {})", x.str(),
+      xm.stride);
+  if (T == 0) return;
+  const int64_t need = moe_workspace_bytes(T, static_cast<int>(K), static_cast<int>(S), H, I, 2);
+  void* ws = nullptr;
+  if (need > 0) {
+    ATOM_CHECK(workspace && workspace->defined() && workspace->is_contiguous() &&
+                   static_cast<int64_t>(workspace->nbytes()) >= need &&
+                   workspace->device() == out.device() && aligned16(workspace->data()),
+               "fused_moe: a 16-byte aligned workspace of {} bytes on {} is needed for {} tokens "
+               "of {} choices (fused_moe_workspace_bytes), got {}",
+               need, out.device().str(), T, K, workspace ? workspace->str() : std::string("none"));
+    ws = workspace->data();
+  }
+  MoeLaunch l;
+  l.out = mat_of(out, "fused_moe");
+  l.x = xm;
+  l.w13 = w13.data();
+  l.w2 = w2.data();
+  l.ids = topk_ids.ptr<int32_t>();
+  l.weights = topk_weights.ptr<float>();
+  l.T = T;
+  l.H = H;
+  l.I = I;
+  l.K = static_cast<int>(K);
+  l.S = static_cast<int>(S);
+  l.type = elem_of(x.dtype(), "fused_moe");
+  l.workspace = ws;
+  l.decode = T * K <= fused_moe_decode_max_rows() && T * K <= kMoeDecodeMaxRowsCap;
+  l.decode_depth = fused_moe_decode_depth();
+  const int tile_rows = fused_moe_gemm_tile_rows();
+  l.gemm_tile_rows = tile_rows ? tile_rows : T * K >= kTileRowsFrom ? 128 : 64;
+  launch_fused_moe(l, current_stream());
+  launch_check("fused_moe");
+}
+
+}  // namespace atom::kernels::cuda

@@ -1,0 +1,162 @@
+// The MoE router on the GPU: one warp per token. The warp's scores and choice values live in
+// shared memory; each of the top_k picks is a warp-wide argmax over the untaken experts with the
+// CPU reference's rules (kernels/cpu/moe.cpp, argmax_untaken): the lowest index among equal
+// values, and the first untaken expert when its value is NaN (a strict `>` scan never leaves a
+// NaN it starts on, and never moves onto one). Softmax and sigmoid use expf and IEEE division,
+// so scores agree with the CPU's to a few ulps; group scores, group picks and the final
+// normalisation follow the CPU's order of operations exactly.
+#include <climits>
+
+#include "kernels/cuda/device_common.cuh"
+
+namespace atom::kernels::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kMaxE = kMoeRouteMaxExperts;
+constexpr int kMaxK = kMoeRouteMaxTopK;
+// Experts of groups not kept: as the CPU reference (kernels/moe.h).
+constexpr float kMasked = -INFINITY;
+
+// argmax_untaken of the CPU reference over v[0, n) (taken[i] != 0 skipped), by the whole warp:
+// the first untaken index if its value is NaN, else the lowest index of the largest non-NaN
+// value; -1 when every entry is taken. Every lane returns the same index.
+__device__ int warp_argmax_untaken(const float* v, const unsigned char* taken, int n, int lane) {
+  int first = INT_MAX, be = INT_MAX;
+  float bv = 0.0f;
+  for (int i = lane; i < n; i += 32) {
+    if (taken[i]) continue;
+    const float x = v[i];
+    if (first == INT_MAX) first = i;
+    if (!isnan(x) && (be == INT_MAX || x > bv)) {
+      bv = x;
+      be = i;
+    }
+  }
+  first = __reduce_min_sync(0xffffffffu, first);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+    if (oe != INT_MAX && (be == INT_MAX || ov > bv || (ov == bv && oe < be))) {
+      bv = ov;
+      be = oe;
+    }
+  }
+  if (first == INT_MAX) return -1;
+  if (be == INT_MAX || isnan(v[first])) return first;
+  return be;
+}
+
+__global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteLaunch a) {
+  __shared__ float s_score[kWarps][kMaxE], s_choice[kWarps][kMaxE], s_group[kWarps][kMaxE];
+  __shared__ unsigned char s_taken[kWarps][kMaxE], s_gtaken[kWarps][kMaxE];
+  __shared__ int s_id[kWarps][kMaxK];
+  __shared__ float s_w[kWarps][kMaxK];
+  pdl_wait();  // the logits come from the router GEMM
+  pdl_launch_dependents();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  if (t >= a.num_tokens) return;  // warp-level work only below: no block barriers
+  const int E = a.num_experts, K = a.top_k, G = a.n_group;
+  float* score = s_score[warp];
+  float* choice = s_choice[warp];
+  unsigned char* taken = s_taken[warp];
+  const float* row = a.logits + t * a.logits_stride;
+  for (int e = lane; e < E; e += 32) {
+    score[e] = row[e];
+    taken[e] = 0;
+  }
+  if (a.scoring == 0) {  // softmax: the max ignores NaN (std::max(mx, v) keeps mx)
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = mx < score[e] ? score[e] : mx;
+    mx = warp_max(mx);
+    float sum = 0.0f;
+    for (int e = lane; e < E; e += 32) {
+      const float v = expf(score[e] - mx);
+      score[e] = v;
+      sum += v;
+    }
+    sum = warp_sum(sum);
+    for (int e = lane; e < E; e += 32) score[e] = score[e] / sum;
+  } else if (a.scoring == 1) {
+    for (int e = lane; e < E; e += 32) score[e] = 1.0f / (1.0f + expf(-score[e]));
+  }
+  for (int e = lane; e < E; e += 32) choice[e] = score[e] + (a.bias ? a.bias[e] : 0.0f);
+  __syncwarp();
+  if (G > 1) {
+    const int per = E / G;
+    float* group = s_group[warp];
+    unsigned char* gtaken = s_gtaken[warp];
+    for (int g = lane; g < G; g += 32) {  // the CPU's loops, one group per lane
+      const float* c = choice + g * per;
+      float gs;
+      if (a.group_score == 1) {
+        float m = c[0];
+        for (int i = 1; i < per; ++i) m = c[i] > m ? c[i] : m;
+        gs = m;
+      } else {
+        int i0 = 0;
+        for (int i = 1; i < per; ++i)
+          if (c[i] > c[i0]) i0 = i;
+        int i1 = -1;
+        for (int i = 0; i < per; ++i)
+          if (i != i0 && (i1 < 0 || c[i] > c[i1])) i1 = i;
+        gs = c[i0] + c[i1];
+      }
+      group[g] = gs;
+      gtaken[g] = 0;
+    }
+    __syncwarp();
+    for (int k = 0; k < a.topk_group; ++k) {
+      const int g = warp_argmax_untaken(group, gtaken, G, lane);
+      if (lane == 0) gtaken[g] = 1;
+      __syncwarp();
+    }
+    for (int e = lane; e < E; e += 32)
+      if (!gtaken[e / per]) choice[e] = kMasked;
+    __syncwarp();
+  }
+  for (int k = 0; k < K; ++k) {
+    const int e = warp_argmax_untaken(choice, taken, E, lane);
+    if (lane == 0) {
+      taken[e] = 1;
+      s_id[warp][k] = e;
+      s_w[warp][k] = a.scoring == 2 ? choice[e] : score[e];
+    }
+    __syncwarp();
+  }
+  if (lane == 0) {  // the CPU's order of operations
+    float* w = s_w[warp];
+    if (a.scoring == 2) {
+      const float mx = w[0];
+      float sum = 0.0f;
+      for (int k = 0; k < K; ++k) sum += (w[k] = expf(w[k] - mx));
+      for (int k = 0; k < K; ++k) w[k] /= sum;
+    }
+    if (a.renormalize) {
+      float sum = 0.0f;
+      for (int k = 0; k < K; ++k) sum += w[k];
+      if (a.scoring == 1) sum += 1e-20f;
+      for (int k = 0; k < K; ++k) w[k] /= sum;
+    }
+    for (int k = 0; k < K; ++k) w[k] *= a.scale;
+  }
+  __syncwarp();
+  const int KT = K + a.num_shared;
+  for (int j = lane; j < KT; j += 32) {
+    a.ids[t * KT + j] = j < K ? s_id[warp][j] : a.shared_first + (j - K);
+    a.weights[t * KT + j] = j < K ? s_w[warp][j] : 1.0f;
+  }
+}
+
+}  // namespace
+
+void launch_moe_route(const MoeRouteLaunch& a, cudaStream_t s) {
+  if (a.num_tokens <= 0) return;
+  const unsigned grid = static_cast<unsigned>((a.num_tokens + kWarps - 1) / kWarps);
+  launch(moe_route_kernel, grid, kWarps * 32, 0, s, a);
+}
+
+}  // namespace atom::kernels::cuda

@@ -1,0 +1,449 @@
+// CUDA MoE kernels against the CPU reference: every router variant (exact ids, weights within
+// 1e-6 relative, planted ties, NaN and infinite logits), fused_moe on both of its paths (decode
+// and grouped GEMM) over ragged shapes, padded intermediates and fused shared slots, its
+// determinism, and route + fused_moe captured in a CUDA graph and replayed on new inputs.
+#include "kernels/moe.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/cuda_check.h"
+#include "core/cuda_stream.h"
+#include "gpu_util.h"
+#include "kernels/cuda/moe_config.h"
+
+namespace atom::test {
+namespace {
+
+using kernels::GroupScore;
+using kernels::RouterArgs;
+using kernels::RouterScoring;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Logits on a grid of `levels` values lo + step * i: many exact ties (equal inputs give equal
+// scores on both devices) and no near-ties that the devices' last-bit differences in expf could
+// order differently.
+Tensor grid_logits(int64_t T, int64_t E, int64_t stride, uint64_t seed, int levels, float step,
+                   float lo) {
+  std::mt19937_64 rng(seed);
+  Tensor t = Tensor::empty({T, stride}, DType::kF32);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.ptr<float>()[i] = lo + step * static_cast<float>(rng() % static_cast<uint64_t>(levels));
+  (void)E;
+  return t;
+}
+
+// Rows with planted special values: all NaN, NaN in the first column, NaN elsewhere, all equal,
+// infinities, all -inf, two equal maxima.
+void plant_special_rows(Tensor& l, int64_t E) {
+  const int64_t T = l.size(0), ld = l.size(1);
+  float* p = l.ptr<float>();
+  auto row = [&](int64_t r) { return p + (r % T) * ld; };
+  for (int64_t e = 0; e < E; ++e) row(0)[e] = kNaN;
+  row(1)[0] = kNaN;
+  row(2)[E / 2] = kNaN;
+  row(2)[E - 1] = kNaN;
+  for (int64_t e = 0; e < E; ++e) row(3)[e] = 0.25f;
+  row(4)[1] = kInf;
+  row(4)[E - 2] = -kInf;
+  for (int64_t e = 0; e < E; ++e) row(5)[e] = -kInf;
+  row(6)[3 % E] = 7.0f;
+  row(6)[(E - 1) % E] = 7.0f;
+  for (int64_t e = 0; e < E; e += 2) row(7)[e] = -kInf;
+}
+
+struct RouteCase {
+  const char* name;
+  int64_t T, E;
+  RouterArgs a;
+  int bias = 0;  // 0: none, 1: on a grid, 2: continuous
+  bool strided = false;
+  int levels = 128;
+  float step = 1.0f / 16, lo = -4.0f;
+};
+
+void check_route(const RouteCase& c, uint64_t seed) {
+  SCOPED_TRACE(c.name);
+  const int64_t KT = c.a.top_k + c.a.num_fused_shared;
+  const int64_t ld = c.strided ? c.E + 5 : c.E;
+  Tensor lw = grid_logits(c.T, c.E, ld, seed, c.levels, c.step, c.lo);
+  plant_special_rows(lw, c.E);
+  Tensor l = lw.narrow(1, 0, c.E);
+  Tensor bias;
+  if (c.bias == 1) {
+    std::mt19937_64 rng(seed + 1);
+    bias = Tensor::empty({c.E}, DType::kF32);
+    for (int64_t e = 0; e < c.E; ++e)
+      bias.ptr<float>()[e] = -0.25f + 0.0625f * static_cast<float>(rng() % 8);
+  } else if (c.bias == 2) {
+    bias = random_cpu({c.E}, DType::kF32, seed + 1, -0.3f, 0.3f);
+  }
+  Tensor ref_ids = Tensor::empty({c.T, KT}, DType::kI32);
+  Tensor ref_w = Tensor::empty({c.T, KT}, DType::kF32);
+  kernels::moe_route(ref_ids, ref_w, l, bias, c.a);
+  Tensor gl = lw.to(gpu()).narrow(1, 0, c.E);
+  Tensor gb = bias.defined() ? bias.to(gpu()) : Tensor();
+  Tensor ids = Tensor::empty({c.T, KT}, DType::kI32, gpu());
+  Tensor w = Tensor::empty({c.T, KT}, DType::kF32, gpu());
+  poison(ids);
+  poison(w);
+  kernels::moe_route(ids, w, gl, gb, c.a);
+  Tensor hi = host(ids), hw = host(w);
+  ASSERT_EQ(hi.shape(), ref_ids.shape());
+  ASSERT_EQ(hw.shape(), ref_w.shape());
+  const int64_t S = std::max<int64_t>(c.E, c.a.shared_slot_first + c.a.num_fused_shared);
+  int bad_ids = 0, bad_w = 0, shown = 0;
+  const float* lh = l.ptr<float>();
+  for (int64_t i = 0; i < c.T * KT; ++i) {
+    const int32_t g = hi.ptr<int32_t>()[i], r = ref_ids.ptr<int32_t>()[i];
+    ASSERT_TRUE(g >= 0 && g < S) << "row " << i / KT << " id " << g;
+    const float a = hw.ptr<float>()[i], b = ref_w.ptr<float>()[i];
+    const bool w_ok = std::isnan(b)
+                          ? std::isnan(a)
+                          : !std::isnan(a) && std::fabs(a - b) <= 1e-6 * std::fabs(b) + 1e-30;
+    bad_ids += g != r;
+    bad_w += !w_ok;
+    if ((g != r || !w_ok) && shown++ < 6) {
+      const int64_t t = i / KT;
+      ADD_FAILURE() << "row " << t << " choice " << i % KT << ": gpu id " << g << " w " << a
+                    << ", cpu id " << r << " w " << b << " (logits " << lh[t * ld + (g % c.E)]
+                    << " / " << lh[t * ld + (r % c.E)] << ")";
+    }
+  }
+  EXPECT_EQ(bad_ids, 0);
+  EXPECT_EQ(bad_w, 0);
+}
+
+RouterArgs softmax(int k, bool renorm, int shared = 0, int shared_first = 0) {
+  RouterArgs a;
+  a.scoring = RouterScoring::kSoftmax;
+  a.top_k = k;
+  a.renormalize = renorm;
+  a.num_fused_shared = shared;
+  a.shared_slot_first = shared_first;
+  return a;
+}
+
+RouterArgs sigmoid(int k, bool renorm, int groups, int keep, GroupScore gs, float scale,
+                   int shared = 0, int shared_first = 0) {
+  RouterArgs a;
+  a.scoring = RouterScoring::kSigmoid;
+  a.top_k = k;
+  a.renormalize = renorm;
+  a.n_group = groups;
+  a.topk_group = keep;
+  a.group_score = gs;
+  a.routed_scaling_factor = scale;
+  a.num_fused_shared = shared;
+  a.shared_slot_first = shared_first;
+  return a;
+}
+
+RouterArgs topk_softmax(int k) {
+  RouterArgs a;
+  a.scoring = RouterScoring::kTopKThenSoftmax;
+  a.top_k = k;
+  return a;
+}
+
+TEST(GpuMoe, RouterMatchesCpu) {
+  // Sigmoid with group sums: 16 positive logit levels 0.25 apart and no bias (sums of two
+  // distinct sigmoid values then differ by at least 1.2e-4; sigmoid(x) + sigmoid(-x) = 1 would
+  // tie distinct pairs up to rounding), or a per-expert bias on a grid of 1/16 with max group
+  // scores (sigmoid + bias values then differ by at least 8e-5 unless equal).
+  const RouteCase cases[] = {
+      {"softmax E128 top8 renorm (Qwen3-MoE)", 300, 128, softmax(8, true), 0, true},
+      {"softmax E8 top2 renorm (Mixtral)", 7, 8, softmax(2, true)},
+      {"softmax E64 top6", 65, 64, softmax(6, false)},
+      {"softmax E60 top4, 1 token", 1, 60, softmax(4, false)},
+      {"softmax E512 top10 renorm + shared (Qwen3-Next)", 130, 512, softmax(10, true, 1, 512), 0,
+       true},
+      {"softmax E512 top16", 40, 512, softmax(16, false, 0, 0), 0, false, 512, 1.0f / 64, -4.0f},
+      {"softmax E8 top8", 9, 8, softmax(8, true)},
+      {"sigmoid E256 top8 G8/4 top2-sum renorm x2.5", 300, 256,
+       sigmoid(8, true, 8, 4, GroupScore::kTop2Sum, 2.5f), 0, true, 16, 0.25f, 0.0f},
+      {"sigmoid E256 top8 G8/4 max bias renorm x2.5 + shared", 200, 256,
+       sigmoid(8, true, 8, 4, GroupScore::kMax, 2.5f, 1, 256), 1, false, 32, 1.0f / 8, -2.0f},
+      {"sigmoid E160 top8 bias renorm x2.5 + shared (GLM-4.5)", 64, 160,
+       sigmoid(8, true, 1, 1, GroupScore::kTop2Sum, 2.5f, 1, 160), 1, false, 32, 1.0f / 8, -2.0f},
+      {"sigmoid E384 top8 bias renorm x2.827 (Kimi K2)", 33, 384,
+       sigmoid(8, true, 1, 1, GroupScore::kTop2Sum, 2.827f), 1, true, 32, 1.0f / 8, -2.0f},
+      {"sigmoid E128 top8 G8/2 max", 50, 128, sigmoid(8, false, 8, 2, GroupScore::kMax, 1.0f), 0,
+       false, 64, 1.0f / 16, -2.0f},
+      {"sigmoid E64 top6 G32/3 top2-sum (groups of 2)", 50, 64,
+       sigmoid(6, false, 32, 3, GroupScore::kTop2Sum, 1.0f), 0, false, 16, 0.25f, 0.0f},
+      {"topk-softmax E32 top4 (GPT-OSS)", 300, 32, topk_softmax(4)},
+      {"topk-softmax E128 top4", 33, 128, topk_softmax(4), 0, true},
+      {"topk-softmax E8 top1", 9, 8, topk_softmax(1)},
+  };
+  uint64_t seed = 100;
+  for (const RouteCase& c : cases) check_route(c, seed += 7);
+}
+
+// DeepSeek-V3's router on continuous logits and bias (no planted grid): exact agreement is
+// expected unless two choice values lie within the devices' last-bit differences.
+TEST(GpuMoe, RouterContinuousDeepSeekV3) {
+  RouteCase c{"sigmoid E256 top8 G8/4 top2-sum, continuous bias", 64, 256,
+              sigmoid(8, true, 8, 4, GroupScore::kTop2Sum, 2.5f), 2};
+  c.levels = 1 << 30;
+  c.step = 6.0f / static_cast<float>(1 << 30);
+  c.lo = -3.0f;
+  check_route(c, 4242);
+}
+
+TEST(GpuMoe, RouterRejectsWhatItCannotRoute) {
+  Tensor l = Tensor::empty({2, 600}, DType::kF32, gpu());
+  Tensor ids = Tensor::empty({2, 4}, DType::kI32, gpu()),
+         w = Tensor::empty({2, 4}, DType::kF32, gpu());
+  EXPECT_THROW(kernels::moe_route(ids, w, l, Tensor(), softmax(4, true)), Error);
+  Tensor l2 = Tensor::empty({2, 64}, DType::kF32, gpu());
+  Tensor ids2 = Tensor::empty({2, 3}, DType::kI32, gpu());
+  EXPECT_THROW(kernels::moe_route(ids2, w, l2, Tensor(), softmax(4, true)), Error);
+}
+
+// ---------------------------------------------------------------- fused_moe
+
+struct MoeCase {
+  int64_t T, E, K;
+  int shared;
+  int64_t H, I, I_pad;
+  DType dt = DType::kBF16, out = DType::kBF16;
+  bool skewed = false;   // every token to experts 0 .. K-1
+  bool strided = false;  // x rows with a gap
+};
+
+std::string case_name(const MoeCase& c) {
+  return fmt::format("T={} E={} K={}+{} H={} I={}/{} {}->{}{}{}", c.T, c.E, c.K, c.shared, c.H, c.I,
+                     c.I_pad, dtype_name(c.dt), dtype_name(c.out), c.skewed ? " skewed" : "",
+                     c.strided ? " strided" : "");
+}
+
+struct MoeInputs {
+  Tensor xw, x, w13, w2, ids, wts;  // host
+};
+
+MoeInputs make_inputs(const MoeCase& c, uint64_t seed) {
+  MoeInputs in;
+  const int64_t S = c.E + c.shared, KT = c.K + c.shared;
+  const int64_t ld = c.strided ? c.H + 24 : c.H;
+  in.xw = random_cpu({c.T, ld}, c.dt, seed, -1, 1);
+  in.x = in.xw.narrow(1, c.strided ? 16 : 0, c.H);
+  in.w13 = random_cpu({S, 2 * c.I_pad, c.H}, c.dt, seed + 1, -0.1f, 0.1f);
+  in.w2 = random_cpu({S, c.H, c.I_pad}, c.dt, seed + 2, -0.1f, 0.1f);
+  // Padding rows of w13 (gate and up) and columns of w2 are zero.
+  const int64_t eb = static_cast<int64_t>(dtype_bytes(c.dt, 1));
+  for (int64_t s = 0; s < S; ++s) {
+    char* w13 = static_cast<char*>(in.w13.data()) + s * 2 * c.I_pad * c.H * eb;
+    for (int64_t i = c.I; i < c.I_pad; ++i) {
+      std::memset(w13 + i * c.H * eb, 0, c.H * eb);
+      std::memset(w13 + (c.I_pad + i) * c.H * eb, 0, c.H * eb);
+    }
+    char* w2 = static_cast<char*>(in.w2.data()) + s * c.H * c.I_pad * eb;
+    for (int64_t h = 0; h < c.H; ++h)
+      std::memset(w2 + (h * c.I_pad + c.I) * eb, 0, (c.I_pad - c.I) * eb);
+  }
+  std::mt19937_64 rng(seed + 3);
+  in.ids = Tensor::empty({c.T, KT}, DType::kI32);
+  in.wts = Tensor::empty({c.T, KT}, DType::kF32);
+  std::vector<int32_t> perm(static_cast<size_t>(c.E));
+  for (int64_t t = 0; t < c.T; ++t) {
+    for (int64_t e = 0; e < c.E; ++e) perm[e] = static_cast<int32_t>(e);
+    if (!c.skewed)
+      for (int64_t j = 0; j < c.K; ++j)
+        std::swap(perm[j], perm[j + static_cast<int64_t>(rng() % (c.E - j))]);
+    for (int64_t j = 0; j < KT; ++j) {
+      in.ids.ptr<int32_t>()[t * KT + j] = j < c.K ? perm[j] : static_cast<int32_t>(c.E + (j - c.K));
+      // Every fifth token gives its first expert weight 0: it still counts (0 * its output).
+      const float wt = j < c.K ? static_cast<float>(rng() % 1000) / 1000.0f : 1.0f;
+      in.wts.ptr<float>()[t * KT + j] = (t % 5 == 0 && j == 0) ? 0.0f : wt;
+    }
+  }
+  return in;
+}
+
+// fused_moe on the GPU (outputs and workspace poisoned first).
+Tensor run_gpu(const MoeCase& c, const Tensor& gx, const Tensor& g13, const Tensor& g2,
+               const Tensor& gids, const Tensor& gw) {
+  kernels::MoeExperts ex;
+  ex.w13 = &g13;
+  ex.w2 = &g2;
+  const int64_t KT = c.K + c.shared;
+  const int64_t bytes = kernels::fused_moe_workspace_bytes(gpu(), c.T, KT, ex, c.dt);
+  Tensor ws = Tensor::empty({std::max<int64_t>(bytes, 1)}, DType::kU8, gpu());
+  poison(ws);
+  Tensor out = Tensor::empty({c.T, c.H}, c.out, gpu());
+  poison(out);
+  kernels::fused_moe(out, gx, ex, gids, gw, &ws);
+  return out;
+}
+
+void check_fused(const MoeCase& c, uint64_t seed) {
+  SCOPED_TRACE(case_name(c));
+  MoeInputs in = make_inputs(c, seed);
+  kernels::MoeExperts ex;
+  ex.w13 = &in.w13;
+  ex.w2 = &in.w2;
+  Tensor ref = Tensor::empty({c.T, c.H}, DType::kF32);
+  kernels::fused_moe(ref, in.x, ex, in.ids, in.wts, nullptr);
+  Tensor gx = in.xw.to(gpu()).narrow(1, c.strided ? 16 : 0, c.H);
+  Tensor g13 = in.w13.to(gpu()), g2 = in.w2.to(gpu());
+  Tensor gids = in.ids.to(gpu()), gw = in.wts.to(gpu());
+  const int saved = kernels::cuda::fused_moe_decode_max_rows();
+  const int saved_tile = kernels::cuda::fused_moe_gemm_tile_rows();
+  const int saved_depth = kernels::cuda::fused_moe_decode_depth();
+  const int64_t R = c.T * (c.K + c.shared);
+  // auto, then each path where it applies: (name, decode max rows, GEMM tile rows, decode depth)
+  struct Path {
+    const char* name;
+    int decode_rows, tile_rows, depth;
+  };
+  std::vector<Path> paths = {
+      {"auto", saved, saved_tile, saved_depth}, {"gemm64", 0, 64, 2}, {"gemm128", 0, 128, 2}};
+  if (R <= 512) {
+    paths.push_back({"decode", 512, 0, 2});
+    paths.push_back({"decode4", 512, 0, 4});
+  }
+  // bf16 outputs: one more rounding than the fp32 reference; the activations are rounded to
+  // the weights' type between the two GEMMs (the CPU keeps fp32).
+  const double tol = c.dt == DType::kF16 ? 3e-3 : 5e-3;
+  for (const Path& p : paths) {
+    SCOPED_TRACE(p.name);
+    kernels::cuda::fused_moe_set_decode_max_rows(p.decode_rows);
+    kernels::cuda::fused_moe_set_gemm_tile_rows(p.tile_rows);
+    kernels::cuda::fused_moe_set_decode_depth(p.depth);
+    Tensor out = run_gpu(c, gx, g13, g2, gids, gw);
+    Tensor ho = host(out);
+    ASSERT_EQ(ho.shape(), ref.shape());
+    const double err = rel_err(ho, ref);
+    EXPECT_LE(err, tol);
+    std::printf("  %-58s %-8s err %.2e\n", case_name(c).c_str(), p.name, err);
+    // Deterministic: a second run gives the same bytes.
+    Tensor again = run_gpu(c, gx, g13, g2, gids, gw);
+    EXPECT_TRUE(same_bytes(out, again));
+  }
+  kernels::cuda::fused_moe_set_gemm_tile_rows(saved_tile);
+  kernels::cuda::fused_moe_set_decode_depth(saved_depth);
+  kernels::cuda::fused_moe_set_decode_max_rows(saved);
+}
+
+TEST(GpuMoe, FusedMatchesCpu) {
+  const MoeCase cases[] = {
+      {1, 8, 2, 0, 256, 128, 128},
+      {2, 64, 8, 1, 264, 136, 144},
+      {3, 128, 8, 0, 200, 72, 80, DType::kBF16, DType::kF32},
+      {8, 8, 1, 0, 520, 200, 200},
+      {8, 128, 8, 1, 1032, 264, 264},
+      {32, 128, 8, 1, 256, 192, 200},
+      {32, 8, 2, 0, 136, 64, 64, DType::kBF16, DType::kF32, false, true},
+      {100, 64, 2, 0, 264, 136, 136},
+      {100, 8, 8, 0, 128, 64, 72},
+      {600, 128, 8, 0, 256, 192, 192, DType::kBF16, DType::kBF16, false, true},
+      {600, 8, 2, 0, 264, 136, 136, DType::kBF16, DType::kF32, true},
+      {2048, 64, 8, 1, 264, 200, 208},
+      {2048, 128, 1, 0, 128, 64, 64, DType::kBF16, DType::kF32},
+      {37, 8, 2, 0, 128, 64, 64, DType::kF16, DType::kF16},
+      {48, 8, 2, 1, 136, 64, 64, DType::kBF16, DType::kBF16, true},  // decode: 2 passes of 32
+      {300, 64, 8, 1, 136, 72, 80, DType::kF16, DType::kBF16},
+  };
+  uint64_t seed = 1000;
+  for (const MoeCase& c : cases) check_fused(c, seed += 11);
+}
+
+TEST(GpuMoe, FusedRejectsWhatItCannotRun) {
+  Tensor x = Tensor::empty({2, 100}, DType::kBF16, gpu());
+  Tensor w13 = Tensor::empty({4, 64, 100}, DType::kBF16, gpu());
+  Tensor w2 = Tensor::empty({4, 100, 32}, DType::kBF16, gpu());
+  Tensor ids = Tensor::zeros({2, 2}, DType::kI32, gpu()),
+         wts = Tensor::zeros({2, 2}, DType::kF32, gpu());
+  Tensor out = Tensor::empty({2, 100}, DType::kBF16, gpu());
+  kernels::MoeExperts ex;
+  ex.w13 = &w13;
+  ex.w2 = &w2;
+  Tensor ws = Tensor::empty({1 << 20}, DType::kU8, gpu());
+  EXPECT_THROW(kernels::fused_moe(out, x, ex, ids, wts, &ws), Error);  // H % 8 != 0
+  Tensor xf = Tensor::empty({2, 128}, DType::kF32, gpu());
+  Tensor w13f = Tensor::empty({4, 64, 128}, DType::kF32, gpu());
+  Tensor w2f = Tensor::empty({4, 128, 32}, DType::kF32, gpu());
+  Tensor outf = Tensor::empty({2, 128}, DType::kF32, gpu());
+  ex.w13 = &w13f;
+  ex.w2 = &w2f;
+  EXPECT_THROW(kernels::fused_moe(outf, xf, ex, ids, wts, &ws), Error);  // F32 activations
+  Tensor xb = Tensor::empty({2, 128}, DType::kBF16, gpu());
+  Tensor w13b = Tensor::empty({4, 64, 128}, DType::kBF16, gpu());
+  Tensor w2b = Tensor::empty({4, 128, 32}, DType::kBF16, gpu());
+  ex.w13 = &w13b;
+  ex.w2 = &w2b;
+  Tensor small = Tensor::empty({16}, DType::kU8, gpu());
+  EXPECT_THROW(kernels::fused_moe(outf, xb, ex, ids, wts, &small), Error);  // workspace too small
+}
+
+// route + fused_moe captured for a bucket, replayed with other logits (other routing) and other
+// activations: the same bytes as eager calls on those inputs.
+TEST(GpuMoe, GraphReplayMatchesEager) {
+  for (int64_t T : {8, 256}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    const int64_t E = 64, K = 6, H = 256, I = 128, S = E + 1, KT = K + 1;
+    Tensor w13 = random_cpu({S, 2 * I, H}, DType::kBF16, 1, -0.1f, 0.1f).to(gpu());
+    Tensor w2 = random_cpu({S, H, I}, DType::kBF16, 2, -0.1f, 0.1f).to(gpu());
+    kernels::MoeExperts ex;
+    ex.w13 = &w13;
+    ex.w2 = &w2;
+    const RouterArgs ra = softmax(K, true, 1, static_cast<int>(E));
+    CudaStream stream(0);
+    CudaStreamGuard guard(stream.get());
+    Tensor logits = Tensor::empty({T, E}, DType::kF32, gpu());
+    Tensor x = Tensor::empty({T, H}, DType::kBF16, gpu());
+    Tensor ids = Tensor::empty({T, KT}, DType::kI32, gpu());
+    Tensor wts = Tensor::empty({T, KT}, DType::kF32, gpu());
+    Tensor out = Tensor::empty({T, H}, DType::kBF16, gpu());
+    Tensor ws = Tensor::empty(
+        {std::max<int64_t>(1, kernels::fused_moe_workspace_bytes(gpu(), T, KT, ex, DType::kBF16))},
+        DType::kU8, gpu());
+    auto step = [&] {
+      kernels::moe_route(ids, wts, logits, Tensor(), ra);
+      kernels::fused_moe(out, x, ex, ids, wts, &ws);
+    };
+    // Eager on the second inputs: the reference.
+    logits.copy_from(random_cpu({T, E}, DType::kF32, 20, -3, 3));
+    x.copy_from(random_cpu({T, H}, DType::kBF16, 21));
+    step();
+    stream.synchronize();
+    Tensor ref = host(out), ref_ids = host(ids);
+    // Capture on the first inputs.
+    logits.copy_from(random_cpu({T, E}, DType::kF32, 10, -3, 3));
+    x.copy_from(random_cpu({T, H}, DType::kBF16, 11));
+    step();  // warm-up outside the capture
+    stream.synchronize();
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+    step();
+    CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    cudaGraphDestroy(graph);
+    logits.copy_from(random_cpu({T, E}, DType::kF32, 20, -3, 3));
+    x.copy_from(random_cpu({T, H}, DType::kBF16, 21));
+    CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.nbytes(), stream.get()));
+    CUDA_CHECK(cudaMemsetAsync(ws.data(), 0xff, ws.nbytes(), stream.get()));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));  // twice: the tickets reset themselves
+    stream.synchronize();
+    cudaGraphExecDestroy(exec);
+    EXPECT_TRUE(same_bytes(ids, ref_ids));
+    EXPECT_TRUE(same_bytes(out, ref));
+    EXPECT_LT(rel_err(out, ref), 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace atom::test
