@@ -137,7 +137,9 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   ATOM_CHECK(topk_weights.dtype() == DType::kF32 && topk_weights.is_contiguous() &&
                  topk_weights.shape() == topk_ids.shape(),
              "fused_moe: topk_weights {} for topk_ids {}", topk_weights.str(), topk_ids.str());
-  ATOM_CHECK(w.activation == MoeActivation::kSiluMul, "fused_moe: unknown activation");
+  if (w.activation != MoeActivation::kSiluMul || w.w13_bias || w.w2_bias)
+    fail("fused_moe: the CUDA kernels compute SiLU·mul experts without biases; GPT-OSS's clamped "
+         "SwiGLU with expert biases runs on the CPU backend only for now");
   ATOM_CHECK((x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) && w13.dtype() == x.dtype() &&
                  w2.dtype() == x.dtype(),
              "fused_moe: the CUDA kernels take BF16 or F16 activations and weights of one dtype, "
