@@ -283,6 +283,14 @@ SparseMoeBlock::SparseMoeBlock(LayerContext& ctx, const std::string& prefix,
   if (o.shared_intermediate > 0 && fused == 0)
     shared_ = std::make_unique<GatedMlp>(ctx, prefix_join(prefix, o.shared_name), o.hidden,
                                          o.shared_intermediate, false, /*reduce_results=*/false);
+  if (o.shared_gate) {
+    if (!shared_)
+      fail("{}: a shared expert gate needs unfused shared experts (shared_intermediate > 0, "
+           "fuse_shared off)",
+           prefix);
+    shared_gate_ = std::make_unique<ReplicatedLinear>(ctx, prefix_join(prefix, o.shared_gate_name),
+                                                      o.hidden, 1, false);
+  }
 }
 
 void SparseMoeBlock::route(Step& step, const Tensor& x, Tensor& topk_ids, Tensor& topk_weights) {
@@ -302,7 +310,12 @@ Tensor SparseMoeBlock::forward(Step& step, const Tensor& x, const Tensor& out) {
   experts_.forward(step, x, ids, weights, y);
   if (shared_) {
     Tensor s = shared_->forward(step, x);
-    kernels::add(y, y, s);
+    if (shared_gate_) {
+      Tensor g = shared_gate_->forward(step, x);  // [T, 1], the same on every rank
+      kernels::add_gated(y, y, s, g);
+    } else {
+      kernels::add(y, y, s);
+    }
   }
   if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(y);
   return y;

@@ -103,8 +103,12 @@ struct SparseMoeOptions {
   bool correction_bias = false;       // "<gate>.e_score_correction_bias" [E], F32
   int64_t shared_intermediate = 0;    // 0: no shared experts
   bool fuse_shared = false;           // shared experts as slots of the fused layer
+  // Qwen3-Next: the shared experts' output is scaled per token by sigmoid(shared_expert_gate(x)),
+  // a [1, hidden] projection (not fusable: its weight is not 1).
+  bool shared_gate = false;
   std::string gate_name = "gate";
   std::string shared_name = "shared_experts";
+  std::string shared_gate_name = "shared_expert_gate";
   FusedMoEOptions experts;            // activation, biases, formats (sizes set from the above)
 };
 
@@ -126,6 +130,7 @@ class SparseMoeBlock : public FeedForward {
   Parameter* correction_ = nullptr;  // [E] F32
   FusedMoE experts_;
   std::unique_ptr<GatedMlp> shared_;  // unfused shared experts, left unreduced
+  std::unique_ptr<ReplicatedLinear> shared_gate_;  // hidden -> 1
 };
 
 // Whether shared experts load as slots of the fused layer (ATOM_MOE_FUSE_SHARED_EXPERTS, default

@@ -51,6 +51,19 @@ TEST(GpuElementwise, AddCastBiasOnStridedRows) {
   }
 }
 
+TEST(GpuElementwise, AddGatedMatchesCpu) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Tensor a = random_cpu({37, 130}, dt, 1), b = random_cpu({37, 130}, dt, 2);
+    Tensor g = random_cpu({37, 1}, dt, 3, -4, 4);
+    Tensor ref = Tensor::empty({37, 130}, dt);
+    kernels::add_gated(ref, a, b, g);
+    Tensor out = Tensor::empty({37, 130}, dt, gpu());
+    poison(out);
+    kernels::add_gated(out, a.to(gpu()), b.to(gpu()), g.to(gpu()));
+    EXPECT_LE(rel_err(out, ref), 1e-6) << dtype_name(dt);
+  }
+}
+
 TEST(GpuElementwise, GatherRowsAndEmbeddingShards) {
   Tensor x = random_cpu({50, 96}, DType::kBF16, 5);
   std::vector<int32_t> idx = {49, 0, 7, 7, 23};

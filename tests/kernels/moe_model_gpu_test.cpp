@@ -5,6 +5,8 @@
 // runs on the GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "common/fixtures.h"
@@ -17,6 +19,43 @@ namespace atom::test {
 namespace {
 
 class GpuMoeParity : public ::testing::TestWithParam<std::string> {};
+
+// Rows of a and b [T, V] whose relative L2 difference exceeds `tol`. In bf16 a token whose router
+// sits near a tie may pick another expert on one path and not the other (a different GEMM tile
+// order, a decode kernel instead of the prefill GEMM): that token's row then differs by far more
+// than rounding, while the rest of the sequence does not.
+int rows_beyond(const Tensor& a, const Tensor& b, double tol, double* median) {
+  if (!expect_same_shape(a, b)) return static_cast<int>(a.size(0));
+  const Tensor x = f32_host(a), y = f32_host(b);
+  const int64_t T = x.size(0), V = x.size(1);
+  std::vector<double> errs;
+  for (int64_t t = 0; t < T; ++t) {
+    double num = 0, den = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      const double d = x.ptr<float>()[t * V + v] - y.ptr<float>()[t * V + v];
+      num += d * d;
+      den += static_cast<double>(y.ptr<float>()[t * V + v]) * y.ptr<float>()[t * V + v];
+    }
+    errs.push_back(std::sqrt(num / std::max(den, 1e-30)));  // NaN stays NaN: counted below
+  }
+  int n = 0;
+  for (double e : errs) n += !(e <= tol);
+  std::sort(errs.begin(), errs.end());
+  *median = errs[errs.size() / 2];
+  return n;
+}
+
+// At most kMaxFlippedRows of the fixture's 64 rows may differ by a routing flip; the median row
+// must sit at bf16 rounding (dense fixtures: 6e-3 GPU against the bf16 CPU).
+constexpr int kMaxFlippedRows = 4;
+void expect_rows_near(const Tensor& got, const Tensor& want, const std::string& what) {
+  double median = 0;
+  const int n = rows_beyond(got, want, 2e-2, &median);
+  std::printf("  %s: median row rel err %.3g, %d of %lld rows beyond 2e-2\n", what.c_str(), median,
+              n, static_cast<long long>(got.size(0)));
+  EXPECT_LE(median, 1e-2) << what;
+  EXPECT_LE(n, kMaxFlippedRows) << what;
+}
 
 TEST_P(GpuMoeParity, LogitsGreedyAndChunkedPrefill) {
   const Reference ref = reference_load(GetParam());
@@ -32,17 +71,16 @@ TEST_P(GpuMoeParity, LogitsGreedyAndChunkedPrefill) {
   const double err_cpu_ref = rel_err(cpu_logits, ref.logits);
   std::printf("%s: bf16 GPU vs bf16 CPU: rel err %.3g; vs transformers fp32: GPU %.3g, bf16 CPU %.3g\n",
               GetParam().c_str(), err_cpu, err_ref, err_cpu_ref);
-  // Dense fixtures: 6e-3 GPU-CPU in bf16 (docs/performance.md).
-  EXPECT_LE(err_cpu, 2e-2) << GetParam();
-  // Against fp32 transformers bf16 rounding may also route a token near a tie elsewhere: the GPU
-  // must be no further from the reference than the CPU in the same precision, with its own
-  // rounding's worth of slack.
+  expect_rows_near(logits, cpu_logits, GetParam() + " GPU vs bf16 CPU");
+  // Against fp32 transformers, bf16 rounding routes a few more tokens elsewhere (the qwen3_moe
+  // fixture: 0.145 on both paths): the GPU must be no further from the reference than the CPU in
+  // the same precision, with its own rounding's worth of slack.
   EXPECT_LE(err_ref, err_cpu_ref + 2e-2) << GetParam();
 
   Tensor chunked = score_tokens(*m.model, ref.input_ids, /*chunk=*/7, /*block_size=*/4);
-  EXPECT_LE(rel_err(chunked, logits), 2e-2) << GetParam();
+  expect_rows_near(chunked, logits, GetParam() + " chunked vs whole");
   Tensor stepwise = score_tokens(*m.model, ref.input_ids, /*chunk=*/1, /*block_size=*/16);
-  EXPECT_LE(rel_err(stepwise, logits), 2e-2) << GetParam();
+  expect_rows_near(stepwise, logits, GetParam() + " token by token vs whole");
 
   // Greedy on the GPU against greedy on the CPU in the same precision.
   const int n = static_cast<int>(ref.greedy_tokens.size());

@@ -11,7 +11,10 @@
 #include "common/tensor_util.h"
 #include "common/test_util.h"
 #include "core/convert.h"
+#include "kernels/elementwise.h"
 #include "kernels/moe.h"
+#include "kernels/random.h"
+#include "layers/moe.h"
 
 namespace atom::test {
 namespace {
@@ -270,6 +273,82 @@ TEST(FusedMoe, CpuMatchesADirectSumAndPaddingAddsNothing) {
     ids.ptr<int32_t>()[4] = 4;
     EXPECT_ERROR_CONTAINS(kernels::fused_moe(out, x, ex, ids, w, nullptr), "chose slot 4 of 4");
   }
+}
+
+TEST(AddGated, HandDerived) {
+  Tensor a = f32({1, 2, 3, 4}, {2, 2}), b = f32({10, 20, 30, 40}, {2, 2}), g = f32({0, 2}, {2, 1});
+  Tensor out = Tensor::empty({2, 2}, DType::kF32);
+  kernels::add_gated(out, a, b, g);
+  const double s = 1 / (1 + std::exp(-2.0));
+  EXPECT_NEAR(out.ptr<float>()[0], 1 + 0.5 * 10, 1e-6);
+  EXPECT_NEAR(out.ptr<float>()[1], 2 + 0.5 * 20, 1e-6);
+  EXPECT_NEAR(out.ptr<float>()[2], 3 + s * 30, 1e-5);
+  EXPECT_NEAR(out.ptr<float>()[3], 4 + s * 40, 1e-5);
+}
+
+// Qwen3-Next's gated shared expert: routed + sigmoid(x · g) * shared, checked against the same
+// block built without the gate (routed + shared) and without shared experts (routed), all three
+// with the same weights.
+TEST(SparseMoeBlockShared, SigmoidGateScalesTheSharedExpertPerToken) {
+  const int64_t H = 16, E = 4, I = 8, T = 5;
+  // The layers keep their context by reference: one per registry, alive for the test.
+  std::vector<AttentionCacheSpec> caches;
+  std::vector<StateCacheSpec> states;
+  SoloCommunicator solo;
+  std::vector<std::unique_ptr<LayerContext>> ctxs;
+  auto build = [&](ParamRegistry& reg, bool shared, bool gate) {
+    ctxs.push_back(std::make_unique<LayerContext>(
+        LayerContext{reg, Device::cpu(), DType::kF32, DType::kF32, 0, 1, &solo, &caches, &states}));
+    LayerContext& ctx = *ctxs.back();
+    SparseMoeOptions o;
+    o.hidden = H;
+    o.num_experts = E;
+    o.moe_intermediate = I;
+    o.router.top_k = 2;
+    o.shared_intermediate = shared ? 2 * I : 0;
+    o.shared_gate = gate;
+    auto block = std::make_unique<SparseMoeBlock>(ctx, "mlp", o);
+    for (const auto& [name, p] : reg.all()) {
+      uint64_t h = 1469598103934665603ull;
+      for (unsigned char ch : name) h = (h ^ ch) * 1099511628211ull;
+      kernels::fill_uniform(p->data(), h, -0.5f, 0.5f);
+    }
+    return block;
+  };
+  ParamRegistry r_gate, r_plain, r_none;
+  auto gated = build(r_gate, true, true);
+  auto plain = build(r_plain, true, false);
+  auto none = build(r_none, false, false);
+  // The gate reads the first hidden channel: g = x[t, 0].
+  Tensor& gw = r_gate.find("mlp.shared_expert_gate.weight")->data();
+  gw.zero_();
+  gw.ptr<float>()[0] = 1.0f;
+  Batch batch;
+  Arena arena(Device::cpu());
+  Step step{batch, arena};
+  const Tensor x = random_cpu({T, H}, DType::kF32, 9);
+  const Tensor yg = gated->forward(step, x).clone(), yp = plain->forward(step, x).clone(),
+               yn = none->forward(step, x).clone();
+  for (int64_t t = 0; t < T; ++t) {
+    const double s = 1 / (1 + std::exp(-static_cast<double>(x.ptr<float>()[t * H])));
+    for (int64_t h = 0; h < H; ++h) {
+      const double routed = yn.ptr<float>()[t * H + h];
+      const double shared = yp.ptr<float>()[t * H + h] - routed;
+      EXPECT_NEAR(yg.ptr<float>()[t * H + h], routed + s * shared, 1e-5) << t << "," << h;
+    }
+  }
+  // A gate with fused shared experts cannot be: the fused slot's weight is 1.
+  ParamRegistry r_bad;
+  LayerContext ctx{r_bad, Device::cpu(), DType::kF32, DType::kF32, 0, 1, &solo, &caches, &states};
+  SparseMoeOptions o;
+  o.hidden = H;
+  o.num_experts = E;
+  o.moe_intermediate = I;
+  o.router.top_k = 2;
+  o.shared_intermediate = I;
+  o.fuse_shared = true;
+  o.shared_gate = true;
+  EXPECT_ERROR_CONTAINS(SparseMoeBlock(ctx, "mlp", o), "shared expert gate");
 }
 
 }  // namespace

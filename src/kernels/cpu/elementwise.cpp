@@ -1,5 +1,7 @@
 #include "kernels/elementwise.h"
 
+#include <cmath>
+
 #include <cstring>
 #include <vector>
 
@@ -21,6 +23,26 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
     char* po = row_ptr(out, r);
     for (int64_t c = 0; c < C; ++c)
       store(po, out.dtype(), c, load(pa, a.dtype(), c) + load(pb, b.dtype(), c));
+  }
+}
+
+void add_gated(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& gate) {
+  check_rows("add_gated", out, "out");
+  check_rows("add_gated", a, "a");
+  check_rows("add_gated", b, "b");
+  check_rows("add_gated", gate, "gate");
+  ATOM_CHECK(a.shape() == b.shape() && out.shape() == a.shape() && gate.size(0) == a.size(0) &&
+                 gate.size(1) == 1,
+             "add_gated: {} + sigmoid({}) * {} -> {}", a.str(), gate.str(), b.str(), out.str());
+  const int64_t R = a.size(0), C = a.size(1);
+#pragma omp parallel for schedule(static) if (R * C > kParallelMin)
+  for (int64_t r = 0; r < R; ++r) {
+    const float g = 1.0f / (1.0f + std::exp(-load(row_ptr(gate, r), gate.dtype(), 0)));
+    const char* pa = row_ptr(a, r);
+    const char* pb = row_ptr(b, r);
+    char* po = row_ptr(out, r);
+    for (int64_t c = 0; c < C; ++c)
+      store(po, out.dtype(), c, load(pa, a.dtype(), c) + g * load(pb, b.dtype(), c));
   }
 }
 

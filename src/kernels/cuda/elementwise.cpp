@@ -18,6 +18,19 @@ void add(Tensor& out, const Tensor& a, const Tensor& b) {
   launch_check("add");
 }
 
+void add_gated(Tensor& out, const Tensor& a, const Tensor& b, const Tensor& gate) {
+  check_rows("add_gated", out, "out");
+  check_rows("add_gated", a, "a");
+  check_rows("add_gated", b, "b");
+  check_rows("add_gated", gate, "gate");
+  ATOM_CHECK(a.shape() == b.shape() && out.shape() == a.shape() && gate.size(0) == a.size(0) &&
+                 gate.size(1) == 1,
+             "add_gated: {} + sigmoid({}) * {} -> {}", a.str(), gate.str(), b.str(), out.str());
+  launch_add_gated(mat_of(out, "add_gated"), mat_of(a, "add_gated"), mat_of(b, "add_gated"),
+                   mat_of(gate, "add_gated"), current_stream());
+  launch_check("add_gated");
+}
+
 void gather_rows(Tensor& out, const Tensor& x, const Tensor& indices) {
   check_rows("gather_rows", out, "out");
   check_rows("gather_rows", x, "x");

@@ -24,6 +24,19 @@ __global__ void add_kernel(Mat out, Mat a, Mat b) {
   }
 }
 
+__global__ void add_gated_kernel(Mat out, Mat a, Mat b, Mat gate) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t n = out.rows * out.cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / out.cols, c = i % out.cols;
+    const float g = 1.0f / (1.0f + expf(-load_elem(row_of(gate, r), gate.type, 0)));
+    store_elem(row_of(out, r), out.type, c,
+               load_elem(row_of(a, r), a.type, c) + g * load_elem(row_of(b, r), b.type, c));
+  }
+}
+
 __global__ void cast_kernel(Mat out, Mat x) {
   pdl_wait();
   pdl_launch_dependents();
@@ -125,6 +138,12 @@ void launch_add(Mat out, Mat a, Mat b, cudaStream_t s) {
   const int64_t n = out.rows * out.cols;
   if (n == 0) return;
   launch(add_kernel, grid_for(n, kThreads), kThreads, 0, s, out, a, b);
+}
+
+void launch_add_gated(Mat out, Mat a, Mat b, Mat gate, cudaStream_t s) {
+  const int64_t n = out.rows * out.cols;
+  if (n == 0) return;
+  launch(add_gated_kernel, grid_for(n, kThreads), kThreads, 0, s, out, a, b, gate);
 }
 
 void launch_cast(Mat out, Mat x, cudaStream_t s) {

@@ -24,6 +24,8 @@ struct Mat {
 
 // ---- elementwise.cu
 void launch_add(Mat out, Mat a, Mat b, cudaStream_t s);
+// out = a + sigmoid(gate[r]) * b; gate [R, 1]
+void launch_add_gated(Mat out, Mat a, Mat b, Mat gate, cudaStream_t s);
 void launch_cast(Mat out, Mat x, cudaStream_t s);
 void launch_add_bias(Mat out, const void* bias, Elem bias_type, cudaStream_t s);
 // out[r] = x[idx[r]] (same element type: rows are copied as bytes)
