@@ -255,3 +255,28 @@ test('--tensor-parallel-size 2 serves transformers\' greedy tokens', async () =>
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('a mixture of experts (GLM-4.5 shape) serves transformers\' greedy tokens, streamed and not', async () => {
+  // The glm4_moe fixture (grouped sigmoid routing, shared experts) with Qwen3's tokenizer,
+  // prompted with token ids inside its vocabulary.
+  const dir = makeModelDir(SRC, 'atom-serve-moe-', 'tests/fixtures/models/glm4_moe');
+  const ref = path.join(SRC, 'tests/fixtures/references/glm4_moe.safetensors');
+  const prompt = safetensorsInts(ref, 'greedy_prompt'), want = safetensorsInts(ref, 'greedy_tokens');
+  const s = await startServer(dir, [], 'auto');
+  try {
+    const body = { model: modelName, prompt, max_tokens: want.length, temperature: 0, ignore_eos: true };
+    const r = await fetch(`http://127.0.0.1:${s.port}/v1/completions`, { method: 'POST',
+      headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ ...body, return_token_ids: true }) });
+    const whole = await r.json();
+    assert.equal(r.status, 200, JSON.stringify(whole));
+    assert.deepEqual(whole.choices[0].token_ids, want);
+    const c = new OpenAI({ baseURL: `http://127.0.0.1:${s.port}/v1`, apiKey: 'none', maxRetries: 0 });
+    let streamed = '';
+    for await (const chunk of await c.completions.create({ ...body, stream: true }))
+      streamed += chunk.choices[0]?.text ?? '';
+    assert.equal(streamed, whole.choices[0].text);
+  } finally {
+    s.proc.kill('SIGKILL');
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
