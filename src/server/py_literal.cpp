@@ -464,50 +464,60 @@ std::optional<PyCall> py_parse_call(std::string_view text) {
   return c;
 }
 
-size_t py_scan_bracket(std::string_view t) {
-  std::vector<char> stack;
-  for (size_t i = 0; i < t.size();) {
-    const char c = t[i];
+size_t py_scan_bracket(std::string_view t, PyScanState& st) {
+  while (st.pos < t.size()) {
+    const char c = t[st.pos];
+    if (st.quote) {  // inside a string literal
+      if (st.escaped) {
+        st.escaped = false;
+      } else if (c == '\\') {
+        st.escaped = true;
+      } else if (c == st.quote) {
+        if (!st.triple) {
+          st.quote = 0;
+        } else if (st.pos + 2 >= t.size()) {
+          return std::string::npos;  // a closing triple quote may be arriving
+        } else if (t[st.pos + 1] == c && t[st.pos + 2] == c) {
+          st.quote = 0;
+          st.pos += 2;
+        }
+      }
+      ++st.pos;
+      continue;
+    }
     if (c == '\'' || c == '"') {
-      const bool triple = i + 2 < t.size() && t[i + 1] == c && t[i + 2] == c;
-      if (!triple && i + 2 >= t.size() && i + 1 < t.size() && t[i + 1] == c) {
-        // '' at the very end: an empty string, or the start of a triple quote still arriving.
-        return std::string::npos;
+      // One quote or three: undecided until three characters are there.
+      if (st.pos + 2 >= t.size()) {
+        if (st.pos + 1 >= t.size() || t[st.pos + 1] == c) return std::string::npos;
+        st.triple = false;
+      } else {
+        st.triple = t[st.pos + 1] == c && t[st.pos + 2] == c;
       }
-      size_t j = i + (triple ? 3 : 1);
-      for (;;) {
-        if (j >= t.size()) return std::string::npos;
-        if (t[j] == '\\') {
-          j += 2;
-          continue;
-        }
-        if (t[j] == c) {
-          if (!triple) break;
-          if (j + 2 < t.size() && t[j + 1] == c && t[j + 2] == c) {
-            j += 2;
-            break;
-          }
-          if (j + 2 >= t.size()) return std::string::npos;
-        }
-        ++j;
-      }
-      i = j + 1;
+      st.quote = c;
+      st.pos += st.triple ? 3 : 1;
       continue;
     }
     if (c == '(' || c == '[' || c == '{') {
-      stack.push_back(c == '(' ? ')' : c == '[' ? ']' : '}');
+      st.stack.push_back(c == '(' ? ')' : c == '[' ? ']' : '}');
     } else if (c == ')' || c == ']' || c == '}') {
-      if (stack.empty() || stack.back() != c) return kPyScanError;
-      stack.pop_back();
-      if (stack.empty()) return i + 1;
+      if (st.stack.empty() || st.stack.back() != c) return kPyScanError;
+      st.stack.pop_back();
+      if (st.stack.empty()) return ++st.pos;
     } else if (c == '#') {  // a comment runs to the end of the line
-      while (i < t.size() && t[i] != '\n') ++i;
+      const size_t nl = t.find('\n', st.pos);
+      if (nl == std::string::npos) return std::string::npos;  // resumes at the '#'
+      st.pos = nl;
       continue;
     }
-    if (stack.empty()) return kPyScanError;  // text[0] must open a bracket
-    ++i;
+    if (st.stack.empty()) return kPyScanError;  // text[0] must open a bracket
+    ++st.pos;
   }
   return std::string::npos;
+}
+
+size_t py_scan_bracket(std::string_view text) {
+  PyScanState st;
+  return py_scan_bracket(text, st);
 }
 
 }  // namespace atom::server

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace atom::server {
 
@@ -30,5 +31,14 @@ std::optional<PyCall> py_parse_call(std::string_view text);
 // before it; kPyScanError when brackets do not match.
 inline constexpr size_t kPyScanError = std::string::npos - 1;
 size_t py_scan_bracket(std::string_view text);
+// The same, resumable: called again with the same text grown at its end, it goes on where it
+// stopped (a stream is scanned once, not once per piece).
+struct PyScanState {
+  size_t pos = 0;
+  std::vector<char> stack;  // the closing brackets expected
+  char quote = 0;           // inside a string literal opened by this quote
+  bool triple = false, escaped = false;
+};
+size_t py_scan_bracket(std::string_view text, PyScanState& state);
 
 }  // namespace atom::server

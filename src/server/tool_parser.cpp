@@ -35,7 +35,7 @@ void content_out(ToolDelta& out, const std::string& s, bool& after_call) {
 bool make_call(const std::string& name, const json& args, ToolCall& out) {
   json value = args;
   if (value.is_string()) {  // arguments already serialised by the model
-    value = json::parse(args.get_ref<const std::string&>(), nullptr, false);
+    value = json_loads(args.get_ref<const std::string&>());
     if (value.is_discarded()) return false;
   }
   if (name.empty() || !value.is_object()) return false;
@@ -50,7 +50,7 @@ bool make_call(const std::string& name, const json& args, ToolCall& out) {
 // A call object {"name": "...", <args_key>: {...}}; false when the text is anything else.
 bool call_from_json(const std::string& text, const std::vector<const char*>& args_keys,
                     ToolCall& out) {
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const json j = json_loads(text);
   if (j.is_discarded() || !j.is_object()) return false;
   const auto name = j.find("name");
   if (name == j.end() || !name->is_string() || name->get_ref<const std::string&>().empty())
@@ -87,8 +87,13 @@ class HermesParser : public ToolParser {
         held_.erase(0, held_.size() - keep);
         return out;
       }
-      const size_t close = held_.find(kClose);
-      if (close == std::string::npos) return out;
+      // The search resumes where the last one stopped: a long call is scanned once.
+      const size_t close = held_.find(kClose, close_scan_);
+      if (close == std::string::npos) {
+        close_scan_ = held_.size() >= kClose.size() ? held_.size() - kClose.size() + 1 : 0;
+        return out;
+      }
+      close_scan_ = 0;
       const std::string body = held_.substr(0, close);
       held_.erase(0, close + kClose.size());
       in_call_ = false;
@@ -105,6 +110,7 @@ class HermesParser : public ToolParser {
     }
     held_.clear();
     in_call_ = false;
+    close_scan_ = 0;
     return out;
   }
 
@@ -122,6 +128,7 @@ class HermesParser : public ToolParser {
 
   const std::string kOpen = "<tool_call>", kClose = "</tool_call>";
   std::string held_;
+  size_t close_scan_ = 0;  // where the search for the close tag resumes
   bool in_call_ = false;
   bool after_call_ = false;
 };
@@ -326,8 +333,12 @@ class DeepSeekV31Parser : public ToolParser {
         }
         continue;
       }
-      const size_t close = held_.find(kCallEnd);
-      if (close == std::string::npos) return out;
+      const size_t close = held_.find(kCallEnd, close_scan_);
+      if (close == std::string::npos) {
+        close_scan_ = held_.size() >= kCallEnd.size() ? held_.size() - kCallEnd.size() + 1 : 0;
+        return out;
+      }
+      close_scan_ = 0;
       const std::string body = held_.substr(0, close);
       held_.erase(0, close + kCallEnd.size());
       state_ = State::kSection;
@@ -343,6 +354,7 @@ class DeepSeekV31Parser : public ToolParser {
       text_out(out, held_);
     }
     held_.clear();
+    close_scan_ = 0;
     state_ = State::kText;
     return out;
   }
@@ -360,7 +372,7 @@ class DeepSeekV31Parser : public ToolParser {
       std::string name = body.substr(0, sep);
       const size_t a = name.find_first_not_of(kSpace), b = name.find_last_not_of(kSpace);
       name = a == std::string::npos ? "" : name.substr(a, b - a + 1);
-      const json args = json::parse(body.substr(sep + kSep.size()), nullptr, false);
+      const json args = json_loads(std::string_view(body).substr(sep + kSep.size()));
       if (!args.is_discarded() && make_call(name, args, c)) {
         whole_call(out, std::move(c.id), std::move(c.name), std::move(c.arguments));
         after_call_ = true;
@@ -375,6 +387,7 @@ class DeepSeekV31Parser : public ToolParser {
   const std::string kSep = "<｜tool▁sep｜>";
   State state_ = State::kText;
   std::string held_;
+  size_t close_scan_ = 0;  // where the search for the call's end resumes
   bool after_call_ = false;
 };
 

@@ -117,7 +117,11 @@ class PythonicParser : public ToolParser {
             malformed(out);
             break;
           }
-          const size_t end = py_scan_bracket(std::string_view(held_).substr(i));
+          if (scan_from_ != i) {  // the call's "(" found: its scan starts (then resumes)
+            scan_ = PyScanState{};
+            scan_from_ = i;
+          }
+          const size_t end = py_scan_bracket(std::string_view(held_).substr(i), scan_);
           if (end == std::string::npos) return;
           if (end == kPyScanError) {
             malformed(out);
@@ -131,6 +135,7 @@ class PythonicParser : public ToolParser {
           whole_call(out, tool_call_id(), call->name, py_json_dumps(call->arguments, false));
           any_call_ = true;
           held_.erase(0, i + end);
+          scan_from_ = std::string::npos;
           raw_.clear();
           state_ = State::kAfterCall;
           break;
@@ -168,6 +173,8 @@ class PythonicParser : public ToolParser {
   State state_ = State::kStart;
   std::string held_;
   bool any_call_ = false;
+  PyScanState scan_;                      // the open call's scan, resumed as text arrives
+  size_t scan_from_ = std::string::npos;  // where in held_ that call's "(" is
   std::string raw_;  // list text consumed since the last call (content if what follows is none)
 };
 

@@ -56,7 +56,13 @@ std::string trim(std::string_view s) {
 std::string py_json_dumps(const nlohmann::ordered_json& value, bool ensure_ascii) {
   jinja::JsonOptions py;
   py.ensure_ascii = ensure_ascii;
-  return jinja::json_dumps(jinja::value_from_json(value), py);
+  try {
+    return jinja::json_dumps(jinja::value_from_json(value), py);
+  } catch (const std::exception&) {
+    // What Python writes but atom's values cannot hold (integers beyond 64 bits): nlohmann's
+    // own text, still JSON. Model output must never make this throw.
+    return value.dump(-1, ' ', ensure_ascii, nlohmann::ordered_json::error_handler_t::replace);
+  }
 }
 
 std::string json_escape(std::string_view s) {
@@ -98,6 +104,29 @@ std::string json_escape(std::string_view s) {
 }
 
 nlohmann::ordered_json json_loads(std::string_view text) {
+  // Values nested deeper than this are refused before parsing: writing them back (recursively)
+  // could exhaust the stack, and no tool's arguments nest so deep.
+  constexpr int kMaxDepth = 512;
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxDepth)
+        return nlohmann::ordered_json(nlohmann::ordered_json::value_t::discarded);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
   return nlohmann::ordered_json::parse(text.begin(), text.end(), nullptr,
                                        /*allow_exceptions=*/false);
 }

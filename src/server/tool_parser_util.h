@@ -33,12 +33,13 @@ bool all_space(std::string_view s);
 std::string trim(std::string_view s);
 
 // Python's json.dumps(value, ensure_ascii=...): ", " and ": " separators, keys in order, floats
-// as Python's repr.
+// as Python's repr. Never throws.
 std::string py_json_dumps(const nlohmann::ordered_json& value, bool ensure_ascii);
 // The inside of json.dumps(s, ensure_ascii=False) for a string (no quotes). Escaping is per
 // character, so pieces of a string may be escaped separately and joined.
 std::string json_escape(std::string_view s);
-// json.loads: an ordered value, or a discarded one when `text` is not JSON.
+// json.loads: an ordered value, or a discarded one when `text` is not JSON (or nests deeper
+// than 512 levels). Use it, not nlohmann's parse, on model output.
 nlohmann::ordered_json json_loads(std::string_view text);
 
 }  // namespace atom::server::parse_util

@@ -148,7 +148,10 @@ class KimiK2Parser : public ToolParser {
         }
         case State::kSection: {
           const size_t lead = held_.find_first_not_of(kSpace);
-          if (lead == std::string::npos) return;
+          if (lead == std::string::npos) {
+            held_.clear();  // whitespace between calls belongs to none
+            return;
+          }
           const std::string_view rest = std::string_view(held_).substr(lead);
           if (starts_with(rest, kCallBegin)) {
             held_.erase(0, lead + kCallBegin.size());
@@ -210,7 +213,13 @@ class KimiK2Parser : public ToolParser {
         case State::kBadCall: {
           // A call that is not one: its text up to and with its end marker is content.
           const Found f = find_first(held_, {kCallEnd, kCallBegin, kSectionEnd});
-          if (!f.found()) return;
+          if (!f.found()) {  // content as it comes, up to what may start a marker
+            const size_t keep = partial_tag_suffix(held_, {kCallEnd, kCallBegin, kSectionEnd});
+            content_text(out, bad_ + held_.substr(0, held_.size() - keep), after_call_);
+            bad_.clear();
+            held_.erase(0, held_.size() - keep);
+            return;
+          }
           const size_t upto = f.which == 0 ? f.pos + kCallEnd.size() : f.pos;
           content_text(out, bad_ + held_.substr(0, upto), after_call_);
           bad_.clear();
@@ -299,7 +308,10 @@ class DeepSeekV3Parser : public ToolParser {
         }
         case State::kSection: {
           const size_t lead = held_.find_first_not_of(kSpace);
-          if (lead == std::string::npos) return;
+          if (lead == std::string::npos) {
+            held_.clear();  // whitespace between calls belongs to none
+            return;
+          }
           const std::string_view rest = std::string_view(held_).substr(lead);
           if (starts_with(rest, kCallBegin)) {
             held_.erase(0, lead + kCallBegin.size());
@@ -383,7 +395,13 @@ class DeepSeekV3Parser : public ToolParser {
         }
         case State::kBadCall: {
           const Found f = find_first(held_, {kCallEnd, kCallBegin, kCallsEnd});
-          if (!f.found()) return;
+          if (!f.found()) {  // content as it comes, up to what may start a marker
+            const size_t keep = partial_tag_suffix(held_, {kCallEnd, kCallBegin, kCallsEnd});
+            content_text(out, bad_ + held_.substr(0, held_.size() - keep), after_call_);
+            bad_.clear();
+            held_.erase(0, held_.size() - keep);
+            return;
+          }
           const size_t upto = f.which == 0 ? f.pos + kCallEnd.size() : f.pos;
           content_text(out, bad_ + held_.substr(0, upto), after_call_);
           bad_.clear();

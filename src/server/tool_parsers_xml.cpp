@@ -232,6 +232,7 @@ class Qwen3CoderParser : public ToolParser {
     }
     held_.clear();
     raw_.clear();
+    value_scan_ = 0;
     state_ = State::kText;
     return out;
   }
@@ -279,12 +280,16 @@ class Qwen3CoderParser : public ToolParser {
           break;
         }
         case State::kOpen: {
+          // Whitespace moves to raw_ as it comes (no rescanning of a long run).
           const size_t lead = held_.find_first_not_of(kSpace);
-          if (lead == std::string::npos) return;
-          const std::string_view rest = std::string_view(held_).substr(lead);
+          const size_t n = lead == std::string::npos ? held_.size() : lead;
+          raw_ += held_.substr(0, n);
+          held_.erase(0, n);
+          if (held_.empty()) return;
+          const std::string_view rest = held_;
           if (starts_with(rest, kFunction)) {
-            raw_ += held_.substr(0, lead + kFunction.size());
-            held_.erase(0, lead + kFunction.size());
+            raw_ += std::string(kFunction);
+            held_.erase(0, kFunction.size());
             state_ = State::kName;
           } else if (is_partial(rest, kFunction)) {
             return;
@@ -355,8 +360,14 @@ class Qwen3CoderParser : public ToolParser {
           break;
         }
         case State::kValue: {
-          const size_t end = held_.find(kParamEnd);
-          if (end == std::string::npos) return;
+          // A value is typed once whole, so it is held; the search resumes where it stopped.
+          const size_t end = held_.find(kParamEnd, value_scan_);
+          if (end == std::string::npos) {
+            value_scan_ =
+                held_.size() >= kParamEnd.size() ? held_.size() - kParamEnd.size() + 1 : 0;
+            return;
+          }
+          value_scan_ = 0;
           parameter_done(out, held_.substr(0, end));
           held_.erase(0, end + kParamEnd.size());
           state_ = State::kBody;
@@ -364,7 +375,10 @@ class Qwen3CoderParser : public ToolParser {
         }
         case State::kAfterFunction: {
           const size_t lead = held_.find_first_not_of(kSpace);
-          if (lead == std::string::npos) return;
+          if (lead == std::string::npos) {
+            held_.clear();  // dropped, as whitespace after a call is
+            return;
+          }
           const std::string_view rest = std::string_view(held_).substr(lead);
           if (starts_with(rest, kToolEnd)) {
             held_.erase(0, lead + kToolEnd.size());
@@ -405,6 +419,7 @@ class Qwen3CoderParser : public ToolParser {
   bool after_call_ = false;
   int index_ = 0, count_ = 0;
   std::string param_, args_;
+  size_t value_scan_ = 0;  // where the search for </parameter> resumes
   const json* properties_ = nullptr;
 };
 
@@ -535,7 +550,10 @@ class Glm45Parser : public ToolParser {
         }
         case State::kBeforeValue: {
           const size_t lead = held_.find_first_not_of(kSpace);
-          if (lead == std::string::npos) return;
+          if (lead == std::string::npos) {
+            held_.clear();  // between a key and its value: no one's
+            return;
+          }
           const std::string_view rest = std::string_view(held_).substr(lead);
           if (starts_with(rest, kValueOpen)) {
             held_.erase(0, lead + kValueOpen.size());

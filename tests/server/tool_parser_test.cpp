@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <nlohmann/json.hpp>
 
 #include "server/parser_harness.h"
@@ -638,6 +639,59 @@ TEST(PythonicToolParser, AnythingElseIsContent) {
   ASSERT_EQ(p.calls.size(), 1u);
   EXPECT_EQ(p.calls[0].first, "f");
   EXPECT_EQ(p.content, ", g(y=");  // the unfinished rest, as written
+}
+
+// ----------------------------------------------------------------------- hostile output
+
+TEST(ToolParsers, DeeplyNestedOrHugeArgumentsNeitherCrashNorHang) {
+  const std::string deep(100000, '[');
+  const std::string deep_closed = std::string(2000, '[') + std::string(2000, ']');
+  const std::vector<std::pair<std::string, std::string>> outputs = {
+      {"hermes",
+       "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": " + deep_closed + "}}</tool_call>"},
+      {"hermes",
+       "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 18446744073709551615}}</tool_call>"},
+      {"llama3_json", "{\"name\": \"f\", \"parameters\": {\"a\": " + deep_closed + "}}"},
+      {"openai", "<|channel|>commentary to=functions.f <|constrain|>json<|message|>" + deep_closed},
+      {"openai", "<|channel|>commentary to=functions.f <|constrain|>json<|message|>" + deep},
+      {"qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\n" + deep_closed +
+                          "\n</parameter>\n</function>\n</tool_call>"},
+      {"glm45", "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>" + deep_closed +
+                    "</arg_value>\n</tool_call>"},
+      {"glm45",
+       "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>" + deep + "</arg_value>\n</tool_call>"},
+      {"mistral", "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": " + deep_closed + "}}]"},
+      {"mistral", "[TOOL_CALLS]f" + std::string(100000, '{')},
+      {"pythonic", "[f(a=" + deep_closed + ")]"},
+      {"pythonic", "[f(a=" + deep},
+      {"deepseek_v31", kCallsBegin + kCallBegin + "f" + kSep + deep_closed + kCallEnd + kCallsEnd},
+      // Long unclosed calls and runs of whitespace, scanned once however they arrive.
+      {"hermes",
+       "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": \"" + std::string(400000, 'x')},
+      {"deepseek_v31", kCallsBegin + kCallBegin + "f" + kSep + std::string(400000, 'x')},
+      {"kimi_k2", kSectionBegin + kToolBegin + std::string(400000, 'x')},
+      {"kimi_k2", kSectionBegin + std::string(400000, ' ')},
+      {"qwen3_coder", "<tool_call>" + std::string(400000, '\n')},
+      {"qwen3_coder", "<tool_call>\n<function=f>\n<parameter=a>\n" + std::string(400000, 'x')},
+      {"deepseek_v3", kCallsBegin + kCallBegin + std::string(400000, 'x')},
+  };
+  for (const auto& [parser, text] : outputs) {
+    SCOPED_TRACE(parser + ": " + text.substr(0, 80));
+    const auto tools = with_tools(R"([{"type": "function", "function": {"name": "f",
+        "parameters": {"type": "object", "properties": {"a": {"type": "array"}}}}}])");
+    const Parsed w = parse_whole(parser, text, tools);
+    for (const size_t cut : {size_t{1}, text.size() / 2, text.size() - 1})
+      expect_same(parse_pieces(parser, {text.substr(0, cut), text.substr(cut)}, tools), w,
+                  "split at " + std::to_string(cut), false);
+    // Streamed in token-sized pieces, long hostile output takes time linear in its length.
+    std::vector<std::string> pieces;
+    for (size_t i = 0; i < text.size(); i += 4) pieces.push_back(text.substr(i, 4));
+    const auto t0 = std::chrono::steady_clock::now();
+    expect_same(parse_pieces(parser, pieces, tools), w, "in 4-byte pieces", false);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+    // Whatever they became, calls' arguments are text a client can take (JSON when they parse).
+    for (const auto& a : w.raw_arguments) EXPECT_FALSE(a.empty() && parser != "openai");
+  }
 }
 
 }  // namespace
