@@ -15,6 +15,7 @@
 #include "engine/tokenizer_text.h"
 #include "server/engine_backend.h"
 #include "server/http_server.h"
+#include "server/reasoning.h"
 #include "server/tool_parser.h"
 
 namespace {
@@ -33,6 +34,7 @@ struct ServeArgs {
   bool enable_prompt_tokens_details = false;
   bool enable_auto_tool_choice = false;
   std::string tool_call_parser;
+  std::string reasoning_parser;
   int max_waiting = 4096;
   int64_t max_body_bytes = 32 << 20;
 };
@@ -55,6 +57,19 @@ void serve(ServeArgs& a) {
   if (!a.tool_call_parser.empty() && !atom::server::tool_parser_known(a.tool_call_parser))
     atom::fail("invalid tool call parser: {} (choose from {{ {} }})", a.tool_call_parser,
                fmt::join(atom::server::tool_parser_names(), ", "));
+  if (!a.reasoning_parser.empty() && !atom::server::reasoning_parser_known(a.reasoning_parser))
+    atom::fail("invalid reasoning parser: {} (choose from {{ {} }})", a.reasoning_parser,
+               fmt::join(atom::server::reasoning_parser_names(), ", "));
+  nlohmann::ordered_json default_kwargs = nlohmann::ordered_json::object();
+  if (!a.default_chat_template_kwargs.empty()) {
+    try {
+      default_kwargs = nlohmann::ordered_json::parse(a.default_chat_template_kwargs);
+    } catch (const nlohmann::json::exception& e) {
+      atom::fail("--default-chat-template-kwargs is not JSON: {}", e.what());
+    }
+    if (!default_kwargs.is_object())
+      atom::fail("--default-chat-template-kwargs must be a JSON object");
+  }
 
   // Signals go to a dedicated thread (blocked here, before any thread starts).
   sigset_t sigs;
@@ -92,15 +107,6 @@ void serve(ServeArgs& a) {
   bo.model_path = a.model;
   bo.max_waiting = a.max_waiting;
   bo.chat_template = a.chat_template;
-  if (!a.default_chat_template_kwargs.empty()) {
-    try {
-      bo.default_chat_template_kwargs = nlohmann::ordered_json::parse(a.default_chat_template_kwargs);
-    } catch (const nlohmann::json::exception& e) {
-      atom::fail("--default-chat-template-kwargs is not JSON: {}", e.what());
-    }
-    if (!bo.default_chat_template_kwargs.is_object())
-      atom::fail("--default-chat-template-kwargs must be a JSON object");
-  }
   atom::server::EngineBackend backend(engine, tok, bo);
 
   atom::server::ServerOptions so;
@@ -111,6 +117,8 @@ void serve(ServeArgs& a) {
   so.enable_prompt_tokens_details = a.enable_prompt_tokens_details;
   so.enable_auto_tool_choice = a.enable_auto_tool_choice;
   so.tool_call_parser = a.tool_call_parser;
+  so.reasoning_parser = a.reasoning_parser;
+  so.default_chat_template_kwargs = default_kwargs;
   so.max_body_bytes = static_cast<size_t>(a.max_body_bytes);
   atom::server::Metrics metrics(so.served_model_names[0]);
   metrics.set_cache_config({{"block_size", std::to_string(engine.kv_plan().block_size)},
@@ -158,8 +166,14 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
                 "parse tool calls out of answers when a request has tools and tool_choice \"auto\" "
                 "(needs --tool-call-parser)");
   cmd->add_option("--tool-call-parser", a->tool_call_parser,
-                  "how the model writes tool calls: hermes (Qwen2.5, Qwen3, Hermes), llama3_json "
-                  "(Llama 3.1-3.3) or deepseek_v31 (DeepSeek-V3.1)");
+                  "how the model writes tool calls: hermes (Qwen2.5, Qwen3, Hermes), qwen3_coder "
+                  "(Qwen3-Coder), llama3_json (Llama 3.1-3.3), pythonic (Llama 3.2/4), "
+                  "deepseek_v3 (DeepSeek-V3, R1), deepseek_v31 (DeepSeek-V3.1), glm45 "
+                  "(GLM-4.5/4.6), kimi_k2 (Kimi K2), mistral, openai (gpt-oss)");
+  cmd->add_option("--reasoning-parser", a->reasoning_parser,
+                  "how the model marks its reasoning: qwen3, deepseek_r1, deepseek_v3, glm45, "
+                  "kimi_k2, openai_gptoss (default: <think> blocks or harmony channels when the "
+                  "chat template has them)");
   cmd->add_option("--max-waiting-requests", a->max_waiting, "queued requests beyond this get 503")
       ->capture_default_str();
   cmd->add_option("--max-request-body-bytes", a->max_body_bytes, "larger bodies get 413")->capture_default_str();

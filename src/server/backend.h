@@ -60,6 +60,7 @@ struct BackendInfo {
   int64_t vocab_size = 0;
   int64_t created = 0;  // unix time of start-up
   bool reasoning = false;  // the chat template emits <think> blocks
+  bool harmony = false;    // the chat template writes harmony channels (gpt-oss)
 };
 
 struct BackendStats {

@@ -22,9 +22,9 @@ nlohmann::json stop_reason_json(const StopReason& r) {
   return nullptr;
 }
 
-bool template_reasons(const tokenizer::ChatTemplate& t) {
+bool template_has(const tokenizer::ChatTemplate& t, const char* text) {
   for (const auto& [name, src] : t.template_sources())
-    if (src.find("</think>") != std::string::npos) return true;
+    if (src.find(text) != std::string::npos) return true;
   return false;
 }
 
@@ -41,7 +41,8 @@ EngineBackend::EngineBackend(LLMEngine& engine, tokenizer::Tokenizer tok, Engine
   // Ids the model takes and the tokenizer can print.
   info_.vocab_size = std::min<int64_t>(engine_.model().vocab_size(), tok_.id_limit());
   info_.created = unix_time_now();
-  info_.reasoning = template_reasons(template_);
+  info_.reasoning = template_has(template_, "</think>");
+  info_.harmony = template_has(template_, "<|channel|>");
   blocks_total_ = engine_.block_manager().num_blocks();
   blocks_free_ = engine_.block_manager().num_free_blocks();
   thread_ = std::thread([this] { loop(); });
@@ -76,9 +77,9 @@ std::string EngineBackend::render_chat(const ChatRequest& r) {
   o.add_generation_prompt = r.add_generation_prompt;
   o.continue_final_message = r.continue_final_message;
   o.tools = r.tools;
-  o.kwargs = options_.default_chat_template_kwargs;
-  for (auto it = r.chat_template_kwargs.begin(); it != r.chat_template_kwargs.end(); ++it) o.kwargs[it.key()] = it.value();
-  if (r.reasoning_effort) o.kwargs["reasoning_effort"] = *r.reasoning_effort;
+  // The server merged --default-chat-template-kwargs and reasoning_effort in
+  // (chat_template_variables).
+  o.kwargs = r.chat_template_kwargs;
   try {
     if (r.chat_template) {
       const auto t = tokenizer::ChatTemplate::from_string(*r.chat_template, template_.special_tokens());

@@ -24,7 +24,6 @@ struct EngineBackendOptions {
   std::string model_path;
   int max_waiting = 4096;  // queued requests beyond this get 503
   std::string chat_template;  // --chat-template: file or text; empty: the model's
-  nlohmann::ordered_json default_chat_template_kwargs = nlohmann::ordered_json::object();
 };
 
 class EngineBackend final : public Backend {

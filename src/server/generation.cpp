@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 
 #include "core/log.h"
@@ -63,15 +64,12 @@ struct ChoiceEvent {
 // Everything one HTTP request waits for.
 class Job {
  public:
-  Job(HttpServer& s, SamplingRequest sampling, bool chat_reasoning, bool starts_in_reasoning)
+  Job(HttpServer& s, SamplingRequest sampling)
       : s_(s), sampling_(std::move(sampling)), queue_(std::make_shared<UpdateQueue>()),
-        arrival_(Clock::now()) {
-    reasoning_ = chat_reasoning;
-    starts_in_reasoning_ = starts_in_reasoning;
-  }
+        arrival_(Clock::now()) {}
 
-  // Tool calls are parsed out of each choice's answer with this parser (vLLM's name).
-  void set_tool_parser(std::string name) { tool_parser_ = std::move(name); }
+  // Gives each choice its reasoning and tool-call parsers.
+  void set_choice_setup(std::function<void(ChoiceState&)> setup) { setup_ = std::move(setup); }
 
   void add_prompt(std::vector<int32_t> ids, std::string text) {
     EngineRequest r;
@@ -82,8 +80,7 @@ class Job {
     for (int j = 0; j < sampling_.n; ++j) {
       ChoiceState c;
       c.index = static_cast<int>(choices_.size());
-      if (reasoning_) c.reasoning_parser = std::make_unique<ReasoningParser>(starts_in_reasoning_);
-      if (!tool_parser_.empty()) c.tool_parser = make_tool_parser(tool_parser_);
+      if (setup_) setup_(c);
       choices_.push_back(std::move(c));
     }
   }
@@ -194,8 +191,7 @@ class Job {
   std::vector<ChoiceState> choices_;
   int submitted_ = 0, finished_ = 0;
   std::string error_;
-  bool reasoning_ = false, starts_in_reasoning_ = false;
-  std::string tool_parser_;
+  std::function<void(ChoiceState&)> setup_;
 };
 
 // Tokenised prompt checks shared by both endpoints.
@@ -293,7 +289,7 @@ void stream_job(httplib::Response& res, const httplib::Request& req, std::shared
 void handle_completions(HttpServer& s, const httplib::Request& req, httplib::Response& res) {
   CompletionRequest r = completion_request_parse(request_body_parse(req.body), s.options().limits);
   s.check_model(r.model);
-  auto job = std::make_shared<Job>(s, r.sampling, false, false);
+  auto job = std::make_shared<Job>(s, r.sampling);
   for (const auto& p : r.prompts) {
     std::vector<int32_t> ids;
     std::string text;
@@ -389,24 +385,49 @@ void handle_completions(HttpServer& s, const httplib::Request& req, httplib::Res
 void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib::Response& res) {
   ChatRequest r = chat_request_parse(request_body_parse(req.body), s.options().limits);
   s.check_model(r.model);
+  r.chat_template_kwargs = chat_template_variables(r, s.options().default_chat_template_kwargs);
+  // How answers are taken apart: vLLM's --reasoning-parser, or without one what the chat
+  // template shows (<think> blocks; gpt-oss's harmony channels, which vLLM always parses).
+  const BackendInfo& info = s.backend().info();
+  std::string reasoning = s.options().reasoning_parser;
+  if (reasoning.empty()) reasoning = info.harmony ? "openai_gptoss" : info.reasoning ? "qwen3" : "";
+  const std::string& tool_parser = s.options().tool_call_parser;
+  // One parser splits harmony's reasoning, content and calls, which live in one structure.
+  const bool harmony = reasoning == "openai_gptoss" || tool_parser == "openai";
   // Tools are rendered into the prompt. As vLLM, tool_choice "auto" parses calls back out of the
-  // answer only when the server runs with --enable-auto-tool-choice and a --tool-call-parser.
+  // answer only when the server runs with --enable-auto-tool-choice and a --tool-call-parser,
+  // except for harmony models, whose calls are part of the format.
   const bool auto_tools = !r.tools.is_null() && r.tool_choice == "auto";
-  if (auto_tools && !(s.options().enable_auto_tool_choice && !s.options().tool_call_parser.empty()))
+  if (auto_tools && !harmony && !(s.options().enable_auto_tool_choice && !tool_parser.empty()))
     bad_request("tool_choice",
                 "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
   if (!r.tools.is_null() && (r.tool_choice == "required" || r.tool_choice == "named"))
     bad_request("tool_choice", "tool_choice \"required\" or a named tool needs structured outputs, which atom does not support yet");
-  if (auto_tools && tool_parser_keeps_special_tokens(s.options().tool_call_parser))
+  // The parsers read markers that are special tokens in these tokenizers (all of harmony's).
+  if (harmony || (auto_tools && tool_parser_keeps_special_tokens(tool_parser)))
     r.sampling.skip_special_tokens = false;
   const std::string prompt = s.backend().render_chat(r);
   std::vector<int32_t> ids = s.backend().tokenize(prompt, r.add_special_tokens);
   check_prompt(s, ids, r.sampling, true);
-  const bool reasoning = s.backend().info().reasoning;
-  const bool starts_in_reasoning = reasoning && ReasoningParser::prompt_opens_reasoning(prompt);
-  auto job = std::make_shared<Job>(s, r.sampling, reasoning, starts_in_reasoning);
-  if (auto_tools) job->set_tool_parser(s.options().tool_call_parser);
+  auto job = std::make_shared<Job>(s, r.sampling);
+  job->set_choice_setup([&](ChoiceState& c) {
+    if (harmony) {
+      ToolParserOptions o;
+      o.tools = r.tools;
+      o.parse_calls = auto_tools;
+      c.tool_parser = make_tool_parser("openai", o);
+      return;
+    }
+    if (!reasoning.empty())
+      c.reasoning_parser = make_reasoning_parser(reasoning, prompt, r.chat_template_kwargs);
+    if (auto_tools) {
+      ToolParserOptions o;
+      o.tools = r.tools;
+      c.tool_parser = make_tool_parser(tool_parser, o);
+    }
+  });
   job->add_prompt(std::move(ids), prompt);
+  job->set_choice_setup(nullptr);  // only add_prompt uses it, with this scope's variables
   job->submit_all(r.request_id, "chatcmpl");
   const std::string id = response_id("chatcmpl");
   const int64_t created = unix_time_now();
@@ -424,22 +445,29 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
     json choices = json::array();
     for (auto& c : job->choices()) {
       json message = {{"role", "assistant"}};
-      std::string content = c.text;
+      // Reasoning is split off first, then calls are parsed out of what remains.
+      std::string content = c.text, reasoning_text;
       if (c.reasoning_parser) {
-        const ReasoningDelta d = ReasoningParser::split(c.text, starts_in_reasoning);
-        content = d.content;
-        message["reasoning_content"] = d.reasoning.empty() ? json(nullptr) : json(d.reasoning);
-        message["reasoning"] = message["reasoning_content"];
+        ReasoningDelta d = c.reasoning_parser->feed(c.text);
+        const ReasoningDelta rest = c.reasoning_parser->finish();
+        reasoning_text = d.reasoning + rest.reasoning;
+        content = d.content + rest.content;
       }
       json tool_calls = json::array();
       if (c.tool_parser) {
         ToolDelta t = c.tool_parser->parse(content);
         content = std::move(t.content);
+        reasoning_text += t.reasoning;
         for (const ToolCall& call : t.calls)
           tool_calls.push_back(
               {{"id", call.id},
                {"type", "function"},
                {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+      }
+      if (c.reasoning_parser || harmony) {
+        message["reasoning_content"] =
+            reasoning_text.empty() ? json(nullptr) : json(reasoning_text);
+        message["reasoning"] = message["reasoning_content"];
       }
       // With tool calls and no text around them, content is null (as vLLM).
       const bool no_content = !tool_calls.empty() && echo_text.empty() && content.empty();
@@ -482,7 +510,7 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
                                 {"logprobs", nullptr}, {"finish_reason", nullptr}}));
     }
     json delta = json::object();
-    std::string content = ev.delta.text;
+    std::string content = ev.delta.text, reasoning_text;
     if (c.reasoning_parser) {
       ReasoningDelta d = c.reasoning_parser->feed(ev.delta.text);
       if (ev.delta.finish_reason) {
@@ -490,37 +518,39 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
         d.reasoning += rest.reasoning;
         d.content += rest.content;
       }
-      if (!d.reasoning.empty()) {
-        delta["reasoning_content"] = d.reasoning;
-        delta["reasoning"] = d.reasoning;
-      }
+      reasoning_text = std::move(d.reasoning);
       content = std::move(d.content);
     }
-    std::vector<ToolCall> calls;
+    std::vector<ToolCallDelta> calls;
     if (c.tool_parser) {
       ToolDelta t = c.tool_parser->feed(content);
-      if (ev.delta.finish_reason) {
-        ToolDelta rest = c.tool_parser->finish();
-        t.content += rest.content;
-        for (auto& call : rest.calls) t.calls.push_back(std::move(call));
-      }
+      if (ev.delta.finish_reason) t.append(c.tool_parser->finish());
       content = std::move(t.content);
-      calls = std::move(t.calls);
+      reasoning_text += t.reasoning;
+      calls = std::move(t.deltas);
+    }
+    if (!reasoning_text.empty()) {
+      delta["reasoning_content"] = reasoning_text;
+      delta["reasoning"] = reasoning_text;
     }
     if (!content.empty()) delta["content"] = content;
-    // One chunk for the text, then per tool call one with its id and name and one with its
-    // arguments (vLLM's delta shapes); logprobs ride on the first, finish_reason on the last.
+    // One chunk for the text, then per call piece one (vLLM's delta shapes): a call's first
+    // names it, the others carry its arguments; logprobs ride on the first chunk, finish_reason
+    // on the last.
     std::vector<json> deltas;
     if (!delta.empty()) deltas.push_back(delta);
-    for (const ToolCall& call : calls) {
-      const int index = c.tool_calls_sent++;
-      deltas.push_back({{"tool_calls", json::array({{{"index", index},
-                                                     {"id", call.id},
-                                                     {"type", "function"},
-                                                     {"function", {{"name", call.name}}}}})}});
-      deltas.push_back(
-          {{"tool_calls",
-            json::array({{{"index", index}, {"function", {{"arguments", call.arguments}}}}})}});
+    for (const ToolCallDelta& call : calls) {
+      if (!call.id.empty()) {
+        ++c.tool_calls_sent;
+        deltas.push_back({{"tool_calls", json::array({{{"index", call.index},
+                                                       {"id", call.id},
+                                                       {"type", "function"},
+                                                       {"function", {{"name", call.name}}}}})}});
+      }
+      if (!call.arguments.empty())
+        deltas.push_back(
+            {{"tool_calls", json::array({{{"index", call.index},
+                                          {"function", {{"arguments", call.arguments}}}}})}});
     }
     const bool has_tokens = !ev.delta.token_ids.empty();
     if (deltas.empty() && !ev.delta.finish_reason && !(want_logprobs && has_tokens)) return out;

@@ -129,6 +129,8 @@ void HttpServer::routes() {
       std::vector<int32_t> ids;
       if (body.contains("messages")) {
         ChatRequest chat = chat_request_parse(body, options_.limits);
+        chat.chat_template_kwargs =
+            chat_template_variables(chat, options_.default_chat_template_kwargs);
         ids = backend_.tokenize(backend_.render_chat(chat), chat.add_special_tokens);
       } else {
         if (!body.contains("prompt") || !body["prompt"].is_string()) bad_request("prompt", "'prompt' must be a string");

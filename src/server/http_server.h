@@ -29,6 +29,11 @@ struct ServerOptions {
   bool enable_prompt_tokens_details = false;
   bool enable_auto_tool_choice = false;  // with tool_call_parser: tool_choice "auto" is served
   std::string tool_call_parser;          // a name from tool_parser_names(), or empty
+  // --reasoning-parser: a name from reasoning_parser_names(); empty: what the chat template shows
+  // (<think> blocks split as qwen3's, harmony channels as openai_gptoss), or nothing.
+  std::string reasoning_parser;
+  // --default-chat-template-kwargs: template variables under every chat request's own.
+  nlohmann::ordered_json default_chat_template_kwargs = nlohmann::ordered_json::object();
   ProtocolLimits limits;
   std::string version = "0.1.0";
 };

@@ -360,4 +360,12 @@ ChatRequest chat_request_parse(const json& body, const ProtocolLimits& limits) {
   return r;
 }
 
+json chat_template_variables(const ChatRequest& r, const json& defaults) {
+  json vars = defaults.is_object() ? defaults : json::object();
+  for (auto it = r.chat_template_kwargs.begin(); it != r.chat_template_kwargs.end(); ++it)
+    vars[it.key()] = it.value();
+  if (r.reasoning_effort) vars["reasoning_effort"] = *r.reasoning_effort;
+  return vars;
+}
+
 }  // namespace atom::server

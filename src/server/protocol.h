@@ -83,6 +83,12 @@ CompletionRequest completion_request_parse(const nlohmann::ordered_json& body,
                                            const ProtocolLimits& limits = {});
 ChatRequest chat_request_parse(const nlohmann::ordered_json& body, const ProtocolLimits& limits = {});
 
+// The chat template's variables for a request, as vLLM passes them: the server's
+// --default-chat-template-kwargs, overridden by the request's chat_template_kwargs, then its
+// reasoning_effort when given (gpt-oss's template reads `reasoning_effort`).
+nlohmann::ordered_json chat_template_variables(const ChatRequest& request,
+                                               const nlohmann::ordered_json& defaults);
+
 // The JSON body of a request as text; an ApiError (400) when it is not a JSON object.
 nlohmann::ordered_json request_body_parse(const std::string& text);
 

@@ -1,49 +1,52 @@
 #include "server/reasoning.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
+#include <stdexcept>
+
+#include "server/tool_parser_util.h"
 
 namespace atom::server {
 
-namespace {
-// Length of the longest suffix of `s` that is a proper prefix of `tag`.
-size_t partial_tag_suffix(const std::string& s, const std::string& tag) {
-  for (size_t n = std::min(s.size(), tag.size() - 1); n > 0; --n)
-    if (s.compare(s.size() - n, n, tag, 0, n) == 0) return n;
-  return 0;
-}
-bool all_space(const std::string& s) {
-  return std::all_of(s.begin(), s.end(), [](unsigned char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; });
-}
-}  // namespace
+using namespace parse_util;
 
-ReasoningParser::ReasoningParser(bool starts_in_reasoning, std::string start_tag, std::string end_tag)
-    : state_(starts_in_reasoning ? State::kReasoning : State::kStart),
-      start_(std::move(start_tag)),
-      end_(std::move(end_tag)) {}
+ReasoningParser::ReasoningParser(bool starts_in_reasoning, std::string start_tag,
+                                 std::string end_tag)
+    : ReasoningParser(
+          ReasoningFormat{std::move(start_tag), std::move(end_tag), starts_in_reasoning, ""}) {}
+
+ReasoningParser::ReasoningParser(ReasoningFormat format)
+    : state_(format.starts_in_reasoning ? State::kStartReasoning : State::kStart),
+      format_(std::move(format)) {}
 
 ReasoningDelta ReasoningParser::feed(const std::string& text) {
   ReasoningDelta out;
   held_ += text;
+  const std::string& start = format_.start;
+  const std::string& end = format_.end;
+  const std::string& also = format_.also_ends;
   for (;;) {
-    if (state_ == State::kStart) {
+    if (state_ == State::kStart || state_ == State::kStartReasoning) {
       // Output may open a block with the start tag, after optional whitespace.
-      const size_t lead = held_.find_first_not_of(" \t\r\n");
+      const size_t lead = held_.find_first_not_of(kSpace);
       if (lead == std::string::npos) return out;  // only whitespace so far: undecided
       const std::string rest = held_.substr(lead);
-      if (rest.compare(0, start_.size(), start_) == 0) {
-        held_ = rest.substr(start_.size());
+      if (starts_with(rest, start)) {
+        held_ = rest.substr(start.size());
         state_ = State::kReasoning;
         continue;
       }
-      if (rest.size() < start_.size() && start_.compare(0, rest.size(), rest) == 0) return out;
-      state_ = State::kContent;
+      if (is_partial(rest, start)) return out;
+      state_ = state_ == State::kStart ? State::kContent : State::kReasoning;
       continue;
     }
     if (state_ == State::kReasoning) {
-      const size_t end = held_.find(end_);
-      if (end != std::string::npos) {
-        out.reasoning += held_.substr(0, end);
-        held_ = held_.substr(end + end_.size());
+      const Found f = also.empty() ? find_first(held_, {end}) : find_first(held_, {end, also});
+      if (f.which == 0) {
+        out.reasoning += held_.substr(0, f.pos);
+        held_ = held_.substr(f.pos + end.size());
         // The answer usually starts after blank lines; they belong to neither part.
         const size_t first = held_.find_first_not_of("\r\n");
         held_ = first == std::string::npos ? "" : held_.substr(first);
@@ -54,7 +57,14 @@ ReasoningDelta ReasoningParser::feed(const std::string& text) {
         }
         continue;
       }
-      const size_t keep = partial_tag_suffix(held_, end_);
+      if (f.which == 1) {
+        out.reasoning += held_.substr(0, f.pos);
+        held_ = held_.substr(f.pos);  // the tag starts the content
+        state_ = State::kContent;
+        continue;
+      }
+      const size_t keep =
+          also.empty() ? partial_tag_suffix(held_, end) : partial_tag_suffix(held_, {end, also});
       out.reasoning += held_.substr(0, held_.size() - keep);
       held_ = held_.substr(held_.size() - keep);
       return out;
@@ -77,7 +87,7 @@ ReasoningDelta ReasoningParser::feed(const std::string& text) {
 
 ReasoningDelta ReasoningParser::finish() {
   ReasoningDelta out;
-  if (state_ == State::kReasoning) {
+  if (state_ == State::kReasoning || state_ == State::kStartReasoning) {
     out.reasoning = held_;
   } else if (!(skip_newlines_ && all_space(held_))) {
     out.content = held_;
@@ -93,10 +103,62 @@ ReasoningDelta ReasoningParser::split(const std::string& output, bool starts_in_
 }
 
 bool ReasoningParser::prompt_opens_reasoning(const std::string& prompt) {
-  const size_t end = prompt.find_last_not_of(" \t\r\n");
+  const size_t end = prompt.find_last_not_of(kSpace);
   if (end == std::string::npos) return false;
   const std::string tag = "<think>";
   return end + 1 >= tag.size() && prompt.compare(end + 1 - tag.size(), tag.size(), tag) == 0;
+}
+
+const std::vector<std::string>& reasoning_parser_names() {
+  static const std::vector<std::string> names = {"deepseek_r1", "deepseek_v3",   "glm45",
+                                                 "kimi_k2",     "openai_gptoss", "qwen3"};
+  return names;
+}
+
+bool reasoning_parser_known(const std::string& name) {
+  const auto& n = reasoning_parser_names();
+  return std::find(n.begin(), n.end(), name) != n.end();
+}
+
+namespace {
+// Python's bool() of a template variable.
+bool truthy(const nlohmann::ordered_json& kwargs, const char* key, bool fallback) {
+  if (!kwargs.is_object() || !kwargs.contains(key)) return fallback;
+  const auto& v = kwargs[key];
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_number()) return v.get<double>() != 0;
+  if (v.is_string()) return !v.get_ref<const std::string&>().empty();
+  if (v.is_array() || v.is_object()) return !v.empty();
+  return false;  // null
+}
+}  // namespace
+
+std::unique_ptr<ReasoningParser> make_reasoning_parser(
+    const std::string& name, const std::string& prompt,
+    const nlohmann::ordered_json& chat_template_kwargs) {
+  ReasoningFormat f;
+  if (name == "qwen3" || name == "glm45") {
+    // <think> written by the model, or already opened by the prompt.
+    f.starts_in_reasoning = ReasoningParser::prompt_opens_reasoning(prompt);
+  } else if (name == "deepseek_r1") {
+    f.starts_in_reasoning = true;  // R1's templates open <think> in the prompt
+  } else if (name == "deepseek_v3") {
+    // V3.1/V3.2 think only when asked (`thinking`, or `enable_thinking`), as R1 does then.
+    if (!truthy(chat_template_kwargs, "thinking", false) &&
+        !truthy(chat_template_kwargs, "enable_thinking", false))
+      return nullptr;
+    f.starts_in_reasoning = true;
+  } else if (name == "kimi_k2") {
+    if (!truthy(chat_template_kwargs, "thinking", true)) return nullptr;
+    f.starts_in_reasoning = true;
+    f.also_ends = "<|tool_calls_section_begin|>";
+  } else if (name == "openai_gptoss") {
+    return nullptr;
+  } else {
+    throw std::invalid_argument(fmt::format("invalid reasoning parser: {} (choose from {{ {} }})",
+                                            name, fmt::join(reasoning_parser_names(), ", ")));
+  }
+  return std::make_unique<ReasoningParser>(std::move(f));
 }
 
 }  // namespace atom::server

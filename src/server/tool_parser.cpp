@@ -8,24 +8,15 @@
 #include <random>
 #include <stdexcept>
 
-#include "jinja/py_format.h"
-#include "jinja/template.h"
+#include "server/tool_parser_util.h"
+#include "server/tool_parsers.h"
 
 namespace atom::server {
 
 namespace {
 
 using json = nlohmann::ordered_json;
-constexpr const char* kSpace = " \t\r\n";
-
-// Length of the longest suffix of `s` that is a proper prefix of `tag`.
-size_t partial_tag_suffix(const std::string& s, const std::string& tag) {
-  for (size_t n = std::min(s.size(), tag.size() - 1); n > 0; --n)
-    if (s.compare(s.size() - n, n, tag, 0, n) == 0) return n;
-  return 0;
-}
-
-bool all_space(const std::string& s) { return s.find_first_not_of(kSpace) == std::string::npos; }
+using namespace parse_util;
 
 // Appends text to the content; right after a call (after_call) its leading whitespace is dropped,
 // and the flag cleared once non-blank text arrives.
@@ -44,7 +35,7 @@ void content_out(ToolDelta& out, const std::string& s, bool& after_call) {
 bool make_call(const std::string& name, const json& args, ToolCall& out) {
   json value = args;
   if (value.is_string()) {  // arguments already serialised by the model
-    value = json::parse(args.get_ref<const std::string&>(), nullptr, false);
+    value = json_loads(args.get_ref<const std::string&>());
     if (value.is_discarded()) return false;
   }
   if (name.empty() || !value.is_object()) return false;
@@ -52,16 +43,14 @@ bool make_call(const std::string& name, const json& args, ToolCall& out) {
   out.name = name;
   // As vLLM writes them: Python's json.dumps(arguments, ensure_ascii=False), keys in the model's
   // order.
-  jinja::JsonOptions py;
-  py.ensure_ascii = false;
-  out.arguments = jinja::json_dumps(jinja::value_from_json(value), py);
+  out.arguments = py_json_dumps(value, false);
   return true;
 }
 
 // A call object {"name": "...", <args_key>: {...}}; false when the text is anything else.
 bool call_from_json(const std::string& text, const std::vector<const char*>& args_keys,
                     ToolCall& out) {
-  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const json j = json_loads(text);
   if (j.is_discarded() || !j.is_object()) return false;
   const auto name = j.find("name");
   if (name == j.end() || !name->is_string() || name->get_ref<const std::string&>().empty())
@@ -98,8 +87,13 @@ class HermesParser : public ToolParser {
         held_.erase(0, held_.size() - keep);
         return out;
       }
-      const size_t close = held_.find(kClose);
-      if (close == std::string::npos) return out;
+      // The search resumes where the last one stopped: a long call is scanned once.
+      const size_t close = held_.find(kClose, close_scan_);
+      if (close == std::string::npos) {
+        close_scan_ = held_.size() >= kClose.size() ? held_.size() - kClose.size() + 1 : 0;
+        return out;
+      }
+      close_scan_ = 0;
       const std::string body = held_.substr(0, close);
       held_.erase(0, close + kClose.size());
       in_call_ = false;
@@ -116,6 +110,7 @@ class HermesParser : public ToolParser {
     }
     held_.clear();
     in_call_ = false;
+    close_scan_ = 0;
     return out;
   }
 
@@ -124,7 +119,7 @@ class HermesParser : public ToolParser {
   void call_out(ToolDelta& out, const std::string& body, bool closed) {
     ToolCall c;
     if (call_from_json(body, {"arguments"}, c)) {
-      out.calls.push_back(std::move(c));
+      whole_call(out, std::move(c.id), std::move(c.name), std::move(c.arguments));
       after_call_ = true;
       return;
     }
@@ -133,6 +128,7 @@ class HermesParser : public ToolParser {
 
   const std::string kOpen = "<tool_call>", kClose = "</tool_call>";
   std::string held_;
+  size_t close_scan_ = 0;  // where the search for the close tag resumes
   bool in_call_ = false;
   bool after_call_ = false;
 };
@@ -229,7 +225,7 @@ class Llama3JsonParser : public ToolParser {
             to_content();
             break;
           }
-          out.calls.push_back(std::move(c));
+          whole_call(out, std::move(c.id), std::move(c.name), std::move(c.arguments));
           any_call_ = true;
           held_.erase(0, end);
           raw_.clear();
@@ -337,8 +333,12 @@ class DeepSeekV31Parser : public ToolParser {
         }
         continue;
       }
-      const size_t close = held_.find(kCallEnd);
-      if (close == std::string::npos) return out;
+      const size_t close = held_.find(kCallEnd, close_scan_);
+      if (close == std::string::npos) {
+        close_scan_ = held_.size() >= kCallEnd.size() ? held_.size() - kCallEnd.size() + 1 : 0;
+        return out;
+      }
+      close_scan_ = 0;
       const std::string body = held_.substr(0, close);
       held_.erase(0, close + kCallEnd.size());
       state_ = State::kSection;
@@ -354,6 +354,7 @@ class DeepSeekV31Parser : public ToolParser {
       text_out(out, held_);
     }
     held_.clear();
+    close_scan_ = 0;
     state_ = State::kText;
     return out;
   }
@@ -371,9 +372,9 @@ class DeepSeekV31Parser : public ToolParser {
       std::string name = body.substr(0, sep);
       const size_t a = name.find_first_not_of(kSpace), b = name.find_last_not_of(kSpace);
       name = a == std::string::npos ? "" : name.substr(a, b - a + 1);
-      const json args = json::parse(body.substr(sep + kSep.size()), nullptr, false);
+      const json args = json_loads(std::string_view(body).substr(sep + kSep.size()));
       if (!args.is_discarded() && make_call(name, args, c)) {
-        out.calls.push_back(std::move(c));
+        whole_call(out, std::move(c.id), std::move(c.name), std::move(c.arguments));
         after_call_ = true;
         return;
       }
@@ -386,21 +387,72 @@ class DeepSeekV31Parser : public ToolParser {
   const std::string kSep = "<｜tool▁sep｜>";
   State state_ = State::kText;
   std::string held_;
+  size_t close_scan_ = 0;  // where the search for the call's end resumes
   bool after_call_ = false;
 };
 
 }  // namespace
 
+void ToolDelta::append(ToolDelta next) {
+  content += next.content;
+  reasoning += next.reasoning;
+  for (auto& d : next.deltas) {
+    // Consecutive argument pieces of one call travel as one.
+    if (!deltas.empty() && d.id.empty() && deltas.back().index == d.index &&
+        deltas.back().id.empty()) {
+      deltas.back().arguments += d.arguments;
+      continue;
+    }
+    deltas.push_back(std::move(d));
+  }
+  for (auto& c : next.calls) calls.push_back(std::move(c));
+}
+
 ToolDelta ToolParser::parse(const std::string& output) {
   ToolDelta a = feed(output);
-  ToolDelta b = finish();
-  a.content += b.content;
-  for (auto& c : b.calls) a.calls.push_back(std::move(c));
+  a.append(finish());
   return a;
 }
 
+int ToolParser::begin_call(ToolDelta& out, std::string id, std::string name) {
+  const int index = static_cast<int>(started_.size());
+  started_.push_back({id, name});
+  ToolCallDelta d;
+  d.index = index;
+  d.id = std::move(id);
+  d.name = std::move(name);
+  out.deltas.push_back(std::move(d));
+  return index;
+}
+
+void ToolParser::call_arguments(ToolDelta& out, int index, const std::string& arguments) {
+  if (arguments.empty()) return;
+  if (!out.deltas.empty() && out.deltas.back().index == index && out.deltas.back().id.empty()) {
+    out.deltas.back().arguments += arguments;
+    return;
+  }
+  ToolCallDelta d;
+  d.index = index;
+  d.arguments = arguments;
+  out.deltas.push_back(std::move(d));
+}
+
+void ToolParser::end_call(ToolDelta& out, int index, std::string arguments) {
+  const Started& s = started_.at(static_cast<size_t>(index));
+  out.calls.push_back({s.id, s.name, std::move(arguments)});
+}
+
+void ToolParser::whole_call(ToolDelta& out, std::string id, std::string name,
+                            std::string arguments) {
+  const int index = begin_call(out, std::move(id), std::move(name));
+  call_arguments(out, index, arguments);
+  end_call(out, index, std::move(arguments));
+}
+
 const std::vector<std::string>& tool_parser_names() {
-  static const std::vector<std::string> names = {"hermes", "llama3_json", "deepseek_v31"};
+  static const std::vector<std::string> names = {
+      "hermes", "llama3_json", "deepseek_v3", "deepseek_v31", "qwen3_coder",
+      "glm45",  "kimi_k2",     "mistral",     "pythonic",     "openai"};
   return names;
 }
 
@@ -409,19 +461,38 @@ bool tool_parser_known(const std::string& name) {
   return std::find(n.begin(), n.end(), name) != n.end();
 }
 
-std::unique_ptr<ToolParser> make_tool_parser(const std::string& name) {
+std::unique_ptr<ToolParser> make_tool_parser(const std::string& name,
+                                             const ToolParserOptions& options) {
   if (name == "hermes") return std::make_unique<HermesParser>();
   if (name == "llama3_json") return std::make_unique<Llama3JsonParser>();
   if (name == "deepseek_v31") return std::make_unique<DeepSeekV31Parser>();
+  if (name == "deepseek_v3") return make_deepseek_v3_parser();
+  if (name == "qwen3_coder") return make_qwen3_coder_parser(options.tools);
+  if (name == "glm45") return make_glm45_parser(options.tools);
+  if (name == "kimi_k2") return make_kimi_k2_parser();
+  if (name == "mistral") return make_mistral_parser();
+  if (name == "pythonic") return make_pythonic_parser();
+  if (name == "openai") return make_harmony_parser(options.parse_calls);
   throw std::invalid_argument(fmt::format("invalid tool call parser: {} (choose from {{ {} }})",
                                           name, fmt::join(tool_parser_names(), ", ")));
 }
 
-bool tool_parser_keeps_special_tokens(const std::string& name) { return name == "hermes"; }
+bool tool_parser_keeps_special_tokens(const std::string& name) {
+  return name == "hermes" || name == "qwen3_coder" || name == "glm45" || name == "kimi_k2" ||
+         name == "mistral" || name == "openai";
+}
 
 std::string tool_call_id() {
   thread_local std::mt19937_64 rng(std::random_device{}());
   return fmt::format("chatcmpl-tool-{:016x}{:016x}", rng(), rng());
+}
+
+std::string mistral_tool_call_id() {
+  static constexpr char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  std::string id(9, ' ');
+  for (char& c : id) c = kAlnum[rng() % (sizeof(kAlnum) - 1)];
+  return id;
 }
 
 }  // namespace atom::server

@@ -6,6 +6,8 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "server/api_error.h"
 #include "server/backend.h"
@@ -37,9 +39,15 @@ class FakeBackend : public server::Backend {
   std::chrono::milliseconds delay{0};
   int max_waiting = 1 << 30;  // submissions beyond this many in flight get 503
   bool reasoning = false;
+  bool harmony = false;  // as if the chat template wrote harmony channels (gpt-oss)
+  int64_t max_model_len = 256;
+  // Replies chosen by the prompt: the first whose key the prompt's text contains, else `reply`.
+  std::vector<std::pair<std::string, std::string>> replies;
 
   const server::BackendInfo& info() const override {
     const_cast<server::BackendInfo&>(info_).reasoning = reasoning;
+    const_cast<server::BackendInfo&>(info_).harmony = harmony;
+    const_cast<server::BackendInfo&>(info_).max_model_len = max_model_len;
     return info_;
   }
   std::vector<int32_t> tokenize(const std::string& text, bool add_special) override {
@@ -58,6 +66,10 @@ class FakeBackend : public server::Backend {
   }
   std::string token_text(int32_t id) override { return detokenize(std::span<const int32_t>(&id, 1), false); }
   std::string render_chat(const server::ChatRequest& r) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_chat_template_kwargs_ = r.chat_template_kwargs;
+    }
     std::string s;
     for (const auto& m : r.messages) {
       if (m.value("role", "") == "raise") throw server::ApiError(400, "BadRequestError", "template error: raise role");
@@ -77,8 +89,15 @@ class FakeBackend : public server::Backend {
       aborted_[req.id] = false;
       last_request_ = req;
     }
+    std::string text = reply;
+    const std::string prompt = detokenize(req.prompt_ids, false);
+    for (const auto& [key, r] : replies)
+      if (prompt.find(key) != std::string::npos) {
+        text = r;
+        break;
+      }
     std::lock_guard<std::mutex> lock(mu_);
-    threads_.emplace_back([this, req = std::move(req), cb = std::move(cb)] {
+    threads_.emplace_back([this, req = std::move(req), cb = std::move(cb), reply = text] {
       const int n = req.sampling.n;
       const int64_t max_tokens = req.sampling.max_tokens.value_or(16);
       std::vector<std::string> texts(n);
@@ -99,13 +118,24 @@ class FakeBackend : public server::Backend {
           server::ChoiceDelta d;
           d.index = i;
           if (!aborted && !out_of_reply) {
-            const char c = reply[step];
-            d.text = std::string(1, c);
+            const auto c = static_cast<unsigned char>(reply[step]);
+            // As the engine's detokenizer: text comes out in whole UTF-8 characters, so a
+            // character's leading bytes (tokens) carry no text yet.
+            std::string& pending = texts[i];
+            pending += static_cast<char>(c);
+            const auto lead = static_cast<unsigned char>(pending[0]);
+            const size_t need = lead < 0xC0 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+            if (pending.size() >= need) {
+              d.text = pending;
+              pending.clear();
+            }
             d.token_ids = {c + kOffset};
             if (req.sampling.logprobs)
               d.logprobs = {{c + kOffset, -0.5f, {{c + kOffset, -0.5f}, {kOffset, -1.5f}}}};
           }
           if (last) {
+            d.text += texts[i];  // an incomplete character at the end (malformed reply) as is
+            texts[i].clear();
             d.finish_reason = aborted ? "abort" : out_of_reply ? "stop" : "length";
             if (out_of_reply && !aborted) d.stop_reason = nullptr;
           }
@@ -147,6 +177,11 @@ class FakeBackend : public server::Backend {
     std::lock_guard<std::mutex> lock(mu_);
     return last_request_;
   }
+  // The template variables of the last chat request rendered.
+  nlohmann::ordered_json last_chat_template_kwargs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_chat_template_kwargs_;
+  }
 
  private:
   server::BackendInfo info_;
@@ -154,6 +189,7 @@ class FakeBackend : public server::Backend {
   int live_ = 0, total_submitted_ = 0, aborted_count_ = 0;
   std::map<std::string, bool> aborted_;
   server::BackendRequest last_request_;
+  nlohmann::ordered_json last_chat_template_kwargs_;
   std::vector<std::thread> threads_;
 };
 

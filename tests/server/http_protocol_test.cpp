@@ -243,7 +243,7 @@ class HttpTools : public Http {
   }
   // Streamed content, and per tool-call index its id, name and concatenated arguments.
   struct Streamed {
-    std::string content;
+    std::string content, reasoning;
     std::vector<json> calls;  // {"id", "type", "name", "arguments"}
     json finish_reason;
     int finish_chunks = 0;
@@ -264,6 +264,10 @@ class HttpTools : public Http {
       const json& c = e["choices"][0];
       const json& d = c["delta"];
       if (d.contains("content")) st.content += d["content"].get<std::string>();
+      if (d.contains("reasoning_content")) {
+        st.reasoning += d["reasoning_content"].get<std::string>();
+        EXPECT_EQ(d["reasoning"], d["reasoning_content"]);
+      }
       if (!c["finish_reason"].is_null()) {
         st.finish_reason = c["finish_reason"];
         ++st.finish_chunks;
@@ -473,6 +477,124 @@ TEST_F(HttpTools, AutoWithoutTheFlagsIsRefusedAsVllm) {
       post("/v1/chat/completions", {{"messages", msgs}, {"tools", tools}, {"tool_choice", "none"}})
           ->status,
       200);
+}
+
+// gpt-oss: a chat template with harmony channels makes the server split them (vLLM always does
+// for gpt-oss), and its calls need no tool flags.
+TEST_F(HttpTools, HarmonyChannelsAndACallWithoutToolFlags) {
+  backend.harmony = true;
+  backend.reply =
+      "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>"
+      "commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}";
+  start();
+  auto r = post("/v1/chat/completions", {{"messages", msgs}, {"tools", tools}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json c = json::parse(r->body)["choices"][0];
+  EXPECT_EQ(c["message"]["reasoning_content"], "Need the weather.");
+  EXPECT_EQ(c["message"]["reasoning"], "Need the weather.");
+  EXPECT_TRUE(c["message"]["content"].is_null()) << r->body;
+  ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
+  EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  // vLLM's openai parser: json.dumps(json.loads(text)).
+  EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["arguments"], "{\"city\": \"Paris\"}");
+  EXPECT_EQ(c["finish_reason"], "tool_calls");
+  // Harmony's markers are special tokens: they stay in the text the parser reads.
+  EXPECT_FALSE(backend.last_request().sampling.skip_special_tokens);
+  const Streamed st = stream({{"messages", msgs}, {"tools", tools}});
+  EXPECT_EQ(st.reasoning, "Need the weather.");
+  EXPECT_EQ(st.content, "");
+  ASSERT_EQ(st.calls.size(), 1u);
+  EXPECT_EQ(st.calls[0]["arguments"], "{\"city\":\"Paris\"}");  // streamed as the model wrote it
+  EXPECT_EQ(st.finish_reason, "tool_calls");
+  EXPECT_EQ(st.finish_chunks, 1);
+
+  // Without tools: reasoning and content; tool_choice none drops calls.
+  backend.reply =
+      "<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final"
+      "<|message|>4";
+  r = post("/v1/chat/completions", {{"messages", msgs}});
+  json m = json::parse(r->body)["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning_content"], "Simple.");
+  EXPECT_EQ(m["content"], "4");
+  EXPECT_TRUE(m["tool_calls"].empty());
+  const Streamed plain = stream({{"messages", msgs}});
+  EXPECT_EQ(plain.reasoning, "Simple.");
+  EXPECT_EQ(plain.content, "4");
+  EXPECT_EQ(plain.finish_reason, "stop");
+}
+
+TEST_F(HttpTools, Qwen3CoderTypesArgumentsByTheRequestsToolsAndStreamsThem) {
+  backend.reply =
+      "Checking.<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+      "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+  start_with("qwen3_coder");
+  const json typed = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+      "days": {"type": "integer"}}}}}])");
+  auto r = post("/v1/chat/completions", {{"messages", msgs}, {"tools", typed}});
+  const json c = json::parse(r->body)["choices"][0];
+  EXPECT_EQ(c["message"]["content"], "Checking.");
+  ASSERT_EQ(c["message"]["tool_calls"].size(), 1u) << r->body;
+  EXPECT_EQ(c["message"]["tool_calls"][0]["function"]["arguments"],
+            "{\"city\": \"Paris\", \"days\": 3}");
+  EXPECT_FALSE(backend.last_request().sampling.skip_special_tokens);
+  const Streamed st = stream({{"messages", msgs}, {"tools", typed}});
+  EXPECT_EQ(st.content, "Checking.");
+  ASSERT_EQ(st.calls.size(), 1u);
+  EXPECT_EQ(st.calls[0]["arguments"], c["message"]["tool_calls"][0]["function"]["arguments"]);
+  EXPECT_EQ(st.finish_reason, "tool_calls");
+}
+
+TEST_F(HttpTools, KimiK2CallsKeepTheModelsIds) {
+  backend.reply =
+      "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0 "
+      "<|tool_call_argument_begin|>{\"city\": \"Oslo\"}<|tool_call_end|><|tool_calls_section_end|>";
+  start_with("kimi_k2");
+  auto r = post("/v1/chat/completions", {{"messages", msgs}, {"tools", tools}});
+  json call = json::parse(r->body)["choices"][0]["message"]["tool_calls"][0];
+  EXPECT_EQ(call["id"], "functions.get_weather:0");  // the model's own id, as vLLM returns it
+  EXPECT_EQ(call["function"]["arguments"], "{\"city\": \"Oslo\"}");
+  const Streamed st = stream({{"messages", msgs}, {"tools", tools}});
+  ASSERT_EQ(st.calls.size(), 1u);
+  EXPECT_EQ(st.calls[0]["id"], "functions.get_weather:0");
+}
+
+TEST_F(Http, ReasoningParserFlagAndTemplateVariables) {
+  backend.reply = "weighing it</think>\n\nanswer";
+  server::ServerOptions o;
+  o.reasoning_parser = "deepseek_r1";  // reasoning from the first token, no <think> needed
+  o.default_chat_template_kwargs = {{"x", 0}, {"y", 2}};
+  start(o);
+  const json msgs = json::array({{{"role", "user"}, {"content", "q"}}});
+  auto r = post("/v1/chat/completions",
+                {{"messages", msgs},
+                 {"reasoning_effort", "high"},
+                 {"chat_template_kwargs", {{"reasoning_effort", "low"}, {"x", 1}}}});
+  const json m = json::parse(r->body)["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning_content"], "weighing it");
+  EXPECT_EQ(m["content"], "answer");
+  // The template sees the server's defaults under the request's variables, and the request's
+  // reasoning_effort over both (vLLM's order).
+  EXPECT_EQ(backend.last_chat_template_kwargs().dump(),
+            json({{"x", 1}, {"y", 2}, {"reasoning_effort", "high"}}).dump());
+}
+
+TEST_F(Http, DeepSeekV3ReasoningFollowsThinking) {
+  backend.reply = "hmm</think>Paris.";
+  server::ServerOptions o;
+  o.reasoning_parser = "deepseek_v3";
+  o.default_chat_template_kwargs = {{"thinking", true}};
+  start(o);
+  const json msgs = json::array({{{"role", "user"}, {"content", "q"}}});
+  json m = json::parse(
+      post("/v1/chat/completions", {{"messages", msgs}})->body)["choices"][0]["message"];
+  EXPECT_EQ(m["reasoning_content"], "hmm");
+  EXPECT_EQ(m["content"], "Paris.");
+  m = json::parse(post("/v1/chat/completions",
+                       {{"messages", msgs}, {"chat_template_kwargs", {{"thinking", false}}}})
+                      ->body)["choices"][0]["message"];
+  EXPECT_TRUE(m["reasoning_content"].is_null());
+  EXPECT_EQ(m["content"], "hmm</think>Paris.");
 }
 
 TEST_F(Http, ErrorsUseVllmEnvelopeAndCodes) {

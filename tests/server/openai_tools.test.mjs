@@ -4,10 +4,11 @@
 // are checked by the fake-backend tests (http_protocol_test); here: the flags, the requests a
 // client sends in a tool loop, well-formed answers, and tag text that is not a call staying content.
 // Run by ctest: node --test tests/server/openai_tools.test.mjs (ATOM_BIN and ATOM_SOURCE_DIR set).
-import { test, before, after } from 'node:test';
+import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
 import fs from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import { createRequire } from 'node:module';
 import { makeModelDir, startServe } from './serve_util.mjs';
@@ -66,7 +67,10 @@ test('the tool flags are checked at start-up as vLLM does', async () => {
   assert.match(r.log, /--enable-auto-tool-choice requires --tool-call-parser/);
   r = await refusedStart(modelDir, ['--enable-auto-tool-choice', '--tool-call-parser', 'nope']);
   assert.notEqual(r.code, 0);
-  assert.match(r.log, /invalid tool call parser: nope \(choose from \{ hermes, llama3_json, deepseek_v31 \}\)/);
+  assert.match(r.log, /invalid tool call parser: nope \(choose from \{ hermes, llama3_json, deepseek_v3, deepseek_v31, qwen3_coder, glm45, kimi_k2, mistral, pythonic, openai \}\)/);
+  r = await refusedStart(modelDir, ['--reasoning-parser', 'qwen']);
+  assert.notEqual(r.code, 0);
+  assert.match(r.log, /invalid reasoning parser: qwen \(choose from \{ deepseek_r1, deepseek_v3, glm45, kimi_k2, openai_gptoss, qwen3 \}\)/);
 });
 
 function checkToolCalls(calls) {
@@ -150,4 +154,78 @@ test('tool_choice none and required behave as vLLM', async () => {
   assert.equal(r.choices[0].message.content, '<tool_call><tool_call>');
   await assert.rejects(client.chat.completions.create({ ...body, tool_choice: 'required' }),
     (e) => e instanceof OpenAI.BadRequestError);
+});
+
+// A gpt-oss tool loop end to end: atom's server over the fake backend (tests/server/fake_serve.cpp)
+// answering in the harmony format, as gpt-oss writes it (its <|call|> and <|return|> stop tokens
+// left out, as the engine leaves them out). As vLLM, a harmony model needs no tool flags; calls
+// come back with vLLM's shapes: json.dumps(...) arguments when not streamed, the model's text
+// streamed.
+describe('gpt-oss (harmony) tool calls through the fake server', () => {
+  let fake, fakeClient, dir;
+  const harmonyCall = '<|channel|>analysis<|message|>The user wants the weather in Paris. Use get_weather.' +
+    '<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json' +
+    '<|message|>{"city":"Paris"}';
+  const harmonyFinal = '<|channel|>analysis<|message|>The tool says 21 C.<|end|><|start|>assistant' +
+    '<|channel|>final<|message|>It is 21 °C in Paris.';
+
+  before(async () => {
+    dir = fs.mkdtempSync(path.join(os.tmpdir(), 'atom-harmony-'));
+    const replies = path.join(dir, 'replies.json');
+    // The second turn's prompt holds the tool's result.
+    fs.writeFileSync(replies, JSON.stringify({ default: harmonyCall, replies: [['temperature_c', harmonyFinal]] }));
+    fake = await startServe(process.env.ATOM_FAKE_SERVE, [replies, '--harmony']);
+    fakeClient = new OpenAI({ baseURL: `http://127.0.0.1:${fake.port}/v1`, apiKey: 'unused', maxRetries: 0 });
+  });
+  after(() => {
+    if (fake) fake.proc.kill('SIGKILL');
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
+
+  test('not streamed: the call, the analysis as reasoning, no content', async () => {
+    const r = await fakeClient.chat.completions.create({ model: 'fake-model', messages, tools });
+    const m = r.choices[0].message;
+    assert.equal(r.choices[0].finish_reason, 'tool_calls');
+    assert.equal(m.content, null);
+    assert.equal(m.reasoning_content, 'The user wants the weather in Paris. Use get_weather.');
+    assert.equal(m.tool_calls.length, 1);
+    checkToolCalls(m.tool_calls);
+    assert.equal(m.tool_calls[0].function.name, 'get_weather');
+    assert.equal(m.tool_calls[0].function.arguments, '{"city": "Paris"}');
+  });
+
+  test('streamed: the client assembles the same call', async () => {
+    const stream = fakeClient.chat.completions.stream({ model: 'fake-model', messages, tools });
+    let reasoning = '';
+    stream.on('chunk', (chunk) => { reasoning += chunk.choices[0]?.delta?.reasoning_content ?? ''; });
+    const done = await stream.finalChatCompletion();
+    const m = done.choices[0].message;
+    assert.equal(done.choices[0].finish_reason, 'tool_calls');
+    assert.equal(reasoning, 'The user wants the weather in Paris. Use get_weather.');
+    assert.equal(m.tool_calls.length, 1);
+    assert.match(m.tool_calls[0].id, /^chatcmpl-tool-[0-9a-f]+$/);
+    assert.equal(m.tool_calls[0].function.name, 'get_weather');
+    assert.deepEqual(JSON.parse(m.tool_calls[0].function.arguments), { city: 'Paris' });
+    assert.ok(!m.content);
+  });
+
+  test('the client\'s tool runner completes the loop', async () => {
+    const seen = [];
+    const runner = fakeClient.chat.completions.runTools({
+      model: 'fake-model', messages, stream: true,
+      tools: [{
+        type: 'function',
+        function: {
+          name: 'get_weather', description: 'Current weather in a city', parse: JSON.parse,
+          parameters: tools[0].function.parameters,
+          function: async (args) => { seen.push(args); return { temperature_c: 21 }; },
+        },
+      }],
+    });
+    const content = await runner.finalContent();
+    assert.deepEqual(seen, [{ city: 'Paris' }]);
+    assert.equal(content, 'It is 21 °C in Paris.');
+  });
 });
