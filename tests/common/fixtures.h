@@ -40,8 +40,18 @@ inline const std::vector<std::string>& dense_fixture_names() {
 // fp32-exact paths are compared against the references token for token.
 inline const std::vector<std::string>& moe_fixture_names() {
   static const std::vector<std::string> names = {"qwen3_moe", "qwen3_moe_stacked", "mixtral",
-                                                 "glm4_moe", "glm4_moe_air"};
+                                                 "glm4_moe", "glm4_moe_air", "gpt_oss",
+                                                 "gpt_oss_mxfp4"};
   return names;
+}
+
+// The MoE fixtures whose experts the CUDA kernels compute (SiLU·mul without biases; GPT-OSS's
+// clamped SwiGLU with expert biases runs on the CPU backend only so far).
+inline std::vector<std::string> moe_gpu_fixture_names() {
+  std::vector<std::string> r;
+  for (const auto& n : moe_fixture_names())
+    if (!n.starts_with("gpt_oss")) r.push_back(n);
+  return r;
 }
 
 inline const std::vector<std::string>& fixture_names() {

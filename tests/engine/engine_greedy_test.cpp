@@ -102,7 +102,7 @@ TEST_P(EngineWorkload, EveryRequestMatchesTheSingleSequenceRunner) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineWorkload,
                          ::testing::Values("llama3_gqa", "qwen3_sliding", "qwen3_moe", "mixtral",
-                                           "glm4_moe"),
+                                           "glm4_moe", "gpt_oss"),
                          [](const auto& info) { return info.param; });
 
 // The prefix cache's hit count, exactly, on a workload whose sharing is known by construction

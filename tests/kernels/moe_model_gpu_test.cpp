@@ -97,7 +97,7 @@ TEST_P(GpuMoeParity, LogitsGreedyAndChunkedPrefill) {
   EXPECT_GE(agree, 8u) << GetParam();
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GpuMoeParity, ::testing::ValuesIn(moe_fixture_names()),
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuMoeParity, ::testing::ValuesIn(moe_gpu_fixture_names()),
                          [](const auto& info) { return info.param; });
 
 // The engine on the GPU with a mixture of experts: a batched, chunked workload gives every request

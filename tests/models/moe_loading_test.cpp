@@ -224,6 +224,24 @@ TEST(MoeLoading, SharedExpertFusionGivesIdenticalLogits) {
   }
 }
 
+TEST(MoeLoading, Mxfp4TensorsThatDoNotFitAreNamed) {
+  // A blocks tensor without its scales: refused before any data is read.
+  TempDir missing;
+  write_edited("gpt_oss_mxfp4", missing.str(), [](TensorList& ts) {
+    std::erase_if(ts, [](auto& p) { return p.first == "model.layers.1.mlp.experts.down_proj_scales"; });
+  });
+  EXPECT_ERROR_CONTAINS(model_load(missing.str(), {}), "model.layers.1.mlp.experts.down_proj_blocks",
+                        "has no", "down_proj_scales");
+  // Scales of the wrong shape for their blocks.
+  TempDir shape;
+  write_edited("gpt_oss_mxfp4", shape.str(), [](TensorList& ts) {
+    for (auto& [n, t] : ts)
+      if (n == "model.layers.0.mlp.experts.gate_up_proj_scales")
+        t = Tensor::zeros({t.size(0), t.size(1), t.size(2) + 1}, t.dtype());
+  });
+  EXPECT_ERROR_CONTAINS(model_load(shape.str(), {}), "MXFP4 blocks", "do not match");
+}
+
 TEST(MoeLoading, BadMoeConfigFieldsAreNamed) {
   struct Bad {
     std::string fixture, field, value, message;
@@ -235,6 +253,7 @@ TEST(MoeLoading, BadMoeConfigFieldsAreNamed) {
       {"glm4_moe", "n_group", "3", "n_group"},
       {"glm4_moe", "topk_group", "5", "topk_group"},
       {"mixtral", "num_local_experts", "0", "num_local_experts"},
+      {"gpt_oss", "num_experts_per_tok", "9", "num_experts_per_tok"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.field);

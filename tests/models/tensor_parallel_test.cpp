@@ -69,7 +69,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // experts split by intermediate channel, one reduction after the combine
                       Case{"qwen3_moe", 2}, Case{"qwen3_moe", 4}, Case{"qwen3_moe_stacked", 2},
                       Case{"mixtral", 2}, Case{"glm4_moe", 2},  // shared experts unreduced
-                      Case{"glm4_moe_air", 4}),
+                      Case{"glm4_moe_air", 4},
+                      Case{"gpt_oss", 2}, Case{"gpt_oss_mxfp4", 2}),  // sinks, expert biases
     [](const auto& info) { return info.param.fixture + "_tp" + std::to_string(info.param.tp); });
 
 TEST(TensorParallelErrors, IndivisibleSizesAreClearErrors) {
