@@ -37,6 +37,11 @@ struct RouterArgs {
   int shared_slot_first = 0;
 };
 
+// moe_route's argument rules, the same for every backend (an Error naming the tensor otherwise).
+// Defined with the CPU reference; each backend adds its own limits.
+void moe_route_check(const Tensor& topk_ids, const Tensor& topk_weights, const Tensor& logits,
+                     const Tensor& correction_bias, const RouterArgs& a);
+
 // Routes every token.
 //   logits          [T, E] F32 (rows may be strided)
 //   correction_bias [E] F32, or undefined (only with kSigmoid)
@@ -81,6 +86,10 @@ struct MoeExperts {
   float swiglu_alpha = 1.702f;  // kSwigluOai
   float swiglu_limit = 7.0f;    // kSwigluOai
 };
+
+// fused_moe's argument rules, as moe_route_check.
+void fused_moe_check(const Tensor& out, const Tensor& x, const MoeExperts& w,
+                     const Tensor& topk_ids, const Tensor& topk_weights);
 
 // out [T, H] = Σ_j topk_weights[t, j] · (w2[e] · act(w13[e] · x[t] + b13[e]) + b2[e]),
 // e = topk_ids[t, j]

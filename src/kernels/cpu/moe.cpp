@@ -7,12 +7,11 @@
 
 #include "kernels/cpu/access.h"
 
-namespace atom::kernels::cpu {
+namespace atom::kernels {
 
-namespace {
-
-void check_route_args(const Tensor& ids, const Tensor& weights, const Tensor& logits,
-                      const Tensor& bias, const RouterArgs& a) {
+void moe_route_check(const Tensor& ids, const Tensor& weights, const Tensor& logits,
+                     const Tensor& bias, const RouterArgs& a) {
+  using cpu::check_rows;
   check_rows("moe_route", logits, "logits");
   ATOM_CHECK(logits.dtype() == DType::kF32, "moe_route: logits must be F32, got {}", logits.str());
   const int64_t T = logits.size(0), E = logits.size(1);
@@ -41,6 +40,42 @@ void check_route_args(const Tensor& ids, const Tensor& weights, const Tensor& lo
   }
 }
 
+void fused_moe_check(const Tensor& out, const Tensor& x, const MoeExperts& w,
+                     const Tensor& topk_ids, const Tensor& topk_weights) {
+  using cpu::check_rows;
+  check_rows("fused_moe", out, "out");
+  check_rows("fused_moe", x, "x");
+  ATOM_CHECK(w.w13 && w.w2, "fused_moe: expert weights missing");
+  const Tensor& w13 = *w.w13;
+  const Tensor& w2 = *w.w2;
+  ATOM_CHECK(w13.dim() == 3 && w13.is_contiguous() && w2.dim() == 3 && w2.is_contiguous(),
+             "fused_moe: w13 {} and w2 {} must be contiguous [S, 2I, H] and [S, H, I]", w13.str(),
+             w2.str());
+  const int64_t T = x.size(0), H = x.size(1), S = w13.size(0), I = w13.size(1) / 2;
+  ATOM_CHECK(w13.size(1) == 2 * I && w13.size(2) == H && w2.size(0) == S && w2.size(1) == H &&
+                 w2.size(2) == I,
+             "fused_moe: x {} with w13 {} and w2 {}", x.str(), w13.str(), w2.str());
+  ATOM_CHECK(out.size(0) == T && out.size(1) == H, "fused_moe: out {} for x {}", out.str(), x.str());
+  ATOM_CHECK(topk_ids.dtype() == DType::kI32 && topk_ids.is_contiguous() && topk_ids.dim() == 2 &&
+                 topk_ids.size(0) == T,
+             "fused_moe: topk_ids {} for {} tokens", topk_ids.str(), T);
+  ATOM_CHECK(topk_weights.dtype() == DType::kF32 && topk_weights.is_contiguous() &&
+                 topk_weights.shape() == topk_ids.shape(),
+             "fused_moe: topk_weights {} for topk_ids {}", topk_weights.str(), topk_ids.str());
+  ATOM_CHECK(w.activation == MoeActivation::kSiluMul || w.activation == MoeActivation::kSwigluOai,
+             "fused_moe: unknown activation");
+  ATOM_CHECK(!w.w13_bias || (w.w13_bias->is_contiguous() && w.w13_bias->shape() == Shape{S, 2 * I}),
+             "fused_moe: w13 bias {} for w13 {}", w.w13_bias ? w.w13_bias->str() : "", w13.str());
+  ATOM_CHECK(!w.w2_bias || (w.w2_bias->is_contiguous() && w.w2_bias->shape() == Shape{S, H}),
+             "fused_moe: w2 bias {} for w2 {}", w.w2_bias ? w.w2_bias->str() : "", w2.str());
+}
+
+}  // namespace atom::kernels
+
+namespace atom::kernels::cpu {
+
+namespace {
+
 // Index of the largest value of v over entries not taken; ties go to the lower index.
 int64_t argmax_untaken(const std::vector<float>& v, const std::vector<char>& taken) {
   int64_t best = -1;
@@ -53,7 +88,7 @@ int64_t argmax_untaken(const std::vector<float>& v, const std::vector<char>& tak
 
 void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
                const Tensor& correction_bias, const RouterArgs& a) {
-  check_route_args(topk_ids, topk_weights, logits, correction_bias, a);
+  moe_route_check(topk_ids, topk_weights, logits, correction_bias, a);
   const int64_t T = logits.size(0), E = logits.size(1), K = a.top_k;
   const int64_t KT = K + a.num_fused_shared;
   const int64_t G = a.n_group, per_group = E / G;
@@ -128,31 +163,10 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
 
 void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& topk_ids,
                const Tensor& topk_weights, Tensor* workspace) {
-  check_rows("fused_moe", out, "out");
-  check_rows("fused_moe", x, "x");
-  ATOM_CHECK(w.w13 && w.w2, "fused_moe: expert weights missing");
+  fused_moe_check(out, x, w, topk_ids, topk_weights);
   const Tensor& w13 = *w.w13;
   const Tensor& w2 = *w.w2;
-  ATOM_CHECK(w13.dim() == 3 && w13.is_contiguous() && w2.dim() == 3 && w2.is_contiguous(),
-             "fused_moe: w13 {} and w2 {} must be contiguous [S, 2I, H] and [S, H, I]", w13.str(),
-             w2.str());
   const int64_t T = x.size(0), H = x.size(1), S = w13.size(0), I = w13.size(1) / 2;
-  ATOM_CHECK(w13.size(1) == 2 * I && w13.size(2) == H && w2.size(0) == S && w2.size(1) == H &&
-                 w2.size(2) == I,
-             "fused_moe: x {} with w13 {} and w2 {}", x.str(), w13.str(), w2.str());
-  ATOM_CHECK(out.size(0) == T && out.size(1) == H, "fused_moe: out {} for x {}", out.str(), x.str());
-  ATOM_CHECK(topk_ids.dtype() == DType::kI32 && topk_ids.is_contiguous() && topk_ids.dim() == 2 &&
-                 topk_ids.size(0) == T,
-             "fused_moe: topk_ids {} for {} tokens", topk_ids.str(), T);
-  ATOM_CHECK(topk_weights.dtype() == DType::kF32 && topk_weights.is_contiguous() &&
-                 topk_weights.shape() == topk_ids.shape(),
-             "fused_moe: topk_weights {} for topk_ids {}", topk_weights.str(), topk_ids.str());
-  ATOM_CHECK(w.activation == MoeActivation::kSiluMul || w.activation == MoeActivation::kSwigluOai,
-             "fused_moe: unknown activation");
-  ATOM_CHECK(!w.w13_bias || (w.w13_bias->is_contiguous() && w.w13_bias->shape() == Shape{S, 2 * I}),
-             "fused_moe: w13 bias {} for w13 {}", w.w13_bias ? w.w13_bias->str() : "", w13.str());
-  ATOM_CHECK(!w.w2_bias || (w.w2_bias->is_contiguous() && w.w2_bias->shape() == Shape{S, H}),
-             "fused_moe: w2 bias {} for w2 {}", w.w2_bias ? w.w2_bias->str() : "", w2.str());
   const int64_t K = topk_ids.size(1);
   const int32_t* ids = topk_ids.ptr<int32_t>();
   const float* wts = topk_weights.ptr<float>();

@@ -53,37 +53,11 @@ void fused_moe_set_gemm_tile_rows(int rows) {
 
 void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
                const Tensor& correction_bias, const RouterArgs& a) {
-  check_rows("moe_route", logits, "logits");
-  ATOM_CHECK(logits.dtype() == DType::kF32, "moe_route: logits must be F32, got {}", logits.str());
+  moe_route_check(topk_ids, topk_weights, logits, correction_bias, a);
   const int64_t T = logits.size(0), E = logits.size(1);
-  const int64_t KT = a.top_k + a.num_fused_shared;
-  ATOM_CHECK(a.top_k >= 1 && a.top_k <= E, "moe_route: top_k {} for {} experts", a.top_k, E);
   ATOM_CHECK(E <= kMoeRouteMaxExperts && a.top_k <= kMoeRouteMaxTopK,
              "moe_route: the CUDA router takes up to {} experts and top_k {}, got {} and {}",
              kMoeRouteMaxExperts, kMoeRouteMaxTopK, E, a.top_k);
-  ATOM_CHECK(a.num_fused_shared >= 0, "moe_route: num_fused_shared {}", a.num_fused_shared);
-  ATOM_CHECK(topk_ids.dtype() == DType::kI32 && topk_ids.is_contiguous() && topk_ids.dim() == 2 &&
-                 topk_ids.size(0) == T && topk_ids.size(1) == KT,
-             "moe_route: topk_ids {} must be contiguous I32 [{}, {}]", topk_ids.str(), T, KT);
-  ATOM_CHECK(topk_weights.dtype() == DType::kF32 && topk_weights.is_contiguous() &&
-                 topk_weights.dim() == 2 && topk_weights.size(0) == T && topk_weights.size(1) == KT,
-             "moe_route: topk_weights {} must be contiguous F32 [{}, {}]", topk_weights.str(), T,
-             KT);
-  ATOM_CHECK(a.n_group >= 1 && E % a.n_group == 0 && a.topk_group >= 1 && a.topk_group <= a.n_group,
-             "moe_route: {} experts in {} groups keeping {}", E, a.n_group, a.topk_group);
-  ATOM_CHECK(a.n_group == 1 || a.topk_group * (E / a.n_group) >= a.top_k,
-             "moe_route: {} kept groups of {} experts hold fewer than top_k {}", a.topk_group,
-             E / a.n_group, a.top_k);
-  ATOM_CHECK(a.n_group == 1 || a.group_score == GroupScore::kMax || E / a.n_group >= 2,
-             "moe_route: groups of one expert have no top-2 sum");
-  if (correction_bias.defined()) {
-    ATOM_CHECK(a.scoring == RouterScoring::kSigmoid,
-               "moe_route: a correction bias needs sigmoid scoring");
-    ATOM_CHECK(correction_bias.dtype() == DType::kF32 && correction_bias.numel() == E &&
-                   correction_bias.is_contiguous(),
-               "moe_route: correction bias {} must be contiguous F32 [{}]", correction_bias.str(),
-               E);
-  }
   if (T == 0) return;
   MoeRouteLaunch l;
   l.ids = topk_ids.ptr<int32_t>();
@@ -117,26 +91,10 @@ int64_t fused_moe_workspace_bytes(int64_t num_tokens, int64_t k, const MoeExpert
 
 void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& topk_ids,
                const Tensor& topk_weights, Tensor* workspace) {
-  check_rows("fused_moe", out, "out");
-  check_rows("fused_moe", x, "x");
-  ATOM_CHECK(w.w13 && w.w2, "fused_moe: expert weights missing");
+  fused_moe_check(out, x, w, topk_ids, topk_weights);
   const Tensor& w13 = *w.w13;
   const Tensor& w2 = *w.w2;
-  ATOM_CHECK(w13.dim() == 3 && w13.is_contiguous() && w2.dim() == 3 && w2.is_contiguous(),
-             "fused_moe: w13 {} and w2 {} must be contiguous [S, 2I, H] and [S, H, I]", w13.str(),
-             w2.str());
   const int64_t T = x.size(0), H = x.size(1), S = w13.size(0), I = w13.size(1) / 2;
-  ATOM_CHECK(w13.size(1) == 2 * I && w13.size(2) == H && w2.size(0) == S && w2.size(1) == H &&
-                 w2.size(2) == I,
-             "fused_moe: x {} with w13 {} and w2 {}", x.str(), w13.str(), w2.str());
-  ATOM_CHECK(out.size(0) == T && out.size(1) == H, "fused_moe: out {} for x {}", out.str(),
-             x.str());
-  ATOM_CHECK(topk_ids.dtype() == DType::kI32 && topk_ids.is_contiguous() && topk_ids.dim() == 2 &&
-                 topk_ids.size(0) == T,
-             "fused_moe: topk_ids {} for {} tokens", topk_ids.str(), T);
-  ATOM_CHECK(topk_weights.dtype() == DType::kF32 && topk_weights.is_contiguous() &&
-                 topk_weights.shape() == topk_ids.shape(),
-             "fused_moe: topk_weights {} for topk_ids {}", topk_weights.str(), topk_ids.str());
   if (w.activation != MoeActivation::kSiluMul || w.w13_bias || w.w2_bias)
     fail("fused_moe: the CUDA kernels compute SiLU·mul experts without biases; GPT-OSS's clamped "
          "SwiGLU with expert biases runs on the CPU backend only for now");
