@@ -35,9 +35,20 @@ inline const std::vector<std::string>& dense_fixture_names() {
 
 // Mixtures of experts: a rounding change near a router tie picks another expert, so only
 // fp32-exact paths are compared against the references token for token.
+// Multi-head latent attention (all of them mixtures of experts too).
+inline const std::vector<std::string>& mla_fixture_names() {
+  static const std::vector<std::string> names = {"deepseek_v2_lite", "deepseek_v2", "deepseek_v3",
+                                                 "deepseek_v3_plain"};
+  return names;
+}
+
 inline const std::vector<std::string>& moe_fixture_names() {
-  static const std::vector<std::string> names = {"qwen3_moe", "qwen3_moe_stacked", "mixtral",
-                                                 "glm4_moe", "glm4_moe_air"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all = {"qwen3_moe", "qwen3_moe_stacked", "mixtral", "glm4_moe",
+                                    "glm4_moe_air"};
+    for (const auto& n : mla_fixture_names()) all.push_back(n);
+    return all;
+  }();
   return names;
 }
 
@@ -92,11 +103,17 @@ inline size_t expect_greedy_agrees(const std::string& name, const std::vector<in
   return i;
 }
 
-// max |a - b| over two F32 tensors of the same shape.
+// max |a - b| over two F32 tensors of the same shape; infinity when the shapes or dtypes differ
+// and NaN when any difference is NaN, so that `EXPECT_LE(max_abs_diff(..), tol)` fails on both.
 inline float max_abs_diff(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != DType::kF32 || b.dtype() != DType::kF32)
+    return INFINITY;
   float m = 0;
-  for (int64_t i = 0; i < a.numel(); ++i)
-    m = std::max(m, std::abs(a.ptr<float>()[i] - b.ptr<float>()[i]));
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const float d = std::abs(a.ptr<float>()[i] - b.ptr<float>()[i]);
+    if (std::isnan(d)) return NAN;
+    m = std::max(m, d);
+  }
   return m;
 }
 
