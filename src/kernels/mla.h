@@ -108,7 +108,7 @@ inline void mla_paged_attention(Tensor& out, const Tensor& q, const Tensor& late
 
 // The lightning indexer's choice (DeepSeek-V3.2, GLM-5): for each new token t (at context index
 // i, as above) and every visible position j <= i,
-//   score_j = Σ_h weights[t, h] · relu(scale · q[t, h] · key_j)        (fp32)
+//   score_j = Σ_h (weights[t, h] · weights_scale) · relu(scale · q[t, h] · key_j)   (fp32)
 // and topk[t] = the top_k positions by score, in descending score order (ties: the lower
 // position first); a query seeing fewer than top_k positions gets all of them, then -1 entries.
 //   topk [T, top_k] I32 contiguous
@@ -121,6 +121,7 @@ struct IndexerArgs {
   int top_k = 0;      // index_topk
   int max_query_len = 0;
   int max_context_len = 0;
+  float weights_scale = 1.0f;  // index_n_heads^-0.5
 };
 
 namespace cpu {

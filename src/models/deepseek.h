@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "layers/indexer.h"
 #include "layers/mla.h"
 #include "layers/moe.h"
 #include "models/llama.h"
@@ -31,6 +32,18 @@ std::unique_ptr<FeedForward> deepseek_moe(LayerContext& ctx, const ModelConfig& 
 // them so; MTP layers past num_hidden_layers are skipped by the loader.
 WeightLoadSpec deepseek_weight_load_spec(const Model& m, int64_t num_experts,
                                          int64_t default_shared);
+
+// DeepSeek sparse attention (V3.2, GLM-5): the indexer's fields (index_n_heads, index_head_dim,
+// index_topk; its RoPE over the attention's qk_rope_head_dim channels), which need q LoRA.
+IndexerOptions deepseek_indexer_options(const ModelConfig& c, const MlaOptions& mla,
+                                        bool interleaved_rope);
+
+// The V3.2 family's MLP of a layer: dense as mlp_layer_types says (else the first
+// first_k_dense_replace layers), otherwise DeepSeek-V3's MoE (sigmoid, correction bias, top-2-sum
+// groups with these defaults).
+std::unique_ptr<FeedForward> deepseek_v32_family_mlp(LayerContext& ctx, const ModelConfig& c,
+                                                     int64_t layer, const std::string& prefix,
+                                                     int default_groups, int default_keep);
 
 // The self-attention of a DeepSeek decoder layer: MLA, with RoPE on interleaved pairs where
 // Interleave(config) says so.

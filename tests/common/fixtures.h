@@ -35,10 +35,11 @@ inline const std::vector<std::string>& dense_fixture_names() {
 
 // Mixtures of experts: a rounding change near a router tie picks another expert, so only
 // fp32-exact paths are compared against the references token for token.
-// Multi-head latent attention (all of them mixtures of experts too).
+// Multi-head latent attention, dense and sparse (all of them mixtures of experts too).
 inline const std::vector<std::string>& mla_fixture_names() {
   static const std::vector<std::string> names = {"deepseek_v2_lite", "deepseek_v2", "deepseek_v3",
-                                                 "deepseek_v3_plain"};
+                                                 "deepseek_v3_plain", "deepseek_v32",
+                                                 "glm_moe_dsa"};
   return names;
 }
 

@@ -102,7 +102,8 @@ TEST_P(EngineWorkload, EveryRequestMatchesTheSingleSequenceRunner) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineWorkload,
                          ::testing::Values("llama3_gqa", "qwen3_sliding", "qwen3_moe", "mixtral",
-                                           "glm4_moe", "deepseek_v2_lite", "deepseek_v3"),
+                                           "glm4_moe", "deepseek_v2_lite", "deepseek_v3",
+                                           "glm_moe_dsa"),
                          [](const auto& info) { return info.param; });
 
 TEST(EngineStops, StopTokenIdsEosAndMinTokens) {

@@ -55,6 +55,40 @@ TEST(DeepseekConfig, BadFieldsAreErrorsNamingThem) {
       "'partial_rotary_factor'");
 }
 
+TEST(DeepseekConfig, SparseAttentionFieldsAreChecked) {
+  EXPECT_ERROR_CONTAINS(
+      load_edited("glm_moe_dsa",
+                  [](auto& c) { c["indexer_types"] = {"shared", "full", "full"}; }),
+      "'indexer_types'", "must start with a 'full' layer");
+  EXPECT_ERROR_CONTAINS(
+      load_edited("glm_moe_dsa", [](auto& c) { c["indexer_types"] = {"full", "sparse", "full"}; }),
+      "'indexer_types'", "'sparse'");
+  EXPECT_ERROR_CONTAINS(load_edited("glm_moe_dsa",
+                                    [](auto& c) {
+                                      c.erase("indexer_types");
+                                      c["index_topk_pattern"] = "FSX";
+                                    }),
+                        "'index_topk_pattern'");
+  EXPECT_ERROR_CONTAINS(load_edited("deepseek_v32", [](auto& c) { c["q_lora_rank"] = nullptr; }),
+                        "'q_lora_rank'", "indexer");
+  EXPECT_ERROR_CONTAINS(load_edited("deepseek_v32", [](auto& c) { c["index_head_dim"] = 4; }),
+                        "'index_head_dim'");
+  EXPECT_ERROR_CONTAINS(
+      load_edited("deepseek_v32", [](auto& c) { c["mlp_layer_types"] = {"dense", "moe", "sparse"}; }),
+      "'mlp_layer_types'", "'moe'");
+  // A pattern in place of the list derives the same layers (layer 1 shared: no indexer there).
+  TempDir d;
+  copy_dir(fixture_dir("glm_moe_dsa"), d.str());
+  nlohmann::json c = json_load_file(d.file("config.json"));
+  c.erase("indexer_types");
+  c["index_topk_pattern"] = "FSF";
+  write_file(d.file("config.json"), c.dump());
+  const Reference ref = reference_load("glm_moe_dsa");
+  LoadedModel m = model_load(d.str(), {});
+  EXPECT_EQ(m.model->params().find("model.layers.1.self_attn.indexer.wk.weight"), nullptr);
+  EXPECT_LE(max_abs_diff(score_tokens(*m.model, ref.input_ids), ref.logits), 1e-4f);
+}
+
 // The official checkpoints are FP8 (weight_scale_inv): refused by name until FP8 weights land.
 TEST(DeepseekConfig, Fp8CheckpointsAreRefusedByName) {
   EXPECT_ERROR_CONTAINS(

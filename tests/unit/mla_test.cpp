@@ -9,6 +9,7 @@
 
 #include "common/tensor_util.h"
 #include "common/test_util.h"
+#include "kernels/layer_norm.h"
 #include "kernels/mla.h"
 #include "layers/batch.h"
 #include "layers/context.h"
@@ -209,6 +210,23 @@ TEST(MlaKernels, IndexerTopkScoresReluHeadsAndBreaksTiesByPosition) {
   EXPECT_EQ(got[2 * K + 0], 0);
   EXPECT_EQ(got[2 * K + 1], 1);
   EXPECT_EQ(got[2 * K + 2], -1);
+}
+
+TEST(LayerNormKernel, MatchesTorchLayerNorm) {
+  Tensor x = random_cpu({3, 5}, DType::kF32, 13, -2.0f, 3.0f);
+  Tensor w = random_cpu({5}, DType::kF32, 14), bias = random_cpu({5}, DType::kF32, 15);
+  Tensor out = Tensor::empty({3, 5}, DType::kF32);
+  kernels::layer_norm(out, x, w, bias, 1e-6f);
+  for (int r = 0; r < 3; ++r) {
+    double mean = 0, var = 0;
+    for (int i = 0; i < 5; ++i) mean += at(x, r * 5 + i) / 5.0;
+    for (int i = 0; i < 5; ++i) var += (at(x, r * 5 + i) - mean) * (at(x, r * 5 + i) - mean) / 5.0;
+    for (int i = 0; i < 5; ++i)
+      EXPECT_NEAR(at(out, r * 5 + i),
+                  (at(x, r * 5 + i) - mean) / std::sqrt(var + 1e-6) * at(w, i) + at(bias, i), 1e-5);
+  }
+  kernels::layer_norm(x, x, w, Tensor(), 1e-6f);  // in place, no bias
+  for (int i = 0; i < 15; ++i) EXPECT_NEAR(at(x, i), at(out, i) - at(bias, i % 5), 1e-5);
 }
 
 TEST(MlaScale, YarnMscaleSquaredOnTheSoftmaxScale) {

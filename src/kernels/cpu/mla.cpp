@@ -230,7 +230,7 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
         for (int h = 0; h < Hi; ++h) {
           float dot = 0;
           for (int d = 0; d < D; ++d) dot += qv[static_cast<size_t>(h) * D + d] * key[d];
-          sum += w[h] * std::max(dot * a.scale, 0.0f);
+          sum += (w[h] * a.weights_scale) * std::max(dot * a.scale, 0.0f);
         }
         score[j] = sum;
       }

@@ -1,5 +1,6 @@
 // Placeholder until the CUDA multi-head latent attention kernels land (issue 16, item 5): the
 // entry points fail clearly, so an MLA model on a GPU stops at its first step, naming the op.
+#include "kernels/layer_norm.h"
 #include "kernels/mla.h"
 
 namespace atom::kernels::cuda {
@@ -22,6 +23,11 @@ void indexer_topk(Tensor&, const Tensor&, const Tensor&, const Tensor&, const At
                   const IndexerArgs&) {
   fail("indexer_topk: not implemented on CUDA yet (sparse attention runs on the CPU backend "
        "only)");
+}
+
+void layer_norm(Tensor&, const Tensor&, const Tensor&, const Tensor&, float) {
+  fail("layer_norm: not implemented on CUDA yet (the sparse-attention indexer's k_norm runs on "
+       "the CPU backend only)");
 }
 
 }  // namespace atom::kernels::cuda
