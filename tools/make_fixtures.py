@@ -22,7 +22,9 @@ A fixture is rejected (no files written) when its references could not fail a te
   - more than MAX_SELF_ARGMAX of the logit rows whose top logit is that row's own input token;
   - a greedy step whose top-2 margin is below MIN_MARGIN (rounding could flip it);
   - an MoE router whose choice for some token is within ROUTER_MARGIN of a tie (fp32 rounding
-    could route differently).
+    could route differently);
+  - a sparse-attention indexer (DeepSeek-V3.2, GLM-5) whose top-k keys for some query are within
+    INDEXER_MARGIN of a tie (fp32 rounding could select other keys).
 Ids and prompts are re-drawn (bounded attempts) until these hold.
 
 Checkpoints go to OUT_DIR/models/NAME. Usage: python3 tools/make_fixtures.py tests/fixtures [NAME ...]
@@ -35,6 +37,7 @@ import re
 import shutil
 import sys
 import traceback
+import types
 
 import torch
 import transformers
@@ -201,6 +204,122 @@ FIXTURES += [
         tokens=64, seed=12),
 ]
 
+FIXTURES += [
+    # DeepSeek-V2-Lite shape: multi-head latent attention without q LoRA (plain q_proj), YaRN
+    # with mscale = mscale_all_dim (cos/sin unscaled, softmax scale times mscale^2), RoPE on
+    # complex pairs; softmax top-2 of 8 ("greedy"), never renormalised, two shared experts, the
+    # first layer dense.
+    dict(
+        name="deepseek_v2_lite",
+        cls="DeepseekV2Config",
+        config=dict(vocab_size=512, hidden_size=64, intermediate_size=128,
+                    moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32,
+                    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                    n_routed_experts=8, n_shared_experts=2, num_experts_per_tok=2,
+                    topk_method="greedy", routed_scaling_factor=1.0, norm_topk_prob=False,
+                    first_k_dense_replace=1, max_position_embeddings=256, rms_norm_eps=1e-6,
+                    tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                         original_max_position_embeddings=64,
+                                         beta_fast=32.0, beta_slow=1.0,
+                                         mscale=0.707, mscale_all_dim=0.707)),
+        router="softmax", experts="per_expert",
+        tokens=64, seed=13),
+    # DeepSeek-V2 shape: q LoRA, softmax scores limited to the best 2 of 4 groups by their max
+    # ("group_limited_greedy"), top-3 of 16 scaled by 2, one shared expert, default RoPE, two
+    # shards.
+    dict(
+        name="deepseek_v2",
+        cls="DeepseekV2Config",
+        config=dict(vocab_size=448, hidden_size=64, intermediate_size=96,
+                    moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32,
+                    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24,
+                    n_routed_experts=16, n_shared_experts=1, num_experts_per_tok=3,
+                    topk_method="group_limited_greedy", n_group=4, topk_group=2,
+                    routed_scaling_factor=2.0, norm_topk_prob=False, first_k_dense_replace=1,
+                    max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+        router="softmax_group_max", experts="per_expert", shards=2,
+        tokens=64, seed=14),
+    # DeepSeek-V3 shape: q LoRA, YaRN with mscale != mscale_all_dim (cos/sin scaled and the
+    # softmax scale corrected), interleaved RoPE, v_head_dim != qk_nope_head_dim; sigmoid +
+    # correction bias, 4 groups keep 2, top-4 of 16, renormalised, scaled by 2.5, one shared
+    # expert, the first layer dense, and an MTP layer a plain load skips.
+    dict(
+        name="deepseek_v3",
+        cls="DeepseekV3Config",
+        config=dict(vocab_size=512, hidden_size=64, intermediate_size=128,
+                    moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32,
+                    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24,
+                    n_routed_experts=16, n_shared_experts=1, num_experts_per_tok=4,
+                    n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True,
+                    first_k_dense_replace=1, rope_interleave=True,
+                    max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                         original_max_position_embeddings=64,
+                                         beta_fast=32.0, beta_slow=1.0,
+                                         mscale=1.0, mscale_all_dim=0.8)),
+        router="sigmoid_grouped", experts="per_expert", mtp_layers=1,
+        tokens=64, seed=15),
+    # DeepSeek-V3 class with V2-Lite choices: no q LoRA, half-split RoPE (rope_interleave false),
+    # default RoPE, one group, no renormalisation, every layer sparse.
+    dict(
+        name="deepseek_v3_plain",
+        cls="DeepseekV3Config",
+        config=dict(vocab_size=384, hidden_size=64, intermediate_size=96,
+                    moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=24,
+                    qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=16,
+                    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+                    n_group=1, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=False,
+                    first_k_dense_replace=0, rope_interleave=False,
+                    max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+        router="sigmoid_grouped", experts="per_expert",
+        tokens=64, seed=16),
+    # DeepSeek-V3.2 shape: V3's MLA plus the lightning indexer (16 heads of 16, half-split RoPE
+    # on its first 8 channels, LayerNorm'd key) keeping the top 12 keys of each query, so most
+    # rows of the logits and the later greedy steps attend sparsely; YaRN; 2 groups keep 1. (With
+    # few indexer heads many keys score exactly 0 after the ReLUs and tie at the top-k boundary.)
+    dict(
+        name="deepseek_v32",
+        cls="DeepseekV32Config",
+        config=dict(vocab_size=512, hidden_size=64, intermediate_size=128,
+                    moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32,
+                    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+                    n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                    first_k_dense_replace=1, index_topk=12, index_head_dim=16, index_n_heads=16,
+                    max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=2.0,
+                                         original_max_position_embeddings=128,
+                                         beta_fast=32.0, beta_slow=1.0,
+                                         mscale=1.0, mscale_all_dim=1.0)),
+        router="sigmoid_grouped", experts="per_expert", indexer=True, mtp_layers=1,
+        tokens=64, seed=17, more_seeds=[117, 217]),
+    # GLM-5 shape: the same with interleaved RoPE in the indexer, qk_nope 24 / v 32, the top 10
+    # keys, and layer 1 reusing layer 0's selection (indexer_types), default RoPE, one group.
+    dict(
+        name="glm_moe_dsa",
+        cls="GlmMoeDsaConfig",
+        config=dict(vocab_size=512, hidden_size=64, intermediate_size=128,
+                    moe_intermediate_size=16, num_hidden_layers=3, num_attention_heads=4,
+                    num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32,
+                    qk_nope_head_dim=24, qk_rope_head_dim=8, v_head_dim=32,
+                    n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+                    n_group=1, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                    first_k_dense_replace=1, index_topk=10, index_head_dim=16, index_n_heads=16,
+                    indexer_types=["full", "shared", "full"],
+                    max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+        router="sigmoid_grouped", experts="per_expert", indexer=True,
+        tokens=64, seed=18, more_seeds=[118, 218]),
+]
+
 GREEDY_PROMPT = 7
 GREEDY_TOKENS = 16
 MIN_MARGIN = 0.02
@@ -208,6 +327,7 @@ MIN_DISTINCT = 8
 MAX_RUN = 3
 MAX_SELF_ARGMAX = 0.1
 ROUTER_MARGIN = 1e-3
+INDEXER_MARGIN = 2e-4
 ATTEMPTS = 60
 
 
@@ -437,6 +557,18 @@ class RouterWatch:
         if self.kind in ("softmax", "topk_softmax"):  # monotone in the logits: k-th / (k+1)-th gap
             top = torch.topk(logits, k + 1, dim=-1).values
             return float((top[:, k - 1] - top[:, k]).min())
+        if self.kind == "softmax_group_max":
+            # DeepSeek-V2's group_limited_greedy: groups ranked by their best softmax score, the
+            # experts of the kept groups by theirs; softmax is monotone within a row, so both
+            # choices are compared in logits.
+            E, G, keep = logits.shape[-1], c.n_group, c.topk_group
+            gs = logits.view(-1, G, E // G).max(dim=-1).values
+            top = torch.topk(gs, keep + 1, dim=-1)
+            m = float((top.values[:, keep - 1] - top.values[:, keep]).min())
+            mask = torch.zeros_like(gs).scatter_(1, top.indices[:, :keep], 1.0)
+            s = logits.masked_fill(~mask.bool().repeat_interleave(E // G, 1), float("-inf"))
+            top = torch.topk(s, k + 1, dim=-1).values
+            return min(m, float((top[:, k - 1] - top[:, k]).min()))
         s = torch.sigmoid(logits) + gate.e_score_correction_bias.float()
         E, G, keep = s.shape[-1], c.n_group, c.topk_group
         m = float("inf")
@@ -448,6 +580,51 @@ class RouterWatch:
             s = s.masked_fill(~mask.bool().repeat_interleave(E // G, 1), float("-inf"))
         top = torch.topk(s, k + 1, dim=-1).values
         return min(m, float((top[:, k - 1] - top[:, k]).min()))
+
+
+class IndexerWatch:
+    """Records how close each sparse-attention indexer's top-k choice came to a tie: for every
+    query with more visible keys than index_topk, the gap between its k-th and (k+1)-th index
+    score (as transformers computed them: the indexer's one topk call is observed)."""
+
+    def __init__(self, model):
+        self.min_margin, self.blocks = float("inf"), 0
+        for _, mod in model.named_modules():
+            if hasattr(mod, "weights_proj") and hasattr(mod, "index_topk"):
+                mod.forward = types.MethodType(self.wrap(type(mod).forward), mod)
+                self.blocks += 1
+
+    def wrap(self, forward):
+        watch = self
+
+        def observed(mod, *args, **kwargs):
+            seen = []
+            orig = torch.Tensor.topk
+
+            def topk(t, *a, **kw):
+                seen.append(t)
+                return orig(t, *a, **kw)
+
+            torch.Tensor.topk = topk
+            try:
+                out = forward(mod, *args, **kwargs)
+            finally:
+                torch.Tensor.topk = orig
+            if len(seen) != 1:
+                raise Rejected(f"indexer made {len(seen)} topk calls, expected 1")
+            watch.observe(seen[0], mod.index_topk)
+            return out
+
+        return observed
+
+    def observe(self, scores, k):
+        s = scores.reshape(-1, scores.shape[-1]).float()
+        for row in s:
+            valid = row[row > -1e30]
+            if valid.numel() <= k:
+                continue
+            top = torch.topk(valid, k + 1).values
+            self.min_margin = min(self.min_margin, float(top[k - 1] - top[k]))
 
 
 @torch.no_grad()
@@ -495,12 +672,14 @@ def build(fx, out_root):
     os.makedirs(ref_root, exist_ok=True)
     tied = fx["config"].get("tie_word_embeddings", False)
     last_error = None
-    for embed_scale in ([0.5, 0.35, 0.25] if tied else [1.0]):
-        try:
-            return build_once(fx, out, ref_root, embed_scale)
-        except Rejected as e:
-            last_error = e
-            print(f"{fx['name']}: rejected with embedding scale {embed_scale}: {e}")
+    # Weights drawn from further seeds when the fixture names some (after every embedding scale).
+    for seed in [fx["seed"]] + fx.get("more_seeds", []):
+        for embed_scale in ([0.5, 0.35, 0.25] if tied else [1.0]):
+            try:
+                return build_once(dict(fx, seed=seed), out, ref_root, embed_scale)
+            except Rejected as e:
+                last_error = e
+                print(f"{fx['name']}: rejected with seed {seed}, embedding scale {embed_scale}: {e}")
     shutil.rmtree(out, ignore_errors=True)
     raise SystemExit(f"{fx['name']}: {last_error}")
 
@@ -565,18 +744,32 @@ def build_once(fx, out, ref_root, embed_scale):
     watch = RouterWatch(ref, fx["router"], ref.config) if fx.get("router") else None
     if watch and watch.blocks == 0:
         raise Rejected("no MoE block found to watch")
+    iwatch = IndexerWatch(ref) if fx.get("indexer") else None
+    if iwatch and iwatch.blocks == 0:
+        raise Rejected("no indexer found to watch")
     V = fx["config"]["vocab_size"]
     g = torch.Generator().manual_seed(1000 + fx["seed"])
+    best = [0.0, 0.0]  # the best router and indexer margins of the rejected attempts
     for attempt in range(ATTEMPTS):
         ids = torch.randint(3, V, (fx["tokens"],), generator=g).tolist()
         if watch:
             watch.min_margin = float("inf")
+        if iwatch:
+            iwatch.min_margin = float("inf")
         logits = logits_of(ref, ids)
+        if watch:
+            best[0] = max(best[0], watch.min_margin)
+        if iwatch:
+            best[1] = max(best[1], iwatch.min_margin)
         if watch and watch.min_margin < ROUTER_MARGIN:
+            continue
+        if iwatch and iwatch.min_margin < INDEXER_MARGIN:
             continue
         break
     else:
-        raise Rejected(f"no token ids with router margins >= {ROUTER_MARGIN}")
+        raise Rejected(f"no token ids with router margins >= {ROUTER_MARGIN} and indexer margins "
+                       f">= {INDEXER_MARGIN} (best seen: {best[0]:.2e}, {best[1]:.2e})")
+    ids_indexer_margin = iwatch.min_margin if iwatch else None
     self_frac = self_argmax_fraction(logits, ids)
     if self_frac > MAX_SELF_ARGMAX:
         raise Rejected(f"{self_frac:.0%} of rows have their input token as top logit")
@@ -584,15 +777,20 @@ def build_once(fx, out, ref_root, embed_scale):
         prompt = torch.randint(3, V, (GREEDY_PROMPT,), generator=g).tolist()
         if watch:
             watch.min_margin = float("inf")
+        if iwatch:
+            iwatch.min_margin = float("inf")
         gen, margins = greedy(ref, prompt, GREEDY_TOKENS)
         if min(margins) < MIN_MARGIN or len(set(gen)) < MIN_DISTINCT or longest_run(gen) > MAX_RUN:
             continue
         if watch and watch.min_margin < ROUTER_MARGIN:
             continue
+        if iwatch and iwatch.min_margin < INDEXER_MARGIN:
+            continue
         break
     else:
         raise Rejected(f"no greedy prompt with margins >= {MIN_MARGIN}, >= {MIN_DISTINCT} distinct "
-                       f"tokens, runs <= {MAX_RUN} and router margins >= {ROUTER_MARGIN}")
+                       f"tokens, runs <= {MAX_RUN}, router margins >= {ROUTER_MARGIN} and indexer "
+                       f"margins >= {INDEXER_MARGIN}")
     save_file({
         "input_ids": torch.tensor(ids, dtype=torch.int64),
         "logits": logits.contiguous(),
@@ -609,6 +807,9 @@ def build_once(fx, out, ref_root, embed_scale):
     size = sum(os.path.getsize(os.path.join(out, f)) for f in files)
     size += os.path.getsize(os.path.join(ref_root, fx["name"] + ".safetensors"))
     router = f", min router margin {watch.min_margin:.2e}" if watch else ""
+    if iwatch:
+        router += (f", min indexer margin {ids_indexer_margin:.2e} (logits) "
+                   f"{iwatch.min_margin:.2e} (greedy)")
     print(f"{fx['name']}: {files} {size/1e6:.2f} MB, logits std {std:.2f}, "
           f"self-argmax rows {self_frac:.0%}, greedy {gen}, distinct {len(set(gen))}, "
           f"min greedy margin {min(margins):.3f}{router}, embedding scale {embed_scale}")

@@ -38,15 +38,7 @@ void DecodeGraphs::pad(const Batch& b, int bucket, Batch& p) const {
   const int S = b.num_seqs();
   // Assignments into p's vectors reuse their capacity: a steady stream of decode steps
   // allocates nothing here.
-  p.block_size = b.block_size;
-  p.token_ids = b.token_ids;
-  p.positions = b.positions;
-  p.query_start = b.query_start;
-  p.context_lens = b.context_lens;
-  p.slot_mapping = b.slot_mapping;
-  p.page_indptr = b.page_indptr;
-  p.page_indices = b.page_indices;
-  p.state_slots = b.state_slots;
+  p.copy_host_from(b);
   p.state_slots.resize(S, 0);
   // Padding sequences: token 0 at position 0 over a one-token context on page 0, written
   // nowhere (slot -1); their logits rows are dropped.

@@ -85,7 +85,7 @@ class ModelRunner final : public StepRunner {
   Tensor upload(const void* data, Shape shape, DType dtype);
 
   Model& model_;
-  std::vector<AttentionCacheSpec> cache_specs_;  // the model's, in the KV cache dtype
+  std::vector<CacheSpec> cache_specs_;  // the model's, in the KV cache dtype
   KvCache kv_;
   Arena arena_;
   int max_model_len_ = 0;

@@ -5,20 +5,6 @@
 namespace atom {
 
 namespace {
-// The host side of `from` (the device views are each rank's own, made by its upload).
-void batch_copy_host(const Batch& from, Batch& to) {
-  to.token_ids = from.token_ids;
-  to.positions = from.positions;
-  to.query_start = from.query_start;
-  to.context_lens = from.context_lens;
-  to.slot_mapping = from.slot_mapping;
-  to.page_indptr = from.page_indptr;
-  to.page_indices = from.page_indices;
-  to.logits_indices = from.logits_indices;
-  to.state_slots = from.state_slots;
-  to.block_size = from.block_size;
-}
-
 RankThreads& threads_of(ModelGroup& models) {
   ATOM_CHECK(models.tp_size() > 1 && models.threads(),
              "TpRunner needs a tensor-parallel group of more than one rank");
@@ -50,7 +36,7 @@ TpRunner::~TpRunner() {
 
 void TpRunner::run_step(Batch& batch, const std::function<void(ModelRunner&)>& rank0) {
   // Copied here, before the ranks start: rank 0 writes into `batch` (its upload) while it runs.
-  for (Batch& c : copies_) batch_copy_host(batch, c);
+  for (Batch& c : copies_) c.copy_host_from(batch);
   threads_.run([&](int r) {
     if (r == 0) {
       rank0(*runners_[0]);

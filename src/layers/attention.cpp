@@ -17,7 +17,8 @@ Attention::Attention(LayerContext& ctx, const std::string& prefix, const Attenti
       static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(o.head_dim)));
   ATOM_CHECK(ctx.cache_specs, "{}: layer context collects no cache specs", prefix);
   cache_index_ = static_cast<int>(ctx.cache_specs->size());
-  ctx.cache_specs->push_back({kv_heads_, head_dim_, ctx.act_dtype, sliding_window_});
+  ctx.cache_specs->push_back(
+      CacheSpec::key_value(kv_heads_, head_dim_, ctx.act_dtype, sliding_window_));
   if (o.sinks) {
     const int64_t per = heads_, start = ctx.tp_rank * per, total = o.total_heads;
     sinks_ = &ctx.params.add(
@@ -31,8 +32,8 @@ Attention::Attention(LayerContext& ctx, const std::string& prefix, const Attenti
 
 Tensor Attention::forward(Step& step, const Tensor& q, const Tensor& k, const Tensor& v) {
   ATOM_CHECK(step.kv, "attention needs a KV cache");
-  Tensor& kc = step.kv->k.at(cache_index_);
-  Tensor& vc = step.kv->v.at(cache_index_);
+  Tensor& kc = step.kv->key(cache_index_);
+  Tensor& vc = step.kv->value(cache_index_);
   kernels::kv_cache_write(kc, vc, k, v, step.batch.dev.slot_mapping, kv_scales_);
   return attend(step, q, kc, vc);
 }
@@ -40,8 +41,8 @@ Tensor Attention::forward(Step& step, const Tensor& q, const Tensor& k, const Te
 Tensor Attention::forward(Step& step, Tensor& q, Tensor& k, const Tensor& v,
                           const RotaryEmbedding& rotary) {
   ATOM_CHECK(step.kv, "attention needs a KV cache");
-  Tensor& kc = step.kv->k.at(cache_index_);
-  Tensor& vc = step.kv->v.at(cache_index_);
+  Tensor& kc = step.kv->key(cache_index_);
+  Tensor& vc = step.kv->value(cache_index_);
   rotary.forward_and_cache(step, q, k, v, kc, vc, kv_scales_);
   return attend(step, q, kc, vc);
 }
@@ -50,8 +51,8 @@ Tensor Attention::forward_projected(Step& step, const Tensor& x, LinearBase& qkv
                                     const RotaryEmbedding& rotary) {
   ATOM_CHECK(step.kv, "attention needs a KV cache");
   if (x.device().is_cpu() || rotary.head_dim() != head_dim_) return Tensor();
-  Tensor& kc = step.kv->k.at(cache_index_);
-  Tensor& vc = step.kv->v.at(cache_index_);
+  Tensor& kc = step.kv->key(cache_index_);
+  Tensor& vc = step.kv->value(cache_index_);
   kernels::QkvRope r;
   r.q_heads = heads_;
   r.kv_heads = kv_heads_;

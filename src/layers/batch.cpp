@@ -10,13 +10,18 @@ namespace atom {
 
 void Batch::validate() const {
   const int T = num_tokens(), S = num_seqs();
-  ATOM_CHECK(static_cast<int>(positions.size()) == T && static_cast<int>(slot_mapping.size()) == T,
-             "batch: positions/slot_mapping must have one entry per token");
-  ATOM_CHECK(
-      static_cast<int>(query_start.size()) == S + 1 && query_start[0] == 0 && query_start[S] == T,
-      "batch: query_start must run from 0 to num_tokens over num_seqs + 1 entries");
-  ATOM_CHECK(static_cast<int>(page_indptr.size()) == S + 1 && page_indptr[0] == 0 &&
-                 page_indptr[S] == static_cast<int>(page_indices.size()),
+  auto check_extent = [&](const char* name, const std::vector<int32_t>& f, BatchExtent e) {
+    const int n = static_cast<int>(f.size());
+    const int want = e == BatchExtent::kTokens ? T : e == BatchExtent::kSeqsPlus1 ? S + 1 : S;
+    ATOM_CHECK(e == BatchExtent::kFree || n == want || (e == BatchExtent::kSeqsOrNone && n == 0),
+               "batch: {} has {} entries, expected {}", name, n, want);
+  };
+#define ATOM_BATCH_CHECK_FIELD(name, extent) check_extent(#name, name, extent);
+  ATOM_BATCH_FIELDS(ATOM_BATCH_CHECK_FIELD)
+#undef ATOM_BATCH_CHECK_FIELD
+  ATOM_CHECK(query_start[0] == 0 && query_start[S] == T,
+             "batch: query_start must run from 0 to num_tokens");
+  ATOM_CHECK(page_indptr[0] == 0 && page_indptr[S] == static_cast<int>(page_indices.size()),
              "batch: page_indptr must cover page_indices");
   for (int s = 0; s < S; ++s) {
     const int q = query_start[s + 1] - query_start[s];
@@ -37,13 +42,15 @@ void Batch::upload(Arena& arena, int64_t page_capacity) {
     max_query_len = std::max(max_query_len, query_start[s + 1] - query_start[s]);
     max_context_len = std::max(max_context_len, context_lens[s]);
   }
-  // page_indices last, so that room reserved for more pages sits past everything else.
-  const std::vector<int32_t>* fields[] = {&token_ids,      &positions,    &query_start,
-                                          &context_lens,   &slot_mapping, &page_indptr,
-                                          &logits_indices, &state_slots,  &page_indices};
-  Tensor* views[] = {&dev.token_ids,      &dev.positions,    &dev.query_start,
-                     &dev.context_lens,   &dev.slot_mapping, &dev.page_indptr,
-                     &dev.logits_indices, &dev.state_slots,  &dev.page_indices};
+  // In ATOM_BATCH_FIELDS order: page_indices last, so that room reserved for more pages sits
+  // past everything else.
+#define ATOM_BATCH_HOST_PTR(name, extent) &name,
+#define ATOM_BATCH_VIEW_PTR(name, extent) &dev.name,
+  const std::vector<int32_t>* fields[] = {ATOM_BATCH_FIELDS(ATOM_BATCH_HOST_PTR)};
+  Tensor* views[] = {ATOM_BATCH_FIELDS(ATOM_BATCH_VIEW_PTR)};
+#undef ATOM_BATCH_HOST_PTR
+#undef ATOM_BATCH_VIEW_PTR
+  static_assert(std::size(fields) == std::size(views));
   int64_t used = 0;
   for (const auto* f : fields) used += static_cast<int64_t>(f->size());
   const int64_t pages = static_cast<int64_t>(page_indices.size());
@@ -66,6 +73,13 @@ void Batch::upload(Arena& arena, int64_t page_capacity) {
     *views[i] = all.narrow(0, off, n);
     off += n;
   }
+}
+
+void Batch::copy_host_from(const Batch& from) {
+#define ATOM_BATCH_COPY_FIELD(name, extent) name = from.name;
+  ATOM_BATCH_FIELDS(ATOM_BATCH_COPY_FIELD)
+#undef ATOM_BATCH_COPY_FIELD
+  block_size = from.block_size;
 }
 
 }  // namespace atom

@@ -10,17 +10,34 @@
 
 namespace atom {
 
+// How many entries a batch field has.
+enum class BatchExtent : int {
+  kTokens,     // num_tokens
+  kSeqs,       // num_seqs
+  kSeqsPlus1,  // num_seqs + 1 (CSR offsets, prefix sums)
+  kSeqsOrNone, // num_seqs, or empty when no layer reads it
+  kFree,       // checked by validate() against the other fields (page_indices, logits_indices)
+};
+
+// The one list of a batch's I32 fields: X(name, extent). Each becomes the host vector
+// Batch::name and the device view Batch::dev.name; validate's sizes, upload, host copies
+// (tensor-parallel ranks, decode-graph padding) are all derived from it. page_indices stays last:
+// upload reserves room past it for a CUDA graph's larger page table.
+#define ATOM_BATCH_FIELDS(X)                                                                  \
+  X(token_ids, BatchExtent::kTokens)      /* flattened tokens, sequence after sequence */     \
+  X(positions, BatchExtent::kTokens)      /* RoPE positions */                                 \
+  X(query_start, BatchExtent::kSeqsPlus1) /* prefix sums of query lengths */                   \
+  X(context_lens, BatchExtent::kSeqs)     /* tokens in the cache after this step */           \
+  X(slot_mapping, BatchExtent::kTokens)   /* cache slot (page * block_size + offset), -1 none */ \
+  X(page_indptr, BatchExtent::kSeqsPlus1) /* CSR offsets into page_indices */                 \
+  X(logits_indices, BatchExtent::kFree)   /* token rows whose logits are computed */          \
+  X(state_slots, BatchExtent::kSeqsOrNone) /* per-request state slot (recurrent layers) */    \
+  X(page_indices, BatchExtent::kFree)     /* physical page of each logical page */
+
 struct Batch {
-  // Host side. Tokens of all sequences are flattened, sequence after sequence.
-  std::vector<int32_t> token_ids;       // [num_tokens]
-  std::vector<int32_t> positions;       // [num_tokens] RoPE positions
-  std::vector<int32_t> query_start;     // [num_seqs + 1] prefix sums of query lengths
-  std::vector<int32_t> context_lens;    // [num_seqs] tokens in the cache after this step
-  std::vector<int32_t> slot_mapping;    // [num_tokens] cache slot (page * block_size + offset)
-  std::vector<int32_t> page_indptr;     // [num_seqs + 1] CSR offsets into page_indices
-  std::vector<int32_t> page_indices;    // [total pages] physical page of each logical page
-  std::vector<int32_t> logits_indices;  // [num_logits] token rows whose logits are computed
-  std::vector<int32_t> state_slots;     // [num_seqs] per-request state slot (recurrent layers)
+#define ATOM_BATCH_HOST_FIELD(name, extent) std::vector<int32_t> name;
+  ATOM_BATCH_FIELDS(ATOM_BATCH_HOST_FIELD)
+#undef ATOM_BATCH_HOST_FIELD
   int block_size = 16;
   int max_query_len = 0;
   int max_context_len = 0;
@@ -28,10 +45,11 @@ struct Batch {
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
   int num_seqs() const { return static_cast<int>(context_lens.size()); }
 
-  // Device side, valid after upload().
+  // Device side, valid after upload(): one I32 view per field.
   struct Views {
-    Tensor token_ids, positions, query_start, context_lens, slot_mapping, page_indptr, page_indices,
-        logits_indices, state_slots;  // I32
+#define ATOM_BATCH_VIEW_FIELD(name, extent) Tensor name;
+    ATOM_BATCH_FIELDS(ATOM_BATCH_VIEW_FIELD)
+#undef ATOM_BATCH_VIEW_FIELD
   } dev;
 
   // Checks the descriptor is consistent (sizes, monotone offsets, bounds); throws on a bug.
@@ -41,6 +59,9 @@ struct Batch {
   // so a replayed CUDA graph finds every field at the address it recorded for a larger table.
   void upload(Arena& arena, int64_t page_capacity = 0);
   std::vector<int32_t> upload_staging;  // host buffer of upload(), reused across steps
+  // Every host field and block_size copied from `from` (each vector reuses its capacity); the
+  // device views are left alone (each copy uploads its own).
+  void copy_host_from(const Batch& from);
 };
 
 }  // namespace atom

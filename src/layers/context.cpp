@@ -1,18 +1,46 @@
 #include "layers/context.h"
 
+#include "core/error.h"
+
 namespace atom {
 
-KvCache KvCache::allocate(const std::vector<AttentionCacheSpec>& specs, int num_pages,
-                          int block_size, Device device,
-                          const std::vector<StateCacheSpec>& state_specs, int num_state_slots) {
+const char* cache_kind_name(CacheKind k) {
+  switch (k) {
+    case CacheKind::kKeyValue: return "key/value";
+    case CacheKind::kLatent: return "latent";
+    case CacheKind::kIndexerKey: return "indexer key";
+  }
+  return "?";
+}
+
+size_t CacheSpec::page_bytes(int block_size) const {
+  return static_cast<size_t>(planes()) *
+         dtype_bytes(dtype, static_cast<uint64_t>(block_size) * num_heads * head_dim);
+}
+
+Tensor& KvCache::plane(size_t i, CacheKind kind, int p) {
+  ATOM_CHECK(i < specs.size(), "KV cache: layer cache {} of {}", i, specs.size());
+  ATOM_CHECK(specs[i].kind == kind && p >= 0 && p < specs[i].planes(),
+             "KV cache: layer cache {} holds {}, not plane {} of {}", i,
+             cache_kind_name(specs[i].kind), p, cache_kind_name(kind));
+  return planes[i][static_cast<size_t>(p)];
+}
+
+KvCache KvCache::allocate(const std::vector<CacheSpec>& specs, int num_pages, int block_size,
+                          Device device, const std::vector<StateCacheSpec>& state_specs,
+                          int num_state_slots) {
   KvCache c;
   c.block_size = block_size;
   c.num_pages = num_pages;
   c.num_state_slots = num_state_slots;
+  c.specs = specs;
   for (const auto& s : specs) {
-    const Shape shape = {num_pages, block_size, s.num_kv_heads, s.head_dim};
-    c.k.push_back(Tensor::zeros(shape, s.dtype, device));
-    c.v.push_back(Tensor::zeros(shape, s.dtype, device));
+    ATOM_CHECK(s.num_heads > 0 && s.head_dim > 0, "KV cache: {} cache of {} heads of {}",
+               cache_kind_name(s.kind), s.num_heads, s.head_dim);
+    const Shape shape = {num_pages, block_size, s.num_heads, s.head_dim};
+    std::vector<Tensor> planes;
+    for (int p = 0; p < s.planes(); ++p) planes.push_back(Tensor::zeros(shape, s.dtype, device));
+    c.planes.push_back(std::move(planes));
   }
   for (const auto& s : state_specs) {
     Shape shape = {num_state_slots};
@@ -28,10 +56,9 @@ size_t KvCache::state_slot_bytes(const std::vector<StateCacheSpec>& specs) {
   return b;
 }
 
-size_t KvCache::page_bytes(const std::vector<AttentionCacheSpec>& specs, int block_size) {
+size_t KvCache::page_bytes(const std::vector<CacheSpec>& specs, int block_size) {
   size_t b = 0;
-  for (const auto& s : specs)
-    b += 2 * dtype_bytes(s.dtype, static_cast<uint64_t>(block_size) * s.num_kv_heads * s.head_dim);
+  for (const auto& s : specs) b += s.page_bytes(block_size);
   return b;
 }
 

@@ -11,13 +11,43 @@
 
 namespace atom {
 
-// One paged attention cache a layer needs: the runner allocates
-// [num_pages, block_size, num_kv_heads, head_dim] for K and for V.
-struct AttentionCacheSpec {
-  int num_kv_heads = 0;  // on this rank
-  int head_dim = 0;
+// What a layer keeps per token in the paged cache. Every kind is paged by the one block table
+// (block b of a sequence holds its tokens [b * block_size, (b + 1) * block_size) in every
+// layer's cache, whatever the kind), so the engine sizes, allocates, prefix-caches and frees
+// them together: a page of the pool is one block of every layer's planes.
+enum class CacheKind : int {
+  // Keys and values per kv head: two planes [num_pages, block_size, num_heads, head_dim].
+  kKeyValue = 0,
+  // Multi-head latent attention: one plane [num_pages, block_size, 1, width] of rows
+  // (c_kv | k_pe), width = kv_lora_rank + qk_rope_head_dim; the value is c_kv itself.
+  kLatent = 1,
+  // A sparse-attention indexer's keys (DeepSeek-V3.2, GLM-5): one plane
+  // [num_pages, block_size, 1, index_head_dim].
+  kIndexerKey = 2,
+};
+
+const char* cache_kind_name(CacheKind k);
+
+// One paged cache a layer declares (LayerContext::cache_specs); a model may declare several
+// kinds, one spec per layer and kind.
+struct CacheSpec {
+  CacheKind kind = CacheKind::kKeyValue;
+  int num_heads = 0;  // kKeyValue: kv heads on this rank; the single-row kinds: 1
+  int head_dim = 0;   // elements of one head's row (kLatent, kIndexerKey: the whole row)
   DType dtype = DType::kF32;
-  int sliding_window = 0;  // 0: full attention
+  int sliding_window = 0;  // kKeyValue: 0 for full attention
+
+  static CacheSpec key_value(int num_kv_heads, int head_dim, DType dtype, int sliding_window = 0) {
+    return {CacheKind::kKeyValue, num_kv_heads, head_dim, dtype, sliding_window};
+  }
+  static CacheSpec latent(int width, DType dtype) { return {CacheKind::kLatent, 1, width, dtype, 0}; }
+  static CacheSpec indexer_key(int width, DType dtype) {
+    return {CacheKind::kIndexerKey, 1, width, dtype, 0};
+  }
+  // Tensors of this kind: 2 (K and V) or 1.
+  int planes() const { return kind == CacheKind::kKeyValue ? 2 : 1; }
+  // Bytes one page (block_size tokens) of this cache takes, over its planes.
+  size_t page_bytes(int block_size) const;
 };
 
 // One per-request state a recurrent layer keeps (gated delta net, KDA, a test layer): the cache
@@ -28,28 +58,33 @@ struct StateCacheSpec {
   DType dtype = DType::kF32;
 };
 
-// Every cache kind a model needs, side by side: paged K/V per attention layer and a state slot
+// Every cache a model needs, side by side: the paged planes of each CacheSpec and a state slot
 // pool per recurrent layer.
 struct KvCache {
   int block_size = 16;
   int num_pages = 0;
   int num_state_slots = 0;
-  std::vector<Tensor> k, v;   // one per AttentionCacheSpec, [num_pages, block_size, Hk, D]
+  std::vector<CacheSpec> specs;
+  // planes[i]: spec i's tensors, each [num_pages, block_size, num_heads, head_dim].
+  std::vector<std::vector<Tensor>> planes;
   std::vector<Tensor> state;  // one per StateCacheSpec, [num_state_slots, *spec.shape]
 
-  static KvCache allocate(const std::vector<AttentionCacheSpec>& specs, int num_pages,
-                          int block_size, Device device,
-                          const std::vector<StateCacheSpec>& state_specs = {},
+  // Spec i's plane p, checked against the kind the caller expects.
+  Tensor& plane(size_t i, CacheKind kind, int p = 0);
+  Tensor& key(size_t i) { return plane(i, CacheKind::kKeyValue, 0); }
+  Tensor& value(size_t i) { return plane(i, CacheKind::kKeyValue, 1); }
+
+  static KvCache allocate(const std::vector<CacheSpec>& specs, int num_pages, int block_size,
+                          Device device, const std::vector<StateCacheSpec>& state_specs = {},
                           int num_state_slots = 0);
-  // Bytes one page takes over all layers.
-  static size_t page_bytes(const std::vector<AttentionCacheSpec>& specs, int block_size);
+  // Bytes one page takes over all layers and kinds.
+  static size_t page_bytes(const std::vector<CacheSpec>& specs, int block_size);
   // Bytes one state slot takes over all recurrent layers.
   static size_t state_slot_bytes(const std::vector<StateCacheSpec>& specs);
 };
 
-// `specs` with every attention cache stored as `dtype` (the KV cache dtype the runner is given).
-inline std::vector<AttentionCacheSpec> cache_specs_with_dtype(std::vector<AttentionCacheSpec> specs,
-                                                              DType dtype) {
+// `specs` with every cache stored as `dtype` (the KV cache dtype the runner is given).
+inline std::vector<CacheSpec> cache_specs_with_dtype(std::vector<CacheSpec> specs, DType dtype) {
   for (auto& s : specs) s.dtype = dtype;
   return specs;
 }
@@ -62,7 +97,7 @@ struct LayerContext {
   int tp_rank = 0;
   int tp_size = 1;
   Communicator* comm = nullptr;  // never null once a model is built
-  std::vector<AttentionCacheSpec>* cache_specs = nullptr;
+  std::vector<CacheSpec>* cache_specs = nullptr;  // paged layers add theirs here
   std::vector<StateCacheSpec>* state_specs = nullptr;  // recurrent layers add theirs here
   // Shared experts load as slots of their layer's fused experts (ModelOptions).
   bool fuse_shared_experts = false;

@@ -58,6 +58,23 @@ class PerLayerMlp : public FeedForward {
   std::unique_ptr<FeedForward> impl_;
 };
 
+// What layers hand on to the layers after them within a step. An attention module that needs it
+// (GLM-5's shared top-k selection) declares `struct State` and
+// `static State begin_step(Step&, const ModelConfig&)`, and takes `forward(step, x, state)`; the
+// model makes one State per step, before the first layer (so it outlives each layer's scratch),
+// and passes it to every layer.
+template <class A>
+concept HasLayerState = requires { typename A::State; };
+struct NoLayerState {};
+template <class A>
+struct LayerStateOf {
+  using type = NoLayerState;
+};
+template <HasLayerState A>
+struct LayerStateOf<A> {
+  using type = typename A::State;
+};
+
 // input_layernorm -> self_attn -> post_attention_layernorm -> mlp, with the residual kept beside.
 // Mlp is built as Mlp(ctx, config, layer, prefix + ".mlp"); Norm is the family's RMSNorm (the
 // model's final norm uses it too).
@@ -66,6 +83,14 @@ template <class SelfAttention, class Mlp = LlamaMlp,
 class LlamaDecoderLayer {
  public:
   static constexpr kernels::RmsNormKind kNorm = Norm;
+  using State = typename LayerStateOf<SelfAttention>::type;
+  static State begin_step(Step& step, const ModelConfig& c) {
+    if constexpr (HasLayerState<SelfAttention>) {
+      return SelfAttention::begin_step(step, c);
+    } else {
+      return {};
+    }
+  }
 
   LlamaDecoderLayer(LayerContext& ctx, const ModelConfig& c, int64_t layer,
                     const std::string& prefix)
@@ -78,10 +103,16 @@ class LlamaDecoderLayer {
   // residual [T, hidden]: the residual stream, updated in place. h: the previous layer's output,
   // not yet added to it (undefined before the first layer). Writes this layer's output, before
   // its residual add, into `out` (not h's buffer).
-  void forward(Step& step, const Tensor& h, Tensor& residual, const Tensor& out) {
+  void forward(Step& step, const Tensor& h, Tensor& residual, const Tensor& out,
+               State& state) {
     Tensor x = h.defined() ? input_layernorm_.forward(step, h, residual)  // residual += h
                            : input_layernorm_.forward(step, residual);
-    Tensor a = self_attn_.forward(step, x);
+    Tensor a;
+    if constexpr (HasLayerState<SelfAttention>) {
+      a = self_attn_.forward(step, x, state);
+    } else {
+      a = self_attn_.forward(step, x);
+    }
     x = post_attention_layernorm_.forward(step, a, residual);
     mlp_.forward(step, x, out);
   }
@@ -120,9 +151,10 @@ class DecoderOnlyLM : public Model {
     const Tensor outs[2] = {step.empty(residual.shape(), residual.dtype()),
                             step.empty(residual.shape(), residual.dtype())};
     Tensor h;
+    auto state = DecoderLayer::begin_step(step, config());  // what layers hand on (usually none)
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Arena::Mark scratch = step.arena.mark();
-      layers_[i]->forward(step, h, residual, outs[i % 2]);
+      layers_[i]->forward(step, h, residual, outs[i % 2], state);
       h = outs[i % 2];
       step.arena.release(scratch);
     }

@@ -39,7 +39,7 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   ParamRegistry& params() { return params_; }
-  const std::vector<AttentionCacheSpec>& cache_specs() const { return cache_specs_; }
+  const std::vector<CacheSpec>& cache_specs() const { return cache_specs_; }
   // Per-request recurrent state of each recurrent layer (empty for pure attention models).
   const std::vector<StateCacheSpec>& state_specs() const { return state_specs_; }
   Device device() const { return ctx_.device; }
@@ -65,7 +65,7 @@ class Model {
  private:
   ModelConfig config_;
   ParamRegistry params_;
-  std::vector<AttentionCacheSpec> cache_specs_;
+  std::vector<CacheSpec> cache_specs_;
   std::vector<StateCacheSpec> state_specs_;
   SoloCommunicator solo_;
   LayerContext ctx_;

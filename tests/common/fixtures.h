@@ -38,10 +38,21 @@ inline const std::vector<std::string>& dense_fixture_names() {
 
 // Mixtures of experts: a rounding change near a router tie picks another expert, so only
 // fp32-exact paths are compared against the references token for token.
+// Multi-head latent attention, dense and sparse (all of them mixtures of experts too).
+inline const std::vector<std::string>& mla_fixture_names() {
+  static const std::vector<std::string> names = {"deepseek_v2_lite", "deepseek_v2", "deepseek_v3",
+                                                 "deepseek_v3_plain", "deepseek_v32",
+                                                 "glm_moe_dsa"};
+  return names;
+}
+
 inline const std::vector<std::string>& moe_fixture_names() {
-  static const std::vector<std::string> names = {"qwen3_moe", "qwen3_moe_stacked", "mixtral",
-                                                 "glm4_moe", "glm4_moe_air", "gpt_oss",
-                                                 "gpt_oss_mxfp4"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> all = {"qwen3_moe",    "qwen3_moe_stacked", "mixtral", "glm4_moe",
+                                    "glm4_moe_air", "gpt_oss",           "gpt_oss_mxfp4"};
+    for (const auto& n : mla_fixture_names()) all.push_back(n);
+    return all;
+  }();
   return names;
 }
 

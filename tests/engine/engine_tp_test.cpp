@@ -174,8 +174,8 @@ TEST(EngineTpRunner, ScoresMatchTheSingleRankRunnerAndKvIsSharded) {
     EXPECT_EQ(runner.tp_size(), tp);
     EXPECT_EQ(runner.num_pages(), 12);
     for (int r = 0; r < tp; ++r) {
-      EXPECT_EQ(runner.rank(r).kv().k.at(0).size(0), 12);
-      EXPECT_EQ(runner.rank(r).kv().k.at(0).size(2), 1) << "kv heads on rank " << r;
+      EXPECT_EQ(runner.rank(r).kv().key(0).size(0), 12);
+      EXPECT_EQ(runner.rank(r).kv().key(0).size(2), 1) << "kv heads on rank " << r;
     }
   }
 }

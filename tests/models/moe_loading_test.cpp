@@ -362,7 +362,7 @@ TEST(FusedMoELayer, PaddedIntermediateLoadsZeroTailsOnBothPaths) {
   std::vector<Tensor> outs;
   for (const int64_t pad : {1, 16, 16}) {
     ParamRegistry reg;
-    std::vector<AttentionCacheSpec> caches;
+    std::vector<CacheSpec> caches;
     std::vector<StateCacheSpec> states;
     SoloCommunicator solo;
     LayerContext ctx{reg, Device::cpu(), DType::kF32, DType::kF32, 0, 1, &solo, &caches, &states};

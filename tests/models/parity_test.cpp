@@ -3,6 +3,7 @@
 // (every row, so NaN after the first chunk fails), without mmap, and sequential loading.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>

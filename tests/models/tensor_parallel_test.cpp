@@ -70,7 +70,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3_moe", 2}, Case{"qwen3_moe", 4}, Case{"qwen3_moe_stacked", 2},
                       Case{"mixtral", 2}, Case{"glm4_moe", 2},  // shared experts unreduced
                       Case{"glm4_moe_air", 4},
-                      Case{"gpt_oss", 2}, Case{"gpt_oss_mxfp4", 2}),  // sinks, expert biases
+                      Case{"gpt_oss", 2}, Case{"gpt_oss_mxfp4", 2},  // sinks, expert biases
+                      // MLA heads split over ranks, the latent (and its cache) replicated
+                      Case{"deepseek_v2_lite", 2}, Case{"deepseek_v2", 4},
+                      Case{"deepseek_v3", 2}, Case{"deepseek_v3", 4},
+                      // the indexer replicated: every rank selects the same positions
+                      Case{"deepseek_v32", 2}, Case{"glm_moe_dsa", 4}),
     [](const auto& info) { return info.param.fixture + "_tp" + std::to_string(info.param.tp); });
 
 TEST(TensorParallelErrors, IndivisibleSizesAreClearErrors) {

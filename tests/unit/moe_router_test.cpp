@@ -292,7 +292,7 @@ TEST(AddGated, HandDerived) {
 TEST(SparseMoeBlockShared, SigmoidGateScalesTheSharedExpertPerToken) {
   const int64_t H = 16, E = 4, I = 8, T = 5;
   // The layers keep their context by reference: one per registry, alive for the test.
-  std::vector<AttentionCacheSpec> caches;
+  std::vector<CacheSpec> caches;
   std::vector<StateCacheSpec> states;
   SoloCommunicator solo;
   std::vector<std::unique_ptr<LayerContext>> ctxs;

@@ -1,0 +1,253 @@
+#include "kernels/mla.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "kernels/cpu/access.h"
+
+namespace atom::kernels::cpu {
+
+namespace {
+
+// Rotates R channels of `row` starting at element `base` by the angles whose cos/sin are given.
+void rotate(char* row, DType dt, int64_t base, int R, bool interleaved, const float* cs,
+            const float* sn) {
+  const int half = R / 2;
+  for (int i = 0; i < half; ++i) {
+    const int64_t i1 = base + (interleaved ? 2 * i : i);
+    const int64_t i2 = base + (interleaved ? 2 * i + 1 : i + half);
+    const float x1 = load(row, dt, i1), x2 = load(row, dt, i2);
+    store(row, dt, i1, x1 * cs[i] - x2 * sn[i]);
+    store(row, dt, i2, x2 * cs[i] + x1 * sn[i]);
+  }
+}
+
+void check_one_row_cache(const char* op, const Tensor& cache, int64_t width) {
+  ATOM_CHECK(cache.dim() == 4 && cache.is_contiguous() && cache.size(2) == 1 &&
+                 cache.size(3) == width,
+             "{}: cache {} must be [num_pages, block_size, 1, {}]", op, cache.str(), width);
+}
+
+// Each token's sequence and its context index (the position its query sits at).
+struct TokenSeqs {
+  std::vector<int> seq, index;
+};
+TokenSeqs token_seqs(const AttentionBatch& b, int64_t T) {
+  const int32_t* qs = b.query_start->ptr<int32_t>();
+  const int32_t* cl = b.context_lens->ptr<int32_t>();
+  const int S = static_cast<int>(b.context_lens->numel());
+  ATOM_CHECK(b.query_start->numel() == S + 1 && qs[S] == T, "attention batch: {} tokens, {} seqs",
+             T, S);
+  TokenSeqs r;
+  r.seq.resize(static_cast<size_t>(T));
+  r.index.resize(static_cast<size_t>(T));
+  for (int s = 0; s < S; ++s)
+    for (int t = qs[s]; t < qs[s + 1]; ++t) {
+      r.seq[t] = s;
+      r.index[t] = cl[s] - (qs[s + 1] - qs[s]) + (t - qs[s]);
+    }
+  return r;
+}
+
+// Element offset of context position j's row in a one-row-per-token cache.
+inline int64_t row_base(const int32_t* pip, const int32_t* pid, int s, int j, int64_t bs,
+                        int64_t width) {
+  const int64_t page = pid[pip[s] + j / bs];
+  return (page * bs + j % bs) * width;
+}
+
+}  // namespace
+
+void cache_rows_write(Tensor& cache, const Tensor& rows, const Tensor& slot_mapping) {
+  check_rows("cache_rows_write", rows, "rows");
+  const int64_t W = rows.size(1), T = rows.size(0);
+  check_one_row_cache("cache_rows_write", cache, W);
+  ATOM_CHECK(slot_mapping.numel() == T && slot_mapping.dtype() == DType::kI32,
+             "cache_rows_write: slot_mapping {} for {} rows", slot_mapping.str(), T);
+  const int64_t slots_total = cache.size(0) * cache.size(1);
+  const int32_t* slots = slot_mapping.ptr<int32_t>();
+  const DType ct = cache.dtype();
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;
+    ATOM_CHECK(slot < slots_total, "cache_rows_write: slot {} beyond {} slots", slot, slots_total);
+    const char* r = row_ptr(rows, t);
+    for (int64_t i = 0; i < W; ++i) store(cache.data(), ct, slot * W + i, load(r, rows.dtype(), i));
+  }
+}
+
+void mla_rope_cache_write(Tensor& q, Tensor& kv, const Tensor& positions, const Tensor& inv_freq,
+                          const MlaRopeArgs& a, Tensor& latent_cache, const Tensor& slot_mapping) {
+  check_rows("mla_rope_cache_write", q, "q");
+  check_rows("mla_rope_cache_write", kv, "kv");
+  const int H = a.num_heads, N = a.nope_dim, R = a.rope_dim, L = a.latent_dim;
+  const int64_t T = q.size(0);
+  ATOM_CHECK(H > 0 && N >= 0 && R > 0 && R % 2 == 0 && L > 0,
+             "mla_rope_cache_write: {} heads, nope {} rope {} latent {}", H, N, R, L);
+  ATOM_CHECK(q.size(1) == static_cast<int64_t>(H) * (N + R) && kv.size(0) == T &&
+                 kv.size(1) == L + R && positions.numel() == T,
+             "mla_rope_cache_write: q {} kv {} positions {} for {} heads of {} + {}, latent {}",
+             q.str(), kv.str(), positions.str(), H, N, R, L);
+  ATOM_CHECK(inv_freq.numel() == R / 2 && inv_freq.dtype() == DType::kF32,
+             "mla_rope_cache_write: inv_freq {} for rope dim {}", inv_freq.str(), R);
+  const int32_t* pos = positions.ptr<int32_t>();
+  const float* f = inv_freq.ptr<float>();
+#pragma omp parallel if (T * q.size(1) > kParallelMin)
+  {
+    std::vector<float> cs(static_cast<size_t>(R / 2)), sn(static_cast<size_t>(R / 2));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      for (int i = 0; i < R / 2; ++i) {
+        const float angle = static_cast<float>(pos[t]) * f[i];  // fp32, as transformers
+        cs[i] = std::cos(angle) * a.scale;
+        sn[i] = std::sin(angle) * a.scale;
+      }
+      char* qr = row_ptr(q, t);
+      for (int h = 0; h < H; ++h)
+        rotate(qr, q.dtype(), static_cast<int64_t>(h) * (N + R) + N, R, a.interleaved, cs.data(),
+               sn.data());
+      rotate(row_ptr(kv, t), kv.dtype(), L, R, a.interleaved, cs.data(), sn.data());
+    }
+  }
+  cache_rows_write(latent_cache, kv, slot_mapping);
+}
+
+void mla_paged_attention(Tensor& out, const Tensor& q, const Tensor& latent_cache,
+                         const AttentionBatch& b, const Tensor& topk, const MlaArgs& a) {
+  check_rows("mla_paged_attention", out, "out");
+  check_rows("mla_paged_attention", q, "q");
+  const int H = a.num_heads, L = a.latent_dim, R = a.rope_dim, W = L + R;
+  const int64_t T = q.size(0);
+  ATOM_CHECK(H > 0 && L > 0 && R >= 0, "mla_paged_attention: {} heads, latent {} rope {}", H, L, R);
+  ATOM_CHECK(q.size(1) == static_cast<int64_t>(H) * W && out.size(0) == T &&
+                 out.size(1) == static_cast<int64_t>(H) * L,
+             "mla_paged_attention: q {} out {} for {} heads of {} + {}", q.str(), out.str(), H, L,
+             R);
+  check_one_row_cache("mla_paged_attention", latent_cache, W);
+  int64_t K = 0;
+  if (topk.defined()) {
+    ATOM_CHECK(topk.dim() == 2 && topk.size(0) == T && topk.is_contiguous() &&
+                   topk.dtype() == DType::kI32,
+               "mla_paged_attention: topk {} must be contiguous I32 [{}, K]", topk.str(), T);
+    K = topk.size(1);
+  }
+  const TokenSeqs ts = token_seqs(b, T);
+  const int32_t* pip = b.page_indptr->ptr<int32_t>();
+  const int32_t* pid = b.page_indices->ptr<int32_t>();
+  const int64_t bs = latent_cache.size(1);
+  const DType ct = latent_cache.dtype();
+  const void* cache = latent_cache.data();
+  const int32_t* sel = topk.defined() ? topk.ptr<int32_t>() : nullptr;
+  for (int64_t t = 0; sel && t < T; ++t)  // checked here: nothing may throw inside the team
+    for (int64_t k = 0; k < K; ++k)
+      ATOM_CHECK(sel[t * K + k] <= ts.index[t],
+                 "mla_paged_attention: token {} selects position {} beyond its own {}", t,
+                 sel[t * K + k], ts.index[t]);
+
+#pragma omp parallel if (T * H * W * 16 > kParallelMin)
+  {
+    std::vector<float> qv(static_cast<size_t>(W)), acc(static_cast<size_t>(L)), scores, row(W);
+    std::vector<int> keys;
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t th = 0; th < T * H; ++th) {
+      const int64_t t = th / H;
+      const int h = static_cast<int>(th % H);
+      const int s = ts.seq[t], qpos = ts.index[t];
+      keys.clear();
+      if (sel) {
+        for (int64_t k = 0; k < K; ++k) {
+          const int j = sel[t * K + k];
+          if (j >= 0) keys.push_back(j);
+        }
+      } else {
+        keys.resize(static_cast<size_t>(qpos + 1));
+        std::iota(keys.begin(), keys.end(), 0);
+      }
+      const char* qr = row_ptr(q, t);
+      for (int d = 0; d < W; ++d) qv[d] = load(qr, q.dtype(), static_cast<int64_t>(h) * W + d);
+      scores.resize(keys.size());
+      float mx = -std::numeric_limits<float>::infinity();
+      for (size_t k = 0; k < keys.size(); ++k) {
+        const int64_t base = row_base(pip, pid, s, keys[k], bs, W);
+        float dot = 0;
+        for (int d = 0; d < W; ++d) dot += qv[d] * load(cache, ct, base + d);
+        scores[k] = dot * a.scale;
+        mx = std::max(mx, scores[k]);
+      }
+      float denom = 0;
+      for (auto& v : scores) denom += (v = std::exp(v - mx));
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (size_t k = 0; k < keys.size(); ++k) {
+        const int64_t base = row_base(pip, pid, s, keys[k], bs, W);
+        const float p = scores[k] / denom;
+        for (int d = 0; d < L; ++d) acc[d] += p * load(cache, ct, base + d);
+      }
+      char* orow = row_ptr(out, t);
+      for (int d = 0; d < L; ++d) store(orow, out.dtype(), static_cast<int64_t>(h) * L + d, acc[d]);
+    }
+  }
+}
+
+void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Tensor& key_cache,
+                  const AttentionBatch& b, const IndexerArgs& a) {
+  check_rows("indexer_topk", q, "q");
+  check_rows("indexer_topk", weights, "weights");
+  const int Hi = a.num_heads, D = a.head_dim, K = a.top_k;
+  const int64_t T = q.size(0);
+  ATOM_CHECK(Hi > 0 && D > 0 && K > 0, "indexer_topk: {} heads of {}, top {}", Hi, D, K);
+  ATOM_CHECK(q.size(1) == static_cast<int64_t>(Hi) * D && weights.size(0) == T &&
+                 weights.size(1) == Hi && weights.dtype() == DType::kF32,
+             "indexer_topk: q {} weights {} for {} heads of {}", q.str(), weights.str(), Hi, D);
+  ATOM_CHECK(topk.dim() == 2 && topk.size(0) == T && topk.size(1) == K && topk.is_contiguous() &&
+                 topk.dtype() == DType::kI32,
+             "indexer_topk: topk {} must be contiguous I32 [{}, {}]", topk.str(), T, K);
+  check_one_row_cache("indexer_topk", key_cache, D);
+  const TokenSeqs ts = token_seqs(b, T);
+  const int32_t* pip = b.page_indptr->ptr<int32_t>();
+  const int32_t* pid = b.page_indices->ptr<int32_t>();
+  const int64_t bs = key_cache.size(1);
+  const DType ct = key_cache.dtype();
+  const void* cache = key_cache.data();
+  int32_t* outp = topk.ptr<int32_t>();
+
+#pragma omp parallel if (T * Hi * D * 16 > kParallelMin)
+  {
+    std::vector<float> qv(static_cast<size_t>(Hi) * D), w(static_cast<size_t>(Hi)), key(D), score;
+    std::vector<int> order;
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t t = 0; t < T; ++t) {
+      const int s = ts.seq[t], n = ts.index[t] + 1;  // visible positions 0 .. index
+      row_to_float(q, t, qv.data());
+      row_to_float(weights, t, w.data());
+      score.assign(static_cast<size_t>(n), 0.0f);
+      for (int j = 0; j < n; ++j) {
+        const int64_t base = row_base(pip, pid, s, j, bs, D);
+        for (int d = 0; d < D; ++d) key[d] = load(cache, ct, base + d);
+        float sum = 0;
+        for (int h = 0; h < Hi; ++h) {
+          float dot = 0;
+          for (int d = 0; d < D; ++d) dot += qv[static_cast<size_t>(h) * D + d] * key[d];
+          sum += (w[h] * a.weights_scale) * std::max(dot * a.scale, 0.0f);
+        }
+        score[j] = sum;
+      }
+      order.resize(static_cast<size_t>(n));
+      std::iota(order.begin(), order.end(), 0);
+      const int keep = std::min(n, K);
+      // Descending score, the lower position first on ties; NaN scores last.
+      auto before = [&](int x, int y) {
+        const bool nx = std::isnan(score[x]), ny = std::isnan(score[y]);
+        if (nx != ny) return ny;
+        if (!nx && score[x] != score[y]) return score[x] > score[y];
+        return x < y;
+      };
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(), before);
+      for (int k = 0; k < K; ++k) outp[t * K + k] = k < keep ? order[k] : -1;
+    }
+  }
+}
+
+}  // namespace atom::kernels::cpu

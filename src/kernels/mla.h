@@ -1,0 +1,145 @@
+// Multi-head latent attention (DeepSeek-V2/V3, V3.2, GLM-5) over a paged latent cache, and the
+// sparse-attention indexer (DeepSeek-V3.2, GLM-5) that picks the context positions each query
+// attends to.
+//
+// The latent cache (CacheKind::kLatent) holds one row per token: (c_kv | k_pe), c_kv the
+// kv_a_layernorm'd latent of width L = kv_lora_rank, k_pe the rotated shared key of width
+// R = qk_rope_head_dim. Attention runs "absorbed": each head's query is (W_UKᵀ q_nope | q_pe), of
+// width L + R, its keys are the cached rows and its value is c_kv, so prefill, chunked prefill,
+// prefix-cached prefill and decode are one code path over the cache (the caller applies W_UV to
+// the L-wide output per head). This is the FlashMLA problem: many query heads share one latent.
+#pragma once
+
+#include "kernels/attention.h"
+#include "kernels/dispatch.h"
+
+namespace atom::kernels {
+
+// RoPE of MLA's rotary parts, then the latent cache write:
+//   q  [T, H * (nope + R)] (rows may be strided): each head's last R channels (q_pe) rotated in
+//      place; its first nope channels are left alone
+//   kv [T, L + R] (rows may be strided): (c_kv | k_pe); k_pe rotated in place, then the whole row
+//      written to latent_cache [num_pages, block_size, 1, L + R] at slot_mapping[t] (< 0: skipped)
+//   positions [T] I32, inv_freq [R / 2] F32: angle = float(pos) * inv_freq[i], in fp32
+//   scale multiplies cos and sin (YaRN's attention factor); interleaved: pairs (2i, 2i + 1)
+//   rotated (DeepSeek's layout) instead of halves (i, i + R / 2)
+struct MlaRopeArgs {
+  int num_heads = 0;  // on this rank
+  int nope_dim = 0;   // qk_nope_head_dim
+  int rope_dim = 0;   // qk_rope_head_dim (R)
+  int latent_dim = 0; // kv_lora_rank (L)
+  float scale = 1.0f;
+  bool interleaved = false;
+};
+
+namespace cpu {
+void mla_rope_cache_write(Tensor& q, Tensor& kv, const Tensor& positions, const Tensor& inv_freq,
+                          const MlaRopeArgs& a, Tensor& latent_cache, const Tensor& slot_mapping);
+}
+namespace cuda {
+void mla_rope_cache_write(Tensor& q, Tensor& kv, const Tensor& positions, const Tensor& inv_freq,
+                          const MlaRopeArgs& a, Tensor& latent_cache, const Tensor& slot_mapping);
+}
+
+inline void mla_rope_cache_write(Tensor& q, Tensor& kv, const Tensor& positions,
+                                 const Tensor& inv_freq, const MlaRopeArgs& a,
+                                 Tensor& latent_cache, const Tensor& slot_mapping) {
+  check_same_device("mla_rope_cache_write", q.device(),
+                    {&kv, &positions, &inv_freq, &latent_cache, &slot_mapping});
+  if (q.device().is_cpu())
+    return cpu::mla_rope_cache_write(q, kv, positions, inv_freq, a, latent_cache, slot_mapping);
+  ATOM_KERNEL_CUDA("mla_rope_cache_write",
+                   cuda::mla_rope_cache_write(q, kv, positions, inv_freq, a, latent_cache,
+                                              slot_mapping));
+}
+
+// Writes rows [T, W] (rows may be strided) into a one-row-per-token cache
+// [num_pages, block_size, 1, W] (a latent plane, an indexer key plane) at slot_mapping[t]
+// (< 0: skipped), converting to the cache's dtype.
+namespace cpu {
+void cache_rows_write(Tensor& cache, const Tensor& rows, const Tensor& slot_mapping);
+}
+namespace cuda {
+void cache_rows_write(Tensor& cache, const Tensor& rows, const Tensor& slot_mapping);
+}
+
+inline void cache_rows_write(Tensor& cache, const Tensor& rows, const Tensor& slot_mapping) {
+  check_same_device("cache_rows_write", cache.device(), {&rows, &slot_mapping});
+  if (cache.device().is_cpu()) return cpu::cache_rows_write(cache, rows, slot_mapping);
+  ATOM_KERNEL_CUDA("cache_rows_write", cuda::cache_rows_write(cache, rows, slot_mapping));
+}
+
+// Absorbed latent attention of each sequence's new tokens over its cached latent rows. Query i
+// of a sequence with q new tokens and context n sits at context index n - q + i and sees rows
+// j <= that index (as paged_attention), or, with `topk` defined, only the positions its row of
+// topk names (entries < 0 unused: sparse attention over the indexer's choice).
+//   out [T, H * L] (rows may be strided): per head Σ_j p_j c_j, p = softmax_j(scale · q_h · row_j)
+//   q   [T, H * (L + R)] (rows may be strided): per head (W_UKᵀ q_nope | q_pe)
+//   latent_cache [num_pages, block_size, 1, L + R]: any float dtype on the CPU
+//   topk [T, K] I32 or undefined
+struct MlaArgs {
+  int num_heads = 0;   // on this rank
+  int latent_dim = 0;  // L: the value's width, the first L channels of a row
+  int rope_dim = 0;    // R
+  float scale = 1.0f;  // qk_head_dim^-0.5, times YaRN's mscale² where the model says so
+  // Upper bounds over the batch (as AttentionArgs).
+  int max_query_len = 0;
+  int max_context_len = 0;
+};
+
+namespace cpu {
+void mla_paged_attention(Tensor& out, const Tensor& q, const Tensor& latent_cache,
+                         const AttentionBatch& b, const Tensor& topk, const MlaArgs& a);
+}
+namespace cuda {
+void mla_paged_attention(Tensor& out, const Tensor& q, const Tensor& latent_cache,
+                         const AttentionBatch& b, const Tensor& topk, const MlaArgs& a);
+}
+
+inline void mla_paged_attention(Tensor& out, const Tensor& q, const Tensor& latent_cache,
+                                const AttentionBatch& b, const Tensor& topk, const MlaArgs& a) {
+  check_same_device("mla_paged_attention", out.device(),
+                    {&q, &latent_cache, b.query_start, b.context_lens, b.page_indptr,
+                     b.page_indices, &topk});
+  if (out.device().is_cpu()) return cpu::mla_paged_attention(out, q, latent_cache, b, topk, a);
+  ATOM_KERNEL_CUDA("mla_paged_attention",
+                   cuda::mla_paged_attention(out, q, latent_cache, b, topk, a));
+}
+
+// The lightning indexer's choice (DeepSeek-V3.2, GLM-5): for each new token t (at context index
+// i, as above) and every visible position j <= i,
+//   score_j = Σ_h (weights[t, h] · weights_scale) · relu(scale · q[t, h] · key_j)   (fp32)
+// and topk[t] = the top_k positions by score, in descending score order (ties: the lower
+// position first); a query seeing fewer than top_k positions gets all of them, then -1 entries.
+//   topk [T, top_k] I32 contiguous
+//   q [T, Hi * D] (rows may be strided), weights [T, Hi] F32 (rows may be strided)
+//   key_cache [num_pages, block_size, 1, D] (CacheKind::kIndexerKey)
+struct IndexerArgs {
+  int num_heads = 0;  // index_n_heads
+  int head_dim = 0;   // index_head_dim
+  float scale = 1.0f; // index_head_dim^-0.5
+  int top_k = 0;      // index_topk
+  int max_query_len = 0;
+  int max_context_len = 0;
+  float weights_scale = 1.0f;  // index_n_heads^-0.5
+};
+
+namespace cpu {
+void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Tensor& key_cache,
+                  const AttentionBatch& b, const IndexerArgs& a);
+}
+namespace cuda {
+void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Tensor& key_cache,
+                  const AttentionBatch& b, const IndexerArgs& a);
+}
+
+inline void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights,
+                         const Tensor& key_cache, const AttentionBatch& b, const IndexerArgs& a) {
+  check_same_device("indexer_topk", topk.device(),
+                    {&q, &weights, &key_cache, b.query_start, b.context_lens, b.page_indptr,
+                     b.page_indices});
+  if (topk.device().is_cpu()) return cpu::indexer_topk(topk, q, weights, key_cache, b, a);
+  ATOM_KERNEL_CUDA("indexer_topk", cuda::indexer_topk(topk, q, weights, key_cache, b, a));
+}
+
+}  // namespace atom::kernels

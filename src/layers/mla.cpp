@@ -1,0 +1,162 @@
+#include "layers/mla.h"
+
+#include <cmath>
+
+#include "core/convert.h"
+#include "core/error.h"
+#include "kernels/elementwise.h"
+#include "kernels/linear.h"
+
+namespace atom {
+
+namespace {
+
+int64_t heads_per_rank(const std::string& prefix, const MlaOptions& o, int tp) {
+  if (o.num_heads < 1 || o.num_heads % tp != 0)
+    fail("{}: num_attention_heads ({}) must be a positive multiple of the tensor-parallel size {}",
+         prefix, o.num_heads, tp);
+  return o.num_heads / tp;
+}
+
+const MlaOptions& checked(const std::string& prefix, const MlaOptions& o) {
+  auto need = [&](int64_t v, const char* field) {
+    if (v < 1) fail("{}: {} must be positive, got {}", prefix, field, v);
+  };
+  need(o.hidden, "hidden_size");
+  need(o.kv_lora_rank, "kv_lora_rank");
+  need(o.qk_rope_head_dim, "qk_rope_head_dim");
+  need(o.v_head_dim, "v_head_dim");
+  need(o.qk_nope_head_dim, "qk_nope_head_dim");
+  if (o.q_lora_rank < 0) fail("{}: q_lora_rank must be positive or null", prefix);
+  if (o.qk_rope_head_dim % 2 != 0)
+    fail("{}: qk_rope_head_dim ({}) must be even", prefix, o.qk_rope_head_dim);
+  return o;
+}
+
+}  // namespace
+
+double mla_softmax_scale(int64_t qk_head_dim, const RopeConfig& rope) {
+  double scale = 1.0 / std::sqrt(static_cast<double>(qk_head_dim));
+  if (rope.type != "default" && rope.mscale_all_dim && *rope.mscale_all_dim != 0) {
+    const double m =
+        rope.factor <= 1 ? 1.0 : 0.1 * *rope.mscale_all_dim * std::log(rope.factor) + 1.0;
+    scale *= m * m;
+  }
+  return scale;
+}
+
+MultiHeadLatentAttention::MultiHeadLatentAttention(LayerContext& ctx, const std::string& prefix,
+                                                   const MlaOptions& o)
+    : ctx_(ctx),
+      heads_(heads_per_rank(prefix, checked(prefix, o), ctx.tp_size)),
+      nope_(o.qk_nope_head_dim),
+      rope_(o.qk_rope_head_dim),
+      latent_(o.kv_lora_rank),
+      v_(o.v_head_dim),
+      kv_a_proj_with_mqa_(ctx, prefix + ".kv_a_proj_with_mqa", o.hidden,
+                          o.kv_lora_rank + o.qk_rope_head_dim, o.bias),
+      kv_a_layernorm_(ctx, prefix + ".kv_a_layernorm", o.kv_lora_rank, o.norm_eps),
+      kv_b_proj_(ctx, prefix + ".kv_b_proj", o.kv_lora_rank,
+                 o.num_heads * (o.qk_nope_head_dim + o.v_head_dim), false),
+      o_proj_(ctx, prefix + ".o_proj", o.num_heads * o.v_head_dim, o.hidden, o.bias),
+      rotary_(ctx, static_cast<int>(o.qk_rope_head_dim), o.rope, o.max_position_embeddings,
+              o.interleaved_rope) {
+  const int64_t qk = nope_ + rope_;
+  if (o.q_lora_rank > 0) {
+    q_a_proj_ = std::make_unique<ReplicatedLinear>(ctx, prefix + ".q_a_proj", o.hidden,
+                                                   o.q_lora_rank, o.bias);
+    q_a_layernorm_ =
+        std::make_unique<RMSNorm>(ctx, prefix + ".q_a_layernorm", o.q_lora_rank, o.norm_eps);
+    q_b_proj_ = std::make_unique<ColumnParallelLinear>(ctx, prefix + ".q_b_proj", o.q_lora_rank,
+                                                       o.num_heads * qk, false);
+  } else {
+    q_proj_ = std::make_unique<ColumnParallelLinear>(ctx, prefix + ".q_proj", o.hidden,
+                                                     o.num_heads * qk, false);
+  }
+  ATOM_CHECK(rotary_.rot_dim() == rope_, "{}: RoPE over {} of qk_rope_head_dim {} channels "
+             "(partial_rotary_factor is not used by MLA)", prefix, rotary_.rot_dim(), rope_);
+  scale_ = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(qk)));
+  ATOM_CHECK(ctx.cache_specs, "{}: layer context collects no cache specs", prefix);
+  cache_index_ = static_cast<int>(ctx.cache_specs->size());
+  ctx.cache_specs->push_back(
+      CacheSpec::latent(static_cast<int>(latent_ + rope_), ctx.act_dtype));
+  o_proj_.set_hints({.after_latency_bound = true});  // it follows decode attention
+  ctx.params.add_post_load([this] { absorb_weights(); });
+}
+
+void MultiHeadLatentAttention::absorb_weights() {
+  // kv_b_proj's rows on this rank: per head, nope rows of W_UK_h then v rows of W_UV_h, each
+  // [., L]. The query absorbs W_UK_h as x · (W_UK_hᵀ)ᵀ, so its transpose is kept.
+  const Tensor w = tensor_cast_cpu(kv_b_proj_.weight().data(), DType::kF32);
+  Tensor t = Tensor::empty({heads_, latent_, nope_}, DType::kF32);
+  const float* src = w.ptr<float>();
+  float* dst = t.ptr<float>();
+  for (int64_t h = 0; h < heads_; ++h)
+    for (int64_t n = 0; n < nope_; ++n)
+      for (int64_t l = 0; l < latent_; ++l)
+        dst[(h * latent_ + l) * nope_ + n] = src[(h * (nope_ + v_) + n) * latent_ + l];
+  w_uk_t_ = ctx_.param_tensor({heads_, latent_, nope_}, ctx_.weight_dtype);
+  tensor_assign(w_uk_t_, t);
+}
+
+MultiHeadLatentAttention::Projected MultiHeadLatentAttention::project(Step& step,
+                                                                      const Tensor& x) {
+  ATOM_CHECK(step.kv, "multi-head latent attention needs a KV cache");
+  Projected p;
+  if (q_proj_) {
+    p.q = q_proj_->forward(step, x);
+  } else {
+    p.q_resid = q_a_layernorm_->forward(step, q_a_proj_->forward(step, x));
+    p.q = q_b_proj_->forward(step, p.q_resid);
+  }
+  Tensor kv = kv_a_proj_with_mqa_.forward(step, x);  // [T, L + R] = (c_kv | k_pe)
+  Tensor c_kv = kv.narrow(1, 0, latent_);
+  kv_a_layernorm_.forward_heads_inplace(step, c_kv);  // one "head" of L channels
+  kernels::MlaRopeArgs r;
+  r.num_heads = static_cast<int>(heads_);
+  r.nope_dim = static_cast<int>(nope_);
+  r.rope_dim = static_cast<int>(rope_);
+  r.latent_dim = static_cast<int>(latent_);
+  r.scale = rotary_.scale();
+  r.interleaved = rotary_.interleaved();
+  Tensor& cache = step.kv->plane(static_cast<size_t>(cache_index_), CacheKind::kLatent);
+  kernels::mla_rope_cache_write(p.q, kv, step.batch.dev.positions, rotary_.inv_freq(), r, cache,
+                                step.batch.dev.slot_mapping);
+  return p;
+}
+
+Tensor MultiHeadLatentAttention::attend(Step& step, const Projected& p, const Tensor& topk) {
+  const Batch& b = step.batch;
+  const int64_t T = p.q.size(0), W = latent_ + rope_, qk = nope_ + rope_;
+  // q'_h = (W_UK_hᵀ q_nope_h | q_pe_h)
+  Tensor q_lat = step.empty({T, heads_ * W}, ctx_.act_dtype);
+  for (int64_t h = 0; h < heads_; ++h) {
+    Tensor absorbed = q_lat.narrow(1, h * W, latent_);
+    kernels::linear(absorbed, p.q.narrow(1, h * qk, nope_), w_uk_t_.select(0, h));
+    Tensor pe = q_lat.narrow(1, h * W + latent_, rope_);
+    kernels::cast(pe, p.q.narrow(1, h * qk + nope_, rope_));
+  }
+  kernels::MlaArgs a;
+  a.num_heads = static_cast<int>(heads_);
+  a.latent_dim = static_cast<int>(latent_);
+  a.rope_dim = static_cast<int>(rope_);
+  a.scale = scale_;
+  a.max_query_len = b.max_query_len;
+  a.max_context_len = b.max_context_len;
+  kernels::AttentionBatch ab{&b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr,
+                             &b.dev.page_indices};
+  Tensor o_lat = step.empty({T, heads_ * latent_}, ctx_.act_dtype);
+  const Tensor& cache = step.kv->plane(static_cast<size_t>(cache_index_), CacheKind::kLatent);
+  kernels::mla_paged_attention(o_lat, q_lat, cache, ab, topk, a);
+  // o_h = W_UV_h o_lat_h: W_UV_h is rows [h (nope + v) + nope, + v) of kv_b_proj, [v, L].
+  Tensor o = step.empty({T, heads_ * v_}, ctx_.act_dtype);
+  const Tensor& w_kv_b = kv_b_proj_.weight().data();
+  for (int64_t h = 0; h < heads_; ++h) {
+    Tensor oh = o.narrow(1, h * v_, v_);
+    kernels::linear(oh, o_lat.narrow(1, h * latent_, latent_),
+                    w_kv_b.narrow(0, h * (nope_ + v_) + nope_, v_));
+  }
+  return o_proj_.forward(step, o);
+}
+
+}  // namespace atom

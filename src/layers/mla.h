@@ -1,0 +1,87 @@
+// Multi-head latent attention (transformers' DeepseekV2Attention / DeepseekV3Attention): the
+// keys and values of all heads come from one compressed latent per token, which is all the cache
+// keeps (CacheKind::kLatent: a row (c_kv | k_pe) of kv_lora_rank + qk_rope_head_dim).
+//
+//   q    = q_b_proj(q_a_layernorm(q_a_proj(x)))   (q_lora_rank set), or q_proj(x)   [T, H, nope + R]
+//   c_kv, k_pe = split(kv_a_proj_with_mqa(x));  c_kv = kv_a_layernorm(c_kv)
+//   q_pe, k_pe rotated (interleaved pairs or halves); (c_kv | k_pe) written to the cache
+//   per head h, with kv_b_proj = [W_UK_h (nope rows); W_UV_h (v rows)] over the latent:
+//     q'_h = (W_UK_hᵀ q_nope_h | q_pe_h)    scores = scale · q'_h · (c_kv | k_pe)_j
+//     o_h  = W_UV_h Σ_j p_j c_kv_j
+//   out  = o_proj(o)
+// This absorbed form equals transformers' expanded one (k_nope_h = W_UK_h c_kv,
+// v_h = W_UV_h c_kv) and is one code path for prefill, chunked prefill, prefix-cached prefill and
+// decode. Tensor parallelism splits the heads (q_proj / q_b_proj, kv_b_proj, o_proj); the latent
+// projections, their norms and the cache are replicated.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/mla.h"
+#include "layers/context.h"
+#include "layers/linear.h"
+#include "layers/norm.h"
+#include "layers/rotary.h"
+
+namespace atom {
+
+struct MlaOptions {
+  int64_t hidden = 0;
+  int64_t num_heads = 0;  // all ranks
+  int64_t q_lora_rank = 0;  // 0: a plain q_proj
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  bool bias = false;       // attention_bias: q_a_proj, kv_a_proj_with_mqa and o_proj
+  double norm_eps = 1e-6;  // q_a_layernorm, kv_a_layernorm (transformers: RMSNorm's default)
+  double scale = 0;        // softmax scale; 0: (qk_nope_head_dim + qk_rope_head_dim)^-0.5
+  bool interleaved_rope = false;  // rotate pairs (2i, 2i + 1) instead of halves
+  RopeConfig rope;         // frequencies over qk_rope_head_dim channels
+  int64_t max_position_embeddings = 0;
+};
+
+// The softmax scale transformers' DeepSeek attention uses: qk_head_dim^-0.5, times mscale² with
+// mscale = 0.1 · mscale_all_dim · ln(factor) + 1 when the rope type is not "default" and
+// mscale_all_dim is set and non-zero (yarn_apply_mscale).
+double mla_softmax_scale(int64_t qk_head_dim, const RopeConfig& rope);
+
+class MultiHeadLatentAttention {
+ public:
+  MultiHeadLatentAttention(LayerContext& ctx, const std::string& prefix, const MlaOptions& o);
+
+  // The projections of x [T, hidden], RoPE and the cache write.
+  struct Projected {
+    Tensor q;        // [T, H_rank * (nope + R)], q_pe rotated
+    Tensor q_resid;  // q_a_layernorm(q_a_proj(x)) [T, q_lora_rank] (undefined without q LoRA)
+  };
+  Projected project(Step& step, const Tensor& x);
+  // Attention of the projected queries over the cache, then o_proj: [T, hidden] (all-reduced).
+  // topk [T, K] I32: context positions each token attends to (sparse attention), or undefined.
+  Tensor attend(Step& step, const Projected& p, const Tensor& topk = Tensor());
+  Tensor forward(Step& step, const Tensor& x) { return attend(step, project(step, x)); }
+
+  const RotaryEmbedding& rotary() const { return rotary_; }
+  int cache_index() const { return cache_index_; }
+
+ private:
+  void absorb_weights();  // post-load: W_UKᵀ per head from kv_b_proj
+
+  LayerContext& ctx_;
+  int64_t heads_, nope_, rope_, latent_, v_;  // heads on this rank
+  std::unique_ptr<ColumnParallelLinear> q_proj_;    // without q LoRA: hidden -> H (nope + R)
+  std::unique_ptr<ReplicatedLinear> q_a_proj_;      // hidden -> q_lora_rank
+  std::unique_ptr<RMSNorm> q_a_layernorm_;
+  std::unique_ptr<ColumnParallelLinear> q_b_proj_;  // q_lora_rank -> H (nope + R)
+  ReplicatedLinear kv_a_proj_with_mqa_;             // hidden -> L + R
+  RMSNorm kv_a_layernorm_;                          // [L]
+  ColumnParallelLinear kv_b_proj_;                  // L -> H (nope + v): [W_UK_h; W_UV_h] per head
+  RowParallelLinear o_proj_;                        // H v -> hidden (all-reduce)
+  RotaryEmbedding rotary_;
+  float scale_;
+  int cache_index_;
+  Tensor w_uk_t_;  // [H_rank, L, nope]: W_UK_hᵀ, in the weights' dtype
+};
+
+}  // namespace atom

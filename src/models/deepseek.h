@@ -1,0 +1,61 @@
+// What the DeepSeek family (transformers' deepseek_v2, deepseek_v3; deepseek_v32 and
+// glm_moe_dsa build on them) shares: multi-head latent attention read from the config, the
+// DeepSeek MoE block beside a dense first_k_dense_replace prefix, and how checkpoints map.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "layers/indexer.h"
+#include "layers/mla.h"
+#include "layers/moe.h"
+#include "models/llama.h"
+
+namespace atom {
+
+// The config's MLA fields, with the transformers class defaults (`q_lora_rank` null: a plain
+// q_proj; absent: 1536), the softmax scale with YaRN's mscale² (mla_softmax_scale) and RoPE over
+// qk_rope_head_dim channels.
+MlaOptions deepseek_mla_options(const ModelConfig& c, bool interleaved_rope);
+
+// n_routed_experts (DeepSeek's name; transformers also maps num_experts / num_local_experts).
+int64_t deepseek_num_experts(const ModelConfig& c, int64_t fallback);
+
+// The DeepSeek MoE block (routed experts of moe_intermediate_size, n_shared_experts shared ones
+// beside them, one reduction) with the family's router in o.router; the sizes are read here.
+std::unique_ptr<FeedForward> deepseek_moe(LayerContext& ctx, const ModelConfig& c,
+                                          const std::string& prefix, SparseMoeOptions o,
+                                          int64_t default_experts, int64_t default_shared);
+
+// How a DeepSeek checkpoint maps: no fused q/k/v (q_proj is MLA's own), gate/up fused, routed
+// experts per expert or stacked, shared experts as slots of the fused layer when the model loads
+// them so; MTP layers past num_hidden_layers are skipped by the loader.
+WeightLoadSpec deepseek_weight_load_spec(const Model& m, int64_t num_experts,
+                                         int64_t default_shared);
+
+// DeepSeek sparse attention (V3.2, GLM-5): the indexer's fields (index_n_heads, index_head_dim,
+// index_topk; its RoPE over the attention's qk_rope_head_dim channels), which need q LoRA.
+IndexerOptions deepseek_indexer_options(const ModelConfig& c, const MlaOptions& mla,
+                                        bool interleaved_rope);
+
+// The V3.2 family's MLP of a layer: dense as mlp_layer_types says (else the first
+// first_k_dense_replace layers), otherwise DeepSeek-V3's MoE (sigmoid, correction bias, top-2-sum
+// groups with these defaults).
+std::unique_ptr<FeedForward> deepseek_v32_family_mlp(LayerContext& ctx, const ModelConfig& c,
+                                                     int64_t layer, const std::string& prefix,
+                                                     int default_groups, int default_keep);
+
+// The self-attention of a DeepSeek decoder layer: MLA, with RoPE on interleaved pairs where
+// Interleave(config) says so.
+template <bool (*Interleave)(const ModelConfig&)>
+class DeepseekAttention {
+ public:
+  DeepseekAttention(LayerContext& ctx, const ModelConfig& c, int64_t, const std::string& prefix)
+      : mla_(ctx, prefix, deepseek_mla_options(c, Interleave(c))) {}
+  Tensor forward(Step& step, const Tensor& x) { return mla_.forward(step, x); }
+
+ private:
+  MultiHeadLatentAttention mla_;
+};
+
+}  // namespace atom

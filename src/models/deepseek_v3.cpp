@@ -1,0 +1,48 @@
+// DeepSeek-V3 (transformers' modular_deepseek_v3.py), also Kimi-K2's text model: DeepSeek-V2's
+// multi-head latent attention with RoPE on interleaved pairs when rope_interleave (the default)
+// or on halves; the first first_k_dense_replace layers use a dense MLP, the others
+// DeepseekV3MoE: sigmoid scores plus e_score_correction_bias (the choice only), limited to the
+// topk_group of n_group groups with the best top-2 sums, renormalised when norm_topk_prob, times
+// routed_scaling_factor, beside n_shared_experts shared experts. The MTP layer a checkpoint
+// carries at index num_hidden_layers is skipped.
+#include "models/deepseek.h"
+
+namespace atom {
+
+namespace {
+
+bool deepseek_v3_interleave(const ModelConfig& c) {
+  return c.text.get_bool("rope_interleave", true);
+}
+
+std::unique_ptr<FeedForward> deepseek_v3_mlp(LayerContext& ctx, const ModelConfig& c,
+                                             int64_t layer, const std::string& prefix) {
+  const ConfigFields& t = c.text;
+  if (c.hidden_act != "silu") t.bad("hidden_act", "must be silu, got '" + c.hidden_act + "'");
+  if (layer < t.get_int("first_k_dense_replace", 3))
+    return std::make_unique<GatedMlp>(ctx, prefix, c.hidden_size, c.intermediate_size, false);
+  SparseMoeOptions o;
+  o.router.scoring = kernels::RouterScoring::kSigmoid;
+  o.router.n_group = static_cast<int>(t.get_int("n_group", 8));
+  o.router.topk_group = static_cast<int>(t.get_int("topk_group", 4));
+  o.router.group_score = kernels::GroupScore::kTop2Sum;
+  o.router.renormalize = t.get_bool("norm_topk_prob", true);
+  o.correction_bias = true;
+  return deepseek_moe(ctx, c, prefix, o, /*default_experts=*/256, /*default_shared=*/1);
+}
+
+class DeepseekV3ForCausalLM
+    : public DecoderOnlyLM<LlamaDecoderLayer<DeepseekAttention<deepseek_v3_interleave>,
+                                             PerLayerMlp<deepseek_v3_mlp>>> {
+ public:
+  using DecoderOnlyLM::DecoderOnlyLM;
+  WeightLoadSpec weight_load_spec() const override {
+    return deepseek_weight_load_spec(*this, deepseek_num_experts(config(), 256), 1);
+  }
+};
+
+}  // namespace
+
+ATOM_REGISTER_MODEL("DeepseekV3ForCausalLM", DeepseekV3ForCausalLM);
+
+}  // namespace atom

@@ -1,0 +1,100 @@
+// GLM-5 (transformers' modular_glm_moe_dsa.py): DeepSeek-V3.2's sparse multi-head latent
+// attention with RoPE on interleaved pairs in the indexer too, where only the "full" layers of
+// indexer_types run an indexer and each "shared" layer reuses the selection of the last full
+// layer before it (the model hands it from layer to layer); V3's router (defaults: one group);
+// mlp_layer_types / first_k_dense_replace dense layers. The MTP layer is skipped.
+#include "models/deepseek.h"
+
+namespace atom {
+
+namespace {
+
+// indexer_types, else index_topk_pattern ("FSS..." or a list), else index_topk_freq and
+// index_skip_topk_offset, as GlmMoeDsaConfig derives them.
+std::vector<std::string> glm_moe_dsa_indexer_types(const ModelConfig& c) {
+  const ConfigFields& t = c.text;
+  const int64_t L = c.num_hidden_layers;
+  std::vector<std::string> types;
+  const char* field = "indexer_types";
+  if (t.has("indexer_types")) {
+    types = t.get_string_list("indexer_types");
+  } else if (t.has("index_topk_pattern")) {
+    field = "index_topk_pattern";
+    if (t.obj()["index_topk_pattern"].is_string()) {
+      for (char ch : t.get_string("index_topk_pattern")) {
+        if (ch != 'F' && ch != 'S') t.bad(field, "must hold only 'F' and 'S'");
+        types.push_back(ch == 'F' ? "full" : "shared");
+      }
+    } else {
+      types = t.get_string_list("index_topk_pattern");
+    }
+  } else {
+    const int64_t freq = std::max<int64_t>(t.get_int("index_topk_freq", 1), 1);
+    const int64_t offset = t.get_int("index_skip_topk_offset", 2);
+    for (int64_t i = 0; i < L; ++i)
+      types.push_back(std::max<int64_t>(i - offset + 1, 0) % freq == 0 ? "full" : "shared");
+  }
+  if (static_cast<int64_t>(types.size()) != L)
+    t.bad(field, fmt::format("has {} entries for {} layers", types.size(), L));
+  for (const auto& k : types)
+    if (k != "full" && k != "shared") t.bad(field, "entries must be 'full' or 'shared', got '" + k + "'");
+  if (types[0] != "full")
+    t.bad(field, "must start with a 'full' layer (a shared layer reuses an earlier selection)");
+  return types;
+}
+
+class GlmMoeDsaAttention {
+ public:
+  // What the layers hand on: the last full layer's selection [T, index_topk], made before the
+  // first layer so that it outlives each layer's scratch.
+  struct State {
+    Tensor topk;
+  };
+  static State begin_step(Step& step, const ModelConfig& c) {
+    return {step.empty({step.batch.num_tokens(), c.text.get_int("index_topk", 2048)},
+                       DType::kI32)};
+  }
+
+  GlmMoeDsaAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer,
+                     const std::string& prefix)
+      : GlmMoeDsaAttention(ctx, c, layer, prefix, deepseek_mla_options(c, /*interleaved=*/true)) {}
+
+  GlmMoeDsaAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer,
+                     const std::string& prefix, const MlaOptions& mla)
+      : mla_(ctx, prefix, mla) {
+    if (glm_moe_dsa_indexer_types(c).at(static_cast<size_t>(layer)) == "full")
+      indexer_ = std::make_unique<SparseAttentionIndexer>(
+          ctx, prefix + ".indexer", deepseek_indexer_options(c, mla, /*interleaved_rope=*/true),
+          mla_.rotary());
+  }
+
+  Tensor forward(Step& step, const Tensor& x, State& state) {
+    auto p = mla_.project(step, x);
+    if (indexer_) indexer_->forward(step, x, p.q_resid, state.topk);  // else: the last full one's
+    return mla_.attend(step, p, state.topk);
+  }
+
+ private:
+  MultiHeadLatentAttention mla_;
+  std::unique_ptr<SparseAttentionIndexer> indexer_;  // "full" layers only
+};
+
+std::unique_ptr<FeedForward> glm_moe_dsa_mlp(LayerContext& ctx, const ModelConfig& c,
+                                             int64_t layer, const std::string& prefix) {
+  return deepseek_v32_family_mlp(ctx, c, layer, prefix, 1, 1);
+}
+
+class GlmMoeDsaForCausalLM
+    : public DecoderOnlyLM<LlamaDecoderLayer<GlmMoeDsaAttention, PerLayerMlp<glm_moe_dsa_mlp>>> {
+ public:
+  using DecoderOnlyLM::DecoderOnlyLM;
+  WeightLoadSpec weight_load_spec() const override {
+    return deepseek_weight_load_spec(*this, deepseek_num_experts(config(), 256), 1);
+  }
+};
+
+}  // namespace
+
+ATOM_REGISTER_MODEL("GlmMoeDsaForCausalLM", GlmMoeDsaForCausalLM);
+
+}  // namespace atom
