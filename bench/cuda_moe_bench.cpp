@@ -2,9 +2,10 @@
 // at decode batches (bandwidth: the bytes of the distinct experts a call touches plus the
 // activations, over 4.29 TB/s) and at 2k / 16k routed rows and 16k tokens (compute:
 // 2 * 3 * H * I FLOP per routed row, over 797 TFLOP/s), and Mixtral-8x7B's (H 4096, I 14336,
-// E 8, top-2) at batch 1. Routing is uniform top-k without repeats, a different draw for each
-// timed call (8 draws rotated), so the experts a call reads are not left in L2 by the one
-// before.
+// E 8, top-2) at batch 1, and gpt-oss-20b's (H 2880, I 2880, E 32, top-4, the clamped SwiGLU
+// with expert biases) at decode batches and 8k routed rows. Routing is uniform top-k without
+// repeats, a different draw for each timed call (8 draws rotated), so the experts a call reads
+// are not left in L2 by the one before.
 //   cuda_moe_bench [--counts FILE] [--paths]
 // --counts writes the per-expert row counts of the 2k- and 16k-routed-row cases (one line each)
 // for bench/moe_grouped_mm_torch.py, which times torch._grouped_mm on the same distribution.
@@ -39,6 +40,7 @@ struct Model {
   const char* name;
   int64_t H, I, E;
   int K;
+  bool gpt_oss = false;  // the clamped SwiGLU with expert biases
 };
 
 struct Routing {
@@ -73,7 +75,8 @@ Routing draw(const Model& m, int64_t T, int draws, uint64_t seed) {
 }
 
 void bench_case(const Model& m, const Tensor& w13, const Tensor& w2, int64_t T,
-                const std::string& tag, FILE* counts_out) {
+                const std::string& tag, FILE* counts_out, const Tensor* b13 = nullptr,
+                const Tensor* b2 = nullptr) {
   const int draws = 8;
   Routing r = draw(m, T, draws, 77 + static_cast<uint64_t>(T));
   Tensor x = rnd({T, m.H}, DType::kBF16, 5);
@@ -81,10 +84,13 @@ void bench_case(const Model& m, const Tensor& w13, const Tensor& w2, int64_t T,
   kernels::MoeExperts ex;
   ex.w13 = &w13;
   ex.w2 = &w2;
+  ex.w13_bias = b13;
+  ex.w2_bias = b2;
+  if (m.gpt_oss) ex.activation = kernels::MoeActivation::kSwigluOai;
   const int64_t wsb = kernels::fused_moe_workspace_bytes(kGpu, T, m.K, ex, DType::kBF16);
   Tensor ws = Tensor::empty({std::max<int64_t>(wsb, 1)}, DType::kU8, kGpu);
   const int64_t rows = T * m.K;
-  const double expert_bytes = 3.0 * m.H * m.I * 2;
+  const double expert_bytes = 3.0 * m.H * m.I * 2 + (b13 ? 2.0 * m.I * 2 : 0) + (b2 ? m.H * 2 : 0);
   const double bytes = r.distinct * expert_bytes + 2.0 * T * m.H * 2;
   const double flops = 2.0 * 3.0 * m.H * m.I * rows;
   const int iters = rows >= 100000 ? 5 : rows >= 10000 ? 10 : 50;
@@ -163,6 +169,14 @@ int main(int argc, char** argv) {
       kernels::cuda::fused_moe_set_decode_depth(saved_depth);
       kernels::cuda::fused_moe_set_decode_max_rows(saved);
     }
+  }
+  {
+    const Model g{"gpt-oss-20b", 2880, 2880, 32, 4, true};
+    Tensor w13 = rnd({g.E, 2 * g.I, g.H}, DType::kBF16, 5, -0.02f, 0.02f);
+    Tensor w2 = rnd({g.E, g.H, g.I}, DType::kBF16, 6, -0.02f, 0.02f);
+    Tensor b13 = rnd({g.E, 2 * g.I}, DType::kBF16, 7, -0.1f, 0.1f);
+    Tensor b2 = rnd({g.E, g.H}, DType::kBF16, 8, -0.1f, 0.1f);
+    for (int64_t T : {1, 2, 32, 2048}) bench_case(g, w13, w2, T, "", nullptr, &b13, &b2);
   }
   if (counts) std::fclose(counts);
   return 0;

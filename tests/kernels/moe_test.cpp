@@ -1,7 +1,8 @@
 // CUDA MoE kernels against the CPU reference: every router variant (exact ids, weights within
 // 1e-6 relative, planted ties, NaN and infinite logits), fused_moe on both of its paths (decode
 // and grouped GEMM) over ragged shapes, padded intermediates and fused shared slots, its
-// determinism, and route + fused_moe captured in a CUDA graph and replayed on new inputs.
+// determinism, GPT-OSS's experts (clamped SwiGLU, expert biases) on every path, and route +
+// fused_moe captured in a CUDA graph and replayed on new inputs.
 #include "kernels/moe.h"
 
 #include <cuda_runtime.h>
@@ -220,17 +221,41 @@ struct MoeCase {
   DType dt = DType::kBF16, out = DType::kBF16;
   bool skewed = false;   // every token to experts 0 .. K-1
   bool strided = false;  // x rows with a gap
+  // GPT-OSS's experts: the clamped SwiGLU (limit <= 0: SiLU·mul) and which biases are present
+  // (1: w13's, 2: w2's, 3: both).
+  float limit = 0.0f, alpha = 1.702f;
+  int biases = 0;
 };
 
 std::string case_name(const MoeCase& c) {
-  return fmt::format("T={} E={} K={}+{} H={} I={}/{} {}->{}{}{}", c.T, c.E, c.K, c.shared, c.H, c.I,
-                     c.I_pad, dtype_name(c.dt), dtype_name(c.out), c.skewed ? " skewed" : "",
-                     c.strided ? " strided" : "");
+  std::string act;
+  if (c.limit > 0) act += fmt::format(" swiglu-oai a={} l={}", c.alpha, c.limit);
+  if (c.biases) act += c.biases == 3 ? " b13+b2" : c.biases == 1 ? " b13" : " b2";
+  return fmt::format("T={} E={} K={}+{} H={} I={}/{} {}->{}{}{}{}", c.T, c.E, c.K, c.shared, c.H,
+                     c.I, c.I_pad, dtype_name(c.dt), dtype_name(c.out), c.skewed ? " skewed" : "",
+                     c.strided ? " strided" : "", act);
 }
 
 struct MoeInputs {
   Tensor xw, x, w13, w2, ids, wts;  // host
+  Tensor b13, b2;                   // host, or undefined
 };
+
+// The experts of a case (activation, biases) over the given weights.
+kernels::MoeExperts experts_of(const MoeCase& c, const Tensor& w13, const Tensor& w2,
+                               const Tensor& b13, const Tensor& b2) {
+  kernels::MoeExperts ex;
+  ex.w13 = &w13;
+  ex.w2 = &w2;
+  ex.w13_bias = b13.defined() ? &b13 : nullptr;
+  ex.w2_bias = b2.defined() ? &b2 : nullptr;
+  if (c.limit > 0) {
+    ex.activation = kernels::MoeActivation::kSwigluOai;
+    ex.swiglu_alpha = c.alpha;
+    ex.swiglu_limit = c.limit;
+  }
+  return ex;
+}
 
 MoeInputs make_inputs(const MoeCase& c, uint64_t seed) {
   MoeInputs in;
@@ -252,6 +277,16 @@ MoeInputs make_inputs(const MoeCase& c, uint64_t seed) {
     for (int64_t h = 0; h < c.H; ++h)
       std::memset(w2 + (h * c.I_pad + c.I) * eb, 0, (c.I_pad - c.I) * eb);
   }
+  // Biases about as large as the products (GPT-OSS's are), so that they move the clamps; the
+  // padding entries of w13's are zero.
+  if (c.biases & 1) {
+    in.b13 = random_cpu({S, 2 * c.I_pad}, c.dt, seed + 4, -0.5f, 0.5f);
+    char* b = static_cast<char*>(in.b13.data());
+    for (int64_t s = 0; s < S; ++s)
+      for (int half = 0; half < 2; ++half)
+        std::memset(b + (s * 2 * c.I_pad + half * c.I_pad + c.I) * eb, 0, (c.I_pad - c.I) * eb);
+  }
+  if (c.biases & 2) in.b2 = random_cpu({S, c.H}, c.dt, seed + 5, -0.5f, 0.5f);
   std::mt19937_64 rng(seed + 3);
   in.ids = Tensor::empty({c.T, KT}, DType::kI32);
   in.wts = Tensor::empty({c.T, KT}, DType::kF32);
@@ -273,10 +308,8 @@ MoeInputs make_inputs(const MoeCase& c, uint64_t seed) {
 
 // fused_moe on the GPU (outputs and workspace poisoned first).
 Tensor run_gpu(const MoeCase& c, const Tensor& gx, const Tensor& g13, const Tensor& g2,
-               const Tensor& gids, const Tensor& gw) {
-  kernels::MoeExperts ex;
-  ex.w13 = &g13;
-  ex.w2 = &g2;
+               const Tensor& gb13, const Tensor& gb2, const Tensor& gids, const Tensor& gw) {
+  const kernels::MoeExperts ex = experts_of(c, g13, g2, gb13, gb2);
   const int64_t KT = c.K + c.shared;
   const int64_t bytes = kernels::fused_moe_workspace_bytes(gpu(), c.T, KT, ex, c.dt);
   Tensor ws = Tensor::empty({std::max<int64_t>(bytes, 1)}, DType::kU8, gpu());
@@ -290,13 +323,13 @@ Tensor run_gpu(const MoeCase& c, const Tensor& gx, const Tensor& g13, const Tens
 void check_fused(const MoeCase& c, uint64_t seed) {
   SCOPED_TRACE(case_name(c));
   MoeInputs in = make_inputs(c, seed);
-  kernels::MoeExperts ex;
-  ex.w13 = &in.w13;
-  ex.w2 = &in.w2;
+  const kernels::MoeExperts ex = experts_of(c, in.w13, in.w2, in.b13, in.b2);
   Tensor ref = Tensor::empty({c.T, c.H}, DType::kF32);
   kernels::fused_moe(ref, in.x, ex, in.ids, in.wts, nullptr);
   Tensor gx = in.xw.to(gpu()).narrow(1, c.strided ? 16 : 0, c.H);
   Tensor g13 = in.w13.to(gpu()), g2 = in.w2.to(gpu());
+  Tensor gb13 = in.b13.defined() ? in.b13.to(gpu()) : Tensor();
+  Tensor gb2 = in.b2.defined() ? in.b2.to(gpu()) : Tensor();
   Tensor gids = in.ids.to(gpu()), gw = in.wts.to(gpu());
   const int saved = kernels::cuda::fused_moe_decode_max_rows();
   const int saved_tile = kernels::cuda::fused_moe_gemm_tile_rows();
@@ -321,14 +354,14 @@ void check_fused(const MoeCase& c, uint64_t seed) {
     kernels::cuda::fused_moe_set_decode_max_rows(p.decode_rows);
     kernels::cuda::fused_moe_set_gemm_tile_rows(p.tile_rows);
     kernels::cuda::fused_moe_set_decode_depth(p.depth);
-    Tensor out = run_gpu(c, gx, g13, g2, gids, gw);
+    Tensor out = run_gpu(c, gx, g13, g2, gb13, gb2, gids, gw);
     Tensor ho = host(out);
     ASSERT_EQ(ho.shape(), ref.shape());
     const double err = rel_err(ho, ref);
     EXPECT_LE(err, tol);
     std::printf("  %-58s %-8s err %.2e\n", case_name(c).c_str(), p.name, err);
     // Deterministic: a second run gives the same bytes.
-    Tensor again = run_gpu(c, gx, g13, g2, gids, gw);
+    Tensor again = run_gpu(c, gx, g13, g2, gb13, gb2, gids, gw);
     EXPECT_TRUE(same_bytes(out, again));
   }
   kernels::cuda::fused_moe_set_gemm_tile_rows(saved_tile);
@@ -359,6 +392,38 @@ TEST(GpuMoe, FusedMatchesCpu) {
   for (const MoeCase& c : cases) check_fused(c, seed += 11);
 }
 
+// GPT-OSS's experts: the clamped SwiGLU with a limit the products cross often (0.4-0.8: the
+// gate and up products here are about 0.3-0.6 wide; 7 leaves it unclamped), biases present and
+// absent, on the decode path and the GEMMs with both tile sizes (check_fused runs every path
+// that applies), padded intermediates, F16 and F32 outputs.
+TEST(GpuMoe, FusedSwigluOaiMatchesCpu) {
+  auto oai = [](MoeCase c, float limit, int biases, float alpha = 1.702f) {
+    c.limit = limit;
+    c.biases = biases;
+    c.alpha = alpha;
+    return c;
+  };
+  const MoeCase cases[] = {
+      oai({1, 32, 4, 0, 256, 128, 128}, 0.5f, 3),                        // gpt-oss: E 32 top-4
+      oai({1, 8, 2, 0, 264, 136, 144}, 0.6f, 0),                         // no biases, padded I
+      oai({2, 32, 4, 0, 200, 72, 80, DType::kBF16, DType::kF32}, 0.4f, 3),
+      oai({8, 32, 4, 0, 520, 200, 208}, 7.0f, 3),                        // unclamped
+      oai({8, 128, 4, 0, 1032, 264, 264}, 0.5f, 1),                      // b13 only
+      oai({32, 32, 4, 0, 256, 192, 200}, 0.5f, 2, 1.0f),                 // b2 only
+      oai({48, 8, 2, 0, 136, 64, 64, DType::kBF16, DType::kBF16, true}, 0.8f, 3),
+      oai({100, 32, 4, 0, 264, 136, 144}, 0.5f, 3),
+      oai({600, 32, 4, 0, 256, 192, 200, DType::kBF16, DType::kBF16, false, true}, 0.5f, 3),
+      oai({2048, 32, 4, 0, 264, 200, 208}, 0.6f, 3),                     // 8k rows: 128-row tiles
+      oai({300, 64, 8, 0, 136, 72, 80, DType::kF16, DType::kF16}, 0.5f, 3),
+      oai({37, 8, 2, 1, 128, 64, 64, DType::kF16, DType::kBF16}, 0.5f, 0),  // + a shared slot
+      // SiLU·mul with biases takes the extended epilogue too.
+      oai({8, 32, 4, 0, 256, 128, 136}, 0.0f, 3),
+      oai({300, 32, 4, 0, 256, 128, 136}, 0.0f, 3),
+  };
+  uint64_t seed = 5000;
+  for (const MoeCase& c : cases) check_fused(c, seed += 13);
+}
+
 TEST(GpuMoe, FusedRejectsWhatItCannotRun) {
   Tensor x = Tensor::empty({2, 100}, DType::kBF16, gpu());
   Tensor w13 = Tensor::empty({4, 64, 100}, DType::kBF16, gpu());
@@ -385,6 +450,13 @@ TEST(GpuMoe, FusedRejectsWhatItCannotRun) {
   ex.w2 = &w2b;
   Tensor small = Tensor::empty({16}, DType::kU8, gpu());
   EXPECT_THROW(kernels::fused_moe(outf, xb, ex, ids, wts, &small), Error);  // workspace too small
+  Tensor b13 = Tensor::empty({4, 64}, DType::kF32, gpu());  // F32 bias for BF16 weights
+  ex.w13_bias = &b13;
+  EXPECT_THROW(kernels::fused_moe(outf, xb, ex, ids, wts, &ws), Error);
+  Tensor b2 = Tensor::empty({4, 64}, DType::kBF16, gpu());  // [S, I] instead of [S, H]
+  ex.w13_bias = nullptr;
+  ex.w2_bias = &b2;
+  EXPECT_THROW(kernels::fused_moe(outf, xb, ex, ids, wts, &ws), Error);
 }
 
 // route + fused_moe captured for a bucket, replayed with other logits (other routing) and other

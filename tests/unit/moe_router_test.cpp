@@ -202,6 +202,22 @@ TEST(MoeRoute, GroupLimitHandDerived) {
   EXPECT_NEAR(r.w[0], 0.6, 1e-6);
 }
 
+TEST(MoeRoute, DroppedGroupsLoseEvenToNegativeChoices) {
+  // Sigmoid scores 0.3, 0.2 | 0.1, 0.1 with correction biases -0.5, -0.5 | -0.5, -0.7: choices
+  // -0.2, -0.3 | -0.4, -0.6. Group 0 scores -0.5, group 1 -1.0: group 0 is kept, and both picks
+  // come from it although their choices are negative (transformers masks the dropped group's
+  // experts to -inf; a mask of 0 would pick experts 2 and 3).
+  RouterArgs a;
+  a.scoring = RouterScoring::kSigmoid;
+  a.top_k = 2;
+  a.n_group = 2;
+  a.topk_group = 1;
+  auto logit = [](double p) { return static_cast<float>(std::log(p / (1 - p))); };
+  const Routed r = route({logit(0.3), logit(0.2), logit(0.1), logit(0.1)}, 1, a,
+                         {-0.5f, -0.5f, -0.5f, -0.7f});
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 1}));
+}
+
 TEST(MoeRoute, BadArgumentsAreErrors) {
   RouterArgs a;
   a.top_k = 5;

@@ -86,8 +86,9 @@ __device__ __forceinline__ void load_vec(const T* p, float (&out)[V]) {
     out[0] = to_float<T>(*p);
   } else {
     constexpr int kBytes = V * sizeof(T);
-    static_assert(kBytes == 16 || kBytes == 8, "vector width");
-    using Vec = typename std::conditional<kBytes == 16, uint4, uint2>::type;
+    static_assert(kBytes == 16 || kBytes == 8 || kBytes == 4, "vector width");
+    using Vec = typename std::conditional<
+        kBytes == 16, uint4, typename std::conditional<kBytes == 8, uint2, uint32_t>::type>::type;
     Vec raw = *reinterpret_cast<const Vec*>(p);
     const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
@@ -127,6 +128,14 @@ __device__ __forceinline__ void rope_rotate(float x1, float x2, float c, float s
 
 // silu(g) * u in fp32, as silu_mul and the skinny GEMV's fused epilogue compute it.
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+// GPT-OSS's clamped SwiGLU in fp32, as the CPU's fused_moe computes it: g = min(gate, limit),
+// u = clamp(up, -limit, limit), (u + 1) * g * sigmoid(alpha * g) (NaN passes through as there).
+__device__ __forceinline__ float swiglu_oai_times(float gate, float up, float alpha, float limit) {
+  const float g = limit < gate ? limit : gate;
+  const float u = up < -limit ? -limit : (limit < up ? limit : up);
+  return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -15,7 +15,9 @@
 // sums meet in shared memory in a fixed order. w2's CTAs find their slot and issue their first
 // weight loads before the PDL wait (the ids were complete before the w13 kernel triggered its
 // dependents), and the last CTA of each 16-column chunk (a ticket per chunk, zeroed by the w13
-// kernel) sums every token's K rows in j order into out. (A persistent variant, every CTA
+// kernel) sums every token's K rows in j order into out. GPT-OSS's experts take a second
+// instantiation (kExt): w13's epilogue adds the gate/up biases and applies SiLU·mul or the
+// clamped SwiGLU, w2's adds the output bias to y. (A persistent variant, every CTA
 // sorting the routing once and each warp streaming its items with three k steps in flight
 // across item boundaries, ran slower on the H200: docs/performance.md.)
 //
@@ -284,7 +286,7 @@ __device__ __forceinline__ void decode_mma(const DecodeArgs& d, DecodeShared& sh
   }
 }
 
-template <typename T, int NT, int D>
+template <typename T, int NT, int D, bool kExt>
 __global__ void __launch_bounds__(kDecThreads) moe_decode_w13_kernel(DecodeArgs d) {
   __shared__ DecodeShared sh;
   pdl_wait();               // topk_ids come from the router
@@ -300,7 +302,13 @@ __global__ void __launch_bounds__(kDecThreads) moe_decode_w13_kernel(DecodeArgs 
   T* act = static_cast<T*>(d.act);
   const int64_t I = d.m.I;
   decode_mma<T, NT, true, D>(d, sh, e, w, false, [&](int q0, int ncols, float(&acc)[NT][4]) {
-  // acc[tt]: gate (i, tokens 2c, 2c + 1), up (i, tokens 2c, 2c + 1)
+    // acc[tt]: gate (i, tokens 2c, 2c + 1), up (i, tokens 2c, 2c + 1)
+    [[maybe_unused]] float bg = 0.0f, bu = 0.0f;
+    if (kExt && d.m.b13) {
+      const T* b = static_cast<const T*>(d.m.b13) + static_cast<int64_t>(e) * 2 * I;
+      bg = to_float<T>(b[i]);
+      bu = to_float<T>(b[I + i]);
+    }
 #pragma unroll
     for (int tt = 0; tt < NT; ++tt)
 #pragma unroll
@@ -308,8 +316,15 @@ __global__ void __launch_bounds__(kDecThreads) moe_decode_w13_kernel(DecodeArgs 
         const int col = tt * 8 + 2 * c + h;
         if (col < ncols) {
           const int r = sh.rows[q0 + col];
-          act[static_cast<int64_t>(r) * I + i] =
-              from_float<T>(silu_times(acc[tt][h], acc[tt][2 + h]));
+          float v;
+          if constexpr (kExt) {
+            const float gt = acc[tt][h] + bg, up = acc[tt][2 + h] + bu;
+            v = d.m.swiglu_oai ? swiglu_oai_times(gt, up, d.m.alpha, d.m.limit)
+                               : silu_times(gt, up);
+          } else {
+            v = silu_times(acc[tt][h], acc[tt][2 + h]);
+          }
+          act[static_cast<int64_t>(r) * I + i] = from_float<T>(v);
         }
       }
   });
@@ -334,7 +349,7 @@ __device__ void decode_combine(const DecodeArgs& d, const DecodeShared& sh, int 
   }
 }
 
-template <typename T, int NT, int D>
+template <typename T, int NT, int D, bool kExt>
 __global__ void __launch_bounds__(kDecThreads) moe_decode_w2_kernel(DecodeArgs d) {
   __shared__ DecodeShared sh;
   pdl_launch_dependents();
@@ -359,7 +374,13 @@ __global__ void __launch_bounds__(kDecThreads) moe_decode_w2_kernel(DecodeArgs d
   pdl_wait();  // act comes from the w13 kernel
   const int64_t h0 = static_cast<int64_t>(blockIdx.x) * 16 + (lane >> 2), H = d.m.H;
   decode_mma<T, NT, false, D>(d, sh, e, w, true, [&](int q0, int ncols, float(&acc)[NT][4]) {
-  // acc[tt]: (h0, tokens 2c, 2c + 1), (h0 + 8, tokens 2c, 2c + 1)
+    // acc[tt]: (h0, tokens 2c, 2c + 1), (h0 + 8, tokens 2c, 2c + 1)
+    float b0 = 0.0f, b1 = 0.0f;
+    if (kExt && d.m.b2) {
+      const T* b = static_cast<const T*>(d.m.b2) + static_cast<int64_t>(e) * H;
+      if (h0 < H) b0 = to_float<T>(b[h0]);
+      if (h0 + 8 < H) b1 = to_float<T>(b[h0 + 8]);
+    }
 #pragma unroll
     for (int tt = 0; tt < NT; ++tt)
 #pragma unroll
@@ -367,8 +388,8 @@ __global__ void __launch_bounds__(kDecThreads) moe_decode_w2_kernel(DecodeArgs d
         const int col = tt * 8 + 2 * c + h;
         if (col < ncols) {
           const int64_t r = sh.rows[q0 + col];
-          if (h0 < H) d.y[r * H + h0] = acc[tt][h];
-          if (h0 + 8 < H) d.y[r * H + h0 + 8] = acc[tt][2 + h];
+          if (h0 < H) d.y[r * H + h0] = kExt ? acc[tt][h] + b0 : acc[tt][h];
+          if (h0 + 8 < H) d.y[r * H + h0 + 8] = kExt ? acc[tt][2 + h] + b1 : acc[tt][2 + h];
         }
       }
   });
@@ -382,33 +403,41 @@ __global__ void __launch_bounds__(kDecThreads) moe_decode_w2_kernel(DecodeArgs d
   decode_combine(d, sh, static_cast<int>(blockIdx.x));
 }
 
-template <typename T, int NT, int D>
+template <typename T, int NT, int D, bool kExt>
 void launch_decode_nt(const DecodeArgs& d, cudaStream_t s) {
   const MoeLaunch& m = d.m;
   const unsigned A = static_cast<unsigned>(std::min<int64_t>(m.S, m.T * m.K));
-  launch(moe_decode_w13_kernel<T, NT, D>, dim3(static_cast<unsigned>(m.I / 8), A), kDecThreads, 0,
-         s, d);
-  launch(moe_decode_w2_kernel<T, NT, D>, dim3(static_cast<unsigned>(d.n_counters), A), kDecThreads,
-         0, s, d);
+  launch(moe_decode_w13_kernel<T, NT, D, kExt>, dim3(static_cast<unsigned>(m.I / 8), A),
+         kDecThreads, 0, s, d);
+  launch(moe_decode_w2_kernel<T, NT, D, kExt>, dim3(static_cast<unsigned>(d.n_counters), A),
+         kDecThreads, 0, s, d);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kExt>
 void launch_decode_depth(const DecodeArgs& d, cudaStream_t s) {
   // Tokens per pass: up to T of them share a slot (the fused shared slots take every token).
   if (d.m.T <= 8)
-    launch_decode_nt<T, 1, D>(d, s);
+    launch_decode_nt<T, 1, D, kExt>(d, s);
   else if (d.m.T <= 16)
-    launch_decode_nt<T, 2, D>(d, s);
+    launch_decode_nt<T, 2, D, kExt>(d, s);
   else
-    launch_decode_nt<T, 4, D>(d, s);
+    launch_decode_nt<T, 4, D, kExt>(d, s);
+}
+
+template <typename T, bool kExt>
+void launch_decode_ext(const DecodeArgs& d, cudaStream_t s) {
+  if (d.m.decode_depth == 4)
+    launch_decode_depth<T, 4, kExt>(d, s);
+  else
+    launch_decode_depth<T, 2, kExt>(d, s);
 }
 
 template <typename T>
 void launch_decode(const DecodeArgs& d, cudaStream_t s) {
-  if (d.m.decode_depth == 4)
-    launch_decode_depth<T, 4>(d, s);
+  if (d.m.swiglu_oai || d.m.b13 || d.m.b2)
+    launch_decode_ext<T, true>(d, s);
   else
-    launch_decode_depth<T, 2>(d, s);
+    launch_decode_ext<T, false>(d, s);
 }
 
 // ---------------------------------------------------------------- grouped-GEMM path
@@ -579,11 +608,17 @@ void launch_gemm_path(const MoeLaunch& m, const Layout& L, cudaStream_t s) {
   g.a_stride = m.x.stride;
   g.w = m.w13;
   g.out = act;
+  g.bias = m.b13;
+  g.swiglu_oai = m.swiglu_oai;
+  g.alpha = m.alpha;
+  g.limit = m.limit;
   moe::launch_moe_gemm_w13(g, m.type, s);
   g.a = act;
   g.a_stride = m.I;
   g.w = m.w2;
   g.out = y;
+  g.bias = m.b2;
+  g.swiglu_oai = false;
   moe::launch_moe_gemm_w2(g, m.type, s);
   launch_combine<T>(m, y, m.K, s);
 }

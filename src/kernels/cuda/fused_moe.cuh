@@ -30,11 +30,16 @@ struct GemmArgs {
   int K = 0;
   int max_tiles = 0;  // the table's capacity (grid bound)
   int tile_rows_cap = kMinTileRows;
+  // GPT-OSS's experts (the kernels' extended epilogue runs when any of these is set):
+  const void* bias = nullptr;  // w13: [S, 2I] added to gate | up; w2: [S, H] added to y; or null
+  bool swiglu_oai = false;     // w13: the clamped SwiGLU instead of silu(gate) * up
+  float alpha = 1.702f, limit = 7.0f;
 };
 
-// act = silu(gate) * up of each sorted row (persistent wgmma kernel, tile_rows_cap x 256 tiles).
+// act = silu(gate) * up (or the clamped SwiGLU, after the bias) of each sorted row (persistent
+// wgmma kernel, tile_rows_cap x 256 tiles).
 void launch_moe_gemm_w13(const GemmArgs& g, Elem type, cudaStream_t s);
-// y[row] = w2[e] * act of each sorted row.
+// y[row] = w2[e] * act (+ the bias) of each sorted row.
 void launch_moe_gemm_w2(const GemmArgs& g, Elem type, cudaStream_t s);
 
 }  // namespace atom::kernels::cuda::moe

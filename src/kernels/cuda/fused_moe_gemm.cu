@@ -18,6 +18,11 @@
 // MMAs and epilogue run, and each item's table entries are fetched one item ahead. Rows past a
 // tile's count, weight rows past I (w13) or H (w2) and k past the reduction length are
 // zero-filled; their results are not stored.
+//
+// GPT-OSS's experts take the extended epilogue (kExt, a second instantiation, so the SiLU·mul
+// path keeps its code): w13 adds the slot's gate/up biases to the accumulators before the
+// activation, which is SiLU·mul or the clamped SwiGLU; w2 adds the slot's output bias before y is
+// rounded. The biases are read as pairs of elements (a thread's two adjacent columns) from L2.
 #include <algorithm>
 #include <atomic>
 
@@ -43,7 +48,7 @@ struct Cfg {
   static constexpr int kNH = kBM / 64;  // 128-column halves of the tile per warpgroup
 };
 
-template <typename T, bool kW13, int kBM>
+template <typename T, bool kW13, int kBM, bool kExt>
 __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
   using C = Cfg<kBM>;
   pdl_wait();  // the tile table (sort kernel) and, for w2, act (the w13 GEMM)
@@ -152,6 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
     // The epilogue's table entries, loaded now and used after the k loop.
     const int tile = cw / n_tiles_n, n = cw % n_tiles_n;
     const int nrows = g.tile_rows[tile];
+    [[maybe_unused]] const int ep_e = kExt ? g.tile_expert[tile] : 0;
     int ep_r[2];
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
@@ -187,9 +193,32 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
           for (int nt = 0; nt < 8; ++nt) {
             const int64_t i = static_cast<int64_t>(n) * 128 + 64 * half_of(h) + nt * 8 + 2 * c4;
             if (i < g.I) {
-              const float v0 = silu_times(acc[h][nt * 4 + 2 * hh], acc[h][(nt + 8) * 4 + 2 * hh]);
-              const float v1 =
-                  silu_times(acc[h][nt * 4 + 2 * hh + 1], acc[h][(nt + 8) * 4 + 2 * hh + 1]);
+              float v0, v1;
+              if constexpr (kExt) {
+                float gt[2] = {acc[h][nt * 4 + 2 * hh], acc[h][nt * 4 + 2 * hh + 1]};
+                float up[2] = {acc[h][(nt + 8) * 4 + 2 * hh], acc[h][(nt + 8) * 4 + 2 * hh + 1]};
+                if (g.bias) {
+                  const T* b = static_cast<const T*>(g.bias) + static_cast<int64_t>(ep_e) * 2 * g.I;
+                  float bg[2], bu[2];
+                  load_vec<T, 2>(b + i, bg);
+                  load_vec<T, 2>(b + g.I + i, bu);
+#pragma unroll
+                  for (int q = 0; q < 2; ++q) {
+                    gt[q] += bg[q];
+                    up[q] += bu[q];
+                  }
+                }
+                if (g.swiglu_oai) {
+                  v0 = swiglu_oai_times(gt[0], up[0], g.alpha, g.limit);
+                  v1 = swiglu_oai_times(gt[1], up[1], g.alpha, g.limit);
+                } else {
+                  v0 = silu_times(gt[0], up[0]);
+                  v1 = silu_times(gt[1], up[1]);
+                }
+              } else {
+                v0 = silu_times(acc[h][nt * 4 + 2 * hh], acc[h][(nt + 8) * 4 + 2 * hh]);
+                v1 = silu_times(acc[h][nt * 4 + 2 * hh + 1], acc[h][(nt + 8) * 4 + 2 * hh + 1]);
+              }
               *reinterpret_cast<uint32_t*>(dst + i) = pack2<T>(v0, v1);
             }
           }
@@ -202,9 +231,20 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
 #pragma unroll
           for (int nt = 0; nt < 16; ++nt) {
             const int64_t col = static_cast<int64_t>(n) * kBN + 128 * half_of(h) + nt * 8 + 2 * c4;
-            if (col < g.H)
-              *reinterpret_cast<uint32_t*>(dst + col) =
-                  pack2<T>(acc[h][nt * 4 + 2 * hh], acc[h][nt * 4 + 2 * hh + 1]);
+            if (col < g.H) {
+              float v[2] = {acc[h][nt * 4 + 2 * hh], acc[h][nt * 4 + 2 * hh + 1]};
+              if constexpr (kExt) {
+                if (g.bias) {
+                  float b[2];
+                  load_vec<T, 2>(static_cast<const T*>(g.bias) + static_cast<int64_t>(ep_e) * g.H +
+                                     col,
+                                 b);
+                  v[0] += b[0];
+                  v[1] += b[1];
+                }
+              }
+              *reinterpret_cast<uint32_t*>(dst + col) = pack2<T>(v[0], v[1]);
+            }
           }
       }
     }
@@ -212,10 +252,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
   cp_async_wait<0>();
 }
 
-template <typename T, bool kW13, int kBM>
+template <typename T, bool kW13, int kBM, bool kExt>
 void launch_gemm(const GemmArgs& g, cudaStream_t s) {
   static std::atomic<uint64_t> smem_done{0};
-  auto kernel = moe_gemm_kernel<T, kW13, kBM>;
+  auto kernel = moe_gemm_kernel<T, kW13, kBM, kExt>;
   max_dynamic_smem_once(smem_done, kernel, Cfg<kBM>::kSmem);
   const int64_t n_tiles_n = kW13 ? (g.I + 127) / 128 : (g.H + kBN - 1) / kBN;
   const int64_t items = static_cast<int64_t>(g.max_tiles) * n_tiles_n;
@@ -224,14 +264,25 @@ void launch_gemm(const GemmArgs& g, cudaStream_t s) {
   launch(kernel, grid, kThreads, Cfg<kBM>::kSmem, s, g);
 }
 
+template <typename T, bool kW13, bool kExt>
+void launch_rows(const GemmArgs& g, cudaStream_t s) {
+  g.tile_rows_cap == 128 ? launch_gemm<T, kW13, 128, kExt>(g, s)
+                         : launch_gemm<T, kW13, 64, kExt>(g, s);
+}
+
+template <typename T, bool kW13>
+void launch_ext(const GemmArgs& g, cudaStream_t s) {
+  // The extended epilogue where it changes anything (w2 has no activation).
+  const bool ext = g.bias != nullptr || (kW13 && g.swiglu_oai);
+  ext ? launch_rows<T, kW13, true>(g, s) : launch_rows<T, kW13, false>(g, s);
+}
+
 template <bool kW13>
 void launch_typed(const GemmArgs& g, Elem type, cudaStream_t s) {
   if (type == Elem::kBF16)
-    g.tile_rows_cap == 128 ? launch_gemm<__nv_bfloat16, kW13, 128>(g, s)
-                           : launch_gemm<__nv_bfloat16, kW13, 64>(g, s);
+    launch_ext<__nv_bfloat16, kW13>(g, s);
   else
-    g.tile_rows_cap == 128 ? launch_gemm<__half, kW13, 128>(g, s)
-                           : launch_gemm<__half, kW13, 64>(g, s);
+    launch_ext<__half, kW13>(g, s);
 }
 
 }  // namespace

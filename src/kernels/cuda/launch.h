@@ -188,9 +188,10 @@ inline constexpr int kMoeRouteMaxExperts = 512, kMoeRouteMaxTopK = 16;
 void launch_moe_route(const MoeRouteLaunch& a, cudaStream_t s);
 
 // ---- fused_moe.cu, fused_moe_gemm.cu
-// out [T, H] = sum_j weights[t, j] * w2[e] * silu_mul(w13[e] * x[t]), e = ids[t, j] (slots
-// outside [0, S) add nothing). x, w13, w2 share `type` (BF16/F16); H % 8 == 0, I % 8 == 0, x rows
-// and the weights 16-byte aligned. Decode-sized T*K (moe_config.h): two kernels that read each
+// out [T, H] = sum_j weights[t, j] * (w2[e] * act(w13[e] * x[t] + b13[e]) + b2[e]),
+// e = ids[t, j] (slots outside [0, S) add nothing); act: silu(gate) * up, or GPT-OSS's clamped
+// SwiGLU. x, w13, w2 and the biases share `type` (BF16/F16); H % 8 == 0, I % 8 == 0, x rows and
+// the weights 16-byte aligned. Decode-sized T*K (moe_config.h): two kernels that read each
 // active expert's weights once (tensor cores on the tokens of an expert, weights streamed from
 // HBM into registers); larger: a counting sort by slot, two persistent wgmma grouped GEMMs and a
 // combine. Nothing depends on per-expert counts on the host (CUDA-graph safe).
@@ -208,6 +209,10 @@ struct MoeLaunch {
   bool decode = false;      // the decode path (needs T * K <= kMoeDecodeMaxRowsCap)
   int gemm_tile_rows = 64;  // the grouped GEMMs' rows per tile: 64 or 128
   int decode_depth = 2;     // the decode kernels' k steps per load group: 2 or 4
+  const void* b13 = nullptr;  // [S, 2I] or null
+  const void* b2 = nullptr;   // [S, H] or null
+  bool swiglu_oai = false;    // (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit)
+  float alpha = 1.702f, limit = 7.0f;
 };
 inline constexpr int kMoeMaxSlots = 2048, kMoeDecodeMaxRowsCap = 512;
 // Workspace bytes for the path(s) T * K rows may take (both, where either may).

@@ -95,9 +95,6 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   const Tensor& w13 = *w.w13;
   const Tensor& w2 = *w.w2;
   const int64_t T = x.size(0), H = x.size(1), S = w13.size(0), I = w13.size(1) / 2;
-  if (w.activation != MoeActivation::kSiluMul || w.w13_bias || w.w2_bias)
-    fail("fused_moe: the CUDA kernels compute SiLU·mul experts without biases; GPT-OSS's clamped "
-         "SwiGLU with expert biases runs on the CPU backend only for now");
   ATOM_CHECK((x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) && w13.dtype() == x.dtype() &&
                  w2.dtype() == x.dtype(),
              "fused_moe: the CUDA kernels take BF16 or F16 activations and weights of one dtype, "
@@ -106,6 +103,17 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   ATOM_CHECK(
       out.dtype() == DType::kF32 || out.dtype() == DType::kBF16 || out.dtype() == DType::kF16,
       "fused_moe: out {} must be F32, BF16 or F16", out.str());
+  // The expert biases: the weights' dtype, contiguous, 4-byte aligned (read in pairs).
+  ATOM_CHECK(!w.w13_bias || (w.w13_bias->is_contiguous() && w.w13_bias->shape() == Shape{S, 2 * I} &&
+                             w.w13_bias->dtype() == x.dtype() &&
+                             reinterpret_cast<uintptr_t>(w.w13_bias->data()) % 4 == 0),
+             "fused_moe: w13 bias {} for w13 {} (contiguous [S, 2I] of the weights' dtype)",
+             w.w13_bias ? w.w13_bias->str() : "", w13.str());
+  ATOM_CHECK(!w.w2_bias || (w.w2_bias->is_contiguous() && w.w2_bias->shape() == Shape{S, H} &&
+                            w.w2_bias->dtype() == x.dtype() &&
+                            reinterpret_cast<uintptr_t>(w.w2_bias->data()) % 4 == 0),
+             "fused_moe: w2 bias {} for w2 {} (contiguous [S, H] of the weights' dtype)",
+             w.w2_bias ? w.w2_bias->str() : "", w2.str());
   ATOM_CHECK(H % 8 == 0 && I % 8 == 0,
              "fused_moe: the CUDA kernels need the hidden size {} and the intermediate size {} "
              "to be multiples of 8",
@@ -149,6 +157,11 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   l.decode_depth = fused_moe_decode_depth();
   const int tile_rows = fused_moe_gemm_tile_rows();
   l.gemm_tile_rows = tile_rows ? tile_rows : T * K >= kTileRowsFrom ? 128 : 64;
+  l.b13 = w.w13_bias ? w.w13_bias->data() : nullptr;
+  l.b2 = w.w2_bias ? w.w2_bias->data() : nullptr;
+  l.swiglu_oai = w.activation == MoeActivation::kSwigluOai;
+  l.alpha = w.swiglu_alpha;
+  l.limit = w.swiglu_limit;
   launch_fused_moe(l, current_stream());
   launch_check("fused_moe");
 }
