@@ -17,8 +17,6 @@ namespace {
 
 using namespace parse_util;
 
-constexpr size_t kMaxName = 256;
-
 bool ident_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
 bool ident(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 

@@ -18,8 +18,6 @@ namespace {
 using json = nlohmann::ordered_json;
 using namespace parse_util;
 
-constexpr size_t kMaxName = 256;
-
 // Appends text to the content; right after a call its leading whitespace is dropped.
 void content_text(ToolDelta& out, const std::string& s, bool& after_call) {
   if (after_call) {

@@ -21,9 +21,6 @@ namespace {
 using json = nlohmann::ordered_json;
 using namespace parse_util;
 
-// A call's name is short and on one line; text that goes on longer is no name.
-constexpr size_t kMaxName = 256;
-
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
