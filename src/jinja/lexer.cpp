@@ -434,7 +434,7 @@ void append_backslashreplace(std::string& out, char32_t c) {
 
 }  // namespace
 
-std::string decode_python_escapes(std::string_view s) {
+std::string decode_python_escapes(std::string_view s, EscapeDialect dialect) {
   std::string out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
@@ -458,6 +458,8 @@ std::string decode_python_escapes(std::string_view s) {
       }
       i += static_cast<size_t>(n);
       if (v > 0x10FFFF) throw std::invalid_argument("illegal Unicode character");
+      if (v >= 0xD800 && v <= 0xDFFF && dialect == EscapeDialect::kPythonLiteral)
+        throw std::invalid_argument("lone surrogate");
       unicode::append(out, v);
     };
     switch (c) {
@@ -511,7 +513,7 @@ std::string decode_python_escapes(std::string_view s) {
             v = v * 8 + static_cast<uint32_t>(s[i] - '0');
           }
           unicode::append(out, v);
-        } else if (static_cast<unsigned char>(c) >= 0x80) {
+        } else if (static_cast<unsigned char>(c) >= 0x80 && dialect == EscapeDialect::kJinja) {
           // Python escapes non-ASCII text with backslashreplace before decoding, so a backslash
           // in front of it survives together with that escape's text.
           size_t j = i - 1;

@@ -48,9 +48,19 @@ std::vector<Token> tokenize(std::string_view source, const LexerOptions& options
 // How jinja2 names a token in syntax errors ("end of print statement", "'foo'").
 std::string describe_token(const Token& t);
 
-// Decodes Python string-literal escapes (\n, \t, \xNN, \uNNNN, \UNNNNNNNN, octal, ...) as
-// jinja2 does through Python's unicode-escape codec. Throws std::invalid_argument on a truncated
-// escape.
-std::string decode_python_escapes(std::string_view s);
+// Whose reading of the escapes decode_python_escapes follows. jinja2 decodes string literals
+// through Python's unicode-escape codec, after encoding them with backslashreplace; a Python
+// string literal (ast.literal_eval) is read by Python's own parser. The two differ in a
+// backslash before a non-ASCII character (jinja2: the text of the character's \x, \u or \U
+// escape, as backslashreplace wrote it; a literal: both kept as written) and in lone surrogates
+// \uD800-\uDFFF (jinja2 keeps them, as three bytes; atom refuses them in a literal, whose value
+// is written back as UTF-8 JSON).
+enum class EscapeDialect { kJinja, kPythonLiteral };
+
+// Decodes Python string-literal escapes (\n, \t, \xNN, \uNNNN, \UNNNNNNNN, octal, ...) of the
+// inside of a string literal. Throws std::invalid_argument on a truncated escape, on \N{...},
+// and on what the dialect refuses.
+std::string decode_python_escapes(std::string_view s,
+                                  EscapeDialect dialect = EscapeDialect::kJinja);
 
 }  // namespace atom::jinja

@@ -34,19 +34,15 @@ constexpr std::string_view kStart = "<|start|>", kChannel = "<|channel|>", kMess
 // <|message|> for longer than this is no header.
 constexpr size_t kMaxHeader = 1024;
 
-class HarmonyParser : public ToolParser {
+class HarmonyParser : public HeldTextParser {
  public:
   explicit HarmonyParser(bool parse_calls) : parse_calls_(parse_calls) {}
 
-  ToolDelta feed(const std::string& text) override {
-    ToolDelta out;
-    held_ += text;
-    run(out);
-    return out;
-  }
+ private:
+  enum class State { kFirst, kHeader, kBody, kBetween, kRaw };
+  enum class Route { kReasoning, kContent, kCall, kDrop };
 
-  ToolDelta finish() override {
-    ToolDelta out;
+  void flush(ToolDelta& out) override {
     switch (state_) {
       case State::kFirst:
       case State::kHeader:
@@ -62,16 +58,10 @@ class HarmonyParser : public ToolParser {
         out.content += held_;
         break;
     }
-    held_.clear();
     state_ = State::kBetween;
-    return out;
   }
 
- private:
-  enum class State { kFirst, kHeader, kBody, kBetween, kRaw };
-  enum class Route { kReasoning, kContent, kCall, kDrop };
-
-  void run(ToolDelta& out) {
+  void run(ToolDelta& out) override {
     for (;;) {
       switch (state_) {
         case State::kFirst: {
@@ -102,10 +92,7 @@ class HarmonyParser : public ToolParser {
             // A header that never reached <|message|>: its text is content (an end marker
             // after it is dropped, a <|start|> opens the next header).
             out.content += header_opener_ + held_.substr(0, f.pos);
-            held_.erase(0, f.which == 1 ? f.pos
-                                        : f.pos + (f.which == 2   ? kEnd.size()
-                                                   : f.which == 3 ? kReturn.size()
-                                                                  : kCallEnd.size()));
+            held_.erase(0, f.which == 1 ? f.pos : f.end());
             state_ = State::kBetween;
           } else if (held_.size() > kMaxHeader) {
             out.content += header_opener_;
@@ -116,37 +103,25 @@ class HarmonyParser : public ToolParser {
           break;
         }
         case State::kBody: {
-          const Found f = find_first(held_, {kEnd, kReturn, kCallEnd, kStart});
-          if (!f.found()) {
-            const size_t keep = partial_tag_suffix(held_, {kEnd, kReturn, kCallEnd, kStart});
-            body_text(out, held_.substr(0, held_.size() - keep));
-            held_.erase(0, held_.size() - keep);
-            return;
-          }
-          body_text(out, held_.substr(0, f.pos));
+          const Taken t = take_before(held_, {kEnd, kReturn, kCallEnd, kStart});
+          body_text(out, t.text);
+          if (!t.tag.found()) return;
           // <|start|> without an end marker before it also ends the message.
-          held_.erase(0, f.which == 3 ? f.pos
-                                      : f.pos + (f.which == 0   ? kEnd.size()
-                                                 : f.which == 1 ? kReturn.size()
-                                                                : kCallEnd.size()));
+          if (t.tag.which != 3) held_.erase(0, t.tag.size);
           end_message(out);
           state_ = State::kBetween;
           break;
         }
         case State::kBetween:
         case State::kRaw: {
-          const size_t start = held_.find(kStart);
-          const size_t upto =
-              start != std::string::npos ? start : held_.size() - partial_tag_suffix(held_, kStart);
-          const std::string text = held_.substr(0, upto);
+          const Taken t = take_before(held_, {kStart});
           // Whitespace between messages belongs to no message; other text outside a message is
           // content, and so is what follows it up to the next <|start|>.
-          if (state_ == State::kRaw || !all_space(text)) {
-            out.content += text;
+          if (state_ == State::kRaw || !all_space(t.text)) {
+            out.content += t.text;
             state_ = State::kRaw;
           }
-          held_.erase(0, upto);
-          if (start == std::string::npos) return;
+          if (!t.tag.found()) return;
           held_.erase(0, kStart.size());
           header_opener_ = std::string(kStart);
           after_start_ = true;
@@ -162,9 +137,7 @@ class HarmonyParser : public ToolParser {
     std::string channel;
     if (const size_t c = header.find(kChannel); c != std::string::npos) {
       size_t e = c + kChannel.size();
-      while (e < header.size() && header[e] != '<' &&
-             std::string_view(kSpace).find(header[e]) == std::string_view::npos)
-        ++e;
+      while (e < header.size() && header[e] != '<' && !is_space(header[e])) ++e;
       channel = header.substr(c + kChannel.size(), e - c - kChannel.size());
       header.erase(c, e - c);
     }
@@ -196,7 +169,6 @@ class HarmonyParser : public ToolParser {
       route_ = parse_calls_ && !name.empty() ? Route::kCall : Route::kDrop;
       if (route_ == Route::kCall) {
         call_index_ = begin_call(out, tool_call_id(), name);
-        call_text_.clear();
         call_json_ = content_type.empty() || content_type.find("json") != std::string::npos;
       }
     } else if (channel == "analysis") {
@@ -220,7 +192,6 @@ class HarmonyParser : public ToolParser {
         out.content += s;
         break;
       case Route::kCall:
-        call_text_ += s;
         call_arguments(out, call_index_, s);
         break;
       case Route::kDrop:
@@ -232,9 +203,9 @@ class HarmonyParser : public ToolParser {
     if (route_ == Route::kCall) {
       // vLLM's openai parser: json.dumps(json.loads(text)) when the content type is JSON (or
       // not given), the text itself otherwise or when it does not parse.
-      std::string args = call_text_;
+      std::string args = streamed_arguments(call_index_);
       if (call_json_) {
-        const auto j = json_loads(call_text_);
+        const auto j = json_loads(args);
         if (!j.is_discarded()) args = py_json_dumps(j, /*ensure_ascii=*/true);
       }
       end_call(out, call_index_, std::move(args));
@@ -244,13 +215,11 @@ class HarmonyParser : public ToolParser {
 
   const bool parse_calls_;
   State state_ = State::kFirst;
-  std::string held_;           // text not yet attributed
   std::string header_opener_;  // "<|start|>" when the header being read began with it
   bool after_start_ = false;   // the header begins with its role
   Route route_ = Route::kDrop;
   int pieces_ = 0;  // text pieces of the open message so far
   int reasoning_messages_ = 0, content_messages_ = 0;
-  std::string call_text_;  // the open call's arguments so far
   bool call_json_ = true;
   int call_index_ = 0;
 };

@@ -7,7 +7,10 @@
 #include <cstdlib>
 #include <limits>
 #include <set>
+#include <stdexcept>
 #include <vector>
+
+#include "jinja/lexer.h"
 
 namespace atom::server {
 
@@ -21,24 +24,6 @@ constexpr int kMaxDepth = 200;
 bool is_ident_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool is_ident(char c) { return is_ident_start(c) || (c >= '0' && c <= '9'); }
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 class Reader {
  public:
@@ -345,103 +330,44 @@ class Reader {
     const char q = s_[i_];
     const bool triple = i_ + 2 < s_.size() && s_[i_ + 1] == q && s_[i_ + 2] == q;
     i_ += triple ? 3 : 1;
+    // The literal's end: its closing quote(s), not one that a backslash escapes.
+    const size_t begin = i_;
+    size_t end = 0;
     for (;;) {
       if (i_ >= s_.size()) return false;
       const char c = s_[i_];
       if (c == q) {
         if (!triple) {
-          ++i_;
-          return true;
+          end = i_++;
+          break;
         }
         if (i_ + 2 < s_.size() && s_[i_ + 1] == q && s_[i_ + 2] == q) {
+          end = i_;
           i_ += 3;
-          return true;
+          break;
         }
-        out += c;
         ++i_;
         continue;
       }
       if (c == '\n' && !triple) return false;
       if (c != '\\') {
-        out += c;
         ++i_;
         continue;
       }
       if (i_ + 1 >= s_.size()) return false;
-      const char e = s_[i_ + 1];
-      if (raw) {  // the backslash stays, and keeps the next character from ending the string
-        out += c;
-        out += e;
-        i_ += 2;
-        continue;
-      }
-      i_ += 2;
-      switch (e) {
-        case '\n':
-          break;  // continuation
-        case '\\':
-          out += '\\';
-          break;
-        case '\'':
-          out += '\'';
-          break;
-        case '"':
-          out += '"';
-          break;
-        case 'a':
-          out += '\a';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'v':
-          out += '\v';
-          break;
-        case 'x':
-        case 'u':
-        case 'U': {
-          const size_t n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-          if (i_ + n > s_.size()) return false;
-          uint32_t cp = 0;
-          for (size_t k = 0; k < n; ++k) {
-            const char h = s_[i_ + k];
-            if (!std::isxdigit(static_cast<unsigned char>(h))) return false;
-            cp = cp * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(h))
-                                                     ? h - '0'
-                                                     : (h | 0x20) - 'a' + 10);
-          }
-          i_ += n;
-          // Lone surrogates cannot be written as UTF-8.
-          if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-          append_utf8(out, cp);
-          break;
-        }
-        default:
-          if (e >= '0' && e <= '7') {  // up to three octal digits
-            uint32_t cp = static_cast<uint32_t>(e - '0');
-            for (int k = 0; k < 2 && i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '7'; ++k)
-              cp = cp * 8 + static_cast<uint32_t>(s_[i_++] - '0');
-            append_utf8(out, cp);
-          } else if (e == 'N') {
-            return false;  // \N{NAME} needs Unicode's name table
-          } else {         // unknown escapes keep their backslash
-            out += '\\';
-            out += e;
-          }
-      }
+      i_ += 2;  // the escaped character does not end the string
     }
+    const std::string_view body = s_.substr(begin, end - begin);
+    if (raw) {  // backslashes stay, with what follows them
+      out += body;
+      return true;
+    }
+    try {
+      out += jinja::decode_python_escapes(body, jinja::EscapeDialect::kPythonLiteral);
+    } catch (const std::invalid_argument&) {
+      return false;  // a truncated or unknown \x, \u, \U or \N escape, or a lone surrogate
+    }
+    return true;
   }
 
   std::string_view s_;

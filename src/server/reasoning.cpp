@@ -43,10 +43,10 @@ ReasoningDelta ReasoningParser::feed(const std::string& text) {
       continue;
     }
     if (state_ == State::kReasoning) {
-      const Found f = also.empty() ? find_first(held_, {end}) : find_first(held_, {end, also});
-      if (f.which == 0) {
-        out.reasoning += held_.substr(0, f.pos);
-        held_ = held_.substr(f.pos + end.size());
+      const Taken t = also.empty() ? take_before(held_, {end}) : take_before(held_, {end, also});
+      out.reasoning += t.text;
+      if (t.tag.which == 0) {
+        held_ = held_.substr(end.size());
         // The answer usually starts after blank lines; they belong to neither part.
         const size_t first = held_.find_first_not_of("\r\n");
         held_ = first == std::string::npos ? "" : held_.substr(first);
@@ -57,16 +57,10 @@ ReasoningDelta ReasoningParser::feed(const std::string& text) {
         }
         continue;
       }
-      if (f.which == 1) {
-        out.reasoning += held_.substr(0, f.pos);
-        held_ = held_.substr(f.pos);  // the tag starts the content
-        state_ = State::kContent;
+      if (t.tag.which == 1) {
+        state_ = State::kContent;  // the tag starts the content, and stays in it
         continue;
       }
-      const size_t keep =
-          also.empty() ? partial_tag_suffix(held_, end) : partial_tag_suffix(held_, {end, also});
-      out.reasoning += held_.substr(0, held_.size() - keep);
-      held_ = held_.substr(held_.size() - keep);
       return out;
     }
     // Content.

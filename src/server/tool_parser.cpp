@@ -18,19 +18,6 @@ namespace {
 using json = nlohmann::ordered_json;
 using namespace parse_util;
 
-// Appends text to the content; right after a call (after_call) its leading whitespace is dropped,
-// and the flag cleared once non-blank text arrives.
-void content_out(ToolDelta& out, const std::string& s, bool& after_call) {
-  if (after_call) {
-    const size_t first = s.find_first_not_of(kSpace);
-    if (first == std::string::npos) return;
-    after_call = false;
-    out.content += s.substr(first);
-    return;
-  }
-  out.content += s;
-}
-
 // A call of `name` with `args`: a JSON object, or a string holding one.
 bool make_call(const std::string& name, const json& args, ToolCall& out) {
   json value = args;
@@ -68,32 +55,17 @@ bool call_from_json(const std::string& text, const std::vector<const char*>& arg
 
 // Hermes / Qwen2.5 / Qwen3: <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>, any
 // number of them, text before them is content. Whitespace after a call is dropped.
-class HermesParser : public ToolParser {
- public:
-  ToolDelta feed(const std::string& text) override {
-    ToolDelta out;
-    held_ += text;
+class HermesParser : public HeldTextParser {
+ private:
+  void run(ToolDelta& out) override {
     for (;;) {
       if (!in_call_) {
-        const size_t open = held_.find(kOpen);
-        if (open != std::string::npos) {
-          text_out(out, held_.substr(0, open));
-          held_.erase(0, open + kOpen.size());
-          in_call_ = true;
-          continue;
-        }
-        const size_t keep = partial_tag_suffix(held_, kOpen);
-        text_out(out, held_.substr(0, held_.size() - keep));
-        held_.erase(0, held_.size() - keep);
-        return out;
+        if (!content_until(out, kOpen)) return;
+        in_call_ = true;
+        continue;
       }
-      // The search resumes where the last one stopped: a long call is scanned once.
-      const size_t close = held_.find(kClose, close_scan_);
-      if (close == std::string::npos) {
-        close_scan_ = held_.size() >= kClose.size() ? held_.size() - kClose.size() + 1 : 0;
-        return out;
-      }
-      close_scan_ = 0;
+      const size_t close = find_resuming(held_, kClose, close_scan_);
+      if (close == std::string::npos) return;
       const std::string body = held_.substr(0, close);
       held_.erase(0, close + kClose.size());
       in_call_ = false;
@@ -101,21 +73,16 @@ class HermesParser : public ToolParser {
     }
   }
 
-  ToolDelta finish() override {
-    ToolDelta out;
+  void flush(ToolDelta& out) override {
     if (in_call_) {
       call_out(out, held_, false);  // unclosed: a call if the JSON is complete
     } else {
-      text_out(out, held_);
+      content(out, held_);
     }
-    held_.clear();
     in_call_ = false;
     close_scan_ = 0;
-    return out;
   }
 
- private:
-  void text_out(ToolDelta& out, const std::string& s) { content_out(out, s, after_call_); }
   void call_out(ToolDelta& out, const std::string& body, bool closed) {
     ToolCall c;
     if (call_from_json(body, {"arguments"}, c)) {
@@ -123,30 +90,22 @@ class HermesParser : public ToolParser {
       after_call_ = true;
       return;
     }
-    text_out(out, kOpen + body + (closed ? kClose : ""));
+    content(out, kOpen + body + (closed ? kClose : ""));
   }
 
   const std::string kOpen = "<tool_call>", kClose = "</tool_call>";
-  std::string held_;
   size_t close_scan_ = 0;  // where the search for the close tag resumes
   bool in_call_ = false;
-  bool after_call_ = false;
 };
 
 // Llama 3.1/3.2/3.3 JSON tool calls: the whole answer is {"name": ..., "parameters": {...}} (or
 // "arguments"), optionally after <|python_tag|>, several separated by ';'. An answer that does not
 // start that way is content; one whose first object is not a call is content as a whole.
-class Llama3JsonParser : public ToolParser {
- public:
-  ToolDelta feed(const std::string& text) override {
-    ToolDelta out;
-    held_ += text;
-    run(out);
-    return out;
-  }
+class Llama3JsonParser : public HeldTextParser {
+ private:
+  enum class State { kStart, kExpectObject, kObject, kAfterCall, kContent };
 
-  ToolDelta finish() override {
-    ToolDelta out;
+  void flush(ToolDelta& out) override {
     switch (state_) {
       case State::kStart:
       case State::kContent:
@@ -162,14 +121,9 @@ class Llama3JsonParser : public ToolParser {
         out.content = raw_ + held_;  // unclosed object
         break;
     }
-    held_.clear();
     raw_.clear();
     state_ = State::kContent;
-    return out;
   }
-
- private:
-  enum class State { kStart, kExpectObject, kObject, kAfterCall, kContent };
 
   void to_content() {
     held_ = raw_ + held_;
@@ -178,23 +132,21 @@ class Llama3JsonParser : public ToolParser {
   }
   void start_object() {
     state_ = State::kObject;
-    depth_ = 0;
-    scanned_ = 0;
-    in_string_ = escaped_ = false;
+    scan_ = {};
   }
 
-  void run(ToolDelta& out) {
+  void run(ToolDelta& out) override {
     for (;;) {
       switch (state_) {
         case State::kStart: {
           const size_t lead = held_.find_first_not_of(kSpace);
           if (lead == std::string::npos) return;
           const std::string rest = held_.substr(lead);
-          if (rest.compare(0, kTag.size(), kTag) == 0) {
+          if (starts_with(rest, kTag)) {
             raw_ += held_.substr(0, lead + kTag.size());
             held_.erase(0, lead + kTag.size());
             state_ = State::kExpectObject;
-          } else if (rest.size() < kTag.size() && kTag.compare(0, rest.size(), rest) == 0) {
+          } else if (is_partial(rest, kTag)) {
             return;  // maybe the tag
           } else if (rest[0] == '{') {
             raw_ += held_.substr(0, lead);
@@ -218,7 +170,8 @@ class Llama3JsonParser : public ToolParser {
           break;
         }
         case State::kObject: {
-          const size_t end = scan();
+          // The object that starts at held_[0]; npos while it has not closed.
+          const size_t end = json_scan_value(held_, scan_);
           if (end == std::string::npos) return;
           ToolCall c;
           if (!call_from_json(held_.substr(0, end), {"parameters", "arguments"}, c)) {
@@ -257,88 +210,50 @@ class Llama3JsonParser : public ToolParser {
     }
   }
 
-  // Scans the object that starts at held_[0]; returns one past its closing brace, or npos when it
-  // has not closed yet.
-  size_t scan() {
-    for (; scanned_ < held_.size(); ++scanned_) {
-      const char ch = held_[scanned_];
-      if (in_string_) {
-        if (escaped_) {
-          escaped_ = false;
-        } else if (ch == '\\') {
-          escaped_ = true;
-        } else if (ch == '"') {
-          in_string_ = false;
-        }
-      } else if (ch == '"') {
-        in_string_ = true;
-      } else if (ch == '{' || ch == '[') {
-        ++depth_;
-      } else if (ch == '}' || ch == ']') {
-        if (--depth_ == 0) return ++scanned_;
-      }
-    }
-    return std::string::npos;
-  }
-
   const std::string kTag = "<|python_tag|>";
   State state_ = State::kStart;
-  std::string held_;  // text not yet attributed (in kObject: the object so far)
-  std::string raw_;   // text consumed since the last call, given back if what follows is no call
+  // held_ in kObject: the object so far.
+  std::string raw_;  // text consumed since the last call, given back if what follows is no call
   bool any_call_ = false;
-  int depth_ = 0;
-  size_t scanned_ = 0;
-  bool in_string_ = false, escaped_ = false;
+  JsonScan scan_;  // of the object in held_, resumed as it grows
 };
 
 // DeepSeek-V3.1:
 // <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}<｜tool▁call▁end｜> (more
 // calls) <｜tool▁calls▁end｜>; text before the section is content.
-class DeepSeekV31Parser : public ToolParser {
- public:
-  ToolDelta feed(const std::string& text) override {
-    ToolDelta out;
-    held_ += text;
+class DeepSeekV31Parser : public HeldTextParser {
+ private:
+  enum class State { kText, kSection, kCall };
+
+  void run(ToolDelta& out) override {
     for (;;) {
       if (state_ == State::kText) {
-        const size_t open = held_.find(kCallsBegin);
-        if (open != std::string::npos) {
-          text_out(out, held_.substr(0, open));
-          held_.erase(0, open + kCallsBegin.size());
-          state_ = State::kSection;
-          continue;
-        }
-        const size_t keep = partial_tag_suffix(held_, kCallsBegin);
-        text_out(out, held_.substr(0, held_.size() - keep));
-        held_.erase(0, held_.size() - keep);
-        return out;
+        if (!content_until(out, kCallsBegin)) return;
+        state_ = State::kSection;
+        continue;
       }
       if (state_ == State::kSection) {
         // Between calls: whitespace, then a call or the end of the section.
         const size_t lead = held_.find_first_not_of(kSpace);
-        if (lead == std::string::npos) return out;
+        if (lead == std::string::npos) return;
         const std::string rest = held_.substr(lead);
-        if (rest.compare(0, kCallBegin.size(), kCallBegin) == 0) {
+        if (starts_with(rest, kCallBegin)) {
           held_ = rest.substr(kCallBegin.size());
           state_ = State::kCall;
-        } else if (rest.compare(0, kCallsEnd.size(), kCallsEnd) == 0) {
+        } else if (starts_with(rest, kCallsEnd)) {
           held_ = rest.substr(kCallsEnd.size());
           state_ = State::kText;
           after_call_ = true;
-        } else if (is_prefix(rest, kCallBegin) || is_prefix(rest, kCallsEnd)) {
-          return out;
+        } else if (is_partial(rest, kCallBegin) || is_partial(rest, kCallsEnd)) {
+          return;
         } else {
           state_ = State::kText;  // not a call after all: the rest is text
           held_ = rest;
         }
         continue;
       }
-      const size_t close = held_.find(kCallEnd, close_scan_);
-      if (close == std::string::npos) {
-        close_scan_ = held_.size() >= kCallEnd.size() ? held_.size() - kCallEnd.size() + 1 : 0;
-        return out;
-      }
-      close_scan_ = 0;
+      const size_t close = find_resuming(held_, kCallEnd, close_scan_);
+      if (close == std::string::npos) return;
       const std::string body = held_.substr(0, close);
       held_.erase(0, close + kCallEnd.size());
       state_ = State::kSection;
@@ -346,32 +261,21 @@ class DeepSeekV31Parser : public ToolParser {
     }
   }
 
-  ToolDelta finish() override {
-    ToolDelta out;
+  void flush(ToolDelta& out) override {
     if (state_ == State::kCall) {
       call_out(out, held_, false);
     } else if (state_ == State::kText || !all_space(held_)) {
-      text_out(out, held_);
+      content(out, held_);
     }
-    held_.clear();
     close_scan_ = 0;
     state_ = State::kText;
-    return out;
   }
 
- private:
-  enum class State { kText, kSection, kCall };
-  static bool is_prefix(const std::string& s, const std::string& tag) {
-    return s.size() < tag.size() && tag.compare(0, s.size(), s) == 0;
-  }
-  void text_out(ToolDelta& out, const std::string& s) { content_out(out, s, after_call_); }
   void call_out(ToolDelta& out, const std::string& body, bool closed) {
     const size_t sep = body.find(kSep);
     ToolCall c;
     if (sep != std::string::npos) {
-      std::string name = body.substr(0, sep);
-      const size_t a = name.find_first_not_of(kSpace), b = name.find_last_not_of(kSpace);
-      name = a == std::string::npos ? "" : name.substr(a, b - a + 1);
+      const std::string name = trim(std::string_view(body).substr(0, sep));
       const json args = json_loads(std::string_view(body).substr(sep + kSep.size()));
       if (!args.is_discarded() && make_call(name, args, c)) {
         whole_call(out, std::move(c.id), std::move(c.name), std::move(c.arguments));
@@ -379,16 +283,14 @@ class DeepSeekV31Parser : public ToolParser {
         return;
       }
     }
-    text_out(out, kCallBegin + body + (closed ? kCallEnd : ""));
+    content(out, kCallBegin + body + (closed ? kCallEnd : ""));
   }
 
   const std::string kCallsBegin = "<｜tool▁calls▁begin｜>", kCallsEnd = "<｜tool▁calls▁end｜>";
   const std::string kCallBegin = "<｜tool▁call▁begin｜>", kCallEnd = "<｜tool▁call▁end｜>";
   const std::string kSep = "<｜tool▁sep｜>";
   State state_ = State::kText;
-  std::string held_;
   size_t close_scan_ = 0;  // where the search for the call's end resumes
-  bool after_call_ = false;
 };
 
 }  // namespace
@@ -408,6 +310,39 @@ void ToolDelta::append(ToolDelta next) {
   for (auto& c : next.calls) calls.push_back(std::move(c));
 }
 
+ToolDelta HeldTextParser::feed(const std::string& text) {
+  ToolDelta out;
+  held_ += text;
+  run(out);
+  return out;
+}
+
+ToolDelta HeldTextParser::finish() {
+  ToolDelta out;
+  flush(out);
+  held_.clear();
+  return out;
+}
+
+void HeldTextParser::content(ToolDelta& out, std::string_view s) {
+  if (after_call_) {
+    const size_t first = s.find_first_not_of(kSpace);
+    if (first == std::string::npos) return;
+    after_call_ = false;
+    out.content += s.substr(first);
+    return;
+  }
+  out.content += s;
+}
+
+bool HeldTextParser::content_until(ToolDelta& out, std::string_view tag) {
+  const Taken t = take_before(held_, {tag});
+  content(out, t.text);
+  if (!t.tag.found()) return false;
+  held_.erase(0, tag.size());
+  return true;
+}
+
 ToolDelta ToolParser::parse(const std::string& output) {
   ToolDelta a = feed(output);
   a.append(finish());
@@ -416,7 +351,7 @@ ToolDelta ToolParser::parse(const std::string& output) {
 
 int ToolParser::begin_call(ToolDelta& out, std::string id, std::string name) {
   const int index = static_cast<int>(started_.size());
-  started_.push_back({id, name});
+  started_.push_back({id, name, ""});
   ToolCallDelta d;
   d.index = index;
   d.id = std::move(id);
@@ -427,6 +362,7 @@ int ToolParser::begin_call(ToolDelta& out, std::string id, std::string name) {
 
 void ToolParser::call_arguments(ToolDelta& out, int index, const std::string& arguments) {
   if (arguments.empty()) return;
+  started_.at(static_cast<size_t>(index)).arguments += arguments;
   if (!out.deltas.empty() && out.deltas.back().index == index && out.deltas.back().id.empty()) {
     out.deltas.back().arguments += arguments;
     return;
@@ -437,8 +373,17 @@ void ToolParser::call_arguments(ToolDelta& out, int index, const std::string& ar
   out.deltas.push_back(std::move(d));
 }
 
+const std::string& ToolParser::streamed_arguments(int index) const {
+  return started_.at(static_cast<size_t>(index)).arguments;
+}
+
+void ToolParser::end_call(ToolDelta& out, int index) {
+  end_call(out, index, std::move(started_.at(static_cast<size_t>(index)).arguments));
+}
+
 void ToolParser::end_call(ToolDelta& out, int index, std::string arguments) {
-  const Started& s = started_.at(static_cast<size_t>(index));
+  Started& s = started_.at(static_cast<size_t>(index));
+  s.arguments.clear();  // a finished call's arguments are kept once, in `out`
   out.calls.push_back({s.id, s.name, std::move(arguments)});
 }
 
@@ -446,7 +391,7 @@ void ToolParser::whole_call(ToolDelta& out, std::string id, std::string name,
                             std::string arguments) {
   const int index = begin_call(out, std::move(id), std::move(name));
   call_arguments(out, index, arguments);
-  end_call(out, index, std::move(arguments));
+  end_call(out, index);
 }
 
 const std::vector<std::string>& tool_parser_names() {

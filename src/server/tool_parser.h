@@ -63,16 +63,21 @@ class ToolParser {
 
  protected:
   // Call bookkeeping shared by the parsers. begin_call streams a call's first piece and returns
-  // its index; call_arguments streams more of its arguments; end_call lists it as complete with
-  // its final arguments. whole_call does all three for a call known only once complete.
+  // its index; call_arguments streams more of its arguments (streamed_arguments: all so far);
+  // end_call lists it as complete, with the arguments streamed for it or with `arguments` when
+  // the format rewrites them once whole. whole_call does all three for a call known only once
+  // complete.
   int begin_call(ToolDelta& out, std::string id, std::string name);
   void call_arguments(ToolDelta& out, int index, const std::string& arguments);
+  const std::string& streamed_arguments(int index) const;
+  void end_call(ToolDelta& out, int index);
   void end_call(ToolDelta& out, int index, std::string arguments);
   void whole_call(ToolDelta& out, std::string id, std::string name, std::string arguments);
 
  private:
   struct Started {
     std::string id, name;
+    std::string arguments;  // streamed so far; given to the finished call
   };
   std::vector<Started> started_;
 };

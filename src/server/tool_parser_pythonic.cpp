@@ -17,22 +17,14 @@ namespace {
 
 using namespace parse_util;
 
-constexpr size_t kMaxName = 256;
-
 bool ident_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
 bool ident(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 
-class PythonicParser : public ToolParser {
- public:
-  ToolDelta feed(const std::string& text) override {
-    ToolDelta out;
-    held_ += text;
-    run(out);
-    return out;
-  }
+class PythonicParser : public HeldTextParser {
+ private:
+  enum class State { kStart, kList, kCall, kAfterCall, kDone, kContent };
 
-  ToolDelta finish() override {
-    ToolDelta out;
+  void flush(ToolDelta& out) override {
     switch (state_) {
       case State::kStart:
       case State::kContent:
@@ -47,14 +39,9 @@ class PythonicParser : public ToolParser {
         if (!all_space(held_)) out.content += trim_front(held_);
         break;
     }
-    held_.clear();
     raw_.clear();
     state_ = State::kContent;
-    return out;
   }
-
- private:
-  enum class State { kStart, kList, kCall, kAfterCall, kDone, kContent };
 
   static std::string trim_front(const std::string& s) {
     const size_t a = s.find_first_not_of(kSpace);
@@ -69,15 +56,9 @@ class PythonicParser : public ToolParser {
   }
 
   // Moves leading whitespace from held_ to raw_; false when nothing else is held yet.
-  bool skip_space() {
-    const size_t lead = held_.find_first_not_of(kSpace);
-    const size_t n = lead == std::string::npos ? held_.size() : lead;
-    raw_ += held_.substr(0, n);
-    held_.erase(0, n);
-    return !held_.empty();
-  }
+  bool skip_space() { return move_leading_space(held_, raw_); }
 
-  void run(ToolDelta& out) {
+  void run(ToolDelta& out) override {
     for (;;) {
       switch (state_) {
         case State::kStart:
@@ -109,9 +90,7 @@ class PythonicParser : public ToolParser {
             malformed(out);
             break;
           }
-          while (i < held_.size() &&
-                 std::string_view(kSpace).find(held_[i]) != std::string_view::npos)
-            ++i;
+          while (i < held_.size() && is_space(held_[i])) ++i;
           if (i == held_.size()) return;
           if (held_[i] != '(') {
             malformed(out);
@@ -171,7 +150,6 @@ class PythonicParser : public ToolParser {
   }
 
   State state_ = State::kStart;
-  std::string held_;
   bool any_call_ = false;
   PyScanState scan_;                      // the open call's scan, resumed as text arrives
   size_t scan_from_ = std::string::npos;  // where in held_ that call's "(" is

@@ -37,11 +37,40 @@ Found find_first(std::string_view s, std::initializer_list<std::string_view> tag
     const size_t p = s.find(t, from);
     if (p != std::string::npos && (!f.found() || p < f.pos)) {
       f.pos = p;
+      f.size = t.size();
       f.which = i;
     }
     ++i;
   }
   return f;
+}
+
+Taken take_before(std::string& held, std::initializer_list<std::string_view> tags) {
+  Taken t;
+  t.tag = find_first(held, tags);
+  const size_t n = t.tag.found() ? t.tag.pos : held.size() - partial_tag_suffix(held, tags);
+  t.text = held.substr(0, n);
+  held.erase(0, n);
+  if (t.tag.found()) t.tag.pos = 0;
+  return t;
+}
+
+size_t find_resuming(std::string_view s, std::string_view tag, size_t& from) {
+  const size_t p = s.find(tag, from);
+  if (p == std::string::npos) {
+    from = s.size() >= tag.size() ? s.size() - tag.size() + 1 : 0;
+    return p;
+  }
+  from = 0;
+  return p;
+}
+
+bool move_leading_space(std::string& from, std::string& to) {
+  const size_t lead = from.find_first_not_of(kSpace);
+  const size_t n = lead == std::string::npos ? from.size() : lead;
+  to += from.substr(0, n);
+  from.erase(0, n);
+  return !from.empty();
 }
 
 bool all_space(std::string_view s) { return s.find_first_not_of(kSpace) == std::string::npos; }
@@ -51,6 +80,33 @@ std::string trim(std::string_view s) {
   if (a == std::string::npos) return "";
   const size_t b = s.find_last_not_of(kSpace);
   return std::string(s.substr(a, b - a + 1));
+}
+
+int JsonNesting::step(char c) {
+  if (in_string) {
+    if (escaped) {
+      escaped = false;
+    } else if (c == '\\') {
+      escaped = true;
+    } else if (c == '"') {
+      in_string = false;
+    }
+  } else if (c == '"') {
+    in_string = true;
+  } else if (c == '{' || c == '[') {
+    ++depth;
+    return 1;
+  } else if (c == '}' || c == ']') {
+    --depth;
+    return -1;
+  }
+  return 0;
+}
+
+size_t json_scan_value(std::string_view text, JsonScan& scan) {
+  for (; scan.pos < text.size(); ++scan.pos)
+    if (scan.nesting.step(text[scan.pos]) < 0 && scan.nesting.depth == 0) return ++scan.pos;
+  return std::string::npos;
 }
 
 std::string py_json_dumps(const nlohmann::ordered_json& value, bool ensure_ascii) {
@@ -107,26 +163,10 @@ nlohmann::ordered_json json_loads(std::string_view text) {
   // Values nested deeper than this are refused before parsing: writing them back (recursively)
   // could exhaust the stack, and no tool's arguments nest so deep.
   constexpr int kMaxDepth = 512;
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (const char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxDepth)
-        return nlohmann::ordered_json(nlohmann::ordered_json::value_t::discarded);
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
+  JsonNesting nesting;
+  for (const char c : text)
+    if (nesting.step(c) > 0 && nesting.depth > kMaxDepth)
+      return nlohmann::ordered_json(nlohmann::ordered_json::value_t::discarded);
   return nlohmann::ordered_json::parse(text.begin(), text.end(), nullptr,
                                        /*allow_exceptions=*/false);
 }

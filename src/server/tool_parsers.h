@@ -1,13 +1,39 @@
-// The parsers behind make_tool_parser, one factory per format (internal to atom_server; use
-// make_tool_parser by vLLM's name).
+// The parsers behind make_tool_parser, one factory per format, and the base most of them share
+// (internal to atom_server; use make_tool_parser by vLLM's name).
 #pragma once
 
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
 
 #include "server/tool_parser.h"
 
 namespace atom::server {
+
+// A parser that holds the text it cannot attribute yet (a tag may be arriving, a call may not be
+// complete) and goes on from it as pieces arrive: feed appends a piece to held_ and runs, finish
+// attributes what is left.
+class HeldTextParser : public ToolParser {
+ public:
+  ToolDelta feed(const std::string& text) final;
+  ToolDelta finish() final;
+
+ protected:
+  // Attributes what it can of held_, leaving in it what the next piece may decide.
+  virtual void run(ToolDelta& out) = 0;
+  // End of output: attributes the rest of held_ (cleared afterwards) and resets the state.
+  virtual void flush(ToolDelta& out) = 0;
+  // Appends text to the content; right after a call (after_call_) its leading whitespace is
+  // dropped, as vLLM's parsers drop it, and the flag cleared once non-blank text arrives.
+  void content(ToolDelta& out, std::string_view s);
+  // Content up to `tag`, which is taken out too: false while the tag has not arrived (held_
+  // then keeps only what may be its start).
+  bool content_until(ToolDelta& out, std::string_view tag);
+
+  std::string held_;  // text not yet attributed
+  bool after_call_ = false;
+};
 
 // Qwen3-Coder: <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>...</function>
 // \n</tool_call>; values typed by the tool's schema (tools: the request's list).

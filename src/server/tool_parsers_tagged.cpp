@@ -3,7 +3,6 @@
 // the call's name is known, and stay as written (arguments that turn out not to be JSON are
 // still the call's: vLLM returns them so, and streamed text cannot be taken back); a call whose
 // markers or name are malformed stays content.
-#include <algorithm>
 #include <cctype>
 #include <string_view>
 #include <vector>
@@ -18,26 +17,11 @@ namespace {
 using json = nlohmann::ordered_json;
 using namespace parse_util;
 
-constexpr size_t kMaxName = 256;
-
-// Appends text to the content; right after a call its leading whitespace is dropped.
-void content_text(ToolDelta& out, const std::string& s, bool& after_call) {
-  if (after_call) {
-    const size_t first = s.find_first_not_of(kSpace);
-    if (first == std::string::npos) return;
-    after_call = false;
-    out.content += s.substr(first);
-    return;
-  }
-  out.content += s;
-}
-
 // Streams a call's arguments while holding back trailing whitespace, which vLLM strips before
 // the end marker.
 class TrimmedArguments {
  public:
   void reset() {
-    text_.clear();
     pending_.clear();
     started_ = false;
   }
@@ -46,10 +30,10 @@ class TrimmedArguments {
     std::string piece;
     for (const char c : s) {
       if (!started_) {
-        if (std::string_view(kSpace).find(c) != std::string_view::npos) continue;
+        if (is_space(c)) continue;
         started_ = true;
       }
-      if (std::string_view(kSpace).find(c) != std::string_view::npos) {
+      if (is_space(c)) {
         pending_ += c;
       } else {
         piece += pending_;
@@ -57,14 +41,123 @@ class TrimmedArguments {
         piece += c;
       }
     }
-    text_ += piece;
     return piece;
   }
-  const std::string& text() const { return text_; }
 
  private:
-  std::string text_, pending_;
+  std::string pending_;
   bool started_ = false;
+};
+
+// Kimi's and DeepSeek-V3's layout: text, then a section (section_begin ... section_end) of calls,
+// each call_begin ... call_end, where a call without its end marker ends at the next call or at
+// the section's end. Whitespace between calls belongs to none; other text in the section is
+// content up to the next marker; a call whose head the format's reader refuses is content up to
+// and with its end marker. The format reads the inside of each call.
+class SectionParser : public HeldTextParser {
+ protected:
+  struct Markers {
+    std::string_view section_begin, section_end, call_begin, call_end;
+  };
+  explicit SectionParser(const Markers& m) : m_(m) {}
+
+  // A call_begin marker was read: held_ starts inside its call.
+  virtual void call_opened() = 0;
+  // Reads the call held_ is in as far as held_ allows; false when it waits for more text. The
+  // call ends with call_read() (held_ then after it) or call_refused() (held_ after its head).
+  virtual bool read_call(ToolDelta& out) = 0;
+  // End of output inside a call: closes it, or returns false when its head was not complete
+  // (the call's text is then content).
+  virtual bool finish_call(ToolDelta& out) = 0;
+
+  void call_read() { state_ = State::kSection; }
+  void call_refused() {
+    bad_ = std::string(m_.call_begin);
+    state_ = State::kBadCall;
+  }
+
+ private:
+  enum class State { kText, kSection, kCall, kBadCall };
+
+  void flush(ToolDelta& out) override {
+    switch (state_) {
+      case State::kText:
+        content(out, held_);
+        break;
+      case State::kSection:
+        if (!all_space(held_)) content(out, held_);
+        break;
+      case State::kCall:
+        if (!finish_call(out)) content(out, bad_ + held_);
+        break;
+      case State::kBadCall:
+        content(out, bad_ + held_);
+        break;
+    }
+    state_ = State::kText;
+  }
+
+  void run(ToolDelta& out) override {
+    for (;;) {
+      switch (state_) {
+        case State::kText:
+          if (!content_until(out, m_.section_begin)) return;
+          state_ = State::kSection;
+          break;
+        case State::kSection: {
+          const size_t lead = held_.find_first_not_of(kSpace);
+          if (lead == std::string::npos) {
+            held_.clear();  // whitespace between calls belongs to none
+            return;
+          }
+          const std::string_view rest = std::string_view(held_).substr(lead);
+          if (starts_with(rest, m_.call_begin)) {
+            held_.erase(0, lead + m_.call_begin.size());
+            state_ = State::kCall;
+            call_opened();
+          } else if (starts_with(rest, m_.section_end)) {
+            held_.erase(0, lead + m_.section_end.size());
+            after_call_ = true;
+            state_ = State::kText;
+          } else if (is_partial(rest, m_.call_begin) || is_partial(rest, m_.section_end)) {
+            return;
+          } else {
+            // Text inside the section that is no call: content, up to the next marker.
+            const Found f = find_first(held_, {m_.call_begin, m_.section_end}, lead);
+            const size_t upto =
+                f.found()
+                    ? f.pos
+                    : held_.size() - partial_tag_suffix(held_, {m_.call_begin, m_.section_end});
+            content(out, std::string_view(held_).substr(lead, upto - lead));
+            held_.erase(0, upto);
+            if (!f.found()) return;
+          }
+          break;
+        }
+        case State::kCall:
+          if (!read_call(out)) return;
+          break;
+        case State::kBadCall: {
+          // A call that is not one: its text up to and with its end marker is content (as it
+          // comes, up to what may start a marker).
+          Taken t = take_before(held_, {m_.call_end, m_.call_begin, m_.section_end});
+          if (t.tag.which == 0) {
+            t.text += m_.call_end;
+            held_.erase(0, m_.call_end.size());
+          }
+          content(out, bad_ + t.text);
+          bad_.clear();
+          if (!t.tag.found()) return;
+          state_ = State::kSection;
+          break;
+        }
+      }
+    }
+  }
+
+  const Markers m_;
+  State state_ = State::kText;
+  std::string bad_;  // the refused call's marker, content before its text
 };
 
 // ------------------------------------------------------------------------------- kimi_k2
@@ -72,40 +165,11 @@ class TrimmedArguments {
 // <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX <|tool_call_argument_begin|>
 // {...}<|tool_call_end|>...<|tool_calls_section_end|>. The id the model wrote
 // ("functions.get_weather:0") is the call's id, as vLLM returns it; it must end in ":<digits>".
-class KimiK2Parser : public ToolParser {
+class KimiK2Parser : public SectionParser {
  public:
-  ToolDelta feed(const std::string& text) override {
-    ToolDelta out;
-    held_ += text;
-    run(out);
-    return out;
-  }
-
-  ToolDelta finish() override {
-    ToolDelta out;
-    switch (state_) {
-      case State::kText:
-        content_text(out, held_, after_call_);
-        break;
-      case State::kSection:
-        if (!all_space(held_)) content_text(out, held_, after_call_);
-        break;
-      case State::kId:
-      case State::kBadCall:
-        content_text(out, bad_ + held_, after_call_);
-        break;
-      case State::kArgs:
-        arguments(out, held_);
-        end_call(out, index_, args_.text());
-        break;
-    }
-    held_.clear();
-    state_ = State::kText;
-    return out;
-  }
+  KimiK2Parser() : SectionParser({kSectionBegin, kSectionEnd, kCallBegin, kCallEnd}) {}
 
  private:
-  enum class State { kText, kSection, kId, kArgs, kBadCall };
   static constexpr std::string_view kSectionBegin = "<|tool_calls_section_begin|>",
                                     kSectionEnd = "<|tool_calls_section_end|>",
                                     kCallBegin = "<|tool_call_begin|>",
@@ -130,110 +194,46 @@ class KimiK2Parser : public ToolParser {
     return trim(dot == std::string::npos ? head : head.substr(dot + 1));
   }
 
-  void run(ToolDelta& out) {
-    for (;;) {
-      switch (state_) {
-        case State::kText: {
-          const size_t open = held_.find(kSectionBegin);
-          if (open == std::string::npos) {
-            const size_t keep = partial_tag_suffix(held_, kSectionBegin);
-            content_text(out, held_.substr(0, held_.size() - keep), after_call_);
-            held_.erase(0, held_.size() - keep);
-            return;
-          }
-          content_text(out, held_.substr(0, open), after_call_);
-          held_.erase(0, open + kSectionBegin.size());
-          state_ = State::kSection;
-          break;
-        }
-        case State::kSection: {
-          const size_t lead = held_.find_first_not_of(kSpace);
-          if (lead == std::string::npos) {
-            held_.clear();  // whitespace between calls belongs to none
-            return;
-          }
-          const std::string_view rest = std::string_view(held_).substr(lead);
-          if (starts_with(rest, kCallBegin)) {
-            held_.erase(0, lead + kCallBegin.size());
-            state_ = State::kId;
-          } else if (starts_with(rest, kSectionEnd)) {
-            held_.erase(0, lead + kSectionEnd.size());
-            after_call_ = true;
-            state_ = State::kText;
-          } else if (is_partial(rest, kCallBegin) || is_partial(rest, kSectionEnd)) {
-            return;
-          } else {
-            // Text inside the section that is no call: content, up to the next marker.
-            const Found f = find_first(held_, {kCallBegin, kSectionEnd}, lead);
-            const size_t upto =
-                f.found() ? f.pos
-                          : held_.size() - partial_tag_suffix(held_, {kCallBegin, kSectionEnd});
-            content_text(out, held_.substr(lead, upto - lead), after_call_);
-            held_.erase(0, upto);
-            if (!f.found()) return;
-          }
-          break;
-        }
-        case State::kId: {
-          const Found f = find_first(held_, {kArgBegin, kCallEnd, kCallBegin, kSectionEnd});
-          if (!f.found()) {
-            if (held_.size() <= kMaxName) return;
-            bad_ = std::string(kCallBegin);
-            state_ = State::kBadCall;
-            break;
-          }
-          const std::string id = trim(held_.substr(0, f.pos));
-          const std::string name = f.which == 0 ? name_of(id) : "";
-          if (name.empty()) {
-            bad_ = std::string(kCallBegin);
-            state_ = State::kBadCall;
-            break;
-          }
-          held_.erase(0, f.pos + kArgBegin.size());
-          index_ = begin_call(out, id, name);
-          args_.reset();
-          state_ = State::kArgs;
-          break;
-        }
-        case State::kArgs: {
-          const Found f = find_first(held_, {kCallEnd, kCallBegin, kSectionEnd});
-          if (!f.found()) {
-            const size_t keep = partial_tag_suffix(held_, {kCallEnd, kCallBegin, kSectionEnd});
-            arguments(out, held_.substr(0, held_.size() - keep));
-            held_.erase(0, held_.size() - keep);
-            return;
-          }
-          arguments(out, held_.substr(0, f.pos));
-          // A missing end marker: the next call or the section's end closes this one.
-          held_.erase(0, f.which == 0 ? f.pos + kCallEnd.size() : f.pos);
-          end_call(out, index_, args_.text());
-          state_ = State::kSection;
-          break;
-        }
-        case State::kBadCall: {
-          // A call that is not one: its text up to and with its end marker is content.
-          const Found f = find_first(held_, {kCallEnd, kCallBegin, kSectionEnd});
-          if (!f.found()) {  // content as it comes, up to what may start a marker
-            const size_t keep = partial_tag_suffix(held_, {kCallEnd, kCallBegin, kSectionEnd});
-            content_text(out, bad_ + held_.substr(0, held_.size() - keep), after_call_);
-            bad_.clear();
-            held_.erase(0, held_.size() - keep);
-            return;
-          }
-          const size_t upto = f.which == 0 ? f.pos + kCallEnd.size() : f.pos;
-          content_text(out, bad_ + held_.substr(0, upto), after_call_);
-          bad_.clear();
-          held_.erase(0, upto);
-          state_ = State::kSection;
-          break;
-        }
+  void call_opened() override { in_args_ = false; }
+
+  bool read_call(ToolDelta& out) override {
+    if (!in_args_) {
+      const Found f = find_first(held_, {kArgBegin, kCallEnd, kCallBegin, kSectionEnd});
+      if (!f.found()) {
+        if (held_.size() <= kMaxName) return false;
+        call_refused();
+        return true;
       }
+      const std::string id = trim(held_.substr(0, f.pos));
+      const std::string name = f.which == 0 ? name_of(id) : "";
+      if (name.empty()) {
+        call_refused();
+        return true;
+      }
+      held_.erase(0, f.end());
+      index_ = begin_call(out, id, name);
+      args_.reset();
+      in_args_ = true;
+      return true;
     }
+    const Taken t = take_before(held_, {kCallEnd, kCallBegin, kSectionEnd});
+    arguments(out, t.text);
+    if (!t.tag.found()) return false;
+    // A missing end marker: the next call or the section's end closes this one.
+    if (t.tag.which == 0) held_.erase(0, kCallEnd.size());
+    end_call(out, index_);
+    call_read();
+    return true;
   }
 
-  State state_ = State::kText;
-  std::string held_, bad_;
-  bool after_call_ = false;
+  bool finish_call(ToolDelta& out) override {
+    if (!in_args_) return false;
+    arguments(out, held_);
+    end_call(out, index_);
+    return true;
+  }
+
+  bool in_args_ = false;  // the call's id is read: its arguments follow
   int index_ = 0;
   TrimmedArguments args_;
 };
@@ -243,179 +243,92 @@ class KimiK2Parser : public ToolParser {
 // <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{...}\n```
 // <｜tool▁call▁end｜>...<｜tool▁calls▁end｜> (DeepSeek-V3-0324 and R1; V3.1 dropped the type and
 // the fence: deepseek_v31).
-class DeepSeekV3Parser : public ToolParser {
+class DeepSeekV3Parser : public SectionParser {
  public:
-  ToolDelta feed(const std::string& text) override {
-    ToolDelta out;
-    held_ += text;
-    run(out);
-    return out;
-  }
-
-  ToolDelta finish() override {
-    ToolDelta out;
-    switch (state_) {
-      case State::kText:
-        content_text(out, held_, after_call_);
-        break;
-      case State::kSection:
-        if (!all_space(held_)) content_text(out, held_, after_call_);
-        break;
-      case State::kHead:
-      case State::kBadCall:
-        content_text(out, bad_ + held_, after_call_);
-        break;
-      case State::kArgs:
-        arguments(out, held_);
-        end_call(out, index_, args_);
-        break;
-      case State::kAfterArgs:
-        break;
-    }
-    held_.clear();
-    state_ = State::kText;
-    return out;
-  }
+  DeepSeekV3Parser() : SectionParser({kCallsBegin, kCallsEnd, kCallBegin, kCallEnd}) {}
 
  private:
-  enum class State { kText, kSection, kHead, kArgs, kAfterArgs, kBadCall };
+  enum class Part { kHead, kArgs, kAfterArgs };
   static constexpr std::string_view kCallsBegin = "<｜tool▁calls▁begin｜>",
                                     kCallsEnd = "<｜tool▁calls▁end｜>",
                                     kCallBegin = "<｜tool▁call▁begin｜>",
                                     kCallEnd = "<｜tool▁call▁end｜>", kSep = "<｜tool▁sep｜>",
                                     kFenceOpen = "```json\n", kFenceClose = "\n```";
 
-  void arguments(ToolDelta& out, const std::string& s) {
-    args_ += s;
-    call_arguments(out, index_, s);
-  }
+  void call_opened() override { part_ = Part::kHead; }
 
-  void run(ToolDelta& out) {
-    for (;;) {
-      switch (state_) {
-        case State::kText: {
-          const size_t open = held_.find(kCallsBegin);
-          if (open == std::string::npos) {
-            const size_t keep = partial_tag_suffix(held_, kCallsBegin);
-            content_text(out, held_.substr(0, held_.size() - keep), after_call_);
-            held_.erase(0, held_.size() - keep);
-            return;
-          }
-          content_text(out, held_.substr(0, open), after_call_);
-          held_.erase(0, open + kCallsBegin.size());
-          state_ = State::kSection;
-          break;
+  bool read_call(ToolDelta& out) override {
+    switch (part_) {
+      case Part::kHead: {
+        // TYPE<｜tool▁sep｜>NAME\n```json\n: the call is known once its fence opens.
+        const Found stop = find_first(held_, {kCallEnd, kCallBegin, kCallsEnd});
+        const size_t sep = held_.find(kSep);
+        const size_t nl =
+            sep == std::string::npos ? std::string::npos : held_.find('\n', sep + kSep.size());
+        const bool fence_complete =
+            nl != std::string::npos && held_.size() >= nl + 1 + kFenceOpen.size();
+        if (!fence_complete && !stop.found()) {
+          if (held_.size() <= 2 * kMaxName) return false;
+          call_refused();
+          return true;
         }
-        case State::kSection: {
-          const size_t lead = held_.find_first_not_of(kSpace);
-          if (lead == std::string::npos) {
-            held_.clear();  // whitespace between calls belongs to none
-            return;
-          }
-          const std::string_view rest = std::string_view(held_).substr(lead);
-          if (starts_with(rest, kCallBegin)) {
-            held_.erase(0, lead + kCallBegin.size());
-            state_ = State::kHead;
-          } else if (starts_with(rest, kCallsEnd)) {
-            held_.erase(0, lead + kCallsEnd.size());
-            after_call_ = true;
-            state_ = State::kText;
-          } else if (is_partial(rest, kCallBegin) || is_partial(rest, kCallsEnd)) {
-            return;
-          } else {
-            const Found f = find_first(held_, {kCallBegin, kCallsEnd}, lead);
-            const size_t upto =
-                f.found() ? f.pos
-                          : held_.size() - partial_tag_suffix(held_, {kCallBegin, kCallsEnd});
-            content_text(out, held_.substr(lead, upto - lead), after_call_);
-            held_.erase(0, upto);
-            if (!f.found()) return;
-          }
-          break;
+        const std::string name =
+            nl == std::string::npos ? ""
+                                    : trim(held_.substr(sep + kSep.size(), nl - sep - kSep.size()));
+        const bool ok = fence_complete && (!stop.found() || stop.pos > nl) && !name.empty() &&
+                        name.size() <= kMaxName && !trim(held_.substr(0, sep)).empty() &&
+                        held_.compare(nl + 1, kFenceOpen.size(), kFenceOpen) == 0;
+        if (!ok) {
+          call_refused();
+          return true;
         }
-        case State::kHead: {
-          // TYPE<｜tool▁sep｜>NAME\n```json\n: the call is known once its fence opens.
-          const Found stop = find_first(held_, {kCallEnd, kCallBegin, kCallsEnd});
-          const size_t sep = held_.find(kSep);
-          const size_t nl =
-              sep == std::string::npos ? std::string::npos : held_.find('\n', sep + kSep.size());
-          const bool fence_complete =
-              nl != std::string::npos && held_.size() >= nl + 1 + kFenceOpen.size();
-          if (!fence_complete && !stop.found()) {
-            if (held_.size() <= 2 * kMaxName) return;
-            bad_ = std::string(kCallBegin);
-            state_ = State::kBadCall;
-            break;
-          }
-          const std::string name =
-              nl == std::string::npos
-                  ? ""
-                  : trim(held_.substr(sep + kSep.size(), nl - sep - kSep.size()));
-          const bool ok = fence_complete && (!stop.found() || stop.pos > nl) && !name.empty() &&
-                          name.size() <= kMaxName && !trim(held_.substr(0, sep)).empty() &&
-                          held_.compare(nl + 1, kFenceOpen.size(), kFenceOpen) == 0;
-          if (!ok) {
-            bad_ = std::string(kCallBegin);
-            state_ = State::kBadCall;
-            break;
-          }
-          held_.erase(0, nl + 1 + kFenceOpen.size());
-          index_ = begin_call(out, tool_call_id(), name);
-          args_.clear();
-          state_ = State::kArgs;
-          break;
+        held_.erase(0, nl + 1 + kFenceOpen.size());
+        index_ = begin_call(out, tool_call_id(), name);
+        part_ = Part::kArgs;
+        return true;
+      }
+      case Part::kArgs: {
+        // JSON strings hold no raw newline, so "\n```" ends the arguments; an end marker before
+        // it ends them too (a call's end marker is then passed, the section's is left to read).
+        const Taken t = take_before(held_, {kFenceClose, kCallEnd, kCallsEnd});
+        call_arguments(out, index_, t.text);
+        if (!t.tag.found()) return false;
+        end_call(out, index_);
+        if (t.tag.which != 2) held_.erase(0, t.tag.size);
+        if (t.tag.which == 0) {
+          part_ = Part::kAfterArgs;
+        } else {
+          call_read();
         }
-        case State::kArgs: {
-          // JSON strings hold no raw newline, so "\n```" ends the arguments.
-          const Found f = find_first(held_, {kFenceClose, kCallEnd, kCallsEnd});
-          if (!f.found()) {
-            const size_t keep = partial_tag_suffix(held_, {kFenceClose, kCallEnd, kCallsEnd});
-            arguments(out, held_.substr(0, held_.size() - keep));
-            held_.erase(0, held_.size() - keep);
-            return;
-          }
-          arguments(out, held_.substr(0, f.pos));
-          held_.erase(0, f.which == 0 ? f.pos + kFenceClose.size() : f.pos);
-          end_call(out, index_, args_);
-          state_ = f.which == 0 ? State::kAfterArgs : State::kSection;
-          if (f.which == 1) held_.erase(0, kCallEnd.size());
-          break;
-        }
-        case State::kAfterArgs: {
-          // Up to the call's end marker.
-          const Found f = find_first(held_, {kCallEnd, kCallBegin, kCallsEnd});
-          if (!f.found()) {
-            held_.erase(
-                0, held_.size() - partial_tag_suffix(held_, {kCallEnd, kCallBegin, kCallsEnd}));
-            return;
-          }
-          held_.erase(0, f.which == 0 ? f.pos + kCallEnd.size() : f.pos);
-          state_ = State::kSection;
-          break;
-        }
-        case State::kBadCall: {
-          const Found f = find_first(held_, {kCallEnd, kCallBegin, kCallsEnd});
-          if (!f.found()) {  // content as it comes, up to what may start a marker
-            const size_t keep = partial_tag_suffix(held_, {kCallEnd, kCallBegin, kCallsEnd});
-            content_text(out, bad_ + held_.substr(0, held_.size() - keep), after_call_);
-            bad_.clear();
-            held_.erase(0, held_.size() - keep);
-            return;
-          }
-          const size_t upto = f.which == 0 ? f.pos + kCallEnd.size() : f.pos;
-          content_text(out, bad_ + held_.substr(0, upto), after_call_);
-          bad_.clear();
-          held_.erase(0, upto);
-          state_ = State::kSection;
-          break;
-        }
+        return true;
+      }
+      case Part::kAfterArgs: {
+        // Up to the call's end marker.
+        const Taken t = take_before(held_, {kCallEnd, kCallBegin, kCallsEnd});
+        if (!t.tag.found()) return false;
+        if (t.tag.which == 0) held_.erase(0, kCallEnd.size());
+        call_read();
+        return true;
       }
     }
+    return false;
   }
 
-  State state_ = State::kText;
-  std::string held_, bad_, args_;
-  bool after_call_ = false;
+  bool finish_call(ToolDelta& out) override {
+    switch (part_) {
+      case Part::kHead:
+        return false;
+      case Part::kArgs:
+        call_arguments(out, index_, held_);
+        end_call(out, index_);
+        return true;
+      case Part::kAfterArgs:
+        return true;  // the call was listed when its arguments ended
+    }
+    return true;
+  }
+
+  Part part_ = Part::kHead;
   int index_ = 0;
 };
 
@@ -427,72 +340,28 @@ class DeepSeekV3Parser : public ToolParser {
 // it is not such an array. From v11 each call is [TOOL_CALLS]NAME{...} (v13 writes
 // NAME[ARGS]{...}); its arguments are the JSON object after the name, streamed as written.
 // Ids are 9 alphanumeric characters, the only kind Mistral's templates accept.
-class MistralParser : public ToolParser {
- public:
-  ToolDelta feed(const std::string& text) override {
-    ToolDelta out;
-    held_ += text;
-    run(out);
-    return out;
-  }
-
-  ToolDelta finish() override {
-    ToolDelta out;
-    switch (state_) {
-      case State::kText:
-        content_text(out, held_, after_call_);
-        break;
-      case State::kAfterBot:
-      case State::kName:
-      case State::kArray:
-        content_text(out, std::string(kBot) + held_, after_call_);
-        break;
-      case State::kArgs:
-        arguments(out, held_);
-        end_call(out, index_, args_);
-        break;
-    }
-    held_.clear();
-    state_ = State::kText;
-    return out;
-  }
-
+class MistralParser : public HeldTextParser {
  private:
   enum class State { kText, kAfterBot, kName, kArgs, kArray };
   static constexpr std::string_view kBot = "[TOOL_CALLS]", kArgsTag = "[ARGS]",
                                     kCallId = "[CALL_ID]";
 
-  void arguments(ToolDelta& out, const std::string& s) {
-    args_ += s;
-    call_arguments(out, index_, s);
-  }
-
-  // Scans JSON from held_[0] (an object or array) to its end, across feeds; npos while open.
-  size_t scan() {
-    for (; scanned_ < held_.size(); ++scanned_) {
-      const char ch = held_[scanned_];
-      if (in_string_) {
-        if (escaped_) {
-          escaped_ = false;
-        } else if (ch == '\\') {
-          escaped_ = true;
-        } else if (ch == '"') {
-          in_string_ = false;
-        }
-      } else if (ch == '"') {
-        in_string_ = true;
-      } else if (ch == '{' || ch == '[') {
-        ++depth_;
-      } else if (ch == '}' || ch == ']') {
-        if (--depth_ == 0) return ++scanned_;
-      }
+  void flush(ToolDelta& out) override {
+    switch (state_) {
+      case State::kText:
+        content(out, held_);
+        break;
+      case State::kAfterBot:
+      case State::kName:
+      case State::kArray:
+        content(out, std::string(kBot) + held_);
+        break;
+      case State::kArgs:
+        call_arguments(out, index_, held_);
+        end_call(out, index_);
+        break;
     }
-    return std::string::npos;
-  }
-  void start_scan() {
-    depth_ = 0;
-    scanned_ = 0;
-    in_string_ = escaped_ = false;
+    state_ = State::kText;
   }
 
   static bool valid_name(const std::string& n) {
@@ -503,28 +372,19 @@ class MistralParser : public ToolParser {
     return true;
   }
 
-  void run(ToolDelta& out) {
+  void run(ToolDelta& out) override {
     for (;;) {
       switch (state_) {
-        case State::kText: {
-          const size_t bot = held_.find(kBot);
-          if (bot == std::string::npos) {
-            const size_t keep = partial_tag_suffix(held_, kBot);
-            content_text(out, held_.substr(0, held_.size() - keep), after_call_);
-            held_.erase(0, held_.size() - keep);
-            return;
-          }
-          content_text(out, held_.substr(0, bot), after_call_);
-          held_.erase(0, bot + kBot.size());
+        case State::kText:
+          if (!content_until(out, kBot)) return;
           state_ = State::kAfterBot;
           break;
-        }
         case State::kAfterBot: {
           const size_t lead = held_.find_first_not_of(kSpace);
           if (lead == std::string::npos) return;
           held_.erase(0, lead);
           if (held_[0] == '[') {  // the JSON array of tokenizers before v11
-            start_scan();
+            scan_ = {};
             state_ = State::kArray;
           } else {
             state_ = State::kName;
@@ -537,7 +397,7 @@ class MistralParser : public ToolParser {
             if (held_.size() <= kMaxName + kCallId.size() + 16 &&
                 held_.find('\n') == std::string::npos)
               return;
-            content_text(out, std::string(kBot), after_call_);  // no call: scanning resumes
+            content(out, kBot);  // no call: scanning resumes
             state_ = State::kText;
             break;
           }
@@ -551,7 +411,7 @@ class MistralParser : public ToolParser {
           }
           const std::string name = trim(head);
           if (!valid_name(name)) {
-            content_text(out, std::string(kBot), after_call_);
+            content(out, kBot);
             state_ = State::kText;
             break;
           }
@@ -560,8 +420,7 @@ class MistralParser : public ToolParser {
           for (const char c : id) id_ok = id_ok && std::isalnum(static_cast<unsigned char>(c));
           index_ = begin_call(out, id_ok ? id : mistral_tool_call_id(), name);
           held_.erase(0, brace);
-          args_.clear();
-          start_scan();
+          scan_ = {};
           state_ = State::kArgs;
           break;
         }
@@ -569,31 +428,30 @@ class MistralParser : public ToolParser {
           // The arguments are the JSON object that starts here; the next [TOOL_CALLS] also ends
           // them (arguments that never close run to it or to the end of output).
           const size_t bot = held_.find(kBot);
-          const size_t end = scan();
+          const size_t end = json_scan_value(held_, scan_);
           if (end != std::string::npos && (bot == std::string::npos || end <= bot)) {
-            arguments(out, held_.substr(0, end));
+            call_arguments(out, index_, held_.substr(0, end));
             held_.erase(0, end);
-            end_call(out, index_, args_);
+            end_call(out, index_);
             after_call_ = true;
             state_ = State::kText;
             break;
           }
           if (bot != std::string::npos) {
-            arguments(out, held_.substr(0, bot));
+            call_arguments(out, index_, held_.substr(0, bot));
             held_.erase(0, bot);
-            end_call(out, index_, args_);
+            end_call(out, index_);
             state_ = State::kText;
             break;
           }
           // Stream what cannot be the start of [TOOL_CALLS]; the scan has covered all of it.
-          const size_t n = held_.size() - partial_tag_suffix(held_, kBot);
-          arguments(out, held_.substr(0, n));
-          held_.erase(0, n);
-          scanned_ -= n;
+          const Taken t = take_before(held_, {kBot});
+          call_arguments(out, index_, t.text);
+          scan_.pos -= t.text.size();
           return;
         }
         case State::kArray: {
-          const size_t end = scan();
+          const size_t end = json_scan_value(held_, scan_);
           if (end == std::string::npos) return;
           const json a = json_loads(std::string_view(held_).substr(0, end));
           std::vector<std::pair<std::string, std::string>> calls;
@@ -615,7 +473,7 @@ class MistralParser : public ToolParser {
             }
           }
           if (!ok) {
-            content_text(out, std::string(kBot) + held_.substr(0, end), after_call_);
+            content(out, std::string(kBot) + held_.substr(0, end));
           } else {
             for (auto& [name, args] : calls)
               whole_call(out, mistral_tool_call_id(), name, std::move(args));
@@ -630,12 +488,8 @@ class MistralParser : public ToolParser {
   }
 
   State state_ = State::kText;
-  std::string held_, args_;
-  bool after_call_ = false;
   int index_ = 0;
-  int depth_ = 0;
-  size_t scanned_ = 0;
-  bool in_string_ = false, escaped_ = false;
+  JsonScan scan_;  // of the JSON in held_ (arguments or array), resumed as it grows
 };
 
 }  // namespace

@@ -21,9 +21,6 @@ namespace {
 using json = nlohmann::ordered_json;
 using namespace parse_util;
 
-// A call's name is short and on one line; text that goes on longer is no name.
-constexpr size_t kMaxName = 256;
-
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -40,13 +37,6 @@ const json* tool_parameters(const json& tools, const std::string& name) {
     return &f["parameters"];
   }
   return nullptr;
-}
-
-// Appends one argument to a call's arguments object as it is streamed.
-void add_argument(std::string& piece, int& count, const std::string& key,
-                  const std::string& value_json) {
-  piece += count++ == 0 ? "{" : ", ";
-  piece += "\"" + json_escape(key) + "\": " + value_json;
 }
 
 // ---- Python's int() and float() of a string, as vLLM's qwen3_coder converts typed values.
@@ -181,32 +171,57 @@ json qwen3_coder_value(const std::string& raw, const json* spec) {
   return raw;
 }
 
+// What both formats share: the request's tools, and a call's arguments streamed as one JSON
+// object built piece by piece.
+class XmlCallParser : public HeldTextParser {
+ protected:
+  explicit XmlCallParser(json tools) : tools_(std::move(tools)) {}
+
+  void open_call(ToolDelta& out, const std::string& name) {
+    index_ = begin_call(out, tool_call_id(), name);
+    count_ = 0;
+  }
+  // Streams a piece of the open call's arguments.
+  void stream(ToolDelta& out, const std::string& piece) { call_arguments(out, index_, piece); }
+  // Streams the next argument, its value `value_json` (or the start of it).
+  void argument(ToolDelta& out, const std::string& key, const std::string& value_json) {
+    stream(out, (count_++ == 0 ? "{" : ", ") + ("\"" + json_escape(key) + "\": " + value_json));
+  }
+  void close_call(ToolDelta& out) {
+    stream(out, count_ == 0 ? "{}" : "}");
+    end_call(out, index_);
+  }
+
+  const json tools_;
+
+ private:
+  int index_ = 0, count_ = 0;
+};
+
 // ---------------------------------------------------------------------------- qwen3_coder
 
 // <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...</function>\n</tool_call>
 // One newline after <parameter=P> and one before </parameter> belong to the tags. Content is the
 // text around calls (whitespace right after a call dropped); a <tool_call> not followed by
 // <function=NAME> stays content.
-class Qwen3CoderParser : public ToolParser {
+class Qwen3CoderParser : public XmlCallParser {
  public:
-  explicit Qwen3CoderParser(json tools) : tools_(std::move(tools)) {}
+  explicit Qwen3CoderParser(json tools) : XmlCallParser(std::move(tools)) {}
 
-  ToolDelta feed(const std::string& text) override {
-    ToolDelta out;
-    held_ += text;
-    run(out);
-    return out;
-  }
+ private:
+  enum class State { kText, kOpen, kName, kBody, kParamName, kValue, kAfterFunction };
+  static constexpr std::string_view kToolCall = "<tool_call>", kToolEnd = "</tool_call>",
+                                    kFunction = "<function=", kFunctionEnd = "</function>",
+                                    kParam = "<parameter=", kParamEnd = "</parameter>";
 
-  ToolDelta finish() override {
-    ToolDelta out;
+  void flush(ToolDelta& out) override {
     switch (state_) {
       case State::kText:
-        text_out(out, held_);
+        content(out, held_);
         break;
       case State::kOpen:
       case State::kName:
-        text_out(out, raw_ + held_);  // never became a call
+        content(out, raw_ + held_);  // never became a call
         break;
       case State::kValue: {
         // Cut off inside a value (or its </parameter> missing): the value is what arrived,
@@ -230,62 +245,31 @@ class Qwen3CoderParser : public ToolParser {
       case State::kAfterFunction:
         break;
     }
-    held_.clear();
     raw_.clear();
     value_scan_ = 0;
     state_ = State::kText;
-    return out;
   }
 
- private:
-  enum class State { kText, kOpen, kName, kBody, kParamName, kValue, kAfterFunction };
-  static constexpr std::string_view kToolCall = "<tool_call>", kToolEnd = "</tool_call>",
-                                    kFunction = "<function=", kFunctionEnd = "</function>",
-                                    kParam = "<parameter=", kParamEnd = "</parameter>";
-
-  void text_out(ToolDelta& out, const std::string& s) {
-    if (after_call_) {
-      const size_t first = s.find_first_not_of(kSpace);
-      if (first == std::string::npos) return;
-      after_call_ = false;
-      out.content += s.substr(first);
-      return;
-    }
-    out.content += s;
-  }
   void not_a_call(ToolDelta& out) {
     held_ = raw_ + held_;
     raw_.clear();
     // The tag itself is content; scanning resumes after it.
-    text_out(out, std::string(kToolCall));
+    content(out, kToolCall);
     held_.erase(0, kToolCall.size());
     state_ = State::kText;
   }
 
-  void run(ToolDelta& out) {
+  void run(ToolDelta& out) override {
     for (;;) {
       switch (state_) {
-        case State::kText: {
-          const size_t open = held_.find(kToolCall);
-          if (open == std::string::npos) {
-            const size_t keep = partial_tag_suffix(held_, kToolCall);
-            text_out(out, held_.substr(0, held_.size() - keep));
-            held_.erase(0, held_.size() - keep);
-            return;
-          }
-          text_out(out, held_.substr(0, open));
+        case State::kText:
+          if (!content_until(out, kToolCall)) return;
           raw_ = std::string(kToolCall);
-          held_.erase(0, open + kToolCall.size());
           state_ = State::kOpen;
           break;
-        }
         case State::kOpen: {
           // Whitespace moves to raw_ as it comes (no rescanning of a long run).
-          const size_t lead = held_.find_first_not_of(kSpace);
-          const size_t n = lead == std::string::npos ? held_.size() : lead;
-          raw_ += held_.substr(0, n);
-          held_.erase(0, n);
-          if (held_.empty()) return;
+          if (!move_leading_space(held_, raw_)) return;
           const std::string_view rest = held_;
           if (starts_with(rest, kFunction)) {
             raw_ += std::string(kFunction);
@@ -311,14 +295,12 @@ class Qwen3CoderParser : public ToolParser {
           }
           held_.erase(0, gt + 1);
           raw_.clear();
-          index_ = begin_call(out, tool_call_id(), name);
+          open_call(out, name);
           const json* params = tool_parameters(tools_, name);
           properties_ =
               params && params->contains("properties") && (*params)["properties"].is_object()
                   ? &(*params)["properties"]
                   : params;
-          args_.clear();
-          count_ = 0;
           state_ = State::kBody;
           break;
         }
@@ -361,13 +343,8 @@ class Qwen3CoderParser : public ToolParser {
         }
         case State::kValue: {
           // A value is typed once whole, so it is held; the search resumes where it stopped.
-          const size_t end = held_.find(kParamEnd, value_scan_);
-          if (end == std::string::npos) {
-            value_scan_ =
-                held_.size() >= kParamEnd.size() ? held_.size() - kParamEnd.size() + 1 : 0;
-            return;
-          }
-          value_scan_ = 0;
+          const size_t end = find_resuming(held_, kParamEnd, value_scan_);
+          if (end == std::string::npos) return;
           parameter_done(out, held_.substr(0, end));
           held_.erase(0, end + kParamEnd.size());
           state_ = State::kBody;
@@ -399,26 +376,12 @@ class Qwen3CoderParser : public ToolParser {
     const json* spec = properties_ && properties_->is_object() && properties_->contains(param_)
                            ? &(*properties_)[param_]
                            : nullptr;
-    std::string piece;
-    add_argument(piece, count_, param_, py_json_dumps(qwen3_coder_value(value, spec), false));
-    args_ += piece;
-    call_arguments(out, index_, piece);
+    argument(out, param_, py_json_dumps(qwen3_coder_value(value, spec), false));
   }
 
-  void close_call(ToolDelta& out) {
-    const std::string piece = count_ == 0 ? "{}" : "}";
-    args_ += piece;
-    call_arguments(out, index_, piece);
-    end_call(out, index_, args_);
-  }
-
-  const json tools_;
   State state_ = State::kText;
-  std::string held_;  // text not yet attributed
-  std::string raw_;   // the text of a call that has not been recognised yet
-  bool after_call_ = false;
-  int index_ = 0, count_ = 0;
-  std::string param_, args_;
+  std::string raw_;  // the text of a call that has not been recognised yet
+  std::string param_;
   size_t value_scan_ = 0;  // where the search for </parameter> resumes
   const json* properties_ = nullptr;
 };
@@ -428,25 +391,23 @@ class Qwen3CoderParser : public ToolParser {
 // <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n...</tool_call>. Values of
 // string-typed parameters are taken as written; others are JSON, else a Python literal, else
 // text (vLLM's _deserialize), after trimming.
-class Glm45Parser : public ToolParser {
+class Glm45Parser : public XmlCallParser {
  public:
-  explicit Glm45Parser(json tools) : tools_(std::move(tools)) {}
+  explicit Glm45Parser(json tools) : XmlCallParser(std::move(tools)) {}
 
-  ToolDelta feed(const std::string& text) override {
-    ToolDelta out;
-    held_ += text;
-    run(out);
-    return out;
-  }
+ private:
+  enum class State { kText, kName, kBody, kKey, kBeforeValue, kValue };
+  static constexpr std::string_view kToolCall = "<tool_call>", kToolEnd = "</tool_call>",
+                                    kKeyOpen = "<arg_key>", kKeyEnd = "</arg_key>",
+                                    kValueOpen = "<arg_value>", kValueEnd = "</arg_value>";
 
-  ToolDelta finish() override {
-    ToolDelta out;
+  void flush(ToolDelta& out) override {
     switch (state_) {
       case State::kText:
-        text_out(out, held_);
+        content(out, held_);
         break;
       case State::kName:
-        text_out(out, std::string(kToolCall) + held_);
+        content(out, std::string(kToolCall) + held_);
         break;
       case State::kValue:
         value_text(out, held_);
@@ -459,44 +420,16 @@ class Glm45Parser : public ToolParser {
         close_call(out);
         break;
     }
-    held_.clear();
     state_ = State::kText;
-    return out;
   }
 
- private:
-  enum class State { kText, kName, kBody, kKey, kBeforeValue, kValue };
-  static constexpr std::string_view kToolCall = "<tool_call>", kToolEnd = "</tool_call>",
-                                    kKeyOpen = "<arg_key>", kKeyEnd = "</arg_key>",
-                                    kValueOpen = "<arg_value>", kValueEnd = "</arg_value>";
-
-  void text_out(ToolDelta& out, const std::string& s) {
-    if (after_call_) {
-      const size_t first = s.find_first_not_of(kSpace);
-      if (first == std::string::npos) return;
-      after_call_ = false;
-      out.content += s.substr(first);
-      return;
-    }
-    out.content += s;
-  }
-
-  void run(ToolDelta& out) {
+  void run(ToolDelta& out) override {
     for (;;) {
       switch (state_) {
-        case State::kText: {
-          const size_t open = held_.find(kToolCall);
-          if (open == std::string::npos) {
-            const size_t keep = partial_tag_suffix(held_, kToolCall);
-            text_out(out, held_.substr(0, held_.size() - keep));
-            held_.erase(0, held_.size() - keep);
-            return;
-          }
-          text_out(out, held_.substr(0, open));
-          held_.erase(0, open + kToolCall.size());
+        case State::kText:
+          if (!content_until(out, kToolCall)) return;
           state_ = State::kName;
           break;
-        }
         case State::kName: {
           // The name runs to the end of its line (or to the first tag).
           const Found f = find_first(held_, {"\n", kKeyOpen, kToolEnd});
@@ -507,15 +440,13 @@ class Glm45Parser : public ToolParser {
           if (name.empty() || name.size() > kMaxName ||
               name.find_first_of("<>{}\"") != std::string::npos) {
             // Not GLM's format (a JSON call, say): the tag is content, scanning resumes after it.
-            text_out(out, std::string(kToolCall));
+            content(out, kToolCall);
             state_ = State::kText;
             break;
           }
           held_.erase(0, f.pos);
-          index_ = begin_call(out, tool_call_id(), name);
+          open_call(out, name);
           name_ = name;
-          args_.clear();
-          count_ = 0;
           state_ = State::kBody;
           break;
         }
@@ -559,12 +490,7 @@ class Glm45Parser : public ToolParser {
             held_.erase(0, lead + kValueOpen.size());
             string_typed_ = is_string_type(key_);
             value_.clear();
-            if (string_typed_) {
-              std::string piece;
-              add_argument(piece, count_, key_, "\"");
-              args_ += piece;
-              call_arguments(out, index_, piece);
-            }
+            if (string_typed_) argument(out, key_, "\"");  // the value streams as it comes
             state_ = State::kValue;
           } else if (is_partial(rest, kValueOpen)) {
             return;
@@ -574,15 +500,10 @@ class Glm45Parser : public ToolParser {
           break;
         }
         case State::kValue: {
-          const size_t end = held_.find(kValueEnd);
-          if (end == std::string::npos) {
-            const size_t keep = partial_tag_suffix(held_, kValueEnd);
-            value_text(out, held_.substr(0, held_.size() - keep));
-            held_.erase(0, held_.size() - keep);
-            return;
-          }
-          value_text(out, held_.substr(0, end));
-          held_.erase(0, end + kValueEnd.size());
+          const Taken t = take_before(held_, {kValueEnd});
+          value_text(out, t.text);
+          if (!t.tag.found()) return;
+          held_.erase(0, kValueEnd.size());
           value_done(out);
           state_ = State::kBody;
           break;
@@ -597,33 +518,21 @@ class Glm45Parser : public ToolParser {
       value_ += s;
       return;
     }
-    const std::string piece = json_escape(s);
-    args_ += piece;
-    call_arguments(out, index_, piece);
+    stream(out, json_escape(s));
   }
 
   void value_done(ToolDelta& out) {
-    std::string piece;
     if (string_typed_) {
-      piece = "\"";
-    } else {
-      const std::string t = trim(value_);
-      json v = json_loads(t);
-      if (v.is_discarded()) {
-        auto lit = py_literal_eval(t);
-        v = lit ? *lit : json(t);
-      }
-      add_argument(piece, count_, key_, py_json_dumps(v, false));
+      stream(out, "\"");
+      return;
     }
-    args_ += piece;
-    call_arguments(out, index_, piece);
-  }
-
-  void close_call(ToolDelta& out) {
-    const std::string piece = count_ == 0 ? "{}" : "}";
-    args_ += piece;
-    call_arguments(out, index_, piece);
-    end_call(out, index_, args_);
+    const std::string t = trim(value_);
+    json v = json_loads(t);
+    if (v.is_discarded()) {
+      auto lit = py_literal_eval(t);
+      v = lit ? *lit : json(t);
+    }
+    argument(out, key_, py_json_dumps(v, false));
   }
 
   // vLLM's glm45: a value is taken as written when the tool's schema types it "string".
@@ -637,12 +546,8 @@ class Glm45Parser : public ToolParser {
     return spec.contains("type") && spec["type"] == "string";
   }
 
-  const json tools_;
   State state_ = State::kText;
-  std::string held_;
-  bool after_call_ = false;
-  int index_ = 0, count_ = 0;
-  std::string name_, key_, value_, args_;
+  std::string name_, key_, value_;
   bool string_typed_ = false;
 };
 
