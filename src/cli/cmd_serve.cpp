@@ -12,16 +12,22 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/llm_engine.h"
+#include "loader/hf_config.h"
 #include "engine/tokenizer_text.h"
 #include "server/engine_backend.h"
 #include "server/http_server.h"
 #include "server/reasoning.h"
 #include "server/tool_parser.h"
+#include "tokenizer/chat_template.h"
 
 namespace {
 
 struct ServeArgs {
   std::string model;
+  std::string model_flag;  // --model DIR, vLLM's other spelling of the positional
+  std::string tokenizer;   // --tokenizer DIR; empty: the model folder
+  int max_logprobs = 20;
+  std::vector<std::string> ignored;  // vLLM flags accepted that mean nothing here
   atom::cli::ModelArgs load;
   atom::cli::EngineArgs engine;
   std::string host = "0.0.0.0";
@@ -46,6 +52,14 @@ double since(std::chrono::steady_clock::time_point t0) {
 void serve(ServeArgs& a) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
+  if (!a.model_flag.empty()) {
+    if (!a.model.empty() && a.model != a.model_flag)
+      atom::fail("the model is given twice: '{}' and --model '{}'", a.model, a.model_flag);
+    a.model = a.model_flag;
+  }
+  if (a.model.empty()) atom::fail("atom serve needs a model folder: atom serve DIR (or --model DIR)");
+  for (const auto& line : a.ignored) atom::log_info("{}", line);
+  const std::string tokenizer_dir = a.tokenizer.empty() ? a.model : a.tokenizer;
   // vLLM's API key may also come from the environment.
   if (a.api_key.empty()) {
     if (const char* k = std::getenv("VLLM_API_KEY")) a.api_key = k;
@@ -78,12 +92,35 @@ void serve(ServeArgs& a) {
   sigaddset(&sigs, SIGINT);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
+  // What can be checked from the folders alone comes before the weights load: the config, the
+  // length asked for, the tokenizer and the chat template.
+  const atom::ModelConfig config = atom::model_config_load(a.model);
+  const int want_len = a.engine.config.max_model_len;
+  if (want_len > 0 && config.max_position_embeddings > 0 && want_len > config.max_position_embeddings)
+    atom::fail("--max-model-len {} is longer than the model's max_position_embeddings {} ({})",
+               want_len, config.max_position_embeddings, config.path);
   auto t = Clock::now();
-  atom::log_info("atom serve {}: loading the tokenizer", a.model);
-  if (!std::filesystem::exists(std::filesystem::path(a.model) / "tokenizer.json"))
-    atom::fail("{}: the server needs the model's tokenizer.json", a.model);
-  atom::tokenizer::Tokenizer tok = atom::tokenizer::Tokenizer::from_dir(a.model);
+  atom::log_info("atom serve {}: loading the tokenizer{}", a.model,
+                 a.tokenizer.empty() ? "" : " from " + a.tokenizer);
+  if (!std::filesystem::exists(std::filesystem::path(tokenizer_dir) / "tokenizer.json"))
+    atom::fail("{}: the server needs the model's tokenizer.json (or --tokenizer DIR)", tokenizer_dir);
+  atom::tokenizer::Tokenizer tok = atom::tokenizer::Tokenizer::from_dir(tokenizer_dir);
   atom::log_info("tokenizer ready in {:.2f} s ({} tokens)", since(t), tok.vocab_size());
+  // Ids the tokenizer can produce must index the model's embedding; a model that pads its
+  // vocabulary beyond the tokenizer's (common: rows rounded up for kernels) is only noted.
+  if (config.vocab_size > 0 && tok.id_limit() > config.vocab_size)
+    atom::fail("the tokenizer in {} produces ids up to {}, but the model's vocab_size is {} ({}): "
+               "its text prompts cannot be embedded (is --tokenizer the model's?)",
+               tokenizer_dir, tok.id_limit() - 1, config.vocab_size, config.path);
+  if (config.vocab_size > tok.id_limit())
+    atom::log_warn("the model's vocab_size {} is larger than the tokenizer's {} ids: rows {}..{} have "
+                   "no token (sampled, they decode to nothing)",
+                   config.vocab_size, tok.id_limit(), tok.id_limit(), config.vocab_size - 1);
+  {
+    const auto tpl = atom::tokenizer::ChatTemplate::from_model_dir(tokenizer_dir, a.chat_template);
+    if (const std::string e = tpl.parse_error(); !e.empty())
+      atom::fail("the chat template does not parse: {}", e);
+  }
 
   t = Clock::now();
   atom::log_info("loading the model ({})", a.load.load_format);
@@ -104,7 +141,7 @@ void serve(ServeArgs& a) {
 
   atom::server::EngineBackendOptions bo;
   bo.served_model_name = a.served_model_names.empty() ? a.model : a.served_model_names[0];
-  bo.model_path = a.model;
+  bo.model_path = tokenizer_dir;  // the chat template and special tokens live with the tokenizer
   bo.max_waiting = a.max_waiting;
   bo.chat_template = a.chat_template;
   atom::server::EngineBackend backend(engine, tok, bo);
@@ -120,6 +157,7 @@ void serve(ServeArgs& a) {
   so.reasoning_parser = a.reasoning_parser;
   so.default_chat_template_kwargs = default_kwargs;
   so.max_body_bytes = static_cast<size_t>(a.max_body_bytes);
+  so.limits.max_logprobs = a.max_logprobs;
   atom::server::Metrics metrics(so.served_model_names[0]);
   metrics.set_cache_config({{"block_size", std::to_string(engine.kv_plan().block_size)},
                             {"num_gpu_blocks", std::to_string(engine.kv_plan().num_blocks)},
@@ -142,12 +180,50 @@ void serve(ServeArgs& a) {
   atom::log_info("server stopped");
 }
 
+// Flags vLLM launch scripts pass that mean nothing here: accepted, with one start-up line each.
+void add_ignored_vllm_flags(CLI::App* cmd, const std::shared_ptr<ServeArgs>& a) {
+  struct Ignored {
+    const char* flag;
+    bool takes_value;
+    const char* why;
+  };
+  static const Ignored kIgnored[] = {
+      {"--uvicorn-log-level", true, "atom's server is not uvicorn; ATOM_LOG_LEVEL sets its log level"},
+      {"--disable-uvicorn-access-log", false, "atom's server writes no access log"},
+      {"--disable-log-requests", false, "atom does not log requests"},
+      {"--enable-log-requests", false, "atom does not log requests"},
+      {"--disable-log-stats", false, "atom logs no periodic stats (see /metrics)"},
+      {"--trust-remote-code", false, "atom runs no code from model folders"},
+      {"--swap-space", true, "atom recomputes preempted requests instead of swapping their KV"},
+      {"--enable-chunked-prefill", false, "atom always chunks long prefills"},
+      {"--no-enable-chunked-prefill", false, "atom always chunks long prefills"},
+      {"--disable-custom-all-reduce", false, "atom's all-reduce is NCCL's"},
+      {"--tokenizer-mode", true, "atom reads tokenizer.json"},
+      {"--distributed-executor-backend", true, "atom's ranks are threads of one process"},
+  };
+  for (const auto& ig : kIgnored) {
+    const std::string line = std::string(ig.flag) + " is accepted and ignored: " + ig.why;
+    if (ig.takes_value)
+      cmd->add_option_function<std::string>(
+          ig.flag, [a, line](const std::string&) { a->ignored.push_back(line); }, ig.why);
+    else
+      cmd->add_flag_callback(ig.flag, [a, line] { a->ignored.push_back(line); }, ig.why);
+  }
+}
+
 }  // namespace
 
 ATOM_REGISTER_COMMAND([](CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API (like vllm serve)");
-  cmd->add_option("model", a->model, "Hugging Face model folder")->required();
+  cmd->add_option("model", a->model, "Hugging Face model folder");
+  cmd->add_option("--model", a->model_flag, "the model folder (vLLM's other spelling)");
+  cmd->add_option("--tokenizer", a->tokenizer, "folder of the tokenizer (default: the model's)");
+  cmd->add_option("--max-logprobs", a->max_logprobs,
+                  "largest logprobs / top_logprobs / prompt_logprobs a request may ask for")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  add_ignored_vllm_flags(cmd, a);
   atom::cli::model_args_add_placement(cmd, a->load);
   atom::cli::engine_args_add(cmd, a->engine);
   cmd->add_option("--host", a->host, "address to listen on")->capture_default_str();

@@ -21,11 +21,32 @@ void model_args_add_placement(CLI::App* cmd, ModelArgs& a) {
   cmd->add_option("--tensor-parallel-size,--tp", a.tensor_parallel_size,
                   "ranks to split the model over: GPUs cuda:0, cuda:1, ... (threads on the CPU)")
       ->capture_default_str();
+  cmd->add_option("--dtype", a.dtype,
+                  "activation dtype: auto (bf16 on CUDA, f32 on the CPU), bfloat16, float16, "
+                  "float32")
+      ->capture_default_str()
+      ->check([](const std::string& v) {  // refused before the model loads
+        try {
+          dtype_arg_parse(v);
+          return std::string();
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+      });
+}
+
+std::optional<DType> dtype_arg_parse(const std::string& s) {
+  if (s == "auto") return std::nullopt;
+  if (s == "bfloat16" || s == "bf16") return DType::kBF16;
+  if (s == "float16" || s == "half" || s == "fp16") return DType::kF16;
+  if (s == "float32" || s == "float" || s == "fp32") return DType::kF32;
+  fail("--dtype '{}' is not one of: auto, bfloat16, float16 (half), float32 (float)", s);
 }
 
 std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   ModelOptions o;
   o.device = a.device.empty() ? device_default() : device_parse(a.device);
+  o.act_dtype = dtype_arg_parse(a.dtype);
   if (o.device.is_cuda() && !cuda_available())
     fail("--device {}: no usable NVIDIA GPU found (or this build has no CUDA backend)", o.device.str());
   const auto t0 = std::chrono::steady_clock::now();

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,7 +19,12 @@ struct ModelArgs {
   std::string device;  // empty: cuda when a GPU is present, else cpu
   std::string load_format = "auto";
   int tensor_parallel_size = 1;  // ranks: GPUs cuda:0.. (counted from --device), or CPU threads
+  std::string dtype = "auto";    // --dtype: the activations' dtype
 };
+
+// vLLM's --dtype: auto (the device's default), bfloat16 / bf16, float16 / half / fp16,
+// float32 / float; nullopt for auto, an error naming the value otherwise.
+std::optional<DType> dtype_arg_parse(const std::string& s);
 
 // --model and the options of model_args_add_placement.
 void model_args_add(CLI::App* cmd, ModelArgs& a);

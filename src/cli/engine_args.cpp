@@ -8,16 +8,25 @@ void engine_args_add(CLI::App* cmd, EngineArgs& a) {
   EngineConfig& c = a.config;
   cmd->add_option("--max-num-seqs", c.max_num_seqs, "sequences running at once")
       ->capture_default_str();
-  cmd->add_option("--max-num-batched-tokens", c.max_num_batched_tokens,
-                  "tokens per engine step (prefill chunks and decodes together)")
-      ->capture_default_str();
+  cmd->add_option_function<std::string>(
+         "--max-num-batched-tokens",
+         [&c](const std::string& v) {
+           c.max_num_batched_tokens =
+               static_cast<int>(token_count_parse(v, "--max-num-batched-tokens"));
+         },
+         "tokens per engine step (prefill chunks and decodes together), e.g. 8192 or 8k")
+      ->default_str(std::to_string(c.max_num_batched_tokens));
   cmd->add_option("--long-prefill-token-threshold", c.long_prefill_token_threshold,
                   "cap on one prompt's chunk per step (0: none)")
       ->capture_default_str();
   cmd->add_option("--block-size", c.block_size, "tokens per KV cache block")->capture_default_str();
-  cmd->add_option(
-      "--max-model-len", c.max_model_len,
-      "longest sequence (prompt + output); default: the model's max_position_embeddings");
+  cmd->add_option_function<std::string>(
+      "--max-model-len",
+      [&c](const std::string& v) {
+        c.max_model_len = static_cast<int>(token_count_parse(v, "--max-model-len"));
+      },
+      "longest sequence (prompt + output), e.g. 32768, 32k or 32K; default: the model's "
+      "max_position_embeddings");
   cmd->add_option(
       "--kv-cache-memory", a.kv_cache_memory,
       "bytes for the KV cache and state pool, e.g. 4GiB (default: 4GiB on the CPU; on CUDA "

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -89,6 +90,31 @@ DType kv_cache_dtype_for(const Model& model, const std::string& name) {
     fail("--kv-cache-dtype {}: on {} the KV cache holds the activation dtype {} or fp8, not {}",
          name, model.device().str(), dtype_name(act), dtype_name(t));
   return t;
+}
+
+int64_t token_count_parse(const std::string& s, const std::string& flag) {
+  auto bad = [&]() -> int64_t {
+    fail("{} '{}': expected a positive whole number, optionally with k/m/g (x1000) or K/M/G "
+         "(x1024), e.g. 32768, 32k or 32K",
+         flag, s);
+  };
+  if (s.empty()) return bad();
+  const char last = s.back();
+  double mult = 1;
+  bool binary = false;
+  std::string num = s;
+  if (std::string("kmgKMG").find(last) != std::string::npos) {
+    num.pop_back();
+    const int power = last == 'k' || last == 'K' ? 1 : last == 'm' || last == 'M' ? 2 : 3;
+    binary = std::isupper(static_cast<unsigned char>(last));
+    mult = std::pow(binary ? 1024.0 : 1000.0, power);
+  }
+  if (num.empty() || num.find_first_not_of("0123456789.") != std::string::npos ||
+      std::count(num.begin(), num.end(), '.') > 1 || (binary && num.find('.') != std::string::npos))
+    return bad();
+  const double v = std::stod(num) * mult;
+  if (!(v >= 1) || v > 2147483647.0 || v != std::floor(v)) return bad();
+  return static_cast<int64_t>(v);
 }
 
 int64_t byte_size_parse(const std::string& s, const std::string& flag) {

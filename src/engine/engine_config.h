@@ -62,5 +62,9 @@ inline constexpr int64_t kCpuKvCacheMemory = int64_t{4} << 30;
 
 // "4GiB", "512MiB", "1G", "1000000" -> bytes; an Error naming `flag` otherwise.
 int64_t byte_size_parse(const std::string& s, const std::string& flag);
+// vLLM's human-readable counts (--max-model-len 32k): a number with k, m, g (powers of 1000,
+// decimals allowed: 25.6k = 25600) or K, M, G (powers of 1024, whole numbers); an error naming
+// `flag` on anything else, on a non-integral result and on values past int32.
+int64_t token_count_parse(const std::string& s, const std::string& flag);
 
 }  // namespace atom

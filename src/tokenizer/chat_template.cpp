@@ -215,6 +215,12 @@ jinja::Environment chat_template_environment(std::optional<std::tm> now) {
   return env;
 }
 
+std::string ChatTemplate::parse_error() const {
+  for (const auto& [name, c] : templates_)
+    if (!c.tpl) return name + ": " + c.error;
+  return "";
+}
+
 void ChatTemplate::add_template(const std::string& name, const std::string& source) {
   Compiled c;
   c.source = source;

@@ -65,6 +65,9 @@ class ChatTemplate {
                      const ChatRenderOptions& options = {}) const;
 
   bool has_template() const { return !templates_.empty(); }
+  // The first template that does not parse, as "NAME: error" (a server checks it at start-up);
+  // empty when every template parses.
+  std::string parse_error() const;
   // Template names ("default" for a single template) to their source.
   std::map<std::string, std::string> template_sources() const;
   const nlohmann::ordered_json& special_tokens() const { return special_tokens_; }
