@@ -46,9 +46,8 @@ void short_conv(Tensor& out, const Tensor& x, const Tensor& w, Tensor& conv_stat
 //   out [T, Hv * v_dim]   q, k [T, Hk * k_dim]   v [T, Hv * v_dim]   b, a [T, Hv]
 //   (inputs' rows may be strided)   A_log, dt_bias [Hv] F32   state [slots, Hv, k_dim, v_dim] F32
 void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
-                      const Tensor& b, const Tensor& a, const Tensor& A_log,
-                      const Tensor& dt_bias, Tensor& state, const StateRows& rows,
-                      const GatedDeltaArgs& args);
+                      const Tensor& b, const Tensor& a, const Tensor& A_log, const Tensor& dt_bias,
+                      Tensor& state, const StateRows& rows, const GatedDeltaArgs& args);
 // out = (w ⊙ rmsnorm(x)) · silu(z) over each group of w.numel() channels (the gated RMSNorm).
 //   out, x, z [T, N] (rows may be strided; out may alias x)   w [D], N % D == 0
 void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w, float eps);
@@ -58,9 +57,10 @@ void mul_sigmoid(Tensor& out, const Tensor& x, const Tensor& gate);
 
 // The CUDA backend has none of these yet.
 [[noreturn]] inline void gated_delta_no_cuda(const char* op) {
-  fail("{}: no CUDA kernel yet (gated delta net models run on the CPU reference backend: "
-       "--device cpu)",
-       op);
+  fail(
+      "{}: no CUDA kernel yet (gated delta net models run on the CPU reference backend: "
+      "--device cpu)",
+      op);
 }
 
 inline void short_conv(Tensor& out, const Tensor& x, const Tensor& w, Tensor& conv_state,

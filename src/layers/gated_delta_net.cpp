@@ -23,25 +23,28 @@ GatedDeltaNet::GatedDeltaNet(LayerContext& ctx, const std::string& prefix,
     fail("{}: linear_num_value_heads ({}) must be a positive multiple of linear_num_key_heads ({})",
          prefix, o.num_v_heads, o.num_k_heads);
   if (o.k_head_dim <= 0 || o.v_head_dim <= 0 || o.conv_kernel < 1)
-    fail("{}: linear_key_head_dim {}, linear_value_head_dim {} and linear_conv_kernel_dim {} must "
-         "be positive",
-         prefix, o.k_head_dim, o.v_head_dim, o.conv_kernel);
+    fail(
+        "{}: linear_key_head_dim {}, linear_value_head_dim {} and linear_conv_kernel_dim {} must "
+        "be positive",
+        prefix, o.k_head_dim, o.v_head_dim, o.conv_kernel);
   // The CPU reference is all there is (kernels/gated_delta.h): fail before any weight is read.
   if (!ctx.device.is_cpu())
-    fail("{}: the gated delta net has no CUDA kernels yet (short_conv, gated_delta_rule, "
-         "gated_rms_norm); run this model with --device cpu",
-         prefix);
+    fail(
+        "{}: the gated delta net has no CUDA kernels yet (short_conv, gated_delta_rule, "
+        "gated_rms_norm); run this model with --device cpu",
+        prefix);
   if (ctx.tp_size > 1)
-    fail("{}: the gated delta net does not support tensor parallelism yet (tensor-parallel size "
-         "{})",
-         prefix, ctx.tp_size);
+    fail(
+        "{}: the gated delta net does not support tensor parallelism yet (tensor-parallel size "
+        "{})",
+        prefix, ctx.tp_size);
   const int64_t r = o.num_v_heads / o.num_k_heads;
   if (o.grouped_projections) {
     // Per key head: [q dk | k dk | v r·dv | z r·dv] and [b r | a r].
-    grouped_qkvz_.emplace(ctx, prefix + ".in_proj_qkvz", o.hidden, o.num_k_heads,
-                          std::vector<int64_t>{o.k_head_dim, o.k_head_dim, r * o.v_head_dim,
-                                               r * o.v_head_dim},
-                          false);
+    grouped_qkvz_.emplace(
+        ctx, prefix + ".in_proj_qkvz", o.hidden, o.num_k_heads,
+        std::vector<int64_t>{o.k_head_dim, o.k_head_dim, r * o.v_head_dim, r * o.v_head_dim},
+        false);
     grouped_ba_.emplace(ctx, prefix + ".in_proj_ba", o.hidden, o.num_k_heads,
                         std::vector<int64_t>{r, r}, false);
     in_proj_qkvz_ = &*grouped_qkvz_;

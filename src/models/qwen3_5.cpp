@@ -31,8 +31,7 @@ WeightLoadSpec qwen3_5_weight_load_spec(WeightLoadSpec s, int64_t num_experts) {
 }
 
 template <auto Mlp>
-class Qwen3_5TextOnly
-    : public DecoderOnlyLM<Qwen3NextDecoderLayer<PerLayerMlp<Mlp>, false>> {
+class Qwen3_5TextOnly : public DecoderOnlyLM<Qwen3NextDecoderLayer<PerLayerMlp<Mlp>, false>> {
  public:
   using Base = DecoderOnlyLM<Qwen3NextDecoderLayer<PerLayerMlp<Mlp>, false>>;
   using Base::Base;

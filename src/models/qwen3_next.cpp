@@ -99,8 +99,7 @@ std::unique_ptr<FeedForward> qwen3_next_moe(LayerContext& ctx, const ModelConfig
 
 WeightLoadSpec qwen3_next_weight_load_spec(WeightLoadSpec s, int64_t num_experts) {
   // q_proj (query and gate), k_proj and v_proj load apart; gate/up stay fused.
-  std::erase_if(s.packed_modules,
-                [](const PackedModule& m) { return m.param == "qkv_proj"; });
+  std::erase_if(s.packed_modules, [](const PackedModule& m) { return m.param == "qkv_proj"; });
   s.weights_mapping.prefix.push_back({"mtp.", std::nullopt});
   if (num_experts > 0) {
     s.expert_mapping = fused_moe_expert_mapping("gate_proj", "down_proj", "up_proj", num_experts);
@@ -120,8 +119,8 @@ bool qwen3_next_is_sparse(const ModelConfig& c, int64_t layer) {
   return c.text.get_int("num_experts", 0) > 0 && (layer + 1) % step == 0;
 }
 
-std::unique_ptr<FeedForward> qwen3_next_mlp(LayerContext& ctx, const ModelConfig& c,
-                                            int64_t layer, const std::string& prefix) {
+std::unique_ptr<FeedForward> qwen3_next_mlp(LayerContext& ctx, const ModelConfig& c, int64_t layer,
+                                            const std::string& prefix) {
   if (!qwen3_next_is_sparse(c, layer))
     return std::make_unique<GatedMlp>(ctx, prefix, c.hidden_size, c.intermediate_size, false);
   return qwen3_next_moe(ctx, c, prefix, c.text.get_bool("norm_topk_prob", true));

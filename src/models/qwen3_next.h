@@ -21,7 +21,7 @@ class Qwen3NextAttention {
   Tensor forward(Step& step, const Tensor& x);
 
  private:
-  GroupedColumnParallelLinear q_proj_;  // hidden -> [Hq * D queries | Hq * D gates] on this rank
+  GroupedColumnParallelLinear q_proj_;    // hidden -> [Hq * D queries | Hq * D gates] on this rank
   ColumnParallelLinear k_proj_, v_proj_;  // hidden -> Hk * D
   RowParallelLinear o_proj_;              // Hq * D -> hidden
   RMSNorm q_norm_, k_norm_;               // [head_dim], (1 + w)

@@ -3,6 +3,8 @@
 // recurrence and the chunked form, each with state carried across steps of different lengths
 // (longer and shorter than a chunk and than the conv kernel), a fresh sequence's slot reset
 // from garbage, and several sequences in one step.
+#include "kernels/gated_delta.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,7 +12,6 @@
 
 #include "common/compare.h"
 #include "common/tensor_util.h"
-#include "kernels/gated_delta.h"
 
 namespace atom::test {
 namespace {
@@ -49,8 +50,8 @@ Tensor gather(const Tensor& x, const std::vector<Part>& parts) {
   int64_t r = 0;
   for (const Part& p : parts)
     for (int64_t i = 0; i < p.n; ++i, ++r)
-      std::copy(x.ptr<float>() + (p.r0 + i) * x.size(1), x.ptr<float>() + (p.r0 + i + 1) * x.size(1),
-                out.ptr<float>() + r * x.size(1));
+      std::copy(x.ptr<float>() + (p.r0 + i) * x.size(1),
+                x.ptr<float>() + (p.r0 + i + 1) * x.size(1), out.ptr<float>() + r * x.size(1));
   return out;
 }
 
@@ -62,8 +63,8 @@ TEST(GatedDelta, ShortConvMatchesTheFormulaAcrossSteps) {
   // fresh tokens (rows 0-2 again) in slot 0 beside A's second step.
   Tensor state = Tensor::empty({3, C, K - 1}, DType::kF32);
   for (int64_t i = 0; i < state.numel(); ++i) state.ptr<float>()[i] = 7.0f;  // garbage
-  std::vector<std::vector<Part>> steps = {{{0, 2, 2, 1}}, {{2, 1, 3, 1}, {0, 3, 3, 0}},
-                                          {{3, 8, 11, 1}}};
+  std::vector<std::vector<Part>> steps = {
+      {{0, 2, 2, 1}}, {{2, 1, 3, 1}, {0, 3, 3, 0}}, {{3, 8, 11, 1}}};
   std::vector<double> want(static_cast<size_t>(T * C));
   for (int64_t t = 0; t < T; ++t)
     for (int64_t c = 0; c < C; ++c) {
@@ -117,7 +118,8 @@ std::vector<double> delta_reference(const Tensor& q, const Tensor& k, const Tens
       }
       const double beta = sig(b.ptr<float>()[t * Hv + h]);
       const double x = a.ptr<float>()[t * Hv + h] + dt_bias.ptr<float>()[h];
-      const double g = -std::exp(static_cast<double>(A_log.ptr<float>()[h])) * std::log1p(std::exp(x));
+      const double g =
+          -std::exp(static_cast<double>(A_log.ptr<float>()[h])) * std::log1p(std::exp(x));
       for (double& s : S) s *= std::exp(g);
       for (int e = 0; e < dv; ++e) {
         double kv = 0;
@@ -167,8 +169,8 @@ TEST(GatedDelta, RecurrentAndChunkedRulesMatchTheFormulaAcrossSteps) {
       for (const Part& p : parts)
         for (int64_t i = 0; i < p.n; ++i, ++r)
           for (int64_t c = 0; c < Hv * dv; ++c) {
-            const double d = std::abs(out.ptr<float>()[r * Hv * dv + c] -
-                                      want[(p.r0 + i) * Hv * dv + c]);
+            const double d =
+                std::abs(out.ptr<float>()[r * Hv * dv + c] - want[(p.r0 + i) * Hv * dv + c]);
             EXPECT_LE(d, 2e-6) << "row " << p.r0 + i << " column " << c;
             if (!(d <= worst)) worst = d;
           }

@@ -13,7 +13,7 @@ namespace {
 struct SeqRange {
   int64_t q0, q1;  // rows [q0, q1) of the step
   int32_t slot;
-  bool fresh;      // the step starts the sequence: its state is reset
+  bool fresh;  // the step starts the sequence: its state is reset
 };
 
 std::vector<SeqRange> seq_ranges(const char* op, const StateRows& r, int64_t rows,
@@ -194,11 +194,11 @@ void short_conv(Tensor& out, const Tensor& x, const Tensor& w, Tensor& conv_stat
 }
 
 void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
-                      const Tensor& b, const Tensor& a, const Tensor& A_log,
-                      const Tensor& dt_bias, Tensor& state, const StateRows& rows,
-                      const GatedDeltaArgs& args) {
+                      const Tensor& b, const Tensor& a, const Tensor& A_log, const Tensor& dt_bias,
+                      Tensor& state, const StateRows& rows, const GatedDeltaArgs& args) {
   const char* op = "gated_delta_rule";
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &q, &k, &v, &b, &a}) check_rows(op, *t, "an operand");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &q, &k, &v, &b, &a})
+    check_rows(op, *t, "an operand");
   const int Hk = args.num_k_heads, Hv = args.num_v_heads, dk = args.k_dim, dv = args.v_dim;
   ATOM_CHECK(Hk > 0 && Hv > 0 && Hv % Hk == 0 && dk > 0 && dv > 0,
              "{}: {} key heads, {} value heads of {} / {}", op, Hk, Hv, dk, dv);
@@ -224,7 +224,7 @@ void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tenso
     const int L = static_cast<int>(s.q1 - s.q0);
     if (L == 0) continue;
     const bool chunked = args.chunk_size > 0 && L > 1;
-#pragma omp parallel for schedule(static) if (static_cast<int64_t>(L) * per_slot > kParallelMin)
+#pragma omp parallel for schedule(static) if (static_cast <int64_t>(L) * per_slot > kParallelMin)
     for (int h = 0; h < Hv; ++h) {
       const int j = h / r;  // repeat_interleave: v-head h reads k-head h / r
       std::vector<float> qh(static_cast<size_t>(L) * dk), kh(qh.size()),
@@ -258,7 +258,8 @@ void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tenso
 }
 
 void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w, float eps) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &x, &z}) check_rows("gated_rms_norm", *t, "an operand");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &x, &z})
+    check_rows("gated_rms_norm", *t, "an operand");
   const int64_t T = x.size(0), N = x.size(1), D = w.numel();
   ATOM_CHECK(D > 0 && N % D == 0 && z.size(0) == T && z.size(1) == N && out.size(0) == T &&
                  out.size(1) == N,
@@ -286,7 +287,8 @@ void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor&
 }
 
 void mul_sigmoid(Tensor& out, const Tensor& x, const Tensor& gate) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &x, &gate}) check_rows("mul_sigmoid", *t, "an operand");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &x, &gate})
+    check_rows("mul_sigmoid", *t, "an operand");
   const int64_t T = x.size(0), N = x.size(1);
   ATOM_CHECK(gate.size(0) == T && gate.size(1) == N && out.size(0) == T && out.size(1) == N,
              "mul_sigmoid: x {} gate {} out {}", x.str(), gate.str(), out.str());
