@@ -144,6 +144,7 @@ void LLMEngine::add_request(const std::string& request_id, std::vector<int32_t> 
     seq->token_times.reserve(capacity - static_cast<size_t>(P));
     if (params.logprobs) seq->logprobs.reserve(capacity - static_cast<size_t>(P));
     if (text_) seq->text_stream = text_(prompt, params.skip_special_tokens);
+    if (params.constraint) seq->constraint = params.constraint->start();
     if (i > 0 && blocks_.prefix_caching()) seq->prefix_leader = req->seqs[0].get();
     seq->collects_prompt_logprobs = i == 0 && params.prompt_logprobs && P > 1;
     req->seqs.push_back(std::move(seq));
@@ -173,7 +174,8 @@ void LLMEngine::finish_sequence(Sequence& seq, FinishReason reason) {
   }
 }
 
-void LLMEngine::append_token(Sequence& seq, int32_t token, Clock::time_point now, StepOutput& out) {
+void LLMEngine::append_token(Sequence& seq, int32_t token, Clock::time_point now, StepOutput& out,
+                             bool end_after) {
   const SamplingParams& p = seq.params();
   seq.tokens.push_back(token);
   seq.token_times.push_back(now);
@@ -194,6 +196,8 @@ void LLMEngine::append_token(Sequence& seq, int32_t token, Clock::time_point now
       seq.stop_reason = token;
     }
   }
+  // A complete structured output ends with this token (its text kept), as at EOS.
+  if (finish == FinishReason::kNone && end_after) finish = FinishReason::kStop;
   std::string piece;
   if (seq.text_stream) {
     // The text of the token that stopped generation is left out unless asked for.
@@ -236,6 +240,7 @@ void LLMEngine::append_token(Sequence& seq, int32_t token, Clock::time_point now
 void LLMEngine::plan_sampling() {
   sampling_.clear();
   tasks_.clear();
+  constrained_.clear();
   task_seqs_.clear();
   task_source_.clear();
   prompt_rows_.clear();
@@ -272,9 +277,28 @@ void LLMEngine::plan_sampling() {
                                         static_cast<size_t>(n_out));
     if (suppressing) t.suppressed = req.min_tokens_suppressed;
     if (p.logprobs) t.logprob = &seq.logprobs.emplace_back();
+    if (seq.constraint) constrained_.push_back({tasks_.size(), &seq});
     task_source_.push_back(-1 - static_cast<int32_t>(tasks_.size()));
     sampling_.host_rows.push_back(row);
     tasks_.push_back(t);
+  }
+  // Structured output: each constrained row's allowed tokens, computed on a worker thread while
+  // the forward runs (step() waits for them before sampling).
+  if (!constrained_.empty()) {
+    const size_t words = static_cast<size_t>((model_.vocab_size() + 63) / 64);
+    if (masks_.size() < constrained_.size()) masks_.resize(constrained_.size());
+    for (size_t k = 0; k < constrained_.size(); ++k) {
+      masks_[k].assign(words, 0);
+      tasks_[constrained_[k].first].allowed = masks_[k];
+    }
+    masks_ready_ = std::async(std::launch::async, [this] {
+      for (size_t k = 0; k < constrained_.size(); ++k) {
+        const Sequence& seq = *constrained_[k].second;
+        const bool eos_ok = !seq.params().ignore_eos;
+        seq.constraint->fill_allowed(masks_[k], eos_ok ? std::span<const int32_t>(eos_ids_)
+                                                       : std::span<const int32_t>());
+      }
+    });
   }
 }
 
@@ -310,6 +334,17 @@ StepOutput LLMEngine::step() {
                        *req.params.prompt_logprobs, *slot, lp_scratch_);
     }
     host_sampled_.resize(tasks_.size());
+    if (masks_ready_.valid()) masks_ready_.get();
+    // A constrained row that allows nothing (the grammar cannot go on and no end of sequence is
+    // allowed) ends here instead of drawing.
+    std::vector<char> blocked(tasks_.size(), 0);
+    for (size_t k = 0; k < constrained_.size(); ++k) {
+      const auto& m = masks_[k];
+      if (std::all_of(m.begin(), m.end(), [](uint64_t w) { return w == 0; })) {
+        blocked[constrained_[k].first] = 1;
+        tasks_[constrained_[k].first].allowed = {};
+      }
+    }
     if (!tasks_.empty()) sampler_->sample(host, tasks_, host_sampled_);
 
     for (const ScheduledSeq& s : so.seqs) {
@@ -328,8 +363,16 @@ StepOutput LLMEngine::step() {
     const Clock::time_point now = Clock::now();
     for (size_t i = 0; i < task_seqs_.size(); ++i) {
       const int32_t src = task_source_[i];
-      append_token(*task_seqs_[i], src >= 0 ? samples_.tokens[src] : host_sampled_[-1 - src], now,
-                   out);
+      Sequence& seq = *task_seqs_[i];
+      const int32_t token = src >= 0 ? samples_.tokens[src] : host_sampled_[-1 - src];
+      if (seq.constraint) {
+        if ((src < 0 && blocked[static_cast<size_t>(-1 - src)]) || !seq.constraint->accept(token)) {
+          finish_sequence(seq, FinishReason::kStop);
+          continue;
+        }
+      }
+      // A grammar that is complete and allows nothing more ends the output with this token.
+      append_token(seq, token, now, out, seq.constraint && seq.constraint->must_end());
     }
     // max_tokens 0 with prompt_logprobs: done once the prompt is scored.
     for (const ScheduledSeq& s : so.seqs) {

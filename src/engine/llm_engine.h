@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <random>
 #include <string>
@@ -95,7 +96,8 @@ class LLMEngine {
  private:
   LLMEngine(Model& model, ModelGroup* models, const EngineConfig& config,
             const GenerationConfig& generation, TextStreamFactory text);
-  void append_token(Sequence& seq, int32_t token, Clock::time_point now, StepOutput& out);
+  void append_token(Sequence& seq, int32_t token, Clock::time_point now, StepOutput& out,
+                    bool end_after = false);
   void finish_sequence(Sequence& seq, FinishReason reason);
   RequestOutput make_output(const Request& req) const;
   void check_progress(const SchedulerOutput& so);
@@ -135,6 +137,11 @@ class LLMEngine {
   StepSampling sampling_;
   StepSamples samples_;
   std::vector<SampleTask> tasks_;      // rows sampled on the host
+  // Structured output: (task index, sequence) of the constrained rows, their masks, and the
+  // worker computing them during the forward.
+  std::vector<std::pair<size_t, Sequence*>> constrained_;
+  std::vector<std::vector<uint64_t>> masks_;
+  std::future<void> masks_ready_;
   std::vector<int32_t> host_sampled_;  // their tokens
   std::vector<Sequence*> task_seqs_;   // every sequence that draws a token, in row order
   std::vector<int32_t>

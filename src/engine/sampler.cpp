@@ -42,7 +42,8 @@ kernels::SamplingRow sampling_row(const SamplingParams& p, uint64_t seed, int64_
 }
 
 bool device_sampleable(const SamplingParams& p) {
-  return !p.has_penalties() && p.logit_bias.empty() && !p.logprobs && !p.prompt_logprobs;
+  return !p.has_penalties() && p.logit_bias.empty() && !p.logprobs && !p.prompt_logprobs &&
+         !p.constraint;
 }
 
 CpuSampler::CpuSampler() = default;
@@ -100,12 +101,15 @@ void apply_penalties(const SampleTask& t, float* w, CpuSampler::Scratch& s) {
 int32_t sample_row(const SampleTask& t, const float* raw, int64_t vocab, CpuSampler::Scratch& s) {
   const SamplingParams& p = *t.params;
   const float* row = raw;
-  if (!p.logit_bias.empty() || !t.suppressed.empty() || p.has_penalties()) {
+  if (!p.logit_bias.empty() || !t.suppressed.empty() || p.has_penalties() || !t.allowed.empty()) {
     s.fit(vocab);
     float* w = s.work.data();
     std::copy(raw, raw + vocab, w);
     for (const auto& [id, bias] : p.logit_bias) w[id] += bias;
     for (int32_t id : t.suppressed) w[id] = kNegInf;
+    if (!t.allowed.empty())
+      for (int64_t id = 0; id < vocab; ++id)
+        if (!((t.allowed[static_cast<size_t>(id / 64)] >> (id % 64)) & 1)) w[id] = kNegInf;
     apply_penalties(t, w, s);
     row = w;
   }

@@ -32,6 +32,8 @@ struct SampleTask {
   std::span<const int32_t> output;      // generated so far (penalties)
   std::span<const int32_t> suppressed;  // ids that may not be drawn now (min_tokens)
   TokenLogprob* logprob = nullptr;      // filled when params->logprobs is set
+  // Structured output: when set, only tokens whose bit is set may be drawn (bit t of word t / 64).
+  std::span<const uint64_t> allowed;
 };
 
 class Sampler {

@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "engine/logits_constraint.h"
 #include "loader/hf_config.h"
 
 namespace atom {
@@ -36,6 +38,8 @@ struct SamplingParams {
   // vocabulary. Values are log_softmax of the model's raw logits (vLLM's raw_logprobs).
   std::optional<int> logprobs;
   std::optional<int> prompt_logprobs;  // the same for every prompt position after the first
+  // Structured output: the tokens each step may draw (a compiled grammar); shared, immutable.
+  std::shared_ptr<const LogitsConstraint> constraint;
 
   bool greedy() const { return temperature < kGreedyEpsilon; }
   bool has_penalties() const {

@@ -11,6 +11,7 @@
 #include <variant>
 #include <vector>
 
+#include "engine/logits_constraint.h"
 #include "engine/sampling_params.h"
 #include "engine/text_stream.h"
 
@@ -82,6 +83,8 @@ struct Sequence {
   size_t text_emitted = 0;
   std::unique_ptr<TokenTextStream> text_stream;
   std::vector<TokenLogprob> logprobs;          // one per output token when requested
+  // Structured output: where this sample is in its request's constraint (grammar).
+  std::unique_ptr<LogitsConstraintState> constraint;
   std::vector<Clock::time_point> token_times;  // when each output token was produced
   FinishReason finish_reason = FinishReason::kNone;
   StopReason stop_reason;

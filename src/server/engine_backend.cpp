@@ -1,5 +1,7 @@
 #include "server/engine_backend.h"
 
+#include <fmt/ranges.h>
+
 #include <fmt/format.h>
 
 #include "core/log.h"
@@ -128,7 +130,38 @@ SamplingParams EngineBackend::sampling_params(const SamplingRequest& r) const {
   } catch (const Error& e) {
     throw ApiError(400, "BadRequestError", e.what());
   }
+  if (r.structured) p.constraint = constraint_for(*r.structured);
   return p;
+}
+
+std::shared_ptr<const LogitsConstraint> EngineBackend::constraint_for(const StructuredOutput& so) const {
+  const std::string key = fmt::format("{}\n{}\n{}", static_cast<int>(so.kind), so.spec, fmt::join(so.choices, "\x1f"));
+  {
+    std::lock_guard<std::mutex> lock(grammar_mu_);
+    auto it = grammars_.find(key);
+    if (it != grammars_.end()) return it->second;
+  }
+  std::call_once(trie_once_, [&] { trie_ = grammar::TokenTrie::from_tokenizer(tok_, engine_.model().vocab_size()); });
+  const grammar::GrammarLimits& lim = options_.grammar_limits;
+  std::shared_ptr<const LogitsConstraint> c;
+  try {
+    std::string gbnf;
+    switch (so.kind) {
+      case StructuredOutput::kJsonSchema: gbnf = grammar::json_schema_to_gbnf(so.spec, lim); break;
+      case StructuredOutput::kJsonObject: gbnf = grammar::json_object_gbnf(); break;
+      case StructuredOutput::kRegex: gbnf = grammar::regex_to_gbnf(so.spec, lim); break;
+      case StructuredOutput::kChoice: gbnf = grammar::choice_to_gbnf(so.choices); break;
+      case StructuredOutput::kGrammar: gbnf = so.spec; break;
+    }
+    auto g = std::make_shared<const grammar::Grammar>(grammar::Grammar::from_gbnf(gbnf, lim));
+    c = std::make_shared<const grammar::GrammarConstraint>(std::move(g), trie_);
+  } catch (const Error& e) {
+    throw ApiError(400, "BadRequestError", fmt::format("{}: {}", so.param, e.what()), so.param);
+  }
+  std::lock_guard<std::mutex> lock(grammar_mu_);
+  if (grammars_.size() >= 256) grammars_.clear();
+  grammars_.emplace(key, c);
+  return c;
 }
 
 void EngineBackend::submit(BackendRequest request, std::function<void(RequestUpdate)> on_update) {

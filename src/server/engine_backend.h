@@ -12,6 +12,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "grammar/matcher.h"
 #include "engine/llm_engine.h"
 #include "server/backend.h"
 #include "tokenizer/chat_template.h"
@@ -20,6 +21,7 @@
 namespace atom::server {
 
 struct EngineBackendOptions {
+  grammar::GrammarLimits grammar_limits;  // bounds on request grammars, schemas and regexes
   std::string served_model_name;
   std::string model_path;
   std::string tokenizer_path;  // where the chat template lives; empty: model_path
@@ -64,6 +66,8 @@ class EngineBackend final : public Backend {
   };
 
   void loop();
+  // Structured output: the request's grammar compiled against this vocabulary (cached by spec).
+  std::shared_ptr<const LogitsConstraint> constraint_for(const StructuredOutput& so) const;
   void deliver(std::vector<std::pair<std::function<void(RequestUpdate)>, RequestUpdate>>& out);
 
   LLMEngine& engine_;
@@ -71,6 +75,12 @@ class EngineBackend final : public Backend {
   tokenizer::ChatTemplate template_;
   EngineBackendOptions options_;
   BackendInfo info_;
+  // The vocabulary's byte strings as a trie (built at the first structured request) and compiled
+  // grammars by spec, so a schema sent again shares its masks.
+  mutable std::once_flag trie_once_;
+  mutable std::shared_ptr<const grammar::TokenTrie> trie_;
+  mutable std::mutex grammar_mu_;
+  mutable std::unordered_map<std::string, std::shared_ptr<const LogitsConstraint>> grammars_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -414,8 +414,16 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
   if (auto_tools && !harmony && !(s.options().enable_auto_tool_choice && !tool_parser.empty()))
     bad_request("tool_choice",
                 "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
-  if (!r.tools.is_null() && (r.tool_choice == "required" || r.tool_choice == "named"))
-    bad_request("tool_choice", "tool_choice \"required\" or a named tool needs structured outputs, which atom does not support yet");
+  // "required" and a named function constrain decoding to the calls' JSON (vLLM's way), whatever
+  // the model's own call format.
+  const bool forced_tools = !r.tools.is_null() && (r.tool_choice == "required" || r.tool_choice == "named");
+  if (forced_tools) {
+    if (r.sampling.structured)
+      bad_request("tool_choice", fmt::format("tool_choice \"{}\" cannot be combined with '{}'",
+                                             r.tool_choice, r.sampling.structured->param));
+    r.sampling.structured = StructuredOutput{StructuredOutput::kJsonSchema,
+                                             forced_tool_schema(r.tools, r.named_tool), {}, "tool_choice"};
+  }
   // The parsers read markers that are special tokens in these tokenizers (all of harmony's).
   if (harmony || (auto_tools && tool_parser_keeps_special_tokens(tool_parser)))
     r.sampling.skip_special_tokens = false;
@@ -433,7 +441,9 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
     }
     if (!reasoning.empty())
       c.reasoning_parser = make_reasoning_parser(reasoning, prompt, r.chat_template_kwargs);
-    if (auto_tools) {
+    if (forced_tools) {
+      c.tool_parser = make_forced_tool_parser(r.named_tool);
+    } else if (auto_tools) {
       ToolParserOptions o;
       o.tools = r.tools;
       c.tool_parser = make_tool_parser(tool_parser, o);
@@ -487,7 +497,8 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
       message["content"] = no_content ? json(nullptr) : json(echo_text + content);
       message["tool_calls"] = tool_calls;
       std::optional<std::string> finish = c.finish_reason;
-      if (!tool_calls.empty() && finish == "stop") finish = "tool_calls";
+      // A named function's answer finishes with "stop", as vLLM's does.
+      if (!tool_calls.empty() && finish == "stop" && !r.named_tool) finish = "tool_calls";
       json choice = {
           {"index", c.index},
           {"message", message},
@@ -511,6 +522,7 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
     return json{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
                 {"choices", json::array({choice})}};
   };
+  const bool named = r.named_tool.has_value();
   auto emit = [=, &s, lr = LogprobRenderer(s.backend())](ChoiceEvent& ev) mutable {
     std::string out;
     ChoiceState& c = job->choices()[ev.choice];
@@ -569,7 +581,7 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
     if (deltas.empty() && !ev.delta.finish_reason && !(want_logprobs && has_tokens)) return out;
     if (deltas.empty()) deltas.push_back(json::object());
     std::optional<std::string> finish = ev.delta.finish_reason;
-    if (c.tool_calls_sent > 0 && finish == "stop") finish = "tool_calls";
+    if (c.tool_calls_sent > 0 && finish == "stop" && !named) finish = "tool_calls";
     for (size_t k = 0; k < deltas.size(); ++k) {
       const bool first = k == 0, last = k + 1 == deltas.size();
       json ch = chunk({{"index", ev.choice},

@@ -153,6 +153,73 @@ void parse_sampling(const Fields& f, SamplingRequest& s, const ProtocolLimits& l
     bad_request("seed", "seed out of range");
 }
 
+// Structured output, as vLLM reads it: OpenAI's response_format ({"type": "json_object"} or
+// {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}), vLLM's structured_outputs
+// object ({"json" | "regex" | "choice" | "grammar" | "json_object"}) and its older guided_json,
+// guided_regex, guided_choice and guided_grammar fields. More than one is an error.
+void parse_structured(const Fields& f, SamplingRequest& s) {
+  auto set = [&](StructuredOutput o) {
+    if (s.structured)
+      bad_request(o.param, fmt::format("only one kind of structured output may be given, got '{}' and '{}'",
+                                       s.structured->param, o.param));
+    s.structured = std::move(o);
+  };
+  auto json_spec = [](const json& v, const char* param) {
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_object() || v.is_boolean()) return v.dump();
+    bad_request(param, fmt::format("'{}' must be a JSON schema (an object, or a string holding one)", param));
+  };
+  auto choice_list = [](const json& v, const char* param) {
+    if (!v.is_array() || v.empty()) bad_request(param, fmt::format("'{}' must be a non-empty list of strings", param));
+    std::vector<std::string> c;
+    for (const auto& x : v) {
+      if (!x.is_string()) bad_request(param, fmt::format("'{}' must be a non-empty list of strings", param));
+      c.push_back(x.get<std::string>());
+    }
+    return c;
+  };
+  auto text = [](const json& v, const char* param) {
+    if (!v.is_string() || v.get<std::string>().empty())
+      bad_request(param, fmt::format("'{}' must be a non-empty string", param));
+    return v.get<std::string>();
+  };
+  if (f.has("response_format")) {
+    const json& rf = f.at("response_format");
+    if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+      bad_request("response_format", "'response_format' must be an object with a 'type'");
+    const std::string type = rf["type"].get<std::string>();
+    if (type == "json_object") {
+      set({StructuredOutput::kJsonObject, "", {}, "response_format"});
+    } else if (type == "json_schema") {
+      if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
+        bad_request("response_format", "response_format json_schema needs a 'json_schema' object");
+      const json& js = rf["json_schema"];
+      const json schema = js.contains("schema") ? js["schema"] : js.contains("json_schema") ? js["json_schema"] : json::object();
+      set({StructuredOutput::kJsonSchema, json_spec(schema, "response_format"), {}, "response_format"});
+    } else if (type == "structural_tag") {
+      bad_request("response_format", "response_format 'structural_tag' is not supported");
+    } else if (type != "text") {
+      bad_request("response_format", fmt::format("unknown response_format type '{}'", type));
+    }
+  }
+  if (f.has("structured_outputs")) {
+    const json& so = f.at("structured_outputs");
+    if (!so.is_object()) bad_request("structured_outputs", "'structured_outputs' must be an object");
+    Fields g(so);
+    if (g.has("json")) set({StructuredOutput::kJsonSchema, json_spec(so["json"], "structured_outputs"), {}, "structured_outputs"});
+    if (g.has("regex")) set({StructuredOutput::kRegex, text(so["regex"], "structured_outputs"), {}, "structured_outputs"});
+    if (g.has("choice")) set({StructuredOutput::kChoice, "", choice_list(so["choice"], "structured_outputs"), "structured_outputs"});
+    if (g.has("grammar")) set({StructuredOutput::kGrammar, text(so["grammar"], "structured_outputs"), {}, "structured_outputs"});
+    if (g.get_bool("json_object", false)) set({StructuredOutput::kJsonObject, "", {}, "structured_outputs"});
+    for (const char* k : {"structural_tag"})
+      if (g.has(k)) bad_request("structured_outputs", fmt::format("structured_outputs '{}' is not supported", k));
+  }
+  if (f.has("guided_json")) set({StructuredOutput::kJsonSchema, json_spec(f.at("guided_json"), "guided_json"), {}, "guided_json"});
+  if (f.has("guided_regex")) set({StructuredOutput::kRegex, text(f.at("guided_regex"), "guided_regex"), {}, "guided_regex"});
+  if (f.has("guided_choice")) set({StructuredOutput::kChoice, "", choice_list(f.at("guided_choice"), "guided_choice"), "guided_choice"});
+  if (f.has("guided_grammar")) set({StructuredOutput::kGrammar, text(f.at("guided_grammar"), "guided_grammar"), {}, "guided_grammar"});
+}
+
 StreamOptions parse_stream_options(const Fields& f, bool stream) {
   StreamOptions o;
   if (!f.has("stream_options")) return o;
@@ -266,6 +333,7 @@ CompletionRequest completion_request_parse(const json& body, const ProtocolLimit
   r.return_token_ids = f.get_bool("return_token_ids", false);
   r.request_id = f.opt_string("request_id");
   parse_sampling(f, r.sampling, limits, "max_tokens");
+  parse_structured(f, r.sampling);
   if (!r.sampling.max_tokens) r.sampling.max_tokens = 16;  // OpenAI's and vLLM's default here
   if (f.has("logprobs")) {
     const auto lp = f.opt_int("logprobs");
@@ -310,6 +378,7 @@ ChatRequest chat_request_parse(const json& body, const ProtocolLimits& limits) {
   }
   // max_completion_tokens is preferred; max_tokens is the deprecated spelling.
   parse_sampling(f, r.sampling, limits, f.has("max_completion_tokens") ? "max_completion_tokens" : "max_tokens");
+  parse_structured(f, r.sampling);
   r.logprobs = f.get_bool("logprobs", false);
   if (const auto top = f.opt_int("top_logprobs")) {
     if (!r.logprobs) bad_request("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.");
@@ -351,11 +420,6 @@ ChatRequest chat_request_parse(const json& body, const ProtocolLimits& limits) {
       for (const auto& tool : r.tools) found |= tool["function"]["name"] == *r.named_tool;
       if (!found) bad_request("tool_choice", fmt::format("Tool '{}' named in tool_choice is not in `tools`.", *r.named_tool));
     }
-  }
-  if (f.has("response_format")) {
-    const json& rf = f.at("response_format");
-    if (!rf.is_object() || !rf.contains("type") || rf["type"] != "text")
-      bad_request("response_format", "structured output (response_format other than text) is not supported");
   }
   return r;
 }

@@ -15,6 +15,14 @@ namespace atom::server {
 
 // Sampling fields of a request. Unset fields fall back to the model's generation_config.json,
 // then to vLLM's defaults (the engine applies that chain).
+// What structured output asks decoding to produce (compiled by the backend into a grammar).
+struct StructuredOutput {
+  enum Kind { kJsonSchema, kJsonObject, kRegex, kChoice, kGrammar } kind = kJsonObject;
+  std::string spec;                  // the schema (JSON text), regex or GBNF grammar
+  std::vector<std::string> choices;  // kChoice
+  std::string param;                 // the request field it came from, for errors
+};
+
 struct SamplingRequest {
   std::optional<double> temperature, top_p, min_p;
   std::optional<double> presence_penalty, frequency_penalty, repetition_penalty;
@@ -30,6 +38,8 @@ struct SamplingRequest {
   std::vector<std::pair<int64_t, double>> logit_bias;  // token id -> bias
   std::optional<int> logprobs;         // top-N logprobs per generated token (0: the sampled one)
   std::optional<int> prompt_logprobs;  // top-N logprobs per prompt token
+  // response_format, vLLM's structured_outputs or guided_* fields; at most one of them.
+  std::optional<StructuredOutput> structured;
 };
 
 struct StreamOptions {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -93,6 +94,11 @@ std::unique_ptr<ToolParser> make_tool_parser(const std::string& name,
 // mistral parsers, requests it parses get skip_special_tokens false (the call markers are
 // special tokens in those models' tokenizers, and harmony's channels are all special tokens).
 bool tool_parser_keeps_special_tokens(const std::string& name);
+
+// tool_choice a named function (named set) or "required": the parser reading the constrained
+// answer back as calls, and the JSON schema decoding is constrained to (vLLM's).
+std::unique_ptr<ToolParser> make_forced_tool_parser(const std::optional<std::string>& named);
+std::string forced_tool_schema(const nlohmann::ordered_json& tools, const std::optional<std::string>& named);
 
 // A fresh "chatcmpl-tool-<32 hex>" id.
 std::string tool_call_id();

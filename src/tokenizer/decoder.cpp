@@ -12,6 +12,7 @@ namespace {
 // added tokens, keep their UTF-8 bytes) and repairs the joined bytes like from_utf8_lossy.
 class ByteLevelDec final : public Decoder {
  public:
+  bool is_byte_level() const override { return true; }
   void decode_chain(std::vector<std::string>& tokens) const override {
     std::string bytes;
     std::string tok_bytes;
@@ -219,6 +220,12 @@ class SequenceDec final : public Decoder {
   bool has_byte_fallback() const override {
     for (const auto& p : parts_) {
       if (p->has_byte_fallback()) return true;
+    }
+    return false;
+  }
+  bool is_byte_level() const override {
+    for (const auto& p : parts_) {
+      if (p->is_byte_level()) return true;
     }
     return false;
   }

@@ -18,6 +18,8 @@ class Decoder {
   // True when a ByteFallback decoder is part of the chain: then a "<0xNN>" run decodes as a
   // whole (an invalid run becomes one U+FFFD per byte), which streaming has to respect.
   virtual bool has_byte_fallback() const { return false; }
+  // True when a ByteLevel decoder is part of the chain: a token's characters stand for bytes.
+  virtual bool is_byte_level() const { return false; }
 };
 
 // "<0xNN>": what the ByteFallback decoder reads as one byte.

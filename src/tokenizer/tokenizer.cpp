@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "tokenizer/byte_level.h"
 #include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/utf8.h"
 
@@ -168,6 +169,33 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
 int32_t Tokenizer::token_to_id(std::string_view token) const {
   const int32_t id = impl_->added.token_to_id(token);
   return id >= 0 ? id : impl_->model->vocab().find(token);
+}
+
+std::optional<std::string> Tokenizer::token_bytes(int32_t id) const {
+  std::string_view text;
+  if (!impl_->token_text(id, true, text)) return std::nullopt;
+  if (impl_->added.token_of(id)) return std::string(text);  // added tokens are written as is
+  const Decoder* d = impl_->decoder.get();
+  if (!d) return std::string(text);
+  if (d->is_byte_level()) {
+    std::string bytes;
+    for (size_t i = 0; i < text.size();) {
+      const int b = byte_level_byte_of(utf8_next(text, i));
+      if (b < 0) return std::string(text);
+      bytes.push_back(static_cast<char>(b));
+    }
+    return bytes;
+  }
+  if (d->has_byte_fallback() && is_byte_fallback_token(text)) {
+    auto hexv = [](char c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; };
+    return std::string(1, static_cast<char>(hexv(text[3]) * 16 + hexv(text[4])));
+  }
+  // Decoded after a plain first token, so that decoders treating the first token differently
+  // (a Metaspace prefix, Strip) leave this one as it reads mid-sequence.
+  std::vector<std::string> tokens = {"x", std::string(text)};
+  std::string out = impl_->decode_tokens(tokens);
+  if (out.empty() || out[0] != 'x') return std::string(text);
+  return out.substr(1);
 }
 
 std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {

@@ -35,6 +35,12 @@ class Tokenizer {
   // HF's decode: unknown ids are dropped; skip_special_tokens drops added tokens marked special.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
+  // The bytes token `id` contributes to decoded text in the middle of a sequence (a byte-level
+  // token's bytes, a "<0xNN>" byte, a "▁" as the space it decodes to), which may end inside a
+  // UTF-8 character; std::nullopt for special tokens and unknown ids. What structured output
+  // matches tokens with.
+  std::optional<std::string> token_bytes(int32_t id) const;
+
   // -1 when the token is not in the vocabulary (added tokens first, then the model's).
   int32_t token_to_id(std::string_view token) const;
   // std::nullopt when the id has no token.

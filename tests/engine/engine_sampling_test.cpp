@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/sampling_reference.h"
+#include "grammar/matcher.h"
 #include "engine_test_util.h"
 
 namespace atom::test {
@@ -423,6 +424,70 @@ TEST(EngineSampling, MaxTokensZeroScoresThePromptOnly) {
   ASSERT_EQ(o.prompt_logprobs.size(), 3u);
   EXPECT_TRUE(o.prompt_logprobs[2].has_value());
   expect_engine_idle(engine);
+}
+
+}  // namespace
+}  // namespace atom::test
+
+namespace atom::test {
+namespace {
+
+// Structured output through the engine: a grammar over a vocabulary whose first 256 ids are the
+// bytes. Greedy picks, at every step, the most likely token the grammar allows (checked against
+// the model's own logits and a per-token grammar check), a sampled run stays inside the grammar,
+// the output ends (finish "stop") once the grammar is complete, and an unconstrained neighbour's
+// tokens are the ones it draws alone.
+TEST(EngineStructured, GrammarConstrainsEveryDraw) {
+  Model& model = fixture_model("llama3_gqa");
+  const int64_t V = model.vocab_size();
+  std::vector<std::optional<std::string>> bytes(static_cast<size_t>(V));
+  for (int b = 0; b < 256 && b < V; ++b) bytes[static_cast<size_t>(b)] = std::string(1, static_cast<char>(b));
+  auto trie = std::make_shared<const grammar::TokenTrie>(bytes);
+  auto g = std::make_shared<const grammar::Grammar>(
+      grammar::Grammar::from_gbnf("root ::= \"{\\\"n\\\": \" [0-9]{1,3} \", \\\"ok\\\": \" ( \"true\" | \"false\" ) \"}\"\n"));
+  auto constraint = std::make_shared<const grammar::GrammarConstraint>(g, trie);
+  const std::vector<int32_t> prompt = prompt_of(17, 31), other = prompt_of(23, 41);
+
+  SamplingParams free_run = greedy(12);
+  free_run.ignore_eos = true;
+  LLMEngine alone_engine(model, test_config());
+  const auto alone = alone_engine.generate({other}, free_run).at(0).outputs.at(0).token_ids;
+
+  for (bool sampled : {false, true}) {
+    SamplingParams p = sampled ? seeded(5, 64) : greedy(64);
+    p.repetition_penalty = 1.0, p.presence_penalty = 0, p.frequency_penalty = 0;
+    p.constraint = constraint;
+    LLMEngine engine(model, test_config());
+    const auto outs = engine.generate({prompt, other}, std::vector<SamplingParams>{p, free_run});
+    const auto& got = outs.at(0).outputs.at(0);
+    EXPECT_EQ(got.finish_reason, FinishReason::kStop);
+    std::string text;
+    for (int32_t t : got.token_ids) {
+      ASSERT_LT(t, 256) << "a token without text was drawn";
+      text.push_back(static_cast<char>(t));
+    }
+    grammar::Matcher whole(g);
+    EXPECT_TRUE(whole.accept_bytes(text) && whole.accepting()) << text;
+    EXPECT_EQ(outs.at(1).outputs.at(0).token_ids, alone) << "the neighbour's draws changed";
+    if (!sampled) {
+      // Each greedy token is the argmax of the model's logits over what the grammar allows.
+      std::vector<int32_t> seq = prompt;
+      seq.insert(seq.end(), got.token_ids.begin(), got.token_ids.end() - 1);
+      const Tensor logits = score_tokens(model, seq);
+      grammar::Matcher m(g);
+      for (size_t i = 0; i < got.token_ids.size(); ++i) {
+        const float* row = logits.ptr<float>() + (static_cast<int64_t>(prompt.size()) - 1 + static_cast<int64_t>(i)) * V;
+        int32_t best = -1;
+        for (int32_t t = 0; t < 256; ++t) {
+          grammar::Matcher c = m;
+          if (c.accept_bytes(std::string(1, static_cast<char>(t))) && (best < 0 || row[t] > row[best])) best = t;
+        }
+        EXPECT_EQ(got.token_ids[i], best) << "step " << i;
+        ASSERT_TRUE(m.accept_bytes(std::string(1, static_cast<char>(got.token_ids[i]))));
+      }
+    }
+    expect_engine_idle(engine);
+  }
 }
 
 }  // namespace

@@ -24,8 +24,24 @@ export function makeModelDir(src, prefix, model = 'tests/fixtures/text_models/qw
   return dir;
 }
 
-// GPT-2's byte-to-unicode table: each byte is one token, its id the byte.
-function writeByteTokenizer(dir, size) {
+// The tiny Qwen3 model (dummy weights) with a vocabulary of `vocab` ids: the 256 bytes, then
+// special tokens, one of them (`eosId`) "<|endoftext|>", the model's EOS. Text can only be
+// written with the byte tokens, so structured output over it has a small alphabet.
+export function makeByteModelDir(src, prefix, vocab = 384, eosId = 300) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  const from = path.join(src, 'tests/fixtures/text_models/qwen3-tiny');
+  for (const f of fs.readdirSync(from)) fs.copyFileSync(path.join(from, f), path.join(dir, f));
+  const cfg = JSON.parse(fs.readFileSync(path.join(dir, 'config.json'), 'utf8'));
+  Object.assign(cfg, { vocab_size: vocab, eos_token_id: eosId, bos_token_id: eosId });
+  fs.writeFileSync(path.join(dir, 'config.json'), JSON.stringify(cfg));
+  fs.rmSync(path.join(dir, 'generation_config.json'), { force: true });
+  writeByteTokenizer(dir, 256, { special: vocab, eosId });
+  return dir;
+}
+
+// GPT-2's byte-to-unicode table: each byte is one token, its id the byte. Ids from `size` to
+// special.special are added special tokens.
+function writeByteTokenizer(dir, size, special = null) {
   const vocab = {};
   let extra = 0;
   for (let b = 0; b < 256; ++b) {
@@ -33,14 +49,20 @@ function writeByteTokenizer(dir, size) {
     vocab[String.fromCodePoint(printable ? b : 256 + extra++)] = b;
   }
   for (let id = 256; id < size; ++id) vocab[`<t${id}>`] = id;
-  const tj = { version: '1.0', truncation: null, padding: null, added_tokens: [], normalizer: null,
+  const added = [];
+  if (special)
+    for (let id = size; id < special.special; ++id)
+      added.push({ id, content: id === special.eosId ? '<|endoftext|>' : `<|s${id}|>`, single_word: false,
+        lstrip: false, rstrip: false, normalized: false, special: true });
+  const tj = { version: '1.0', truncation: null, padding: null, added_tokens: added, normalizer: null,
     pre_tokenizer: { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true },
     post_processor: null, decoder: { type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true },
     model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null,
       fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab, merges: [] } };
   fs.writeFileSync(path.join(dir, 'tokenizer.json'), JSON.stringify(tj));
   fs.writeFileSync(path.join(dir, 'tokenizer_config.json'), JSON.stringify({
-    chat_template: "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}" }));
+    eos_token: special ? '<|endoftext|>' : null,
+    chat_template: "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant: " }));
 }
 
 // Spawns `bin argv...` (an `atom serve` on --port 0) and resolves once it logs the port it serves

@@ -1,0 +1,280 @@
+#include "grammar/matcher.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
+
+namespace atom::grammar {
+
+namespace {
+constexpr int kMaxExpandDepth = 100000;
+}
+
+Matcher::Matcher(std::shared_ptr<const Grammar> g) : g_(std::move(g)) {
+  std::vector<Stack> init;
+  for (uint32_t alt : g_->rule_alts[g_->root]) {
+    Stack s;
+    if (g_->items[alt].kind != Item::kEnd) s.push_back(alt);
+    expand(std::move(s), init, 0);
+  }
+  set_stacks(std::move(init));
+}
+
+// Expands rule references at the top until every stack's top is a character set (or the stack is
+// empty: the sentence can end there).
+void Matcher::expand(Stack s, std::vector<Stack>& out, int depth) const {
+  if (depth > kMaxExpandDepth) fail("grammar: rule expansion deeper than {}", kMaxExpandDepth);
+  if (s.empty() || g_->items[s.back()].kind == Item::kChars) {
+    out.push_back(std::move(s));
+    if (out.size() > g_->limits.max_stacks * 4)
+      fail("grammar: more than {} parse stacks (the grammar is too ambiguous)", g_->limits.max_stacks);
+    return;
+  }
+  const uint32_t pos = s.back();
+  const Item& it = g_->items[pos];
+  s.pop_back();
+  if (g_->items[pos + 1].kind != Item::kEnd) s.push_back(pos + 1);
+  const auto& alts = g_->rule_alts[it.rule];
+  for (size_t k = 0; k < alts.size(); ++k) {
+    Stack t = (k + 1 == alts.size()) ? std::move(s) : s;
+    if (g_->items[alts[k]].kind != Item::kEnd) t.push_back(alts[k]);
+    expand(std::move(t), out, depth + 1);
+  }
+}
+
+void Matcher::set_stacks(std::vector<Stack> next) {
+  std::sort(next.begin(), next.end());
+  next.erase(std::unique(next.begin(), next.end()), next.end());
+  if (next.size() > g_->limits.max_stacks)
+    fail("grammar: more than {} parse stacks (the grammar is too ambiguous)", g_->limits.max_stacks);
+  stacks_ = std::move(next);
+}
+
+bool Matcher::accept_byte(uint8_t b) {
+  char32_t cp = 0;
+  bool complete = false;
+  uint32_t partial = partial_;
+  int len = partial_len_, need = partial_need_;
+  if (need == 0) {
+    if (b < 0x80) {
+      cp = b;
+      complete = true;
+    } else {
+      const int n = tokenizer::utf8_seq_len(b);
+      if (n == 1) return false;  // a continuation byte or an invalid lead byte
+      partial = n == 2 ? (b & 0x1F) : n == 3 ? (b & 0x0F) : (b & 0x07);
+      len = 1;
+      need = n;
+    }
+  } else {
+    if ((b & 0xC0) != 0x80) return false;
+    partial = (partial << 6) | (b & 0x3F);
+    if (++len == need) {
+      cp = partial;
+      complete = true;
+    }
+  }
+  if (!complete) {
+    // Some stack must take a code point these bytes can still become.
+    const int rest = 6 * (need - len);
+    // The code points these bytes can still become; the shortest form of each length starts at
+    // 0x80, 0x800 or 0x10000 (overlong forms are not UTF-8).
+    const char32_t min_of_len = need == 2 ? 0x80 : need == 3 ? 0x800 : 0x10000;
+    const char32_t base = static_cast<char32_t>(partial) << rest;
+    const char32_t lo = std::max(base, min_of_len), hi = base | ((char32_t{1} << rest) - 1);
+    if (lo > hi) return false;
+    bool any = false;
+    for (const Stack& s : stacks_)
+      if (!s.empty() && g_->char_range_matches(g_->items[s.back()], lo, hi)) {
+        any = true;
+        break;
+      }
+    if (!any) return false;
+    partial_ = partial, partial_len_ = len, partial_need_ = need;
+    return true;
+  }
+  std::vector<Stack> next;
+  for (const Stack& s : stacks_) {
+    if (s.empty() || !g_->char_matches(g_->items[s.back()], cp)) continue;
+    Stack t = s;
+    const uint32_t pos = t.back();
+    t.pop_back();
+    if (g_->items[pos + 1].kind != Item::kEnd) t.push_back(pos + 1);
+    expand(std::move(t), next, 0);
+  }
+  if (next.empty()) return false;
+  set_stacks(std::move(next));
+  partial_ = 0, partial_len_ = 0, partial_need_ = 0;
+  return true;
+}
+
+bool Matcher::accept_bytes(std::string_view s) {
+  Matcher copy = *this;
+  for (char c : s)
+    if (!copy.accept_byte(static_cast<uint8_t>(c))) return false;
+  *this = std::move(copy);
+  return true;
+}
+
+bool Matcher::accepting() const {
+  if (partial_need_ != 0) return false;
+  for (const Stack& s : stacks_)
+    if (s.empty()) return true;
+  return false;
+}
+
+bool Matcher::must_end() const {
+  if (partial_need_ != 0) return false;
+  for (const Stack& s : stacks_)
+    if (!s.empty()) return false;
+  return true;
+}
+
+std::string Matcher::key() const {
+  std::string k;
+  k.reserve(16 + stacks_.size() * 16);
+  auto put = [&](uint32_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  put(partial_);
+  put(static_cast<uint32_t>(partial_len_ | (partial_need_ << 8)));
+  for (const Stack& s : stacks_) {
+    put(static_cast<uint32_t>(s.size()));
+    for (uint32_t v : s) put(v);
+  }
+  return k;
+}
+
+// --- TokenTrie ---
+
+TokenTrie::TokenTrie(const std::vector<std::optional<std::string>>& bytes)
+    : vocab_size_(static_cast<int64_t>(bytes.size())), bytes_(bytes) {
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < bytes.size(); ++i)
+    if (bytes[i] && !bytes[i]->empty()) ids.push_back(static_cast<int32_t>(i));
+  std::sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return *bytes[a] < *bytes[b]; });
+  // Breadth first over sorted ranges: a node's tokens are those of its range whose bytes end at
+  // its depth (they sort first); its children are the runs of equal next bytes.
+  struct Range {
+    uint32_t node;
+    size_t lo, hi, depth;
+  };
+  nodes_.push_back({});
+  child_byte_.push_back(0);
+  std::vector<Range> queue = {{0, 0, ids.size(), 0}};
+  for (size_t q = 0; q < queue.size(); ++q) {
+    const Range r = queue[q];
+    size_t i = r.lo;
+    Node& n = nodes_[r.node];
+    n.first_token = static_cast<uint32_t>(tokens_.size());
+    while (i < r.hi && bytes[ids[i]]->size() == r.depth) tokens_.push_back(ids[i++]);
+    nodes_[r.node].num_tokens = static_cast<uint32_t>(tokens_.size()) - nodes_[r.node].first_token;
+    std::vector<std::pair<size_t, size_t>> runs;
+    while (i < r.hi) {
+      const char c = (*bytes[ids[i]])[r.depth];
+      size_t j = i;
+      while (j < r.hi && (*bytes[ids[j]])[r.depth] == c) ++j;
+      runs.push_back({i, j});
+      i = j;
+    }
+    const auto first = static_cast<uint32_t>(nodes_.size());
+    nodes_[r.node].first_child = first;
+    nodes_[r.node].num_children = static_cast<uint32_t>(runs.size());
+    for (const auto& [a, b] : runs) {
+      nodes_.push_back({});
+      child_byte_.push_back(static_cast<uint8_t>((*bytes[ids[a]])[r.depth]));
+      queue.push_back({static_cast<uint32_t>(nodes_.size() - 1), a, b, r.depth + 1});
+    }
+  }
+}
+
+std::shared_ptr<const TokenTrie> TokenTrie::from_tokenizer(const tokenizer::Tokenizer& tok, int64_t vocab_size) {
+  std::vector<std::optional<std::string>> bytes(static_cast<size_t>(vocab_size));
+  for (int64_t i = 0; i < vocab_size; ++i) bytes[static_cast<size_t>(i)] = tok.token_bytes(static_cast<int32_t>(i));
+  return std::make_shared<TokenTrie>(bytes);
+}
+
+const std::string* TokenTrie::bytes(int32_t id) const {
+  if (id < 0 || id >= vocab_size_ || !bytes_[static_cast<size_t>(id)]) return nullptr;
+  return &*bytes_[static_cast<size_t>(id)];
+}
+
+void TokenTrie::visit(uint32_t node, Matcher& m, std::span<uint64_t> allowed) const {
+  const Node& n = nodes_[node];
+  for (uint32_t c = n.first_child; c < n.first_child + n.num_children; ++c) {
+    Matcher next = m;
+    if (!next.accept_byte(child_byte_[c])) continue;
+    const Node& cn = nodes_[c];
+    for (uint32_t t = cn.first_token; t < cn.first_token + cn.num_tokens; ++t) {
+      const auto id = static_cast<uint32_t>(tokens_[t]);
+      allowed[id / 64] |= uint64_t{1} << (id % 64);
+    }
+    if (cn.num_children) visit(c, next, allowed);
+  }
+}
+
+void TokenTrie::fill_allowed(const Matcher& m, std::span<uint64_t> allowed) const {
+  ATOM_CHECK(static_cast<int64_t>(allowed.size()) * 64 >= vocab_size_, "mask of {} words for {} tokens",
+             allowed.size(), vocab_size_);
+  Matcher start = m;
+  visit(0, start, allowed);
+}
+
+// --- GrammarConstraint ---
+
+namespace {
+
+class GrammarState final : public LogitsConstraintState {
+ public:
+  GrammarState(const GrammarConstraint& c) : c_(c), m_(c.grammar()) {}
+  void fill_allowed(std::span<uint64_t> allowed, std::span<const int32_t> eos_ids) override {
+    c_.fill(m_, allowed);
+    if (m_.accepting())
+      for (int32_t e : eos_ids)
+        if (e >= 0 && static_cast<size_t>(e) / 64 < allowed.size())
+          allowed[static_cast<size_t>(e) / 64] |= uint64_t{1} << (e % 64);
+  }
+  bool accept(int32_t token) override {
+    const std::string* b = c_.trie().bytes(token);
+    if (!b) return m_.accepting();  // an end-of-sequence id once complete
+    return m_.accept_bytes(*b);
+  }
+  bool must_end() const override { return m_.must_end(); }
+
+ private:
+  const GrammarConstraint& c_;
+  Matcher m_;
+};
+
+constexpr size_t kCacheBytes = 64u << 20;
+
+}  // namespace
+
+GrammarConstraint::GrammarConstraint(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenTrie> trie)
+    : g_(std::move(g)), trie_(std::move(trie)) {}
+
+std::unique_ptr<LogitsConstraintState> GrammarConstraint::start() const {
+  return std::make_unique<GrammarState>(*this);
+}
+
+void GrammarConstraint::fill(const Matcher& m, std::span<uint64_t> allowed) const {
+  const size_t words = static_cast<size_t>((trie_->vocab_size() + 63) / 64);
+  const std::string key = m.key();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) {
+      for (size_t w = 0; w < words && w < allowed.size(); ++w) allowed[w] |= it->second[w];
+      return;
+    }
+  }
+  std::vector<uint64_t> mask(words, 0);
+  trie_->fill_allowed(m, mask);
+  for (size_t w = 0; w < words && w < allowed.size(); ++w) allowed[w] |= mask[w];
+  std::lock_guard<std::mutex> lock(mu_);
+  if ((cache_.size() + 1) * words * 8 > kCacheBytes) cache_.clear();
+  cache_.emplace(key, std::move(mask));
+}
+
+}  // namespace atom::grammar
