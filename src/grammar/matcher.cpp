@@ -75,6 +75,10 @@ bool Matcher::accept_byte(uint8_t b) {
     if (++len == need) {
       cp = partial;
       complete = true;
+      // Only UTF-8 proper: no overlong forms, surrogates or code points past U+10FFFF (the
+      // detokenizer would turn them into U+FFFD, which the grammar never allowed).
+      const char32_t min_of_len = need == 2 ? 0x80 : need == 3 ? 0x800 : 0x10000;
+      if (cp < min_of_len || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return false;
     }
   }
   if (!complete) {
@@ -84,8 +88,9 @@ bool Matcher::accept_byte(uint8_t b) {
     // 0x80, 0x800 or 0x10000 (overlong forms are not UTF-8).
     const char32_t min_of_len = need == 2 ? 0x80 : need == 3 ? 0x800 : 0x10000;
     const char32_t base = static_cast<char32_t>(partial) << rest;
-    const char32_t lo = std::max(base, min_of_len), hi = base | ((char32_t{1} << rest) - 1);
-    if (lo > hi) return false;
+    const char32_t lo = std::max(base, min_of_len);
+    const char32_t hi = std::min<char32_t>(base | ((char32_t{1} << rest) - 1), 0x10FFFF);
+    if (lo > hi || (lo >= 0xD800 && hi <= 0xDFFF)) return false;
     bool any = false;
     for (const Stack& s : stacks_)
       if (!s.empty() && g_->char_range_matches(g_->items[s.back()], lo, hi)) {

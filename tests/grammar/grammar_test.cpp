@@ -3,6 +3,7 @@
 // brute-force per-token check for the trie masks.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <regex>
 
@@ -54,6 +55,11 @@ TEST(Gbnf, ClassesEscapesAndUtf8) {
   EXPECT_TRUE(m.accept_bytes("\"\xC3"));
   EXPECT_FALSE(m.accept_byte(0xA8));
   EXPECT_TRUE(m.accept_byte(0xA9));
+  // Not UTF-8: an overlong form, a surrogate, a code point past U+10FFFF, a stray continuation.
+  auto any = compile("root ::= .*\n");
+  for (const char* bad : {"\xC0\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xF5\x80\x80\x80", "\x80"})
+    EXPECT_FALSE(matches(any, bad)) << "bytes of length " << std::strlen(bad);
+  EXPECT_TRUE(matches(any, "\xF4\x8F\xBF\xBF\xED\x9F\xBF"));  // U+10FFFF, U+D7FF
   // A lead byte no class can continue is refused at once: [é-ê] has no 4-byte characters.
   Matcher m2(g);
   EXPECT_TRUE(m2.accept_bytes("\""));
