@@ -4,7 +4,7 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libfmt-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libcli11-dev
-      libxxhash-dev libgtest-dev python3 python3-jinja2 python3-numpy)
+      libxxhash-dev libgtest-dev python3 python3-jinja2 python3-numpy curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -75,6 +75,10 @@ MUTATIONS = [
      "        keep_at_least(cand, s.key, c);\n      }\n    }\n",
      "        keep_at_least(cand, s.key, c);\n      }\n    }\n"
      "    keep_at_least(cand, s.key, k + 1);\n"),
+    ("sampling_temperature_ignored", "sampling from the raw logits, not divided by the temperature",
+     "src/kernels/cpu/sampling.cpp",
+     "kNegInf : x[i] / p.temperature;",
+     "kNegInf : x[i];"),
     ("block_hash_ignores_parent", "a block hash that ignores its parent block",
      "src/engine/block_manager.cpp",
      "  XXH64_update(&st, &parent, sizeof(parent));\n",
