@@ -90,6 +90,7 @@ class TestHybridMixer {
 }  // namespace
 
 using AtomTestRecurrentForCausalLM = DecoderOnlyLM<LlamaDecoderLayer<TestHybridMixer>>;
-ATOM_REGISTER_MODEL("AtomTestRecurrentForCausalLM", AtomTestRecurrentForCausalLM);
+ATOM_REGISTER_MODEL_SUPPORTING("AtomTestRecurrentForCausalLM", AtomTestRecurrentForCausalLM,
+                               ModelSupport{.layer_types = {"full_attention", "recurrent"}});
 
 }  // namespace atom
