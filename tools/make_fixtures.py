@@ -320,6 +320,106 @@ FIXTURES += [
         tokens=64, seed=18, more_seeds=[118, 218]),
 ]
 
+FIXTURES += [
+    # Qwen3-Next: Gated DeltaNet layers (grouped in_proj_qkvz / in_proj_ba, 2 key heads shared by
+    # 4 value heads, dk 16 != dv 24, a 4-tap conv) around one gated full-attention layer (q_proj
+    # with its sigmoid gate, partial RoPE on 8 of 32 channels, zero-centred RMSNorms); softmax
+    # top-2 of 8 renormalised plus a sigmoid-gated shared expert, layer 1 dense; per-expert hub
+    # names, two shards, and mtp.* tensors transformers ignores. 96 scored tokens cross the
+    # 64-token chunk of transformers' chunked delta rule.
+    dict(
+        name="qwen3_next",
+        cls="Qwen3NextConfig",
+        config=dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                    layer_types=["linear_attention", "linear_attention", "full_attention",
+                                 "linear_attention"],
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    partial_rotary_factor=0.25, linear_num_key_heads=2, linear_num_value_heads=4,
+                    linear_key_head_dim=16, linear_value_head_dim=24, linear_conv_kernel_dim=4,
+                    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                    shared_expert_intermediate_size=48, norm_topk_prob=True,
+                    decoder_sparse_step=1, mlp_only_layers=[1],
+                    max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                         partial_rotary_factor=0.25)),
+        router="softmax", experts="per_expert", shards=2, extra_mtp=True,
+        tokens=96, greedy_prompt=20, seed=19),
+    # Qwen3.5 dense (Qwen3_5ForConditionalGeneration): the language model under
+    # model.language_model.*, a tiny vision tower under model.visual.* that a text-only load skips,
+    # separate in_proj_qkv / in_proj_z / in_proj_b / in_proj_a with as many value as key heads,
+    # tied embeddings, interleaved M-RoPE sections (plain partial RoPE for text).
+    dict(
+        name="qwen3_5",
+        cls="Qwen3_5Config", model_cls="Qwen3_5ForConditionalGeneration",
+        config=dict(
+            text_config=dict(vocab_size=448, hidden_size=64, intermediate_size=128,
+                             num_hidden_layers=3,
+                             layer_types=["linear_attention", "full_attention", "linear_attention"],
+                             num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                             linear_num_key_heads=2, linear_num_value_heads=2,
+                             linear_key_head_dim=16, linear_value_head_dim=16,
+                             linear_conv_kernel_dim=4, max_position_embeddings=512,
+                             rms_norm_eps=1e-6,
+                             rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                  partial_rotary_factor=0.25,
+                                                  mrope_section=[2, 1, 1],
+                                                  mrope_interleaved=True)),
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                               out_hidden_size=64, num_position_embeddings=64, patch_size=16,
+                               spatial_merge_size=2, temporal_patch_size=2),
+            tie_word_embeddings=True),
+        tokens=96, greedy_prompt=20, seed=20),
+    # Qwen3.5-MoE (Qwen3_5MoeForConditionalGeneration): every layer a softmax top-2 of 8
+    # (always renormalised) with a sigmoid-gated shared expert, experts stacked as transformers
+    # stores them (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]).
+    dict(
+        name="qwen3_5_moe",
+        cls="Qwen3_5MoeConfig", model_cls="Qwen3_5MoeForConditionalGeneration",
+        config=dict(
+            text_config=dict(vocab_size=512, hidden_size=64, num_hidden_layers=3,
+                             layer_types=["linear_attention", "linear_attention", "full_attention"],
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                             linear_num_key_heads=2, linear_num_value_heads=4,
+                             linear_key_head_dim=16, linear_value_head_dim=16,
+                             linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
+                             moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                             max_position_embeddings=512, rms_norm_eps=1e-6,
+                             rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                  partial_rotary_factor=0.25,
+                                                  mrope_section=[1, 1, 0],
+                                                  mrope_interleaved=True)),
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                               out_hidden_size=64, num_position_embeddings=64, patch_size=16,
+                               spatial_merge_size=2, temporal_patch_size=2),
+            tie_word_embeddings=False),
+        router="softmax", experts="stacked", extra_mtp=True,
+        tokens=96, greedy_prompt=20, seed=21),
+    # The same family with per-expert names (mlp.experts.J.gate_proj/up_proj/down_proj), two
+    # shards, linear attention last.
+    dict(
+        name="qwen3_5_moe_per_expert",
+        cls="Qwen3_5MoeConfig", model_cls="Qwen3_5MoeForConditionalGeneration",
+        config=dict(
+            text_config=dict(vocab_size=384, hidden_size=64, num_hidden_layers=3,
+                             layer_types=["linear_attention", "full_attention", "linear_attention"],
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                             linear_num_key_heads=2, linear_num_value_heads=4,
+                             linear_key_head_dim=16, linear_value_head_dim=16,
+                             linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
+                             moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                             max_position_embeddings=512, rms_norm_eps=1e-6,
+                             rope_parameters=dict(rope_type="default", rope_theta=10000.0,
+                                                  partial_rotary_factor=0.25,
+                                                  mrope_section=[1, 1, 0],
+                                                  mrope_interleaved=True)),
+            vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2,
+                               out_hidden_size=64, num_position_embeddings=64, patch_size=16,
+                               spatial_merge_size=2, temporal_patch_size=2),
+            tie_word_embeddings=False),
+        router="softmax", experts="per_expert", shards=2,
+        tokens=96, greedy_prompt=20, seed=22),
+]
+
 GREEDY_PROMPT = 7
 GREEDY_TOKENS = 16
 MIN_MARGIN = 0.02
@@ -343,7 +443,11 @@ def scale_weights(model, seed, tied_embed_scale, experts_transposed=False):
             fan_in = p.shape[-1]
             if p.dim() == 3 and experts_transposed:  # GPT-OSS experts: x @ W, [E, in, out]
                 fan_in = p.shape[1]
-            if name.endswith("norm.weight"):
+            if name.endswith("A_log"):
+                # Linear-attention decay rates exp(A_log) in (0.02, 0.5): per-token decays from
+                # about 0.99 to 0.7, so the state carries information across chunks.
+                v = torch.log(0.02 + 0.48 * torch.rand(p.shape, generator=g))
+            elif name.endswith("norm.weight"):
                 v = 0.75 + 0.5 * torch.rand(p.shape, generator=g)
             elif name.endswith("bias"):
                 v = 0.2 * torch.randn(p.shape, generator=g)
@@ -457,6 +561,15 @@ def add_mtp_layers(sd, cfg, n, g):
         sd[dst + "shared_head.norm.weight"] = torch.ones(H, dtype=dtype)
         sd[dst + "shared_head.head.weight"] = (
             torch.randn(cfg.vocab_size, H, generator=g) / math.sqrt(H)).to(dtype)
+
+
+def add_mtp_tensors(sd, cfg, g):
+    """Qwen3-Next / Qwen3.5 MTP tensors (mtp.*), which transformers ignores."""
+    H = cfg.get_text_config().hidden_size
+    dtype = next(iter(sd.values())).dtype
+    sd["mtp.fc.weight"] = (torch.randn(H, 2 * H, generator=g) / math.sqrt(2 * H)).to(dtype)
+    sd["mtp.norm.weight"] = torch.ones(H, dtype=dtype)
+    sd["mtp.layers.0.input_layernorm.weight"] = torch.ones(H, dtype=dtype)
 
 
 def write_checkpoint(out, sd, shards):
@@ -688,7 +801,12 @@ def build_once(fx, out, ref_root, embed_scale):
     shutil.rmtree(out, ignore_errors=True)
     torch.manual_seed(fx["seed"])
     cfg = getattr(transformers, fx["cls"])(**fx["config"])
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model_cls = getattr(transformers, fx["model_cls"]) if "model_cls" in fx else None
+    if model_cls:
+        model = model_cls._from_config(cfg, dtype=torch.float32)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    loader_cls = model_cls or transformers.AutoModelForCausalLM
     scale_weights(model, fx["seed"], embed_scale, fx.get("experts_transposed", False))
     save_dtype = getattr(torch, fx.get("save_dtype", "bfloat16"))
     model = model.to(save_dtype)
@@ -711,6 +829,8 @@ def build_once(fx, out, ref_root, embed_scale):
                "mixtral": to_mixtral}[layout]
     if fx.get("mtp_layers"):
         add_mtp_layers(saved, cfg, fx["mtp_layers"], torch.Generator().manual_seed(fx["seed"]))
+    if fx.get("extra_mtp"):
+        add_mtp_tensors(saved, cfg, torch.Generator().manual_seed(fx["seed"]))
     write_checkpoint(out, convert(saved), fx.get("shards"))
     if "generation_config" in fx:
         with open(os.path.join(out, "generation_config.json"), "w") as f:
@@ -723,31 +843,32 @@ def build_once(fx, out, ref_root, embed_scale):
     if quantized:  # transformers' own MXFP4 dequantisation (convert_moe_packed_tensors)
         load_kw["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
     try:
-        ref = transformers.AutoModelForCausalLM.from_pretrained(
+        ref = loader_cls.from_pretrained(
             out, dtype=torch.float32, attn_implementation="eager", **load_kw).to(DEVICE).eval()
         ref = ref.float()
         check_weights(ref, model)
     except Rejected as e:
-        if layout != "stacked":
+        if layout is None:
             raise
-        # This transformers reads stacked experts only in its own layout: it computes the
-        # references from the per-expert names of the same weights, and atom's folder keeps the
-        # stacked layout.
-        print(f"{fx['name']}: transformers did not read the stacked layout ({e}); "
-              "references from per-expert names")
-        write_checkpoint(out, to_per_expert(saved), fx.get("shards"))
-        ref = transformers.AutoModelForCausalLM.from_pretrained(
+        # This transformers does not read the layout atom's folder keeps: it computes the
+        # references from the same weights in another layout (the per-expert names for stacked
+        # experts, as transformers saved them otherwise), and atom's folder keeps this one.
+        other = to_per_expert if layout == "stacked" and not fx.get("model_cls") else (lambda sd: sd)
+        read_layout = "per_expert" if other is to_per_expert else "as saved by transformers"
+        print(f"{fx['name']}: transformers did not read the {layout} layout ({e}); "
+              f"references from the layout {read_layout}")
+        write_checkpoint(out, other(saved), fx.get("shards"))
+        ref = loader_cls.from_pretrained(
             out, dtype=torch.float32, attn_implementation="eager").to(DEVICE).eval()
         check_weights(ref, model)
         write_checkpoint(out, convert(saved), fx.get("shards"))
-        read_layout = "per_expert"
-    watch = RouterWatch(ref, fx["router"], ref.config) if fx.get("router") else None
+    watch = RouterWatch(ref, fx["router"], ref.config.get_text_config()) if fx.get("router") else None
     if watch and watch.blocks == 0:
         raise Rejected("no MoE block found to watch")
     iwatch = IndexerWatch(ref) if fx.get("indexer") else None
     if iwatch and iwatch.blocks == 0:
         raise Rejected("no indexer found to watch")
-    V = fx["config"]["vocab_size"]
+    V = cfg.get_text_config().vocab_size
     g = torch.Generator().manual_seed(1000 + fx["seed"])
     best = [0.0, 0.0]  # the best router and indexer margins of the rejected attempts
     for attempt in range(ATTEMPTS):
@@ -774,7 +895,7 @@ def build_once(fx, out, ref_root, embed_scale):
     if self_frac > MAX_SELF_ARGMAX:
         raise Rejected(f"{self_frac:.0%} of rows have their input token as top logit")
     for attempt in range(ATTEMPTS):
-        prompt = torch.randint(3, V, (GREEDY_PROMPT,), generator=g).tolist()
+        prompt = torch.randint(3, V, (fx.get("greedy_prompt", GREEDY_PROMPT),), generator=g).tolist()
         if watch:
             watch.min_margin = float("inf")
         if iwatch:

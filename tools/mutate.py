@@ -99,6 +99,27 @@ MUTATIONS = [
      "src/layers/moe.cpp",
      "  const int64_t start = ctx.tp_rank * Ir;\n  const std::string w13_name",
      "  const int64_t start = 0 * ctx.tp_rank * Ir;\n  const std::string w13_name"),
+    # Gated delta net (Qwen3-Next, Qwen3.5).
+    ("gdn_state_not_reset", "a new sequence's recurrent state not reset (the slot's last owner's)",
+     "src/kernels/cpu/gated_delta.cpp",
+     "    if (s.fresh) std::memset(st, 0, sizeof(float) * static_cast<size_t>(per_slot));",
+     "    if (s.fresh && false) std::memset(st, 0, sizeof(float) * static_cast<size_t>(per_slot));"),
+    ("gdn_conv_state_dropped", "the conv state not carried from one step to the next",
+     "src/kernels/cpu/gated_delta.cpp",
+     "      for (int64_t i = 0; i < K - 1; ++i) win[i] = st[c * (K - 1) + i];",
+     "      for (int64_t i = 0; i < K - 1; ++i) win[i] = 0.0f * st[c * (K - 1) + i];"),
+    ("gdn_chunk_state_decay_dropped", "the chunked delta rule not decaying the carried state",
+     "src/kernels/cpu/gated_delta.cpp",
+     "    for (int64_t i = 0; i < static_cast<int64_t>(dk) * dv; ++i) S[i] *= el;",
+     "    for (int64_t i = 0; i < static_cast<int64_t>(dk) * dv; ++i) S[i] *= 1.0f + 0.0f * el;"),
+    ("gdn_k_head_not_repeated", "value head h reading key head h % Hk instead of h / (Hv / Hk)",
+     "src/kernels/cpu/gated_delta.cpp",
+     "      const int j = h / r;  // repeat_interleave: v-head h reads k-head h / r",
+     "      const int j = h % Hk + 0 * r;"),
+    ("gated_attention_gate_dropped", "the gated attention's sigmoid output gate not applied",
+     "src/models/qwen3_next.cpp",
+     "  kernels::mul_sigmoid(o, o, gate);",
+     "  (void)gate;"),
 ]
 
 

@@ -143,7 +143,8 @@ void serve(ServeArgs& a) {
 
   atom::server::EngineBackendOptions bo;
   bo.served_model_name = a.served_model_names.empty() ? a.model : a.served_model_names[0];
-  bo.model_path = tokenizer_dir;  // the chat template and special tokens live with the tokenizer
+  bo.model_path = a.model;
+  bo.tokenizer_path = tokenizer_dir;  // the chat template lives with the tokenizer
   bo.max_waiting = a.max_waiting;
   bo.chat_template = a.chat_template;
   bo.template_limits = a.template_limits;

@@ -293,6 +293,7 @@ StepOutput LLMEngine::step() {
   if (scheduler_.has_unfinished()) {
     const SchedulerOutput& so = scheduler_.schedule();
     check_progress(so);
+    if (on_scheduled_) on_scheduled_(scheduler_.num_running(), scheduler_.num_waiting());
     out.num_scheduled_tokens = so.num_tokens;
     out.tokens.reserve(so.seqs.size());
     batch_build(so, plan_.block_size, batch_, rows_);
@@ -361,7 +362,14 @@ RequestOutput LLMEngine::make_output(const Request& req) const {
   o.prompt_logprobs = req.prompt_logprobs;
   o.finished = req.finished();
   Clock::time_point last = req.arrival;
+  Clock::time_point scheduled{}, first_token{};
   for (const auto& seq : req.seqs) {
+    if (seq->first_scheduled != Clock::time_point{} &&
+        (scheduled == Clock::time_point{} || seq->first_scheduled < scheduled))
+      scheduled = seq->first_scheduled;
+    if (!seq->token_times.empty() &&
+        (first_token == Clock::time_point{} || seq->token_times.front() < first_token))
+      first_token = seq->token_times.front();
     CompletionOutput c;
     c.index = seq->index;
     c.text = seq->text;
@@ -382,6 +390,16 @@ RequestOutput LLMEngine::make_output(const Request& req) const {
     o.outputs.push_back(std::move(c));
   }
   o.e2e_latency = seconds((o.finished ? last : Clock::now()) - req.arrival);
+  if (scheduled != Clock::time_point{}) {
+    o.scheduled = true;
+    o.queue_time = seconds(scheduled - req.arrival);
+    if (first_token != Clock::time_point{}) {
+      o.produced = true;
+      o.prefill_time = seconds(first_token - scheduled);
+      o.decode_time = seconds(last - first_token);
+      o.inference_time = seconds(last - scheduled);
+    }
+  }
   return o;
 }
 

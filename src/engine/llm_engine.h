@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -74,6 +75,10 @@ class LLMEngine {
   std::vector<RequestOutput> generate(const std::vector<std::vector<int32_t>>& prompts,
                                       const std::vector<SamplingParams>& params);
 
+  // Called by step() once the batch is scheduled, before its forward runs, with the scheduler's
+  // running and waiting counts: a front end's gauges then move during a long prefill.
+  void set_on_scheduled(std::function<void(int running, int waiting)> f) { on_scheduled_ = std::move(f); }
+
   // Replaces the CPU sampler of the rows that are not drawn on the model's device.
   void set_sampler(std::unique_ptr<Sampler> sampler) { sampler_ = std::move(sampler); }
 
@@ -98,6 +103,7 @@ class LLMEngine {
   void plan_sampling();
 
   Model& model_;
+  std::function<void(int, int)> on_scheduled_;
   EngineConfig config_;
   KvCachePlan plan_;
   SamplingParams defaults_;

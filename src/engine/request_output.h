@@ -33,6 +33,12 @@ struct RequestOutput {
   std::vector<CompletionOutput> outputs;
   bool finished = false;
   double e2e_latency = 0;  // seconds from arrival to the last sequence's end
+  // vLLM's request phases, in seconds, over all n samples: waiting (arrival to first scheduled),
+  // prefill (first scheduled to first token), decode (first token to last token) and inference
+  // (first scheduled to last token). `scheduled`: the first phase ended; `produced`: a token
+  // came, so the other three did.
+  double queue_time = 0, prefill_time = 0, decode_time = 0, inference_time = 0;
+  bool scheduled = false, produced = false;
 };
 
 // A token produced in a step, for streaming. The pointers stay valid until the next call into the

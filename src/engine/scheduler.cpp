@@ -115,6 +115,7 @@ void Scheduler::admit_waiting(int& budget) {
     if (seq->num_cached_tokens < 0) seq->num_cached_tokens = cached;
     seq->num_computed_tokens = cached;
     seq->status = SeqStatus::kRunning;
+    if (seq->first_scheduled == Clock::time_point{}) seq->first_scheduled = Clock::now();
     seq->in_step = true;
     running_.push_back(seq);
     out_.seqs.push_back({seq, n});

@@ -64,6 +64,9 @@ struct Sequence {
   int cache_parent = -1;
   uint32_t cache_parent_gen = 0;
   int num_preemptions = 0;
+  // When the scheduler first gave it a place in a batch (epoch until then); a preemption keeps
+  // it, as vLLM's scheduled_ts.
+  Clock::time_point first_scheduled{};
   bool in_step = false;  // scheduled in the step being planned or run
   // For n > 1: a sibling whose prompt this one waits for, so the prompt's blocks are computed
   // once and shared through the prefix cache.

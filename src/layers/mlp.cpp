@@ -1,5 +1,6 @@
 #include "layers/mlp.h"
 
+#include "core/error.h"
 #include "kernels/activation.h"
 
 namespace atom {
@@ -10,7 +11,11 @@ GatedMlp::GatedMlp(LayerContext& ctx, const std::string& prefix, int64_t hidden,
       gate_up_proj_(ctx, prefix_join(prefix, "gate_up_proj"), hidden, {intermediate, intermediate},
                     bias),
       down_proj_(ctx, prefix_join(prefix, "down_proj"), intermediate, hidden, bias,
-                 reduce_results) {}
+                 reduce_results) {
+  if (intermediate <= 0)
+    fail("{}: intermediate size {} (the config's 'intermediate_size' is missing or not positive)",
+         prefix, intermediate);
+}
 
 Tensor GatedMlp::forward(Step& step, const Tensor& x, const Tensor& out) {
   Tensor act = step.empty({x.size(0), gate_up_proj_.out_per_rank() / 2}, ctx_.act_dtype);

@@ -136,7 +136,6 @@ class DecoderOnlyLM : public Model {
  public:
   DecoderOnlyLM(const ModelConfig& c, const ModelOptions& o) : Model(c, o) {
     LayerContext& x = ctx();
-    if (c.intermediate_size <= 0) fail("{}: field 'intermediate_size' is missing", c.path);
     embed_tokens_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens", c.vocab_size,
                                                              c.hidden_size);
     for (int64_t i = 0; i < c.num_hidden_layers; ++i)

@@ -37,12 +37,20 @@ struct ChoiceDelta {
   nlohmann::json stop_reason;                // the stop string or token id that ended it, or null
 };
 
+// vLLM's request phases in seconds (RequestOutput's queue/prefill/decode/inference times): set on
+// the final update of a request the engine scheduled.
+struct RequestPhases {
+  double queue = 0, prefill = 0, decode = 0, inference = 0;
+  bool prefilled = false;  // a token came: the prefill, decode and inference phases happened
+};
+
 struct RequestUpdate {
   std::vector<ChoiceDelta> choices;
   int prompt_tokens = 0;
   int cached_tokens = 0;                     // prompt tokens served from the prefix cache
   std::vector<TokenLogprob> prompt_logprobs;  // on the first update, when asked for
   bool finished = false;                      // every choice has finished
+  std::optional<RequestPhases> phases;        // with `finished`, once the engine scheduled it
   std::string error;                          // set when the request failed inside the engine
 };
 

@@ -33,8 +33,9 @@ bool template_has(const tokenizer::ChatTemplate& t, const char* text) {
 EngineBackend::EngineBackend(LLMEngine& engine, tokenizer::Tokenizer tok, EngineBackendOptions options)
     : engine_(engine),
       tok_(std::move(tok)),
-      template_(tokenizer::ChatTemplate::from_model_dir(options.model_path, options.chat_template,
-                                                      options.template_limits)),
+      template_(tokenizer::ChatTemplate::from_model_dir(
+          options.tokenizer_path.empty() ? options.model_path : options.tokenizer_path,
+          options.chat_template, options.template_limits)),
       options_(std::move(options)) {
   info_.model_name = options_.served_model_name;
   info_.model_path = options_.model_path;
@@ -42,6 +43,11 @@ EngineBackend::EngineBackend(LLMEngine& engine, tokenizer::Tokenizer tok, Engine
   // Ids the model takes and the tokenizer can print.
   info_.vocab_size = std::min<int64_t>(engine_.model().vocab_size(), tok_.id_limit());
   info_.created = unix_time_now();
+  // The gauges move when a batch is scheduled, not only when its (possibly long) step ends.
+  engine_.set_on_scheduled([this](int running, int waiting) {
+    running_ = running;
+    engine_waiting_ = waiting;
+  });
   info_.reasoning = template_has(template_, "</think>");
   info_.harmony = template_has(template_, "<|channel|>");
   blocks_total_ = engine_.block_manager().num_blocks();
@@ -56,6 +62,7 @@ EngineBackend::~EngineBackend() {
   }
   cv_.notify_all();
   thread_.join();
+  engine_.set_on_scheduled({});  // the engine may outlive this backend
 }
 
 std::vector<int32_t> EngineBackend::tokenize(const std::string& text, bool add_special_tokens) {
@@ -155,7 +162,7 @@ void EngineBackend::abort(const std::string& id) {
 BackendStats EngineBackend::stats() {
   BackendStats s;
   s.running = running_;
-  s.waiting = waiting_;
+  s.waiting = waiting_ + engine_waiting_;
   s.kv_blocks_total = blocks_total_;
   s.kv_blocks_free = blocks_free_;
   s.num_preemptions = preemptions_;
@@ -174,6 +181,19 @@ void EngineBackend::deliver(std::vector<std::pair<std::function<void(RequestUpda
   out.clear();
 }
 
+namespace {
+std::optional<RequestPhases> phases_of(const RequestOutput& o) {
+  if (!o.scheduled) return std::nullopt;
+  RequestPhases p;
+  p.queue = o.queue_time;
+  p.prefill = o.prefill_time;
+  p.decode = o.decode_time;
+  p.inference = o.inference_time;
+  p.prefilled = o.produced;
+  return p;
+}
+}  // namespace
+
 void EngineBackend::loop() {
   std::vector<std::pair<std::function<void(RequestUpdate)>, RequestUpdate>> out;
   // Final update of a request that ended outside a step (abort, or an add that failed).
@@ -183,6 +203,7 @@ void EngineBackend::loop() {
     RequestUpdate u;
     u.finished = true;
     u.error = error;
+    if (o) u.phases = phases_of(*o);
     if (o) {
       for (const auto& c : o->outputs) {
         ChoiceDelta d;
@@ -278,6 +299,7 @@ void EngineBackend::loop() {
         if (it == live_map_.end()) continue;
         RequestUpdate& u = updates[fo.request_id];
         u.finished = true;
+        u.phases = phases_of(fo);
         // Text the detokenizer held back until the end, and finish reasons of samples that ended
         // without a token in this step.
         for (const auto& c : fo.outputs) {
@@ -315,6 +337,7 @@ void EngineBackend::loop() {
       prefix_hits_ = st.prefix_cache_hits;
     }
     running_ = engine_.scheduler().num_running();
+    engine_waiting_ = engine_.scheduler().num_waiting();
     blocks_free_ = engine_.block_manager().num_free_blocks();
     deliver(out);
   }

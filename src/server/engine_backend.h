@@ -22,6 +22,7 @@ namespace atom::server {
 struct EngineBackendOptions {
   std::string served_model_name;
   std::string model_path;
+  std::string tokenizer_path;  // where the chat template lives; empty: model_path
   int max_waiting = 4096;  // queued requests beyond this get 503
   std::string chat_template;  // --chat-template: file or text; empty: the model's
   jinja::Limits template_limits;  // for the model's template and the requests' chat_template
@@ -78,7 +79,8 @@ class EngineBackend final : public Backend {
   bool stop_ = false;
   std::atomic<bool> draining_{false};
   std::atomic<int> live_{0};
-  std::atomic<int> waiting_{0}, running_{0};
+  // waiting_: submitted, not yet handed to the engine; engine_waiting_: in the scheduler's queue.
+  std::atomic<int> waiting_{0}, running_{0}, engine_waiting_{0};
   std::atomic<int64_t> blocks_total_{0}, blocks_free_{0}, preemptions_{0}, prefix_queries_{0}, prefix_hits_{0};
   std::unordered_map<std::string, Live> live_map_;  // engine thread only
   std::thread thread_;

@@ -143,19 +143,32 @@ class Job {
         s_.metrics().observe_request_tokens(r.prompt_tokens, r.generated, sampling_.n, sampling_.max_tokens.value_or(0));
         if (r.generated > 1)
           s_.metrics().observe_tpot(std::chrono::duration<double>(r.last_token - r.first_token).count() / (r.generated - 1));
+        if (u.phases) {
+          s_.metrics().observe_queue_time(u.phases->queue);
+          if (u.phases->prefilled) {
+            s_.metrics().observe_prefill_time(u.phases->prefill);
+            s_.metrics().observe_decode_time(u.phases->decode);
+            s_.metrics().observe_inference_time(u.phases->inference);
+          }
+        }
       }
     }
     return events;
   }
 
   bool all_finished() const { return finished_ == submitted_; }
-  // Aborts what is still running. The handler stops polling after this, so the requests are
-  // counted as aborted here.
+  // Aborts what is still running. The engine answers each abort with a final update (finish
+  // reason abort, the request's phases), taken here so an aborted request is counted in every
+  // series as any other is; one whose answer does not come within half a second is counted as
+  // aborted here.
   void abort_unfinished() {
+    for (auto& r : requests_)
+      if (!r.finished && !r.id.empty()) s_.backend().abort(r.id);
+    const auto deadline = Clock::now() + std::chrono::milliseconds(500);
+    while (!all_finished() && Clock::now() < deadline) poll(std::chrono::milliseconds(20));
     for (size_t p = 0; p < requests_.size(); ++p) {
       EngineRequest& r = requests_[p];
       if (r.finished || r.id.empty()) continue;
-      s_.backend().abort(r.id);
       r.finished = true;
       ++finished_;
       for (int j = 0; j < sampling_.n; ++j)

@@ -104,10 +104,23 @@ void HttpServer::routes() {
       json data = json::array();
       const BackendInfo& info = backend_.info();
       for (const auto& name : options_.served_model_names)
-        data.push_back({{"id", name}, {"object", "model"}, {"created", info.created}, {"owned_by", "atom"},
+        // vLLM's ModelCard, field for field (owned_by "vllm": clients that filter on it), plus
+        // vocab_size (ids a prompt may use; `atom bench serve` draws random prompts from it).
+        data.push_back({{"id", name}, {"object", "model"}, {"created", info.created}, {"owned_by", "vllm"},
                         {"root", info.model_path}, {"parent", nullptr}, {"max_model_len", info.max_model_len},
                         {"vocab_size", info.vocab_size},
-                        {"permission", json::array()}});
+                        {"permission", json::array({json{{"id", "modelperm-" + name},
+                                                         {"object", "model_permission"},
+                                                         {"created", info.created},
+                                                         {"allow_create_engine", false},
+                                                         {"allow_sampling", true},
+                                                         {"allow_logprobs", true},
+                                                         {"allow_search_indices", false},
+                                                         {"allow_view", true},
+                                                         {"allow_fine_tuning", false},
+                                                         {"organization", "*"},
+                                                         {"group", nullptr},
+                                                         {"is_blocking", false}}})}});
       res.set_content(json{{"object", "list"}, {"data", data}}.dump(), "application/json");
     });
   });

@@ -52,6 +52,7 @@ Metrics::Metrics(std::string model_name) : model_(std::move(model_name)) {
   init(queue_, kRequestLatencyBuckets);
   init(prefill_, kRequestLatencyBuckets);
   init(decode_, kRequestLatencyBuckets);
+  init(inference_, kRequestLatencyBuckets);
   init(prompt_len_, length_buckets());
   init(gen_len_, length_buckets());
   init(params_n_, kNBuckets);
@@ -82,6 +83,7 @@ void Metrics::observe_e2e_latency(double s) { ATOM_LOCKED; e2e_.observe(s); }
 void Metrics::observe_queue_time(double s) { ATOM_LOCKED; queue_.observe(s); }
 void Metrics::observe_prefill_time(double s) { ATOM_LOCKED; prefill_.observe(s); }
 void Metrics::observe_decode_time(double s) { ATOM_LOCKED; decode_.observe(s); }
+void Metrics::observe_inference_time(double s) { ATOM_LOCKED; inference_.observe(s); }
 void Metrics::observe_request_tokens(int64_t p, int64_t g, int n, int64_t max_tokens) {
   ATOM_LOCKED;
   prompt_len_.observe(static_cast<double>(p));
@@ -137,6 +139,7 @@ std::string Metrics::render() const {
   histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", queue_);
   histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", prefill_);
   histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", decode_);
+  histogram("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", inference_);
   histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", prompt_len_);
   histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", gen_len_);
   histogram("vllm:request_params_n", "Histogram of the n request parameter.", params_n_);

@@ -36,6 +36,7 @@ class Metrics {
   void observe_queue_time(double s);
   void observe_prefill_time(double s);
   void observe_decode_time(double s);
+  void observe_inference_time(double s);
   void observe_request_tokens(int64_t prompt_tokens, int64_t generation_tokens, int n, int64_t max_tokens);
 
   // Info-style gauge vllm:cache_config_info.
@@ -60,7 +61,7 @@ class Metrics {
           preemptions_ = 0;
   std::map<std::string, int64_t> success_;
   std::map<std::string, int64_t> http_;  // "handler\tmethod\tstatus"
-  Histogram ttft_, itl_, tpot_, e2e_, queue_, prefill_, decode_, prompt_len_, gen_len_, params_n_,
+  Histogram ttft_, itl_, tpot_, e2e_, queue_, prefill_, decode_, inference_, prompt_len_, gen_len_, params_n_,
       params_max_tokens_;
   std::map<std::string, std::string> cache_config_;
 };

@@ -68,10 +68,19 @@ inline std::vector<std::string> moe_gpu_fixture_names() {
   return r;
 }
 
+// Hybrids of linear attention (Gated DeltaNet) and full attention, with per-request recurrent
+// state in the state slot pool; all but dense Qwen3.5 are mixtures of experts too. CPU only: the
+// CUDA kernels of the gated delta net are not written yet.
+inline const std::vector<std::string>& hybrid_fixture_names() {
+  static const std::vector<std::string> names = {"qwen3_next", "qwen3_5", "qwen3_5_moe",
+                                                 "qwen3_5_moe_per_expert"};
+  return names;
+}
 inline const std::vector<std::string>& fixture_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> all = dense_fixture_names();
     for (const auto& n : moe_fixture_names()) all.push_back(n);
+    for (const auto& n : hybrid_fixture_names()) all.push_back(n);
     return all;
   }();
   return names;
@@ -89,6 +98,31 @@ inline constexpr float kCpuLogitTolerance = 3e-5f;
 // partial sums in another order. Measured 5.7-8.1e-6 on tp 2 and 4 (tests/models/
 // tensor_parallel_test, tests/engine/engine_tp_test); 3e-5 leaves four times that.
 inline constexpr float kTpLogitTolerance = 3e-5f;
+
+// The hybrids (Gated DeltaNet): max |Δlogit| 0.83-4.7e-4 over the four fixtures, on a few rows
+// only, and as much between atom's own chunked and recurrent delta rules on the same rows (rows
+// whose delta-rule output is small, where the gated RMSNorm and the l2-normalised q/k amplify fp32
+// rounding); 1e-3 is about twice the largest. Every row is held tighter by the normalised L2
+// error: measured 1.3-3.3e-6 (the dense fixtures: 0.5-0.8e-6), bound 7e-6.
+inline constexpr float kHybridCpuLogitTolerance = 1e-3f;
+inline constexpr double kHybridCpuRelTolerance = 7e-6;
+
+inline bool is_hybrid_fixture(const std::string& name) {
+  const auto& h = hybrid_fixture_names();
+  return std::find(h.begin(), h.end(), name) != h.end();
+}
+
+// CPU fp32 logits of fixture `name` against transformers': max |Δ| within the family's bound
+// (and, for the hybrids, the normalised L2 error within kHybridCpuRelTolerance). Returns max |Δ|.
+inline float expect_cpu_parity(const Tensor& got, const Tensor& want, const std::string& name,
+                               const std::string& what) {
+  if (!is_hybrid_fixture(name)) return expect_logits_near(got, want, kCpuLogitTolerance, what);
+  const float d = expect_logits_near(got, want, kHybridCpuLogitTolerance, what);
+  const double r = rel_err(got, want, what);
+  EXPECT_LE(r, kHybridCpuRelTolerance) << what << ": normalised L2 error";
+  std::printf("%s: normalised L2 error %.3g\n", what.c_str(), r);
+  return d;
+}
 
 struct Reference {
   std::vector<int32_t> input_ids, greedy_prompt, greedy_tokens;

@@ -90,7 +90,12 @@ class TestHybridMixer {
 }  // namespace
 
 using AtomTestRecurrentForCausalLM = DecoderOnlyLM<LlamaDecoderLayer<TestHybridMixer>>;
+static ModelSupport test_recurrent_support() {
+  ModelSupport s;
+  s.layer_types = {"full_attention", "recurrent"};
+  return s;
+}
 ATOM_REGISTER_MODEL_SUPPORTING("AtomTestRecurrentForCausalLM", AtomTestRecurrentForCausalLM,
-                               ModelSupport{.layer_types = {"full_attention", "recurrent"}});
+                               test_recurrent_support());
 
 }  // namespace atom

@@ -259,8 +259,8 @@ function safetensorsInts(file, name) {
 
 test('--tensor-parallel-size 2 serves transformers\' greedy tokens', async () => {
   // Real weights (dummy ones are drawn per rank's shard, so they differ from one rank's): the
-  // qwen3_tied fixture with Qwen3's tokenizer, prompted with token ids inside its vocabulary.
-  const dir = makeModelDir(SRC, 'atom-serve-tp-', 'tests/fixtures/models/qwen3_tied');
+  // qwen3_tied fixture with a byte-level tokenizer that fits its vocabulary, prompted with ids.
+  const dir = makeModelDir(SRC, 'atom-serve-tp-', 'tests/fixtures/models/qwen3_tied', { byteTokenizer: true });
   const ref = path.join(SRC, 'tests/fixtures/references/qwen3_tied.safetensors');
   const prompt = safetensorsInts(ref, 'greedy_prompt'), want = safetensorsInts(ref, 'greedy_tokens');
   const s = await startServer(dir, ['--tensor-parallel-size', '2'], 'auto');
@@ -280,9 +280,9 @@ test('--tensor-parallel-size 2 serves transformers\' greedy tokens', async () =>
 });
 
 test('a mixture of experts (GLM-4.5 shape) serves transformers\' greedy tokens, streamed and not', async () => {
-  // The glm4_moe fixture (grouped sigmoid routing, shared experts) with Qwen3's tokenizer,
-  // prompted with token ids inside its vocabulary.
-  const dir = makeModelDir(SRC, 'atom-serve-moe-', 'tests/fixtures/models/glm4_moe');
+  // The glm4_moe fixture (grouped sigmoid routing, shared experts) with a byte-level tokenizer
+  // that fits its vocabulary, prompted with token ids.
+  const dir = makeModelDir(SRC, 'atom-serve-moe-', 'tests/fixtures/models/glm4_moe', { byteTokenizer: true });
   const ref = path.join(SRC, 'tests/fixtures/references/glm4_moe.safetensors');
   const prompt = safetensorsInts(ref, 'greedy_prompt'), want = safetensorsInts(ref, 'greedy_tokens');
   const s = await startServer(dir, [], 'auto');

@@ -1,0 +1,96 @@
+// Gated delta net ops (Qwen3-Next, Qwen3.5: transformers' Qwen3NextGatedDeltaNet) and the
+// sigmoid output gate of their full-attention layers. The CPU reference only: the CUDA kernels
+// are not written yet, and on a CUDA tensor each entry point fails naming itself (no silent
+// fallback).
+//
+// Per-request state lives in the state slot pool (layers/context.h, StateCacheSpec): a step's
+// sequence s uses slot state_slots[s]; a sequence whose step starts at context index 0
+// (context_lens[s] == its query length) is new, and its slot is reset first.
+#pragma once
+
+#include "kernels/dispatch.h"
+
+namespace atom::kernels {
+
+// Which rows of a step belong to which sequence, and where their state lives (batch views).
+struct StateRows {
+  const Tensor& query_start;   // [S + 1] I32
+  const Tensor& context_lens;  // [S] I32
+  const Tensor& state_slots;   // [S] I32
+};
+
+// The delta rule's shape, and the chunk size of the chunked form used for prefill.
+struct GatedDeltaArgs {
+  int num_k_heads = 0, num_v_heads = 0;  // v-head h reads k-head h / (num_v_heads / num_k_heads)
+  int k_dim = 0, v_dim = 0;
+  // > 0: a sequence with more than one new token runs the chunked form (chunks of this many
+  // tokens: the same values up to fp32 rounding, as transformers' torch_chunk_gated_delta_rule);
+  // 0: every token through the recurrence.
+  int chunk_size = 64;
+};
+
+namespace cpu {
+// Depthwise causal conv1d with SiLU (kernel K, no bias): per channel c and token t,
+//   out[t, c] = silu(Σ_{i<K} w[c, i] · x_{t-K+1+i}[c]),
+// the K-1 inputs before a sequence's step coming from its conv state, which is left holding the
+// last K-1 inputs (zeros before the first token).
+//   out [T, C]   x [T, C] (rows may be strided)   w [C, K] F32
+//   conv_state [slots, C, K-1] F32
+void short_conv(Tensor& out, const Tensor& x, const Tensor& w, Tensor& conv_state,
+                const StateRows& rows);
+// The gated delta rule with transformers' gating: per token t and v-head h (k-head j),
+//   q̂ = l2norm(q_t,j) · k_dim^-½,  k̂ = l2norm(k_t,j),  β = sigmoid(b_t,h),
+//   g = -exp(A_log[h]) · softplus(a_t,h + dt_bias[h]),
+//   S ← exp(g) S;  S ← S + k̂ ⊗ β (v_t,h − Sᵀk̂);  out_t,h = Sᵀq̂,
+// S [k_dim, v_dim] in fp32, carried in the sequence's state slot.
+//   out [T, Hv * v_dim]   q, k [T, Hk * k_dim]   v [T, Hv * v_dim]   b, a [T, Hv]
+//   (inputs' rows may be strided)   A_log, dt_bias [Hv] F32   state [slots, Hv, k_dim, v_dim] F32
+void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& b, const Tensor& a, const Tensor& A_log, const Tensor& dt_bias,
+                      Tensor& state, const StateRows& rows, const GatedDeltaArgs& args);
+// out = (w ⊙ rmsnorm(x)) · silu(z) over each group of w.numel() channels (the gated RMSNorm).
+//   out, x, z [T, N] (rows may be strided; out may alias x)   w [D], N % D == 0
+void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w, float eps);
+// out = x · sigmoid(gate) elementwise.   out, x, gate [T, N] (rows may be strided; out may alias x)
+void mul_sigmoid(Tensor& out, const Tensor& x, const Tensor& gate);
+}  // namespace cpu
+
+// The CUDA backend has none of these yet.
+[[noreturn]] inline void gated_delta_no_cuda(const char* op) {
+  fail(
+      "{}: no CUDA kernel yet (gated delta net models run on the CPU reference backend: "
+      "--device cpu)",
+      op);
+}
+
+inline void short_conv(Tensor& out, const Tensor& x, const Tensor& w, Tensor& conv_state,
+                       const StateRows& rows) {
+  check_same_device("short_conv", out.device(), {&x, &w, &conv_state, &rows.state_slots});
+  if (!out.device().is_cpu()) gated_delta_no_cuda("short_conv");
+  cpu::short_conv(out, x, w, conv_state, rows);
+}
+
+inline void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& b, const Tensor& a, const Tensor& A_log,
+                             const Tensor& dt_bias, Tensor& state, const StateRows& rows,
+                             const GatedDeltaArgs& args) {
+  check_same_device("gated_delta_rule", out.device(),
+                    {&q, &k, &v, &b, &a, &A_log, &dt_bias, &state, &rows.state_slots});
+  if (!out.device().is_cpu()) gated_delta_no_cuda("gated_delta_rule");
+  cpu::gated_delta_rule(out, q, k, v, b, a, A_log, dt_bias, state, rows, args);
+}
+
+inline void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w,
+                           float eps) {
+  check_same_device("gated_rms_norm", out.device(), {&x, &z, &w});
+  if (!out.device().is_cpu()) gated_delta_no_cuda("gated_rms_norm");
+  cpu::gated_rms_norm(out, x, z, w, eps);
+}
+
+inline void mul_sigmoid(Tensor& out, const Tensor& x, const Tensor& gate) {
+  check_same_device("mul_sigmoid", out.device(), {&x, &gate});
+  if (!out.device().is_cpu()) gated_delta_no_cuda("mul_sigmoid");
+  cpu::mul_sigmoid(out, x, gate);
+}
+
+}  // namespace atom::kernels

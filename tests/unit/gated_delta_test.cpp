@@ -1,0 +1,206 @@
+// The CPU gated delta net kernels against the formulas written out here in double precision
+// (transformers' torch_recurrent_gated_delta_rule, its causal conv1d and gated RMSNorm): the
+// recurrence and the chunked form, each with state carried across steps of different lengths
+// (longer and shorter than a chunk and than the conv kernel), a fresh sequence's slot reset
+// from garbage, and several sequences in one step.
+#include "kernels/gated_delta.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "common/compare.h"
+#include "common/tensor_util.h"
+
+namespace atom::test {
+namespace {
+
+double sig(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double silu(double x) { return x * sig(x); }
+
+// One step of the listed (sequence, rows) parts: each part is rows [r0, r0 + n) of the inputs,
+// the sequence having `ctx` tokens after the step, in state slot `slot`.
+struct Part {
+  int64_t r0, n;
+  int32_t ctx, slot;
+};
+
+struct Rows {
+  Tensor qs, cl, sl;
+  explicit Rows(const std::vector<Part>& parts) {
+    std::vector<int32_t> q = {0}, c, s;
+    for (const Part& p : parts) {
+      q.push_back(q.back() + static_cast<int32_t>(p.n));
+      c.push_back(p.ctx);
+      s.push_back(p.slot);
+    }
+    qs = i32(q);
+    cl = i32(c);
+    sl = i32(s);
+  }
+  kernels::StateRows view() const { return {qs, cl, sl}; }
+};
+
+// Gathers rows of several parts into one step's tensor.
+Tensor gather(const Tensor& x, const std::vector<Part>& parts) {
+  int64_t T = 0;
+  for (const Part& p : parts) T += p.n;
+  Tensor out = Tensor::empty({T, x.size(1)}, DType::kF32);
+  int64_t r = 0;
+  for (const Part& p : parts)
+    for (int64_t i = 0; i < p.n; ++i, ++r)
+      std::copy(x.ptr<float>() + (p.r0 + i) * x.size(1),
+                x.ptr<float>() + (p.r0 + i + 1) * x.size(1), out.ptr<float>() + r * x.size(1));
+  return out;
+}
+
+TEST(GatedDelta, ShortConvMatchesTheFormulaAcrossSteps) {
+  const int64_t C = 5, K = 4, T = 11;
+  Tensor x = random_cpu({T, C}, DType::kF32, 1);
+  Tensor w = random_cpu({C, K}, DType::kF32, 2);
+  // Sequence A over steps of 2 (shorter than K - 1), 1 and 8 tokens in slot 1; sequence B, 3
+  // fresh tokens (rows 0-2 again) in slot 0 beside A's second step.
+  Tensor state = Tensor::empty({3, C, K - 1}, DType::kF32);
+  for (int64_t i = 0; i < state.numel(); ++i) state.ptr<float>()[i] = 7.0f;  // garbage
+  std::vector<std::vector<Part>> steps = {
+      {{0, 2, 2, 1}}, {{2, 1, 3, 1}, {0, 3, 3, 0}}, {{3, 8, 11, 1}}};
+  std::vector<double> want(static_cast<size_t>(T * C));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t c = 0; c < C; ++c) {
+      double acc = 0;
+      for (int64_t i = 0; i < K; ++i) {
+        const int64_t s = t - K + 1 + i;
+        if (s >= 0) acc += w.ptr<float>()[c * K + i] * x.ptr<float>()[s * C + c];
+      }
+      want[t * C + c] = silu(acc);
+    }
+  for (const auto& parts : steps) {
+    Tensor xs = gather(x, parts);
+    Tensor out = Tensor::empty(xs.shape(), DType::kF32);
+    Rows rows(parts);
+    kernels::short_conv(out, xs, w, state, rows.view());
+    int64_t r = 0;
+    for (const Part& p : parts)
+      for (int64_t i = 0; i < p.n; ++i, ++r)
+        for (int64_t c = 0; c < C; ++c)
+          EXPECT_NEAR(out.ptr<float>()[r * C + c], want[(p.r0 + i) * C + c], 1e-6)
+              << "row " << p.r0 + i << " channel " << c << " slot " << p.slot;
+  }
+  // A's state holds its last K - 1 inputs.
+  for (int64_t c = 0; c < C; ++c)
+    for (int64_t i = 0; i < K - 1; ++i)
+      EXPECT_EQ(state.ptr<float>()[(1 * C + c) * (K - 1) + i],
+                x.ptr<float>()[(T - K + 1 + i) * C + c]);
+}
+
+// transformers' recurrence in double: returns out [T, Hv * dv].
+std::vector<double> delta_reference(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& b, const Tensor& a, const Tensor& A_log,
+                                    const Tensor& dt_bias, int Hk, int Hv, int dk, int dv) {
+  const int64_t T = q.size(0);
+  std::vector<double> out(static_cast<size_t>(T * Hv * dv));
+  for (int h = 0; h < Hv; ++h) {
+    const int j = h / (Hv / Hk);
+    std::vector<double> S(static_cast<size_t>(dk * dv), 0.0);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> qt(dk), kt(dk);
+      double nq = 0, nk = 0;
+      for (int d = 0; d < dk; ++d) {
+        qt[d] = q.ptr<float>()[t * Hk * dk + j * dk + d];
+        kt[d] = k.ptr<float>()[t * Hk * dk + j * dk + d];
+        nq += qt[d] * qt[d];
+        nk += kt[d] * kt[d];
+      }
+      for (int d = 0; d < dk; ++d) {
+        qt[d] = qt[d] / std::sqrt(nq + 1e-6) / std::sqrt(static_cast<double>(dk));
+        kt[d] = kt[d] / std::sqrt(nk + 1e-6);
+      }
+      const double beta = sig(b.ptr<float>()[t * Hv + h]);
+      const double x = a.ptr<float>()[t * Hv + h] + dt_bias.ptr<float>()[h];
+      const double g =
+          -std::exp(static_cast<double>(A_log.ptr<float>()[h])) * std::log1p(std::exp(x));
+      for (double& s : S) s *= std::exp(g);
+      for (int e = 0; e < dv; ++e) {
+        double kv = 0;
+        for (int d = 0; d < dk; ++d) kv += S[d * dv + e] * kt[d];
+        const double delta = beta * (v.ptr<float>()[t * Hv * dv + h * dv + e] - kv);
+        for (int d = 0; d < dk; ++d) S[d * dv + e] += kt[d] * delta;
+      }
+      for (int e = 0; e < dv; ++e) {
+        double o = 0;
+        for (int d = 0; d < dk; ++d) o += S[d * dv + e] * qt[d];
+        out[(t * Hv + h) * dv + e] = o;
+      }
+    }
+  }
+  return out;
+}
+
+TEST(GatedDelta, RecurrentAndChunkedRulesMatchTheFormulaAcrossSteps) {
+  const int Hk = 2, Hv = 4, dk = 5, dv = 3;
+  const int64_t T = 14;
+  Tensor q = random_cpu({T, Hk * dk}, DType::kF32, 3);
+  Tensor k = random_cpu({T, Hk * dk}, DType::kF32, 4);
+  Tensor v = random_cpu({T, Hv * dv}, DType::kF32, 5, -2.0f, 2.0f);
+  Tensor b = random_cpu({T, Hv}, DType::kF32, 6, -2.0f, 2.0f);
+  Tensor a = random_cpu({T, Hv}, DType::kF32, 7, -2.0f, 2.0f);
+  Tensor A_log = random_cpu({Hv}, DType::kF32, 8, -2.0f, 0.5f);
+  Tensor dt_bias = random_cpu({Hv}, DType::kF32, 9);
+  const std::vector<double> want = delta_reference(q, k, v, b, a, A_log, dt_bias, Hk, Hv, dk, dv);
+  // Steps of 9 (two chunks of 4 and one token), 4 with a fresh 3-token sequence beside, and a
+  // decode token.
+  const std::vector<std::vector<Part>> steps = {
+      {{0, 9, 9, 2}}, {{0, 3, 3, 0}, {9, 4, 13, 2}}, {{13, 1, 14, 2}}};
+  for (const int chunk : {0, 4}) {
+    SCOPED_TRACE(chunk ? "chunked" : "recurrent");
+    Tensor state = Tensor::empty({3, Hv, dk, dv}, DType::kF32);
+    for (int64_t i = 0; i < state.numel(); ++i) state.ptr<float>()[i] = 7.0f;  // garbage
+    kernels::GatedDeltaArgs args{Hk, Hv, dk, dv, chunk};
+    double worst = 0;
+    for (const auto& parts : steps) {
+      Tensor out = Tensor::empty({0, 0}, DType::kF32);
+      Tensor qs = gather(q, parts), ks = gather(k, parts), vs = gather(v, parts),
+             bs = gather(b, parts), as = gather(a, parts);
+      out = Tensor::empty({qs.size(0), Hv * dv}, DType::kF32);
+      Rows rows(parts);
+      kernels::gated_delta_rule(out, qs, ks, vs, bs, as, A_log, dt_bias, state, rows.view(), args);
+      int64_t r = 0;
+      for (const Part& p : parts)
+        for (int64_t i = 0; i < p.n; ++i, ++r)
+          for (int64_t c = 0; c < Hv * dv; ++c) {
+            const double d =
+                std::abs(out.ptr<float>()[r * Hv * dv + c] - want[(p.r0 + i) * Hv * dv + c]);
+            EXPECT_LE(d, 2e-6) << "row " << p.r0 + i << " column " << c;
+            if (!(d <= worst)) worst = d;
+          }
+    }
+    std::printf("gated delta rule (%s): max |error| %.3g\n", chunk ? "chunked" : "recurrent",
+                worst);
+  }
+}
+
+TEST(GatedDelta, GatedNormAndSigmoidGateMatchTheFormula) {
+  const int64_t T = 3, D = 4, N = 8;
+  Tensor x = random_cpu({T, N}, DType::kF32, 10, -2.0f, 2.0f);
+  Tensor z = random_cpu({T, N}, DType::kF32, 11, -2.0f, 2.0f);
+  Tensor w = random_cpu({D}, DType::kF32, 12, 0.5f, 1.5f);
+  Tensor out = Tensor::empty({T, N}, DType::kF32);
+  kernels::gated_rms_norm(out, x, z, w, 1e-6f);
+  Tensor gated = Tensor::empty({T, N}, DType::kF32);
+  kernels::mul_sigmoid(gated, x, z);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < N / D; ++g) {
+      double ss = 0;
+      for (int64_t i = 0; i < D; ++i) ss += std::pow(x.ptr<float>()[t * N + g * D + i], 2);
+      for (int64_t i = 0; i < D; ++i) {
+        const int64_t c = t * N + g * D + i;
+        const double n = x.ptr<float>()[c] / std::sqrt(ss / D + 1e-6);
+        EXPECT_NEAR(out.ptr<float>()[c], w.ptr<float>()[i] * n * silu(z.ptr<float>()[c]), 1e-6);
+        EXPECT_NEAR(gated.ptr<float>()[c], x.ptr<float>()[c] * sig(z.ptr<float>()[c]), 1e-6);
+      }
+    }
+}
+
+}  // namespace
+}  // namespace atom::test
