@@ -43,6 +43,7 @@ struct ServeArgs {
   std::string reasoning_parser;
   int max_waiting = 4096;
   int64_t max_body_bytes = 32 << 20;
+  atom::jinja::Limits template_limits;  // chat templates: the model's, --chat-template, requests'
 };
 
 double since(std::chrono::steady_clock::time_point t0) {
@@ -117,7 +118,8 @@ void serve(ServeArgs& a) {
                    "no token (sampled, they decode to nothing)",
                    config.vocab_size, tok.id_limit(), tok.id_limit(), config.vocab_size - 1);
   {
-    const auto tpl = atom::tokenizer::ChatTemplate::from_model_dir(tokenizer_dir, a.chat_template);
+    const auto tpl = atom::tokenizer::ChatTemplate::from_model_dir(tokenizer_dir, a.chat_template,
+                                                                   a.template_limits);
     if (const std::string e = tpl.parse_error(); !e.empty())
       atom::fail("the chat template does not parse: {}", e);
   }
@@ -145,6 +147,7 @@ void serve(ServeArgs& a) {
   bo.tokenizer_path = tokenizer_dir;  // the chat template lives with the tokenizer
   bo.max_waiting = a.max_waiting;
   bo.chat_template = a.chat_template;
+  bo.template_limits = a.template_limits;
   atom::server::EngineBackend backend(engine, tok, bo);
 
   atom::server::ServerOptions so;
@@ -254,5 +257,18 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
   cmd->add_option("--max-waiting-requests", a->max_waiting, "queued requests beyond this get 503")
       ->capture_default_str();
   cmd->add_option("--max-request-body-bytes", a->max_body_bytes, "larger bodies get 413")->capture_default_str();
+  cmd->add_option("--max-template-depth", a->template_limits.max_depth,
+                  "deepest nesting a chat template may have (blocks, brackets, links of a.b.c or "
+                  "1 + 2 + 3); deeper templates are refused")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--max-template-steps", a->template_limits.max_steps,
+                  "statements and loop iterations one chat-template render may run")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
+  cmd->add_option("--max-template-output-bytes", a->template_limits.max_output_bytes,
+                  "largest prompt text (or string) one chat-template render may build")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1}, size_t{1} << 40));
   cmd->callback([a] { serve(*a); });
 });

@@ -43,8 +43,12 @@ void convert_contiguous(void* dst, DType dt, const void* src, DType st, int64_t 
     std::memcpy(dst, src, dtype_bytes(dt, static_cast<uint64_t>(n)));
     return;
   }
-  ATOM_CHECK(is_convertible_float(dt) && is_convertible_float(st), "no conversion from {} to {}",
-             dtype_name(st), dtype_name(dt));
+  // Reached by checkpoint data (a tensor stored as integers where the model wants floats): a
+  // sentence for the user, which the loader prefixes with the tensor and the folder.
+  if (!is_convertible_float(dt) || !is_convertible_float(st))
+    fail("it is stored as {}, which atom cannot convert to {} (it converts between F32, BF16, F16 "
+         "and F64)",
+         dtype_name(st), dtype_name(dt));
   if (st == DType::kF64 && dt == DType::kF32) {
     for (int64_t i = 0; i < n; ++i) static_cast<float*>(dst)[i] = static_cast<float>(static_cast<const double*>(src)[i]);
     return;

@@ -42,6 +42,11 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
   if (c.kv_cache_memory < 0) fail("kv_cache_memory must be positive, got {}", c.kv_cache_memory);
   const int64_t kv_bytes = c.kv_cache_memory > 0 ? c.kv_cache_memory : kCpuKvCacheMemory;
   if (c.num_gpu_blocks_override > 0) {
+    // Cache slots (block * block_size + offset) are int32 in every batch.
+    if (c.num_gpu_blocks_override > INT32_MAX / c.block_size)
+      fail("--num-gpu-blocks-override {} blocks of {} tokens is more cache slots than 32-bit slot "
+           "numbers address (at most {} blocks at this --block-size)",
+           c.num_gpu_blocks_override, c.block_size, INT32_MAX / c.block_size);
     p.num_blocks = c.num_gpu_blocks_override;
   } else if (model.device().is_cuda() && c.kv_cache_memory <= 0) {
     p.from_gpu_memory = true;  // the runner profiles a step and measures what is left

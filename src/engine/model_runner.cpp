@@ -190,7 +190,7 @@ void ModelRunner::capture_decode_graphs() {
 
 Tensor ModelRunner::forward_logits(Batch& batch) {
   batch.block_size = kv_.block_size;
-  batch.validate();
+  batch.validate(kv_.num_pages, kv_.num_state_slots);
   arena_.reset();
   if (graphs_ && graphs_->accepts(batch)) return graphs_->run(batch);
   batch.upload(arena_);

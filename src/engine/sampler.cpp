@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace atom {
 
@@ -137,17 +138,21 @@ void CpuSampler::sample(const Tensor& logits, std::span<const SampleTask> tasks,
     scratch_.push_back(std::make_unique<Scratch>());
   const float* base = logits.ptr<float>();
   const int64_t n = static_cast<int64_t>(tasks.size());
-  for (const SampleTask& t : tasks)  // checked here: an exception may not leave the parallel loop
+  for (const SampleTask& t : tasks)
     ATOM_CHECK(t.row >= 0 && t.row < logits.size(0) && t.params, "sampler: row {} of {}", t.row,
                logits.size(0));
     // Rows are independent; a greedy row is one pass over the vocabulary, so only fan out when the
     // batch has enough of them to pay for the threads.
+  ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 4) if (n >= 8)
   for (int64_t i = 0; i < n; ++i) {
-    const SampleTask& t = tasks[static_cast<size_t>(i)];
-    tokens[static_cast<size_t>(i)] = sample_row(t, base + static_cast<int64_t>(t.row) * vocab,
-                                                vocab, *scratch_[omp_get_thread_num()]);
+    errors.guard([&] {
+      const SampleTask& t = tasks[static_cast<size_t>(i)];
+      tokens[static_cast<size_t>(i)] = sample_row(t, base + static_cast<int64_t>(t.row) * vocab,
+                                                  vocab, *scratch_[omp_get_thread_num()]);
+    });
   }
+  errors.rethrow();
 }
 
 }  // namespace atom

@@ -56,6 +56,14 @@ void Interpreter::step() {
   }
 }
 
+Interpreter::Nest::Nest(Interpreter& ip) : ip(ip) {
+  if (++ip.nesting_ > ip.rt_.limits.max_eval_depth) {
+    --ip.nesting_;
+    eval_fail("rendering nests deeper than the evaluation depth limit of {} (runaway recursion?)",
+              ip.rt_.limits.max_eval_depth);
+  }
+}
+
 void Interpreter::check_size(size_t bytes) const {
   if (bytes > rt_.limits.max_output_bytes) {
     eval_fail("the template output exceeds the limit of {} bytes", rt_.limits.max_output_bytes);
@@ -82,6 +90,7 @@ std::string Interpreter::render_body(const Body& body, const ScopePtr& scope) {
 }
 
 Interpreter::Flow Interpreter::exec_stmt(const Stmt& st, const ScopePtr& scope, std::string& out) {
+  Nest nest(*this);
   step();
   line_ = st.line;
   switch (st.kind) {
@@ -235,6 +244,7 @@ void Interpreter::assign(const Target& target, const Value& value, Scope& scope)
 }
 
 Value Interpreter::eval(const Expr& e, Scope& scope) {
+  Nest nest(*this);
   line_ = e.line;
   switch (e.kind) {
     case ExprKind::kConst:

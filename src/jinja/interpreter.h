@@ -41,6 +41,12 @@ struct Limits {
   size_t max_output_bytes = size_t{64} << 20;  // also caps any single string the template builds
   int max_call_depth = 256;                    // nested macro / caller invocations
   uint64_t max_steps = 50'000'000;             // statements and loop iterations executed
+  // Nesting of the template source: blocks, brackets, and the links of chains such as a.b.c,
+  // x|f|g or 1 + 2 + 3 (each link nests the tree one level). Checked while parsing.
+  int max_depth = 256;
+  // Nested evaluations while rendering (expressions, statements and macro calls together), which
+  // bounds the native stack a render uses: deep trees in macros that recurse multiply.
+  int max_eval_depth = 4096;
 };
 
 // What an environment provides to the interpreter: filters, tests, globals and limits.
@@ -106,11 +112,18 @@ class Interpreter {
   Value eval_compare(const CompareExpr& e, Scope& scope);
   Value eval_slice(const Value& obj, const SliceExpr& s, Scope& scope);
   void step();
+  // Counts one evaluation frame for Limits::max_eval_depth while it lives.
+  struct Nest {
+    explicit Nest(Interpreter& ip);
+    ~Nest() { --ip.nesting_; }
+    Interpreter& ip;
+  };
   void append(std::string& out, std::string_view text) const;
 
   const Runtime& rt_;
   int line_ = 0;
   int depth_ = 0;
+  int nesting_ = 0;  // eval / exec_stmt frames on the stack
   uint64_t steps_ = 0;
 };
 

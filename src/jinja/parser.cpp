@@ -110,15 +110,30 @@ class Parser {
   }
 
   // Recursive descent: bound the nesting so a hostile template cannot overflow the stack.
-  // jinja2 itself gives up (RecursionError) well before these depths.
+  // jinja2 itself gives up (RecursionError) well before the default depth.
+  void enter(int line) {
+    if (++depth_ > opt_.max_depth)
+      fail(line, fmt::format("the template nests deeper than the depth limit of {} levels",
+                             opt_.max_depth));
+  }
   struct DepthGuard {
-    DepthGuard(Parser* p, int line) : p(p) {
-      if (++p->depth_ > kMaxNesting) p->fail(line, "the template nests too deeply");
-    }
+    DepthGuard(Parser* p, int line) : p(p) { p->enter(line); }
     ~DepthGuard() { --p->depth_; }
     Parser* p;
   };
-  static constexpr int kMaxNesting = 256;
+  // A chain parsed by a loop (a.b.c, 1 + 2 + 3, x|f|g, a or b or c) nests the tree one level per
+  // link without recursing here; its links count against the same limit, so that walking the tree
+  // afterwards (rendering, freeing) is bounded too.
+  struct ChainGuard {
+    explicit ChainGuard(Parser* p) : p(p) {}
+    ~ChainGuard() { p->depth_ -= links; }
+    void link(int line) {
+      ++links;
+      p->enter(line);
+    }
+    Parser* p;
+    int links = 0;
+  };
 
   StmtPtr parse_statement() {
     const Token& tok = cur();
@@ -307,6 +322,7 @@ class Parser {
 
   // ---- assignment targets ----
   Target parse_target_primary() {
+    DepthGuard depth(this, cur().line);
     Target t;
     t.line = cur().line;
     if (cur().type == Tok::kName) {
@@ -395,8 +411,9 @@ class Parser {
   ExprPtr parse_condexpr() {
     int line = cur().line;
     ExprPtr expr1 = parse_or();
+    ChainGuard chain(this);
     while (cur().is_name("if")) {
-      next();
+      chain.link(next().line);
       auto node = std::make_unique<CondExpr>(line);
       node->test = parse_or();
       if (skip_name("else")) node->otherwise = parse_condexpr();
@@ -408,8 +425,10 @@ class Parser {
 
   ExprPtr parse_or() {
     ExprPtr left = parse_and();
+    ChainGuard chain(this);
     while (cur().is_name("or")) {
       int line = next().line;
+      chain.link(line);
       left = std::make_unique<LogicExpr>(ExprKind::kOr, std::move(left), parse_and(), line);
     }
     return left;
@@ -417,8 +436,10 @@ class Parser {
 
   ExprPtr parse_and() {
     ExprPtr left = parse_not();
+    ChainGuard chain(this);
     while (cur().is_name("and")) {
       int line = next().line;
+      chain.link(line);
       left = std::make_unique<LogicExpr>(ExprKind::kAnd, std::move(left), parse_not(), line);
     }
     return left;
@@ -426,6 +447,7 @@ class Parser {
 
   ExprPtr parse_not() {
     if (cur().is_name("not")) {
+      DepthGuard depth(this, cur().line);
       int line = next().line;
       return std::make_unique<UnaryExpr>('!', parse_not(), line);
     }
@@ -473,8 +495,10 @@ class Parser {
 
   ExprPtr parse_math1() {
     ExprPtr left = parse_concat();
+    ChainGuard chain(this);
     while (cur().is_op("+") || cur().is_op("-")) {
       const Token& t = next();
+      chain.link(t.line);
       BinOp op = t.text == "+" ? BinOp::kAdd : BinOp::kSub;
       left = std::make_unique<BinaryExpr>(op, std::move(left), parse_concat(), t.line);
     }
@@ -493,6 +517,7 @@ class Parser {
 
   ExprPtr parse_math2() {
     ExprPtr left = parse_pow();
+    ChainGuard chain(this);
     while (true) {
       const Token& t = cur();
       BinOp op;
@@ -507,6 +532,7 @@ class Parser {
       else
         break;
       int line = next().line;
+      chain.link(line);
       left = std::make_unique<BinaryExpr>(op, std::move(left), parse_pow(), line);
     }
     return left;
@@ -514,8 +540,10 @@ class Parser {
 
   ExprPtr parse_pow() {
     ExprPtr left = parse_unary(true);
+    ChainGuard chain(this);
     while (cur().is_op("**")) {
       int line = next().line;
+      chain.link(line);
       left = std::make_unique<BinaryExpr>(BinOp::kPow, std::move(left), parse_unary(true), line);
     }
     return left;
@@ -596,7 +624,9 @@ class Parser {
   }
 
   ExprPtr parse_postfix(ExprPtr node) {
+    ChainGuard chain(this);
     while (true) {
+      if (cur().is_op(".") || cur().is_op("[") || cur().is_op("(")) chain.link(cur().line);
       if (cur().is_op(".") || cur().is_op("[")) {
         node = parse_subscript(std::move(node));
       } else if (cur().is_op("(")) {
@@ -608,7 +638,9 @@ class Parser {
   }
 
   ExprPtr parse_filter_expr(ExprPtr node) {
+    ChainGuard chain(this);
     while (true) {
+      if (cur().is_op("|") || cur().is_name("is") || cur().is_op("(")) chain.link(cur().line);
       if (cur().is_op("|")) {
         node = parse_filter(std::move(node), false);
       } else if (cur().is_name("is")) {
@@ -721,7 +753,9 @@ class Parser {
   }
 
   ExprPtr parse_filter(ExprPtr node, bool start_inline) {
+    ChainGuard chain(this);
     while (cur().is_op("|") || start_inline) {
+      chain.link(cur().line);
       if (!start_inline) next();
       start_inline = false;
       int line = cur().line;

@@ -18,6 +18,7 @@ struct ParserOptions {
   bool loop_controls = true;            // jinja2.ext.loopcontrols: break / continue
   std::vector<std::string> scope_tags;  // `{% tag %}...{% endtag %}` rendered in place
   std::string where;                    // template name for error messages
+  int max_depth = 256;                  // Limits::max_depth
 };
 
 // Throws TemplateError (kSyntax).

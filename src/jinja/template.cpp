@@ -60,6 +60,7 @@ Template Environment::from_string(std::string_view source, std::string name) con
   po.loop_controls = options_.loop_controls;
   po.scope_tags = options_.scope_tags;
   po.where = name;
+  po.max_depth = options_.limits.max_depth;
   Template t;
   t.body_ = std::make_shared<const Body>(parse(tokens, po));
   t.runtime_ = std::move(rt);

@@ -8,7 +8,7 @@
 
 namespace atom {
 
-void Batch::validate() const {
+void Batch::validate(int64_t num_pages, int64_t num_state_slots) const {
   const int T = num_tokens(), S = num_seqs();
   auto check_extent = [&](const char* name, const std::vector<int32_t>& f, BatchExtent e) {
     const int n = static_cast<int>(f.size());
@@ -28,11 +28,26 @@ void Batch::validate() const {
     ATOM_CHECK(q >= 0 && q <= context_lens[s],
                "batch: sequence {} has {} new tokens but context {}", s, q, context_lens[s]);
     const int pages = page_indptr[s + 1] - page_indptr[s];
+    ATOM_CHECK(pages >= 0, "batch: page_indptr decreases at sequence {}", s);
     ATOM_CHECK(static_cast<int64_t>(pages) * block_size >= context_lens[s],
                "batch: sequence {} has {} pages for {} tokens", s, pages, context_lens[s]);
   }
   for (int32_t i : logits_indices)
     ATOM_CHECK(i >= 0 && i < T, "batch: logits index {} out of range", i);
+  if (num_pages >= 0) {
+    for (int32_t p : page_indices)
+      ATOM_CHECK(p >= 0 && p < num_pages, "batch: page index {} outside the cache's {} pages", p,
+                 num_pages);
+    const int64_t slots = num_pages * block_size;
+    for (int32_t t : slot_mapping)
+      ATOM_CHECK(t >= -1 && t < slots, "batch: cache slot {} outside the cache's {} slots", t,
+                 slots);
+  }
+  if (num_state_slots > 0) {
+    for (int32_t slot : state_slots)
+      ATOM_CHECK(slot >= 0 && slot < num_state_slots,
+                 "batch: state slot {} outside the pool's {} slots", slot, num_state_slots);
+  }
 }
 
 void Batch::upload(Arena& arena, int64_t page_capacity) {

@@ -53,7 +53,9 @@ struct Batch {
   } dev;
 
   // Checks the descriptor is consistent (sizes, monotone offsets, bounds); throws on a bug.
-  void validate() const;
+  // With num_pages (and num_state_slots) of the cache it runs against, every page index, cache
+  // slot and state slot must address that cache: a bad one would read or write out of bounds.
+  void validate(int64_t num_pages = -1, int64_t num_state_slots = -1) const;
   // Packs every field into one buffer and copies it to `arena`'s device in one transfer.
   // page_capacity: room for that many page entries is reserved (only the used ones are copied),
   // so a replayed CUDA graph finds every field at the address it recorded for a larger table.

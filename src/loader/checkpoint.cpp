@@ -17,6 +17,41 @@ namespace atom {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+namespace {
+
+// The real path of `file` (a shard named by the index, or found in the folder), refused unless
+// it lies inside the model folder: the index is data from the hub, so "../../etc/passwd", an
+// absolute path or a symlink out of the folder must not make atom open another file. The one
+// symlink allowed out is the Hugging Face cache's own layout, a snapshot file linking to the
+// repository's blob store: <repo>/snapshots/<revision>/<file> -> <repo>/blobs/<hash>.
+fs::path shard_inside(const fs::path& dir, const std::string& file, const std::string& source) {
+  const fs::path rel(file);
+  if (file.empty() || rel.is_absolute() || rel.has_root_name() || rel.has_root_directory())
+    fail("{}: shard '{}' is not a path relative to the model folder", source, file);
+  for (const auto& part : rel.lexically_normal())
+    if (part == "..")
+      fail("{}: shard '{}' points outside the model folder", source, file);
+  const fs::path p = dir / rel;
+  std::error_code ec;
+  if (!fs::exists(p, ec)) fail("{}: shard '{}' named in the index is missing", source, file);
+  const fs::path root = fs::canonical(dir, ec);
+  if (ec) fail("{}: cannot resolve the model folder {}: {}", source, dir.string(), ec.message());
+  const fs::path real = fs::canonical(p, ec);
+  if (ec) fail("{}: cannot resolve shard '{}': {}", source, file, ec.message());
+  auto within = [](const fs::path& inner, const fs::path& outer) {
+    const auto r = inner.lexically_relative(outer);
+    return !r.empty() && *r.begin() != "..";
+  };
+  if (within(real, root)) return real;
+  const fs::path repo = root.parent_path().parent_path();
+  if (root.parent_path().filename() == "snapshots" && real.parent_path() == repo / "blobs")
+    return real;
+  fail("{}: shard '{}' resolves to {}, outside the model folder {}", source, file, real.string(),
+       root.string());
+}
+
+}  // namespace
+
 CheckpointReadOptions checkpoint_options_from_env() {
   CheckpointReadOptions o;
   o.use_mmap = !env_bool("ATOM_DISABLE_MMAP", false);
@@ -48,15 +83,15 @@ Checkpoint::Checkpoint(std::string dir) : dir_(std::move(dir)) {
       files.insert(it.value().get<std::string>());
     }
     for (const auto& f : files) {
-      const fs::path p = fs::path(dir_) / f;
-      if (!fs::exists(p))
-        fail("{}: shard '{}' named in the index is missing", index.string(), f);
-      shards_.push_back(p.string());
+      shard_inside(dir_, f, index.string());
+      shards_.push_back((fs::path(dir_) / f).string());
     }
   } else {
     for (const auto& e : fs::directory_iterator(dir_))
-      if (e.is_regular_file() && e.path().extension() == ".safetensors")
+      if (e.is_regular_file() && e.path().extension() == ".safetensors") {
+        shard_inside(dir_, e.path().filename().string(), dir_);
         shards_.push_back(e.path().string());
+      }
     std::sort(shards_.begin(), shards_.end());
     if (shards_.empty()) fail("model folder '{}' holds no .safetensors files", dir_);
   }

@@ -1,5 +1,6 @@
 #include "loader/hf_config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -32,23 +33,49 @@ const json& ConfigFields::at(const std::string& key) const {
   return j_[key];
 }
 
-int64_t ConfigFields::get_int(const std::string& key) const {
+int64_t ConfigFields::get_int(const std::string& key, IntRange range) const {
   const json& v = at(key);
-  if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>())))
-    return static_cast<int64_t>(v.get<double>());
-  bad(key, "must be an integer, got " + v.dump());
+  int64_t x = 0;
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    bad(key, fmt::format("must be at most {}, got {}", range.hi, v.dump()));
+  } else if (v.is_number_integer()) {
+    x = v.get<int64_t>();
+  } else if (v.is_number_float() && std::isfinite(v.get<double>()) &&
+             std::abs(v.get<double>()) < 9.2e18 &&
+             v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>()))) {
+    x = static_cast<int64_t>(v.get<double>());
+  } else {
+    bad(key, "must be an integer, got " + v.dump());
+  }
+  if (x < range.lo || x > range.hi)
+    bad(key, fmt::format("must be in [{}, {}], got {}", range.lo, range.hi, x));
+  return x;
 }
-int64_t ConfigFields::get_int(const std::string& key, int64_t fallback) const {
-  return has(key) ? get_int(key) : fallback;
+int64_t ConfigFields::get_int(const std::string& key, int64_t fallback, IntRange range) const {
+  return has(key) ? get_int(key, range) : fallback;
 }
-double ConfigFields::get_double(const std::string& key) const {
+double ConfigFields::get_double(const std::string& key, RealRange range) const {
   const json& v = at(key);
   if (!v.is_number()) bad(key, "must be a number, got " + v.dump());
-  return v.get<double>();
+  const double x = v.get<double>();
+  if (!std::isfinite(x)) bad(key, "must be a finite number, got " + v.dump());
+  const bool low = range.lo_open ? !(x > range.lo) : !(x >= range.lo);
+  const bool high = range.hi_open ? !(x < range.hi) : !(x <= range.hi);
+  if (low || high) {
+    std::string want;
+    if (range.lo == 0 && range.lo_open && range.hi == HUGE_VAL)
+      want = "must be positive";
+    else if (range.lo == 0 && !range.lo_open && range.hi == HUGE_VAL)
+      want = "must not be negative";
+    else
+      want = fmt::format("must be in {}{}, {}{}", range.lo_open ? "(" : "[", range.lo, range.hi,
+                         range.hi_open ? ")" : "]");
+    bad(key, fmt::format("{}, got {}", want, x));
+  }
+  return x;
 }
-double ConfigFields::get_double(const std::string& key, double fallback) const {
-  return has(key) ? get_double(key) : fallback;
+double ConfigFields::get_double(const std::string& key, double fallback, RealRange range) const {
+  return has(key) ? get_double(key, range) : fallback;
 }
 bool ConfigFields::get_bool(const std::string& key, bool fallback) const {
   if (!has(key)) return fallback;
@@ -102,19 +129,24 @@ void rope_fill(RopeConfig& r, const ConfigFields& f, const std::string& field) {
   bool known = false;
   for (const char* t : kRopeTypes) known |= r.type == t;
   if (!known) fail("{}: {}: unknown rope type '{}'", f.where(), field, r.type);
-  r.theta = f.get_double("rope_theta", r.theta);
-  r.factor = f.get_double("factor", r.factor);
+  const RealRange positive = RealRange::positive();
+  r.theta = f.get_double("rope_theta", r.theta, positive);
+  r.factor = f.get_double("factor", r.factor, positive);
   if (f.has("original_max_position_embeddings"))
-    r.original_max_position_embeddings = f.get_int("original_max_position_embeddings");
-  r.low_freq_factor = f.get_double("low_freq_factor", r.low_freq_factor);
-  r.high_freq_factor = f.get_double("high_freq_factor", r.high_freq_factor);
-  r.beta_fast = f.get_double("beta_fast", r.beta_fast);
-  r.beta_slow = f.get_double("beta_slow", r.beta_slow);
-  if (f.has("mscale")) r.mscale = f.get_double("mscale");
-  if (f.has("mscale_all_dim")) r.mscale_all_dim = f.get_double("mscale_all_dim");
-  if (f.has("attention_factor")) r.attention_factor = f.get_double("attention_factor");
+    r.original_max_position_embeddings = f.get_int("original_max_position_embeddings", IntRange{1, INT32_MAX});
+  r.low_freq_factor = f.get_double("low_freq_factor", r.low_freq_factor, positive);
+  r.high_freq_factor = f.get_double("high_freq_factor", r.high_freq_factor, positive);
+  r.beta_fast = f.get_double("beta_fast", r.beta_fast, positive);
+  r.beta_slow = f.get_double("beta_slow", r.beta_slow, positive);
+  if (f.has("mscale")) r.mscale = f.get_double("mscale", RealRange::non_negative());
+  if (f.has("mscale_all_dim")) r.mscale_all_dim = f.get_double("mscale_all_dim", RealRange::non_negative());
+  if (f.has("attention_factor")) r.attention_factor = f.get_double("attention_factor", positive);
   r.truncate = f.get_bool("truncate", r.truncate);
-  r.partial_rotary_factor = f.get_double("partial_rotary_factor", r.partial_rotary_factor);
+  r.partial_rotary_factor =
+      f.get_double("partial_rotary_factor", r.partial_rotary_factor, RealRange{0.0, 1.0, true, false});
+  if (r.type == "llama3" && !(r.high_freq_factor > r.low_freq_factor))
+    f.bad("high_freq_factor", fmt::format("must be greater than low_freq_factor ({}), got {}",
+                                          r.low_freq_factor, r.high_freq_factor));
   if (r.type == "llama3" || r.type == "linear" || r.type == "yarn" || r.type == "dynamic") {
     if (!f.has("factor")) fail("{}: {}: rope type '{}' needs 'factor'", f.where(), field, r.type);
   }
@@ -124,8 +156,8 @@ void rope_fill(RopeConfig& r, const ConfigFields& f, const std::string& field) {
 
 void rope_parse(ModelConfig& c, const ConfigFields& t) {
   RopeConfig base;
-  base.theta = t.get_double("rope_theta", 10000.0);
-  base.partial_rotary_factor = t.get_double("partial_rotary_factor", 1.0);
+  base.theta = t.get_double("rope_theta", 10000.0, RealRange::positive());
+  base.partial_rotary_factor = t.get_double("partial_rotary_factor", 1.0, RealRange{0.0, 1.0, true, false});
   const json& j = t.obj();
   if (t.has("rope_parameters")) {
     const json& rp = j["rope_parameters"];
@@ -175,29 +207,26 @@ ModelConfig model_config_parse(const json& j, const std::string& path) {
   c.quantization = quantization_config_parse(c.root);
   if (c.architectures.empty()) c.root.bad("architectures", "is empty");
   c.model_type = t.get_string("model_type", c.root.get_string("model_type", ""));
-  c.hidden_size = t.get_int("hidden_size");
-  c.num_hidden_layers = t.get_int("num_hidden_layers");
-  c.num_attention_heads = t.get_int("num_attention_heads");
-  c.vocab_size = t.get_int("vocab_size");
-  c.intermediate_size = t.get_int("intermediate_size", 0);
-  c.num_key_value_heads = t.get_int("num_key_value_heads", c.num_attention_heads);
-  if (c.hidden_size <= 0) t.bad("hidden_size", "must be positive");
-  if (c.num_hidden_layers <= 0) t.bad("num_hidden_layers", "must be positive");
-  if (c.num_attention_heads <= 0) t.bad("num_attention_heads", "must be positive");
-  if (c.vocab_size <= 0) t.bad("vocab_size", "must be positive");
-  if (c.num_key_value_heads <= 0 || c.num_attention_heads % c.num_key_value_heads != 0)
+  // Upper bounds keep every product of sizes (weights, caches) well inside 64 bits.
+  const IntRange size{1, 1 << 20};
+  c.hidden_size = t.get_int("hidden_size", size);
+  c.num_hidden_layers = t.get_int("num_hidden_layers", IntRange{1, 1 << 14});
+  c.num_attention_heads = t.get_int("num_attention_heads", IntRange{1, 1 << 14});
+  c.vocab_size = t.get_int("vocab_size", IntRange{1, INT32_MAX});
+  c.intermediate_size = t.get_int("intermediate_size", 0, IntRange{0, 1 << 22});
+  c.num_key_value_heads = t.get_int("num_key_value_heads", c.num_attention_heads, IntRange{1, 1 << 14});
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
     t.bad("num_key_value_heads", fmt::format("must divide num_attention_heads ({}), got {}",
                                              c.num_attention_heads, c.num_key_value_heads));
   if (t.has("head_dim")) {
-    c.head_dim = t.get_int("head_dim");
-    if (c.head_dim <= 0) t.bad("head_dim", "must be positive");
+    c.head_dim = t.get_int("head_dim", IntRange{1, 1 << 14});
   } else {
     if (c.hidden_size % c.num_attention_heads != 0)
       t.bad("head_dim", "is missing and hidden_size is not a multiple of num_attention_heads");
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
-  c.max_position_embeddings = t.get_int("max_position_embeddings", 2048);
-  c.rms_norm_eps = t.get_double("rms_norm_eps", 1e-6);
+  c.max_position_embeddings = t.get_int("max_position_embeddings", 2048, IntRange{1, INT32_MAX});
+  c.rms_norm_eps = t.get_double("rms_norm_eps", 1e-6, RealRange{0.0, 1.0, true, true});
   c.tie_word_embeddings = c.root.has("tie_word_embeddings")
                               ? c.root.get_bool("tie_word_embeddings", false)
                               : t.get_bool("tie_word_embeddings", false);
@@ -223,8 +252,7 @@ ModelConfig model_config_parse(const json& j, const std::string& path) {
                                        c.layer_types.size(), c.num_hidden_layers));
   }
   if (t.has("sliding_window")) {
-    c.sliding_window = t.get_int("sliding_window");
-    if (*c.sliding_window <= 0) t.bad("sliding_window", "must be positive");
+    c.sliding_window = t.get_int("sliding_window", IntRange{1, INT32_MAX});
   }
   return c;
 }

@@ -2,6 +2,7 @@
 // an Error naming the file and the field.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -30,17 +31,35 @@ struct RopeConfig {
   double partial_rotary_factor = 1.0;
 };
 
-// A field reader over one JSON object that names the file and field in its errors.
+// The values an integer field may take, inclusive. The default is what most config integers are
+// (sizes, counts, indices, token ids): non-negative and small enough for 32 bits.
+struct IntRange {
+  int64_t lo = 0;
+  int64_t hi = INT32_MAX;
+};
+// The values a number may take; any number must be finite. Open ends exclude the bound.
+struct RealRange {
+  double lo = -HUGE_VAL;
+  double hi = HUGE_VAL;
+  bool lo_open = false;
+  bool hi_open = false;
+  static RealRange positive() { return {0.0, HUGE_VAL, true, false}; }
+  static RealRange non_negative() { return {0.0, HUGE_VAL, false, false}; }
+};
+
+// A field reader over one JSON object that names the file and field in its errors. Every number
+// read is range-checked: integers against an IntRange (by default [0, 2^31 - 1]), reals against a
+// RealRange (by default any finite number).
 class ConfigFields {
  public:
   ConfigFields() = default;
   ConfigFields(nlohmann::json obj, std::string where) : j_(std::move(obj)), where_(std::move(where)) {}
 
   bool has(const std::string& key) const;  // present and not null
-  int64_t get_int(const std::string& key) const;
-  int64_t get_int(const std::string& key, int64_t fallback) const;
-  double get_double(const std::string& key) const;
-  double get_double(const std::string& key, double fallback) const;
+  int64_t get_int(const std::string& key, IntRange range = {}) const;
+  int64_t get_int(const std::string& key, int64_t fallback, IntRange range = {}) const;
+  double get_double(const std::string& key, RealRange range = {}) const;
+  double get_double(const std::string& key, double fallback, RealRange range = {}) const;
   bool get_bool(const std::string& key, bool fallback) const;
   std::string get_string(const std::string& key) const;
   std::string get_string(const std::string& key, const std::string& fallback) const;

@@ -109,6 +109,8 @@ SafetensorsHeader safetensors_parse_header(const std::string& path, const uint8_
     if (!v["shape"].is_array()) fail("{}: tensor '{}': shape is not a list", path, name);
     for (const auto& d : v["shape"]) {
       if (!d.is_number_unsigned()) fail("{}: tensor '{}': shape {} is not a list of non-negative integers", path, name, v["shape"].dump());
+      if (d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+        fail("{}: tensor '{}': shape {} has a dimension over 2^63 - 1", path, name, v["shape"].dump());
       e.shape.push_back(d.get<int64_t>());
     }
     const json& off = v["data_offsets"];
@@ -124,7 +126,11 @@ SafetensorsHeader safetensors_parse_header(const std::string& path, const uint8_
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
   uint64_t expected_begin = 0;
+  const uint64_t data_size = file_size - 8 - n;  // n <= file_size - 8, checked above
   for (const auto& e : h.entries) {
+    if (e.end > data_size)
+      fail("{}: tensor '{}': data_offsets [{}, {}) run past the {} data bytes of the file", path,
+           e.name, e.begin, e.end, data_size);
     if (e.begin != expected_begin || e.end < e.begin)
       fail("{}: tensor '{}': invalid data_offsets [{}, {}): tensors must be contiguous and "
            "non-overlapping (expected it to start at {})",
@@ -137,6 +143,9 @@ SafetensorsHeader safetensors_parse_header(const std::string& path, const uint8_
         fail("{}: tensor '{}': shape {} overflows", path, e.name, shape_str(e.shape));
       elems *= ud;
     }
+    if (elems > static_cast<uint64_t>(INT64_MAX))
+      fail("{}: tensor '{}': shape {} has more than 2^63 - 1 elements", path, e.name,
+           shape_str(e.shape));
     const uint64_t bits = static_cast<uint64_t>(dtype_bits(e.dtype));
     if (elems != 0 && elems > UINT64_MAX / bits)
       fail("{}: tensor '{}': shape {} overflows", path, e.name, shape_str(e.shape));

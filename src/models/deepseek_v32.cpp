@@ -98,6 +98,8 @@ class DeepseekV32ForCausalLM
 
 }  // namespace
 
-ATOM_REGISTER_MODEL("DeepseekV32ForCausalLM", DeepseekV32ForCausalLM);
+// Every layer is DeepSeek sparse attention (the indexer picks the keys).
+ATOM_REGISTER_MODEL_SUPPORTING("DeepseekV32ForCausalLM", DeepseekV32ForCausalLM,
+                               ModelSupport{.layer_types = {"deepseek_sparse_attention"}});
 
 }  // namespace atom

@@ -113,6 +113,6 @@ class Glm4MoeForCausalLM
 
 }  // namespace
 
-ATOM_REGISTER_MODEL("Glm4MoeForCausalLM", Glm4MoeForCausalLM);
+ATOM_REGISTER_MODEL_SUPPORTING("Glm4MoeForCausalLM", Glm4MoeForCausalLM, llama_support());
 
 }  // namespace atom

@@ -95,6 +95,8 @@ class GlmMoeDsaForCausalLM
 
 }  // namespace
 
-ATOM_REGISTER_MODEL("GlmMoeDsaForCausalLM", GlmMoeDsaForCausalLM);
+// Every layer is DeepSeek sparse attention (the indexer picks the keys).
+ATOM_REGISTER_MODEL_SUPPORTING("GlmMoeDsaForCausalLM", GlmMoeDsaForCausalLM,
+                               ModelSupport{.layer_types = {"deepseek_sparse_attention"}});
 
 }  // namespace atom

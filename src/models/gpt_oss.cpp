@@ -217,6 +217,6 @@ class GptOssForCausalLM
 
 }  // namespace
 
-ATOM_REGISTER_MODEL("GptOssForCausalLM", GptOssForCausalLM);
+ATOM_REGISTER_MODEL_SUPPORTING("GptOssForCausalLM", GptOssForCausalLM, llama_support());
 
 }  // namespace atom

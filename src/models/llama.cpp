@@ -52,6 +52,6 @@ Tensor logits_for_batch(Step& step, const Tensor& hidden, ParallelLMHead& lm_hea
 }
 
 using LlamaForCausalLM = DecoderOnlyLM<LlamaDecoderLayer<LlamaAttention>>;
-ATOM_REGISTER_MODEL("LlamaForCausalLM", LlamaForCausalLM);
+ATOM_REGISTER_MODEL_SUPPORTING("LlamaForCausalLM", LlamaForCausalLM, llama_support());
 
 }  // namespace atom

@@ -19,6 +19,12 @@ namespace atom {
 // Sliding window of layer `layer`: config.sliding_window when layer_types marks it
 // "sliding_attention", else 0.
 int llama_layer_window(const ModelConfig& c, int64_t layer);
+// What models with llama_layer_window attention implement: full and sliding-window layers.
+inline ModelSupport llama_support() {
+  ModelSupport s;
+  s.layer_types = {"full_attention", "sliding_attention"};
+  return s;
+}
 
 class LlamaAttention {
  public:

@@ -61,6 +61,6 @@ class MixtralForCausalLM
 
 }  // namespace
 
-ATOM_REGISTER_MODEL("MixtralForCausalLM", MixtralForCausalLM);
+ATOM_REGISTER_MODEL_SUPPORTING("MixtralForCausalLM", MixtralForCausalLM, llama_support());
 
 }  // namespace atom

@@ -22,11 +22,49 @@ DType default_weight_dtype(const ModelConfig& c, const ModelOptions& o, DType ac
   return act;
 }
 
-std::map<std::string, ModelFactory>& registry() {
-  static std::map<std::string, ModelFactory> r;
+struct Registered {
+  ModelFactory factory;
+  ModelSupport support;
+};
+
+std::map<std::string, Registered>& registry() {
+  static std::map<std::string, Registered> r;
   return r;
 }
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
 }  // namespace
+
+void model_config_check_support(const ModelConfig& c, const ModelSupport& s,
+                                const std::string& arch) {
+  const ConfigFields& t = c.text;
+  if (!contains(s.activations, c.hidden_act))
+    t.bad("hidden_act", fmt::format("is '{}', which {} does not implement (it implements: {})",
+                                    c.hidden_act, arch, join(s.activations)));
+  const char* rope_field = t.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  auto check_rope = [&](const RopeConfig& r, const std::string& where) {
+    if (!contains(s.rope_types, r.type))
+      t.bad(where, fmt::format("asks for rope type '{}', which {} does not implement (it "
+                               "implements: {})",
+                               r.type, arch, join(s.rope_types)));
+  };
+  check_rope(c.rope, rope_field);
+  for (const auto& [layer_type, r] : c.rope_by_layer_type)
+    check_rope(r, std::string(rope_field) + "." + layer_type);
+  for (size_t i = 0; i < c.layer_types.size(); ++i)
+    if (!contains(s.layer_types, c.layer_types[i]))
+      t.bad("layer_types", fmt::format("entry {} is '{}', a layer type {} does not implement (it "
+                                       "implements: {})",
+                                       i, c.layer_types[i], arch, join(s.layer_types)));
+}
 
 Model::Model(const ModelConfig& config, const ModelOptions& options)
     : config_(config),
@@ -62,8 +100,17 @@ WeightLoadSpec Model::weight_load_spec() const {
   return s;
 }
 
-void model_registry_add(const std::string& architecture, ModelFactory factory) {
-  registry()[architecture] = std::move(factory);
+void model_registry_add(const std::string& architecture, ModelFactory factory,
+                        ModelSupport support) {
+  if (registry().count(architecture))
+    fail("model architecture '{}' is registered twice (two model files claim it)", architecture);
+  registry()[architecture] = {std::move(factory), std::move(support)};
+}
+
+const ModelSupport& model_support(const std::string& architecture) {
+  auto it = registry().find(architecture);
+  if (it == registry().end()) fail("architecture '{}' is not registered", architecture);
+  return it->second.support;
 }
 
 std::vector<std::string> model_registry_list() {
@@ -81,7 +128,8 @@ std::unique_ptr<Model> model_create(const ModelConfig& config, const ModelOption
     fail("{}: architecture '{}' is not supported; supported architectures: {}", config.path, arch,
          list);
   }
-  std::unique_ptr<Model> model = it->second(config, options);
+  model_config_check_support(config, it->second.support, arch);
+  std::unique_ptr<Model> model = it->second.factory(config, options);
   if (config.quantization) {
     const auto methods = model->quantization_methods();
     if (std::find(methods.begin(), methods.end(), config.quantization->method) == methods.end()) {

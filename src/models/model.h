@@ -74,7 +74,27 @@ class Model {
 using ModelFactory =
     std::function<std::unique_ptr<Model>(const ModelConfig& config, const ModelOptions& options)>;
 
-void model_registry_add(const std::string& architecture, ModelFactory factory);
+// The values of the config fields that choose a variant which a model implements. model_create
+// refuses any other value by name (file and field) before it builds the model, so a checkpoint
+// asking for relu², a rope the layers lack or an unknown layer type never runs as something else.
+// A model declares its own with ATOM_REGISTER_MODEL_SUPPORTING; quantisation methods are the
+// model's quantization_methods().
+struct ModelSupport {
+  std::vector<std::string> activations{"silu"};  // hidden_act
+  // rope_parameters / rope_scaling types: what RotaryEmbedding computes.
+  std::vector<std::string> rope_types{"default", "linear", "llama3", "yarn"};
+  std::vector<std::string> layer_types{"full_attention"};  // entries of layer_types
+};
+
+// Refuses a config that asks for what `support` lacks; the error names the file and the field.
+void model_config_check_support(const ModelConfig& config, const ModelSupport& support,
+                                const std::string& architecture);
+
+// Registers a factory; a second registration of the same architecture is an error.
+void model_registry_add(const std::string& architecture, ModelFactory factory,
+                        ModelSupport support = {});
+// What the registered architecture implements; an error when it is not registered.
+const ModelSupport& model_support(const std::string& architecture);
 // Registered architecture strings, sorted.
 std::vector<std::string> model_registry_list();
 // Builds the model for config.architectures[0]; an unknown architecture is an error listing the
@@ -85,12 +105,17 @@ std::unique_ptr<Model> model_create(const ModelConfig& config, const ModelOption
 
 #define ATOM_MODEL_CONCAT_(a, b) a##b
 #define ATOM_MODEL_CONCAT(a, b) ATOM_MODEL_CONCAT_(a, b)
-// ATOM_REGISTER_MODEL("LlamaForCausalLM", LlamaForCausalLM);
-#define ATOM_REGISTER_MODEL(arch, Class)                                                 \
+// ATOM_REGISTER_MODEL("LlamaForCausalLM", LlamaForCausalLM);  (the default ModelSupport)
+// ATOM_REGISTER_MODEL_SUPPORTING("Qwen3ForCausalLM", Qwen3ForCausalLM, support);
+#define ATOM_REGISTER_MODEL_SUPPORTING(arch, Class, support)                             \
   static const bool ATOM_MODEL_CONCAT(atom_model_registered_, __LINE__) = [] {           \
-    ::atom::model_registry_add(arch, [](const ::atom::ModelConfig& c,                    \
-                                        const ::atom::ModelOptions& o) {                 \
-      return std::unique_ptr<::atom::Model>(new Class(c, o));                            \
-    });                                                                                  \
+    ::atom::model_registry_add(                                                          \
+        arch,                                                                            \
+        [](const ::atom::ModelConfig& c, const ::atom::ModelOptions& o) {                \
+          return std::unique_ptr<::atom::Model>(new Class(c, o));                        \
+        },                                                                               \
+        support);                                                                        \
     return true;                                                                         \
   }()
+#define ATOM_REGISTER_MODEL(arch, Class) \
+  ATOM_REGISTER_MODEL_SUPPORTING(arch, Class, ::atom::ModelSupport{})

@@ -39,6 +39,6 @@ Tensor Qwen3Attention::forward(Step& step, const Tensor& x) {
 }
 
 using Qwen3ForCausalLM = DecoderOnlyLM<LlamaDecoderLayer<Qwen3Attention>>;
-ATOM_REGISTER_MODEL("Qwen3ForCausalLM", Qwen3ForCausalLM);
+ATOM_REGISTER_MODEL_SUPPORTING("Qwen3ForCausalLM", Qwen3ForCausalLM, llama_support());
 
 }  // namespace atom

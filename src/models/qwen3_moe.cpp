@@ -55,6 +55,6 @@ class Qwen3MoeForCausalLM
 
 }  // namespace
 
-ATOM_REGISTER_MODEL("Qwen3MoeForCausalLM", Qwen3MoeForCausalLM);
+ATOM_REGISTER_MODEL_SUPPORTING("Qwen3MoeForCausalLM", Qwen3MoeForCausalLM, llama_support());
 
 }  // namespace atom

@@ -138,6 +138,7 @@ class Qwen3NextForCausalLM
 
 }  // namespace
 
-ATOM_REGISTER_MODEL("Qwen3NextForCausalLM", Qwen3NextForCausalLM);
+ATOM_REGISTER_MODEL_SUPPORTING("Qwen3NextForCausalLM", Qwen3NextForCausalLM,
+                               qwen3_next_support());
 
 }  // namespace atom

@@ -35,6 +35,12 @@ GatedDeltaNetOptions qwen3_next_linear_attention_options(const ModelConfig& c,
 
 // Whether layer `layer` is "linear_attention" (else "full_attention"), by layer_types.
 bool qwen3_next_is_linear_attention(const ModelConfig& c, int64_t layer);
+// What the hybrids implement: gated delta net and full attention layers, as layer_types says.
+inline ModelSupport qwen3_next_support() {
+  ModelSupport s;
+  s.layer_types = {"linear_attention", "full_attention"};
+  return s;
+}
 
 // input_layernorm -> linear_attn (Gated DeltaNet) or self_attn (gated attention), by
 // layer_types -> post_attention_layernorm -> mlp, every norm (1 + w). Mlp is built as

@@ -36,7 +36,8 @@ EngineBackend::EngineBackend(LLMEngine& engine, tokenizer::Tokenizer tok, Engine
     : engine_(engine),
       tok_(std::move(tok)),
       template_(tokenizer::ChatTemplate::from_model_dir(
-          options.tokenizer_path.empty() ? options.model_path : options.tokenizer_path, options.chat_template)),
+          options.tokenizer_path.empty() ? options.model_path : options.tokenizer_path,
+          options.chat_template, options.template_limits)),
       options_(std::move(options)) {
   info_.model_name = options_.served_model_name;
   info_.model_path = options_.model_path;
@@ -91,7 +92,8 @@ std::string EngineBackend::render_chat(const ChatRequest& r) {
   o.kwargs = r.chat_template_kwargs;
   try {
     if (r.chat_template) {
-      const auto t = tokenizer::ChatTemplate::from_string(*r.chat_template, template_.special_tokens());
+      const auto t = tokenizer::ChatTemplate::from_string(*r.chat_template, template_.special_tokens(),
+                                                       template_.limits());
       return t.render(messages, o);
     }
     return template_.render(messages, o);

@@ -27,6 +27,7 @@ struct EngineBackendOptions {
   std::string tokenizer_path;  // where the chat template lives; empty: model_path
   int max_waiting = 4096;  // queued requests beyond this get 503
   std::string chat_template;  // --chat-template: file or text; empty: the model's
+  jinja::Limits template_limits;  // for the model's template and the requests' chat_template
 };
 
 class EngineBackend final : public Backend {

@@ -216,7 +216,7 @@ void check_prompt(HttpServer& s, const std::vector<int32_t>& ids, SamplingReques
   const int64_t n = static_cast<int64_t>(ids.size());
   if (!sampling.max_tokens && chat) sampling.max_tokens = std::max<int64_t>(1, info.max_model_len - n);
   const int64_t want = sampling.max_tokens.value_or(16);
-  if (n >= info.max_model_len || n + want > info.max_model_len)
+  if (n >= info.max_model_len || want > info.max_model_len - n)  // no overflow for any want
     bad_request("input_tokens",
                 fmt::format("This model's maximum context length is {} tokens. However, you requested {} output "
                             "tokens and your prompt contains at least {} input tokens, for a total of at least {} "

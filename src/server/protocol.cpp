@@ -1,5 +1,6 @@
 #include "server/protocol.h"
 
+#include <cerrno>
 #include <cmath>
 #include <limits>
 
@@ -22,12 +23,22 @@ class Fields {
   std::optional<int64_t> opt_int(const char* k) const {
     if (!has(k)) return std::nullopt;
     const json& v = j_[k];
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      bad_request(k, fmt::format("'{}' is out of range, got {}", k, v.dump()));
     if (v.is_number_integer()) return v.get<int64_t>();
     if (v.is_number_float()) {
       const double d = v.get<double>();
       if (std::isfinite(d) && d == std::floor(d) && std::abs(d) < 9.2e18) return static_cast<int64_t>(d);
     }
     bad_request(k, fmt::format("'{}' must be an integer, got {}", k, v.dump()));
+  }
+  // An integer the engine holds in 32 bits: larger values are refused, not wrapped.
+  std::optional<int64_t> opt_int32(const char* k) const {
+    const auto v = opt_int(k);
+    if (v && (*v < std::numeric_limits<int32_t>::min() || *v > std::numeric_limits<int32_t>::max()))
+      bad_request(k, fmt::format("'{}' must be at most {} in magnitude, got {}", k,
+                                 std::numeric_limits<int32_t>::max(), *v));
+    return v;
   }
   std::optional<double> opt_double(const char* k) const {
     if (!has(k)) return std::nullopt;
@@ -82,15 +93,15 @@ void parse_sampling(const Fields& f, SamplingRequest& s, const ProtocolLimits& l
   s.presence_penalty = f.opt_double("presence_penalty");
   s.frequency_penalty = f.opt_double("frequency_penalty");
   s.repetition_penalty = f.opt_double("repetition_penalty");
-  s.top_k = f.opt_int("top_k");
+  s.top_k = f.opt_int32("top_k");
   s.seed = f.opt_int("seed");
-  s.max_tokens = f.opt_int(max_tokens_key);
+  s.max_tokens = f.opt_int32(max_tokens_key);
   if (const auto n = f.opt_int("n")) {
     if (*n < 1) bad_request("n", fmt::format("n must be at least 1, got {}.", *n));
     if (*n > limits.max_n) bad_request("n", fmt::format("n must be at most {}, got {}.", limits.max_n, *n));
     s.n = static_cast<int>(*n);
   }
-  if (const auto m = f.opt_int("min_tokens")) s.min_tokens = *m;
+  if (const auto m = f.opt_int32("min_tokens")) s.min_tokens = *m;
   s.ignore_eos = f.get_bool("ignore_eos", false);
   s.include_stop_str_in_output = f.get_bool("include_stop_str_in_output", false);
   s.skip_special_tokens = f.get_bool("skip_special_tokens", true);
@@ -101,6 +112,8 @@ void parse_sampling(const Fields& f, SamplingRequest& s, const ProtocolLimits& l
     for (const auto& x : v) {
       if (!x.is_number_integer() || x.get<int64_t>() < 0)
         bad_request("stop_token_ids", "'stop_token_ids' must be a list of non-negative integers");
+      if (x.get<int64_t>() > std::numeric_limits<int32_t>::max())
+        bad_request("stop_token_ids", fmt::format("'stop_token_ids' entry {} is not a token id", x.dump()));
       s.stop_token_ids.push_back(x.get<int64_t>());
     }
   }
@@ -109,8 +122,10 @@ void parse_sampling(const Fields& f, SamplingRequest& s, const ProtocolLimits& l
     if (!v.is_object()) bad_request("logit_bias", "'logit_bias' must be an object of token id -> bias");
     for (auto it = v.begin(); it != v.end(); ++it) {
       char* end = nullptr;
+      errno = 0;
       const long long id = std::strtoll(it.key().c_str(), &end, 10);
-      if (it.key().empty() || *end != '\0' || id < 0)
+      if (it.key().empty() || *end != '\0' || id < 0 || errno == ERANGE ||
+          id > std::numeric_limits<int32_t>::max())
         bad_request("logit_bias", fmt::format("'logit_bias' key '{}' is not a token id", it.key()));
       if (!it.value().is_number())
         bad_request("logit_bias", fmt::format("'logit_bias' value for {} must be a number", it.key()));

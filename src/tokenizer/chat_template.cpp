@@ -202,8 +202,10 @@ jinja::Value raise_exception(jinja::Interpreter&, jinja::CallArgs& args) {
 
 }  // namespace
 
-jinja::Environment chat_template_environment(std::optional<std::tm> now) {
+jinja::Environment chat_template_environment(std::optional<std::tm> now,
+                                             const jinja::Limits& limits) {
   jinja::Options o;
+  o.limits = limits;
   o.trim_blocks = true;
   o.lstrip_blocks = true;
   o.loop_controls = true;
@@ -228,15 +230,18 @@ void ChatTemplate::add_template(const std::string& name, const std::string& sour
     std::string where = origin_.empty() ? "chat template" : "chat template " + origin_;
     if (name != "default") where += " '" + name + "'";
     c.tpl =
-        std::make_shared<jinja::Template>(chat_template_environment().from_string(source, where));
+        std::make_shared<jinja::Template>(
+        chat_template_environment(std::nullopt, limits_).from_string(source, where));
   } catch (const jinja::TemplateError& e) {
     c.error = e.what();
   }
   templates_[name] = std::move(c);
 }
 
-ChatTemplate ChatTemplate::from_string(const std::string& source, const json& special_tokens) {
+ChatTemplate ChatTemplate::from_string(const std::string& source, const json& special_tokens,
+                                       const jinja::Limits& limits) {
   ChatTemplate ct;
+  ct.limits_ = limits;
   if (!special_tokens.is_object()) fail("chat template special tokens must be a JSON object");
   ct.special_tokens_ = special_tokens;
   ct.add_template("default", source);
@@ -244,8 +249,10 @@ ChatTemplate ChatTemplate::from_string(const std::string& source, const json& sp
 }
 
 ChatTemplate ChatTemplate::from_model_dir(const fs::path& dir,
-                                          const std::string& override_template) {
+                                          const std::string& override_template,
+                                          const jinja::Limits& limits) {
   ChatTemplate ct;
+  ct.limits_ = limits;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) fail("model folder {} does not exist", dir.string());
   json config = json::object();

@@ -50,13 +50,17 @@ class ChatTemplate {
   // `override_template` is vLLM's --chat-template: a file path, or the template text itself
   // (then Python escapes such as \n in it are decoded, as vLLM does); it replaces the folder's
   // templates. A model folder without any template is not an error until render().
+  // `limits` bound what parsing and rendering may take (depth, steps, output); the same limits
+  // serve templates from a checkpoint and templates from a request.
   static ChatTemplate from_model_dir(const std::filesystem::path& dir,
-                                     const std::string& override_template = "");
+                                     const std::string& override_template = "",
+                                     const jinja::Limits& limits = {});
   // A template given directly, with the special-token variables it may use
   // ({"bos_token": "<s>", ...}).
   static ChatTemplate from_string(
       const std::string& source,
-      const nlohmann::ordered_json& special_tokens = nlohmann::ordered_json::object());
+      const nlohmann::ordered_json& special_tokens = nlohmann::ordered_json::object(),
+      const jinja::Limits& limits = {});
 
   // Renders a conversation (a JSON array of messages). Throws atom::Error: jinja::TemplateError
   // for template failures, including the template's own raise_exception() (kind kRaised, message
@@ -71,6 +75,7 @@ class ChatTemplate {
   // Template names ("default" for a single template) to their source.
   std::map<std::string, std::string> template_sources() const;
   const nlohmann::ordered_json& special_tokens() const { return special_tokens_; }
+  const jinja::Limits& limits() const { return limits_; }
 
  private:
   struct Compiled {
@@ -85,6 +90,7 @@ class ChatTemplate {
   bool named_ = false;  // the model has a dict of named templates
   nlohmann::ordered_json special_tokens_ = nlohmann::ordered_json::object();
   std::string origin_;  // where the template came from, for error messages
+  jinja::Limits limits_;
 };
 
 // What vLLM does to OpenAI-style messages before rendering (chat_utils._postprocess_messages):
@@ -100,7 +106,8 @@ std::string load_chat_template_arg(const std::string& value);
 
 // The jinja environment transformers renders chat templates in. strftime_now reads `now` when
 // given, else the local time at the call.
-jinja::Environment chat_template_environment(std::optional<std::tm> now = std::nullopt);
+jinja::Environment chat_template_environment(std::optional<std::tm> now = std::nullopt,
+                                             const jinja::Limits& limits = {});
 
 // transformers' tojson filter: json.dumps(x, ensure_ascii=False, indent=None, separators=None,
 // sort_keys=False).

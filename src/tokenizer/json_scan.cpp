@@ -128,7 +128,7 @@ void JsonScanner::skip_string() {
   error("unterminated string");
 }
 
-std::string_view JsonScanner::skip_value() {
+std::string_view JsonScanner::skip_value(std::string_view what) {
   const char first = peek();
   const size_t start = pos_;
   if (first == '"') {
@@ -141,7 +141,8 @@ std::string_view JsonScanner::skip_value() {
         skip_string();
         continue;
       }
-      if (c == '{' || c == '[') ++depth;
+      if ((c == '{' || c == '[') && ++depth > kMaxNesting)
+        error(fmt::format("{} nests objects and arrays deeper than {} levels", what, kMaxNesting));
       if (c == '}' || c == ']') {
         --depth;
         if (depth == 0) {

@@ -34,8 +34,11 @@ class JsonScanner {
   void read_string(std::string& out);
   // Reads an integer.
   int64_t read_int();
-  // Skips one value of any kind and returns its raw text.
-  std::string_view skip_value();
+  // Skips one value of any kind and returns its raw text. Objects and arrays nested deeper than
+  // kMaxNesting are an error naming `what`: tokenizer.json components nest a few levels, and a
+  // hostile file's 100,000 nested Sequences must not reach the recursive component builders.
+  static constexpr int kMaxNesting = 64;
+  std::string_view skip_value(std::string_view what = "a value");
   bool at_end() {
     skip_ws();
     return pos_ >= s_.size();

@@ -67,7 +67,7 @@ void read_model(JsonScanner& sc, ModelParts& m, std::string_view name, const std
         sc.expect(']');
       }
     } else {
-      const std::string_view raw = sc.skip_value();
+      const std::string_view raw = sc.skip_value(where + "." + key);
       try {
         m.fields[key] = Json::parse(raw);
       } catch (const Json::exception& e) {
@@ -139,7 +139,7 @@ void tokenizer_json_load(std::string_view text, std::string_view name, Tokenizer
         have_model = true;
         continue;
       }
-      const std::string_view raw = sc.skip_value();
+      const std::string_view raw = sc.skip_value(key);
       try {
         rest[key] = Json::parse(raw);
       } catch (const Json::exception& e) {

@@ -292,3 +292,48 @@ TEST(ChatTemplateRender, ToolCallArgumentsBecomeDictsAsInVllm) {
 
 }  // namespace
 }  // namespace atom
+
+namespace atom {
+namespace {
+
+// A checkpoint's template and a request's template (from_string) go through the same limits.
+TEST(ChatTemplateLoader, LimitsApplyToCheckpointAndRequestTemplates) {
+  std::string deep = "{{ 1";
+  for (int i = 0; i < 299; ++i) deep += " + 1";
+  deep += " }}";
+  ModelDir d;
+  d.write("chat_template.jinja", deep);
+  auto from_dir = ChatTemplate::from_model_dir(d.path());
+  EXPECT_NE(from_dir.parse_error().find("depth limit of 256"), std::string::npos)
+      << from_dir.parse_error();
+  EXPECT_THROW(render(from_dir), jinja::TemplateError);
+  EXPECT_NE(ChatTemplate::from_string(deep).parse_error().find("depth limit of 256"),
+            std::string::npos);
+  jinja::Limits more;
+  more.max_depth = 400;
+  auto raised = ChatTemplate::from_model_dir(d.path(), "", more);
+  EXPECT_EQ(raised.parse_error(), "");
+  EXPECT_EQ(render(raised), "300");
+  EXPECT_EQ(raised.limits().max_depth, 400);
+  EXPECT_EQ(render(ChatTemplate::from_string(deep, json::object(), raised.limits())), "300");
+  // Steps and output size too.
+  jinja::Limits small;
+  small.max_steps = 1000;
+  small.max_output_bytes = 100;
+  const std::string loop = "{% for i in range(100000) %}{% endfor %}";
+  d.write("chat_template.jinja", loop);
+  for (const auto& ct : {ChatTemplate::from_model_dir(d.path(), "", small),
+                         ChatTemplate::from_string(loop, json::object(), small)}) {
+    try {
+      render(ct);
+      ADD_FAILURE() << "expected an error";
+    } catch (const jinja::TemplateError& e) {
+      EXPECT_NE(std::string(e.what()).find("more than 1000 steps"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(render(ChatTemplate::from_string("{{ 'x' * 200 }}", json::object(), small)),
+               jinja::TemplateError);
+}
+
+}  // namespace
+}  // namespace atom

@@ -148,3 +148,83 @@ TEST(JinjaLimits, DeepNesting) {
 
 }  // namespace
 }  // namespace atom
+
+namespace atom {
+namespace {
+
+std::string chain(const std::string& first, const std::string& link, int n) {
+  std::string s = first;
+  s.reserve(first.size() + link.size() * n);
+  for (int i = 0; i < n; ++i) s += link;
+  return s;
+}
+
+std::string parse_error_of(const jinja::Environment& env, const std::string& src) {
+  try {
+    env.from_string(src);
+  } catch (const TemplateError& e) {
+    EXPECT_EQ(e.kind(), TemplateError::Kind::kSyntax) << e.what();
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Chains the parser builds in a loop nest the tree one level per link: 40,000 attribute links or
+// 30,000 additions once overflowed the stack when the tree was rendered or freed.
+TEST(JinjaLimits, LongChainsHitTheDepthLimit) {
+  jinja::Environment env;
+  for (const std::string& src :
+       {"{{ " + chain("a", ".b", 40000) + " }}", "{{ " + chain("1", " + 1", 30000) + " }}",
+        "{{ " + chain("x", "[0]", 40000) + " }}", "{{ " + chain("x", "()", 40000) + " }}",
+        "{{ " + chain("x", "|string", 40000) + " }}", "{{ " + chain("1", " * 1", 40000) + " }}",
+        "{{ " + chain("1", " ** 1", 40000) + " }}", "{{ " + chain("x", " or x", 40000) + " }}",
+        "{{ " + chain("x", " and x", 40000) + " }}", "{{ " + chain("", "not ", 40000) + "x }}",
+        "{{ " + chain("", "-", 40000) + "x }}",
+        "{{ " + chain("1", " if x", 40000) + " }}",
+        "{% set " + std::string(40000, '(') + "a" + std::string(40000, ')') + " = 1 %}",
+        "{% filter " + chain("upper", "|lower", 40000) + " %}{% endfilter %}"}) {
+    const std::string msg = parse_error_of(env, src);
+    EXPECT_NE(msg.find("depth limit of 256"), std::string::npos) << msg.substr(0, 200);
+  }
+}
+
+TEST(JinjaLimits, DepthLimitIsConfigurable) {
+  jinja::Limits l;
+  l.max_depth = 1000;
+  auto env = env_with(l);
+  // 900 terms fit under a limit of 1000 (and evaluate right), 1100 do not.
+  EXPECT_EQ(env.from_string("{{ " + chain("1", " + 1", 899) + " }}")
+                .render(nlohmann::ordered_json::object()),
+            "900");
+  EXPECT_NE(parse_error_of(env, "{{ " + chain("1", " + 1", 1100) + " }}").find("depth limit of 1000"),
+            std::string::npos);
+  l.max_depth = 10;
+  EXPECT_NE(parse_error_of(env_with(l), "{{ " + chain("a", ".b", 12) + " }}").find("depth limit of 10"),
+            std::string::npos);
+  EXPECT_NO_THROW(env_with(l).from_string("{{ " + chain("a", ".b", 5) + " }}"));
+}
+
+// Deep expressions around the calls of a macro that recurses multiply their stack use: the
+// evaluation depth bound stops that with an error, not a stack overflow (run on a thread with the
+// default stack, as the server's handler threads are).
+TEST(JinjaLimits, EvaluationDepthBoundsRecursionTimesNesting) {
+  jinja::Environment env;
+  const std::string src =
+      "{% macro f(n) %}{{ " + chain("f(n + 1)", " + 0", 200) + " }}{% endmacro %}{{ f(0) }}";
+  std::string msg;
+  std::thread t([&] { msg = error_of(env, src); });
+  t.join();
+  EXPECT_NE(msg.find("evaluation depth limit of 4096"), std::string::npos) << msg;
+  jinja::Limits l;
+  l.max_eval_depth = 100;
+  EXPECT_NE(error_of(env_with(l), "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}")
+                .find("evaluation depth limit of 100"),
+            std::string::npos);
+  EXPECT_EQ(env.from_string("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}.{% endmacro %}{{ f(60) }}")
+                .render(nlohmann::ordered_json::object())
+                .size(),
+            61u);
+}
+
+}  // namespace
+}  // namespace atom

@@ -143,3 +143,21 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, KvCacheFp8Fixture, ::testing::ValuesIn(dense_
 
 }  // namespace
 }  // namespace atom::test
+
+namespace atom::test {
+namespace {
+
+// Cache slots are block * block_size + offset in int32: an override past that would wrap them.
+TEST(KvCachePlan, BlockOverrideBeyondInt32SlotsIsRefused) {
+  Model& model = fixture_model("llama3_gqa");
+  EngineConfig c = test_config();
+  c.block_size = 16;
+  c.num_gpu_blocks_override = INT32_MAX / 16 + 1;
+  EXPECT_ERROR_CONTAINS(kv_cache_plan(model, c), "--num-gpu-blocks-override", "32-bit",
+                        std::to_string(INT32_MAX / 16));
+  c.num_gpu_blocks_override = 1000;
+  EXPECT_EQ(kv_cache_plan(model, c).num_blocks, 1000);
+}
+
+}  // namespace
+}  // namespace atom::test

@@ -90,6 +90,12 @@ class TestHybridMixer {
 }  // namespace
 
 using AtomTestRecurrentForCausalLM = DecoderOnlyLM<LlamaDecoderLayer<TestHybridMixer>>;
-ATOM_REGISTER_MODEL("AtomTestRecurrentForCausalLM", AtomTestRecurrentForCausalLM);
+static ModelSupport test_recurrent_support() {
+  ModelSupport s;
+  s.layer_types = {"full_attention", "recurrent"};
+  return s;
+}
+ATOM_REGISTER_MODEL_SUPPORTING("AtomTestRecurrentForCausalLM", AtomTestRecurrentForCausalLM,
+                               test_recurrent_support());
 
 }  // namespace atom

@@ -181,6 +181,29 @@ test('hostile requests leave the server healthy with every block free', async ()
   await settled();
 });
 
+test('hostile chat templates and out-of-range integers get 400 naming the limit or parameter', async () => {
+  const msgs = [{ role: 'user', content: 'hi' }];
+  for (const [tpl, want] of [['{{ a' + '.b'.repeat(40000) + ' }}', /depth limit of 256/],
+    ['{{ 1' + ' + 1'.repeat(30000) + ' }}', /depth limit of 256/],
+    ['{% for i in range(100000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}', /steps/],
+    ["{{ 'x' * 100000000 }}", /limit of \d+ bytes/]]) {
+    const r = await post('/v1/chat/completions', { model: modelName, messages: msgs, chat_template: tpl, max_tokens: 2 });
+    assert.equal(r.status, 400, r.text.slice(0, 300));
+    assert.match(r.json.error.message, want);
+  }
+  for (const [body, param] of [['{"prompt": "x", "max_tokens": 9223372036854775807}', 'max_tokens'],
+    ['{"prompt": "x", "logit_bias": {"4294967301": 100}}', 'logit_bias'],
+    ['{"prompt": "x", "stop_token_ids": [4294967301]}', 'stop_token_ids']]) {
+    const r = await post('/v1/completions', body);
+    assert.equal(r.status, 400, body + ' -> ' + r.text);
+    assert.equal(r.json.error.param, param, r.text);
+  }
+  const ok = await post('/v1/chat/completions', { model: modelName, messages: msgs, max_tokens: 2 });
+  assert.equal(ok.status, 200, ok.text);
+  assert.equal((await fetch(`${base}/health`)).status, 200);
+  await settled();
+});
+
 test('a client that disconnects mid-stream frees its request', async () => {
   const controller = new AbortController();
   const stream = await client.completions.create({ model: modelName, prompt: 'Tell a long story', max_tokens: 400,

@@ -94,3 +94,39 @@ TEST(TokenizerErrors, MissingFiles) {
 
 }  // namespace
 }  // namespace atom::tokenizer
+
+namespace atom::tokenizer {
+namespace {
+
+// `levels` Sequences of `kind`, each holding the next: {"type": "Sequence", "<list>": [ ... ]}.
+std::string nested(const std::string& list, int levels, const std::string& leaf) {
+  std::string open = R"({"type": "Sequence", ")" + list + R"(": [)";
+  std::string s;
+  s.reserve((open.size() + 2) * levels + leaf.size());
+  for (int i = 0; i < levels; ++i) s += open;
+  s += leaf;
+  for (int i = 0; i < levels; ++i) s += "]}";
+  return s;
+}
+
+// 100,000 nested Sequences once grew the component paths quadratically (9 GB) and then
+// overflowed the stack; now the nesting is bounded before any component is built.
+TEST(TokenizerErrors, DeeplyNestedComponentsAreRefused) {
+  for (const auto& [field, list, leaf] :
+       {std::tuple{"normalizer", "normalizers", R"({"type": "Lowercase"})"},
+        std::tuple{"pre_tokenizer", "pretokenizers", R"({"type": "Whitespace"})"},
+        std::tuple{"decoder", "decoders", R"({"type": "Fuse"})"},
+        std::tuple{"post_processor", "processors", R"({"type": "ByteLevel"})"}}) {
+    expect_error(make(field, nested(list, 100000, leaf)),
+                 {field, "deeper than 64 levels"});
+    // A few levels, as real files have, load.
+    EXPECT_EQ(load_error(make(field, nested(list, 3, leaf))), "") << field;
+  }
+  // Nesting inside the model object is bounded the same way.
+  expect_error(make("", "", R"({"type": "BPE", "vocab": {"a": 0}, "merges": [], "x": )" +
+                                std::string(100000, '[') + std::string(100000, ']') + "}"),
+               {"model.x", "deeper than 64 levels"});
+}
+
+}  // namespace
+}  // namespace atom::tokenizer

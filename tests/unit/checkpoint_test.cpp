@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "common/fixtures.h"
@@ -143,6 +144,76 @@ TEST(Checkpoint, OptionsFromEnvironment) {
   setenv("ATOM_DISABLE_MMAP", "perhaps", 1);
   EXPECT_ERROR_CONTAINS(checkpoint_options_from_env(), "ATOM_DISABLE_MMAP");
   unsetenv("ATOM_DISABLE_MMAP");
+}
+
+}  // namespace
+}  // namespace atom::test
+
+namespace atom::test {
+namespace {
+
+// Points the index's entries for the second shard at `target` instead.
+void redirect_second_shard(const TempDir& d, const std::string& target) {
+  std::string index = read_file(d.file("model.safetensors.index.json"));
+  const std::string from = "\"model-00002-of-00002.safetensors\"";
+  for (size_t at; (at = index.find(from)) != std::string::npos;)
+    index.replace(at, from.size(), nlohmann::json(target).dump());
+  write_file(d.file("model.safetensors.index.json"), index);
+}
+
+// Paths from the index are data from the hub: they must resolve inside the model folder.
+TEST(Checkpoint, IndexPathsStayInsideTheModelFolder) {
+  {
+    TempDir d;
+    copy_dir(fixture_dir(kSharded), d.str());
+    redirect_second_shard(d, "../../../../etc/passwd");
+    EXPECT_ERROR_CONTAINS(Checkpoint c(d.str()), "../../../../etc/passwd", "outside the model folder");
+  }
+  {
+    TempDir d;
+    copy_dir(fixture_dir(kSharded), d.str());
+    redirect_second_shard(d, "/etc/passwd");
+    EXPECT_ERROR_CONTAINS(Checkpoint c(d.str()), "/etc/passwd", "not a path relative");
+  }
+  {
+    TempDir d;
+    copy_dir(fixture_dir(kSharded), d.str());
+    redirect_second_shard(d, "sub/../../x.safetensors");
+    EXPECT_ERROR_CONTAINS(Checkpoint c(d.str()), "outside the model folder");
+  }
+  // A symlink in the folder that leads out of it.
+  TempDir outside;
+  fs::copy_file(fixture_dir(kSharded) + "/model-00002-of-00002.safetensors", outside.file("s.safetensors"));
+  {
+    TempDir d;
+    copy_dir(fixture_dir(kSharded), d.str());
+    fs::remove(d.file("model-00002-of-00002.safetensors"));
+    fs::create_symlink(outside.file("s.safetensors"), d.file("model-00002-of-00002.safetensors"));
+    EXPECT_ERROR_CONTAINS(Checkpoint c(d.str()), "model-00002-of-00002.safetensors", "outside the model folder");
+  }
+  {
+    TempDir d;  // no index: the folder's own *.safetensors are held to the same rule
+    fs::copy_file(fixture_dir("llama3_gqa") + "/config.json", d.file("config.json"));
+    fs::create_symlink(outside.file("s.safetensors"), d.file("model.safetensors"));
+    EXPECT_ERROR_CONTAINS(Checkpoint c(d.str()), "model.safetensors", "outside the model folder");
+  }
+  {
+    // Symlinks that stay inside are fine, and so is the Hugging Face cache's layout
+    // (snapshots/<rev>/<file> -> ../../blobs/<hash>).
+    TempDir repo;
+    fs::create_directories(repo.path() / "blobs");
+    fs::create_directories(repo.path() / "snapshots" / "abc");
+    const fs::path snap = repo.path() / "snapshots" / "abc";
+    for (const auto& e : fs::directory_iterator(fixture_dir(kSharded))) {
+      const std::string name = e.path().filename().string();
+      fs::copy_file(e.path(), repo.path() / "blobs" / ("hash-" + name));
+      fs::create_symlink("../../blobs/hash-" + name, snap / name);
+    }
+    Checkpoint c(snap.string());
+    int n = 0;
+    c.read([](const std::string&) { return true; }, [&](const std::string&, const Tensor&) { ++n; }, opts(false, 1));
+    EXPECT_EQ(n, 21);
+  }
 }
 
 }  // namespace

@@ -252,3 +252,56 @@ TEST(QuantizationConfig, BadFieldsAreNamed) {
 
 }  // namespace
 }  // namespace atom::test
+
+namespace atom::test {
+namespace {
+
+// Every number config.json gives is range-checked, and the error names the file and the field.
+TEST(HfConfig, OutOfRangeFieldsAreRefusedByName) {
+  struct Case {
+    const char* patch;  // merged into Llama 3.1's config
+    const char* field;
+    const char* why;
+  };
+  for (const Case& k : {
+           Case{R"({"rms_norm_eps": -1})", "'rms_norm_eps'", "(0, 1)"},
+           Case{R"({"rms_norm_eps": 0})", "'rms_norm_eps'", "(0, 1)"},
+           Case{R"({"rope_scaling": {"rope_type": "llama3", "factor": 0, "original_max_position_embeddings": 8192}})",
+                "'factor'", "positive"},
+           Case{R"({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4, "original_max_position_embeddings": 8192}})",
+                "'high_freq_factor'", "greater than low_freq_factor"},
+           Case{R"({"rope_scaling": {"rope_type": "llama3", "factor": 8, "original_max_position_embeddings": 0}})",
+                "'original_max_position_embeddings'", "[1, "},
+           Case{R"({"rope_scaling": {"rope_type": "yarn", "factor": -4}})", "'factor'", "positive"},
+           Case{R"({"rope_scaling": {"rope_type": "yarn", "factor": 4, "beta_fast": -1}})", "'beta_fast'", "positive"},
+           Case{R"({"rope_scaling": {"rope_type": "yarn", "factor": 4, "mscale": -1}})", "'mscale'", "negative"},
+           Case{R"({"rope_scaling": null, "rope_theta": 0})", "'rope_theta'", "positive"},
+           Case{R"({"partial_rotary_factor": 1.5})", "'partial_rotary_factor'", "(0, 1]"},
+           Case{R"({"hidden_size": -4096})", "'hidden_size'", "[1, "},
+           Case{R"({"hidden_size": 9223372036854775807})", "'hidden_size'", "[1, "},
+           Case{R"({"vocab_size": 4294967301})", "'vocab_size'", "[1, 2147483647]"},
+           Case{R"({"num_hidden_layers": 0})", "'num_hidden_layers'", "[1, "},
+           Case{R"({"num_key_value_heads": 0})", "'num_key_value_heads'", "[1, "},
+           Case{R"({"intermediate_size": -1})", "'intermediate_size'", "[0, "},
+           Case{R"({"max_position_embeddings": 18446744073709551615})", "'max_position_embeddings'", "at most"},
+           Case{R"({"head_dim": 0})", "'head_dim'", "[1, "},
+           Case{R"({"sliding_window": 0})", "'sliding_window'", "[1, "},
+       }) {
+    json j = llama31();
+    j.merge_patch(json::parse(k.patch));
+    EXPECT_ERROR_CONTAINS(model_config_parse(j, "/m/config.json"), "/m/config.json", k.field, k.why);
+  }
+  // A model's own fields read through the same ranges.
+  ConfigFields f(json::parse(R"({"n": 5, "big": 4294967301, "neg": -3, "x": 0.5})"), "f.json");
+  EXPECT_EQ(f.get_int("n", IntRange{1, 8}), 5);
+  EXPECT_ERROR_CONTAINS(f.get_int("n", IntRange{1, 4}), "f.json", "'n'", "[1, 4]", "got 5");
+  EXPECT_ERROR_CONTAINS(f.get_int("big"), "'big'", "2147483647");
+  EXPECT_ERROR_CONTAINS(f.get_int("neg"), "'neg'", "[0, ");
+  EXPECT_EQ(f.get_int("neg", IntRange{-5, 5}), -3);
+  EXPECT_EQ(f.get_int("absent", 7), 7);
+  EXPECT_ERROR_CONTAINS(f.get_double("x", RealRange{1.0, 2.0}), "'x'", "[1, 2]");
+  EXPECT_EQ(f.get_double("x", 3.0, RealRange::positive()), 0.5);
+}
+
+}  // namespace
+}  // namespace atom::test

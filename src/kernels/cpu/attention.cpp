@@ -5,6 +5,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/parallel.h"
 #include "kernels/cpu/access.h"
 
 namespace atom::kernels::cpu {
@@ -38,18 +39,22 @@ void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Ten
   const DType ct = k_cache.dtype();
   // Division, as vLLM's FP8 cache write (x / scale, then a saturating round to e4m3).
   const KvScales sc = effective_scales(ct, scales);
+  ParallelErrors errors;
 #pragma omp parallel for schedule(static) if (T * width > kParallelMin)
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t slot = slots[t];
-    if (slot < 0) continue;
-    ATOM_CHECK(slot < pages * bs, "kv_cache_write: slot {} beyond {} pages", slot, pages);
-    const char* kr = row_ptr(k, t);
-    const char* vr = row_ptr(v, t);
-    for (int64_t i = 0; i < width; ++i) {
-      store(k_cache.data(), ct, slot * width + i, load(kr, k.dtype(), i) / sc.k);
-      store(v_cache.data(), ct, slot * width + i, load(vr, v.dtype(), i) / sc.v);
-    }
+    errors.guard([&] {
+      const int64_t slot = slots[t];
+      if (slot < 0) return;
+      ATOM_CHECK(slot < pages * bs, "kv_cache_write: slot {} beyond {} pages", slot, pages);
+      const char* kr = row_ptr(k, t);
+      const char* vr = row_ptr(v, t);
+      for (int64_t i = 0; i < width; ++i) {
+        store(k_cache.data(), ct, slot * width + i, load(kr, k.dtype(), i) / sc.k);
+        store(v_cache.data(), ct, slot * width + i, load(vr, v.dtype(), i) / sc.v);
+      }
+    });
   }
+  errors.rethrow();
 }
 
 void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,

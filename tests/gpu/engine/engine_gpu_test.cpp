@@ -100,7 +100,7 @@ TEST(GpuEngine, DeviceAndHostSamplersAgreeAndStepsMixThem) {
 // mixed prompt lengths runs through prefill, chunked steps and graph decode over the FP8 cache.
 // (Token-for-token agreement with the single-sequence runner is printed, not required: batched
 // GEMMs round keys differently in the last bit, which moves an e4m3 code now and then, and these
-// small random models have many near-tied steps; tests/kernels/model_gpu_test.cpp checks logits.)
+// small random models have many near-tied steps; tests/gpu/models/model_gpu_test.cpp checks logits.)
 TEST(GpuEngine, Fp8KvCacheHoldsTwiceTheBlocks) {
   LoadedModel m = model_load(fixture_dir("llama3_gqa"), on_gpu());
   int bf16_blocks = 0;
