@@ -1,5 +1,6 @@
 #include "loader/hf_config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -35,8 +36,11 @@ const json& ConfigFields::at(const std::string& key) const {
 int64_t ConfigFields::get_int(const std::string& key) const {
   const json& v = at(key);
   if (v.is_number_integer()) return v.get<int64_t>();
-  if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>())))
-    return static_cast<int64_t>(v.get<double>());
+  // A whole float in int64's range (casting one outside it is undefined: UBSan, fuzz_config).
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (d >= -9.2e18 && d <= 9.2e18 && d == std::trunc(d)) return static_cast<int64_t>(d);
+  }
   bad(key, "must be an integer, got " + v.dump());
 }
 int64_t ConfigFields::get_int(const std::string& key, int64_t fallback) const {
