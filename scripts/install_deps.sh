@@ -4,7 +4,11 @@ set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libfmt-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libcli11-dev
-      libxxhash-dev libgtest-dev python3 python3-jinja2 python3-numpy curl)
+      libxxhash-dev libgtest-dev python3 python3-jinja2 python3-numpy curl
+      # scripts/sanitize.sh: clang, its sanitizer and libFuzzer runtimes (-fsanitize=fuzzer links
+      # libclang-rt-14-dev's; libfuzzer-14-dev's standalone libFuzzer.a is not needed), OpenMP for
+      # clang, and llvm-symbolizer for readable reports.
+      clang libclang-rt-14-dev libomp-14-dev llvm-14)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -7,5 +7,8 @@ scripts/install_deps.sh
 # the OpenAI client for server tests), pinned by tests/node/package-lock.json.
 npm ci --prefix tests/node --no-audit --no-fund
 scripts/build.sh
-cd build
-ctest --output-on-failure -LE gpu -j"$(nproc)" --timeout 900
+(cd build && ctest --output-on-failure -LE gpu -j"$(nproc)" --timeout 900)
+# The unit and server tests again under ASan+UBSan, and the fuzzers, for a bounded time each.
+if [ "${ATOM_SANITIZE:-1}" != 0 ]; then
+  scripts/sanitize.sh
+fi

@@ -1,5 +1,6 @@
 // atom serve MODEL: an OpenAI-compatible server with vLLM's flags and routes.
 #include <fmt/ranges.h>
+#include <malloc.h>
 #include <signal.h>
 
 #include <chrono>
@@ -44,6 +45,7 @@ struct ServeArgs {
   int max_waiting = 4096;
   int64_t max_body_bytes = 32 << 20;
   atom::jinja::Limits template_limits;  // chat templates: the model's, --chat-template, requests'
+  atom::server::GateLimits http;  // header/body/keep-alive deadlines, connection and header bounds
 };
 
 double since(std::chrono::steady_clock::time_point t0) {
@@ -51,6 +53,11 @@ double since(std::chrono::steady_clock::time_point t0) {
 }
 
 void serve(ServeArgs& a) {
+  // Allocations from 256 KiB up get their own mappings, returned to the system when freed. glibc's
+  // default threshold rises to the largest block freed so far (up to 32 MiB), after which a huge
+  // prompt's buffers come from the handler threads' arenas and stay there: RSS grew with every
+  // rejected oversized prompt (issue 22; serving.md, "Memory").
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   if (!a.model_flag.empty()) {
@@ -161,13 +168,14 @@ void serve(ServeArgs& a) {
   so.reasoning_parser = a.reasoning_parser;
   so.default_chat_template_kwargs = default_kwargs;
   so.max_body_bytes = static_cast<size_t>(a.max_body_bytes);
+  so.http = a.http;
   so.limits.max_logprobs = a.max_logprobs;
   atom::server::Metrics metrics(so.served_model_names[0]);
   metrics.set_cache_config({{"block_size", std::to_string(engine.kv_plan().block_size)},
                             {"num_gpu_blocks", std::to_string(engine.kv_plan().num_blocks)},
                             {"enable_prefix_caching", engine.config().enable_prefix_caching ? "True" : "False"}});
   atom::server::HttpServer http(backend, metrics, so);
-  if (!http.bind()) atom::fail("cannot listen on {}:{} (in use?)", a.host, a.port);
+  if (!http.bind()) atom::fail("{}", http.bind_error());
 
   std::thread signals([&] {
     int sig = 0;
@@ -256,7 +264,9 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
                   "chat template has them)");
   cmd->add_option("--max-waiting-requests", a->max_waiting, "queued requests beyond this get 503")
       ->capture_default_str();
-  cmd->add_option("--max-request-body-bytes", a->max_body_bytes, "larger bodies get 413")->capture_default_str();
+  cmd->add_option("--max-request-body-bytes", a->max_body_bytes, "larger bodies get 413")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   cmd->add_option("--max-template-depth", a->template_limits.max_depth,
                   "deepest nesting a chat template may have (blocks, brackets, links of a.b.c or "
                   "1 + 2 + 3); deeper templates are refused")
@@ -270,5 +280,25 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
                   "largest prompt text (or string) one chat-template render may build")
       ->capture_default_str()
       ->check(CLI::Range(size_t{1}, size_t{1} << 40));
+  cmd->add_option("--http-header-timeout", a->http.header_timeout_s,
+                  "seconds from a request's first byte to the end of its headers (else 408)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
+  cmd->add_option("--http-body-timeout", a->http.body_timeout_s,
+                  "seconds from the end of a request's headers to the end of its body (else 408)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
+  cmd->add_option("--http-keep-alive-timeout", a->http.keep_alive_timeout_s,
+                  "seconds an idle connection is kept open waiting for its next request")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
+  cmd->add_option("--max-connections", a->http.max_connections,
+                  "open connections at once; more get 503 (also bounded by the file descriptor limit)")
+      ->capture_default_str()
+      ->check(CLI::Range(16, 1 << 24));
+  cmd->add_option("--max-header-bytes", a->http.max_header_bytes,
+                  "largest request line and headers; larger get 431")
+      ->capture_default_str()
+      ->check(CLI::Range(size_t{1024}, size_t{1} << 24));
   cmd->callback([a] { serve(*a); });
 });

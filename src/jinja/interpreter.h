@@ -63,6 +63,7 @@ class Scope {
   explicit Scope(std::shared_ptr<Scope> parent = nullptr) : parent_(std::move(parent)) {}
   const Value* find(const std::string& name) const;
   void set(const std::string& name, Value v);
+  void clear() { vars_.clear(); }
 
  private:
   std::shared_ptr<Scope> parent_;

@@ -76,6 +76,8 @@ struct BackendStats {
   int waiting = 0;
   int64_t kv_blocks_total = 0;
   int64_t kv_blocks_free = 0;
+  int64_t state_slots_total = 0;  // recurrent-state slots (0 for models without recurrent layers)
+  int64_t state_slots_free = 0;
   int64_t num_preemptions = 0;
   int64_t prefix_cache_queries = 0;
   int64_t prefix_cache_hits = 0;

@@ -54,6 +54,8 @@ EngineBackend::EngineBackend(LLMEngine& engine, tokenizer::Tokenizer tok, Engine
   info_.harmony = template_has(template_, "<|channel|>");
   blocks_total_ = engine_.block_manager().num_blocks();
   blocks_free_ = engine_.block_manager().num_free_blocks();
+  slots_total_ = engine_.state_pool().enabled() ? engine_.state_pool().num_slots() : 0;
+  slots_free_ = engine_.state_pool().enabled() ? engine_.state_pool().num_free() : 0;
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -198,6 +200,8 @@ BackendStats EngineBackend::stats() {
   s.waiting = waiting_ + engine_waiting_;
   s.kv_blocks_total = blocks_total_;
   s.kv_blocks_free = blocks_free_;
+  s.state_slots_total = slots_total_;
+  s.state_slots_free = slots_free_;
   s.num_preemptions = preemptions_;
   s.prefix_cache_queries = prefix_queries_;
   s.prefix_cache_hits = prefix_hits_;
@@ -372,6 +376,7 @@ void EngineBackend::loop() {
     running_ = engine_.scheduler().num_running();
     engine_waiting_ = engine_.scheduler().num_waiting();
     blocks_free_ = engine_.block_manager().num_free_blocks();
+    if (engine_.state_pool().enabled()) slots_free_ = engine_.state_pool().num_free();
     deliver(out);
   }
   // Shutting down: every request still held ends with "abort".

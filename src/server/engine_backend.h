@@ -91,7 +91,7 @@ class EngineBackend final : public Backend {
   std::atomic<int> live_{0};
   // waiting_: submitted, not yet handed to the engine; engine_waiting_: in the scheduler's queue.
   std::atomic<int> waiting_{0}, running_{0}, engine_waiting_{0};
-  std::atomic<int64_t> blocks_total_{0}, blocks_free_{0}, preemptions_{0}, prefix_queries_{0}, prefix_hits_{0};
+  std::atomic<int64_t> blocks_total_{0}, blocks_free_{0}, slots_total_{0}, slots_free_{0}, preemptions_{0}, prefix_queries_{0}, prefix_hits_{0};
   std::unordered_map<std::string, Live> live_map_;  // engine thread only
   std::thread thread_;
 };

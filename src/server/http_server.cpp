@@ -1,6 +1,17 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <limits>
 
 #include "core/log.h"
 #include "server/api_error.h"
@@ -18,13 +29,191 @@ std::string error_body(int status, const std::string& type, const std::string& m
   return json{{"error", e}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-HttpServer::HttpServer(Backend& backend, Metrics& metrics, ServerOptions options)
-    : backend_(backend), metrics_(metrics), options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
-  if (options_.served_model_names.empty()) options_.served_model_names.push_back(backend_.info().model_name);
-  routes();
+// cpp-httplib's request parser, router and response writer, run on a request the gate has read
+// whole (the library's own accept loop and thread-per-connection reads are not used).
+class Router : public httplib::Server {
+ public:
+  // The library takes an invalid listening socket to mean it is shutting down and cuts streamed
+  // responses short; it gets a descriptor of its own that nothing reads.
+  Router() : placeholder_(::open("/dev/null", O_RDONLY | O_CLOEXEC)) { svr_sock_ = placeholder_; }
+  ~Router() override {
+    svr_sock_ = INVALID_SOCKET;
+    if (placeholder_ >= 0) ::close(placeholder_);
+  }
+  // Serves the request at the front of the stream; false when the connection cannot be reused.
+  bool serve_one(httplib::Stream& strm, bool close_connection, bool& connection_closed) {
+    static const std::function<void(httplib::Request&)> kNoSetup = [](httplib::Request&) {};
+    return process_request(strm, close_connection, connection_closed, kNoSetup);
+  }
+
+ private:
+  int placeholder_;
+};
+
+namespace {
+
+// One request of a gate connection: reads come from the bytes the gate buffered (never from the
+// socket, so a handler thread never waits for a client), writes go to the socket with a deadline.
+class GateStream final : public httplib::Stream {
+ public:
+  GateStream(Connection& c, int write_timeout_ms) : c_(c), timeout_ms_(write_timeout_ms) {}
+  bool is_readable() const override { return pos_ < c_.request_bytes; }
+  bool is_writable() const override {
+    pollfd p{c_.fd, POLLOUT, 0};
+    return ::poll(&p, 1, timeout_ms_) > 0 && !(p.revents & (POLLERR | POLLHUP | POLLNVAL));
+  }
+  ssize_t read(char* ptr, size_t size) override {
+    const size_t n = std::min(size, c_.request_bytes - pos_);
+    std::memcpy(ptr, c_.buf.data() + pos_, n);
+    pos_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    size_t done = 0;
+    while (done < size) {
+      const ssize_t n = ::send(c_.fd, ptr + done, size - done, MSG_NOSIGNAL);
+      if (n > 0) {
+        done += static_cast<size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        pollfd p{c_.fd, POLLOUT, 0};
+        if (::poll(&p, 1, timeout_ms_) <= 0 || (p.revents & (POLLERR | POLLHUP | POLLNVAL))) {
+          failed_ = true;
+          return -1;
+        }
+      } else {
+        failed_ = true;
+        return -1;
+      }
+    }
+    return static_cast<ssize_t>(done);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = c_.remote_ip;
+    port = c_.remote_port;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    ip.clear();
+    port = 0;
+    if (getsockname(c_.fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return;
+    char buf[INET6_ADDRSTRLEN] = {0};
+    if (ss.ss_family == AF_INET6) {
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof buf);
+      port = ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+    } else {
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr, buf, sizeof buf);
+      port = ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    }
+    ip = buf;
+  }
+  socket_t socket() const override { return c_.fd; }
+  bool failed() const { return failed_; }
+
+ private:
+  Connection& c_;
+  int timeout_ms_;
+  size_t pos_ = 0;
+  bool failed_ = false;
+};
+
+// A connection that is a string both ways (HttpServer::serve_bytes).
+class MemoryStream final : public httplib::Stream {
+ public:
+  MemoryStream(const Connection& c, std::string& out) : c_(c), out_(out) {}
+  bool is_readable() const override { return pos_ < c_.request_bytes; }
+  bool is_writable() const override { return true; }
+  ssize_t read(char* ptr, size_t size) override {
+    const size_t n = std::min(size, c_.request_bytes - pos_);
+    std::memcpy(ptr, c_.buf.data() + pos_, n);
+    pos_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    out_.append(ptr, size);
+    return static_cast<ssize_t>(size);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = "127.0.0.1";
+    port = 1;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip = "127.0.0.1";
+    port = 2;
+  }
+  socket_t socket() const override { return -1; }
+
+ private:
+  const Connection& c_;
+  std::string& out_;
+  size_t pos_ = 0;
+};
+
+constexpr size_t kTrimAfterBytes = 1u << 20;
+
+// Cheap routes served by the reserved threads, so a server busy with generation still answers them.
+bool control_route(const Connection& c) {
+  if (c.method != "GET") return false;
+  const std::string path = c.target.substr(0, c.target.find('?'));
+  return path == "/health" || path == "/ping" || path == "/version" || path == "/metrics" || path == "/v1/models";
 }
 
-HttpServer::~HttpServer() = default;
+}  // namespace
+
+HttpServer::HttpServer(Backend& backend, Metrics& metrics, ServerOptions options)
+    : backend_(backend), metrics_(metrics), options_(std::move(options)), http_(std::make_unique<Router>()) {
+  if (options_.served_model_names.empty()) options_.served_model_names.push_back(backend_.info().model_name);
+  options_.http.max_body_bytes = options_.max_body_bytes;
+  routes();
+  gate_ = std::make_unique<ConnectionGate>(options_.http, [this](std::shared_ptr<Connection> c) {
+    (control_route(*c) ? control_ : workers_)->enqueue([this, c] { serve_connection(c); });
+  });
+}
+
+HttpServer::~HttpServer() {
+  stop();
+  if (workers_) workers_->shutdown();
+  if (control_) control_->shutdown();
+}
+
+std::string HttpServer::serve_bytes(const std::string& bytes) {
+  std::string out;
+  Connection c;
+  c.buf = bytes;
+  while (!c.buf.empty()) {
+    RequestFramer f(options_.http.max_header_bytes, options_.max_body_bytes);
+    const RequestFramer::State st = f.feed(c.buf);
+    if (st == RequestFramer::State::kError) return out + gate_error_response(f.error_status(), f.error_message());
+    if (st != RequestFramer::State::kComplete) break;  // the gate would wait for more
+    c.request_bytes = f.request_bytes();
+    MemoryStream strm(c, out);
+    bool closed = false;
+    const bool ok = http_->serve_one(strm, false, closed);
+    if (!ok || closed) break;
+    c.buf.erase(0, c.request_bytes);
+  }
+  return out;
+}
+
+void HttpServer::serve_connection(const std::shared_ptr<Connection>& c) {
+  GateStream strm(*c, options_.write_timeout_s * 1000);
+  bool closed = false;
+  const bool ok = http_->serve_one(strm, stopping_.load(), closed);
+  // A big request (its body, the prompt's tokenization) freed its memory into this thread's malloc
+  // arena, which glibc does not hand back to the system on its own: with hundreds of handler
+  // threads each arena would keep its largest request's worth (issue 22).
+  const size_t served = c->request_bytes;
+  c->buf.erase(0, served);
+  c->request_bytes = 0;
+  if (c->buf.capacity() > (64u << 10)) std::string(c->buf).swap(c->buf);
+  if (served > kTrimAfterBytes) malloc_trim(0);
+  if (!ok || closed || strm.failed() || stopping_.load())
+    gate_->close(c);
+  else
+    gate_->resume(c);
+}
 
 void HttpServer::check_model(const std::optional<std::string>& model) const {
   if (!model) return;
@@ -61,11 +250,11 @@ void guarded(HttpServer& s, const std::string& handler, const httplib::Request& 
 
 void HttpServer::routes() {
   httplib::Server& h = *http_;
-  h.new_task_queue = [n = options_.threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+  // The gate has framed the whole request: the parser sees it all, in memory.
   h.set_payload_max_length(options_.max_body_bytes);
-  h.set_read_timeout(options_.read_timeout_s, 0);
-  h.set_write_timeout(options_.read_timeout_s, 0);
-  h.set_keep_alive_timeout(30);
+  h.set_keep_alive_max_count(std::numeric_limits<size_t>::max() / 2);
+  h.set_keep_alive_timeout(options_.http.keep_alive_timeout_s);
+  h.set_write_timeout(options_.write_timeout_s, 0);
 
   // vLLM guards /v1 with the API key and answers a bad key with {"error": "Unauthorized"}.
   h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -133,6 +322,9 @@ void HttpServer::routes() {
     metrics_.set_kv_cache_usage(st.kv_blocks_total > 0
                                     ? 1.0 - static_cast<double>(st.kv_blocks_free) / static_cast<double>(st.kv_blocks_total)
                                     : 0.0);
+    metrics_.set_state_slot_usage(st.state_slots_total > 0 ? 1.0 - static_cast<double>(st.state_slots_free) /
+                                                                     static_cast<double>(st.state_slots_total)
+                                                           : 0.0);
     res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
   });
   h.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
@@ -186,16 +378,26 @@ void HttpServer::routes() {
 }
 
 bool HttpServer::bind() {
-  if (options_.port == 0) {
-    port_ = http_->bind_to_any_port(options_.host);
-    return port_ > 0;
-  }
-  port_ = options_.port;
-  return http_->bind_to_port(options_.host, options_.port);
+  bind_error_ = gate_->listen(options_.host, options_.port);
+  if (!bind_error_.empty()) return false;
+  port_ = gate_->port();
+  return true;
 }
 
-void HttpServer::serve() { http_->listen_after_bind(); }
+void HttpServer::serve() {
+  workers_ = std::make_unique<httplib::ThreadPool>(static_cast<size_t>(std::max(1, options_.threads)));
+  control_ = std::make_unique<httplib::ThreadPool>(static_cast<size_t>(std::max(1, options_.control_threads)));
+  gate_->run();
+  // Requests being served run to completion; their connections close.
+  workers_->shutdown();
+  control_->shutdown();
+  workers_.reset();
+  control_.reset();
+}
 
-void HttpServer::stop() { http_->stop(); }
+void HttpServer::stop() {
+  stopping_.store(true);
+  gate_->stop();
+}
 
 }  // namespace atom::server

@@ -9,14 +9,17 @@
 #include <vector>
 
 #include "server/backend.h"
+#include "server/connection_gate.h"
 #include "server/metrics.h"
 #include "server/protocol.h"
 
 namespace httplib {
-class Server;
+class ThreadPool;
 }
 
 namespace atom::server {
+
+class Router;
 
 struct ServerOptions {
   std::string host = "0.0.0.0";
@@ -24,8 +27,12 @@ struct ServerOptions {
   std::optional<std::string> api_key;
   std::vector<std::string> served_model_names;  // responses use the first
   size_t max_body_bytes = 32u << 20;
-  int threads = 512;                // connections served at once
-  int read_timeout_s = 30;          // a client that sends nothing for this long is dropped
+  // Header and body deadlines, keep-alive, connection and buffer bounds (max_body_bytes above
+  // replaces http.max_body_bytes).
+  GateLimits http;
+  int threads = 512;         // requests served at once (complete requests only: see ConnectionGate)
+  int control_threads = 4;   // reserved for GET /health, /ping, /version, /metrics, /v1/models
+  int write_timeout_s = 30;  // a client that reads nothing of its answer for this long is dropped
   bool enable_prompt_tokens_details = false;
   bool enable_auto_tool_choice = false;  // with tool_call_parser: tool_choice "auto" is served
   std::string tool_call_parser;          // a name from tool_parser_names(), or empty
@@ -43,12 +50,17 @@ class HttpServer {
   HttpServer(Backend& backend, Metrics& metrics, ServerOptions options);
   ~HttpServer();
 
-  // Binds (port 0 picks a free port) and serves until stop(); returns false when it cannot bind.
+  // Listens (port 0 picks a free port); false when it cannot, with bind_error() saying why (a port
+  // already in use is an error: no port sharing).
   bool bind();
+  const std::string& bind_error() const { return bind_error_; }
   int port() const { return port_; }
   void serve();
   // Stops accepting connections; requests being served run to completion.
   void stop();
+  // Serves the requests in `bytes` as if read from one connection (framed by the gate's rules) and
+  // returns what the server would write back; no socket (tests and fuzzing).
+  std::string serve_bytes(const std::string& bytes);
   // Requests in flight (between parse and response end).
   int in_flight() const { return in_flight_.load(); }
 
@@ -63,11 +75,16 @@ class HttpServer {
 
  private:
   void routes();
+  void serve_connection(const std::shared_ptr<Connection>& c);
   Backend& backend_;
   Metrics& metrics_;
   ServerOptions options_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<Router> http_;
+  std::unique_ptr<httplib::ThreadPool> workers_, control_;
+  std::unique_ptr<ConnectionGate> gate_;
+  std::atomic<bool> stopping_{false};
   int port_ = 0;
+  std::string bind_error_;
   std::atomic<int> in_flight_{0};
 };
 

@@ -63,6 +63,7 @@ Metrics::Metrics(std::string model_name) : model_(std::move(model_name)) {
 void Metrics::set_running(int n) { ATOM_LOCKED; running_ = n; }
 void Metrics::set_waiting(int n) { ATOM_LOCKED; waiting_ = n; }
 void Metrics::set_kv_cache_usage(double f) { ATOM_LOCKED; kv_usage_ = f; }
+void Metrics::set_state_slot_usage(double f) { ATOM_LOCKED; state_usage_ = f; }
 void Metrics::add_prompt_tokens(int64_t n) { ATOM_LOCKED; prompt_tokens_ += n; }
 void Metrics::add_generation_tokens(int64_t n) { ATOM_LOCKED; generation_tokens_ += n; }
 void Metrics::set_prefix_cache(int64_t q, int64_t h) {
@@ -120,6 +121,7 @@ std::string Metrics::render() const {
   gauge("vllm:num_requests_running", "Number of requests in model execution batches.", running_);
   gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting_);
   gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv_usage_);
+  gauge("atom:state_slot_usage_perc", "Recurrent-state slot usage. 1 means 100 percent usage.", state_usage_);
   counter("vllm:prompt_tokens", "Number of prefill tokens processed.", prompt_tokens_);
   counter("vllm:generation_tokens", "Number of generation tokens processed.", generation_tokens_);
   counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", prefix_queries_);

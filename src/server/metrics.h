@@ -18,6 +18,8 @@ class Metrics {
   void set_running(int n);
   void set_waiting(int n);
   void set_kv_cache_usage(double fraction);
+  // Recurrent-state slots in use (atom:state_slot_usage_perc; 0 for models without any).
+  void set_state_slot_usage(double fraction);
 
   // Counters.
   void add_prompt_tokens(int64_t n);
@@ -56,7 +58,7 @@ class Metrics {
   std::string model_;
   mutable std::mutex mu_;
   int running_ = 0, waiting_ = 0;
-  double kv_usage_ = 0;
+  double kv_usage_ = 0, state_usage_ = 0;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0, prefix_queries_ = 0, prefix_hits_ = 0,
           preemptions_ = 0;
   std::map<std::string, int64_t> success_;

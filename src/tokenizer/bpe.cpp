@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "tokenizer/scratch.h"
 #include "tokenizer/utf8.h"
 
 namespace atom::tokenizer {
@@ -141,6 +142,7 @@ void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
   auto& symbols = scratch.symbols;
   auto& heap = scratch.heap;
   std::string& piece = scratch.piece;
+  const ReleaseOnExit release(symbols, heap, piece);
   symbols.clear();
   heap.clear();
 

@@ -2,6 +2,7 @@
 
 #include "tokenizer/byte_level.h"
 #include "tokenizer/regex.h"
+#include "tokenizer/scratch.h"
 #include "tokenizer/unicode.h"
 #include "tokenizer/utf8.h"
 
@@ -92,6 +93,7 @@ void char_ranges(const std::string& s, Pred pred, std::vector<SplitRange>& out) 
 
 void regex_ranges(const Regex& re, const std::string& s, bool invert, std::vector<SplitRange>& out) {
   thread_local std::vector<std::pair<size_t, size_t>> m;
+  const ReleaseOnExit release(m);
   re.find_all(s, m);
   out.clear();
   size_t prev = 0;
@@ -122,6 +124,8 @@ void for_each_piece(std::vector<PreToken>& pieces, Fn fn) {
   out.reserve(pieces.size() * 4);
   for (const PreToken& p : pieces) fn(p, out);
   pieces.swap(out);
+  out.clear();  // the previous pieces
+  release_if_large(out);
 }
 
 class SplitPre final : public PreTokenizer {
@@ -142,6 +146,7 @@ class SplitPre final : public PreTokenizer {
   void pre_tokenize(std::vector<PreToken>& pieces) const override {
     for_each_piece(pieces, [&](const PreToken& p, std::vector<PreToken>& out) {
       thread_local std::vector<SplitRange> r;
+      const ReleaseOnExit release(r);
       if (regex_) {
         regex_ranges(*regex_, p.text, invert_, r);
       } else {
@@ -167,6 +172,7 @@ class ByteLevelPre final : public PreTokenizer {
         "ByteLevel pre-tokenizer");
     for_each_piece(pieces, [&](const PreToken& p, std::vector<PreToken>& out) {
       thread_local PreToken prefixed;
+      const ReleaseOnExit release_prefixed(prefixed.text);
       const PreToken* src = &p;
       if (add_prefix_space_ && (p.text.empty() || p.text[0] != ' ')) {
         prefixed.text.clear();
@@ -178,12 +184,14 @@ class ByteLevelPre final : public PreTokenizer {
       const size_t first = out.size();
       if (use_regex_) {
         thread_local std::vector<SplitRange> r;
+        const ReleaseOnExit release(r);
         regex_ranges(gpt2, src->text, false, r);
         split_apply(*src, r, SplitBehavior::kIsolated, out);
       } else if (!src->text.empty()) {
         out.push_back(*src);
       }
       thread_local std::string mapped;
+      const ReleaseOnExit release_mapped(mapped);
       for (size_t i = first; i < out.size(); ++i) {
         mapped.clear();
         byte_level_encode(out[i].text, mapped);
@@ -221,6 +229,7 @@ class MetaspacePre final : public PreTokenizer {
         return;
       }
       thread_local std::vector<SplitRange> r;
+      const ReleaseOnExit release(r);
       literal_ranges(rep_, q.text, false, r);
       split_apply(q, r, SplitBehavior::kMergedWithNext, out);
     });
@@ -240,6 +249,7 @@ class CharSplitPre final : public PreTokenizer {
   void pre_tokenize(std::vector<PreToken>& pieces) const override {
     for_each_piece(pieces, [&](const PreToken& p, std::vector<PreToken>& out) {
       thread_local std::vector<SplitRange> r;
+      const ReleaseOnExit release(r);
       char_ranges(p.text, pred_, r);
       split_apply(p, r, behavior_, out);
     });

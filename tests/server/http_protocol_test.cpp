@@ -694,7 +694,7 @@ TEST_F(Http, ClientDisconnectWhileWaitingAbortsNonStreamed) {
 TEST_F(Http, HostileBodiesLeaveTheServerHealthy) {
   server::ServerOptions o;
   o.max_body_bytes = 1 << 20;
-  o.read_timeout_s = 1;
+  o.http.header_timeout_s = 1;
   start(o);
   const std::string big(10 << 20, 'a');
   auto r = cli->Post("/v1/completions", big, "application/json");
