@@ -149,6 +149,18 @@ int main(int argc, char** argv) {
     const DType kv = kv_cache_dtype_for(model, kv_dtype);
     n.kv_bytes_per_token =
         2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * (dtype_bits(kv) / 8);
+    // Multi-head latent attention: one latent row of kv_lora_rank + qk_rope_head_dim per token
+    // and layer; the model's attention work counted as the expanded form (q·k over
+    // qk_nope + qk_rope, p·v over v_head_dim), which is what prefill needs at least.
+    double attn_dims = 2.0 * n.head_dim;  // q·k plus p·v per head and (query, key) pair
+    if (c.text.has("kv_lora_rank")) {
+      n.kv_bytes_per_token = static_cast<double>(c.num_hidden_layers) *
+                             (c.text.get_int("kv_lora_rank") + c.text.get_int("qk_rope_head_dim")) *
+                             (dtype_bits(kv) / 8);
+      attn_dims = static_cast<double>(c.text.get_int("qk_nope_head_dim") +
+                                      c.text.get_int("qk_rope_head_dim") +
+                                      c.text.get_int("v_head_dim"));
+    }
     std::printf(
         "model %s: %.2f GB of weights read per batch-1 decode step, %.2f B matmul parameters per "
         "token, %s KV cache; loaded in %.1f s\n",
@@ -190,7 +202,7 @@ int main(int argc, char** argv) {
       // Layers for every token, the LM head for the last one, causal attention 4 S^2 d H / 2.
       const double flops =
           2.0 * (n.token_matmul_params() - n.head_params) * len + 2.0 * n.head_params +
-          4.0 * n.layers * n.heads * n.head_dim * static_cast<double>(len) * len / 2.0;
+          2.0 * n.layers * n.heads * attn_dims * static_cast<double>(len) * len / 2.0;
       std::printf("%-44s %9.2f ms %12.0f %9.1f%%\n", fmt::format("prefill {} tokens", len).c_str(),
                   t * 1e3, len / t, 100.0 * flops / bench::kMatmul / t);
       std::fflush(stdout);

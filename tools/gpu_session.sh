@@ -5,7 +5,10 @@
 # $OUT; the last lines printed are a summary.
 #   bash STAGE/tools/gpu_session.sh [steps]   steps: comma list of tests,cli,kernels,e2e,hf,memcheck
 #   (also engine, serve, fp8check: the FP8 KV cache's tests under memcheck and e2e; fp8 and bf16:
-#   bench throughput with that KV cache dtype at ATOM_FP8_SEQS / ATOM_BF16_SEQS sequences; decode:
+#   bench throughput with that KV cache dtype at ATOM_FP8_SEQS / ATOM_BF16_SEQS sequences; mla: the
+#   latent attention and indexer kernel tests, the MLA models' GPU parity and engine tests, the
+#   MLA decode kernel bench with its PyTorch peer; mla_e2e: the DeepSeek-V2-Lite shape end to end
+#   with transformers; decode:
 #   decode steps under the environments of ATOM_DECODE_VARIANTS; ncu: per-kernel durations of a
 #   batch-1 decode step)
 set -u
@@ -43,7 +46,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,cl
 
 if has tests; then
   for f in 'GpuDevice.*' 'GpuElementwise.*' 'GpuRmsNorm.*:GpuRope.*:GpuKvCacheWrite.*' 'GpuLinear.*' \
-           'GpuSampling.*' 'GpuAttention.*:-GpuAttention.Fp8*' 'GpuAttention.Fp8*' '*GpuParity*' \
+           'GpuSampling.*' 'GpuMla.*:GpuIndexer.*' 'GpuAttention.*:-GpuAttention.Fp8*' 'GpuAttention.Fp8*' '*GpuParity*' \
            'GpuRunner.*' 'GpuEngine.*'; do
     echo "##### $f" >> "$out/tests.log"
     timeout 150 "$bin/gpu_test" --gtest_filter="$f" >> "$out/tests.log" 2>&1
@@ -52,6 +55,46 @@ if has tests; then
   grep -E "^\[  FAILED  \]|Failure|Expected|Which is|actual|error:|Skipped|rel err|agree for|max \|" "$out/tests.log" \
     | grep -v "listed below" | head -80 | tee -a "$summary"
   gtest_summary "$out/tests.log"
+fi
+
+if has mla; then
+  for f in 'GpuMla.*:GpuIndexer.*' '*GpuMoeParity*deepseek*:*GpuMoeParity*glm_moe_dsa*' \
+           '*GpuMoeEngine*'; do
+    echo "##### $f" >> "$out/mla_tests.log"
+    timeout 150 "$bin/gpu_test" --gtest_filter="$f" >> "$out/mla_tests.log" 2>&1
+    note "mla tests $f: rc=$?"
+  done
+  grep -E "^\[  FAILED  \]|Failure|Expected|Which is|actual|error:|rel err|agree for|equal|median row" \
+    "$out/mla_tests.log" | grep -v "listed below" | head -80 | tee -a "$summary"
+  gtest_summary "$out/mla_tests.log"
+  timeout 150 "$bin/cuda_mla_bench" --torch "$out/mla_atom.txt" > "$out/mla_bench.log" 2>&1
+  note "mla bench: rc=$?"
+  grep -E "MLA|bandwidth;" "$out/mla_bench.log" | tee -a "$summary"
+  ATOM_MLA_PIPELINE=1 timeout 60 "$bin/cuda_mla_bench" --ctx 8192 --batch 1,32,128 --sparse 0 \
+    > "$out/mla_bench_overlap.log" 2>&1
+  note "mla bench, overlapped loop (ATOM_MLA_PIPELINE=1): rc=$?"
+  grep -E "MLA" "$out/mla_bench_overlap.log" | sed 's/^/  overlap /' | tee -a "$summary"
+  timeout 150 compute-sanitizer --tool memcheck --print-limit 10 "$bin/gpu_test" \
+    --gtest_filter='GpuMla.*:GpuIndexer.*' > "$out/mla_memcheck.log" 2>&1
+  note "mla memcheck: rc=$?"
+  grep -E "ERROR SUMMARY|Invalid|out of bounds|PASSED|FAILED" "$out/mla_memcheck.log" | head -10 | tee -a "$summary"
+  timeout 120 python3 "$stage/bench/mla_decode_torch.py" "$out/mla_atom.txt" > "$out/mla_torch.log" 2>&1
+  note "mla torch peer: rc=$?"
+  grep -E "torch" "$out/mla_torch.log" | tee -a "$summary"
+fi
+
+if has mla_e2e; then
+  m="$stage/bench/models/deepseek-v2-lite"
+  timeout 200 "$bin/cuda_e2e_bench" --model "$m" --load-format dummy --prefill 2048 --batch 1,32 \
+    > "$out/mla_e2e.log" 2>&1
+  note "mla e2e bench (DeepSeek-V2-Lite shape): rc=$?"
+  tail -n 8 "$out/mla_e2e.log" | tee -a "$summary"
+  if [ "${ATOM_MLA_HF:-1}" = 1 ]; then
+    timeout 240 python3 "$stage/bench/hf_baseline.py" "$m" --batch 1,32 --prefill 2048 --new 32 \
+      > "$out/mla_hf.log" 2>&1
+    note "mla hf baseline: rc=$?"
+    grep -E "^hf |transformers|Error|error" "$out/mla_hf.log" | tail -n 8 | tee -a "$summary"
+  fi
 fi
 
 if has cli; then

@@ -82,4 +82,25 @@ inline bool linear_rope_kv(Tensor& out, const Tensor& x, const Tensor& w, const 
 #endif
 }
 
+// Per-head products out_h = x_h · w_hᵀ for h < heads (multi-head latent attention's absorbed
+// W_UK and W_UV), in one kernel where one applies (CUDA, decode-sized M, BF16/F16, 16-byte
+// aligned): the same values as linear() per head. out, x and w are head 0's views (out [M, N],
+// x [M, K], w [N, K] with contiguous rows); head h's start `h * *_head_stride` elements further
+// (out and x: columns of the same rows; w: its own rows). Returns false, computing nothing,
+// where none applies; the caller then runs linear() per head.
+namespace cuda {
+bool linear_heads(Tensor& out, const Tensor& x, const Tensor& w, int heads,
+                  int64_t out_head_stride, int64_t x_head_stride, int64_t w_head_stride);
+}
+inline bool linear_heads(Tensor& out, const Tensor& x, const Tensor& w, int heads,
+                         int64_t out_head_stride, int64_t x_head_stride, int64_t w_head_stride) {
+  check_same_device("linear_heads", out.device(), {&x, &w});
+  if (out.device().is_cpu()) return false;
+#ifdef ATOM_HAVE_CUDA
+  return cuda::linear_heads(out, x, w, heads, out_head_stride, x_head_stride, w_head_stride);
+#else
+  return false;
+#endif
+}
+
 }  // namespace atom::kernels

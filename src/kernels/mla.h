@@ -87,6 +87,30 @@ struct MlaArgs {
   int max_context_len = 0;
 };
 
+// F32 elements of scratch mla_paged_attention can use for `num_tokens` query tokens (CUDA: the
+// partial results of a context split across thread blocks; 0 on the CPU). top_k: the width of
+// the topk argument, 0 for dense attention. Pass it as the batch's workspace.
+namespace cuda {
+int64_t mla_paged_attention_workspace_size(int64_t num_tokens, const MlaArgs& a, DType dtype,
+                                           int64_t top_k);
+// Tests and benchmarks: force the FP32 one-block-per-head kernel (default: the wgmma kernel
+// where the shape allows; ATOM_MLA_BACKEND=simple).
+void mla_set_simple(bool on);
+// The wgmma kernel's loop: 0 (default) runs each tile's Q Kᵀ, softmax and P V in turn; 1 issues
+// the next tile's Q Kᵀ behind the P V without waiting (ptxas serializes its wgmmas, warning
+// C7515, and it measured no faster; ATOM_MLA_PIPELINE).
+void mla_set_pipeline(int p);
+}  // namespace cuda
+inline int64_t mla_paged_attention_workspace_size(Device device, int64_t num_tokens,
+                                                  const MlaArgs& a, DType dtype, int64_t top_k) {
+  if (device.is_cpu()) return 0;
+#ifdef ATOM_HAVE_CUDA
+  return cuda::mla_paged_attention_workspace_size(num_tokens, a, dtype, top_k);
+#else
+  return 0;
+#endif
+}
+
 namespace cpu {
 void mla_paged_attention(Tensor& out, const Tensor& q, const Tensor& latent_cache,
                          const AttentionBatch& b, const Tensor& topk, const MlaArgs& a);
@@ -123,6 +147,21 @@ struct IndexerArgs {
   int max_context_len = 0;
   float weights_scale = 1.0f;  // index_n_heads^-0.5
 };
+
+// F32 elements of scratch indexer_topk needs (CUDA: every token's scores, num_tokens x
+// max_context_len; 0 on the CPU). Pass it as the batch's workspace.
+namespace cuda {
+int64_t indexer_topk_workspace_size(int64_t num_tokens, const IndexerArgs& a);
+}
+inline int64_t indexer_topk_workspace_size(Device device, int64_t num_tokens,
+                                           const IndexerArgs& a) {
+  if (device.is_cpu()) return 0;
+#ifdef ATOM_HAVE_CUDA
+  return cuda::indexer_topk_workspace_size(num_tokens, a);
+#else
+  return 0;
+#endif
+}
 
 namespace cpu {
 void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Tensor& key_cache,

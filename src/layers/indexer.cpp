@@ -73,6 +73,12 @@ Tensor SparseAttentionIndexer::forward(Step& step, const Tensor& x, const Tensor
   a.max_context_len = b.max_context_len;
   kernels::AttentionBatch ab{&b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr,
                              &b.dev.page_indices};
+  Tensor workspace;
+  const int64_t ws = kernels::indexer_topk_workspace_size(ctx_.device, T, a);
+  if (ws > 0) {
+    workspace = step.empty({ws}, DType::kF32);
+    ab.workspace = &workspace;
+  }
   kernels::indexer_topk(topk, q, weights, cache, ab, a);
   return topk;
 }

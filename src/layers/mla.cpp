@@ -130,11 +130,22 @@ Tensor MultiHeadLatentAttention::attend(Step& step, const Projected& p, const Te
   const int64_t T = p.q.size(0), W = latent_ + rope_, qk = nope_ + rope_;
   // q'_h = (W_UK_hᵀ q_nope_h | q_pe_h)
   Tensor q_lat = step.empty({T, heads_ * W}, ctx_.act_dtype);
-  for (int64_t h = 0; h < heads_; ++h) {
-    Tensor absorbed = q_lat.narrow(1, h * W, latent_);
-    kernels::linear(absorbed, p.q.narrow(1, h * qk, nope_), w_uk_t_.select(0, h));
-    Tensor pe = q_lat.narrow(1, h * W + latent_, rope_);
-    kernels::cast(pe, p.q.narrow(1, h * qk + nope_, rope_));
+  Tensor absorbed0 = q_lat.narrow(1, 0, latent_);
+  if (!kernels::linear_heads(absorbed0, p.q.narrow(1, 0, nope_), w_uk_t_.select(0, 0),
+                             static_cast<int>(heads_), W, qk, latent_ * nope_)) {
+    for (int64_t h = 0; h < heads_; ++h) {
+      Tensor absorbed = q_lat.narrow(1, h * W, latent_);
+      kernels::linear(absorbed, p.q.narrow(1, h * qk, nope_), w_uk_t_.select(0, h));
+    }
+  }
+  if (p.q.is_contiguous() && T > 0) {  // every head's q_pe in one copy: [T H, R] rows
+    Tensor pe = q_lat.view({T * heads_, W}).narrow(1, latent_, rope_);
+    kernels::cast(pe, p.q.view({T * heads_, qk}).narrow(1, nope_, rope_));
+  } else {
+    for (int64_t h = 0; h < heads_; ++h) {
+      Tensor pe = q_lat.narrow(1, h * W + latent_, rope_);
+      kernels::cast(pe, p.q.narrow(1, h * qk + nope_, rope_));
+    }
   }
   kernels::MlaArgs a;
   a.num_heads = static_cast<int>(heads_);
@@ -145,16 +156,27 @@ Tensor MultiHeadLatentAttention::attend(Step& step, const Projected& p, const Te
   a.max_context_len = b.max_context_len;
   kernels::AttentionBatch ab{&b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr,
                              &b.dev.page_indices};
+  Tensor workspace;
+  const int64_t ws = kernels::mla_paged_attention_workspace_size(
+      ctx_.device, T, a, ctx_.act_dtype, topk.defined() ? topk.size(1) : 0);
+  if (ws > 0) {
+    workspace = step.empty({ws}, DType::kF32);
+    ab.workspace = &workspace;
+  }
   Tensor o_lat = step.empty({T, heads_ * latent_}, ctx_.act_dtype);
   const Tensor& cache = step.kv->plane(static_cast<size_t>(cache_index_), CacheKind::kLatent);
   kernels::mla_paged_attention(o_lat, q_lat, cache, ab, topk, a);
   // o_h = W_UV_h o_lat_h: W_UV_h is rows [h (nope + v) + nope, + v) of kv_b_proj, [v, L].
   Tensor o = step.empty({T, heads_ * v_}, ctx_.act_dtype);
   const Tensor& w_kv_b = kv_b_proj_.weight().data();
-  for (int64_t h = 0; h < heads_; ++h) {
-    Tensor oh = o.narrow(1, h * v_, v_);
-    kernels::linear(oh, o_lat.narrow(1, h * latent_, latent_),
-                    w_kv_b.narrow(0, h * (nope_ + v_) + nope_, v_));
+  Tensor o0 = o.narrow(1, 0, v_);
+  if (!kernels::linear_heads(o0, o_lat.narrow(1, 0, latent_), w_kv_b.narrow(0, nope_, v_),
+                             static_cast<int>(heads_), v_, latent_, (nope_ + v_) * latent_)) {
+    for (int64_t h = 0; h < heads_; ++h) {
+      Tensor oh = o.narrow(1, h * v_, v_);
+      kernels::linear(oh, o_lat.narrow(1, h * latent_, latent_),
+                      w_kv_b.narrow(0, h * (nope_ + v_) + nope_, v_));
+    }
   }
   return o_proj_.forward(step, o);
 }

@@ -57,16 +57,10 @@ inline const std::vector<std::string>& moe_fixture_names() {
 }
 
 // The MoE fixtures the GPU model tests run: all of them (GPT-OSS's clamped SwiGLU and expert
-// biases are in the CUDA kernels; its MXFP4 fixture is dequantised to BF16 at load).
-// The MoE fixtures the CUDA backend runs: all but the multi-head latent attention ones, whose
-// CUDA kernels (latent attention, the indexer) are not written yet (src/kernels/cuda/mla_pending.cpp).
-inline std::vector<std::string> moe_gpu_fixture_names() {
-  std::vector<std::string> r;
-  const auto& mla = mla_fixture_names();
-  for (const auto& n : moe_fixture_names())
-    if (std::find(mla.begin(), mla.end(), n) == mla.end()) r.push_back(n);
-  return r;
-}
+// biases are in the CUDA kernels; its MXFP4 fixture is dequantised to BF16 at load; the
+// multi-head latent attention fixtures run the latent attention and indexer kernels of
+// src/kernels/cuda/mla*.cu).
+inline std::vector<std::string> moe_gpu_fixture_names() { return moe_fixture_names(); }
 
 // Hybrids of linear attention (Gated DeltaNet) and full attention, with per-request recurrent
 // state in the state slot pool; all but dense Qwen3.5 are mixtures of experts too. CPU only: the

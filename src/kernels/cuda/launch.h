@@ -102,6 +102,13 @@ void launch_linear_skinny(Mat out, Mat x, const void* w, int64_t n, int64_t k, c
                           Elem bias_type, cudaStream_t s, bool silu_mul_pairs = false,
                           const SkinnyRope& rope = {}, int early_loads = kSkinnyEarlyLoadsAll);
 
+// ---- linear_heads.cu
+// out[m, h * out_hs + n] = sum_k x[m, h * x_hs + k] * w[h * w_hs + n * k_stride + k] for
+// m < M <= kLinearHeadsMaxM, n < N, h < heads; x and w share out's type (BF16/F16), K % 8 == 0,
+// 16-byte aligned rows and head offsets.
+inline constexpr int kLinearHeadsMaxM = 8;
+void launch_linear_heads(Mat out, Mat x, const void* w, int heads, int64_t n, int64_t k,
+                         int64_t out_hs, int64_t x_hs, int64_t w_hs, cudaStream_t s);
 // ---- attention.cu / attention_simple.cu
 struct AttnLaunch {
   const void* q = nullptr;  // [T, Hq * D]
@@ -218,5 +225,90 @@ inline constexpr int kMoeMaxSlots = 2048, kMoeDecodeMaxRowsCap = 512;
 // Workspace bytes for the path(s) T * K rows may take (both, where either may).
 int64_t moe_workspace_bytes(int64_t T, int K, int S, int64_t H, int64_t I, int elem_bytes);
 void launch_fused_moe(const MoeLaunch& a, cudaStream_t s);
+
+
+// ---- mla.cu, mla_wgmma.cu (multi-head latent attention, the sparse-attention indexer)
+// RoPE of each head's last rope_dim q channels and of kv's k_pe (channels [L, L + R)), then kv's
+// row written to cache [num_slots, L + R] (cache_type) at slot_mapping[t] (< 0: skipped).
+struct MlaRopeLaunch {
+  Mat q, kv;                 // [T, H (nope + R)], [T, L + R]
+  const int32_t* positions;  // [T]
+  const float* inv_freq;     // [R / 2]
+  int num_heads = 0, nope_dim = 0, rope_dim = 0, latent_dim = 0;
+  float scale = 1.0f;
+  bool interleaved = false;
+  void* cache = nullptr;
+  Elem cache_type = Elem::kBF16;
+  int64_t num_slots = 0;
+  const int32_t* slot_mapping = nullptr;
+};
+void launch_mla_rope_cache_write(const MlaRopeLaunch& a, cudaStream_t s);
+// rows [T, W] to cache [num_slots, W] (cache_type) at slot_mapping[t] (< 0: skipped).
+void launch_cache_rows_write(void* cache, Elem cache_type, int64_t num_slots, Mat rows,
+                             const int32_t* slot_mapping, cudaStream_t s);
+// LayerNorm over each row (fp32, biased variance); b may be null.
+void launch_layer_norm(Mat out, Mat x, const void* w, const void* b, Elem w_type, float eps,
+                       cudaStream_t s);
+// Absorbed latent attention (kernels/mla.h): per (token, head), keys and values read from the
+// paged latent plane cache [pages, block_size, 1, L + R] (the value: its first L channels).
+struct MlaLaunch {
+  const void* q = nullptr;  // [T, H (L + R)]
+  int64_t q_stride = 0;
+  void* out = nullptr;  // [T, H L]
+  int64_t out_stride = 0;
+  Elem type = Elem::kBF16;  // q's and out's
+  const void* cache = nullptr;
+  Elem cache_type = Elem::kBF16;
+  int block_size = 0;
+  const int32_t* query_start = nullptr;   // [S + 1]
+  const int32_t* context_lens = nullptr;  // [S]
+  const int32_t* page_indptr = nullptr;   // [S + 1]
+  const int32_t* page_indices = nullptr;
+  const int32_t* topk = nullptr;  // [T, top_k] or null (dense)
+  int top_k = 0;
+  int64_t num_tokens = 0;
+  int num_seqs = 0, num_heads = 0, latent_dim = 0, rope_dim = 0, max_query_len = 0;
+  float scale = 1.0f;
+  // Context splits (fast kernel): partial outputs [splits, T H, L] and (max in log2 units, sum)
+  // [splits, T H, 2], merged by a second kernel; num_splits 1: written straight to out.
+  int num_splits = 1;
+  float* part_o = nullptr;
+  float* part_ml = nullptr;
+  int pipeline = 0;  // the wgmma kernel's loop: 0 serial, 1 overlapped (mla_wgmma.cu)
+};
+// One block per (token, head), FP32 math: any float dtypes, L <= 512, L + R <= 1024.
+inline constexpr int kMlaSimpleMaxLatent = 512, kMlaSimpleMaxWidth = 1024;
+void launch_mla_attention_simple(const MlaLaunch& a, cudaStream_t s);
+// The wgmma kernel: L 512, R 64, BF16/F16 q, out and cache, 16-byte aligned rows. A CTA of two
+// warpgroups takes 64 query rows (dense: packed (token, head) rows of one sequence; sparse: the
+// heads of one token) over 64-key tiles.
+inline constexpr int kMlaFastLatent = 512, kMlaFastRope = 64, kMlaFastRows = 64,
+                     kMlaFastKeys = 64, kMlaMaxSplits = 32;
+bool mla_fast_supported(const MlaLaunch& a);
+// CTAs of one split (the grid's x * y).
+int64_t mla_fast_ctas(const MlaLaunch& a);
+void launch_mla_attention_fast(const MlaLaunch& a, cudaStream_t s);
+// The lightning indexer's scores of every visible position, then each token's top_k.
+struct IndexerLaunch {
+  int32_t* topk = nullptr;  // [T, top_k]
+  const void* q = nullptr;  // [T, Hi D]
+  int64_t q_stride = 0;
+  Elem q_type = Elem::kBF16;
+  const float* weights = nullptr;  // [T, Hi]
+  int64_t weights_stride = 0;
+  const void* cache = nullptr;  // [pages, block_size, 1, D]
+  Elem cache_type = Elem::kBF16;
+  int block_size = 0;
+  const int32_t* query_start = nullptr;
+  const int32_t* context_lens = nullptr;
+  const int32_t* page_indptr = nullptr;
+  const int32_t* page_indices = nullptr;
+  int64_t num_tokens = 0;
+  int num_seqs = 0, num_heads = 0, head_dim = 0, top_k = 0, max_context_len = 0;
+  float scale = 1.0f, weights_scale = 1.0f;
+  float* scores = nullptr;  // scratch [T, max_context_len]
+};
+inline constexpr int kIndexerMaxTopK = 4096, kIndexerMaxHeadDim = 256, kIndexerMaxHeads = 128;
+void launch_indexer_topk(const IndexerLaunch& a, cudaStream_t s);
 
 }  // namespace atom::kernels::cuda

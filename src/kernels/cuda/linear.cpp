@@ -300,4 +300,31 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
   if (bias.defined() && !fuse_bias) add_bias(out, bias);
 }
 
+bool linear_heads(Tensor& out, const Tensor& x, const Tensor& w, int heads,
+                  int64_t out_head_stride, int64_t x_head_stride, int64_t w_head_stride) {
+  check_rows("linear_heads", out, "out");
+  check_rows("linear_heads", x, "x");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  ATOM_CHECK(w.dim() == 2 && w.size(1) == K && (N <= 1 || w.stride(0) == K) && w.stride(1) == 1 &&
+                 out.size(0) == M && out.size(1) == N && heads > 0,
+             "linear_heads: x {} · w {}ᵀ -> out {} over {} heads", x.str(), w.str(), out.str(),
+             heads);
+  auto aligned = [](const void* p, int64_t elems) {
+    return (reinterpret_cast<uintptr_t>(p) & 15) == 0 && elems % 8 == 0;
+  };
+  const int64_t xs = M > 1 ? x.stride(0) : K, os = M > 1 ? out.stride(0) : N;
+  const bool applies = (x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) &&
+                       w.dtype() == x.dtype() && out.dtype() == x.dtype() &&
+                       M <= kLinearHeadsMaxM && K % 8 == 0 && aligned(x.data(), xs) &&
+                       aligned(w.data(), w_head_stride) && x_head_stride % 8 == 0 &&
+                       (reinterpret_cast<uintptr_t>(out.data()) & 3) == 0 && os % 2 == 0 &&
+                       out_head_stride % 2 == 0;
+  if (!applies) return false;
+  if (M == 0) return true;
+  launch_linear_heads(mat_of(out, "linear_heads"), mat_of(x, "linear_heads"), w.data(), heads, N,
+                      K, out_head_stride, x_head_stride, w_head_stride, current_stream());
+  launch_check("linear_heads");
+  return true;
+}
+
 }  // namespace atom::kernels::cuda

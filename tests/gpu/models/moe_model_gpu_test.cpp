@@ -92,9 +92,15 @@ TEST_P(GpuMoeParity, LogitsGreedyAndChunkedPrefill) {
     return i;
   };
   const size_t agree = leading(g.token_ids, h.token_ids);
-  std::printf("%s: GPU and bf16 CPU greedy tokens agree for %zu of %d steps (transformers: %zu)\n",
-              GetParam().c_str(), agree, n, leading(g.token_ids, ref.greedy_tokens));
-  EXPECT_GE(agree, 8u) << GetParam();
+  const size_t agree_ref = leading(g.token_ids, ref.greedy_tokens);
+  std::printf("%s: GPU and bf16 CPU greedy tokens agree for %zu of %d steps (transformers: GPU "
+              "%zu, bf16 CPU %zu)\n",
+              GetParam().c_str(), agree, n, agree_ref, leading(h.token_ids, ref.greedy_tokens));
+  // The sparse-attention fixtures pick 10-12 context positions per token by the indexer's
+  // scores: in bf16 a near-tie can select another position on one path and send greedy decoding
+  // elsewhere (deepseek_v32: the bf16 CPU left transformers' tokens after 4 steps while the GPU
+  // followed them for 14). Agreeing that long with either bf16 reference or the fp32 one counts.
+  EXPECT_GE(std::max(agree, agree_ref), 8u) << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuMoeParity, ::testing::ValuesIn(moe_gpu_fixture_names()),
@@ -102,8 +108,13 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuMoeParity, ::testing::ValuesIn(moe_gpu_fix
 
 // The engine on the GPU with a mixture of experts: a batched, chunked workload gives every request
 // what it gets alone (decode graphs, mixed prefill/decode steps).
-TEST(GpuMoeEngine, BatchedRequestsMatchSingleSequenceRuns) {
-  LoadedModel m = model_load(fixture_dir("qwen3_moe"), on_gpu());
+// qwen3_moe, and two of the multi-head latent attention fixtures: DeepSeek-V3 (dense latent
+// attention) and DeepSeek-V3.2 (the indexer's top-k and sparse attention), whose decode steps
+// replay CUDA graphs here.
+class GpuMoeEngine : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuMoeEngine, BatchedRequestsMatchSingleSequenceRuns) {
+  LoadedModel m = model_load(fixture_dir(GetParam()), on_gpu());
   std::vector<std::vector<int32_t>> prompts;
   SamplingParams p;
   p.temperature = 0;
@@ -125,12 +136,16 @@ TEST(GpuMoeEngine, BatchedRequestsMatchSingleSequenceRuns) {
   const auto out = engine.generate(prompts, std::vector<SamplingParams>(prompts.size(), p));
   int same = 0;
   for (size_t i = 0; i < out.size(); ++i) same += out[i].outputs.at(0).token_ids == alone[i];
-  std::printf("qwen3_moe: %d of %zu batched requests equal their single-sequence runs\n", same,
-              prompts.size());
+  std::printf("%s: %d of %zu batched requests equal their single-sequence runs\n",
+              GetParam().c_str(), same, prompts.size());
   // Batch composition changes bf16 rounding in the GEMMs; a request near a router or logit tie
   // may diverge, most may not.
   EXPECT_GE(same, 10);
 }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuMoeEngine,
+                         ::testing::Values("qwen3_moe", "deepseek_v3", "deepseek_v32"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace atom::test
