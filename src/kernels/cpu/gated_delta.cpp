@@ -394,7 +394,7 @@ void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, co
   const int64_t per_slot = static_cast<int64_t>(H) * d * d;
   for (const SeqRange& s : seq_ranges(op, rows, T, state.size(0))) {
     float* st = state.ptr<float>() + static_cast<int64_t>(s.slot) * per_slot;
-    if (s.fresh) std::memset(st, 0, sizeof(float) * static_cast<size_t>(per_slot));
+    if (s.fresh) std::fill(st, st + per_slot, 0.0f);  // a new sequence: the slot's state reset
     const int L = static_cast<int>(s.q1 - s.q0);
     if (L == 0) continue;
     const bool chunked = args.chunk_size > 0 && L > 1;
