@@ -320,6 +320,19 @@ FIXTURES += [
         tokens=64, seed=18, more_seeds=[118, 218]),
 ]
 
+KIMI_LINEAR_CONFIG = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=96, moe_intermediate_size=16,
+    num_hidden_layers=4,
+    layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+    mlp_layer_types=["dense", "sparse", "dense", "sparse"],
+    num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32,
+    qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+    linear_num_heads=4, linear_head_dim=16, linear_conv_kernel_dim=4,
+    num_local_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=1, topk_group=1,
+    routed_scaling_factor=2.446, norm_topk_prob=True,
+    max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False,
+    pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
 FIXTURES += [
     # Qwen3-Next: Gated DeltaNet layers (grouped in_proj_qkvz / in_proj_ba, 2 key heads shared by
     # 4 value heads, dk 16 != dv 24, a 4-tap conv) around one gated full-attention layer (q_proj
@@ -418,6 +431,28 @@ FIXTURES += [
             tie_word_embeddings=False),
         router="softmax", experts="per_expert", shards=2,
         tokens=96, greedy_prompt=20, seed=22),
+    # Kimi-Linear (KimiLinearForCausalLM): KDA layers (4 heads of 16, per-channel decay through
+    # the low-rank f_a_proj / f_b_proj, 4-tap convs on q, k and v, the sigmoid-gated output norm)
+    # around one MLA layer without RoPE (no q LoRA, qk_rope_head_dim 8 still split off and
+    # shared); DeepSeek-V3's sigmoid router with a correction bias, top-2 of 8 renormalised and
+    # scaled, one shared expert; mlp_layer_types mixes dense and sparse layers in an order
+    # first_k_dense_replace cannot express. Saved in fp32. 96 scored tokens cross the 64-token
+    # chunk of transformers' chunk_kimi_delta_attention.
+    dict(
+        name="kimi_linear",
+        cls="KimiLinearConfig", model_cls="KimiLinearForCausalLM",
+        config=KIMI_LINEAR_CONFIG,
+        router="sigmoid_grouped", save_dtype="float32",
+        tokens=96, greedy_prompt=20, seed=23, more_seeds=[123, 223]),
+    # The same weights in Moonshot's own checkpoint layout (the hub's Kimi-Linear): the forget
+    # gate's tensors directly under self_attn, q_conv1d / k_conv1d / v_conv1d apart, the MoE
+    # block as block_sparse_moe with experts.J.w1/w3/w2.
+    dict(
+        name="kimi_linear_moonshot",
+        cls="KimiLinearConfig", model_cls="KimiLinearForCausalLM",
+        config=KIMI_LINEAR_CONFIG,
+        router="sigmoid_grouped", save_dtype="float32", experts="moonshot",
+        tokens=96, greedy_prompt=20, seed=23, more_seeds=[123, 223]),
 ]
 
 GREEDY_PROMPT = 7
@@ -541,6 +576,27 @@ def to_mixtral(sd):
             k = f"{m.group(1)}.{m.group(2)}.{MIXTRAL_NAMES[m.group(3)]}.weight"
         if ".mlp.gate." in k or ".mlp.experts." in k:
             k = k.replace(".mlp.", ".block_sparse_moe.")
+        out[k] = t
+    return out
+
+
+def to_moonshot(sd):
+    """Kimi-Linear in Moonshot's checkpoint layout: self_attn.forget_gate.* -> self_attn.*, the
+    conv1d over [q | k | v] -> q_conv1d / k_conv1d / v_conv1d, the MoE block -> block_sparse_moe
+    with experts.J.w1/w3/w2 (dense layers keep mlp.*)."""
+    out = {}
+    for k, t in to_per_expert(sd).items():
+        m = PER_EXPERT.match(k)
+        if m:
+            k = f"{m.group(1)}.{m.group(2)}.{MIXTRAL_NAMES[m.group(3)]}.weight"
+        for part in (".mlp.gate.", ".mlp.experts.", ".mlp.shared_experts."):
+            if part in k:
+                k = k.replace(".mlp.", ".block_sparse_moe.")
+        k = k.replace(".self_attn.forget_gate.", ".self_attn.")
+        if k.endswith(".self_attn.conv1d.weight"):
+            for name, piece in zip("qkv", t.chunk(3, dim=0)):
+                out[k.replace(".conv1d.", f".{name}_conv1d.")] = piece.clone()
+            continue
         out[k] = t
     return out
 
@@ -826,7 +882,7 @@ def build_once(fx, out, ref_root, embed_scale):
             json.dump(c, f, indent=2)
     layout = fx.get("experts")
     convert = {None: lambda sd: sd, "per_expert": to_per_expert, "stacked": to_stacked,
-               "mixtral": to_mixtral}[layout]
+               "mixtral": to_mixtral, "moonshot": to_moonshot}[layout]
     if fx.get("mtp_layers"):
         add_mtp_layers(saved, cfg, fx["mtp_layers"], torch.Generator().manual_seed(fx["seed"]))
     if fx.get("extra_mtp"):

@@ -1,5 +1,6 @@
-// Gated delta net ops (Qwen3-Next, Qwen3.5: transformers' Qwen3NextGatedDeltaNet) and the
-// sigmoid output gate of their full-attention layers. The CPU reference only: the CUDA kernels
+// Gated delta net ops (Qwen3-Next, Qwen3.5: transformers' Qwen3NextGatedDeltaNet), Kimi delta
+// attention's rule (Kimi-Linear: transformers' KimiLinearDeltaAttention) and the sigmoid output
+// gate of the Qwen full-attention layers. The CPU reference only: the CUDA kernels
 // are not written yet, and on a CUDA tensor each entry point fails naming itself (no silent
 // fallback).
 //
@@ -29,6 +30,21 @@ struct GatedDeltaArgs {
   int chunk_size = 64;
 };
 
+// Kimi delta attention's shape: as many key as value heads, one head dim for q, k and v.
+struct KdaArgs {
+  int num_heads = 0, head_dim = 0;
+  // > 0: a sequence with more than one new token runs the chunked form (transformers'
+  // chunk_kimi_delta_attention, chunks of this many tokens); 0: every token through the
+  // recurrence (recurrent_kimi_delta_attention).
+  int chunk_size = 64;
+};
+
+// The activation of the gated RMSNorm's gate.
+enum class NormGate {
+  kSilu,     // Qwen3-Next: weight * rmsnorm(x) rounded to the activation dtype first, * silu(z)
+  kSigmoid,  // Kimi-Linear (KimiLinearRMSNormGated): all in fp32, * sigmoid(z)
+};
+
 namespace cpu {
 // Depthwise causal conv1d with SiLU (kernel K, no bias): per channel c and token t,
 //   out[t, c] = silu(Σ_{i<K} w[c, i] · x_{t-K+1+i}[c]),
@@ -48,9 +64,20 @@ void short_conv(Tensor& out, const Tensor& x, const Tensor& w, Tensor& conv_stat
 void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                       const Tensor& b, const Tensor& a, const Tensor& A_log, const Tensor& dt_bias,
                       Tensor& state, const StateRows& rows, const GatedDeltaArgs& args);
-// out = (w ⊙ rmsnorm(x)) · silu(z) over each group of w.numel() channels (the gated RMSNorm).
+// Kimi delta attention (KDA): the delta rule with a per-channel decay. Per token t and head h,
+//   q̂ = l2norm(q_t,h) · d^-½,  k̂ = l2norm(k_t,h),  β = sigmoid(b_t,h),
+//   g[c] = -exp(A_log[h]) · softplus(f_t,h[c] + dt_bias[h d + c])   (c < d),
+//   S ← diag(exp(g)) S;  S ← S + k̂ ⊗ β (v_t,h − Sᵀk̂);  out_t,h = Sᵀq̂,
+// S [d, d] in fp32 (rows indexed by the key channel), carried in the sequence's state slot.
+//   out, q, k, v, f [T, H * d]   b [T, H]   (inputs' rows may be strided)
+//   A_log [H] F32   dt_bias [H * d] F32   state [slots, H, d, d] F32
+void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& f,
+              const Tensor& b, const Tensor& A_log, const Tensor& dt_bias, Tensor& state,
+              const StateRows& rows, const KdaArgs& args);
+// out = (w ⊙ rmsnorm(x)) · act(z) over each group of w.numel() channels (the gated RMSNorm).
 //   out, x, z [T, N] (rows may be strided; out may alias x)   w [D], N % D == 0
-void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w, float eps);
+void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w, float eps,
+                    NormGate gate = NormGate::kSilu);
 // out = x · sigmoid(gate) elementwise.   out, x, gate [T, N] (rows may be strided; out may alias x)
 void mul_sigmoid(Tensor& out, const Tensor& x, const Tensor& gate);
 }  // namespace cpu
@@ -80,11 +107,20 @@ inline void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, cons
   cpu::gated_delta_rule(out, q, k, v, b, a, A_log, dt_bias, state, rows, args);
 }
 
+inline void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const Tensor& f, const Tensor& b, const Tensor& A_log, const Tensor& dt_bias,
+                     Tensor& state, const StateRows& rows, const KdaArgs& args) {
+  check_same_device("kda_rule", out.device(),
+                    {&q, &k, &v, &f, &b, &A_log, &dt_bias, &state, &rows.state_slots});
+  if (!out.device().is_cpu()) gated_delta_no_cuda("kda_rule");
+  cpu::kda_rule(out, q, k, v, f, b, A_log, dt_bias, state, rows, args);
+}
+
 inline void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w,
-                           float eps) {
+                           float eps, NormGate gate = NormGate::kSilu) {
   check_same_device("gated_rms_norm", out.device(), {&x, &z, &w});
   if (!out.device().is_cpu()) gated_delta_no_cuda("gated_rms_norm");
-  cpu::gated_rms_norm(out, x, z, w, eps);
+  cpu::gated_rms_norm(out, x, z, w, eps, gate);
 }
 
 inline void mul_sigmoid(Tensor& out, const Tensor& x, const Tensor& gate) {

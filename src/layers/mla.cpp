@@ -75,6 +75,10 @@ MultiHeadLatentAttention::MultiHeadLatentAttention(LayerContext& ctx, const std:
   }
   ATOM_CHECK(rotary_.rot_dim() == rope_, "{}: RoPE over {} of qk_rope_head_dim {} channels "
              "(partial_rotary_factor is not used by MLA)", prefix, rotary_.rot_dim(), rope_);
+  if (!o.apply_rope) {
+    no_rope_freq_ = ctx.param_tensor({rope_ / 2}, DType::kF32);
+    tensor_assign(no_rope_freq_, Tensor::zeros({rope_ / 2}, DType::kF32));
+  }
   scale_ = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(qk)));
   ATOM_CHECK(ctx.cache_specs, "{}: layer context collects no cache specs", prefix);
   cache_index_ = static_cast<int>(ctx.cache_specs->size());
@@ -117,10 +121,12 @@ MultiHeadLatentAttention::Projected MultiHeadLatentAttention::project(Step& step
   r.nope_dim = static_cast<int>(nope_);
   r.rope_dim = static_cast<int>(rope_);
   r.latent_dim = static_cast<int>(latent_);
-  r.scale = rotary_.scale();
+  const bool nope = no_rope_freq_.defined();
+  r.scale = nope ? 1.0f : rotary_.scale();  // cos 0 = 1, sin 0 = 0: q_pe and k_pe as projected
   r.interleaved = rotary_.interleaved();
   Tensor& cache = step.kv->plane(static_cast<size_t>(cache_index_), CacheKind::kLatent);
-  kernels::mla_rope_cache_write(p.q, kv, step.batch.dev.positions, rotary_.inv_freq(), r, cache,
+  kernels::mla_rope_cache_write(p.q, kv, step.batch.dev.positions,
+                                nope ? no_rope_freq_ : rotary_.inv_freq(), r, cache,
                                 step.batch.dev.slot_mapping);
   return p;
 }

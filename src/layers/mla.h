@@ -38,6 +38,9 @@ struct MlaOptions {
   double norm_eps = 1e-6;  // q_a_layernorm, kv_a_layernorm (transformers: RMSNorm's default)
   double scale = 0;        // softmax scale; 0: (qk_nope_head_dim + qk_rope_head_dim)^-0.5
   bool interleaved_rope = false;  // rotate pairs (2i, 2i + 1) instead of halves
+  // false: no rotation at all (Kimi-Linear's NoPE MLA: the qk_rope_head_dim channels are still
+  // split off and shared by the heads, but never rotated).
+  bool apply_rope = true;
   RopeConfig rope;         // frequencies over qk_rope_head_dim channels
   int64_t max_position_embeddings = 0;
 };
@@ -79,6 +82,7 @@ class MultiHeadLatentAttention {
   ColumnParallelLinear kv_b_proj_;                  // L -> H (nope + v): [W_UK_h; W_UV_h] per head
   RowParallelLinear o_proj_;                        // H v -> hidden (all-reduce)
   RotaryEmbedding rotary_;
+  Tensor no_rope_freq_;  // without RoPE: zero frequencies (every rotation the identity)
   float scale_;
   int cache_index_;
   Tensor w_uk_t_;  // [H_rank, L, nope]: W_UK_hᵀ, in the weights' dtype

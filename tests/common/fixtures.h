@@ -62,12 +62,13 @@ inline const std::vector<std::string>& moe_fixture_names() {
 // src/kernels/cuda/mla*.cu).
 inline std::vector<std::string> moe_gpu_fixture_names() { return moe_fixture_names(); }
 
-// Hybrids of linear attention (Gated DeltaNet) and full attention, with per-request recurrent
-// state in the state slot pool; all but dense Qwen3.5 are mixtures of experts too. CPU only: the
-// CUDA kernels of the gated delta net are not written yet.
+// Hybrids of linear attention (Gated DeltaNet, Kimi delta attention) and full attention, with
+// per-request recurrent state in the state slot pool; all but dense Qwen3.5 are mixtures of
+// experts too. CPU only: the CUDA kernels of the linear attentions are not written yet.
 inline const std::vector<std::string>& hybrid_fixture_names() {
-  static const std::vector<std::string> names = {"qwen3_next", "qwen3_5", "qwen3_5_moe",
-                                                 "qwen3_5_moe_per_expert"};
+  static const std::vector<std::string> names = {"qwen3_next",  "qwen3_5",
+                                                 "qwen3_5_moe", "qwen3_5_moe_per_expert",
+                                                 "kimi_linear", "kimi_linear_moonshot"};
   return names;
 }
 inline const std::vector<std::string>& fixture_names() {

@@ -1,4 +1,4 @@
-// Hybrid (Gated DeltaNet) configs and checkpoints: a bad field is an error naming it, before any
+// Hybrid (Gated DeltaNet, Kimi delta attention) configs and checkpoints: a bad field is an error naming it, before any
 // weight is read; the vision tower and MTP tensors of the checkpoints are skipped unread; the
 // state each linear-attention layer declares for the slot pool has the shapes of its config.
 #include <gtest/gtest.h>
@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/fixtures.h"
+#include "engine/sequence_runner.h"
 #include "common/test_util.h"
 #include "loader/hf_config.h"
 #include "models/loading.h"
@@ -62,6 +63,70 @@ TEST(HybridConfig, EachLinearAttentionLayerDeclaresItsConvAndRecurrentState) {
     EXPECT_EQ(s[2 * l + 1].dtype, DType::kF32);
   }
   EXPECT_EQ(m.model->cache_specs().size(), 1u);  // one full-attention layer's K/V
+}
+
+TEST(HybridConfig, KimiLinearBadFieldsAreErrorsNamingThem) {
+  EXPECT_ERROR_CONTAINS(
+      load_edited("kimi_linear", [](auto& c) { c["layer_types"][1] = "sliding_attention"; }),
+      "'layer_types'", "sliding_attention");
+  EXPECT_ERROR_CONTAINS(
+      load_edited("kimi_linear", [](auto& c) { c["mlp_layer_types"][1] = "moe"; }),
+      "'mlp_layer_types'", "'moe'");
+  EXPECT_ERROR_CONTAINS(load_edited("kimi_linear", [](auto& c) { c["linear_head_dim"] = 0; }),
+                        "'linear_head_dim'", "positive");
+  EXPECT_ERROR_CONTAINS(
+      load_edited("kimi_linear", [](auto& c) { c["num_experts_per_token"] = 9; }),
+      "'num_experts_per_token'", "[1, 8]");
+  EXPECT_ERROR_CONTAINS(load_edited("kimi_linear", [](auto& c) { c["hidden_act"] = "gelu"; }),
+                        "'hidden_act'");
+  EXPECT_ERROR_CONTAINS(load_edited("kimi_linear",
+                                    [](auto& c) {
+                                      c.erase("layer_types");
+                                      c["linear_attn_config"] = {{"kda_layers", {1, 2, 3, 4}},
+                                                                 {"full_attn_layers", {3}}};
+                                    }),
+                        "'linear_attn_config'", "layer 3 (1-indexed) is in 2");
+}
+
+// The hub's config layout: linear_attn_config (1-indexed layer lists, the KDA shape) and
+// first_k_dense_replace instead of transformers' flattened fields; the same logits.
+TEST(HybridConfig, KimiLinearHubConfigLayoutGivesTheSameLogits) {
+  const Reference ref = reference_load("kimi_linear");
+  LoadedModel m = load_edited("kimi_linear", [](auto& c) {
+    for (const char* k : {"layer_types", "linear_num_heads", "linear_head_dim",
+                          "linear_conv_kernel_dim"})
+      c.erase(k);
+    c["linear_attn_config"] = {{"kda_layers", {1, 2, 4}},
+                               {"full_attn_layers", {3}},
+                               {"num_heads", 4},
+                               {"head_dim", 16},
+                               {"short_conv_kernel_size", 4}};
+  });
+  expect_cpu_parity(score_tokens(*m.model, ref.input_ids), ref.logits, "kimi_linear",
+                    "kimi_linear, hub config layout");
+  // first_k_dense_replace alone (every layer past the first sparse) is another model: its
+  // layer 2 wants MoE tensors, and the checkpoint's dense ones match nothing.
+  EXPECT_ERROR_CONTAINS(load_edited("kimi_linear",
+                                    [](auto& c) {
+                                      c.erase("mlp_layer_types");
+                                      c["first_k_dense_replace"] = 1;
+                                    }),
+                        "match no parameter", "model.layers.2.block_sparse_moe.gate_proj");
+}
+
+TEST(HybridConfig, EachKdaLayerDeclaresItsConvAndRecurrentState) {
+  // kimi_linear: layers 0, 1, 3 are KDA, 4 heads of 16: three convs (q, k, v) of 64 channels,
+  // kernel 4, and a [4, 16, 16] state; layer 2's MLA keeps one latent row per token.
+  LoadedModel m = model_load(fixture_dir("kimi_linear"), {});
+  const auto& s = m.model->state_specs();
+  ASSERT_EQ(s.size(), 12u);
+  for (size_t l = 0; l < 3; ++l) {
+    for (size_t i = 0; i < 3; ++i) EXPECT_EQ(s[4 * l + i].shape, (Shape{64, 3}));
+    EXPECT_EQ(s[4 * l + 3].shape, (Shape{4, 16, 16}));
+    EXPECT_EQ(s[4 * l + 3].dtype, DType::kF32);
+  }
+  ASSERT_EQ(m.model->cache_specs().size(), 1u);
+  EXPECT_EQ(m.model->cache_specs()[0].kind, CacheKind::kLatent);
 }
 
 }  // namespace

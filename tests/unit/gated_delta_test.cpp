@@ -1,5 +1,6 @@
 // The CPU gated delta net kernels against the formulas written out here in double precision
-// (transformers' torch_recurrent_gated_delta_rule, its causal conv1d and gated RMSNorm): the
+// (transformers' torch_recurrent_gated_delta_rule, its causal conv1d and gated RMSNorm; Kimi
+// delta attention's recurrent_kimi_delta_attention and KimiLinearRMSNormGated): the
 // recurrence and the chunked form, each with state carried across steps of different lengths
 // (longer and shorter than a chunk and than the conv kernel), a fresh sequence's slot reset
 // from garbage, and several sequences in one step.
@@ -198,6 +199,109 @@ TEST(GatedDelta, GatedNormAndSigmoidGateMatchTheFormula) {
         const double n = x.ptr<float>()[c] / std::sqrt(ss / D + 1e-6);
         EXPECT_NEAR(out.ptr<float>()[c], w.ptr<float>()[i] * n * silu(z.ptr<float>()[c]), 1e-6);
         EXPECT_NEAR(gated.ptr<float>()[c], x.ptr<float>()[c] * sig(z.ptr<float>()[c]), 1e-6);
+      }
+    }
+}
+
+// transformers' recurrent_kimi_delta_attention with KimiLinearForgetGate's gating, in double:
+// out [T, H * d].
+std::vector<double> kda_reference(const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Tensor& f, const Tensor& b, const Tensor& A_log,
+                                  const Tensor& dt_bias, int H, int d) {
+  const int64_t T = q.size(0), P = static_cast<int64_t>(H) * d;
+  std::vector<double> out(static_cast<size_t>(T * P));
+  for (int h = 0; h < H; ++h) {
+    std::vector<double> S(static_cast<size_t>(d * d), 0.0);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> qt(d), kt(d), g(d);
+      double nq = 0, nk = 0;
+      for (int c = 0; c < d; ++c) {
+        qt[c] = q.ptr<float>()[t * P + h * d + c];
+        kt[c] = k.ptr<float>()[t * P + h * d + c];
+        nq += qt[c] * qt[c];
+        nk += kt[c] * kt[c];
+        const double x = static_cast<double>(f.ptr<float>()[t * P + h * d + c]) +
+                         dt_bias.ptr<float>()[h * d + c];
+        g[c] = -std::exp(static_cast<double>(A_log.ptr<float>()[h])) *
+               (x > 20 ? x : std::log(1.0 + std::exp(x)));
+      }
+      for (int c = 0; c < d; ++c) {
+        qt[c] = qt[c] / std::sqrt(nq + 1e-6) / std::sqrt(static_cast<double>(d));
+        kt[c] = kt[c] / std::sqrt(nk + 1e-6);
+      }
+      const double beta = sig(b.ptr<float>()[t * H + h]);
+      for (int c = 0; c < d; ++c)
+        for (int e = 0; e < d; ++e) S[c * d + e] *= std::exp(g[c]);  // row c: key channel c
+      for (int e = 0; e < d; ++e) {
+        double kv = 0;
+        for (int c = 0; c < d; ++c) kv += S[c * d + e] * kt[c];
+        const double delta = beta * (v.ptr<float>()[t * P + h * d + e] - kv);
+        for (int c = 0; c < d; ++c) S[c * d + e] += kt[c] * delta;
+      }
+      for (int e = 0; e < d; ++e) {
+        double o = 0;
+        for (int c = 0; c < d; ++c) o += S[c * d + e] * qt[c];
+        out[t * P + h * d + e] = o;
+      }
+    }
+  }
+  return out;
+}
+
+TEST(KimiDelta, RecurrentAndChunkedRulesMatchTheFormulaAcrossSteps) {
+  const int H = 3, d = 5;
+  const int64_t T = 14, P = H * d;
+  Tensor q = random_cpu({T, P}, DType::kF32, 13);
+  Tensor k = random_cpu({T, P}, DType::kF32, 14);
+  Tensor v = random_cpu({T, P}, DType::kF32, 15, -2.0f, 2.0f);
+  Tensor f = random_cpu({T, P}, DType::kF32, 16, -2.0f, 2.0f);
+  Tensor b = random_cpu({T, H}, DType::kF32, 17, -2.0f, 2.0f);
+  Tensor A_log = random_cpu({H}, DType::kF32, 18, -2.0f, 0.5f);
+  Tensor dt_bias = random_cpu({P}, DType::kF32, 19);
+  const std::vector<double> want = kda_reference(q, k, v, f, b, A_log, dt_bias, H, d);
+  // The decays differ per channel (what separates KDA from the gated delta net's per-head gate).
+  const std::vector<std::vector<Part>> steps = {
+      {{0, 9, 9, 2}}, {{0, 3, 3, 0}, {9, 4, 13, 2}}, {{13, 1, 14, 2}}};
+  for (const int chunk : {0, 4}) {
+    SCOPED_TRACE(chunk ? "chunked" : "recurrent");
+    Tensor state = Tensor::empty({3, H, d, d}, DType::kF32);
+    for (int64_t i = 0; i < state.numel(); ++i) state.ptr<float>()[i] = 7.0f;  // garbage
+    kernels::KdaArgs args{H, d, chunk};
+    double worst = 0;
+    for (const auto& parts : steps) {
+      Tensor qs = gather(q, parts), ks = gather(k, parts), vs = gather(v, parts),
+             fs = gather(f, parts), bs = gather(b, parts);
+      Tensor out = Tensor::empty({qs.size(0), P}, DType::kF32);
+      Rows rows(parts);
+      kernels::kda_rule(out, qs, ks, vs, fs, bs, A_log, dt_bias, state, rows.view(), args);
+      int64_t r = 0;
+      for (const Part& p : parts)
+        for (int64_t i = 0; i < p.n; ++i, ++r)
+          for (int64_t c = 0; c < P; ++c) {
+            const double e = std::abs(out.ptr<float>()[r * P + c] - want[(p.r0 + i) * P + c]);
+            EXPECT_LE(e, 2e-6) << "row " << p.r0 + i << " column " << c;
+            if (!(e <= worst)) worst = e;
+          }
+    }
+    std::printf("kda rule (%s): max |error| %.3g\n", chunk ? "chunked" : "recurrent", worst);
+  }
+}
+
+TEST(KimiDelta, SigmoidGatedNormMatchesTheFormula) {
+  const int64_t T = 3, D = 4, N = 8;
+  Tensor x = random_cpu({T, N}, DType::kF32, 20, -2.0f, 2.0f);
+  Tensor z = random_cpu({T, N}, DType::kF32, 21, -2.0f, 2.0f);
+  Tensor w = random_cpu({D}, DType::kF32, 22, 0.5f, 1.5f);
+  Tensor out = Tensor::empty({T, N}, DType::kF32);
+  kernels::gated_rms_norm(out, x, z, w, 1e-5f, kernels::NormGate::kSigmoid);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < N / D; ++g) {
+      double ss = 0;
+      for (int64_t i = 0; i < D; ++i) ss += std::pow(x.ptr<float>()[t * N + g * D + i], 2);
+      for (int64_t i = 0; i < D; ++i) {
+        const int64_t c = t * N + g * D + i;
+        const double n = x.ptr<float>()[c] / std::sqrt(ss / D + 1e-5);
+        EXPECT_NEAR(out.ptr<float>()[c], w.ptr<float>()[i] * n * sig(z.ptr<float>()[c]), 1e-6);
       }
     }
 }

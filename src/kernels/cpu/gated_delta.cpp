@@ -155,6 +155,117 @@ void delta_chunked(int L, int C, int dk, int dv, const float* q, const float* k,
   }
 }
 
+// Kimi delta attention, one head of one sequence's step, its inputs gathered: q, k [L, d]
+// (normalised, q scaled), v [L, d], beta [L], g [L, d] (per-channel log decays); S [d, d]
+// updated; out [L, d]. The recurrence (transformers' recurrent_kimi_delta_attention).
+void kda_recurrent(int L, int d, const float* q, const float* k, const float* v,
+                   const float* beta, const float* g, float* S, float* out) {
+  std::vector<float> kv(static_cast<size_t>(d));
+  for (int t = 0; t < L; ++t) {
+    const float* qt = q + static_cast<int64_t>(t) * d;
+    const float* kt = k + static_cast<int64_t>(t) * d;
+    const float* vt = v + static_cast<int64_t>(t) * d;
+    const float* gt = g + static_cast<int64_t>(t) * d;
+    for (int c = 0; c < d; ++c) {
+      const float decay = std::exp(gt[c]);
+      for (int e = 0; e < d; ++e) S[c * d + e] *= decay;
+    }
+    std::fill(kv.begin(), kv.end(), 0.0f);
+    for (int c = 0; c < d; ++c)
+      for (int e = 0; e < d; ++e) kv[e] += S[c * d + e] * kt[c];
+    for (int e = 0; e < d; ++e) kv[e] = beta[t] * (vt[e] - kv[e]);  // delta
+    for (int c = 0; c < d; ++c)
+      for (int e = 0; e < d; ++e) S[c * d + e] += kt[c] * kv[e];
+    float* ot = out + static_cast<int64_t>(t) * d;
+    std::fill(ot, ot + d, 0.0f);
+    for (int c = 0; c < d; ++c)
+      for (int e = 0; e < d; ++e) ot[e] += S[c * d + e] * qt[c];
+  }
+}
+
+// The same over chunks of C tokens (transformers' chunk_kimi_delta_attention): the gated delta
+// net's WY form with the decays per key channel, gc the within-chunk cumulative log decays:
+//   A[i][j] (j < i) = -β_i Σ_c k_i[c] k_j[c] exp(gc_i[c] - gc_j[c]), T = (I - A_strict)^-1,
+//   U = T (β v),  W = T (β k ⊙ exp(gc)),  v_new = U - W S,
+//   out_i = (q_i ⊙ exp(gc_i)) S + Σ_{j<=i} (Σ_c q_i[c] k_j[c] exp(gc_i[c] - gc_j[c])) v_new_j,
+//   S ← diag(exp(gc_last)) S + Σ_j (k_j ⊙ exp(gc_last - gc_j)) ⊗ v_new_j.
+void kda_chunked(int L, int C, int d, const float* q, const float* k, const float* v,
+                 const float* beta, const float* g, float* S, float* out) {
+  const size_t Cd = static_cast<size_t>(C) * d;
+  std::vector<float> gc(Cd), A(static_cast<size_t>(C) * C), U(Cd), W(Cd), vn(Cd), kq(d);
+  // Σ_c x[c] y[c] exp(gx[c] - gy[c])
+  auto decayed_dot = [d](const float* x, const float* y, const float* gx, const float* gy) {
+    float s = 0;
+    for (int c = 0; c < d; ++c) s += x[c] * y[c] * std::exp(gx[c] - gy[c]);
+    return s;
+  };
+  for (int c0 = 0; c0 < L; c0 += C) {
+    const int n = std::min(C, L - c0);
+    const float* qc = q + static_cast<int64_t>(c0) * d;
+    const float* kc = k + static_cast<int64_t>(c0) * d;
+    const float* vc = v + static_cast<int64_t>(c0) * d;
+    const float* bc = beta + c0;
+    for (int c = 0; c < d; ++c) {
+      float acc = 0;
+      for (int i = 0; i < n; ++i) gc[i * d + c] = acc += g[static_cast<int64_t>(c0 + i) * d + c];
+    }
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < i; ++j)
+        A[i * C + j] =
+            -bc[i] * decayed_dot(kc + i * d, kc + j * d, gc.data() + i * d, gc.data() + j * d);
+    for (int i = 1; i < n; ++i) {
+      std::vector<float> row(A.begin() + i * C, A.begin() + i * C + i);
+      for (int j = 0; j < i; ++j) {
+        float s = row[j];
+        for (int m = j + 1; m < i; ++m) s += row[m] * A[m * C + j];
+        A[i * C + j] = s;
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      float* u = U.data() + i * d;
+      float* w = W.data() + i * d;
+      for (int e = 0; e < d; ++e) u[e] = bc[i] * vc[i * d + e];
+      for (int c = 0; c < d; ++c) w[c] = bc[i] * std::exp(gc[i * d + c]) * kc[i * d + c];
+      for (int j = 0; j < i; ++j) {
+        const float t = A[i * C + j] * bc[j];
+        for (int e = 0; e < d; ++e) u[e] += t * vc[j * d + e];
+        for (int c = 0; c < d; ++c) w[c] += t * std::exp(gc[j * d + c]) * kc[j * d + c];
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      float* vi = vn.data() + i * d;
+      for (int e = 0; e < d; ++e) vi[e] = U[i * d + e];
+      for (int c = 0; c < d; ++c) {
+        const float wc = W[i * d + c];
+        for (int e = 0; e < d; ++e) vi[e] -= wc * S[c * d + e];
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      float* o = out + static_cast<int64_t>(c0 + i) * d;
+      const float* qi = qc + i * d;
+      std::fill(o, o + d, 0.0f);
+      for (int c = 0; c < d; ++c) {
+        const float qd = qi[c] * std::exp(gc[i * d + c]);
+        for (int e = 0; e < d; ++e) o[e] += qd * S[c * d + e];
+      }
+      for (int j = 0; j <= i; ++j) {
+        const float a = decayed_dot(qi, kc + j * d, gc.data() + i * d, gc.data() + j * d);
+        for (int e = 0; e < d; ++e) o[e] += a * vn[j * d + e];
+      }
+    }
+    const float* last = gc.data() + static_cast<size_t>(n - 1) * d;
+    for (int c = 0; c < d; ++c) {
+      const float el = std::exp(last[c]);
+      for (int e = 0; e < d; ++e) S[c * d + e] *= el;
+    }
+    for (int j = 0; j < n; ++j)
+      for (int c = 0; c < d; ++c) {
+        const float kd = std::exp(last[c] - gc[j * d + c]) * kc[j * d + c];
+        for (int e = 0; e < d; ++e) S[c * d + e] += kd * vn[j * d + e];
+      }
+  }
+}
+
 }  // namespace
 
 void short_conv(Tensor& out, const Tensor& x, const Tensor& w, Tensor& conv_state,
@@ -257,7 +368,73 @@ void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tenso
   }
 }
 
-void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w, float eps) {
+void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& f,
+              const Tensor& b, const Tensor& A_log, const Tensor& dt_bias, Tensor& state,
+              const StateRows& rows, const KdaArgs& args) {
+  const char* op = "kda_rule";
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &q, &k, &v, &f, &b})
+    check_rows(op, *t, "an operand");
+  const int H = args.num_heads, d = args.head_dim;
+  ATOM_CHECK(H > 0 && d > 0, "{}: {} heads of {}", op, H, d);
+  const int64_t T = q.size(0), P = static_cast<int64_t>(H) * d;
+  ATOM_CHECK(q.size(1) == P && k.size(1) == P && v.size(1) == P && f.size(1) == P &&
+                 b.size(1) == H && out.size(1) == P,
+             "{}: q {} k {} v {} f {} b {} out {} for {} heads of {}", op, q.str(), k.str(),
+             v.str(), f.str(), b.str(), out.str(), H, d);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &f, &b, &out})
+    ATOM_CHECK(t->size(0) == T, "{}: {} rows, expected {}", op, t->str(), T);
+  ATOM_CHECK(A_log.numel() == H && dt_bias.numel() == P && A_log.dtype() == DType::kF32 &&
+                 dt_bias.dtype() == DType::kF32,
+             "{}: A_log {} must be F32 [{}] and dt_bias {} F32 [{}]", op, A_log.str(), H,
+             dt_bias.str(), P);
+  ATOM_CHECK(state.dim() == 4 && state.size(1) == H && state.size(2) == d && state.size(3) == d &&
+                 state.dtype() == DType::kF32 && state.is_contiguous(),
+             "{}: state {} for {} heads of {} x {}", op, state.str(), H, d, d);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int64_t per_slot = static_cast<int64_t>(H) * d * d;
+  for (const SeqRange& s : seq_ranges(op, rows, T, state.size(0))) {
+    float* st = state.ptr<float>() + static_cast<int64_t>(s.slot) * per_slot;
+    if (s.fresh) std::fill(st, st + per_slot, 0.0f);  // a new sequence: the slot's state reset
+    const int L = static_cast<int>(s.q1 - s.q0);
+    if (L == 0) continue;
+    const bool chunked = args.chunk_size > 0 && L > 1;
+#pragma omp parallel for schedule(static) if (static_cast <int64_t>(L) * per_slot > kParallelMin)
+    for (int h = 0; h < H; ++h) {
+      const size_t n = static_cast<size_t>(L) * d;
+      std::vector<float> qh(n), kh(n), vh(n), gh(n), oh(n), beta(L);
+      const float A = std::exp(A_log.ptr<float>()[h]);
+      const float* bias = dt_bias.ptr<float>() + static_cast<int64_t>(h) * d;
+      for (int t = 0; t < L; ++t) {
+        const int64_t row = s.q0 + t;
+        for (int c = 0; c < d; ++c) {
+          const int64_t col = static_cast<int64_t>(h) * d + c;
+          qh[t * d + c] = load(row_ptr(q, row), q.dtype(), col);
+          kh[t * d + c] = load(row_ptr(k, row), k.dtype(), col);
+          vh[t * d + c] = load(row_ptr(v, row), v.dtype(), col);
+          gh[t * d + c] = -A * softplus(load(row_ptr(f, row), f.dtype(), col) + bias[c]);
+        }
+        l2norm(qh.data() + t * d, d);
+        l2norm(kh.data() + t * d, d);
+        for (int c = 0; c < d; ++c) qh[t * d + c] *= scale;
+        beta[t] = sigmoid(load(row_ptr(b, row), b.dtype(), h));
+      }
+      float* S = st + static_cast<int64_t>(h) * d * d;
+      if (chunked)
+        kda_chunked(L, args.chunk_size, d, qh.data(), kh.data(), vh.data(), beta.data(),
+                    gh.data(), S, oh.data());
+      else
+        kda_recurrent(L, d, qh.data(), kh.data(), vh.data(), beta.data(), gh.data(), S,
+                      oh.data());
+      for (int t = 0; t < L; ++t)
+        for (int c = 0; c < d; ++c)
+          store(row_ptr(out, s.q0 + t), out.dtype(), static_cast<int64_t>(h) * d + c,
+                oh[t * d + c]);
+    }
+  }
+}
+
+void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w, float eps,
+                    NormGate gate) {
   for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &x, &z})
     check_rows("gated_rms_norm", *t, "an operand");
   const int64_t T = x.size(0), N = x.size(1), D = w.numel();
@@ -276,10 +453,14 @@ void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor&
       for (int64_t i = 0; i < D; ++i) ss += xv[g0 + i] * xv[g0 + i];
       const float inv = 1.0f / std::sqrt(ss / static_cast<float>(D) + eps);
       for (int64_t i = 0; i < D; ++i) {
-        // transformers: weight * normed.to(dtype), then * silu(z) in fp32.
-        const float n = wf[i] * round_to(out.dtype(), xv[g0 + i] * inv);
         const float zi = zv[g0 + i];
-        xv[g0 + i] = n * (zi / (1.0f + std::exp(-zi)));
+        if (gate == NormGate::kSilu) {
+          // transformers: weight * normed.to(dtype), then * silu(z) in fp32.
+          const float n = wf[i] * round_to(out.dtype(), xv[g0 + i] * inv);
+          xv[g0 + i] = n * (zi / (1.0f + std::exp(-zi)));
+        } else {
+          xv[g0 + i] = wf[i] * (xv[g0 + i] * inv) * sigmoid(zi);
+        }
       }
     }
     float_to_row(out, t, xv.data());

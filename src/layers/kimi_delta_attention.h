@@ -1,0 +1,55 @@
+// Kimi delta attention (KDA), the linear-attention mixer of Kimi-Linear (transformers'
+// KimiLinearDeltaAttention, with its KimiLinearForgetGate):
+//
+//   q, k, v = silu(causal_conv1d(q_proj(x))), ... (k_proj, v_proj; one conv and conv state each)
+//   f = f_b_proj(f_a_proj(x));  g = -exp(A_log) · softplus(f + dt_bias)   per channel
+//   o = kda_rule(q, k, v, g, β = sigmoid(b_proj(x)))          (kernels/gated_delta.h)
+//   o = (o_norm.weight ⊙ rmsnorm(o)) · sigmoid(g_b_proj(g_a_proj(x)))   per head;   o_proj(o)
+//
+// Parameters keep the checkpoint's names (Moonshot's layout, which transformers also saves):
+// the forget gate's f_a_proj, f_b_proj, dt_bias and A_log directly under the module, and
+// q_conv1d / k_conv1d / v_conv1d apart. Each sequence keeps three conv states and a recurrent
+// state [H, d, d] (fp32) in the state slot pool.
+#pragma once
+
+#include <string>
+
+#include "kernels/gated_delta.h"
+#include "layers/context.h"
+#include "layers/linear.h"
+
+namespace atom {
+
+struct KimiDeltaAttentionOptions {
+  int64_t hidden = 0;
+  int num_heads = 0, head_dim = 0;  // linear_num_heads, linear_head_dim
+  int conv_kernel = 4;              // linear_conv_kernel_dim
+  double eps = 1e-6;                // of the gated output norm (rms_norm_eps)
+  int chunk_size = 64;              // of the chunked rule for prefill (0: recurrent throughout)
+};
+
+class KimiDeltaAttention {
+ public:
+  // prefix: the mixer's module, e.g. "model.layers.0.self_attn".
+  KimiDeltaAttention(LayerContext& ctx, const std::string& prefix,
+                     const KimiDeltaAttentionOptions& o);
+  // x [T, hidden] -> [T, hidden]
+  Tensor forward(Step& step, const Tensor& x);
+
+ private:
+  LayerContext& ctx_;
+  KimiDeltaAttentionOptions o_;
+  int64_t dim_;                                    // H * d
+  ColumnParallelLinear q_proj_, k_proj_, v_proj_;  // hidden -> H d
+  ReplicatedLinear f_a_proj_, g_a_proj_;           // hidden -> d
+  ColumnParallelLinear f_b_proj_, g_b_proj_;       // d -> H d
+  ColumnParallelLinear b_proj_;                    // hidden -> H
+  RowParallelLinear o_proj_;                       // H d -> hidden
+  Parameter* conv_weight_[3];                      // q, k, v: [H d, 1, K] F32
+  Parameter* A_log_;                               // [1, 1, H, 1] F32
+  Parameter* dt_bias_;                             // [H d] F32
+  Parameter* o_norm_weight_;                       // [d] F32
+  int conv_state_[3], recurrent_state_;            // indices into the step's state pools
+};
+
+}  // namespace atom
