@@ -195,8 +195,15 @@ class KimiLinearForCausalLM
   }
 };
 
+// KDA ("linear_attention") and NoPE MLA ("full_attention") layers.
+ModelSupport kimi_linear_support() {
+  ModelSupport s;
+  s.layer_types = {"linear_attention", "full_attention"};
+  return s;
+}
+
 }  // namespace
 
-ATOM_REGISTER_MODEL("KimiLinearForCausalLM", KimiLinearForCausalLM);
+ATOM_REGISTER_MODEL_SUPPORTING("KimiLinearForCausalLM", KimiLinearForCausalLM, kimi_linear_support());
 
 }  // namespace atom

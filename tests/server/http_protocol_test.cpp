@@ -385,9 +385,11 @@ TEST_F(HttpTools, MalformedCallsAndToolChoiceNoneAreContent) {
   r = post("/v1/chat/completions", {{"messages", msgs}});
   EXPECT_EQ(json::parse(r->body)["choices"][0]["message"]["content"], backend.reply);
   EXPECT_EQ(json::parse(r->body)["choices"][0]["finish_reason"], "stop");
-  // "required" and named tools still need structured outputs.
-  expect_error(post("/v1/chat/completions",
-                    {{"messages", msgs}, {"tools", tools}, {"tool_choice", "required"}}),
+  // "required" constrains decoding itself: another structured output beside it is refused.
+  expect_error(post("/v1/chat/completions", {{"messages", msgs},
+                                             {"tools", tools},
+                                             {"tool_choice", "required"},
+                                             {"guided_regex", "a+"}}),
                400, "BadRequestError", "tool_choice");
 }
 
