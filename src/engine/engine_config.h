@@ -29,6 +29,8 @@ struct EngineConfig {
   // checkpointing each sequence's state every this many tokens (ATOM's
   // --state-checkpoint-interval-tokens); 0: their prefix caching stays off.
   int state_checkpoint_interval_tokens = 0;
+  // State slots kept for those checkpoints (each as large as a request's state); 0: max_num_seqs.
+  int num_state_checkpoints = 0;
   uint64_t seed = 0;               // draws the seeds of requests that bring none
   // KV cache element type, vLLM's --kv-cache-dtype: "auto" (the activation dtype), "fp8" or
   // "fp8_e4m3" (e4m3 with per-tensor scales of 1: half the bytes of BF16), "bf16" or "bfloat16".

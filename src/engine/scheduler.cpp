@@ -37,10 +37,11 @@ int Scheduler::cap_at_checkpoint(const Sequence& seq, int start, int n) const {
 }
 
 int Scheduler::find_checkpoint(int block) const {
-  for (size_t i = 0; i < checkpoints_.size(); ++i)
-    if (checkpoints_[i].block == block && checkpoints_[i].gen == blocks_.generation(block))
-      return static_cast<int>(i);
-  return -1;
+  auto it = checkpoint_of_block_.find(block);
+  if (it == checkpoint_of_block_.end()) return -1;
+  // A block evicted and reused since has a new generation: that checkpoint is of another prefix.
+  return checkpoints_[static_cast<size_t>(it->second)].gen == blocks_.generation(block) ? it->second
+                                                                                        : -1;
 }
 
 // After a step that left seq at a boundary with every full block registered: its state is the
@@ -56,10 +57,17 @@ void Scheduler::checkpoint(Sequence& seq) {
     checkpoints_[static_cast<size_t>(i)].used = ++clock_;
     return;
   }
-  i = 0;
+  if (auto it = checkpoint_of_block_.find(seq.cache_parent); it != checkpoint_of_block_.end()) {
+    checkpoints_[static_cast<size_t>(it->second)] = {};  // of the block's earlier content
+    checkpoint_of_block_.erase(it);
+  }
+  i = 0;  // the least recently used (an empty one first)
   for (size_t j = 1; j < checkpoints_.size(); ++j)
     if (checkpoints_[j].used < checkpoints_[static_cast<size_t>(i)].used) i = static_cast<int>(j);
-  checkpoints_[static_cast<size_t>(i)] = {seq.cache_parent, seq.cache_parent_gen, ++clock_};
+  Checkpoint& c = checkpoints_[static_cast<size_t>(i)];
+  if (c.block >= 0) checkpoint_of_block_.erase(c.block);
+  c = {seq.cache_parent, seq.cache_parent_gen, ++clock_};
+  checkpoint_of_block_[seq.cache_parent] = i;
   pending_copies_.push_back({seq.state_slot(), config_.checkpoint_slot_begin + i});
 }
 

@@ -65,6 +65,7 @@ std::vector<Scenario> scenarios() {
   ckpt.config.block_size = 4;
   ckpt.config.state_checkpoint_interval_tokens = 8;
   ckpt.config.max_num_seqs = 8;
+  ckpt.config.num_state_checkpoints = 8;
   ckpt.config.max_num_batched_tokens = 32;
   ckpt.run_twice = true;
   s.push_back(ckpt);
@@ -216,6 +217,21 @@ TEST(EnginePrefixCache, HybridHitsStopAtStateCheckpoints) {
           << "repeat of request " << i + 1;
     }
     expect_engine_idle(engine);
+
+    // One checkpoint slot: each new checkpoint evicts the last, and a prefix whose checkpoints
+    // are gone is recomputed (correctly) from the start. (Two new tokens: 3 would compute
+    // through token 32, whose checkpoint would evict the prompt's at 24.)
+    c.num_state_checkpoints = 1;
+    LLMEngine one(model, c);
+    const std::vector<size_t> order = {0, 0, 1};  // request 1, again, then request 2
+    const std::vector<int> want_one = {0, 24, 0};
+    for (size_t k = 0; k < order.size(); ++k) {
+      const auto& p = prompts[order[k]];
+      const auto out = one.generate({p}, greedy(2)).at(0).outputs.at(0);
+      EXPECT_EQ(out.num_cached_tokens, want_one[k]) << "one checkpoint slot, run " << k + 1;
+      EXPECT_EQ(out.token_ids, generate_greedy(model, p, 2, {}, true).token_ids);
+    }
+    expect_engine_idle(one);
   }
   EngineConfig bad = test_config();
   bad.block_size = 4;
