@@ -216,6 +216,17 @@ TEST(EnginePrefixCache, HybridHitsStopAtStateCheckpoints) {
                 generate_greedy(model, prompts[i], 3, {}, true).token_ids)
           << "repeat of request " << i + 1;
     }
+    // n = 2: the second sample waits for the first's prefill and resumes from its checkpoint at
+    // 32 of a new 35-token prompt.
+    const std::vector<int32_t> fresh(base.begin() + 40, base.begin() + 75);
+    SamplingParams two = greedy(2);
+    two.n = 2;
+    const auto pair = engine.generate({fresh}, two).at(0);
+    ASSERT_EQ(pair.outputs.size(), 2u);
+    const auto want_fresh = generate_greedy(model, fresh, 2, {}, true).token_ids;
+    EXPECT_EQ(pair.outputs[0].num_cached_tokens, 0);
+    EXPECT_EQ(pair.outputs[1].num_cached_tokens, 32);
+    for (const auto& o : pair.outputs) EXPECT_EQ(o.token_ids, want_fresh);
     expect_engine_idle(engine);
 
     // One checkpoint slot: each new checkpoint evicts the last, and a prefix whose checkpoints
