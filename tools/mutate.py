@@ -141,6 +141,19 @@ MUTATIONS = [
      "src/models/kimi_linear.cpp",
      "  o.apply_rope = false;",
      "  o.apply_rope = true;"),
+    # Prefix caching of recurrent models through state checkpoints (engine/scheduler.cpp).
+    ("state_checkpoint_not_restored", "a prefix served from a state checkpoint without restoring "
+     "the state", "src/engine/scheduler.cpp",
+     "      out_.state_copies.push_back({config_.checkpoint_slot_begin + restore, seq->state_slot()});",
+     "      (void)seq->state_slot();"),
+    ("state_checkpoint_chunks_uncapped", "prefill chunks not ended at checkpoint boundaries",
+     "src/engine/scheduler.cpp",
+     "  return std::min(n, boundary - start);",
+     "  return n + 0 * boundary;"),
+    ("state_checkpoint_hits_not_cut", "KV hits past the last checkpoint kept (the state resumed "
+     "from an earlier point)", "src/engine/scheduler.cpp",
+     "      hits_.resize(keep);",
+     "      (void)keep;"),
     ("gated_attention_gate_dropped", "the gated attention's sigmoid output gate not applied",
      "src/models/qwen3_next.cpp",
      "  kernels::mul_sigmoid(o, o, gate);",

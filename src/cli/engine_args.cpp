@@ -40,6 +40,15 @@ void engine_args_add(CLI::App* cmd, EngineArgs& a) {
                   "use exactly this many KV cache blocks, whatever the memory");
   cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", c.enable_prefix_caching,
                 "reuse the KV of shared prompt prefixes (default on)");
+  cmd->add_option("--state-checkpoint-interval-tokens", c.state_checkpoint_interval_tokens,
+                  "recurrent (hybrid) models: checkpoint each sequence's state every this many "
+                  "tokens (a multiple of --block-size) so that prefix caching can resume it; 0 "
+                  "keeps their prefix caching off")
+      ->capture_default_str();
+  cmd->add_option("--num-state-checkpoints", c.num_state_checkpoints,
+                  "state checkpoints kept for that (each the size of one request's state, "
+                  "reserved with the state pool); 0: --max-num-seqs")
+      ->capture_default_str();
   cmd->add_option("--seed", c.seed, "seeds the requests that bring none")->capture_default_str();
   cmd->add_option(
          "--kv-cache-dtype", c.kv_cache_dtype,

@@ -15,6 +15,7 @@ void batch_build(const SchedulerOutput& step, int block_size, Batch& b,
   b.page_indices.clear();
   b.logits_indices.clear();
   b.state_slots.clear();
+  b.state_copies = step.state_copies;
   rows.clear();
   b.block_size = block_size;
   b.query_start.push_back(0);

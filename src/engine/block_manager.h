@@ -58,6 +58,8 @@ class BlockManager {
 
   // For tests: reference count of a block, and a full consistency check (throws on a bug).
   int ref_count(int block) const { return blocks_[block].ref_count; }
+  // Bumped whenever the block's content is dropped: (block, generation) names one cached prefix.
+  uint32_t generation(int block) const { return blocks_[block].gen; }
   void check_invariants() const;
 
  private:

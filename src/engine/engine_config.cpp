@@ -32,9 +32,22 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
   p.block_bytes = KvCache::page_bytes(cache_specs_with_dtype(model.cache_specs(), p.kv_cache_dtype),
                                       c.block_size);
   p.state_slot_bytes = KvCache::state_slot_bytes(model.state_specs());
+  if (c.state_checkpoint_interval_tokens < 0 ||
+      c.state_checkpoint_interval_tokens % c.block_size != 0)
+    fail("state_checkpoint_interval_tokens must be a non-negative multiple of block_size {}, got "
+         "{}",
+         c.block_size, c.state_checkpoint_interval_tokens);
+  if (c.num_state_checkpoints < 0)
+    fail("num_state_checkpoints must be >= 0, got {}", c.num_state_checkpoints);
   if (!model.state_specs().empty()) {
     p.state_slots_per_request = 1 + c.num_speculative_tokens;
     p.num_state_slots = c.max_num_seqs * p.state_slots_per_request;
+    // Prefix checkpoints (by default as many as sequences run at once), reused least recently
+    // used first.
+    if (c.enable_prefix_caching && c.state_checkpoint_interval_tokens > 0)
+      p.num_checkpoint_slots =
+          c.num_state_checkpoints > 0 ? c.num_state_checkpoints : c.max_num_seqs;
+    p.num_state_slots += p.num_checkpoint_slots;
   }
   const int64_t state_bytes = static_cast<int64_t>(p.state_slot_bytes) * p.num_state_slots;
   const int64_t per_seq_blocks = ceil_div(p.max_model_len, c.block_size);

@@ -25,6 +25,12 @@ struct EngineConfig {
   int num_gpu_blocks_override = 0;  // > 0: exactly this many KV blocks, whatever the memory
   bool enable_prefix_caching = true;
   int num_speculative_tokens = 0;  // rollback state slots per request (recurrent models)
+  // Recurrent models: > 0 (a multiple of block_size) turns prefix caching on for them by
+  // checkpointing each sequence's state every this many tokens (ATOM's
+  // --state-checkpoint-interval-tokens); 0: their prefix caching stays off.
+  int state_checkpoint_interval_tokens = 0;
+  // State slots kept for those checkpoints (each as large as a request's state); 0: max_num_seqs.
+  int num_state_checkpoints = 0;
   uint64_t seed = 0;               // draws the seeds of requests that bring none
   // KV cache element type, vLLM's --kv-cache-dtype: "auto" (the activation dtype), "fp8" or
   // "fp8_e4m3" (e4m3 with per-tensor scales of 1: half the bytes of BF16), "bf16" or "bfloat16".
@@ -37,6 +43,8 @@ struct KvCachePlan {
   int block_size = 16;
   int num_state_slots = 0;
   int state_slots_per_request = 0;  // 0: the model keeps no recurrent state
+  // Of num_state_slots, the last this many hold prefix checkpoints of the recurrent state.
+  int num_checkpoint_slots = 0;
   DType kv_cache_dtype = DType::kF32;  // what the attention layers' caches store
   size_t block_bytes = 0;           // one block over all attention layers
   size_t state_slot_bytes = 0;      // one slot over all recurrent layers

@@ -59,19 +59,25 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
       tp_size_(models ? models->tp_size() : 1),
       runner_(runner_create(model, models, config, plan_)),
       // Recurrent state summarises a whole prefix, so KV blocks alone cannot resume one: prefix
-      // caching needs state checkpoints (ATOM's --state-checkpoint-interval-tokens), not built yet.
+      // caching needs state checkpoints (--state-checkpoint-interval-tokens).
       blocks_(plan_.num_blocks, plan_.block_size,
-              config.enable_prefix_caching && model.state_specs().empty()),
-      states_(plan_.num_state_slots, plan_.state_slots_per_request),
+              config.enable_prefix_caching &&
+                  (model.state_specs().empty() || plan_.num_checkpoint_slots > 0)),
+      states_(plan_.num_state_slots - plan_.num_checkpoint_slots, plan_.state_slots_per_request),
       scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
-                                 config.long_prefill_token_threshold},
+                                 config.long_prefill_token_threshold,
+                                 config.state_checkpoint_interval_tokens,
+                                 plan_.num_state_slots - plan_.num_checkpoint_slots,
+                                 plan_.num_checkpoint_slots},
                  blocks_, states_),
       sampler_(std::make_unique<CpuSampler>()),
       seed_rng_(config.seed) {
   for (int64_t e : generation.eos_token_ids)
     if (e >= 0 && e < model.vocab_size()) eos_ids_.push_back(static_cast<int32_t>(e));
   if (config.enable_prefix_caching && !blocks_.prefix_caching())
-    log_info("prefix caching is off: the model keeps recurrent state");
+    log_info(
+        "prefix caching is off: the model keeps recurrent state "
+        "(--state-checkpoint-interval-tokens turns it on)");
   const bool graphs = !runner_->graph_buckets().empty();
   if (graphs) {
     // Up front, as vLLM does: captured on first use, the buckets a shrinking batch walks through

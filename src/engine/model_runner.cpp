@@ -192,11 +192,22 @@ Tensor ModelRunner::forward_logits(Batch& batch) {
   batch.block_size = kv_.block_size;
   batch.validate(kv_.num_pages, kv_.num_state_slots);
   arena_.reset();
+  copy_state_slots(batch.state_copies);
   if (graphs_ && graphs_->accepts(batch)) return graphs_->run(batch);
   batch.upload(arena_);
   Step step{batch, arena_, &kv_};
   Tensor hidden = model_.forward(step);
   return model_.compute_logits(step, hidden);
+}
+
+void ModelRunner::copy_state_slots(const std::vector<std::pair<int32_t, int32_t>>& copies) {
+  for (const auto& [from, to] : copies)
+    for (Tensor& s : kv_.state) {
+      ATOM_CHECK(from >= 0 && from < s.size(0) && to >= 0 && to < s.size(0),
+                 "state slot copy {} -> {} of {} slots", from, to, s.size(0));
+      Tensor dst = s.select(0, to);
+      dst.copy_from(s.select(0, from));
+    }
 }
 
 void ModelRunner::execute_forward(Batch& batch) {

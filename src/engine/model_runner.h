@@ -79,6 +79,8 @@ class ModelRunner final : public StepRunner {
   int pages_from_memory(const RunnerOptions& o);
   // Logits [R, vocab] F32 on the model's device, valid until the next step.
   Tensor forward_logits(Batch& batch);
+  // Every recurrent layer's state slot `from` copied into slot `to`, pair by pair, in order.
+  void copy_state_slots(const std::vector<std::pair<int32_t, int32_t>>& copies);
   void sample_rows(const Tensor& logits, const StepSampling& want, std::vector<int32_t>& tokens);
   Tensor host_rows(const Tensor& logits, const std::vector<int32_t>& rows);
   // Host data copied into the step arena (on the model's device), valid until the next step.

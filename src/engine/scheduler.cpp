@@ -16,6 +16,59 @@ Scheduler::Scheduler(const SchedulerConfig& config, BlockManager& blocks, StateP
     fail("long_prefill_token_threshold must be >= 0, got {}", config.long_prefill_token_threshold);
   running_.reserve(static_cast<size_t>(config.max_num_seqs));
   out_.seqs.reserve(static_cast<size_t>(config.max_num_seqs));
+  if (config.num_checkpoint_slots > 0) {
+    const int I = config.state_checkpoint_interval;
+    if (I <= 0 || I % blocks.block_size() != 0 || !blocks.prefix_caching() || !states.enabled())
+      fail("state checkpoints need prefix caching, a recurrent model and an interval that is a "
+           "positive multiple of the block size {}, got {}",
+           blocks.block_size(), I);
+    checkpoints_.resize(static_cast<size_t>(config.num_checkpoint_slots));
+  }
+}
+
+// A prefill chunk from `start` ends at the next checkpoint boundary, so that the state there can
+// be copied after the step.
+int Scheduler::cap_at_checkpoint(const Sequence& seq, int start, int n) const {
+  (void)seq;
+  if (!checkpoints()) return n;
+  const int I = config_.state_checkpoint_interval;
+  const int boundary = (start / I + 1) * I;
+  return std::min(n, boundary - start);
+}
+
+int Scheduler::find_checkpoint(int block) const {
+  auto it = checkpoint_of_block_.find(block);
+  if (it == checkpoint_of_block_.end()) return -1;
+  // A block evicted and reused since has a new generation: that checkpoint is of another prefix.
+  return checkpoints_[static_cast<size_t>(it->second)].gen == blocks_.generation(block) ? it->second
+                                                                                        : -1;
+}
+
+// After a step that left seq at a boundary with every full block registered: its state is the
+// state after the prefix ending with the (canonical) block seq.cache_parent.
+void Scheduler::checkpoint(Sequence& seq) {
+  const int I = config_.state_checkpoint_interval;
+  const int done = seq.num_computed_tokens;
+  if (done == 0 || done % I != 0 || seq.cache_cursor != done / blocks_.block_size() ||
+      seq.cache_parent < 0 || seq.state_slots.empty())
+    return;
+  int i = find_checkpoint(seq.cache_parent);
+  if (i >= 0) {  // that prefix's state is kept already
+    checkpoints_[static_cast<size_t>(i)].used = ++clock_;
+    return;
+  }
+  if (auto it = checkpoint_of_block_.find(seq.cache_parent); it != checkpoint_of_block_.end()) {
+    checkpoints_[static_cast<size_t>(it->second)] = {};  // of the block's earlier content
+    checkpoint_of_block_.erase(it);
+  }
+  i = 0;  // the least recently used (an empty one first)
+  for (size_t j = 1; j < checkpoints_.size(); ++j)
+    if (checkpoints_[j].used < checkpoints_[static_cast<size_t>(i)].used) i = static_cast<int>(j);
+  Checkpoint& c = checkpoints_[static_cast<size_t>(i)];
+  if (c.block >= 0) checkpoint_of_block_.erase(c.block);
+  c = {seq.cache_parent, seq.cache_parent_gen, ++clock_};
+  checkpoint_of_block_[seq.cache_parent] = i;
+  pending_copies_.push_back({seq.state_slot(), config_.checkpoint_slot_begin + i});
 }
 
 void Scheduler::add(Sequence* seq) {
@@ -103,13 +156,33 @@ void Scheduler::admit_waiting(int& budget) {
       hits_.clear();
     else
       blocks_.find_cached_prefix(*seq, hits_);
+    int restore = -1;  // the checkpoint slot this sequence's state starts from
+    if (checkpoints()) {
+      // KV blocks alone cannot resume a recurrent state: the hits are cut back to the longest
+      // prefix whose state was checkpointed.
+      const int per = config_.state_checkpoint_interval / bs;
+      size_t keep = hits_.size() / static_cast<size_t>(per) * static_cast<size_t>(per);
+      for (; keep > 0; keep -= static_cast<size_t>(per)) {
+        const int i = find_checkpoint(hits_[keep - 1]);
+        if (i >= 0) {
+          restore = i;
+          break;
+        }
+      }
+      hits_.resize(keep);
+    }
     const int cached = static_cast<int>(hits_.size()) * bs;
     int n = seq->num_tokens() - cached;
+    n = cap_at_checkpoint(*seq, cached, n);
     if (config_.long_prefill_token_threshold > 0)
       n = std::min(n, config_.long_prefill_token_threshold);
     n = std::min(n, budget);
     if (!blocks_.allocate(*seq, hits_, n)) break;  // FCFS: nobody overtakes the head
     ATOM_CHECK(states_.allocate(*seq), "state pool exhausted after can_allocate");
+    if (restore >= 0) {
+      checkpoints_[static_cast<size_t>(restore)].used = ++clock_;
+      out_.state_copies.push_back({config_.checkpoint_slot_begin + restore, seq->state_slot()});
+    }
     stats_.prefix_cache_queries += seq->num_tokens();
     stats_.prefix_cache_hits += cached;
     if (seq->num_cached_tokens < 0) seq->num_cached_tokens = cached;
@@ -128,6 +201,8 @@ void Scheduler::admit_waiting(int& budget) {
 const SchedulerOutput& Scheduler::schedule() {
   out_.seqs.clear();  // its sequences may be gone: step_done() already reset their flags
   out_.num_tokens = 0;
+  out_.state_copies.swap(pending_copies_);  // the last step's checkpoints first
+  pending_copies_.clear();
   preempted_this_step_ = false;
 
   int budget = config_.max_num_batched_tokens;
@@ -151,6 +226,7 @@ const SchedulerOutput& Scheduler::schedule() {
     if (config_.long_prefill_token_threshold > 0)
       n = std::min(n, config_.long_prefill_token_threshold);
     n = std::min(n, budget);
+    n = cap_at_checkpoint(*seq, seq->num_computed_tokens, n);
     if (!schedule_running(seq, n)) break;
     budget -= n;
   }
@@ -167,6 +243,7 @@ void Scheduler::step_done() {
     seq->num_computed_tokens += s.num_new_tokens;
     ATOM_CHECK(seq->num_computed_tokens <= seq->num_tokens(), "computed past the known tokens");
     blocks_.cache_computed_blocks(*seq);
+    if (checkpoints()) checkpoint(*seq);
   }
 }
 

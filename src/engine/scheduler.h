@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/block_manager.h"
@@ -29,6 +30,12 @@ struct SchedulerConfig {
   int max_num_seqs = 256;
   int max_num_batched_tokens = 8192;
   int long_prefill_token_threshold = 0;  // 0: a prefill chunk is bounded by the budget only
+  // Recurrent models with prefix caching: every this many tokens (a multiple of the block size)
+  // a sequence's state is checkpointed into one of the state slots [checkpoint_slot_begin,
+  // + num_checkpoint_slots), prefill chunks end at those boundaries, and admission restores the
+  // checkpoint of the longest cached prefix that has one. 0: no checkpoints.
+  int state_checkpoint_interval = 0;
+  int checkpoint_slot_begin = 0, num_checkpoint_slots = 0;
 };
 
 struct ScheduledSeq {
@@ -39,6 +46,8 @@ struct ScheduledSeq {
 struct SchedulerOutput {
   std::vector<ScheduledSeq> seqs;
   int num_tokens = 0;
+  // State slots to copy (from, to) before the step runs: checkpoints, then restores.
+  std::vector<std::pair<int32_t, int32_t>> state_copies;
   bool empty() const { return seqs.empty(); }
 };
 
@@ -74,6 +83,20 @@ class Scheduler {
   void preempt(Sequence* seq);
   bool waits_for_leader(const Sequence* seq) const;
   void admit_waiting(int& budget);
+  // Recurrent state checkpoints (SchedulerConfig::state_checkpoint_interval).
+  bool checkpoints() const { return config_.num_checkpoint_slots > 0; }
+  int cap_at_checkpoint(const Sequence& seq, int start, int n) const;
+  int find_checkpoint(int block) const;  // its index in checkpoints_, -1 none
+  void checkpoint(Sequence& seq);
+  struct Checkpoint {
+    int block = -1;  // the prefix's last block and its generation (BlockManager::generation)
+    uint32_t gen = 0;
+    uint64_t used = 0;  // last put or restore (least recently used is overwritten)
+  };
+  std::vector<Checkpoint> checkpoints_;  // one per checkpoint slot
+  std::unordered_map<int, int> checkpoint_of_block_;  // block -> index in checkpoints_
+  std::vector<std::pair<int32_t, int32_t>> pending_copies_;  // checkpoints of the last step
+  uint64_t clock_ = 0;
 
   SchedulerConfig config_;
   BlockManager& blocks_;

@@ -95,6 +95,7 @@ void Batch::copy_host_from(const Batch& from) {
   ATOM_BATCH_FIELDS(ATOM_BATCH_COPY_FIELD)
 #undef ATOM_BATCH_COPY_FIELD
   block_size = from.block_size;
+  state_copies = from.state_copies;
 }
 
 }  // namespace atom

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/arena.h"
@@ -40,6 +41,9 @@ struct Batch {
 #undef ATOM_BATCH_HOST_FIELD
   int block_size = 16;
   int max_query_len = 0;
+  // Recurrent models' state slots copied (from, to) before the step's forward pass: prefix
+  // checkpoints taken after the previous step, then checkpoints restored for admitted sequences.
+  std::vector<std::pair<int32_t, int32_t>> state_copies;
   int max_context_len = 0;
 
   int num_tokens() const { return static_cast<int>(token_ids.size()); }

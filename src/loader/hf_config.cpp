@@ -225,7 +225,11 @@ ModelConfig model_config_parse(const json& j, const std::string& path) {
       t.bad("head_dim", "is missing and hidden_size is not a multiple of num_attention_heads");
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
-  c.max_position_embeddings = t.get_int("max_position_embeddings", 2048, IntRange{1, INT32_MAX});
+  // Configs whose class maps max_position_embeddings to model_max_length (transformers'
+  // attribute_map, e.g. Kimi-Linear's) store only the latter.
+  c.max_position_embeddings = t.get_int(
+      "max_position_embeddings", t.get_int("model_max_length", 2048, IntRange{1, INT32_MAX}),
+      IntRange{1, INT32_MAX});
   c.rms_norm_eps = t.get_double("rms_norm_eps", 1e-6, RealRange{0.0, 1.0, true, true});
   c.tie_word_embeddings = c.root.has("tie_word_embeddings")
                               ? c.root.get_bool("tie_word_embeddings", false)

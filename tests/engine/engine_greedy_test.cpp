@@ -6,6 +6,7 @@
 // scenarios: their state must follow each request through batching, chunking and preemption.
 #include <map>
 
+#include "common/test_util.h"
 #include "engine_test_util.h"
 
 namespace atom::test {
@@ -57,6 +58,17 @@ std::vector<Scenario> scenarios() {
   cached.config.block_size = 4;
   cached.run_twice = true;
   s.push_back(cached);
+  // Recurrent models: their state checkpointed every 8 tokens, so the second pass resumes
+  // prefixes from checkpoints (8 checkpoint slots for 31 requests: reused as they go), in
+  // chunks of a 32-token budget that end at the checkpoint boundaries.
+  Scenario ckpt{"prefix_cache_state_checkpoints", test_config()};
+  ckpt.config.block_size = 4;
+  ckpt.config.state_checkpoint_interval_tokens = 8;
+  ckpt.config.max_num_seqs = 8;
+  ckpt.config.num_state_checkpoints = 8;
+  ckpt.config.max_num_batched_tokens = 32;
+  ckpt.run_twice = true;
+  s.push_back(ckpt);
   return s;
 }
 
@@ -91,6 +103,11 @@ TEST_P(EngineWorkload, EveryRequestMatchesTheSingleSequenceRunner) {
       }
       if (pass == 1 && model.state_specs().empty()) {
         EXPECT_GT(cached, 500) << "the second pass should be served from the cache";
+      } else if (pass == 1 && sc.config.state_checkpoint_interval_tokens > 0) {
+        // Fewer than the attention models' (8 checkpoints for 31 requests), but many.
+        EXPECT_GT(cached, 100) << "the second pass should resume prefixes from state checkpoints";
+        std::printf("%s: %d prompt tokens resumed from state checkpoints\n", GetParam().c_str(),
+                    cached);
       } else if (pass == 1) {
         // Recurrent state summarises a whole prefix: without state checkpoints a hybrid model's
         // prompts are recomputed, never served from KV blocks alone.
@@ -149,6 +166,89 @@ TEST(EnginePrefixCache, HitCountsOfAKnownSharingPattern) {
   for (size_t i = 0; i < prompts.size(); ++i)
     EXPECT_EQ(again[i].outputs.at(0).num_cached_tokens, 16) << "repeat of request " << i + 1;
   expect_engine_idle(engine);
+}
+
+// Hybrid models (recurrent state): a prefix is served only as far as a state checkpoint reaches
+// (every 8 tokens here, blocks of 4), on a sharing pattern known by construction; the greedy
+// tokens are the single-sequence runner's (no cache), which matches transformers.
+TEST(EnginePrefixCache, HybridHitsStopAtStateCheckpoints) {
+  for (const char* name : {"kimi_linear", "qwen3_next"}) {
+    SCOPED_TRACE(name);
+    Model& model = fixture_model(name);
+    const std::vector<int32_t> base = reference_load(name).input_ids;
+    EngineConfig c = test_config();
+    c.block_size = 4;
+    c.state_checkpoint_interval_tokens = 8;
+    LLMEngine engine(model, c);
+    auto cat = [&](int shared, std::vector<int32_t> tail) {
+      std::vector<int32_t> t(base.begin(), base.begin() + shared);
+      t.insert(t.end(), tail.begin(), tail.end());
+      return t;
+    };
+    std::vector<int32_t> tail10(10), tail1(1);
+    for (int i = 0; i < 10; ++i) tail10[static_cast<size_t>(i)] = 3 + i;
+    tail1[0] = 3;
+    const std::vector<std::vector<int32_t>> prompts = {
+        cat(30, {}),       // 30 tokens: checkpoints at 8, 16, 24
+        cat(20, tail10),   // shares 5 full blocks; checkpoints up to 16
+        cat(30, {}),       // 7 full blocks hit; the checkpoint at 24
+        cat(6, tail10),    // one full block shared: no checkpoint that short
+        cat(29, tail1)};   // 7 full blocks of request 1's, then a different token: 24
+    const std::vector<int> want = {0, 16, 24, 0, 24};
+    int64_t total = 0, queries = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const auto out = engine.generate({prompts[i]}, greedy(3)).at(0).outputs.at(0);
+      EXPECT_EQ(out.num_cached_tokens, want[i]) << "request " << i + 1;
+      EXPECT_EQ(out.token_ids, generate_greedy(model, prompts[i], 3, {}, true).token_ids)
+          << "request " << i + 1;
+      total += want[i];
+      queries += static_cast<int64_t>(prompts[i].size());
+    }
+    EXPECT_EQ(engine.stats().prefix_cache_hits, total);
+    EXPECT_EQ(engine.stats().prefix_cache_queries, queries);
+    // All at once: request 4's own checkpoint at 8 now serves its repeat too.
+    const auto again = engine.generate(prompts, greedy(3));
+    const std::vector<int> want_again = {24, 24, 24, 8, 24};
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(again[i].outputs.at(0).num_cached_tokens, want_again[i])
+          << "repeat of request " << i + 1;
+      EXPECT_EQ(again[i].outputs.at(0).token_ids,
+                generate_greedy(model, prompts[i], 3, {}, true).token_ids)
+          << "repeat of request " << i + 1;
+    }
+    // n = 2: the second sample waits for the first's prefill and resumes from its checkpoint at
+    // 32 of a new 35-token prompt.
+    const std::vector<int32_t> fresh(base.begin() + 40, base.begin() + 75);
+    SamplingParams two = greedy(2);
+    two.n = 2;
+    const auto pair = engine.generate({fresh}, two).at(0);
+    ASSERT_EQ(pair.outputs.size(), 2u);
+    const auto want_fresh = generate_greedy(model, fresh, 2, {}, true).token_ids;
+    EXPECT_EQ(pair.outputs[0].num_cached_tokens, 0);
+    EXPECT_EQ(pair.outputs[1].num_cached_tokens, 32);
+    for (const auto& o : pair.outputs) EXPECT_EQ(o.token_ids, want_fresh);
+    expect_engine_idle(engine);
+
+    // One checkpoint slot: each new checkpoint evicts the last, and a prefix whose checkpoints
+    // are gone is recomputed (correctly) from the start. (Two new tokens: 3 would compute
+    // through token 32, whose checkpoint would evict the prompt's at 24.)
+    c.num_state_checkpoints = 1;
+    LLMEngine one(model, c);
+    const std::vector<size_t> order = {0, 0, 1};  // request 1, again, then request 2
+    const std::vector<int> want_one = {0, 24, 0};
+    for (size_t k = 0; k < order.size(); ++k) {
+      const auto& p = prompts[order[k]];
+      const auto out = one.generate({p}, greedy(2)).at(0).outputs.at(0);
+      EXPECT_EQ(out.num_cached_tokens, want_one[k]) << "one checkpoint slot, run " << k + 1;
+      EXPECT_EQ(out.token_ids, generate_greedy(model, p, 2, {}, true).token_ids);
+    }
+    expect_engine_idle(one);
+  }
+  EngineConfig bad = test_config();
+  bad.block_size = 4;
+  bad.state_checkpoint_interval_tokens = 6;
+  EXPECT_ERROR_CONTAINS(LLMEngine(fixture_model("kimi_linear"), bad),
+                        "state_checkpoint_interval_tokens", "multiple of block_size 4", "6");
 }
 
 TEST(EngineStops, StopTokenIdsEosAndMinTokens) {

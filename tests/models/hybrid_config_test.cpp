@@ -127,6 +127,8 @@ TEST(HybridConfig, EachKdaLayerDeclaresItsConvAndRecurrentState) {
   }
   ASSERT_EQ(m.model->cache_specs().size(), 1u);
   EXPECT_EQ(m.model->cache_specs()[0].kind, CacheKind::kLatent);
+  // transformers saves max_position_embeddings as model_max_length (its attribute_map).
+  EXPECT_EQ(m.model->config().max_position_embeddings, 512);
 }
 
 }  // namespace
