@@ -123,6 +123,17 @@ class SchemaConverter {
     return "value";
   }
 
+  // A count keyword (minItems, maxLength, ...): a non-negative integer within the repeat limit,
+  // or `dflt` when absent.
+  int64_t repeat_count(const ojson& s, const char* k, int64_t dflt) const {
+    if (!s.contains(k)) return dflt;
+    const ojson& v = s.at(k);
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) fail("json_schema: '{}' must be a non-negative integer", k);
+    if (v.get<int64_t>() > limits_.max_repeat)
+      fail("json_schema: '{}' {} exceeds {} (the repeat limit)", k, v.get<int64_t>(), limits_.max_repeat);
+    return v.get<int64_t>();
+  }
+
   std::string ref(const ojson& r, int depth) {
     if (!r.is_string()) fail("json_schema: '$ref' must be a string");
     const std::string path = r.get<std::string>();
@@ -203,14 +214,6 @@ class SchemaConverter {
   }
 
   std::string array(const ojson& s, const std::string& name, int depth) {
-    auto count = [&](const char* k, int64_t dflt) {
-      if (!s.contains(k)) return dflt;
-      const ojson& v = s.at(k);
-      if (!v.is_number_integer() || v.get<int64_t>() < 0) fail("json_schema: '{}' must be a non-negative integer", k);
-      if (v.get<int64_t>() > limits_.max_repeat)
-        fail("json_schema: '{}' {} exceeds {} (the repeat limit)", k, v.get<int64_t>(), limits_.max_repeat);
-      return v.get<int64_t>();
-    };
     std::vector<std::string> prefix;
     if (s.contains("prefixItems")) {
       if (!s.at("prefixItems").is_array()) fail("json_schema: 'prefixItems' must be an array");
@@ -224,7 +227,7 @@ class SchemaConverter {
       if (it.is_boolean() && !it.get<bool>()) more = false;
       else item = visit(it, name + "-item", depth + 1);
     }
-    const int64_t lo = count("minItems", 0), hi = count("maxItems", -1);
+    const int64_t lo = repeat_count(s, "minItems", 0), hi = repeat_count(s, "maxItems", -1);
     if (hi >= 0 && hi < lo) fail("json_schema: maxItems {} is below minItems {}", hi, lo);
     std::string body = "\"[\" ";
     if (!prefix.empty()) {
@@ -287,16 +290,9 @@ class SchemaConverter {
     }
     const bool has_lo = s.contains("minLength"), has_hi = s.contains("maxLength");
     if (!has_lo && !has_hi) return "string";
-    auto num = [&](const char* k) {
-      const ojson& v = s.at(k);
-      if (!v.is_number_integer() || v.get<int64_t>() < 0) fail("json_schema: '{}' must be a non-negative integer", k);
-      if (v.get<int64_t>() > limits_.max_repeat)
-        fail("json_schema: '{}' {} exceeds {} (the repeat limit)", k, v.get<int64_t>(), limits_.max_repeat);
-      return v.get<int64_t>();
-    };
-    const int64_t lo = has_lo ? num("minLength") : 0;
-    const std::string rep = has_hi ? fmt::format("{{{},{}}}", lo, num("maxLength")) : fmt::format("{{{},}}", lo);
-    if (has_hi && num("maxLength") < lo) fail("json_schema: maxLength is below minLength");
+    const int64_t lo = repeat_count(s, "minLength", 0), hi = repeat_count(s, "maxLength", -1);
+    if (has_hi && hi < lo) fail("json_schema: maxLength is below minLength");
+    const std::string rep = has_hi ? fmt::format("{{{},{}}}", lo, hi) : fmt::format("{{{},}}", lo);
     return add_rule(name, "\"\\\"\" char" + rep + " \"\\\"\"");
   }
 

@@ -11,7 +11,9 @@ namespace atom::grammar {
 
 namespace {
 constexpr int kMaxExpandDepth = 100000;
-}
+// The smallest code point a UTF-8 sequence of `len` bytes may encode (shorter ones are overlong).
+constexpr char32_t utf8_min_of_len(int len) { return len == 2 ? 0x80 : len == 3 ? 0x800 : 0x10000; }
+}  // namespace
 
 Matcher::Matcher(std::shared_ptr<const Grammar> g) : g_(std::move(g)) {
   std::vector<Stack> init;
@@ -77,8 +79,7 @@ bool Matcher::accept_byte(uint8_t b) {
       complete = true;
       // Only UTF-8 proper: no overlong forms, surrogates or code points past U+10FFFF (the
       // detokenizer would turn them into U+FFFD, which the grammar never allowed).
-      const char32_t min_of_len = need == 2 ? 0x80 : need == 3 ? 0x800 : 0x10000;
-      if (cp < min_of_len || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return false;
+      if (cp < utf8_min_of_len(need) || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return false;
     }
   }
   if (!complete) {
@@ -86,9 +87,8 @@ bool Matcher::accept_byte(uint8_t b) {
     const int rest = 6 * (need - len);
     // The code points these bytes can still become; the shortest form of each length starts at
     // 0x80, 0x800 or 0x10000 (overlong forms are not UTF-8).
-    const char32_t min_of_len = need == 2 ? 0x80 : need == 3 ? 0x800 : 0x10000;
     const char32_t base = static_cast<char32_t>(partial) << rest;
-    const char32_t lo = std::max(base, min_of_len);
+    const char32_t lo = std::max(base, utf8_min_of_len(need));
     const char32_t hi = std::min<char32_t>(base | ((char32_t{1} << rest) - 1), 0x10FFFF);
     if (lo > hi || (lo >= 0xD800 && hi <= 0xDFFF)) return false;
     bool any = false;
