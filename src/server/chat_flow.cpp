@@ -33,12 +33,17 @@ ChatFlow chat_flow_start(HttpServer& s, ChatRequest& r, const std::string& id_pr
       bad_request("tool_choice", fmt::format("tool_choice \"{}\" cannot be combined with '{}'",
                                              r.tool_choice, r.sampling.structured->param));
     r.sampling.structured = StructuredOutput{StructuredOutput::kJsonSchema,
-                                             forced_tool_schema(r.tools, r.named_tool), {}, "tool_choice"};
+                                             forced_tool_schema(r.tools, r.named_tool), {}, "tool_choice", std::nullopt};
   }
   // The parsers read markers that are special tokens in these tokenizers (all of harmony's).
   if (f.harmony || (auto_tools && tool_parser_keeps_special_tokens(tool_parser)))
     r.sampling.skip_special_tokens = false;
   f.prompt = s.backend().render_chat(r);
+  // Constrained answers of reasoning models: the block is written freely, the grammar follows it.
+  if (r.sampling.structured && !f.harmony && !reasoning.empty())
+    if (auto probe = make_reasoning_parser(reasoning, f.prompt, r.chat_template_kwargs))
+      r.sampling.structured->after_reasoning =
+          StructuredOutput::Reasoning{probe->format().start, probe->format().end, probe->format().starts_in_reasoning};
   std::vector<int32_t> ids = s.backend().tokenize(f.prompt, r.add_special_tokens);
   check_prompt(s, ids, r.sampling, true);
   f.job = std::make_shared<Job>(s, r.sampling);

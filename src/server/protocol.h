@@ -21,6 +21,13 @@ struct StructuredOutput {
   std::string spec;                  // the schema (JSON text), regex or GBNF grammar
   std::vector<std::string> choices;  // kChoice
   std::string param;                 // the request field it came from, for errors
+  // Reasoning models (a reasoning parser splits this request's answer): the grammar applies once
+  // the reasoning block has ended, as vLLM's does; unset, from the first output token.
+  struct Reasoning {
+    std::string start, end;  // the block's tags
+    bool starts_in_reasoning = false;  // the prompt opened the block
+  };
+  std::optional<Reasoning> after_reasoning;
 };
 
 struct SamplingRequest {

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "grammar/grammar.h"
 #include "grammar/matcher.h"
+#include "grammar/reasoning_gate.h"
 
 namespace atom::grammar {
 namespace {
@@ -280,6 +281,56 @@ TEST(GrammarConstraint, EosOnlyWhenComplete) {
   EXPECT_FALSE(s->accept(2));
   ASSERT_TRUE(s->accept(1));
   EXPECT_TRUE(s->must_end());
+}
+
+
+// Reasoning models: the block between the tags is free, the grammar applies after it.
+// Vocabulary: "a", "b", "ab", EOS, <think> (4), </think> (5), "z" (6).
+struct GateFixture {
+  std::vector<std::optional<std::string>> vocab = {std::string("a"), std::string("b"), std::string("ab"),
+                                                   std::nullopt, std::nullopt, std::nullopt, std::string("z")};
+  std::shared_ptr<const LogitsConstraint> inner = std::make_shared<const GrammarConstraint>(
+      compile("root ::= \"a\" \"b\"\n"), std::make_shared<const TokenTrie>(vocab));
+  const int32_t eos[1] = {3};
+  uint64_t mask(LogitsConstraintState& s) {
+    std::vector<uint64_t> m(1, 0);
+    s.fill_allowed(m, eos);
+    return m[0];
+  }
+};
+
+TEST(ReasoningGate, PromptOpenedBlockIsFreeUntilItsEndTag) {
+  GateFixture f;
+  auto s = ReasoningGate(f.inner, 4, 5, /*starts_in_reasoning=*/true).start();
+  EXPECT_EQ(f.mask(*s), ~uint64_t{0});  // anything inside the block
+  ASSERT_TRUE(s->accept(6));
+  ASSERT_TRUE(s->accept(1));
+  EXPECT_FALSE(s->must_end());
+  ASSERT_TRUE(s->accept(5));           // </think>: the grammar starts
+  EXPECT_EQ(f.mask(*s), 0b0101u);      // "a", "ab"
+  EXPECT_FALSE(s->accept(6));
+  ASSERT_TRUE(s->accept(0));
+  ASSERT_TRUE(s->accept(1));
+  EXPECT_TRUE(s->must_end());
+}
+
+TEST(ReasoningGate, FirstTokenOpensTheBlockOrStartsTheAnswer) {
+  GateFixture f;
+  ReasoningGate gate(f.inner, 4, 5, /*starts_in_reasoning=*/false);
+  auto thinking = gate.start();
+  EXPECT_EQ(f.mask(*thinking), 0b10101u);  // the grammar's first tokens and <think>
+  ASSERT_TRUE(thinking->accept(4));
+  EXPECT_EQ(f.mask(*thinking), ~uint64_t{0});
+  ASSERT_TRUE(thinking->accept(4));  // <think> again, inside the block: free text
+  ASSERT_TRUE(thinking->accept(5));
+  EXPECT_EQ(f.mask(*thinking), 0b0101u);
+  auto direct = gate.start();
+  ASSERT_TRUE(direct->accept(0));      // "a": the answer began
+  EXPECT_EQ(f.mask(*direct), 0b0010u);  // only "b" now; <think> is no longer allowed
+  EXPECT_FALSE(direct->accept(4));
+  // Without a start token only a prompt-opened block gates.
+  auto plain = ReasoningGate(f.inner, -1, 5, false).start();
+  EXPECT_EQ(f.mask(*plain), 0b0101u);
 }
 
 }  // namespace
