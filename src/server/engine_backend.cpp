@@ -167,6 +167,7 @@ std::shared_ptr<const LogitsConstraint> EngineBackend::constraint_for(const Stru
       case StructuredOutput::kRegex: gbnf = grammar::regex_to_gbnf(so.spec, lim); break;
       case StructuredOutput::kChoice: gbnf = grammar::choice_to_gbnf(so.choices); break;
       case StructuredOutput::kGrammar: gbnf = so.spec; break;
+      case StructuredOutput::kStructuralTag: gbnf = grammar::structural_tag_to_gbnf(so.spec, lim); break;
     }
     auto g = std::make_shared<const grammar::Grammar>(grammar::Grammar::from_gbnf(gbnf, lim));
     c = std::make_shared<const grammar::GrammarConstraint>(std::move(g), trie_);

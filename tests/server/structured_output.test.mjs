@@ -189,6 +189,38 @@ test('tool_choice required and a named function produce calls matching the tool 
   assert.equal(args, whole);
 });
 
+test('structural_tag: every tagged block holds JSON matching its schema, between free text', async () => {
+  // Trigger "<" (byte 60) is made the likeliest token, so tagged blocks follow one another.
+  const schema = corpus[0].schema;
+  const validate = new Ajv({ strict: false }).compile(schema);
+  const tag = { type: 'structural_tag', triggers: ['<'],
+    structures: [{ begin: '<tool>', schema, end: '</tool>' }] };
+  const forms = [{ response_format: tag }, { structured_outputs: { structural_tag: JSON.stringify(tag) } }];
+  for (const [k, extra] of forms.entries()) {
+    const r = await post('/v1/completions', { prompt: 'x', max_tokens: 400, seed: 10 + k, logit_bias: { 60: 30 }, ...extra });
+    assert.equal(r.status, 200, JSON.stringify(r.json));
+    const text = r.json.choices[0].text;
+    // Split at each "<tool>": every complete block's JSON validates; the text outside holds no "<".
+    const blocks = text.split('<tool>');
+    assert.ok(!blocks[0].includes('<'), text);
+    assert.ok(blocks.length >= 3, `several tagged blocks: ${text}`);
+    let complete = 0;
+    for (const b of blocks.slice(1)) {
+      const end = b.indexOf('</tool>');
+      if (end < 0) continue;  // cut by max_tokens
+      assert.ok(validate(JSON.parse(b.slice(0, end))), b.slice(0, end));
+      assert.ok(!b.slice(end + '</tool>'.length).includes('<'), b);
+      ++complete;
+    }
+    assert.ok(complete >= 2, text);
+  }
+  const bad = await post('/v1/completions', { prompt: 'x', max_tokens: 4,
+    structured_outputs: { structural_tag: JSON.stringify({ triggers: ['<f'], structures: [{ begin: '<g>', end: '</g>' }] }) } });
+  assert.equal(bad.status, 400);
+  assert.equal(bad.json.error.param, 'structured_outputs');
+  assert.match(bad.json.error.message, /structures\[0\]\.begin/);
+});
+
 test('bad structured-output requests are 400s naming the field', async () => {
   const cases = [
     [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'strang' } } } }, 'response_format', /unknown type 'strang'/],
