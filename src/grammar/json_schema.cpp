@@ -542,42 +542,15 @@ std::string json_schema_to_gbnf(const std::string& schema_json, const GrammarLim
 namespace {
 
 std::vector<char32_t> code_points(const std::string& s, const std::string& what) {
+  if (!tokenizer::utf8_is_valid(s)) fail("structural_tag: {} is not valid UTF-8", what);
   std::vector<char32_t> out;
-  for (size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (len == 0 || i + len > s.size()) fail("structural_tag: {} is not valid UTF-8", what);
-    char32_t cp = len == 1 ? c : c & (0x7F >> len);
-    for (int k = 1; k < len; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d >> 6) != 2) fail("structural_tag: {} is not valid UTF-8", what);
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    out.push_back(cp);
-    i += len;
-  }
+  for (size_t i = 0; i < s.size();) out.push_back(tokenizer::utf8_next(s, i));
   return out;
 }
 
 std::string utf8_of(const std::vector<char32_t>& cps) {
   std::string s;
-  for (char32_t c : cps) {
-    if (c < 0x80) {
-      s.push_back(static_cast<char>(c));
-    } else if (c < 0x800) {
-      s.push_back(static_cast<char>(0xC0 | (c >> 6)));
-      s.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    } else if (c < 0x10000) {
-      s.push_back(static_cast<char>(0xE0 | (c >> 12)));
-      s.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-      s.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    } else {
-      s.push_back(static_cast<char>(0xF0 | (c >> 18)));
-      s.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-      s.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-      s.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-    }
-  }
+  for (char32_t c : cps) tokenizer::utf8_append(s, c);
   return s;
 }
 
