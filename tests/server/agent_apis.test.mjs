@@ -218,7 +218,7 @@ describe('the demo model (trained weights, greedy)', () => {
   let server, openai, anthropic;
   before(async () => {
     server = await startServe(BIN, ['serve', path.join(SRC, 'models/kjv-tiny'), '--device', 'cpu', '--host', '127.0.0.1',
-      '--port', '0', '--served-model-name', MODEL, '--enable-prefix-caching']);
+      '--port', '0', '--served-model-name', MODEL, '--enable-prefix-caching', '--enable-prompt-tokens-details']);
     openai = new OpenAI({ baseURL: `http://127.0.0.1:${server.port}/v1`, apiKey: 'none', maxRetries: 0 });
     anthropic = new Anthropic({ baseURL: `http://127.0.0.1:${server.port}`, apiKey: 'none', maxRetries: 0 });
   });
@@ -246,6 +246,10 @@ describe('the demo model (trained weights, greedy)', () => {
     const hit = Math.floor((ref.usage.prompt_tokens - 1) / 16) * 16;
     assert.ok(hit > 0);
     assert.equal(r.usage.input_tokens_details.cached_tokens, hit);
+    // Chat completions report the same hit (vLLM's prompt_tokens_details, counted on the first
+    // update and kept through the later ones).
+    assert.equal(ref.usage.prompt_tokens_details.cached_tokens, 0);
+    assert.equal((await chat()).usage.prompt_tokens_details.cached_tokens, hit);
     let deltas = '';
     const rs = openai.responses.stream({ model: MODEL, temperature: 0, max_output_tokens: 40, instructions: system,
       input: question });
