@@ -85,7 +85,7 @@ void bench_gemm(bool quick) {
   struct NK {
     int64_t n, k;
   };
-  const NK shapes[] = {{2112, 7168}, {7168, 7168}, {24576, 7168},
+  const NK shapes[] = {{2112, 7168},  {7168, 7168},  {24576, 7168},
                        {2112, 16384}, {7168, 16384}, {24576, 16384}};
   std::vector<int64_t> ms = {64, 128, 256, 512, 1024, 2048, 4096, 8192};
   if (quick) ms = {128, 4096};
@@ -104,8 +104,8 @@ void bench_gemm(bool quick) {
       const double bytes = wbytes + static_cast<double>(m) * s.k + 2.0 * m * s.n;
       const int iters = flops > 2e12 ? 3 : flops > 2e11 ? 10 : 30;
       // Whole call.
-      const double t_all = time_op(
-          [&](int i) { kernels::linear_fp8(y, x, ws[i % copies], Tensor(), work); }, iters);
+      const double t_all =
+          time_op([&](int i) { kernels::linear_fp8(y, x, ws[i % copies], Tensor(), work); }, iters);
       // GEMM alone: the quantised activations stay in the workspace from the last call.
       kernels::cuda::Fp8GemmArgs g;
       g.out = {y.data(), m, s.n, s.n, kernels::cuda::Elem::kBF16};
@@ -148,8 +148,8 @@ void bench_gemm(bool quick) {
     for (int64_t m : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{512, 4096, 8192}) {
       Tensor x = rnd({m, s.k}, DType::kBF16, 5, -2, 2);
       Tensor y = Tensor::empty({m, s.n}, DType::kBF16, kGpu);
-      Tensor work = Tensor::empty(
-          {kernels::cuda::linear_fp8_workspace_bytes(m, s.k, w) + 256}, DType::kU8, kGpu);
+      Tensor work = Tensor::empty({kernels::cuda::linear_fp8_workspace_bytes(m, s.k, w) + 256},
+                                  DType::kU8, kGpu);
       const double flops = 2.0 * m * s.n * s.k;
       for (auto tiles : {kernels::cuda::Fp8Tiles::kTma, kernels::cuda::Fp8Tiles::kCpAsync}) {
         kernels::cuda::linear_fp8_set_tiles(tiles);

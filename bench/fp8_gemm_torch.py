@@ -39,11 +39,12 @@ def rand_f8(rows, cols, seed):
 
 
 def blockwise_fn(a, w, sa, sw):
-    """A blockwise (1x128 x 128x128) scaled product if this torch has one, else None."""
+    """A blockwise (1x128 x 128x128) scaled product: sw is [N/128, K/128]; torch 2.11 asked for
+    the weight scales as [K/128, N/128] (run of 2026-12-02), so they are passed transposed."""
     F = torch.nn.functional
     if hasattr(F, "scaled_mm") and hasattr(F, "ScalingType"):
         ST = F.ScalingType
-        return lambda: F.scaled_mm(a, w.t(), sa, ST.BlockWise1x128, sw, ST.BlockWise128x128,
+        return lambda: F.scaled_mm(a, w.t(), sa, ST.BlockWise1x128, sw.t(), ST.BlockWise128x128,
                                    output_dtype=torch.bfloat16)
     return lambda: torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sw.t(),
                                     out_dtype=torch.bfloat16)

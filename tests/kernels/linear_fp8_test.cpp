@@ -52,8 +52,8 @@ Fp8Weight make_weight(const Case& c, uint64_t seed) {
     w.scale = random_cpu({(c.n + c.bn - 1) / c.bn, (c.k + c.bk - 1) / c.bk}, DType::kF32, seed + 1,
                          0.002f, 0.006f);
   } else {
-    w.scale = random_cpu({c.g == Fp8Granularity::kChannel ? c.n : 1}, DType::kF32, seed + 1,
-                         0.002f, 0.006f);
+    w.scale = random_cpu({c.g == Fp8Granularity::kChannel ? c.n : 1}, DType::kF32, seed + 1, 0.002f,
+                         0.006f);
   }
   if (c.a == Fp8Activation::kTensorStatic) {
     w.input_scale = Tensor::empty({1}, DType::kF32);
@@ -80,27 +80,41 @@ const char* mode_name(const Case& c) {
 
 const Case kCases[] = {
     // DeepSeek block scaling: 128x128 blocks, 1x128 groups (wgmma for M > 4, skinny below).
-    {1, 384, 512, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, false, DType::kF32},
-    {3, 300, 1024, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, true, DType::kBF16},
-    {4, 257, 2048, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, true, DType::kF32},
-    {17, 640, 1152, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, false, DType::kF32},
-    {64, 1000, 2048, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, true, DType::kBF16},
-    {300, 520, 1040, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, true, DType::kF32},
-    {300, 129, 4096, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, false, DType::kF32},
-    {17, 257, 1000, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, true, DType::kF32},
+    {1, 384, 512, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, false,
+     DType::kF32},
+    {3, 300, 1024, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, true,
+     DType::kBF16},
+    {4, 257, 2048, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, true,
+     DType::kF32},
+    {17, 640, 1152, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, false,
+     DType::kF32},
+    {64, 1000, 2048, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, true,
+     DType::kBF16},
+    {300, 520, 1040, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, true,
+     DType::kF32},
+    {300, 129, 4096, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, false,
+     DType::kF32},
+    {17, 257, 1000, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128, true,
+     DType::kF32},
     // Other block sizes, partial blocks, K not a multiple of 16 (general).
     {17, 200, 300, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 64, 64, true, DType::kF32},
     {3, 100, 192, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 32, 48, false, DType::kF32},
-    {64, 131, 333, Fp8Granularity::kBlock, Fp8Activation::kTokenDynamic, 128, 128, true, DType::kF32},
+    {64, 131, 333, Fp8Granularity::kBlock, Fp8Activation::kTokenDynamic, 128, 128, true,
+     DType::kF32},
     // Per-channel / per-tensor weights, token-dynamic or static activations.
-    {1, 512, 1024, Fp8Granularity::kChannel, Fp8Activation::kTokenDynamic, 0, 0, true, DType::kBF16},
+    {1, 512, 1024, Fp8Granularity::kChannel, Fp8Activation::kTokenDynamic, 0, 0, true,
+     DType::kBF16},
     {4, 257, 768, Fp8Granularity::kChannel, Fp8Activation::kTokenDynamic, 0, 0, false, DType::kF32},
-    {64, 520, 1024, Fp8Granularity::kChannel, Fp8Activation::kTokenDynamic, 0, 0, true, DType::kF32},
-    {300, 1000, 768, Fp8Granularity::kChannel, Fp8Activation::kTokenDynamic, 0, 0, false, DType::kBF16},
+    {64, 520, 1024, Fp8Granularity::kChannel, Fp8Activation::kTokenDynamic, 0, 0, true,
+     DType::kF32},
+    {300, 1000, 768, Fp8Granularity::kChannel, Fp8Activation::kTokenDynamic, 0, 0, false,
+     DType::kBF16},
     {3, 300, 512, Fp8Granularity::kTensor, Fp8Activation::kTensorStatic, 0, 0, true, DType::kF32},
     {17, 300, 512, Fp8Granularity::kTensor, Fp8Activation::kTensorStatic, 0, 0, true, DType::kF32},
-    {300, 511, 1000, Fp8Granularity::kTensor, Fp8Activation::kTensorStatic, 0, 0, false, DType::kF32},
-    {64, 257, 1024, Fp8Granularity::kTensor, Fp8Activation::kTokenDynamic, 0, 0, false, DType::kF32},
+    {300, 511, 1000, Fp8Granularity::kTensor, Fp8Activation::kTensorStatic, 0, 0, false,
+     DType::kF32},
+    {64, 257, 1024, Fp8Granularity::kTensor, Fp8Activation::kTokenDynamic, 0, 0, false,
+     DType::kF32},
     // Weight-only FP8 (W8A16).
     {1, 1000, 2048, Fp8Granularity::kChannel, Fp8Activation::kNone, 0, 0, true, DType::kF32},
     {4, 300, 512, Fp8Granularity::kBlock, Fp8Activation::kNone, 128, 128, false, DType::kBF16},
@@ -151,11 +165,11 @@ TEST(GpuLinearFp8, EveryModeAndPathMatchesCpu) {
     Fp8Tiles tiles;
     int skinny_rows;
   };
-  for (const Setting& st : {Setting{Fp8Path::kAuto, Fp8Tiles::kAuto, 2},
-                            Setting{Fp8Path::kAuto, Fp8Tiles::kAuto, 4},
-                            Setting{Fp8Path::kNoSkinny, Fp8Tiles::kTma, 2},
-                            Setting{Fp8Path::kNoSkinny, Fp8Tiles::kCpAsync, 2},
-                            Setting{Fp8Path::kGeneral, Fp8Tiles::kAuto, 2}}) {
+  for (const Setting& st :
+       {Setting{Fp8Path::kAuto, Fp8Tiles::kAuto, 2}, Setting{Fp8Path::kAuto, Fp8Tiles::kAuto, 4},
+        Setting{Fp8Path::kNoSkinny, Fp8Tiles::kTma, 2},
+        Setting{Fp8Path::kNoSkinny, Fp8Tiles::kCpAsync, 2},
+        Setting{Fp8Path::kGeneral, Fp8Tiles::kAuto, 2}}) {
     kernels::cuda::linear_fp8_set_path(st.path);
     kernels::cuda::linear_fp8_set_tiles(st.tiles);
     kernels::cuda::linear_fp8_set_skinny_rows(st.skinny_rows);

@@ -3,6 +3,8 @@
 // token/static activations; TMA-fed 128x256 tiles, or cp.async-fed 128x128) or the general
 // kernel (any other mode or shape). kNone skips the
 // quantisation: the skinny and general kernels read the BF16 activations (W8A16).
+#include "kernels/linear_fp8.h"
+
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -12,13 +14,12 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/linear_fp8_config.h"
 #include "kernels/cuda/linear_fp8_launch.h"
-#include "kernels/linear_fp8.h"
 
 namespace atom::kernels::cuda {
 
 namespace {
 
-int g_path = -1;   // tuning knobs (as linear.cpp's): -1 unread
+int g_path = -1;  // tuning knobs (as linear.cpp's): -1 unread
 int g_tiles = -1;
 int g_skinny_rows = -1;
 
@@ -39,6 +40,21 @@ int splits_for(int64_t m, int64_t n, int64_t k) {
   return static_cast<int>(std::max<int64_t>(1, std::min(sms / tiles, ceil_div(k, 128) / 4)));
 }
 
+// Whether the TMA GEMM (128 x 256 tiles) beats the cp.async one (128 x 128, split-K below a
+// wave) at this size. Both run whole waves of tiles: a 128 x 256 tile took about 1.6 times a
+// 128 x 128 one on the H200 (760-849 against 600-690 TFLOP/s at large M, twice the work), so
+// the TMA kernel wins when 1.6 x its waves is under the cp.async kernel's. Of the 38 DeepSeek-V3
+// shapes bench/cuda_fp8_bench timed without split-K (2026-12-02, docs/performance.md) this picks
+// the faster kernel for 36; the two misses cost 9% and 2%. Split-K (tiles under a wave) goes to
+// the cp.async kernel.
+bool tma_wins(int64_t m, int64_t n, int splits) {
+  if (splits > 1) return false;
+  const int64_t sms = sm_count();
+  const int64_t waves_tma = ceil_div(ceil_div(m, 128) * ceil_div(n, 256), sms);
+  const int64_t waves_cp = ceil_div(ceil_div(m, 128) * ceil_div(n, 128), sms);
+  return 16 * waves_tma < 10 * waves_cp;
+}
+
 Layout layout_of(int64_t m, int64_t k, const Fp8Weight& w) {
   Layout l;
   if (w.activation == Fp8Activation::kNone) return l;
@@ -49,24 +65,32 @@ Layout layout_of(int64_t m, int64_t k, const Fp8Weight& w) {
   l.q_bytes = round_up(m * l.ldq, 256);
   l.sx_bytes = round_up(l.groups * l.ld_sx * 4, 256);
   l.splits = splits_for(m, w.w.size(0), k);
-  l.total = l.q_bytes + l.sx_bytes + (l.splits > 1 ? round_up(l.splits * m * w.w.size(0) * 4, 256) : 0);
+  l.total =
+      l.q_bytes + l.sx_bytes + (l.splits > 1 ? round_up(l.splits * m * w.w.size(0) * 4, 256) : 0);
   return l;
 }
 
 Fp8Act act_of(Fp8Activation a) {
   switch (a) {
-    case Fp8Activation::kBlockDynamic: return Fp8Act::kBlock;
-    case Fp8Activation::kTokenDynamic: return Fp8Act::kToken;
-    case Fp8Activation::kTensorStatic: return Fp8Act::kStatic;
-    default: return Fp8Act::kNone;
+    case Fp8Activation::kBlockDynamic:
+      return Fp8Act::kBlock;
+    case Fp8Activation::kTokenDynamic:
+      return Fp8Act::kToken;
+    case Fp8Activation::kTensorStatic:
+      return Fp8Act::kStatic;
+    default:
+      return Fp8Act::kNone;
   }
 }
 
 Fp8Gran gran_of(Fp8Granularity g) {
   switch (g) {
-    case Fp8Granularity::kTensor: return Fp8Gran::kTensor;
-    case Fp8Granularity::kChannel: return Fp8Gran::kChannel;
-    default: return Fp8Gran::kBlock;
+    case Fp8Granularity::kTensor:
+      return Fp8Gran::kTensor;
+    case Fp8Granularity::kChannel:
+      return Fp8Gran::kChannel;
+    default:
+      return Fp8Gran::kBlock;
   }
 }
 
@@ -131,8 +155,8 @@ const char* choose(Fp8GemmArgs g, int splits) {
   if (p == Fp8Path::kAuto && fp8_gemm_skinny_supported(g)) return "skinny";
   if (!fp8_gemm_wgmma_supported(g)) return "general";
   const Fp8Tiles t = linear_fp8_tiles();
-  const bool fills = ceil_div(g.m, 128) * ceil_div(g.n, 256) >= sm_count();
-  if ((t == Fp8Tiles::kTma || (t == Fp8Tiles::kAuto && fills)) && fp8_gemm_tma_supported(g))
+  if ((t == Fp8Tiles::kTma || (t == Fp8Tiles::kAuto && tma_wins(g.m, g.n, splits))) &&
+      fp8_gemm_tma_supported(g))
     return "wgmma_tma";
   return splits > 1 ? "wgmma_splitk" : "wgmma";
 }
@@ -142,7 +166,7 @@ const char* choose(Fp8GemmArgs g, int splits) {
 Fp8Path linear_fp8_path() {
   if (g_path < 0) {
     const std::string v = env_str("ATOM_FP8_GEMM_PATH", "auto");
-    g_path = v == "general" ? static_cast<int>(Fp8Path::kGeneral)
+    g_path = v == "general"     ? static_cast<int>(Fp8Path::kGeneral)
              : v == "no_skinny" ? static_cast<int>(Fp8Path::kNoSkinny)
                                 : static_cast<int>(Fp8Path::kAuto);
   }
@@ -164,11 +188,14 @@ Fp8Tiles linear_fp8_tiles() {
 void linear_fp8_set_tiles(Fp8Tiles t) { g_tiles = static_cast<int>(t); }
 
 int linear_fp8_skinny_rows() {
-  if (g_skinny_rows < 0) g_skinny_rows = env_int("ATOM_FP8_SKINNY_ROWS", 2) == 4 ? 4 : 2;
+  if (g_skinny_rows < 0) {
+    const long v = env_int("ATOM_FP8_SKINNY_ROWS", 0);
+    g_skinny_rows = v == 2 || v == 4 ? static_cast<int>(v) : 0;
+  }
   return g_skinny_rows;
 }
 
-void linear_fp8_set_skinny_rows(int rows) { g_skinny_rows = rows == 4 ? 4 : 2; }
+void linear_fp8_set_skinny_rows(int rows) { g_skinny_rows = rows == 2 || rows == 4 ? rows : 0; }
 
 int64_t linear_fp8_workspace_bytes(int64_t m, int64_t k, const Fp8Weight& w) {
   return layout_of(m, k, w).total;
@@ -212,24 +239,26 @@ void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& 
     }
     g.a.xq = ws;
     g.a.sx = reinterpret_cast<float*>(ws + l.q_bytes);
-    launch_fp8_act_quant(g.x, g.act,
-                         g.act == Fp8Act::kStatic ? w.input_scale.ptr<float>() : nullptr, g.a,
-                         stream);
+    launch_fp8_act_quant(
+        g.x, g.act, g.act == Fp8Act::kStatic ? w.input_scale.ptr<float>() : nullptr, g.a, stream);
     launch_check("linear_fp8 (activation quantisation)");
   }
   const std::string k = choose(g, l.splits);
-  if (k == "skinny")
-    launch_fp8_gemm_skinny(g, stream, linear_fp8_skinny_rows());
-  else if (k == "wgmma_tma")
+  if (k == "skinny") {
+    // Four weight rows per block at M = 1, two above (H200: 2.5/2.3/3.0 against 2.4/1.8/2.9
+    // TB/s at M = 1 for 7168x7168, 2112x7168, 4096x14336; two rows faster from M = 3 on).
+    const int rows = linear_fp8_skinny_rows() ? linear_fp8_skinny_rows() : M == 1 ? 4 : 2;
+    launch_fp8_gemm_skinny(g, stream, rows);
+  } else if (k == "wgmma_tma")
     launch_fp8_gemm_tma(g, stream);
   else if (k == "wgmma")
     launch_fp8_gemm_wgmma(g, stream);
   else if (k == "wgmma_splitk") {
     g.splits = l.splits;
-    g.partial = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(g.a.xq) + l.q_bytes + l.sx_bytes);
+    g.partial =
+        reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(g.a.xq) + l.q_bytes + l.sx_bytes);
     launch_fp8_gemm_wgmma(g, stream);
-  }
-  else
+  } else
     launch_fp8_gemm_general(g, stream);
   launch_check(("linear_fp8 (" + k + ")").c_str());
 }

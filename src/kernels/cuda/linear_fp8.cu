@@ -1,17 +1,17 @@
 // The FP8 linear's activation quantisation, its general (SIMT) GEMM and its skinny decode GEMV.
-// The wgmma GEMM is in linear_fp8_gemm.cu.
+// The wgmma GEMMs are in linear_fp8_gemm.cu and linear_fp8_gemm_tma.cu.
 //
-// Quantisation: one block per row. kBlock: each warp takes groups of `group` columns, amax over
-// the group (warp max), scale = max(amax, 1e-4) / 448 and e4m3(x / scale) with the conversion
-// instruction's round-to-nearest-even and saturation; kToken: the row's amax (block max); kStatic:
-// the checkpoint's input_scale. Bit-exact with the CPU reference (same IEEE division, the same
-// rounding: fp8.cuh).
+// Quantisation: a block per row (kBlock: per row and 8 groups). kBlock: each warp takes a group
+// of `group` columns, amax over the group (warp max), scale = max(amax, 1e-4) / 448 and
+// e4m3(x / scale) with the conversion instruction's round-to-nearest-even and saturation;
+// kToken: the row's amax (block max); kStatic: the checkpoint's input_scale. Bit-exact with the
+// CPU reference (same IEEE division, the same rounding: fp8.cuh).
 //
 // Skinny (M <= 4): two (or four) weight rows per block, its four warps' lanes each streaming
-// 16-byte chunks (16 e4m3 weights) of every row, four chunks per row in flight; the activations (xq e4m3 codes,
-// or BF16 for kNone) are read through L1. A chunk's 16 products are summed in fp32 and scaled
-// once by its activation group's and weight block's scales (chunks never straddle a group: K,
-// block_k and the group are multiples of 16).
+// 16-byte chunks (16 e4m3 weights) of every row, four chunks per row in flight; the activations
+// (xq e4m3 codes, or BF16 for kNone) are read through L1. A chunk's 16 products are summed in
+// fp32 and scaled once by its activation group's and weight block's scales (chunks never
+// straddle a group: K, block_k and the group are multiples of 16).
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/fp8.cuh"
 #include "kernels/cuda/linear_fp8_launch.h"
@@ -32,8 +32,8 @@ __device__ __forceinline__ void load_n(const T* p, float (&v)[V]) {
 }
 
 template <typename T, bool kVec>
-__global__ void __launch_bounds__(256) fp8_act_quant_kernel(Mat x, Fp8Act mode,
-                                                           const float* input_scale, Fp8Act8 a) {
+__global__ void __launch_bounds__(256)
+    fp8_act_quant_kernel(Mat x, Fp8Act mode, const float* input_scale, Fp8Act8 a) {
   pdl_wait();
   pdl_launch_dependents();
   __shared__ float scratch[32];
@@ -89,7 +89,8 @@ __global__ void __launch_bounds__(256) fp8_act_quant_kernel(Mat x, Fp8Act mode,
 
 template <typename T>
 void quant_typed(Mat x, Fp8Act mode, const float* input_scale, const Fp8Act8& a, cudaStream_t s) {
-  const bool vec = x.cols % 4 == 0 && x.stride % 4 == 0 && (mode != Fp8Act::kBlock || a.group % 4 == 0) &&
+  const bool vec = x.cols % 4 == 0 && x.stride % 4 == 0 &&
+                   (mode != Fp8Act::kBlock || a.group % 4 == 0) &&
                    (reinterpret_cast<uintptr_t>(x.data) % (4 * sizeof(T))) == 0;
   // kBlock: a block per 8 groups of a row (decode-sized M would leave most SMs idle otherwise).
   const int64_t groups = mode == Fp8Act::kBlock ? (x.cols + a.group - 1) / a.group : 8;
@@ -106,9 +107,12 @@ constexpr int kGT = 64, kGK = 32;
 
 __device__ __forceinline__ float wscale(const Fp8GemmArgs& g, int64_t n, int64_t k) {
   switch (g.gran) {
-    case Fp8Gran::kTensor: return g.sw[0];
-    case Fp8Gran::kChannel: return g.sw[n];
-    default: return g.sw[(n / g.bn) * ((g.k + g.bk - 1) / g.bk) + k / g.bk];
+    case Fp8Gran::kTensor:
+      return g.sw[0];
+    case Fp8Gran::kChannel:
+      return g.sw[n];
+    default:
+      return g.sw[(n / g.bn) * ((g.k + g.bk - 1) / g.bk) + k / g.bk];
   }
 }
 
@@ -117,7 +121,8 @@ __global__ void __launch_bounds__(256) fp8_gemm_general_kernel(Fp8GemmArgs g) {
   pdl_launch_dependents();
   __shared__ float As[kGK][kGT + 1], Bs[kGK][kGT + 1];
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kGT, n0 = static_cast<int64_t>(blockIdx.x) * kGT;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kGT,
+                n0 = static_cast<int64_t>(blockIdx.x) * kGT;
   float acc[4][4] = {};
   for (int64_t k0 = 0; k0 < g.k; k0 += kGK) {
 #pragma unroll
@@ -211,7 +216,7 @@ __global__ void __launch_bounds__(kSkThreads) fp8_skinny_kernel(Fp8GemmArgs g) {
   const float* swrow[kSkRows];
 #pragma unroll
   for (int r = 0; r < kSkRows; ++r)
-    swrow[r] = g.gran == Fp8Gran::kBlock ? g.sw + (rown[r] / g.bn) * gk
+    swrow[r] = g.gran == Fp8Gran::kBlock     ? g.sw + (rown[r] / g.bn) * gk
                : g.gran == Fp8Gran::kChannel ? g.sw + rown[r]
                                              : g.sw;
   float acc[kSkRows][M];
@@ -226,7 +231,8 @@ __global__ void __launch_bounds__(kSkThreads) fp8_skinny_kernel(Fp8GemmArgs g) {
     for (int u = 0; u < kSkUnroll; ++u) {
       const int c = c0 + u * kSkThreads;
 #pragma unroll
-      for (int r = 0; r < kSkRows; ++r) wv[u][r] = c < chunks ? ld_stream(wrow[r] + c) : make_uint4(0, 0, 0, 0);
+      for (int r = 0; r < kSkRows; ++r)
+        wv[u][r] = c < chunks ? ld_stream(wrow[r] + c) : make_uint4(0, 0, 0, 0);
     }
     if (first) {  // the weights are not written by earlier kernels; x and its scales are
       pdl_wait();
@@ -260,7 +266,8 @@ __global__ void __launch_bounds__(kSkThreads) fp8_skinny_kernel(Fp8GemmArgs g) {
       for (int r = 0; r < kSkRows; ++r) {
         float wf[16];
         fp8x16_to_float(wv[u][r], wf);
-        const float sw = g.gran == Fp8Gran::kBlock ? swrow[r][static_cast<unsigned>(c) / ck_w] : swrow[r][0];
+        const float sw =
+            g.gran == Fp8Gran::kBlock ? swrow[r][static_cast<unsigned>(c) / ck_w] : swrow[r][0];
 #pragma unroll
         for (int m = 0; m < M; ++m) {
           float part = 0.0f;
@@ -298,10 +305,18 @@ template <typename TX, bool kQuant, int kSkRows>
 void skinny_rows(const Fp8GemmArgs& g, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((g.n + kSkRows - 1) / kSkRows));
   switch (g.m) {
-    case 1: launch(fp8_skinny_kernel<TX, 1, kQuant, kSkRows>, grid, kSkThreads, 0, s, g); break;
-    case 2: launch(fp8_skinny_kernel<TX, 2, kQuant, kSkRows>, grid, kSkThreads, 0, s, g); break;
-    case 3: launch(fp8_skinny_kernel<TX, 3, kQuant, kSkRows>, grid, kSkThreads, 0, s, g); break;
-    default: launch(fp8_skinny_kernel<TX, 4, kQuant, kSkRows>, grid, kSkThreads, 0, s, g); break;
+    case 1:
+      launch(fp8_skinny_kernel<TX, 1, kQuant, kSkRows>, grid, kSkThreads, 0, s, g);
+      break;
+    case 2:
+      launch(fp8_skinny_kernel<TX, 2, kQuant, kSkRows>, grid, kSkThreads, 0, s, g);
+      break;
+    case 3:
+      launch(fp8_skinny_kernel<TX, 3, kQuant, kSkRows>, grid, kSkThreads, 0, s, g);
+      break;
+    default:
+      launch(fp8_skinny_kernel<TX, 4, kQuant, kSkRows>, grid, kSkThreads, 0, s, g);
+      break;
   }
 }
 
@@ -317,14 +332,21 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 void launch_fp8_act_quant(Mat x, Fp8Act mode, const float* input_scale, const Fp8Act8& a,
                           cudaStream_t s) {
   switch (x.type) {
-    case Elem::kBF16: quant_typed<__nv_bfloat16>(x, mode, input_scale, a, s); break;
-    case Elem::kF16: quant_typed<__half>(x, mode, input_scale, a, s); break;
-    default: quant_typed<float>(x, mode, input_scale, a, s); break;
+    case Elem::kBF16:
+      quant_typed<__nv_bfloat16>(x, mode, input_scale, a, s);
+      break;
+    case Elem::kF16:
+      quant_typed<__half>(x, mode, input_scale, a, s);
+      break;
+    default:
+      quant_typed<float>(x, mode, input_scale, a, s);
+      break;
   }
 }
 
 void launch_fp8_gemm_general(const Fp8GemmArgs& g, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>((g.n + kGT - 1) / kGT), static_cast<unsigned>((g.m + kGT - 1) / kGT));
+  const dim3 grid(static_cast<unsigned>((g.n + kGT - 1) / kGT),
+                  static_cast<unsigned>((g.m + kGT - 1) / kGT));
   launch(fp8_gemm_general_kernel, grid, 256, 0, s, g);
 }
 

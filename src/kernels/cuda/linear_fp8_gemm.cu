@@ -125,12 +125,13 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_wgmma_kernel(Fp8GemmArgs
     if constexpr (kBlockScale) swv = __ldg(swp + kb);
     mbar_wait(full(st), (kb / kStages) & 1);
     fence_proxy_async();
-    const uint32_t sa = base + st * kStageBytes + cwg * (64 * 128), sb = base + st * kStageBytes + kTileBytes;
+    const uint32_t sa = base + st * kStageBytes + cwg * (64 * 128),
+                   sb = base + st * kStageBytes + kTileBytes;
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBK / 32; ++kk)
-      wgmma_m64n128k32_e4m3(acc, wgmma_desc(sa + kk * 32, 16, 1024), wgmma_desc(sb + kk * 32, 16, 1024),
-                            kk > 0 ? 1 : 0);
+      wgmma_m64n128k32_e4m3(acc, wgmma_desc(sa + kk * 32, 16, 1024),
+                            wgmma_desc(sb + kk * 32, 16, 1024), kk > 0 ? 1 : 0);
     wgmma_commit();
     // Every k block's product is promoted into fp32 totals, scaled or not: the FP8 MMA's own
     // accumulation keeps fewer bits than fp32 (over K = 1,024 in one accumulator the error
@@ -165,8 +166,8 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_gemm_wgmma_kernel(Fp8GemmArgs
     }
     return;
   }
-  const bool pair_ok = g.out.stride % 2 == 0 &&
-                       (reinterpret_cast<uintptr_t>(g.out.data) % (2 * sizeof(TO))) == 0;
+  const bool pair_ok =
+      g.out.stride % 2 == 0 && (reinterpret_cast<uintptr_t>(g.out.data) % (2 * sizeof(TO))) == 0;
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int64_t m = m0 + rloc + 8 * hh;
@@ -204,7 +205,8 @@ __global__ void __launch_bounds__(256) fp8_splitk_reduce_kernel(Fp8GemmArgs g) {
     const int64_t m = i / g.n, n = i % g.n;
     float v = 0.0f;
     for (int s = 0; s < g.splits; ++s) v += g.partial[s * total + i];
-    if (g.gran != Fp8Gran::kBlock) v *= g.a.sx[m] * (g.gran == Fp8Gran::kChannel ? g.sw[n] : g.sw[0]);
+    if (g.gran != Fp8Gran::kBlock)
+      v *= g.a.sx[m] * (g.gran == Fp8Gran::kChannel ? g.sw[n] : g.sw[0]);
     if (g.bias) v += load_elem(g.bias, g.bias_type, n);
     store_elem(g.out.data, g.out.type, m * g.out.stride + n, v);
   }
@@ -227,8 +229,7 @@ void launch_typed(const Fp8GemmArgs& g, cudaStream_t s) {
   const int64_t tiles = ((g.m + kBM - 1) / kBM) * ((g.n + kBN - 1) / kBN);
   launch(kernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(g.splits)), kThreads,
          kSmem, s, g);
-  if (g.splits > 1)
-    launch(fp8_splitk_reduce_kernel, dim3(grid_for(g.m * g.n, 256)), 256, 0, s, g);
+  if (g.splits > 1) launch(fp8_splitk_reduce_kernel, dim3(grid_for(g.m * g.n, 256)), 256, 0, s, g);
 }
 
 }  // namespace

@@ -151,8 +151,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   if (!cols) return;
-  const bool pair_ok = g.out.stride % 2 == 0 &&
-                       (reinterpret_cast<uintptr_t>(g.out.data) % (2 * sizeof(TO))) == 0;
+  const bool pair_ok =
+      g.out.stride % 2 == 0 && (reinterpret_cast<uintptr_t>(g.out.data) % (2 * sizeof(TO))) == 0;
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll

@@ -26,9 +26,9 @@ void launch_fp8_act_quant(Mat x, Fp8Act mode, const float* input_scale, const Fp
                           cudaStream_t s);
 
 struct Fp8GemmArgs {
-  Mat out;          // [M, N] BF16 or F32
-  Mat x;            // kNone: the BF16 activations
-  Fp8Act8 a;        // else: the quantised activations
+  Mat out;    // [M, N] BF16 or F32
+  Mat x;      // kNone: the BF16 activations
+  Fp8Act8 a;  // else: the quantised activations
   Fp8Act act = Fp8Act::kBlock;
   int64_t m = 0, n = 0, k = 0;
   const uint8_t* w = nullptr;  // [N, K] e4m3
