@@ -29,6 +29,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # name, what it plants, file, old text, new text
 MUTATIONS = [
+    ("fp8_weight_block_by_activation_group",
+     "FP8 linear reference: the weight's k block taken from the activation group index",
+     "src/kernels/cpu/linear_fp8.cpp",
+     "acc += part * (sx[m * G + k0 / ga] * wscale(n, k0 / bk));",
+     "acc += part * (sx[m * G + k0 / ga] * wscale(n, k0 / ga));"),
+    ("fp8_amax_floor_dropped",
+     "FP8 linear reference: an all-zero activation group without the amax floor (0 / 0)",
+     "src/kernels/cpu/linear_fp8.cpp",
+     "s = std::max(amax, kFp8AmaxFloor) / kFp8Max;",
+     "s = amax / kFp8Max;"),
     ("rmsnorm_eps_dropped", "RMSNorm without its epsilon", "src/kernels/cpu/rms_norm.cpp",
      "std::sqrt(ss / static_cast<float>(dim) + eps)",
      "std::sqrt(ss / static_cast<float>(dim))"),

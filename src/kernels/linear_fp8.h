@@ -31,18 +31,38 @@ struct Fp8Weight {
   Tensor input_scale;  // [1] F32 for kTensorStatic, else undefined
 };
 
-// out [M, N] = quant(x) · Wᵀ (+ bias), fp32 accumulation.  x [M, K] BF16 (CUDA) or F32/BF16 (CPU).
+// The activation quantisation, exactly (CPU and CUDA): per group (kBlockDynamic: block_k columns
+// of a row; kTokenDynamic: the whole row) amax = max(max |x|, kFp8AmaxFloor), scale = amax / 448,
+// q = e4m3(x / scale) rounded to nearest even, saturated at ±448; kTensorStatic: scale =
+// input_scale[0]. The floor keeps an all-zero group finite (DeepGEMM's per-token cast clamps at
+// 1e-4 too).
+constexpr float kFp8Max = 448.0f;
+constexpr float kFp8AmaxFloor = 1e-4f;
+
+// out [M, N] = quant(x) · Wᵀ (+ bias), fp32 accumulation.  x [M, K] BF16 (CUDA) or F32/BF16 (CPU);
+// out BF16 or F32; bias [N] of any float dtype. `workspace` (CUDA, optional): contiguous device
+// memory of at least linear_fp8_workspace_bytes(M, K, w) bytes for the quantised activations (an
+// arena tensor, so the call can be captured in a CUDA graph); without one the CUDA path uses a
+// buffer held per stream, grown outside graph capture (growing it during a capture is an error).
+// Fails with a message naming what is wrong unless the shapes, dtypes and scale grids agree
+// (shared by the CPU and CUDA entry points).
+void check_linear_fp8_args(const Tensor& out, const Tensor& x, const Fp8Weight& w,
+                           const Tensor& bias);
+
 namespace cpu {
 void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& bias);
 }
 namespace cuda {
-void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& bias);
-}
+int64_t linear_fp8_workspace_bytes(int64_t m, int64_t k, const Fp8Weight& w);
+void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& bias,
+                const Tensor& workspace);
+}  // namespace cuda
 
-inline void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& bias = {}) {
-  check_same_device("linear_fp8", out.device(), {&x, &w.w, &w.scale, &bias});
+inline void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& bias = {},
+                       const Tensor& workspace = {}) {
+  check_same_device("linear_fp8", out.device(), {&x, &w.w, &w.scale, &w.input_scale, &bias});
   if (out.device().is_cpu()) return cpu::linear_fp8(out, x, w, bias);
-  ATOM_KERNEL_CUDA("linear_fp8", cuda::linear_fp8(out, x, w, bias));
+  ATOM_KERNEL_CUDA("linear_fp8", cuda::linear_fp8(out, x, w, bias, workspace));
 }
 
 }  // namespace atom::kernels
