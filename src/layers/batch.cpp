@@ -45,9 +45,8 @@ void Batch::validate(int64_t num_pages, int64_t num_state_slots) const {
   }
   if (num_state_slots > 0) {
     for (int32_t slot : state_slots)
-      ATOM_CHECK(slot >= -1 && slot < num_state_slots,
-                 "batch: state slot {} outside the pool's {} slots (-1: padding)", slot,
-                 num_state_slots);
+      ATOM_CHECK(slot >= 0 && slot < num_state_slots,
+                 "batch: state slot {} outside the pool's {} slots", slot, num_state_slots);
   }
 }
 
