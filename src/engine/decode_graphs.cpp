@@ -41,7 +41,8 @@ void DecodeGraphs::pad(const Batch& b, int bucket, Batch& p) const {
   p.copy_host_from(b);
   p.state_slots.resize(S, 0);
   // Padding sequences: token 0 at position 0 over a one-token context on page 0, written
-  // nowhere (slot -1); their logits rows are dropped.
+  // nowhere (cache slot -1) and with no recurrent state (state slot -1: a live request's state is
+  // never touched); their logits rows are dropped.
   for (int s = S; s < bucket; ++s) {
     p.token_ids.push_back(0);
     p.positions.push_back(0);
@@ -50,7 +51,7 @@ void DecodeGraphs::pad(const Batch& b, int bucket, Batch& p) const {
     p.slot_mapping.push_back(-1);
     p.page_indices.push_back(0);
     p.page_indptr.push_back(static_cast<int32_t>(p.page_indices.size()));
-    p.state_slots.push_back(0);
+    p.state_slots.push_back(-1);
   }
   p.logits_indices.resize(bucket);
   for (int s = 0; s < bucket; ++s) p.logits_indices[s] = s;
@@ -92,11 +93,15 @@ Tensor DecodeGraphs::capture(int bucket, Batch& p) {
   const cudaStream_t stream = cuda_current_stream();
   ATOM_CHECK(stream != nullptr, "decode graphs need a runner stream (not the legacy stream)");
   // Warm-up: grows the arena to this bucket's need and creates every cuBLASLt plan, workspace
-  // and kernel attribute outside the capture.
+  // and kernel attribute outside the capture. Its sequences hold no recurrent state (slot -1):
+  // the replay after the capture applies this step's recurrent update, once.
   {
+    Batch w;
+    w.copy_host_from(p);
+    std::fill(w.state_slots.begin(), w.state_slots.end(), -1);
     arena_.reset();
-    upload(p, bucket);
-    Step step{p, arena_, &kv_};
+    upload(w, bucket);
+    Step step{w, arena_, &kv_};
     Tensor h = model_.forward(step);
     model_.compute_logits(step, h);
   }

@@ -102,7 +102,9 @@ int ModelRunner::pages_from_memory(const RunnerOptions& o) {
     const int seq_len = std::min(tokens, max_model_len_);
     const int seqs = (tokens + seq_len - 1) / seq_len;
     const int pages_per = (seq_len + bs - 1) / bs;
-    KvCache scratch = KvCache::allocate(specs, seqs * pages_per, bs, dev);
+    // With the recurrent layers' state for the profiled sequences (slots 0..seqs-1).
+    KvCache scratch =
+        KvCache::allocate(specs, seqs * pages_per, bs, dev, model_.state_specs(), seqs);
     Batch b;
     b.block_size = bs;
     b.query_start = {0};

@@ -1,12 +1,13 @@
 // Gated delta net ops (Qwen3-Next, Qwen3.5: transformers' Qwen3NextGatedDeltaNet), Kimi delta
 // attention's rule (Kimi-Linear: transformers' KimiLinearDeltaAttention) and the sigmoid output
-// gate of the Qwen full-attention layers. The CPU reference only: the CUDA kernels
-// are not written yet, and on a CUDA tensor each entry point fails naming itself (no silent
-// fallback).
+// gate of the Qwen full-attention layers: the CPU reference (kernels/cpu/gated_delta.cpp) and the
+// CUDA kernels (kernels/cuda/gated_delta.cu), which compute the same values up to fp32 rounding.
 //
 // Per-request state lives in the state slot pool (layers/context.h, StateCacheSpec): a step's
 // sequence s uses slot state_slots[s]; a sequence whose step starts at context index 0
-// (context_lens[s] == its query length) is new, and its slot is reset first.
+// (context_lens[s] == its query length) is new, and its slot is reset first. Slot -1 marks a
+// padding sequence (decode graphs' padding rows, a graph's warm-up run): no state is read or
+// written and its outputs are zeros.
 #pragma once
 
 #include "kernels/dispatch.h"
@@ -18,6 +19,9 @@ struct StateRows {
   const Tensor& query_start;   // [S + 1] I32
   const Tensor& context_lens;  // [S] I32
   const Tensor& state_slots;   // [S] I32
+  // The step's longest query, when the caller knows it (the batch's host copy); -1: unknown. On
+  // CUDA, 1 skips the chunked kernel's launch (a decode step).
+  int max_query_len = -1;
 };
 
 // The delta rule's shape, and the chunk size of the chunked form used for prefill.
@@ -82,19 +86,25 @@ void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor&
 void mul_sigmoid(Tensor& out, const Tensor& x, const Tensor& gate);
 }  // namespace cpu
 
-// The CUDA backend has none of these yet.
-[[noreturn]] inline void gated_delta_no_cuda(const char* op) {
-  fail(
-      "{}: no CUDA kernel yet (gated delta net models run on the CPU reference backend: "
-      "--device cpu)",
-      op);
-}
+namespace cuda {
+void short_conv(Tensor& out, const Tensor& x, const Tensor& w, Tensor& conv_state,
+                const StateRows& rows);
+void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& b, const Tensor& a, const Tensor& A_log, const Tensor& dt_bias,
+                      Tensor& state, const StateRows& rows, const GatedDeltaArgs& args);
+void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& f,
+              const Tensor& b, const Tensor& A_log, const Tensor& dt_bias, Tensor& state,
+              const StateRows& rows, const KdaArgs& args);
+void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w, float eps,
+                    NormGate gate);
+void mul_sigmoid(Tensor& out, const Tensor& x, const Tensor& gate);
+}  // namespace cuda
 
 inline void short_conv(Tensor& out, const Tensor& x, const Tensor& w, Tensor& conv_state,
                        const StateRows& rows) {
   check_same_device("short_conv", out.device(), {&x, &w, &conv_state, &rows.state_slots});
-  if (!out.device().is_cpu()) gated_delta_no_cuda("short_conv");
-  cpu::short_conv(out, x, w, conv_state, rows);
+  if (out.device().is_cpu()) return cpu::short_conv(out, x, w, conv_state, rows);
+  ATOM_KERNEL_CUDA("short_conv", cuda::short_conv(out, x, w, conv_state, rows));
 }
 
 inline void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -103,8 +113,10 @@ inline void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, cons
                              const GatedDeltaArgs& args) {
   check_same_device("gated_delta_rule", out.device(),
                     {&q, &k, &v, &b, &a, &A_log, &dt_bias, &state, &rows.state_slots});
-  if (!out.device().is_cpu()) gated_delta_no_cuda("gated_delta_rule");
-  cpu::gated_delta_rule(out, q, k, v, b, a, A_log, dt_bias, state, rows, args);
+  if (out.device().is_cpu())
+    return cpu::gated_delta_rule(out, q, k, v, b, a, A_log, dt_bias, state, rows, args);
+  ATOM_KERNEL_CUDA("gated_delta_rule",
+                   cuda::gated_delta_rule(out, q, k, v, b, a, A_log, dt_bias, state, rows, args));
 }
 
 inline void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -112,21 +124,23 @@ inline void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor
                      Tensor& state, const StateRows& rows, const KdaArgs& args) {
   check_same_device("kda_rule", out.device(),
                     {&q, &k, &v, &f, &b, &A_log, &dt_bias, &state, &rows.state_slots});
-  if (!out.device().is_cpu()) gated_delta_no_cuda("kda_rule");
-  cpu::kda_rule(out, q, k, v, f, b, A_log, dt_bias, state, rows, args);
+  if (out.device().is_cpu())
+    return cpu::kda_rule(out, q, k, v, f, b, A_log, dt_bias, state, rows, args);
+  ATOM_KERNEL_CUDA("kda_rule",
+                   cuda::kda_rule(out, q, k, v, f, b, A_log, dt_bias, state, rows, args));
 }
 
 inline void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w,
                            float eps, NormGate gate = NormGate::kSilu) {
   check_same_device("gated_rms_norm", out.device(), {&x, &z, &w});
-  if (!out.device().is_cpu()) gated_delta_no_cuda("gated_rms_norm");
-  cpu::gated_rms_norm(out, x, z, w, eps, gate);
+  if (out.device().is_cpu()) return cpu::gated_rms_norm(out, x, z, w, eps, gate);
+  ATOM_KERNEL_CUDA("gated_rms_norm", cuda::gated_rms_norm(out, x, z, w, eps, gate));
 }
 
 inline void mul_sigmoid(Tensor& out, const Tensor& x, const Tensor& gate) {
   check_same_device("mul_sigmoid", out.device(), {&x, &gate});
-  if (!out.device().is_cpu()) gated_delta_no_cuda("mul_sigmoid");
-  cpu::mul_sigmoid(out, x, gate);
+  if (out.device().is_cpu()) return cpu::mul_sigmoid(out, x, gate);
+  ATOM_KERNEL_CUDA("mul_sigmoid", cuda::mul_sigmoid(out, x, gate));
 }
 
 }  // namespace atom::kernels

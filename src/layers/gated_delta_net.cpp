@@ -27,12 +27,6 @@ GatedDeltaNet::GatedDeltaNet(LayerContext& ctx, const std::string& prefix,
         "{}: linear_key_head_dim {}, linear_value_head_dim {} and linear_conv_kernel_dim {} must "
         "be positive",
         prefix, o.k_head_dim, o.v_head_dim, o.conv_kernel);
-  // The CPU reference is all there is (kernels/gated_delta.h): fail before any weight is read.
-  if (!ctx.device.is_cpu())
-    fail(
-        "{}: the gated delta net has no CUDA kernels yet (short_conv, gated_delta_rule, "
-        "gated_rms_norm); run this model with --device cpu",
-        prefix);
   if (ctx.tp_size > 1)
     fail(
         "{}: the gated delta net does not support tensor parallelism yet (tensor-parallel size "
@@ -78,7 +72,8 @@ Tensor GatedDeltaNet::forward(Step& step, const Tensor& x) {
   Tensor qkvz = in_proj_qkvz_->forward(step, x);  // [T, conv_dim + Hv dv]
   Tensor ba = in_proj_ba_->forward(step, x);      // [T, 2 Hv]
   const Batch::Views& b = step.batch.dev;
-  const kernels::StateRows rows{b.query_start, b.context_lens, b.state_slots};
+  const kernels::StateRows rows{b.query_start, b.context_lens, b.state_slots,
+                                step.batch.max_query_len};
 
   Tensor mixed = step.empty({T, conv_dim_}, ctx_.act_dtype);  // [q | k | v] after the conv
   Tensor conv_w = conv_weight_->data().view({conv_dim_, o_.conv_kernel});

@@ -12,12 +12,6 @@ const KimiDeltaAttentionOptions& checked(const LayerContext& ctx, const std::str
         "{}: linear_num_heads {}, linear_head_dim {} and linear_conv_kernel_dim {} must be "
         "positive",
         prefix, o.num_heads, o.head_dim, o.conv_kernel);
-  // The CPU reference is all there is (kernels/gated_delta.h): fail before any weight is read.
-  if (!ctx.device.is_cpu())
-    fail(
-        "{}: Kimi delta attention has no CUDA kernels yet (short_conv, kda_rule, "
-        "gated_rms_norm); run this model with --device cpu",
-        prefix);
   if (ctx.tp_size > 1)
     fail(
         "{}: Kimi delta attention does not support tensor parallelism yet (tensor-parallel "
@@ -64,7 +58,8 @@ Tensor KimiDeltaAttention::forward(Step& step, const Tensor& x) {
              "kimi delta attention: the step has no state pool for it");
   const int64_t T = x.size(0);
   const Batch::Views& b = step.batch.dev;
-  const kernels::StateRows rows{b.query_start, b.context_lens, b.state_slots};
+  const kernels::StateRows rows{b.query_start, b.context_lens, b.state_slots,
+                                step.batch.max_query_len};
 
   // Short convs on q, k and v, each with its conv state.
   Tensor qkv[3];

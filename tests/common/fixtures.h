@@ -64,7 +64,7 @@ inline std::vector<std::string> moe_gpu_fixture_names() { return moe_fixture_nam
 
 // Hybrids of linear attention (Gated DeltaNet, Kimi delta attention) and full attention, with
 // per-request recurrent state in the state slot pool; all but dense Qwen3.5 are mixtures of
-// experts too. CPU only: the CUDA kernels of the linear attentions are not written yet.
+// experts too. On the GPU: tests/gpu/models/hybrid_model_gpu_test.cpp.
 inline const std::vector<std::string>& hybrid_fixture_names() {
   static const std::vector<std::string> names = {"qwen3_next",  "qwen3_5",
                                                  "qwen3_5_moe", "qwen3_5_moe_per_expert",

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "common/compare.h"
@@ -178,6 +179,44 @@ TEST(GatedDelta, RecurrentAndChunkedRulesMatchTheFormulaAcrossSteps) {
     }
     std::printf("gated delta rule (%s): max |error| %.3g\n", chunk ? "chunked" : "recurrent",
                 worst);
+  }
+}
+
+// A padding sequence (state slot -1, as decode graphs pad their batches) reads and writes no
+// state and gets zero outputs; the sequence beside it runs as alone.
+TEST(GatedDelta, PaddingSequencesTouchNoState) {
+  const int Hk = 1, Hv = 2, dk = 4, dv = 3;
+  const int64_t C = 6, K = 3;
+  Tensor q = random_cpu({3, Hk * dk}, DType::kF32, 31), k = random_cpu({3, Hk * dk}, DType::kF32, 32);
+  Tensor v = random_cpu({3, Hv * dv}, DType::kF32, 33), b = random_cpu({3, Hv}, DType::kF32, 34);
+  Tensor a = random_cpu({3, Hv}, DType::kF32, 35), x = random_cpu({3, C}, DType::kF32, 36);
+  Tensor A_log = random_cpu({Hv}, DType::kF32, 37), dt_bias = random_cpu({Hv}, DType::kF32, 38);
+  Tensor w = random_cpu({C, K}, DType::kF32, 39);
+  // Rows 0-1: a padding sequence of 2 tokens; row 2: a decode token of the sequence in slot 1.
+  Rows rows({{0, 2, 2, -1}, {2, 1, 5, 1}});
+  Rows alone({{2, 1, 5, 1}});
+  for (const int chunk : {0, 64}) {
+    Tensor state = random_cpu({2, Hv, dk, dv}, DType::kF32, 40);
+    Tensor conv = random_cpu({2, C, K - 1}, DType::kF32, 41);
+    Tensor state_alone = state.clone(), conv_alone = conv.clone();
+    Tensor out = Tensor::empty({3, Hv * dv}, DType::kF32), cout = Tensor::empty({3, C}, DType::kF32);
+    for (Tensor* t : {&out, &cout})
+      for (int64_t i = 0; i < t->numel(); ++i) t->ptr<float>()[i] = NAN;
+    kernels::GatedDeltaArgs args{Hk, Hv, dk, dv, chunk};
+    kernels::gated_delta_rule(out, q, k, v, b, a, A_log, dt_bias, state, rows.view(), args);
+    kernels::short_conv(cout, x, w, conv, rows.view());
+    Tensor o1 = Tensor::empty({1, Hv * dv}, DType::kF32), c1 = Tensor::empty({1, C}, DType::kF32);
+    kernels::gated_delta_rule(o1, q.narrow(0, 2, 1), k.narrow(0, 2, 1), v.narrow(0, 2, 1),
+                              b.narrow(0, 2, 1), a.narrow(0, 2, 1), A_log, dt_bias, state_alone,
+                              alone.view(), args);
+    kernels::short_conv(c1, x.narrow(0, 2, 1), w, conv_alone, alone.view());
+    for (int64_t i = 0; i < 2 * Hv * dv; ++i) EXPECT_EQ(out.ptr<float>()[i], 0.0f) << i;
+    for (int64_t i = 0; i < 2 * C; ++i) EXPECT_EQ(cout.ptr<float>()[i], 0.0f) << i;
+    for (int64_t i = 0; i < Hv * dv; ++i) EXPECT_EQ(out.ptr<float>()[2 * Hv * dv + i], o1.ptr<float>()[i]);
+    for (int64_t i = 0; i < C; ++i) EXPECT_EQ(cout.ptr<float>()[2 * C + i], c1.ptr<float>()[i]);
+    // Slot 0 (no sequence's) and slot 1 as the lone run left them.
+    EXPECT_EQ(std::memcmp(state.data(), state_alone.data(), state.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(conv.data(), conv_alone.data(), conv.nbytes()), 0);
   }
 }
 

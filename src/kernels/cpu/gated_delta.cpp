@@ -16,6 +16,14 @@ struct SeqRange {
   bool fresh;  // the step starts the sequence: its state is reset
 };
 
+// A padding sequence (slot -1) touches no state; its output rows are zeros.
+bool skip_padding(const SeqRange& s, Tensor& out) {
+  if (s.slot >= 0) return false;
+  for (int64_t t = s.q0; t < s.q1; ++t)
+    for (int64_t c = 0; c < out.size(1); ++c) store(row_ptr(out, t), out.dtype(), c, 0.0f);
+  return true;
+}
+
 std::vector<SeqRange> seq_ranges(const char* op, const StateRows& r, int64_t rows,
                                  int64_t num_slots) {
   ATOM_CHECK(r.query_start.dtype() == DType::kI32 && r.context_lens.dtype() == DType::kI32 &&
@@ -33,7 +41,7 @@ std::vector<SeqRange> seq_ranges(const char* op, const StateRows& r, int64_t row
     const int64_t q0 = qs[s], q1 = qs[s + 1];
     ATOM_CHECK(0 <= q0 && q0 <= q1 && q1 <= rows, "{}: sequence {} rows [{}, {}) of {}", op, s, q0,
                q1, rows);
-    ATOM_CHECK(sl[s] >= 0 && sl[s] < num_slots, "{}: sequence {} has state slot {} of {}", op, s,
+    ATOM_CHECK(sl[s] >= -1 && sl[s] < num_slots, "{}: sequence {} has state slot {} of {}", op, s,
                sl[s], num_slots);
     ATOM_CHECK(cl[s] >= q1 - q0, "{}: sequence {} has {} new tokens but a context of {}", op, s,
                q1 - q0, cl[s]);
@@ -283,6 +291,7 @@ void short_conv(Tensor& out, const Tensor& x, const Tensor& w, Tensor& conv_stat
              "short_conv: conv state {} for {} channels and kernel {}", conv_state.str(), C, K);
   const float* wp = w.ptr<float>();
   for (const SeqRange& s : seq_ranges("short_conv", rows, T, conv_state.size(0))) {
+    if (skip_padding(s, out)) continue;
     float* st = conv_state.ptr<float>() + static_cast<int64_t>(s.slot) * C * (K - 1);
     if (s.fresh) std::memset(st, 0, sizeof(float) * static_cast<size_t>(C * (K - 1)));
     const int64_t L = s.q1 - s.q0;
@@ -330,6 +339,7 @@ void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tenso
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
   const int64_t per_slot = static_cast<int64_t>(Hv) * dk * dv;
   for (const SeqRange& s : seq_ranges(op, rows, T, state.size(0))) {
+    if (skip_padding(s, out)) continue;
     float* st = state.ptr<float>() + static_cast<int64_t>(s.slot) * per_slot;
     if (s.fresh) std::memset(st, 0, sizeof(float) * static_cast<size_t>(per_slot));
     const int L = static_cast<int>(s.q1 - s.q0);
@@ -393,6 +403,7 @@ void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, co
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const int64_t per_slot = static_cast<int64_t>(H) * d * d;
   for (const SeqRange& s : seq_ranges(op, rows, T, state.size(0))) {
+    if (skip_padding(s, out)) continue;
     float* st = state.ptr<float>() + static_cast<int64_t>(s.slot) * per_slot;
     if (s.fresh) std::fill(st, st + per_slot, 0.0f);  // a new sequence: the slot's state reset
     const int L = static_cast<int>(s.q1 - s.q0);

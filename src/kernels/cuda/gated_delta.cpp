@@ -1,0 +1,190 @@
+// CUDA entry points of the gated delta net ops (kernels in gated_delta.cu): shape checks here, the
+// batch rows stay on the device (no host synchronisation: capturable in CUDA graphs).
+#include "kernels/gated_delta.h"
+
+#include <cmath>
+
+#include "kernels/cuda/gated_delta_launch.h"
+#include "kernels/cuda/host_common.h"
+
+namespace atom::kernels::cuda {
+
+namespace {
+
+void check_rows_batch(const char* op, const StateRows& r) {
+  ATOM_CHECK(is_i32(r.query_start) && is_i32(r.context_lens) && is_i32(r.state_slots),
+             "{}: batch fields must be contiguous I32", op);
+  const int64_t S = r.context_lens.numel();
+  ATOM_CHECK(r.query_start.numel() == S + 1 && r.state_slots.numel() == S,
+             "{}: {} sequences with {} query offsets and {} state slots", op, S,
+             r.query_start.numel(), r.state_slots.numel());
+}
+
+bool contiguous_f32(const Tensor& t) { return t.dtype() == DType::kF32 && t.is_contiguous(); }
+
+// Whether the chunked kernel fits this key dim (its shared memory) on this device.
+bool chunked_fits(int dk, bool per_channel) {
+  int dev = 0, limit = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  return delta_chunked_smem_bytes(dk, per_channel) <= static_cast<size_t>(limit);
+}
+
+void run_delta(const char* op, DeltaLaunch& l, bool per_channel, const StateRows& rows,
+               int chunk) {
+  ATOM_CHECK(chunk >= 0 && chunk <= kDeltaMaxChunk,
+             "{}: chunk size {} (the CUDA kernels take chunks of at most {} tokens, or 0)", op,
+             chunk, kDeltaMaxChunk);
+  ATOM_CHECK(l.dk <= kDeltaMaxKeyDim, "{}: key head dim {} (the CUDA kernels take at most {})",
+             op, l.dk, kDeltaMaxKeyDim);
+  l.query_start = rows.query_start.ptr<int32_t>();
+  l.context_lens = rows.context_lens.ptr<int32_t>();
+  l.state_slots = rows.state_slots.ptr<int32_t>();
+  l.num_seqs = static_cast<int>(rows.context_lens.numel());
+  // A key dim too wide for the chunked kernel's shared memory runs every token recurrently (the
+  // same values up to fp32 rounding).
+  l.chunk = chunk > 0 && chunked_fits(l.dk, per_channel) ? chunk : 0;
+  l.scale = 1.0f / std::sqrt(static_cast<float>(l.dk));
+  launch_delta_rule(l, per_channel, rows.max_query_len != 1, current_stream());
+  launch_check(op);
+}
+
+}  // namespace
+
+void short_conv(Tensor& out, const Tensor& x, const Tensor& w, Tensor& conv_state,
+                const StateRows& rows) {
+  const char* op = "short_conv";
+  check_rows(op, out, "out");
+  check_rows(op, x, "x");
+  check_rows_batch(op, rows);
+  const int64_t T = x.size(0), C = x.size(1);
+  ATOM_CHECK(w.dim() == 2 && w.size(0) == C && contiguous_f32(w), "{}: weight {} for {} channels",
+             op, w.str(), C);
+  const int64_t K = w.size(1);
+  ATOM_CHECK(out.size(0) == T && out.size(1) == C, "{}: out {} for x {}", op, out.str(), x.str());
+  ATOM_CHECK(out.data() != x.data(), "{}: out must not alias x on CUDA", op);
+  ATOM_CHECK(conv_state.dim() == 3 && conv_state.size(1) == C && conv_state.size(2) == K - 1 &&
+                 contiguous_f32(conv_state),
+             "{}: conv state {} for {} channels and kernel {}", op, conv_state.str(), C, K);
+  ShortConvLaunch l;
+  l.out = mat_of(out, op);
+  l.x = mat_of(x, op);
+  l.w = w.ptr<float>();
+  l.conv_state = conv_state.ptr<float>();
+  l.query_start = rows.query_start.ptr<int32_t>();
+  l.context_lens = rows.context_lens.ptr<int32_t>();
+  l.state_slots = rows.state_slots.ptr<int32_t>();
+  l.channels = C;
+  l.kernel = static_cast<int>(K);
+  l.num_seqs = static_cast<int>(rows.context_lens.numel());
+  launch_short_conv(l, current_stream());
+  launch_check(op);
+}
+
+void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& b, const Tensor& a, const Tensor& A_log, const Tensor& dt_bias,
+                      Tensor& state, const StateRows& rows, const GatedDeltaArgs& args) {
+  const char* op = "gated_delta_rule";
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &q, &k, &v, &b, &a}) check_rows(op, *t, "an operand");
+  check_rows_batch(op, rows);
+  const int Hk = args.num_k_heads, Hv = args.num_v_heads, dk = args.k_dim, dv = args.v_dim;
+  ATOM_CHECK(Hk > 0 && Hv > 0 && Hv % Hk == 0 && dk > 0 && dv > 0,
+             "{}: {} key heads, {} value heads of {} / {}", op, Hk, Hv, dk, dv);
+  const int64_t T = q.size(0);
+  ATOM_CHECK(q.size(1) == Hk * dk && k.size(1) == Hk * dk && v.size(1) == Hv * dv &&
+                 b.size(1) == Hv && a.size(1) == Hv && out.size(1) == Hv * dv,
+             "{}: q {} k {} v {} b {} a {} out {} for {} key and {} value heads", op, q.str(),
+             k.str(), v.str(), b.str(), a.str(), out.str(), Hk, Hv);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &b, &a, &out})
+    ATOM_CHECK(t->size(0) == T, "{}: {} rows, expected {}", op, t->str(), T);
+  ATOM_CHECK(A_log.numel() == Hv && dt_bias.numel() == Hv && contiguous_f32(A_log) &&
+                 contiguous_f32(dt_bias),
+             "{}: A_log {} and dt_bias {} must be F32 [{}]", op, A_log.str(), dt_bias.str(), Hv);
+  ATOM_CHECK(state.dim() == 4 && state.size(1) == Hv && state.size(2) == dk &&
+                 state.size(3) == dv && contiguous_f32(state),
+             "{}: state {} for {} heads of {} x {}", op, state.str(), Hv, dk, dv);
+  ATOM_CHECK(out.data() != v.data() && out.data() != q.data(), "{}: out must not alias inputs",
+             op);
+  DeltaLaunch l;
+  l.out = mat_of(out, op);
+  l.q = mat_of(q, op);
+  l.k = mat_of(k, op);
+  l.v = mat_of(v, op);
+  l.a = mat_of(a, op);
+  l.b = mat_of(b, op);
+  l.A_log = A_log.ptr<float>();
+  l.dt_bias = dt_bias.ptr<float>();
+  l.state = state.ptr<float>();
+  l.hk = Hk;
+  l.hv = Hv;
+  l.dk = dk;
+  l.dv = dv;
+  run_delta(op, l, false, rows, args.chunk_size);
+}
+
+void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& f,
+              const Tensor& b, const Tensor& A_log, const Tensor& dt_bias, Tensor& state,
+              const StateRows& rows, const KdaArgs& args) {
+  const char* op = "kda_rule";
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &q, &k, &v, &f, &b}) check_rows(op, *t, "an operand");
+  check_rows_batch(op, rows);
+  const int H = args.num_heads, d = args.head_dim;
+  ATOM_CHECK(H > 0 && d > 0, "{}: {} heads of {}", op, H, d);
+  const int64_t T = q.size(0), P = static_cast<int64_t>(H) * d;
+  ATOM_CHECK(q.size(1) == P && k.size(1) == P && v.size(1) == P && f.size(1) == P &&
+                 b.size(1) == H && out.size(1) == P,
+             "{}: q {} k {} v {} f {} b {} out {} for {} heads of {}", op, q.str(), k.str(),
+             v.str(), f.str(), b.str(), out.str(), H, d);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &f, &b, &out})
+    ATOM_CHECK(t->size(0) == T, "{}: {} rows, expected {}", op, t->str(), T);
+  ATOM_CHECK(A_log.numel() == H && dt_bias.numel() == P && contiguous_f32(A_log) &&
+                 contiguous_f32(dt_bias),
+             "{}: A_log {} must be F32 [{}] and dt_bias {} F32 [{}]", op, A_log.str(), H,
+             dt_bias.str(), P);
+  ATOM_CHECK(state.dim() == 4 && state.size(1) == H && state.size(2) == d && state.size(3) == d &&
+                 contiguous_f32(state),
+             "{}: state {} for {} heads of {} x {}", op, state.str(), H, d, d);
+  ATOM_CHECK(out.data() != v.data() && out.data() != q.data(), "{}: out must not alias inputs",
+             op);
+  DeltaLaunch l;
+  l.out = mat_of(out, op);
+  l.q = mat_of(q, op);
+  l.k = mat_of(k, op);
+  l.v = mat_of(v, op);
+  l.a = mat_of(f, op);
+  l.b = mat_of(b, op);
+  l.A_log = A_log.ptr<float>();
+  l.dt_bias = dt_bias.ptr<float>();
+  l.state = state.ptr<float>();
+  l.hk = H;
+  l.hv = H;
+  l.dk = d;
+  l.dv = d;
+  run_delta(op, l, true, rows, args.chunk_size);
+}
+
+void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w, float eps,
+                    NormGate gate) {
+  const char* op = "gated_rms_norm";
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &x, &z}) check_rows(op, *t, "an operand");
+  const int64_t T = x.size(0), N = x.size(1), D = w.numel();
+  ATOM_CHECK(D > 0 && N % D == 0 && z.size(0) == T && z.size(1) == N && out.size(0) == T &&
+                 out.size(1) == N && w.is_contiguous(),
+             "{}: x {} z {} out {} w {}", op, x.str(), z.str(), out.str(), w.str());
+  launch_gated_rms_norm(mat_of(out, op), mat_of(x, op), mat_of(z, op), w.data(),
+                        elem_of(w.dtype(), op), D, eps, gate == NormGate::kSilu ? 0 : 1,
+                        current_stream());
+  launch_check(op);
+}
+
+void mul_sigmoid(Tensor& out, const Tensor& x, const Tensor& gate) {
+  const char* op = "mul_sigmoid";
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &x, &gate}) check_rows(op, *t, "an operand");
+  const int64_t T = x.size(0), N = x.size(1);
+  ATOM_CHECK(gate.size(0) == T && gate.size(1) == N && out.size(0) == T && out.size(1) == N,
+             "{}: x {} gate {} out {}", op, x.str(), gate.str(), out.str());
+  launch_mul_sigmoid(mat_of(out, op), mat_of(x, op), mat_of(gate, op), current_stream());
+  launch_check(op);
+}
+
+}  // namespace atom::kernels::cuda
