@@ -564,7 +564,18 @@ StepOutput LLMEngine::step() {
       // A grammar that is complete and allows nothing more ends the output with this token.
       append_token(seq, token, now, out, seq.constraint && seq.constraint->must_end());
     }
-    if (proposer_) spec_propose(so);
+    if (proposer_) {
+      spec_propose(so);
+      const Clock::time_point t = Clock::now();
+      if (t - spec_logged_at_ > std::chrono::seconds(10) && stats_.spec_num_drafts > 0) {
+        if (spec_logged_at_ != Clock::time_point{})
+          log_info("speculative decoding: {}",
+                   spec_decode_stats_line(stats_.spec_num_drafts, stats_.spec_num_draft_tokens,
+                                          stats_.spec_num_accepted_tokens,
+                                          stats_.spec_accepted_per_position));
+        spec_logged_at_ = t;
+      }
+    }
     // max_tokens 0 with prompt_logprobs: done once the prompt is scored.
     for (const ScheduledSeq& s : so.seqs) {
       Sequence& seq = *s.seq;

@@ -183,6 +183,7 @@ class LLMEngine {
   std::vector<SpecGroup> spec_groups_;
   std::vector<DraftRequest> spec_reqs_;
   std::vector<std::vector<int32_t>> spec_drafts_;
+  Clock::time_point spec_logged_at_{};  // the last periodic acceptance log line
 };
 
 }  // namespace atom

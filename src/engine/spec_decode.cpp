@@ -129,6 +129,17 @@ void MtpProposer::propose(const Tensor& target_hidden, std::span<const DraftRequ
   }
 }
 
+std::string spec_decode_stats_line(int64_t drafts, int64_t draft_tokens, int64_t accepted,
+                                   const std::vector<int64_t>& per_position) {
+  const double n = static_cast<double>(std::max<int64_t>(drafts, 1));
+  std::string pos;
+  for (int64_t a : per_position) pos += fmt::format("{}{:.2f}", pos.empty() ? "" : " ", a / n);
+  return fmt::format(
+      "mean acceptance length {:.2f}, accepted {} per position, {} drafts, {} draft tokens, {} "
+      "accepted",
+      1.0 + static_cast<double>(accepted) / n, pos, drafts, draft_tokens, accepted);
+}
+
 void speculative_config_parse(const std::string& text, EngineConfig& c) {
   nlohmann::json j;
   try {

@@ -71,6 +71,12 @@ class MtpProposer final : public DraftProposer {
   Batch batch_;
 };
 
+// "mean acceptance length 1.83, accepted 0.71 0.52 0.40 per position, 120 drafts, 360 draft
+// tokens, 197 accepted": the acceptance length counts the target's own token (1 + accepted per
+// verification), per position the share of verifications whose draft there was accepted.
+std::string spec_decode_stats_line(int64_t num_drafts, int64_t num_draft_tokens,
+                                   int64_t num_accepted, const std::vector<int64_t>& per_position);
+
 // --speculative-config, vLLM's JSON: {"method": "mtp", "num_speculative_tokens": K}, K in 1..4.
 // Sets config.speculative_method and config.num_speculative_tokens; an Error naming the key and
 // the accepted values otherwise.
