@@ -992,10 +992,142 @@ def build_once(fx, out, ref_root, embed_scale):
           f"min greedy margin {min(margins):.3f}{router}, embedding scale {embed_scale}")
 
 
+# ---- MTP drafters ------------------------------------------------------------------------------
+# transformers does not run MTP layers, so the drafter's forward is written here from its
+# definition (the spec's DeepSeekMTP: enorm, hnorm, eh_proj over concat(enorm(emb), hnorm(h)),
+# a decoder block, then SharedHead: the norm at the end of the layer's forward, a bare head), with
+# transformers' own decoder layer as the block. The target comes from an existing fixture; the MTP
+# layer gets weights of its own (the block perturbed away from the last target layer's, norms away
+# from one, so swapped or misrouted tensors change the result).
+
+MTP_FIXTURES = [
+    dict(name="deepseek_v3_mtp", target="deepseek_v3", shards=3, tokens=40, draft_steps=4,
+         seed=40),
+]
+
+
+def rms_norm_module(H, eps, g):
+    n = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3RMSNorm(H, eps=eps)
+    with torch.no_grad():
+        n.weight.copy_(1.0 + 0.3 * torch.randn(H, generator=g))
+    return n
+
+
+@torch.no_grad()
+def build_mtp(fx, out_root):
+    import copy
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures",
+                       "models", fx["target"])
+    out = os.path.join(out_root, "models", fx["name"])
+    ref_root = os.path.join(out_root, "references")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    os.makedirs(ref_root, exist_ok=True)
+    for f in ["config.json", "generation_config.json"]:
+        shutil.copy(os.path.join(src, f), out)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        src, dtype=torch.float32, attn_implementation="eager").to(DEVICE).eval().float()
+    cfg = ref.config
+    L, H, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size
+    g = torch.Generator().manual_seed(fx["seed"])
+    # The MTP layer: the last target layer's block, perturbed; norms, eh_proj and head its own.
+    block = copy.deepcopy(ref.model.layers[L - 1]).cpu()
+    for name, p in block.named_parameters():
+        noise = torch.randn(p.shape, generator=g) * (p.float().std() if p.numel() > 1 else 0.1)
+        p.add_(0.5 * noise.to(p.dtype))
+    enorm, hnorm, head_norm = (rms_norm_module(H, cfg.rms_norm_eps, g) for _ in range(3))
+    eh_proj = torch.nn.Linear(2 * H, H, bias=False)
+    eh_proj.weight.copy_(torch.randn(H, 2 * H, generator=g) / math.sqrt(2 * H))
+    head = torch.nn.Linear(H, V, bias=False)
+    head.weight.copy_(torch.randn(V, H, generator=g) * (3.0 / math.sqrt(H)))
+    mods = {"mtp_block": block, "enorm": enorm, "hnorm": hnorm, "shared_head.norm": head_norm,
+            "eh_proj": eh_proj, "shared_head.head": head}
+    for m in mods.values():  # the weights atom reads are the bf16 ones saved
+        for p in m.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+        m.to(DEVICE).eval()
+    # Checkpoint: the target's tensors (minus any MTP layer it had) plus this layer, as the
+    # DeepSeek-V3 hub checkpoints spell it (block tensors directly under model.layers.L).
+    sd = {k: v for k, v in read_checkpoint(src).items() if not k.startswith(f"model.layers.{L}.")}
+    mtp = {}
+    for prefix, m in mods.items():
+        for k, v in m.state_dict().items():
+            name = k if prefix == "mtp_block" else f"{prefix}.{k}"
+            mtp[f"model.layers.{L}.{name}"] = v.detach().cpu().to(torch.bfloat16)
+    sd.update(to_per_expert(mtp))
+    write_checkpoint(out, sd, fx["shards"])
+
+    def draft(tokens, hidden, positions):
+        """The MTP layer over rows (token t_i, hidden h_i) at positions p_i, causally: the
+        drafter's post-norm hidden states and logits."""
+        e = enorm(ref.model.embed_tokens(tokens))
+        x = eh_proj(torch.cat([e, hnorm(hidden)], dim=-1))[None]
+        pos = positions[None]
+        cos_sin = ref.model.rotary_emb(x, pos)
+        n = x.shape[1]
+        mask = torch.full((n, n), float("-inf"), device=DEVICE).triu(1)[None, None]
+        y = block(x, attention_mask=mask, position_ids=pos, position_embeddings=cos_sin)
+        y = y[0] if isinstance(y, tuple) else y
+        y = head_norm(y[0])
+        return y, head(y).float()
+
+    T = fx["tokens"]
+    best = None
+    for attempt in range(ATTEMPTS):
+        ids = torch.randint(3, V, (T,), generator=g).tolist()
+        t_ids = torch.tensor([ids], device=DEVICE)
+        hidden = ref.model(input_ids=t_ids).last_hidden_state[0]  # post final norm
+        target_next = int(ref.lm_head(hidden[-1]).argmax())
+        # Step 0 over the prompt: row i is (token i + 1, target hidden i) at position i, the last
+        # row's token the target's next one.
+        tokens = torch.tensor(ids[1:] + [target_next], device=DEVICE)
+        hid = hidden
+        positions = torch.arange(T, device=DEVICE)
+        y, logits = draft(tokens, hid, positions)
+        prefill_logits = logits
+        drafts, step_logits, margins = [], [], []
+        top = torch.topk(logits[-1], 2).values
+        margins.append(float(top[0] - top[1]))
+        drafts.append(int(logits[-1].argmax()))
+        # Steps >= 1: one more row each, (the last draft, the drafter's own post-norm hidden).
+        for k in range(1, fx["draft_steps"]):
+            tokens = torch.cat([tokens, torch.tensor([drafts[-1]], device=DEVICE)])
+            hid = torch.cat([hid, y[-1:]])
+            positions = torch.arange(T + k, device=DEVICE)
+            y, logits = draft(tokens, hid, positions)
+            step_logits.append(logits[-1])
+            top = torch.topk(logits[-1], 2).values
+            margins.append(float(top[0] - top[1]))
+            drafts.append(int(logits[-1].argmax()))
+        rows_top = torch.topk(prefill_logits, 2, dim=-1).values
+        row_margin = float((rows_top[:, 0] - rows_top[:, 1]).min())
+        if min(margins) >= MIN_MARGIN and len(set(drafts)) > 1:
+            best = (ids, target_next, prefill_logits, drafts, step_logits, margins, row_margin)
+            break
+    if best is None:
+        raise SystemExit(f"{fx['name']}: no prompt with draft margins >= {MIN_MARGIN}")
+    ids, target_next, prefill_logits, drafts, step_logits, margins, row_margin = best
+    save_file({
+        "input_ids": torch.tensor(ids, dtype=torch.int64),
+        "target_next": torch.tensor([target_next], dtype=torch.int64),
+        "draft_prefill_logits": prefill_logits.cpu().contiguous(),
+        "draft_tokens": torch.tensor(drafts, dtype=torch.int64),
+        "draft_step_logits": torch.stack(step_logits).cpu().contiguous(),
+        "draft_margins": torch.tensor(margins, dtype=torch.float32),
+    }, os.path.join(ref_root, fx["name"] + ".safetensors"), metadata={
+        "transformers": transformers.__version__, "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
+        "attn_implementation": "eager", "compute_dtype": "float32", "tf32": "off",
+        "tool": "tools/make_fixtures.py (build_mtp)", "target": fx["target"]})
+    print(f"{fx['name']}: {sorted(os.listdir(out))}, drafts {drafts}, margins "
+          f"{[round(m, 3) for m in margins]}, min prefill row margin {row_margin:.3f}, "
+          f"logits std {float(prefill_logits.std()):.2f}")
+
+
 def main():
     out_root = sys.argv[1]
     names = set(sys.argv[2:])
-    unknown = names - {fx["name"] for fx in FIXTURES}
+    unknown = names - {fx["name"] for fx in FIXTURES + MTP_FIXTURES}
     if unknown:
         raise SystemExit(f"unknown fixture(s): {sorted(unknown)}")
     os.makedirs(out_root, exist_ok=True)
@@ -1006,6 +1138,13 @@ def main():
             try:
                 build(fx, out_root)
             except (SystemExit, Exception) as e:  # one broken fixture must not hide the others
+                traceback.print_exc()
+                failed.append(f"{fx['name']}: {e}")
+    for fx in MTP_FIXTURES:
+        if not names or fx["name"] in names:
+            try:
+                build_mtp(fx, out_root)
+            except (SystemExit, Exception) as e:
                 traceback.print_exc()
                 failed.append(f"{fx['name']}: {e}")
     if failed:

@@ -67,7 +67,8 @@ void run_throughput(const BenchArgs& a) {
   if (a.num_prompts < 1) atom::fail("--num-prompts must be at least 1, got {}", a.num_prompts);
   auto m = atom::cli::model_args_load(a.model);
   const atom::EngineConfig config = atom::cli::engine_args_config(a.engine);
-  atom::LLMEngine engine(*m, config);
+  const auto drafter = atom::cli::model_args_load_drafter(a.model, *m, config);
+  atom::LLMEngine engine(*m, config, {}, {}, atom::cli::drafter_of(drafter));
   const Prompts prompts =
       random_prompts(a.num_prompts, a.input_len, a.prefix_len, m->model().vocab_size(), config.seed);
   const auto t0 = std::chrono::steady_clock::now();
@@ -102,6 +103,15 @@ void run_throughput(const BenchArgs& a) {
   std::printf("Engine: %lld steps, %lld preemptions, prefix cache hit rate %.1f%%\n",
               static_cast<long long>(st.num_steps), static_cast<long long>(st.num_preemptions),
               100.0 * hit_rate);
+  const double acceptance_length =
+      st.spec_num_drafts ? 1.0 + static_cast<double>(st.spec_num_accepted_tokens) / st.spec_num_drafts
+                         : 1.0;
+  if (engine.speculative())
+    std::printf("Speculative decoding: %s\n",
+                atom::spec_decode_stats_line(st.spec_num_drafts, st.spec_num_draft_tokens,
+                                             st.spec_num_accepted_tokens,
+                                             st.spec_accepted_per_position)
+                    .c_str());
   write_json(a.output_json,
              {{"elapsed_time", elapsed},
               {"num_requests", outs.size()},
@@ -119,7 +129,11 @@ void run_throughput(const BenchArgs& a) {
               {"p99_tpot_ms", percentile(tpot, 99)},
               {"num_steps", st.num_steps},
               {"num_preemptions", st.num_preemptions},
-              {"prefix_cache_hit_rate", hit_rate}});
+              {"prefix_cache_hit_rate", hit_rate},
+              {"spec_decode_num_drafts", st.spec_num_drafts},
+              {"spec_decode_num_draft_tokens", st.spec_num_draft_tokens},
+              {"spec_decode_num_accepted_tokens", st.spec_num_accepted_tokens},
+              {"spec_decode_mean_acceptance_length", acceptance_length}});
 }
 
 void run_latency(const BenchArgs& a) {
@@ -128,7 +142,8 @@ void run_latency(const BenchArgs& a) {
   if (a.num_iters < 1) atom::fail("--num-iters must be at least 1, got {}", a.num_iters);
   auto m = atom::cli::model_args_load(a.model);
   const atom::EngineConfig config = atom::cli::engine_args_config(a.engine);
-  atom::LLMEngine engine(*m, config);
+  const auto drafter = atom::cli::model_args_load_drafter(a.model, *m, config);
+  atom::LLMEngine engine(*m, config, {}, {}, atom::cli::drafter_of(drafter));
   const Prompts prompts =
       random_prompts(a.batch_size, a.input_len, 0, m->model().vocab_size(), config.seed);
   const atom::SamplingParams params = bench_params(a.output_len);

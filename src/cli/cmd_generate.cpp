@@ -170,8 +170,11 @@ void run(const GenerateArgs& a) {
   }
   auto m = atom::cli::model_args_load(a.model);
   const auto gen = atom::generation_config_load(a.model.model);
-  atom::LLMEngine engine(*m, atom::cli::engine_args_config(a.engine), gen,
-                         side.tok ? atom::tokenizer_text_streams(*side.tok) : atom::TextStreamFactory{});
+  const atom::EngineConfig config = atom::cli::engine_args_config(a.engine);
+  const auto drafter = atom::cli::model_args_load_drafter(a.model, *m, config);
+  atom::LLMEngine engine(*m, config, gen,
+                         side.tok ? atom::tokenizer_text_streams(*side.tok) : atom::TextStreamFactory{},
+                         atom::cli::drafter_of(drafter));
 
   // Command-line sampling options overlay generation_config.json's defaults.
   atom::SamplingParams base = engine.default_params();

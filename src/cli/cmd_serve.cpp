@@ -144,8 +144,10 @@ void serve(ServeArgs& a) {
   }
 
   t = Clock::now();
-  atom::LLMEngine engine(*m, atom::cli::engine_args_config(a.engine), gen,
-                         atom::tokenizer_text_streams(tok));
+  const atom::EngineConfig engine_config = atom::cli::engine_args_config(a.engine);
+  const auto drafter = atom::cli::model_args_load_drafter(a.load, *m, engine_config);
+  atom::LLMEngine engine(*m, engine_config, gen, atom::tokenizer_text_streams(tok),
+                         atom::cli::drafter_of(drafter));
   atom::log_info("engine ready in {:.2f} s (KV cache and start-up)", since(t));
 
   atom::server::EngineBackendOptions bo;

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine_config.h"
+#include "models/draft_model.h"
 #include "models/loading.h"
 #include "models/model_group.h"
 
@@ -33,6 +35,15 @@ void model_args_add(CLI::App* cmd, ModelArgs& a);
 void model_args_add_placement(CLI::App* cmd, ModelArgs& a);
 // Loads every tensor-parallel rank of the model, logging the time it took.
 std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a);
+
+// The target's MTP drafter when the engine config asks for speculative decoding (from the same
+// checkpoint, with the same placement), else null.
+std::unique_ptr<LoadedDrafter> model_args_load_drafter(const ModelArgs& a, ModelGroup& m,
+                                                       const EngineConfig& c);
+// The drafter model itself, or null.
+inline DraftModel* drafter_of(const std::unique_ptr<LoadedDrafter>& d) {
+  return d ? d->model.get() : nullptr;
+}
 
 // "1,2,3" -> {1, 2, 3}; an error naming `flag` on anything else.
 std::vector<int32_t> token_list_parse(const std::string& s, const std::string& flag);

@@ -1,6 +1,7 @@
 #include "cli/engine_args.h"
 
 #include "core/error.h"
+#include "engine/spec_decode.h"
 
 namespace atom::cli {
 
@@ -49,6 +50,15 @@ void engine_args_add(CLI::App* cmd, EngineArgs& a) {
                   "state checkpoints kept for that (each the size of one request's state, "
                   "reserved with the state pool); 0: --max-num-seqs")
       ->capture_default_str();
+  cmd->add_option_function<std::string>(
+      "--speculative-config",
+      [&c](const std::string& v) { speculative_config_parse(v, c); },
+      "speculative decoding with the checkpoint's MTP layers, vLLM's JSON: "
+      "'{\"method\": \"mtp\", \"num_speculative_tokens\": K}', K in 1..4");
+  cmd->add_option("--spec-decode-acceptance-rate", c.spec_decode_acceptance_rate,
+                  "benchmarking: accept each draft token with this probability in [0, 1] whatever "
+                  "the model says (outputs are then not the model's)")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--seed", c.seed, "seeds the requests that bring none")->capture_default_str();
   cmd->add_option(
          "--kv-cache-dtype", c.kv_cache_dtype,

@@ -49,10 +49,16 @@ void batch_build(const SchedulerOutput& step, int block_size, Batch& b,
                           seq.block_table.begin() + pages);
     b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
     b.state_slots.push_back(seq.state_slot());
-    // The last known token is computed: its logits give the next token.
+    // The last known token is computed: its logits give the next token. With draft tokens at
+    // the end, the rows before each of them verify it.
     if (end == seq.num_tokens() && seq.num_output_tokens() < seq.params().max_tokens) {
-      b.logits_indices.push_back(b.num_tokens() - 1);
-      rows.push_back({&seq, -1});
+      const int d = seq.num_draft_tokens;
+      ATOM_CHECK(d < s.num_new_tokens, "batch: {} draft tokens in a step of {}", d,
+                 s.num_new_tokens);
+      for (int i = 0; i <= d; ++i) {
+        b.logits_indices.push_back(b.num_tokens() - 1 - d + i);
+        rows.push_back({&seq, -1, d > 0 ? i : -1});
+      }
     }
   }
 }

@@ -24,7 +24,16 @@ struct EngineConfig {
   bool enforce_eager = false;       // CUDA: decode without CUDA graphs
   int num_gpu_blocks_override = 0;  // > 0: exactly this many KV blocks, whatever the memory
   bool enable_prefix_caching = true;
-  int num_speculative_tokens = 0;  // rollback state slots per request (recurrent models)
+  // Draft tokens per step with speculative decoding (K; also the rollback state slots per
+  // request of recurrent models).
+  int num_speculative_tokens = 0;
+  // Speculative decoding (--speculative-config, engine/spec_decode.h): "mtp" (the drafter in the
+  // target's checkpoint), or empty: off.
+  std::string speculative_method;
+  // Benchmarking only (--spec-decode-acceptance-rate): in [0, 1], each draft token is accepted
+  // with this probability whatever the target says (random weights accept nothing), so outputs are
+  // not the model's; < 0: off.
+  double spec_decode_acceptance_rate = -1;
   // Recurrent models: > 0 (a multiple of block_size) turns prefix caching on for them by
   // checkpointing each sequence's state every this many tokens (ATOM's
   // --state-checkpoint-interval-tokens); 0: their prefix caching stays off.

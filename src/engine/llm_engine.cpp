@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "engine/tp_runner.h"
+#include "kernels/rng.h"
 
 namespace atom {
 
@@ -23,7 +24,9 @@ std::unique_ptr<StepRunner> runner_create(Model& model, ModelGroup* models, cons
   o.max_num_seqs = c.max_num_seqs;
   o.max_num_batched_tokens = c.max_num_batched_tokens;
   o.gpu_memory_utilization = c.gpu_memory_utilization;
-  o.enforce_eager = c.enforce_eager;
+  // Speculative decoding reads the target's hidden states of every step, which decode graphs do
+  // not keep, and its verification steps have K + 1 query rows per sequence: eager.
+  o.enforce_eager = c.enforce_eager || !c.speculative_method.empty();
   o.num_state_slots = plan.num_state_slots;
   o.kv_cache_dtype = plan.kv_cache_dtype;
   std::unique_ptr<StepRunner> runner = models ? step_runner_create(*models, o)
@@ -42,15 +45,17 @@ std::string kv_source(const EngineConfig& c, const KvCachePlan& p) {
 }  // namespace
 
 LLMEngine::LLMEngine(Model& model, const EngineConfig& config, const GenerationConfig& generation,
-                     TextStreamFactory text)
-    : LLMEngine(model, nullptr, config, generation, std::move(text)) {}
+                     TextStreamFactory text, DraftModel* drafter)
+    : LLMEngine(model, nullptr, config, generation, std::move(text), drafter) {}
 
 LLMEngine::LLMEngine(ModelGroup& models, const EngineConfig& config,
-                     const GenerationConfig& generation, TextStreamFactory text)
-    : LLMEngine(models.model(0), &models, config, generation, std::move(text)) {}
+                     const GenerationConfig& generation, TextStreamFactory text,
+                     DraftModel* drafter)
+    : LLMEngine(models.model(0), &models, config, generation, std::move(text), drafter) {}
 
 LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& config,
-                     const GenerationConfig& generation, TextStreamFactory text)
+                     const GenerationConfig& generation, TextStreamFactory text,
+                     DraftModel* drafter)
     : model_(model),
       config_(config),
       plan_(kv_cache_plan(model, config)),
@@ -105,6 +110,168 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
       static_cast<double>(plan_.state_slot_bytes) * plan_.num_state_slots / (1 << 20),
       plan_.max_model_len, config.max_num_seqs, config.max_num_batched_tokens,
       blocks_.prefix_caching() ? "on" : "off", graphs ? "from CUDA graphs" : "eager");
+  if (!config.speculative_method.empty()) {
+    if (config.speculative_method != "mtp")
+      fail("speculative decoding method '{}' is not supported (supported: mtp)",
+           config.speculative_method);
+    if (!drafter)
+      fail("speculative decoding with method 'mtp' needs the target's drafter (drafter_load)");
+    if (drafter->device() != model.device())
+      fail("the drafter is on {} but the target on {}", drafter->device().str(),
+           model.device().str());
+    set_proposer(std::make_unique<MtpProposer>(*drafter, plan_.num_blocks, plan_.block_size,
+                                               plan_.kv_cache_dtype));
+    log_info("speculative decoding: method mtp, {} draft tokens per step, {} MTP layer(s){}",
+             config.num_speculative_tokens, drafter->num_draft_layers(),
+             config.spec_decode_acceptance_rate >= 0
+                 ? fmt::format(", draft tokens accepted with probability {} (benchmarking: "
+                               "outputs are not the model's)",
+                               config.spec_decode_acceptance_rate)
+                 : std::string());
+  } else if (config.spec_decode_acceptance_rate >= 0) {
+    fail("--spec-decode-acceptance-rate needs speculative decoding (--speculative-config)");
+  }
+}
+
+void LLMEngine::set_proposer(std::unique_ptr<DraftProposer> proposer) {
+  const int K = config_.num_speculative_tokens;
+  if (K < 1 || K > 4)
+    fail("speculative decoding: num_speculative_tokens must be in 1..4, got {}", K);
+  if (!requests_.empty()) fail("speculative decoding must be set up before requests are added");
+  if (!model_.state_specs().empty())
+    fail("speculative decoding is not supported for models with recurrent state yet ({}): "
+         "rejected draft tokens would need the state rolled back",
+         model_.config().architectures.at(0));
+  if (tp_size_ > 1) fail("speculative decoding is not supported with tensor parallelism yet");
+  const double r = config_.spec_decode_acceptance_rate;
+  if (r >= 0 && r > 1)
+    fail("--spec-decode-acceptance-rate must be in [0, 1], got {}", r);
+  proposer_ = std::move(proposer);
+  stats_.spec_accepted_per_position.assign(static_cast<size_t>(K), 0);
+}
+
+bool LLMEngine::spec_eligible(const Sequence& seq) const {
+  // Structured output and logprobs follow one token at a time (a grammar state, one logprob per
+  // token): such requests decode without drafts.
+  const SamplingParams& p = seq.params();
+  return proposer_ && !seq.constraint && !p.logprobs;
+}
+
+void LLMEngine::spec_append_drafts() {
+  for (auto& [id, req] : requests_)
+    for (auto& s : req->seqs) {
+      Sequence& seq = *s;
+      if (seq.spec_drafts.empty()) continue;
+      if (seq.status == SeqStatus::kRunning && seq.num_tokens() - seq.num_computed_tokens == 1) {
+        seq.tokens.insert(seq.tokens.end(), seq.spec_drafts.begin(), seq.spec_drafts.end());
+        seq.num_draft_tokens = static_cast<int>(seq.spec_drafts.size());
+      }
+      seq.spec_drafts.clear();
+    }
+}
+
+void LLMEngine::spec_trim_drafts(const SchedulerOutput& so) {
+  std::unordered_map<const Sequence*, int> scheduled;
+  for (const ScheduledSeq& s : so.seqs) scheduled.emplace(s.seq, s.num_new_tokens);
+  for (auto& [id, req] : requests_)
+    for (auto& s : req->seqs) {
+      Sequence& seq = *s;
+      const int d = seq.num_draft_tokens;
+      if (d == 0) continue;
+      // Verified are the drafts the step reaches (a token budget may cut it short); the others,
+      // and all of a sequence that was not scheduled or was preempted, are dropped.
+      auto it = scheduled.find(&seq);
+      const int keep = it == scheduled.end() ? 0 : std::min(d, it->second - 1);
+      seq.tokens.resize(seq.tokens.size() - static_cast<size_t>(d - keep));
+      seq.num_draft_tokens = keep;
+    }
+}
+
+// After sampling, before step_done: how many drafts each verified sequence accepts.
+void LLMEngine::spec_verify() {
+  spec_groups_.clear();
+  const double rate = config_.spec_decode_acceptance_rate;
+  for (size_t i = 0; i < task_seqs_.size();) {
+    Sequence& seq = *task_seqs_[i];
+    const int d = seq.num_draft_tokens;
+    if (d == 0) {
+      ++i;
+      continue;
+    }
+    SpecGroup g{i, d, {}, 0};
+    const size_t first_draft = seq.tokens.size() - static_cast<size_t>(d);
+    const int n_out = seq.num_output_tokens();
+    int accepted = 0;
+    for (int j = 0; j <= d; ++j) {
+      const int32_t src = task_source_[i + static_cast<size_t>(j)];
+      const int32_t t = src >= 0 ? samples_.tokens[static_cast<size_t>(src)]
+                                 : host_sampled_[static_cast<size_t>(-1 - src)];
+      if (j == d) {  // every draft accepted: the last row's token is a bonus
+        g.emit.push_back(t);
+        break;
+      }
+      const int32_t draft = seq.tokens[first_draft + static_cast<size_t>(j)];
+      bool accept = draft == t;
+      if (!accept && rate >= 0) {
+        // Benchmarking: accepted with probability `rate`, keyed by the sequence and position.
+        const uint64_t h = kernels::random_mix(seq.seed ^ kernels::random_mix(
+                                                              static_cast<uint64_t>(n_out + j) ^
+                                                              0x5370656344656eull));
+        accept = static_cast<double>(h >> 11) * 0x1.0p-53 < rate;
+      }
+      if (!accept) {
+        g.emit.push_back(t);  // the target's token replaces the first rejected draft
+        break;
+      }
+      g.emit.push_back(draft);
+      ++accepted;
+      ++stats_.spec_accepted_per_position[static_cast<size_t>(j)];
+    }
+    ++stats_.spec_num_drafts;
+    stats_.spec_num_draft_tokens += d;
+    stats_.spec_num_accepted_tokens += accepted;
+    // Rejected rows were computed but are not part of the sequence: rolled back.
+    // The accepted drafts stay until the run is appended, so that step_done finds the tokens it
+    // counts as computed (and hashes them into full blocks).
+    if (d - accepted > 0) scheduler_.reject_tail(&seq, d - accepted);
+    seq.tokens.resize(first_draft + static_cast<size_t>(accepted));
+    seq.num_draft_tokens = 0;
+    g.num_tokens_before = first_draft;
+    spec_groups_.push_back(std::move(g));
+    i += static_cast<size_t>(d) + 1;
+  }
+}
+
+// After the step's tokens are appended: the drafter reads the target's hidden states of every
+// accepted row and proposes the next drafts of each sequence that decodes next.
+void LLMEngine::spec_propose(const SchedulerOutput& so) {
+  spec_reqs_.clear();
+  const int K = config_.num_speculative_tokens;
+  for (size_t i = 0; i < so.seqs.size(); ++i) {
+    Sequence& seq = *so.seqs[i].seq;
+    if (seq.finished() || !spec_eligible(seq)) continue;
+    const int first_row = batch_.query_start[i];
+    const int first_pos = batch_.positions[static_cast<size_t>(first_row)];
+    const int num_rows = seq.num_computed_tokens - first_pos;  // accepted rows of this step
+    int want = 0;
+    if (seq.num_tokens() - seq.num_computed_tokens == 1) {
+      // Never past max_model_len or max_tokens (the bonus token is one more).
+      want = std::min({K, plan_.max_model_len - seq.num_tokens(),
+                       seq.params().max_tokens - seq.num_output_tokens() - 1});
+      want = std::max(want, 0);
+      // Draft step k >= 1 writes the drafter's cache at position num_computed - 1 + k.
+      if (want > 1 && !blocks_.append_slots(seq, want - 1)) want = 1;
+    }
+    spec_reqs_.push_back({&seq, first_row, num_rows, first_pos, want});
+  }
+  if (spec_reqs_.empty()) return;
+  proposer_->propose(runner_->last_hidden(), spec_reqs_, plan_.block_size, spec_drafts_);
+  for (size_t i = 0; i < spec_reqs_.size(); ++i) {
+    auto& d = spec_drafts_[i];
+    if (static_cast<int>(d.size()) > spec_reqs_[i].num_drafts)
+      d.resize(static_cast<size_t>(spec_reqs_[i].num_drafts));
+    spec_reqs_[i].seq->spec_drafts = std::move(d);
+  }
 }
 
 LLMEngine::~LLMEngine() = default;
@@ -261,7 +428,8 @@ void LLMEngine::plan_sampling() {
       sampling_.host_rows.push_back(row);
       continue;
     }
-    const int n_out = seq.num_output_tokens();
+    // A verify row draws the token after draft draft_index - 1: output position n_out + index.
+    const int n_out = seq.num_output_tokens() + std::max(0, rows_[r].draft_index);
     // Decided by the request's own parameters and output count, never by its neighbours; and
     // both paths draw the same token from the same row anyway (sampler.h).
     const bool suppressing = n_out < p.min_tokens && !req.min_tokens_suppressed.empty();
@@ -321,8 +489,10 @@ StepOutput LLMEngine::step() {
   StepOutput out;
   returned_.clear();  // outputs handed back last step no longer need their requests
   if (scheduler_.has_unfinished()) {
+    if (proposer_) spec_append_drafts();
     const SchedulerOutput& so = scheduler_.schedule();
     check_progress(so);
+    if (proposer_) spec_trim_drafts(so);
     if (on_scheduled_) on_scheduled_(scheduler_.num_running(), scheduler_.num_waiting());
     out.num_scheduled_tokens = so.num_tokens;
     out.tokens.reserve(so.seqs.size());
@@ -365,11 +535,25 @@ StepOutput LLMEngine::step() {
         if (req.prompt_logprobs_done >= seq.num_prompt_tokens) seq.collects_prompt_logprobs = false;
       }
     }
+    if (proposer_) spec_verify();
     scheduler_.step_done();
     const Clock::time_point now = Clock::now();
+    size_t group = 0;
     for (size_t i = 0; i < task_seqs_.size(); ++i) {
       const int32_t src = task_source_[i];
       Sequence& seq = *task_seqs_[i];
+      if (group < spec_groups_.size() && spec_groups_[group].first_task == i) {
+        // A verified run: its tokens in order, up to the one that ends the request (EOS, a stop
+        // id or string, max_tokens), which drops the rest.
+        const SpecGroup& g = spec_groups_[group++];
+        seq.tokens.resize(g.num_tokens_before);
+        for (int32_t token : g.emit) {
+          if (seq.finished()) break;
+          append_token(seq, token, now, out);
+        }
+        i += static_cast<size_t>(g.num_drafts);
+        continue;
+      }
       const int32_t token = src >= 0 ? samples_.tokens[src] : host_sampled_[-1 - src];
       if (seq.constraint) {
         if ((src < 0 && blocked[static_cast<size_t>(-1 - src)]) || !seq.constraint->accept(token)) {
@@ -379,6 +563,18 @@ StepOutput LLMEngine::step() {
       }
       // A grammar that is complete and allows nothing more ends the output with this token.
       append_token(seq, token, now, out, seq.constraint && seq.constraint->must_end());
+    }
+    if (proposer_) {
+      spec_propose(so);
+      const Clock::time_point t = Clock::now();
+      if (t - spec_logged_at_ > std::chrono::seconds(10) && stats_.spec_num_drafts > 0) {
+        if (spec_logged_at_ != Clock::time_point{})
+          log_info("speculative decoding: {}",
+                   spec_decode_stats_line(stats_.spec_num_drafts, stats_.spec_num_draft_tokens,
+                                          stats_.spec_num_accepted_tokens,
+                                          stats_.spec_accepted_per_position));
+        spec_logged_at_ = t;
+      }
     }
     // max_tokens 0 with prompt_logprobs: done once the prompt is scored.
     for (const ScheduledSeq& s : so.seqs) {

@@ -24,6 +24,7 @@
 #include "engine/request_output.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/spec_decode.h"
 #include "engine/state_pool.h"
 #include "models/model_group.h"
 
@@ -36,19 +37,27 @@ struct EngineStats {
   int64_t prefix_cache_hits = 0;     // tokens
   int64_t prompt_tokens = 0;         // computed (not served from the cache)
   int64_t generation_tokens = 0;
+  // Speculative decoding (vLLM's spec_decode counters): verification steps of a sequence with
+  // drafts, draft tokens verified, of which accepted, and accepted per draft position.
+  int64_t spec_num_drafts = 0;
+  int64_t spec_num_draft_tokens = 0;
+  int64_t spec_num_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_position;  // [num_speculative_tokens]
 };
 
 class LLMEngine {
  public:
   // text: makes each sequence's detokenizer; without one, outputs carry no text and stop strings
   // are refused.
+  // drafter: the target's MTP drafter (drafter_load) when config.speculative_method is "mtp".
   LLMEngine(Model& model, const EngineConfig& config, const GenerationConfig& generation = {},
-            TextStreamFactory text = {});
+            TextStreamFactory text = {}, DraftModel* drafter = nullptr);
   // Tensor parallel: each step runs on every rank of `models` (engine/tp_runner.h); rank 0's model
   // is model(). KV blocks are per rank (each holds its kv heads of every block); the count is the
   // smallest any rank's memory allows. With one rank, the same as the constructor above.
   LLMEngine(ModelGroup& models, const EngineConfig& config,
-            const GenerationConfig& generation = {}, TextStreamFactory text = {});
+            const GenerationConfig& generation = {}, TextStreamFactory text = {},
+            DraftModel* drafter = nullptr);
   ~LLMEngine();
   LLMEngine(const LLMEngine&) = delete;
   LLMEngine& operator=(const LLMEngine&) = delete;
@@ -80,6 +89,12 @@ class LLMEngine {
   // running and waiting counts: a front end's gauges then move during a long prefill.
   void set_on_scheduled(std::function<void(int running, int waiting)> f) { on_scheduled_ = std::move(f); }
 
+  // Speculative decoding with this proposer and config().num_speculative_tokens (1..4) draft
+  // tokens per step, before any request is added (the constructor sets up the MTP drafter's
+  // itself). Tests use it for drafters whose proposals they control.
+  void set_proposer(std::unique_ptr<DraftProposer> proposer);
+  bool speculative() const { return proposer_ != nullptr; }
+
   // Replaces the CPU sampler of the rows that are not drawn on the model's device.
   void set_sampler(std::unique_ptr<Sampler> sampler) { sampler_ = std::move(sampler); }
 
@@ -95,7 +110,14 @@ class LLMEngine {
 
  private:
   LLMEngine(Model& model, ModelGroup* models, const EngineConfig& config,
-            const GenerationConfig& generation, TextStreamFactory text);
+            const GenerationConfig& generation, TextStreamFactory text, DraftModel* drafter);
+  // Speculative decoding (engine/spec_decode.h): drafts appended before scheduling, trimmed to
+  // what was scheduled, verified after sampling, then the next drafts proposed.
+  bool spec_eligible(const Sequence& seq) const;
+  void spec_append_drafts();
+  void spec_trim_drafts(const SchedulerOutput& so);
+  void spec_verify();
+  void spec_propose(const SchedulerOutput& so);
   void append_token(Sequence& seq, int32_t token, Clock::time_point now, StepOutput& out,
                     bool end_after = false);
   void finish_sequence(Sequence& seq, FinishReason reason);
@@ -148,6 +170,20 @@ class LLMEngine {
       task_source_;  // its token: >= 0 samples_.tokens[i], < 0 host_sampled_[-1 - i]
   std::vector<PromptRow> prompt_rows_;
   std::vector<int32_t> lp_scratch_;
+
+  std::unique_ptr<DraftProposer> proposer_;
+  // This step's verified sequences: the task of their row 0, their draft count and the tokens
+  // they emit (accepted drafts, then the target's correction or bonus token).
+  struct SpecGroup {
+    size_t first_task;
+    int num_drafts;
+    std::vector<int32_t> emit;
+    size_t num_tokens_before = 0;  // the sequence's tokens before its drafts
+  };
+  std::vector<SpecGroup> spec_groups_;
+  std::vector<DraftRequest> spec_reqs_;
+  std::vector<std::vector<int32_t>> spec_drafts_;
+  Clock::time_point spec_logged_at_{};  // the last periodic acceptance log line
 };
 
 }  // namespace atom

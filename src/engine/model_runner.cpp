@@ -195,11 +195,12 @@ Tensor ModelRunner::forward_logits(Batch& batch) {
   batch.validate(kv_.num_pages, kv_.num_state_slots);
   arena_.reset();
   copy_state_slots(batch.state_copies);
+  hidden_ = Tensor();
   if (graphs_ && graphs_->accepts(batch)) return graphs_->run(batch);
   batch.upload(arena_);
   Step step{batch, arena_, &kv_};
-  Tensor hidden = model_.forward(step);
-  return model_.compute_logits(step, hidden);
+  hidden_ = model_.forward(step);
+  return model_.compute_logits(step, hidden_);
 }
 
 void ModelRunner::copy_state_slots(const std::vector<std::pair<int32_t, int32_t>>& copies) {

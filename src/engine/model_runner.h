@@ -72,6 +72,7 @@ class ModelRunner final : public StepRunner {
   int block_size() const override { return kv_.block_size; }
   int num_pages() const override { return kv_.num_pages; }
   int max_model_len() const override { return max_model_len_; }
+  Tensor last_hidden() const override { return hidden_; }
 
  private:
   struct Cuda;
@@ -98,6 +99,7 @@ class ModelRunner final : public StepRunner {
   std::vector<int32_t> row_index_;
   std::vector<int32_t> ids_host_;
   Tensor host_logits_;  // [capacity rows, vocab] F32 on the host
+  Tensor hidden_;       // the last eager step's hidden states, in arena_
 };
 
 }  // namespace atom

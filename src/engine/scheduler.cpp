@@ -235,6 +235,17 @@ const SchedulerOutput& Scheduler::schedule() {
   return out_;
 }
 
+void Scheduler::reject_tail(Sequence* seq, int n) {
+  for (ScheduledSeq& s : out_.seqs)
+    if (s.seq == seq) {
+      ATOM_CHECK(n >= 0 && n < s.num_new_tokens, "reject_tail: {} of {} new tokens", n,
+                 s.num_new_tokens);
+      s.num_new_tokens -= n;
+      return;
+    }
+  ATOM_CHECK(false, "reject_tail: the sequence is not in this step");
+}
+
 void Scheduler::step_done() {
   for (const ScheduledSeq& s : out_.seqs) {
     Sequence* seq = s.seq;

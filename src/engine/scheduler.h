@@ -68,6 +68,10 @@ class Scheduler {
   // After the step's forward pass: every scheduled sequence has computed its new tokens; full
   // blocks are registered in the prefix cache.
   void step_done();
+  // Speculative decoding, between the forward pass and step_done: the last n tokens seq computed
+  // this step were draft tokens the target rejected. step_done counts them as not computed (their
+  // cache slots are written again later), so no block holding them reaches the prefix cache.
+  void reject_tail(Sequence* seq, int n);
   // Ends a sequence (finished or aborted) wherever it is, returning its blocks and slots.
   void finish(Sequence* seq);
 

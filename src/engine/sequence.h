@@ -75,6 +75,10 @@ struct Sequence {
   // Set when the logits of every computed prompt row are needed (prompt_logprobs): such a
   // sequence takes no prefix-cache hits until they are collected.
   bool collects_prompt_logprobs = false;
+  // Speculative decoding: the drafter's proposal for the next step, and how many draft tokens sit
+  // provisionally at the end of `tokens` during the step that verifies them (0 otherwise).
+  std::vector<int32_t> spec_drafts;
+  int num_draft_tokens = 0;
 
   // --- output ---
   std::string text;  // detokenized output (when a detokenizer is set)
@@ -90,7 +94,8 @@ struct Sequence {
   StopReason stop_reason;
 
   int num_tokens() const { return static_cast<int>(tokens.size()); }
-  int num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+  // Output tokens, not counting provisional draft tokens.
+  int num_output_tokens() const { return num_tokens() - num_draft_tokens - num_prompt_tokens; }
   bool finished() const { return status == SeqStatus::kFinished; }
   // Whether this step's computation reaches the last known token, so its logits give the next one.
   bool prefill_done() const { return num_computed_tokens >= num_prompt_tokens; }

@@ -47,6 +47,10 @@ class StepRunner {
   virtual int block_size() const = 0;
   virtual int num_pages() const = 0;
   virtual int max_model_len() const = 0;
+  // Hidden states [num_tokens, hidden] (after the final norm) of the last step run eagerly, on
+  // the model's device, valid until the next step; undefined when the step replayed a decode
+  // graph or the runner keeps none (tensor parallelism). Speculative decoding's drafter reads it.
+  virtual Tensor last_hidden() const { return Tensor(); }
 };
 
 }  // namespace atom

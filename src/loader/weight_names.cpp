@@ -66,10 +66,10 @@ std::optional<std::string> CheckpointNameRewriter::rewrite(const std::string& na
     n = *m;
   }
   const int64_t layer = weight_name_layer_index(n);
-  if (layer >= num_layers_) {
-    if (!spec_decode_ || !spec_rewrite_) return std::nullopt;
-    return spec_rewrite_(n, layer);
-  }
+  // A drafter load reads the target's checkpoint: the drafter's rewrite decides every name (its
+  // MTP layers at index >= num_layers, and the top-level tensors it may want), never the target's.
+  if (spec_decode_) return spec_rewrite_ ? spec_rewrite_(n, layer) : std::nullopt;
+  if (layer >= num_layers_) return std::nullopt;
   return n;
 }
 

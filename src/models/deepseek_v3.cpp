@@ -4,8 +4,10 @@
 // DeepseekV3MoE: sigmoid scores plus e_score_correction_bias (the choice only), limited to the
 // topk_group of n_group groups with the best top-2 sums, renormalised when norm_topk_prob, times
 // routed_scaling_factor, beside n_shared_experts shared experts. The MTP layer a checkpoint
-// carries at index num_hidden_layers is skipped.
+// carries at index num_hidden_layers is skipped by a plain load and is the drafter of
+// speculative decoding (DeepSeekMTP, models/deepseek_mtp.h).
 #include "models/deepseek.h"
+#include "models/deepseek_mtp.h"
 
 namespace atom {
 
@@ -31,9 +33,10 @@ std::unique_ptr<FeedForward> deepseek_v3_mlp(LayerContext& ctx, const ModelConfi
   return deepseek_moe(ctx, c, prefix, o, /*default_experts=*/256, /*default_shared=*/1);
 }
 
-class DeepseekV3ForCausalLM
-    : public DecoderOnlyLM<LlamaDecoderLayer<DeepseekAttention<deepseek_v3_interleave>,
-                                             PerLayerMlp<deepseek_v3_mlp>>> {
+using DeepseekV3DecoderLayer =
+    LlamaDecoderLayer<DeepseekAttention<deepseek_v3_interleave>, PerLayerMlp<deepseek_v3_mlp>>;
+
+class DeepseekV3ForCausalLM : public DecoderOnlyLM<DeepseekV3DecoderLayer> {
  public:
   using DecoderOnlyLM::DecoderOnlyLM;
   WeightLoadSpec weight_load_spec() const override {
@@ -43,6 +46,10 @@ class DeepseekV3ForCausalLM
 
 }  // namespace
 
+// The checkpoint's MTP layers as a drafter (models/deepseek_mtp.h).
+using DeepseekV3MTP = DeepSeekMTP<DeepseekV3DecoderLayer, 256, 1>;
+
 ATOM_REGISTER_MODEL("DeepseekV3ForCausalLM", DeepseekV3ForCausalLM);
+ATOM_REGISTER_DRAFTER("DeepseekV3ForCausalLM", DeepseekV3MTP);
 
 }  // namespace atom

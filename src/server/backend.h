@@ -81,6 +81,11 @@ struct BackendStats {
   int64_t num_preemptions = 0;
   int64_t prefix_cache_queries = 0;
   int64_t prefix_cache_hits = 0;
+  // Speculative decoding (empty spec_accepted_per_position: off).
+  int64_t spec_num_drafts = 0;
+  int64_t spec_num_draft_tokens = 0;
+  int64_t spec_num_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_position;
 };
 
 class Backend {

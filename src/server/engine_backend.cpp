@@ -217,6 +217,10 @@ BackendStats EngineBackend::stats() {
   s.num_preemptions = preemptions_;
   s.prefix_cache_queries = prefix_queries_;
   s.prefix_cache_hits = prefix_hits_;
+  s.spec_num_drafts = spec_drafts_;
+  s.spec_num_draft_tokens = spec_draft_tokens_;
+  s.spec_num_accepted_tokens = spec_accepted_;
+  for (int i = 0; i < spec_positions_.load(); ++i) s.spec_accepted_per_position.push_back(spec_per_pos_[static_cast<size_t>(i)]);
   return s;
 }
 
@@ -384,6 +388,12 @@ void EngineBackend::loop() {
       preemptions_ = st.num_preemptions;
       prefix_queries_ = st.prefix_cache_queries;
       prefix_hits_ = st.prefix_cache_hits;
+      spec_drafts_ = st.spec_num_drafts;
+      spec_draft_tokens_ = st.spec_num_draft_tokens;
+      spec_accepted_ = st.spec_num_accepted_tokens;
+      const size_t P = std::min(st.spec_accepted_per_position.size(), spec_per_pos_.size());
+      for (size_t i = 0; i < P; ++i) spec_per_pos_[i] = st.spec_accepted_per_position[i];
+      spec_positions_ = static_cast<int>(P);
     }
     running_ = engine_.scheduler().num_running();
     engine_waiting_ = engine_.scheduler().num_waiting();

@@ -3,6 +3,7 @@
 // through a queue; each engine step's tokens go back to their requests as updates.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -91,6 +92,10 @@ class EngineBackend final : public Backend {
   std::atomic<int> live_{0};
   // waiting_: submitted, not yet handed to the engine; engine_waiting_: in the scheduler's queue.
   std::atomic<int> waiting_{0}, running_{0}, engine_waiting_{0};
+  // Speculative decoding totals, copied from the engine's loop (up to 4 draft positions).
+  std::atomic<int64_t> spec_drafts_{0}, spec_draft_tokens_{0}, spec_accepted_{0};
+  std::array<std::atomic<int64_t>, 4> spec_per_pos_{};
+  std::atomic<int> spec_positions_{0};
   std::atomic<int64_t> blocks_total_{0}, blocks_free_{0}, slots_total_{0}, slots_free_{0}, preemptions_{0}, prefix_queries_{0}, prefix_hits_{0};
   std::unordered_map<std::string, Live> live_map_;  // engine thread only
   std::thread thread_;

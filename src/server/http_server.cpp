@@ -339,6 +339,9 @@ void HttpServer::routes() {
     metrics_.set_waiting(st.waiting);
     metrics_.set_prefix_cache(st.prefix_cache_queries, st.prefix_cache_hits);
     metrics_.set_preemptions(st.num_preemptions);
+    if (!st.spec_accepted_per_position.empty())
+      metrics_.set_spec_decode(st.spec_num_drafts, st.spec_num_draft_tokens,
+                               st.spec_num_accepted_tokens, st.spec_accepted_per_position);
     metrics_.set_kv_cache_usage(st.kv_blocks_total > 0
                                     ? 1.0 - static_cast<double>(st.kv_blocks_free) / static_cast<double>(st.kv_blocks_total)
                                     : 0.0);

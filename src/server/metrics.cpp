@@ -66,6 +66,15 @@ void Metrics::set_kv_cache_usage(double f) { ATOM_LOCKED; kv_usage_ = f; }
 void Metrics::set_state_slot_usage(double f) { ATOM_LOCKED; state_usage_ = f; }
 void Metrics::add_prompt_tokens(int64_t n) { ATOM_LOCKED; prompt_tokens_ += n; }
 void Metrics::add_generation_tokens(int64_t n) { ATOM_LOCKED; generation_tokens_ += n; }
+void Metrics::set_spec_decode(int64_t num_drafts, int64_t num_draft_tokens,
+                              int64_t num_accepted_tokens,
+                              const std::vector<int64_t>& accepted_per_position) {
+  ATOM_LOCKED;
+  spec_drafts_ = num_drafts;
+  spec_draft_tokens_ = num_draft_tokens;
+  spec_accepted_ = num_accepted_tokens;
+  spec_per_pos_ = accepted_per_position;
+}
 void Metrics::set_prefix_cache(int64_t q, int64_t h) {
   ATOM_LOCKED;
   prefix_queries_ = q;
@@ -127,6 +136,16 @@ std::string Metrics::render() const {
   counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", prefix_queries_);
   counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", prefix_hits_);
   counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", preemptions_);
+  if (!spec_per_pos_.empty()) {
+    counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", spec_drafts_);
+    counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", spec_draft_tokens_);
+    counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", spec_accepted_);
+    o += "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft "
+         "position.\n# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n";
+    for (size_t i = 0; i < spec_per_pos_.size(); ++i)
+      o += fmt::format("vllm:spec_decode_num_accepted_tokens_per_pos_total{{{},position=\"{}\"}} {}\n",
+                       base, i, spec_per_pos_[i]);
+  }
   o += "# HELP vllm:request_success_total Count of successfully processed requests.\n"
        "# TYPE vllm:request_success_total counter\n";
   for (const char* reason : {"stop", "length", "abort", "error"}) {

@@ -27,6 +27,10 @@ class Metrics {
   // Engine totals (counters the engine keeps).
   void set_prefix_cache(int64_t queried_tokens, int64_t hit_tokens);
   void set_preemptions(int64_t total);
+  // Speculative decoding totals (vllm:spec_decode_*); rendered once accepted_per_position is set
+  // (one entry per draft position).
+  void set_spec_decode(int64_t num_drafts, int64_t num_draft_tokens, int64_t num_accepted_tokens,
+                       const std::vector<int64_t>& accepted_per_position);
   void add_request_success(const std::string& finished_reason);  // stop | length | abort | error
   void add_http_request(const std::string& handler, const std::string& method, int status);
 
@@ -61,6 +65,8 @@ class Metrics {
   double kv_usage_ = 0, state_usage_ = 0;
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0, prefix_queries_ = 0, prefix_hits_ = 0,
           preemptions_ = 0;
+  int64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_ = 0;
+  std::vector<int64_t> spec_per_pos_;
   std::map<std::string, int64_t> success_;
   std::map<std::string, int64_t> http_;  // "handler\tmethod\tstatus"
   Histogram ttft_, itl_, tpot_, e2e_, queue_, prefill_, decode_, inference_, prompt_len_, gen_len_, params_n_,

@@ -60,6 +60,48 @@ TEST(EngineCli, GeneratePromptTokensJsonMatchesTransformers) {
   EXPECT_EQ(plain[0], join(ref.greedy_tokens));
 }
 
+// --speculative-config reaches generate and bench: the same tokens as without it (greedy), the
+// drafter's counters in bench's JSON, and bad configurations refused by name.
+TEST(EngineCli, SpeculativeConfigForGenerateAndBench) {
+  const std::string model = fixture_dir("deepseek_v3_mtp");
+  const std::string gen = fmt::format(
+      "generate --model {} --prompt-tokens 5,6,7,8,9 --prompt-tokens 300,2,41 --max-tokens 14 "
+      "--temperature 0 --ignore-eos",
+      model);
+  const auto plain = run_atom(gen);
+  ASSERT_EQ(plain.size(), 2u);
+  for (int k = 1; k <= 4; ++k)
+    EXPECT_EQ(run_atom(gen + fmt::format(" --speculative-config "
+                                         "'{{\"method\": \"mtp\", \"num_speculative_tokens\": {}}}'",
+                                         k)),
+              plain)
+        << "K = " << k;
+  TempDir dir;
+  const std::string out = dir.file("bench.json");
+  int rc = 0;
+  run_atom(fmt::format("bench throughput --model {} --input-len 12 --output-len 9 --num-prompts 3 "
+                       "--speculative-config '{{\"method\": \"mtp\", \"num_speculative_tokens\": 2}}' "
+                       "--spec-decode-acceptance-rate 1 --output-json {}",
+                       model, out),
+           &rc);
+  EXPECT_EQ(rc, 0);
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(out));
+  EXPECT_EQ(j.at("total_output_tokens"), 3 * 9);
+  EXPECT_GT(j.at("spec_decode_num_draft_tokens").get<int64_t>(), 0);
+  EXPECT_EQ(j.at("spec_decode_num_accepted_tokens"), j.at("spec_decode_num_draft_tokens"));
+  EXPECT_GT(j.at("spec_decode_mean_acceptance_length").get<double>(), 2.0);
+  for (const char* bad : {R"('{"method": "mtp", "num_speculative_tokens": 0}')",
+                          R"('{"method": "ngram", "num_speculative_tokens": 2}')"}) {
+    run_atom(gen + " --speculative-config " + bad, &rc);
+    EXPECT_NE(rc, 0) << bad;
+  }
+  run_atom(fmt::format("generate --model {} --prompt-tokens 5 --speculative-config "
+                       "'{{\"method\": \"mtp\", \"num_speculative_tokens\": 2}}'",
+                       fixture_dir("llama3_gqa")),
+           &rc);
+  EXPECT_NE(rc, 0) << "a target without a drafter";
+}
+
 // --kv-cache-dtype fp8 reaches the engine's cache: the tokens are those of the single-sequence
 // runner over an FP8 cache (no scheduler or CLI code), and a bad value is refused.
 TEST(EngineCli, GenerateWithAnFp8KvCache) {

@@ -1,0 +1,85 @@
+// Speculative decoding (the spec's EagleProposer with the checkpoints' MTP drafters). Each step
+// the engine appends a sequence's draft tokens to it provisionally, the target scores the last
+// token and every draft in one forward (K + 1 query rows), each row is sampled exactly as it
+// would be without speculation (same seed, same output position), and drafts are accepted while
+// they equal the target's token; the first mismatch is replaced by the target's token and when
+// every draft is accepted the last row's token is a bonus. Rejected rows are rolled back (the
+// scheduler counts them as not computed, so their cache slots are rewritten and no block holding
+// them is registered in the prefix cache). Then the proposer drafts the next K tokens from the
+// target's hidden states of the accepted rows.
+//
+// Drawing each row with the seeded sampler shared with plain decoding is a coupling of the
+// target's and the drafter's choices: with a drafter that proposes one token d, the draft is
+// accepted with probability p(d) and on rejection the emitted token is distributed as p without d,
+// renormalised, which is rejection sampling's min(1, p/q) acceptance and leftover distribution
+// max(p - q, 0) for a one-hot q. The output distribution is the target's exactly; with the same
+// seed a request's tokens are the same with and without speculation.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "engine/engine_config.h"
+#include "engine/sequence.h"
+#include "layers/batch.h"
+#include "layers/context.h"
+#include "models/draft_model.h"
+
+namespace atom {
+
+// One sequence the proposer looks at after a target step.
+struct DraftRequest {
+  Sequence* seq;
+  int first_row;   // its rows of the target's batch: [first_row, first_row + num_rows)
+  int num_rows;    // at positions [first_pos, first_pos + num_rows), all accepted
+  int first_pos;
+  int num_drafts;  // draft tokens wanted after them (0: the drafter only fills its cache)
+};
+
+class DraftProposer {
+ public:
+  virtual ~DraftProposer() = default;
+  // target_hidden: the target's hidden states of every row of its last batch (undefined when the
+  // runner keeps none). drafts[i] receives reqs[i].num_drafts tokens (fewer is allowed). The
+  // sequences' block tables hold a slot for every position a draft is written at.
+  virtual void propose(const Tensor& target_hidden, std::span<const DraftRequest> reqs,
+                       int block_size, std::vector<std::vector<int32_t>>& drafts) = 0;
+};
+
+// The MTP drafter: draft step 0 over the accepted rows, (token after the row, the target's hidden
+// state of the row); steps 1..K-1 one row per sequence, (the last draft, the drafter's own normed
+// output). Drafts are the drafter's argmax. Its cache has the target's page count and uses the
+// sequences' block tables.
+class MtpProposer final : public DraftProposer {
+ public:
+  MtpProposer(DraftModel& drafter, int num_pages, int block_size, DType kv_dtype);
+  void propose(const Tensor& target_hidden, std::span<const DraftRequest> reqs, int block_size,
+               std::vector<std::vector<int32_t>>& drafts) override;
+
+ private:
+  // Forward of `b` at draft step k over `hidden`; returns the argmax of every logits row and
+  // keeps the logits rows' hidden states in carry_.
+  std::vector<int32_t> run(Batch& b, const Tensor& hidden, int k);
+
+  DraftModel& drafter_;
+  KvCache kv_;
+  Arena arena_;
+  Tensor carry_;  // the drafter's output rows the next step consumes (own storage)
+  Batch batch_;
+};
+
+// "mean acceptance length 1.83, accepted 0.71 0.52 0.40 per position, 120 drafts, 360 draft
+// tokens, 197 accepted": the acceptance length counts the target's own token (1 + accepted per
+// verification), per position the share of verifications whose draft there was accepted.
+std::string spec_decode_stats_line(int64_t num_drafts, int64_t num_draft_tokens,
+                                   int64_t num_accepted, const std::vector<int64_t>& per_position);
+
+// --speculative-config, vLLM's JSON: {"method": "mtp", "num_speculative_tokens": K}, K in 1..4.
+// Sets config.speculative_method and config.num_speculative_tokens; an Error naming the key and
+// the accepted values otherwise.
+void speculative_config_parse(const std::string& json, EngineConfig& config);
+
+}  // namespace atom

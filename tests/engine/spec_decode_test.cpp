@@ -1,0 +1,364 @@
+// Speculative decoding on the CPU: outputs token-identical to plain decoding (greedy, and sampled
+// with the same seeds) for K = 1..4, alone and in mixed batches of random prompts, with the
+// checkpoint's MTP drafter (whose random weights rarely agree with the target) and with an oracle
+// drafter that proposes the target's own tokens with planted mistakes (long accepted runs, their
+// rollback, stops inside a run); the sampled distribution against the target's by chi-square;
+// the forced-acceptance knob; the refusals.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "common/test_util.h"
+#include "engine/engine_test_util.h"
+#include "engine/model_runner.h"
+#include "models/draft_model.h"
+
+namespace atom::test {
+namespace {
+
+using Outputs = std::vector<std::vector<int32_t>>;
+
+Outputs tokens_of(const std::vector<RequestOutput>& outs) {
+  Outputs r;
+  for (const auto& o : outs)
+    for (const auto& c : o.outputs) r.push_back(c.token_ids);
+  return r;
+}
+
+struct Drafter {
+  LoadedDrafter d;
+  explicit Drafter(Model& target)
+      : d(drafter_load(fixture_dir("deepseek_v3_mtp"), target, ModelOptions{})) {}
+};
+
+EngineConfig spec_config(int k) {
+  EngineConfig c = test_config();
+  c.speculative_method = "mtp";
+  c.num_speculative_tokens = k;
+  return c;
+}
+
+// Proposes the continuation the test knows (the target's own output), with a planted mistake in
+// about one proposal of `bad_every` (0: none).
+class OracleProposer : public DraftProposer {
+ public:
+  OracleProposer(std::map<std::vector<int32_t>, std::vector<int32_t>> expected, int64_t vocab,
+                 int bad_every)
+      : expected_(std::move(expected)), vocab_(vocab), bad_every_(bad_every) {}
+  void propose(const Tensor&, std::span<const DraftRequest> reqs, int,
+               std::vector<std::vector<int32_t>>& drafts) override {
+    drafts.assign(reqs.size(), {});
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const Sequence& seq = *reqs[i].seq;
+      const std::vector<int32_t> prompt(seq.tokens.begin(),
+                                        seq.tokens.begin() + seq.num_prompt_tokens);
+      auto it = expected_.find(prompt);
+      const int n = seq.num_output_tokens();
+      for (int j = 0; j < reqs[i].num_drafts; ++j) {
+        const size_t at = static_cast<size_t>(n + j);
+        int32_t t = it != expected_.end() && at < it->second.size() ? it->second[at] : 3;
+        if (bad_every_ > 0 && (calls_ + i + static_cast<size_t>(j)) % bad_every_ == 0)
+          t = static_cast<int32_t>((t + 1) % vocab_);
+        drafts[i].push_back(t);
+      }
+    }
+    ++calls_;
+  }
+
+ private:
+  std::map<std::vector<int32_t>, std::vector<int32_t>> expected_;
+  int64_t vocab_;
+  int bad_every_;
+  size_t calls_ = 0;
+};
+
+std::map<std::vector<int32_t>, std::vector<int32_t>> by_prompt(const Workload& w,
+                                                               const Outputs& outs) {
+  std::map<std::vector<int32_t>, std::vector<int32_t>> m;
+  for (size_t i = 0; i < w.prompts.size(); ++i)
+    if (!m.count(w.prompts[i]) || m[w.prompts[i]].size() < outs[i].size())
+      m[w.prompts[i]] = outs[i];
+  return m;
+}
+
+TEST(SpecDecode, MtpGreedyMatchesPlainDecoding) {
+  Model& target = fixture_model("deepseek_v3_mtp");
+  Drafter d(target);
+  for (int k = 1; k <= 4; ++k) {
+    const Workload w = random_workload(10, 40, 24, target.vocab_size(), 100 + k);
+    LLMEngine plain(target, test_config());
+    const Outputs want = tokens_of(plain.generate(w.prompts, w.params));
+    LLMEngine spec(target, spec_config(k), {}, {}, d.d.model.get());
+    ASSERT_TRUE(spec.speculative());
+    EXPECT_EQ(tokens_of(spec.generate(w.prompts, w.params)), want) << "K = " << k << ", mixed";
+    // Alone.
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_EQ(tokens_of(spec.generate({w.prompts[i]}, {w.params[i]}))[0], want[i])
+          << "K = " << k << ", alone";
+    const EngineStats s = spec.stats();
+    EXPECT_GT(s.spec_num_drafts, 0);
+    EXPECT_GT(s.spec_num_draft_tokens, s.spec_num_drafts - 1);
+    EXPECT_LE(s.spec_num_draft_tokens, k * s.spec_num_drafts);
+    EXPECT_LE(s.spec_num_accepted_tokens, s.spec_num_draft_tokens);
+    std::printf("K=%d: %lld verifications, %lld draft tokens, %lld accepted\n", k,
+                static_cast<long long>(s.spec_num_drafts),
+                static_cast<long long>(s.spec_num_draft_tokens),
+                static_cast<long long>(s.spec_num_accepted_tokens));
+    expect_engine_idle(spec);
+  }
+}
+
+// Every target family through the oracle: MLA (DeepSeek-V3), GQA (Llama 3), MoE (Qwen3-MoE).
+class SpecOracle : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SpecOracle, LongAcceptedRunsMatchPlainDecoding) {
+  Model& target = fixture_model(GetParam());
+  for (int k = 1; k <= 4; ++k) {
+    for (int bad_every : {0, 5}) {
+      const Workload w = random_workload(9, 30, 20, target.vocab_size(), 200 + k);
+      LLMEngine plain(target, test_config());
+      const Outputs want = tokens_of(plain.generate(w.prompts, w.params));
+      EngineConfig c = test_config();
+      c.num_speculative_tokens = k;
+      LLMEngine spec(target, c);
+      spec.set_proposer(std::make_unique<OracleProposer>(by_prompt(w, want), target.vocab_size(),
+                                                         bad_every));
+      EXPECT_EQ(tokens_of(spec.generate(w.prompts, w.params)), want)
+          << GetParam() << " K = " << k << " bad_every " << bad_every;
+      const EngineStats s = spec.stats();
+      EXPECT_GT(s.spec_num_accepted_tokens, 0);
+      // Runs of every length are accepted; with planted mistakes some drafts are rejected.
+      EXPECT_GT(s.spec_accepted_per_position[static_cast<size_t>(k - 1)], 0) << "K = " << k;
+      if (bad_every > 0) {
+        EXPECT_LT(s.spec_num_accepted_tokens, s.spec_num_draft_tokens);
+      } else {
+        EXPECT_EQ(s.spec_num_accepted_tokens, s.spec_num_draft_tokens);
+      }
+      expect_engine_idle(spec);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, SpecOracle,
+                         ::testing::Values("deepseek_v3", "llama3_gqa", "qwen3_moe"),
+                         [](const auto& info) { return info.param; });
+
+TEST(SpecDecode, StopsInsideAnAcceptedRun) {
+  Model& target = fixture_model("llama3_gqa");
+  const std::vector<int32_t> prompt = {5, 17, 300, 42, 8, 99, 1, 250, 77};
+  LLMEngine plain(target, test_config());
+  const std::vector<int32_t> full = tokens_of(plain.generate({prompt}, {greedy(24)}))[0];
+  ASSERT_GE(full.size(), 12u);
+  std::vector<SamplingParams> cases;
+  SamplingParams stop_id = greedy(24);
+  stop_id.stop_token_ids = {full[6]};  // inside a run of 4 accepted drafts
+  cases.push_back(stop_id);
+  cases.push_back(greedy(7));  // max_tokens inside a run
+  SamplingParams min_tokens = greedy(24);
+  min_tokens.stop_token_ids = {full[2]};
+  min_tokens.min_tokens = 4;  // suppressed in the rows before it
+  cases.push_back(min_tokens);
+  GenerationConfig gen;
+  gen.eos_token_ids = {full[9]};
+  SamplingParams eos = greedy(24);
+  eos.ignore_eos = false;
+  cases.push_back(eos);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    LLMEngine p(target, test_config(), gen);
+    const auto want = p.generate({prompt}, {cases[i]});
+    EngineConfig c = test_config();
+    c.num_speculative_tokens = 4;
+    LLMEngine spec(target, c, gen);
+    // The oracle knows the unconstrained continuation: the stop lands inside an accepted run.
+    spec.set_proposer(std::make_unique<OracleProposer>(
+        std::map<std::vector<int32_t>, std::vector<int32_t>>{{prompt, full}}, target.vocab_size(),
+        0));
+    const auto got = spec.generate({prompt}, {cases[i]});
+    EXPECT_EQ(got[0].outputs[0].token_ids, want[0].outputs[0].token_ids) << "case " << i;
+    EXPECT_EQ(got[0].outputs[0].finish_reason, want[0].outputs[0].finish_reason) << "case " << i;
+    if (i != 2) {
+      EXPECT_LT(want[0].outputs[0].token_ids.size(), 24u) << "case " << i << " did not stop early";
+    }
+    EXPECT_GT(spec.stats().spec_num_accepted_tokens, 0) << "case " << i;
+    expect_engine_idle(spec);
+  }
+}
+
+TEST(SpecDecode, SampledTokensMatchPlainDecodingWithTheSameSeeds) {
+  Model& target = fixture_model("qwen3_moe");
+  Workload w = random_workload(8, 30, 16, target.vocab_size(), 7);
+  for (size_t i = 0; i < w.params.size(); ++i) {
+    SamplingParams& p = w.params[i];
+    p.temperature = 0.9;
+    p.top_p = 0.95;
+    p.seed = static_cast<int64_t>(40 + i);
+    if (i % 2) p.repetition_penalty = 1.2;  // drawn by the host sampler, over the drafts so far
+    if (i % 3 == 0) p.n = 2;
+  }
+  LLMEngine plain(target, test_config());
+  const Outputs want = tokens_of(plain.generate(w.prompts, w.params));
+  std::map<std::vector<int32_t>, std::vector<int32_t>> oracle;
+  size_t o = 0;
+  for (size_t i = 0; i < w.prompts.size(); ++i) {
+    oracle[w.prompts[i]] = want[o];
+    o += static_cast<size_t>(w.params[i].n);
+  }
+  for (int k : {2, 4}) {
+    EngineConfig c = test_config();
+    c.num_speculative_tokens = k;
+    LLMEngine spec(target, c);
+    spec.set_proposer(std::make_unique<OracleProposer>(oracle, target.vocab_size(), 4));
+    EXPECT_EQ(tokens_of(spec.generate(w.prompts, w.params)), want) << "K = " << k;
+    EXPECT_GT(spec.stats().spec_num_accepted_tokens, 0);
+  }
+}
+
+// Drafts of a fixed token d for the second output token: it is accepted with probability p(d) and
+// otherwise replaced; the emitted tokens must follow the target's distribution, checked against
+// the target's own softmax (top_k 4, temperature 1) by chi-square, and the acceptance count
+// against p(d).
+TEST(SpecDecode, SampledDistributionIsTheTargets) {
+  Model& target = fixture_model("llama3_gqa");
+  const std::vector<int32_t> prompt = {11, 200, 37, 5, 480, 91};
+  const int64_t V = target.vocab_size();
+  ModelRunner runner(target, 8, 16);
+  auto next_probs = [&](const std::vector<int32_t>& ids) {
+    Batch b;
+    b.token_ids = ids;
+    const int n = static_cast<int>(ids.size());
+    for (int i = 0; i < n; ++i) {
+      b.positions.push_back(i);
+      b.slot_mapping.push_back(i);
+    }
+    b.query_start = {0, n};
+    b.context_lens = {n};
+    b.page_indptr = {0, (n + 15) / 16};
+    for (int p = 0; p < b.page_indptr[1]; ++p) b.page_indices.push_back(p);
+    b.logits_indices = {n - 1};
+    b.state_slots = {0};
+    Tensor l = runner.execute(b);
+    std::vector<std::pair<float, int32_t>> top;
+    for (int64_t t = 0; t < V; ++t) top.push_back({l.ptr<float>()[t], static_cast<int32_t>(t)});
+    std::partial_sort(top.begin(), top.begin() + 4, top.end(), std::greater<>());
+    std::map<int32_t, double> p;
+    double z = 0;
+    for (int i = 0; i < 4; ++i) z += std::exp(static_cast<double>(top[i].first - top[0].first));
+    for (int i = 0; i < 4; ++i)
+      p[top[i].second] = std::exp(static_cast<double>(top[i].first - top[0].first)) / z;
+    return p;
+  };
+  const auto p1 = next_probs(prompt);
+  // The most likely first token, and its most likely follower as the draft everyone gets.
+  const int32_t x1 = std::max_element(p1.begin(), p1.end(), [](auto& a, auto& b) {
+                       return a.second < b.second;
+                     })->first;
+  std::vector<int32_t> ctx = prompt;
+  ctx.push_back(x1);
+  const auto p2 = next_probs(ctx);
+  const int32_t draft = std::max_element(p2.begin(), p2.end(), [](auto& a, auto& b) {
+                          return a.second < b.second;
+                        })->first;
+
+  EngineConfig c = test_config();
+  c.num_speculative_tokens = 1;
+  c.max_num_seqs = 256;
+  c.max_num_batched_tokens = 4096;
+  LLMEngine spec(target, c);
+  spec.set_proposer(std::make_unique<OracleProposer>(
+      std::map<std::vector<int32_t>, std::vector<int32_t>>{{prompt, {x1, draft}}}, V, 0));
+  SamplingParams sp;
+  sp.temperature = 1.0;
+  sp.top_k = 4;
+  sp.max_tokens = 3;  // a draft for the second token only when a bonus third one can follow
+  sp.ignore_eos = true;
+  sp.n = 250;
+  std::map<int32_t, int> counts;
+  int given_x1 = 0, second_is_draft = 0, total = 0;
+  for (int r = 0; r < 12; ++r) {
+    sp.seed = 1000 + r * 1000;
+    const auto outs = spec.generate({prompt}, {sp});
+    for (const auto& o : outs[0].outputs) {
+      ASSERT_EQ(o.token_ids.size(), 3u);
+      ++total;
+      second_is_draft += o.token_ids[1] == draft;
+      if (o.token_ids[0] != x1) continue;  // the draft was proposed for this first token only
+      ++given_x1;
+      ++counts[o.token_ids[1]];
+    }
+  }
+  ASSERT_GT(given_x1, 1000) << "p(x1) " << p1.at(x1);
+  double chi2 = 0;
+  for (const auto& [t, p] : p2) {
+    const double e = p * given_x1;
+    const double o = counts.count(t) ? counts[t] : 0;
+    chi2 += (o - e) * (o - e) / e;
+  }
+  int outside = 0;
+  for (const auto& [t, n] : counts) outside += p2.count(t) ? 0 : n;
+  EXPECT_EQ(outside, 0) << "a token outside the target's top 4";
+  // 3 degrees of freedom: P(chi2 > 16.27) = 0.001.
+  EXPECT_LT(chi2, 16.27) << "draws " << given_x1;
+  // Every sequence had its second token drafted (the same d whatever its first), and a draft is
+  // accepted exactly when the target draws it.
+  const EngineStats s = spec.stats();
+  EXPECT_EQ(s.spec_num_draft_tokens, total);
+  EXPECT_EQ(s.spec_num_accepted_tokens, second_is_draft);
+  const double pd = p2.at(draft);
+  std::printf("draws %d, chi2 %.2f (3 dof), draft frequency %.3f vs p(draft) %.3f\n", given_x1,
+              chi2, static_cast<double>(counts[draft]) / given_x1, pd);
+}
+
+TEST(SpecDecode, ForcedAcceptanceRate) {
+  Model& target = fixture_model("deepseek_v3_mtp");
+  Drafter d(target);
+  const Workload w = random_workload(6, 30, 20, target.vocab_size(), 9);
+  for (double rate : {1.0, 0.5}) {
+    EngineConfig c = spec_config(3);
+    c.spec_decode_acceptance_rate = rate;
+    LLMEngine spec(target, c, {}, {}, d.d.model.get());
+    const auto outs = spec.generate(w.prompts, w.params);
+    for (size_t i = 0; i < outs.size(); ++i)
+      EXPECT_EQ(static_cast<int>(outs[i].outputs[0].token_ids.size()), w.params[i].max_tokens);
+    const EngineStats s = spec.stats();
+    const double acc = static_cast<double>(s.spec_num_accepted_tokens) / s.spec_num_draft_tokens;
+    if (rate == 1.0) {
+      EXPECT_EQ(s.spec_num_accepted_tokens, s.spec_num_draft_tokens);
+    } else {
+      // Each rejection ends a run, so position 0 is tried most: its share is the forced rate
+      // (plus the rare real agreement).
+      const double p0 = static_cast<double>(s.spec_accepted_per_position[0]) / s.spec_num_drafts;
+      EXPECT_NEAR(p0, 0.5, 5 * std::sqrt(0.25 / s.spec_num_drafts)) << "acceptance " << acc;
+    }
+  }
+}
+
+TEST(SpecDecode, Refusals) {
+  EngineConfig c;
+  EXPECT_ERROR_CONTAINS(speculative_config_parse(R"({"method": "eagle", "num_speculative_tokens": 2})", c),
+                        "method 'eagle' is not supported");
+  EXPECT_ERROR_CONTAINS(speculative_config_parse(R"({"method": "mtp", "num_speculative_tokens": 5})", c),
+                        "must be in 1..4, got 5");
+  EXPECT_ERROR_CONTAINS(speculative_config_parse(R"({"method": "mtp"})", c), "got nothing");
+  EXPECT_ERROR_CONTAINS(speculative_config_parse(R"({"method": "mtp", "k": 1})", c),
+                        "unknown key 'k'");
+  EXPECT_ERROR_CONTAINS(speculative_config_parse("{mtp", c), "not valid JSON");
+  speculative_config_parse(R"({"method": "mtp", "num_speculative_tokens": 3})", c);
+  EXPECT_EQ(c.speculative_method, "mtp");
+  EXPECT_EQ(c.num_speculative_tokens, 3);
+  EXPECT_ERROR_CONTAINS(LLMEngine(fixture_model("deepseek_v3_mtp"), spec_config(2)),
+                        "needs the target's drafter");
+  EngineConfig hybrid = test_config();
+  hybrid.num_speculative_tokens = 2;
+  LLMEngine h(fixture_model("qwen3_next"), hybrid);
+  EXPECT_ERROR_CONTAINS(h.set_proposer(std::make_unique<OracleProposer>(
+                            std::map<std::vector<int32_t>, std::vector<int32_t>>{}, 10, 0)),
+                        "recurrent state");
+  EngineConfig knob = test_config();
+  knob.spec_decode_acceptance_rate = 0.5;
+  EXPECT_ERROR_CONTAINS(LLMEngine(fixture_model("llama3_gqa"), knob),
+                        "needs speculative decoding");
+}
+
+}  // namespace
+}  // namespace atom::test
