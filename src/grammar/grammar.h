@@ -71,6 +71,11 @@ class Grammar {
 // in schema order; whitespace is at most one space after ',' and ':'. Throws naming the keyword it
 // cannot handle.
 std::string json_schema_to_gbnf(const std::string& schema_json, const GrammarLimits& limits = {});
+// GBNF for vLLM's structural tag ({"structures": [{"begin", "schema", "end"}], "triggers": [...]}):
+// free text that holds no trigger, where a trigger that appears must go on as one of the
+// structures whose begin starts with it (the rest of begin, JSON matching its schema, its end),
+// then free text again. Throws naming the field at fault.
+std::string structural_tag_to_gbnf(const std::string& spec_json, const GrammarLimits& limits = {});
 // GBNF for any JSON object (response_format json_object).
 std::string json_object_gbnf();
 // GBNF for text matching an (ECMAScript-style) regular expression, anchored at both ends:

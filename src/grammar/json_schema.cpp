@@ -29,13 +29,16 @@ null ::= "null"
 
 class SchemaConverter {
  public:
-  SchemaConverter(const ojson& root, const GrammarLimits& limits) : root_(root), limits_(limits) {}
+  // prefix: put before every rule name this converter makes, its root included (schemas that
+  // share one grammar, as a structural tag's do).
+  SchemaConverter(const ojson& root, const GrammarLimits& limits, std::string prefix = "")
+      : root_(root), limits_(limits), prefix_(std::move(prefix)) {}
 
-  std::string convert() {
+  std::string convert(bool with_primitives = true) {
     const std::string r = visit(root_, "root", 0);
-    std::string out = "root ::= " + r + "\n";
+    std::string out = prefix_ + "root ::= " + r + "\n";
     for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
-    out += kJsonPrimitives;
+    if (with_primitives) out += kJsonPrimitives;
     return out;
   }
 
@@ -48,8 +51,9 @@ class SchemaConverter {
     std::string name;
     for (char c : hint) name.push_back((std::isalnum(static_cast<unsigned char>(c)) || c == '-') ? c : '-');
     if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) name = "r-" + name;
+    name = prefix_ + name;
     std::string n = name;
-    for (int k = 1; rules_.count(n) || reserved(n); ++k) n = name + "-" + std::to_string(k);
+    for (int k = 1; rules_.count(n) || reserved(n.substr(prefix_.size())); ++k) n = name + "-" + std::to_string(k);
     rules_[n] = body;
     return n;
   }
@@ -311,6 +315,7 @@ class SchemaConverter {
 
   const ojson& root_;
   const GrammarLimits& limits_;
+  std::string prefix_;
   std::map<std::string, std::string> rules_;
   std::map<std::string, std::string> refs_;
 };
@@ -532,6 +537,131 @@ std::string json_schema_to_gbnf(const std::string& schema_json, const GrammarLim
     fail("json_schema: not valid JSON: {}", e.what());
   }
   return SchemaConverter(schema, limits).convert();
+}
+
+namespace {
+
+std::vector<char32_t> code_points(const std::string& s, const std::string& what) {
+  if (!tokenizer::utf8_is_valid(s)) fail("structural_tag: {} is not valid UTF-8", what);
+  std::vector<char32_t> out;
+  for (size_t i = 0; i < s.size();) out.push_back(tokenizer::utf8_next(s, i));
+  return out;
+}
+
+std::string utf8_of(const std::vector<char32_t>& cps) {
+  std::string s;
+  for (char32_t c : cps) tokenizer::utf8_append(s, c);
+  return s;
+}
+
+bool ends_with(const std::vector<char32_t>& s, const std::vector<char32_t>& t) {
+  return t.size() <= s.size() && std::equal(t.begin(), t.end(), s.end() - static_cast<ptrdiff_t>(t.size()));
+}
+
+}  // namespace
+
+std::string structural_tag_to_gbnf(const std::string& spec_json, const GrammarLimits& limits) {
+  if (spec_json.size() > limits.max_text_bytes)
+    fail("structural_tag: {} bytes is longer than {} (the grammar size limit)", spec_json.size(), limits.max_text_bytes);
+  ojson spec;
+  try {
+    spec = ojson::parse(spec_json);
+  } catch (const std::exception& e) {
+    fail("structural_tag: not valid JSON: {}", e.what());
+  }
+  if (!spec.is_object()) fail("structural_tag: must be an object");
+  if (spec.contains("format"))
+    fail("structural_tag: the 'format' form is not supported (the 'structures' and 'triggers' form is)");
+  if (!spec.contains("structures") || !spec["structures"].is_array() || spec["structures"].empty())
+    fail("structural_tag: 'structures' must be a non-empty list");
+  if (!spec.contains("triggers") || !spec["triggers"].is_array() || spec["triggers"].empty())
+    fail("structural_tag: 'triggers' must be a non-empty list");
+  struct Structure {
+    std::string begin, end, rule;
+  };
+  std::vector<Structure> structures;
+  std::string rules;
+  for (size_t i = 0; i < spec["structures"].size(); ++i) {
+    const ojson& st = spec["structures"][i];
+    const std::string where = fmt::format("structures[{}]", i);
+    if (!st.is_object()) fail("structural_tag: {} must be an object", where);
+    for (const char* key : {"begin", "end"})
+      if (!st.contains(key) || !st[key].is_string()) fail("structural_tag: {} needs a string '{}'", where, key);
+    const ojson schema = st.contains("schema") ? st["schema"] : ojson::object();
+    const std::string prefix = fmt::format("tag{}-", i);
+    rules += SchemaConverter(schema, limits, prefix).convert(false);
+    structures.push_back({st["begin"].get<std::string>(), st["end"].get<std::string>(), prefix + "root"});
+    if (structures.back().begin.empty()) fail("structural_tag: {}.begin is empty", where);
+  }
+  std::vector<std::vector<char32_t>> triggers;
+  for (size_t i = 0; i < spec["triggers"].size(); ++i) {
+    const ojson& t = spec["triggers"][i];
+    if (!t.is_string() || t.get<std::string>().empty()) fail("structural_tag: triggers[{}] must be a non-empty string", i);
+    triggers.push_back(code_points(t.get<std::string>(), fmt::format("triggers[{}]", i)));
+  }
+  for (size_t i = 0; i < structures.size(); ++i) {
+    bool found = false;
+    for (const auto& t : triggers) found |= structures[i].begin.starts_with(utf8_of(t));
+    if (!found) fail("structural_tag: structures[{}].begin '{}' starts with none of the triggers", i, structures[i].begin);
+  }
+  // Free text is text that holds no trigger: a state per proper prefix of a trigger (the longest
+  // suffix of the text that is one). Completing a trigger enters a structure whose begin starts
+  // with it: the rest of its begin, its schema's JSON, its end, then free text again.
+  std::vector<std::vector<char32_t>> states = {{}};
+  auto state_of = [&](const std::vector<char32_t>& p) -> int {
+    for (size_t k = 0; k < states.size(); ++k)
+      if (states[k] == p) return static_cast<int>(k);
+    return -1;
+  };
+  for (const auto& t : triggers)
+    for (size_t n = 1; n < t.size(); ++n) {
+      std::vector<char32_t> p(t.begin(), t.begin() + static_cast<ptrdiff_t>(n));
+      if (state_of(p) < 0) states.push_back(p);
+    }
+  std::set<char32_t> alphabet;
+  for (const auto& t : triggers) alphabet.insert(t.begin(), t.end());
+  auto klass = [](char32_t c) {
+    return c < 0x80 && std::isalnum(static_cast<int>(c)) ? std::string(1, static_cast<char>(c))
+                                                         : fmt::format("\\u{:04X}", static_cast<uint32_t>(c));
+  };
+  std::string free_rules;
+  for (size_t q = 0; q < states.size(); ++q) {
+    std::string others = "[^";
+    for (char32_t c : alphabet) {
+      if (c > 0xFFFF) fail("structural_tag: triggers may not hold characters beyond U+FFFF");
+      others += klass(c);
+    }
+    others += "]";
+    std::string body = "\"\" | " + others + " free-0";
+    for (char32_t c : alphabet) {
+      std::vector<char32_t> s = states[q];
+      s.push_back(c);
+      const std::vector<char32_t>* done = nullptr;
+      for (const auto& t : triggers)
+        if (ends_with(s, t) && (!done || t.size() > done->size())) done = &t;
+      const std::string lit = gbnf_literal(utf8_of({c}));
+      if (done) {
+        // The text ends with trigger `done`: one of the structures it begins follows.
+        const std::string trig = utf8_of(*done);
+        std::string alts;
+        for (const auto& st : structures) {
+          if (!st.begin.starts_with(trig)) continue;
+          const std::string rest = st.begin.substr(trig.size());
+          if (!alts.empty()) alts += " | ";
+          alts += (rest.empty() ? std::string() : gbnf_literal(rest) + " ") + st.rule + " " + gbnf_literal(st.end) + " free-0";
+        }
+        if (alts.empty()) fail("structural_tag: trigger '{}' begins none of the structures", trig);
+        body += " | " + lit + " ( " + alts + " )";
+      } else {
+        int next = -1;
+        for (size_t k = 0; k <= s.size() && next < 0; ++k)
+          next = state_of(std::vector<char32_t>(s.begin() + static_cast<ptrdiff_t>(k), s.end()));
+        body += " | " + lit + " free-" + std::to_string(next);
+      }
+    }
+    free_rules += fmt::format("free-{} ::= {}\n", q, body);
+  }
+  return "root ::= free-0\n" + free_rules + rules + kJsonPrimitives;
 }
 
 std::string json_object_gbnf() { return std::string("root ::= object\n") + kJsonPrimitives; }

@@ -56,7 +56,7 @@ namespace cuda {
 int64_t linear_fp8_workspace_bytes(int64_t m, int64_t k, const Fp8Weight& w);
 void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& bias,
                 const Tensor& workspace);
-}
+}  // namespace cuda
 
 inline void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& bias = {},
                        const Tensor& workspace = {}) {

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/log.h"
+#include "grammar/reasoning_gate.h"
 #include "server/api_error.h"
 #include "server/responses.h"
 
@@ -134,7 +135,17 @@ SamplingParams EngineBackend::sampling_params(const SamplingRequest& r) const {
   } catch (const Error& e) {
     throw ApiError(400, "BadRequestError", e.what());
   }
-  if (r.structured) p.constraint = constraint_for(*r.structured);
+  if (r.structured) {
+    p.constraint = constraint_for(*r.structured);
+    // The reasoning block's tags as single tokens; where they are not, the grammar applies from
+    // the first token.
+    if (const auto& gate = r.structured->after_reasoning) {
+      const int32_t start = tok_.token_to_id(gate->start), end = tok_.token_to_id(gate->end);
+      if (end >= 0)
+        p.constraint = std::make_shared<const grammar::ReasoningGate>(p.constraint, start, end,
+                                                                      gate->starts_in_reasoning);
+    }
+  }
   return p;
 }
 
@@ -156,6 +167,7 @@ std::shared_ptr<const LogitsConstraint> EngineBackend::constraint_for(const Stru
       case StructuredOutput::kRegex: gbnf = grammar::regex_to_gbnf(so.spec, lim); break;
       case StructuredOutput::kChoice: gbnf = grammar::choice_to_gbnf(so.choices); break;
       case StructuredOutput::kGrammar: gbnf = so.spec; break;
+      case StructuredOutput::kStructuralTag: gbnf = grammar::structural_tag_to_gbnf(so.spec, lim); break;
     }
     auto g = std::make_shared<const grammar::Grammar>(grammar::Grammar::from_gbnf(gbnf, lim));
     c = std::make_shared<const grammar::GrammarConstraint>(std::move(g), trie_);

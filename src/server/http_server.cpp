@@ -15,6 +15,8 @@
 
 #include "core/log.h"
 #include "server/api_error.h"
+#include "server/api_messages.h"
+#include "server/api_responses.h"
 #include "server/generation.h"
 #include "server/responses.h"
 
@@ -163,7 +165,9 @@ bool control_route(const Connection& c) {
 }  // namespace
 
 HttpServer::HttpServer(Backend& backend, Metrics& metrics, ServerOptions options)
-    : backend_(backend), metrics_(metrics), options_(std::move(options)), http_(std::make_unique<Router>()) {
+    : backend_(backend), metrics_(metrics), options_(std::move(options)), http_(std::make_unique<Router>()),
+      responses_(std::make_unique<ResponseStore>(options_.responses_store_max_entries,
+                                                 options_.responses_store_max_bytes)) {
   if (options_.served_model_names.empty()) options_.served_model_names.push_back(backend_.info().model_name);
   options_.http.max_body_bytes = options_.max_body_bytes;
   routes();
@@ -230,17 +234,30 @@ void send_error(httplib::Response& res, int status, const std::string& type, con
   res.set_content(error_body(status, type, msg, param), "application/json");
 }
 
-// Runs a handler, turning ApiError and any other exception into vLLM's error envelope.
+// The error envelope an endpoint answers with.
+enum class ErrorStyle { kOpenAI, kAnthropic };
+
+// Runs a handler, turning ApiError and any other exception into the endpoint's error envelope
+// (vLLM's, or Anthropic's for /v1/messages).
 template <typename F>
-void guarded(HttpServer& s, const std::string& handler, const httplib::Request& req, httplib::Response& res, F&& f) {
+void guarded(HttpServer& s, const std::string& handler, const httplib::Request& req, httplib::Response& res, F&& f,
+             ErrorStyle style = ErrorStyle::kOpenAI) {
   s.in_flight_counter()++;
+  auto fail = [&](int status, const std::string& type, const std::string& msg, const std::string& param) {
+    if (style == ErrorStyle::kAnthropic) {
+      res.status = status;
+      res.set_content(anthropic_error_body(status, param.empty() ? msg : param + ": " + msg), "application/json");
+    } else {
+      send_error(res, status, type, msg, param);
+    }
+  };
   try {
     f();
   } catch (const ApiError& e) {
-    send_error(res, e.status(), e.type(), e.what(), e.param());
+    fail(e.status(), e.type(), e.what(), e.param());
   } catch (const std::exception& e) {
     log_warn("{} {}: {}", req.method, req.path, e.what());
-    send_error(res, 500, "InternalServerError", e.what());
+    fail(500, "InternalServerError", e.what(), "");
   }
   s.in_flight_counter()--;
   s.metrics().add_http_request(handler, req.method, res.status == -1 ? 200 : res.status);
@@ -260,7 +277,10 @@ void HttpServer::routes() {
   h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (options_.api_key && req.path.rfind("/v1", 0) == 0) {
       const std::string want = "Bearer " + *options_.api_key;
-      if (req.get_header_value("Authorization") != want) {
+      // Anthropic's clients send the key as x-api-key.
+      const bool anthropic = req.path.rfind("/v1/messages", 0) == 0;
+      if (req.get_header_value("Authorization") != want &&
+          !(anthropic && req.get_header_value("x-api-key") == *options_.api_key)) {
         res.status = 401;
         res.set_content(R"({"error":"Unauthorized"})", "application/json");
         metrics_.add_http_request(req.path, req.method, 401);
@@ -374,6 +394,26 @@ void HttpServer::routes() {
   });
   h.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(*this, "/v1/chat/completions", req, res, [&] { handle_chat_completions(*this, req, res); });
+  });
+  h.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(*this, "/v1/responses", req, res, [&] { handle_responses(*this, req, res); });
+  });
+  h.Get(R"(/v1/responses/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(*this, "/v1/responses/{response_id}", req, res, [&] { handle_response_get(*this, req.matches[1], res); });
+  });
+  h.Delete(R"(/v1/responses/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(*this, "/v1/responses/{response_id}", req, res, [&] { handle_response_delete(*this, req.matches[1], res); });
+  });
+  h.Post(R"(/v1/responses/([^/]+)/cancel)", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(*this, "/v1/responses/{response_id}/cancel", req, res,
+            [&] { handle_response_cancel(*this, req.matches[1], res); });
+  });
+  h.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(*this, "/v1/messages", req, res, [&] { handle_messages(*this, req, res); }, ErrorStyle::kAnthropic);
+  });
+  h.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded(*this, "/v1/messages/count_tokens", req, res, [&] { handle_messages_count_tokens(*this, req, res); },
+            ErrorStyle::kAnthropic);
   });
 }
 

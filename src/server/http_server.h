@@ -20,6 +20,7 @@ class ThreadPool;
 namespace atom::server {
 
 class Router;
+class ResponseStore;
 
 struct ServerOptions {
   std::string host = "0.0.0.0";
@@ -42,6 +43,10 @@ struct ServerOptions {
   // --default-chat-template-kwargs: template variables under every chat request's own.
   nlohmann::ordered_json default_chat_template_kwargs = nlohmann::ordered_json::object();
   ProtocolLimits limits;
+  // Responses kept for previous_response_id and GET /v1/responses/{id} (store: true, the
+  // default): at most this many, and this many bytes of JSON; the least recently used go first.
+  size_t responses_store_max_entries = 1024;
+  size_t responses_store_max_bytes = 256u << 20;
   std::string version = "0.1.0";
 };
 
@@ -72,6 +77,7 @@ class HttpServer {
   // Throws ApiError 404 when `model` names no served model.
   void check_model(const std::optional<std::string>& model) const;
   std::atomic<int>& in_flight_counter() { return in_flight_; }
+  ResponseStore& responses() { return *responses_; }
 
  private:
   void routes();
@@ -82,6 +88,7 @@ class HttpServer {
   std::unique_ptr<Router> http_;
   std::unique_ptr<httplib::ThreadPool> workers_, control_;
   std::unique_ptr<ConnectionGate> gate_;
+  std::unique_ptr<ResponseStore> responses_;
   std::atomic<bool> stopping_{false};
   int port_ = 0;
   std::string bind_error_;

@@ -204,15 +204,16 @@ void parse_structured(const Fields& f, SamplingRequest& s) {
       bad_request("response_format", "'response_format' must be an object with a 'type'");
     const std::string type = rf["type"].get<std::string>();
     if (type == "json_object") {
-      set({StructuredOutput::kJsonObject, "", {}, "response_format"});
+      set({StructuredOutput::kJsonObject, "", {}, "response_format", std::nullopt});
     } else if (type == "json_schema") {
       if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
         bad_request("response_format", "response_format json_schema needs a 'json_schema' object");
       const json& js = rf["json_schema"];
       const json schema = js.contains("schema") ? js["schema"] : js.contains("json_schema") ? js["json_schema"] : json::object();
-      set({StructuredOutput::kJsonSchema, json_spec(schema, "response_format"), {}, "response_format"});
+      set({StructuredOutput::kJsonSchema, json_spec(schema, "response_format"), {}, "response_format", std::nullopt});
     } else if (type == "structural_tag") {
-      bad_request("response_format", "response_format 'structural_tag' is not supported");
+      // vLLM's form: the response_format object holds the structures and triggers itself.
+      set({StructuredOutput::kStructuralTag, rf.dump(), {}, "response_format", std::nullopt});
     } else if (type != "text") {
       bad_request("response_format", fmt::format("unknown response_format type '{}'", type));
     }
@@ -221,18 +222,24 @@ void parse_structured(const Fields& f, SamplingRequest& s) {
     const json& so = f.at("structured_outputs");
     if (!so.is_object()) bad_request("structured_outputs", "'structured_outputs' must be an object");
     Fields g(so);
-    if (g.has("json")) set({StructuredOutput::kJsonSchema, json_spec(so["json"], "structured_outputs"), {}, "structured_outputs"});
-    if (g.has("regex")) set({StructuredOutput::kRegex, text(so["regex"], "structured_outputs"), {}, "structured_outputs"});
-    if (g.has("choice")) set({StructuredOutput::kChoice, "", choice_list(so["choice"], "structured_outputs"), "structured_outputs"});
-    if (g.has("grammar")) set({StructuredOutput::kGrammar, text(so["grammar"], "structured_outputs"), {}, "structured_outputs"});
-    if (g.get_bool("json_object", false)) set({StructuredOutput::kJsonObject, "", {}, "structured_outputs"});
-    for (const char* k : {"structural_tag"})
-      if (g.has(k)) bad_request("structured_outputs", fmt::format("structured_outputs '{}' is not supported", k));
+    if (g.has("json")) set({StructuredOutput::kJsonSchema, json_spec(so["json"], "structured_outputs"), {}, "structured_outputs", std::nullopt});
+    if (g.has("regex")) set({StructuredOutput::kRegex, text(so["regex"], "structured_outputs"), {}, "structured_outputs", std::nullopt});
+    if (g.has("choice")) set({StructuredOutput::kChoice, "", choice_list(so["choice"], "structured_outputs"), "structured_outputs", std::nullopt});
+    if (g.has("grammar")) set({StructuredOutput::kGrammar, text(so["grammar"], "structured_outputs"), {}, "structured_outputs", std::nullopt});
+    if (g.get_bool("json_object", false)) set({StructuredOutput::kJsonObject, "", {}, "structured_outputs", std::nullopt});
+    if (g.has("structural_tag")) {
+      // A JSON string, as vLLM's clients send it, or the object itself.
+      const json& st = so["structural_tag"];
+      if (!st.is_string() && !st.is_object())
+        bad_request("structured_outputs", "'structural_tag' must be a JSON string or an object");
+      set({StructuredOutput::kStructuralTag, st.is_string() ? st.get<std::string>() : st.dump(), {},
+           "structured_outputs", std::nullopt});
+    }
   }
-  if (f.has("guided_json")) set({StructuredOutput::kJsonSchema, json_spec(f.at("guided_json"), "guided_json"), {}, "guided_json"});
-  if (f.has("guided_regex")) set({StructuredOutput::kRegex, text(f.at("guided_regex"), "guided_regex"), {}, "guided_regex"});
-  if (f.has("guided_choice")) set({StructuredOutput::kChoice, "", choice_list(f.at("guided_choice"), "guided_choice"), "guided_choice"});
-  if (f.has("guided_grammar")) set({StructuredOutput::kGrammar, text(f.at("guided_grammar"), "guided_grammar"), {}, "guided_grammar"});
+  if (f.has("guided_json")) set({StructuredOutput::kJsonSchema, json_spec(f.at("guided_json"), "guided_json"), {}, "guided_json", std::nullopt});
+  if (f.has("guided_regex")) set({StructuredOutput::kRegex, text(f.at("guided_regex"), "guided_regex"), {}, "guided_regex", std::nullopt});
+  if (f.has("guided_choice")) set({StructuredOutput::kChoice, "", choice_list(f.at("guided_choice"), "guided_choice"), "guided_choice", std::nullopt});
+  if (f.has("guided_grammar")) set({StructuredOutput::kGrammar, text(f.at("guided_grammar"), "guided_grammar"), {}, "guided_grammar", std::nullopt});
 }
 
 StreamOptions parse_stream_options(const Fields& f, bool stream) {

@@ -17,10 +17,17 @@ namespace atom::server {
 // then to vLLM's defaults (the engine applies that chain).
 // What structured output asks decoding to produce (compiled by the backend into a grammar).
 struct StructuredOutput {
-  enum Kind { kJsonSchema, kJsonObject, kRegex, kChoice, kGrammar } kind = kJsonObject;
-  std::string spec;                  // the schema (JSON text), regex or GBNF grammar
+  enum Kind { kJsonSchema, kJsonObject, kRegex, kChoice, kGrammar, kStructuralTag } kind = kJsonObject;
+  std::string spec;                  // the schema or structural tag (JSON text), regex or GBNF grammar
   std::vector<std::string> choices;  // kChoice
   std::string param;                 // the request field it came from, for errors
+  // Reasoning models (a reasoning parser splits this request's answer): the grammar applies once
+  // the reasoning block has ended, as vLLM's does; unset, from the first output token.
+  struct Reasoning {
+    std::string start, end;  // the block's tags
+    bool starts_in_reasoning = false;  // the prompt opened the block
+  };
+  std::optional<Reasoning> after_reasoning;
 };
 
 struct SamplingRequest {

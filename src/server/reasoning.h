@@ -44,6 +44,8 @@ class ReasoningParser {
   // Whole-output convenience.
   static ReasoningDelta split(const std::string& output, bool starts_in_reasoning);
 
+  const ReasoningFormat& format() const { return format_; }
+
   // True when a rendered prompt leaves the model inside a reasoning block.
   static bool prompt_opens_reasoning(const std::string& prompt);
 

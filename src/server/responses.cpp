@@ -12,6 +12,11 @@ std::string response_id(const std::string& prefix) {
   return fmt::format("{}-{:016x}{:016x}", prefix, rng(), rng());
 }
 
+std::string random_id(const std::string& prefix) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  return fmt::format("{}{:016x}{:016x}", prefix, rng(), rng());
+}
+
 int64_t unix_time_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -76,6 +81,10 @@ ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens, std::optional
 
 std::string sse_event(const ojson& j) {
   return "data: " + j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n\n";
+}
+
+std::string sse_named_event(const std::string& event, const ojson& j) {
+  return "event: " + event + "\n" + sse_event(j);
 }
 
 std::string sse_done() { return "data: [DONE]\n\n"; }

@@ -17,6 +17,8 @@ using ojson = nlohmann::ordered_json;
 
 // "cmpl-…" / "chatcmpl-…" ids.
 std::string response_id(const std::string& prefix);
+// `prefix` then 32 hex digits ("resp_…", "msg_…", "toolu_…").
+std::string random_id(const std::string& prefix);
 int64_t unix_time_now();
 
 // Renders logprobs the two ways the APIs want them.
@@ -54,5 +56,7 @@ ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens,
 
 std::string sse_event(const ojson& j);
 std::string sse_done();
+// An SSE event with an event name (the Responses and Anthropic Messages streams).
+std::string sse_named_event(const std::string& event, const ojson& j);
 
 }  // namespace atom::server

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "grammar/grammar.h"
 #include "grammar/matcher.h"
+#include "grammar/reasoning_gate.h"
 
 namespace atom::grammar {
 namespace {
@@ -280,6 +281,120 @@ TEST(GrammarConstraint, EosOnlyWhenComplete) {
   EXPECT_FALSE(s->accept(2));
   ASSERT_TRUE(s->accept(1));
   EXPECT_TRUE(s->must_end());
+}
+
+
+// vLLM's structural tag: free text, and after a trigger one of the structures it begins.
+TEST(StructuralTag, FreeTextAndTaggedCalls) {
+  auto g = compile(structural_tag_to_gbnf(R"({"type": "structural_tag", "triggers": ["<function="],
+    "structures": [{"begin": "<function=get_weather>", "end": "</function>",
+                    "schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
+                   {"begin": "<function=noop>", "end": "</function>"}]})"));
+  for (const char* ok : {"", "Hello world", "a < b and <functio", "<<function=noop>{}</function>",
+                         "Let me look. <function=get_weather>{\"city\": \"Paris\"}</function> Done.",
+                         "<function=noop>[1, 2]</function><function=get_weather>{\"city\":\"\"}</function>"})
+    EXPECT_TRUE(matches(g, ok)) << ok;
+  for (const char* bad : {"<function=foo>{}</function>", "<function=get_weather>{\"town\": 1}</function>",
+                          "<function=get_weather>{\"city\": \"P\"}", "<function=noop>{}</functio x",
+                          "<function=get_weather>{\"city\": \"P\"} </function>"})
+    EXPECT_FALSE(matches(g, bad)) << bad;
+}
+
+// Against a direct reading of the rule on random text: at each trigger occurrence the text must
+// go on as the structure (begin, the one JSON value the schema allows, end).
+TEST(StructuralTag, AgreesWithADirectCheckOnRandomText) {
+  auto g = compile(structural_tag_to_gbnf(R"({"triggers": ["aab"],
+    "structures": [{"begin": "aab:", "schema": {"const": 1}, "end": ";"}]})"));
+  auto reference = [](const std::string& s) {
+    const std::string whole = "aab:1;";
+    size_t i = 0;
+    for (;;) {
+      const size_t at = s.find("aab", i);
+      if (at == std::string::npos) return true;
+      if (s.compare(at, whole.size(), whole) != 0) return false;
+      i = at + whole.size();
+    }
+  };
+  const std::vector<std::string> pieces = {"a", "b", "aa", "ab", ":", "1", ";", "x", "aab:1;", "aab:"};
+  std::mt19937 rng(7);
+  int accepted = 0;
+  for (int n = 0; n < 3000; ++n) {
+    std::string s;
+    const int len = static_cast<int>(rng() % 8);
+    for (int k = 0; k < len; ++k) s += pieces[rng() % pieces.size()];
+    const bool want = reference(s);
+    accepted += want;
+    EXPECT_EQ(matches(g, s), want) << s;
+  }
+  EXPECT_GT(accepted, 300);  // both answers are well represented
+  EXPECT_LT(accepted, 2700);
+}
+
+TEST(StructuralTag, ErrorsNameTheField) {
+  auto err = [](const std::string& spec) {
+    try {
+      structural_tag_to_gbnf(spec);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(err(R"({"triggers": ["<f"]})").find("'structures'"), std::string::npos);
+  EXPECT_NE(err(R"({"structures": [{"begin": "<f>", "end": "</f>"}], "triggers": []})").find("'triggers'"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"structures": [{"begin": "<g>", "end": "</g>"}], "triggers": ["<f"]})").find("structures[0].begin"),
+            std::string::npos);
+  EXPECT_NE(err(R"({"structures": [{"begin": "<f>"}], "triggers": ["<f"]})").find("'end'"), std::string::npos);
+  EXPECT_NE(err(R"({"format": {"type": "triggered_tags"}})").find("'format'"), std::string::npos);
+}
+
+// Reasoning models: the block between the tags is free, the grammar applies after it.
+// Vocabulary: "a", "b", "ab", EOS, <think> (4), </think> (5), "z" (6).
+struct GateFixture {
+  std::vector<std::optional<std::string>> vocab = {std::string("a"), std::string("b"), std::string("ab"),
+                                                   std::nullopt, std::nullopt, std::nullopt, std::string("z")};
+  std::shared_ptr<const LogitsConstraint> inner = std::make_shared<const GrammarConstraint>(
+      compile("root ::= \"a\" \"b\"\n"), std::make_shared<const TokenTrie>(vocab));
+  const int32_t eos[1] = {3};
+  uint64_t mask(LogitsConstraintState& s) {
+    std::vector<uint64_t> m(1, 0);
+    s.fill_allowed(m, eos);
+    return m[0];
+  }
+};
+
+TEST(ReasoningGate, PromptOpenedBlockIsFreeUntilItsEndTag) {
+  GateFixture f;
+  auto s = ReasoningGate(f.inner, 4, 5, /*starts_in_reasoning=*/true).start();
+  EXPECT_EQ(f.mask(*s), ~uint64_t{0});  // anything inside the block
+  ASSERT_TRUE(s->accept(6));
+  ASSERT_TRUE(s->accept(1));
+  EXPECT_FALSE(s->must_end());
+  ASSERT_TRUE(s->accept(5));           // </think>: the grammar starts
+  EXPECT_EQ(f.mask(*s), 0b0101u);      // "a", "ab"
+  EXPECT_FALSE(s->accept(6));
+  ASSERT_TRUE(s->accept(0));
+  ASSERT_TRUE(s->accept(1));
+  EXPECT_TRUE(s->must_end());
+}
+
+TEST(ReasoningGate, FirstTokenOpensTheBlockOrStartsTheAnswer) {
+  GateFixture f;
+  ReasoningGate gate(f.inner, 4, 5, /*starts_in_reasoning=*/false);
+  auto thinking = gate.start();
+  EXPECT_EQ(f.mask(*thinking), 0b10101u);  // the grammar's first tokens and <think>
+  ASSERT_TRUE(thinking->accept(4));
+  EXPECT_EQ(f.mask(*thinking), ~uint64_t{0});
+  ASSERT_TRUE(thinking->accept(4));  // <think> again, inside the block: free text
+  ASSERT_TRUE(thinking->accept(5));
+  EXPECT_EQ(f.mask(*thinking), 0b0101u);
+  auto direct = gate.start();
+  ASSERT_TRUE(direct->accept(0));      // "a": the answer began
+  EXPECT_EQ(f.mask(*direct), 0b0010u);  // only "b" now; <think> is no longer allowed
+  EXPECT_FALSE(direct->accept(4));
+  // Without a start token only a prompt-opened block gates.
+  auto plain = ReasoningGate(f.inner, -1, 5, false).start();
+  EXPECT_EQ(f.mask(*plain), 0b0101u);
 }
 
 }  // namespace

@@ -5,11 +5,11 @@
 // The model is the tiny Qwen3 with a byte vocabulary (serve_util's makeByteModelDir), so text is
 // written byte by byte and random weights finish strings and objects in reasonable lengths.
 // Run by ctest: node --test tests/server/structured_output.test.mjs (ATOM_BIN, ATOM_SOURCE_DIR).
-import { test, before, after } from 'node:test';
+import { test, before, after, describe } from 'node:test';
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import { createRequire } from 'node:module';
-import { makeByteModelDir, startServe } from './serve_util.mjs';
+import { makeByteModelDir, makeModelDir, startServe } from './serve_util.mjs';
 
 const SRC = process.env.ATOM_SOURCE_DIR;
 const BIN = process.env.ATOM_BIN;
@@ -189,6 +189,38 @@ test('tool_choice required and a named function produce calls matching the tool 
   assert.equal(args, whole);
 });
 
+test('structural_tag: every tagged block holds JSON matching its schema, between free text', async () => {
+  // Trigger "<" (byte 60) is made the likeliest token, so tagged blocks follow one another.
+  const schema = corpus[0].schema;
+  const validate = new Ajv({ strict: false }).compile(schema);
+  const tag = { type: 'structural_tag', triggers: ['<'],
+    structures: [{ begin: '<tool>', schema, end: '</tool>' }] };
+  const forms = [{ response_format: tag }, { structured_outputs: { structural_tag: JSON.stringify(tag) } }];
+  for (const [k, extra] of forms.entries()) {
+    const r = await post('/v1/completions', { prompt: 'x', max_tokens: 400, seed: 10 + k, logit_bias: { 60: 30 }, ...extra });
+    assert.equal(r.status, 200, JSON.stringify(r.json));
+    const text = r.json.choices[0].text;
+    // Split at each "<tool>": every complete block's JSON validates; the text outside holds no "<".
+    const blocks = text.split('<tool>');
+    assert.ok(!blocks[0].includes('<'), text);
+    assert.ok(blocks.length >= 3, `several tagged blocks: ${text}`);
+    let complete = 0;
+    for (const b of blocks.slice(1)) {
+      const end = b.indexOf('</tool>');
+      if (end < 0) continue;  // cut by max_tokens
+      assert.ok(validate(JSON.parse(b.slice(0, end))), b.slice(0, end));
+      assert.ok(!b.slice(end + '</tool>'.length).includes('<'), b);
+      ++complete;
+    }
+    assert.ok(complete >= 2, text);
+  }
+  const bad = await post('/v1/completions', { prompt: 'x', max_tokens: 4,
+    structured_outputs: { structural_tag: JSON.stringify({ triggers: ['<f'], structures: [{ begin: '<g>', end: '</g>' }] }) } });
+  assert.equal(bad.status, 400);
+  assert.equal(bad.json.error.param, 'structured_outputs');
+  assert.match(bad.json.error.message, /structures\[0\]\.begin/);
+});
+
 test('bad structured-output requests are 400s naming the field', async () => {
   const cases = [
     [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'strang' } } } }, 'response_format', /unknown type 'strang'/],
@@ -208,4 +240,53 @@ test('bad structured-output requests are 400s naming the field', async () => {
   // The server still serves.
   const ok = await post('/v1/completions', { prompt: 'x', max_tokens: 3, guided_choice: ['a', 'b'] });
   assert.equal(ok.status, 200);
+});
+
+// Reasoning models (--reasoning-parser): the reasoning block is free and the grammar applies after
+// it, as vLLM's. Qwen3's tokenizer (<think> 151667, </think> 151668) on dummy weights; logit_bias
+// makes the tags the likeliest tokens, so where the grammar allows a tag it is drawn.
+describe('structured output after reasoning', () => {
+  const THINK = 151667, END = 151668;
+  let rserver, rdir, rbase;
+  before(async () => {
+    rdir = makeModelDir(SRC, 'atom-structured-reasoning-');
+    rserver = await startServe(BIN, ['serve', rdir, '--device', 'cpu', '--load-format', 'dummy', '--host', '127.0.0.1',
+      '--port', '0', '--max-model-len', '1024', '--served-model-name', 'r', '--reasoning-parser', 'qwen3']);
+    rbase = `http://127.0.0.1:${rserver.port}`;
+  });
+  after(() => {
+    if (rserver) rserver.proc.kill('SIGKILL');
+    fs.rmSync(rdir, { recursive: true, force: true });
+  });
+  const ask = async (body) => {
+    const r = await fetch(`${rbase}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ model: 'r', messages: [{ role: 'user', content: 'Give me JSON.' }], temperature: 0,
+        return_token_ids: true, response_format: { type: 'json_object' }, ...body }) });
+    const j = await r.json();
+    assert.equal(r.status, 200, JSON.stringify(j));
+    return j.choices[0];
+  };
+
+  test('a prompt that opened the block: the end tag may come first, then JSON', async () => {
+    // The request's template opens the block, as thinking templates do.
+    const c = await ask({ chat_template: "{% for m in messages %}{{ m['content'] }}{% endfor %}<think>\n",
+      logit_bias: { [END]: 100 }, max_tokens: 200 });
+    assert.equal(c.token_ids[0], END, 'the end tag is drawn while reasoning is free');
+    assert.ok(!c.token_ids.slice(1).includes(END), 'after the block the grammar masks the tag');
+    assert.equal(typeof JSON.parse(c.message.content), 'object', c.message.content);
+    assert.equal(c.message.reasoning_content, null);
+  });
+
+  test('an output may open the block itself; inside it the grammar does not apply', async () => {
+    const c = await ask({ logit_bias: { [THINK]: 100 }, max_tokens: 8 });
+    assert.equal(c.token_ids[0], THINK);
+    assert.ok(c.token_ids.every((t) => t === THINK), 'free inside the block: the biased tag every step');
+    assert.equal(c.finish_reason, 'length');
+    // Without a reasoning parser the grammar applies from the first token: no tag at all.
+    const r = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ model: 'm', messages: [{ role: 'user', content: 'x' }], return_token_ids: true,
+        response_format: { type: 'json_object' }, max_tokens: 40, temperature: 0 }) });
+    const j = await r.json();
+    assert.equal(typeof JSON.parse(j.choices[0].message.content), 'object');
+  });
 });

@@ -45,11 +45,11 @@ TEST(LinearFp8Cpu, E4m3KnownCodes) {
   EXPECT_EQ(f8e4m3_to_f32(0x08), 0.015625f);     // smallest normal, 2^-6
   EXPECT_EQ(f8e4m3_to_f32(0x3c), 1.5f);
   EXPECT_EQ(f32_to_f8e4m3(1.0f), 0x38);
-  EXPECT_EQ(f32_to_f8e4m3(1000.0f), 0x7e);    // saturates
+  EXPECT_EQ(f32_to_f8e4m3(1000.0f), 0x7e);  // saturates
   EXPECT_EQ(f32_to_f8e4m3(-1000.0f), 0xfe);
-  EXPECT_EQ(f32_to_f8e4m3(1.0625f), 0x38);    // tie between 1 and 1.125: even mantissa
-  EXPECT_EQ(f32_to_f8e4m3(1.1875f), 0x3a);    // tie between 1.125 and 1.25: even (1.25)
-  EXPECT_EQ(f32_to_f8e4m3(149.333f), 0x71);   // 144 (spacing 16 in [128, 256))
+  EXPECT_EQ(f32_to_f8e4m3(1.0625f), 0x38);   // tie between 1 and 1.125: even mantissa
+  EXPECT_EQ(f32_to_f8e4m3(1.1875f), 0x3a);   // tie between 1.125 and 1.25: even (1.25)
+  EXPECT_EQ(f32_to_f8e4m3(149.333f), 0x71);  // 144 (spacing 16 in [128, 256))
   EXPECT_EQ(f8e4m3_to_f32(0x71), 144.0f);
 }
 
@@ -129,8 +129,12 @@ std::vector<double> direct(const Tensor& x, const Fp8Weight& w, const Tensor& bi
       case Fp8Activation::kNone:
         for (int64_t k = 0; k < K; ++k) xd[m * K + k] = r[k];
         break;
-      case Fp8Activation::kTensorStatic: quant_range(0, K, w.input_scale.ptr<float>()[0]); break;
-      case Fp8Activation::kTokenDynamic: quant_range(0, K, dyn_scale(0, K)); break;
+      case Fp8Activation::kTensorStatic:
+        quant_range(0, K, w.input_scale.ptr<float>()[0]);
+        break;
+      case Fp8Activation::kTokenDynamic:
+        quant_range(0, K, dyn_scale(0, K));
+        break;
       case Fp8Activation::kBlockDynamic:
         for (int64_t k0 = 0; k0 < K; k0 += w.block_k) {
           const int64_t k1 = std::min(K, k0 + w.block_k);
@@ -147,9 +151,10 @@ std::vector<double> direct(const Tensor& x, const Fp8Weight& w, const Tensor& bi
     for (int64_t m = 0; m < M; ++m) {
       double acc = bias.defined() ? bias.ptr<float>()[n] : 0.0;
       for (int64_t k = 0; k < K; ++k) {
-        double sc = w.granularity == Fp8Granularity::kTensor    ? s[0]
-                    : w.granularity == Fp8Granularity::kChannel ? s[n]
-                                                                : s[(n / w.block_n) * gk + k / w.block_k];
+        double sc = w.granularity == Fp8Granularity::kTensor ? s[0]
+                    : w.granularity == Fp8Granularity::kChannel
+                        ? s[n]
+                        : s[(n / w.block_n) * gk + k / w.block_k];
         acc += xd[m * K + k] * (f8e4m3_to_f32(wq[n * K + k]) * sc);
       }
       out[m * N + n] = acc;
@@ -220,8 +225,8 @@ TEST(LinearFp8Cpu, MatchesDirectDequantisedProduct) {
     }
     // fp32 summation against double: measured 3.2e-8 to 1.5e-7 on these cases.
     std::cout << "  rel err " << std::sqrt(num / den) << "\n";
-    EXPECT_LE(std::sqrt(num / den), 1e-6) << "M=" << c.m << " N=" << c.n << " K=" << c.k
-                                          << " g=" << int(c.g) << " a=" << int(c.a);
+    EXPECT_LE(std::sqrt(num / den), 1e-6)
+        << "M=" << c.m << " N=" << c.n << " K=" << c.k << " g=" << int(c.g) << " a=" << int(c.a);
   }
 }
 

@@ -58,7 +58,8 @@ void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& 
   const int64_t M = x.size(0), K = x.size(1), N = w.w.size(0);
   const bool quant = w.activation != Fp8Activation::kNone;
   // Activation groups: columns [g ga, (g + 1) ga) of a row share scale sx[m, g].
-  const int64_t ga = w.activation == Fp8Activation::kBlockDynamic ? w.block_k : std::max<int64_t>(K, 1);
+  const int64_t ga =
+      w.activation == Fp8Activation::kBlockDynamic ? w.block_k : std::max<int64_t>(K, 1);
   const int64_t G = (K + ga - 1) / ga;
   std::vector<float> xv(static_cast<size_t>(M * K)), sx(static_cast<size_t>(M * G), 1.0f);
   for (int64_t m = 0; m < M; ++m) {
@@ -87,9 +88,12 @@ void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& 
   const int64_t GK = (K + bk - 1) / bk;
   auto wscale = [&](int64_t n, int64_t kb) {
     switch (w.granularity) {
-      case Fp8Granularity::kBlock: return sw[(n / bn) * GK + kb];
-      case Fp8Granularity::kChannel: return sw[n];
-      default: return sw[0];
+      case Fp8Granularity::kBlock:
+        return sw[(n / bn) * GK + kb];
+      case Fp8Granularity::kChannel:
+        return sw[n];
+      default:
+        return sw[0];
     }
   };
   // Split points: every multiple of bk or ga below K.

@@ -1,0 +1,223 @@
+// FP8 linear benchmarks on the GPU (kernels::linear_fp8):
+//   gemm:   the block-scaled GEMM (128x128 weight blocks, 1x128 dynamic activation groups) at
+//           DeepSeek-V3 shapes, M = 64 ... 8192, N in {7168, 2112, 24576}, K in {7168, 16384};
+//           the wgmma kernel alone (activations quantised once, outside the timing) and the whole
+//           call (quantisation + GEMM); and the per-channel/token-dynamic GEMM at a few shapes.
+//   skinny: the decode path (M = 1..4) at N x K = 7168 x 7168, 2112 x 7168, 4096 x 14336, W8A16
+//           (kNone) and block-quantised activations, as weight bytes/s against the 4.29 TB/s
+//           weight-read limit (bench_util.h). Weights are rotated past the 50 MB L2.
+// Each GEMM line prints TFLOP/s and the fraction of --peak (FLOP/s; the FP8 matmul peak the peer
+// script bench/fp8_gemm_torch.py measures with torch._scaled_mm on this machine in the same run).
+//   cuda_fp8_bench [gemm|skinny|all] [--peak FLOPS] [--quick]
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "kernels/cuda/linear_fp8_config.h"
+#include "kernels/cuda/linear_fp8_launch.h"
+#include "kernels/linear_fp8.h"
+#include "kernels/random.h"
+
+using namespace atom;
+using bench::time_op;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+double g_peak = 0;  // FP8 matmul FLOP/s (from --peak)
+
+Tensor rnd(Shape s, DType dt, uint64_t seed, float lo = -1, float hi = 1) {
+  Tensor t = Tensor::empty(std::move(s), dt, kGpu);
+  kernels::fill_uniform(t, seed, lo, hi);
+  return t;
+}
+
+// Random finite e4m3 codes (|value| < 32): a 16 MB host pool of them, copied into the tensor
+// from a seed-dependent offset (the bandwidth and the tensor cores see ordinary random data).
+Tensor rnd_f8(int64_t n, int64_t k, uint64_t seed) {
+  static std::vector<uint8_t> pool = [] {
+    std::vector<uint8_t> p(16 << 20);
+    std::mt19937_64 rng(1);
+    for (auto& c : p) {
+      c = static_cast<uint8_t>(rng());
+      if ((c & 0x78) >= 0x60) c &= 0xd7;  // keep |value| < 32 (no NaN)
+    }
+    return p;
+  }();
+  Tensor t = Tensor::empty({n, k}, DType::kF8E4M3, kGpu);
+  const int64_t total = n * k, psz = static_cast<int64_t>(pool.size());
+  int64_t off = static_cast<int64_t>((seed * 7919) % static_cast<uint64_t>(psz / 2));
+  for (int64_t done = 0; done < total;) {
+    const int64_t len = std::min(total - done, psz - off);
+    CUDA_CHECK(cudaMemcpy(static_cast<uint8_t*>(t.data()) + done, pool.data() + off, len,
+                          cudaMemcpyHostToDevice));
+    done += len;
+    off = 0;
+  }
+  return t;
+}
+
+kernels::Fp8Weight block_weight(int64_t n, int64_t k, uint64_t seed) {
+  kernels::Fp8Weight w;
+  w.w = rnd_f8(n, k, seed);
+  w.scale = rnd({(n + 127) / 128, (k + 127) / 128}, DType::kF32, seed + 1, 0.002f, 0.006f);
+  w.granularity = kernels::Fp8Granularity::kBlock;
+  w.activation = kernels::Fp8Activation::kBlockDynamic;
+  return w;
+}
+
+void line(const std::string& what, double t, double flops, double bytes) {
+  CUDA_CHECK(cudaGetLastError());
+  const double fl = flops / t;
+  std::printf("%-60s %9.1f us %8.1f TFLOP/s %6.1f%% of FP8 peak %7.3f TB/s\n", what.c_str(),
+              t * 1e6, fl / 1e12, g_peak > 0 ? 100.0 * fl / g_peak : 0.0, bytes / t / 1e12);
+  std::fflush(stdout);
+}
+
+// The wgmma kernel alone on activations quantised once (the time DeepGEMM reports), and the whole
+// linear_fp8 call.
+void bench_gemm(bool quick) {
+  std::printf("\n== FP8 block GEMM (128x128 weight blocks, 1x128 activation groups), bf16 out\n");
+  struct NK {
+    int64_t n, k;
+  };
+  const NK shapes[] = {{2112, 7168},  {7168, 7168},  {24576, 7168},
+                       {2112, 16384}, {7168, 16384}, {24576, 16384}};
+  std::vector<int64_t> ms = {64, 128, 256, 512, 1024, 2048, 4096, 8192};
+  if (quick) ms = {128, 4096};
+  kernels::cuda::linear_fp8_set_path(kernels::cuda::Fp8Path::kNoSkinny);
+  for (const NK& s : shapes) {
+    const double wbytes = static_cast<double>(s.n) * s.k;
+    const int copies = static_cast<int>(std::max(1.0, std::ceil(200e6 / wbytes)));
+    std::vector<kernels::Fp8Weight> ws;
+    for (int c = 0; c < copies; ++c) ws.push_back(block_weight(s.n, s.k, 10 + c));
+    for (int64_t m : ms) {
+      Tensor x = rnd({m, s.k}, DType::kBF16, 5, -2, 2);
+      Tensor y = Tensor::empty({m, s.n}, DType::kBF16, kGpu);
+      const int64_t wsb = kernels::cuda::linear_fp8_workspace_bytes(m, s.k, ws[0]);
+      Tensor work = Tensor::empty({wsb + 256}, DType::kU8, kGpu);
+      const double flops = 2.0 * m * s.n * s.k;
+      const double bytes = wbytes + static_cast<double>(m) * s.k + 2.0 * m * s.n;
+      const int iters = flops > 2e12 ? 3 : flops > 2e11 ? 10 : 30;
+      // Whole call.
+      const double t_all =
+          time_op([&](int i) { kernels::linear_fp8(y, x, ws[i % copies], Tensor(), work); }, iters);
+      // GEMM alone: the quantised activations stay in the workspace from the last call.
+      kernels::cuda::Fp8GemmArgs g;
+      g.out = {y.data(), m, s.n, s.n, kernels::cuda::Elem::kBF16};
+      g.act = kernels::cuda::Fp8Act::kBlock;
+      g.m = m;
+      g.n = s.n;
+      g.k = s.k;
+      g.gran = kernels::cuda::Fp8Gran::kBlock;
+      g.a.ldq = (s.k + 15) / 16 * 16;
+      g.a.ld_sx = (m + 3) / 4 * 4;
+      g.a.group = 128;
+      g.a.xq = static_cast<uint8_t*>(work.data());
+      g.a.sx = reinterpret_cast<float*>(static_cast<uint8_t*>(work.data()) +
+                                        (m * g.a.ldq + 255) / 256 * 256);
+      for (bool tma : {true, false}) {
+        const double t_gemm = time_op(
+            [&](int i) {
+              g.w = ws[i % copies].w.ptr<uint8_t>();
+              g.sw = ws[i % copies].scale.ptr<float>();
+              tma ? kernels::cuda::launch_fp8_gemm_tma(g, nullptr)
+                  : kernels::cuda::launch_fp8_gemm_wgmma(g, nullptr);
+            },
+            iters);
+        line(fmt::format("block M={} N={} K={} GEMM {}", m, s.n, s.k,
+                         tma ? "tma 128x256" : "cp.async 128x128"),
+             t_gemm, flops, bytes);
+      }
+      line(fmt::format("block M={} N={} K={} quant + GEMM ({})", m, s.n, s.k,
+                       kernels::cuda::linear_fp8_kernel_for(x, ws[0])),
+           t_all, flops, bytes);
+    }
+  }
+  std::printf("\n== FP8 per-channel weight, per-token dynamic activations (wgmma), bf16 out\n");
+  for (const NK& s : {NK{7168, 7168}, NK{24576, 7168}}) {
+    kernels::Fp8Weight w;
+    w.w = rnd_f8(s.n, s.k, 3);
+    w.scale = rnd({s.n}, DType::kF32, 4, 0.002f, 0.006f);
+    w.granularity = kernels::Fp8Granularity::kChannel;
+    w.activation = kernels::Fp8Activation::kTokenDynamic;
+    for (int64_t m : quick ? std::vector<int64_t>{4096} : std::vector<int64_t>{512, 4096, 8192}) {
+      Tensor x = rnd({m, s.k}, DType::kBF16, 5, -2, 2);
+      Tensor y = Tensor::empty({m, s.n}, DType::kBF16, kGpu);
+      Tensor work = Tensor::empty({kernels::cuda::linear_fp8_workspace_bytes(m, s.k, w) + 256},
+                                  DType::kU8, kGpu);
+      const double flops = 2.0 * m * s.n * s.k;
+      for (auto tiles : {kernels::cuda::Fp8Tiles::kTma, kernels::cuda::Fp8Tiles::kCpAsync}) {
+        kernels::cuda::linear_fp8_set_tiles(tiles);
+        CUDA_CHECK(cudaGetLastError());
+        const double t = time_op([&](int) { kernels::linear_fp8(y, x, w, Tensor(), work); }, 5);
+        line(fmt::format("channel/token M={} N={} K={} quant + GEMM ({})", m, s.n, s.k,
+                         tiles == kernels::cuda::Fp8Tiles::kTma ? "tma" : "cp.async"),
+             t, flops, static_cast<double>(s.n) * s.k);
+      }
+      kernels::cuda::linear_fp8_set_tiles(kernels::cuda::Fp8Tiles::kAuto);
+    }
+  }
+  kernels::cuda::linear_fp8_set_path(kernels::cuda::Fp8Path::kAuto);
+}
+
+void bench_skinny() {
+  std::printf("\n== FP8 skinny decode GEMV: weight bytes/s against %.2f TB/s\n",
+              bench::kBandwidth / 1e12);
+  struct NK {
+    int64_t n, k;
+  };
+  for (const NK& s : {NK{7168, 7168}, NK{2112, 7168}, NK{4096, 14336}}) {
+    const double wbytes = static_cast<double>(s.n) * s.k;
+    const int copies = static_cast<int>(std::max(2.0, std::ceil(300e6 / wbytes)));
+    for (auto act : {kernels::Fp8Activation::kNone, kernels::Fp8Activation::kBlockDynamic}) {
+      std::vector<kernels::Fp8Weight> ws;
+      for (int c = 0; c < copies; ++c) {
+        ws.push_back(block_weight(s.n, s.k, 30 + c));
+        ws.back().activation = act;
+      }
+      for (int64_t m : {1, 2, 3, 4})
+        for (int rows : {2, 4}) {
+          kernels::cuda::linear_fp8_set_skinny_rows(rows);
+          Tensor x = rnd({m, s.k}, DType::kBF16, 5, -2, 2);
+          Tensor y = Tensor::empty({m, s.n}, DType::kBF16, kGpu);
+          Tensor work = Tensor::empty(
+              {kernels::cuda::linear_fp8_workspace_bytes(m, s.k, ws[0]) + 256}, DType::kU8, kGpu);
+          const double t = time_op(
+              [&](int i) { kernels::linear_fp8(y, x, ws[i % copies], Tensor(), work); }, 50);
+          CUDA_CHECK(cudaGetLastError());
+          const double bytes = wbytes + wbytes / (128.0 * 128.0) * 4;
+          std::printf("%-60s %9.2f us %7.3f TB/s %6.1f%% of weight-read limit\n",
+                      fmt::format("skinny {} M={} N={} K={} rows/block {}",
+                                  act == kernels::Fp8Activation::kNone ? "W8A16" : "block-quant", m,
+                                  s.n, s.k, rows)
+                          .c_str(),
+                      t * 1e6, bytes / t / 1e12, 100.0 * bytes / t / bench::kBandwidth);
+          std::fflush(stdout);
+        }
+      kernels::cuda::linear_fp8_set_skinny_rows(2);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string what = "all";
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--peak") && i + 1 < argc)
+      g_peak = std::atof(argv[++i]);
+    else if (!std::strcmp(argv[i], "--quick"))
+      quick = true;
+    else
+      what = argv[i];
+  }
+  if (what == "gemm" || what == "all") bench_gemm(quick);
+  if (what == "skinny" || what == "all") bench_skinny();
+  return 0;
+}

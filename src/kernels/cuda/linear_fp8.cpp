@@ -1,0 +1,266 @@
+// CUDA FP8 linear: quantise the activations (linear_fp8.cu) into the workspace, then the skinny
+// GEMV (M <= 4), the wgmma GEMM (block 128x128 with 1x128 groups, or channel/tensor weights with
+// token/static activations; TMA-fed 128x256 tiles, or cp.async-fed 128x128) or the general
+// kernel (any other mode or shape). kNone skips the
+// quantisation: the skinny and general kernels read the BF16 activations (W8A16).
+#include "kernels/linear_fp8.h"
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "core/env.h"
+#include "kernels/cuda/host_common.h"
+#include "kernels/cuda/launch.h"
+#include "kernels/cuda/linear_fp8_config.h"
+#include "kernels/cuda/linear_fp8_launch.h"
+
+namespace atom::kernels::cuda {
+
+namespace {
+
+int g_path = -1;  // tuning knobs (as linear.cpp's): -1 unread
+int g_tiles = -1;
+int g_skinny_rows = -1;
+
+int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+struct Layout {
+  int64_t ldq = 0, ld_sx = 0, groups = 0, group = 0, q_bytes = 0, sx_bytes = 0, total = 0;
+  int splits = 1;
+};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Split-K for the cp.async GEMM: enough CTAs per tile to fill the SMs, each split at least four
+// k blocks; 1 when the tiles fill the SMs already.
+int splits_for(int64_t m, int64_t n, int64_t k) {
+  const int64_t tiles = ceil_div(m, 128) * ceil_div(n, 128), sms = sm_count();
+  if (tiles >= sms) return 1;
+  return static_cast<int>(std::max<int64_t>(1, std::min(sms / tiles, ceil_div(k, 128) / 4)));
+}
+
+// Whether the TMA GEMM (128 x 256 tiles) beats the cp.async one (128 x 128, split-K below a
+// wave) at this size. Both run whole waves of tiles: a 128 x 256 tile took about 1.6 times a
+// 128 x 128 one on the H200 (760-849 against 600-690 TFLOP/s at large M, twice the work), so
+// the TMA kernel wins when 1.6 x its waves is under the cp.async kernel's. Of the 38 DeepSeek-V3
+// shapes bench/cuda_fp8_bench timed without split-K (2026-12-02, docs/performance.md) this picks
+// the faster kernel for 36; the two misses cost 9% and 2%. Split-K (tiles under a wave) goes to
+// the cp.async kernel.
+bool tma_wins(int64_t m, int64_t n, int splits) {
+  if (splits > 1) return false;
+  const int64_t sms = sm_count();
+  const int64_t waves_tma = ceil_div(ceil_div(m, 128) * ceil_div(n, 256), sms);
+  const int64_t waves_cp = ceil_div(ceil_div(m, 128) * ceil_div(n, 128), sms);
+  return 16 * waves_tma < 10 * waves_cp;
+}
+
+Layout layout_of(int64_t m, int64_t k, const Fp8Weight& w) {
+  Layout l;
+  if (w.activation == Fp8Activation::kNone) return l;
+  l.ldq = round_up(k, 16);
+  l.ld_sx = round_up(m, 4);
+  l.group = w.activation == Fp8Activation::kBlockDynamic ? w.block_k : std::max<int64_t>(k, 1);
+  l.groups = (k + l.group - 1) / l.group;
+  l.q_bytes = round_up(m * l.ldq, 256);
+  l.sx_bytes = round_up(l.groups * l.ld_sx * 4, 256);
+  l.splits = splits_for(m, w.w.size(0), k);
+  l.total =
+      l.q_bytes + l.sx_bytes + (l.splits > 1 ? round_up(l.splits * m * w.w.size(0) * 4, 256) : 0);
+  return l;
+}
+
+Fp8Act act_of(Fp8Activation a) {
+  switch (a) {
+    case Fp8Activation::kBlockDynamic:
+      return Fp8Act::kBlock;
+    case Fp8Activation::kTokenDynamic:
+      return Fp8Act::kToken;
+    case Fp8Activation::kTensorStatic:
+      return Fp8Act::kStatic;
+    default:
+      return Fp8Act::kNone;
+  }
+}
+
+Fp8Gran gran_of(Fp8Granularity g) {
+  switch (g) {
+    case Fp8Granularity::kTensor:
+      return Fp8Gran::kTensor;
+    case Fp8Granularity::kChannel:
+      return Fp8Gran::kChannel;
+    default:
+      return Fp8Gran::kBlock;
+  }
+}
+
+// The per-(device, stream) buffer used when the caller passes no workspace.
+struct Buffers {
+  std::mutex mu;
+  std::map<std::tuple<int, cudaStream_t>, std::pair<void*, int64_t>> bufs;
+};
+
+void* fallback_workspace(int64_t bytes, cudaStream_t s) {
+  static Buffers* b = new Buffers;  // never destroyed: graphs may hold the addresses
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(b->mu);
+  auto& e = b->bufs[{dev, s}];
+  if (e.second >= bytes) return e.first;
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(s, &cap));
+  ATOM_CHECK(cap == cudaStreamCaptureStatusNone,
+             "linear_fp8: {} bytes of activation workspace needed during CUDA graph capture; pass "
+             "a workspace (linear_fp8_workspace_bytes) or run the shape once before capturing",
+             bytes);
+  if (e.first) {
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(cudaFree(e.first));
+  }
+  e.first = nullptr;
+  CUDA_CHECK(cudaMalloc(&e.first, bytes));
+  e.second = bytes;
+  return e.first;
+}
+
+Fp8GemmArgs args_of(const Tensor& x, const Fp8Weight& w, const Layout& l) {
+  Fp8GemmArgs g;
+  g.m = x.size(0);
+  g.k = x.size(1);
+  g.n = w.w.size(0);
+  g.act = act_of(w.activation);
+  g.gran = gran_of(w.granularity);
+  g.bn = w.block_n;
+  g.bk = w.block_k;
+  g.w = w.w.ptr<uint8_t>();
+  g.sw = w.scale.ptr<float>();
+  g.x = mat_of(x, "linear_fp8");
+  g.a.ldq = l.ldq;
+  g.a.ld_sx = l.ld_sx;
+  g.a.group = l.group;
+  return g;
+}
+
+// A plausible 256-byte-aligned address for the workspace, for the alignment checks of the
+// kernel choice before the real workspace is known.
+uint8_t* const kAlignedProbe = reinterpret_cast<uint8_t*>(uintptr_t{1} << 20);
+
+const char* choose(Fp8GemmArgs g, int splits) {
+  if (g.act != Fp8Act::kNone && g.a.xq == nullptr) {
+    g.a.xq = kAlignedProbe;
+    g.a.sx = reinterpret_cast<float*>(kAlignedProbe);
+  }
+  const Fp8Path p = linear_fp8_path();
+  if (p == Fp8Path::kGeneral) return "general";
+  if (p == Fp8Path::kAuto && fp8_gemm_skinny_supported(g)) return "skinny";
+  if (!fp8_gemm_wgmma_supported(g)) return "general";
+  const Fp8Tiles t = linear_fp8_tiles();
+  if ((t == Fp8Tiles::kTma || (t == Fp8Tiles::kAuto && tma_wins(g.m, g.n, splits))) &&
+      fp8_gemm_tma_supported(g))
+    return "wgmma_tma";
+  return splits > 1 ? "wgmma_splitk" : "wgmma";
+}
+
+}  // namespace
+
+Fp8Path linear_fp8_path() {
+  if (g_path < 0) {
+    const std::string v = env_str("ATOM_FP8_GEMM_PATH", "auto");
+    g_path = v == "general"     ? static_cast<int>(Fp8Path::kGeneral)
+             : v == "no_skinny" ? static_cast<int>(Fp8Path::kNoSkinny)
+                                : static_cast<int>(Fp8Path::kAuto);
+  }
+  return static_cast<Fp8Path>(g_path);
+}
+
+void linear_fp8_set_path(Fp8Path p) { g_path = static_cast<int>(p); }
+
+Fp8Tiles linear_fp8_tiles() {
+  if (g_tiles < 0) {
+    const std::string v = env_str("ATOM_FP8_GEMM_TILES", "auto");
+    g_tiles = static_cast<int>(v == "cp_async" ? Fp8Tiles::kCpAsync
+                               : v == "tma"    ? Fp8Tiles::kTma
+                                               : Fp8Tiles::kAuto);
+  }
+  return static_cast<Fp8Tiles>(g_tiles);
+}
+
+void linear_fp8_set_tiles(Fp8Tiles t) { g_tiles = static_cast<int>(t); }
+
+int linear_fp8_skinny_rows() {
+  if (g_skinny_rows < 0) {
+    const long v = env_int("ATOM_FP8_SKINNY_ROWS", 0);
+    g_skinny_rows = v == 2 || v == 4 ? static_cast<int>(v) : 0;
+  }
+  return g_skinny_rows;
+}
+
+void linear_fp8_set_skinny_rows(int rows) { g_skinny_rows = rows == 2 || rows == 4 ? rows : 0; }
+
+int64_t linear_fp8_workspace_bytes(int64_t m, int64_t k, const Fp8Weight& w) {
+  return layout_of(m, k, w).total;
+}
+
+const char* linear_fp8_kernel_for(const Tensor& x, const Fp8Weight& w) {
+  const Layout l = layout_of(x.size(0), x.size(1), w);
+  return choose(args_of(x, w, l), l.splits);
+}
+
+void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& bias,
+                const Tensor& workspace) {
+  check_linear_fp8_args(out, x, w, bias);
+  ATOM_CHECK(x.dtype() == DType::kBF16 || x.dtype() == DType::kF16,
+             "linear_fp8: CUDA activations must be BF16 or F16, got {}", x.str());
+  ATOM_CHECK(out.dtype() == DType::kBF16 || out.dtype() == DType::kF32,
+             "linear_fp8: CUDA output must be BF16 or F32, got {}", out.str());
+  const int64_t M = x.size(0), K = x.size(1), N = w.w.size(0);
+  if (M == 0 || N == 0) return;
+  ATOM_CHECK(K > 0, "linear_fp8: K = 0");
+  const cudaStream_t stream = current_stream();
+  const Layout l = layout_of(M, K, w);
+  Fp8GemmArgs g = args_of(x, w, l);
+  g.out = mat_of(out, "linear_fp8");
+  if (bias.defined()) {
+    g.bias = bias.data();
+    g.bias_type = elem_of(bias.dtype(), "linear_fp8");
+  }
+  if (g.act != Fp8Act::kNone) {
+    uint8_t* ws;
+    if (workspace.defined()) {
+      ATOM_CHECK(workspace.is_contiguous() && static_cast<int64_t>(workspace.nbytes()) >= l.total &&
+                     workspace.device() == out.device() &&
+                     (reinterpret_cast<uintptr_t>(workspace.data()) & 255) == 0,
+                 "linear_fp8: needs a 256-byte aligned workspace of {} bytes on {} "
+                 "(linear_fp8_workspace_bytes), got {}",
+                 l.total, out.device().str(), workspace.str());
+      ws = static_cast<uint8_t*>(workspace.data());
+    } else {
+      ws = static_cast<uint8_t*>(fallback_workspace(l.total, stream));
+    }
+    g.a.xq = ws;
+    g.a.sx = reinterpret_cast<float*>(ws + l.q_bytes);
+    launch_fp8_act_quant(
+        g.x, g.act, g.act == Fp8Act::kStatic ? w.input_scale.ptr<float>() : nullptr, g.a, stream);
+    launch_check("linear_fp8 (activation quantisation)");
+  }
+  const std::string k = choose(g, l.splits);
+  if (k == "skinny") {
+    // Four weight rows per block at M = 1, two above (H200: 2.5/2.3/3.0 against 2.4/1.8/2.9
+    // TB/s at M = 1 for 7168x7168, 2112x7168, 4096x14336; two rows faster from M = 3 on).
+    const int rows = linear_fp8_skinny_rows() ? linear_fp8_skinny_rows() : M == 1 ? 4 : 2;
+    launch_fp8_gemm_skinny(g, stream, rows);
+  } else if (k == "wgmma_tma")
+    launch_fp8_gemm_tma(g, stream);
+  else if (k == "wgmma")
+    launch_fp8_gemm_wgmma(g, stream);
+  else if (k == "wgmma_splitk") {
+    g.splits = l.splits;
+    g.partial =
+        reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(g.a.xq) + l.q_bytes + l.sx_bytes);
+    launch_fp8_gemm_wgmma(g, stream);
+  } else
+    launch_fp8_gemm_general(g, stream);
+  launch_check(("linear_fp8 (" + k + ")").c_str());
+}
+
+}  // namespace atom::kernels::cuda

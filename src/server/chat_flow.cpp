@@ -1,0 +1,116 @@
+#include "server/chat_flow.h"
+
+#include "server/reasoning.h"
+
+namespace atom::server {
+
+ChatFlow chat_flow_start(HttpServer& s, ChatRequest& r, const std::string& id_prefix) {
+  s.check_model(r.model);
+  r.chat_template_kwargs = chat_template_variables(r, s.options().default_chat_template_kwargs);
+  // How answers are taken apart: vLLM's --reasoning-parser, or without one what the chat
+  // template shows (<think> blocks; gpt-oss's harmony channels, which vLLM always parses).
+  const BackendInfo& info = s.backend().info();
+  std::string reasoning = s.options().reasoning_parser;
+  if (reasoning.empty()) reasoning = info.harmony ? "openai_gptoss" : info.reasoning ? "qwen3" : "";
+  const std::string& tool_parser = s.options().tool_call_parser;
+  ChatFlow f;
+  // One parser splits harmony's reasoning, content and calls, which live in one structure.
+  f.harmony = reasoning == "openai_gptoss" || tool_parser == "openai";
+  f.reasoning = f.harmony || !reasoning.empty();
+  f.named_tool = r.named_tool.has_value();
+  // Tools are rendered into the prompt. As vLLM, tool_choice "auto" parses calls back out of the
+  // answer only when the server runs with --enable-auto-tool-choice and a --tool-call-parser,
+  // except for harmony models, whose calls are part of the format.
+  const bool auto_tools = !r.tools.is_null() && r.tool_choice == "auto";
+  if (auto_tools && !f.harmony && !(s.options().enable_auto_tool_choice && !tool_parser.empty()))
+    bad_request("tool_choice",
+                "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
+  // "required" and a named function constrain decoding to the calls' JSON (vLLM's way), whatever
+  // the model's own call format.
+  const bool forced_tools = !r.tools.is_null() && (r.tool_choice == "required" || r.tool_choice == "named");
+  if (forced_tools) {
+    if (r.sampling.structured)
+      bad_request("tool_choice", fmt::format("tool_choice \"{}\" cannot be combined with '{}'",
+                                             r.tool_choice, r.sampling.structured->param));
+    r.sampling.structured = StructuredOutput{StructuredOutput::kJsonSchema,
+                                             forced_tool_schema(r.tools, r.named_tool), {}, "tool_choice", std::nullopt};
+  }
+  // The parsers read markers that are special tokens in these tokenizers (all of harmony's).
+  if (f.harmony || (auto_tools && tool_parser_keeps_special_tokens(tool_parser)))
+    r.sampling.skip_special_tokens = false;
+  f.prompt = s.backend().render_chat(r);
+  // Constrained answers of reasoning models: the block is written freely, the grammar follows it.
+  if (r.sampling.structured && !f.harmony && !reasoning.empty())
+    if (auto probe = make_reasoning_parser(reasoning, f.prompt, r.chat_template_kwargs))
+      r.sampling.structured->after_reasoning =
+          StructuredOutput::Reasoning{probe->format().start, probe->format().end, probe->format().starts_in_reasoning};
+  std::vector<int32_t> ids = s.backend().tokenize(f.prompt, r.add_special_tokens);
+  check_prompt(s, ids, r.sampling, true);
+  f.job = std::make_shared<Job>(s, r.sampling);
+  f.job->set_choice_setup([&](ChoiceState& c) {
+    if (f.harmony) {
+      ToolParserOptions o;
+      o.tools = r.tools;
+      o.parse_calls = auto_tools;
+      c.tool_parser = make_tool_parser("openai", o);
+      return;
+    }
+    if (!reasoning.empty())
+      c.reasoning_parser = make_reasoning_parser(reasoning, f.prompt, r.chat_template_kwargs);
+    if (forced_tools) {
+      c.tool_parser = make_forced_tool_parser(r.named_tool);
+    } else if (auto_tools) {
+      ToolParserOptions o;
+      o.tools = r.tools;
+      c.tool_parser = make_tool_parser(tool_parser, o);
+    }
+  });
+  f.job->add_prompt(std::move(ids), f.prompt);
+  f.job->set_choice_setup(nullptr);  // only add_prompt uses it, with this scope's variables
+  f.job->submit_all(r.request_id, id_prefix);
+  return f;
+}
+
+ChatMessage chat_message(ChoiceState& c) {
+  ChatMessage m;
+  // Reasoning is split off first, then calls are parsed out of what remains.
+  m.content = c.text;
+  if (c.reasoning_parser) {
+    ReasoningDelta d = c.reasoning_parser->feed(c.text);
+    const ReasoningDelta rest = c.reasoning_parser->finish();
+    m.reasoning = d.reasoning + rest.reasoning;
+    m.content = d.content + rest.content;
+  }
+  if (c.tool_parser) {
+    ToolDelta t = c.tool_parser->parse(m.content);
+    m.content = std::move(t.content);
+    m.reasoning += t.reasoning;
+    m.calls = std::move(t.calls);
+  }
+  return m;
+}
+
+ChatDelta chat_delta(ChoiceState& c, const ChoiceDelta& d) {
+  ChatDelta out;
+  out.content = d.text;
+  if (c.reasoning_parser) {
+    ReasoningDelta r = c.reasoning_parser->feed(d.text);
+    if (d.finish_reason) {
+      const ReasoningDelta rest = c.reasoning_parser->finish();
+      r.reasoning += rest.reasoning;
+      r.content += rest.content;
+    }
+    out.reasoning = std::move(r.reasoning);
+    out.content = std::move(r.content);
+  }
+  if (c.tool_parser) {
+    ToolDelta t = c.tool_parser->feed(out.content);
+    if (d.finish_reason) t.append(c.tool_parser->finish());
+    out.content = std::move(t.content);
+    out.reasoning += t.reasoning;
+    out.calls = std::move(t.deltas);
+  }
+  return out;
+}
+
+}  // namespace atom::server
