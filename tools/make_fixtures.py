@@ -320,6 +320,75 @@ FIXTURES += [
         tokens=64, seed=18, more_seeds=[118, 218]),
 ]
 
+
+# FP8 checkpoints (issue 17), each as its real counterpart stores it: F8_E4M3 weights of the linear
+# layers with their scales, the rest (embeddings, norms, routers, lm_head, excluded layers) in the
+# save dtype. The references are transformers on the dequantised weights (fp32, saved, reloaded
+# fresh), so the CPU parity bound is the usual one.
+FP8_DEEPSEEK_V3 = dict(vocab_size=512, intermediate_size=256, moe_intermediate_size=32,
+                       num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                       q_lora_rank=64, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                       v_head_dim=24, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+                       n_group=2, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+                       first_k_dense_replace=1, rope_interleave=True, max_position_embeddings=256,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False,
+                       rope_parameters=dict(rope_type="default", rope_theta=10000.0))
+FIXTURES += [
+    # DeepSeek-V3 FP8 as deepseek-ai ships it: 128x128 blocks (weight_scale_inv F32), hidden 128,
+    # the experts FP8 one by one, the router and lm_head unquantised.
+    dict(
+        name="deepseek_v3_fp8",
+        cls="DeepseekV3Config",
+        config=dict(FP8_DEEPSEEK_V3, hidden_size=128),
+        router="sigmoid_grouped", experts="per_expert",
+        fp8=dict(kind="block", block=[128, 128]),
+        tokens=64, seed=21, more_seeds=[121, 221]),
+    # Blocks of 48x48 over a hidden size of 112 and widths 40, 64, 96, ...: partial edge blocks
+    # (ceil-sized scale grids) in both directions.
+    dict(
+        name="deepseek_v3_fp8_partial",
+        cls="DeepseekV3Config",
+        config=dict(FP8_DEEPSEEK_V3, hidden_size=112, moe_intermediate_size=40,
+                    intermediate_size=200),
+        router="sigmoid_grouped", experts="per_expert",
+        fp8=dict(kind="block", block=[48, 48]),
+        tokens=64, seed=22, more_seeds=[122, 222]),
+    # Llama compressed-tensors FP8-dynamic (RedHatAI's recipe): per-channel weight_scale [N, 1]
+    # BF16, per-token dynamic activations, lm_head and one excluded layer kept BF16.
+    dict(
+        name="llama_fp8_channel",
+        cls="LlamaConfig",
+        config=dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                    rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+        fp8=dict(kind="compressed-tensors", strategy="channel", inputs="dynamic",
+                 scale_dtype="bfloat16", ignore=["lm_head", "model.layers.1.mlp.down_proj"]),
+        tokens=48, seed=23),
+    # Qwen3 compressed-tensors FP8 with static activations: per-tensor weight_scale and
+    # input_scale [1] F32.
+    dict(
+        name="qwen3_fp8_tensor",
+        cls="Qwen3Config",
+        config=dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="default", rope_theta=1000000.0)),
+        fp8=dict(kind="compressed-tensors", strategy="tensor", inputs="static",
+                 scale_dtype="float32", ignore=["lm_head"]),
+        tokens=48, seed=24),
+    # Llama as Meta's FP8 releases store it (fbgemm_fp8): per-channel weight_scale [N, 1] F32.
+    dict(
+        name="llama_fbgemm_fp8",
+        cls="LlamaConfig",
+        config=dict(vocab_size=384, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
+                    rms_norm_eps=1e-5, tie_word_embeddings=False,
+                    rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+        fp8=dict(kind="fbgemm"),
+        tokens=40, seed=25),
+]
+
 KIMI_LINEAR_CONFIG = dict(
     vocab_size=512, hidden_size=64, intermediate_size=96, moe_intermediate_size=16,
     num_hidden_layers=4,
@@ -699,6 +768,121 @@ def quantize_gpt_oss_experts(model):
     return out
 
 
+# ---- FP8 -----------------------------------------------------------------------------------------
+
+FP8_MAX = 448.0
+# Checkpoint names of the linear layers an FP8 checkpoint stores as FP8 (the routers, embeddings,
+# norms and lm_head stay in the save dtype).
+FP8_LINEAR = re.compile(r".*\.(q_proj|k_proj|v_proj|o_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|"
+                        r"kv_b_proj|gate_proj|up_proj|down_proj)\.weight$")
+
+
+def fp8_quantize(w, fp8):
+    """w [N, K] -> (q float8_e4m3fn [N, K], scale as the checkpoint stores it): amax / 448 per
+    block (partial edge blocks included), per row, or per tensor. The scale is rounded to its
+    stored dtype first, so that q * scale is exactly what the checkpoint says."""
+    w = w.float()
+    N, K = w.shape
+    if fp8["kind"] == "block":
+        bn, bk = fp8["block"]
+        R, C = -(-N // bn), -(-K // bk)
+        pad = torch.zeros(R * bn, C * bk)
+        pad[:N, :K] = w
+        amax = pad.reshape(R, bn, C, bk).abs().amax(dim=(1, 3))
+        scale = (amax / FP8_MAX).clamp(min=1e-12)
+        full = scale.repeat_interleave(bn, 0).repeat_interleave(bk, 1)[:N, :K]
+    elif fp8.get("strategy", "channel") == "channel":
+        scale = (w.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=1e-12)
+        scale = scale.to(getattr(torch, fp8.get("scale_dtype", "float32")))
+        full = scale.float().expand(N, K)
+    else:
+        scale = (w.abs().amax().reshape(1) / FP8_MAX).clamp(min=1e-12)
+        scale = scale.to(getattr(torch, fp8.get("scale_dtype", "float32")))
+        full = scale.float().expand(N, K)
+    q = (w / full).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def fp8_dequantize(q, scale, fp8):
+    N, K = q.shape
+    s = scale.float()
+    if fp8["kind"] == "block":
+        bn, bk = fp8["block"]
+        s = s.repeat_interleave(bn, 0).repeat_interleave(bk, 1)[:N, :K]
+    else:
+        s = s.reshape(-1, 1) if s.numel() > 1 else s.reshape(1, 1)
+    return q.float() * s
+
+
+def fp8_excluded(name, fp8):
+    module = name[: -len(".weight")]
+    return any(module == m or module.startswith(m + ".") for m in fp8.get("ignore", ["lm_head"]))
+
+
+def fp8_quantize_checkpoint(sd, fp8, g):
+    """The checkpoint tensors of an FP8 release (quantised linear weights with their scales), and
+    the same tensors with each quantised weight dequantised to fp32 (for the reference)."""
+    quant, deq = {}, {}
+    for k, t in sd.items():
+        if not FP8_LINEAR.match(k) or t.dim() != 2 or fp8_excluded(k, fp8):
+            quant[k] = t
+            deq[k] = t
+            continue
+        q, scale = fp8_quantize(t, fp8)
+        base = k[: -len(".weight")]
+        quant[k] = q
+        quant[base + (".weight_scale_inv" if fp8["kind"] == "block" else ".weight_scale")] = scale
+        if fp8.get("inputs") == "static":  # a calibration's amax / 448 (unused by the reference)
+            quant[base + ".input_scale"] = (torch.rand(1, generator=g) * 4 + 2) / FP8_MAX
+        deq[k] = fp8_dequantize(q, scale, fp8)
+    return quant, deq
+
+
+def fp8_quantization_config(fp8):
+    """quantization_config as the real checkpoints spell it."""
+    if fp8["kind"] == "block":
+        return {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                "weight_block_size": list(fp8["block"])}
+    if fp8["kind"] == "fbgemm":
+        return {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
+                "modules_to_not_convert": fp8.get("ignore", ["lm_head"])}
+    args = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None,
+            "block_structure": None, "observer": "minmax", "observer_kwargs": {}}
+    weights = dict(args, strategy=fp8["strategy"], dynamic=False)
+    inputs = None
+    if fp8["inputs"] == "dynamic":
+        inputs = dict(args, strategy="token", dynamic=True, observer=None)
+    elif fp8["inputs"] == "static":
+        inputs = dict(args, strategy="tensor", dynamic=False)
+    return {"quant_method": "compressed-tensors", "format": "float-quantized",
+            "quantization_status": "compressed", "global_compression_ratio": None,
+            "kv_cache_scheme": None, "ignore": fp8.get("ignore", ["lm_head"]),
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
+                                          "input_activations": inputs,
+                                          "output_activations": None}}}
+
+
+def check_fp8_weights(ref, model):
+    """The reference holds the dequantised weights: each equal to the built model's or within
+    FP8's rounding of it (3 mantissa bits), and some of them changed."""
+    want = {k: v.float().cpu() for k, v in model.state_dict().items()}
+    got = {k: v.float().cpu() for k, v in ref.state_dict().items()}
+    changed, bad = 0, []
+    for k in want:
+        if k not in got:
+            bad.append(k)
+        elif not torch.equal(want[k], got[k]):
+            changed += 1
+            # Relative 2^-4, plus the subnormal step of a block whose largest value is the
+            # tensor's (amax / 448 * 2^-9).
+            err = (want[k] - got[k]).abs() - (want[k].abs() / 16 + float(want[k].abs().max()) * 2.0 ** -17)
+            if float(err.max()) > 0:
+                bad.append(k)
+    if bad or changed == 0:
+        raise Rejected(f"the dequantised reference lost or misplaced weights {bad[:6]} "
+                       f"({changed} changed)")
+
+
 # ---- checks -------------------------------------------------------------------------------------
 
 class RouterWatch:
@@ -887,7 +1071,25 @@ def build_once(fx, out, ref_root, embed_scale):
         add_mtp_layers(saved, cfg, fx["mtp_layers"], torch.Generator().manual_seed(fx["seed"]))
     if fx.get("extra_mtp"):
         add_mtp_tensors(saved, cfg, torch.Generator().manual_seed(fx["seed"]))
-    write_checkpoint(out, convert(saved), fx.get("shards"))
+    fp8 = fx.get("fp8")
+    ref_dir = None
+    if fp8:
+        # atom's folder holds the FP8 checkpoint; transformers reads the dequantised weights
+        # (fp32) from a folder beside it, in the same layout, without quantization_config.
+        qsd, dsd = fp8_quantize_checkpoint(convert(saved), fp8, torch.Generator().manual_seed(fx["seed"]))
+        ref_dir = out + ".dequantized"
+        shutil.rmtree(ref_dir, ignore_errors=True)
+        shutil.copytree(out, ref_dir)
+        write_checkpoint(ref_dir, dsd, None)
+        write_checkpoint(out, qsd, fx.get("shards"))
+        cpath = os.path.join(out, "config.json")
+        with open(cpath) as f:
+            c = json.load(f)
+        c["quantization_config"] = fp8_quantization_config(fp8)
+        with open(cpath, "w") as f:
+            json.dump(c, f, indent=2)
+    else:
+        write_checkpoint(out, convert(saved), fx.get("shards"))
     if "generation_config" in fx:
         with open(os.path.join(out, "generation_config.json"), "w") as f:
             json.dump(fx["generation_config"], f, indent=2)
@@ -900,11 +1102,13 @@ def build_once(fx, out, ref_root, embed_scale):
         load_kw["quantization_config"] = transformers.Mxfp4Config(dequantize=True)
     try:
         ref = loader_cls.from_pretrained(
-            out, dtype=torch.float32, attn_implementation="eager", **load_kw).to(DEVICE).eval()
+            ref_dir or out, dtype=torch.float32, attn_implementation="eager", **load_kw).to(DEVICE).eval()
         ref = ref.float()
-        check_weights(ref, model)
+        (check_fp8_weights if fp8 else check_weights)(ref, model)
+        if ref_dir:
+            shutil.rmtree(ref_dir)
     except Rejected as e:
-        if layout is None:
+        if layout is None or fp8:
             raise
         # This transformers does not read the layout atom's folder keeps: it computes the
         # references from the same weights in another layout (the per-expert names for stacked
@@ -978,7 +1182,8 @@ def build_once(fx, out, ref_root, embed_scale):
         "transformers": transformers.__version__, "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
         "attn_implementation": "eager", "compute_dtype": "float32", "tf32": "off",
-        "tool": "tools/make_fixtures.py", "transformers_read_layout": str(read_layout)})
+        "tool": "tools/make_fixtures.py", "transformers_read_layout": str(read_layout),
+        **({"fp8": json.dumps(fx["fp8"]), "reference_weights": "dequantized FP8, float32"} if fx.get("fp8") else {})})
     std = float(logits.std())
     files = sorted(os.listdir(out))
     size = sum(os.path.getsize(os.path.join(out, f)) for f in files)

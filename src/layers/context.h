@@ -8,6 +8,8 @@
 #include "dist/communicator.h"
 #include "layers/batch.h"
 #include "loader/parameter.h"
+#include "loader/quantization.h"
+#include "loader/weight_names.h"
 
 namespace atom {
 
@@ -101,6 +103,14 @@ struct LayerContext {
   std::vector<StateCacheSpec>* state_specs = nullptr;  // recurrent layers add theirs here
   // Shared experts load as slots of their layer's fused experts (ModelOptions).
   bool fuse_shared_experts = false;
+  // The checkpoint's quantization_config (null: full-precision weights); layers look up their
+  // method by checkpoint name (QuantizationConfig::linear).
+  const QuantizationConfig* quant = nullptr;
+  // Which checkpoint modules a fused layer is fed from (q_proj -> qkv_proj part q, ...), for
+  // looking up the parts' quantisation.
+  std::vector<PackedModule> packed_modules;
+  // FP8 weights stay FP8 on the device (default: on CUDA); otherwise dequantised at load.
+  bool fp8_resident = false;
 
   // A zero-initialised parameter tensor on the model's device.
   Tensor param_tensor(Shape shape, DType dtype) const {

@@ -22,21 +22,16 @@ GroupedColumnParallelLinear::GroupedColumnParallelLinear(LayerContext& ctx,
   for (const int64_t p : parts_) width += p;
   out_ = groups_per_rank_ * width;
   const int64_t G = groups_per_rank_, first = ctx.tp_rank * G, total_rows = groups * width;
-  const auto parts = parts_;
-  auto loader = [G, first, width, total_rows, parts](Parameter& p, const Tensor& ckpt,
-                                                     const std::string&, int) {
-    int64_t dst = 0, src_in_group = 0;
-    for (const int64_t n : parts) {
-      for (int64_t g = 0; g < G; ++g, dst += n)
-        param_load_rows(p, ckpt, (first + g) * width + src_in_group, dst, n, total_rows);
-      src_in_group += n;
-    }
-  };
-  weight_ = &ctx.params.add(prefix_join(prefix, "weight"),
-                            ctx.param_tensor({out_, in}, ctx.weight_dtype), loader);
-  if (bias)
-    bias_ = &ctx.params.add(prefix_join(prefix, "bias"), ctx.param_tensor({out_}, ctx.weight_dtype),
-                            loader);
+  // Part-major: part n of every group of this rank, then part n + 1, ...
+  LinearLayout l;
+  int64_t dst = 0, src_in_group = 0;
+  for (const int64_t n : parts_) {
+    for (int64_t g = 0; g < G; ++g, dst += n)
+      l.parts.push_back({"", "", (first + g) * width + src_in_group, dst, n, total_rows});
+    src_in_group += n;
+  }
+  l.cols = l.ckpt_cols = in;
+  init_params(prefix, std::move(l), bias);
 }
 
 int64_t GroupedColumnParallelLinear::part_offset(size_t i) const {

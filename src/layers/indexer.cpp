@@ -31,7 +31,9 @@ SparseAttentionIndexer::SparseAttentionIndexer(LayerContext& ctx, const std::str
       rotary_(rotary),
       wq_b_(ctx, prefix + ".wq_b", o.q_lora_rank, o.num_heads * o.head_dim, false),
       wk_(ctx, prefix + ".wk", o.hidden, o.head_dim, false),
-      weights_proj_(ctx, prefix + ".weights_proj", o.hidden, o.num_heads, false) {
+      // Kept in full precision by the checkpoints (read densely below).
+      weights_proj_(ctx, prefix + ".weights_proj", o.hidden, o.num_heads, false,
+                    LinearStorage::kUnquantized) {
   k_norm_weight_ = &ctx.params.add(prefix + ".k_norm.weight",
                                    ctx.param_tensor({o.head_dim}, ctx.weight_dtype));
   k_norm_bias_ =

@@ -1,14 +1,66 @@
 // Parallel linear layers. Each owns its weight loader: given a checkpoint tensor of the full
 // (unsharded) layer, it writes this rank's slice. Weights are [out, in] as in transformers.
+//
+// A layer holds the parameters of its checkpoint's quantisation method (LinearQuant, from
+// quantization_config by the layer's checkpoint name; a fused layer by its parts' names): a plain
+// weight, or an FP8 weight with its scales. Every kind describes how this rank's weight is cut
+// from the checkpoint's (LinearLayout), and one set of loaders slices the weight, the scale grid
+// and input_scale by it. FP8 weights stay FP8 where the device computes FP8 products
+// (LayerContext::fp8_resident: CUDA), through kernels::linear_fp8; elsewhere (the CPU reference)
+// they are dequantised to the weight dtype at load and computed as any other weight.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "kernels/linear.h"
+#include "kernels/linear_fp8.h"
 #include "layers/context.h"
 
 namespace atom {
+
+// How this rank's weight [out_per_rank, cols] is cut from the checkpoint: each part (the one
+// tensor of an unfused layer, or q/k/v, gate/up of a fused one) gives rows
+// [src_row, src_row + rows) of its checkpoint tensor [ckpt_rows, ckpt_cols] to rows
+// [dst_row, dst_row + rows), columns [col_start, col_start + cols).
+struct LinearLayout {
+  struct Part {
+    std::string shard;      // "" unfused; "q", "k", "v"; "0", "1", ...
+    std::string ckpt_name;  // the part's checkpoint module, which its quantisation is looked up by
+    int64_t src_row = 0, dst_row = 0, rows = 0, ckpt_rows = 0;
+  };
+  std::vector<Part> parts;
+  int64_t col_start = 0, cols = 0, ckpt_cols = 0;
+};
+
+// How a layer stores a quantised checkpoint weight. kAuto: FP8 stays FP8 where the device
+// computes FP8 products, else it is dequantised at load. kDequantize: dequantised at load on
+// every device (a weight other code reads densely: MLA's absorbed kv_b_proj). kUnquantized: the
+// layer is never quantised, whatever the config says (routers, as transformers and the
+// checkpoints keep them).
+enum class LinearStorage { kAuto, kDequantize, kUnquantized };
+
+// W [N, K] F32 = float(w) * scale, for an FP8 weight `w` [N, K] (F8_E4M3) and its checkpoint
+// scale (F32/BF16/F16): kBlock [ceil(N / bn), ceil(K / bk)], kChannel [N] or [N, 1], kTensor
+// [] or [1]. A wrong dtype or shape is an error naming `what`.
+Tensor fp8_dequantize(const Tensor& w, const Tensor& scale, const LinearQuant& q,
+                      const std::string& what);
+// The dtype an FP8 checkpoint weight is dequantised into: F32 on the CPU reference (its values
+// are rarely BF16 values), the weight dtype elsewhere.
+inline DType fp8_dequantized_dtype(const LayerContext& ctx) {
+  return ctx.device.is_cpu() ? DType::kF32 : ctx.weight_dtype;
+}
+// Checks an FP8 checkpoint weight and its scale fit `q` for a [N, K] weight (what names them).
+void fp8_check_weight(const Tensor& w, int64_t N, int64_t K, const std::string& what);
+void fp8_check_scale(const Tensor& scale, int64_t N, int64_t K, const LinearQuant& q,
+                     const std::string& what);
+
+// The quantisation of a layer at `prefix` (parameter-side) whose checkpoint tensors are `shards`
+// of its parts ({""}: unfused), by the parts' checkpoint names (LayerContext::packed_modules);
+// parts stored differently are an error naming them.
+LinearQuant linear_quant_for(const LayerContext& ctx, const std::string& prefix,
+                             const std::vector<std::string>& shards,
+                             std::vector<std::string>* ckpt_names = nullptr);
 
 class LinearBase {
  public:
@@ -17,7 +69,17 @@ class LinearBase {
   virtual Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor());
   int64_t in_per_rank() const { return in_; }
   int64_t out_per_rank() const { return out_; }
+  // The weight as stored: [out_per_rank, in_per_rank] of the weight dtype, or F8_E4M3 when
+  // fp8() (then with weight_scale()).
   Parameter& weight() { return *weight_; }
+  // The checkpoint's quantisation of this layer (unquantised when fp8 storage is off too).
+  const LinearQuant& quant() const { return quant_; }
+  // The weight stays FP8 on the device (products through kernels::linear_fp8).
+  bool fp8() const { return fp8_; }
+  Parameter* weight_scale() { return weight_scale_; }
+  Parameter* input_scale() { return input_scale_; }
+  // The FP8 weight for kernels::linear_fp8 (fp8() only).
+  kernels::Fp8Weight fp8_weight() const;
   // Scheduling hints for this layer's products (kernels::LinearHints; values unchanged).
   void set_hints(const kernels::LinearHints& h) { hints_ = h; }
   Parameter* bias() { return bias_; }
@@ -35,10 +97,25 @@ class LinearBase {
       : ctx_(ctx), in_(in_per_rank), out_(out_per_rank) {}
   // `out` checked against this layer's output for x, or a new step tensor when undefined.
   Tensor output(Step& step, const Tensor& x, const Tensor& out) const;
+  // y = x · Wᵀ (+ bias) by the stored form of the weight.
+  void product(Tensor& y, const Tensor& x, const Tensor& bias);
+  // Registers the weight (and bias) at `prefix` in the layer's method with loaders cutting this
+  // rank's share by `layout` (parts' ckpt_name filled here), and for FP8 its weight_scale
+  // (checkpoint weight_scale or weight_scale_inv) and input_scale (static activations). A
+  // tensor-parallel cut that splits a scale block is an error naming the layer.
+  void init_params(const std::string& prefix, LinearLayout layout, bool bias,
+                   LinearStorage storage = LinearStorage::kAuto);
   LayerContext& ctx_;
   int64_t in_, out_;
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;  // [out_per_rank]
+  LinearQuant quant_;
+  bool fp8_ = false;
+  // fp8_: kBlock [ceil(out / bn), ceil(in / bk)]; kChannel [out] (also a fused kTensor layer,
+  // each part's scale over its rows); kTensor [1]. F32. Otherwise, for an FP8 checkpoint
+  // dequantised at load, a stand-in the scale arrives at.
+  Parameter* weight_scale_ = nullptr;
+  Parameter* input_scale_ = nullptr;  // [1] F32, the largest of the parts'
   kernels::LinearHints hints_;
 };
 
@@ -46,14 +123,14 @@ class LinearBase {
 class ReplicatedLinear : public LinearBase {
  public:
   ReplicatedLinear(LayerContext& ctx, const std::string& prefix, int64_t in, int64_t out,
-                   bool bias);
+                   bool bias, LinearStorage storage = LinearStorage::kAuto);
 };
 
 // Output features split over ranks; each rank computes its slice of y.
 class ColumnParallelLinear : public LinearBase {
  public:
   ColumnParallelLinear(LayerContext& ctx, const std::string& prefix, int64_t in, int64_t out,
-                       bool bias);
+                       bool bias, LinearStorage storage = LinearStorage::kAuto);
 
  protected:
   ColumnParallelLinear(LayerContext& ctx, int64_t in, int64_t out_per_rank);
@@ -64,7 +141,8 @@ class ColumnParallelLinear : public LinearBase {
 class RowParallelLinear : public LinearBase {
  public:
   RowParallelLinear(LayerContext& ctx, const std::string& prefix, int64_t in, int64_t out,
-                    bool bias, bool reduce_results = true);
+                    bool bias, bool reduce_results = true,
+                    LinearStorage storage = LinearStorage::kAuto);
   Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor()) override;
 
  private:

@@ -56,8 +56,10 @@ MultiHeadLatentAttention::MultiHeadLatentAttention(LayerContext& ctx, const std:
       kv_a_proj_with_mqa_(ctx, prefix + ".kv_a_proj_with_mqa", o.hidden,
                           o.kv_lora_rank + o.qk_rope_head_dim, o.bias),
       kv_a_layernorm_(ctx, prefix + ".kv_a_layernorm", o.kv_lora_rank, o.norm_eps),
+      // Split and absorbed after loading: an FP8 checkpoint's kv_b_proj is dequantised at load.
       kv_b_proj_(ctx, prefix + ".kv_b_proj", o.kv_lora_rank,
-                 o.num_heads * (o.qk_nope_head_dim + o.v_head_dim), false),
+                 o.num_heads * (o.qk_nope_head_dim + o.v_head_dim), false,
+                 LinearStorage::kDequantize),
       o_proj_(ctx, prefix + ".o_proj", o.num_heads * o.v_head_dim, o.hidden, o.bias),
       rotary_(ctx, static_cast<int>(o.qk_rope_head_dim), o.rope, o.max_position_embeddings,
               o.interleaved_rope) {
@@ -99,7 +101,8 @@ void MultiHeadLatentAttention::absorb_weights() {
     for (int64_t n = 0; n < nope_; ++n)
       for (int64_t l = 0; l < latent_; ++l)
         dst[(h * latent_ + l) * nope_ + n] = src[(h * (nope_ + v_) + n) * latent_ + l];
-  w_uk_t_ = ctx_.param_tensor({heads_, latent_, nope_}, ctx_.weight_dtype);
+  // In kv_b_proj's dtype (F32 for a dequantised FP8 checkpoint on the CPU).
+  w_uk_t_ = ctx_.param_tensor({heads_, latent_, nope_}, kv_b_proj_.weight().data().dtype());
   tensor_assign(w_uk_t_, t);
 }
 

@@ -1,5 +1,7 @@
 #include "layers/moe.h"
 
+#include <mutex>
+
 #include "core/convert.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -178,8 +180,8 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
 
   // One loader for every parameter of the layer: per-expert tensors, the shared experts (cut into
   // their slots), stacked tensors of every routed expert, and the model's own stacked formats.
-  auto loader = [this, E, I, S](Parameter& p, const Tensor& ckpt, const std::string& shard,
-                                int expert) {
+  auto write_part = [this, E, I, S](Parameter& p, const Tensor& ckpt, const std::string& shard,
+                                    int expert) {
     Writer w(*this);
     if (auto it = o_.stacked_formats.find(shard); it != o_.stacked_formats.end())
       return it->second(w, ckpt);
@@ -211,12 +213,69 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
          S > 0 ? fmt::format(" and the shared experts as expert {}", E) : std::string(), expert,
          shard);
   };
-  w13_ = &ctx.params.add(w13_name, ctx.param_tensor({slots_, 2 * Ip, H}, ctx.weight_dtype), loader,
-                         expert_parts(E, S, w13_layout->shards));
-  w13_->expert_layout = w13_layout;
-  w2_ = &ctx.params.add(w2_name, ctx.param_tensor({slots_, H, Ip}, ctx.weight_dtype), loader,
-                        expert_parts(E, S, w2_layout->shards));
-  w2_->expert_layout = w2_layout;
+  // FP8 experts (DeepSeek-V3's block-scaled checkpoints, looked up by the experts' module): each
+  // expert part's weight waits for its weight_scale (or the scale for its weight) and is
+  // dequantised to the weight dtype at load, on every device for now (a fused FP8 expert GEMM
+  // is separate work).
+  const LinearQuant quant = ctx.quant ? ctx.quant->linear(prefix) : LinearQuant{};
+  struct Pending {
+    std::mutex mu;
+    std::map<std::string, std::pair<Tensor, Tensor>> parts;  // part key -> (weight, scale)
+  };
+  // An FP8 part of `weight` (is_scale: its scale) arrived; writes it once both are here.
+  auto fp8_arrive = [write_part, quant](Parameter& weight, Pending& pending, const Tensor& t,
+                                        const std::string& shard, int expert, bool is_scale) {
+    const std::string what = fmt::format("{} (expert {} part {})", weight.name(), expert, shard);
+    if (expert < 0)
+      fail("{}: stacked FP8 expert tensors are not supported (FP8 checkpoints store experts one "
+           "by one)",
+           what);
+    if (!is_scale && t.dtype() != DType::kF8E4M3)
+      fail("{}: the quantization_config stores the experts as FP8, but the checkpoint weight is "
+           "{}, not F8_E4M3",
+           what, dtype_name(t.dtype()));
+    const std::string key = Parameter::part_key(shard, expert);
+    Tensor w, s;
+    {
+      std::lock_guard<std::mutex> lock(pending.mu);
+      auto& [pw, ps] = pending.parts[key];
+      (is_scale ? ps : pw) = t.clone();
+      if (!pw.defined() || !ps.defined()) return;
+      w = pw;
+      s = ps;
+      pending.parts.erase(key);
+    }
+    write_part(weight, fp8_dequantize(w, s, quant, what), shard, expert);
+  };
+  auto add_weight = [&](const std::string& name, Shape shape,
+                        const std::shared_ptr<ExpertLayout>& layout) -> Parameter* {
+    const auto parts = expert_parts(E, S, layout->shards);
+    if (!quant.fp8) {
+      Parameter* p = &ctx.params.add(name, ctx.param_tensor(std::move(shape), ctx.weight_dtype),
+                                     write_part, parts);
+      p->expert_layout = layout;
+      return p;
+    }
+    auto pending = std::make_shared<Pending>();
+    Parameter* p = &ctx.params.add(
+        name, ctx.param_tensor(std::move(shape), fp8_dequantized_dtype(ctx)),
+        [fp8_arrive, pending](Parameter& w, const Tensor& t, const std::string& shard, int e) {
+          fp8_arrive(w, *pending, t, shard, e, false);
+        },
+        parts);
+    layout->stageable = false;  // FP8 parts go through the loader, which pairs them
+    p->expert_layout = layout;
+    ctx.params.add(
+        name + "_scale", ctx.param_tensor({1}, DType::kF32),
+        [fp8_arrive, pending, p](Parameter&, const Tensor& t, const std::string& shard, int e) {
+          fp8_arrive(*p, *pending, t, shard, e, true);
+        },
+        parts);
+    return p;
+  };
+  w13_ = add_weight(w13_name, {slots_, 2 * Ip, H}, w13_layout);
+  w2_ = add_weight(w2_name, {slots_, H, Ip}, w2_layout);
+  auto loader = write_part;
   if (o.bias) {
     ATOM_CHECK(S == 0, "{}: fused shared experts with expert biases", prefix);
     w13_bias_ = &ctx.params.add(prefix_join(prefix, "w13_bias"),
@@ -265,7 +324,9 @@ SparseMoeBlock::SparseMoeBlock(LayerContext& ctx, const std::string& prefix,
     : ctx_(ctx),
       o_(o),
       args_(o.router),
-      gate_(ctx, prefix_join(prefix, o.gate_name), o.hidden, o.num_experts, o.router_bias),
+      // The router stays in full precision (transformers and the FP8 checkpoints keep it so).
+      gate_(ctx, prefix_join(prefix, o.gate_name), o.hidden, o.num_experts, o.router_bias,
+            LinearStorage::kUnquantized),
       experts_(ctx, prefix_join(prefix, "experts"), experts_options(o)) {
   if (args_.top_k < 1 || args_.top_k > o.num_experts)
     fail("{}: num_experts_per_tok {} must be in [1, {}]", prefix, args_.top_k, o.num_experts);
@@ -289,7 +350,8 @@ SparseMoeBlock::SparseMoeBlock(LayerContext& ctx, const std::string& prefix,
            "fuse_shared off)",
            prefix);
     shared_gate_ = std::make_unique<ReplicatedLinear>(ctx, prefix_join(prefix, o.shared_gate_name),
-                                                      o.hidden, 1, false);
+                                                      o.hidden, 1, false,
+                                                      LinearStorage::kUnquantized);
   }
 }
 

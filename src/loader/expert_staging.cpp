@@ -17,7 +17,9 @@ ExpertStagingPool::Entry& ExpertStagingPool::entry(Parameter& p) {
 }
 
 bool ExpertStagingPool::owns(const Parameter& p, int expert) {
-  if (!p.expert_layout || expert < 0 || expert >= p.expert_layout->num_base) return false;
+  if (!p.expert_layout || !p.expert_layout->stageable || expert < 0 ||
+      expert >= p.expert_layout->num_base)
+    return false;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(const_cast<Parameter*>(&p));
   return it == entries_.end() || !it->second->declined;

@@ -31,6 +31,9 @@ struct ExpertLayout {
   int64_t num_slots = 0;
   std::vector<int64_t> redundant_slots;  // copies filled after loading; zeroed until then
   std::vector<std::string> shards;       // the parts each slot takes, e.g. {"w1", "w3"}
+  // False when checkpoint tensors must go through the parameter's loader (FP8 experts, which
+  // pair each weight with its scale): the staging pool then leaves the parameter alone.
+  bool stageable = true;
   // The region of one slot's view (of the parameter or of a staging buffer) that `shard` fills.
   std::function<Tensor(const Tensor& slot, const std::string& shard)> region;
   // Writes this rank's part of checkpoint tensor `ckpt` into `region` (the padding past the

@@ -30,6 +30,23 @@ bool glob_match(const std::string& pattern, const std::string& s) {
 }
 }  // namespace
 
+std::string LinearQuant::str() const {
+  if (!fp8) return "unquantised";
+  std::string s = "fp8 ";
+  switch (scales) {
+    case Fp8Scales::kBlock: s += fmt::format("{}x{} blocks", block_n, block_k); break;
+    case Fp8Scales::kChannel: s += "per channel"; break;
+    case Fp8Scales::kTensor: s += "per tensor"; break;
+  }
+  switch (inputs) {
+    case Fp8Inputs::kBlockDynamic: s += fmt::format(", dynamic 1x{} activations", block_k); break;
+    case Fp8Inputs::kTokenDynamic: s += ", dynamic per-token activations"; break;
+    case Fp8Inputs::kTensorStatic: s += ", static per-tensor activations"; break;
+    case Fp8Inputs::kNone: s += ", weight only"; break;
+  }
+  return s;
+}
+
 bool QuantizationConfig::excludes(const std::string& module) const {
   for (const auto& m : not_converted) {
     if (m.starts_with("re:")) {
@@ -42,6 +59,138 @@ bool QuantizationConfig::excludes(const std::string& module) const {
   }
   return false;
 }
+
+LinearQuant QuantizationConfig::linear(const std::string& module) const {
+  if (linear_groups.empty() || excludes(module)) return {};
+  for (const auto& g : linear_groups) {
+    for (const auto& t : g.targets) {
+      bool hit = false;
+      if (t == "Linear") {
+        hit = true;
+      } else if (t.starts_with("re:")) {  // compressed-tensors: re.match, anchored at the start
+        hit = std::regex_search(module, std::regex(t.substr(3)), std::regex_constants::match_continuous);
+      } else {
+        hit = module == t || module.starts_with(t + ".");
+      }
+      if (hit) return g.quant;
+    }
+  }
+  return {};
+}
+
+LinearQuant QuantizationConfig::linear_fused(const std::string& layer,
+                                             const std::vector<std::string>& parts) const {
+  ATOM_CHECK(!parts.empty(), "{}: a fused layer without parts", layer);
+  const LinearQuant first = linear(parts[0]);
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const LinearQuant q = linear(parts[i]);
+    if (!(q == first))
+      fail("{}: fused from {} and {}, which quantization_config stores differently ({}: {}; {}: "
+           "{}); atom needs the parts of one layer stored alike",
+           layer, parts[0], parts[i], parts[0], first.str(), parts[i], q.str());
+  }
+  return first;
+}
+
+namespace {
+void parse_fp8(const ConfigFields& q, QuantizationConfig& c) {
+  if (q.has("fmt") && q.get_string("fmt") != "e4m3")
+    q.bad("fmt", "is '" + q.get_string("fmt") + "'; atom reads e4m3 FP8 weights only");
+  const std::string act = q.get_string("activation_scheme", "dynamic");
+  if (act != "dynamic" && act != "static")
+    q.bad("activation_scheme", "is '" + act + "', not dynamic or static");
+  LinearQuant l;
+  l.fp8 = true;
+  if (q.has("weight_block_size")) {
+    const auto b = q.get_int_list("weight_block_size");
+    if (b.size() != 2 || b[0] < 1 || b[1] < 1 || b[0] > (1 << 20) || b[1] > (1 << 20))
+      q.bad("weight_block_size", "must be two positive block sizes [rows, columns]");
+    if (act != "dynamic")
+      q.bad("activation_scheme", "is static; block-scaled fp8 (weight_block_size) quantises "
+                                 "activations dynamically");
+    l.scales = Fp8Scales::kBlock;
+    l.block_n = static_cast<int>(b[0]);
+    l.block_k = static_cast<int>(b[1]);
+    l.inputs = Fp8Inputs::kBlockDynamic;
+  } else {
+    l.scales = Fp8Scales::kTensor;
+    l.inputs = act == "dynamic" ? Fp8Inputs::kTokenDynamic : Fp8Inputs::kTensorStatic;
+  }
+  c.linear_groups.push_back({{"Linear"}, l});
+}
+
+// One compressed-tensors quantisation args object ({num_bits, type, strategy, dynamic, ...}) must
+// be 8-bit float; returns its strategy.
+std::string ct_fp8_args(const ConfigFields& a, const std::string& what) {
+  const int64_t bits = a.get_int("num_bits");
+  const std::string type = a.get_string("type", "int");
+  if (bits != 8 || type != "float")
+    a.bad("num_bits", fmt::format("and type give {}-bit {} {}; atom reads 8-bit float (FP8) "
+                                  "compressed-tensors only",
+                                  bits, type, what));
+  if (a.has("group_size") || a.has("block_structure"))
+    a.bad(a.has("group_size") ? "group_size" : "block_structure",
+          "is set: group- and block-wise " + what + " are not supported (channel or tensor)");
+  return a.get_string("strategy");
+}
+
+void parse_compressed_tensors(const ConfigFields& q, QuantizationConfig& c) {
+  if (q.has("format") && q.get_string("format") != "float-quantized")
+    q.bad("format", "is '" + q.get_string("format") +
+                        "'; atom reads float-quantized (FP8) compressed-tensors only");
+  if (!q.has("config_groups") || !q.obj()["config_groups"].is_object() ||
+      q.obj()["config_groups"].empty())
+    q.bad("config_groups", "must be an object of quantisation groups");
+  for (const auto& [name, gj] : q.obj()["config_groups"].items()) {
+    const ConfigFields g(gj, q.where() + " config_groups." + name);
+    if (!gj.is_object()) q.bad("config_groups", "entry '" + name + "' must be an object");
+    if (g.has("format") && g.get_string("format") != "float-quantized")
+      g.bad("format", "is '" + g.get_string("format") + "'; atom reads float-quantized only");
+    if (!g.has("weights") || !g.obj()["weights"].is_object())
+      g.bad("weights", "must be an object (the weights' quantisation)");
+    const ConfigFields w(g.obj()["weights"], g.where() + ".weights");
+    LinearQuant l;
+    l.fp8 = true;
+    const std::string ws = ct_fp8_args(w, "weights");
+    if (ws == "channel") {
+      l.scales = Fp8Scales::kChannel;
+    } else if (ws == "tensor") {
+      l.scales = Fp8Scales::kTensor;
+    } else {
+      w.bad("strategy", "is '" + ws + "'; atom reads FP8 weights per channel or per tensor");
+    }
+    if (w.get_bool("dynamic", false)) w.bad("dynamic", "is true; FP8 weights have stored scales");
+    l.inputs = Fp8Inputs::kNone;
+    if (g.has("input_activations")) {
+      const ConfigFields a(g.obj()["input_activations"], g.where() + ".input_activations");
+      if (!a.obj().is_object()) g.bad("input_activations", "must be an object or null");
+      const std::string as = ct_fp8_args(a, "activations");
+      if (a.get_bool("dynamic", false)) {
+        // Per token (a dynamic per-tensor scheme is computed per token too: a finer scale).
+        if (as != "token" && as != "tensor")
+          a.bad("strategy", "is '" + as + "'; dynamic FP8 activations are per token");
+        l.inputs = Fp8Inputs::kTokenDynamic;
+      } else {
+        if (as != "tensor")
+          a.bad("strategy", "is '" + as + "'; static FP8 activations are per tensor (input_scale)");
+        l.inputs = Fp8Inputs::kTensorStatic;
+      }
+    }
+    if (g.has("output_activations")) g.bad("output_activations", "is set; not supported");
+    std::vector<std::string> targets = g.get_string_list("targets");
+    if (targets.empty()) g.bad("targets", "is empty");
+    for (const auto& t : targets)
+      if (t.starts_with("re:")) {
+        try {
+          std::regex r(t.substr(3));
+        } catch (const std::regex_error&) {
+          g.bad("targets", "holds an invalid regular expression '" + t + "'");
+        }
+      }
+    c.linear_groups.push_back({std::move(targets), l});
+  }
+}
+}  // namespace
 
 std::optional<QuantizationConfig> quantization_config_parse(const ConfigFields& root) {
   if (!root.has("quantization_config")) return std::nullopt;
@@ -63,6 +212,17 @@ std::optional<QuantizationConfig> quantization_config_parse(const ConfigFields& 
       }
       c.not_converted.push_back(m);
     }
+  }
+  if (c.method == "fp8") {
+    parse_fp8(q, c);
+  } else if (c.method == "compressed-tensors") {
+    parse_compressed_tensors(q, c);
+  } else if (c.method == "fbgemm_fp8") {
+    LinearQuant l;
+    l.fp8 = true;
+    l.scales = Fp8Scales::kChannel;
+    l.inputs = Fp8Inputs::kTokenDynamic;  // activation_scale_ub (a clamp of the scale) unused
+    c.linear_groups.push_back({{"Linear"}, l});
   }
   return c;
 }

@@ -115,7 +115,13 @@ LoadReport load_weights(ParamRegistry& params, const Checkpoint& checkpoint,
     for (const auto& e : header.entries) {
       if (routes.count(e.name)) continue;  // a duplicate copy; the index decides which is read
       WeightDestination d = weight_destination(params, rewriter, spec, e.name, &experts);
-      if (d.kind == WeightDestination::kUnclaimed) unclaimed.push_back(e.name + "  (in " + path + ")");
+      if (d.kind == WeightDestination::kUnclaimed)
+        unclaimed.push_back(e.name + "  (in " + path + ")" +
+                            (e.name.ends_with("weight_scale") || e.name.ends_with("weight_scale_inv") ||
+                                     e.name.ends_with("input_scale")
+                                 ? "  (a quantisation scale of a layer that this model or the "
+                                   "quantization_config keeps unquantised)"
+                                 : ""));
       if (d.kind == WeightDestination::kIgnored) ++report.tensors_ignored;
       if (d.kind == WeightDestination::kNotWanted) ++report.tensors_not_wanted;
       routes.emplace(e.name, std::move(d));

@@ -39,6 +39,9 @@ class DeepseekV2ForCausalLM
                                              PerLayerMlp<deepseek_v2_mlp>>> {
  public:
   using DecoderOnlyLM::DecoderOnlyLM;
+  std::vector<std::string> quantization_methods() const override {
+    return fp8_quantization_methods();
+  }
   WeightLoadSpec weight_load_spec() const override {
     return deepseek_weight_load_spec(*this, deepseek_num_experts(config(), 64), 2);
   }

@@ -39,6 +39,9 @@ using DeepseekV3DecoderLayer =
 class DeepseekV3ForCausalLM : public DecoderOnlyLM<DeepseekV3DecoderLayer> {
  public:
   using DecoderOnlyLM::DecoderOnlyLM;
+  std::vector<std::string> quantization_methods() const override {
+    return fp8_quantization_methods();
+  }
   WeightLoadSpec weight_load_spec() const override {
     return deepseek_weight_load_spec(*this, deepseek_num_experts(config(), 256), 1);
   }

@@ -91,6 +91,9 @@ class DeepseekV32ForCausalLM
     : public DecoderOnlyLM<LlamaDecoderLayer<DeepseekV32Attention, PerLayerMlp<deepseek_v32_mlp>>> {
  public:
   using DecoderOnlyLM::DecoderOnlyLM;
+  std::vector<std::string> quantization_methods() const override {
+    return fp8_quantization_methods();
+  }
   WeightLoadSpec weight_load_spec() const override {
     return deepseek_weight_load_spec(*this, deepseek_num_experts(config(), 256), 1);
   }

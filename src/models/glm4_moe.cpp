@@ -96,6 +96,9 @@ class Glm4MoeForCausalLM
     : public DecoderOnlyLM<LlamaDecoderLayer<Glm4MoeAttention, PerLayerMlp<glm4_moe_mlp>>> {
  public:
   using DecoderOnlyLM::DecoderOnlyLM;
+  std::vector<std::string> quantization_methods() const override {
+    return fp8_quantization_methods();
+  }
 
   WeightLoadSpec weight_load_spec() const override {
     WeightLoadSpec s = Model::weight_load_spec();

@@ -51,7 +51,13 @@ Tensor logits_for_batch(Step& step, const Tensor& hidden, ParallelLMHead& lm_hea
   return lm_head.forward(step, rows);
 }
 
-using LlamaForCausalLM = DecoderOnlyLM<LlamaDecoderLayer<LlamaAttention>>;
+class LlamaForCausalLM : public DecoderOnlyLM<LlamaDecoderLayer<LlamaAttention>> {
+ public:
+  using DecoderOnlyLM::DecoderOnlyLM;
+  std::vector<std::string> quantization_methods() const override {
+    return fp8_quantization_methods();
+  }
+};
 ATOM_REGISTER_MODEL_SUPPORTING("LlamaForCausalLM", LlamaForCausalLM, llama_support());
 
 }  // namespace atom

@@ -45,6 +45,9 @@ class MixtralForCausalLM
     : public DecoderOnlyLM<LlamaDecoderLayer<MixtralAttention, PerLayerMlp<mixtral_moe>>> {
  public:
   using DecoderOnlyLM::DecoderOnlyLM;
+  std::vector<std::string> quantization_methods() const override {
+    return fp8_quantization_methods();
+  }
 
   WeightLoadSpec weight_load_spec() const override {
     WeightLoadSpec s = Model::weight_load_spec();

@@ -77,21 +77,28 @@ Model::Model(const ModelConfig& config, const ModelOptions& options)
            options.comm ? options.comm : &solo_,
            &cache_specs_,
            &state_specs_,
-           options.fuse_shared_experts.value_or(moe_fuse_shared_experts_from_env())} {
+           options.fuse_shared_experts.value_or(moe_fuse_shared_experts_from_env()),
+           config_.quantization ? &*config_.quantization : nullptr,
+           default_packed_modules(),
+           options.fp8_resident.value_or(!options.device.is_cpu())} {
   if (options.tp_size < 1 || options.tp_rank < 0 || options.tp_rank >= options.tp_size)
     fail("tensor-parallel rank {} of size {} is invalid", options.tp_rank, options.tp_size);
   if (options.tp_size > 1 && (!options.comm || options.comm->size() != options.tp_size))
     fail("tensor-parallel size {} needs a communicator of that size", options.tp_size);
 }
 
+std::vector<PackedModule> default_packed_modules() {
+  return {{"q_proj", "qkv_proj", "q"},
+          {"k_proj", "qkv_proj", "k"},
+          {"v_proj", "qkv_proj", "v"},
+          {"gate_proj", "gate_up_proj", "0"},
+          {"up_proj", "gate_up_proj", "1"}};
+}
+
 WeightLoadSpec Model::weight_load_spec() const {
   WeightLoadSpec s;
   s.num_hidden_layers = config_.num_hidden_layers;
-  s.packed_modules = {{"q_proj", "qkv_proj", "q"},
-                      {"k_proj", "qkv_proj", "k"},
-                      {"v_proj", "qkv_proj", "v"},
-                      {"gate_proj", "gate_up_proj", "0"},
-                      {"up_proj", "gate_up_proj", "1"}};
+  s.packed_modules = default_packed_modules();
   const bool tied = config_.tie_word_embeddings;
   s.ignorable = [tied](const std::string& name) {
     if (name.ends_with("rotary_emb.inv_freq")) return true;

@@ -28,7 +28,20 @@ struct ModelOptions {
   // Mixtures of experts: load shared experts as slots of the fused experts layer instead of a
   // separate MLP (the same values either way). Default: ATOM_MOE_FUSE_SHARED_EXPERTS (off).
   std::optional<bool> fuse_shared_experts;
+  // FP8 checkpoint weights stay FP8 on the device (products through kernels::linear_fp8).
+  // Default: on CUDA; the CPU reference dequantises them at load.
+  std::optional<bool> fp8_resident;
 };
+
+// The fused modules every model starts from: q/k/v_proj -> qkv_proj, gate/up_proj ->
+// gate_up_proj (Model::weight_load_spec; layers look up their parts' quantisation by them).
+std::vector<PackedModule> default_packed_modules();
+
+// The FP8 checkpoint methods (loader/quantization.h) a model whose weights are all linear layers
+// (layers/linear.h) and fused experts (layers/moe.h) reads.
+inline std::vector<std::string> fp8_quantization_methods() {
+  return {"fp8", "compressed-tensors", "fbgemm_fp8"};
+}
 
 class Model {
  public:

@@ -38,7 +38,13 @@ Tensor Qwen3Attention::forward(Step& step, const Tensor& x) {
   return o_proj_.forward(step, o);
 }
 
-using Qwen3ForCausalLM = DecoderOnlyLM<LlamaDecoderLayer<Qwen3Attention>>;
+class Qwen3ForCausalLM : public DecoderOnlyLM<LlamaDecoderLayer<Qwen3Attention>> {
+ public:
+  using DecoderOnlyLM::DecoderOnlyLM;
+  std::vector<std::string> quantization_methods() const override {
+    return fp8_quantization_methods();
+  }
+};
 ATOM_REGISTER_MODEL_SUPPORTING("Qwen3ForCausalLM", Qwen3ForCausalLM, llama_support());
 
 }  // namespace atom

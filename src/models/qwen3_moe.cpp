@@ -43,6 +43,9 @@ class Qwen3MoeForCausalLM
     : public DecoderOnlyLM<LlamaDecoderLayer<Qwen3Attention, PerLayerMlp<qwen3_moe_mlp>>> {
  public:
   using DecoderOnlyLM::DecoderOnlyLM;
+  std::vector<std::string> quantization_methods() const override {
+    return fp8_quantization_methods();
+  }
 
   WeightLoadSpec weight_load_spec() const override {
     WeightLoadSpec s = Model::weight_load_spec();

@@ -71,11 +71,22 @@ inline const std::vector<std::string>& hybrid_fixture_names() {
                                                  "kimi_linear", "kimi_linear_moonshot"};
   return names;
 }
+// FP8 checkpoints (quant_method fp8 with 128x128 and 48x48 blocks, compressed-tensors per
+// channel and per tensor, fbgemm_fp8), whose references are transformers on the dequantised
+// weights: on the CPU they are dequantised at load and held to the same bounds.
+inline const std::vector<std::string>& fp8_fixture_names() {
+  static const std::vector<std::string> names = {"deepseek_v3_fp8", "deepseek_v3_fp8_partial",
+                                                 "llama_fp8_channel", "qwen3_fp8_tensor",
+                                                 "llama_fbgemm_fp8"};
+  return names;
+}
+
 inline const std::vector<std::string>& fixture_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> all = dense_fixture_names();
     for (const auto& n : moe_fixture_names()) all.push_back(n);
     for (const auto& n : hybrid_fixture_names()) all.push_back(n);
+    for (const auto& n : fp8_fixture_names()) all.push_back(n);
     return all;
   }();
   return names;

@@ -89,15 +89,16 @@ TEST(DeepseekConfig, SparseAttentionFieldsAreChecked) {
   EXPECT_LE(max_abs_diff(score_tokens(*m.model, ref.input_ids), ref.logits), 1e-4f);
 }
 
-// The official checkpoints are FP8 (weight_scale_inv): refused by name until FP8 weights land.
-TEST(DeepseekConfig, Fp8CheckpointsAreRefusedByName) {
+// The official checkpoints are FP8 (weight_scale_inv; the deepseek_v3_fp8 fixtures): a config
+// saying so over BF16 weights is refused naming a weight that is not FP8.
+TEST(DeepseekConfig, Fp8ConfigOverBf16WeightsIsRefusedByName) {
   EXPECT_ERROR_CONTAINS(
       load_edited("deepseek_v3",
                   [](auto& c) {
                     c["quantization_config"] = {{"quant_method", "fp8"},
                                                 {"weight_block_size", {128, 128}}};
                   }),
-      "quant_method 'fp8'", "DeepseekV3ForCausalLM");
+      "as FP8, but the checkpoint weight is BF16", "not F8_E4M3");
 }
 
 // The fixture's MTP layer (model.layers.3.*: a whole decoder layer plus enorm, hnorm, eh_proj,

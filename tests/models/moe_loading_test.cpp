@@ -365,7 +365,8 @@ TEST(FusedMoELayer, PaddedIntermediateLoadsZeroTailsOnBothPaths) {
     std::vector<CacheSpec> caches;
     std::vector<StateCacheSpec> states;
     SoloCommunicator solo;
-    LayerContext ctx{reg, Device::cpu(), DType::kF32, DType::kF32, 0, 1, &solo, &caches, &states};
+    LayerContext ctx{reg, Device::cpu(), DType::kF32, DType::kF32, 0, 1, &solo, &caches, &states,
+                     false, nullptr, {}, false};
     FusedMoEOptions o;
     o.num_experts = E;
     o.hidden = H;

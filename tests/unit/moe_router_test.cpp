@@ -314,7 +314,8 @@ TEST(SparseMoeBlockShared, SigmoidGateScalesTheSharedExpertPerToken) {
   std::vector<std::unique_ptr<LayerContext>> ctxs;
   auto build = [&](ParamRegistry& reg, bool shared, bool gate) {
     ctxs.push_back(std::make_unique<LayerContext>(
-        LayerContext{reg, Device::cpu(), DType::kF32, DType::kF32, 0, 1, &solo, &caches, &states}));
+        LayerContext{reg, Device::cpu(), DType::kF32, DType::kF32, 0, 1, &solo, &caches, &states,
+                     false, nullptr, {}, false}));
     LayerContext& ctx = *ctxs.back();
     SparseMoeOptions o;
     o.hidden = H;
@@ -355,7 +356,8 @@ TEST(SparseMoeBlockShared, SigmoidGateScalesTheSharedExpertPerToken) {
   }
   // A gate with fused shared experts cannot be: the fused slot's weight is 1.
   ParamRegistry r_bad;
-  LayerContext ctx{r_bad, Device::cpu(), DType::kF32, DType::kF32, 0, 1, &solo, &caches, &states};
+  LayerContext ctx{r_bad, Device::cpu(), DType::kF32, DType::kF32, 0, 1, &solo, &caches, &states,
+                   false, nullptr, {}, false};
   SparseMoeOptions o;
   o.hidden = H;
   o.num_experts = E;
