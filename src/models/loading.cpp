@@ -29,7 +29,9 @@ void model_fill_dummy(Model& model, uint64_t seed) {
   // fills in milliseconds on a GPU, and the CPU gives the very same values.
   for (const auto& [name, p] : model.params().all()) {
     Tensor& d = p->data();
-    if (name.ends_with("norm.weight") && d.dim() == 1) {
+    if (p->dummy_fill) {
+      p->dummy_fill(d, seed ^ fnv1a(name));
+    } else if (name.ends_with("norm.weight") && d.dim() == 1) {
       kernels::fill_uniform(d, 0, 1.0f, 1.0f);
     } else {
       // Uniform in ±1/sqrt(fan_in): activations keep their scale through the layers.
