@@ -6,7 +6,7 @@
 // with expert biases) at decode batches and 8k routed rows. Routing is uniform top-k without
 // repeats, a different draw for each timed call (8 draws rotated), so the experts a call reads
 // are not left in L2 by the one before.
-//   cuda_moe_bench [--counts FILE] [--paths]
+//   cuda_moe_bench [--counts FILE] [--paths] [--mxfp4-only]
 // --counts writes the per-expert row counts of the 2k- and 16k-routed-row cases (one line each)
 // for bench/moe_grouped_mm_torch.py, which times torch._grouped_mm on the same distribution.
 // --paths also times both fused_moe paths (decode kernels, grouped GEMMs) at a few batches.
@@ -118,15 +118,17 @@ void bench_case(const Model& m, const Tensor& w13, const Tensor& w2, int64_t T,
 int main(int argc, char** argv) {
   std::string counts_path;
   bool paths = false;
+  bool mxfp4_only = false;  // only the MXFP4 gpt-oss cases
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--counts") && i + 1 < argc) counts_path = argv[++i];
     if (!std::strcmp(argv[i], "--paths")) paths = true;
+    if (!std::strcmp(argv[i], "--mxfp4-only")) mxfp4_only = true;
   }
   FILE* counts = counts_path.empty() ? nullptr : std::fopen(counts_path.c_str(), "w");
   std::printf(
       "== fused_moe (bf16, fp32 accumulate): bandwidth counts the distinct experts' "
       "weights + x + out; FLOP = 6 H I per routed row\n");
-  {
+  if (!mxfp4_only) {
     const Model q{"qwen3-30b-a3b", 2048, 768, 128, 8};
     Tensor w13 = rnd({q.E, 2 * q.I, q.H}, DType::kBF16, 1, -0.02f, 0.02f);
     Tensor w2 = rnd({q.E, q.H, q.I}, DType::kBF16, 2, -0.02f, 0.02f);
@@ -156,7 +158,7 @@ int main(int argc, char** argv) {
       kernels::cuda::fused_moe_set_decode_max_rows(saved);
     }
   }
-  {
+  if (!mxfp4_only) {
     const Model m{"mixtral-8x7b", 4096, 14336, 8, 2};
     Tensor w13 = rnd({m.E, 2 * m.I, m.H}, DType::kBF16, 3, -0.02f, 0.02f);
     Tensor w2 = rnd({m.E, m.H, m.I}, DType::kBF16, 4, -0.02f, 0.02f);
@@ -175,7 +177,7 @@ int main(int argc, char** argv) {
       kernels::cuda::fused_moe_set_decode_max_rows(saved);
     }
   }
-  {
+  if (!mxfp4_only) {
     const Model g{"gpt-oss-20b", 2880, 2880, 32, 4, true};
     Tensor w13 = rnd({g.E, 2 * g.I, g.H}, DType::kBF16, 5, -0.02f, 0.02f);
     Tensor w2 = rnd({g.E, g.H, g.I}, DType::kBF16, 6, -0.02f, 0.02f);
@@ -200,12 +202,12 @@ int main(int argc, char** argv) {
     for (int64_t T : {1, 2, 32, 2048, 8192})
       bench_case(g, w13, w2, T, "", nullptr, &b13, &b2, &s13, &s2);
     if (paths) {
-      const int saved = kernels::cuda::fused_moe_decode_max_rows();
+      const int saved = kernels::cuda::fused_moe_decode_max_rows_mxfp4();
       const int saved_depth = kernels::cuda::fused_moe_decode_depth();
-      for (int64_t T : {1, 2, 8}) {
-        kernels::cuda::fused_moe_set_decode_max_rows(0);
+      for (int64_t T : {1, 2, 8, 16, 32, 64}) {
+        kernels::cuda::fused_moe_set_decode_max_rows_mxfp4(0);
         bench_case(g, w13, w2, T, " gemm path", nullptr, &b13, &b2, &s13, &s2);
-        kernels::cuda::fused_moe_set_decode_max_rows(512);
+        kernels::cuda::fused_moe_set_decode_max_rows_mxfp4(512);
         for (int depth : {2, 4}) {
           kernels::cuda::fused_moe_set_decode_depth(depth);
           bench_case(g, w13, w2, T, fmt::format(" decode path, depth {}", depth), nullptr, &b13,
@@ -213,7 +215,7 @@ int main(int argc, char** argv) {
         }
       }
       kernels::cuda::fused_moe_set_decode_depth(saved_depth);
-      kernels::cuda::fused_moe_set_decode_max_rows(saved);
+      kernels::cuda::fused_moe_set_decode_max_rows_mxfp4(saved);
     }
   }
   if (counts) std::fclose(counts);

@@ -436,7 +436,7 @@ float e2m1(uint8_t code) {
 // MXFP4 experts in the layout kernels::MoeExperts takes (blocks [S, 2Ip, H/2] and [S, H, Ip/2],
 // scales k-group-major [S, H/32, 2Ip] and [S, Ip/32, H]), and the dense weights they encode
 // (every product e2m1 * 2^k is exact in BF16). Random codes (all 16, both zeros), scales
-// 2^-8 .. 2^-3; the padding rows of w13 and columns of w2 are zero codes with random scales.
+// 2^-8 .. 2^-3 and a few edge exponents; the padding rows of w13 and columns of w2 are zero codes with random scales.
 struct MxExperts {
   Tensor b13, b2, s13, s2;  // host U8
   Tensor d13, d2;           // host, c.dt
@@ -455,7 +455,12 @@ MxExperts make_mx(const MoeCase& c, uint64_t seed) {
   uint8_t* s13 = static_cast<uint8_t*>(m.s13.data());
   uint8_t* b2 = static_cast<uint8_t*>(m.b2.data());
   uint8_t* s2 = static_cast<uint8_t*>(m.s2.data());
-  auto scale = [&] { return static_cast<uint8_t>(119 + rng() % 6); };
+  // One group in 16 takes an edge of the kernels' scale handling: 0 (2^-127), 1, 127, 128 (the
+  // last of the one-multiply range), 129 and 132 (past it).
+  auto scale = [&] {
+    static constexpr uint8_t kEdge[6] = {0, 1, 127, 128, 129, 132};
+    return rng() % 16 == 0 ? kEdge[rng() % 6] : static_cast<uint8_t>(119 + rng() % 6);
+  };
   for (int64_t e = 0; e < S; ++e) {
     for (int64_t r = 0; r < 2 * Ip; ++r) {
       const bool pad = r % Ip >= c.I;
@@ -521,7 +526,8 @@ void check_fused_mx(const MoeCase& c, uint64_t seed) {
     kernels::fused_moe(out, gx, gex, gids, gw, &ws);
     return out;
   };
-  const int saved = kernels::cuda::fused_moe_decode_max_rows();
+  const int saved = kernels::cuda::fused_moe_decode_max_rows_mxfp4();
+  const int saved_dense = kernels::cuda::fused_moe_decode_max_rows();
   const int saved_tile = kernels::cuda::fused_moe_gemm_tile_rows();
   const int saved_depth = kernels::cuda::fused_moe_decode_depth();
   struct Path {
@@ -536,6 +542,8 @@ void check_fused_mx(const MoeCase& c, uint64_t seed) {
   }
   for (const Path& p : paths) {
     SCOPED_TRACE(p.name);
+    // The BF16 path takes the same path as the MXFP4 one.
+    kernels::cuda::fused_moe_set_decode_max_rows_mxfp4(p.decode_rows);
     kernels::cuda::fused_moe_set_decode_max_rows(p.decode_rows);
     kernels::cuda::fused_moe_set_gemm_tile_rows(p.tile_rows);
     kernels::cuda::fused_moe_set_decode_depth(p.depth);
@@ -551,7 +559,8 @@ void check_fused_mx(const MoeCase& c, uint64_t seed) {
   }
   kernels::cuda::fused_moe_set_gemm_tile_rows(saved_tile);
   kernels::cuda::fused_moe_set_decode_depth(saved_depth);
-  kernels::cuda::fused_moe_set_decode_max_rows(saved);
+  kernels::cuda::fused_moe_set_decode_max_rows_mxfp4(saved);
+  kernels::cuda::fused_moe_set_decode_max_rows(saved_dense);
 }
 
 // GPT-OSS's experts in MXFP4: the clamped SwiGLU (limits the products cross, and 7), expert

@@ -33,10 +33,14 @@ __device__ __forceinline__ uint32_t bf162_bits(__nv_bfloat162 v) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 __device__ __forceinline__ void mxfp4_expand(const uint4& packed, uint32_t scale, uint4 (&out)[4]) {
-  // 2^(s - 127) in BF16: exponent field s (s = 0: 2^-127, the subnormal 0x0040; 255: inf)
-  const uint32_t sb = scale == 0 ? 0x0040u : (scale & 0xffu) << 7;
+  // Scales 1..128 (all that real weights use): one multiply by 2^126 * 2^(s - 127) = 2^(s - 1),
+  // exponent field s + 126. Others: 2^126, then 2^(s - 127) (exponent field s; s = 0: 2^-127,
+  // the subnormal 0x0040; 255: inf).
+  scale &= 0xffu;
+  const bool one = scale - 1u < 128u;
+  const uint32_t sb = one ? (scale + 126u) << 7 : scale == 0 ? 0x0040u : scale << 7;
   const __nv_bfloat162 sc = bits_bf162(sb | (sb << 16));
-  const __nv_bfloat162 up = bits_bf162(0x7E807E80u);  // 2^126
+  const __nv_bfloat162 up = bits_bf162(one ? 0x3F803F80u : 0x7E807E80u);  // 1 or 2^126
   const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
 #pragma unroll
   for (int u = 0; u < 4; ++u) {
@@ -44,7 +48,7 @@ __device__ __forceinline__ void mxfp4_expand(const uint4& packed, uint32_t scale
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const __nv_bfloat162 v = bits_bf162(mxfp4_byte_to_bf16x2(words[u] >> (8 * j)));
-      o[j] = bf162_bits(__hmul2(__hmul2(v, up), sc));
+      o[j] = bf162_bits(one ? __hmul2(v, sc) : __hmul2(__hmul2(v, up), sc));
     }
     out[u] = make_uint4(o[0], o[1], o[2], o[3]);
   }

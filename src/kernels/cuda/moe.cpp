@@ -14,6 +14,7 @@ namespace atom::kernels::cuda {
 namespace {
 
 int g_decode_max_rows = -1;
+int g_decode_max_rows_mx = -1;
 int g_gemm_tile_rows = -1;
 int g_decode_depth = -1;
 constexpr int kTileRowsFrom = 8192;  // routed rows from which the default tile is 128 rows
@@ -31,6 +32,17 @@ int fused_moe_decode_max_rows() {
 
 void fused_moe_set_decode_max_rows(int rows) {
   g_decode_max_rows = std::clamp(rows, 0, kMoeDecodeMaxRowsCap);
+}
+
+int fused_moe_decode_max_rows_mxfp4() {
+  if (g_decode_max_rows_mx < 0)
+    g_decode_max_rows_mx = static_cast<int>(
+        std::clamp<long>(env_int("ATOM_MOE_DECODE_MAX_ROWS_MXFP4", 8), 0, kMoeDecodeMaxRowsCap));
+  return g_decode_max_rows_mx;
+}
+
+void fused_moe_set_decode_max_rows_mxfp4(int rows) {
+  g_decode_max_rows_mx = std::clamp(rows, 0, kMoeDecodeMaxRowsCap);
 }
 
 int fused_moe_decode_depth() {
@@ -161,7 +173,8 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   l.S = static_cast<int>(S);
   l.type = elem_of(x.dtype(), "fused_moe");
   l.workspace = ws;
-  l.decode = T * K <= fused_moe_decode_max_rows() && T * K <= kMoeDecodeMaxRowsCap;
+  l.decode = T * K <= (w.mxfp4() ? fused_moe_decode_max_rows_mxfp4() : fused_moe_decode_max_rows()) &&
+             T * K <= kMoeDecodeMaxRowsCap;
   l.decode_depth = fused_moe_decode_depth();
   const int tile_rows = fused_moe_gemm_tile_rows();
   l.gemm_tile_rows = tile_rows ? tile_rows : T * K >= kTileRowsFrom ? 128 : 64;
