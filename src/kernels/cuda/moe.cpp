@@ -37,7 +37,7 @@ void fused_moe_set_decode_max_rows(int rows) {
 int fused_moe_decode_max_rows_mxfp4() {
   if (g_decode_max_rows_mx < 0)
     g_decode_max_rows_mx = static_cast<int>(
-        std::clamp<long>(env_int("ATOM_MOE_DECODE_MAX_ROWS_MXFP4", 8), 0, kMoeDecodeMaxRowsCap));
+        std::clamp<long>(env_int("ATOM_MOE_DECODE_MAX_ROWS_MXFP4", 256), 0, kMoeDecodeMaxRowsCap));
   return g_decode_max_rows_mx;
 }
 
