@@ -202,8 +202,8 @@ class FusedMoE::Writer : public FusedMoEWriter {
         blocks.shape() != Shape{rows, k / 32, 16} ||
         (scales.dtype() != DType::kU8 && scales.dtype() != DType::kE8M0) ||
         scales.shape() != Shape{rows, k / 32})
-      fail("MXFP4 checkpoint tensors for '{}': blocks {} and scales {}, expected U8 [{}, {}, 16] "
-           "and [{}, {}]",
+      fail("{}: MXFP4 blocks {} and scales {} do not match the layer (expected U8 [{}, {}, 16] "
+           "and [{}, {}])",
            p.name(), blocks.str(), scales.str(), rows, k / 32, rows, k / 32);
   }
   // A packed slot written whole (a CPU tensor of the parameter's slot shape).
