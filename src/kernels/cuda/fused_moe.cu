@@ -17,7 +17,10 @@
 // dependents), and the last CTA of each 16-column chunk (a ticket per chunk, zeroed by the w13
 // kernel) sums every token's K rows in j order into out. GPT-OSS's experts take a second
 // instantiation (kExt): w13's epilogue adds the gate/up biases and applies SiLU·mul or the
-// clamped SwiGLU, w2's adds the output bias to y. (A persistent variant, every CTA
+// clamped SwiGLU, w2's adds the output bias to y. MXFP4 experts (W4A16) take a third (kMx, with
+// the extended epilogue): a lane's k step is one 32-value group of each of its rows, 16 bytes and
+// a scale byte, expanded to BF16 (mxfp4_expand, fused_moe.cuh) just before its MMAs; a load group
+// is twice as many k steps. (A persistent variant, every CTA
 // sorting the routing once and each warp streaming its items with three k steps in flight
 // across item boundaries, ran slower on the H200: docs/performance.md.)
 //

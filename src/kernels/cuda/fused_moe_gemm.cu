@@ -23,6 +23,12 @@
 // path keeps its code): w13 adds the slot's gate/up biases to the accumulators before the
 // activation, which is SiLU·mul or the clamped SwiGLU; w2 adds the slot's output bias before y is
 // rounded. The biases are read as pairs of elements (a thread's two adjacent columns) from L2.
+//
+// MXFP4 experts (kMx, BF16 only, with the extended epilogue): the stages hold the B tile's blocks
+// and scales (cp.async; the scales are stored k-group-major, so a tile's rows of one group are
+// contiguous); at each k step every thread expands one tile row into one of two BF16 B buffers
+// in the layout above (a fence and a barrier before the MMAs read it), then the MMAs run as for
+// BF16 weights. The expansion is exact: the results are the BF16 path's on the encoded weights.
 #include <algorithm>
 #include <atomic>
 #include <type_traits>
