@@ -3,6 +3,7 @@
 #include "core/convert.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
 #include "kernels/random.h"
@@ -235,16 +236,17 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
   inter_rank_ = o.intermediate / tp;
   inter_padded_ = (inter_rank_ + o.pad_intermediate_to - 1) / o.pad_intermediate_to *
                   o.pad_intermediate_to;
-  // MXFP4 stays packed where the fused kernels read it (CUDA, BF16 activations).
-  packed_ = o.quant == ExpertQuant::kMxfp4 && !ctx.device.is_cpu() && ctx.act_dtype == DType::kBF16;
-  if (packed_) {
-    if (o.hidden % 32 != 0 || inter_rank_ % 32 != 0)
-      fail("{}: MXFP4 experts need a hidden size ({}) and a per-rank intermediate size ({} over "
-           "{} ranks) of whole 32-value groups",
-           prefix, o.hidden, o.intermediate, tp);
-    if (o.num_shared_slots > 0) fail("{}: MXFP4 experts with fused shared experts", prefix);
-    inter_padded_ = (inter_padded_ + 31) / 32 * 32;
-  }
+  // MXFP4 stays packed where the fused kernels read it (CUDA, BF16 activations) and every rank
+  // holds whole 32-value groups (gpt-oss: I = 2880 on 1, 2, 3 or 6 ranks, not 4); elsewhere the
+  // experts are dequantised at load, as on the CPU.
+  packed_ = o.quant == ExpertQuant::kMxfp4 && !ctx.device.is_cpu() &&
+            ctx.act_dtype == DType::kBF16 && o.hidden % 32 == 0 && inter_rank_ % 32 == 0 &&
+            o.num_shared_slots == 0;
+  if (o.quant == ExpertQuant::kMxfp4 && !ctx.device.is_cpu() && !packed_)
+    log_warn("{}: MXFP4 experts dequantised to {} at load (hidden size {}, {} intermediate "
+             "channels on each of {} ranks: packed experts need whole 32-value groups)",
+             prefix, dtype_name(ctx.weight_dtype), o.hidden, inter_rank_, tp);
+  if (packed_) inter_padded_ = (inter_padded_ + 31) / 32 * 32;
   const int64_t E = o.num_experts, H = o.hidden, I = o.intermediate, Ir = inter_rank_,
                 Ip = inter_padded_, S = o.num_shared_slots;
   const int64_t start = ctx.tp_rank * Ir;

@@ -68,8 +68,8 @@ enum class ExpertQuant {
   kNone,   // dense weights, stored in LayerContext::weight_dtype
   // MXFP4 blocks and scales (quant_method mxfp4): on CUDA they stay packed (W4A16: the fused
   // kernels expand them to BF16 as they load them; kernels::MoeExperts' layout, parameters
-  // "w13_weight"/"w2_weight" U8 and "w13_weight_scale"/"w2_weight_scale"); on the CPU, the
-  // reference, they are dequantised at load.
+  // "w13_weight"/"w2_weight" U8 and "w13_weight_scale"/"w2_weight_scale") when every rank holds
+  // whole 32-value groups; on the CPU, the reference, and otherwise they are dequantised at load.
   kMxfp4,
 };
 
