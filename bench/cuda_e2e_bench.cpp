@@ -124,11 +124,19 @@ int main(int argc, char** argv) {
     ModelNumbers n;
     for (const auto& [name, p] : model.params().all()) {
       if (name == "model.embed_tokens.weight" && !c.tie_word_embeddings) continue;
-      if (name.ends_with("experts.w13_weight") || name.ends_with("experts.w2_weight")) {
+      // An expert's weights (MXFP4: U8 blocks of two weights a byte), scales and biases are
+      // read only where the expert is routed to.
+      const bool expert_w =
+          name.ends_with("experts.w13_weight") || name.ends_with("experts.w2_weight");
+      if (expert_w || name.ends_with("experts.w13_weight_scale") ||
+          name.ends_with("experts.w2_weight_scale") || name.ends_with("experts.w13_bias") ||
+          name.ends_with("experts.w2_bias")) {
         const Tensor& w = p->data();
         n.slots = static_cast<int>(w.size(0));
         if (name.ends_with("w13_weight")) ++n.moe_layers;
-        n.expert_slot_params += static_cast<double>(w.numel() / w.size(0));
+        if (expert_w)
+          n.expert_slot_params += static_cast<double>(w.numel() / w.size(0)) *
+                                  (w.dtype() == DType::kU8 ? 2 : 1);
         n.expert_slot_bytes += static_cast<double>(w.nbytes() / w.size(0));
         continue;
       }

@@ -6,7 +6,7 @@
 // with expert biases) at decode batches and 8k routed rows. Routing is uniform top-k without
 // repeats, a different draw for each timed call (8 draws rotated), so the experts a call reads
 // are not left in L2 by the one before.
-//   cuda_moe_bench [--counts FILE] [--paths]
+//   cuda_moe_bench [--counts FILE] [--paths] [--mxfp4-only]
 // --counts writes the per-expert row counts of the 2k- and 16k-routed-row cases (one line each)
 // for bench/moe_grouped_mm_torch.py, which times torch._grouped_mm on the same distribution.
 // --paths also times both fused_moe paths (decode kernels, grouped GEMMs) at a few batches.
@@ -76,7 +76,8 @@ Routing draw(const Model& m, int64_t T, int draws, uint64_t seed) {
 
 void bench_case(const Model& m, const Tensor& w13, const Tensor& w2, int64_t T,
                 const std::string& tag, FILE* counts_out, const Tensor* b13 = nullptr,
-                const Tensor* b2 = nullptr) {
+                const Tensor* b2 = nullptr, const Tensor* s13 = nullptr,
+                const Tensor* s2 = nullptr) {
   const int draws = 8;
   Routing r = draw(m, T, draws, 77 + static_cast<uint64_t>(T));
   Tensor x = rnd({T, m.H}, DType::kBF16, 5);
@@ -86,11 +87,15 @@ void bench_case(const Model& m, const Tensor& w13, const Tensor& w2, int64_t T,
   ex.w2 = &w2;
   ex.w13_bias = b13;
   ex.w2_bias = b2;
+  ex.w13_scales = s13;
+  ex.w2_scales = s2;
   if (m.gpt_oss) ex.activation = kernels::MoeActivation::kSwigluOai;
   const int64_t wsb = kernels::fused_moe_workspace_bytes(kGpu, T, m.K, ex, DType::kBF16);
   Tensor ws = Tensor::empty({std::max<int64_t>(wsb, 1)}, DType::kU8, kGpu);
   const int64_t rows = T * m.K;
-  const double expert_bytes = 3.0 * m.H * m.I * 2 + (b13 ? 2.0 * m.I * 2 : 0) + (b2 ? m.H * 2 : 0);
+  // MXFP4: half a byte a weight plus a scale byte per 32
+  const double weight_bytes = s13 ? 3.0 * m.H * m.I * (0.5 + 1.0 / 32) : 3.0 * m.H * m.I * 2;
+  const double expert_bytes = weight_bytes + (b13 ? 2.0 * m.I * 2 : 0) + (b2 ? m.H * 2 : 0);
   const double bytes = r.distinct * expert_bytes + 2.0 * T * m.H * 2;
   const double flops = 2.0 * 3.0 * m.H * m.I * rows;
   const int iters = rows >= 100000 ? 5 : rows >= 10000 ? 10 : 50;
@@ -113,15 +118,17 @@ void bench_case(const Model& m, const Tensor& w13, const Tensor& w2, int64_t T,
 int main(int argc, char** argv) {
   std::string counts_path;
   bool paths = false;
+  bool mxfp4_only = false;  // only the MXFP4 gpt-oss cases
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--counts") && i + 1 < argc) counts_path = argv[++i];
     if (!std::strcmp(argv[i], "--paths")) paths = true;
+    if (!std::strcmp(argv[i], "--mxfp4-only")) mxfp4_only = true;
   }
   FILE* counts = counts_path.empty() ? nullptr : std::fopen(counts_path.c_str(), "w");
   std::printf(
       "== fused_moe (bf16, fp32 accumulate): bandwidth counts the distinct experts' "
       "weights + x + out; FLOP = 6 H I per routed row\n");
-  {
+  if (!mxfp4_only) {
     const Model q{"qwen3-30b-a3b", 2048, 768, 128, 8};
     Tensor w13 = rnd({q.E, 2 * q.I, q.H}, DType::kBF16, 1, -0.02f, 0.02f);
     Tensor w2 = rnd({q.E, q.H, q.I}, DType::kBF16, 2, -0.02f, 0.02f);
@@ -151,7 +158,7 @@ int main(int argc, char** argv) {
       kernels::cuda::fused_moe_set_decode_max_rows(saved);
     }
   }
-  {
+  if (!mxfp4_only) {
     const Model m{"mixtral-8x7b", 4096, 14336, 8, 2};
     Tensor w13 = rnd({m.E, 2 * m.I, m.H}, DType::kBF16, 3, -0.02f, 0.02f);
     Tensor w2 = rnd({m.E, m.H, m.I}, DType::kBF16, 4, -0.02f, 0.02f);
@@ -170,13 +177,46 @@ int main(int argc, char** argv) {
       kernels::cuda::fused_moe_set_decode_max_rows(saved);
     }
   }
-  {
+  if (!mxfp4_only) {
     const Model g{"gpt-oss-20b", 2880, 2880, 32, 4, true};
     Tensor w13 = rnd({g.E, 2 * g.I, g.H}, DType::kBF16, 5, -0.02f, 0.02f);
     Tensor w2 = rnd({g.E, g.H, g.I}, DType::kBF16, 6, -0.02f, 0.02f);
     Tensor b13 = rnd({g.E, 2 * g.I}, DType::kBF16, 7, -0.1f, 0.1f);
     Tensor b2 = rnd({g.E, g.H}, DType::kBF16, 8, -0.1f, 0.1f);
     for (int64_t T : {1, 2, 32, 2048}) bench_case(g, w13, w2, T, "", nullptr, &b13, &b2);
+  }
+  // gpt-oss-20b's and gpt-oss-120b's experts as they ship: MXFP4 blocks and e8m0 scales (W4A16:
+  // the kernels expand them to BF16 as they load them).
+  for (const Model& g : {Model{"gpt-oss-20b mxfp4", 2880, 2880, 32, 4, true},
+                         Model{"gpt-oss-120b mxfp4", 2880, 2880, 128, 4, true}}) {
+    auto bytes = [](Shape sh, uint64_t seed, int lo, int hi) {
+      Tensor t = Tensor::empty(std::move(sh), DType::kU8, kGpu);
+      kernels::fill_uniform_bytes(t, seed, lo, hi);
+      return t;
+    };
+    Tensor w13 = bytes({g.E, 2 * g.I, g.H / 2}, 9, 0, 255), w2 = bytes({g.E, g.H, g.I / 2}, 10, 0, 255);
+    Tensor s13 = bytes({g.E, g.H / 32, 2 * g.I}, 11, 118, 120);
+    Tensor s2 = bytes({g.E, g.I / 32, g.H}, 12, 118, 120);
+    Tensor b13 = rnd({g.E, 2 * g.I}, DType::kBF16, 7, -0.1f, 0.1f);
+    Tensor b2 = rnd({g.E, g.H}, DType::kBF16, 8, -0.1f, 0.1f);
+    for (int64_t T : {1, 2, 32, 2048, 8192})
+      bench_case(g, w13, w2, T, "", nullptr, &b13, &b2, &s13, &s2);
+    if (paths) {
+      const int saved = kernels::cuda::fused_moe_decode_max_rows_mxfp4();
+      const int saved_depth = kernels::cuda::fused_moe_decode_depth();
+      for (int64_t T : {1, 2, 8, 16, 32, 64}) {
+        kernels::cuda::fused_moe_set_decode_max_rows_mxfp4(0);
+        bench_case(g, w13, w2, T, " gemm path", nullptr, &b13, &b2, &s13, &s2);
+        kernels::cuda::fused_moe_set_decode_max_rows_mxfp4(512);
+        for (int depth : {2, 4}) {
+          kernels::cuda::fused_moe_set_decode_depth(depth);
+          bench_case(g, w13, w2, T, fmt::format(" decode path, depth {}", depth), nullptr, &b13,
+                     &b2, &s13, &s2);
+        }
+      }
+      kernels::cuda::fused_moe_set_decode_depth(saved_depth);
+      kernels::cuda::fused_moe_set_decode_max_rows_mxfp4(saved);
+    }
   }
   if (counts) std::fclose(counts);
   return 0;

@@ -10,7 +10,7 @@
 #   MLA decode kernel bench with its PyTorch peer; mla_e2e: the DeepSeek-V2-Lite shape end to end
 #   with transformers; decode:
 #   decode steps under the environments of ATOM_DECODE_VARIANTS; ncu: per-kernel durations of a
-#   batch-1 decode step)
+#   batch-1 decode step; gptoss: GPT-OSS's MXFP4 tests and benchmarks)
 set -u
 stage="$(cd "$(dirname "$0")/.." && pwd)"
 bin="$stage/bin"
@@ -81,6 +81,46 @@ if has mla; then
   timeout 120 python3 "$stage/bench/mla_decode_torch.py" "$out/mla_atom.txt" > "$out/mla_torch.log" 2>&1
   note "mla torch peer: rc=$?"
   grep -E "torch" "$out/mla_torch.log" | tee -a "$summary"
+fi
+
+if has gptoss; then
+  # GPT-OSS with MXFP4 experts kept packed (W4A16): the fused-expert kernel tests (dense and
+  # MXFP4, every path), the fixtures' GPU parity and packing test, memcheck over the MXFP4 kernel
+  # test, the expert kernels alone, both shapes end to end (dummy weights), bench throughput
+  # 1000/1000 on the 20b shape and a 32k-token request on the 120b shape.
+  for f in 'GpuMoe.*' '*GpuMoeParity*gpt_oss*:GpuGptOssMxfp4.*'; do
+    echo "##### $f" >> "$out/gptoss_tests.log"
+    timeout 200 "$bin/gpu_test" --gtest_filter="$f" >> "$out/gptoss_tests.log" 2>&1
+    note "gptoss tests $f: rc=$?"
+  done
+  grep -E "^\[  FAILED  \]|Failure|Expected|Which is|error:|mxfp4 .*(auto|decode ) |rel err|agree for|median row" \
+    "$out/gptoss_tests.log" | grep -v "listed below" | head -60 | tee -a "$summary"
+  gtest_summary "$out/gptoss_tests.log"
+  timeout 120 compute-sanitizer --tool memcheck --print-limit 10 "$bin/gpu_test" \
+    --gtest_filter='GpuMoe.FusedMxfp4MatchesCpu' > "$out/gptoss_memcheck.log" 2>&1
+  note "gptoss memcheck (FusedMxfp4MatchesCpu): rc=$?"
+  grep -E "ERROR SUMMARY|Invalid|out of bounds" "$out/gptoss_memcheck.log" | head -5 | tee -a "$summary"
+  timeout 150 "$bin/cuda_moe_bench" > "$out/gptoss_moe_bench.log" 2>&1
+  note "moe bench: rc=$?"
+  grep -E "gpt-oss" "$out/gptoss_moe_bench.log" | tee -a "$summary"
+  for m in gpt-oss-20b gpt-oss-120b; do
+    timeout 200 "$bin/cuda_e2e_bench" --model "$stage/bench/models/$m" --load-format dummy \
+      --prefill 2048 --batch 1,32,128 > "$out/gptoss_e2e_$m.log" 2>&1
+    note "e2e bench $m: rc=$?"
+    tail -n 9 "$out/gptoss_e2e_$m.log" | tee -a "$summary"
+  done
+  timeout "${ATOM_GPTOSS_TP_TIMEOUT:-150}" "$bin/atom" bench throughput \
+    --model "$stage/bench/models/gpt-oss-20b" --load-format dummy --input-len 1000 --output-len 1000 \
+    --num-prompts "${ATOM_GPTOSS_PROMPTS:-512}" --max-num-seqs "${ATOM_GPTOSS_SEQS:-256}" \
+    --output-json "$out/gptoss_throughput_20b.json" > "$out/gptoss_throughput_20b.log" 2>&1
+  note "bench throughput gpt-oss-20b 1000/1000: rc=$?"
+  tail -n 6 "$out/gptoss_throughput_20b.log" | tee -a "$summary"
+  timeout 150 "$bin/atom" bench latency --model "$stage/bench/models/gpt-oss-120b" \
+    --load-format dummy --input-len 32000 --output-len 32 --batch-size 1 --num-iters 1 \
+    --num-iters-warmup 0 --max-model-len 32768 > "$out/gptoss_120b_32k.log" 2>&1
+  note "bench latency gpt-oss-120b, a 32k-token request: rc=$?"
+  grep -iE "latency|memory|blocks|GiB|error" "$out/gptoss_120b_32k.log" | tail -n 8 | tee -a "$summary"
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv | tee -a "$summary"
 fi
 
 if has mla_e2e; then

@@ -82,9 +82,20 @@ struct MoeExperts {
   const Tensor* w2 = nullptr;        // [S, H, I]
   const Tensor* w13_bias = nullptr;  // [S, 2 * I] or null
   const Tensor* w2_bias = nullptr;   // [S, H] or null (each expert's output bias, weighted too)
+  // MXFP4 experts (W4A16, CUDA only; the CPU reference dequantises at load): w13 and w2 then hold
+  // U8 blocks, two e2m1 values a byte, the low nibble first: w13 [S, 2I, H/2], w2 [S, H, I/2];
+  // the scales are U8 e8m0 exponents (value = e2m1 * 2^(e - 127)), one per 32 consecutive k,
+  // stored k-group-major so that a tile's rows of one group are contiguous: w13_scales
+  // [S, H/32, 2I], w2_scales [S, I/32, H]. Both set, or neither.
+  const Tensor* w13_scales = nullptr;
+  const Tensor* w2_scales = nullptr;
   MoeActivation activation = MoeActivation::kSiluMul;
   float swiglu_alpha = 1.702f;  // kSwigluOai
   float swiglu_limit = 7.0f;    // kSwigluOai
+
+  bool mxfp4() const { return w13_scales != nullptr || w2_scales != nullptr; }
+  int64_t hidden() const;        // H, from w2's rows
+  int64_t intermediate() const;  // I, from w13's rows
 };
 
 // fused_moe's argument rules, as moe_route_check.
@@ -121,7 +132,8 @@ inline int64_t fused_moe_workspace_bytes(Device device, int64_t num_tokens, int6
 inline void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& topk_ids,
                       const Tensor& topk_weights, Tensor* workspace) {
   check_same_device("fused_moe", out.device(),
-                    {&x, w.w13, w.w2, w.w13_bias, w.w2_bias, &topk_ids, &topk_weights});
+                    {&x, w.w13, w.w2, w.w13_bias, w.w2_bias, w.w13_scales, w.w2_scales, &topk_ids,
+                     &topk_weights});
   if (out.device().is_cpu()) return cpu::fused_moe(out, x, w, topk_ids, topk_weights, workspace);
   ATOM_KERNEL_CUDA("fused_moe", cuda::fused_moe(out, x, w, topk_ids, topk_weights, workspace));
 }

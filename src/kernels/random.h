@@ -21,4 +21,21 @@ inline void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {
   ATOM_KERNEL_CUDA("fill_uniform", cuda::fill_uniform(t, seed, lo, hi));
 }
 
+// Bytes: t[i] = lo + floor((hi - lo + 1) * random_uniform(seed, i)), capped at hi, over contiguous
+// U8 `t` (0 <= lo <= hi <= 255).
+namespace cpu {
+void fill_uniform_bytes(Tensor& t, uint64_t seed, int lo, int hi);
+}
+namespace cuda {
+void fill_uniform_bytes(Tensor& t, uint64_t seed, int lo, int hi);
+}
+
+inline void fill_uniform_bytes(Tensor& t, uint64_t seed, int lo, int hi) {
+  ATOM_CHECK(t.dtype() == DType::kU8 && t.is_contiguous() && 0 <= lo && lo <= hi && hi <= 255,
+             "fill_uniform_bytes: {} in [{}, {}] (contiguous U8, 0 <= lo <= hi <= 255)", t.str(),
+             lo, hi);
+  if (t.device().is_cpu()) return cpu::fill_uniform_bytes(t, seed, lo, hi);
+  ATOM_KERNEL_CUDA("fill_uniform_bytes", cuda::fill_uniform_bytes(t, seed, lo, hi));
+}
+
 }  // namespace atom::kernels

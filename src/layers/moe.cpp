@@ -5,8 +5,13 @@
 #include "core/convert.h"
 #include "core/env.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
+#include "kernels/random.h"
+
+#include <cmath>
+#include <cstring>
 
 namespace atom {
 
@@ -28,6 +33,32 @@ std::vector<ExpertParamMapping> fused_moe_expert_mapping(const std::string& gate
 std::vector<ExpertParamMapping> fused_moe_stacked_mapping() {
   return {{"experts.w13_weight", "experts.gate_up_proj", -1, "gate_up"},
           {"experts.w2_weight", "experts.down_proj", -1, "down"}};
+}
+
+Tensor mxfp4_dequantize(const Tensor& blocks, const Tensor& scales, const std::string& what) {
+  static constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+  if (blocks.dtype() != DType::kU8 || blocks.dim() != 3 || blocks.size(2) != 16 ||
+      (scales.dtype() != DType::kU8 && scales.dtype() != DType::kE8M0) || scales.dim() != 2 ||
+      scales.size(0) != blocks.size(0) || scales.size(1) != blocks.size(1))
+    fail("{}: MXFP4 blocks {} and scales {} do not match (blocks [rows, K/32, 16] U8, scales "
+         "[rows, K/32] U8)",
+         what, blocks.str(), scales.str());
+  const int64_t rows = blocks.size(0), groups = blocks.size(1), K = groups * 32;
+  const Tensor b = blocks.contiguous(), s = scales.contiguous();
+  Tensor out = Tensor::empty({rows, K}, DType::kF32);
+  const uint8_t* bp = static_cast<const uint8_t*>(b.data());
+  const uint8_t* sp = static_cast<const uint8_t*>(s.data());
+  float* op = out.ptr<float>();
+  for (int64_t g = 0; g < rows * groups; ++g) {
+    const float scale = std::ldexp(1.0f, static_cast<int>(sp[g]) - 127);
+    for (int i = 0; i < 16; ++i) {
+      const uint8_t byte = bp[g * 16 + i];
+      op[g * 32 + 2 * i] = kE2m1[byte & 0x0F] * scale;
+      op[g * 32 + 2 * i + 1] = kE2m1[byte >> 4] * scale;
+    }
+  }
+  return out;
 }
 
 bool moe_fuse_shared_experts_from_env() {
@@ -87,6 +118,50 @@ class FusedMoE::Writer : public FusedMoEWriter {
     check(*m_.w2_, t, {m_.o_.hidden, I()});
     write(*m_.w2_, e, t, "w2");
   }
+  void gate_up_mxfp4_expert(int64_t e, const Tensor& blocks, const Tensor& scales) override {
+    const int64_t H = m_.o_.hidden;
+    check_mxfp4(*m_.w13_, blocks, scales, 2 * I(), H);
+    if (!m_.packed_) return gate_up_expert(e, mxfp4_dequantize(blocks, scales, m_.w13_->name()));
+    ATOM_CHECK(e >= 0 && e < E(), "expert {} of '{}'", e, m_.w13_->name());
+    // This rank's gate rows, then its up rows, each half padded to Ip; scales k-group-major.
+    const int64_t Ir = m_.inter_rank_, Ip = m_.inter_padded_, start = m_.ctx_.tp_rank * Ir,
+                  G = H / 32, rb = H / 2;
+    const Tensor bc = blocks.contiguous(), sc = scales.contiguous();
+    const uint8_t* bs = static_cast<const uint8_t*>(bc.data());
+    const uint8_t* ss = static_cast<const uint8_t*>(sc.data());
+    Tensor b = Tensor::zeros({2 * Ip, rb}, DType::kU8), s = Tensor::zeros({G, 2 * Ip}, DType::kU8);
+    uint8_t* bd = static_cast<uint8_t*>(b.data());
+    uint8_t* sd = static_cast<uint8_t*>(s.data());
+    for (int64_t half = 0; half < 2; ++half)
+      for (int64_t r = 0; r < Ir; ++r) {
+        const int64_t src = half * I() + start + r, dst = half * Ip + r;
+        std::memcpy(bd + dst * rb, bs + src * rb, rb);
+        for (int64_t g = 0; g < G; ++g) sd[g * 2 * Ip + dst] = ss[src * G + g];
+      }
+    store(*m_.w13_, e, b, {"w1", "w3"});
+    store(*m_.w13_scale_, e, s, {"s13"});
+  }
+  void down_mxfp4_expert(int64_t e, const Tensor& blocks, const Tensor& scales) override {
+    const int64_t H = m_.o_.hidden;
+    check_mxfp4(*m_.w2_, blocks, scales, H, I());
+    if (!m_.packed_) return down_expert(e, mxfp4_dequantize(blocks, scales, m_.w2_->name()));
+    ATOM_CHECK(e >= 0 && e < E(), "expert {} of '{}'", e, m_.w2_->name());
+    // This rank's k range [start, start + Ir) of every output row (whole groups: Ir % 32 == 0).
+    const int64_t Ir = m_.inter_rank_, Ip = m_.inter_padded_, start = m_.ctx_.tp_rank * Ir,
+                  G = I() / 32;
+    const Tensor bc = blocks.contiguous(), sc = scales.contiguous();
+    const uint8_t* bs = static_cast<const uint8_t*>(bc.data());
+    const uint8_t* ss = static_cast<const uint8_t*>(sc.data());
+    Tensor b = Tensor::zeros({H, Ip / 2}, DType::kU8), s = Tensor::zeros({Ip / 32, H}, DType::kU8);
+    uint8_t* bd = static_cast<uint8_t*>(b.data());
+    uint8_t* sd = static_cast<uint8_t*>(s.data());
+    for (int64_t h = 0; h < H; ++h) {
+      std::memcpy(bd + h * (Ip / 2), bs + h * (I() / 2) + start / 2, Ir / 2);
+      for (int64_t g = 0; g < Ir / 32; ++g) sd[g * H + h] = ss[h * G + start / 32 + g];
+    }
+    store(*m_.w2_, e, b, {"w2"});
+    store(*m_.w2_scale_, e, s, {"s2"});
+  }
   void gate_up_bias(const Tensor& t) override {
     Parameter& p = bias(m_.w13_bias_, "gate/up bias");
     check(p, t, {E(), 2 * I()});
@@ -124,6 +199,22 @@ class FusedMoE::Writer : public FusedMoEWriter {
       fail("stacked checkpoint tensor for '{}' has shape {}, expected {}", p.name(),
            shape_str(t.shape()), shape_str(want));
   }
+  static void check_mxfp4(const Parameter& p, const Tensor& blocks, const Tensor& scales,
+                          int64_t rows, int64_t k) {
+    if (k % 32 != 0 || blocks.dtype() != DType::kU8 ||
+        blocks.shape() != Shape{rows, k / 32, 16} ||
+        (scales.dtype() != DType::kU8 && scales.dtype() != DType::kE8M0) ||
+        scales.shape() != Shape{rows, k / 32})
+      fail("{}: MXFP4 blocks {} and scales {} do not match the layer (expected U8 [{}, {}, 16] "
+           "and [{}, {}])",
+           p.name(), blocks.str(), scales.str(), rows, k / 32, rows, k / 32);
+  }
+  // A packed slot written whole (a CPU tensor of the parameter's slot shape).
+  static void store(Parameter& p, int64_t e, const Tensor& t, std::vector<std::string> parts) {
+    for (const auto& part : parts) p.record_part(Parameter::part_key(part, static_cast<int>(e)));
+    Tensor dst = p.data().select(0, e);
+    tensor_assign(dst, t);
+  }
   static void write(Parameter& p, int64_t e, const Tensor& t, const std::string& part) {
     p.record_part(Parameter::part_key(part, static_cast<int>(e)));
     Tensor region = p.expert_layout->region(p.data().select(0, e), part);
@@ -147,6 +238,17 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
   inter_rank_ = o.intermediate / tp;
   inter_padded_ = (inter_rank_ + o.pad_intermediate_to - 1) / o.pad_intermediate_to *
                   o.pad_intermediate_to;
+  // MXFP4 stays packed where the fused kernels read it (CUDA, BF16 activations) and every rank
+  // holds whole 32-value groups (gpt-oss: I = 2880 on 1, 2, 3 or 6 ranks, not 4); elsewhere the
+  // experts are dequantised at load, as on the CPU.
+  packed_ = o.quant == ExpertQuant::kMxfp4 && !ctx.device.is_cpu() &&
+            ctx.act_dtype == DType::kBF16 && o.hidden % 32 == 0 && inter_rank_ % 32 == 0 &&
+            o.num_shared_slots == 0;
+  if (o.quant == ExpertQuant::kMxfp4 && !ctx.device.is_cpu() && !packed_)
+    log_warn("{}: MXFP4 experts dequantised to {} at load (hidden size {}, {} intermediate "
+             "channels on each of {} ranks: packed experts need whole 32-value groups)",
+             prefix, dtype_name(ctx.weight_dtype), o.hidden, inter_rank_, tp);
+  if (packed_) inter_padded_ = (inter_padded_ + 31) / 32 * 32;
   const int64_t E = o.num_experts, H = o.hidden, I = o.intermediate, Ir = inter_rank_,
                 Ip = inter_padded_, S = o.num_shared_slots;
   const int64_t start = ctx.tp_rank * Ir;
@@ -273,9 +375,31 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
         parts);
     return p;
   };
-  w13_ = add_weight(w13_name, {slots_, 2 * Ip, H}, w13_layout);
-  w2_ = add_weight(w2_name, {slots_, H, Ip}, w2_layout);
   auto loader = write_part;
+  if (packed_) {
+    // Written whole per expert by the Writer (no per-expert regions for the staging pool).
+    w13_ = &ctx.params.add(w13_name, ctx.param_tensor({slots_, 2 * Ip, H / 2}, DType::kU8), loader,
+                           expert_parts(E, 0, w13_layout->shards));
+    w2_ = &ctx.params.add(w2_name, ctx.param_tensor({slots_, H, Ip / 2}, DType::kU8), loader,
+                          expert_parts(E, 0, w2_layout->shards));
+    w13_scale_ = &ctx.params.add(prefix_join(prefix, "w13_weight_scale"),
+                                 ctx.param_tensor({slots_, H / 32, 2 * Ip}, DType::kU8), loader,
+                                 expert_parts(E, 0, {"s13"}));
+    w2_scale_ = &ctx.params.add(prefix_join(prefix, "w2_weight_scale"),
+                                ctx.param_tensor({slots_, Ip / 32, H}, DType::kU8), loader,
+                                expert_parts(E, 0, {"s2"}));
+    // --load-format dummy: random codes, and scales that keep the weights about 1/sqrt(fan in)
+    // (e2m1 values are up to 6; an exponent of 127 - 8 gives |w| <= 6/256).
+    w13_->dummy_fill = w2_->dummy_fill = [](Tensor& t, uint64_t seed) {
+      kernels::fill_uniform_bytes(t, seed, 0, 255);
+    };
+    w13_scale_->dummy_fill = w2_scale_->dummy_fill = [](Tensor& t, uint64_t seed) {
+      kernels::fill_uniform_bytes(t, seed, 118, 120);
+    };
+  } else {
+    w13_ = add_weight(w13_name, {slots_, 2 * Ip, H}, w13_layout);
+    w2_ = add_weight(w2_name, {slots_, H, Ip}, w2_layout);
+  }
   if (o.bias) {
     ATOM_CHECK(S == 0, "{}: fused shared experts with expert biases", prefix);
     w13_bias_ = &ctx.params.add(prefix_join(prefix, "w13_bias"),
@@ -294,6 +418,8 @@ void FusedMoE::forward(Step& step, const Tensor& x, const Tensor& topk_ids,
   w.w2 = &w2_->data();
   w.w13_bias = w13_bias_ ? &w13_bias_->data() : nullptr;
   w.w2_bias = w2_bias_ ? &w2_bias_->data() : nullptr;
+  w.w13_scales = w13_scale_ ? &w13_scale_->data() : nullptr;
+  w.w2_scales = w2_scale_ ? &w2_scale_->data() : nullptr;
   w.activation = o_.activation;
   w.swiglu_alpha = o_.swiglu_alpha;
   w.swiglu_limit = o_.swiglu_limit;

@@ -32,6 +32,11 @@ std::vector<ExpertParamMapping> fused_moe_expert_mapping(const std::string& gate
 // and "experts.down_proj" [E, H, I] hold every routed expert of a layer.
 std::vector<ExpertParamMapping> fused_moe_stacked_mapping();
 
+// MXFP4 blocks [rows, K/32, 16] U8 (two e2m1 values a byte, the low nibble first) and scales
+// [rows, K/32] (U8 or E8M0 exponents) -> [rows, K] F32, value * 2^(scale - 127): exactly
+// transformers' convert_moe_packed_tensors. An Error naming `what` when the shapes disagree.
+Tensor mxfp4_dequantize(const Tensor& blocks, const Tensor& scales, const std::string& what);
+
 // Writes a whole layer's experts, given in the canonical stacked layout, into a FusedMoE's
 // parameters (this rank's slice, padding left zero), recording each expert's parts. A model whose
 // checkpoint stacks its experts another way (GPT-OSS: transposed, gate and up interleaved, MXFP4)
@@ -47,11 +52,26 @@ class FusedMoEWriter {
   // One routed expert at a time (formats converted expert by expert).
   virtual void gate_up_expert(int64_t e, const Tensor& t) = 0;  // [2I, H]
   virtual void down_expert(int64_t e, const Tensor& t) = 0;     // [H, I]
+  // One routed expert in MXFP4 (FusedMoEOptions::quant kMxfp4): blocks [2I, H/32, 16] and
+  // scales [2I, H/32] (gate rows first), blocks [H, I/32, 16] and scales [H, I/32]. Kept packed
+  // where the layer stores MXFP4, else dequantised (mxfp4_dequantize).
+  virtual void gate_up_mxfp4_expert(int64_t e, const Tensor& blocks, const Tensor& scales) = 0;
+  virtual void down_mxfp4_expert(int64_t e, const Tensor& blocks, const Tensor& scales) = 0;
 };
 
 // A checkpoint format of the model's own: called with the tensor routed to part `shard` of one of
 // the layer's parameters.
 using FusedMoEStackedFormat = std::function<void(FusedMoEWriter& w, const Tensor& ckpt)>;
+
+// How a checkpoint stores a layer's experts.
+enum class ExpertQuant {
+  kNone,   // dense weights, stored in LayerContext::weight_dtype
+  // MXFP4 blocks and scales (quant_method mxfp4): on CUDA they stay packed (W4A16: the fused
+  // kernels expand them to BF16 as they load them; kernels::MoeExperts' layout, parameters
+  // "w13_weight"/"w2_weight" U8 and "w13_weight_scale"/"w2_weight_scale") when every rank holds
+  // whole 32-value groups; on the CPU, the reference, and otherwise they are dequantised at load.
+  kMxfp4,
+};
 
 struct FusedMoEOptions {
   int64_t num_experts = 0;   // routed
@@ -65,6 +85,7 @@ struct FusedMoEOptions {
   bool bias = false;                // w13_bias [slots, 2I] and w2_bias [slots, H]
   kernels::MoeActivation activation = kernels::MoeActivation::kSiluMul;
   float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;
+  ExpertQuant quant = ExpertQuant::kNone;
   // Parts (shards of the expert mapping) in the model's own stacked formats.
   std::map<std::string, FusedMoEStackedFormat> stacked_formats;
 };
@@ -82,14 +103,19 @@ class FusedMoE {
   int64_t intermediate_padded() const { return inter_padded_; }     // as stored
   Parameter& w13() { return *w13_; }
   Parameter& w2() { return *w2_; }
+  // The experts are stored MXFP4 (w13/w2 blocks plus scales), not dense.
+  bool packed() const { return packed_; }
 
  private:
   class Writer;
   LayerContext& ctx_;
   FusedMoEOptions o_;
   int64_t slots_, inter_rank_, inter_padded_;
-  Parameter* w13_ = nullptr;       // [slots, 2 Ip, H]
-  Parameter* w2_ = nullptr;        // [slots, H, Ip]
+  bool packed_ = false;
+  Parameter* w13_ = nullptr;       // [slots, 2 Ip, H] (packed: U8 [slots, 2 Ip, H/2])
+  Parameter* w2_ = nullptr;        // [slots, H, Ip] (packed: U8 [slots, H, Ip/2])
+  Parameter* w13_scale_ = nullptr;  // packed: U8 [slots, H/32, 2 Ip]
+  Parameter* w2_scale_ = nullptr;   // packed: U8 [slots, Ip/32, H]
   Parameter* w13_bias_ = nullptr;  // [slots, 2 Ip]
   Parameter* w2_bias_ = nullptr;   // [slots, H]: on rank 0 only (others zero), added once
 };

@@ -62,6 +62,9 @@ class Parameter {
   bool optional = false;
   // Set for fused expert parameters (FusedMoE): lets the staging pool write their regions.
   std::shared_ptr<const ExpertLayout> expert_layout;
+  // --load-format dummy: how to fill this parameter when its values are not floats to draw
+  // uniformly (packed MXFP4 codes and their scales); unset: model_fill_dummy's default.
+  std::function<void(Tensor& data, uint64_t seed)> dummy_fill;
 
   static std::string part_key(const std::string& shard, int expert);
 

@@ -10,8 +10,9 @@
 // MXFP4 layout (quant_method mxfp4) holds gate_up_proj_blocks [E, 2I, H/32, 16] (two e2m1 values
 // a byte, the low nibble first) with gate_up_proj_scales [E, 2I, H/32] (e8m0), and likewise
 // down_proj_{blocks,scales} [E, H, I/32, ...]. Both are converted here, expert by expert, into
-// FusedMoE's layout (gate rows, then up rows); MXFP4 is dequantised at load, exactly as
-// transformers' convert_moe_packed_tensors.
+// FusedMoE's layout (gate rows, then up rows). MXFP4 experts (ExpertQuant::kMxfp4) stay packed
+// on CUDA, where the fused expert kernels expand them as they load them (W4A16), and are
+// dequantised at load on the CPU, exactly as transformers' convert_moe_packed_tensors.
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -34,34 +35,6 @@ class GptOssAttention : public LlamaAttention {
       : LlamaAttention(ctx, c, layer, prefix, -1, /*sinks=*/true) {}
 };
 
-// e2m1 codes, the low nibble first; value * 2^(scale - 127). [rows, K/32, 16] U8 and
-// [rows, K/32] U8 -> [rows, K] F32 (exact: e2m1 times a power of two).
-Tensor mxfp4_dequantize(const Tensor& blocks, const Tensor& scales, const std::string& what) {
-  static constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
-                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-  if (blocks.dtype() != DType::kU8 || blocks.dim() != 3 || blocks.size(2) != 16 ||
-      (scales.dtype() != DType::kU8 && scales.dtype() != DType::kE8M0) || scales.dim() != 2 ||
-      scales.size(0) != blocks.size(0) || scales.size(1) != blocks.size(1))
-    fail("{}: MXFP4 blocks {} and scales {} do not match (blocks [rows, K/32, 16] U8, scales "
-         "[rows, K/32] U8)",
-         what, blocks.str(), scales.str());
-  const int64_t rows = blocks.size(0), groups = blocks.size(1), K = groups * 32;
-  const Tensor b = blocks.contiguous(), s = scales.contiguous();
-  Tensor out = Tensor::empty({rows, K}, DType::kF32);
-  const uint8_t* bp = b.ptr<uint8_t>();
-  const uint8_t* sp = s.ptr<uint8_t>();
-  float* op = out.ptr<float>();
-  for (int64_t g = 0; g < rows * groups; ++g) {
-    const float scale = std::ldexp(1.0f, static_cast<int>(sp[g]) - 127);
-    for (int i = 0; i < 16; ++i) {
-      const uint8_t byte = bp[g * 16 + i];
-      op[g * 32 + 2 * i] = kE2m1[byte & 0x0F] * scale;
-      op[g * 32 + 2 * i + 1] = kE2m1[byte >> 4] * scale;
-    }
-  }
-  return out;
-}
-
 // Rows [0, n) and [n, 2n) of the result are the even and odd rows of `t` [2n, cols]: gate and up,
 // interleaved in GPT-OSS's checkpoints, in FusedMoE's halves.
 Tensor deinterleave_rows(const Tensor& t) {
@@ -75,6 +48,13 @@ Tensor deinterleave_rows(const Tensor& t) {
     std::memcpy(dst + (n + i) * row, src + (2 * i + 1) * row, row);
   }
   return out;
+}
+
+// deinterleave_rows of MXFP4 blocks [2n, groups, 16].
+Tensor deinterleave_rows_3d(const Tensor& t) {
+  if (t.dim() != 3) fail("GPT-OSS MXFP4 blocks {} must be [rows, groups, 16]", t.str());
+  const Tensor c = t.contiguous();
+  return deinterleave_rows(c.view({c.size(0), c.size(1) * c.size(2)})).view(c.shape());
 }
 
 // [rows, cols] -> [cols, rows], any element size.
@@ -140,17 +120,17 @@ std::map<std::string, FusedMoEStackedFormat> gpt_oss_formats() {
     if (!b.defined()) return;
     expect_experts(b, w.num_experts(), "gate_up_proj_blocks");
     expect_experts(s, w.num_experts(), "gate_up_proj_scales");
-    for (int64_t e = 0; e < w.num_experts(); ++e)  // [2I, H] interleaved rows
-      w.gate_up_expert(e, deinterleave_rows(mxfp4_dequantize(b.select(0, e), s.select(0, e),
-                                                             "gate_up_proj")));
+    for (int64_t e = 0; e < w.num_experts(); ++e)  // [2I, H/32, 16], [2I, H/32] interleaved rows
+      w.gate_up_mxfp4_expert(e, deinterleave_rows_3d(b.select(0, e)),
+                             deinterleave_rows(s.select(0, e)));
   };
   auto mx_down = [down](FusedMoEWriter& w, const Tensor& t, bool is_blocks) {
     auto [b, s] = down->add(t, is_blocks);
     if (!b.defined()) return;
     expect_experts(b, w.num_experts(), "down_proj_blocks");
     expect_experts(s, w.num_experts(), "down_proj_scales");
-    for (int64_t e = 0; e < w.num_experts(); ++e)  // [H, I]
-      w.down_expert(e, mxfp4_dequantize(b.select(0, e), s.select(0, e), "down_proj"));
+    for (int64_t e = 0; e < w.num_experts(); ++e)  // [H, I/32, 16], [H, I/32]
+      w.down_mxfp4_expert(e, b.select(0, e), s.select(0, e));
   };
   f["mxfp4_gate_up_blocks"] = [mx_gate_up](FusedMoEWriter& w, const Tensor& t) { mx_gate_up(w, t, true); };
   f["mxfp4_gate_up_scales"] = [mx_gate_up](FusedMoEWriter& w, const Tensor& t) { mx_gate_up(w, t, false); };
@@ -178,6 +158,10 @@ std::unique_ptr<FeedForward> gpt_oss_mlp(LayerContext& ctx, const ModelConfig& c
   o.experts.swiglu_limit = static_cast<float>(c.text.get_double("swiglu_limit", 7.0));
   if (!(o.experts.swiglu_limit > 0)) c.text.bad("swiglu_limit", "must be positive");
   o.experts.stacked_formats = gpt_oss_formats();  // one set of MXFP4 pairs per layer
+  // MXFP4 experts stay packed on CUDA (W4A16) and are dequantised at load on the CPU.
+  if (c.quantization && c.quantization->method == "mxfp4" &&
+      !c.quantization->excludes(prefix_join(prefix, "experts")))
+    o.experts.quant = ExpertQuant::kMxfp4;
   return std::make_unique<SparseMoeBlock>(ctx, prefix, o);
 }
 

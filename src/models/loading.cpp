@@ -43,7 +43,9 @@ void model_fill_dummy(Model& model, uint64_t seed) {
     Tensor& d = p->data();
     const size_t dot = name.rfind('.');
     const std::string layer = dot == std::string::npos ? "" : name.substr(0, dot);
-    if (d.dtype() == DType::kF8E4M3) {
+    if (p->dummy_fill) {
+      p->dummy_fill(d, seed ^ fnv1a(name));
+    } else if (d.dtype() == DType::kF8E4M3) {
       Tensor v = Tensor::empty(d.shape(), DType::kF32);
       kernels::fill_uniform(v, seed ^ fnv1a(name), -224.0f, 224.0f);
       Tensor q = Tensor::empty(d.shape(), DType::kF8E4M3);

@@ -57,7 +57,7 @@ inline const std::vector<std::string>& moe_fixture_names() {
 }
 
 // The MoE fixtures the GPU model tests run: all of them (GPT-OSS's clamped SwiGLU and expert
-// biases are in the CUDA kernels; its MXFP4 fixture is dequantised to BF16 at load; the
+// biases are in the CUDA kernels; its MXFP4 fixture stays MXFP4 on the GPU (W4A16); the
 // multi-head latent attention fixtures run the latent attention and indexer kernels of
 // src/kernels/cuda/mla*.cu).
 inline std::vector<std::string> moe_gpu_fixture_names() { return moe_fixture_names(); }

@@ -6,6 +6,7 @@
 #include "gpu_util.h"
 #include "kernels/activation.h"
 #include "kernels/embedding.h"
+#include "kernels/random.h"
 
 namespace atom::test {
 namespace {
@@ -18,6 +19,22 @@ TEST(GpuElementwise, FillUniformMatchesCpuExactly) {
     poison(g);
     kernels::fill_uniform(g, 1234, -0.5f, 2.0f);
     EXPECT_TRUE(same_bytes(g, c)) << dtype_name(dt);
+  }
+}
+
+// The random bytes --load-format dummy fills MXFP4 blocks and scales with: the CPU's bytes, every
+// value of [lo, hi] drawn and none outside it.
+TEST(GpuElementwise, FillUniformBytesMatchesCpuExactly) {
+  for (auto [lo, hi] : {std::pair{0, 255}, std::pair{118, 120}}) {
+    Tensor c = Tensor::empty({1001, 37}, DType::kU8);
+    kernels::fill_uniform_bytes(c, 99, lo, hi);
+    Tensor g = Tensor::empty({1001, 37}, DType::kU8, gpu());
+    poison(g);
+    kernels::fill_uniform_bytes(g, 99, lo, hi);
+    EXPECT_TRUE(same_bytes(g, c)) << lo << ".." << hi;
+    std::vector<int> seen(256, 0);
+    for (int64_t i = 0; i < c.numel(); ++i) ++seen[static_cast<const uint8_t*>(c.data())[i]];
+    for (int v = 0; v < 256; ++v) EXPECT_EQ(seen[v] > 0, v >= lo && v <= hi) << v;
   }
 }
 

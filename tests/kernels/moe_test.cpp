@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/convert.h"
 #include "core/cuda_check.h"
 #include "core/cuda_stream.h"
 #include "gpu_util.h"
@@ -422,6 +423,167 @@ TEST(GpuMoe, FusedSwigluOaiMatchesCpu) {
   };
   uint64_t seed = 5000;
   for (const MoeCase& c : cases) check_fused(c, seed += 13);
+}
+
+// ---------------------------------------------------------------- MXFP4 experts (W4A16)
+
+// e2m1 code -> value, written out here (not taken from the loader).
+float e2m1(uint8_t code) {
+  const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  return (code & 8) ? -mag[code & 7] : mag[code & 7];
+}
+
+// MXFP4 experts in the layout kernels::MoeExperts takes (blocks [S, 2Ip, H/2] and [S, H, Ip/2],
+// scales k-group-major [S, H/32, 2Ip] and [S, Ip/32, H]), and the dense weights they encode
+// (every product e2m1 * 2^k is exact in BF16). Random codes (all 16, both zeros), scales
+// 2^-8 .. 2^-3 and a few edge exponents; the padding rows of w13 and columns of w2 are zero codes with random scales.
+struct MxExperts {
+  Tensor b13, b2, s13, s2;  // host U8
+  Tensor d13, d2;           // host, c.dt
+};
+
+MxExperts make_mx(const MoeCase& c, uint64_t seed) {
+  const int64_t S = c.E + c.shared, H = c.H, Ip = c.I_pad, G13 = H / 32, G2 = Ip / 32;
+  std::mt19937_64 rng(seed);
+  MxExperts m;
+  m.b13 = Tensor::empty({S, 2 * Ip, H / 2}, DType::kU8);
+  m.s13 = Tensor::empty({S, G13, 2 * Ip}, DType::kU8);
+  m.b2 = Tensor::empty({S, H, Ip / 2}, DType::kU8);
+  m.s2 = Tensor::empty({S, G2, H}, DType::kU8);
+  Tensor d13 = Tensor::empty({S, 2 * Ip, H}, DType::kF32), d2 = Tensor::empty({S, H, Ip}, DType::kF32);
+  uint8_t* b13 = static_cast<uint8_t*>(m.b13.data());
+  uint8_t* s13 = static_cast<uint8_t*>(m.s13.data());
+  uint8_t* b2 = static_cast<uint8_t*>(m.b2.data());
+  uint8_t* s2 = static_cast<uint8_t*>(m.s2.data());
+  // One group in 16 takes an edge of the kernels' scale handling: 0 (2^-127), 1, 127, 128 (the
+  // last of the one-multiply range), 129 and 132 (past it).
+  auto scale = [&] {
+    static constexpr uint8_t kEdge[6] = {0, 1, 127, 128, 129, 132};
+    return rng() % 16 == 0 ? kEdge[rng() % 6] : static_cast<uint8_t>(119 + rng() % 6);
+  };
+  for (int64_t e = 0; e < S; ++e) {
+    for (int64_t r = 0; r < 2 * Ip; ++r) {
+      const bool pad = r % Ip >= c.I;
+      for (int64_t g = 0; g < G13; ++g) {
+        const uint8_t sc = scale();
+        s13[(e * G13 + g) * 2 * Ip + r] = sc;
+        for (int64_t i = 0; i < 16; ++i) {
+          const uint8_t byte = pad ? 0 : static_cast<uint8_t>(rng());
+          const int64_t k = g * 32 + 2 * i;
+          b13[(e * 2 * Ip + r) * (H / 2) + k / 2] = byte;
+          float* d = d13.ptr<float>() + (e * 2 * Ip + r) * H + k;
+          d[0] = std::ldexp(e2m1(byte & 15), sc - 127);
+          d[1] = std::ldexp(e2m1(byte >> 4), sc - 127);
+        }
+      }
+    }
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t g = 0; g < G2; ++g) {
+        const uint8_t sc = scale();
+        s2[(e * G2 + g) * H + h] = sc;
+        for (int64_t i = 0; i < 16; ++i) {
+          const int64_t k = g * 32 + 2 * i;
+          const uint8_t byte = k >= c.I ? 0 : static_cast<uint8_t>(rng());
+          b2[(e * H + h) * (Ip / 2) + k / 2] = byte;
+          float* d = d2.ptr<float>() + (e * H + h) * Ip + k;
+          d[0] = std::ldexp(e2m1(byte & 15), sc - 127);
+          d[1] = std::ldexp(e2m1(byte >> 4), sc - 127);
+        }
+      }
+  }
+  m.d13 = tensor_cast_cpu(d13, c.dt);
+  m.d2 = tensor_cast_cpu(d2, c.dt);
+  return m;
+}
+
+// The GPU's MXFP4 path against the CPU reference on the weights the codes encode (the tolerance
+// of the BF16 cases) and against the GPU's BF16 path on those same weights, which it must match
+// to fp32 summation order (the expansion is exact and the k order is the same), on every path.
+void check_fused_mx(const MoeCase& c, uint64_t seed) {
+  SCOPED_TRACE("mxfp4 " + case_name(c));
+  MoeInputs in = make_inputs(c, seed);
+  MxExperts mx = make_mx(c, seed + 77);
+  const kernels::MoeExperts ex = experts_of(c, mx.d13, mx.d2, in.b13, in.b2);
+  Tensor ref = Tensor::empty({c.T, c.H}, DType::kF32);
+  kernels::fused_moe(ref, in.x, ex, in.ids, in.wts, nullptr);
+  Tensor gx = in.xw.to(gpu()).narrow(1, c.strided ? 16 : 0, c.H);
+  Tensor gd13 = mx.d13.to(gpu()), gd2 = mx.d2.to(gpu());
+  Tensor gb13 = mx.b13.to(gpu()), gb2 = mx.b2.to(gpu()), gs13 = mx.s13.to(gpu()),
+         gs2 = mx.s2.to(gpu());
+  Tensor gbias13 = in.b13.defined() ? in.b13.to(gpu()) : Tensor();
+  Tensor gbias2 = in.b2.defined() ? in.b2.to(gpu()) : Tensor();
+  Tensor gids = in.ids.to(gpu()), gw = in.wts.to(gpu());
+  kernels::MoeExperts gex = experts_of(c, gb13, gb2, gbias13, gbias2);
+  gex.w13_scales = &gs13;
+  gex.w2_scales = &gs2;
+  const int64_t KT = c.K + c.shared;
+  auto run_mx = [&] {
+    const int64_t bytes = kernels::fused_moe_workspace_bytes(gpu(), c.T, KT, gex, c.dt);
+    Tensor ws = Tensor::empty({std::max<int64_t>(bytes, 1)}, DType::kU8, gpu());
+    poison(ws);
+    Tensor out = Tensor::empty({c.T, c.H}, c.out, gpu());
+    poison(out);
+    kernels::fused_moe(out, gx, gex, gids, gw, &ws);
+    return out;
+  };
+  const int saved = kernels::cuda::fused_moe_decode_max_rows_mxfp4();
+  const int saved_dense = kernels::cuda::fused_moe_decode_max_rows();
+  const int saved_tile = kernels::cuda::fused_moe_gemm_tile_rows();
+  const int saved_depth = kernels::cuda::fused_moe_decode_depth();
+  struct Path {
+    const char* name;
+    int decode_rows, tile_rows, depth;
+  };
+  std::vector<Path> paths = {
+      {"auto", saved, saved_tile, saved_depth}, {"gemm64", 0, 64, 2}, {"gemm128", 0, 128, 2}};
+  if (c.T * KT <= 512) {
+    paths.push_back({"decode", 512, 0, 2});
+    paths.push_back({"decode4", 512, 0, 4});
+  }
+  for (const Path& p : paths) {
+    SCOPED_TRACE(p.name);
+    // The BF16 path takes the same path as the MXFP4 one.
+    kernels::cuda::fused_moe_set_decode_max_rows_mxfp4(p.decode_rows);
+    kernels::cuda::fused_moe_set_decode_max_rows(p.decode_rows);
+    kernels::cuda::fused_moe_set_gemm_tile_rows(p.tile_rows);
+    kernels::cuda::fused_moe_set_decode_depth(p.depth);
+    Tensor out = run_mx();
+    Tensor dense = run_gpu(c, gx, gd13, gd2, gbias13, gbias2, gids, gw);
+    const double err = rel_err(host(out), ref), err_dense = rel_err(out, dense);
+    EXPECT_LE(err, 5e-3);
+    EXPECT_LE(err_dense, 1e-5);
+    std::printf("  mxfp4 %-52s %-8s err %.2e, vs the BF16 path %.2e%s\n", case_name(c).c_str(),
+                p.name, err, err_dense, same_bytes(out, dense) ? " (same bytes)" : "");
+    Tensor again = run_mx();
+    EXPECT_TRUE(same_bytes(out, again));
+  }
+  kernels::cuda::fused_moe_set_gemm_tile_rows(saved_tile);
+  kernels::cuda::fused_moe_set_decode_depth(saved_depth);
+  kernels::cuda::fused_moe_set_decode_max_rows_mxfp4(saved);
+  kernels::cuda::fused_moe_set_decode_max_rows(saved_dense);
+}
+
+// GPT-OSS's experts in MXFP4: the clamped SwiGLU (limits the products cross, and 7), expert
+// biases, padded intermediates, partial k steps (H = 288, I = 96: k not a multiple of 64 or 128),
+// the gpt_oss fixture's shape, F32 and BF16 outputs, and SiLU·mul without biases.
+TEST(GpuMoe, FusedMxfp4MatchesCpu) {
+  auto oai = [](MoeCase c, float limit, int biases) {
+    c.limit = limit;
+    c.biases = biases;
+    return c;
+  };
+  const MoeCase cases[] = {
+      oai({1, 32, 4, 0, 256, 128, 128}, 0.5f, 3),
+      oai({2, 8, 2, 0, 288, 96, 96, DType::kBF16, DType::kF32}, 0.5f, 1),
+      oai({8, 32, 4, 0, 512, 192, 192}, 7.0f, 3),
+      oai({16, 4, 2, 0, 64, 96, 96}, 7.0f, 3),  // the gpt_oss fixture's H and I
+      oai({48, 8, 2, 0, 128, 64, 64, DType::kBF16, DType::kBF16, true}, 0.0f, 0),
+      oai({100, 32, 4, 0, 256, 160, 192}, 0.6f, 3),  // padded I
+      oai({600, 32, 4, 0, 320, 192, 192, DType::kBF16, DType::kBF16, false, true}, 0.5f, 2),
+      oai({2048, 32, 4, 0, 256, 128, 128}, 0.5f, 3),  // 8k rows: 128-row tiles
+  };
+  uint64_t seed = 9000;
+  for (const MoeCase& c : cases) check_fused_mx(c, seed += 17);
 }
 
 TEST(GpuMoe, FusedRejectsWhatItCannotRun) {

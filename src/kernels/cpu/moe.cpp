@@ -40,6 +40,9 @@ void moe_route_check(const Tensor& ids, const Tensor& weights, const Tensor& log
   }
 }
 
+int64_t MoeExperts::hidden() const { return w2 ? w2->size(1) : 0; }
+int64_t MoeExperts::intermediate() const { return w13 ? w13->size(1) / 2 : 0; }
+
 void fused_moe_check(const Tensor& out, const Tensor& x, const MoeExperts& w,
                      const Tensor& topk_ids, const Tensor& topk_weights) {
   using cpu::check_rows;
@@ -52,9 +55,26 @@ void fused_moe_check(const Tensor& out, const Tensor& x, const MoeExperts& w,
              "fused_moe: w13 {} and w2 {} must be contiguous [S, 2I, H] and [S, H, I]", w13.str(),
              w2.str());
   const int64_t T = x.size(0), H = x.size(1), S = w13.size(0), I = w13.size(1) / 2;
-  ATOM_CHECK(w13.size(1) == 2 * I && w13.size(2) == H && w2.size(0) == S && w2.size(1) == H &&
-                 w2.size(2) == I,
-             "fused_moe: x {} with w13 {} and w2 {}", x.str(), w13.str(), w2.str());
+  if (w.mxfp4()) {
+    ATOM_CHECK(w.w13_scales && w.w2_scales, "fused_moe: MXFP4 experts need both w13_scales and "
+                                            "w2_scales");
+    const Tensor& s13 = *w.w13_scales;
+    const Tensor& s2 = *w.w2_scales;
+    const Shape want13{S, H / 32, 2 * I}, want2{S, I / 32, H};
+    ATOM_CHECK(w13.dtype() == DType::kU8 && w2.dtype() == DType::kU8 && s13.dtype() == DType::kU8 &&
+                   s2.dtype() == DType::kU8 && s13.is_contiguous() && s2.is_contiguous() &&
+                   H % 32 == 0 && I % 32 == 0 && w13.size(1) == 2 * I && w13.size(2) == H / 2 &&
+                   w2.size(0) == S && w2.size(1) == H && w2.size(2) == I / 2 &&
+                   s13.shape() == want13 && s2.shape() == want2,
+               "fused_moe: MXFP4 experts for x {}: blocks w13 {} and w2 {} must be U8 [S, 2I, H/2] "
+               "and [S, H, I/2], scales w13 {} and w2 {} U8 [S, H/32, 2I] and [S, I/32, H], with "
+               "H and I multiples of 32",
+               x.str(), w13.str(), w2.str(), s13.str(), s2.str());
+  } else {
+    ATOM_CHECK(w13.size(1) == 2 * I && w13.size(2) == H && w2.size(0) == S && w2.size(1) == H &&
+                   w2.size(2) == I,
+               "fused_moe: x {} with w13 {} and w2 {}", x.str(), w13.str(), w2.str());
+  }
   ATOM_CHECK(out.size(0) == T && out.size(1) == H, "fused_moe: out {} for x {}", out.str(), x.str());
   ATOM_CHECK(topk_ids.dtype() == DType::kI32 && topk_ids.is_contiguous() && topk_ids.dim() == 2 &&
                  topk_ids.size(0) == T,
@@ -164,6 +184,8 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
 void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& topk_ids,
                const Tensor& topk_weights, Tensor* workspace) {
   fused_moe_check(out, x, w, topk_ids, topk_weights);
+  ATOM_CHECK(!w.mxfp4(), "fused_moe: the CPU takes dense expert weights (MXFP4 checkpoints are "
+                         "dequantised at load on the CPU)");
   const Tensor& w13 = *w.w13;
   const Tensor& w2 = *w.w2;
   const int64_t T = x.size(0), H = x.size(1), S = w13.size(0), I = w13.size(1) / 2;

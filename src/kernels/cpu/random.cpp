@@ -17,4 +17,15 @@ void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {
     store(p, dt, i, lo + span * random_uniform(seed, static_cast<uint64_t>(i)));
 }
 
+void fill_uniform_bytes(Tensor& t, uint64_t seed, int lo, int hi) {
+  const int64_t n = t.numel();
+  uint8_t* p = static_cast<uint8_t*>(t.data());
+  const float span = static_cast<float>(hi - lo + 1);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const int v = lo + static_cast<int>(span * random_uniform(seed, static_cast<uint64_t>(i)));
+    p[i] = static_cast<uint8_t>(v > hi ? hi : v);
+  }
+}
+
 }  // namespace atom::kernels::cpu

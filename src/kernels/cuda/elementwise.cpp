@@ -3,6 +3,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/cuda/host_common.h"
+#include "kernels/cuda/launch_mxfp4.h"
 #include "kernels/embedding.h"
 #include "kernels/random.h"
 
@@ -78,6 +79,11 @@ void silu_mul(Tensor& out, const Tensor& x) {
              "silu_mul: x {} out {}", x.str(), out.str());
   launch_silu_mul(mat_of(out, "silu_mul"), mat_of(x, "silu_mul"), current_stream());
   launch_check("silu_mul");
+}
+
+void fill_uniform_bytes(Tensor& t, uint64_t seed, int lo, int hi) {
+  launch_fill_bytes(static_cast<uint8_t*>(t.data()), t.numel(), seed, lo, hi, current_stream());
+  launch_check("fill_uniform_bytes");
 }
 
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/launch_mxfp4.h"
 #include "kernels/rng.h"
 
 namespace atom::kernels::cuda {
@@ -130,6 +131,17 @@ __global__ void fill_uniform_kernel(void* data, Elem type, int64_t n, uint64_t s
   }
 }
 
+__global__ void fill_bytes_kernel(uint8_t* data, int64_t n, uint64_t seed, int lo, int hi) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const float span = static_cast<float>(hi - lo + 1);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int v = lo + static_cast<int>(__fmul_rn(span, random_uniform(seed, static_cast<uint64_t>(i))));
+    data[i] = static_cast<uint8_t>(v > hi ? hi : v);
+  }
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 }  // namespace
@@ -208,6 +220,11 @@ void launch_fill_uniform(void* data, Elem type, int64_t n, uint64_t seed, float 
   if (n == 0) return;
   launch(fill_uniform_kernel, grid_for(n, kThreads, 132 * 64), kThreads, 0, s, data, type, n, seed,
          lo, hi - lo);
+}
+
+void launch_fill_bytes(uint8_t* data, int64_t n, uint64_t seed, int lo, int hi, cudaStream_t s) {
+  if (n == 0) return;
+  launch(fill_bytes_kernel, grid_for(n, kThreads, 132 * 64), kThreads, 0, s, data, n, seed, lo, hi);
 }
 
 }  // namespace atom::kernels::cuda

@@ -17,7 +17,10 @@
 // dependents), and the last CTA of each 16-column chunk (a ticket per chunk, zeroed by the w13
 // kernel) sums every token's K rows in j order into out. GPT-OSS's experts take a second
 // instantiation (kExt): w13's epilogue adds the gate/up biases and applies SiLU·mul or the
-// clamped SwiGLU, w2's adds the output bias to y. (A persistent variant, every CTA
+// clamped SwiGLU, w2's adds the output bias to y. MXFP4 experts (W4A16) take a third (kMx, with
+// the extended epilogue): a lane's k step is one 32-value group of each of its rows, 16 bytes and
+// a scale byte, expanded to BF16 (mxfp4_expand, fused_moe.cuh) just before its MMAs; a load group
+// is twice as many k steps. (A persistent variant, every CTA
 // sorting the routing once and each warp streaming its items with three k steps in flight
 // across item boundaries, ran slower on the H200: docs/performance.md.)
 //
@@ -27,15 +30,18 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <type_traits>
 
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/fused_moe.cuh"
+#include "kernels/cuda/launch_mxfp4.h"
 #include "kernels/cuda/mma.cuh"
 
 namespace atom::kernels::cuda {
 
 using moe::kMaxTileRows;
 using moe::kMinTileRows;
+using moe::mxfp4_expand;
 
 namespace {
 
@@ -94,6 +100,7 @@ constexpr int kMaxNT = 4;              // 8-token MMA tiles per pass
 
 struct DecodeArgs {
   MoeLaunch m;
+  MoeMxfp4Scales mx;  // MXFP4 experts: their scales (else null)
   void* act;      // [T * K, I] of m.type
   float* y;       // [T * K, H]
   int* counters;  // [ceil(H / 16)] tickets of w2's column chunks
@@ -164,11 +171,52 @@ __device__ void decode_route(const MoeLaunch& m, int a, DecodeShared& sh) {
 }
 
 // Loads the weight words of k steps [st, st + D) (those below s1) of this lane's two rows.
-template <typename T, bool kW13, int D>
+// kMx: a k step of a lane is one 32-value MXFP4 group of each row: its 16 bytes go to
+// w[dd][r][0] and its scale to w[dd][r][1].x, expanded to BF16 where decode_mma uses them.
+template <typename T, bool kW13, int D, bool kMx>
 __device__ __forceinline__ void decode_load_weights(const DecodeArgs& d, int e, int st, int s1,
                                                     uint4 (&w)[D][2][kWords]) {
   const MoeLaunch& m = d.m;
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+  if constexpr (kMx) {
+    const uint8_t* r0;
+    const uint8_t* r1;
+    const uint8_t* q0;  // the rows' scales of group 0; group stride gs
+    const uint8_t* q1;
+    bool v0 = true, v1 = true;
+    int64_t Kd, gs;
+    if (kW13) {
+      const int64_t i = static_cast<int64_t>(blockIdx.x) * 8 + g;
+      r0 = static_cast<const uint8_t*>(m.w13) + (static_cast<int64_t>(e) * 2 * m.I + i) * (m.H / 2);
+      r1 = r0 + m.I * (m.H / 2);
+      gs = 2 * m.I;
+      q0 = static_cast<const uint8_t*>(d.mx.s13) + static_cast<int64_t>(e) * (m.H / 32) * gs + i;
+      q1 = q0 + m.I;
+      Kd = m.H;
+    } else {
+      const int64_t h0 = static_cast<int64_t>(blockIdx.x) * 16 + g, h1 = h0 + 8;
+      v0 = h0 < m.H;
+      v1 = h1 < m.H;
+      const uint8_t* base = static_cast<const uint8_t*>(m.w2) + static_cast<int64_t>(e) * m.H * (m.I / 2);
+      r0 = base + (v0 ? h0 : 0) * (m.I / 2);
+      r1 = base + (v1 ? h1 : 0) * (m.I / 2);
+      gs = m.H;
+      const uint8_t* sb = static_cast<const uint8_t*>(d.mx.s2) + static_cast<int64_t>(e) * (m.I / 32) * gs;
+      q0 = sb + (v0 ? h0 : 0);
+      q1 = sb + (v1 ? h1 : 0);
+      Kd = m.I;
+    }
+#pragma unroll
+    for (int dd = 0; dd < D; ++dd) {
+      const int64_t k = static_cast<int64_t>(st + dd) * kStep + c * 32;
+      const bool in = st + dd < s1 && k < Kd;
+      w[dd][0][0] = in && v0 ? __ldcs(reinterpret_cast<const uint4*>(r0 + k / 2)) : make_uint4(0, 0, 0, 0);
+      w[dd][1][0] = in && v1 ? __ldcs(reinterpret_cast<const uint4*>(r1 + k / 2)) : make_uint4(0, 0, 0, 0);
+      w[dd][0][1].x = in && v0 ? __ldg(q0 + (k / 32) * gs) : 0u;
+      w[dd][1][1].x = in && v1 ? __ldg(q1 + (k / 32) * gs) : 0u;
+    }
+    return;
+  }
   const T* r0;
   const T* r1;
   bool v0 = true, v1 = true;
@@ -205,7 +253,7 @@ __device__ __forceinline__ void decode_load_weights(const DecodeArgs& d, int e, 
 // blockIdx.x * 8 + g, K = H, B = x rows; else output columns blockIdx.x * 16 + g (+ 8), K = I,
 // B = act rows. The block's warps split K into contiguous ranges of k steps; each loads D steps
 // of its two rows at a time. preloaded: the first pass's first group is already in w.
-template <typename T, int NT, bool kW13, int D, typename Epi>
+template <typename T, int NT, bool kW13, int D, bool kMx, typename Epi>
 __device__ __forceinline__ void decode_mma(const DecodeArgs& d, DecodeShared& sh, int e,
                                            uint4 (&w)[D][2][kWords], bool preloaded,
                                            Epi&& epilogue) {
@@ -238,10 +286,20 @@ __device__ __forceinline__ void decode_mma(const DecodeArgs& d, DecodeShared& sh
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[tt][i] = 0.0f;
     for (int st = s0; st < s1; st += D) {
-      if (!(preloaded && p == 0 && st == s0)) decode_load_weights<T, kW13, D>(d, e, st, s1, w);
+      if (!(preloaded && p == 0 && st == s0)) decode_load_weights<T, kW13, D, kMx>(d, e, st, s1, w);
 #pragma unroll
       for (int dd = 0; dd < D; ++dd) {
         if (st + dd >= s1) break;
+        uint4 wr[2][kWords];  // this step's BF16 words of the two rows
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if constexpr (kMx) {
+            mxfp4_expand(w[dd][r][0], w[dd][r][1].x, wr[r]);
+          } else {
+#pragma unroll
+            for (int u = 0; u < kWords; ++u) wr[r][u] = w[dd][r][u];
+          }
+        }
         const int64_t kb = static_cast<int64_t>(st + dd) * kStep + c * 32;
 #pragma unroll
         for (int tt = 0; tt < NT; ++tt) {
@@ -255,8 +313,8 @@ __device__ __forceinline__ void decode_mma(const DecodeArgs& d, DecodeShared& sh
           }
 #pragma unroll
           for (int u = 0; u < kWords; ++u) {
-            const uint4& wa = w[dd][0][u];
-            const uint4& wb = w[dd][1][u];
+            const uint4& wa = wr[0][u];
+            const uint4& wb = wr[1][u];
             const uint32_t a0[4] = {wa.x, wb.x, wa.y, wb.y};
             const uint32_t a1[4] = {wa.z, wb.z, wa.w, wb.w};
             mma16816<T>(acc[tt], a0, xv[u].x, xv[u].y);
@@ -286,7 +344,7 @@ __device__ __forceinline__ void decode_mma(const DecodeArgs& d, DecodeShared& sh
   }
 }
 
-template <typename T, int NT, int D, bool kExt>
+template <typename T, int NT, int D, bool kExt, bool kMx>
 __global__ void __launch_bounds__(kDecThreads) moe_decode_w13_kernel(DecodeArgs d) {
   __shared__ DecodeShared sh;
   pdl_wait();               // topk_ids come from the router
@@ -301,7 +359,7 @@ __global__ void __launch_bounds__(kDecThreads) moe_decode_w13_kernel(DecodeArgs 
   const int64_t i = static_cast<int64_t>(blockIdx.x) * 8 + (lane >> 2);
   T* act = static_cast<T*>(d.act);
   const int64_t I = d.m.I;
-  decode_mma<T, NT, true, D>(d, sh, e, w, false, [&](int q0, int ncols, float(&acc)[NT][4]) {
+  decode_mma<T, NT, true, D, kMx>(d, sh, e, w, false, [&](int q0, int ncols, float(&acc)[NT][4]) {
     // acc[tt]: gate (i, tokens 2c, 2c + 1), up (i, tokens 2c, 2c + 1)
     [[maybe_unused]] float bg = 0.0f, bu = 0.0f;
     if (kExt && d.m.b13) {
@@ -349,7 +407,7 @@ __device__ void decode_combine(const DecodeArgs& d, const DecodeShared& sh, int 
   }
 }
 
-template <typename T, int NT, int D, bool kExt>
+template <typename T, int NT, int D, bool kExt, bool kMx>
 __global__ void __launch_bounds__(kDecThreads) moe_decode_w2_kernel(DecodeArgs d) {
   __shared__ DecodeShared sh;
   pdl_launch_dependents();
@@ -369,11 +427,11 @@ __global__ void __launch_bounds__(kDecThreads) moe_decode_w2_kernel(DecodeArgs d
     const int nsteps = static_cast<int>((d.m.I + kStep - 1) / kStep);
     const int per = (nsteps + kDecWarps - 1) / kDecWarps;
     const int s0 = warp * per, s1 = min(nsteps, s0 + per);
-    if (s0 < s1) decode_load_weights<T, false, D>(d, e, s0, s1, w);
+    if (s0 < s1) decode_load_weights<T, false, D, kMx>(d, e, s0, s1, w);
   }
   pdl_wait();  // act comes from the w13 kernel
   const int64_t h0 = static_cast<int64_t>(blockIdx.x) * 16 + (lane >> 2), H = d.m.H;
-  decode_mma<T, NT, false, D>(d, sh, e, w, true, [&](int q0, int ncols, float(&acc)[NT][4]) {
+  decode_mma<T, NT, false, D, kMx>(d, sh, e, w, true, [&](int q0, int ncols, float(&acc)[NT][4]) {
     // acc[tt]: (h0, tokens 2c, 2c + 1), (h0 + 8, tokens 2c, 2c + 1)
     float b0 = 0.0f, b1 = 0.0f;
     if (kExt && d.m.b2) {
@@ -403,41 +461,44 @@ __global__ void __launch_bounds__(kDecThreads) moe_decode_w2_kernel(DecodeArgs d
   decode_combine(d, sh, static_cast<int>(blockIdx.x));
 }
 
-template <typename T, int NT, int D, bool kExt>
+template <typename T, int NT, int D, bool kExt, bool kMx>
 void launch_decode_nt(const DecodeArgs& d, cudaStream_t s) {
   const MoeLaunch& m = d.m;
   const unsigned A = static_cast<unsigned>(std::min<int64_t>(m.S, m.T * m.K));
-  launch(moe_decode_w13_kernel<T, NT, D, kExt>, dim3(static_cast<unsigned>(m.I / 8), A),
+  launch(moe_decode_w13_kernel<T, NT, D, kExt, kMx>, dim3(static_cast<unsigned>(m.I / 8), A),
          kDecThreads, 0, s, d);
-  launch(moe_decode_w2_kernel<T, NT, D, kExt>, dim3(static_cast<unsigned>(d.n_counters), A),
+  launch(moe_decode_w2_kernel<T, NT, D, kExt, kMx>, dim3(static_cast<unsigned>(d.n_counters), A),
          kDecThreads, 0, s, d);
 }
 
-template <typename T, int D, bool kExt>
+template <typename T, int D, bool kExt, bool kMx>
 void launch_decode_depth(const DecodeArgs& d, cudaStream_t s) {
   // Tokens per pass: up to T of them share a slot (the fused shared slots take every token).
   if (d.m.T <= 8)
-    launch_decode_nt<T, 1, D, kExt>(d, s);
+    launch_decode_nt<T, 1, D, kExt, kMx>(d, s);
   else if (d.m.T <= 16)
-    launch_decode_nt<T, 2, D, kExt>(d, s);
+    launch_decode_nt<T, 2, D, kExt, kMx>(d, s);
   else
-    launch_decode_nt<T, 4, D, kExt>(d, s);
+    launch_decode_nt<T, 4, D, kExt, kMx>(d, s);
 }
 
-template <typename T, bool kExt>
+// MXFP4 weights take twice the k steps per load group (a step is 17 bytes of a row, not 64).
+template <typename T, bool kExt, bool kMx>
 void launch_decode_ext(const DecodeArgs& d, cudaStream_t s) {
   if (d.m.decode_depth == 4)
-    launch_decode_depth<T, 4, kExt>(d, s);
+    launch_decode_depth<T, kMx ? 8 : 4, kExt, kMx>(d, s);
   else
-    launch_decode_depth<T, 2, kExt>(d, s);
+    launch_decode_depth<T, kMx ? 4 : 2, kExt, kMx>(d, s);
 }
 
 template <typename T>
 void launch_decode(const DecodeArgs& d, cudaStream_t s) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    if (d.mx.s13) return launch_decode_ext<T, true, true>(d, s);  // W4A16, every epilogue
   if (d.m.swiglu_oai || d.m.b13 || d.m.b2)
-    launch_decode_ext<T, true>(d, s);
+    launch_decode_ext<T, true, false>(d, s);
   else
-    launch_decode_ext<T, false>(d, s);
+    launch_decode_ext<T, false, false>(d, s);
 }
 
 // ---------------------------------------------------------------- grouped-GEMM path
@@ -579,7 +640,8 @@ void launch_combine(const MoeLaunch& m, const Y* y, int K, cudaStream_t s) {
 }
 
 template <typename T>
-void launch_gemm_path(const MoeLaunch& m, const Layout& L, cudaStream_t s) {
+void launch_gemm_path(const MoeLaunch& m, const MoeMxfp4Scales& mx, const Layout& L,
+                      cudaStream_t s) {
   char* ws = static_cast<char*>(m.workspace);
   SortArgs sa;
   sa.ids = m.ids;
@@ -607,6 +669,7 @@ void launch_gemm_path(const MoeLaunch& m, const Layout& L, cudaStream_t s) {
   g.a = m.x.data;
   g.a_stride = m.x.stride;
   g.w = m.w13;
+  g.scales = mx.s13;
   g.out = act;
   g.bias = m.b13;
   g.swiglu_oai = m.swiglu_oai;
@@ -616,6 +679,7 @@ void launch_gemm_path(const MoeLaunch& m, const Layout& L, cudaStream_t s) {
   g.a = act;
   g.a_stride = m.I;
   g.w = m.w2;
+  g.scales = mx.s2;
   g.out = y;
   g.bias = m.b2;
   g.swiglu_oai = false;
@@ -624,7 +688,7 @@ void launch_gemm_path(const MoeLaunch& m, const Layout& L, cudaStream_t s) {
 }
 
 template <typename T>
-void launch_typed(const MoeLaunch& m, cudaStream_t s) {
+void launch_typed(const MoeLaunch& m, const MoeMxfp4Scales& mx, cudaStream_t s) {
   const Layout L = layout(m.T, m.K, m.S, m.H, m.I, 2);
   if (m.K == 0 || m.S == 0) {  // nothing routed: zeros
     launch_combine<T>(m, static_cast<const T*>(nullptr), 0, s);
@@ -634,13 +698,14 @@ void launch_typed(const MoeLaunch& m, cudaStream_t s) {
     char* ws = static_cast<char*>(m.workspace);
     DecodeArgs d;
     d.m = m;
+    d.mx = mx;
     d.act = ws + L.dec_act;
     d.y = reinterpret_cast<float*>(ws + L.dec_y);
     d.counters = reinterpret_cast<int*>(ws + L.dec_cnt);
     d.n_counters = static_cast<int>((m.H + kDecRowsPerCta - 1) / kDecRowsPerCta);
     launch_decode<T>(d, s);
   } else {
-    launch_gemm_path<T>(m, L, s);
+    launch_gemm_path<T>(m, mx, L, s);
   }
 }
 
@@ -656,9 +721,14 @@ int64_t moe_workspace_bytes(int64_t T, int K, int S, int64_t H, int64_t I, int e
 void launch_fused_moe(const MoeLaunch& m, cudaStream_t s) {
   if (m.T <= 0) return;
   if (m.type == Elem::kBF16)
-    launch_typed<__nv_bfloat16>(m, s);
+    launch_typed<__nv_bfloat16>(m, MoeMxfp4Scales{}, s);
   else
-    launch_typed<__half>(m, s);
+    launch_typed<__half>(m, MoeMxfp4Scales{}, s);
+}
+
+void launch_fused_moe_mxfp4(const MoeLaunch& m, const MoeMxfp4Scales& scales, cudaStream_t s) {
+  if (m.T <= 0) return;
+  launch_typed<__nv_bfloat16>(m, scales, s);  // BF16 activations only (checked by the caller)
 }
 
 }  // namespace atom::kernels::cuda

@@ -23,8 +23,15 @@
 // path keeps its code): w13 adds the slot's gate/up biases to the accumulators before the
 // activation, which is SiLU·mul or the clamped SwiGLU; w2 adds the slot's output bias before y is
 // rounded. The biases are read as pairs of elements (a thread's two adjacent columns) from L2.
+//
+// MXFP4 experts (kMx, BF16 only, with the extended epilogue): the stages hold the B tile's blocks
+// and scales (cp.async; the scales are stored k-group-major, so a tile's rows of one group are
+// contiguous); at each k step every thread expands one tile row into one of two BF16 B buffers
+// in the layout above (a fence and a barrier before the MMAs read it), then the MMAs run as for
+// BF16 weights. The expansion is exact: the results are the BF16 path's on the encoded weights.
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/fused_moe.cuh"
@@ -38,19 +45,26 @@ namespace {
 constexpr int kBN = 256, kBK = 64;
 constexpr int kThreads = 256;
 
-template <int kBM>
+// kMx: a stage holds the B tile's MXFP4 bytes (kBN rows of 32 bytes) and its scales (two
+// groups of kBN bytes) instead of BF16; each k step expands them into one of two BF16 B buffers
+// (the swizzled layout the MMAs read), one tile row a thread.
+template <int kBM, bool kMx = false>
 struct Cfg {
   static constexpr int kStages = kBM == 64 ? 5 : 4, kAhead = kStages - 2;
-  static constexpr int kStageA = kBM * kBK * 2, kStageB = kBN * kBK * 2;  // bytes
+  static constexpr int kStageA = kBM * kBK * 2;
+  // bytes (kMx: blocks and scales, padded so that every stage stays 1024-byte aligned)
+  static constexpr int kStageB = kMx ? (kBN * kBK / 2 + 2 * kBN + 1023) / 1024 * 1024 : kBN * kBK * 2;
   static constexpr int kStageBytes = kStageA + kStageB;
-  static constexpr int kSmem = kStages * kStageBytes + 1024;  // + the 1024-byte alignment
+  static constexpr int kBBuf = kBN * kBK * 2;  // a BF16 B buffer (kMx: two of them)
+  static constexpr int kSmem = kStages * kStageBytes + (kMx ? 2 * kBBuf : 0) + 1024;
   static constexpr int kARows = kBM / 32;                     // A rows a loader thread copies
   static constexpr int kNH = kBM / 64;  // 128-column halves of the tile per warpgroup
+  static_assert(kStageBytes % 1024 == 0, "stages stay 1024-byte aligned");
 };
 
-template <typename T, bool kW13, int kBM, bool kExt>
+template <typename T, bool kW13, int kBM, bool kExt, bool kMx>
 __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
-  using C = Cfg<kBM>;
+  using C = Cfg<kBM, kMx>;
   pdl_wait();  // the tile table (sort kernel) and, for w2, act (the w13 GEMM)
   pdl_launch_dependents();
   const int n_tiles_n =
@@ -64,6 +78,22 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
   const int nk = static_cast<int>((kdim + kBK - 1) / kBK);
   const T* A = static_cast<const T*>(g.a);
   const T* W = static_cast<const T*>(g.w);
+  const uint8_t* WQ = static_cast<const uint8_t*>(g.w);       // kMx: blocks
+  const uint8_t* SQ = static_cast<const uint8_t*>(g.scales);  // kMx: scales [S, G, R]
+  const int64_t n_groups = kdim / 32, R = kW13 ? 2 * g.I : g.H;
+  const uint32_t sbuf = sbase + C::kStages * C::kStageBytes;  // kMx: the BF16 B buffers
+  // The weight row (within its slot) of B tile row `row`, and whether it exists.
+  auto tile_wrow = [&](int n, int row, bool& v) -> int64_t {
+    if (kW13) {  // rows [64 q, 64 q + 64): gate (q even) or up (q odd) of index block q / 2
+      const int p = row >> 5;
+      const int64_t i = static_cast<int64_t>(n) * 128 + 64 * (p >> 2) + 32 * (p & 1) + (row & 31);
+      v = i < g.I;
+      return (p & 3) < 2 ? i : g.I + i;
+    }
+    const int64_t h = static_cast<int64_t>(n) * kBN + row;
+    v = h < g.H;
+    return h;
+  };
 
   // Loader: thread tid copies 16-byte chunk lc of rows lr + 32 p (A: p < kARows; B: p < 8),
   // whose swizzled places differ by whole 8-row groups.
@@ -109,21 +139,36 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
         const bool v = aval[q] && kv;
         cp_async16(sa + ldst + q * 32 * 128, v ? asrc[q] + k : A, v);
       }
+      if constexpr (kMx) {
+        // blocks: tile rows pr and pr + 128, 16-byte half ph of their 32 bytes
+        const int pr = tid >> 1, ph = tid & 1;
+        const int64_t kq = static_cast<int64_t>(lkt) * kBK + ph * 32;
 #pragma unroll
-      for (int p = 0; p < 8; ++p) {
-        bool v;
-        int64_t wrow;
-        if (kW13) {  // B rows [128 h, 128 h + 64): gate i, [128 h + 64, 128 h + 128): up i
-          const int64_t i = static_cast<int64_t>(l_n) * 128 + 64 * (p >> 2) + 32 * (p & 1) + lr;
-          v = i < g.I;
-          wrow = static_cast<int64_t>(l_e) * 2 * g.I + ((p & 3) < 2 ? i : g.I + i);
-        } else {
-          const int64_t h = static_cast<int64_t>(l_n) * kBN + 32 * p + lr;
-          v = h < g.H;
-          wrow = static_cast<int64_t>(l_e) * g.H + h;
+        for (int q = 0; q < 2; ++q) {
+          bool v;
+          const int64_t wrow = tile_wrow(l_n, pr + 128 * q, v);
+          v = v && kq < kdim;
+          cp_async16(sb + (pr + 128 * q) * 32 + ph * 16,
+                     v ? WQ + (static_cast<int64_t>(l_e) * R + wrow) * (kdim / 2) + kq / 2 : WQ, v);
         }
-        v = v && kv;
-        cp_async16(sb + ldst + p * 32 * 128, v ? W + wrow * kdim + k : W, v);
+        // scales: 16 rows of one group each (threads 0-31), rows' runs contiguous in [S, G, R]
+        if (tid < 32) {
+          const int gg = tid >> 4, row = (tid & 15) * 16;
+          bool v;
+          const int64_t wrow = tile_wrow(l_n, row, v);
+          const int64_t grp = static_cast<int64_t>(lkt) * 2 + gg;
+          v = v && grp < n_groups;
+          cp_async16(sb + kBN * 32 + gg * kBN + row,
+                     v ? SQ + (static_cast<int64_t>(l_e) * n_groups + grp) * R + wrow : SQ, v);
+        }
+      } else {
+#pragma unroll
+        for (int p = 0; p < 8; ++p) {
+          bool v;
+          const int64_t wrow = static_cast<int64_t>(l_e) * R + tile_wrow(l_n, 32 * p + lr, v);
+          v = v && kv;
+          cp_async16(sb + ldst + p * 32 * 128, v ? W + wrow * kdim + k : W, v);
+        }
       }
       const int nw = lw + static_cast<int>(gridDim.x);
       if (lkt == 0 && nw < total) {
@@ -166,9 +211,41 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
       cp_async_wait<C::kAhead - 1>();
       fence_proxy_async();  // this thread's cp.async data, before the tensor cores read it
       __syncthreads();
+      uint32_t sb = sbase + (step % C::kStages) * C::kStageBytes + C::kStageA;
+      if constexpr (kMx) {
+        // Tile row tid: 32 bytes and two scales -> 64 BF16 values in B buffer step & 1 (read
+        // by the MMAs of step - 2 at the latest, retired by this step's barrier).
+        const uint32_t dst = sbuf + (step & 1) * C::kBBuf;
+        uint4 pk[2];
+        uint32_t sc[2];
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(pk[0].x), "=r"(pk[0].y), "=r"(pk[0].z), "=r"(pk[0].w)
+                     : "r"(sb + tid * 32));
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(pk[1].x), "=r"(pk[1].y), "=r"(pk[1].z), "=r"(pk[1].w)
+                     : "r"(sb + tid * 32 + 16));
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+          asm volatile("ld.shared.u8 %0, [%1];" : "=r"(sc[q]) : "r"(sb + kBN * 32 + q * kBN + tid));
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          uint4 o[4];
+          mxfp4_expand(pk[q], sc[q], o);
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const int chunk = q * 4 + u;
+            const uint32_t a = dst + tid * 128 + ((chunk ^ (tid & 7)) << 4);
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a), "r"(o[u].x),
+                         "r"(o[u].y), "r"(o[u].z), "r"(o[u].w)
+                         : "memory");
+          }
+        }
+        fence_proxy_async();  // the BF16 tile, before the tensor cores read it
+        __syncthreads();
+        sb = dst;
+      }
       load_stage((step + C::kAhead) % C::kStages);
       const uint32_t sa = sbase + (step % C::kStages) * C::kStageBytes + mg * (64 * 128);
-      const uint32_t sb = sbase + (step % C::kStages) * C::kStageBytes + C::kStageA;
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk)
@@ -252,29 +329,32 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
   cp_async_wait<0>();
 }
 
-template <typename T, bool kW13, int kBM, bool kExt>
+template <typename T, bool kW13, int kBM, bool kExt, bool kMx>
 void launch_gemm(const GemmArgs& g, cudaStream_t s) {
   static std::atomic<uint64_t> smem_done{0};
-  auto kernel = moe_gemm_kernel<T, kW13, kBM, kExt>;
-  max_dynamic_smem_once(smem_done, kernel, Cfg<kBM>::kSmem);
+  auto kernel = moe_gemm_kernel<T, kW13, kBM, kExt, kMx>;
+  using C = Cfg<kBM, kMx>;
+  max_dynamic_smem_once(smem_done, kernel, C::kSmem);
   const int64_t n_tiles_n = kW13 ? (g.I + 127) / 128 : (g.H + kBN - 1) / kBN;
   const int64_t items = static_cast<int64_t>(g.max_tiles) * n_tiles_n;
   const unsigned grid =
       static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(items, sm_count())));
-  launch(kernel, grid, kThreads, Cfg<kBM>::kSmem, s, g);
+  launch(kernel, grid, kThreads, C::kSmem, s, g);
 }
 
-template <typename T, bool kW13, bool kExt>
+template <typename T, bool kW13, bool kExt, bool kMx>
 void launch_rows(const GemmArgs& g, cudaStream_t s) {
-  g.tile_rows_cap == 128 ? launch_gemm<T, kW13, 128, kExt>(g, s)
-                         : launch_gemm<T, kW13, 64, kExt>(g, s);
+  g.tile_rows_cap == 128 ? launch_gemm<T, kW13, 128, kExt, kMx>(g, s)
+                         : launch_gemm<T, kW13, 64, kExt, kMx>(g, s);
 }
 
 template <typename T, bool kW13>
 void launch_ext(const GemmArgs& g, cudaStream_t s) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    if (g.scales) return launch_rows<T, kW13, true, true>(g, s);  // W4A16, every epilogue
   // The extended epilogue where it changes anything (w2 has no activation).
   const bool ext = g.bias != nullptr || (kW13 && g.swiglu_oai);
-  ext ? launch_rows<T, kW13, true>(g, s) : launch_rows<T, kW13, false>(g, s);
+  ext ? launch_rows<T, kW13, true, false>(g, s) : launch_rows<T, kW13, false, false>(g, s);
 }
 
 template <bool kW13>

@@ -6,6 +6,7 @@
 
 #include "core/env.h"
 #include "kernels/cuda/host_common.h"
+#include "kernels/cuda/launch_mxfp4.h"
 #include "kernels/cuda/moe_config.h"
 
 namespace atom::kernels::cuda {
@@ -13,6 +14,7 @@ namespace atom::kernels::cuda {
 namespace {
 
 int g_decode_max_rows = -1;
+int g_decode_max_rows_mx = -1;
 int g_gemm_tile_rows = -1;
 int g_decode_depth = -1;
 constexpr int kTileRowsFrom = 8192;  // routed rows from which the default tile is 128 rows
@@ -30,6 +32,17 @@ int fused_moe_decode_max_rows() {
 
 void fused_moe_set_decode_max_rows(int rows) {
   g_decode_max_rows = std::clamp(rows, 0, kMoeDecodeMaxRowsCap);
+}
+
+int fused_moe_decode_max_rows_mxfp4() {
+  if (g_decode_max_rows_mx < 0)
+    g_decode_max_rows_mx = static_cast<int>(
+        std::clamp<long>(env_int("ATOM_MOE_DECODE_MAX_ROWS_MXFP4", 256), 0, kMoeDecodeMaxRowsCap));
+  return g_decode_max_rows_mx;
+}
+
+void fused_moe_set_decode_max_rows_mxfp4(int rows) {
+  g_decode_max_rows_mx = std::clamp(rows, 0, kMoeDecodeMaxRowsCap);
 }
 
 int fused_moe_decode_depth() {
@@ -84,7 +97,7 @@ int64_t fused_moe_workspace_bytes(int64_t num_tokens, int64_t k, const MoeExpert
                                   DType act_dtype) {
   ATOM_CHECK(w.w13 && w.w2 && w.w13->dim() == 3 && w.w2->dim() == 3,
              "fused_moe_workspace_bytes: expert weights missing");
-  const int64_t S = w.w13->size(0), I = w.w13->size(1) / 2, H = w.w13->size(2);
+  const int64_t S = w.w13->size(0), I = w.intermediate(), H = w.hidden();
   return moe_workspace_bytes(num_tokens, static_cast<int>(k), static_cast<int>(S), H, I,
                              static_cast<int>(dtype_bytes(act_dtype, 1)));
 }
@@ -95,11 +108,18 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   const Tensor& w13 = *w.w13;
   const Tensor& w2 = *w.w2;
   const int64_t T = x.size(0), H = x.size(1), S = w13.size(0), I = w13.size(1) / 2;
-  ATOM_CHECK((x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) && w13.dtype() == x.dtype() &&
-                 w2.dtype() == x.dtype(),
-             "fused_moe: the CUDA kernels take BF16 or F16 activations and weights of one dtype, "
-             "got x {}, w13 {}, w2 {}",
-             x.str(), w13.str(), w2.str());
+  if (w.mxfp4())
+    ATOM_CHECK(x.dtype() == DType::kBF16 && aligned16(w.w13_scales->data()) &&
+                   aligned16(w.w2_scales->data()),
+               "fused_moe: MXFP4 experts take BF16 activations and 16-byte aligned scales, got "
+               "x {}",
+               x.str());
+  else
+    ATOM_CHECK((x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) &&
+                   w13.dtype() == x.dtype() && w2.dtype() == x.dtype(),
+               "fused_moe: the CUDA kernels take BF16 or F16 activations and weights of one dtype, "
+               "got x {}, w13 {}, w2 {}",
+               x.str(), w13.str(), w2.str());
   ATOM_CHECK(
       out.dtype() == DType::kF32 || out.dtype() == DType::kBF16 || out.dtype() == DType::kF16,
       "fused_moe: out {} must be F32, BF16 or F16", out.str());
@@ -153,7 +173,8 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   l.S = static_cast<int>(S);
   l.type = elem_of(x.dtype(), "fused_moe");
   l.workspace = ws;
-  l.decode = T * K <= fused_moe_decode_max_rows() && T * K <= kMoeDecodeMaxRowsCap;
+  l.decode = T * K <= (w.mxfp4() ? fused_moe_decode_max_rows_mxfp4() : fused_moe_decode_max_rows()) &&
+             T * K <= kMoeDecodeMaxRowsCap;
   l.decode_depth = fused_moe_decode_depth();
   const int tile_rows = fused_moe_gemm_tile_rows();
   l.gemm_tile_rows = tile_rows ? tile_rows : T * K >= kTileRowsFrom ? 128 : 64;
@@ -162,7 +183,14 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   l.swiglu_oai = w.activation == MoeActivation::kSwigluOai;
   l.alpha = w.swiglu_alpha;
   l.limit = w.swiglu_limit;
-  launch_fused_moe(l, current_stream());
+  if (w.mxfp4()) {
+    MoeMxfp4Scales sc;
+    sc.s13 = w.w13_scales->data();
+    sc.s2 = w.w2_scales->data();
+    launch_fused_moe_mxfp4(l, sc, current_stream());
+  } else {
+    launch_fused_moe(l, current_stream());
+  }
   launch_check("fused_moe");
 }
 

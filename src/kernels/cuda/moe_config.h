@@ -12,6 +12,12 @@ namespace atom::kernels::cuda {
 // tokens of Qwen3-30B-A3B's 128 small experts on).
 int fused_moe_decode_max_rows();
 void fused_moe_set_decode_max_rows(int rows);
+// The same threshold for MXFP4 experts, whose decode kernels read a quarter of the bytes (so the
+// grouped GEMMs' per-k-step expansion and barriers weigh more). Default:
+// ATOM_MOE_DECODE_MAX_ROWS_MXFP4, else 256 (gpt-oss-20b's and -120b's experts on the H200: the
+// decode kernels win at every batch measured, 1 to 64 tokens of top-4; docs/performance.md).
+int fused_moe_decode_max_rows_mxfp4();
+void fused_moe_set_decode_max_rows_mxfp4(int rows);
 
 // k steps (128 elements of each of a lane's two weight rows) the decode kernels load per group:
 // 2 or 4. Default: ATOM_MOE_DECODE_DEPTH, else 2.

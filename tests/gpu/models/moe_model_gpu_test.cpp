@@ -106,6 +106,43 @@ TEST_P(GpuMoeParity, LogitsGreedyAndChunkedPrefill) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuMoeParity, ::testing::ValuesIn(moe_gpu_fixture_names()),
                          [](const auto& info) { return info.param; });
 
+// GPT-OSS's MXFP4 checkpoint stays packed on the GPU: every layer's experts are U8 blocks (half
+// a byte a weight) beside their e8m0 scales (the parity test above runs them), and
+// --load-format dummy fills codes and scales with valid values (scales in the range it draws,
+// finite logits).
+TEST(GpuGptOssMxfp4, ExpertsStayPackedAndDummyFillsThem) {
+  LoadedModel m = model_load(fixture_dir("gpt_oss_mxfp4"), on_gpu());
+  const ModelConfig& c = m.model->config();
+  const int64_t E = c.text.get_int("num_local_experts"), H = c.hidden_size,
+                I = c.intermediate_size;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    auto get = [&](const std::string& n) -> const Tensor& {
+      Parameter* q = m.model->params().find(p + n);
+      EXPECT_NE(q, nullptr) << p + n;
+      static const Tensor none;
+      return q ? q->data() : none;
+    };
+    EXPECT_EQ(get("w13_weight").dtype(), DType::kU8);
+    EXPECT_EQ(get("w13_weight").shape(), (Shape{E, 2 * I, H / 2}));
+    EXPECT_EQ(get("w2_weight").shape(), (Shape{E, H, I / 2}));
+    EXPECT_EQ(get("w13_weight_scale").shape(), (Shape{E, H / 32, 2 * I}));
+    EXPECT_EQ(get("w2_weight_scale").shape(), (Shape{E, I / 32, H}));
+  }
+  LoadedModel d = model_load(fixture_dir("gpt_oss_mxfp4"), on_gpu(), LoadFormat::kDummy);
+  const Tensor s = host(d.model->params().find("model.layers.0.mlp.experts.w13_weight_scale")->data());
+  int lo = 255, hi = 0;
+  for (int64_t i = 0; i < s.numel(); ++i) {
+    lo = std::min<int>(lo, static_cast<const uint8_t*>(s.data())[i]);
+    hi = std::max<int>(hi, static_cast<const uint8_t*>(s.data())[i]);
+  }
+  EXPECT_EQ(lo, 118);
+  EXPECT_EQ(hi, 120);
+  const Tensor logits = f32_host(score_tokens(*d.model, {1, 2, 3, 4, 5, 6, 7, 8}));
+  for (int64_t i = 0; i < logits.numel(); ++i)
+    ASSERT_TRUE(std::isfinite(logits.ptr<float>()[i])) << "logit " << i;
+}
+
 // The engine on the GPU with a mixture of experts: a batched, chunked workload gives every request
 // what it gets alone (decode graphs, mixed prefill/decode steps).
 // qwen3_moe, and two of the multi-head latent attention fixtures: DeepSeek-V3 (dense latent
