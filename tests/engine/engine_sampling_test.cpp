@@ -490,5 +490,41 @@ TEST(EngineStructured, GrammarConstrainsEveryDraw) {
   }
 }
 
+// Many constrained rows in one step: their masks are computed in parallel, and each request's
+// output is what it decodes alone (sampled with its own seed), every one a sentence.
+TEST(EngineStructured, ManyConstrainedRowsAtOnceDecodeAsAlone) {
+  Model& model = fixture_model("llama3_gqa");
+  const int64_t V = model.vocab_size();
+  std::vector<std::optional<std::string>> bytes(static_cast<size_t>(V));
+  for (int b = 0; b < 256 && b < V; ++b) bytes[static_cast<size_t>(b)] = std::string(1, static_cast<char>(b));
+  auto trie = std::make_shared<const grammar::TokenTrie>(bytes);
+  auto g = std::make_shared<const grammar::Grammar>(grammar::Grammar::from_gbnf(
+      "root ::= \"[\" ( [a-z]{1,4} ( \",\" [a-z]{1,4} ){0,3} )? \"]\"\n"));
+  auto constraint = std::make_shared<const grammar::GrammarConstraint>(g, trie);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> params;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back(prompt_of(13 + i, 27 + 2 * i));
+    SamplingParams p = seeded(100 + i, 48);
+    p.repetition_penalty = 1.0, p.presence_penalty = 0, p.frequency_penalty = 0;
+    p.constraint = constraint;
+    params.push_back(p);
+  }
+  LLMEngine engine(model, test_config());
+  const auto together = engine.generate(prompts, params);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    LLMEngine one(model, test_config());
+    const auto alone = one.generate({prompts[i]}, params[i]).at(0).outputs.at(0);
+    const auto& got = together.at(i).outputs.at(0);
+    EXPECT_EQ(got.token_ids, alone.token_ids) << "request " << i;
+    EXPECT_EQ(got.finish_reason, FinishReason::kStop) << "request " << i;
+    std::string text;
+    for (int32_t t : got.token_ids) text.push_back(static_cast<char>(t));
+    grammar::Matcher whole(g);
+    EXPECT_TRUE(whole.accept_bytes(text) && whole.accepting()) << text;
+  }
+  expect_engine_idle(engine);
+}
+
 }  // namespace
 }  // namespace atom::test
