@@ -13,24 +13,13 @@ import sys
 
 import torch
 
+import torch_timing
+
 F8 = torch.float8_e4m3fn
 
 
 def timed(fn, iters=10, reps=5):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3 / iters)
-    times.sort()
-    return times[len(times) // 2]
+    return torch_timing.timed(fn, iters, reps, warmup=3)
 
 
 def rand_f8(rows, cols, seed):

@@ -11,25 +11,14 @@ chunk_gated_delta_rule and fused_recurrent_gated_delta_rule are timed too.
 """
 import torch
 
-BANDWIDTH = 4.29e12  # bytes/s, measured on the project's H200 (bench_util.h)
-MATMUL = 797e12      # bf16 FLOP/s, likewise
+import torch_timing
+
+BANDWIDTH, MATMUL = torch_timing.BANDWIDTH, torch_timing.MATMUL
 HK, HV, DK, DV = 16, 32, 128, 128
 
 
 def timed(fn, iters=3, reps=5):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3 / iters)
-    times.sort()
-    return times[len(times) // 2]
+    return torch_timing.timed(fn, iters, reps, warmup=1)
 
 
 def report(what, s, nbytes, flops):

@@ -10,26 +10,15 @@ at the shapes and against atom's times in FILE (lines: heads batch ctx atom_us).
 import sys
 
 import torch
+
+import torch_timing
 import torch.nn.functional as F
 
-BW = 4.29e12  # measured copy bandwidth of the project's H200 (bench_util.h)
+BW = torch_timing.BANDWIDTH
 
 
 def timed(fn, iters=10, reps=5):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(iters):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3 / iters)
-    times.sort()
-    return times[len(times) // 2]
+    return torch_timing.timed(fn, iters, reps, warmup=2)
 
 
 def main():

