@@ -49,6 +49,15 @@ enum class NormGate {
   kSigmoid,  // Kimi-Linear (KimiLinearRMSNormGated): all in fp32, * sigmoid(z)
 };
 
+// The operand checks both backends make (shapes, row layouts, F32 parameters and state); each
+// backend adds what its own kernels need besides.
+void check_gated_delta_args(const char* op, const Tensor& out, const Tensor& q, const Tensor& k,
+                            const Tensor& v, const Tensor& b, const Tensor& a, const Tensor& A_log,
+                            const Tensor& dt_bias, const Tensor& state, const GatedDeltaArgs& args);
+void check_kda_args(const char* op, const Tensor& out, const Tensor& q, const Tensor& k,
+                    const Tensor& v, const Tensor& f, const Tensor& b, const Tensor& A_log,
+                    const Tensor& dt_bias, const Tensor& state, const KdaArgs& args);
+
 namespace cpu {
 // Depthwise causal conv1d with SiLU (kernel K, no bias): per channel c and token t,
 //   out[t, c] = silu(Σ_{i<K} w[c, i] · x_{t-K+1+i}[c]),

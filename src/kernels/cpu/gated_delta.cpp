@@ -317,24 +317,9 @@ void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tenso
                       const Tensor& b, const Tensor& a, const Tensor& A_log, const Tensor& dt_bias,
                       Tensor& state, const StateRows& rows, const GatedDeltaArgs& args) {
   const char* op = "gated_delta_rule";
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &q, &k, &v, &b, &a})
-    check_rows(op, *t, "an operand");
+  check_gated_delta_args(op, out, q, k, v, b, a, A_log, dt_bias, state, args);
   const int Hk = args.num_k_heads, Hv = args.num_v_heads, dk = args.k_dim, dv = args.v_dim;
-  ATOM_CHECK(Hk > 0 && Hv > 0 && Hv % Hk == 0 && dk > 0 && dv > 0,
-             "{}: {} key heads, {} value heads of {} / {}", op, Hk, Hv, dk, dv);
   const int64_t T = q.size(0);
-  ATOM_CHECK(q.size(1) == Hk * dk && k.size(1) == Hk * dk && v.size(1) == Hv * dv &&
-                 b.size(1) == Hv && a.size(1) == Hv && out.size(1) == Hv * dv,
-             "{}: q {} k {} v {} b {} a {} out {} for {} key and {} value heads", op, q.str(),
-             k.str(), v.str(), b.str(), a.str(), out.str(), Hk, Hv);
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &b, &a, &out})
-    ATOM_CHECK(t->size(0) == T, "{}: {} rows, expected {}", op, t->str(), T);
-  ATOM_CHECK(A_log.numel() == Hv && dt_bias.numel() == Hv && A_log.dtype() == DType::kF32 &&
-                 dt_bias.dtype() == DType::kF32,
-             "{}: A_log {} and dt_bias {} must be F32 [{}]", op, A_log.str(), dt_bias.str(), Hv);
-  ATOM_CHECK(state.dim() == 4 && state.size(1) == Hv && state.size(2) == dk &&
-                 state.size(3) == dv && state.dtype() == DType::kF32 && state.is_contiguous(),
-             "{}: state {} for {} heads of {} x {}", op, state.str(), Hv, dk, dv);
   const int r = Hv / Hk;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dk));
   const int64_t per_slot = static_cast<int64_t>(Hv) * dk * dv;
@@ -382,24 +367,9 @@ void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, co
               const Tensor& b, const Tensor& A_log, const Tensor& dt_bias, Tensor& state,
               const StateRows& rows, const KdaArgs& args) {
   const char* op = "kda_rule";
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &q, &k, &v, &f, &b})
-    check_rows(op, *t, "an operand");
+  check_kda_args(op, out, q, k, v, f, b, A_log, dt_bias, state, args);
   const int H = args.num_heads, d = args.head_dim;
-  ATOM_CHECK(H > 0 && d > 0, "{}: {} heads of {}", op, H, d);
-  const int64_t T = q.size(0), P = static_cast<int64_t>(H) * d;
-  ATOM_CHECK(q.size(1) == P && k.size(1) == P && v.size(1) == P && f.size(1) == P &&
-                 b.size(1) == H && out.size(1) == P,
-             "{}: q {} k {} v {} f {} b {} out {} for {} heads of {}", op, q.str(), k.str(),
-             v.str(), f.str(), b.str(), out.str(), H, d);
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &f, &b, &out})
-    ATOM_CHECK(t->size(0) == T, "{}: {} rows, expected {}", op, t->str(), T);
-  ATOM_CHECK(A_log.numel() == H && dt_bias.numel() == P && A_log.dtype() == DType::kF32 &&
-                 dt_bias.dtype() == DType::kF32,
-             "{}: A_log {} must be F32 [{}] and dt_bias {} F32 [{}]", op, A_log.str(), H,
-             dt_bias.str(), P);
-  ATOM_CHECK(state.dim() == 4 && state.size(1) == H && state.size(2) == d && state.size(3) == d &&
-                 state.dtype() == DType::kF32 && state.is_contiguous(),
-             "{}: state {} for {} heads of {} x {}", op, state.str(), H, d, d);
+  const int64_t T = q.size(0);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const int64_t per_slot = static_cast<int64_t>(H) * d * d;
   for (const SeqRange& s : seq_ranges(op, rows, T, state.size(0))) {
@@ -495,3 +465,53 @@ void mul_sigmoid(Tensor& out, const Tensor& x, const Tensor& gate) {
 }
 
 }  // namespace atom::kernels::cpu
+
+namespace atom::kernels {
+
+void check_gated_delta_args(const char* op, const Tensor& out, const Tensor& q, const Tensor& k,
+                            const Tensor& v, const Tensor& b, const Tensor& a, const Tensor& A_log,
+                            const Tensor& dt_bias, const Tensor& state, const GatedDeltaArgs& args) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &q, &k, &v, &b, &a})
+    cpu::check_rows(op, *t, "an operand");
+  const int Hk = args.num_k_heads, Hv = args.num_v_heads, dk = args.k_dim, dv = args.v_dim;
+  ATOM_CHECK(Hk > 0 && Hv > 0 && Hv % Hk == 0 && dk > 0 && dv > 0,
+             "{}: {} key heads, {} value heads of {} / {}", op, Hk, Hv, dk, dv);
+  const int64_t T = q.size(0);
+  ATOM_CHECK(q.size(1) == Hk * dk && k.size(1) == Hk * dk && v.size(1) == Hv * dv &&
+                 b.size(1) == Hv && a.size(1) == Hv && out.size(1) == Hv * dv,
+             "{}: q {} k {} v {} b {} a {} out {} for {} key and {} value heads", op, q.str(),
+             k.str(), v.str(), b.str(), a.str(), out.str(), Hk, Hv);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &b, &a, &out})
+    ATOM_CHECK(t->size(0) == T, "{}: {} rows, expected {}", op, t->str(), T);
+  ATOM_CHECK(A_log.numel() == Hv && dt_bias.numel() == Hv && A_log.dtype() == DType::kF32 &&
+                 dt_bias.dtype() == DType::kF32,
+             "{}: A_log {} and dt_bias {} must be F32 [{}]", op, A_log.str(), dt_bias.str(), Hv);
+  ATOM_CHECK(state.dim() == 4 && state.size(1) == Hv && state.size(2) == dk &&
+                 state.size(3) == dv && state.dtype() == DType::kF32 && state.is_contiguous(),
+             "{}: state {} for {} heads of {} x {}", op, state.str(), Hv, dk, dv);
+}
+
+void check_kda_args(const char* op, const Tensor& out, const Tensor& q, const Tensor& k,
+                    const Tensor& v, const Tensor& f, const Tensor& b, const Tensor& A_log,
+                    const Tensor& dt_bias, const Tensor& state, const KdaArgs& args) {
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &q, &k, &v, &f, &b})
+    cpu::check_rows(op, *t, "an operand");
+  const int H = args.num_heads, d = args.head_dim;
+  ATOM_CHECK(H > 0 && d > 0, "{}: {} heads of {}", op, H, d);
+  const int64_t T = q.size(0), P = static_cast<int64_t>(H) * d;
+  ATOM_CHECK(q.size(1) == P && k.size(1) == P && v.size(1) == P && f.size(1) == P &&
+                 b.size(1) == H && out.size(1) == P,
+             "{}: q {} k {} v {} f {} b {} out {} for {} heads of {}", op, q.str(), k.str(),
+             v.str(), f.str(), b.str(), out.str(), H, d);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&k, &v, &f, &b, &out})
+    ATOM_CHECK(t->size(0) == T, "{}: {} rows, expected {}", op, t->str(), T);
+  ATOM_CHECK(A_log.numel() == H && dt_bias.numel() == P && A_log.dtype() == DType::kF32 &&
+                 dt_bias.dtype() == DType::kF32,
+             "{}: A_log {} must be F32 [{}] and dt_bias {} F32 [{}]", op, A_log.str(), H,
+             dt_bias.str(), P);
+  ATOM_CHECK(state.dim() == 4 && state.size(1) == H && state.size(2) == d && state.size(3) == d &&
+                 state.dtype() == DType::kF32 && state.is_contiguous(),
+             "{}: state {} for {} heads of {} x {}", op, state.str(), H, d, d);
+}
+
+}  // namespace atom::kernels
