@@ -29,24 +29,11 @@ std::string anthropic_error_body(int status, const std::string& message) {
 
 namespace {
 
-// Text of a content given as a string or as a list of text blocks (`what` names it in errors).
+// Text of a content given as a string or as a list of text blocks (`where` names it in errors).
 std::string blocks_text(const json& content, const std::string& where, const std::string& param) {
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array()) bad_request(param, where + " must be a string or a list of content blocks");
-  std::string text;
-  for (size_t j = 0; j < content.size(); ++j) {
-    const json& b = content[j];
-    const std::string bw = fmt::format("{}[{}]", where, j);
-    if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
-      bad_request(param, bw + " must be an object with a string 'type'");
-    if (b["type"] != "text")
-      bad_request(param, fmt::format("{}.type '{}' is not supported here (text blocks are)", bw,
-                                     b["type"].get<std::string>()));
-    if (!b.contains("text") || !b["text"].is_string()) bad_request(param, bw + " needs a string 'text'");
-    if (!text.empty()) text += "\n";
-    text += b["text"].get<std::string>();
-  }
-  return text;
+  return join_text_parts(content, {"text"}, where, param);
 }
 
 // One Anthropic message as chat messages: a user turn's tool_result blocks become tool messages

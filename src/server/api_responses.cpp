@@ -61,20 +61,7 @@ std::string content_text(const json& content, const std::string& where) {
   if (content.is_string()) return content.get<std::string>();
   if (content.is_null()) return "";
   if (!content.is_array()) bad_request("input", where + ".content must be a string or a list of parts");
-  std::string text;
-  for (size_t j = 0; j < content.size(); ++j) {
-    const json& part = content[j];
-    const std::string pw = fmt::format("{}.content[{}]", where, j);
-    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
-      bad_request("input", pw + " must be an object with a string 'type'");
-    const std::string type = part["type"].get<std::string>();
-    if (type != "input_text" && type != "output_text" && type != "text")
-      bad_request("input", fmt::format("{}.type '{}' is not supported by this model (text parts only)", pw, type));
-    if (!part.contains("text") || !part["text"].is_string()) bad_request("input", pw + " needs a string 'text'");
-    if (!text.empty()) text += "\n";
-    text += part["text"].get<std::string>();
-  }
-  return text;
+  return join_text_parts(content, {"input_text", "output_text", "text"}, where + ".content", "input");
 }
 
 const std::string& string_field(const json& o, const char* key, const std::string& where) {

@@ -1,5 +1,9 @@
 #include "server/protocol.h"
 
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
 #include <cerrno>
 #include <cmath>
 #include <limits>
@@ -292,8 +296,8 @@ std::vector<Prompt> parse_prompts(const Fields& f) {
   return r;
 }
 
-// Chat message content given as a list of parts is flattened to text: the text parts joined by
-// newlines (what vLLM passes to templates that expect string content); null or missing is "".
+// Chat message content given as a list of parts is flattened to text (join_text_parts); null or
+// missing is "".
 json normalise_messages(const json& messages) {
   if (!messages.is_array() || messages.empty()) bad_request("messages", "'messages' must be a non-empty list");
   json out = json::array();
@@ -304,20 +308,7 @@ json normalise_messages(const json& messages) {
       bad_request("messages", fmt::format("messages[{}].role must be a string", i));
     json n = m;
     if (m.contains("content") && m["content"].is_array()) {
-      std::string text;
-      bool first = true;
-      for (const auto& part : m["content"]) {
-        if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
-          bad_request("messages", fmt::format("messages[{}].content parts must be objects with a type", i));
-        const std::string type = part["type"].get<std::string>();
-        if (type != "text")
-          bad_request("messages", fmt::format("messages[{}].content part type '{}' is not supported by this model", i, type));
-        if (!part.contains("text") || !part["text"].is_string())
-          bad_request("messages", fmt::format("messages[{}].content text part needs a string 'text'", i));
-        text += (first ? "" : "\n") + part["text"].get<std::string>();
-        first = false;
-      }
-      n["content"] = text;
+      n["content"] = join_text_parts(m["content"], {"text"}, fmt::format("messages[{}].content", i), "messages");
     } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
       bad_request("messages", fmt::format("messages[{}].content must be a string, a list of parts or null", i));
     } else if (!m.contains("content") || m["content"].is_null()) {
@@ -452,6 +443,25 @@ json chat_template_variables(const ChatRequest& r, const json& defaults) {
     vars[it.key()] = it.value();
   if (r.reasoning_effort) vars["reasoning_effort"] = *r.reasoning_effort;
   return vars;
+}
+
+std::string join_text_parts(const json& parts, std::initializer_list<const char*> types, const std::string& where,
+                            const std::string& param) {
+  std::string text;
+  for (size_t j = 0; j < parts.size(); ++j) {
+    const json& part = parts[j];
+    const std::string pw = fmt::format("{}[{}]", where, j);
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      bad_request(param, pw + " must be an object with a string 'type'");
+    const std::string& type = part["type"].get_ref<const std::string&>();
+    if (std::none_of(types.begin(), types.end(), [&](const char* t) { return type == t; }))
+      bad_request(param, fmt::format("{}.type '{}' is not supported by this model (text parts are: {})", pw, type,
+                                     fmt::join(types, ", ")));
+    if (!part.contains("text") || !part["text"].is_string()) bad_request(param, pw + " needs a string 'text'");
+    if (j) text += "\n";
+    text += part["text"].get<std::string>();
+  }
+  return text;
 }
 
 }  // namespace atom::server

@@ -106,6 +106,12 @@ ChatRequest chat_request_parse(const nlohmann::ordered_json& body, const Protoco
 nlohmann::ordered_json chat_template_variables(const ChatRequest& request,
                                                const nlohmann::ordered_json& defaults);
 
+// Content given as a list of text parts ({"type": one of `types`, "text": ...}) as one string,
+// the parts' texts joined by newlines (what vLLM passes to templates that expect string content).
+// Any other part is a 400 naming `param` and the part (`where`[j]).
+std::string join_text_parts(const nlohmann::ordered_json& parts, std::initializer_list<const char*> types,
+                            const std::string& where, const std::string& param);
+
 // The JSON body of a request as text; an ApiError (400) when it is not a JSON object.
 nlohmann::ordered_json request_body_parse(const std::string& text);
 

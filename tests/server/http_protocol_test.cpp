@@ -186,6 +186,38 @@ TEST_F(Http, ChatNonStreamingAndStreaming) {
   EXPECT_EQ(ev.back()["choices"][0]["logprobs"]["content"][0]["top_logprobs"][0]["logprob"], -0.5);
 }
 
+// Content given as parts: text parts joined by newlines into the prompt; any other part type (an
+// image) is a 400 naming the part, in chat completions and in the Responses and Messages APIs.
+TEST_F(Http, ContentPartsJoinedOrRefusedByName) {
+  start();
+  json parts = json::array({{{"type", "text"}, {"text", "one"}}, {{"type", "text"}, {"text", "two"}}});
+  auto r = post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", parts}}})}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  const server::BackendRequest last = backend.last_request();
+  EXPECT_NE(backend.detokenize(last.prompt_ids, false).find("<|user|>one\ntwo"), std::string::npos);
+  json image = json::array({{{"type", "text"}, {"text", "see"}}, {{"type", "image_url"}, {"image_url", {{"url", "x"}}}}});
+  r = post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", image}}})}});
+  ASSERT_EQ(r->status, 400);
+  json e = json::parse(r->body)["error"];
+  EXPECT_EQ(e["param"], "messages");
+  EXPECT_NE(e["message"].get<std::string>().find("messages[0].content[1].type 'image_url'"), std::string::npos) << e;
+  r = post("/v1/responses", {{"input", json::array({{{"role", "user"}, {"content", json::array({{{"type", "input_file"}}})}}})}});
+  ASSERT_EQ(r->status, 400);
+  e = json::parse(r->body)["error"];
+  EXPECT_EQ(e["param"], "input");
+  EXPECT_NE(e["message"].get<std::string>().find("input[0].content[0].type 'input_file'"), std::string::npos) << e;
+  r = post("/v1/messages", {{"max_tokens", 4}, {"system", json::array({{{"type", "image"}}})},
+                            {"messages", json::array({{{"role", "user"}, {"content", "x"}}})}});
+  ASSERT_EQ(r->status, 400);
+  e = json::parse(r->body);
+  EXPECT_EQ(e["type"], "error");
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("system[0].type 'image'"), std::string::npos) << e;
+  r = post("/v1/messages", {{"max_tokens", 4}, {"system", json::array({{{"type", "text"}}})},
+                            {"messages", json::array({{{"role", "user"}, {"content", "x"}}})}});
+  ASSERT_EQ(r->status, 400);
+  EXPECT_NE(r->body.find("system[0] needs a string 'text'"), std::string::npos) << r->body;
+}
+
 TEST_F(Http, ReasoningIsSplitOut) {
   backend.reasoning = true;
   backend.reply = "plan it</think>\n\nThe answer.";
