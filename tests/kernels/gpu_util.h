@@ -15,6 +15,8 @@
 #include "core/convert.h"
 #include "core/half.h"
 #include "core/tensor.h"
+#include "engine/sampling_params.h"
+#include "engine/sequence_runner.h"
 #include "layers/batch.h"
 #include "models/model.h"
 
@@ -82,6 +84,29 @@ inline Tensor f8_to_f32_host(const Tensor& t) {
 inline bool same_bytes(const Tensor& a, const Tensor& b) {
   Tensor x = host(a), y = host(b);
   return x.nbytes() == y.nbytes() && std::memcmp(x.data(), y.data(), x.nbytes()) == 0;
+}
+
+
+// The GPU engine tests' workload: 12 greedy requests of 5 to 82 tokens (12 new tokens each, EOS
+// ignored) and what each decodes alone through the single-sequence runner.
+struct GreedyWorkload {
+  std::vector<std::vector<int32_t>> prompts;
+  SamplingParams params;
+  std::vector<std::vector<int32_t>> alone;
+};
+inline GreedyWorkload greedy_workload(Model& model) {
+  GreedyWorkload w;
+  w.params.temperature = 0;
+  w.params.max_tokens = 12;
+  w.params.ignore_eos = true;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int32_t> q;
+    for (int j = 0; j < 5 + 7 * i; ++j) q.push_back(3 + (j * 37 + i * 11) % 500);
+    w.prompts.push_back(q);
+  }
+  for (const auto& q : w.prompts)
+    w.alone.push_back(generate_greedy(model, q, w.params.max_tokens, {}, true).token_ids);
+  return w;
 }
 
 }  // namespace atom::test

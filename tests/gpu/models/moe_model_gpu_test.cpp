@@ -152,18 +152,10 @@ class GpuMoeEngine : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GpuMoeEngine, BatchedRequestsMatchSingleSequenceRuns) {
   LoadedModel m = model_load(fixture_dir(GetParam()), on_gpu());
-  std::vector<std::vector<int32_t>> prompts;
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = 12;
-  p.ignore_eos = true;
-  for (int i = 0; i < 12; ++i) {
-    std::vector<int32_t> q;
-    for (int j = 0; j < 5 + 7 * i; ++j) q.push_back(3 + (j * 37 + i * 11) % 500);
-    prompts.push_back(q);
-  }
-  std::vector<std::vector<int32_t>> alone;
-  for (const auto& q : prompts) alone.push_back(generate_greedy(*m.model, q, p.max_tokens, {}, true).token_ids);
+  const GreedyWorkload w = greedy_workload(*m.model);
+  const auto& prompts = w.prompts;
+  const SamplingParams& p = w.params;
+  const auto& alone = w.alone;
   EngineConfig c;
   c.max_model_len = 256;
   c.max_num_seqs = 8;
