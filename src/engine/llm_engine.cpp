@@ -415,6 +415,7 @@ void LLMEngine::plan_sampling() {
   sampling_.clear();
   tasks_.clear();
   constrained_.clear();
+  masks_ready_ = {};
   task_seqs_.clear();
   task_source_.clear();
   prompt_rows_.clear();
@@ -435,7 +436,14 @@ void LLMEngine::plan_sampling() {
     // both paths draw the same token from the same row anyway (sampler.h).
     const bool suppressing = n_out < p.min_tokens && !req.min_tokens_suppressed.empty();
     task_seqs_.push_back(&seq);
+    const size_t task = task_seqs_.size() - 1;
     if (device_sampleable(p) && !suppressing) {
+      // A constrained row is drawn on the device too, under its mask (StepSampling::device_mask).
+      if (seq.constraint) {
+        sampling_.device_mask.resize(sampling_.device_rows.size(), -1);
+        sampling_.device_mask.push_back(static_cast<int32_t>(constrained_.size()));
+        constrained_.push_back({task, -1, &seq});
+      }
       task_source_.push_back(static_cast<int32_t>(sampling_.device_rows.size()));
       sampling_.device_rows.push_back(row);
       sampling_.device_params.push_back(sampling_row(p, seq.seed, n_out));
@@ -452,20 +460,26 @@ void LLMEngine::plan_sampling() {
                                         static_cast<size_t>(n_out));
     if (suppressing) t.suppressed = req.min_tokens_suppressed;
     if (p.logprobs) t.logprob = &seq.logprobs.emplace_back();
-    if (seq.constraint) constrained_.push_back({tasks_.size(), &seq});
+    if (seq.constraint)
+      constrained_.push_back({task, static_cast<int32_t>(tasks_.size()), &seq});
     task_source_.push_back(-1 - static_cast<int32_t>(tasks_.size()));
     sampling_.host_rows.push_back(row);
     tasks_.push_back(t);
   }
+  if (sampling_.device_mask.size() < sampling_.device_rows.size() &&
+      !sampling_.device_mask.empty())
+    sampling_.device_mask.resize(sampling_.device_rows.size(), -1);
   // Structured output: each constrained row's allowed tokens, computed on a worker thread while
-  // the forward runs (step() waits for them before sampling).
+  // the forward runs. The runner waits for them before it draws the device rows; step() before
+  // it draws the host rows.
   if (!constrained_.empty()) {
     const size_t words = static_cast<size_t>((model_.vocab_size() + 63) / 64);
-    if (masks_.size() < constrained_.size()) masks_.resize(constrained_.size());
-    for (size_t k = 0; k < constrained_.size(); ++k) {
-      masks_[k].assign(words, 0);
-      tasks_[constrained_[k].first].allowed = masks_[k];
-    }
+    mask_words_ = words;
+    masks_.assign(constrained_.size() * words, 0);
+    for (size_t k = 0; k < constrained_.size(); ++k)
+      if (constrained_[k].host_task >= 0)
+        tasks_[static_cast<size_t>(constrained_[k].host_task)].allowed =
+            std::span<const uint64_t>(masks_.data() + k * words, words);
     // Rows are independent (each has its own matcher; a constraint's mask cache is locked), so
     // a batch of them fans out over threads: one row of a 151k-token vocabulary takes 0.1-0.2 ms
     // on one core, which 64 rows in a row would add to every step of a fast GPU.
@@ -475,15 +489,23 @@ void LLMEngine::plan_sampling() {
 #pragma omp parallel for schedule(dynamic, 1) if (n >= 4)
       for (int64_t k = 0; k < n; ++k) {
         errors.guard([&] {
-          const Sequence& seq = *constrained_[static_cast<size_t>(k)].second;
+          const Sequence& seq = *constrained_[static_cast<size_t>(k)].seq;
           const bool eos_ok = !seq.params().ignore_eos;
-          seq.constraint->fill_allowed(masks_[static_cast<size_t>(k)],
-                                       eos_ok ? std::span<const int32_t>(eos_ids_)
-                                              : std::span<const int32_t>());
+          seq.constraint->fill_allowed(
+              std::span<uint64_t>(masks_.data() + static_cast<size_t>(k) * mask_words_,
+                                  mask_words_),
+              eos_ok ? std::span<const int32_t>(eos_ids_) : std::span<const int32_t>());
         });
       }
       errors.rethrow();
-    });
+    }).share();
+    if (!sampling_.device_mask.empty()) {
+      sampling_.mask_words = static_cast<int64_t>(words);
+      sampling_.masks = [this, ready = masks_ready_]() {
+        ready.get();
+        return std::span<const uint64_t>(masks_);
+      };
+    }
   }
 }
 
@@ -523,13 +545,14 @@ StepOutput LLMEngine::step() {
     host_sampled_.resize(tasks_.size());
     if (masks_ready_.valid()) masks_ready_.get();
     // A constrained row that allows nothing (the grammar cannot go on and no end of sequence is
-    // allowed) ends here instead of drawing.
-    std::vector<char> blocked(tasks_.size(), 0);
+    // allowed) ends here instead of drawing (a device row's draw is dropped).
+    blocked_.assign(task_seqs_.size(), 0);
     for (size_t k = 0; k < constrained_.size(); ++k) {
-      const auto& m = masks_[k];
-      if (std::all_of(m.begin(), m.end(), [](uint64_t w) { return w == 0; })) {
-        blocked[constrained_[k].first] = 1;
-        tasks_[constrained_[k].first].allowed = {};
+      const uint64_t* m = masks_.data() + k * mask_words_;
+      if (std::all_of(m, m + mask_words_, [](uint64_t w) { return w == 0; })) {
+        blocked_[constrained_[k].task] = 1;
+        if (constrained_[k].host_task >= 0)
+          tasks_[static_cast<size_t>(constrained_[k].host_task)].allowed = {};
       }
     }
     if (!tasks_.empty()) sampler_->sample(host, tasks_, host_sampled_);
@@ -567,7 +590,7 @@ StepOutput LLMEngine::step() {
       }
       const int32_t token = src >= 0 ? samples_.tokens[src] : host_sampled_[-1 - src];
       if (seq.constraint) {
-        if ((src < 0 && blocked[static_cast<size_t>(-1 - src)]) || !seq.constraint->accept(token)) {
+        if (blocked_[i] || !seq.constraint->accept(token)) {
           finish_sequence(seq, FinishReason::kStop);
           continue;
         }

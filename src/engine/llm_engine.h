@@ -159,11 +159,18 @@ class LLMEngine {
   StepSampling sampling_;
   StepSamples samples_;
   std::vector<SampleTask> tasks_;      // rows sampled on the host
-  // Structured output: (task index, sequence) of the constrained rows, their masks, and the
-  // worker computing them during the forward.
-  std::vector<std::pair<size_t, Sequence*>> constrained_;
-  std::vector<std::vector<uint64_t>> masks_;
-  std::future<void> masks_ready_;
+  // Structured output: the constrained rows, their masks (one table, [rows, words]), the worker
+  // computing them during the forward, and the rows whose mask allows nothing.
+  struct ConstrainedRow {
+    size_t task;        // index into task_seqs_
+    int32_t host_task;  // index into tasks_, or -1: drawn on the model's device
+    Sequence* seq;
+  };
+  std::vector<ConstrainedRow> constrained_;
+  std::vector<uint64_t> masks_;
+  size_t mask_words_ = 0;
+  std::shared_future<void> masks_ready_;
+  std::vector<char> blocked_;  // per task
   std::vector<int32_t> host_sampled_;  // their tokens
   std::vector<Sequence*> task_seqs_;   // every sequence that draws a token, in row order
   std::vector<int32_t>

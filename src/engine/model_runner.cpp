@@ -277,6 +277,27 @@ void ModelRunner::sample_rows(const Tensor& logits, const StepSampling& want,
     row_params_.assign(want.device_params.begin(), want.device_params.end());
   }
   const int64_t rows = src.size(0);
+  if (!want.device_mask.empty()) {
+    ATOM_CHECK(want.device_mask.size() == want.device_rows.size() && want.masks &&
+                   want.mask_words * 64 >= V,
+               "execute_sampling: {} mask indices for {} device rows, {} mask words for vocab {}",
+               want.device_mask.size(), want.device_rows.size(), want.mask_words, V);
+    // Waits for the host's masks here, after the forward was launched: they were computed while
+    // it ran. Only the bit sets cross to the device ([rows, V / 64] words, not the logits).
+    const std::span<const uint64_t> table = want.masks();
+    const int64_t M = static_cast<int64_t>(table.size()) / want.mask_words;
+    ATOM_CHECK(M * want.mask_words == static_cast<int64_t>(table.size()),
+               "execute_sampling: mask table of {} words is not [rows, {}]", table.size(),
+               want.mask_words);
+    mask_index_.assign(static_cast<size_t>(rows), -1);
+    for (int64_t i = 0; i < n; ++i)
+      mask_index_[static_cast<size_t>(every_row ? want.device_rows[i] : i)] = want.device_mask[i];
+    Tensor masks = upload(table.data(), {M, want.mask_words}, DType::kU64);
+    Tensor index = upload(mask_index_.data(), {rows}, DType::kI32);
+    // In place: when src is the logits themselves, only device rows are masked, and the host
+    // rows copied after this are other rows.
+    kernels::mask_logits(src, masks, index);
+  }
   Tensor params = upload(row_params_.data(),
                          {rows, static_cast<int64_t>(sizeof(kernels::SamplingRow))}, DType::kU8);
   Tensor ids = arena_.alloc({rows}, DType::kI32);

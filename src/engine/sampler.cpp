@@ -43,8 +43,7 @@ kernels::SamplingRow sampling_row(const SamplingParams& p, uint64_t seed, int64_
 }
 
 bool device_sampleable(const SamplingParams& p) {
-  return !p.has_penalties() && p.logit_bias.empty() && !p.logprobs && !p.prompt_logprobs &&
-         !p.constraint;
+  return !p.has_penalties() && p.logit_bias.empty() && !p.logprobs && !p.prompt_logprobs;
 }
 
 CpuSampler::CpuSampler() = default;

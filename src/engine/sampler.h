@@ -63,7 +63,8 @@ kernels::SamplingRow sampling_row(const SamplingParams& p, uint64_t seed, int64_
 // Whether a request's tokens can be drawn by kernels::sample on the model's device: nothing the
 // CPU sampler adds (penalties, logit_bias, logprobs, prompt_logprobs) is asked for. A property of
 // the request, not of the step; min_tokens suppression is checked per token by the engine (it
-// depends only on the request's own output count).
+// depends only on the request's own output count). A structured-output constraint does not keep
+// a row off the device: its mask is applied there (StepSampling::device_mask).
 bool device_sampleable(const SamplingParams& p);
 
 // log_softmax of `logits` [vocab] at `token`, its rank, and the `top` most likely tokens (-1: all)

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -18,10 +20,21 @@ struct StepSampling {
   std::vector<int32_t> device_rows;                 // logits rows drawn by kernels::sample
   std::vector<kernels::SamplingRow> device_params;  // how each device row is drawn
   std::vector<int32_t> host_rows;                   // logits rows needed on the host
+  // Structured output on the device: device row i is drawn only among the tokens of row
+  // device_mask[i] of the mask table (-1: unconstrained; empty: no row is). The table,
+  // [rows, mask_words] bit sets (bit t of a row: word t / 64, bit t % 64; set: token t allowed),
+  // is filled on the host while the forward runs: masks() waits for it and returns it. The runner
+  // calls it after launching the forward, so the two overlap. It may be called more than once.
+  std::vector<int32_t> device_mask;
+  int64_t mask_words = 0;
+  std::function<std::span<const uint64_t>()> masks;
   void clear() {
     device_rows.clear();
     device_params.clear();
     host_rows.clear();
+    device_mask.clear();
+    mask_words = 0;
+    masks = nullptr;
   }
 };
 

@@ -68,4 +68,37 @@ inline void sample(Tensor& ids, const Tensor& logits, const Tensor& rows) {
   ATOM_KERNEL_CUDA("sample", cuda::sample(ids, logits, rows));
 }
 
+// Structured output: logits[r, t] = -inf wherever bit t of masks[index[r]] is clear (bit t of a
+// mask row: word t / 64, bit t % 64); a row whose index is negative is left as it is. Bits past
+// V are ignored.
+//   logits [R, V] F32 with contiguous rows (written in place), masks [M, W] U64 contiguous with
+//   W >= ceil(V / 64), index [R] I32 in [-1, M)
+// The operand checks both devices share; index values are checked by the CPU (the CUDA kernel
+// leaves a row whose index is out of range as it is).
+inline void check_mask_logits_args(const Tensor& logits, const Tensor& masks, const Tensor& index) {
+  ATOM_CHECK(logits.dim() == 2 && logits.dtype() == DType::kF32 &&
+                 (logits.size(1) <= 1 || logits.stride(1) == 1),
+             "mask_logits: logits must be 2-D F32 with contiguous rows, got {}", logits.str());
+  ATOM_CHECK(masks.dim() == 2 && masks.dtype() == DType::kU64 && masks.is_contiguous() &&
+                 masks.size(1) * 64 >= logits.size(1),
+             "mask_logits: masks must be contiguous U64 [M, >= {}], got {}",
+             (logits.size(1) + 63) / 64, masks.str());
+  ATOM_CHECK(index.dim() == 1 && index.dtype() == DType::kI32 && index.is_contiguous() &&
+                 index.size(0) == logits.size(0),
+             "mask_logits: index must be I32 [{}], got {}", logits.size(0), index.str());
+}
+namespace cpu {
+void mask_logits(Tensor& logits, const Tensor& masks, const Tensor& index);
+}
+namespace cuda {
+void mask_logits(Tensor& logits, const Tensor& masks, const Tensor& index);
+}
+
+inline void mask_logits(Tensor& logits, const Tensor& masks, const Tensor& index) {
+  check_same_device("mask_logits", logits.device(), {&masks, &index});
+  check_mask_logits_args(logits, masks, index);
+  if (logits.device().is_cpu()) return cpu::mask_logits(logits, masks, index);
+  ATOM_KERNEL_CUDA("mask_logits", cuda::mask_logits(logits, masks, index));
+}
+
 }  // namespace atom::kernels

@@ -526,5 +526,45 @@ TEST(EngineStructured, ManyConstrainedRowsAtOnceDecodeAsAlone) {
   expect_engine_idle(engine);
 }
 
+// A constrained row is drawn where its logits are, under its mask (kernels::mask_logits), unless
+// it asks for something only the host sampler does; then the host sampler applies the same mask.
+// Both must draw the same tokens: a `logit_bias` of 0 moves the same requests to the host path.
+TEST(EngineStructured, DeviceAndHostMaskedDrawsAgree) {
+  Model& model = fixture_model("llama3_gqa");
+  const int64_t V = model.vocab_size();
+  std::vector<std::optional<std::string>> bytes(static_cast<size_t>(V));
+  for (int b = 0; b < 256 && b < V; ++b) bytes[static_cast<size_t>(b)] = std::string(1, static_cast<char>(b));
+  auto trie = std::make_shared<const grammar::TokenTrie>(bytes);
+  auto g = std::make_shared<const grammar::Grammar>(grammar::Grammar::from_gbnf(
+      "root ::= \"(\" [a-z0-9 ]{2,24} \")\"\n"));
+  auto constraint = std::make_shared<const grammar::GrammarConstraint>(g, trie);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<SamplingParams> device, host;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(prompt_of(7 + i, 19 + 3 * i));
+    SamplingParams p = i % 2 ? seeded(40 + i, 40) : greedy(40);
+    p.repetition_penalty = 1.0, p.presence_penalty = 0, p.frequency_penalty = 0;
+    p.constraint = constraint;
+    ASSERT_TRUE(device_sampleable(p));
+    device.push_back(p);
+    p.logit_bias.push_back({300, 0.0f});
+    ASSERT_FALSE(device_sampleable(p));
+    host.push_back(p);
+  }
+  LLMEngine a(model, test_config()), b(model, test_config());
+  const auto on_device = a.generate(prompts, device), on_host = b.generate(prompts, host);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto& got = on_device.at(i).outputs.at(0);
+    EXPECT_EQ(got.token_ids, on_host.at(i).outputs.at(0).token_ids) << "request " << i;
+    EXPECT_EQ(got.finish_reason, FinishReason::kStop) << "request " << i;
+    std::string text;
+    for (int32_t t : got.token_ids) text.push_back(static_cast<char>(t));
+    grammar::Matcher whole(g);
+    EXPECT_TRUE(whole.accept_bytes(text) && whole.accepting()) << "request " << i << ": " << text;
+  }
+  expect_engine_idle(a);
+  expect_engine_idle(b);
+}
+
 }  // namespace
 }  // namespace atom::test

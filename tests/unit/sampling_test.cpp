@@ -197,5 +197,49 @@ TEST(Sampling, FrequenciesFollowTheSoftmax) {
   EXPECT_NEAR(static_cast<double>(first) / n, 0.75, 0.03);
 }
 
+// Structured output's mask (kernels::mask_logits), checked token by token against the bit rule:
+// a disallowed token becomes -inf, an allowed one keeps its value bit for bit, a row with index
+// -1 is untouched, bits past the vocabulary are ignored, and rows may be strided views.
+TEST(Sampling, MaskLogitsClearsExactlyTheDisallowedTokens) {
+  const int64_t R = 7, V = 1000, W = (V + 63) / 64, M = 3;
+  Tensor base = random_logits(R, V + 24, 5);
+  Tensor logits = base.narrow(1, 0, V);  // row stride V + 24
+  Tensor before = logits.contiguous();
+  Tensor masks = Tensor::empty({M, W}, DType::kU64);
+  std::mt19937_64 rng(9);
+  for (int64_t i = 0; i < M * W; ++i) masks.ptr<uint64_t>()[i] = rng();
+  masks.ptr<uint64_t>()[2 * W + W - 1] = ~uint64_t{0};  // bits past V set: ignored
+  Tensor index = Tensor::empty({R}, DType::kI32);
+  const int32_t pick[R] = {0, -1, 2, 1, 0, -1, 2};
+  std::copy(pick, pick + R, index.ptr<int32_t>());
+  kernels::mask_logits(logits, masks, index);
+  int64_t cleared = 0, kept = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    const float* x = reinterpret_cast<const float*>(base.ptr<float>() + r * (V + 24));
+    const float* x0 = before.ptr<float>() + r * V;
+    for (int64_t t = 0; t < V; ++t) {
+      const bool allowed =
+          pick[r] < 0 || ((masks.ptr<uint64_t>()[pick[r] * W + t / 64] >> (t % 64)) & 1);
+      if (allowed) {
+        EXPECT_EQ(x[t], x0[t]) << r << "," << t;
+        ++kept;
+      } else {
+        EXPECT_EQ(x[t], -std::numeric_limits<float>::infinity()) << r << "," << t;
+        ++cleared;
+      }
+    }
+    for (int64_t t = V; t < V + 24; ++t)  // the view's padding is not written
+      EXPECT_NE(x[t], -std::numeric_limits<float>::infinity());
+  }
+  EXPECT_GT(cleared, 2000);
+  EXPECT_GT(kept, 2000);
+  // A mask index out of range, or a mask table too narrow, names the problem.
+  index.ptr<int32_t>()[3] = M;
+  EXPECT_THROW(kernels::mask_logits(logits, masks, index), Error);
+  Tensor narrow_masks = Tensor::empty({M, W - 1}, DType::kU64);
+  index.ptr<int32_t>()[3] = 0;
+  EXPECT_THROW(kernels::mask_logits(logits, narrow_masks, index), Error);
+}
+
 }  // namespace
 }  // namespace atom

@@ -141,5 +141,21 @@ void sample(Tensor& ids, const Tensor& logits, const Tensor& rows) {
   }
 }
 
+void mask_logits(Tensor& logits, const Tensor& masks, const Tensor& index) {
+  const int64_t R = logits.size(0), V = logits.size(1), M = masks.size(0), W = masks.size(1);
+  const int32_t* idx = index.ptr<int32_t>();
+  for (int64_t r = 0; r < R; ++r)
+    ATOM_CHECK(idx[r] >= -1 && idx[r] < M, "mask_logits: row {} names mask {} of {}", r, idx[r], M);
+  const auto* words = masks.ptr<uint64_t>();
+#pragma omp parallel for schedule(static) if (R >= 4)
+  for (int64_t r = 0; r < R; ++r) {
+    if (idx[r] < 0) continue;
+    float* x = reinterpret_cast<float*>(row_ptr(logits, r));
+    const uint64_t* m = words + idx[r] * W;
+    for (int64_t t = 0; t < V; ++t)
+      if (!((m[t / 64] >> (t % 64)) & 1)) x[t] = -std::numeric_limits<float>::infinity();
+  }
+}
+
 }  // namespace cpu
 }  // namespace atom::kernels

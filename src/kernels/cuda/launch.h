@@ -77,6 +77,9 @@ void launch_kv_cache_write(void* k_cache, void* v_cache, int64_t num_slots, Mat 
 void launch_argmax(int32_t* ids, Mat logits, cudaStream_t s);
 // rows: [R] SamplingRow (kernels/sampling.h)
 void launch_sample(int32_t* ids, Mat logits, const void* rows, cudaStream_t s);
+// logits [R, V] F32 in place: -inf where bit t of masks[index[r]] ([num_masks, words]) is clear
+void launch_mask_logits(Mat logits, const uint64_t* masks, int64_t words, int64_t num_masks,
+                        const int32_t* index, cudaStream_t s);
 
 // ---- linear_skinny.cu
 // out [M, N] = x [M, K] · w [N, K]ᵀ (+ bias) for small M; x and w share type (BF16 or F16),

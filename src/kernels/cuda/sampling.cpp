@@ -26,4 +26,10 @@ void sample(Tensor& ids, const Tensor& logits, const Tensor& rows) {
   launch_check("sample");
 }
 
+void mask_logits(Tensor& logits, const Tensor& masks, const Tensor& index) {
+  launch_mask_logits(mat_of(logits, "mask_logits"), masks.ptr<uint64_t>(), masks.size(1),
+                     masks.size(0), index.ptr<int32_t>(), current_stream());
+  launch_check("mask_logits");
+}
+
 }  // namespace atom::kernels::cuda

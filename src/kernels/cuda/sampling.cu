@@ -190,7 +190,34 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) ids[r] = static_cast<int32_t>(best.i);
 }
 
+// Grid (ceil(V / kMaskTile), R): each block clears the disallowed tokens of one tile of a row.
+constexpr int kMaskThreads = 256, kMaskTile = 4096;
+
+__global__ void mask_logits_kernel(Mat logits, const uint64_t* masks, int64_t words,
+                                   int64_t num_masks, const int32_t* index) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t r = blockIdx.y;
+  const int32_t k = index[r];
+  if (k < 0 || k >= num_masks) return;
+  float* x = reinterpret_cast<float*>(row_of(logits, r));
+  const uint64_t* m = masks + static_cast<int64_t>(k) * words;
+  const int64_t tile_end = (static_cast<int64_t>(blockIdx.x) + 1) * kMaskTile;
+  const int64_t end = tile_end < logits.cols ? tile_end : logits.cols;
+  for (int64_t t = static_cast<int64_t>(blockIdx.x) * kMaskTile + threadIdx.x; t < end;
+       t += kMaskThreads)
+    if (!((m[t >> 6] >> (t & 63)) & 1)) x[t] = -INFINITY;
+}
+
 }  // namespace
+
+void launch_mask_logits(Mat logits, const uint64_t* masks, int64_t words, int64_t num_masks,
+                        const int32_t* index, cudaStream_t s) {
+  if (logits.rows == 0 || logits.cols == 0) return;
+  const dim3 grid(static_cast<unsigned>((logits.cols + kMaskTile - 1) / kMaskTile),
+                  static_cast<unsigned>(logits.rows));
+  launch(mask_logits_kernel, grid, kMaskThreads, 0, s, logits, masks, words, num_masks, index);
+}
 
 void launch_argmax(int32_t* ids, Mat logits, cudaStream_t s) {
   if (logits.rows == 0) return;

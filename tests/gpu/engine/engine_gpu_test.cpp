@@ -1,6 +1,7 @@
 // The engine on the GPU: the KV cache sized from GPU memory, tokens drawn on the device agreeing
 // with the CPU sampler on the same logits, and steps that mix device-sampled rows with rows the
-// host needs (logprobs, penalties, prompt logprobs).
+// host needs (logprobs, penalties, prompt logprobs), structured-output rows masked on the device
+// included.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include "common/fixtures.h"
 #include "engine/llm_engine.h"
 #include "engine/sequence_runner.h"
+#include "grammar/matcher.h"
 #include "gpu_util.h"
 #include "models/loading.h"
 
@@ -139,6 +141,56 @@ TEST(GpuEngine, Fp8KvCacheHoldsTwiceTheBlocks) {
   }
   std::printf("fp8 engine: %d of 8 requests equal the single-sequence runner's tokens\n", same);
   EXPECT_EQ(e.block_manager().num_free_blocks(), e.block_manager().num_blocks());
+}
+
+// Structured output on the GPU: a constrained row is masked and drawn on the device
+// (kernels::mask_logits, then kernels::sample), with graphs and eagerly. A `logit_bias` of 0 sends
+// the same requests to the host sampler, which applies the same mask to the same logits, so the
+// tokens must be identical; every output is a sentence of the grammar and ends when it does.
+TEST(GpuEngine, ConstrainedRowsDrawOnTheDeviceAsOnTheHost) {
+  LoadedModel m = model_load(fixture_dir("llama3_gqa"), on_gpu());
+  const int64_t V = m.model->vocab_size();
+  std::vector<std::optional<std::string>> bytes(static_cast<size_t>(V));
+  for (int b = 0; b < 256 && b < V; ++b) bytes[static_cast<size_t>(b)] = std::string(1, static_cast<char>(b));
+  auto trie = std::make_shared<const grammar::TokenTrie>(bytes);
+  auto g = std::make_shared<const grammar::Grammar>(grammar::Grammar::from_gbnf(
+      "root ::= \"(\" [a-z0-9 ]{2,24} \")\"\n"));
+  auto constraint = std::make_shared<const grammar::GrammarConstraint>(g, trie);
+  for (bool eager : {false, true}) {
+    EngineConfig c = gpu_config();
+    c.enforce_eager = eager;
+    c.kv_cache_memory = int64_t{64} << 20;  // two engines at once
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<SamplingParams> device, host;
+    for (int i = 0; i < 6; ++i) {
+      prompts.push_back(prompt_of(9 + 5 * i, 17 + i));
+      SamplingParams p = plain(200 + i);
+      p.ignore_eos = false;
+      p.max_tokens = 40;
+      if (i % 3 == 0) p.temperature = 0.0;
+      p.constraint = constraint;
+      device.push_back(p);
+      p.logit_bias = {{11, 0.0f}};
+      host.push_back(p);
+    }
+    // An unconstrained neighbour in the same steps as the device-masked rows.
+    prompts.push_back(prompt_of(21, 29));
+    device.push_back(plain(7));
+    host.push_back(plain(7));
+    LLMEngine a(*m.model, c), b(*m.model, c);
+    const auto on_device = a.generate(prompts, device), on_host = b.generate(prompts, host);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const auto& got = on_device.at(i).outputs.at(0);
+      EXPECT_EQ(got.token_ids, on_host.at(i).outputs.at(0).token_ids) << "request " << i << " eager " << eager;
+      if (i + 1 == prompts.size()) continue;
+      EXPECT_EQ(got.finish_reason, FinishReason::kStop) << "request " << i;
+      std::string text;
+      for (int32_t t : got.token_ids) text.push_back(static_cast<char>(t));
+      grammar::Matcher whole(g);
+      EXPECT_TRUE(whole.accept_bytes(text) && whole.accepting()) << "request " << i << ": " << text;
+    }
+    EXPECT_EQ(a.block_manager().num_free_blocks(), a.block_manager().num_blocks());
+  }
 }
 
 }  // namespace
