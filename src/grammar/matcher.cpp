@@ -151,6 +151,20 @@ std::string Matcher::key() const {
   return k;
 }
 
+Matcher Matcher::with_stack(Stack s) const {
+  Matcher m(*this);
+  m.stacks_.clear();
+  m.stacks_.push_back(std::move(s));
+  m.partial_ = 0, m.partial_len_ = 0, m.partial_need_ = 0;
+  return m;
+}
+
+bool Matcher::any_empty() const {
+  for (const Stack& s : stacks_)
+    if (s.empty()) return true;
+  return false;
+}
+
 // --- TokenTrie ---
 
 TokenTrie::TokenTrie(const std::vector<std::optional<std::string>>& bytes)
@@ -192,6 +206,23 @@ TokenTrie::TokenTrie(const std::vector<std::optional<std::string>>& bytes)
       queue.push_back({static_cast<uint32_t>(nodes_.size() - 1), a, b, r.depth + 1});
     }
   }
+  // Every node's tokens and its descendants' as one range (depth first, children after).
+  subtree_tokens_.reserve(tokens_.size());
+  std::vector<std::pair<uint32_t, bool>> todo = {{0, false}};
+  while (!todo.empty()) {
+    auto [node, done] = todo.back();
+    todo.pop_back();
+    Node& n = nodes_[node];
+    if (done) {
+      n.subtree_count = static_cast<uint32_t>(subtree_tokens_.size()) - n.subtree_first;
+      continue;
+    }
+    n.subtree_first = static_cast<uint32_t>(subtree_tokens_.size());
+    for (uint32_t t = n.first_token; t < n.first_token + n.num_tokens; ++t)
+      subtree_tokens_.push_back(tokens_[t]);
+    todo.push_back({node, true});
+    for (uint32_t c = n.first_child + n.num_children; c-- > n.first_child;) todo.push_back({c, false});
+  }
 }
 
 std::shared_ptr<const TokenTrie> TokenTrie::from_tokenizer(const tokenizer::Tokenizer& tok, int64_t vocab_size) {
@@ -217,6 +248,37 @@ void TokenTrie::visit(uint32_t node, Matcher& m, std::span<uint64_t> allowed) co
     }
     if (cn.num_children) visit(c, next, allowed);
   }
+}
+
+void TokenTrie::visit_classify(uint32_t node, Matcher& m, bool bottom, std::span<uint64_t> accepted,
+                               std::vector<int32_t>& uncertain) const {
+  const Node& n = nodes_[node];
+  // Once the suffix's bottom is reached, a byte it cannot take may still be taken by the stack
+  // below: every token from here on that the suffix rejects is uncertain.
+  bottom = bottom || m.any_empty();
+  for (uint32_t c = n.first_child; c < n.first_child + n.num_children; ++c) {
+    const Node& cn = nodes_[c];
+    Matcher next = m;
+    if (!next.accept_byte(child_byte_[c])) {
+      if (bottom)
+        uncertain.insert(uncertain.end(), subtree_tokens_.begin() + cn.subtree_first,
+                         subtree_tokens_.begin() + cn.subtree_first + cn.subtree_count);
+      continue;
+    }
+    for (uint32_t t = cn.first_token; t < cn.first_token + cn.num_tokens; ++t) {
+      const auto id = static_cast<uint32_t>(tokens_[t]);
+      accepted[id / 64] |= uint64_t{1} << (id % 64);
+    }
+    if (cn.num_children) visit_classify(c, next, bottom, accepted, uncertain);
+  }
+}
+
+void TokenTrie::classify(const Matcher& suffix, std::span<uint64_t> accepted,
+                         std::vector<int32_t>& uncertain) const {
+  ATOM_CHECK(static_cast<int64_t>(accepted.size()) * 64 >= vocab_size_, "mask of {} words for {} tokens",
+             accepted.size(), vocab_size_);
+  Matcher start = suffix;
+  visit_classify(0, start, false, accepted, uncertain);
 }
 
 void TokenTrie::fill_allowed(const Matcher& m, std::span<uint64_t> allowed) const {
@@ -275,11 +337,55 @@ void GrammarConstraint::fill(const Matcher& m, std::span<uint64_t> allowed) cons
     }
   }
   std::vector<uint64_t> mask(words, 0);
-  trie_->fill_allowed(m, mask);
+  if (m.mid_character()) {
+    trie_->fill_allowed(m, mask);
+  } else {
+    for (const Matcher::Stack& s : m.stacks()) {
+      if (s.empty()) continue;  // the text may end: the caller adds the end of sequence
+      const size_t depth = std::min(s.size(), kSuffixDepth);
+      const auto sm = suffix_mask(Matcher::Stack(s.end() - static_cast<std::ptrdiff_t>(depth), s.end()));
+      for (size_t w = 0; w < words; ++w) mask[w] |= sm->accepted[w];
+      // A suffix that is the whole stack is exact: its uncertain tokens would need more bytes
+      // after the end of the text.
+      if (depth == s.size() || sm->uncertain.empty()) continue;
+      const Matcher whole = m.with_stack(s);
+      for (int32_t id : sm->uncertain) {
+        const auto u = static_cast<uint32_t>(id);
+        if ((mask[u / 64] >> (u % 64)) & 1) continue;
+        Matcher c = whole;
+        if (c.accept_bytes(*trie_->bytes(id))) mask[u / 64] |= uint64_t{1} << (u % 64);
+      }
+    }
+  }
   for (size_t w = 0; w < words && w < allowed.size(); ++w) allowed[w] |= mask[w];
   std::lock_guard<std::mutex> lock(mu_);
   if ((cache_.size() + 1) * words * 8 > kCacheBytes) cache_.clear();
   cache_.emplace(key, std::move(mask));
+}
+
+std::shared_ptr<const GrammarConstraint::SuffixMask> GrammarConstraint::suffix_mask(
+    const Matcher::Stack& suffix) const {
+  std::string key(reinterpret_cast<const char*>(suffix.data()), suffix.size() * sizeof(uint32_t));
+  {
+    std::lock_guard<std::mutex> lock(suffix_mu_);
+    auto it = suffix_cache_.find(key);
+    if (it != suffix_cache_.end()) return it->second;
+  }
+  auto sm = std::make_shared<SuffixMask>();
+  sm->accepted.assign(static_cast<size_t>((trie_->vocab_size() + 63) / 64), 0);
+  Matcher top(g_);
+  trie_->classify(top.with_stack(suffix), sm->accepted, sm->uncertain);
+  std::sort(sm->uncertain.begin(), sm->uncertain.end());
+  sm->uncertain.erase(std::unique(sm->uncertain.begin(), sm->uncertain.end()), sm->uncertain.end());
+  const size_t bytes = sm->accepted.size() * 8 + sm->uncertain.size() * 4;
+  std::lock_guard<std::mutex> lock(suffix_mu_);
+  if (suffix_bytes_ + bytes > kCacheBytes) {
+    suffix_cache_.clear();
+    suffix_bytes_ = 0;
+  }
+  auto [it, inserted] = suffix_cache_.emplace(std::move(key), sm);
+  if (inserted) suffix_bytes_ += bytes;
+  return it->second;
 }
 
 }  // namespace atom::grammar

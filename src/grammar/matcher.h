@@ -41,9 +41,18 @@ class Matcher {
   // A key of the state, equal for states that allow the same continuations.
   std::string key() const;
 
+  // Parse stacks (bottom first; each top is a character set), for the mask's context split.
+  using Stack = std::vector<uint32_t>;
+  const std::vector<Stack>& stacks() const { return stacks_; }
+  // A matcher in the state of one stack alone (no UTF-8 character half read).
+  Matcher with_stack(Stack s) const;
+  // Some stack is empty: the text may end here (for a stack's suffix: its bottom was reached).
+  bool any_empty() const;
+  // A UTF-8 character is half read.
+  bool mid_character() const { return partial_need_ != 0; }
+
  private:
   friend class TokenTrie;
-  using Stack = std::vector<uint32_t>;
   void expand(Stack s, std::vector<Stack>& out, int depth) const;
   void set_stacks(std::vector<Stack> next);
 
@@ -66,19 +75,29 @@ class TokenTrie {
   const std::string* bytes(int32_t id) const;
   // Sets the bit of every token whose bytes the matcher accepts from its current state.
   void fill_allowed(const Matcher& m, std::span<uint64_t> allowed) const;
+  // For a matcher holding the top of a stack (its suffix): sets in `accepted` the tokens it
+  // accepts, which the whole stack accepts as well, and lists in `uncertain` the tokens it
+  // rejects after its bottom was reached (any_empty) before their last byte: only the whole
+  // stack can tell those. Every other token the whole stack rejects too.
+  void classify(const Matcher& suffix, std::span<uint64_t> accepted,
+                std::vector<int32_t>& uncertain) const;
 
  private:
   struct Node {
     uint32_t first_child = 0, num_children = 0;
     uint32_t first_token = 0, num_tokens = 0;
+    uint32_t subtree_first = 0, subtree_count = 0;  // into subtree_tokens_
   };
   void visit(uint32_t node, Matcher& m, std::span<uint64_t> allowed) const;
+  void visit_classify(uint32_t node, Matcher& m, bool bottom, std::span<uint64_t> accepted,
+                      std::vector<int32_t>& uncertain) const;
 
   int64_t vocab_size_ = 0;
   std::vector<std::optional<std::string>> bytes_;
   std::vector<Node> nodes_;
   std::vector<uint8_t> child_byte_;  // per node: the byte leading to it
   std::vector<int32_t> tokens_;
+  std::vector<int32_t> subtree_tokens_;  // depth first: each node's tokens, then its children's
 };
 
 // A grammar as the engine's LogitsConstraint: each sequence's state is a Matcher; masks are
@@ -88,16 +107,29 @@ class GrammarConstraint final : public LogitsConstraint {
   GrammarConstraint(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenTrie> trie);
   std::unique_ptr<LogitsConstraintState> start() const override;
 
-  // The mask for matcher m (cached).
+  // The mask for matcher m (cached per state). A state's mask is the union over its stacks of
+  // what each stack allows; a stack's is found from its top kSuffixDepth items alone (cached per
+  // suffix: the grammar has few), checking against the whole stack only the tokens the suffix
+  // leaves uncertain (TokenTrie::classify). A half-read UTF-8 character walks the trie whole.
   void fill(const Matcher& m, std::span<uint64_t> allowed) const;
+  static constexpr size_t kSuffixDepth = 3;
   const TokenTrie& trie() const { return *trie_; }
   const std::shared_ptr<const Grammar>& grammar() const { return g_; }
 
  private:
   std::shared_ptr<const Grammar> g_;
   std::shared_ptr<const TokenTrie> trie_;
+  struct SuffixMask {
+    std::vector<uint64_t> accepted;
+    std::vector<int32_t> uncertain;
+  };
+  std::shared_ptr<const SuffixMask> suffix_mask(const Matcher::Stack& suffix) const;
+
   mutable std::mutex mu_;
   mutable std::unordered_map<std::string, std::vector<uint64_t>> cache_;
+  mutable std::mutex suffix_mu_;
+  mutable std::unordered_map<std::string, std::shared_ptr<const SuffixMask>> suffix_cache_;
+  mutable size_t suffix_bytes_ = 0;
 };
 
 }  // namespace atom::grammar

@@ -263,6 +263,60 @@ TEST(TokenTrie, MaskEqualsPerTokenCheck) {
   }
 }
 
+// The constraint's mask (per-stack suffixes, cached, with the uncertain tokens checked against the
+// whole stack) against a per-token check of the whole state, over states reached by random walks
+// through nested JSON (strings, escapes, numbers, literals, multi-byte characters) and a JSON
+// Schema, with a vocabulary whose tokens cross the grammar's rule boundaries ("}, ", "\":[" ...)
+// and end inside UTF-8 characters. The same constraint serves every state, so the suffix cache is
+// reused across contexts: a suffix mask that wrongly depended on the stack below would show.
+TEST(GrammarConstraint, SuffixMasksEqualPerTokenCheck) {
+  std::vector<std::optional<std::string>> vocab;
+  for (int b = 0; b < 256; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
+  for (const char* t : {"{\"", "\":", "\",", "\": ", "\"}", "\"]", "\":[", "}, ", "}]", "]}", "],", "[{", "{}", "[]",
+                        "true", "tr", "null", "false}", "12", "1.5", "-3e", "e+", "\\n", "\\u00", "\\\"", "ab\"",
+                        "\xC3", "\xC3\xA9", "\xA9\"", "\xE2\x82", "\xE2\x82\xAC\"", "  ", "\n  ", "}", "\"a\": 1", ", \"",
+                        "hello", " world", "\"hello\"", "\"b\":{\"", "0}", "00", ".5]"})
+    vocab.push_back(std::string(t));
+  vocab.push_back(std::nullopt);
+  auto trie = std::make_shared<const TokenTrie>(vocab);
+  const std::vector<std::string> grammars = {
+      json_object_gbnf(),
+      json_schema_to_gbnf(R"({"type":"object","properties":{"k":{"type":"string"},"n":{"type":"array","items":{"type":"object","properties":{"x":{"type":"number"},"s":{"type":"string"}}}},"b":{"type":"boolean"}},"required":["k","b"]})")};
+  std::mt19937 rng(11);
+  int states = 0, uncertain_states = 0;
+  for (const auto& text : grammars) {
+    auto g = compile(text);
+    GrammarConstraint c(g, trie);
+    for (int walk = 0; walk < 12; ++walk) {
+      Matcher m(g);
+      for (int step = 0; step < 60; ++step) {
+        std::vector<uint64_t> mask((vocab.size() + 63) / 64, 0);
+        c.fill(m, mask);
+        std::vector<int32_t> allowed;
+        for (size_t id = 0; id < vocab.size(); ++id) {
+          bool want = false;
+          if (vocab[id] && !vocab[id]->empty()) {
+            Matcher t = m;
+            want = t.accept_bytes(*vocab[id]);
+          }
+          const bool got = (mask[id / 64] >> (id % 64)) & 1;
+          ASSERT_EQ(got, want) << "walk " << walk << " step " << step << " token " << id << " '"
+                               << vocab[id].value_or("") << "'";
+          if (want) allowed.push_back(static_cast<int32_t>(id));
+        }
+        ++states;
+        for (const auto& st : m.stacks()) uncertain_states += st.size() > GrammarConstraint::kSuffixDepth;
+        if (allowed.empty()) break;
+        // Prefer the multi-byte tokens now and then, so walks go deep and cross rules.
+        const int32_t pick = allowed[rng() % allowed.size()];
+        ASSERT_TRUE(m.accept_bytes(*vocab[static_cast<size_t>(pick)]));
+      }
+    }
+  }
+  EXPECT_GT(states, 500);
+  EXPECT_GT(uncertain_states, 200);  // stacks deeper than the suffix were exercised
+}
+
 // The constraint as the engine uses it: EOS only once complete, tokens advance the state.
 TEST(GrammarConstraint, EosOnlyWhenComplete) {
   std::vector<std::optional<std::string>> vocab = {std::string("a"), std::string("b"), std::string("ab"), std::nullopt};
