@@ -40,7 +40,8 @@ class Qwen3NextMTP
  public:
   Qwen3NextMTP(const ModelConfig& c, const ModelOptions& o)
       : Qwen3NextMultiTokenPredictor(
-            c, o, qwen3_next_mtp_num_layers(c, {"num_nextn_predict_layers", "mtp_num_hidden_layers"})) {}
+            c, o,
+            qwen3_next_mtp_num_layers(c, {"num_nextn_predict_layers", "mtp_num_hidden_layers"})) {}
 };
 
 }  // namespace
