@@ -1329,10 +1329,175 @@ def build_mtp(fx, out_root):
           f"logits std {float(prefill_logits.std()):.2f}")
 
 
+# Qwen3-Next / Qwen3.5 MTP (the spec's Qwen3NextMTP and Qwen3_5MTP, as vLLM wires them): the
+# checkpoint's mtp.* tensors, read with "mtp." -> "model.":
+#   x = fc(concat(pre_fc_norm_embedding(embed_tokens(token)), pre_fc_norm_hidden(hidden)))
+#   y = norm(layers[k % n](x))          a full-attention decoder layer, whatever layer_types says
+#   logits = lm_head(y)                 the target's lm_head (and embed_tokens), shared
+# Every norm is the family's zero-centred RMSNorm. The block is transformers' own decoder layer:
+# the target's full-attention layer, perturbed. As for DeepSeekMTP, step 0 reads the target's
+# hidden state after its final norm and steps >= 1 the drafter's own normed output.
+QWEN_MTP_FIXTURES = [
+    dict(name="qwen3_next_mtp", target="qwen3_next", full_layer=2, layout="per_expert", shards=3,
+         tokens=40, draft_steps=4, seed=50, router="softmax"),
+    dict(name="qwen3_5_mtp", target="qwen3_5", model_cls="Qwen3_5ForConditionalGeneration",
+         full_layer=1, layout=None, shards=3, tokens=40, draft_steps=4, seed=51,
+         mtp_num_hidden_layers=1),
+    dict(name="qwen3_5_moe_mtp", target="qwen3_5_moe", model_cls="Qwen3_5MoeForConditionalGeneration",
+         full_layer=2, layout="stacked", shards=3, tokens=40, draft_steps=4, seed=52,
+         router="softmax", mtp_num_hidden_layers=1),
+]
+
+
+@torch.no_grad()
+def build_qwen_mtp(fx, out_root):
+    import copy
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures",
+                       "models", fx["target"])
+    out = os.path.join(out_root, "models", fx["name"])
+    ref_root = os.path.join(out_root, "references")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    os.makedirs(ref_root, exist_ok=True)
+    for f in ["config.json", "generation_config.json"]:
+        shutil.copy(os.path.join(src, f), out)
+    if fx.get("mtp_num_hidden_layers"):
+        cpath = os.path.join(out, "config.json")
+        with open(cpath) as f:
+            c = json.load(f)
+        (c["text_config"] if "text_config" in c else c)["mtp_num_hidden_layers"] = fx["mtp_num_hidden_layers"]
+        with open(cpath, "w") as f:
+            json.dump(c, f, indent=2)
+    loader_cls = getattr(transformers, fx["model_cls"]) if "model_cls" in fx else transformers.AutoModelForCausalLM
+    src_model = loader_cls.from_pretrained(src, dtype=torch.float32, attn_implementation="eager").eval()
+    tcfg = src_model.config.get_text_config()
+    lm = src_model.model.language_model if hasattr(src_model.model, "language_model") else src_model.model
+    H = tcfg.hidden_size
+    g = torch.Generator().manual_seed(fx["seed"])
+    block = copy.deepcopy(lm.layers[fx["full_layer"]])
+    assert getattr(block, "layer_type", "full_attention") == "full_attention", block.layer_type
+    for name, p in block.named_parameters():
+        noise = torch.randn(p.shape, generator=g) * (p.float().std() if p.numel() > 1 else 0.1)
+        p.add_(0.5 * noise.to(p.dtype))
+    norm_cls = type(block.input_layernorm)  # the family's zero-centred RMSNorm
+
+    def zc_norm():
+        n = norm_cls(H, eps=tcfg.rms_norm_eps)
+        n.weight.copy_(0.3 * torch.randn(H, generator=g))  # scale 1 + w
+        return n
+    fc = torch.nn.Linear(2 * H, H, bias=False)
+    fc.weight.copy_(torch.randn(H, 2 * H, generator=g) * (1.2 / math.sqrt(2 * H)))
+    mods = {"layers.0": block, "pre_fc_norm_embedding": zc_norm(), "pre_fc_norm_hidden": zc_norm(),
+            "fc": fc, "norm": zc_norm()}
+    convert = {None: lambda sd: sd, "per_expert": to_per_expert, "stacked": to_stacked}[fx["layout"]]
+    mtp = {}
+    for prefix, m in mods.items():
+        for k, v in m.state_dict().items():
+            mtp[f"mtp.{prefix}.{k}"] = v.detach().cpu().to(torch.bfloat16)
+    sd = {k: v for k, v in read_checkpoint(src).items() if not k.startswith("mtp.")}
+    sd.update(convert(mtp))
+    write_checkpoint(out, sd, fx["shards"])
+    with open(os.path.join(out, "model.safetensors.index.json")) as f:
+        wm = json.load(f)["weight_map"]
+    shards = set(wm.values())
+    with_mtp = {s for k, s in wm.items() if k.startswith("mtp.")}
+    assert len(shards - with_mtp) >= 1, f"every shard holds an MTP tensor: {sorted(with_mtp)}"
+
+    # Fresh from the saved folder in fp32: the target (transformers ignores mtp.*), and the MTP
+    # modules from the saved mtp.* tensors in transformers' layout (strict: every tensor named).
+    ref = loader_cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").to(DEVICE).eval().float()
+    lm = ref.model.language_model if hasattr(ref.model, "language_model") else ref.model
+    saved = {k: v for k, v in read_checkpoint(out).items() if k.startswith("mtp.")}
+    fresh = {}
+    for prefix, m in mods.items():
+        fm = copy.deepcopy(m)
+        want = set(fm.state_dict())
+        part = {k[len(f"mtp.{prefix}."):]: v for k, v in saved.items() if k.startswith(f"mtp.{prefix}.")}
+        if want != set(part):  # the saved layout is not transformers': back to stacked experts
+            part = to_stacked(part)
+        fm.load_state_dict({k: v.float() for k, v in part.items()}, strict=True)
+        for k, v in m.state_dict().items():  # the saved weights are the bf16 of the built ones
+            assert torch.equal(fm.state_dict()[k], v.to(torch.bfloat16).float()), f"{prefix}.{k}"
+        fresh[prefix] = fm.to(DEVICE).eval().float()
+    block, fc = fresh["layers.0"], fresh["fc"]
+    e_norm, h_norm, f_norm = fresh["pre_fc_norm_embedding"], fresh["pre_fc_norm_hidden"], fresh["norm"]
+    # Routers near a tie, in the MTP layer and in the target (whose hidden states it reads).
+    watch = RouterWatch(block, fx["router"], tcfg) if fx.get("router") else None
+    twatch = RouterWatch(ref, fx["router"], tcfg) if fx.get("router") else None
+    if watch is not None and (watch.blocks == 0 or twatch.blocks == 0):
+        raise Rejected("no MoE block in the MTP layer or the target to watch")
+
+    def draft(tokens, hidden, positions):
+        e = e_norm(lm.embed_tokens(tokens))
+        x = fc(torch.cat([e, h_norm(hidden)], dim=-1))[None]
+        pos = positions[None]
+        # Qwen3.5's M-RoPE takes (3, batch, n) position streams, all equal for text.
+        mrope = hasattr(lm.rotary_emb, "mrope_section")
+        cos_sin = lm.rotary_emb(x, pos[None].expand(3, 1, -1) if mrope else pos)
+        n = x.shape[1]
+        mask = torch.full((n, n), float("-inf"), device=DEVICE).triu(1)[None, None]
+        y = block(x, attention_mask=mask, position_ids=pos, position_embeddings=cos_sin)
+        y = y[0] if isinstance(y, tuple) else y
+        y = f_norm(y[0])
+        return y, ref.lm_head(y).float()
+
+    T, V = fx["tokens"], tcfg.vocab_size
+    best = None
+    for attempt in range(ATTEMPTS):
+        if watch is not None:
+            watch.min_margin = twatch.min_margin = float("inf")
+        ids = torch.randint(3, V, (T,), generator=g).tolist()
+        t_ids = torch.tensor([ids], device=DEVICE)
+        hidden = ref.model(input_ids=t_ids).last_hidden_state[0]  # after the final norm
+        target_logits = ref.lm_head(hidden[-1])
+        target_next = int(target_logits.argmax())
+        top = torch.topk(target_logits, 2).values
+        target_margin = float(top[0] - top[1])
+        tokens = torch.tensor(ids[1:] + [target_next], device=DEVICE)
+        hid = hidden
+        y, logits = draft(tokens, hid, torch.arange(T, device=DEVICE))
+        prefill_logits = logits
+        drafts, step_logits, margins = [int(logits[-1].argmax())], [], []
+        top = torch.topk(logits[-1], 2).values
+        margins.append(float(top[0] - top[1]))
+        for k in range(1, fx["draft_steps"]):
+            tokens = torch.cat([tokens, torch.tensor([drafts[-1]], device=DEVICE)])
+            hid = torch.cat([hid, y[-1:]])
+            y, logits = draft(tokens, hid, torch.arange(T + k, device=DEVICE))
+            step_logits.append(logits[-1])
+            top = torch.topk(logits[-1], 2).values
+            margins.append(float(top[0] - top[1]))
+            drafts.append(int(logits[-1].argmax()))
+        router_ok = watch is None or min(watch.min_margin, twatch.min_margin) >= ROUTER_MARGIN
+        if min(margins) >= MIN_MARGIN and target_margin >= MIN_MARGIN and len(set(drafts)) > 1 and router_ok:
+            best = (ids, target_next, prefill_logits, drafts, step_logits, margins)
+            break
+    if best is None:
+        raise SystemExit(f"{fx['name']}: no prompt with draft margins >= {MIN_MARGIN}")
+    ids, target_next, prefill_logits, drafts, step_logits, margins = best
+    save_file({
+        "input_ids": torch.tensor(ids, dtype=torch.int64),
+        "target_next": torch.tensor([target_next], dtype=torch.int64),
+        "draft_prefill_logits": prefill_logits.cpu().contiguous(),
+        "draft_tokens": torch.tensor(drafts, dtype=torch.int64),
+        "draft_step_logits": torch.stack(step_logits).cpu().contiguous(),
+        "draft_margins": torch.tensor(margins, dtype=torch.float32),
+    }, os.path.join(ref_root, fx["name"] + ".safetensors"), metadata={
+        "transformers": transformers.__version__, "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
+        "attn_implementation": "eager", "compute_dtype": "float32", "tf32": "off",
+        "tool": "tools/make_fixtures.py (build_qwen_mtp)", "target": fx["target"]})
+    router = (f", min router margin {watch.min_margin:.2e} (MTP layer) {twatch.min_margin:.2e} "
+              f"(target)" if watch is not None else "")
+    print(f"{fx['name']}: {sorted(os.listdir(out))}, {len(shards - with_mtp)} of {len(shards)} "
+          f"shards without an MTP tensor, drafts {drafts}, margins "
+          f"{[round(m, 3) for m in margins]}{router}, logits std {float(prefill_logits.std()):.2f}")
+
+
 def main():
     out_root = sys.argv[1]
     names = set(sys.argv[2:])
-    unknown = names - {fx["name"] for fx in FIXTURES + MTP_FIXTURES}
+    unknown = names - {fx["name"] for fx in FIXTURES + MTP_FIXTURES + QWEN_MTP_FIXTURES}
     if unknown:
         raise SystemExit(f"unknown fixture(s): {sorted(unknown)}")
     os.makedirs(out_root, exist_ok=True)
@@ -1349,6 +1514,13 @@ def main():
         if not names or fx["name"] in names:
             try:
                 build_mtp(fx, out_root)
+            except (SystemExit, Exception) as e:
+                traceback.print_exc()
+                failed.append(f"{fx['name']}: {e}")
+    for fx in QWEN_MTP_FIXTURES:
+        if not names or fx["name"] in names:
+            try:
+                build_qwen_mtp(fx, out_root)
             except (SystemExit, Exception) as e:
                 traceback.print_exc()
                 failed.append(f"{fx['name']}: {e}")

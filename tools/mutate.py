@@ -184,6 +184,19 @@ MUTATIONS = [
      "src/models/qwen3_next.cpp",
      "  kernels::mul_sigmoid(o, o, gate);",
      "  (void)gate;"),
+    # Speculative decoding of the hybrids: the Qwen MTP drafters and the recurrent state's rollback.
+    ("qwen_mtp_concat_swapped", "the Qwen MTP drafters' fc over concat(hidden, embedding)",
+     "src/models/qwen3_next_mtp.h",
+     "mtp_concat_columns(step, e, h)",
+     "mtp_concat_columns(step, h, e)"),
+    ("spec_state_not_rolled_back", "rejected drafts' recurrent state kept (no commit_rows)",
+     "src/engine/llm_engine.cpp",
+     "    if (!seq.state_slots.empty()) StatePool::commit_rows(seq, d + 1, accepted + 1);",
+     "    (void)accepted;"),
+    ("rollback_conv_state_one_row_early", "a rollback slot's conv state taken one row early",
+     "src/kernels/cpu/gated_delta.cpp",
+     "kept[c * (K - 1) + i] = win[t + 1 + i];",
+     "kept[c * (K - 1) + i] = win[t + i];"),
 ]
 
 

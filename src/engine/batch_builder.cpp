@@ -1,6 +1,7 @@
 #include "engine/batch_builder.h"
 
 #include "core/error.h"
+#include "engine/state_pool.h"
 
 namespace atom {
 
@@ -15,6 +16,7 @@ void batch_build(const SchedulerOutput& step, int block_size, Batch& b,
   b.page_indices.clear();
   b.logits_indices.clear();
   b.state_slots.clear();
+  b.state_rollback_slots.clear();
   b.state_copies = step.state_copies;
   rows.clear();
   b.block_size = block_size;
@@ -49,6 +51,16 @@ void batch_build(const SchedulerOutput& step, int block_size, Batch& b,
                           seq.block_table.begin() + pages);
     b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
     b.state_slots.push_back(seq.state_slot());
+    // Speculative verification of a recurrent model: the state after each row but the last is
+    // kept in the sequence's rollback slots (StatePool::rollback_slot), every other row -1.
+    if (seq.num_draft_tokens > 0 && !seq.state_slots.empty()) {
+      const int rows = s.num_new_tokens;
+      ATOM_CHECK(rows == seq.num_draft_tokens + 1, "batch: {} rows verify {} draft tokens", rows,
+                 seq.num_draft_tokens);
+      b.state_rollback_slots.resize(static_cast<size_t>(row0), -1);
+      for (int r = 0; r < rows; ++r)
+        b.state_rollback_slots.push_back(StatePool::rollback_slot(seq, r, rows));
+    }
     // The last known token is computed: its logits give the next token. With draft tokens at
     // the end, the rows before each of them verify it.
     if (end == seq.num_tokens() && seq.num_output_tokens() < seq.params().max_tokens) {
@@ -61,6 +73,8 @@ void batch_build(const SchedulerOutput& step, int block_size, Batch& b,
       }
     }
   }
+  if (!b.state_rollback_slots.empty())
+    b.state_rollback_slots.resize(static_cast<size_t>(b.num_tokens()), -1);
 }
 
 }  // namespace atom

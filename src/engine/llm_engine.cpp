@@ -139,10 +139,21 @@ void LLMEngine::set_proposer(std::unique_ptr<DraftProposer> proposer) {
   if (K < 1 || K > 4)
     fail("speculative decoding: num_speculative_tokens must be in 1..4, got {}", K);
   if (!requests_.empty()) fail("speculative decoding must be set up before requests are added");
-  if (!model_.state_specs().empty())
-    fail("speculative decoding is not supported for models with recurrent state yet ({}): "
-         "rejected draft tokens would need the state rolled back",
+  // Rejected draft tokens roll back recurrent state through the state pool's rollback slots,
+  // which every recurrent layer must fill (StateCacheSpec::rollback_rows).
+  for (const StateCacheSpec& s : model_.state_specs())
+    if (!s.rollback_rows)
+      fail("speculative decoding is not supported for {}: its recurrent layers keep no state per "
+           "row to roll rejected draft tokens back to",
+           model_.config().architectures.at(0));
+  if (!model_.state_specs().empty() && !model_.device().is_cpu())
+    fail("speculative decoding of a model with recurrent state ({}) runs on the CPU only for now: "
+         "the CUDA kernels keep no rollback states",
          model_.config().architectures.at(0));
+  if (plan_.state_slots_per_request > 0 && plan_.state_slots_per_request < 1 + K)
+    fail("speculative decoding with {} draft tokens needs {} state slots per request, the plan "
+         "has {}",
+         K, 1 + K, plan_.state_slots_per_request);
   if (tp_size_ > 1) fail("speculative decoding is not supported with tensor parallelism yet");
   const double r = config_.spec_decode_acceptance_rate;
   if (r >= 0 && r > 1)
@@ -235,6 +246,8 @@ void LLMEngine::spec_verify() {
     // The accepted drafts stay until the run is appended, so that step_done finds the tokens it
     // counts as computed (and hashes them into full blocks).
     if (d - accepted > 0) scheduler_.reject_tail(&seq, d - accepted);
+    // Recurrent state: the state after the last accepted row becomes the committed one.
+    if (!seq.state_slots.empty()) StatePool::commit_rows(seq, d + 1, accepted + 1);
     seq.tokens.resize(first_draft + static_cast<size_t>(accepted));
     seq.num_draft_tokens = 0;
     g.num_tokens_before = first_draft;

@@ -1,5 +1,7 @@
 #include "engine/state_pool.h"
 
+#include <utility>
+
 #include "core/error.h"
 
 namespace atom {
@@ -21,6 +23,22 @@ bool StatePool::allocate(Sequence& seq) {
     free_.pop_back();
   }
   return true;
+}
+
+int32_t StatePool::rollback_slot(const Sequence& seq, int row, int rows) {
+  ATOM_CHECK(rows >= 1 && row >= 0 && row < rows, "rollback slot of row {} of {}", row, rows);
+  ATOM_CHECK(static_cast<int>(seq.state_slots.size()) >= rows,
+             "a verification of {} rows needs {} state slots, the sequence holds {}", rows, rows,
+             seq.state_slots.size());
+  return row + 1 < rows ? seq.state_slots[static_cast<size_t>(row + 1)] : -1;
+}
+
+void StatePool::commit_rows(Sequence& seq, int rows, int accepted) {
+  ATOM_CHECK(accepted >= 1 && accepted <= rows &&
+                 static_cast<int>(seq.state_slots.size()) >= rows,
+             "commit of {} of {} rows with {} state slots", accepted, rows, seq.state_slots.size());
+  if (accepted < rows)
+    std::swap(seq.state_slots[0], seq.state_slots[static_cast<size_t>(accepted)]);
 }
 
 void StatePool::free(Sequence& seq) {

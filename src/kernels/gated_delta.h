@@ -7,7 +7,8 @@
 // sequence s uses slot state_slots[s]; a sequence whose step starts at context index 0
 // (context_lens[s] == its query length) is new, and its slot is reset first. Slot -1 marks a
 // padding sequence (decode graphs' padding rows, a graph's warm-up run): no state is read or
-// written and its outputs are zeros.
+// written and its outputs are zeros. With rollback slots (StateRows::rollback_slots) the state
+// after each marked row is kept too (CPU only for now: the CUDA entry points refuse them).
 #pragma once
 
 #include "kernels/dispatch.h"
@@ -22,6 +23,12 @@ struct StateRows {
   // The step's longest query, when the caller knows it (the batch's host copy); -1: unknown. On
   // CUDA, 1 skips the chunked kernel's launch (a decode step).
   int max_query_len = -1;
+  // [T] I32 or empty (batch.state_rollback_slots): row r's state (after its token) is also
+  // written to slot rollback_slots[r] when >= 0 (speculative decoding's verification rows; such a
+  // sequence runs the recurrence token by token). The sequence's own slot still ends with the
+  // state after its last row.
+  const Tensor* rollback_slots = nullptr;
+  bool has_rollback() const { return rollback_slots && rollback_slots->numel() > 0; }
 };
 
 // The delta rule's shape, and the chunk size of the chunked form used for prefill.

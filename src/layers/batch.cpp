@@ -12,8 +12,10 @@ void Batch::validate(int64_t num_pages, int64_t num_state_slots) const {
   const int T = num_tokens(), S = num_seqs();
   auto check_extent = [&](const char* name, const std::vector<int32_t>& f, BatchExtent e) {
     const int n = static_cast<int>(f.size());
-    const int want = e == BatchExtent::kTokens ? T : e == BatchExtent::kSeqsPlus1 ? S + 1 : S;
-    ATOM_CHECK(e == BatchExtent::kFree || n == want || (e == BatchExtent::kSeqsOrNone && n == 0),
+    const bool tokens = e == BatchExtent::kTokens || e == BatchExtent::kTokensOrNone;
+    const int want = tokens ? T : e == BatchExtent::kSeqsPlus1 ? S + 1 : S;
+    const bool or_none = e == BatchExtent::kSeqsOrNone || e == BatchExtent::kTokensOrNone;
+    ATOM_CHECK(e == BatchExtent::kFree || n == want || (or_none && n == 0),
                "batch: {} has {} entries, expected {}", name, n, want);
   };
 #define ATOM_BATCH_CHECK_FIELD(name, extent) check_extent(#name, name, extent);
@@ -47,6 +49,10 @@ void Batch::validate(int64_t num_pages, int64_t num_state_slots) const {
     for (int32_t slot : state_slots)
       ATOM_CHECK(slot >= 0 && slot < num_state_slots,
                  "batch: state slot {} outside the pool's {} slots", slot, num_state_slots);
+    for (int32_t slot : state_rollback_slots)
+      ATOM_CHECK(slot >= -1 && slot < num_state_slots,
+                 "batch: rollback state slot {} outside the pool's {} slots", slot,
+                 num_state_slots);
   }
 }
 

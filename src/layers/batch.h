@@ -17,6 +17,7 @@ enum class BatchExtent : int {
   kSeqs,       // num_seqs
   kSeqsPlus1,  // num_seqs + 1 (CSR offsets, prefix sums)
   kSeqsOrNone, // num_seqs, or empty when no layer reads it
+  kTokensOrNone, // num_tokens, or empty when no layer reads it
   kFree,       // checked by validate() against the other fields (page_indices, logits_indices)
 };
 
@@ -33,6 +34,8 @@ enum class BatchExtent : int {
   X(page_indptr, BatchExtent::kSeqsPlus1) /* CSR offsets into page_indices */                 \
   X(logits_indices, BatchExtent::kFree)   /* token rows whose logits are computed */          \
   X(state_slots, BatchExtent::kSeqsOrNone) /* per-request state slot (recurrent layers) */    \
+  X(state_rollback_slots, BatchExtent::kTokensOrNone) /* per row: the slot that receives the  \
+     recurrent state after this row, -1 none (speculative verification rows) */                \
   X(page_indices, BatchExtent::kFree)     /* physical page of each logical page */
 
 struct Batch {

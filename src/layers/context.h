@@ -58,6 +58,9 @@ struct CacheSpec {
 struct StateCacheSpec {
   Shape shape;  // of one slot, e.g. [heads, k_dim, v_dim]
   DType dtype = DType::kF32;
+  // The layer also writes its state after each row r into slot batch.state_rollback_slots[r]
+  // (when >= 0), so that speculative decoding can roll back to the state after any accepted row.
+  bool rollback_rows = false;
 };
 
 // Every cache a model needs, side by side: the paged planes of each CacheSpec and a state slot

@@ -59,9 +59,11 @@ GatedDeltaNet::GatedDeltaNet(LayerContext& ctx, const std::string& prefix,
       &ctx.params.add(prefix + ".norm.weight", ctx.param_tensor({o.v_head_dim}, DType::kF32));
   ATOM_CHECK(ctx.state_specs, "{}: layer context collects no state specs", prefix);
   conv_state_ = static_cast<int>(ctx.state_specs->size());
-  ctx.state_specs->push_back({{conv_dim_, o.conv_kernel - 1}, DType::kF32});
+  ctx.state_specs->push_back(
+      {{conv_dim_, o.conv_kernel - 1}, DType::kF32, /*rollback_rows=*/true});
   recurrent_state_ = static_cast<int>(ctx.state_specs->size());
-  ctx.state_specs->push_back({{o.num_v_heads, o.k_head_dim, o.v_head_dim}, DType::kF32});
+  ctx.state_specs->push_back(
+      {{o.num_v_heads, o.k_head_dim, o.v_head_dim}, DType::kF32, /*rollback_rows=*/true});
 }
 
 Tensor GatedDeltaNet::forward(Step& step, const Tensor& x) {
@@ -73,7 +75,7 @@ Tensor GatedDeltaNet::forward(Step& step, const Tensor& x) {
   Tensor ba = in_proj_ba_->forward(step, x);      // [T, 2 Hv]
   const Batch::Views& b = step.batch.dev;
   const kernels::StateRows rows{b.query_start, b.context_lens, b.state_slots,
-                                step.batch.max_query_len};
+                                step.batch.max_query_len, &b.state_rollback_slots};
 
   Tensor mixed = step.empty({T, conv_dim_}, ctx_.act_dtype);  // [q | k | v] after the conv
   Tensor conv_w = conv_weight_->data().view({conv_dim_, o_.conv_kernel});

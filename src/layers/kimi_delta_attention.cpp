@@ -47,10 +47,11 @@ KimiDeltaAttention::KimiDeltaAttention(LayerContext& ctx, const std::string& pre
   ATOM_CHECK(ctx.state_specs, "{}: layer context collects no state specs", prefix);
   for (int i = 0; i < 3; ++i) {
     conv_state_[i] = static_cast<int>(ctx.state_specs->size());
-    ctx.state_specs->push_back({{dim_, o_.conv_kernel - 1}, DType::kF32});
+    ctx.state_specs->push_back({{dim_, o_.conv_kernel - 1}, DType::kF32, /*rollback_rows=*/true});
   }
   recurrent_state_ = static_cast<int>(ctx.state_specs->size());
-  ctx.state_specs->push_back({{o_.num_heads, o_.head_dim, o_.head_dim}, DType::kF32});
+  ctx.state_specs->push_back(
+      {{o_.num_heads, o_.head_dim, o_.head_dim}, DType::kF32, /*rollback_rows=*/true});
 }
 
 Tensor KimiDeltaAttention::forward(Step& step, const Tensor& x) {
@@ -59,7 +60,7 @@ Tensor KimiDeltaAttention::forward(Step& step, const Tensor& x) {
   const int64_t T = x.size(0);
   const Batch::Views& b = step.batch.dev;
   const kernels::StateRows rows{b.query_start, b.context_lens, b.state_slots,
-                                step.batch.max_query_len};
+                                step.batch.max_query_len, &b.state_rollback_slots};
 
   // Short convs on q, k and v, each with its conv state.
   Tensor qkv[3];

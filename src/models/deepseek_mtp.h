@@ -24,10 +24,6 @@
 
 namespace atom {
 
-// The columns of a [T, A] and b [T, B] side by side: [T, A + B] (gathered rows of a stacked copy,
-// on any device).
-Tensor mtp_concat_columns(Step& step, const Tensor& a, const Tensor& b);
-
 // rewrite_spec_layer_name for DeepSeek-layout MTP layers (index >= num_hidden_layers); nullopt for
 // every other tensor (the target's).
 std::optional<std::string> deepseek_mtp_rewrite(const std::string& name, int64_t layer,

@@ -2,8 +2,10 @@
 
 #include <map>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/elementwise.h"
 
 namespace atom {
 
@@ -14,6 +16,27 @@ Tensor DraftModel::forward(Step&) {
 
 Tensor DraftModel::compute_logits(Step&, const Tensor&) {
   fail("{}: a drafter's logits come from compute_draft_logits", config().architectures.at(0));
+}
+
+Tensor mtp_concat_columns(Step& step, const Tensor& a, const Tensor& b) {
+  const int64_t T = a.size(0), A = a.size(1);
+  ATOM_CHECK(b.size(0) == T && b.size(1) == A && a.dtype() == b.dtype(),
+             "mtp_concat_columns: {} and {}", a.str(), b.str());
+  // Rows [a_0 .. a_T-1, b_0 .. b_T-1] gathered as a_0, b_0, a_1, b_1, ...: read as [T, 2A], that
+  // is each row of a followed by the same row of b.
+  Tensor stacked = step.empty({2 * T, A}, a.dtype());
+  stacked.narrow(0, 0, T).copy_from(a.contiguous());
+  stacked.narrow(0, T, T).copy_from(b.contiguous());
+  std::vector<int32_t> order(static_cast<size_t>(2 * T));
+  for (int64_t i = 0; i < T; ++i) {
+    order[static_cast<size_t>(2 * i)] = static_cast<int32_t>(i);
+    order[static_cast<size_t>(2 * i + 1)] = static_cast<int32_t>(T + i);
+  }
+  Tensor index = step.empty({2 * T}, DType::kI32);
+  memory_copy(index.data(), index.device(), order.data(), Device::cpu(), index.nbytes());
+  Tensor out = step.empty({2 * T, A}, a.dtype());
+  kernels::gather_rows(out, stacked, index);
+  return out.view({T, 2 * A});
 }
 
 namespace {
@@ -68,9 +91,9 @@ LoadedDrafter drafter_load(const std::string& model_dir, Model& target, const Mo
     for (const auto& [path, header] : ckpt.headers())
       for (const auto& e : header.entries) any = any || rewriter.rewrite(e.name).has_value();
     if (!any)
-      fail("{}: the checkpoint carries no tensor of the drafter ({} MTP layer(s) expected at "
-           "model.layers.{} and above): no MTP layer to draft with",
-           model_dir, d.num_draft_layers(), target.config().num_hidden_layers);
+      fail("{}: the checkpoint carries no tensor of the {} drafter ({} MTP layer(s) expected): no "
+           "MTP layer to draft with",
+           model_dir, target.config().architectures.at(0), d.num_draft_layers());
     r.report = load_weights(d.params(), ckpt, spec, checkpoint_options_from_env());
   }
   // The tensors the drafter shares with the target unless the checkpoint carries its own.

@@ -1,7 +1,8 @@
 // Speculative-decoding drafters that ship inside their target's checkpoint (the spec's MTP
-// layers: DeepSeekMTP, ...). A drafter is a Model of its own, built from the target's config and
-// loaded from the target's checkpoint with spec_decode (the spec's rewrite_spec_layer_name: only
-// the layers at index >= num_hidden_layers, renamed to the drafter's parameters); the tensors it
+// layers: DeepSeekMTP, Qwen3NextMTP, Qwen3_5MTP). A drafter is a Model of its own, built from the
+// target's config and loaded from the target's checkpoint with spec_decode (the spec's
+// rewrite_spec_layer_name: only the MTP layers - DeepSeek's at index >= num_hidden_layers, the
+// Qwen hybrids' mtp.* - renamed to the drafter's parameters); the tensors it
 // shares with the target (embed_tokens, lm_head) are the target's own when the checkpoint does
 // not carry the drafter's. Each target architecture that has one registers it:
 //
@@ -43,6 +44,10 @@ class DraftModel : public Model {
   Tensor forward(Step&) override;  // an error: a drafter runs through forward_draft
   Tensor compute_logits(Step&, const Tensor&) override;
 };
+
+// The columns of a [T, A] and b [T, A] side by side: [T, 2A] (gathered rows of a stacked copy,
+// on any device): the MTP layers' concat(normed embedding, normed hidden state).
+Tensor mtp_concat_columns(Step& step, const Tensor& a, const Tensor& b);
 
 using DraftModelFactory = std::function<std::unique_ptr<DraftModel>(const ModelConfig& config,
                                                                     const ModelOptions& options)>;

@@ -10,8 +10,6 @@
 
 namespace atom {
 
-namespace {
-
 std::unique_ptr<FeedForward> qwen3_5_mlp(LayerContext& ctx, const ModelConfig& c, int64_t,
                                          const std::string& prefix) {
   return std::make_unique<GatedMlp>(ctx, prefix, c.hidden_size, c.intermediate_size, false);
@@ -29,6 +27,8 @@ WeightLoadSpec qwen3_5_weight_load_spec(WeightLoadSpec s, int64_t num_experts) {
   s.weights_mapping.prefix.push_back({"model.language_model.", "model."});
   return s;
 }
+
+namespace {
 
 template <auto Mlp>
 class Qwen3_5TextOnly : public DecoderOnlyLM<Qwen3NextDecoderLayer<PerLayerMlp<Mlp>, false>> {

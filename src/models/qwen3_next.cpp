@@ -119,12 +119,16 @@ bool qwen3_next_is_sparse(const ModelConfig& c, int64_t layer) {
   return c.text.get_int("num_experts", 0) > 0 && (layer + 1) % step == 0;
 }
 
+}  // namespace
+
 std::unique_ptr<FeedForward> qwen3_next_mlp(LayerContext& ctx, const ModelConfig& c, int64_t layer,
                                             const std::string& prefix) {
   if (!qwen3_next_is_sparse(c, layer))
     return std::make_unique<GatedMlp>(ctx, prefix, c.hidden_size, c.intermediate_size, false);
   return qwen3_next_moe(ctx, c, prefix, c.text.get_bool("norm_topk_prob", true));
 }
+
+namespace {
 
 class Qwen3NextForCausalLM
     : public DecoderOnlyLM<Qwen3NextDecoderLayer<PerLayerMlp<qwen3_next_mlp>, true>> {

@@ -54,11 +54,15 @@ class Qwen3NextDecoderLayer {
 
   Qwen3NextDecoderLayer(LayerContext& ctx, const ModelConfig& c, int64_t layer,
                         const std::string& prefix)
+      : Qwen3NextDecoderLayer(ctx, c, layer, prefix, qwen3_next_is_linear_attention(c, layer)) {}
+  // A layer of the given type whatever layer_types says: the MTP layers are full attention.
+  Qwen3NextDecoderLayer(LayerContext& ctx, const ModelConfig& c, int64_t layer,
+                        const std::string& prefix, bool linear_attention)
       : input_layernorm_(ctx, prefix + ".input_layernorm", c.hidden_size, c.rms_norm_eps, kNorm),
         post_attention_layernorm_(ctx, prefix + ".post_attention_layernorm", c.hidden_size,
                                   c.rms_norm_eps, kNorm),
         mlp_(ctx, c, layer, prefix + ".mlp") {
-    if (qwen3_next_is_linear_attention(c, layer))
+    if (linear_attention)
       linear_attn_ = std::make_unique<GatedDeltaNet>(
           ctx, prefix + ".linear_attn", qwen3_next_linear_attention_options(c, GroupedProjections));
     else
@@ -85,6 +89,20 @@ class Qwen3NextDecoderLayer {
 // expert scaled by sigmoid(shared_expert_gate(x)).
 std::unique_ptr<FeedForward> qwen3_next_moe(LayerContext& ctx, const ModelConfig& c,
                                             const std::string& prefix, bool renormalize);
+
+// Qwen3-Next's feed-forward of layer `layer`: the sparse block, or a dense MLP in mlp_only_layers
+// and off the decoder_sparse_step.
+std::unique_ptr<FeedForward> qwen3_next_mlp(LayerContext& ctx, const ModelConfig& c, int64_t layer,
+                                            const std::string& prefix);
+
+// Qwen3.5 (models/qwen3_5.cpp): the dense SwiGLU of every layer, the MoE variant's sparse block,
+// and the checkpoint names (the language model under model.language_model.*, the vision tower
+// skipped, Qwen3.5's separate linear-attention projections).
+std::unique_ptr<FeedForward> qwen3_5_mlp(LayerContext& ctx, const ModelConfig& c, int64_t layer,
+                                         const std::string& prefix);
+std::unique_ptr<FeedForward> qwen3_5_moe_mlp(LayerContext& ctx, const ModelConfig& c,
+                                             int64_t layer, const std::string& prefix);
+WeightLoadSpec qwen3_5_weight_load_spec(WeightLoadSpec s, int64_t num_experts);
 
 // Checkpoint names of the Qwen3-Next family: q/k/v projections stay apart (q_proj carries the
 // gate), MTP tensors (mtp.*) are not wanted, experts per expert or stacked.

@@ -1,6 +1,7 @@
 // The per-request state slot pool, exercised by the test-only recurrent architecture: batched,
 // chunked and preempted runs give the one-shot single-sequence outputs and logits; the pool is
 // reserved before the paged cache is sized; slots come back on finish and abort.
+#include "common/test_util.h"
 #include "engine_test_util.h"
 
 namespace atom::test {
@@ -117,6 +118,24 @@ TEST(EngineState, AbortReturnsStateSlots) {
   EXPECT_EQ(engine.state_pool().num_free(), engine.state_pool().num_slots() - 3);
   for (int i = 0; i < 6; ++i) engine.abort(std::to_string(i));
   expect_engine_idle(engine);
+}
+
+// Speculative decoding rolls recurrent state back through rollback slots, which this test layer
+// does not fill (StateCacheSpec::rollback_rows): refused by name.
+class NoProposals : public DraftProposer {
+ public:
+  void propose(const Tensor&, std::span<const DraftRequest> reqs, int,
+               std::vector<std::vector<int32_t>>& drafts) override {
+    drafts.assign(reqs.size(), {});
+  }
+};
+
+TEST(EngineState, SpeculativeDecodingNeedsRollbackRows) {
+  EngineConfig c = test_config();
+  c.num_speculative_tokens = 2;
+  LLMEngine engine(recurrent_model(), c);
+  EXPECT_ERROR_CONTAINS(engine.set_proposer(std::make_unique<NoProposals>()),
+                        "keep no state per row");
 }
 
 }  // namespace

@@ -182,6 +182,84 @@ TEST(GatedDelta, RecurrentAndChunkedRulesMatchTheFormulaAcrossSteps) {
   }
 }
 
+// Speculative verification rows (StateRows::rollback_slots): a sequence's 5 rows from a carried
+// state keep the state after rows 0-3 in slots 1-4 and end with row 4's in its own slot, each
+// bit-equal to running only rows [0, r] from that state (token by token, though the rule's chunk
+// is 4: the chunked form keeps no per-row state); a sequence beside it without rollback rows runs
+// as alone. The short conv, the gated delta rule and Kimi delta attention alike.
+TEST(GatedDelta, RollbackSlotsKeepEachRowsState) {
+  const int Hk = 1, Hv = 2, dk = 4, dv = 3, H = 2, d = 4;
+  const int64_t C = 6, K = 4, L = 5, T = L + 3;
+  Tensor q = random_cpu({T, Hk * dk}, DType::kF32, 51), k = random_cpu({T, Hk * dk}, DType::kF32, 52);
+  Tensor v = random_cpu({T, Hv * dv}, DType::kF32, 53), b = random_cpu({T, Hv}, DType::kF32, 54);
+  Tensor a = random_cpu({T, Hv}, DType::kF32, 55), x = random_cpu({T, C}, DType::kF32, 56);
+  Tensor A_log = random_cpu({Hv}, DType::kF32, 57, -2.0f, 0.5f);
+  Tensor dt_bias = random_cpu({Hv}, DType::kF32, 58), w = random_cpu({C, K}, DType::kF32, 59);
+  Tensor kq = random_cpu({T, H * d}, DType::kF32, 60), kk = random_cpu({T, H * d}, DType::kF32, 61);
+  Tensor kv = random_cpu({T, H * d}, DType::kF32, 62), kf = random_cpu({T, H * d}, DType::kF32, 63);
+  Tensor kb = random_cpu({T, H}, DType::kF32, 64), kA = random_cpu({H}, DType::kF32, 65, -2.0f, 0.5f);
+  Tensor kdt = random_cpu({H * d}, DType::kF32, 66);
+  // Rows 0-4: the verified sequence (20 tokens before, slot 0); rows 5-7: a fresh one in slot 5.
+  Rows rows({{0, L, 20 + L, 0}, {L, 3, 3, 5}});
+  Tensor rb = i32({1, 2, 3, 4, -1, -1, -1, -1});
+  kernels::StateRows view = rows.view();
+  view.rollback_slots = &rb;
+  // Runs every op over `rs` (rows [r0, r0 + n) of the inputs) on the pools; chunk for the rules.
+  auto run = [&](std::vector<Tensor>& pools, int64_t r0, int64_t n, const kernels::StateRows& rs,
+                 int chunk, std::vector<Tensor>& outs) {
+    auto part = [&](const Tensor& t) { return t.narrow(0, r0, n); };
+    outs = {Tensor::empty({n, C}, DType::kF32), Tensor::empty({n, Hv * dv}, DType::kF32),
+            Tensor::empty({n, H * d}, DType::kF32)};
+    kernels::short_conv(outs[0], part(x), w, pools[0], rs);
+    kernels::gated_delta_rule(outs[1], part(q), part(k), part(v), part(b), part(a), A_log, dt_bias,
+                              pools[1], rs, kernels::GatedDeltaArgs{Hk, Hv, dk, dv, chunk});
+    kernels::kda_rule(outs[2], part(kq), part(kk), part(kv), part(kf), part(kb), kA, kdt, pools[2],
+                      rs, kernels::KdaArgs{H, d, chunk});
+  };
+  const std::vector<Tensor> start = {random_cpu({6, C, K - 1}, DType::kF32, 70),
+                                     random_cpu({6, Hv, dk, dv}, DType::kF32, 71),
+                                     random_cpu({6, H, d, d}, DType::kF32, 72)};
+  auto copies = [&] {
+    std::vector<Tensor> c;
+    for (const Tensor& t : start) c.push_back(t.clone());
+    return c;
+  };
+  std::vector<Tensor> pools = copies(), outs;
+  run(pools, 0, T, view, 4, outs);
+  const char* names[] = {"short_conv", "gated_delta_rule", "kda_rule"};
+  for (int64_t r = 0; r < L; ++r) {
+    std::vector<Tensor> alone = copies(), alone_out;
+    Rows one({{0, r + 1, 20 + static_cast<int32_t>(r) + 1, 0}});
+    run(alone, 0, r + 1, one.view(), 0, alone_out);
+    const int64_t kept = r + 1 < L ? r + 1 : 0;  // the last row's state: the sequence's own slot
+    for (int op = 0; op < 3; ++op) {
+      const int64_t n = pools[op].numel() / 6;
+      EXPECT_EQ(std::memcmp(pools[op].ptr<float>() + kept * n, alone[op].ptr<float>(), n * 4), 0)
+          << names[op] << ": the state after row " << r << " (slot " << kept << ")";
+      const int64_t W = outs[op].size(1);
+      EXPECT_EQ(std::memcmp(outs[op].ptr<float>() + r * W, alone_out[op].ptr<float>() + r * W,
+                            W * 4), 0)
+          << names[op] << ": output row " << r;
+    }
+  }
+  // The fresh sequence beside: as alone (its 3 rows chunked), no rollback slot written for it.
+  std::vector<Tensor> alone = copies(), alone_out;
+  Rows fresh({{L, 3, 3, 5}});
+  run(alone, L, 3, fresh.view(), 4, alone_out);
+  for (int op = 0; op < 3; ++op) {
+    const int64_t n = pools[op].numel() / 6, W = outs[op].size(1);
+    EXPECT_EQ(std::memcmp(pools[op].ptr<float>() + 5 * n, alone[op].ptr<float>() + 5 * n, n * 4), 0)
+        << names[op];
+    EXPECT_EQ(std::memcmp(outs[op].ptr<float>() + L * W, alone_out[op].ptr<float>(), 3 * W * 4), 0)
+        << names[op];
+  }
+  // A rollback slot that is the sequence's own slot is refused.
+  Tensor bad = i32({1, 2, 0, 4, -1, -1, -1, -1});
+  view.rollback_slots = &bad;
+  std::vector<Tensor> p2 = copies(), o2;
+  EXPECT_THROW(run(p2, 0, T, view, 4, o2), Error);
+}
+
 // A padding sequence (state slot -1, as decode graphs pad their batches) reads and writes no
 // state and gets zero outputs; the sequence beside it runs as alone.
 TEST(GatedDelta, PaddingSequencesTouchNoState) {

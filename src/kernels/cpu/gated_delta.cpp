@@ -14,6 +14,9 @@ struct SeqRange {
   int64_t q0, q1;  // rows [q0, q1) of the step
   int32_t slot;
   bool fresh;  // the step starts the sequence: its state is reset
+  // Per row of the sequence, the rollback slot that also receives the state after it (-1 none);
+  // null when no row has one.
+  const int32_t* rollback = nullptr;
 };
 
 // A padding sequence (slot -1) touches no state; its output rows are zeros.
@@ -36,6 +39,15 @@ std::vector<SeqRange> seq_ranges(const char* op, const StateRows& r, int64_t row
   const int32_t* qs = r.query_start.ptr<int32_t>();
   const int32_t* cl = r.context_lens.ptr<int32_t>();
   const int32_t* sl = r.state_slots.ptr<int32_t>();
+  const int32_t* rb = nullptr;
+  if (r.has_rollback()) {
+    ATOM_CHECK(r.rollback_slots->dtype() == DType::kI32 && r.rollback_slots->numel() == rows,
+               "{}: {} rollback slots for {} rows", op, r.rollback_slots->numel(), rows);
+    rb = r.rollback_slots->ptr<int32_t>();
+    for (int64_t t = 0; t < rows; ++t)
+      ATOM_CHECK(rb[t] >= -1 && rb[t] < num_slots, "{}: row {} has rollback slot {} of {}", op, t,
+                 rb[t], num_slots);
+  }
   std::vector<SeqRange> out;
   for (int64_t s = 0; s < S; ++s) {
     const int64_t q0 = qs[s], q1 = qs[s + 1];
@@ -45,7 +57,13 @@ std::vector<SeqRange> seq_ranges(const char* op, const StateRows& r, int64_t row
                sl[s], num_slots);
     ATOM_CHECK(cl[s] >= q1 - q0, "{}: sequence {} has {} new tokens but a context of {}", op, s,
                q1 - q0, cl[s]);
-    out.push_back({q0, q1, sl[s], cl[s] == q1 - q0});
+    const int32_t* own = nullptr;
+    for (int64_t t = q0; rb && t < q1; ++t)
+      if (rb[t] >= 0) {
+        ATOM_CHECK(rb[t] != sl[s], "{}: sequence {} rolls back into its own slot {}", op, s, sl[s]);
+        own = rb + q0;
+      }
+    out.push_back({q0, q1, sl[s], cl[s] == q1 - q0, own});
   }
   return out;
 }
@@ -62,10 +80,16 @@ void l2norm(float* x, int n) {
   for (int i = 0; i < n; ++i) x[i] *= inv;
 }
 
+// Where the state after each token of a step is also kept (rollback slots): kept[t] the head's
+// state in that slot, or null.
+using Kept = std::vector<float*>;
+
 // One v-head of one sequence's step, its inputs gathered: q, k [L, dk] (normalised, q scaled),
-// v [L, dv], beta, g [L]; S [dk, dv] updated; out [L, dv].
+// v [L, dv], beta, g [L]; S [dk, dv] updated (and copied after token t to kept[t], if any);
+// out [L, dv].
 void delta_recurrent(int L, int dk, int dv, const float* q, const float* k, const float* v,
-                     const float* beta, const float* g, float* S, float* out) {
+                     const float* beta, const float* g, float* S, float* out,
+                     const Kept* kept = nullptr) {
   std::vector<float> kv(static_cast<size_t>(dv));
   for (int t = 0; t < L; ++t) {
     const float* qt = q + static_cast<int64_t>(t) * dk;
@@ -83,6 +107,7 @@ void delta_recurrent(int L, int dk, int dv, const float* q, const float* k, cons
     std::fill(ot, ot + dv, 0.0f);
     for (int d = 0; d < dk; ++d)
       for (int e = 0; e < dv; ++e) ot[e] += S[d * dv + e] * qt[d];
+    if (kept && (*kept)[t]) std::memcpy((*kept)[t], S, sizeof(float) * dk * dv);
   }
 }
 
@@ -167,7 +192,8 @@ void delta_chunked(int L, int C, int dk, int dv, const float* q, const float* k,
 // (normalised, q scaled), v [L, d], beta [L], g [L, d] (per-channel log decays); S [d, d]
 // updated; out [L, d]. The recurrence (transformers' recurrent_kimi_delta_attention).
 void kda_recurrent(int L, int d, const float* q, const float* k, const float* v,
-                   const float* beta, const float* g, float* S, float* out) {
+                   const float* beta, const float* g, float* S, float* out,
+                   const Kept* kept = nullptr) {
   std::vector<float> kv(static_cast<size_t>(d));
   for (int t = 0; t < L; ++t) {
     const float* qt = q + static_cast<int64_t>(t) * d;
@@ -188,7 +214,16 @@ void kda_recurrent(int L, int d, const float* q, const float* k, const float* v,
     std::fill(ot, ot + d, 0.0f);
     for (int c = 0; c < d; ++c)
       for (int e = 0; e < d; ++e) ot[e] += S[c * d + e] * qt[c];
+    if (kept && (*kept)[t]) std::memcpy((*kept)[t], S, sizeof(float) * d * d);
   }
+}
+
+// The rollback destinations of head `h` (offset `head_off` floats into a slot of `per_slot`).
+Kept kept_for(const SeqRange& s, float* pool, int64_t per_slot, int64_t head_off) {
+  Kept k(static_cast<size_t>(s.q1 - s.q0), nullptr);
+  for (int64_t t = 0; t < s.q1 - s.q0; ++t)
+    if (s.rollback[t] >= 0) k[t] = pool + s.rollback[t] * per_slot + head_off;
+  return k;
 }
 
 // The same over chunks of C tokens (transformers' chunk_kimi_delta_attention): the gated delta
@@ -309,6 +344,12 @@ void short_conv(Tensor& out, const Tensor& x, const Tensor& w, Tensor& conv_stat
         store(row_ptr(out, s.q0 + t), out.dtype(), c, acc / (1.0f + std::exp(-acc)));
       }
       for (int64_t i = 0; i < K - 1; ++i) st[c * (K - 1) + i] = win[L + i];
+      // Rollback slots: the last K-1 inputs after token t are win[t + 1 .. t + K - 1].
+      for (int64_t t = 0; s.rollback && t < L; ++t)
+        if (s.rollback[t] >= 0) {
+          float* kept = conv_state.ptr<float>() + static_cast<int64_t>(s.rollback[t]) * C * (K - 1);
+          for (int64_t i = 0; i < K - 1; ++i) kept[c * (K - 1) + i] = win[t + 1 + i];
+        }
     }
   }
 }
@@ -329,7 +370,8 @@ void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tenso
     if (s.fresh) std::memset(st, 0, sizeof(float) * static_cast<size_t>(per_slot));
     const int L = static_cast<int>(s.q1 - s.q0);
     if (L == 0) continue;
-    const bool chunked = args.chunk_size > 0 && L > 1;
+    // Rows whose state is kept run token by token (the chunked form has no per-token state).
+    const bool chunked = args.chunk_size > 0 && L > 1 && !s.rollback;
 #pragma omp parallel for schedule(static) if (static_cast <int64_t>(L) * per_slot > kParallelMin)
     for (int h = 0; h < Hv; ++h) {
       const int j = h / r;  // repeat_interleave: v-head h reads k-head h / r
@@ -353,7 +395,12 @@ void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tenso
       if (chunked)
         delta_chunked(L, args.chunk_size, dk, dv, qh.data(), kh.data(), vh.data(), beta.data(),
                       g.data(), S, oh.data());
-      else
+      else if (s.rollback) {
+        const Kept kept =
+            kept_for(s, state.ptr<float>(), per_slot, static_cast<int64_t>(h) * dk * dv);
+        delta_recurrent(L, dk, dv, qh.data(), kh.data(), vh.data(), beta.data(), g.data(), S,
+                        oh.data(), &kept);
+      } else
         delta_recurrent(L, dk, dv, qh.data(), kh.data(), vh.data(), beta.data(), g.data(), S,
                         oh.data());
       for (int t = 0; t < L; ++t)
@@ -378,7 +425,7 @@ void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, co
     if (s.fresh) std::fill(st, st + per_slot, 0.0f);  // a new sequence: the slot's state reset
     const int L = static_cast<int>(s.q1 - s.q0);
     if (L == 0) continue;
-    const bool chunked = args.chunk_size > 0 && L > 1;
+    const bool chunked = args.chunk_size > 0 && L > 1 && !s.rollback;
 #pragma omp parallel for schedule(static) if (static_cast <int64_t>(L) * per_slot > kParallelMin)
     for (int h = 0; h < H; ++h) {
       const size_t n = static_cast<size_t>(L) * d;
@@ -403,7 +450,12 @@ void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, co
       if (chunked)
         kda_chunked(L, args.chunk_size, d, qh.data(), kh.data(), vh.data(), beta.data(),
                     gh.data(), S, oh.data());
-      else
+      else if (s.rollback) {
+        const Kept kept =
+            kept_for(s, state.ptr<float>(), per_slot, static_cast<int64_t>(h) * d * d);
+        kda_recurrent(L, d, qh.data(), kh.data(), vh.data(), beta.data(), gh.data(), S, oh.data(),
+                      &kept);
+      } else
         kda_recurrent(L, d, qh.data(), kh.data(), vh.data(), beta.data(), gh.data(), S,
                       oh.data());
       for (int t = 0; t < L; ++t)

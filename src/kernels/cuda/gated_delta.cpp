@@ -18,6 +18,10 @@ void check_rows_batch(const char* op, const StateRows& r) {
   ATOM_CHECK(r.query_start.numel() == S + 1 && r.state_slots.numel() == S,
              "{}: {} sequences with {} query offsets and {} state slots", op, S,
              r.query_start.numel(), r.state_slots.numel());
+  ATOM_CHECK(!r.has_rollback(),
+             "{}: rollback slots (the per-row states speculative decoding of recurrent layers "
+             "keeps) are not implemented on CUDA yet",
+             op);
 }
 
 bool contiguous_f32(const Tensor& t) { return t.dtype() == DType::kF32 && t.is_contiguous(); }
