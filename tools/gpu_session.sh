@@ -8,7 +8,8 @@
 #   bench throughput with that KV cache dtype at ATOM_FP8_SEQS / ATOM_BF16_SEQS sequences; mla: the
 #   latent attention and indexer kernel tests, the MLA models' GPU parity and engine tests, the
 #   MLA decode kernel bench with its PyTorch peer; mla_e2e: the DeepSeek-V2-Lite shape end to end
-#   with transformers; decode:
+#   with transformers; spec: speculative decoding's GPU tests and bench/cuda_spec_bench on the
+#   DeepSeek-V2-Lite shape with one MTP layer; decode:
 #   decode steps under the environments of ATOM_DECODE_VARIANTS; ncu: per-kernel durations of a
 #   batch-1 decode step; gptoss: GPT-OSS's MXFP4 tests and benchmarks)
 set -u
@@ -135,6 +136,17 @@ if has mla_e2e; then
     note "mla hf baseline: rc=$?"
     grep -E "^hf |transformers|Error|error" "$out/mla_hf.log" | tail -n 8 | tee -a "$summary"
   fi
+fi
+
+if has spec; then
+  timeout 150 "$bin/gpu_test" --gtest_filter='GpuSpecDecode.*' > "$out/spec_tests.log" 2>&1
+  note "spec tests: rc=$?"
+  grep -E "^\[  FAILED|Failure|Expected|Which is|K=" "$out/spec_tests.log" | head -60 | tee -a "$summary"
+  gtest_summary "$out/spec_tests.log"
+  timeout 240 "$bin/cuda_spec_bench" --model "$stage/bench/models/deepseek-v2-lite-mtp" \
+    --load-format dummy --batch 1,32 --new 128 > "$out/spec_bench.log" 2>&1
+  note "spec bench: rc=$?"
+  grep -vE "^\[atom" "$out/spec_bench.log" | tee -a "$summary"
 fi
 
 if has cli; then

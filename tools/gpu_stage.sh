@@ -10,7 +10,7 @@ build="${1:-$src/build-gpu}"
 dest="${2:-$src/build-gpu-stage}"
 rm -rf "$dest"
 mkdir -p "$dest/bin" "$dest/tests" "$dest/bench" "$dest/tools"
-for b in atom tests/kernels/gpu_test bench/cuda_kernel_bench bench/cuda_e2e_bench bench/cuda_moe_bench bench/cuda_mla_bench bench/cuda_fp8_bench; do
+for b in atom tests/kernels/gpu_test bench/cuda_kernel_bench bench/cuda_e2e_bench bench/cuda_moe_bench bench/cuda_mla_bench bench/cuda_fp8_bench bench/cuda_spec_bench; do
   strip -o "$dest/bin/$(basename "$b")" "$build/$b"
 done
 cp -r "$src/tests/fixtures" "$dest/tests/"

@@ -21,40 +21,74 @@ std::vector<int> DecodeGraphs::buckets_for(int max_num_seqs) {
   return b;
 }
 
+namespace {
+std::vector<int> sorted_query_lens(std::vector<int> q) {
+  std::sort(q.begin(), q.end());
+  q.erase(std::unique(q.begin(), q.end()), q.end());
+  ATOM_CHECK(!q.empty() && q.front() >= 1, "decode graphs: query lengths must be >= 1");
+  return q;
+}
+
+GraphForward target_forward(Model& model) {
+  return [&model](Step& step) {
+    Tensor h = model.forward(step);
+    Tensor logits = model.compute_logits(step, h);
+    return std::vector<Tensor>{logits, h};
+  };
+}
+}  // namespace
+
+DecodeGraphs::DecodeGraphs(Model& model, KvCache& kv, int max_model_len, int max_num_seqs,
+                           std::vector<int> query_lens)
+    : DecodeGraphs(model.device(), kv, max_model_len, max_num_seqs, std::move(query_lens),
+                   GraphLogitsRows::kEveryToken, target_forward(model)) {}
+
 bool DecodeGraphs::accepts(const Batch& batch) const {
-  const int S = batch.num_seqs();
-  if (S < 1 || S > buckets_.back() || batch.num_tokens() != S ||
-      static_cast<int>(batch.logits_indices.size()) != S)
-    return false;
+  const int S = batch.num_seqs(), T = batch.num_tokens();
+  if (S < 1 || S > buckets_.back() || T % S != 0) return false;
+  const int q = T / S;
+  if (!std::binary_search(query_lens_.begin(), query_lens_.end(), q)) return false;
+  const bool every = logits_rows_ == GraphLogitsRows::kEveryToken;
+  if (static_cast<int>(batch.logits_indices.size()) != (every ? T : S)) return false;
   for (int s = 0; s < S; ++s) {
-    if (batch.query_start[s + 1] != s + 1 || batch.logits_indices[s] != s) return false;
+    if (batch.query_start[s + 1] != (s + 1) * q) return false;
     if (batch.context_lens[s] > max_model_len_) return false;
     if (batch.page_indptr[s + 1] - batch.page_indptr[s] > max_pages_) return false;
+    if (!every &&
+        (batch.logits_indices[s] < s * q || batch.logits_indices[s] >= (s + 1) * q))
+      return false;
   }
+  if (every)
+    for (int i = 0; i < T; ++i)
+      if (batch.logits_indices[i] != i) return false;
   return true;
 }
 
-void DecodeGraphs::pad(const Batch& b, int bucket, Batch& p) const {
+void DecodeGraphs::pad(const Batch& b, int bucket, int q, Batch& p) const {
   const int S = b.num_seqs();
+  const bool every = logits_rows_ == GraphLogitsRows::kEveryToken;
   // Assignments into p's vectors reuse their capacity: a steady stream of decode steps
   // allocates nothing here.
   p.copy_host_from(b);
   p.state_slots.resize(S, 0);
-  // Padding sequences: token 0 at position 0 over a one-token context on page 0, written
+  // Padding sequences: q tokens 0 at positions 0.. over a q-token context on page 0, written
   // nowhere (cache slot -1) and with no recurrent state (state slot -1: a live request's state is
   // never touched); their logits rows are dropped.
+  const int pages = (q + p.block_size - 1) / p.block_size;
   for (int s = S; s < bucket; ++s) {
-    p.token_ids.push_back(0);
-    p.positions.push_back(0);
-    p.query_start.push_back(s + 1);
-    p.context_lens.push_back(1);
-    p.slot_mapping.push_back(-1);
-    p.page_indices.push_back(0);
+    for (int i = 0; i < q; ++i) {
+      p.token_ids.push_back(0);
+      p.positions.push_back(i);
+      p.slot_mapping.push_back(-1);
+      if (every) p.logits_indices.push_back(s * q + i);
+    }
+    if (!every) p.logits_indices.push_back(s * q + q - 1);
+    p.query_start.push_back((s + 1) * q);
+    p.context_lens.push_back(q);
+    for (int i = 0; i < pages; ++i) p.page_indices.push_back(0);
     p.page_indptr.push_back(static_cast<int32_t>(p.page_indices.size()));
     p.state_slots.push_back(-1);
   }
-  p.logits_indices.resize(bucket);
-  for (int s = 0; s < bucket; ++s) p.logits_indices[s] = s;
 }
 
 void DecodeGraphs::upload(Batch& p, int bucket) {
@@ -69,7 +103,7 @@ void DecodeGraphs::upload(Batch& p, int bucket) {
 
 struct DecodeGraphs::Graph {
   cudaGraphExec_t exec = nullptr;
-  Tensor logits;                // [bucket, vocab] in the arena
+  std::vector<Tensor> outputs;  // the forward's outputs, in the arena
   const void* input = nullptr;  // where the capture's batch upload sat
   uint64_t generation = 0;
   ~Graph() {
@@ -77,22 +111,27 @@ struct DecodeGraphs::Graph {
   }
 };
 
-DecodeGraphs::DecodeGraphs(Model& model, KvCache& kv, int max_model_len, int max_num_seqs)
-    : model_(model),
-      kv_(kv),
+DecodeGraphs::DecodeGraphs(Device device, KvCache& kv, int max_model_len, int max_num_seqs,
+                           std::vector<int> query_lens, GraphLogitsRows logits_rows,
+                           GraphForward forward)
+    : kv_(kv),
       max_model_len_(max_model_len),
       max_pages_((max_model_len + kv.block_size - 1) / kv.block_size),
       buckets_(buckets_for(max_num_seqs)),
-      arena_(model.device(), 1 << 20) {}
+      query_lens_(sorted_query_lens(std::move(query_lens))),
+      logits_rows_(logits_rows),
+      forward_(std::move(forward)),
+      arena_(device, 1 << 20) {}
 
 DecodeGraphs::~DecodeGraphs() = default;
 
 void DecodeGraphs::clear() { graphs_.clear(); }
 
-Tensor DecodeGraphs::capture(int bucket, Batch& p) {
+const std::vector<Tensor>& DecodeGraphs::capture(int bucket, int q, Batch& p,
+                                                 const std::function<void(Batch&)>& after_upload) {
   const cudaStream_t stream = cuda_current_stream();
   ATOM_CHECK(stream != nullptr, "decode graphs need a runner stream (not the legacy stream)");
-  // Warm-up: grows the arena to this bucket's need and creates every cuBLASLt plan, workspace
+  // Warm-up: grows the arena to this shape's need and creates every cuBLASLt plan, workspace
   // and kernel attribute outside the capture. Its sequences hold no recurrent state (slot -1):
   // the replay after the capture applies this step's recurrent update, once.
   {
@@ -101,15 +140,16 @@ Tensor DecodeGraphs::capture(int bucket, Batch& p) {
     std::fill(w.state_slots.begin(), w.state_slots.end(), -1);
     arena_.reset();
     upload(w, bucket);
+    if (after_upload) after_upload(w);
     Step step{w, arena_, &kv_};
-    Tensor h = model_.forward(step);
-    model_.compute_logits(step, h);
+    forward_(step);
   }
   const uint64_t before = arena_.generation();
   arena_.reset();
   if (arena_.generation() != before)
     clear();  // blocks replaced: older graphs point at freed memory
   upload(p, bucket);
+  if (after_upload) after_upload(p);
   auto g = std::make_unique<Graph>();
   g->input = p.dev.token_ids.data();
   g->generation = arena_.generation();
@@ -117,8 +157,7 @@ Tensor DecodeGraphs::capture(int bucket, Batch& p) {
   cudaGraph_t graph = nullptr;
   try {
     Step step{p, arena_, &kv_};
-    Tensor h = model_.forward(step);
-    g->logits = model_.compute_logits(step, h);
+    g->outputs = forward_(step);
   } catch (...) {
     cudaStreamEndCapture(stream, &graph);
     if (graph) cudaGraphDestroy(graph);
@@ -130,64 +169,77 @@ Tensor DecodeGraphs::capture(int bucket, Batch& p) {
   cudaGraphDestroy(graph);
   CUDA_CHECK(inst);
   CUDA_CHECK(cudaGraphLaunch(g->exec, stream));
-  Tensor logits = g->logits;
-  log_debug("captured the decode graph of batch size {}", bucket);
-  graphs_[bucket] = std::move(g);
-  return logits;
+  ++replays_;
+  log_debug("captured the decode graph of batch size {}, {} tokens per sequence", bucket, q);
+  auto& slot = graphs_[{bucket, q}];
+  slot = std::move(g);
+  return slot->outputs;
 }
 
-Tensor DecodeGraphs::run(const Batch& batch) {
+const std::vector<Tensor>& DecodeGraphs::run(const Batch& batch,
+                                             const std::function<void(Batch&)>& after_upload) {
   const int S = batch.num_seqs();
+  const int q = batch.num_tokens() / S;
   const int bucket = *std::lower_bound(buckets_.begin(), buckets_.end(), S);
   Batch& p = padded_;
-  pad(batch, bucket, p);
-  auto it = graphs_.find(bucket);
-  Tensor logits;
-  if (it == graphs_.end() || it->second->generation != arena_.generation()) {
-    logits = capture(bucket, p);
-  } else {
-    arena_.reset();
-    upload(p, bucket);
-    ATOM_CHECK(p.dev.token_ids.data() == it->second->input &&
-                   arena_.generation() == it->second->generation,
-               "decode graph of batch size {}: the upload moved", bucket);
-    CUDA_CHECK(cudaGraphLaunch(it->second->exec, cuda_current_stream()));
-    logits = it->second->logits;
-  }
-  return logits.narrow(0, 0, S);
+  pad(batch, bucket, q, p);
+  auto it = graphs_.find({bucket, q});
+  if (it == graphs_.end() || it->second->generation != arena_.generation())
+    return capture(bucket, q, p, after_upload);
+  arena_.reset();
+  upload(p, bucket);
+  ATOM_CHECK(p.dev.token_ids.data() == it->second->input &&
+                 arena_.generation() == it->second->generation,
+             "decode graph of batch size {} ({} tokens per sequence): the upload moved", bucket, q);
+  if (after_upload) after_upload(p);
+  CUDA_CHECK(cudaGraphLaunch(it->second->exec, cuda_current_stream()));
+  ++replays_;
+  return it->second->outputs;
 }
 
 void DecodeGraphs::capture_all() {
-  for (auto b = buckets_.rbegin(); b != buckets_.rend(); ++b) {
-    if (graphs_.count(*b)) continue;
-    // A batch of `bucket` padding sequences: nothing is written to the cache.
-    Batch empty;
-    empty.block_size = kv_.block_size;
-    empty.query_start = {0};
-    empty.page_indptr = {0};
-    Batch p;
-    pad(empty, *b, p);
-    capture(*b, p);
-  }
+  // The most tokens first: the arena grows to its largest need once, so no graph captured
+  // earlier is dropped for a later one.
+  for (auto q = query_lens_.rbegin(); q != query_lens_.rend(); ++q)
+    for (auto b = buckets_.rbegin(); b != buckets_.rend(); ++b) {
+      if (graphs_.count({*b, *q})) continue;
+      // A batch of `bucket` padding sequences: nothing is written to the cache.
+      Batch empty;
+      empty.block_size = kv_.block_size;
+      empty.query_start = {0};
+      empty.page_indptr = {0};
+      Batch p;
+      pad(empty, *b, *q, p);
+      capture(*b, *q, p, {});
+    }
   CUDA_CHECK(cudaStreamSynchronize(cuda_current_stream()));
 }
 
 #else
 
 struct DecodeGraphs::Graph {};
-DecodeGraphs::DecodeGraphs(Model& model, KvCache& kv, int max_model_len, int max_num_seqs)
-    : model_(model),
-      kv_(kv),
+DecodeGraphs::DecodeGraphs(Device device, KvCache& kv, int max_model_len, int max_num_seqs,
+                           std::vector<int> query_lens, GraphLogitsRows logits_rows,
+                           GraphForward forward)
+    : kv_(kv),
       max_model_len_(max_model_len),
       max_pages_(1),
       buckets_(buckets_for(max_num_seqs)),
-      arena_(model.device()) {
+      query_lens_(sorted_query_lens(std::move(query_lens))),
+      logits_rows_(logits_rows),
+      forward_(std::move(forward)),
+      arena_(device) {
   fail("decode graphs need the CUDA backend");
 }
 DecodeGraphs::~DecodeGraphs() = default;
 void DecodeGraphs::clear() {}
-Tensor DecodeGraphs::capture(int, Batch&) { fail("decode graphs need the CUDA backend"); }
-Tensor DecodeGraphs::run(const Batch&) { fail("decode graphs need the CUDA backend"); }
+const std::vector<Tensor>& DecodeGraphs::capture(int, int, Batch&,
+                                                 const std::function<void(Batch&)>&) {
+  fail("decode graphs need the CUDA backend");
+}
+const std::vector<Tensor>& DecodeGraphs::run(const Batch&, const std::function<void(Batch&)>&) {
+  fail("decode graphs need the CUDA backend");
+}
 void DecodeGraphs::capture_all() {}
 
 #endif

@@ -25,9 +25,10 @@ std::unique_ptr<StepRunner> runner_create(Model& model, ModelGroup* models, cons
   o.max_num_seqs = c.max_num_seqs;
   o.max_num_batched_tokens = c.max_num_batched_tokens;
   o.gpu_memory_utilization = c.gpu_memory_utilization;
-  // Speculative decoding reads the target's hidden states of every step, which decode graphs do
-  // not keep, and its verification steps have K + 1 query rows per sequence: eager.
-  o.enforce_eager = c.enforce_eager || !c.speculative_method.empty();
+  // Speculative decoding's verification steps (K + 1 query rows per sequence) get decode graphs
+  // of their own; the runner keeps their hidden states for the drafter.
+  o.enforce_eager = c.enforce_eager;
+  o.num_speculative_tokens = c.num_speculative_tokens;
   o.num_state_slots = plan.num_state_slots;
   o.kv_cache_dtype = plan.kv_cache_dtype;
   std::unique_ptr<StepRunner> runner = models ? step_runner_create(*models, o)
@@ -120,8 +121,18 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
     if (drafter->device() != model.device())
       fail("the drafter is on {} but the target on {}", drafter->device().str(),
            model.device().str());
-    set_proposer(std::make_unique<MtpProposer>(*drafter, plan_.num_blocks, plan_.block_size,
-                                               plan_.kv_cache_dtype));
+    MtpProposerOptions po;
+    po.graphs = graphs;
+    po.max_model_len = plan_.max_model_len;
+    po.max_num_seqs = config.max_num_seqs;
+    po.num_speculative_tokens = config.num_speculative_tokens;
+    const auto t0 = Clock::now();
+    auto proposer = std::make_unique<MtpProposer>(*drafter, plan_.num_blocks, plan_.block_size,
+                                                  plan_.kv_cache_dtype, po);
+    if (proposer->num_graphs() > 0)
+      log_info("captured {} drafter CUDA graphs in {:.2f} s", proposer->num_graphs(),
+               seconds(Clock::now() - t0));
+    set_proposer(std::move(proposer));
     log_info("speculative decoding: method mtp, {} draft tokens per step, {} MTP layer(s){}",
              config.num_speculative_tokens, drafter->num_draft_layers(),
              config.spec_decode_acceptance_rate >= 0

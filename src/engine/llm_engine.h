@@ -106,6 +106,7 @@ class LLMEngine {
   const BlockManager& block_manager() const { return blocks_; }
   const StatePool& state_pool() const { return states_; }
   const Scheduler& scheduler() const { return scheduler_; }
+  const StepRunner& runner() const { return *runner_; }
   int num_requests() const { return static_cast<int>(requests_.size()); }
 
  private:

@@ -28,6 +28,18 @@ struct ModelRunner::Cuda {};
   } while (0)
 #endif
 
+namespace {
+// Tokens per sequence of the decode steps graphs are captured for: 1, and K + 1 for speculative
+// verification when the model keeps no recurrent state (a K + 1-token step of a recurrent layer
+// and its rollback run eagerly).
+[[maybe_unused]] std::vector<int> decode_query_lens(const Model& model, const RunnerOptions& o) {
+  std::vector<int> q = {1};
+  if (o.num_speculative_tokens > 0 && model.state_specs().empty())
+    q.push_back(o.num_speculative_tokens + 1);
+  return q;
+}
+}  // namespace
+
 ModelRunner::ModelRunner(Model& model, int num_pages, int block_size, int num_state_slots)
     : model_(model), arena_(model.device(), 8 << 20) {
   RunnerOptions o;
@@ -81,7 +93,8 @@ void ModelRunner::init(const RunnerOptions& o) {
 #ifdef ATOM_HAVE_CUDA
   if (dev.is_cuda() && !o.enforce_eager) {
     const int seqs = std::min(o.max_num_seqs, std::max(1, pages));
-    graphs_ = std::make_unique<DecodeGraphs>(model_, kv_, max_model_len_, seqs);
+    graphs_ = std::make_unique<DecodeGraphs>(model_, kv_, max_model_len_, seqs,
+                                             decode_query_lens(model_, o));
   }
 #endif
 }
@@ -140,7 +153,8 @@ int ModelRunner::pages_from_memory(const RunnerOptions& o) {
   // Decode graphs get an arena of their own. Activations grow with the step's tokens, so a
   // decode step of max_num_seqs tokens needs about that share of the profiled step (plus its
   // logits rows, already in the profile), with a margin.
-  const double share = std::min(1.0, static_cast<double>(o.max_num_seqs) / tokens);
+  const int q = decode_query_lens(model_, o).back();
+  const double share = std::min(1.0, static_cast<double>(o.max_num_seqs) * q / tokens);
   const double graphs =
       o.enforce_eager ? 0.0
                       : 1.25 * share * static_cast<double>(arena_.capacity()) + 256.0 * 1024 * 1024;
@@ -184,6 +198,12 @@ std::vector<int> ModelRunner::graph_buckets() const {
   return graphs_ ? graphs_->buckets() : std::vector<int>{};
 }
 
+std::vector<int> ModelRunner::graph_query_lens() const {
+  return graphs_ ? graphs_->query_lens() : std::vector<int>{};
+}
+
+int64_t ModelRunner::graph_steps() const { return graphs_ ? graphs_->replays() : 0; }
+
 void ModelRunner::capture_decode_graphs() {
   if (!graphs_) return;
   ATOM_RUNNER_STREAM();
@@ -196,7 +216,11 @@ Tensor ModelRunner::forward_logits(Batch& batch) {
   arena_.reset();
   copy_state_slots(batch.state_copies);
   hidden_ = Tensor();
-  if (graphs_ && graphs_->accepts(batch)) return graphs_->run(batch);
+  if (graphs_ && graphs_->accepts(batch)) {
+    const std::vector<Tensor>& out = graphs_->run(batch);
+    hidden_ = out[1].narrow(0, 0, batch.num_tokens());
+    return out[0].narrow(0, 0, static_cast<int64_t>(batch.logits_indices.size()));
+  }
   batch.upload(arena_);
   Step step{batch, arena_, &kv_};
   hidden_ = model_.forward(step);

@@ -26,6 +26,9 @@ struct RunnerOptions {
   int max_num_batched_tokens = 8192;  // tokens of the largest step (activation profiling)
   double gpu_memory_utilization = 0.9;
   bool enforce_eager = false;  // CUDA: run decode without graphs
+  // Speculative decoding's draft tokens per step (K): decode graphs are also captured for
+  // verification steps of K + 1 tokens per sequence (attention-only models; 0: none).
+  int num_speculative_tokens = 0;
   // Per-request state pool of the model's recurrent layers (0 for pure attention models).
   int num_state_slots = 0;
   // Tensor parallelism: every rank passes the page count it sized and all use the result (the
@@ -66,6 +69,11 @@ class ModelRunner final : public StepRunner {
   // Batch sizes with a decode graph: 1, 2, 4, 8, 16, 24, 32, ... up to max_num_seqs (empty when
   // decode runs eagerly).
   std::vector<int> graph_buckets() const override;
+  // Tokens per sequence with decode graphs: {1}, or {1, K + 1} with speculative decoding (empty
+  // when decode runs eagerly).
+  std::vector<int> graph_query_lens() const;
+  // Steps run through a decode graph so far.
+  int64_t graph_steps() const override;
 
   Model& model() { return model_; }
   KvCache& kv() { return kv_; }
@@ -100,7 +108,7 @@ class ModelRunner final : public StepRunner {
   std::vector<int32_t> ids_host_;
   std::vector<int32_t> mask_index_;  // per drawn row: its row of the mask table, or -1
   Tensor host_logits_;  // [capacity rows, vocab] F32 on the host
-  Tensor hidden_;       // the last eager step's hidden states, in arena_
+  Tensor hidden_;       // the last step's hidden states, in arena_ or the graphs' arena
 };
 
 }  // namespace atom

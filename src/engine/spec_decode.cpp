@@ -4,16 +4,32 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "engine/decode_graphs.h"
 #include "kernels/elementwise.h"
 #include "kernels/sampling.h"
 
+#ifdef ATOM_HAVE_CUDA
+#include "core/cuda_stream.h"
+#endif
+
 namespace atom {
 
-MtpProposer::MtpProposer(DraftModel& drafter, int num_pages, int block_size, DType kv_dtype)
-    : drafter_(drafter), arena_(drafter.device(), 8 << 20) {
-  kv_ = KvCache::allocate(cache_specs_with_dtype(drafter.cache_specs(), kv_dtype), num_pages,
-                          block_size, drafter.device());
-}
+#ifdef ATOM_HAVE_CUDA
+struct MtpProposer::Cuda {
+  explicit Cuda(int device) : stream(device) {}
+  CudaStream stream;
+};
+// The drafter's work goes to its own stream (CUDA graphs cannot capture the legacy stream). The
+// target's step it reads has been waited for (its tokens came back to the host), and the drafts
+// come back before the target's next step is queued.
+#define ATOM_DRAFT_STREAM() \
+  CudaStreamGuard atom_stream_guard_(cuda_ ? cuda_->stream.get() : cuda_current_stream())
+#else
+struct MtpProposer::Cuda {};
+#define ATOM_DRAFT_STREAM() \
+  do {                      \
+  } while (0)
+#endif
 
 namespace {
 void batch_clear(Batch& b, int block_size) {
@@ -56,7 +72,184 @@ Tensor upload_i32(Arena& arena, const std::vector<int32_t>& v) {
   memory_copy(t.data(), t.device(), v.data(), Device::cpu(), t.nbytes());
   return t;
 }
+// With graphs: one sequence's accepted rows at [pos, pos + tokens.size()) padded to q rows. The
+// padding rows (token 0, after the logits row, so no real row attends to them) write no cache
+// slot; their context's pages beyond the block table repeat its last page (read, never written).
+void batch_add_padded(Batch& b, const Sequence& seq, int pos, std::span<const int32_t> tokens,
+                      int q) {
+  const int bs = b.block_size, n = static_cast<int>(tokens.size()), end = pos + q;
+  ATOM_CHECK(n >= 1 && n <= q && static_cast<int64_t>(seq.block_table.size()) * bs >= pos + n,
+             "drafter: {} rows at {} padded to {} with {} blocks", n, pos, q,
+             seq.block_table.size());
+  const int row0 = b.num_tokens();
+  for (int i = 0; i < q; ++i) {
+    b.token_ids.push_back(i < n ? tokens[static_cast<size_t>(i)] : 0);
+    b.positions.push_back(pos + i);
+    b.slot_mapping.push_back(
+        i < n ? seq.block_table[static_cast<size_t>((pos + i) / bs)] * bs + (pos + i) % bs : -1);
+  }
+  b.query_start.push_back(b.num_tokens());
+  b.context_lens.push_back(end);
+  const int pages = (end + bs - 1) / bs;
+  for (int p = 0; p < pages; ++p)
+    b.page_indices.push_back(
+        seq.block_table[std::min(static_cast<size_t>(p), seq.block_table.size() - 1)]);
+  b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
+  b.logits_indices.push_back(row0 + n - 1);
+  b.max_query_len = std::max(b.max_query_len, q);
+  b.max_context_len = std::max(b.max_context_len, end);
+}
+
+void copy_rows(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t rows) {
+  ATOM_CHECK(dst.is_contiguous() && src.is_contiguous() && dst.dtype() == src.dtype(),
+             "drafter: copy of {} rows of {} into {}", rows, src.str(), dst.str());
+  const size_t row = dst.nbytes() / static_cast<size_t>(std::max<int64_t>(1, dst.size(0)));
+  memory_copy(static_cast<char*>(dst.data()) + dst_offset * static_cast<int64_t>(row),
+              dst.device(), src.data(), src.device(), static_cast<size_t>(rows) * row);
+}
 }  // namespace
+
+MtpProposer::MtpProposer(DraftModel& drafter, int num_pages, int block_size, DType kv_dtype,
+                         const MtpProposerOptions& options)
+    : drafter_(drafter), options_(options), arena_(drafter.device(), 8 << 20) {
+  kv_ = KvCache::allocate(cache_specs_with_dtype(drafter.cache_specs(), kv_dtype), num_pages,
+                          block_size, drafter.device());
+  const Device dev = drafter.device();
+#ifdef ATOM_HAVE_CUDA
+  if (dev.is_cuda()) cuda_ = std::make_unique<Cuda>(dev.index);
+#endif
+  options_.graphs = options.graphs && dev.is_cuda();
+  if (!options_.graphs) return;
+  const int K = options.num_speculative_tokens;
+  ATOM_CHECK(K >= 1 && K <= 4 && options.max_model_len > 0 && options.max_num_seqs > 0,
+             "drafter graphs: K {} max_model_len {} max_num_seqs {}", K, options.max_model_len,
+             options.max_num_seqs);
+  ATOM_DRAFT_STREAM();
+  const int seqs = std::min(options.max_num_seqs, std::max(1, num_pages));
+  options_.max_num_seqs = seqs;
+  input_ = Tensor::zeros({static_cast<int64_t>(seqs) * (K + 1), drafter.config().hidden_size},
+                         drafter.act_dtype(), dev);
+  draft_ids_ = Tensor::zeros({static_cast<int64_t>(K) * seqs}, DType::kI32, dev);
+  // Step 0 runs layer 0 over K + 1 rows per sequence; step k >= 1 layer k % layers over one.
+  const int layers = drafter.num_draft_layers();
+  graphs_.resize(static_cast<size_t>(layers));
+  for (int l = 0; l < layers; ++l) {
+    std::vector<int> q;
+    if (l == 0) q.push_back(K + 1);
+    for (int k = 1; k < K; ++k)
+      if (k % layers == l) q.push_back(1);
+    if (q.empty()) continue;
+    graphs_[static_cast<size_t>(l)] = std::make_unique<DecodeGraphs>(
+        dev, kv_, options.max_model_len, seqs, q, GraphLogitsRows::kOnePerSeq,
+        [this, l](Step& step) { return forward_step(step, l); });
+    graphs_[static_cast<size_t>(l)]->capture_all();
+  }
+}
+
+MtpProposer::~MtpProposer() = default;
+
+int MtpProposer::num_graphs() const {
+  int n = 0;
+  for (const auto& g : graphs_)
+    if (g) n += g->num_graphs();
+  return n;
+}
+
+int64_t MtpProposer::graph_steps() const {
+  int64_t n = 0;
+  for (const auto& g : graphs_)
+    if (g) n += g->replays();
+  return n;
+}
+
+DecodeGraphs& MtpProposer::graphs_for(int k) {
+  auto& g = graphs_.at(static_cast<size_t>(k % static_cast<int>(graphs_.size())));
+  ATOM_CHECK(g != nullptr, "drafter: no graphs for draft step {}", k);
+  return *g;
+}
+
+std::vector<Tensor> MtpProposer::forward_step(Step& step, int k) {
+  Tensor in = input_.narrow(0, 0, step.batch.num_tokens());
+  Tensor y = drafter_.forward_draft(step, in, k);
+  Tensor logits = drafter_.compute_draft_logits(step, y, k);
+  Tensor ids = step.empty({logits.size(0)}, DType::kI32);
+  kernels::argmax(ids, logits);
+  Tensor rows = step.empty({logits.size(0), y.size(1)}, y.dtype());
+  kernels::gather_rows(rows, y, step.batch.dev.logits_indices);
+  return {ids, rows};
+}
+
+bool MtpProposer::propose_graphs(const Tensor& target_hidden, std::span<const DraftRequest> reqs,
+                                 int block_size, std::vector<std::vector<int32_t>>& drafts) {
+  const int K = options_.num_speculative_tokens, q0 = K + 1;
+  // Steady decoding: every sequence's accepted run fits K + 1 rows and all want W drafts.
+  int W = -1, S = 0;
+  for (const DraftRequest& r : reqs) {
+    if (r.num_rows <= 0) continue;
+    if (r.num_rows > q0 || (W >= 0 && r.num_drafts != W) ||
+        r.first_pos + q0 > options_.max_model_len)
+      return false;
+    W = r.num_drafts;
+    ++S;
+  }
+  if (S == 0 || W < 1 || W > K || S > options_.max_num_seqs || !target_hidden.defined())
+    return false;
+  batch_clear(batch_, block_size);
+  index_host_.clear();
+  std::vector<int> last;  // each sequence's last accepted position, in row order
+  std::vector<size_t> which;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const DraftRequest& r = reqs[i];
+    if (r.num_rows <= 0) continue;
+    const Sequence& seq = *r.seq;
+    ATOM_CHECK(r.first_pos + r.num_rows < seq.num_tokens(),
+               "drafter: rows up to {} need the token after them ({} tokens)",
+               r.first_pos + r.num_rows - 1, seq.num_tokens());
+    batch_add_padded(batch_, seq, r.first_pos,
+                     std::span<const int32_t>(seq.tokens.data() + r.first_pos + 1,
+                                              static_cast<size_t>(r.num_rows)),
+                     q0);
+    for (int j = 0; j < q0; ++j) index_host_.push_back(r.first_row + std::min(j, r.num_rows - 1));
+    last.push_back(r.first_pos + r.num_rows - 1);
+    which.push_back(i);
+  }
+  DecodeGraphs& g0 = graphs_for(0);
+  if (!g0.accepts(batch_)) return false;
+  batch_.validate(kv_.num_pages);
+  arena_.reset();
+  Tensor index = upload_i32(arena_, index_host_);
+  Tensor in = input_.narrow(0, 0, index.numel());
+  kernels::gather_rows(in, target_hidden, index);
+  {
+    const std::vector<Tensor>& out = g0.run(batch_);
+    copy_rows(draft_ids_, 0, out[0], S);
+    copy_rows(input_, 0, out[1], S);
+  }
+  // Steps 1..W-1: one row per sequence at last + k; its token is the previous step's argmax,
+  // copied on the device over the uploaded placeholder.
+  const int32_t placeholder = 0;
+  for (int k = 1; k < W; ++k) {
+    batch_clear(batch_, block_size);
+    for (size_t w = 0; w < which.size(); ++w)
+      batch_add(batch_, *reqs[which[w]].seq, last[w] + k, std::span<const int32_t>(&placeholder, 1),
+                true);
+    DecodeGraphs& g = graphs_for(k);
+    ATOM_CHECK(g.accepts(batch_), "drafter: draft step {} of {} sequences fits no graph", k, S);
+    const std::vector<Tensor>& out = g.run(batch_, [&](Batch& p) {
+      Tensor prev = draft_ids_.narrow(0, static_cast<int64_t>(k - 1) * S, S);
+      copy_rows(p.dev.token_ids, 0, prev, S);
+    });
+    copy_rows(draft_ids_, static_cast<int64_t>(k) * S, out[0], S);
+    copy_rows(input_, 0, out[1], S);
+  }
+  ids_host_.resize(static_cast<size_t>(W) * S);
+  memory_copy(ids_host_.data(), Device::cpu(), draft_ids_.data(), draft_ids_.device(),
+              ids_host_.size() * sizeof(int32_t));
+  for (size_t w = 0; w < which.size(); ++w)
+    for (int k = 0; k < W; ++k)
+      drafts[which[w]].push_back(ids_host_[static_cast<size_t>(k) * S + w]);
+  return true;
+}
 
 std::vector<int32_t> MtpProposer::run(Batch& b, const Tensor& hidden, int k) {
   b.validate(kv_.num_pages);
@@ -75,7 +268,9 @@ std::vector<int32_t> MtpProposer::run(Batch& b, const Tensor& hidden, int k) {
 
 void MtpProposer::propose(const Tensor& target_hidden, std::span<const DraftRequest> reqs,
                           int block_size, std::vector<std::vector<int32_t>>& drafts) {
+  ATOM_DRAFT_STREAM();
   drafts.assign(reqs.size(), {});
+  if (options_.graphs && propose_graphs(target_hidden, reqs, block_size, drafts)) return;
   // Step 0: every accepted row, (token after it, the target's hidden state of it).
   batch_clear(batch_, block_size);
   std::vector<int32_t> hidden_rows, wanting;  // wanting: reqs with a logits row, in row order

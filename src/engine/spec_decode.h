@@ -49,26 +49,64 @@ class DraftProposer {
                        int block_size, std::vector<std::vector<int32_t>>& drafts) = 0;
 };
 
+struct MtpProposerOptions {
+  // CUDA: draft steps replay CUDA graphs (engine/decode_graphs.h) when every sequence's accepted
+  // run is at most K + 1 rows and all want the same number of drafts, as in steady decoding.
+  bool graphs = false;
+  int max_model_len = 0;  // with graphs: the longest sequence
+  int max_num_seqs = 0;   // with graphs: the largest batch
+  int num_speculative_tokens = 0;  // K, with graphs
+};
+
+class DecodeGraphs;
+
 // The MTP drafter: draft step 0 over the accepted rows, (token after the row, the target's hidden
 // state of the row); steps 1..K-1 one row per sequence, (the last draft, the drafter's own normed
 // output). Drafts are the drafter's argmax. Its cache has the target's page count and uses the
 // sequences' block tables.
+//
+// With graphs, step 0 pads each sequence's accepted run to K + 1 rows (the padding rows, after the
+// logits row, write no cache slot and are dropped), so one graph per batch size serves every
+// acceptance pattern; the steps' draft tokens stay on the device (each step's argmax is the next
+// step's input token) and come back to the host in one copy at the end. Otherwise each step runs
+// eagerly and its drafts come back before the next is built.
 class MtpProposer final : public DraftProposer {
  public:
-  MtpProposer(DraftModel& drafter, int num_pages, int block_size, DType kv_dtype);
+  MtpProposer(DraftModel& drafter, int num_pages, int block_size, DType kv_dtype,
+              const MtpProposerOptions& options = {});
+  ~MtpProposer() override;
   void propose(const Tensor& target_hidden, std::span<const DraftRequest> reqs, int block_size,
                std::vector<std::vector<int32_t>>& drafts) override;
+  // CUDA graphs captured (0 without graphs), and draft steps run through them so far.
+  int num_graphs() const;
+  int64_t graph_steps() const;
 
  private:
+  struct Cuda;
   // Forward of `b` at draft step k over `hidden`; returns the argmax of every logits row and
   // keeps the logits rows' hidden states in carry_.
   std::vector<int32_t> run(Batch& b, const Tensor& hidden, int k);
+  // The outputs {argmax ids, logits rows' hidden states} of draft step k over the batch, whose
+  // rows read input_; in the step's arena.
+  std::vector<Tensor> forward_step(Step& step, int k);
+  // Every draft step through graphs; false (nothing run) when the requests do not fit them.
+  bool propose_graphs(const Tensor& target_hidden, std::span<const DraftRequest> reqs,
+                      int block_size, std::vector<std::vector<int32_t>>& drafts);
+  DecodeGraphs& graphs_for(int k);
 
   DraftModel& drafter_;
+  MtpProposerOptions options_;
   KvCache kv_;
   Arena arena_;
   Tensor carry_;  // the drafter's output rows the next step consumes (own storage)
   Batch batch_;
+  std::unique_ptr<Cuda> cuda_;  // the drafter's stream; null on the CPU
+  // With graphs: one set per MTP layer a draft step uses (step 0 also captures K + 1-row
+  // batches), the input rows they read, the drafts of every step of a call on the device.
+  std::vector<std::unique_ptr<DecodeGraphs>> graphs_;
+  Tensor input_;      // [max_num_seqs (K + 1), hidden]
+  Tensor draft_ids_;  // [K, max_num_seqs] I32
+  std::vector<int32_t> index_host_, ids_host_;
 };
 
 // "mean acceptance length 1.83, accepted 0.71 0.52 0.40 per position, 120 drafts, 360 draft

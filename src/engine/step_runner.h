@@ -57,12 +57,14 @@ class StepRunner {
   virtual void capture_decode_graphs() = 0;
   // Batch sizes with a decode graph (empty when decode runs eagerly).
   virtual std::vector<int> graph_buckets() const = 0;
+  // Steps run through a decode graph so far (0 without graphs).
+  virtual int64_t graph_steps() const { return 0; }
   virtual int block_size() const = 0;
   virtual int num_pages() const = 0;
   virtual int max_model_len() const = 0;
-  // Hidden states [num_tokens, hidden] (after the final norm) of the last step run eagerly, on
-  // the model's device, valid until the next step; undefined when the step replayed a decode
-  // graph or the runner keeps none (tensor parallelism). Speculative decoding's drafter reads it.
+  // Hidden states [num_tokens, hidden] (after the final norm) of the last step, eager or from a
+  // decode graph, on the model's device, valid until the next step; undefined when the runner
+  // keeps none (tensor parallelism). Speculative decoding's drafter reads it.
   virtual Tensor last_hidden() const { return Tensor(); }
 };
 
