@@ -1,9 +1,13 @@
 #include "grammar/matcher.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <mutex>
 #include <numeric>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
@@ -15,7 +19,7 @@ constexpr int kMaxExpandDepth = 100000;
 constexpr char32_t utf8_min_of_len(int len) { return len == 2 ? 0x80 : len == 3 ? 0x800 : 0x10000; }
 }  // namespace
 
-Matcher::Matcher(std::shared_ptr<const Grammar> g) : g_(std::move(g)) {
+Matcher::Matcher(std::shared_ptr<const Grammar> g) : g_(g.get()), owner_(std::move(g)) {
   std::vector<Stack> init;
   for (uint32_t alt : g_->rule_alts[g_->root]) {
     Stack s;
@@ -277,14 +281,58 @@ void TokenTrie::classify(const Matcher& suffix, std::span<uint64_t> accepted,
                          std::vector<int32_t>& uncertain) const {
   ATOM_CHECK(static_cast<int64_t>(accepted.size()) * 64 >= vocab_size_, "mask of {} words for {} tokens",
              accepted.size(), vocab_size_);
-  Matcher start = suffix;
-  visit_classify(0, start, false, accepted, uncertain);
+  // A walk of a large vocabulary from a permissive state (inside a string: nearly every token)
+  // visits most of the trie, tens of milliseconds on one core; its subtrees two bytes deep are
+  // independent, so they fan out over threads (when the caller is not itself a parallel region:
+  // a step's rows already are).
+  struct Task {
+    uint32_t node;
+    Matcher m;
+    bool bottom;
+  };
+  std::vector<Task> tasks;
+  const bool bottom0 = suffix.any_empty();
+  const Node& root = nodes_[0];
+  const Matcher start = suffix.borrowed();
+  for (uint32_t c = root.first_child; c < root.first_child + root.num_children; ++c) {
+    const Node& cn = nodes_[c];
+    Matcher next = start;
+    if (!next.accept_byte(child_byte_[c])) {
+      if (bottom0)
+        uncertain.insert(uncertain.end(), subtree_tokens_.begin() + cn.subtree_first,
+                         subtree_tokens_.begin() + cn.subtree_first + cn.subtree_count);
+      continue;
+    }
+    for (uint32_t t = cn.first_token; t < cn.first_token + cn.num_tokens; ++t) {
+      const auto id = static_cast<uint32_t>(tokens_[t]);
+      accepted[id / 64] |= uint64_t{1} << (id % 64);
+    }
+    if (cn.num_children) tasks.push_back({c, std::move(next), bottom0});
+  }
+  const auto n = static_cast<int64_t>(tasks.size());
+  ParallelErrors errors;
+  std::mutex mu;
+#pragma omp parallel if (n >= 16 && vocab_size_ >= 32768 && !omp_in_parallel())
+  {
+    std::vector<uint64_t> acc(accepted.size(), 0);
+    std::vector<int32_t> unc;
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t k = 0; k < n; ++k)
+      errors.guard([&] {
+        Task& t = tasks[static_cast<size_t>(k)];
+        visit_classify(t.node, t.m, t.bottom, acc, unc);
+      });
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t w = 0; w < acc.size(); ++w) accepted[w] |= acc[w];
+    uncertain.insert(uncertain.end(), unc.begin(), unc.end());
+  }
+  errors.rethrow();
 }
 
 void TokenTrie::fill_allowed(const Matcher& m, std::span<uint64_t> allowed) const {
   ATOM_CHECK(static_cast<int64_t>(allowed.size()) * 64 >= vocab_size_, "mask of {} words for {} tokens",
              allowed.size(), vocab_size_);
-  Matcher start = m;
+  Matcher start = m.borrowed();
   visit(0, start, allowed);
 }
 
@@ -348,7 +396,7 @@ void GrammarConstraint::fill(const Matcher& m, std::span<uint64_t> allowed) cons
       // A suffix that is the whole stack is exact: its uncertain tokens would need more bytes
       // after the end of the text.
       if (depth == s.size() || sm->uncertain.empty()) continue;
-      const Matcher whole = m.with_stack(s);
+      const Matcher whole = m.borrowed().with_stack(s);
       for (int32_t id : sm->uncertain) {
         const auto u = static_cast<uint32_t>(id);
         if ((mask[u / 64] >> (u % 64)) & 1) continue;

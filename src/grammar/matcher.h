@@ -50,13 +50,22 @@ class Matcher {
   bool any_empty() const;
   // A UTF-8 character is half read.
   bool mid_character() const { return partial_need_ != 0; }
+  // A copy that does not own the grammar: valid while this matcher (or another owner) lives.
+  Matcher borrowed() const {
+    Matcher m(*this);
+    m.owner_.reset();
+    return m;
+  }
 
  private:
   friend class TokenTrie;
   void expand(Stack s, std::vector<Stack>& out, int depth) const;
   void set_stacks(std::vector<Stack> next);
 
-  std::shared_ptr<const Grammar> g_;
+  // The grammar, and its owner: null in a borrowed copy (below), which copies without touching
+  // the shared count (mask walks copy a matcher per trie node, on many threads at once).
+  const Grammar* g_;
+  std::shared_ptr<const Grammar> owner_;
   std::vector<Stack> stacks_;
   // A UTF-8 character being read: its bytes so far and how many it needs.
   uint32_t partial_ = 0;

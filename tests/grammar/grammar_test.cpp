@@ -317,6 +317,43 @@ TEST(GrammarConstraint, SuffixMasksEqualPerTokenCheck) {
   EXPECT_GT(uncertain_states, 200);  // stacks deeper than the suffix were exercised
 }
 
+// The same at a vocabulary large enough for the suffix walk to fan out over threads (40,000
+// random tokens over JSON's alphabet): the threads' masks and uncertain lists merged must be the
+// per-token check's.
+TEST(GrammarConstraint, ParallelSuffixWalkEqualsPerTokenCheck) {
+  const std::string alphabet = "{}[]\",: abcxyz019.-e\\tnul\xC3\xA9";
+  std::mt19937 rng(5);
+  std::vector<std::optional<std::string>> vocab;
+  for (int b = 0; b < 256; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
+  while (vocab.size() < 40000) {
+    std::string t;
+    const int len = 2 + static_cast<int>(rng() % 6);
+    for (int i = 0; i < len; ++i) t.push_back(alphabet[rng() % alphabet.size()]);
+    vocab.push_back(t);
+  }
+  auto trie = std::make_shared<const TokenTrie>(vocab);
+  auto g = compile(json_object_gbnf());
+  GrammarConstraint c(g, trie);
+  int checked = 0;
+  for (const char* p : {"", "{\"", "{\"ab", "{\"a\": ", "{\"a\": [1, {\"b\": \"x", "{\"a\": [[tr", "{\"a\": -0.5e", "{\"a\": {}, \"b\": [\"\xC3\xA9\", 1"}) {
+    Matcher m(g);
+    ASSERT_TRUE(m.accept_bytes(p)) << p;
+    std::vector<uint64_t> mask((vocab.size() + 63) / 64, 0);
+    c.fill(m, mask);
+    int allowed = 0;
+    for (size_t id = 0; id < vocab.size(); ++id) {
+      Matcher t = m;
+      const bool want = t.accept_bytes(*vocab[id]);
+      const bool got = (mask[id / 64] >> (id % 64)) & 1;
+      ASSERT_EQ(got, want) << "prefix '" << p << "' token " << id << " '" << *vocab[id] << "'";
+      allowed += want;
+    }
+    EXPECT_GT(allowed, 0) << p;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 8);
+}
+
 // The constraint as the engine uses it: EOS only once complete, tokens advance the state.
 TEST(GrammarConstraint, EosOnlyWhenComplete) {
   std::vector<std::optional<std::string>> vocab = {std::string("a"), std::string("b"), std::string("ab"), std::nullopt};
