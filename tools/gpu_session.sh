@@ -139,7 +139,7 @@ if has mla_e2e; then
 fi
 
 if has spec; then
-  timeout 150 "$bin/gpu_test" --gtest_filter='GpuSpecDecode.*' > "$out/spec_tests.log" 2>&1
+  timeout 150 "$bin/gpu_test" --gtest_filter='GpuSpecDecode.*:GpuHybridSpecDecode.*' > "$out/spec_tests.log" 2>&1
   note "spec tests: rc=$?"
   grep -E "^\[  FAILED|Failure|Expected|Which is|K=" "$out/spec_tests.log" | head -60 | tee -a "$summary"
   gtest_summary "$out/spec_tests.log"

@@ -50,6 +50,9 @@ bool DecodeGraphs::accepts(const Batch& batch) const {
   if (!std::binary_search(query_lens_.begin(), query_lens_.end(), q)) return false;
   const bool every = logits_rows_ == GraphLogitsRows::kEveryToken;
   if (static_cast<int>(batch.logits_indices.size()) != (every ? T : S)) return false;
+  // Rollback slots come with verification steps only (q > 1): a graph of q > 1 always uploads
+  // them (pad), one of q == 1 never, so every field stays where its capture recorded it.
+  if (q == 1 && !batch.state_rollback_slots.empty()) return false;
   for (int s = 0; s < S; ++s) {
     if (batch.query_start[s + 1] != (s + 1) * q) return false;
     if (batch.context_lens[s] > max_model_len_) return false;
@@ -89,6 +92,10 @@ void DecodeGraphs::pad(const Batch& b, int bucket, int q, Batch& p) const {
     p.page_indptr.push_back(static_cast<int32_t>(p.page_indices.size()));
     p.state_slots.push_back(-1);
   }
+  // Verification steps (q > 1) always carry rollback slots, -1 where the batch has none (its
+  // model keeps no recurrent state, or a capture's batch of padding sequences) and on padding
+  // rows, so the upload's layout and the kernels' arguments are the same at every replay.
+  if (q > 1) p.state_rollback_slots.resize(static_cast<size_t>(bucket) * q, -1);
 }
 
 void DecodeGraphs::upload(Batch& p, int bucket) {
@@ -138,6 +145,7 @@ const std::vector<Tensor>& DecodeGraphs::capture(int bucket, int q, Batch& p,
     Batch w;
     w.copy_host_from(p);
     std::fill(w.state_slots.begin(), w.state_slots.end(), -1);
+    std::fill(w.state_rollback_slots.begin(), w.state_rollback_slots.end(), -1);
     arena_.reset();
     upload(w, bucket);
     if (after_upload) after_upload(w);

@@ -157,10 +157,6 @@ void LLMEngine::set_proposer(std::unique_ptr<DraftProposer> proposer) {
       fail("speculative decoding is not supported for {}: its recurrent layers keep no state per "
            "row to roll rejected draft tokens back to",
            model_.config().architectures.at(0));
-  if (!model_.state_specs().empty() && !model_.device().is_cpu())
-    fail("speculative decoding of a model with recurrent state ({}) runs on the CPU only for now: "
-         "the CUDA kernels keep no rollback states",
-         model_.config().architectures.at(0));
   if (plan_.state_slots_per_request > 0 && plan_.state_slots_per_request < 1 + K)
     fail("speculative decoding with {} draft tokens needs {} state slots per request, the plan "
          "has {}",

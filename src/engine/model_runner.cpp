@@ -30,12 +30,11 @@ struct ModelRunner::Cuda {};
 
 namespace {
 // Tokens per sequence of the decode steps graphs are captured for: 1, and K + 1 for speculative
-// verification when the model keeps no recurrent state (a K + 1-token step of a recurrent layer
-// and its rollback run eagerly).
-[[maybe_unused]] std::vector<int> decode_query_lens(const Model& model, const RunnerOptions& o) {
+// verification (recurrent layers too: their graphs read the rollback slots uploaded with the
+// batch, DecodeGraphs::pad).
+[[maybe_unused]] std::vector<int> decode_query_lens(const Model&, const RunnerOptions& o) {
   std::vector<int> q = {1};
-  if (o.num_speculative_tokens > 0 && model.state_specs().empty())
-    q.push_back(o.num_speculative_tokens + 1);
+  if (o.num_speculative_tokens > 0) q.push_back(o.num_speculative_tokens + 1);
   return q;
 }
 }  // namespace

@@ -8,7 +8,8 @@
 // (context_lens[s] == its query length) is new, and its slot is reset first. Slot -1 marks a
 // padding sequence (decode graphs' padding rows, a graph's warm-up run): no state is read or
 // written and its outputs are zeros. With rollback slots (StateRows::rollback_slots) the state
-// after each marked row is kept too (CPU only for now: the CUDA entry points refuse them).
+// after each marked row is kept too (both backends; on CUDA the slots' values are not checked
+// against the pool, which Batch::validate does on the host).
 #pragma once
 
 #include "kernels/dispatch.h"

@@ -170,6 +170,141 @@ TEST(GpuKimiDelta, RuleChunkedAndRecurrentAcrossSteps) {
     run_rule(c, true, c.dt == DType::kF32 ? 2e-6 : 5e-4, 3e-7);
 }
 
+// Speculative verification rows (StateRows::rollback_slots) against the CPU reference: two
+// verified sequences (5 rows from a carried state in slot 0, keeping rows 0-3's states in slots
+// 1-4; 3 rows in slot 7, keeping rows 0-1's in 8-9) beside a fresh 70-row prefill (slot 5: the
+// chunked kernel, no rollback), a one-token decode (slot 6) and a padding sequence (slot -1, its
+// rows' rollback -1). Every slot's state after the step, each kept slot on its own, and every
+// output row are compared; slots 10 and 11 (used by no sequence) must keep their bytes. The
+// short conv's states are the inputs themselves: bytes equal.
+struct RollbackStep {
+  std::vector<int32_t> lens = {5, 70, 1, 3, 3}, ctx = {25, 70, 40, 3, 13}, slots = {0, 5, 6, -1, 7};
+  std::vector<int32_t> rb;
+  Tensor crb, grb;
+  Rows rows{lens, ctx, slots};
+  RollbackStep() {
+    rb = {1, 2, 3, 4, -1};
+    rb.insert(rb.end(), 70 + 1 + 3, -1);
+    for (int32_t s : {8, 9, -1}) rb.push_back(s);
+    crb = i32(rb);
+    grb = crb.to(gpu());
+  }
+  kernels::StateRows cpu() const {
+    kernels::StateRows r = rows.cpu();
+    r.rollback_slots = &crb;
+    return r;
+  }
+  kernels::StateRows dev() const {
+    kernels::StateRows r = rows.dev();
+    r.rollback_slots = &grb;
+    return r;
+  }
+};
+constexpr int kRollbackPool = 12;
+const int kKeptSlots[] = {1, 2, 3, 4, 8, 9};
+
+// Per slot of a pool [slots, ...]: the slot's values.
+Tensor slot_of(const Tensor& pool, int s) { return host(pool).narrow(0, s, 1).contiguous(); }
+
+TEST(GpuGatedDelta, ShortConvRollbackSlotsMatchTheCpu) {
+  const int64_t C = 200;
+  RollbackStep st;
+  const int64_t T = st.rows.tokens();
+  for (int K : {4, 2}) {
+    Tensor w = random_cpu({C, K}, DType::kF32, 31 + K, -0.8f, 0.8f);
+    Tensor state = random_cpu({kRollbackPool, C, K - 1}, DType::kF32, 32 + K, -1, 1);
+    const Tensor start = state.clone();
+    Tensor gstate = state.to(gpu());
+    Tensor wide = random_cpu({T, C + 40}, DType::kBF16, 33 + K, -2, 2);
+    Tensor out = Tensor::empty({T, C}, DType::kBF16);
+    kernels::short_conv(out, strided(wide, 24, C), w, state, st.cpu());
+    Tensor gwide = wide.to(gpu());
+    Tensor gout = Tensor::empty({T, C}, DType::kBF16, gpu());
+    poison(gout);
+    Tensor gx = strided(gwide, 24, C);
+    kernels::short_conv(gout, gx, w.to(gpu()), gstate, st.dev());
+    EXPECT_LE(rel_err(gout, out), 1e-4) << "K " << K;
+    for (int s : kKeptSlots)
+      EXPECT_TRUE(same_bytes(slot_of(gstate, s), slot_of(state, s))) << "K " << K << " slot " << s;
+    EXPECT_TRUE(same_bytes(gstate, state)) << "K " << K;
+    for (int s : {10, 11}) EXPECT_TRUE(same_bytes(slot_of(gstate, s), slot_of(start, s)));
+    // The kept states differ from the stale ones they replaced (the test can fail).
+    EXPECT_FALSE(same_bytes(slot_of(state, 1), slot_of(start, 1)));
+  }
+}
+
+void run_rule_rollback(const RuleCase& c, bool kda, double tol_out, double tol_state) {
+  RollbackStep st;
+  const int64_t T = st.rows.tokens();
+  const int64_t QK = static_cast<int64_t>(c.hk) * c.dk, V = static_cast<int64_t>(c.hv) * c.dv;
+  const int64_t G = kda ? static_cast<int64_t>(c.hv) * c.dk : c.hv;
+  Tensor A_log = random_cpu({c.hv}, DType::kF32, 41, -1.0f, 0.5f);
+  Tensor dt_bias = random_cpu({G}, DType::kF32, 42, -0.5f, 0.5f);
+  Tensor state = random_cpu({kRollbackPool, c.hv, c.dk, c.dv}, DType::kF32, 43, -1, 1);
+  const Tensor start = state.clone();
+  Tensor gstate = state.to(gpu());
+  const int64_t W = 2 * QK + V + c.hv + G;
+  Tensor wide = random_cpu({T, W}, c.dt, 44, -1, 1);
+  Tensor q = strided(wide, 0, QK), k = strided(wide, QK, QK), v = strided(wide, 2 * QK, V);
+  Tensor b = strided(wide, 2 * QK + V, c.hv), a = strided(wide, 2 * QK + V + c.hv, G);
+  Tensor out = Tensor::empty({T, V}, c.dt);
+  Tensor gwide = wide.to(gpu());
+  Tensor gq = strided(gwide, 0, QK), gk = strided(gwide, QK, QK), gv = strided(gwide, 2 * QK, V);
+  Tensor gb = strided(gwide, 2 * QK + V, c.hv), ga = strided(gwide, 2 * QK + V + c.hv, G);
+  Tensor gout = Tensor::empty({T, V}, c.dt, gpu());
+  poison(gout);
+  Tensor gA = A_log.to(gpu()), gdt = dt_bias.to(gpu());
+  if (kda) {
+    const kernels::KdaArgs args{c.hv, c.dk, c.chunk};
+    kernels::kda_rule(out, q, k, v, a, b, A_log, dt_bias, state, st.cpu(), args);
+    kernels::kda_rule(gout, gq, gk, gv, ga, gb, gA, gdt, gstate, st.dev(), args);
+  } else {
+    const kernels::GatedDeltaArgs args{c.hk, c.hv, c.dk, c.dv, c.chunk};
+    kernels::gated_delta_rule(out, q, k, v, b, a, A_log, dt_bias, state, st.cpu(), args);
+    kernels::gated_delta_rule(gout, gq, gk, gv, gb, ga, gA, gdt, gstate, st.dev(), args);
+  }
+  double worst_kept = 0;
+  for (int s : kKeptSlots) {
+    const double e = rel_err(slot_of(gstate, s), slot_of(state, s));
+    worst_kept = std::max(worst_kept, e);
+    EXPECT_LE(e, tol_state) << "kept slot " << s;
+  }
+  const double e = rel_err(gout, out), es = rel_err(gstate, state);
+  EXPECT_LE(e, tol_out);
+  EXPECT_LE(es, tol_state);
+  for (int s : {10, 11}) EXPECT_TRUE(same_bytes(slot_of(gstate, s), slot_of(start, s)));
+  EXPECT_GT(rel_err(slot_of(state, 1), slot_of(start, 1)), 0.1);  // kept states are new ones
+  std::printf("%s rollback hk %d hv %d dk %d dv %d %s chunk %d: rel err out %.3g, state %.3g, "
+              "worst kept slot %.3g\n",
+              kda ? "kda" : "gdn", c.hk, c.hv, c.dk, c.dv, std::string(dtype_name(c.dt)).c_str(),
+              c.chunk, e, es, worst_kept);
+}
+
+// The scalar recurrent kernel (dv % 4 != 0), the 16-byte one with 8-column tiles and with
+// 32-column tiles (64 v-heads: enough CTAs), a chunk size that splits the 70-row prefill.
+// Measured at the first GPU run (2026-12-02, H200): fp32 outputs 1.6-1.9e-7, bf16 1.5e-5 (GDN) and
+// 4.1e-6 (KDA); the pool's state 4.9-7.3e-8, each kept slot 1.1-1.6e-7 (the verified rows run
+// token by token on both, the CPU in another summation order). Bounds ~10x, the state's 2x.
+TEST(GpuGatedDelta, RuleRollbackSlotsMatchTheCpu) {
+  const RuleCase cases[] = {
+      {2, 4, 16, 18, DType::kF32, 64},
+      {2, 4, 16, 24, DType::kF32, 16},
+      {16, 64, 128, 128, DType::kBF16, 64},
+  };
+  for (const RuleCase& c : cases)
+    run_rule_rollback(c, false, c.dt == DType::kF32 ? 2e-6 : 1.2e-4, 3e-7);
+}
+
+TEST(GpuKimiDelta, RuleRollbackSlotsMatchTheCpu) {
+  const RuleCase cases[] = {
+      {3, 3, 18, 18, DType::kF32, 64},
+      {2, 2, 32, 32, DType::kF32, 64},
+      {2, 2, 128, 128, DType::kBF16, 16},
+  };
+  for (const RuleCase& c : cases)
+    run_rule_rollback(c, true, c.dt == DType::kF32 ? 2e-6 : 4e-5, 3e-7);
+}
+
 TEST(GpuGatedDelta, GatedNormBothGatesInPlaceAndStrided) {
   struct Case {
     int64_t T, N, D;

@@ -11,6 +11,17 @@ namespace atom::kernels::cuda {
 
 namespace {
 
+// The rollback slots' device array, or null when there are none: [rows] contiguous I32. Their
+// values (-1 or a slot of the pool, never the sequence's own) are the host batch's to check
+// (Batch::validate; the CPU reference checks them too): reading them here would synchronise.
+const int32_t* rollback_of(const char* op, const StateRows& r, int64_t rows) {
+  if (!r.has_rollback()) return nullptr;
+  ATOM_CHECK(is_i32(*r.rollback_slots) && r.rollback_slots->numel() == rows,
+             "{}: {} rollback slots for {} rows (contiguous I32)", op,
+             r.rollback_slots->numel(), rows);
+  return r.rollback_slots->ptr<int32_t>();
+}
+
 void check_rows_batch(const char* op, const StateRows& r) {
   ATOM_CHECK(is_i32(r.query_start) && is_i32(r.context_lens) && is_i32(r.state_slots),
              "{}: batch fields must be contiguous I32", op);
@@ -18,10 +29,6 @@ void check_rows_batch(const char* op, const StateRows& r) {
   ATOM_CHECK(r.query_start.numel() == S + 1 && r.state_slots.numel() == S,
              "{}: {} sequences with {} query offsets and {} state slots", op, S,
              r.query_start.numel(), r.state_slots.numel());
-  ATOM_CHECK(!r.has_rollback(),
-             "{}: rollback slots (the per-row states speculative decoding of recurrent layers "
-             "keeps) are not implemented on CUDA yet",
-             op);
 }
 
 bool contiguous_f32(const Tensor& t) { return t.dtype() == DType::kF32 && t.is_contiguous(); }
@@ -44,6 +51,7 @@ void run_delta(const char* op, DeltaLaunch& l, bool per_channel, const StateRows
   l.query_start = rows.query_start.ptr<int32_t>();
   l.context_lens = rows.context_lens.ptr<int32_t>();
   l.state_slots = rows.state_slots.ptr<int32_t>();
+  l.rollback = rollback_of(op, rows, l.q.rows);
   l.num_seqs = static_cast<int>(rows.context_lens.numel());
   // A key dim too wide for the chunked kernel's shared memory runs every token recurrently (the
   // same values up to fp32 rounding).
@@ -78,6 +86,7 @@ void short_conv(Tensor& out, const Tensor& x, const Tensor& w, Tensor& conv_stat
   l.query_start = rows.query_start.ptr<int32_t>();
   l.context_lens = rows.context_lens.ptr<int32_t>();
   l.state_slots = rows.state_slots.ptr<int32_t>();
+  l.rollback = rollback_of(op, rows, T);
   l.channels = C;
   l.kernel = static_cast<int>(K);
   l.num_seqs = static_cast<int>(rows.context_lens.numel());

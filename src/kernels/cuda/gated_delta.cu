@@ -5,7 +5,8 @@
 // the sigmoid gate. Every kernel reads the batch's rows (query_start, context_lens, state_slots)
 // from device memory: no host synchronisation, so all of them can be captured in CUDA graphs.
 // A sequence whose state slot is -1 (a decode graph's padding row) reads and writes no state and
-// gets zero outputs.
+// gets zero outputs. Rollback slots (speculative verification rows): the state after row t is
+// also written to slot rollback[t] when >= 0; such a sequence runs the recurrent kernel.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -39,6 +40,14 @@ __device__ __forceinline__ int seq_of_row(const int32_t* qs, int S, int t) {
       hi = mid - 1;
   }
   return lo;
+}
+
+// Whether any row of [q0, q1) has a rollback slot, block-wide (every thread of the block calls
+// it). Strided over the block, so a long prefill beside verification rows costs few loads.
+__device__ __forceinline__ bool block_keeps_rows(const int32_t* rb, int q0, int q1) {
+  bool any = false;
+  for (int t = q0 + threadIdx.x; t < q1 && !any; t += blockDim.x) any = rb[t] >= 0;
+  return __syncthreads_or(any) != 0;
 }
 
 // ---- short conv
@@ -86,6 +95,19 @@ __global__ void short_conv_state_kernel(ShortConvLaunch p) {
   const bool fresh = p.context_lens[s] == L;
   const int K = p.kernel;
   float* st = p.conv_state + (static_cast<int64_t>(slot) * p.channels + c) * (K - 1);
+  // Rollback slots first (they read the old entries): after row q0 + t the last K-1 inputs are
+  // window entries t + 1 .. t + K - 1, the window being the old state then the step's rows.
+  if (p.rollback)
+    for (int t = 0; t < L; ++t) {
+      const int rb = p.rollback[q0 + t];
+      if (rb < 0) continue;
+      float* kept = p.conv_state + (static_cast<int64_t>(rb) * p.channels + c) * (K - 1);
+      for (int i = 0; i < K - 1; ++i) {
+        const int j = t + 1 + i;  // window entry
+        kept[i] = j >= K - 1 ? load_elem(row_of(p.x, q0 + j - (K - 1)), p.x.type, c)
+                             : (fresh ? 0.0f : st[j]);
+      }
+    }
   // New entry i is input row q1 - (K-1) + i: from x, or the old entry i + L (read before any
   // lower entry is overwritten, so increasing i is safe in place).
   for (int i = 0; i < K - 1; ++i) {
@@ -111,12 +133,15 @@ struct RecShared {
   float scal[4];  // beta, scalar gate, q and k norms
 };
 
-template <int R, bool kPerChannel>
+// kKeep: p.rollback is set (speculative verification rows); without it the kernel is the plain
+// decode one, untouched by the rollback writes (their registers would spill some instances).
+template <int R, bool kPerChannel, bool kKeep>
 __global__ void __launch_bounds__(kRecWarps * 32) delta_recurrent_kernel(DeltaLaunch p) {
   const int s = blockIdx.y;
   const int h = blockIdx.x / p.vtiles, vt = blockIdx.x % p.vtiles;
   const int q0 = p.query_start[s], q1 = p.query_start[s + 1], L = q1 - q0;
-  if (p.chunk > 0 && L > 1) return;  // the chunked kernel's
+  if (p.chunk > 0 && L > 1 && !(kKeep && block_keeps_rows(p.rollback, q0, q1)))
+    return;  // the chunked kernel's
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int e = vt * kRecBV + lane;
   const bool ev = e < p.dv;
@@ -209,6 +234,14 @@ __global__ void __launch_bounds__(kRecWarps * 32) delta_recurrent_kernel(DeltaLa
       for (int w = 0; w < kRecWarps; ++w) tot_o += sh.red[w][lane];
       store_elem(row_of(p.out, t), p.out.type, static_cast<int64_t>(h) * p.dv + e, tot_o);
     }
+    if (kKeep && p.rollback[t] >= 0) {  // the state after row t, kept
+      float* Kt = p.state + (static_cast<int64_t>(p.rollback[t]) * p.hv + h) * dk * p.dv;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int d = warp + kRecWarps * r;
+        if (ev && d < dk) Kt[static_cast<int64_t>(d) * p.dv + e] = S[r];
+      }
+    }
     __syncthreads();  // red and q/k reused by the next token
   }
 #pragma unroll
@@ -221,13 +254,14 @@ __global__ void __launch_bounds__(kRecWarps * 32) delta_recurrent_kernel(DeltaLa
 // The same with 16-byte state accesses (dv % 4 == 0): a CTA of 128 threads per (sequence, head,
 // tile of BV value columns); thread t holds columns 4 (t % (BV/4)) .. + 3 of key rows
 // t / (BV/4) + (128 / (BV/4)) i, i < RPT, as float4s. BV 8 spreads a small batch over more CTAs.
-template <int BV, int RPT, bool kPerChannel>
+template <int BV, int RPT, bool kPerChannel, bool kKeep>
 __global__ void __launch_bounds__(kRecWarps * 32) delta_recurrent_vec_kernel(DeltaLaunch p) {
   constexpr int CG = BV / 4, NRG = kRecWarps * 32 / CG;
   const int s = blockIdx.y;
   const int h = blockIdx.x / p.vtiles, vt = blockIdx.x % p.vtiles;
   const int q0 = p.query_start[s], q1 = p.query_start[s + 1], L = q1 - q0;
-  if (p.chunk > 0 && L > 1) return;  // the chunked kernel's
+  if (p.chunk > 0 && L > 1 && !(kKeep && block_keeps_rows(p.rollback, q0, q1)))
+    return;  // the chunked kernel's
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int cg = tid % CG, rg = tid / CG;
   const int e = vt * BV + cg * 4;  // first of this thread's 4 columns
@@ -368,6 +402,14 @@ __global__ void __launch_bounds__(kRecWarps * 32) delta_recurrent_vec_kernel(Del
       store_elem(orow, p.out.type, ocol + 2, o.z);
       store_elem(orow, p.out.type, ocol + 3, o.w);
     }
+    if (kKeep && p.rollback[t] >= 0) {  // the state after row t, kept
+      float* Kt = p.state + (static_cast<int64_t>(p.rollback[t]) * p.hv + h) * dk * p.dv;
+#pragma unroll
+      for (int r = 0; r < RPT; ++r) {
+        const int d = rg + NRG * r;
+        if (ev && d < dk) *reinterpret_cast<float4*>(Kt + static_cast<int64_t>(d) * p.dv + e) = S[r];
+      }
+    }
   }
 #pragma unroll
   for (int r = 0; r < RPT; ++r) {
@@ -430,6 +472,7 @@ __global__ void __launch_bounds__(kChThreads) delta_chunked_kernel(DeltaLaunch p
   const int h = blockIdx.x / p.vtiles, vt = blockIdx.x % p.vtiles;
   const int q0 = p.query_start[s], q1 = p.query_start[s + 1], L = q1 - q0;
   if (p.chunk <= 0 || L <= 1) return;  // the recurrent kernel's
+  if (p.rollback && block_keeps_rows(p.rollback, q0, q1)) return;  // so are rows kept
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int dk = p.dk, dv = p.dv;
   const int e0 = vt * kChBV;
@@ -750,47 +793,56 @@ __global__ void mul_sigmoid_kernel(Mat out, Mat x, Mat gate) {
   }
 }
 
-template <int BV, bool kPerChannel>
+template <int BV, bool kPerChannel, bool kKeep>
 void launch_recurrent_vec(DeltaLaunch p, cudaStream_t st) {
   p.vtiles = (p.dv + BV - 1) / BV;
   const dim3 grid(p.hv * p.vtiles, p.num_seqs);
   const int nrg = kRecWarps * 32 / (BV / 4);
   const int rpt = (p.dk + nrg - 1) / nrg;
   if (rpt <= 1)
-    delta_recurrent_vec_kernel<BV, 1, kPerChannel><<<grid, kRecWarps * 32, 0, st>>>(p);
+    delta_recurrent_vec_kernel<BV, 1, kPerChannel, kKeep><<<grid, kRecWarps * 32, 0, st>>>(p);
   else if (rpt <= 2)
-    delta_recurrent_vec_kernel<BV, 2, kPerChannel><<<grid, kRecWarps * 32, 0, st>>>(p);
+    delta_recurrent_vec_kernel<BV, 2, kPerChannel, kKeep><<<grid, kRecWarps * 32, 0, st>>>(p);
   else if (rpt <= 4)
-    delta_recurrent_vec_kernel<BV, 4, kPerChannel><<<grid, kRecWarps * 32, 0, st>>>(p);
+    delta_recurrent_vec_kernel<BV, 4, kPerChannel, kKeep><<<grid, kRecWarps * 32, 0, st>>>(p);
   else if (rpt <= 8)
-    delta_recurrent_vec_kernel<BV, 8, kPerChannel><<<grid, kRecWarps * 32, 0, st>>>(p);
+    delta_recurrent_vec_kernel<BV, 8, kPerChannel, kKeep><<<grid, kRecWarps * 32, 0, st>>>(p);
   else
-    delta_recurrent_vec_kernel<BV, 16, kPerChannel><<<grid, kRecWarps * 32, 0, st>>>(p);
+    delta_recurrent_vec_kernel<BV, 16, kPerChannel, kKeep><<<grid, kRecWarps * 32, 0, st>>>(p);
 }
 
-template <bool kPerChannel>
-void launch_recurrent(DeltaLaunch p, cudaStream_t st) {
+template <bool kPerChannel, bool kKeep>
+void launch_recurrent_kept(DeltaLaunch p, cudaStream_t st) {
   if (p.dv % 4 == 0 && reinterpret_cast<uintptr_t>(p.state) % 16 == 0) {
     // 32-column tiles once they give a few CTAs per multiprocessor, else 8-column ones.
     if (static_cast<int64_t>(p.num_seqs) * p.hv * ((p.dv + 31) / 32) >= 1024)
-      launch_recurrent_vec<32, kPerChannel>(p, st);
+      launch_recurrent_vec<32, kPerChannel, kKeep>(p, st);
     else
-      launch_recurrent_vec<8, kPerChannel>(p, st);
+      launch_recurrent_vec<8, kPerChannel, kKeep>(p, st);
     return;
   }
   p.vtiles = (p.dv + kRecBV - 1) / kRecBV;
   const dim3 grid(p.hv * p.vtiles, p.num_seqs);
   const int R = (p.dk + kRecWarps - 1) / kRecWarps;
   if (R <= 4)
-    delta_recurrent_kernel<4, kPerChannel><<<grid, kRecWarps * 32, 0, st>>>(p);
+    delta_recurrent_kernel<4, kPerChannel, kKeep><<<grid, kRecWarps * 32, 0, st>>>(p);
   else if (R <= 8)
-    delta_recurrent_kernel<8, kPerChannel><<<grid, kRecWarps * 32, 0, st>>>(p);
+    delta_recurrent_kernel<8, kPerChannel, kKeep><<<grid, kRecWarps * 32, 0, st>>>(p);
   else if (R <= 16)
-    delta_recurrent_kernel<16, kPerChannel><<<grid, kRecWarps * 32, 0, st>>>(p);
+    delta_recurrent_kernel<16, kPerChannel, kKeep><<<grid, kRecWarps * 32, 0, st>>>(p);
   else if (R <= 32)
-    delta_recurrent_kernel<32, kPerChannel><<<grid, kRecWarps * 32, 0, st>>>(p);
+    delta_recurrent_kernel<32, kPerChannel, kKeep><<<grid, kRecWarps * 32, 0, st>>>(p);
   else
-    delta_recurrent_kernel<64, kPerChannel><<<grid, kRecWarps * 32, 0, st>>>(p);
+    delta_recurrent_kernel<64, kPerChannel, kKeep><<<grid, kRecWarps * 32, 0, st>>>(p);
+}
+
+// The recurrent kernels with rollback writes only when the step has rollback slots.
+template <bool kPerChannel>
+void launch_recurrent(DeltaLaunch p, cudaStream_t st) {
+  if (p.rollback)
+    launch_recurrent_kept<kPerChannel, true>(p, st);
+  else
+    launch_recurrent_kept<kPerChannel, false>(p, st);
 }
 
 template <bool kPerChannel>

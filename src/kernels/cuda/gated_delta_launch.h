@@ -7,7 +7,9 @@
 namespace atom::kernels::cuda {
 
 // ---- gated_delta.cu (kernels/gated_delta.h). Batch rows come as device arrays: query_start
-// [S + 1], context_lens [S], state_slots [S] (-1: a padding row, no state touched, zero outputs).
+// [S + 1], context_lens [S], state_slots [S] (-1: a padding row, no state touched, zero outputs),
+// and optionally rollback [T] (StateRows::rollback_slots; null: none): row t's state, after its
+// token, is also written to slot rollback[t] when >= 0.
 struct ShortConvLaunch {
   Mat out, x;                  // [T, channels]
   const float* w = nullptr;    // [channels, kernel]
@@ -15,6 +17,7 @@ struct ShortConvLaunch {
   const int32_t* query_start = nullptr;
   const int32_t* context_lens = nullptr;
   const int32_t* state_slots = nullptr;
+  const int32_t* rollback = nullptr;
   int64_t channels = 0;
   int kernel = 0, num_seqs = 0;
 };
@@ -30,13 +33,16 @@ struct DeltaLaunch {
   const int32_t* query_start = nullptr;
   const int32_t* context_lens = nullptr;
   const int32_t* state_slots = nullptr;
+  // Sequences with a row of rollback >= 0 run the recurrent kernel whatever their length (the
+  // chunked form keeps no per-row state).
+  const int32_t* rollback = nullptr;
   int num_seqs = 0, hk = 0, hv = 0, dk = 0, dv = 0;
   int chunk = 64;  // > 0: sequences of more than one token run chunked (chunk <= 64)
   float scale = 1.0f;
   int vtiles = 0;  // set by the launcher
 };
-// Recurrent kernel for sequences of at most one new token (all of them when chunk == 0), and,
-// when run_chunked, the chunked kernel for the others (the host knows the step's longest query).
+// Recurrent kernel for sequences of at most one new token (all of them when chunk == 0) and for
+// those with rollback rows, and, when run_chunked, the chunked kernel for the others (the host knows the step's longest query).
 void launch_delta_rule(DeltaLaunch p, bool per_channel, bool run_chunked, cudaStream_t s);
 // Dynamic shared memory of the chunked kernel for key dim dk.
 size_t delta_chunked_smem_bytes(int dk, bool per_channel);

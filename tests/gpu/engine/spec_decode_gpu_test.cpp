@@ -1,6 +1,8 @@
-// Speculative decoding on the GPU with the DeepSeek-V3 fixture's MTP drafter: verification steps
-// of K + 1 tokens per sequence and the drafter's steps replay CUDA graphs (or run eagerly), and
-// greedy outputs are the target's own, K = 1..4, alone and in mixed batches.
+// Speculative decoding on the GPU with the MTP drafters of the DeepSeek-V3 fixture and of the
+// hybrid (linear-attention) Qwen3-Next and Qwen3.5 fixtures: verification steps of K + 1 tokens
+// per sequence and the drafter's steps replay CUDA graphs (or run eagerly), and greedy outputs
+// are the target's own, K = 1..4, alone and in mixed batches. A hybrid's rejected drafts roll its
+// recurrent state back through the rollback slots the CUDA kernels keep per verification row.
 //
 // The reference for "the target's own" is independent of the engine's decode path: every output
 // is re-scored by one eager forward over prompt + output (teacher forcing) and each emitted token
@@ -134,6 +136,7 @@ int off_argmax_tokens(ModelRunner& scorer, const std::vector<int32_t>& prompt,
   for (int p = 0; p < (n + b.block_size - 1) / b.block_size; ++p) b.page_indices.push_back(p);
   b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
   b.context_lens = {n};
+  if (!scorer.model().state_specs().empty()) b.state_slots = {0};  // a fresh recurrent state
   for (int i = P - 1; i < n - 1; ++i) b.logits_indices.push_back(i);
   const Tensor logits = scorer.execute(b);
   const int64_t V = logits.size(1);
@@ -153,9 +156,14 @@ int off_argmax_tokens(ModelRunner& scorer, const std::vector<int32_t>& prompt,
 }
 
 struct Fixture {
-  LoadedModel target = model_load(fixture_dir("deepseek_v3_mtp"), on_gpu());
-  LoadedDrafter drafter = drafter_load(fixture_dir("deepseek_v3_mtp"), *target.model, on_gpu());
-  ModelRunner scorer{*target.model, 32, 16};  // prefill steps only: always eager
+  explicit Fixture(const std::string& name)
+      : target(model_load(fixture_dir(name), on_gpu())),
+        drafter(drafter_load(fixture_dir(name), *target.model, on_gpu())),
+        // Prefill steps only (always eager); one state slot for a recurrent target.
+        scorer(*target.model, 32, 16, target.model->state_specs().empty() ? 0 : 1) {}
+  LoadedModel target;
+  LoadedDrafter drafter;
+  ModelRunner scorer;
 };
 
 int64_t count_equal(const Outputs& a, const Outputs& b) {
@@ -164,9 +172,13 @@ int64_t count_equal(const Outputs& a, const Outputs& b) {
   return same;
 }
 
-TEST(GpuSpecDecode, GreedyOutputsAreTheTargetsWithGraphsAndEager) {
-  Fixture f;
+// Greedy outputs of `fixture` with speculation, K = 1..4, graphs and eager: the target's
+// teacher-forced argmax and plain decoding's tokens. Steered drafts always (acceptances and
+// rejections both asserted); the drafter's own drafts too when `unsteered`.
+void greedy_outputs_are_the_targets(const std::string& fixture, bool unsteered) {
+  Fixture f(fixture);
   Model& target = *f.target.model;
+  const bool recurrent = !target.state_specs().empty();
   for (int k = 1; k <= 4; ++k) {
     const Workload w = random_workload(10, 40, 24, target.vocab_size(), 300 + k);
     LLMEngine plain(target, spec_gpu_config(0, false));
@@ -176,7 +188,8 @@ TEST(GpuSpecDecode, GreedyOutputsAreTheTargetsWithGraphsAndEager) {
     std::map<bool, std::vector<int32_t>> drafter_log;
     for (bool eager : {false, true}) {
       for (int steer : {0, 1}) {
-        SCOPED_TRACE(fmt::format("K = {}, {}, {}", k, eager ? "eager" : "graphs",
+        if (!steer && !unsteered) continue;
+        SCOPED_TRACE(fmt::format("{}: K = {}, {}, {}", fixture, k, eager ? "eager" : "graphs",
                                  steer ? "steered drafts" : "the drafter's drafts"));
         EngineConfig c = spec_gpu_config(k, eager);
         LLMEngine spec(target, c);
@@ -215,11 +228,11 @@ TEST(GpuSpecDecode, GreedyOutputsAreTheTargetsWithGraphsAndEager) {
           bad += off_argmax_tokens(f.scorer, w.prompts[i], alone[i], &worst);
         const int64_t same = count_equal(got, want), same_alone = count_equal(alone, want);
         const EngineStats st = spec.stats();
-        std::printf("K=%d %s %s: %lld/%zu mixed and %lld/2 alone equal plain decoding; "
+        std::printf("%s K=%d %s %s: %lld/%zu mixed and %lld/2 alone equal plain decoding; "
                     "%d tokens off the teacher-forced argmax (worst gap %.4f rms); %lld "
                     "verifications, %lld draft tokens, %lld accepted; target graph steps %lld, "
                     "drafter graph steps %lld\n",
-                    k, eager ? "eager" : "graphs", steer ? "steered" : "mtp",
+                    fixture.c_str(), k, eager ? "eager" : "graphs", steer ? "steered" : "mtp",
                     static_cast<long long>(same), got.size(), static_cast<long long>(same_alone),
                     bad, worst, static_cast<long long>(st.spec_num_drafts),
                     static_cast<long long>(st.spec_num_draft_tokens),
@@ -247,6 +260,11 @@ TEST(GpuSpecDecode, GreedyOutputsAreTheTargetsWithGraphsAndEager) {
           EXPECT_GT(spec.runner().graph_steps(), st.spec_num_drafts / 10);
           EXPECT_GT(s->mtp().graph_steps(), 0);
         }
+        // A recurrent target's verification rows kept their states for rollback (the plan
+        // holds 1 + K slots per request).
+        if (recurrent) {
+          EXPECT_EQ(spec.kv_plan().state_slots_per_request, 1 + k);
+        }
       }
     }
     // The drafter's own drafts under the same steered run: graphs against eager.
@@ -256,11 +274,24 @@ TEST(GpuSpecDecode, GreedyOutputsAreTheTargetsWithGraphsAndEager) {
       ASSERT_EQ(g.size(), e.size()) << "K = " << k;
       int64_t agree = 0;
       for (size_t i = 0; i < g.size(); ++i) agree += g[i] == e[i];
-      std::printf("K=%d: drafter graphs vs eager: %lld of %zu drafts equal\n", k,
+      std::printf("%s K=%d: drafter graphs vs eager: %lld of %zu drafts equal\n", fixture.c_str(), k,
                   static_cast<long long>(agree), g.size());
       EXPECT_GE(static_cast<double>(agree), 0.95 * static_cast<double>(g.size())) << "K = " << k;
     }
   }
+}
+
+TEST(GpuSpecDecode, GreedyOutputsAreTheTargetsWithGraphsAndEager) {
+  greedy_outputs_are_the_targets("deepseek_v3_mtp", true);
+}
+
+// The hybrids: Qwen3-Next (gated delta net layers, MoE) and Qwen3.5 (gated delta net layers, its
+// MTP head's fc over [embedding | hidden]); the recurrent state of rejected drafts is rolled back.
+TEST(GpuHybridSpecDecode, Qwen3NextGreedyOutputsAreTheTargets) {
+  greedy_outputs_are_the_targets("qwen3_next_mtp", false);
+}
+TEST(GpuHybridSpecDecode, Qwen35GreedyOutputsAreTheTargets) {
+  greedy_outputs_are_the_targets("qwen3_5_mtp", false);
 }
 
 // A verification batch (K + 1 tokens per sequence) through the runner's graphs against eager:
@@ -302,6 +333,70 @@ TEST(GpuSpecDecode, VerifyGraphsMatchEager) {
     EXPECT_LE(rel_err(lg, le), 1e-2) << "step " << step;
     const Tensor hg = host(graphs.last_hidden()), he = host(eager.last_hidden());
     EXPECT_LE(rel_err(to_f32_cpu(hg), to_f32_cpu(he)), 1e-2) << "step " << step;
+  }
+}
+
+// The same for a hybrid target (Qwen3-Next): its verification rows keep their recurrent states in
+// rollback slots, and each step commits a different number of accepted rows (the committed slot
+// swapped with the last accepted row's, the rejected rows' KV rewound), as the engine does; the
+// graphs' padded batch must carry the rollback slots to the kernels.
+TEST(GpuHybridSpecDecode, VerifyGraphsMatchEagerWithRollback) {
+  LoadedModel m = model_load(fixture_dir("qwen3_next_mtp"), on_gpu());
+  Model& target = *m.model;
+  const int S = 3, K = 3;
+  RunnerOptions o;
+  o.num_pages = 64;
+  o.block_size = 4;
+  o.max_model_len = 64;
+  o.max_num_seqs = 8;
+  o.num_speculative_tokens = K;
+  o.num_state_slots = S * (1 + K);
+  ModelRunner graphs(target, o);
+  o.enforce_eager = true;
+  ModelRunner eager(target, o);
+  EXPECT_EQ(graphs.graph_query_lens(), (std::vector<int>{1, K + 1}));
+  // Sequence s's slots: slots[s][0] its state, the others its rows' kept states.
+  std::vector<std::vector<int32_t>> slots(S);
+  for (int s = 0; s < S; ++s) {
+    slots[s].push_back(s);
+    for (int r = 0; r < K; ++r) slots[s].push_back(S + K * s + r);
+  }
+  std::vector<int> len(S, 0), len2(S, 0);
+  std::vector<std::vector<int32_t>> prompts(S);
+  for (int s = 0; s < S; ++s)
+    for (int i = 0; i < 5 + 3 * s; ++i) prompts[s].push_back((s * 37 + i * 11) % 500);
+  Batch pb = append_step_batch(prompts, len);
+  Batch pb2 = append_step_batch(prompts, len2);
+  EXPECT_EQ(graphs.execute_greedy(pb), eager.execute_greedy(pb2));
+  for (int step = 0; step < 6; ++step) {
+    std::vector<std::vector<int32_t>> toks(S);
+    for (int s = 0; s < S; ++s)
+      for (int i = 0; i <= K; ++i) toks[s].push_back((step * 13 + s * 7 + i * 29) % 500);
+    Batch b = append_step_batch(toks, len), b2 = append_step_batch(toks, len2);
+    for (Batch* x : {&b, &b2}) {  // every row's logits and rollback slots, as verification asks
+      x->logits_indices.clear();
+      for (int i = 0; i < x->num_tokens(); ++i) x->logits_indices.push_back(i);
+      x->state_rollback_slots.clear();
+      for (int s = 0; s < S; ++s) {
+        x->state_slots[s] = slots[s][0];
+        for (int r = 0; r <= K; ++r) x->state_rollback_slots.push_back(r < K ? slots[s][r + 1] : -1);
+      }
+    }
+    const int64_t before = graphs.graph_steps();
+    const Tensor lg = graphs.execute(b), le = eager.execute(b2);
+    EXPECT_EQ(graphs.graph_steps(), before + 1) << "step " << step;
+    EXPECT_EQ(lg.size(0), S * (K + 1));
+    const double e = rel_err(lg, le);
+    std::printf("hybrid verification step %d: logits graphs vs eager rel err %.3g\n", step, e);
+    EXPECT_LE(e, 1e-2) << "step " << step;
+    // Accept 1 + (step + s) % (K + 1) rows of sequence s: the state after the last accepted row
+    // becomes its own, the rejected rows' tokens are dropped.
+    for (int s = 0; s < S; ++s) {
+      const int accepted = 1 + (step + s) % (K + 1);
+      if (accepted <= K) std::swap(slots[s][0], slots[s][static_cast<size_t>(accepted)]);
+      len[s] -= K + 1 - accepted;
+      len2[s] -= K + 1 - accepted;
+    }
   }
 }
 
