@@ -89,7 +89,9 @@ void bench_gemm(bool quick) {
                        {2112, 16384}, {7168, 16384}, {24576, 16384}};
   std::vector<int64_t> ms = {64, 128, 256, 512, 1024, 2048, 4096, 8192};
   if (quick) ms = {128, 4096};
-  kernels::cuda::linear_fp8_set_path(kernels::cuda::Fp8Path::kNoSkinny);
+  kernels::cuda::CudaTuning no_skinny = kernels::cuda::cuda_tuning();
+  no_skinny.fp8_path = kernels::cuda::Fp8Path::kNoSkinny;
+  const kernels::cuda::CudaTuningScope no_skinny_scope(no_skinny);
   for (const NK& s : shapes) {
     const double wbytes = static_cast<double>(s.n) * s.k;
     const int copies = static_cast<int>(std::max(1.0, std::ceil(200e6 / wbytes)));
@@ -152,17 +154,17 @@ void bench_gemm(bool quick) {
                                   DType::kU8, kGpu);
       const double flops = 2.0 * m * s.n * s.k;
       for (auto tiles : {kernels::cuda::Fp8Tiles::kTma, kernels::cuda::Fp8Tiles::kCpAsync}) {
-        kernels::cuda::linear_fp8_set_tiles(tiles);
+        kernels::cuda::CudaTuning tuning = kernels::cuda::cuda_tuning();
+        tuning.fp8_tiles = tiles;
+        const kernels::cuda::CudaTuningScope scope(tuning);
         CUDA_CHECK(cudaGetLastError());
         const double t = time_op([&](int) { kernels::linear_fp8(y, x, w, Tensor(), work); }, 5);
         line(fmt::format("channel/token M={} N={} K={} quant + GEMM ({})", m, s.n, s.k,
                          tiles == kernels::cuda::Fp8Tiles::kTma ? "tma" : "cp.async"),
              t, flops, static_cast<double>(s.n) * s.k);
       }
-      kernels::cuda::linear_fp8_set_tiles(kernels::cuda::Fp8Tiles::kAuto);
     }
   }
-  kernels::cuda::linear_fp8_set_path(kernels::cuda::Fp8Path::kAuto);
 }
 
 void bench_skinny() {
@@ -182,7 +184,9 @@ void bench_skinny() {
       }
       for (int64_t m : {1, 2, 3, 4})
         for (int rows : {2, 4}) {
-          kernels::cuda::linear_fp8_set_skinny_rows(rows);
+          kernels::cuda::CudaTuning tuning = kernels::cuda::cuda_tuning();
+          tuning.fp8_skinny_rows = rows;
+          const kernels::cuda::CudaTuningScope scope(tuning);
           Tensor x = rnd({m, s.k}, DType::kBF16, 5, -2, 2);
           Tensor y = Tensor::empty({m, s.n}, DType::kBF16, kGpu);
           Tensor work = Tensor::empty(
@@ -199,7 +203,6 @@ void bench_skinny() {
                       t * 1e6, bytes / t / 1e12, 100.0 * bytes / t / bench::kBandwidth);
           std::fflush(stdout);
         }
-      kernels::cuda::linear_fp8_set_skinny_rows(2);
     }
   }
 }

@@ -11,8 +11,7 @@
 #include "bench_util.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
-#include "kernels/cuda/attention_config.h"
-#include "kernels/cuda/linear_config.h"
+#include "kernels/cuda_tuning.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/linear.h"
@@ -54,7 +53,6 @@ void bench_gemm() {
                            {"gate_up_proj", 28672, 4096, DType::kBF16},
                            {"down_proj", 4096, 14336, DType::kBF16},
                            {"lm_head", 128256, 4096, DType::kF32}};
-  const int saved = kernels::cuda::linear_skinny_max_m();
   for (const auto& s : shapes) {
     const double wbytes = static_cast<double>(s.n) * s.k * 2;
     // Enough weight copies to exceed L2 several times over.
@@ -71,7 +69,9 @@ void bench_gemm() {
       const double flops = 2.0 * m * s.n * s.k;
       for (int skinny : {4, 0}) {
         if (skinny == 4 && m > 4) continue;
-        kernels::cuda::linear_set_skinny_max_m(skinny);
+        kernels::cuda::CudaTuning tuning = kernels::cuda::cuda_tuning();
+        tuning.skinny_max_m = skinny;
+        const kernels::cuda::CudaTuningScope scope(tuning);
         const int iters = m >= 2048 ? 5 : 20;
         const double t = time_op([&](int i) { kernels::linear(y, x, ws[i % copies]); }, iters);
         report(fmt::format("{} M={} N={} K={} {}", s.name, m, s.n, s.k,
@@ -80,7 +80,6 @@ void bench_gemm() {
       }
     }
   }
-  kernels::cuda::linear_set_skinny_max_m(saved);
 }
 
 // Paged attention over a cache of shuffled 16-token pages. Prefill: every sequence attends over
@@ -178,9 +177,11 @@ void bench_attention() {
   }
   for (const Variant* vp : order) {
     const Variant& v = *vp;
-    kernels::cuda::attention_set_backend(v.be);
-    kernels::cuda::attention_set_wgmma_warpgroups(v.warpgroups);
-    kernels::cuda::attention_set_wgmma_pipeline(v.pipeline);
+    kernels::cuda::CudaTuning tuning = kernels::cuda::cuda_tuning();
+    tuning.attention_backend = v.be;
+    tuning.wgmma_warpgroups = v.warpgroups;
+    tuning.wgmma_pipeline = v.pipeline;
+    const kernels::cuda::CudaTuningScope scope(tuning);
     const std::string tag = v.tag;
     bench_attention_case("prefill 1x4096 causal, 32/8 heads, d128 " + tag, 1, 4096, 4096, 32, 8,
                          128);
@@ -193,9 +194,6 @@ void bench_attention() {
     bench_attention_case("prefill 1x8192 causal, 32/8 heads, d128 " + tag, 1, 8192, 8192, 32, 8,
                          128);
   }
-  kernels::cuda::attention_set_backend(PrefillAttention::kAuto);
-  kernels::cuda::attention_set_wgmma_warpgroups(2);
-  kernels::cuda::attention_set_wgmma_pipeline(6);
   bench_attention_case("decode 64 x 4096 ctx, 32/8 heads, d128", 64, 1, 4096, 32, 8, 128);
   bench_attention_case("decode 128 x 1024 ctx, 32/8 heads, d128", 128, 1, 1024, 32, 8, 128);
   bench_attention_case("decode 32 x 4096 ctx, 32/8 heads, d128", 32, 1, 4096, 32, 8, 128);
@@ -227,7 +225,9 @@ void bench_attention() {
                        8192, true);
   bench_attention_case("bf16 decode 256 x 1536 ctx, 32/8 heads, d128", 256, 1, 1536, 32, 8, 128);
   for (const PrefillAttention be : {PrefillAttention::kAuto, PrefillAttention::kMma}) {
-    kernels::cuda::attention_set_backend(be);
+    kernels::cuda::CudaTuning tuning = kernels::cuda::cuda_tuning();
+    tuning.attention_backend = be;
+    const kernels::cuda::CudaTuningScope scope(tuning);
     const std::string tag = be == PrefillAttention::kAuto ? "wgmma" : "mma.sync";
     bench_attention_case("fp8 prefill 1x4096 causal, 32/8 heads, d128 " + tag, 1, 4096, 4096, 32, 8,
                          128, 0, true);
@@ -236,7 +236,6 @@ void bench_attention() {
     bench_attention_case("fp8 prefill 1x8192 causal, 64/64 heads, d64 " + tag, 1, 8192, 8192, 64,
                          64, 64, 0, true);
   }
-  kernels::cuda::attention_set_backend(PrefillAttention::kAuto);
 }
 
 void bench_small() {

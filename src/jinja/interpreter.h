@@ -3,6 +3,7 @@
 // the sandbox's attribute and item lookup, and guards against runaway templates.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -120,8 +121,11 @@ class Interpreter {
     Interpreter& ip;
   };
   void append(std::string& out, std::string_view text) const;
+  static uintptr_t stack_floor();
 
   const Runtime& rt_;
+  std::vector<ScopePtr> closures_;  // scopes macros close over, cleared when the render ends
+  uintptr_t stack_floor_ = 0;       // Nest fails below this frame address (0: unchecked)
   int line_ = 0;
   int depth_ = 0;
   int nesting_ = 0;  // eval / exec_stmt frames on the stack

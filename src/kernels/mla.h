@@ -93,13 +93,8 @@ struct MlaArgs {
 namespace cuda {
 int64_t mla_paged_attention_workspace_size(int64_t num_tokens, const MlaArgs& a, DType dtype,
                                            int64_t top_k);
-// Tests and benchmarks: force the FP32 one-block-per-head kernel (default: the wgmma kernel
-// where the shape allows; ATOM_MLA_BACKEND=simple).
-void mla_set_simple(bool on);
-// The wgmma kernel's loop: 0 (default) runs each tile's Q Kᵀ, softmax and P V in turn; 1 issues
-// the next tile's Q Kᵀ behind the P V without waiting (ptxas serializes its wgmmas, warning
-// C7515, and it measured no faster; ATOM_MLA_PIPELINE).
-void mla_set_pipeline(int p);
+// The kernel (wgmma or the FP32 one-block-per-head one) and the wgmma loop are
+// CudaTuning::mla_simple and mla_pipeline (kernels/cuda_tuning.h).
 }  // namespace cuda
 inline int64_t mla_paged_attention_workspace_size(Device device, int64_t num_tokens,
                                                   const MlaArgs& a, DType dtype, int64_t top_k) {

@@ -259,6 +259,7 @@ void EngineBackend::loop() {
     if (o) u.phases = phases_of(*o);
     if (o) {
       for (const auto& c : o->outputs) {
+        if (!it->second.first_finish(c.index)) continue;
         ChoiceDelta d;
         d.index = c.index;
         d.finish_reason = finish_reason_name(c.finish_reason);
@@ -268,6 +269,7 @@ void EngineBackend::loop() {
       }
     } else {
       for (int i = 0; i < it->second.n; ++i) {
+        if (!it->second.first_finish(i)) continue;
         ChoiceDelta d;
         d.index = i;
         d.finish_reason = error.empty() ? "abort" : "error";
@@ -291,7 +293,7 @@ void EngineBackend::loop() {
       const std::string id = c.request.id;
       if (c.kind == Command::kAdd) {
         --waiting_;
-        live_map_[id] = Live{std::move(c.on_update), false, c.params.n};
+        live_map_[id] = Live{std::move(c.on_update), false, c.params.n, std::vector<bool>(static_cast<size_t>(c.params.n))};
         try {
           engine_.add_request(id, std::move(c.request.prompt_ids), c.params);
         } catch (const std::exception& e) {
@@ -342,7 +344,7 @@ void EngineBackend::loop() {
         d->text += ev.text;
         d->token_ids.push_back(ev.token_id);
         if (seq.params().logprobs && !seq.logprobs.empty()) d->logprobs.push_back(to_server(seq.logprobs.back()));
-        if (ev.finished) {
+        if (ev.finished && it->second.first_finish(ev.index)) {
           d->finish_reason = finish_reason_name(seq.finish_reason);
           d->stop_reason = stop_reason_json(seq.stop_reason);
         }
@@ -364,7 +366,7 @@ void EngineBackend::loop() {
             d = &u.choices.back();
             d->index = c.index;
           }
-          if (!d->finish_reason) {
+          if (!d->finish_reason && it->second.first_finish(c.index)) {
             d->finish_reason = finish_reason_name(c.finish_reason);
             d->stop_reason = stop_reason_json(c.stop_reason);
           }

@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "grammar/matcher.h"
 #include "engine/llm_engine.h"
@@ -65,6 +66,15 @@ class EngineBackend final : public Backend {
     std::function<void(RequestUpdate)> on_update;
     bool sent_prompt_info = false;
     int n = 1;
+    // Choices whose finish reason has been sent: a choice that ends before its request's last
+    // step must not get a second one with the request's final update (nor with an abort's).
+    std::vector<bool> finish_sent;
+    // True the first time it is called for choice i (whose finish reason is then to be sent).
+    bool first_finish(int i) {
+      if (i < 0 || i >= static_cast<int>(finish_sent.size()) || finish_sent[static_cast<size_t>(i)]) return false;
+      finish_sent[static_cast<size_t>(i)] = true;
+      return true;
+    }
   };
 
   void loop();

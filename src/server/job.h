@@ -41,15 +41,34 @@ struct EngineRequest {
 // Updates from the engine thread, handed to the HTTP thread. Shared with the callbacks, which may
 // outlive the HTTP request (an abort's final update arrives after the client is gone).
 struct UpdateQueue {
+  using Late = std::function<bool(int, RequestUpdate&)>;
   std::mutex mu;
   std::condition_variable cv;
   std::deque<std::pair<int, RequestUpdate>> items;
+  // Set once nobody waits any more (hand_over): takes each update as it comes, on the engine
+  // thread, until it returns true.
+  Late late;
   void push(int request, RequestUpdate u) {
     {
       std::lock_guard<std::mutex> lock(mu);
+      if (late) {
+        if (Late f = late; f(request, u)) late = nullptr;
+        return;
+      }
       items.emplace_back(request, std::move(u));
     }
     cv.notify_one();
+  }
+  // From now on `f` takes the updates (those already queued first).
+  void hand_over(Late f) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& [p, u] : items)
+      if (f(p, u)) {
+        items.clear();
+        return;
+      }
+    items.clear();
+    late = std::move(f);
   }
   std::deque<std::pair<int, RequestUpdate>> take(std::chrono::milliseconds wait) {
     std::unique_lock<std::mutex> lock(mu);
@@ -65,8 +84,9 @@ struct ChoiceEvent {
   ChoiceDelta delta;
 };
 
-// Everything one HTTP request waits for.
-class Job {
+// Everything one HTTP request waits for. Held by a shared_ptr (abort_unfinished may hand the rest
+// of its engine updates to a callback that keeps it alive).
+class Job : public std::enable_shared_from_this<Job> {
  public:
   Job(HttpServer& s, SamplingRequest sampling)
       : s_(s), sampling_(std::move(sampling)), queue_(std::make_shared<UpdateQueue>()),
@@ -105,74 +125,91 @@ class Job {
   // Applies pending updates; returns the per-choice deltas they carried.
   std::vector<ChoiceEvent> poll(std::chrono::milliseconds wait) {
     std::vector<ChoiceEvent> events;
-    for (auto& [p, u] : queue_->take(wait)) {
-      EngineRequest& r = requests_[p];
-      if (r.finished) continue;  // aborted here already: its last update changes nothing
-      if (!u.error.empty()) error_ = u.error;
-      // The first update carries the prompt's counts (its cache hit included); later ones none.
-      if (u.prompt_tokens) {
-        r.prompt_tokens = u.prompt_tokens;
-        r.cached_tokens = u.cached_tokens;
-      }
-      if (!u.prompt_logprobs.empty()) r.prompt_logprobs = u.prompt_logprobs;
-      const auto now = Clock::now();
-      for (auto& d : u.choices) {
-        const int global = p * sampling_.n + d.index;
-        if (global < 0 || global >= static_cast<int>(choices_.size())) continue;
-        ChoiceState& c = choices_[global];
-        if (!d.token_ids.empty()) {
-          if (r.generated == 0) {
-            r.first_token = now;
-            s_.metrics().observe_ttft(std::chrono::duration<double>(now - arrival_).count());
-          } else {
-            s_.metrics().observe_inter_token_latency(std::chrono::duration<double>(now - r.last_token).count());
-          }
-          r.last_token = now;
-          r.generated += static_cast<int>(d.token_ids.size());
-          s_.metrics().add_generation_tokens(static_cast<int64_t>(d.token_ids.size()));
-        }
-        c.text += d.text;
-        c.token_ids.insert(c.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
-        c.logprobs.insert(c.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
-        if (d.finish_reason) {
-          c.finish_reason = d.finish_reason;
-          c.stop_reason = d.stop_reason;
-          s_.metrics().add_request_success(*d.finish_reason);
-        }
-        events.push_back({global, std::move(d)});
-      }
-      if (u.finished) {
-        r.finished = true;
-        ++finished_;
-        s_.metrics().add_prompt_tokens(r.prompt_tokens);
-        const double e2e = std::chrono::duration<double>(now - arrival_).count();
-        s_.metrics().observe_e2e_latency(e2e);
-        s_.metrics().observe_request_tokens(r.prompt_tokens, r.generated, sampling_.n, sampling_.max_tokens.value_or(0));
-        if (r.generated > 1)
-          s_.metrics().observe_tpot(std::chrono::duration<double>(r.last_token - r.first_token).count() / (r.generated - 1));
-        if (u.phases) {
-          s_.metrics().observe_queue_time(u.phases->queue);
-          if (u.phases->prefilled) {
-            s_.metrics().observe_prefill_time(u.phases->prefill);
-            s_.metrics().observe_decode_time(u.phases->decode);
-            s_.metrics().observe_inference_time(u.phases->inference);
-          }
-        }
-      }
-    }
+    for (auto& [p, u] : queue_->take(wait)) apply(p, u, &events);
     return events;
   }
 
+ private:
+  // One update of engine request p: counts, text and finish reasons into the choices, the
+  // metrics, and the choices' deltas into `events` (when given).
+  void apply(int p, RequestUpdate& u, std::vector<ChoiceEvent>* events) {
+    EngineRequest& r = requests_[p];
+    if (r.finished) return;  // aborted here already: its last update changes nothing
+    if (!u.error.empty()) error_ = u.error;
+    // The first update carries the prompt's counts (its cache hit included); later ones none.
+    if (u.prompt_tokens) {
+      r.prompt_tokens = u.prompt_tokens;
+      r.cached_tokens = u.cached_tokens;
+    }
+    if (!u.prompt_logprobs.empty()) r.prompt_logprobs = u.prompt_logprobs;
+    const auto now = Clock::now();
+    for (auto& d : u.choices) {
+      const int global = p * sampling_.n + d.index;
+      if (global < 0 || global >= static_cast<int>(choices_.size())) continue;
+      ChoiceState& c = choices_[global];
+      if (!d.token_ids.empty()) {
+        if (r.generated == 0) {
+          r.first_token = now;
+          s_.metrics().observe_ttft(std::chrono::duration<double>(now - arrival_).count());
+        } else {
+          s_.metrics().observe_inter_token_latency(std::chrono::duration<double>(now - r.last_token).count());
+        }
+        r.last_token = now;
+        r.generated += static_cast<int>(d.token_ids.size());
+        s_.metrics().add_generation_tokens(static_cast<int64_t>(d.token_ids.size()));
+      }
+      c.text += d.text;
+      c.token_ids.insert(c.token_ids.end(), d.token_ids.begin(), d.token_ids.end());
+      c.logprobs.insert(c.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
+      if (d.finish_reason) {
+        c.finish_reason = d.finish_reason;
+        c.stop_reason = d.stop_reason;
+        s_.metrics().add_request_success(*d.finish_reason);
+      }
+      if (events) events->push_back({global, std::move(d)});
+    }
+    if (u.finished) {
+      r.finished = true;
+      ++finished_;
+      s_.metrics().add_prompt_tokens(r.prompt_tokens);
+      const double e2e = std::chrono::duration<double>(now - arrival_).count();
+      s_.metrics().observe_e2e_latency(e2e);
+      s_.metrics().observe_request_tokens(r.prompt_tokens, r.generated, sampling_.n, sampling_.max_tokens.value_or(0));
+      if (r.generated > 1)
+        s_.metrics().observe_tpot(std::chrono::duration<double>(r.last_token - r.first_token).count() / (r.generated - 1));
+      if (u.phases) {
+        s_.metrics().observe_queue_time(u.phases->queue);
+        if (u.phases->prefilled) {
+          s_.metrics().observe_prefill_time(u.phases->prefill);
+          s_.metrics().observe_decode_time(u.phases->decode);
+          s_.metrics().observe_inference_time(u.phases->inference);
+        }
+      }
+    }
+  }
+
+ public:
   bool all_finished() const { return finished_ == submitted_; }
   // Aborts what is still running. The engine answers each abort with a final update (finish
-  // reason abort, the request's phases), taken here so an aborted request is counted in every
-  // series as any other is; one whose answer does not come within half a second is counted as
-  // aborted here.
+  // reason abort, the request's phases), taken so that an aborted request is counted in every
+  // series as any other is. Answers that have not come within half a second (a long engine step)
+  // are taken later, as they come, by the engine thread (the Job stays alive for them); only a
+  // Job not held by a shared_ptr counts them as aborted at once.
   void abort_unfinished() {
+    if (handed_over_) return;
     for (auto& r : requests_)
       if (!r.finished && !r.id.empty()) s_.backend().abort(r.id);
     const auto deadline = Clock::now() + std::chrono::milliseconds(500);
     while (!all_finished() && Clock::now() < deadline) poll(std::chrono::milliseconds(20));
+    if (all_finished()) return;
+    if (auto self = weak_from_this().lock()) {
+      handed_over_ = true;
+      queue_->hand_over([self](int p, RequestUpdate& u) {
+        self->apply(p, u, nullptr);
+        return self->all_finished();
+      });
+      return;
+    }
     for (size_t p = 0; p < requests_.size(); ++p) {
       EngineRequest& r = requests_[p];
       if (r.finished || r.id.empty()) continue;
@@ -210,6 +247,7 @@ class Job {
   std::vector<EngineRequest> requests_;
   std::vector<ChoiceState> choices_;
   int submitted_ = 0, finished_ = 0;
+  bool handed_over_ = false;  // abort_unfinished left the remaining updates to the engine thread
   std::string error_;
   std::function<void(ChoiceState&)> setup_;
 };

@@ -2,6 +2,7 @@
 // with): output size, macro recursion, steps, and oversized strings all stop with a clear error.
 // Also: concurrent rendering of one template, and error locations.
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <thread>
 
@@ -224,6 +225,35 @@ TEST(JinjaLimits, EvaluationDepthBoundsRecursionTimesNesting) {
                 .render(nlohmann::ordered_json::object())
                 .size(),
             61u);
+}
+
+// A thread with a smaller stack than the depth limit assumes (768 KB here; the sanitizers' larger
+// frames did the same on 8 MB): the stack runs out before the evaluation depth limit. The render
+// used to overflow it (SIGSEGV; under ASan, EvaluationDepthBoundsRecursionTimesNesting above); it
+// now ends with an error naming the bound.
+TEST(JinjaLimits, ASmallThreadStackEndsTheRenderWithAnError) {
+  struct Job {
+    jinja::Environment env;
+    std::string src, msg;
+  } job;
+  job.src = "{% macro f(n) %}{{ " + chain("f(n + 1)", " + 0", 200) + " }}{% endmacro %}{{ f(0) }}";
+  pthread_attr_t attr;
+  ASSERT_EQ(pthread_attr_init(&attr), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attr, 768 << 10), 0);
+  pthread_t t;
+  ASSERT_EQ(pthread_create(
+                &t, &attr,
+                [](void* p) -> void* {
+                  auto* j = static_cast<Job*>(p);
+                  j->msg = error_of(j->env, j->src);
+                  return nullptr;
+                },
+                &job),
+            0);
+  pthread_join(t, nullptr);
+  pthread_attr_destroy(&attr);
+  EXPECT_NE(job.msg.find("deeper than this thread's stack allows"), std::string::npos) << job.msg;
+  EXPECT_NE(job.msg.find("evaluation depth limit of 4096"), std::string::npos) << job.msg;
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "gpu_util.h"
-#include "kernels/cuda/attention_config.h"
+#include "kernels/cuda_tuning.h"
 
 namespace atom::test {
 namespace {
@@ -125,7 +125,7 @@ void check_attention(const AttnCase& c, uint64_t seed) {
   const double tol = c.dt == DType::kF32 ? 1e-5 : 5e-3;
   EXPECT_LE(rel_err(out, ref), tol)
       << describe(c) << (need > 0 && c.workspace ? " (split)" : "") << " backend "
-      << static_cast<int>(kernels::cuda::attention_backend());
+      << static_cast<int>(kernels::cuda::cuda_tuning().attention_backend);
 }
 
 TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {
@@ -147,51 +147,57 @@ TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {
       {16, 4, 128, 16, {{140, 200}, {1, 77}}, 0, false, 0.0f, DType::kF16},
       {8, 8, 64, 16, {{190, 190}}, 0, true, 0.0f, DType::kF16},
   };
+  using kernels::cuda::cuda_tuning_with;
+  using kernels::cuda::CudaTuning;
+  using kernels::cuda::CudaTuningScope;
   using kernels::cuda::PrefillAttention;
   for (PrefillAttention b : {PrefillAttention::kAuto, PrefillAttention::kMma}) {
-    kernels::cuda::attention_set_backend(b);
+    const CudaTuningScope s(cuda_tuning_with([&](CudaTuning& t) { t.attention_backend = b; }));
     uint64_t seed = 1000;
     for (const AttnCase& c : cases) check_attention(c, seed += 10);
   }
-  kernels::cuda::attention_set_wgmma_warpgroups(1);
-  for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1400 + 10 * i);
-  kernels::cuda::attention_set_wgmma_warpgroups(2);
+  {
+    const CudaTuningScope s(cuda_tuning_with([](CudaTuning& t) { t.wgmma_warpgroups = 1; }));
+    for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1400 + 10 * i);
+  }
   // The wgmma kernel's other K/V pipelines (the default, 6, ran above): serial, two and three
   // stages, warp-specialized without and with ping-pong (one row tile per CTA), and the serial
   // loop with one warpgroup.
   for (int pipe : {0, 2, 3, 4, 5}) {
-    kernels::cuda::attention_set_wgmma_pipeline(pipe);
+    const CudaTuningScope s(cuda_tuning_with([&](CudaTuning& t) { t.wgmma_pipeline = pipe; }));
     for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1600 + 10 * i + pipe);
   }
   // Pipeline 5 with its CTAs in either order (these grids are short enough for the order across
   // (sequence, kv head)s by default; the order within is what long prompts use).
-  kernels::cuda::attention_set_wgmma_pipeline(5);
   for (int order : {0, 1}) {
-    kernels::cuda::attention_set_wgmma_order_across(order);
+    const CudaTuningScope s(cuda_tuning_with([&](CudaTuning& t) {
+      t.wgmma_pipeline = 5;
+      t.wgmma_order_across = order;
+    }));
     for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1800 + 10 * i + order);
   }
-  kernels::cuda::attention_set_wgmma_order_across(-1);
   // Warp-specialized: enough key tiles to cycle its K and V stages many times; one warpgroup
   // falls back to pipeline 2.
   for (int pipe : {4, 5, 6}) {
-    kernels::cuda::attention_set_wgmma_pipeline(pipe);
+    const CudaTuningScope s(cuda_tuning_with([&](CudaTuning& t) { t.wgmma_pipeline = pipe; }));
     check_attention({8, 2, 128, 16, {{1100, 1100}, {37, 900}}, 0, true}, 1660 + pipe);
     check_attention({16, 16, 64, 16, {{1000, 1000}}, 300}, 1670 + pipe);
-    kernels::cuda::attention_set_wgmma_warpgroups(1);
+    const CudaTuningScope one(cuda_tuning_with([](CudaTuning& t) { t.wgmma_warpgroups = 1; }));
     check_attention(cases[0], 1680 + pipe);
-    kernels::cuda::attention_set_wgmma_warpgroups(2);
   }
-  kernels::cuda::attention_set_wgmma_warpgroups(1);
-  kernels::cuda::attention_set_wgmma_pipeline(0);
-  for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1700 + 10 * i);
-  kernels::cuda::attention_set_wgmma_warpgroups(2);
-  kernels::cuda::attention_set_wgmma_pipeline(6);  // the default
-  kernels::cuda::attention_set_m_atoms(1);
-  kernels::cuda::attention_set_backend(PrefillAttention::kMma);
+  {
+    const CudaTuningScope s(cuda_tuning_with([](CudaTuning& t) {
+      t.wgmma_warpgroups = 1;
+      t.wgmma_pipeline = 0;
+    }));
+    for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1700 + 10 * i);
+  }
+  const CudaTuningScope s(cuda_tuning_with([](CudaTuning& t) {
+    t.attention_m_atoms = 1;
+    t.attention_backend = PrefillAttention::kMma;
+  }));
   check_attention(cases[0], 1500);
   check_attention(cases[5], 1510);
-  kernels::cuda::attention_set_m_atoms(0);
-  kernels::cuda::attention_set_backend(PrefillAttention::kAuto);
 }
 
 // Decode-mode shapes, for the BF16/F16 and the FP8 cache tests.
@@ -235,11 +241,13 @@ TEST(GpuAttention, SplitContextDecodeWithAndWithoutWorkspace) {
   AttnCase d{8, 8, 64, 16, {{1, 5000}}};
   check_attention(d, 2040);
   // The same splits merged by the separate combine kernel.
-  kernels::cuda::attention_set_merge_in_kernel(false);
   AttnCase e{32, 8, 128, 16, {{1, 3000}, {1, 4097}, {1, 100}}, 0, true};
-  check_attention(e, 2050);
-  check_attention(d, 2060);
-  kernels::cuda::attention_set_merge_in_kernel(true);
+  {
+    const kernels::cuda::CudaTuningScope s(kernels::cuda::cuda_tuning_with(
+        [](kernels::cuda::CudaTuning& t) { t.attention_merge_in_kernel = false; }));
+    check_attention(e, 2050);
+    check_attention(d, 2060);
+  }
   // Repeated launches reuse the split tickets: each launch must leave them zeroed.
   for (int i = 0; i < 3; ++i) check_attention(e, 2070 + i);
 }
@@ -254,9 +262,9 @@ TEST(GpuAttention, SimpleKernelForOtherHeadSizesAndF32) {
   uint64_t seed = 3000;
   for (const AttnCase& c : cases) check_attention(c, seed += 10);
   // The simple kernel on shapes the tensor-core kernels would take.
-  kernels::cuda::attention_set_backend(kernels::cuda::PrefillAttention::kSimple);
+  const kernels::cuda::CudaTuningScope s(kernels::cuda::cuda_tuning_with(
+      [](kernels::cuda::CudaTuning& t) { t.attention_backend = kernels::cuda::PrefillAttention::kSimple; }));
   check_attention({32, 8, 128, 16, {{70, 250}, {1, 999}}, 37, true}, 3100);
-  kernels::cuda::attention_set_backend(kernels::cuda::PrefillAttention::kAuto);
 }
 
 // FP8 caches on every path, against the CPU reference over the same e4m3 cache.
@@ -286,16 +294,18 @@ TEST(GpuAttention, Fp8CachePrefillPaths) {
   using kernels::cuda::PrefillAttention;
   for (PrefillAttention b :
        {PrefillAttention::kAuto, PrefillAttention::kMma, PrefillAttention::kSimple}) {
-    kernels::cuda::attention_set_backend(b);
+    const kernels::cuda::CudaTuningScope s(
+        kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) { t.attention_backend = b; }));
     uint64_t seed = 7000;
     for (const AttnCase& c : fp8_cases(base)) check_attention(c, seed += 10);
     for (const AttnCase& c : fp8_cases(base, {0.05f, 4.0f})) check_attention(c, seed += 10);
   }
-  kernels::cuda::attention_set_backend(PrefillAttention::kAuto);
   // The one-warpgroup wgmma setting leaves FP8 prefill on two warpgroups.
-  kernels::cuda::attention_set_wgmma_warpgroups(1);
-  check_attention(fp8_cases(base)[0], 7500);
-  kernels::cuda::attention_set_wgmma_warpgroups(2);
+  {
+    const kernels::cuda::CudaTuningScope s(
+        kernels::cuda::cuda_tuning_with([](kernels::cuda::CudaTuning& t) { t.wgmma_warpgroups = 1; }));
+    check_attention(fp8_cases(base)[0], 7500);
+  }
   // Every e4m3 code, on the wgmma (d128, d64) and mma.sync (d256) paths.
   for (AttnCase c : fp8_cases({base[0], base[2], base[3]})) {
     c.every_code = true;
@@ -321,10 +331,12 @@ TEST(GpuAttention, Fp8CacheDecodeSplitsAndMerges) {
     c.workspace = false;
     check_attention(c, seed += 10);
   }
-  kernels::cuda::attention_set_merge_in_kernel(false);
-  for (const AttnCase& c : fp8_cases({base[7], base[9], base[10]}, {0.5f, 2.0f}))
-    check_attention(c, seed += 10);
-  kernels::cuda::attention_set_merge_in_kernel(true);
+  {
+    const kernels::cuda::CudaTuningScope s(kernels::cuda::cuda_tuning_with(
+        [](kernels::cuda::CudaTuning& t) { t.attention_merge_in_kernel = false; }));
+    for (const AttnCase& c : fp8_cases({base[7], base[9], base[10]}, {0.5f, 2.0f}))
+      check_attention(c, seed += 10);
+  }
   // Repeated launches leave the split tickets zeroed; every e4m3 code through the decode kernel.
   for (int i = 0; i < 3; ++i) check_attention(fp8_cases({base[7]})[0], seed += 10);
   for (AttnCase c : fp8_cases({base[1], base[5], base[9]})) {

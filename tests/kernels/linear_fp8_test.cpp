@@ -154,12 +154,9 @@ Result run_case(const Case& c, uint64_t seed) {
 TEST(GpuLinearFp8, EveryModeAndPathMatchesCpu) {
   using kernels::cuda::Fp8Path;
   using kernels::cuda::Fp8Tiles;
-  const Fp8Path saved = kernels::cuda::linear_fp8_path();
-  const Fp8Tiles saved_tiles = kernels::cuda::linear_fp8_tiles();
   std::map<std::string, int> used;
   std::map<std::string, double> worst;  // kernel + output dtype -> largest error seen
   uint64_t seed = 4000;
-  const int saved_rows = kernels::cuda::linear_fp8_skinny_rows();
   struct Setting {
     Fp8Path path;
     Fp8Tiles tiles;
@@ -170,9 +167,11 @@ TEST(GpuLinearFp8, EveryModeAndPathMatchesCpu) {
         Setting{Fp8Path::kNoSkinny, Fp8Tiles::kTma, 2},
         Setting{Fp8Path::kNoSkinny, Fp8Tiles::kCpAsync, 2},
         Setting{Fp8Path::kGeneral, Fp8Tiles::kAuto, 2}}) {
-    kernels::cuda::linear_fp8_set_path(st.path);
-    kernels::cuda::linear_fp8_set_tiles(st.tiles);
-    kernels::cuda::linear_fp8_set_skinny_rows(st.skinny_rows);
+    const kernels::cuda::CudaTuningScope scope(kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
+      t.fp8_path = st.path;
+      t.fp8_tiles = st.tiles;
+      t.fp8_skinny_rows = st.skinny_rows;
+    }));
     for (const Case& c : kCases) {
       const Result r = run_case(c, seed += 7);
       ++used[r.kernel];
@@ -191,9 +190,6 @@ TEST(GpuLinearFp8, EveryModeAndPathMatchesCpu) {
                             << " -> " << dtype_name(c.out) << " via " << r.kernel;
     }
   }
-  kernels::cuda::linear_fp8_set_path(saved);
-  kernels::cuda::linear_fp8_set_tiles(saved_tiles);
-  kernels::cuda::linear_fp8_set_skinny_rows(saved_rows);
   for (const auto& [k, e] : worst) std::cout << "  worst rel err " << k << ": " << e << "\n";
   EXPECT_GE(used["wgmma_tma"], 10);
   EXPECT_GE(used["wgmma"], 6);

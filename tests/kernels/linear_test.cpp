@@ -2,10 +2,11 @@
 #include "kernels/linear.h"
 
 #include <cmath>
+#include <optional>
 
 #include "gpu_util.h"
 #include "kernels/activation.h"
-#include "kernels/cuda/linear_config.h"
+#include "kernels/cuda_tuning.h"
 #include "kernels/rope.h"
 
 namespace atom::test {
@@ -35,7 +36,12 @@ void check_linear(const LinearCase& c, uint64_t seed) {
   EXPECT_LE(rel_err(out, ref), tol)
       << "M=" << c.m << " N=" << c.n << " K=" << c.k << " " << dtype_name(c.in) << "->"
       << dtype_name(c.out) << (c.bias ? " bias" : "") << (c.strided_x ? " strided" : "")
-      << " skinny<=" << kernels::cuda::linear_skinny_max_m();
+      << " skinny<=" << kernels::cuda::cuda_tuning().skinny_max_m;
+}
+
+// This thread's tuning with skinny_max_m = m, for a CudaTuningScope.
+kernels::cuda::CudaTuning skinny_max_m(int m) {
+  return kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) { t.skinny_max_m = m; });
 }
 
 const LinearCase kCases[] = {
@@ -55,25 +61,23 @@ const LinearCase kCases[] = {
 };
 
 TEST(GpuLinear, SkinnyAndCublasLtMatchCpu) {
-  const int saved = kernels::cuda::linear_skinny_max_m();
-  const int64_t saved_split = kernels::cuda::linear_skinny_split_max_n();
   uint64_t seed = 300;
   // Skinny with K split over a block's warps (every N here is below 1 << 20), unsplit, cuBLASLt.
   for (auto [skinny, split] : {std::pair{4, int64_t{1} << 20}, {4, int64_t{0}}, {0, int64_t{0}}}) {
-    kernels::cuda::linear_set_skinny_max_m(skinny);
-    kernels::cuda::linear_set_skinny_split_max_n(split);
+    const kernels::cuda::CudaTuningScope scope(kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
+      t.skinny_max_m = skinny;
+      t.skinny_split_max_n = split;
+    }));
     SCOPED_TRACE("split below N " + std::to_string(split));
     for (const LinearCase& c : kCases) check_linear(c, seed += 3);
   }
-  kernels::cuda::linear_set_skinny_max_m(saved);
-  kernels::cuda::linear_set_skinny_split_max_n(saved_split);
 }
 
 // gate_up and SiLU·mul in one skinny kernel: byte-identical to linear() then silu_mul() on the
 // GPU (same products, same roundings), close to the CPU; not applied (false) past the skinny M.
 TEST(GpuLinear, SiluMulFusedMatchesLinearThenSiluMul) {
-  const int saved = kernels::cuda::linear_skinny_max_m();
-  kernels::cuda::linear_set_skinny_max_m(4);
+  std::optional<kernels::cuda::CudaTuningScope> tuning;
+  tuning.emplace(skinny_max_m(4));
   struct Case {
     int64_t m, i, k;
     DType dt;
@@ -111,15 +115,14 @@ TEST(GpuLinear, SiluMulFusedMatchesLinearThenSiluMul) {
   Tensor cx = Tensor::empty({1, 64}, DType::kBF16), cw = Tensor::empty({64, 64}, DType::kBF16);
   Tensor co = Tensor::empty({1, 32}, DType::kBF16);
   EXPECT_FALSE(kernels::linear_silu_mul(co, cx, cw));
-  kernels::cuda::linear_set_skinny_max_m(saved);
 }
 
 // The [q; k; v] projection with RoPE and the cache write in its epilogue: byte-identical to
 // linear() then rope_kv_cache_write() on the GPU (output rows, both caches, a skipped slot),
 // close to the CPU; not applied (false) where the fused kernel does not cover the case.
 TEST(GpuLinear, RopeKvFusedMatchesLinearThenRope) {
-  const int saved = kernels::cuda::linear_skinny_max_m();
-  kernels::cuda::linear_set_skinny_max_m(4);
+  std::optional<kernels::cuda::CudaTuningScope> tuning;
+  tuning.emplace(skinny_max_m(4));
   struct Case {
     int64_t m;
     int hq, hk, d;
@@ -197,7 +200,7 @@ TEST(GpuLinear, RopeKvFusedMatchesLinearThenRope) {
     other.v_cache = &v8;
     EXPECT_FALSE(kernels::linear_rope_kv(fused, gx, gw, gb, other));
   }
-  kernels::cuda::linear_set_skinny_max_m(0);
+  tuning.emplace(skinny_max_m(0));
   Tensor x1 = Tensor::empty({1, 64}, DType::kBF16, gpu());
   Tensor w1 = Tensor::empty({3 * 64, 64}, DType::kBF16, gpu());
   Tensor o1 = Tensor::empty({1, 3 * 64}, DType::kBF16, gpu());
@@ -213,14 +216,13 @@ TEST(GpuLinear, RopeKvFusedMatchesLinearThenRope) {
   r1.v_cache = &vc;
   r1.slot_mapping = &p1;
   EXPECT_FALSE(kernels::linear_rope_kv(o1, x1, w1, Tensor(), r1));  // skinny off: cuBLASLt path
-  kernels::cuda::linear_set_skinny_max_m(saved);
 }
 
 // The after-attention hint (a quarter of the first weight loads before the PDL wait) changes
 // when the skinny kernel loads, not what it computes: the same bytes, split over the warps or not.
 TEST(GpuLinear, SkinnyAfterLatencyBoundHintSameBytes) {
-  const int saved = kernels::cuda::linear_skinny_max_m();
-  kernels::cuda::linear_set_skinny_max_m(2);
+  std::optional<kernels::cuda::CudaTuningScope> tuning;
+  tuning.emplace(skinny_max_m(2));
   uint64_t seed = 1300;
   for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 4096, 4096},
                                 {2, 1000, 4096}, {1, 300, 520}, {2, 64, 8200}}) {
@@ -238,7 +240,6 @@ TEST(GpuLinear, SkinnyAfterLatencyBoundHintSameBytes) {
     kernels::linear(cpu_out, x.to(Device::cpu()), w.to(Device::cpu()));
     EXPECT_LE(rel_err(hinted, cpu_out), 1e-2);
   }
-  kernels::cuda::linear_set_skinny_max_m(saved);
 }
 
 TEST(GpuLinear, SamePlanReusedAcrossPointers) {

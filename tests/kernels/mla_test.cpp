@@ -11,6 +11,7 @@
 #include <set>
 
 #include "gpu_util.h"
+#include "kernels/cuda_tuning.h"
 #include "kernels/layer_norm.h"
 #include "kernels/linear.h"
 #include "kernels/mla.h"
@@ -158,7 +159,8 @@ TEST(GpuMla, WgmmaDecodeAndPrefillMatchTheCpu) {
   };
   uint64_t seed = 1000;
   for (const int pipeline : {0, 1}) {
-    kernels::cuda::mla_set_pipeline(pipeline);
+    const kernels::cuda::CudaTuningScope scope(
+        kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) { t.mla_pipeline = pipeline; }));
     for (const AttnCase& c : cases) {
       const double e = run_attention_case(c, seed += 10);
       std::printf("  pipeline %d, heads %d, %zu seqs (max ctx %d), splits %s: rel err %.3g\n",
@@ -167,7 +169,6 @@ TEST(GpuMla, WgmmaDecodeAndPrefillMatchTheCpu) {
       EXPECT_LE(e, 6e-3) << "pipeline " << pipeline << ", heads " << c.heads << " seed " << seed;
     }
   }
-  kernels::cuda::mla_set_pipeline(0);
 }
 
 TEST(GpuMla, SparseAttentionOverTopkMatchesTheCpu) {
@@ -199,10 +200,12 @@ TEST(GpuMla, Fp32KernelForOtherWidthsAndForcedSimple) {
     const double e = run_attention_case(c, seed += 10);
     EXPECT_LE(e, c.dt == DType::kF32 ? 1e-5 : 4e-3) << "latent " << c.latent;
   }
-  kernels::cuda::mla_set_simple(true);
-  const double e = run_attention_case(
-      {{1, 65, 1000}, {1, 1, 4}, 128, 512, 64, 64, DType::kBF16}, 3100);
-  kernels::cuda::mla_set_simple(false);
+  double e = 0;
+  {
+    const kernels::cuda::CudaTuningScope scope(
+        kernels::cuda::cuda_tuning_with([](kernels::cuda::CudaTuning& t) { t.mla_simple = true; }));
+    e = run_attention_case({{1, 65, 1000}, {1, 1, 4}, 128, 512, 64, 64, DType::kBF16}, 3100);
+  }
   std::printf("  FP32 kernel at 128 x (512 + 64): rel err %.3g\n", e);
   EXPECT_LE(e, 4e-3);
 }

@@ -20,7 +20,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_stream.h"
 #include "gpu_util.h"
-#include "kernels/cuda/moe_config.h"
+#include "kernels/cuda_tuning.h"
 
 namespace atom::test {
 namespace {
@@ -332,9 +332,7 @@ void check_fused(const MoeCase& c, uint64_t seed) {
   Tensor gb13 = in.b13.defined() ? in.b13.to(gpu()) : Tensor();
   Tensor gb2 = in.b2.defined() ? in.b2.to(gpu()) : Tensor();
   Tensor gids = in.ids.to(gpu()), gw = in.wts.to(gpu());
-  const int saved = kernels::cuda::fused_moe_decode_max_rows();
-  const int saved_tile = kernels::cuda::fused_moe_gemm_tile_rows();
-  const int saved_depth = kernels::cuda::fused_moe_decode_depth();
+  const kernels::cuda::CudaTuning& base = kernels::cuda::cuda_tuning();
   const int64_t R = c.T * (c.K + c.shared);
   // auto, then each path where it applies: (name, decode max rows, GEMM tile rows, decode depth)
   struct Path {
@@ -342,7 +340,9 @@ void check_fused(const MoeCase& c, uint64_t seed) {
     int decode_rows, tile_rows, depth;
   };
   std::vector<Path> paths = {
-      {"auto", saved, saved_tile, saved_depth}, {"gemm64", 0, 64, 2}, {"gemm128", 0, 128, 2}};
+      {"auto", base.moe_decode_max_rows, base.moe_gemm_tile_rows, base.moe_decode_depth},
+      {"gemm64", 0, 64, 2},
+      {"gemm128", 0, 128, 2}};
   if (R <= 512) {
     paths.push_back({"decode", 512, 0, 2});
     paths.push_back({"decode4", 512, 0, 4});
@@ -352,9 +352,11 @@ void check_fused(const MoeCase& c, uint64_t seed) {
   const double tol = c.dt == DType::kF16 ? 3e-3 : 5e-3;
   for (const Path& p : paths) {
     SCOPED_TRACE(p.name);
-    kernels::cuda::fused_moe_set_decode_max_rows(p.decode_rows);
-    kernels::cuda::fused_moe_set_gemm_tile_rows(p.tile_rows);
-    kernels::cuda::fused_moe_set_decode_depth(p.depth);
+    const kernels::cuda::CudaTuningScope scope(kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
+      t.moe_decode_max_rows = p.decode_rows;
+      t.moe_gemm_tile_rows = p.tile_rows;
+      t.moe_decode_depth = p.depth;
+    }));
     Tensor out = run_gpu(c, gx, g13, g2, gb13, gb2, gids, gw);
     Tensor ho = host(out);
     ASSERT_EQ(ho.shape(), ref.shape());
@@ -365,9 +367,6 @@ void check_fused(const MoeCase& c, uint64_t seed) {
     Tensor again = run_gpu(c, gx, g13, g2, gb13, gb2, gids, gw);
     EXPECT_TRUE(same_bytes(out, again));
   }
-  kernels::cuda::fused_moe_set_gemm_tile_rows(saved_tile);
-  kernels::cuda::fused_moe_set_decode_depth(saved_depth);
-  kernels::cuda::fused_moe_set_decode_max_rows(saved);
 }
 
 TEST(GpuMoe, FusedMatchesCpu) {
@@ -526,16 +525,15 @@ void check_fused_mx(const MoeCase& c, uint64_t seed) {
     kernels::fused_moe(out, gx, gex, gids, gw, &ws);
     return out;
   };
-  const int saved = kernels::cuda::fused_moe_decode_max_rows_mxfp4();
-  const int saved_dense = kernels::cuda::fused_moe_decode_max_rows();
-  const int saved_tile = kernels::cuda::fused_moe_gemm_tile_rows();
-  const int saved_depth = kernels::cuda::fused_moe_decode_depth();
+  const kernels::cuda::CudaTuning& base = kernels::cuda::cuda_tuning();
   struct Path {
     const char* name;
     int decode_rows, tile_rows, depth;
   };
   std::vector<Path> paths = {
-      {"auto", saved, saved_tile, saved_depth}, {"gemm64", 0, 64, 2}, {"gemm128", 0, 128, 2}};
+      {"auto", base.moe_decode_max_rows_mxfp4, base.moe_gemm_tile_rows, base.moe_decode_depth},
+      {"gemm64", 0, 64, 2},
+      {"gemm128", 0, 128, 2}};
   if (c.T * KT <= 512) {
     paths.push_back({"decode", 512, 0, 2});
     paths.push_back({"decode4", 512, 0, 4});
@@ -543,10 +541,12 @@ void check_fused_mx(const MoeCase& c, uint64_t seed) {
   for (const Path& p : paths) {
     SCOPED_TRACE(p.name);
     // The BF16 path takes the same path as the MXFP4 one.
-    kernels::cuda::fused_moe_set_decode_max_rows_mxfp4(p.decode_rows);
-    kernels::cuda::fused_moe_set_decode_max_rows(p.decode_rows);
-    kernels::cuda::fused_moe_set_gemm_tile_rows(p.tile_rows);
-    kernels::cuda::fused_moe_set_decode_depth(p.depth);
+    const kernels::cuda::CudaTuningScope scope(kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
+      t.moe_decode_max_rows_mxfp4 = p.decode_rows;
+      t.moe_decode_max_rows = p.decode_rows;
+      t.moe_gemm_tile_rows = p.tile_rows;
+      t.moe_decode_depth = p.depth;
+    }));
     Tensor out = run_mx();
     Tensor dense = run_gpu(c, gx, gd13, gd2, gbias13, gbias2, gids, gw);
     const double err = rel_err(host(out), ref), err_dense = rel_err(out, dense);
@@ -557,10 +557,6 @@ void check_fused_mx(const MoeCase& c, uint64_t seed) {
     Tensor again = run_mx();
     EXPECT_TRUE(same_bytes(out, again));
   }
-  kernels::cuda::fused_moe_set_gemm_tile_rows(saved_tile);
-  kernels::cuda::fused_moe_set_decode_depth(saved_depth);
-  kernels::cuda::fused_moe_set_decode_max_rows_mxfp4(saved);
-  kernels::cuda::fused_moe_set_decode_max_rows(saved_dense);
 }
 
 // GPT-OSS's experts in MXFP4: the clamped SwiGLU (limits the products cross, and 7), expert

@@ -725,6 +725,37 @@ TEST_F(Http, ClientDisconnectWhileWaitingAbortsNonStreamed) {
   EXPECT_EQ(backend.aborted_count(), 1);
 }
 
+// An abort whose answer comes later than the half second the HTTP thread waits for it (a long
+// engine step; every step under the sanitizers): the late final update is still counted, once,
+// in every series. It used to be dropped: the request counted as aborted but its prompt tokens,
+// latency and phases never (metrics.test.mjs failed this way under ASan).
+TEST_F(Http, AnAbortAnsweredLateIsCountedOnce) {
+  backend.delay = std::chrono::milliseconds(1500);  // the first step ends after the wait
+  backend.reply = std::string(8, 'x');
+  start();
+  std::thread t([&] {
+    httplib::Client c("127.0.0.1", srv->port());
+    c.set_read_timeout(0, 200000);  // gone after 0.2 s, long before the step ends
+    c.Post("/v1/completions", json{{"prompt", "late"}, {"max_tokens", 8}}.dump(), "application/json");
+  });
+  t.join();
+  for (int i = 0; i < 400 && backend.live() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(backend.live(), 0);
+  EXPECT_EQ(backend.aborted_count(), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the update's accounting
+  const std::string m = metrics.render();
+  auto value = [&](const std::string& series) {
+    const size_t at = m.find(series);
+    if (at == std::string::npos) return std::string("(missing)");
+    const size_t sp = m.find(' ', m.find('}', at));
+    return m.substr(sp + 1, m.find('\n', sp) - sp - 1);
+  };
+  EXPECT_EQ(value("vllm:prompt_tokens_total{"), std::to_string(backend.tokenize("late", true).size())) << m;
+  EXPECT_EQ(value("vllm:e2e_request_latency_seconds_count{"), "1") << m;
+  EXPECT_EQ(value("finished_reason=\"abort\""), "1") << m;
+  EXPECT_EQ(value("finished_reason=\"length\""), "0") << m;
+}
+
 TEST_F(Http, HostileBodiesLeaveTheServerHealthy) {
   server::ServerOptions o;
   o.max_body_bytes = 1 << 20;

@@ -172,3 +172,43 @@ test('/v1/models reports what vLLM reports', async () => {
     assert.equal(perm[k], v, k);
   assert.match(perm.id, /^modelperm-/);
 });
+
+// n choices that end at different steps: each choice's finish is sent once and counted once. The
+// engine's final update of a request used to repeat the finish reason of every choice that had
+// ended in an earlier step, so a stream carried two finish_reason chunks for such a choice and
+// vllm:request_success_total counted it twice (the soak's unexplained surplus of finished
+// choices). Seeded sampling with common stop strings ends the three choices at different steps.
+test('each of n choices is finished and counted once', async () => {
+  const reasons = (m) => ['stop', 'length', 'abort'].reduce(
+    (a, r) => a + (m.one('vllm:request_success_total', `finished_reason="${r}"`) ?? 0), 0);
+  const m0 = await scrape();
+  let staggered = 0, requests = 0;
+  for (let seed = 1; seed <= 6; ++seed) {
+    const body = { prompt: 'Once upon a time', n: 3, max_tokens: 24, temperature: 1.5, seed, stop: ['e', 'a', 'o'] };
+    // Streamed: count the finish_reason chunks of each index, and the chunks after each finish.
+    const r = await completion({ ...body, stream: true });
+    assert.equal(r.status, 200);
+    const text = await r.text();
+    const finishes = [0, 0, 0], tokensAt = [0, 0, 0];
+    let order = 0;
+    const finishedAt = [-1, -1, -1];
+    for (const ev of text.split('\n\n')) {
+      if (!ev.startsWith('data: {')) continue;
+      const j = JSON.parse(ev.slice(6));
+      for (const c of j.choices) {
+        ++order;
+        if (c.text) ++tokensAt[c.index];
+        if (c.finish_reason) { ++finishes[c.index]; if (finishedAt[c.index] < 0) finishedAt[c.index] = order; }
+      }
+    }
+    assert.deepEqual(finishes, [1, 1, 1], `finish_reason chunks per choice, seed ${seed}: ${text.slice(0, 2000)}`);
+    if (new Set(finishedAt).size > 1 && (tokensAt[0] !== tokensAt[1] || tokensAt[1] !== tokensAt[2])) ++staggered;
+    // Not streamed.
+    const j = await (await completion(body)).json();
+    assert.deepEqual(j.choices.map((c) => c.index).sort(), [0, 1, 2]);
+    requests += 2;
+  }
+  // The check above means something only if some choices ended at different steps.
+  assert.ok(staggered >= 2, `${staggered} of 6 streamed requests had choices of different lengths`);
+  assert.equal(reasons(await scrape()) - reasons(m0), 3 * requests, 'finished choices counted in /metrics');
+});

@@ -256,10 +256,12 @@ test(`soak: ${REQUESTS} random requests, ${CONCURRENCY} at a time`, async () => 
   const abortedChoices = results.filter((r) => r.fate === 'abort' || r.fate === 'drop').length * 3;
   const fin = finished(m1) - finished(m0);
   assert.ok(fin >= okChoices, `finished choices: metrics ${fin}, clients ${okChoices}`);
-  // Open (seen once in a long run): the metric exceeded this bound (2277 against 1817 + aborted),
-  // not yet explained; reported, not asserted, until it is.
-  if (fin > okChoices + abortedChoices)
-    console.log(`soak: WARNING finished choices ${fin} > clients' ${okChoices} + ${abortedChoices} possibly aborted`);
+  // At most the aborted requests' choices on top (they may have finished before the abort). This
+  // once failed (2277 against 1817 + aborted): a choice of n > 1 that ended before its request's
+  // last step got its finish reason again with the request's final update, and was counted twice
+  // (metrics.test.mjs, 'each of n choices is finished and counted once').
+  assert.ok(fin <= okChoices + abortedChoices,
+            `finished choices: metrics ${fin}, clients ${okChoices} + ${abortedChoices} possibly aborted`);
   assert.ok((m1.success.abort || 0) - (m0.success.abort || 0) <= abortedChoices);
   const okGen = results.filter((r) => r.fate === 'ok').reduce((a, r) => a + r.completionTokens, 0);
   const okPrompt = results.filter((r) => r.fate === 'ok').reduce((a, r) => a + r.promptTokens, 0);

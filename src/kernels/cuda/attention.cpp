@@ -10,8 +10,7 @@
 #include <map>
 #include <mutex>
 
-#include "core/env.h"
-#include "kernels/cuda/attention_config.h"
+#include "kernels/cuda_tuning.h"
 #include "kernels/cuda/host_common.h"
 
 namespace atom::kernels::cuda {
@@ -22,20 +21,10 @@ constexpr int kMaxSplits = 32;
 constexpr int kMinKeysPerSplit =
     256;  // a bound; each sequence splits down to 256 keys (decode_splits)
 
-PrefillAttention g_backend = [] {
-  const std::string v = env_str("ATOM_ATTENTION_BACKEND", "auto");
-  if (v == "mma") return PrefillAttention::kMma;
-  if (v == "simple") return PrefillAttention::kSimple;
-  return PrefillAttention::kAuto;
-}();
-int g_m_atoms = static_cast<int>(env_int("ATOM_ATTENTION_M_ATOMS", 0));
-int g_wgmma_warpgroups = env_int("ATOM_WGMMA_WARPGROUPS", 2) == 1 ? 1 : 2;
-bool g_merge_in_kernel = true;
-
-bool tensor_core_shape(const AttentionArgs& a, DType dtype) {
+bool tensor_core_shape(const AttentionArgs& a, DType dtype, const CudaTuning& tuning) {
   return (dtype == DType::kBF16 || dtype == DType::kF16) &&
          (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256) &&
-         g_backend != PrefillAttention::kSimple;
+         tuning.attention_backend != PrefillAttention::kSimple;
 }
 
 // Decode mode: every sequence's rows of one kv-head group fit one 16-row MMA tile.
@@ -46,9 +35,9 @@ bool decode_mode(const AttentionArgs& a) {
 
 // 16-row MMA atoms per warp of the mma.sync prefill kernel: two for long queries (each K/V
 // fragment read from shared memory then serves twice the rows).
-int m_atoms_for(const AttentionArgs& a) {
+int m_atoms_for(const AttentionArgs& a, const CudaTuning& tuning) {
   if (a.head_dim > 128) return 1;
-  if (g_m_atoms == 1 || g_m_atoms == 2) return g_m_atoms;
+  if (tuning.attention_m_atoms == 1 || tuning.attention_m_atoms == 2) return tuning.attention_m_atoms;
   const int G = a.num_heads / a.num_kv_heads;
   return static_cast<int64_t>(a.max_query_len) * G > 64 ? 2 : 1;
 }
@@ -96,14 +85,8 @@ int sm_count() {
   return n;
 }
 
-void attention_set_backend(PrefillAttention b) { g_backend = b; }
-PrefillAttention attention_backend() { return g_backend; }
-void attention_set_m_atoms(int m) { g_m_atoms = m; }
-void attention_set_wgmma_warpgroups(int n) { g_wgmma_warpgroups = n == 1 ? 1 : 2; }
-void attention_set_merge_in_kernel(bool on) { g_merge_in_kernel = on; }
-
 int64_t paged_attention_workspace_size(int64_t num_tokens, const AttentionArgs& a, DType dtype) {
-  if (!tensor_core_shape(a, dtype) || a.num_kv_heads <= 0 || !decode_mode(a)) return 0;
+  if (!tensor_core_shape(a, dtype, cuda_tuning()) || a.num_kv_heads <= 0 || !decode_mode(a)) return 0;
   const int splits = splits_for(num_tokens, a);
   if (splits <= 1) return 0;
   return static_cast<int64_t>(splits) * num_tokens * a.num_heads * (a.head_dim + 2);
@@ -167,7 +150,10 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
   l.scale = a.scale;
   l.softcap = a.logit_softcap;
   l.type = elem_of(q.dtype(), "paged_attention");
-  l.wgmma_warpgroups = g_wgmma_warpgroups;
+  const CudaTuning& tuning = cuda_tuning();
+  l.wgmma_warpgroups = tuning.wgmma_warpgroups;
+  l.wgmma_pipeline = tuning.wgmma_pipeline;
+  l.wgmma_order_across = tuning.wgmma_order_across;
   l.kv_fp8 = fp8;
   if (fp8) {
     l.k_scale = ks.k;
@@ -179,20 +165,20 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
                       : -1;
 
   const cudaStream_t stream = current_stream();
-  if (!tensor_core_shape(a, q.dtype()) || !flash_attention_supported(l)) {
+  if (!tensor_core_shape(a, q.dtype(), tuning) || !flash_attention_supported(l)) {
     launch_attention_simple(l, stream);
     launch_check("paged_attention (simple)");
     return;
   }
   if (!decode_mode(a)) {
-    if (g_backend == PrefillAttention::kAuto && wgmma_attention_supported(l)) {
+    if (tuning.attention_backend == PrefillAttention::kAuto && wgmma_attention_supported(l)) {
       launch_wgmma_attention(l, stream);
       launch_check("paged_attention (wgmma)");
     } else if (fp8) {
       launch_flash_fp8_attention(l, stream);
       launch_check("paged_attention (flash, fp8 cache)");
     } else {
-      launch_flash_attention(l, m_atoms_for(a), stream);
+      launch_flash_attention(l, m_atoms_for(a, tuning), stream);
       launch_check("paged_attention (flash)");
     }
     return;
@@ -209,7 +195,7 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
     }
   }
   l.num_splits = splits;
-  if (splits > 1 && g_merge_in_kernel && static_cast<int64_t>(S) * Hk <= kCounters)
+  if (splits > 1 && tuning.attention_merge_in_kernel && static_cast<int64_t>(S) * Hk <= kCounters)
     l.counters = split_counters(stream);
   if (fp8) {
     launch_flash_fp8_decode(l, stream);

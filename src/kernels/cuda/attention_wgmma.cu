@@ -29,7 +29,6 @@
 #include <cstdlib>
 
 #include "kernels/cuda/attention_common.cuh"
-#include "kernels/cuda/attention_config.h"
 #include "kernels/cuda/fp8.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/wgmma.cuh"
@@ -650,8 +649,6 @@ __global__ void __launch_bounds__(128 * NWG + (kPipe >= 4 ? 128 : 0), NWG == 1 ?
     if (wg == 0) named_bar_sync(1, 2 * 128);  // warpgroup 1's last arrival
 }
 
-int g_order_across = -1;  // attention_set_wgmma_order_across
-
 template <typename T, int D, int NWG, int BN, bool kFp8, int kPipe>
 void launch_typed(const AttnLaunch& a, cudaStream_t s) {
   constexpr size_t smem = wgmma_smem_bytes<D, NWG, BN, kFp8, kPipe>();
@@ -669,42 +666,38 @@ void launch_typed(const AttnLaunch& a, cudaStream_t s) {
   // (docs/performance.md). Longer grids keep each (sequence, kv head) together: ordered across,
   // 1 x 8,192 tokens fell from 490-505 to 467.
   AttnLaunch b = a;
-  b.longest_first_across = g_order_across >= 0
-                               ? g_order_across == 1
+  b.longest_first_across = a.wgmma_order_across >= 0
+                               ? a.wgmma_order_across == 1
                                : static_cast<int64_t>(grid.x) * grid.y <= 4 * sm_count();
   launch(wgmma_attention_kernel<T, D, NWG, BN, kFp8, kPipe>, grid,
          128 * NWG + (kPipe >= 4 ? 128 : 0), smem, s, b);
 }
 
-// The K/V pipeline of the BF16/F16 kernel: 0 the serial loop (each GEMM waited before the softmax
-// that follows), 2 or 3 the overlapped loop with that many K/V stages, 4 the warp-specialized
-// one, 5 that with ping-pong, 6 that with two work tiles per CTA (one warpgroup: 2 for 3 to 6).
-// Default 6: on the H200 at 1 x 4,096 causal tokens, 32/8 heads, d128, 450.2-450.6 TFLOP/s
-// against 426.5-442.9 (5) in the same run; 5 against 4 and 2: 433.9, 426.8, 342.1.
-int valid_pipeline(int n) { return n == 0 || (n >= 2 && n <= 6) ? n : 6; }
-int g_wgmma_pipeline = [] {
-  const char* v = std::getenv("ATOM_WGMMA_PIPELINE");
-  return valid_pipeline(v ? std::atoi(v) : 6);
-}();
+// The K/V pipeline of the BF16/F16 kernel (a.wgmma_pipeline, CudaTuning): 0 the serial loop (each
+// GEMM waited before the softmax that follows), 2 or 3 the overlapped loop with that many K/V
+// stages, 4 the warp-specialized one, 5 that with ping-pong, 6 that with two work tiles per CTA
+// (one warpgroup: 2 for 3 to 6). Default 6: on the H200 at 1 x 4,096 causal tokens, 32/8 heads,
+// d128, 450.2-450.6 TFLOP/s against 426.5-442.9 (5) in the same run; 5 against 4 and 2: 433.9,
+// 426.8, 342.1.
 
-// The CTA shape: a.wgmma_warpgroups (attention_config.h). FP8 caches: two warpgroups always
+// The CTA shape: a.wgmma_warpgroups (CudaTuning). FP8 caches: two warpgroups always
 // (one instantiation fewer per type; the one-warpgroup shape measured slower with BF16).
 template <typename T, int D>
 void launch_shape(const AttnLaunch& a, cudaStream_t s) {
   if (a.kv_fp8)
     launch_typed<T, D, 2, 128, true, 0>(a, s);
   else if (a.wgmma_warpgroups == 1)
-    g_wgmma_pipeline == 0 ? launch_typed<T, D, 1, 64, false, 0>(a, s)
+    a.wgmma_pipeline == 0 ? launch_typed<T, D, 1, 64, false, 0>(a, s)
                           : launch_typed<T, D, 1, 64, false, 2>(a, s);
-  else if (g_wgmma_pipeline == 0)
+  else if (a.wgmma_pipeline == 0)
     launch_typed<T, D, 2, 128, false, 0>(a, s);
-  else if (g_wgmma_pipeline == 3)
+  else if (a.wgmma_pipeline == 3)
     launch_typed<T, D, 2, 128, false, 3>(a, s);
-  else if (g_wgmma_pipeline == 4)
+  else if (a.wgmma_pipeline == 4)
     launch_typed<T, D, 2, 128, false, 4>(a, s);
-  else if (g_wgmma_pipeline == 5)
+  else if (a.wgmma_pipeline == 5)
     launch_typed<T, D, 2, 128, false, 5>(a, s);
-  else if (g_wgmma_pipeline == 6)
+  else if (a.wgmma_pipeline == 6)
     launch_typed<T, D, 2, 128, false, 6>(a, s);
   else
     launch_typed<T, D, 2, 128, false, 2>(a, s);
@@ -712,8 +705,6 @@ void launch_shape(const AttnLaunch& a, cudaStream_t s) {
 
 }  // namespace
 
-void attention_set_wgmma_pipeline(int stages) { g_wgmma_pipeline = valid_pipeline(stages); }
-void attention_set_wgmma_order_across(int mode) { g_order_across = mode < 0 ? -1 : mode > 0; }
 
 bool wgmma_attention_supported(const AttnLaunch& a) {
   auto ok16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda_tuning.h"
+
 namespace atom::kernels::cuda {
 
 enum class Elem : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
@@ -139,7 +141,11 @@ struct AttnLaunch {
   float scale = 1.0f;
   float softcap = 0.0f;
   Elem type = Elem::kBF16;
-  int wgmma_warpgroups = 2;  // CTA shape of the wgmma prefill kernel: 2 (128 rows) or 1 (64 rows)
+  // The wgmma prefill kernel's CudaTuning (kernels/cuda_tuning.h): CTA shape, 2 (128 rows) or 1
+  // (64 rows); K/V pipeline; CTA order (-1 by grid size, 0 within, 1 across).
+  int wgmma_warpgroups = 2;
+  int wgmma_pipeline = 6;
+  int wgmma_order_across = -1;
   // FP8 (e4m3) caches: values read as code * scale (kernels/attention.h, KvScales).
   bool kv_fp8 = false;
   float k_scale = 1.0f, v_scale = 1.0f;
@@ -201,7 +207,7 @@ void launch_moe_route(const MoeRouteLaunch& a, cudaStream_t s);
 // out [T, H] = sum_j weights[t, j] * (w2[e] * act(w13[e] * x[t] + b13[e]) + b2[e]),
 // e = ids[t, j] (slots outside [0, S) add nothing); act: silu(gate) * up, or GPT-OSS's clamped
 // SwiGLU. x, w13, w2 and the biases share `type` (BF16/F16); H % 8 == 0, I % 8 == 0, x rows and
-// the weights 16-byte aligned. Decode-sized T*K (moe_config.h): two kernels that read each
+// the weights 16-byte aligned. Decode-sized T*K (CudaTuning::moe_decode_max_rows): two kernels that read each
 // active expert's weights once (tensor cores on the tokens of an expert, weights streamed from
 // HBM into registers); larger: a counting sort by slot, two persistent wgmma grouped GEMMs and a
 // combine. Nothing depends on per-expert counts on the host (CUDA-graph safe).
@@ -224,7 +230,7 @@ struct MoeLaunch {
   bool swiglu_oai = false;    // (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit)
   float alpha = 1.702f, limit = 7.0f;
 };
-inline constexpr int kMoeMaxSlots = 2048, kMoeDecodeMaxRowsCap = 512;
+inline constexpr int kMoeMaxSlots = 2048;  // kMoeDecodeMaxRowsCap: kernels/cuda_tuning.h
 // Workspace bytes for the path(s) T * K rows may take (both, where either may).
 int64_t moe_workspace_bytes(int64_t T, int K, int S, int64_t H, int64_t I, int elem_bytes);
 void launch_fused_moe(const MoeLaunch& a, cudaStream_t s);

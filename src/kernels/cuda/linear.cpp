@@ -12,9 +12,8 @@
 #include <string>
 #include <tuple>
 
-#include "core/env.h"
 #include "kernels/cuda/host_common.h"
-#include "kernels/cuda/linear_config.h"
+#include "kernels/cuda_tuning.h"
 #include "kernels/elementwise.h"
 
 #define CUBLAS_CHECK(expr)                                                                     \
@@ -30,9 +29,6 @@ namespace atom::kernels::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = 32u << 20;
-
-int g_skinny_max_m = -1;
-int64_t g_skinny_split_max_n = -1;
 
 struct PlanKey {
   int64_t m, n, k, ldx, ldo;
@@ -146,27 +142,12 @@ void* workspace_for(LtDevice& d, cudaStream_t s) {
 
 }  // namespace
 
-int linear_skinny_max_m() {
-  if (g_skinny_max_m < 0) g_skinny_max_m = static_cast<int>(env_int("ATOM_SKINNY_GEMM_MAX_M", 2));
-  return g_skinny_max_m;
-}
-
-void linear_set_skinny_max_m(int m) { g_skinny_max_m = m; }
-
-int64_t linear_skinny_split_max_n() {
-  if (g_skinny_split_max_n < 0)
-    g_skinny_split_max_n = env_int("ATOM_SKINNY_SPLIT_MAX_N", int64_t{1} << 40);
-  return g_skinny_split_max_n;
-}
-
-void linear_set_skinny_split_max_n(int64_t n) { g_skinny_split_max_n = n; }
-
 namespace {
 bool skinny_applies(const Tensor& x, const Tensor& w) {
   const int64_t M = x.size(0), K = x.size(1);
   const int64_t ldx = M > 1 ? x.stride(0) : K;
   return (x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) &&
-         M <= std::min(linear_skinny_max_m(), 4) && K % 8 == 0 && ldx % 8 == 0 &&
+         M <= std::min(cuda_tuning().skinny_max_m, 4) && K % 8 == 0 && ldx % 8 == 0 &&
          alignment(x.data()) >= 16 && alignment(w.data()) >= 16;
 }
 
@@ -219,8 +200,7 @@ bool linear_rope_kv(Tensor& out, const Tensor& x, const Tensor& w, const Tensor&
                        vc.is_contiguous() && kc.numel() == vc.numel() && kc.numel() % width == 0 &&
                        is_i32(*r.positions) && is_i32(*r.slot_mapping) &&
                        r.inv_freq->dtype() == DType::kF32 && skinny_applies(x, w);
-  static const bool enabled = env_int("ATOM_FUSE_QKV_ROPE", 1) != 0;
-  if (!applies || !enabled) return false;
+  if (!applies || !cuda_tuning().fuse_qkv_rope) return false;
   if (x.size(0) == 0) return true;
   SkinnyRope p;
   p.on = true;

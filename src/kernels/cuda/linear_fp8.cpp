@@ -9,7 +9,6 @@
 #include <mutex>
 #include <tuple>
 
-#include "core/env.h"
 #include "kernels/cuda/host_common.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/linear_fp8_config.h"
@@ -18,10 +17,6 @@
 namespace atom::kernels::cuda {
 
 namespace {
-
-int g_path = -1;  // tuning knobs (as linear.cpp's): -1 unread
-int g_tiles = -1;
-int g_skinny_rows = -1;
 
 int64_t round_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
@@ -150,11 +145,11 @@ const char* choose(Fp8GemmArgs g, int splits) {
     g.a.xq = kAlignedProbe;
     g.a.sx = reinterpret_cast<float*>(kAlignedProbe);
   }
-  const Fp8Path p = linear_fp8_path();
+  const Fp8Path p = cuda_tuning().fp8_path;
   if (p == Fp8Path::kGeneral) return "general";
   if (p == Fp8Path::kAuto && fp8_gemm_skinny_supported(g)) return "skinny";
   if (!fp8_gemm_wgmma_supported(g)) return "general";
-  const Fp8Tiles t = linear_fp8_tiles();
+  const Fp8Tiles t = cuda_tuning().fp8_tiles;
   if ((t == Fp8Tiles::kTma || (t == Fp8Tiles::kAuto && tma_wins(g.m, g.n, splits))) &&
       fp8_gemm_tma_supported(g))
     return "wgmma_tma";
@@ -162,40 +157,6 @@ const char* choose(Fp8GemmArgs g, int splits) {
 }
 
 }  // namespace
-
-Fp8Path linear_fp8_path() {
-  if (g_path < 0) {
-    const std::string v = env_str("ATOM_FP8_GEMM_PATH", "auto");
-    g_path = v == "general"     ? static_cast<int>(Fp8Path::kGeneral)
-             : v == "no_skinny" ? static_cast<int>(Fp8Path::kNoSkinny)
-                                : static_cast<int>(Fp8Path::kAuto);
-  }
-  return static_cast<Fp8Path>(g_path);
-}
-
-void linear_fp8_set_path(Fp8Path p) { g_path = static_cast<int>(p); }
-
-Fp8Tiles linear_fp8_tiles() {
-  if (g_tiles < 0) {
-    const std::string v = env_str("ATOM_FP8_GEMM_TILES", "auto");
-    g_tiles = static_cast<int>(v == "cp_async" ? Fp8Tiles::kCpAsync
-                               : v == "tma"    ? Fp8Tiles::kTma
-                                               : Fp8Tiles::kAuto);
-  }
-  return static_cast<Fp8Tiles>(g_tiles);
-}
-
-void linear_fp8_set_tiles(Fp8Tiles t) { g_tiles = static_cast<int>(t); }
-
-int linear_fp8_skinny_rows() {
-  if (g_skinny_rows < 0) {
-    const long v = env_int("ATOM_FP8_SKINNY_ROWS", 0);
-    g_skinny_rows = v == 2 || v == 4 ? static_cast<int>(v) : 0;
-  }
-  return g_skinny_rows;
-}
-
-void linear_fp8_set_skinny_rows(int rows) { g_skinny_rows = rows == 2 || rows == 4 ? rows : 0; }
 
 int64_t linear_fp8_workspace_bytes(int64_t m, int64_t k, const Fp8Weight& w) {
   return layout_of(m, k, w).total;
@@ -247,7 +208,7 @@ void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& 
   if (k == "skinny") {
     // Four weight rows per block at M = 1, two above (H200: 2.5/2.3/3.0 against 2.4/1.8/2.9
     // TB/s at M = 1 for 7168x7168, 2112x7168, 4096x14336; two rows faster from M = 3 on).
-    const int rows = linear_fp8_skinny_rows() ? linear_fp8_skinny_rows() : M == 1 ? 4 : 2;
+    const int rows = cuda_tuning().fp8_skinny_rows ? cuda_tuning().fp8_skinny_rows : M == 1 ? 4 : 2;
     launch_fp8_gemm_skinny(g, stream, rows);
   } else if (k == "wgmma_tma")
     launch_fp8_gemm_tma(g, stream);

@@ -4,11 +4,11 @@
 // steps in flight, and x (a few KB) is read through L1. K is split over a block's warps (more
 // blocks, more loads in flight, a shorter tail), the first weight loads are issued before the PDL
 // wait, and a [gate; up] weight can end in SiLU·mul. On the H200 it beats cuBLASLt's GEMV at
-// M = 1 (docs/performance.md), where it is the default (linear_config.h).
+// M = 1 (docs/performance.md), where it is the default (CudaTuning::skinny_max_m, kernels/cuda_tuning.h).
 #include <algorithm>
 
 #include "kernels/cuda/device_common.cuh"
-#include "kernels/cuda/linear_config.h"
+#include "kernels/cuda_tuning.h"
 
 namespace atom::kernels::cuda {
 
@@ -252,7 +252,7 @@ void launch_split(const SkinnyArgs& a, cudaStream_t s) {
 
 template <typename T>
 void launch_typed(const SkinnyArgs& a, cudaStream_t s) {
-  if (a.n < linear_skinny_split_max_n() && a.k >= 8 * 32 * kWarps)
+  if (a.n < cuda_tuning().skinny_split_max_n && a.k >= 8 * 32 * kWarps)
     launch_split<T, kWarps>(a, s);
   else
     launch_split<T, 1>(a, s);

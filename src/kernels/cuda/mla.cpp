@@ -4,16 +4,13 @@
 
 #include <algorithm>
 
-#include "core/env.h"
 #include "kernels/cuda/host_common.h"
+#include "kernels/cuda_tuning.h"
 #include "kernels/layer_norm.h"
 
 namespace atom::kernels::cuda {
 
 namespace {
-
-bool g_simple = env_str("ATOM_MLA_BACKEND", "auto") == "simple";
-int g_pipeline = static_cast<int>(env_int("ATOM_MLA_PIPELINE", 0));
 
 void check_one_row_cache(const char* op, const Tensor& cache, int64_t width) {
   ATOM_CHECK(cache.dim() == 4 && cache.is_contiguous() && cache.size(2) == 1 &&
@@ -31,7 +28,7 @@ void check_batch(const char* op, const AttentionBatch& b) {
 }
 
 bool fast_shape(const MlaArgs& a, DType dtype) {
-  return !g_simple && (dtype == DType::kBF16 || dtype == DType::kF16) &&
+  return !cuda_tuning().mla_simple && (dtype == DType::kBF16 || dtype == DType::kF16) &&
          a.latent_dim == kMlaFastLatent && a.rope_dim == kMlaFastRope;
 }
 
@@ -51,9 +48,6 @@ int splits_for(int64_t num_tokens, const MlaArgs& a, int64_t top_k) {
 }
 
 }  // namespace
-
-void mla_set_simple(bool on) { g_simple = on; }
-void mla_set_pipeline(int p) { g_pipeline = p; }
 
 int64_t mla_paged_attention_workspace_size(int64_t num_tokens, const MlaArgs& a, DType dtype,
                                            int64_t top_k) {
@@ -179,7 +173,7 @@ void mla_paged_attention(Tensor& out, const Tensor& q, const Tensor& latent_cach
       }
     }
     l.num_splits = splits;
-    l.pipeline = g_pipeline == 1 ? 1 : 0;
+    l.pipeline = cuda_tuning().mla_pipeline == 1 ? 1 : 0;
     launch_mla_attention_fast(l, stream);
     launch_check("mla_paged_attention (wgmma)");
     return;

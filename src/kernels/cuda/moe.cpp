@@ -4,65 +4,19 @@
 
 #include <algorithm>
 
-#include "core/env.h"
 #include "kernels/cuda/host_common.h"
 #include "kernels/cuda/launch_mxfp4.h"
-#include "kernels/cuda/moe_config.h"
+#include "kernels/cuda_tuning.h"
 
 namespace atom::kernels::cuda {
 
 namespace {
 
-int g_decode_max_rows = -1;
-int g_decode_max_rows_mx = -1;
-int g_gemm_tile_rows = -1;
-int g_decode_depth = -1;
 constexpr int kTileRowsFrom = 8192;  // routed rows from which the default tile is 128 rows
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
-
-int fused_moe_decode_max_rows() {
-  if (g_decode_max_rows < 0)
-    g_decode_max_rows = static_cast<int>(
-        std::clamp<long>(env_int("ATOM_MOE_DECODE_MAX_ROWS", 8), 0, kMoeDecodeMaxRowsCap));
-  return g_decode_max_rows;
-}
-
-void fused_moe_set_decode_max_rows(int rows) {
-  g_decode_max_rows = std::clamp(rows, 0, kMoeDecodeMaxRowsCap);
-}
-
-int fused_moe_decode_max_rows_mxfp4() {
-  if (g_decode_max_rows_mx < 0)
-    g_decode_max_rows_mx = static_cast<int>(
-        std::clamp<long>(env_int("ATOM_MOE_DECODE_MAX_ROWS_MXFP4", 256), 0, kMoeDecodeMaxRowsCap));
-  return g_decode_max_rows_mx;
-}
-
-void fused_moe_set_decode_max_rows_mxfp4(int rows) {
-  g_decode_max_rows_mx = std::clamp(rows, 0, kMoeDecodeMaxRowsCap);
-}
-
-int fused_moe_decode_depth() {
-  if (g_decode_depth < 0) g_decode_depth = env_int("ATOM_MOE_DECODE_DEPTH", 2) == 4 ? 4 : 2;
-  return g_decode_depth;
-}
-
-void fused_moe_set_decode_depth(int steps) { g_decode_depth = steps == 4 ? 4 : 2; }
-
-int fused_moe_gemm_tile_rows() {
-  if (g_gemm_tile_rows < 0) {
-    const long v = env_int("ATOM_MOE_GEMM_TILE_ROWS", 0);
-    g_gemm_tile_rows = v == 64 || v == 128 ? static_cast<int>(v) : 0;
-  }
-  return g_gemm_tile_rows;
-}
-
-void fused_moe_set_gemm_tile_rows(int rows) {
-  g_gemm_tile_rows = rows == 64 || rows == 128 ? rows : 0;
-}
 
 void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
                const Tensor& correction_bias, const RouterArgs& a) {
@@ -173,10 +127,11 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   l.S = static_cast<int>(S);
   l.type = elem_of(x.dtype(), "fused_moe");
   l.workspace = ws;
-  l.decode = T * K <= (w.mxfp4() ? fused_moe_decode_max_rows_mxfp4() : fused_moe_decode_max_rows()) &&
+  const CudaTuning& tuning = cuda_tuning();
+  l.decode = T * K <= (w.mxfp4() ? tuning.moe_decode_max_rows_mxfp4 : tuning.moe_decode_max_rows) &&
              T * K <= kMoeDecodeMaxRowsCap;
-  l.decode_depth = fused_moe_decode_depth();
-  const int tile_rows = fused_moe_gemm_tile_rows();
+  l.decode_depth = tuning.moe_decode_depth;
+  const int tile_rows = tuning.moe_gemm_tile_rows;
   l.gemm_tile_rows = tile_rows ? tile_rows : T * K >= kTileRowsFrom ? 128 : 64;
   l.b13 = w.w13_bias ? w.w13_bias->data() : nullptr;
   l.b2 = w.w2_bias ? w.w2_bias->data() : nullptr;
