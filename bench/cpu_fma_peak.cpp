@@ -79,7 +79,9 @@ int main(int argc, char** argv) {
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   const int lanes = avx512 ? 16 : avx2 ? 8 : 4;
   const char* isa = avx512 ? "avx512f" : avx2 ? "avx2+fma" : "sse";
-  auto kernel = [&](long reps) { return avx512 ? run_avx512(reps) : avx2 ? run_avx2(reps) : run_sse(reps); };
+  auto kernel = [&](long reps) {
+    return avx512 ? run_avx512(reps) : avx2 ? run_avx2(reps) : run_sse(reps);
+  };
   // Calibrate one thread's repetitions to about `seconds`, then time every thread together.
   auto t0 = std::chrono::steady_clock::now();
   volatile double sink = kernel(4);

@@ -135,8 +135,8 @@ int main(int argc, char** argv) {
         n.slots = static_cast<int>(w.size(0));
         if (name.ends_with("w13_weight")) ++n.moe_layers;
         if (expert_w)
-          n.expert_slot_params += static_cast<double>(w.numel() / w.size(0)) *
-                                  (w.dtype() == DType::kU8 ? 2 : 1);
+          n.expert_slot_params +=
+              static_cast<double>(w.numel() / w.size(0)) * (w.dtype() == DType::kU8 ? 2 : 1);
         n.expert_slot_bytes += static_cast<double>(w.nbytes() / w.size(0));
         continue;
       }
@@ -165,9 +165,9 @@ int main(int argc, char** argv) {
       n.kv_bytes_per_token = static_cast<double>(c.num_hidden_layers) *
                              (c.text.get_int("kv_lora_rank") + c.text.get_int("qk_rope_head_dim")) *
                              (dtype_bits(kv) / 8);
-      attn_dims = static_cast<double>(c.text.get_int("qk_nope_head_dim") +
-                                      c.text.get_int("qk_rope_head_dim") +
-                                      c.text.get_int("v_head_dim"));
+      attn_dims =
+          static_cast<double>(c.text.get_int("qk_nope_head_dim") +
+                              c.text.get_int("qk_rope_head_dim") + c.text.get_int("v_head_dim"));
     }
     std::printf(
         "model %s: %.2f GB of weights read per batch-1 decode step, %.2f B matmul parameters per "
@@ -175,9 +175,10 @@ int main(int argc, char** argv) {
         model_dir.c_str(), n.step_bytes(1) / 1e9, n.token_matmul_params() / 1e9,
         std::string(dtype_name(kv)).c_str(), now() - t0);
     if (n.moe_layers > 0)
-      std::printf("  %d MoE layers of %d experts, top-%d, %.1f MB per expert; the decode limits count "
-                  "the distinct experts a batch touches under uniform routing (batch 32: %.1f)\n",
-                  n.moe_layers, n.slots, n.top_k, n.expert_slot_bytes / 1e6, n.distinct_experts(32));
+      std::printf(
+          "  %d MoE layers of %d experts, top-%d, %.1f MB per expert; the decode limits count "
+          "the distinct experts a batch touches under uniform routing (batch 32: %.1f)\n",
+          n.moe_layers, n.slots, n.top_k, n.expert_slot_bytes / 1e6, n.distinct_experts(32));
 
     int max_batch = 1, max_prefill = 0;
     for (int b : batches) max_batch = std::max(max_batch, b);

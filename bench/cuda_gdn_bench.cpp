@@ -61,9 +61,7 @@ void bench_prefill() {
     const kernels::StateRows rows{qs, cl, sl, static_cast<int>(T)};
     kernels::GatedDeltaArgs args{kHk, kHv, kDk, kDv, 64};
     const double s = time_op(
-        [&](int) {
-          kernels::gated_delta_rule(out, q, k, v, b, a, A_log, dt, state, rows, args);
-        },
+        [&](int) { kernels::gated_delta_rule(out, q, k, v, b, a, A_log, dt, state, rows, args); },
         3, 5, 1);
     const double bytes = static_cast<double>(T) * (2 * kHk * kDk + 2 * kHv * kDv + 2 * kHv) * 2 +
                          2.0 * kHv * kDk * kDv * 4;
@@ -101,8 +99,8 @@ void bench_decode() {
           kernels::gated_delta_rule(out, q, k, v, b, a, A_log, dt, state, rows, args);
         },
         20, 5, 3);
-    const double bytes = 2.0 * B * per_seq +
-                         static_cast<double>(B) * (2 * kHk * kDk + 2 * kHv * kDv + 2 * kHv) * 2;
+    const double bytes =
+        2.0 * B * per_seq + static_cast<double>(B) * (2 * kHk * kDk + 2 * kHv * kDv + 2 * kHv) * 2;
     const double flops = static_cast<double>(B) * kHv * 8.0 * kDk * kDv;
     report("gdn recurrent decode B=" + std::to_string(B), s, bytes, flops);
   }
@@ -123,8 +121,7 @@ void bench_small() {
     report("short_conv T=" + std::to_string(T), s, 2.0 * T * C * 2, 2.0 * T * C * 4);
     Tensor o = rnd({T, kHv * kDv}, DType::kBF16, 23), z = rnd({T, kHv * kDv}, DType::kBF16, 24);
     Tensor nw = rnd({kDv}, DType::kF32, 25);
-    const double s2 =
-        time_op([&](int) { kernels::gated_rms_norm(o, o, z, nw, 1e-6f); }, 20, 5, 3);
+    const double s2 = time_op([&](int) { kernels::gated_rms_norm(o, o, z, nw, 1e-6f); }, 20, 5, 3);
     report("gated_rms_norm T=" + std::to_string(T), s2, 3.0 * T * kHv * kDv * 2,
            6.0 * T * kHv * kDv);
   }

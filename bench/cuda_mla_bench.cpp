@@ -84,13 +84,13 @@ Result run(int H, int B, int ctx, int top_k) {
   const double bytes = keys * W * 2 + static_cast<double>(B) * H * (W + L) * 2;
   const double flops = keys * H * (W + L) * 2.0;
   const int iters = bytes > 1e9 ? 10 : 20;
-  const double t = time_op([&](int) { kernels::mla_paged_attention(out, q, cache, b, topk, a); },
-                           iters);
+  const double t =
+      time_op([&](int) { kernels::mla_paged_attention(out, q, cache, b, topk, a); }, iters);
   const std::string what =
-      top_k > 0 ? fmt::format("sparse MLA {} heads, batch {}, top {} of {} ({} splits)", H, B,
-                              top_k, ctx, splits)
-                : fmt::format("MLA decode {} heads, batch {}, ctx {} ({} splits)", H, B, ctx,
-                              splits);
+      top_k > 0
+          ? fmt::format("sparse MLA {} heads, batch {}, top {} of {} ({} splits)", H, B, top_k, ctx,
+                        splits)
+          : fmt::format("MLA decode {} heads, batch {}, ctx {} ({} splits)", H, B, ctx, splits);
   report(what, t, bytes, flops);
   std::printf("    %.1f%% of bandwidth; matmul floor %.1f us, bandwidth floor %.1f us\n",
               100.0 * bytes / t / bench::kBandwidth, flops / bench::kMatmul * 1e6,
@@ -106,11 +106,16 @@ int main(int argc, char** argv) {
   std::string torch_file;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--heads") heads = bench::int_list(v);
-    else if (k == "--ctx") ctxs = bench::int_list(v);
-    else if (k == "--batch") batches = bench::int_list(v);
-    else if (k == "--sparse") sparse = std::atoi(v.c_str());
-    else if (k == "--torch") torch_file = v;
+    if (k == "--heads")
+      heads = bench::int_list(v);
+    else if (k == "--ctx")
+      ctxs = bench::int_list(v);
+    else if (k == "--batch")
+      batches = bench::int_list(v);
+    else if (k == "--sparse")
+      sparse = std::atoi(v.c_str());
+    else if (k == "--torch")
+      torch_file = v;
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;

@@ -128,9 +128,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--mxfp4-only")) mxfp4_only = true;
   }
   FILE* counts = counts_path.empty() ? nullptr : std::fopen(counts_path.c_str(), "w");
-  std::printf(
-      "== fused_moe (bf16, fp32 accumulate): bandwidth counts the distinct experts' "
-      "weights + x + out; FLOP = 6 H I per routed row\n");
+  std::printf("== fused_moe (bf16, fp32 accumulate): bandwidth counts the distinct experts' "
+              "weights + x + out; FLOP = 6 H I per routed row\n");
   if (!mxfp4_only) {
     const Model q{"qwen3-30b-a3b", 2048, 768, 128, 8};
     Tensor w13 = rnd({q.E, 2 * q.I, q.H}, DType::kBF16, 1, -0.02f, 0.02f);
@@ -150,7 +149,8 @@ int main(int argc, char** argv) {
           bench_case(q, w13, w2, T, " gemm path", nullptr);
         }
         for (int depth : {2, 4}) {
-          const Tuned s(cuda_tuning_with([&](CudaTuning& t) { t.moe_decode_max_rows = 512, t.moe_decode_depth = depth; }));
+          const Tuned s(cuda_tuning_with(
+              [&](CudaTuning& t) { t.moe_decode_max_rows = 512, t.moe_decode_depth = depth; }));
           bench_case(q, w13, w2, T, fmt::format(" decode path, depth {}", depth), nullptr);
         }
       }
@@ -167,7 +167,8 @@ int main(int argc, char** argv) {
           const Tuned s(cuda_tuning_with([](CudaTuning& t) { t.moe_decode_max_rows = 0; }));
           bench_case(m, w13, w2, T, " gemm path", nullptr);
         }
-        const Tuned s(cuda_tuning_with([](CudaTuning& t) { t.moe_decode_max_rows = 512, t.moe_decode_depth = 4; }));
+        const Tuned s(cuda_tuning_with(
+            [](CudaTuning& t) { t.moe_decode_max_rows = 512, t.moe_decode_depth = 4; }));
         bench_case(m, w13, w2, T, " decode path, depth 4", nullptr);
       }
     }
@@ -189,7 +190,8 @@ int main(int argc, char** argv) {
       kernels::fill_uniform_bytes(t, seed, lo, hi);
       return t;
     };
-    Tensor w13 = bytes({g.E, 2 * g.I, g.H / 2}, 9, 0, 255), w2 = bytes({g.E, g.H, g.I / 2}, 10, 0, 255);
+    Tensor w13 = bytes({g.E, 2 * g.I, g.H / 2}, 9, 0, 255),
+           w2 = bytes({g.E, g.H, g.I / 2}, 10, 0, 255);
     Tensor s13 = bytes({g.E, g.H / 32, 2 * g.I}, 11, 118, 120);
     Tensor s2 = bytes({g.E, g.I / 32, g.H}, 12, 118, 120);
     Tensor b13 = rnd({g.E, 2 * g.I}, DType::kBF16, 7, -0.1f, 0.1f);
@@ -203,7 +205,9 @@ int main(int argc, char** argv) {
           bench_case(g, w13, w2, T, " gemm path", nullptr, &b13, &b2, &s13, &s2);
         }
         for (int depth : {2, 4}) {
-          const Tuned s(cuda_tuning_with([&](CudaTuning& t) { t.moe_decode_max_rows_mxfp4 = 512, t.moe_decode_depth = depth; }));
+          const Tuned s(cuda_tuning_with([&](CudaTuning& t) {
+            t.moe_decode_max_rows_mxfp4 = 512, t.moe_decode_depth = depth;
+          }));
           bench_case(g, w13, w2, T, fmt::format(" decode path, depth {}", depth), nullptr, &b13,
                      &b2, &s13, &s2);
         }

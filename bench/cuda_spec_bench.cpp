@@ -97,8 +97,8 @@ class TimedProposer : public DraftProposer {
 };
 
 struct Result {
-  double tok_s = 0;       // decode tokens per second (after every request's first token)
-  double step_ms = 0;     // per engine step while decoding
+  double tok_s = 0;    // decode tokens per second (after every request's first token)
+  double step_ms = 0;  // per engine step while decoding
   double draft_ms_per_token = 0;
   double accept = 0, mean_len = 0;
   int64_t graph_steps = 0, steps = 0, draft_graph_steps = 0;
@@ -222,16 +222,17 @@ int main(int argc, char** argv) {
     std::printf("model %s: target reads %.2f GB per batch-1 step, the MTP drafter %.2f GB (its LM "
                 "head shared); loaded in %.1f s\n",
                 model_dir.c_str(), tb.step(1) / 1e9, db.step(1) / 1e9, now() - t_load);
-    std::printf("\n%-30s %10s %9s %8s %8s %10s %11s %9s\n", "case", "tok/s", "step ms",
-                "speedup", "accept", "mean len", "draft ms/t", "% limit");
+    std::printf("\n%-30s %10s %9s %8s %8s %10s %11s %9s\n", "case", "tok/s", "step ms", "speedup",
+                "accept", "mean len", "draft ms/t", "% limit");
     for (int B : batches) {
       const double ctx = prompt + max_new / 2.0;
       const Result base = run(target, nullptr, B, 0, 0, prompt, max_new);
       const double base_limit = (tb.step(B) + B * ctx * kv_per_token) / bench::kBandwidth / B;
-      std::printf("%-30s %10.1f %9.3f %8s %8s %10s %11s %8.1f%%   (%lld of %lld steps from graphs)\n",
-                  fmt::format("batch {} plain", B).c_str(), base.tok_s, base.step_ms, "1.00", "-",
-                  "-", "-", 100.0 * base_limit * base.tok_s,
-                  static_cast<long long>(base.graph_steps), static_cast<long long>(base.steps));
+      std::printf(
+          "%-30s %10.1f %9.3f %8s %8s %10s %11s %8.1f%%   (%lld of %lld steps from graphs)\n",
+          fmt::format("batch {} plain", B).c_str(), base.tok_s, base.step_ms, "1.00", "-", "-", "-",
+          100.0 * base_limit * base.tok_s, static_cast<long long>(base.graph_steps),
+          static_cast<long long>(base.steps));
       std::fflush(stdout);
       for (int K : ks)
         for (double rate : rates) {
@@ -246,10 +247,9 @@ int main(int argc, char** argv) {
           std::printf("%-30s %10.1f %9.3f %8.2f %8.2f %10.2f %11.4f %8.1f%%   (%lld of %lld "
                       "steps from graphs, %lld drafter graph steps)\n",
                       fmt::format("batch {} K={} rate {:.1f}", B, K, rate).c_str(), r.tok_s,
-                      r.step_ms, r.tok_s / base.tok_s, r.accept, r.mean_len,
-                      r.draft_ms_per_token, 100.0 * limit * r.tok_s,
-                      static_cast<long long>(r.graph_steps), static_cast<long long>(r.steps),
-                      static_cast<long long>(r.draft_graph_steps));
+                      r.step_ms, r.tok_s / base.tok_s, r.accept, r.mean_len, r.draft_ms_per_token,
+                      100.0 * limit * r.tok_s, static_cast<long long>(r.graph_steps),
+                      static_cast<long long>(r.steps), static_cast<long long>(r.draft_graph_steps));
           std::fflush(stdout);
         }
     }

@@ -37,14 +37,17 @@ int main(int argc, char** argv) {
       std::sort(us.begin(), us.end());
       double sum = 0;
       for (double u : us) sum += u;
-      auto q = [&](double f) { return us[static_cast<size_t>(f * static_cast<double>(us.size() - 1))]; };
-      std::printf("  %-34s %3zu masks: mean %8.1f us, median %8.1f, p90 %8.1f, max %8.1f\n", what, us.size(),
-                  sum / static_cast<double>(us.size()), q(0.5), q(0.9), us.back());
+      auto q = [&](double f) {
+        return us[static_cast<size_t>(f * static_cast<double>(us.size() - 1))];
+      };
+      std::printf("  %-34s %3zu masks: mean %8.1f us, median %8.1f, p90 %8.1f, max %8.1f\n", what,
+                  us.size(), sum / static_cast<double>(us.size()), q(0.5), q(0.9), us.back());
     }
   };
   using Clock = std::chrono::steady_clock;
-  for (const auto& [name, gbnf] : {std::pair<std::string, std::string>{"json_object", grammar::json_object_gbnf()},
-                                   {"json_schema", grammar::json_schema_to_gbnf(schema)}}) {
+  for (const auto& [name, gbnf] :
+       {std::pair<std::string, std::string>{"json_object", grammar::json_object_gbnf()},
+        {"json_schema", grammar::json_schema_to_gbnf(schema)}}) {
     auto g = std::make_shared<const grammar::Grammar>(grammar::Grammar::from_gbnf(gbnf));
     grammar::GrammarConstraint c(g, trie);
     std::printf("%s\n", name.c_str());
@@ -62,7 +65,8 @@ int main(int argc, char** argv) {
         std::fill(mask.begin(), mask.end(), 0);
         const auto t0 = Clock::now();
         c.fill(m, mask);
-        (pass == 0 ? cold : warm).us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+        (pass == 0 ? cold : warm)
+            .us.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
         const std::string* b = trie->bytes(id);
         if (!b || !m.accept_bytes(*b)) {
           std::printf("  the text leaves the grammar at token %d\n", id);

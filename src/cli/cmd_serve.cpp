@@ -65,7 +65,8 @@ void serve(ServeArgs& a) {
       atom::fail("the model is given twice: '{}' and --model '{}'", a.model, a.model_flag);
     a.model = a.model_flag;
   }
-  if (a.model.empty()) atom::fail("atom serve needs a model folder: atom serve DIR (or --model DIR)");
+  if (a.model.empty())
+    atom::fail("atom serve needs a model folder: atom serve DIR (or --model DIR)");
   for (const auto& line : a.ignored) atom::log_info("{}", line);
   const std::string tokenizer_dir = a.tokenizer.empty() ? a.model : a.tokenizer;
   // vLLM's API key may also come from the environment.
@@ -104,14 +105,16 @@ void serve(ServeArgs& a) {
   // length asked for, the tokenizer and the chat template.
   const atom::ModelConfig config = atom::model_config_load(a.model);
   const int want_len = a.engine.config.max_model_len;
-  if (want_len > 0 && config.max_position_embeddings > 0 && want_len > config.max_position_embeddings)
+  if (want_len > 0 && config.max_position_embeddings > 0 &&
+      want_len > config.max_position_embeddings)
     atom::fail("--max-model-len {} is longer than the model's max_position_embeddings {} ({})",
                want_len, config.max_position_embeddings, config.path);
   auto t = Clock::now();
   atom::log_info("atom serve {}: loading the tokenizer{}", a.model,
                  a.tokenizer.empty() ? "" : " from " + a.tokenizer);
   if (!std::filesystem::exists(std::filesystem::path(tokenizer_dir) / "tokenizer.json"))
-    atom::fail("{}: the server needs the model's tokenizer.json (or --tokenizer DIR)", tokenizer_dir);
+    atom::fail("{}: the server needs the model's tokenizer.json (or --tokenizer DIR)",
+               tokenizer_dir);
   atom::tokenizer::Tokenizer tok = atom::tokenizer::Tokenizer::from_dir(tokenizer_dir);
   atom::log_info("tokenizer ready in {:.2f} s ({} tokens)", since(t), tok.vocab_size());
   // Ids the tokenizer can produce must index the model's embedding; a model that pads its
@@ -121,9 +124,10 @@ void serve(ServeArgs& a) {
                "its text prompts cannot be embedded (is --tokenizer the model's?)",
                tokenizer_dir, tok.id_limit() - 1, config.vocab_size, config.path);
   if (config.vocab_size > tok.id_limit())
-    atom::log_warn("the model's vocab_size {} is larger than the tokenizer's {} ids: rows {}..{} have "
-                   "no token (sampled, they decode to nothing)",
-                   config.vocab_size, tok.id_limit(), tok.id_limit(), config.vocab_size - 1);
+    atom::log_warn(
+        "the model's vocab_size {} is larger than the tokenizer's {} ids: rows {}..{} have "
+        "no token (sampled, they decode to nothing)",
+        config.vocab_size, tok.id_limit(), tok.id_limit(), config.vocab_size - 1);
   {
     const auto tpl = atom::tokenizer::ChatTemplate::from_model_dir(tokenizer_dir, a.chat_template,
                                                                    a.template_limits);
@@ -163,7 +167,8 @@ void serve(ServeArgs& a) {
   so.host = a.host;
   so.port = a.port;
   if (!a.api_key.empty()) so.api_key = a.api_key;
-  so.served_model_names = a.served_model_names.empty() ? std::vector<std::string>{a.model} : a.served_model_names;
+  so.served_model_names =
+      a.served_model_names.empty() ? std::vector<std::string>{a.model} : a.served_model_names;
   so.enable_prompt_tokens_details = a.enable_prompt_tokens_details;
   so.enable_auto_tool_choice = a.enable_auto_tool_choice;
   so.tool_call_parser = a.tool_call_parser;
@@ -173,21 +178,23 @@ void serve(ServeArgs& a) {
   so.http = a.http;
   so.limits.max_logprobs = a.max_logprobs;
   atom::server::Metrics metrics(so.served_model_names[0]);
-  metrics.set_cache_config({{"block_size", std::to_string(engine.kv_plan().block_size)},
-                            {"num_gpu_blocks", std::to_string(engine.kv_plan().num_blocks)},
-                            {"enable_prefix_caching", engine.config().enable_prefix_caching ? "True" : "False"}});
+  metrics.set_cache_config(
+      {{"block_size", std::to_string(engine.kv_plan().block_size)},
+       {"num_gpu_blocks", std::to_string(engine.kv_plan().num_blocks)},
+       {"enable_prefix_caching", engine.config().enable_prefix_caching ? "True" : "False"}});
   atom::server::HttpServer http(backend, metrics, so);
   if (!http.bind()) atom::fail("{}", http.bind_error());
 
   std::thread signals([&] {
     int sig = 0;
     sigwait(&sigs, &sig);
-    atom::log_info("signal {}: draining {} running request(s), then exiting", sig, backend.live_requests());
+    atom::log_info("signal {}: draining {} running request(s), then exiting", sig,
+                   backend.live_requests());
     backend.drain();
     http.stop();
   });
-  atom::log_info("serving {} at http://{}:{} (started in {:.2f} s)", so.served_model_names[0], a.host,
-                 http.port(), since(start));
+  atom::log_info("serving {} at http://{}:{} (started in {:.2f} s)", so.served_model_names[0],
+                 a.host, http.port(), since(start));
   http.serve();
   // serve() returns after stop(); the signal thread has finished draining.
   signals.join();
@@ -202,7 +209,8 @@ void add_ignored_vllm_flags(CLI::App* cmd, const std::shared_ptr<ServeArgs>& a) 
     const char* why;
   };
   static const Ignored kIgnored[] = {
-      {"--uvicorn-log-level", true, "atom's server is not uvicorn; ATOM_LOG_LEVEL sets its log level"},
+      {"--uvicorn-log-level", true,
+       "atom's server is not uvicorn; ATOM_LOG_LEVEL sets its log level"},
       {"--disable-uvicorn-access-log", false, "atom's server writes no access log"},
       {"--disable-log-requests", false, "atom does not log requests"},
       {"--enable-log-requests", false, "atom does not log requests"},
@@ -221,7 +229,8 @@ void add_ignored_vllm_flags(CLI::App* cmd, const std::shared_ptr<ServeArgs>& a) 
       cmd->add_option_function<std::string>(
           ig.flag, [a, line](const std::string&) { a->ignored.push_back(line); }, ig.why);
     else
-      cmd->add_flag_callback(ig.flag, [a, line] { a->ignored.push_back(line); }, ig.why);
+      cmd->add_flag_callback(
+          ig.flag, [a, line] { a->ignored.push_back(line); }, ig.why);
   }
 }
 
@@ -229,7 +238,8 @@ void add_ignored_vllm_flags(CLI::App* cmd, const std::shared_ptr<ServeArgs>& a) 
 
 ATOM_REGISTER_COMMAND([](CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
-  auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API (like vllm serve)");
+  auto* cmd = app.add_subcommand(
+      "serve", "Serve a model over an OpenAI-compatible HTTP API (like vllm serve)");
   cmd->add_option("model", a->model, "Hugging Face model folder");
   cmd->add_option("--model", a->model_flag, "the model folder (vLLM's other spelling)");
   cmd->add_option("--tokenizer", a->tokenizer, "folder of the tokenizer (default: the model's)");
@@ -243,10 +253,13 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
   cmd->add_option("--host", a->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", a->port, "port to listen on (0: any free port)")->capture_default_str();
   cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' on /v1 routes");
-  cmd->add_option("--served-model-name", a->served_model_names, "names reported by /v1/models; responses use the first");
-  cmd->add_option("--chat-template", a->chat_template, "chat template file or text (default: the model's)");
+  cmd->add_option("--served-model-name", a->served_model_names,
+                  "names reported by /v1/models; responses use the first");
+  cmd->add_option("--chat-template", a->chat_template,
+                  "chat template file or text (default: the model's)");
   cmd->add_option("--default-chat-template-kwargs", a->default_chat_template_kwargs,
-                  "JSON object of template variables applied to every chat request, e.g. '{\"enable_thinking\": false}'");
+                  "JSON object of template variables applied to every chat request, e.g. "
+                  "'{\"enable_thinking\": false}'");
   cmd->add_option("--generation-config", a->generation_config,
                   "auto (the model's generation_config.json), vllm (ignore it), or a folder")
       ->capture_default_str();
@@ -294,8 +307,9 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
                   "seconds an idle connection is kept open waiting for its next request")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600));
-  cmd->add_option("--max-connections", a->http.max_connections,
-                  "open connections at once; more get 503 (also bounded by the file descriptor limit)")
+  cmd->add_option(
+         "--max-connections", a->http.max_connections,
+         "open connections at once; more get 503 (also bounded by the file descriptor limit)")
       ->capture_default_str()
       ->check(CLI::Range(16, 1 << 24));
   cmd->add_option("--max-header-bytes", a->http.max_header_bytes,

@@ -55,10 +55,12 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
   auto* cmd = app.add_subcommand("tokenize", "Print the token ids of a text, comma-separated");
   cmd->add_option("--model", args->model, "Model folder with tokenizer.json")->required();
   cmd->add_option("text", args->text, "Text to tokenize")->required();
-  auto* no_special = cmd->add_flag("--no-special", args->no_special,
-                                   "Do not add special tokens (BOS etc.; the default adds them as HF does)");
-  cmd->add_flag_callback("--add-special-tokens", [args] { args->no_special = false; },
-                         "Add special tokens (the default)")
+  auto* no_special =
+      cmd->add_flag("--no-special", args->no_special,
+                    "Do not add special tokens (BOS etc.; the default adds them as HF does)");
+  cmd->add_flag_callback(
+         "--add-special-tokens", [args] { args->no_special = false; },
+         "Add special tokens (the default)")
       ->excludes(no_special);
   cmd->callback([args] {
     const auto tok = atom::tokenizer::Tokenizer::from_dir(args->model);
@@ -77,7 +79,8 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
   auto* cmd = app.add_subcommand("detokenize", "Print the text of comma-separated token ids");
   cmd->add_option("--model", args->model, "Model folder with tokenizer.json")->required();
   cmd->add_option("ids", args->ids, "Token ids, e.g. 1,2,3")->required();
-  cmd->add_flag("--skip-special-tokens", args->skip_special, "Leave special tokens out of the text");
+  cmd->add_flag("--skip-special-tokens", args->skip_special,
+                "Leave special tokens out of the text");
   cmd->callback([args] {
     const auto tok = atom::tokenizer::Tokenizer::from_dir(args->model);
     const std::string text = tok.decode(parse_ids(args->ids), args->skip_special);

@@ -9,7 +9,8 @@
 namespace atom::cli {
 
 void model_args_add(CLI::App* cmd, ModelArgs& a) {
-  cmd->add_option("--model", a.model, "Hugging Face model folder (config.json + safetensors)")->required();
+  cmd->add_option("--model", a.model, "Hugging Face model folder (config.json + safetensors)")
+      ->required();
   model_args_add_placement(cmd, a);
 }
 
@@ -48,16 +49,16 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   o.device = a.device.empty() ? device_default() : device_parse(a.device);
   o.act_dtype = dtype_arg_parse(a.dtype);
   if (o.device.is_cuda() && !cuda_available())
-    fail("--device {}: no usable NVIDIA GPU found (or this build has no CUDA backend)", o.device.str());
+    fail("--device {}: no usable NVIDIA GPU found (or this build has no CUDA backend)",
+         o.device.str());
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<ModelGroup> m =
       model_group_load(a.model, o, a.tensor_parallel_size, load_format_parse(a.load_format));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto& st = m->report().checkpoint;
-  const std::string where =
-      m->tp_size() == 1 ? o.device.str()
-                        : fmt::format("{} tensor-parallel ranks from {}", m->tp_size(),
-                                      o.device.str());
+  const std::string where = m->tp_size() == 1 ? o.device.str()
+                                              : fmt::format("{} tensor-parallel ranks from {}",
+                                                            m->tp_size(), o.device.str());
   log_info("loaded {} ({}) on {} in {:.2f} s: {} tensors, {} of {} shards read, {:.1f} MB read{}",
            a.model, m->model().config().architectures[0], where, s, m->report().tensors_loaded,
            st.shards_read, st.shards_total, static_cast<double>(st.bytes_read) / 1e6,
@@ -81,7 +82,8 @@ std::vector<int32_t> token_list_parse(const std::string& s, const std::string& f
   size_t pos = 0;
   while (pos <= s.size()) {
     const size_t comma = s.find(',', pos);
-    const std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    const std::string item =
+        s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     char* end = nullptr;
     const long v = std::strtol(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0' || v < 0 || v > INT32_MAX)

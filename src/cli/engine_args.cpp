@@ -51,8 +51,7 @@ void engine_args_add(CLI::App* cmd, EngineArgs& a) {
                   "reserved with the state pool); 0: --max-num-seqs")
       ->capture_default_str();
   cmd->add_option_function<std::string>(
-      "--speculative-config",
-      [&c](const std::string& v) { speculative_config_parse(v, c); },
+      "--speculative-config", [&c](const std::string& v) { speculative_config_parse(v, c); },
       "speculative decoding with the checkpoint's MTP layers, vLLM's JSON: "
       "'{\"method\": \"mtp\", \"num_speculative_tokens\": K}', K in 1..4");
   cmd->add_option("--spec-decode-acceptance-rate", c.spec_decode_acceptance_rate,

@@ -15,25 +15,43 @@ bool is_convertible_float(DType t) {
 
 float load_float(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF64: return static_cast<float>(static_cast<const double*>(p)[i]);
-    case DType::kI32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
-    case DType::kI64: return static_cast<float>(static_cast<const int64_t*>(p)[i]);
-    case DType::kU8: return static_cast<float>(static_cast<const uint8_t*>(p)[i]);
-    case DType::kI8: return static_cast<float>(static_cast<const int8_t*>(p)[i]);
-    default: ATOM_CHECK(false, "cannot read {} as float", dtype_name(t));
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF64:
+      return static_cast<float>(static_cast<const double*>(p)[i]);
+    case DType::kI32:
+      return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+    case DType::kI64:
+      return static_cast<float>(static_cast<const int64_t*>(p)[i]);
+    case DType::kU8:
+      return static_cast<float>(static_cast<const uint8_t*>(p)[i]);
+    case DType::kI8:
+      return static_cast<float>(static_cast<const int8_t*>(p)[i]);
+    default:
+      ATOM_CHECK(false, "cannot read {} as float", dtype_name(t));
   }
 }
 
 void store_float(void* p, DType t, int64_t i, float v) {
   switch (t) {
-    case DType::kF32: static_cast<float*>(p)[i] = v; break;
-    case DType::kBF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
-    case DType::kF16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
-    case DType::kF64: static_cast<double*>(p)[i] = v; break;
-    default: ATOM_CHECK(false, "cannot write float into {}", dtype_name(t));
+    case DType::kF32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(p)[i] = f32_to_f16(v);
+      break;
+    case DType::kF64:
+      static_cast<double*>(p)[i] = v;
+      break;
+    default:
+      ATOM_CHECK(false, "cannot write float into {}", dtype_name(t));
   }
 }
 
@@ -50,7 +68,8 @@ void convert_contiguous(void* dst, DType dt, const void* src, DType st, int64_t 
          "and F64)",
          dtype_name(st), dtype_name(dt));
   if (st == DType::kF64 && dt == DType::kF32) {
-    for (int64_t i = 0; i < n; ++i) static_cast<float*>(dst)[i] = static_cast<float>(static_cast<const double*>(src)[i]);
+    for (int64_t i = 0; i < n; ++i)
+      static_cast<float*>(dst)[i] = static_cast<float>(static_cast<const double*>(src)[i]);
     return;
   }
   for (int64_t i = 0; i < n; ++i) store_float(dst, dt, i, load_float(src, st, i));
@@ -84,7 +103,8 @@ Tensor tensor_cast_cpu(const Tensor& src, DType dtype) {
 }
 
 float tensor_get_float(const Tensor& t, int64_t i) {
-  ATOM_CHECK(t.device().is_cpu() && t.is_contiguous(), "tensor_get_float needs a contiguous CPU tensor");
+  ATOM_CHECK(t.device().is_cpu() && t.is_contiguous(),
+             "tensor_get_float needs a contiguous CPU tensor");
   return load_float(t.data(), t.dtype(), i);
 }
 

@@ -8,14 +8,14 @@
 #include "core/device.h"
 #include "core/error.h"
 
-#define CUDA_CHECK(expr)                                                                   \
-  do {                                                                                     \
-    cudaError_t atom_err_ = (expr);                                                        \
-    if (atom_err_ != cudaSuccess) {                                                        \
-      throw ::atom::Error(fmt::format("{}:{}: CUDA error {} ({}) in {}", __FILE__, __LINE__, \
-                                      cudaGetErrorName(atom_err_),                         \
-                                      cudaGetErrorString(atom_err_), #expr));              \
-    }                                                                                      \
+#define CUDA_CHECK(expr)                                                                          \
+  do {                                                                                            \
+    cudaError_t atom_err_ = (expr);                                                               \
+    if (atom_err_ != cudaSuccess) {                                                               \
+      throw ::atom::Error(fmt::format("{}:{}: CUDA error {} ({}) in {}", __FILE__, __LINE__,      \
+                                      cudaGetErrorName(atom_err_), cudaGetErrorString(atom_err_), \
+                                      #expr));                                                    \
+    }                                                                                             \
   } while (0)
 
 namespace atom {

@@ -46,10 +46,9 @@ void cuda_device_check(int device) {
   cudaDeviceProp p{};
   CUDA_CHECK(cudaGetDeviceProperties(&p, device));
   if (p.major != 9 || p.minor != 0)
-    fail(
-        "GPU cuda:{} ({}) has compute capability {}.{}; this build of atom carries CUDA kernels "
-        "for sm_90a only (Hopper: H100, H200)",
-        device, p.name, p.major, p.minor);
+    fail("GPU cuda:{} ({}) has compute capability {}.{}; this build of atom carries CUDA kernels "
+         "for sm_90a only (Hopper: H100, H200)",
+         device, p.name, p.major, p.minor);
   if (device < 64) passed.fetch_or(uint64_t{1} << device);
 }
 

@@ -22,10 +22,10 @@ enum class DType : uint8_t {
   kBF16,
   kF32,
   kF64,
-  kF8E4M3,   // float8_e4m3fn
+  kF8E4M3,  // float8_e4m3fn
   kF8E5M2,
-  kE8M0,     // power-of-two block scale (MX formats)
-  kF4,       // e2m1, two values per byte
+  kE8M0,  // power-of-two block scale (MX formats)
+  kF4,    // e2m1, two values per byte
   kF6E2M3,
   kF6E3M2,
   kF8E4M3FNUZ,

@@ -22,10 +22,10 @@ template <typename... Args>
 
 }  // namespace atom
 
-#define ATOM_CHECK(cond, ...)                                                             \
-  do {                                                                                    \
-    if (!(cond)) {                                                                        \
-      throw ::atom::Error(fmt::format("{}:{}: check failed: {}: {}", __FILE__, __LINE__, \
-                                      #cond, fmt::format(__VA_ARGS__)));                  \
-    }                                                                                     \
+#define ATOM_CHECK(cond, ...)                                                                   \
+  do {                                                                                          \
+    if (!(cond)) {                                                                              \
+      throw ::atom::Error(fmt::format("{}:{}: check failed: {}: {}", __FILE__, __LINE__, #cond, \
+                                      fmt::format(__VA_ARGS__)));                               \
+    }                                                                                           \
   } while (0)

@@ -33,7 +33,8 @@ Shape contiguous_strides(const Shape& shape) {
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   for (auto d : shape) ATOM_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
-  auto storage = storage_alloc(dtype_bytes(dtype, static_cast<uint64_t>(shape_numel(shape))), device);
+  auto storage =
+      storage_alloc(dtype_bytes(dtype, static_cast<uint64_t>(shape_numel(shape))), device);
   Tensor t;
   t.storage_ = storage->data();
   t.owner_ = std::move(storage);
@@ -117,7 +118,8 @@ Tensor Tensor::narrow(int d, int64_t start, int64_t length) const {
   if (d < 0) d += dim();
   ATOM_CHECK(d >= 0 && d < dim(), "narrow dimension {} out of range for {}", d, str());
   ATOM_CHECK(start >= 0 && length >= 0 && start + length <= shape_[d],
-             "narrow [{}, {}) out of range for dimension {} of {}", start, start + length, d, str());
+             "narrow [{}, {}) out of range for dimension {} of {}", start, start + length, d,
+             str());
   Tensor t = *this;
   t.offset_ += start * strides_[d];
   t.shape_[d] = length;

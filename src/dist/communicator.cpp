@@ -53,7 +53,8 @@ class LocalCommunicator final : public Communicator {
   void all_gather_last_dim(const Tensor& in, Tensor& out) override {
     ATOM_CHECK(in.device().is_cpu() && in.is_contiguous() && out.is_contiguous(),
                "LocalGroup all_gather needs contiguous CPU tensors");
-    ATOM_CHECK(out.size(-1) == in.size(-1) * g_.size_, "all_gather: {} into {}", in.str(), out.str());
+    ATOM_CHECK(out.size(-1) == in.size(-1) * g_.size_, "all_gather: {} into {}", in.str(),
+               out.str());
     {
       std::lock_guard<std::mutex> lock(g_.mu_);
       g_.slots_[rank_] = in;

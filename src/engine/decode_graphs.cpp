@@ -57,8 +57,7 @@ bool DecodeGraphs::accepts(const Batch& batch) const {
     if (batch.query_start[s + 1] != (s + 1) * q) return false;
     if (batch.context_lens[s] > max_model_len_) return false;
     if (batch.page_indptr[s + 1] - batch.page_indptr[s] > max_pages_) return false;
-    if (!every &&
-        (batch.logits_indices[s] < s * q || batch.logits_indices[s] >= (s + 1) * q))
+    if (!every && (batch.logits_indices[s] < s * q || batch.logits_indices[s] >= (s + 1) * q))
       return false;
   }
   if (every)
@@ -196,9 +195,9 @@ const std::vector<Tensor>& DecodeGraphs::run(const Batch& batch,
     return capture(bucket, q, p, after_upload);
   arena_.reset();
   upload(p, bucket);
-  ATOM_CHECK(p.dev.token_ids.data() == it->second->input &&
-                 arena_.generation() == it->second->generation,
-             "decode graph of batch size {} ({} tokens per sequence): the upload moved", bucket, q);
+  ATOM_CHECK(
+      p.dev.token_ids.data() == it->second->input && arena_.generation() == it->second->generation,
+      "decode graph of batch size {} ({} tokens per sequence): the upload moved", bucket, q);
   if (after_upload) after_upload(p);
   CUDA_CHECK(cudaGraphLaunch(it->second->exec, cuda_current_stream()));
   ++replays_;

@@ -80,13 +80,12 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
             ? fmt::format("set by --num-gpu-blocks-override")
             : fmt::format("from --kv-cache-memory {} bytes minus {} bytes of state slots", kv_bytes,
                           state_bytes);
-    fail(
-        "the KV cache holds {} blocks of {} tokens = {} tokens ({} bytes per block, {}), but one "
-        "sequence of max_model_len {} needs {} blocks ({} bytes); raise --kv-cache-memory or "
-        "--num-gpu-blocks-override, or lower --max-model-len",
-        p.num_blocks, c.block_size, static_cast<int64_t>(p.num_blocks) * c.block_size,
-        p.block_bytes, source, p.max_model_len, per_seq_blocks,
-        per_seq_blocks * static_cast<int64_t>(p.block_bytes));
+    fail("the KV cache holds {} blocks of {} tokens = {} tokens ({} bytes per block, {}), but one "
+         "sequence of max_model_len {} needs {} blocks ({} bytes); raise --kv-cache-memory or "
+         "--num-gpu-blocks-override, or lower --max-model-len",
+         p.num_blocks, c.block_size, static_cast<int64_t>(p.num_blocks) * c.block_size,
+         p.block_bytes, source, p.max_model_len, per_seq_blocks,
+         per_seq_blocks * static_cast<int64_t>(p.block_bytes));
   }
   return p;
 }

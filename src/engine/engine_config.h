@@ -40,7 +40,7 @@ struct EngineConfig {
   int state_checkpoint_interval_tokens = 0;
   // State slots kept for those checkpoints (each as large as a request's state); 0: max_num_seqs.
   int num_state_checkpoints = 0;
-  uint64_t seed = 0;               // draws the seeds of requests that bring none
+  uint64_t seed = 0;  // draws the seeds of requests that bring none
   // KV cache element type, vLLM's --kv-cache-dtype: "auto" (the activation dtype), "fp8" or
   // "fp8_e4m3" (e4m3 with per-tensor scales of 1: half the bytes of BF16), "bf16" or "bfloat16".
   std::string kv_cache_dtype = "auto";
@@ -55,8 +55,8 @@ struct KvCachePlan {
   // Of num_state_slots, the last this many hold prefix checkpoints of the recurrent state.
   int num_checkpoint_slots = 0;
   DType kv_cache_dtype = DType::kF32;  // what the attention layers' caches store
-  size_t block_bytes = 0;           // one block over all attention layers
-  size_t state_slot_bytes = 0;      // one slot over all recurrent layers
+  size_t block_bytes = 0;              // one block over all attention layers
+  size_t state_slot_bytes = 0;         // one slot over all recurrent layers
   int max_model_len = 0;
 };
 

@@ -31,8 +31,8 @@ std::unique_ptr<StepRunner> runner_create(Model& model, ModelGroup* models, cons
   o.num_speculative_tokens = c.num_speculative_tokens;
   o.num_state_slots = plan.num_state_slots;
   o.kv_cache_dtype = plan.kv_cache_dtype;
-  std::unique_ptr<StepRunner> runner = models ? step_runner_create(*models, o)
-                                               : std::make_unique<ModelRunner>(model, o);
+  std::unique_ptr<StepRunner> runner =
+      models ? step_runner_create(*models, o) : std::make_unique<ModelRunner>(model, o);
   plan.num_blocks = runner->num_pages();
   return runner;
 }
@@ -82,9 +82,8 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
   for (int64_t e : generation.eos_token_ids)
     if (e >= 0 && e < model.vocab_size()) eos_ids_.push_back(static_cast<int32_t>(e));
   if (config.enable_prefix_caching && !blocks_.prefix_caching())
-    log_info(
-        "prefix caching is off: the model keeps recurrent state "
-        "(--state-checkpoint-interval-tokens turns it on)");
+    log_info("prefix caching is off: the model keeps recurrent state "
+             "(--state-checkpoint-interval-tokens turns it on)");
   const bool graphs = !runner_->graph_buckets().empty();
   if (graphs) {
     // Up front, as vLLM does: captured on first use, the buckets a shrinking batch walks through
@@ -96,10 +95,10 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
              seconds(Clock::now() - t0));
   }
   // With tensor parallelism every rank holds this many blocks of its own kv heads.
-  const std::string where =
-      tp_size_ == 1 ? model.device().str()
-                    : fmt::format("{} ranks from {} (tensor parallel, KV per rank)", tp_size_,
-                                  model.device().str());
+  const std::string where = tp_size_ == 1
+                                ? model.device().str()
+                                : fmt::format("{} ranks from {} (tensor parallel, KV per rank)",
+                                              tp_size_, model.device().str());
   log_info(
       "engine on {}: {} KV blocks of {} tokens ({:.1f} MiB of {}, {} tokens, from {}), {} state "
       "slots "
@@ -163,8 +162,7 @@ void LLMEngine::set_proposer(std::unique_ptr<DraftProposer> proposer) {
          K, 1 + K, plan_.state_slots_per_request);
   if (tp_size_ > 1) fail("speculative decoding is not supported with tensor parallelism yet");
   const double r = config_.spec_decode_acceptance_rate;
-  if (r >= 0 && r > 1)
-    fail("--spec-decode-acceptance-rate must be in [0, 1], got {}", r);
+  if (r >= 0 && r > 1) fail("--spec-decode-acceptance-rate must be in [0, 1], got {}", r);
   proposer_ = std::move(proposer);
   stats_.spec_accepted_per_position.assign(static_cast<size_t>(K), 0);
 }
@@ -233,9 +231,8 @@ void LLMEngine::spec_verify() {
       bool accept = draft == t;
       if (!accept && rate >= 0) {
         // Benchmarking: accepted with probability `rate`, keyed by the sequence and position.
-        const uint64_t h = kernels::random_mix(seq.seed ^ kernels::random_mix(
-                                                              static_cast<uint64_t>(n_out + j) ^
-                                                              0x5370656344656eull));
+        const uint64_t h = kernels::random_mix(
+            seq.seed ^ kernels::random_mix(static_cast<uint64_t>(n_out + j) ^ 0x5370656344656eull));
         accept = static_cast<double>(h >> 11) * 0x1.0p-53 < rate;
       }
       if (!accept) {
@@ -480,14 +477,12 @@ void LLMEngine::plan_sampling() {
                                         static_cast<size_t>(n_out));
     if (suppressing) t.suppressed = req.min_tokens_suppressed;
     if (p.logprobs) t.logprob = &seq.logprobs.emplace_back();
-    if (seq.constraint)
-      constrained_.push_back({task, static_cast<int32_t>(tasks_.size()), &seq});
+    if (seq.constraint) constrained_.push_back({task, static_cast<int32_t>(tasks_.size()), &seq});
     task_source_.push_back(-1 - static_cast<int32_t>(tasks_.size()));
     sampling_.host_rows.push_back(row);
     tasks_.push_back(t);
   }
-  if (sampling_.device_mask.size() < sampling_.device_rows.size() &&
-      !sampling_.device_mask.empty())
+  if (sampling_.device_mask.size() < sampling_.device_rows.size() && !sampling_.device_mask.empty())
     sampling_.device_mask.resize(sampling_.device_rows.size(), -1);
   // Structured output: each constrained row's allowed tokens, computed on a worker thread while
   // the forward runs. The runner waits for them before it draws the device rows; step() before
@@ -503,22 +498,23 @@ void LLMEngine::plan_sampling() {
     // Rows are independent (each has its own matcher; a constraint's mask cache is locked), so
     // a batch of them fans out over threads: one row of a 151k-token vocabulary takes 0.1-0.2 ms
     // on one core, which 64 rows in a row would add to every step of a fast GPU.
-    masks_ready_ = std::async(std::launch::async, [this] {
-      const auto n = static_cast<int64_t>(constrained_.size());
-      ParallelErrors errors;
+    masks_ready_ =
+        std::async(std::launch::async, [this] {
+          const auto n = static_cast<int64_t>(constrained_.size());
+          ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 1) if (n >= 4)
-      for (int64_t k = 0; k < n; ++k) {
-        errors.guard([&] {
-          const Sequence& seq = *constrained_[static_cast<size_t>(k)].seq;
-          const bool eos_ok = !seq.params().ignore_eos;
-          seq.constraint->fill_allowed(
-              std::span<uint64_t>(masks_.data() + static_cast<size_t>(k) * mask_words_,
-                                  mask_words_),
-              eos_ok ? std::span<const int32_t>(eos_ids_) : std::span<const int32_t>());
-        });
-      }
-      errors.rethrow();
-    }).share();
+          for (int64_t k = 0; k < n; ++k) {
+            errors.guard([&] {
+              const Sequence& seq = *constrained_[static_cast<size_t>(k)].seq;
+              const bool eos_ok = !seq.params().ignore_eos;
+              seq.constraint->fill_allowed(
+                  std::span<uint64_t>(masks_.data() + static_cast<size_t>(k) * mask_words_,
+                                      mask_words_),
+                  eos_ok ? std::span<const int32_t>(eos_ids_) : std::span<const int32_t>());
+            });
+          }
+          errors.rethrow();
+        }).share();
     if (!sampling_.device_mask.empty()) {
       sampling_.mask_words = static_cast<int64_t>(words);
       sampling_.masks = [this, ready = masks_ready_]() {

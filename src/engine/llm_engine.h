@@ -55,9 +55,8 @@ class LLMEngine {
   // Tensor parallel: each step runs on every rank of `models` (engine/tp_runner.h); rank 0's model
   // is model(). KV blocks are per rank (each holds its kv heads of every block); the count is the
   // smallest any rank's memory allows. With one rank, the same as the constructor above.
-  LLMEngine(ModelGroup& models, const EngineConfig& config,
-            const GenerationConfig& generation = {}, TextStreamFactory text = {},
-            DraftModel* drafter = nullptr);
+  LLMEngine(ModelGroup& models, const EngineConfig& config, const GenerationConfig& generation = {},
+            TextStreamFactory text = {}, DraftModel* drafter = nullptr);
   ~LLMEngine();
   LLMEngine(const LLMEngine&) = delete;
   LLMEngine& operator=(const LLMEngine&) = delete;
@@ -87,7 +86,9 @@ class LLMEngine {
 
   // Called by step() once the batch is scheduled, before its forward runs, with the scheduler's
   // running and waiting counts: a front end's gauges then move during a long prefill.
-  void set_on_scheduled(std::function<void(int running, int waiting)> f) { on_scheduled_ = std::move(f); }
+  void set_on_scheduled(std::function<void(int running, int waiting)> f) {
+    on_scheduled_ = std::move(f);
+  }
 
   // Speculative decoding with this proposer and config().num_speculative_tokens (1..4) draft
   // tokens per step, before any request is added (the constructor sets up the MTP drafter's
@@ -159,7 +160,7 @@ class LLMEngine {
   std::vector<LogitsRow> rows_;
   StepSampling sampling_;
   StepSamples samples_;
-  std::vector<SampleTask> tasks_;      // rows sampled on the host
+  std::vector<SampleTask> tasks_;  // rows sampled on the host
   // Structured output: the constrained rows, their masks (one table, [rows, words]), the worker
   // computing them during the forward, and the rows whose mask allows nothing.
   struct ConstrainedRow {
@@ -171,7 +172,7 @@ class LLMEngine {
   std::vector<uint64_t> masks_;
   size_t mask_words_ = 0;
   std::shared_future<void> masks_ready_;
-  std::vector<char> blocked_;  // per task
+  std::vector<char> blocked_;          // per task
   std::vector<int32_t> host_sampled_;  // their tokens
   std::vector<Sequence*> task_seqs_;   // every sequence that draws a token, in row order
   std::vector<int32_t>

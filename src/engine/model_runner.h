@@ -107,8 +107,8 @@ class ModelRunner final : public StepRunner {
   std::vector<int32_t> row_index_;
   std::vector<int32_t> ids_host_;
   std::vector<int32_t> mask_index_;  // per drawn row: its row of the mask table, or -1
-  Tensor host_logits_;  // [capacity rows, vocab] F32 on the host
-  Tensor hidden_;       // the last step's hidden states, in arena_ or the graphs' arena
+  Tensor host_logits_;               // [capacity rows, vocab] F32 on the host
+  Tensor hidden_;  // the last step's hidden states, in arena_ or the graphs' arena
 };
 
 }  // namespace atom

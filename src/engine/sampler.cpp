@@ -140,8 +140,8 @@ void CpuSampler::sample(const Tensor& logits, std::span<const SampleTask> tasks,
   for (const SampleTask& t : tasks)
     ATOM_CHECK(t.row >= 0 && t.row < logits.size(0) && t.params, "sampler: row {} of {}", t.row,
                logits.size(0));
-    // Rows are independent; a greedy row is one pass over the vocabulary, so only fan out when the
-    // batch has enough of them to pay for the threads.
+  // Rows are independent; a greedy row is one pass over the vocabulary, so only fan out when the
+  // batch has enough of them to pay for the threads.
   ParallelErrors errors;
 #pragma omp parallel for schedule(dynamic, 4) if (n >= 8)
   for (int64_t i = 0; i < n; ++i) {

@@ -97,8 +97,8 @@ class Scheduler {
     uint32_t gen = 0;
     uint64_t used = 0;  // last put or restore (least recently used is overwritten)
   };
-  std::vector<Checkpoint> checkpoints_;  // one per checkpoint slot
-  std::unordered_map<int, int> checkpoint_of_block_;  // block -> index in checkpoints_
+  std::vector<Checkpoint> checkpoints_;                      // one per checkpoint slot
+  std::unordered_map<int, int> checkpoint_of_block_;         // block -> index in checkpoints_
   std::vector<std::pair<int32_t, int32_t>> pending_copies_;  // checkpoints of the last step
   uint64_t clock_ = 0;
 

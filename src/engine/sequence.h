@@ -86,7 +86,7 @@ struct Sequence {
   // start of a stop string is held back.
   size_t text_emitted = 0;
   std::unique_ptr<TokenTextStream> text_stream;
-  std::vector<TokenLogprob> logprobs;          // one per output token when requested
+  std::vector<TokenLogprob> logprobs;  // one per output token when requested
   // Structured output: where this sample is in its request's constraint (grammar).
   std::unique_ptr<LogitsConstraintState> constraint;
   std::vector<Clock::time_point> token_times;  // when each output token was produced

@@ -15,10 +15,12 @@ namespace {
 class SingleSequence {
  public:
   SingleSequence(Model& model, int capacity, int block_size, std::optional<DType> kv_cache_dtype)
-      : runner_(std::make_unique<ModelRunner>(model, options(model, capacity, block_size, kv_cache_dtype))) {}
+      : runner_(std::make_unique<ModelRunner>(
+            model, options(model, capacity, block_size, kv_cache_dtype))) {}
   SingleSequence(ModelGroup& models, int capacity, int block_size,
                  std::optional<DType> kv_cache_dtype) {
-    runner_ = step_runner_create(models, options(models.model(0), capacity, block_size, kv_cache_dtype));
+    runner_ =
+        step_runner_create(models, options(models.model(0), capacity, block_size, kv_cache_dtype));
   }
 
   // Appends `tokens` to the context; returns logits of the listed rows (indices into `tokens`).
@@ -107,7 +109,8 @@ GreedyResult greedy_with(Models& models, const Model& model, const std::vector<i
   GreedyResult r;
   r.finish_reason = "length";
   if (max_tokens <= 0) return r;
-  SingleSequence seq(models, static_cast<int>(prompt.size()) + max_tokens, block_size, kv_cache_dtype);
+  SingleSequence seq(models, static_cast<int>(prompt.size()) + max_tokens, block_size,
+                     kv_cache_dtype);
   int32_t next = seq.step_greedy(prompt, {static_cast<int32_t>(prompt.size()) - 1}).at(0);
   for (int i = 0; i < max_tokens; ++i) {
     r.token_ids.push_back(next);

@@ -1,6 +1,6 @@
-// Single-sequence helpers over a ModelRunner (or a tensor-parallel TpRunner) for `atom score` and `atom generate`: a sequence's
-// pages are allocated contiguously, its prompt is prefilled (optionally in chunks), then decoded
-// one token at a time.
+// Single-sequence helpers over a ModelRunner (or a tensor-parallel TpRunner) for `atom score` and
+// `atom generate`: a sequence's pages are allocated contiguously, its prompt is prefilled
+// (optionally in chunks), then decoded one token at a time.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +30,8 @@ struct GreedyResult {
 GreedyResult generate_greedy(Model& model, const std::vector<int32_t>& prompt, int max_tokens,
                              const std::vector<int64_t>& eos, bool ignore_eos, int block_size = 16,
                              std::optional<DType> kv_cache_dtype = std::nullopt);
-GreedyResult generate_greedy(ModelGroup& models, const std::vector<int32_t>& prompt,
-                             int max_tokens, const std::vector<int64_t>& eos, bool ignore_eos,
-                             int block_size = 16, std::optional<DType> kv_cache_dtype = std::nullopt);
+GreedyResult generate_greedy(ModelGroup& models, const std::vector<int32_t>& prompt, int max_tokens,
+                             const std::vector<int64_t>& eos, bool ignore_eos, int block_size = 16,
+                             std::optional<DType> kv_cache_dtype = std::nullopt);
 
 }  // namespace atom

@@ -104,8 +104,8 @@ void copy_rows(Tensor& dst, int64_t dst_offset, const Tensor& src, int64_t rows)
   ATOM_CHECK(dst.is_contiguous() && src.is_contiguous() && dst.dtype() == src.dtype(),
              "drafter: copy of {} rows of {} into {}", rows, src.str(), dst.str());
   const size_t row = dst.nbytes() / static_cast<size_t>(std::max<int64_t>(1, dst.size(0)));
-  memory_copy(static_cast<char*>(dst.data()) + dst_offset * static_cast<int64_t>(row),
-              dst.device(), src.data(), src.device(), static_cast<size_t>(rows) * row);
+  memory_copy(static_cast<char*>(dst.data()) + dst_offset * static_cast<int64_t>(row), dst.device(),
+              src.data(), src.device(), static_cast<size_t>(rows) * row);
 }
 }  // namespace
 
@@ -281,8 +281,7 @@ void MtpProposer::propose(const Tensor& target_hidden, std::span<const DraftRequ
     ATOM_CHECK(r.first_pos + r.num_rows < seq.num_tokens(),
                "drafter: rows up to {} need the token after them ({} tokens)",
                r.first_pos + r.num_rows - 1, seq.num_tokens());
-    batch_add(batch_,
-              seq, r.first_pos,
+    batch_add(batch_, seq, r.first_pos,
               std::span<const int32_t>(seq.tokens.data() + r.first_pos + 1,
                                        static_cast<size_t>(r.num_rows)),
               r.num_drafts > 0);
@@ -297,7 +296,8 @@ void MtpProposer::propose(const Tensor& target_hidden, std::span<const DraftRequ
   Tensor hidden = arena_.alloc({index.numel(), target_hidden.size(1)}, target_hidden.dtype());
   kernels::gather_rows(hidden, target_hidden, index);
   std::vector<int32_t> ids = run(batch_, hidden, 0);
-  for (size_t w = 0; w < wanting.size(); ++w) drafts[static_cast<size_t>(wanting[w])].push_back(ids[w]);
+  for (size_t w = 0; w < wanting.size(); ++w)
+    drafts[static_cast<size_t>(wanting[w])].push_back(ids[w]);
   // Steps 1..: one row per sequence still wanting drafts, on the drafter's own output.
   for (int k = 1; !wanting.empty(); ++k) {
     std::vector<int32_t> still, carry_rows;
@@ -319,7 +319,8 @@ void MtpProposer::propose(const Tensor& target_hidden, std::span<const DraftRequ
     Tensor h = arena_.alloc({static_cast<int64_t>(still.size()), prev.size(1)}, prev.dtype());
     kernels::gather_rows(h, prev, upload_i32(arena_, carry_rows));
     ids = run(batch_, h, k);
-    for (size_t w = 0; w < still.size(); ++w) drafts[static_cast<size_t>(still[w])].push_back(ids[w]);
+    for (size_t w = 0; w < still.size(); ++w)
+      drafts[static_cast<size_t>(still[w])].push_back(ids[w]);
     wanting = std::move(still);
   }
 }
@@ -364,7 +365,7 @@ void speculative_config_parse(const std::string& text, EngineConfig& c) {
   if (k < 1 || k > 4)
     fail("--speculative-config: 'num_speculative_tokens' must be in 1..4, got {}",
          k < 0 && !j.contains("num_speculative_tokens") ? std::string("nothing")
-                                                         : std::to_string(k));
+                                                        : std::to_string(k));
   c.speculative_method = method;
   c.num_speculative_tokens = k;
 }

@@ -33,8 +33,8 @@ namespace atom {
 // One sequence the proposer looks at after a target step.
 struct DraftRequest {
   Sequence* seq;
-  int first_row;   // its rows of the target's batch: [first_row, first_row + num_rows)
-  int num_rows;    // at positions [first_pos, first_pos + num_rows), all accepted
+  int first_row;  // its rows of the target's batch: [first_row, first_row + num_rows)
+  int num_rows;   // at positions [first_pos, first_pos + num_rows), all accepted
   int first_pos;
   int num_drafts;  // draft tokens wanted after them (0: the drafter only fills its cache)
 };
@@ -53,8 +53,8 @@ struct MtpProposerOptions {
   // CUDA: draft steps replay CUDA graphs (engine/decode_graphs.h) when every sequence's accepted
   // run is at most K + 1 rows and all want the same number of drafts, as in steady decoding.
   bool graphs = false;
-  int max_model_len = 0;  // with graphs: the longest sequence
-  int max_num_seqs = 0;   // with graphs: the largest batch
+  int max_model_len = 0;           // with graphs: the longest sequence
+  int max_num_seqs = 0;            // with graphs: the largest batch
   int num_speculative_tokens = 0;  // K, with graphs
 };
 

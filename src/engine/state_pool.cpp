@@ -34,8 +34,7 @@ int32_t StatePool::rollback_slot(const Sequence& seq, int row, int rows) {
 }
 
 void StatePool::commit_rows(Sequence& seq, int rows, int accepted) {
-  ATOM_CHECK(accepted >= 1 && accepted <= rows &&
-                 static_cast<int>(seq.state_slots.size()) >= rows,
+  ATOM_CHECK(accepted >= 1 && accepted <= rows && static_cast<int>(seq.state_slots.size()) >= rows,
              "commit of {} of {} rows with {} state slots", accepted, rows, seq.state_slots.size());
   if (accepted < rows)
     std::swap(seq.state_slots[0], seq.state_slots[static_cast<size_t>(accepted)]);

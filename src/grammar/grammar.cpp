@@ -84,7 +84,8 @@ class Parser {
   // Whether the text at i_ (after spaces and newlines) begins a new rule: `name ::=`.
   bool at_rule_start() const {
     size_t k = i_;
-    while (k < s_.size() && (s_[k] == ' ' || s_[k] == '\t' || s_[k] == '\r' || s_[k] == '\n' || s_[k] == '#')) {
+    while (k < s_.size() &&
+           (s_[k] == ' ' || s_[k] == '\t' || s_[k] == '\r' || s_[k] == '\n' || s_[k] == '#')) {
       if (s_[k] == '#')
         while (k < s_.size() && s_[k] != '\n') ++k;
       else
@@ -112,7 +113,8 @@ class Parser {
       // A rule's alternatives may continue on the next line after a '|' at its end or start.
       if (depth == 0 && i_ < s_.size() && s_[i_] == '\n' && !at_rule_start()) {
         size_t k = i_;
-        while (k < s_.size() && (s_[k] == ' ' || s_[k] == '\t' || s_[k] == '\r' || s_[k] == '\n')) ++k;
+        while (k < s_.size() && (s_[k] == ' ' || s_[k] == '\t' || s_[k] == '\r' || s_[k] == '\n'))
+          ++k;
         if (k < s_.size() && s_[k] == '|') {
           i_ = k + 1;
           alts.push_back(sequence(depth));
@@ -132,7 +134,8 @@ class Parser {
       if (depth == 0 && i_ < s_.size() && s_[i_] == '\n') {
         if (at_rule_start()) return seq;
         size_t k = i_;
-        while (k < s_.size() && (s_[k] == ' ' || s_[k] == '\t' || s_[k] == '\r' || s_[k] == '\n')) ++k;
+        while (k < s_.size() && (s_[k] == ' ' || s_[k] == '\t' || s_[k] == '\r' || s_[k] == '\n'))
+          ++k;
         if (k >= s_.size() || s_[k] == '|') return seq;
         i_ = k;
       }
@@ -242,7 +245,10 @@ class Parser {
     for (int k = 0; k < digits; ++k) {
       if (i_ >= s_.size()) error("a hex digit");
       const char c = s_[i_++];
-      int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+      int d = (c >= '0' && c <= '9')   ? c - '0'
+              : (c >= 'a' && c <= 'f') ? c - 'a' + 10
+              : (c >= 'A' && c <= 'F') ? c - 'A' + 10
+                                       : -1;
       if (d < 0) error("a hex digit");
       v = v * 16 + d;
     }
@@ -257,13 +263,20 @@ class Parser {
       if (i_ >= s_.size()) error("an escape");
       const char e = s_[i_++];
       switch (e) {
-        case 'n': return '\n';
-        case 't': return '\t';
-        case 'r': return '\r';
-        case 'x': return static_cast<char32_t>(hex(2));
-        case 'u': return static_cast<char32_t>(hex(4));
-        case 'U': return static_cast<char32_t>(hex(8));
-        default: return static_cast<unsigned char>(e);  // \\ \" \] \[ \- and the like
+        case 'n':
+          return '\n';
+        case 't':
+          return '\t';
+        case 'r':
+          return '\r';
+        case 'x':
+          return static_cast<char32_t>(hex(2));
+        case 'u':
+          return static_cast<char32_t>(hex(4));
+        case 'U':
+          return static_cast<char32_t>(hex(8));
+        default:
+          return static_cast<unsigned char>(e);  // \\ \" \] \[ \- and the like
       }
     }
     const auto b = static_cast<unsigned char>(s_[i_]);
@@ -284,7 +297,8 @@ class Compiler {
  public:
   Compiler(Grammar& g, const GrammarLimits& limits) : g_(g), limits_(limits) {}
 
-  void compile(const std::vector<std::pair<std::string, std::vector<Seq>>>& rules, std::string_view root) {
+  void compile(const std::vector<std::pair<std::string, std::vector<Seq>>>& rules,
+               std::string_view root) {
     for (const auto& [name, alts] : rules) {
       if (ids_.count(name)) fail("grammar: rule '{}' is defined twice", name);
       ids_[name] = new_rule(name);
@@ -461,9 +475,11 @@ void check_left_recursion(const Grammar& g) {
 
 }  // namespace
 
-Grammar Grammar::from_gbnf(std::string_view text, const GrammarLimits& limits, std::string_view root) {
+Grammar Grammar::from_gbnf(std::string_view text, const GrammarLimits& limits,
+                           std::string_view root) {
   if (text.size() > limits.max_text_bytes)
-    fail("grammar: {} bytes is longer than {} (the grammar size limit)", text.size(), limits.max_text_bytes);
+    fail("grammar: {} bytes is longer than {} (the grammar size limit)", text.size(),
+         limits.max_text_bytes);
   Grammar g;
   g.limits = limits;
   Parser p(text, limits);
@@ -490,7 +506,8 @@ bool Grammar::char_range_matches(const Item& it, char32_t lo, char32_t hi) const
   }
   // Negated: some code point in [lo, hi] lies outside every range.
   std::vector<CharRange> rs(ranges.begin() + it.ranges_begin, ranges.begin() + it.ranges_end);
-  std::sort(rs.begin(), rs.end(), [](const CharRange& a, const CharRange& b) { return a.lo < b.lo; });
+  std::sort(rs.begin(), rs.end(),
+            [](const CharRange& a, const CharRange& b) { return a.lo < b.lo; });
   char32_t next = lo;
   for (const auto& r : rs) {
     if (r.hi < next) continue;

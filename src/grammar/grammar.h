@@ -23,11 +23,11 @@
 namespace atom::grammar {
 
 struct GrammarLimits {
-  size_t max_text_bytes = 1 << 20;   // grammar, schema or regex source
-  size_t max_items = 1 << 20;        // compiled character sets and references
-  int max_nesting = 200;             // ( ) groups, schema and regex nesting
-  int max_repeat = 10000;            // m and n of {m,n}
-  size_t max_stacks = 4096;          // live parse stacks of a matcher (ambiguity)
+  size_t max_text_bytes = 1 << 20;  // grammar, schema or regex source
+  size_t max_items = 1 << 20;       // compiled character sets and references
+  int max_nesting = 200;            // ( ) groups, schema and regex nesting
+  int max_repeat = 10000;           // m and n of {m,n}
+  size_t max_stacks = 4096;         // live parse stacks of a matcher (ambiguity)
 };
 
 struct CharRange {
@@ -40,7 +40,7 @@ struct Item {
   enum Kind : uint8_t { kEnd, kChars, kRule };
   Kind kind = kEnd;
   bool negated = false;
-  uint32_t rule = 0;                       // kRule
+  uint32_t rule = 0;                          // kRule
   uint32_t ranges_begin = 0, ranges_end = 0;  // kChars: into Grammar::ranges
 };
 
@@ -57,7 +57,8 @@ class Grammar {
 
   std::vector<Item> items;
   std::vector<CharRange> ranges;
-  std::vector<std::vector<uint32_t>> rule_alts;  // per rule: the item index each alternative starts at
+  std::vector<std::vector<uint32_t>>
+      rule_alts;  // per rule: the item index each alternative starts at
   std::vector<std::string> rule_names;
   uint32_t root = 0;
   GrammarLimits limits;

@@ -49,17 +49,20 @@ class SchemaConverter {
 
   std::string add_rule(const std::string& hint, const std::string& body) {
     std::string name;
-    for (char c : hint) name.push_back((std::isalnum(static_cast<unsigned char>(c)) || c == '-') ? c : '-');
+    for (char c : hint)
+      name.push_back((std::isalnum(static_cast<unsigned char>(c)) || c == '-') ? c : '-');
     if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) name = "r-" + name;
     name = prefix_ + name;
     std::string n = name;
-    for (int k = 1; rules_.count(n) || reserved(n.substr(prefix_.size())); ++k) n = name + "-" + std::to_string(k);
+    for (int k = 1; rules_.count(n) || reserved(n.substr(prefix_.size())); ++k)
+      n = name + "-" + std::to_string(k);
     rules_[n] = body;
     return n;
   }
   static bool reserved(const std::string& n) {
-    static const std::set<std::string> kNames = {"root", "ws", "value", "object", "array", "string",
-                                                 "char", "integer", "number", "boolean", "null"};
+    static const std::set<std::string> kNames = {"root",   "ws",      "value", "object",
+                                                 "array",  "string",  "char",  "integer",
+                                                 "number", "boolean", "null"};
     return kNames.count(n) > 0;
   }
 
@@ -72,7 +75,8 @@ class SchemaConverter {
       if (s.get<bool>()) return "value";
       unsupported("the schema 'false' (nothing matches it)");
     }
-    if (!s.is_object()) fail("json_schema: a schema must be an object or a boolean, got {}", s.dump());
+    if (!s.is_object())
+      fail("json_schema: a schema must be an object or a boolean, got {}", s.dump());
     if (s.contains("$ref")) return ref(s.at("$ref"), depth);
     if (s.contains("const")) return literal_json(s.at("const"));
     if (s.contains("enum")) {
@@ -132,9 +136,11 @@ class SchemaConverter {
   int64_t repeat_count(const ojson& s, const char* k, int64_t dflt) const {
     if (!s.contains(k)) return dflt;
     const ojson& v = s.at(k);
-    if (!v.is_number_integer() || v.get<int64_t>() < 0) fail("json_schema: '{}' must be a non-negative integer", k);
+    if (!v.is_number_integer() || v.get<int64_t>() < 0)
+      fail("json_schema: '{}' must be a non-negative integer", k);
     if (v.get<int64_t>() > limits_.max_repeat)
-      fail("json_schema: '{}' {} exceeds {} (the repeat limit)", k, v.get<int64_t>(), limits_.max_repeat);
+      fail("json_schema: '{}' {} exceeds {} (the repeat limit)", k, v.get<int64_t>(),
+           limits_.max_repeat);
     return v.get<int64_t>();
   }
 
@@ -174,7 +180,8 @@ class SchemaConverter {
     if (s.contains("properties")) {
       if (!s.at("properties").is_object()) fail("json_schema: 'properties' must be an object");
       for (const auto& [k, v] : s.at("properties").items()) {
-        const std::string kv = gbnf_literal(ojson(k).dump()) + " \":\" ws " + visit(v, name + "-" + k, depth + 1);
+        const std::string kv =
+            gbnf_literal(ojson(k).dump()) + " \":\" ws " + visit(v, name + "-" + k, depth + 1);
         (required.count(k) ? req_kv : opt_kv).push_back(kv);
       }
     }
@@ -187,7 +194,8 @@ class SchemaConverter {
     std::string extra;
     if (s.contains("additionalProperties")) {
       const ojson& a = s.at("additionalProperties");
-      if (!(a.is_boolean() && !a.get<bool>())) extra = "string \":\" ws " + visit(a, name + "-additional", depth + 1);
+      if (!(a.is_boolean() && !a.get<bool>()))
+        extra = "string \":\" ws " + visit(a, name + "-additional", depth + 1);
     } else if (!s.contains("properties")) {
       extra = "string \":\" ws value";
     }
@@ -196,7 +204,8 @@ class SchemaConverter {
     auto opt_item = [&](size_t i) { return optional[i].empty() ? extra : optional[i]; };
     auto opt_tail = [&](size_t i) {
       // ( "," ws kv )? for an optional property; ( "," ws extra )* for the extras.
-      return optional[i].empty() ? "( \",\" ws " + extra + " )*" : "( \",\" ws " + optional[i] + " )?";
+      return optional[i].empty() ? "( \",\" ws " + extra + " )*"
+                                 : "( \",\" ws " + optional[i] + " )?";
     };
     std::string body = "\"{\" ";
     if (!req_kv.empty()) {
@@ -228,8 +237,10 @@ class SchemaConverter {
     bool more = true;
     if (s.contains("items")) {
       const ojson& it = s.at("items");
-      if (it.is_boolean() && !it.get<bool>()) more = false;
-      else item = visit(it, name + "-item", depth + 1);
+      if (it.is_boolean() && !it.get<bool>())
+        more = false;
+      else
+        item = visit(it, name + "-item", depth + 1);
     }
     const int64_t lo = repeat_count(s, "minItems", 0), hi = repeat_count(s, "maxItems", -1);
     if (hi >= 0 && hi < lo) fail("json_schema: maxItems {} is below minItems {}", hi, lo);
@@ -246,14 +257,16 @@ class SchemaConverter {
       std::string seq;
       for (int64_t i = n - 1; i >= 0; --i) {
         const std::string me = (i ? "\",\" ws " : "") + prefix[static_cast<size_t>(i)];
-        seq = i + 1 >= lo ? "( " + me + (seq.empty() ? tail : " " + seq) + " )" + (i >= lo ? "?" : "")
-                          : me + (seq.empty() ? tail : " " + seq);
+        seq = i + 1 >= lo
+                  ? "( " + me + (seq.empty() ? tail : " " + seq) + " )" + (i >= lo ? "?" : "")
+                  : me + (seq.empty() ? tail : " " + seq);
       }
       body += seq + " ";
     } else if (more) {
       if (lo == 0) {
-        body += hi == 0 ? "" : hi < 0 ? fmt::format("( {} ( \",\" ws {} )* )? ", item, item)
-                                      : fmt::format("( {} ( \",\" ws {} ){{0,{}}} )? ", item, item, hi - 1);
+        body += hi == 0  ? ""
+                : hi < 0 ? fmt::format("( {} ( \",\" ws {} )* )? ", item, item)
+                         : fmt::format("( {} ( \",\" ws {} ){{0,{}}} )? ", item, item, hi - 1);
       } else {
         body += hi < 0 ? fmt::format("{} ( \",\" ws {} ){{{},}} ", item, item, lo - 1)
                        : fmt::format("{} ( \",\" ws {} ){{{},{}}} ", item, item, lo - 1, hi - 1);
@@ -274,20 +287,27 @@ class SchemaConverter {
       // depends on the year), hours and offsets in range, octets up to 255, labels that do not
       // start or end with '-'.
       static const std::string kDay28 = R"(( "0" [1-9] | "1" [0-9] | "2" [0-8] ))";
-      static const std::string kDate = R"([0-9]{4} "-" ( "02-" )" + kDay28 + R"( | ( "0" [469] | "11" ) "-" ( )" + kDay28 +
-                                       R"( | "29" | "30" ) | ( "0" [13578] | "1" [02] ) "-" ( )" + kDay28 + R"( | "29" | "30" | "31" ) ))";
-      static const std::string kTime = R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,6} )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))";
+      static const std::string kDate = R"([0-9]{4} "-" ( "02-" )" + kDay28 +
+                                       R"( | ( "0" [469] | "11" ) "-" ( )" + kDay28 +
+                                       R"( | "29" | "30" ) | ( "0" [13578] | "1" [02] ) "-" ( )" +
+                                       kDay28 + R"( | "29" | "30" | "31" ) ))";
+      static const std::string kTime =
+          R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,6} )? ( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))";
       static const std::string kLabel = R"(( [a-zA-Z0-9] ( [a-zA-Z0-9-]{0,20} [a-zA-Z0-9] )? ))";
-      static const std::string kOctet = R"(( "25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9]? [0-9] ))";
+      static const std::string kOctet =
+          R"(( "25" [0-5] | "2" [0-4] [0-9] | "1" [0-9] [0-9] | [1-9]? [0-9] ))";
       static const std::map<std::string, std::string> kFormats = {
           {"date", kDate},
           {"time", kTime},
-          {"uuid", R"([0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12})"},
-          {"email", R"([a-zA-Z0-9_%+-] [a-zA-Z0-9._%+-]{0,30} "@" )" + kLabel + R"( ( "." )" + kLabel + R"( ){1,3})"},
+          {"uuid",
+           R"([0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12})"},
+          {"email", R"([a-zA-Z0-9_%+-] [a-zA-Z0-9._%+-]{0,30} "@" )" + kLabel + R"( ( "." )" +
+                        kLabel + R"( ){1,3})"},
           {"ipv4", kOctet + R"( "." )" + kOctet + R"( "." )" + kOctet + R"( "." )" + kOctet},
       };
       if (f == "date-time")
-        return add_rule(name, "\"\\\"\" " + kFormats.at("date") + " \"T\" " + kFormats.at("time") + " \"\\\"\"");
+        return add_rule(name, "\"\\\"\" " + kFormats.at("date") + " \"T\" " + kFormats.at("time") +
+                                  " \"\\\"\"");
       auto it = kFormats.find(f);
       if (it != kFormats.end()) return add_rule(name, "\"\\\"\" " + it->second + " \"\\\"\"");
       // Other formats (uri, hostname, ...) are plain strings, as annotations are by default.
@@ -337,7 +357,8 @@ class RegexConverter {
   }
 
   std::string alternatives(int depth) {
-    if (depth > limits_.max_nesting) fail("regex: groups nest deeper than {} (the nesting limit)", limits_.max_nesting);
+    if (depth > limits_.max_nesting)
+      fail("regex: groups nest deeper than {} (the nesting limit)", limits_.max_nesting);
     std::vector<std::string> alts = {sequence(depth)};
     while (i_ < s_.size() && s_[i_] == '|') {
       ++i_;
@@ -345,7 +366,8 @@ class RegexConverter {
     }
     if (alts.size() == 1) return alts[0];
     std::string o = "(";
-    for (size_t k = 0; k < alts.size(); ++k) o += (k ? " | " : " ") + (alts[k].empty() ? std::string("\"\"") : alts[k]);
+    for (size_t k = 0; k < alts.size(); ++k)
+      o += (k ? " | " : " ") + (alts[k].empty() ? std::string("\"\"") : alts[k]);
     return o + " )";
   }
 
@@ -378,12 +400,14 @@ class RegexConverter {
       return "";
     }
     if (i_ < s_.size() && s_[i_] == '?') ++i_;  // lazy: the same language
-    if (i_ < s_.size() && (s_[i_] == '*' || s_[i_] == '+')) error("a possessive or repeated quantifier");
+    if (i_ < s_.size() && (s_[i_] == '*' || s_[i_] == '+'))
+      error("a possessive or repeated quantifier");
     return q;
   }
 
   static std::string class_char(char32_t c) {
-    if (c == ']' || c == '\\' || c == '^' || c == '-' || c == '[') return std::string("\\") + static_cast<char>(c);
+    if (c == ']' || c == '\\' || c == '^' || c == '-' || c == '[')
+      return std::string("\\") + static_cast<char>(c);
     if (c == '\n') return "\\n";
     if (c == '\t') return "\\t";
     if (c == '\r') return "\\r";
@@ -401,21 +425,34 @@ class RegexConverter {
   // An escape's class body (without brackets) for \d \w \s, or empty.
   static std::string shorthand(char e) {
     switch (e) {
-      case 'd': case 'D': return "0-9";
-      case 'w': case 'W': return "a-zA-Z0-9_";
-      case 's': case 'S': return " \\t\\n\\r\\x0B\\x0C";
-      default: return "";
+      case 'd':
+      case 'D':
+        return "0-9";
+      case 'w':
+      case 'W':
+        return "a-zA-Z0-9_";
+      case 's':
+      case 'S':
+        return " \\t\\n\\r\\x0B\\x0C";
+      default:
+        return "";
     }
   }
 
   char32_t escaped_char(char e) {
     switch (e) {
-      case 'n': return '\n';
-      case 't': return '\t';
-      case 'r': return '\r';
-      case 'f': return '\f';
-      case 'v': return '\v';
-      case '0': return 0;
+      case 'n':
+        return '\n';
+      case 't':
+        return '\t';
+      case 'r':
+        return '\r';
+      case 'f':
+        return '\f';
+      case 'v':
+        return '\v';
+      case '0':
+        return 0;
       case 'x': {
         if (i_ + 2 > s_.size()) error("two hex digits");
         const auto v = std::stoul(std::string(s_.substr(i_, 2)), nullptr, 16);
@@ -456,7 +493,8 @@ class RegexConverter {
     }
     if (c == '^' || c == '$') {
       ++i_;
-      if ((c == '^' && i_ != 1) || (c == '$' && i_ != s_.size())) error("an anchor inside the pattern (not supported)");
+      if ((c == '^' && i_ != 1) || (c == '$' && i_ != s_.size()))
+        error("an anchor inside the pattern (not supported)");
       return "";
     }
     if (c == '*' || c == '+' || c == '?' || c == '{') error("a quantifier with nothing before it");
@@ -465,7 +503,8 @@ class RegexConverter {
       if (i_ >= s_.size()) error("an escape");
       const char e = s_[i_++];
       const std::string sh = shorthand(e);
-      if (!sh.empty()) return std::string(std::isupper(static_cast<unsigned char>(e)) ? "[^" : "[") + sh + "]";
+      if (!sh.empty())
+        return std::string(std::isupper(static_cast<unsigned char>(e)) ? "[^" : "[") + sh + "]";
       std::string lit;
       tokenizer::utf8_append(lit, escaped_char(e));
       return gbnf_literal(lit);
@@ -492,7 +531,8 @@ class RegexConverter {
         const char e = s_[i_++];
         const std::string sh = shorthand(e);
         if (!sh.empty()) {
-          if (std::isupper(static_cast<unsigned char>(e))) error("a negated shorthand inside a class (not supported)");
+          if (std::isupper(static_cast<unsigned char>(e)))
+            error("a negated shorthand inside a class (not supported)");
           o += sh;
           continue;
         }
@@ -529,7 +569,8 @@ class RegexConverter {
 
 std::string json_schema_to_gbnf(const std::string& schema_json, const GrammarLimits& limits) {
   if (schema_json.size() > limits.max_text_bytes)
-    fail("json_schema: {} bytes is longer than {} (the grammar size limit)", schema_json.size(), limits.max_text_bytes);
+    fail("json_schema: {} bytes is longer than {} (the grammar size limit)", schema_json.size(),
+         limits.max_text_bytes);
   ojson schema;
   try {
     schema = ojson::parse(schema_json);
@@ -555,14 +596,16 @@ std::string utf8_of(const std::vector<char32_t>& cps) {
 }
 
 bool ends_with(const std::vector<char32_t>& s, const std::vector<char32_t>& t) {
-  return t.size() <= s.size() && std::equal(t.begin(), t.end(), s.end() - static_cast<ptrdiff_t>(t.size()));
+  return t.size() <= s.size() &&
+         std::equal(t.begin(), t.end(), s.end() - static_cast<ptrdiff_t>(t.size()));
 }
 
 }  // namespace
 
 std::string structural_tag_to_gbnf(const std::string& spec_json, const GrammarLimits& limits) {
   if (spec_json.size() > limits.max_text_bytes)
-    fail("structural_tag: {} bytes is longer than {} (the grammar size limit)", spec_json.size(), limits.max_text_bytes);
+    fail("structural_tag: {} bytes is longer than {} (the grammar size limit)", spec_json.size(),
+         limits.max_text_bytes);
   ojson spec;
   try {
     spec = ojson::parse(spec_json);
@@ -571,7 +614,8 @@ std::string structural_tag_to_gbnf(const std::string& spec_json, const GrammarLi
   }
   if (!spec.is_object()) fail("structural_tag: must be an object");
   if (spec.contains("format"))
-    fail("structural_tag: the 'format' form is not supported (the 'structures' and 'triggers' form is)");
+    fail("structural_tag: the 'format' form is not supported (the 'structures' and 'triggers' form "
+         "is)");
   if (!spec.contains("structures") || !spec["structures"].is_array() || spec["structures"].empty())
     fail("structural_tag: 'structures' must be a non-empty list");
   if (!spec.contains("triggers") || !spec["triggers"].is_array() || spec["triggers"].empty())
@@ -586,23 +630,28 @@ std::string structural_tag_to_gbnf(const std::string& spec_json, const GrammarLi
     const std::string where = fmt::format("structures[{}]", i);
     if (!st.is_object()) fail("structural_tag: {} must be an object", where);
     for (const char* key : {"begin", "end"})
-      if (!st.contains(key) || !st[key].is_string()) fail("structural_tag: {} needs a string '{}'", where, key);
+      if (!st.contains(key) || !st[key].is_string())
+        fail("structural_tag: {} needs a string '{}'", where, key);
     const ojson schema = st.contains("schema") ? st["schema"] : ojson::object();
     const std::string prefix = fmt::format("tag{}-", i);
     rules += SchemaConverter(schema, limits, prefix).convert(false);
-    structures.push_back({st["begin"].get<std::string>(), st["end"].get<std::string>(), prefix + "root"});
+    structures.push_back(
+        {st["begin"].get<std::string>(), st["end"].get<std::string>(), prefix + "root"});
     if (structures.back().begin.empty()) fail("structural_tag: {}.begin is empty", where);
   }
   std::vector<std::vector<char32_t>> triggers;
   for (size_t i = 0; i < spec["triggers"].size(); ++i) {
     const ojson& t = spec["triggers"][i];
-    if (!t.is_string() || t.get<std::string>().empty()) fail("structural_tag: triggers[{}] must be a non-empty string", i);
+    if (!t.is_string() || t.get<std::string>().empty())
+      fail("structural_tag: triggers[{}] must be a non-empty string", i);
     triggers.push_back(code_points(t.get<std::string>(), fmt::format("triggers[{}]", i)));
   }
   for (size_t i = 0; i < structures.size(); ++i) {
     bool found = false;
     for (const auto& t : triggers) found |= structures[i].begin.starts_with(utf8_of(t));
-    if (!found) fail("structural_tag: structures[{}].begin '{}' starts with none of the triggers", i, structures[i].begin);
+    if (!found)
+      fail("structural_tag: structures[{}].begin '{}' starts with none of the triggers", i,
+           structures[i].begin);
   }
   // Free text is text that holds no trigger: a state per proper prefix of a trigger (the longest
   // suffix of the text that is one). Completing a trigger enters a structure whose begin starts
@@ -621,8 +670,9 @@ std::string structural_tag_to_gbnf(const std::string& spec_json, const GrammarLi
   std::set<char32_t> alphabet;
   for (const auto& t : triggers) alphabet.insert(t.begin(), t.end());
   auto klass = [](char32_t c) {
-    return c < 0x80 && std::isalnum(static_cast<int>(c)) ? std::string(1, static_cast<char>(c))
-                                                         : fmt::format("\\u{:04X}", static_cast<uint32_t>(c));
+    return c < 0x80 && std::isalnum(static_cast<int>(c))
+               ? std::string(1, static_cast<char>(c))
+               : fmt::format("\\u{:04X}", static_cast<uint32_t>(c));
   };
   std::string free_rules;
   for (size_t q = 0; q < states.size(); ++q) {
@@ -648,7 +698,8 @@ std::string structural_tag_to_gbnf(const std::string& spec_json, const GrammarLi
           if (!st.begin.starts_with(trig)) continue;
           const std::string rest = st.begin.substr(trig.size());
           if (!alts.empty()) alts += " | ";
-          alts += (rest.empty() ? std::string() : gbnf_literal(rest) + " ") + st.rule + " " + gbnf_literal(st.end) + " free-0";
+          alts += (rest.empty() ? std::string() : gbnf_literal(rest) + " ") + st.rule + " " +
+                  gbnf_literal(st.end) + " free-0";
         }
         if (alts.empty()) fail("structural_tag: trigger '{}' begins none of the structures", trig);
         body += " | " + lit + " ( " + alts + " )";
@@ -668,7 +719,8 @@ std::string json_object_gbnf() { return std::string("root ::= object\n") + kJson
 
 std::string regex_to_gbnf(std::string_view pattern, const GrammarLimits& limits) {
   if (pattern.size() > limits.max_text_bytes)
-    fail("regex: {} bytes is longer than {} (the grammar size limit)", pattern.size(), limits.max_text_bytes);
+    fail("regex: {} bytes is longer than {} (the grammar size limit)", pattern.size(),
+         limits.max_text_bytes);
   return RegexConverter(pattern, limits).convert();
 }
 

@@ -36,7 +36,8 @@ void Matcher::expand(Stack s, std::vector<Stack>& out, int depth) const {
   if (s.empty() || g_->items[s.back()].kind == Item::kChars) {
     out.push_back(std::move(s));
     if (out.size() > g_->limits.max_stacks * 4)
-      fail("grammar: more than {} parse stacks (the grammar is too ambiguous)", g_->limits.max_stacks);
+      fail("grammar: more than {} parse stacks (the grammar is too ambiguous)",
+           g_->limits.max_stacks);
     return;
   }
   const uint32_t pos = s.back();
@@ -55,7 +56,8 @@ void Matcher::set_stacks(std::vector<Stack> next) {
   std::sort(next.begin(), next.end());
   next.erase(std::unique(next.begin(), next.end()), next.end());
   if (next.size() > g_->limits.max_stacks)
-    fail("grammar: more than {} parse stacks (the grammar is too ambiguous)", g_->limits.max_stacks);
+    fail("grammar: more than {} parse stacks (the grammar is too ambiguous)",
+         g_->limits.max_stacks);
   stacks_ = std::move(next);
 }
 
@@ -83,7 +85,8 @@ bool Matcher::accept_byte(uint8_t b) {
       complete = true;
       // Only UTF-8 proper: no overlong forms, surrogates or code points past U+10FFFF (the
       // detokenizer would turn them into U+FFFD, which the grammar never allowed).
-      if (cp < utf8_min_of_len(need) || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return false;
+      if (cp < utf8_min_of_len(need) || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)
+        return false;
     }
   }
   if (!complete) {
@@ -225,13 +228,16 @@ TokenTrie::TokenTrie(const std::vector<std::optional<std::string>>& bytes)
     for (uint32_t t = n.first_token; t < n.first_token + n.num_tokens; ++t)
       subtree_tokens_.push_back(tokens_[t]);
     todo.push_back({node, true});
-    for (uint32_t c = n.first_child + n.num_children; c-- > n.first_child;) todo.push_back({c, false});
+    for (uint32_t c = n.first_child + n.num_children; c-- > n.first_child;)
+      todo.push_back({c, false});
   }
 }
 
-std::shared_ptr<const TokenTrie> TokenTrie::from_tokenizer(const tokenizer::Tokenizer& tok, int64_t vocab_size) {
+std::shared_ptr<const TokenTrie> TokenTrie::from_tokenizer(const tokenizer::Tokenizer& tok,
+                                                           int64_t vocab_size) {
   std::vector<std::optional<std::string>> bytes(static_cast<size_t>(vocab_size));
-  for (int64_t i = 0; i < vocab_size; ++i) bytes[static_cast<size_t>(i)] = tok.token_bytes(static_cast<int32_t>(i));
+  for (int64_t i = 0; i < vocab_size; ++i)
+    bytes[static_cast<size_t>(i)] = tok.token_bytes(static_cast<int32_t>(i));
   return std::make_shared<TokenTrie>(bytes);
 }
 
@@ -279,8 +285,8 @@ void TokenTrie::visit_classify(uint32_t node, Matcher& m, bool bottom, std::span
 
 void TokenTrie::classify(const Matcher& suffix, std::span<uint64_t> accepted,
                          std::vector<int32_t>& uncertain) const {
-  ATOM_CHECK(static_cast<int64_t>(accepted.size()) * 64 >= vocab_size_, "mask of {} words for {} tokens",
-             accepted.size(), vocab_size_);
+  ATOM_CHECK(static_cast<int64_t>(accepted.size()) * 64 >= vocab_size_,
+             "mask of {} words for {} tokens", accepted.size(), vocab_size_);
   // A walk of a large vocabulary from a permissive state (inside a string: nearly every token)
   // visits most of the trie, tens of milliseconds on one core; its subtrees two bytes deep are
   // independent, so they fan out over threads (when the caller is not itself a parallel region:
@@ -330,8 +336,8 @@ void TokenTrie::classify(const Matcher& suffix, std::span<uint64_t> accepted,
 }
 
 void TokenTrie::fill_allowed(const Matcher& m, std::span<uint64_t> allowed) const {
-  ATOM_CHECK(static_cast<int64_t>(allowed.size()) * 64 >= vocab_size_, "mask of {} words for {} tokens",
-             allowed.size(), vocab_size_);
+  ATOM_CHECK(static_cast<int64_t>(allowed.size()) * 64 >= vocab_size_,
+             "mask of {} words for {} tokens", allowed.size(), vocab_size_);
   Matcher start = m.borrowed();
   visit(0, start, allowed);
 }
@@ -366,7 +372,8 @@ constexpr size_t kCacheBytes = 64u << 20;
 
 }  // namespace
 
-GrammarConstraint::GrammarConstraint(std::shared_ptr<const Grammar> g, std::shared_ptr<const TokenTrie> trie)
+GrammarConstraint::GrammarConstraint(std::shared_ptr<const Grammar> g,
+                                     std::shared_ptr<const TokenTrie> trie)
     : g_(std::move(g)), trie_(std::move(trie)) {}
 
 std::unique_ptr<LogitsConstraintState> GrammarConstraint::start() const {
@@ -391,7 +398,8 @@ void GrammarConstraint::fill(const Matcher& m, std::span<uint64_t> allowed) cons
     for (const Matcher::Stack& s : m.stacks()) {
       if (s.empty()) continue;  // the text may end: the caller adds the end of sequence
       const size_t depth = std::min(s.size(), kSuffixDepth);
-      const auto sm = suffix_mask(Matcher::Stack(s.end() - static_cast<std::ptrdiff_t>(depth), s.end()));
+      const auto sm =
+          suffix_mask(Matcher::Stack(s.end() - static_cast<std::ptrdiff_t>(depth), s.end()));
       for (size_t w = 0; w < words; ++w) mask[w] |= sm->accepted[w];
       // A suffix that is the whole stack is exact: its uncertain tokens would need more bytes
       // after the end of the text.

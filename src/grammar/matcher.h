@@ -78,7 +78,8 @@ class TokenTrie {
  public:
   // bytes[id]: the token's bytes, std::nullopt for a token the grammar may not produce.
   explicit TokenTrie(const std::vector<std::optional<std::string>>& bytes);
-  static std::shared_ptr<const TokenTrie> from_tokenizer(const tokenizer::Tokenizer& tok, int64_t vocab_size);
+  static std::shared_ptr<const TokenTrie> from_tokenizer(const tokenizer::Tokenizer& tok,
+                                                         int64_t vocab_size);
 
   int64_t vocab_size() const { return vocab_size_; }
   const std::string* bytes(int32_t id) const;

@@ -11,8 +11,12 @@ class GateState final : public LogitsConstraintState {
   enum class Phase { kFirst, kReasoning, kAnswer };
   GateState(std::shared_ptr<const LogitsConstraint> inner, int32_t start_id, int32_t end_id,
             bool starts_in_reasoning)
-      : inner_(std::move(inner)), start_id_(start_id), end_id_(end_id),
-        phase_(starts_in_reasoning ? Phase::kReasoning : start_id >= 0 ? Phase::kFirst : Phase::kAnswer),
+      : inner_(std::move(inner)),
+        start_id_(start_id),
+        end_id_(end_id),
+        phase_(starts_in_reasoning ? Phase::kReasoning
+               : start_id >= 0     ? Phase::kFirst
+                                   : Phase::kAnswer),
         answer_(inner_->start()) {}
 
   void fill_allowed(std::span<uint64_t> allowed, std::span<const int32_t> eos_ids) override {
@@ -21,7 +25,8 @@ class GateState final : public LogitsConstraintState {
       return;
     }
     answer_->fill_allowed(allowed, eos_ids);
-    if (phase_ == Phase::kFirst && start_id_ >= 0 && static_cast<size_t>(start_id_ / 64) < allowed.size())
+    if (phase_ == Phase::kFirst && start_id_ >= 0 &&
+        static_cast<size_t>(start_id_ / 64) < allowed.size())
       allowed[start_id_ / 64] |= uint64_t{1} << (start_id_ % 64);
   }
 
@@ -57,9 +62,12 @@ class GateState final : public LogitsConstraintState {
 
 }  // namespace
 
-ReasoningGate::ReasoningGate(std::shared_ptr<const LogitsConstraint> inner, int32_t start_id, int32_t end_id,
-                             bool starts_in_reasoning)
-    : inner_(std::move(inner)), start_id_(start_id), end_id_(end_id), starts_in_reasoning_(starts_in_reasoning) {}
+ReasoningGate::ReasoningGate(std::shared_ptr<const LogitsConstraint> inner, int32_t start_id,
+                             int32_t end_id, bool starts_in_reasoning)
+    : inner_(std::move(inner)),
+      start_id_(start_id),
+      end_id_(end_id),
+      starts_in_reasoning_(starts_in_reasoning) {}
 
 std::unique_ptr<LogitsConstraintState> ReasoningGate::start() const {
   return std::make_unique<GateState>(inner_, start_id_, end_id_, starts_in_reasoning_);

@@ -80,7 +80,8 @@ Interpreter::Nest::Nest(Interpreter& ip) : ip(ip) {
   }
   // The depth limit assumes frames of an uninstrumented build on a thread of the usual 8 MB stack;
   // a smaller stack (or ASan's larger frames) runs out first, so the stack itself is checked too.
-  if (ip.stack_floor_ && reinterpret_cast<uintptr_t>(__builtin_frame_address(0)) < ip.stack_floor_) {
+  if (ip.stack_floor_ &&
+      reinterpret_cast<uintptr_t>(__builtin_frame_address(0)) < ip.stack_floor_) {
     const int n = ip.nesting_--;
     eval_fail("rendering nests deeper than this thread's stack allows, after {} nested evaluations "
               "(before the evaluation depth limit of {}; runaway recursion?)",

@@ -42,7 +42,7 @@ struct AttentionArgs {
   int num_kv_heads = 0;  // key/value heads on this rank
   int head_dim = 0;
   float scale = 1.0f;
-  int sliding_window = 0;  // 0: full attention
+  int sliding_window = 0;      // 0: full attention
   float logit_softcap = 0.0f;  // 0: none
   // Upper bounds over the batch (CUDA sizes its grid and its context split from them, so a
   // CUDA graph may be captured with bounds that hold for every replay).

@@ -57,7 +57,8 @@ CudaTuning CudaTuning::normalized() const {
   t.moe_decode_max_rows = std::clamp(t.moe_decode_max_rows, 0, kMoeDecodeMaxRowsCap);
   t.moe_decode_max_rows_mxfp4 = std::clamp(t.moe_decode_max_rows_mxfp4, 0, kMoeDecodeMaxRowsCap);
   t.moe_decode_depth = t.moe_decode_depth == 4 ? 4 : 2;
-  t.moe_gemm_tile_rows = t.moe_gemm_tile_rows == 64 || t.moe_gemm_tile_rows == 128 ? t.moe_gemm_tile_rows : 0;
+  t.moe_gemm_tile_rows =
+      t.moe_gemm_tile_rows == 64 || t.moe_gemm_tile_rows == 128 ? t.moe_gemm_tile_rows : 0;
   return t;
 }
 

@@ -98,9 +98,9 @@ struct CudaTuning {
   // Qwen3-30B-A3B's 128 small experts on).
   int moe_decode_max_rows = 8;
   // The same threshold for MXFP4 experts, whose decode kernels read a quarter of the bytes (so
-  // the grouped GEMMs' per-k-step expansion and barriers weigh more). ATOM_MOE_DECODE_MAX_ROWS_MXFP4;
-  // default 256 (gpt-oss-20b's and -120b's experts on the H200: the decode kernels win at every
-  // batch measured, 1 to 64 tokens of top-4; docs/performance.md).
+  // the grouped GEMMs' per-k-step expansion and barriers weigh more).
+  // ATOM_MOE_DECODE_MAX_ROWS_MXFP4; default 256 (gpt-oss-20b's and -120b's experts on the H200: the
+  // decode kernels win at every batch measured, 1 to 64 tokens of top-4; docs/performance.md).
   int moe_decode_max_rows_mxfp4 = 256;
   // k steps (128 elements of each of a lane's two weight rows) the decode kernels load per group:
   // 2 or 4 (ATOM_MOE_DECODE_DEPTH).

@@ -14,8 +14,7 @@ namespace cuda {
 void layer_norm(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, float eps);
 }
 
-inline void layer_norm(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b,
-                       float eps) {
+inline void layer_norm(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
   check_same_device("layer_norm", out.device(), {&x, &w, &b});
   if (out.device().is_cpu()) return cpu::layer_norm(out, x, w, b, eps);
   ATOM_KERNEL_CUDA("layer_norm", cuda::layer_norm(out, x, w, b, eps));

@@ -89,8 +89,8 @@ inline bool linear_rope_kv(Tensor& out, const Tensor& x, const Tensor& w, const 
 // (out and x: columns of the same rows; w: its own rows). Returns false, computing nothing,
 // where none applies; the caller then runs linear() per head.
 namespace cuda {
-bool linear_heads(Tensor& out, const Tensor& x, const Tensor& w, int heads,
-                  int64_t out_head_stride, int64_t x_head_stride, int64_t w_head_stride);
+bool linear_heads(Tensor& out, const Tensor& x, const Tensor& w, int heads, int64_t out_head_stride,
+                  int64_t x_head_stride, int64_t w_head_stride);
 }
 inline bool linear_heads(Tensor& out, const Tensor& x, const Tensor& w, int heads,
                          int64_t out_head_stride, int64_t x_head_stride, int64_t w_head_stride) {

@@ -24,10 +24,10 @@ namespace atom::kernels {
 //   scale multiplies cos and sin (YaRN's attention factor); interleaved: pairs (2i, 2i + 1)
 //   rotated (DeepSeek's layout) instead of halves (i, i + R / 2)
 struct MlaRopeArgs {
-  int num_heads = 0;  // on this rank
-  int nope_dim = 0;   // qk_nope_head_dim
-  int rope_dim = 0;   // qk_rope_head_dim (R)
-  int latent_dim = 0; // kv_lora_rank (L)
+  int num_heads = 0;   // on this rank
+  int nope_dim = 0;    // qk_nope_head_dim
+  int rope_dim = 0;    // qk_rope_head_dim (R)
+  int latent_dim = 0;  // kv_lora_rank (L)
   float scale = 1.0f;
   bool interleaved = false;
 };
@@ -42,15 +42,14 @@ void mla_rope_cache_write(Tensor& q, Tensor& kv, const Tensor& positions, const 
 }
 
 inline void mla_rope_cache_write(Tensor& q, Tensor& kv, const Tensor& positions,
-                                 const Tensor& inv_freq, const MlaRopeArgs& a,
-                                 Tensor& latent_cache, const Tensor& slot_mapping) {
+                                 const Tensor& inv_freq, const MlaRopeArgs& a, Tensor& latent_cache,
+                                 const Tensor& slot_mapping) {
   check_same_device("mla_rope_cache_write", q.device(),
                     {&kv, &positions, &inv_freq, &latent_cache, &slot_mapping});
   if (q.device().is_cpu())
     return cpu::mla_rope_cache_write(q, kv, positions, inv_freq, a, latent_cache, slot_mapping);
-  ATOM_KERNEL_CUDA("mla_rope_cache_write",
-                   cuda::mla_rope_cache_write(q, kv, positions, inv_freq, a, latent_cache,
-                                              slot_mapping));
+  ATOM_KERNEL_CUDA("mla_rope_cache_write", cuda::mla_rope_cache_write(q, kv, positions, inv_freq, a,
+                                                                      latent_cache, slot_mapping));
 }
 
 // Writes rows [T, W] (rows may be strided) into a one-row-per-token cache
@@ -117,9 +116,9 @@ void mla_paged_attention(Tensor& out, const Tensor& q, const Tensor& latent_cach
 
 inline void mla_paged_attention(Tensor& out, const Tensor& q, const Tensor& latent_cache,
                                 const AttentionBatch& b, const Tensor& topk, const MlaArgs& a) {
-  check_same_device("mla_paged_attention", out.device(),
-                    {&q, &latent_cache, b.query_start, b.context_lens, b.page_indptr,
-                     b.page_indices, &topk});
+  check_same_device(
+      "mla_paged_attention", out.device(),
+      {&q, &latent_cache, b.query_start, b.context_lens, b.page_indptr, b.page_indices, &topk});
   if (out.device().is_cpu()) return cpu::mla_paged_attention(out, q, latent_cache, b, topk, a);
   ATOM_KERNEL_CUDA("mla_paged_attention",
                    cuda::mla_paged_attention(out, q, latent_cache, b, topk, a));
@@ -134,10 +133,10 @@ inline void mla_paged_attention(Tensor& out, const Tensor& q, const Tensor& late
 //   q [T, Hi * D] (rows may be strided), weights [T, Hi] F32 (rows may be strided)
 //   key_cache [num_pages, block_size, 1, D] (CacheKind::kIndexerKey)
 struct IndexerArgs {
-  int num_heads = 0;  // index_n_heads
-  int head_dim = 0;   // index_head_dim
-  float scale = 1.0f; // index_head_dim^-0.5
-  int top_k = 0;      // index_topk
+  int num_heads = 0;   // index_n_heads
+  int head_dim = 0;    // index_head_dim
+  float scale = 1.0f;  // index_head_dim^-0.5
+  int top_k = 0;       // index_topk
   int max_query_len = 0;
   int max_context_len = 0;
   float weights_scale = 1.0f;  // index_n_heads^-0.5
@@ -169,9 +168,9 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
 
 inline void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights,
                          const Tensor& key_cache, const AttentionBatch& b, const IndexerArgs& a) {
-  check_same_device("indexer_topk", topk.device(),
-                    {&q, &weights, &key_cache, b.query_start, b.context_lens, b.page_indptr,
-                     b.page_indices});
+  check_same_device(
+      "indexer_topk", topk.device(),
+      {&q, &weights, &key_cache, b.query_start, b.context_lens, b.page_indptr, b.page_indices});
   if (topk.device().is_cpu()) return cpu::indexer_topk(topk, q, weights, key_cache, b, a);
   ATOM_KERNEL_CUDA("indexer_topk", cuda::indexer_topk(topk, q, weights, key_cache, b, a));
 }

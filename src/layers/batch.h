@@ -13,30 +13,30 @@ namespace atom {
 
 // How many entries a batch field has.
 enum class BatchExtent : int {
-  kTokens,     // num_tokens
-  kSeqs,       // num_seqs
-  kSeqsPlus1,  // num_seqs + 1 (CSR offsets, prefix sums)
-  kSeqsOrNone, // num_seqs, or empty when no layer reads it
-  kTokensOrNone, // num_tokens, or empty when no layer reads it
-  kFree,       // checked by validate() against the other fields (page_indices, logits_indices)
+  kTokens,        // num_tokens
+  kSeqs,          // num_seqs
+  kSeqsPlus1,     // num_seqs + 1 (CSR offsets, prefix sums)
+  kSeqsOrNone,    // num_seqs, or empty when no layer reads it
+  kTokensOrNone,  // num_tokens, or empty when no layer reads it
+  kFree,          // checked by validate() against the other fields (page_indices, logits_indices)
 };
 
 // The one list of a batch's I32 fields: X(name, extent). Each becomes the host vector
 // Batch::name and the device view Batch::dev.name; validate's sizes, upload, host copies
 // (tensor-parallel ranks, decode-graph padding) are all derived from it. page_indices stays last:
 // upload reserves room past it for a CUDA graph's larger page table.
-#define ATOM_BATCH_FIELDS(X)                                                                  \
-  X(token_ids, BatchExtent::kTokens)      /* flattened tokens, sequence after sequence */     \
-  X(positions, BatchExtent::kTokens)      /* RoPE positions */                                 \
-  X(query_start, BatchExtent::kSeqsPlus1) /* prefix sums of query lengths */                   \
-  X(context_lens, BatchExtent::kSeqs)     /* tokens in the cache after this step */           \
-  X(slot_mapping, BatchExtent::kTokens)   /* cache slot (page * block_size + offset), -1 none */ \
-  X(page_indptr, BatchExtent::kSeqsPlus1) /* CSR offsets into page_indices */                 \
-  X(logits_indices, BatchExtent::kFree)   /* token rows whose logits are computed */          \
-  X(state_slots, BatchExtent::kSeqsOrNone) /* per-request state slot (recurrent layers) */    \
-  X(state_rollback_slots, BatchExtent::kTokensOrNone) /* per row: the slot that receives the  \
-     recurrent state after this row, -1 none (speculative verification rows) */                \
-  X(page_indices, BatchExtent::kFree)     /* physical page of each logical page */
+#define ATOM_BATCH_FIELDS(X)                                                                      \
+  X(token_ids, BatchExtent::kTokens)       /* flattened tokens, sequence after sequence */        \
+  X(positions, BatchExtent::kTokens)       /* RoPE positions */                                   \
+  X(query_start, BatchExtent::kSeqsPlus1)  /* prefix sums of query lengths */                     \
+  X(context_lens, BatchExtent::kSeqs)      /* tokens in the cache after this step */              \
+  X(slot_mapping, BatchExtent::kTokens)    /* cache slot (page * block_size + offset), -1 none */ \
+  X(page_indptr, BatchExtent::kSeqsPlus1)  /* CSR offsets into page_indices */                    \
+  X(logits_indices, BatchExtent::kFree)    /* token rows whose logits are computed */             \
+  X(state_slots, BatchExtent::kSeqsOrNone) /* per-request state slot (recurrent layers) */        \
+  X(state_rollback_slots, BatchExtent::kTokensOrNone) /* per row: the slot that receives the      \
+     recurrent state after this row, -1 none (speculative verification rows) */                   \
+  X(page_indices, BatchExtent::kFree)                 /* physical page of each logical page */
 
 struct Batch {
 #define ATOM_BATCH_HOST_FIELD(name, extent) std::vector<int32_t> name;

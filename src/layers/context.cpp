@@ -6,9 +6,12 @@ namespace atom {
 
 const char* cache_kind_name(CacheKind k) {
   switch (k) {
-    case CacheKind::kKeyValue: return "key/value";
-    case CacheKind::kLatent: return "latent";
-    case CacheKind::kIndexerKey: return "indexer key";
+    case CacheKind::kKeyValue:
+      return "key/value";
+    case CacheKind::kLatent:
+      return "latent";
+    case CacheKind::kIndexerKey:
+      return "indexer key";
   }
   return "?";
 }
@@ -52,7 +55,8 @@ KvCache KvCache::allocate(const std::vector<CacheSpec>& specs, int num_pages, in
 
 size_t KvCache::state_slot_bytes(const std::vector<StateCacheSpec>& specs) {
   size_t b = 0;
-  for (const auto& s : specs) b += dtype_bytes(s.dtype, static_cast<uint64_t>(shape_numel(s.shape)));
+  for (const auto& s : specs)
+    b += dtype_bytes(s.dtype, static_cast<uint64_t>(shape_numel(s.shape)));
   return b;
 }
 

@@ -42,7 +42,9 @@ struct CacheSpec {
   static CacheSpec key_value(int num_kv_heads, int head_dim, DType dtype, int sliding_window = 0) {
     return {CacheKind::kKeyValue, num_kv_heads, head_dim, dtype, sliding_window};
   }
-  static CacheSpec latent(int width, DType dtype) { return {CacheKind::kLatent, 1, width, dtype, 0}; }
+  static CacheSpec latent(int width, DType dtype) {
+    return {CacheKind::kLatent, 1, width, dtype, 0};
+  }
   static CacheSpec indexer_key(int width, DType dtype) {
     return {CacheKind::kIndexerKey, 1, width, dtype, 0};
   }
@@ -101,8 +103,8 @@ struct LayerContext {
   DType act_dtype;     // activations (F32 on the CPU reference, BF16 on CUDA)
   int tp_rank = 0;
   int tp_size = 1;
-  Communicator* comm = nullptr;  // never null once a model is built
-  std::vector<CacheSpec>* cache_specs = nullptr;  // paged layers add theirs here
+  Communicator* comm = nullptr;                        // never null once a model is built
+  std::vector<CacheSpec>* cache_specs = nullptr;       // paged layers add theirs here
   std::vector<StateCacheSpec>* state_specs = nullptr;  // recurrent layers add theirs here
   // Shared experts load as slots of their layer's fused experts (ModelOptions).
   bool fuse_shared_experts = false;

@@ -31,7 +31,8 @@ VocabParallelEmbedding::VocabParallelEmbedding(LayerContext& ctx, const std::str
     : ctx_(ctx), vocab_(vocab), hidden_(hidden) {
   rows_ = padded_rows_per_rank(vocab, ctx.tp_size);
   start_ = ctx.tp_rank * rows_;
-  weight_ = &ctx.params.add(prefix_join(prefix, "weight"), ctx.param_tensor({rows_, hidden}, ctx.weight_dtype),
+  weight_ = &ctx.params.add(prefix_join(prefix, "weight"),
+                            ctx.param_tensor({rows_, hidden}, ctx.weight_dtype),
                             vocab_loader(vocab, start_, rows_));
 }
 
@@ -46,7 +47,8 @@ ParallelLMHead::ParallelLMHead(LayerContext& ctx, const std::string& prefix, int
                                int64_t hidden)
     : ctx_(ctx), vocab_(vocab) {
   rows_ = padded_rows_per_rank(vocab, ctx.tp_size);
-  weight_ = &ctx.params.add(prefix_join(prefix, "weight"), ctx.param_tensor({rows_, hidden}, ctx.weight_dtype),
+  weight_ = &ctx.params.add(prefix_join(prefix, "weight"),
+                            ctx.param_tensor({rows_, hidden}, ctx.weight_dtype),
                             vocab_loader(vocab, ctx.tp_rank * rows_, rows_));
 }
 

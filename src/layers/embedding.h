@@ -11,7 +11,8 @@ namespace atom {
 class VocabParallelEmbedding {
  public:
   static constexpr int64_t kPadding = 64;
-  VocabParallelEmbedding(LayerContext& ctx, const std::string& prefix, int64_t vocab, int64_t hidden);
+  VocabParallelEmbedding(LayerContext& ctx, const std::string& prefix, int64_t vocab,
+                         int64_t hidden);
 
   // ids [T] I32 -> [T, hidden]
   Tensor forward(Step& step, const Tensor& ids);

@@ -23,15 +23,13 @@ GatedDeltaNet::GatedDeltaNet(LayerContext& ctx, const std::string& prefix,
     fail("{}: linear_num_value_heads ({}) must be a positive multiple of linear_num_key_heads ({})",
          prefix, o.num_v_heads, o.num_k_heads);
   if (o.k_head_dim <= 0 || o.v_head_dim <= 0 || o.conv_kernel < 1)
-    fail(
-        "{}: linear_key_head_dim {}, linear_value_head_dim {} and linear_conv_kernel_dim {} must "
-        "be positive",
-        prefix, o.k_head_dim, o.v_head_dim, o.conv_kernel);
+    fail("{}: linear_key_head_dim {}, linear_value_head_dim {} and linear_conv_kernel_dim {} must "
+         "be positive",
+         prefix, o.k_head_dim, o.v_head_dim, o.conv_kernel);
   if (ctx.tp_size > 1)
-    fail(
-        "{}: the gated delta net does not support tensor parallelism yet (tensor-parallel size "
-        "{})",
-        prefix, ctx.tp_size);
+    fail("{}: the gated delta net does not support tensor parallelism yet (tensor-parallel size "
+         "{})",
+         prefix, ctx.tp_size);
   const int64_t r = o.num_v_heads / o.num_k_heads;
   if (o.grouped_projections) {
     // Per key head: [q dk | k dk | v r·dv | z r·dv] and [b r | a r].
@@ -59,8 +57,7 @@ GatedDeltaNet::GatedDeltaNet(LayerContext& ctx, const std::string& prefix,
       &ctx.params.add(prefix + ".norm.weight", ctx.param_tensor({o.v_head_dim}, DType::kF32));
   ATOM_CHECK(ctx.state_specs, "{}: layer context collects no state specs", prefix);
   conv_state_ = static_cast<int>(ctx.state_specs->size());
-  ctx.state_specs->push_back(
-      {{conv_dim_, o.conv_kernel - 1}, DType::kF32, /*rollback_rows=*/true});
+  ctx.state_specs->push_back({{conv_dim_, o.conv_kernel - 1}, DType::kF32, /*rollback_rows=*/true});
   recurrent_state_ = static_cast<int>(ctx.state_specs->size());
   ctx.state_specs->push_back(
       {{o.num_v_heads, o.k_head_dim, o.v_head_dim}, DType::kF32, /*rollback_rows=*/true});

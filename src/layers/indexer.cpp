@@ -34,8 +34,8 @@ SparseAttentionIndexer::SparseAttentionIndexer(LayerContext& ctx, const std::str
       // Kept in full precision by the checkpoints (read densely below).
       weights_proj_(ctx, prefix + ".weights_proj", o.hidden, o.num_heads, false,
                     LinearStorage::kUnquantized) {
-  k_norm_weight_ = &ctx.params.add(prefix + ".k_norm.weight",
-                                   ctx.param_tensor({o.head_dim}, ctx.weight_dtype));
+  k_norm_weight_ =
+      &ctx.params.add(prefix + ".k_norm.weight", ctx.param_tensor({o.head_dim}, ctx.weight_dtype));
   k_norm_bias_ =
       &ctx.params.add(prefix + ".k_norm.bias", ctx.param_tensor({o.head_dim}, ctx.weight_dtype));
   ATOM_CHECK(rotary.rot_dim() == o.rope_dim, "{}: RoPE over {} channels, expected {}", prefix,

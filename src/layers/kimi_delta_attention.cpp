@@ -8,15 +8,13 @@ namespace {
 const KimiDeltaAttentionOptions& checked(const LayerContext& ctx, const std::string& prefix,
                                          const KimiDeltaAttentionOptions& o) {
   if (o.num_heads <= 0 || o.head_dim <= 0 || o.conv_kernel < 1)
-    fail(
-        "{}: linear_num_heads {}, linear_head_dim {} and linear_conv_kernel_dim {} must be "
-        "positive",
-        prefix, o.num_heads, o.head_dim, o.conv_kernel);
+    fail("{}: linear_num_heads {}, linear_head_dim {} and linear_conv_kernel_dim {} must be "
+         "positive",
+         prefix, o.num_heads, o.head_dim, o.conv_kernel);
   if (ctx.tp_size > 1)
-    fail(
-        "{}: Kimi delta attention does not support tensor parallelism yet (tensor-parallel "
-        "size {})",
-        prefix, ctx.tp_size);
+    fail("{}: Kimi delta attention does not support tensor parallelism yet (tensor-parallel "
+         "size {})",
+         prefix, ctx.tp_size);
   return o;
 }
 }  // namespace

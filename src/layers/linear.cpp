@@ -38,7 +38,8 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 bool scale_shape_ok(const Tensor& s, int64_t N, int64_t K, const LinearQuant& q) {
   switch (q.scales) {
     case Fp8Scales::kBlock:
-      return s.dim() == 2 && s.size(0) == ceil_div(N, q.block_n) && s.size(1) == ceil_div(K, q.block_k);
+      return s.dim() == 2 && s.size(0) == ceil_div(N, q.block_n) &&
+             s.size(1) == ceil_div(K, q.block_k);
     case Fp8Scales::kChannel:
       return (s.dim() == 1 && s.size(0) == N) || (s.dim() == 2 && s.size(0) == N && s.size(1) == 1);
     case Fp8Scales::kTensor:
@@ -52,8 +53,10 @@ std::string scale_shape_want(int64_t N, int64_t K, const LinearQuant& q) {
     case Fp8Scales::kBlock:
       return fmt::format("[{}, {}] (a [{}, {}] weight in {}x{} blocks)", ceil_div(N, q.block_n),
                          ceil_div(K, q.block_k), N, K, q.block_n, q.block_k);
-    case Fp8Scales::kChannel: return fmt::format("[{}] or [{}, 1] (per channel)", N, N);
-    case Fp8Scales::kTensor: return "[] or [1] (per tensor)";
+    case Fp8Scales::kChannel:
+      return fmt::format("[{}] or [{}, 1] (per channel)", N, N);
+    case Fp8Scales::kTensor:
+      return "[] or [1] (per tensor)";
   }
   return "";
 }
@@ -139,8 +142,12 @@ kernels::Fp8Weight LinearBase::fp8_weight() const {
   w.w = weight_->data();
   w.scale = weight_scale_->data();
   switch (quant_.scales) {
-    case Fp8Scales::kBlock: w.granularity = kernels::Fp8Granularity::kBlock; break;
-    case Fp8Scales::kChannel: w.granularity = kernels::Fp8Granularity::kChannel; break;
+    case Fp8Scales::kBlock:
+      w.granularity = kernels::Fp8Granularity::kBlock;
+      break;
+    case Fp8Scales::kChannel:
+      w.granularity = kernels::Fp8Granularity::kChannel;
+      break;
     case Fp8Scales::kTensor:
       w.granularity = w.scale.numel() == 1 ? kernels::Fp8Granularity::kTensor
                                            : kernels::Fp8Granularity::kChannel;
@@ -149,13 +156,19 @@ kernels::Fp8Weight LinearBase::fp8_weight() const {
   w.block_n = quant_.block_n;
   w.block_k = quant_.block_k;
   switch (quant_.inputs) {
-    case Fp8Inputs::kBlockDynamic: w.activation = kernels::Fp8Activation::kBlockDynamic; break;
-    case Fp8Inputs::kTokenDynamic: w.activation = kernels::Fp8Activation::kTokenDynamic; break;
+    case Fp8Inputs::kBlockDynamic:
+      w.activation = kernels::Fp8Activation::kBlockDynamic;
+      break;
+    case Fp8Inputs::kTokenDynamic:
+      w.activation = kernels::Fp8Activation::kTokenDynamic;
+      break;
     case Fp8Inputs::kTensorStatic:
       w.activation = kernels::Fp8Activation::kTensorStatic;
       w.input_scale = input_scale_->data();
       break;
-    case Fp8Inputs::kNone: w.activation = kernels::Fp8Activation::kNone; break;
+    case Fp8Inputs::kNone:
+      w.activation = kernels::Fp8Activation::kNone;
+      break;
   }
   return w;
 }
@@ -165,7 +178,7 @@ namespace {
 // thread: the first is kept until its partner comes (per part).
 struct Fp8Pairs {
   std::mutex mu;
-  Parameter* weight = nullptr;  // where the dequantised parts go
+  Parameter* weight = nullptr;                             // where the dequantised parts go
   std::map<std::string, std::pair<Tensor, Tensor>> parts;  // shard -> (weight, scale), copies
   // Returns both once the second has arrived (and forgets them), else undefined tensors.
   std::pair<Tensor, Tensor> add(const std::string& shard, const Tensor& t, bool is_weight) {
@@ -184,7 +197,8 @@ void LinearBase::init_params(const std::string& prefix, LinearLayout layout, boo
                              LinearStorage storage) {
   std::vector<std::string> shards, names;
   for (const auto& p : layout.parts) shards.push_back(p.shard);
-  if (storage != LinearStorage::kUnquantized) quant_ = linear_quant_for(ctx_, prefix, shards, &names);
+  if (storage != LinearStorage::kUnquantized)
+    quant_ = linear_quant_for(ctx_, prefix, shards, &names);
   for (size_t i = 0; i < layout.parts.size(); ++i)
     layout.parts[i].ckpt_name = names.empty() ? prefix : names[i];
   fp8_ = quant_.fp8 && storage == LinearStorage::kAuto && ctx_.fp8_resident;
@@ -198,10 +212,12 @@ void LinearBase::init_params(const std::string& prefix, LinearLayout layout, boo
              "the {}-row scale blocks of {}",
              prefix, part.shard.empty() ? "" : "part " + part.shard + " ", part.src_row,
              part.src_row + part.rows, part.ckpt_name, ctx_.tp_size, bn, quant_.str());
-    if (layout.col_start % bk || (layout.cols % bk && layout.col_start + layout.cols != layout.ckpt_cols))
+    if (layout.col_start % bk ||
+        (layout.cols % bk && layout.col_start + layout.cols != layout.ckpt_cols))
       fail("{}: columns [{}, {}) on this rank (tensor-parallel size {}) do not fall on the "
            "{}-column scale blocks of {}",
-           prefix, layout.col_start, layout.col_start + layout.cols, ctx_.tp_size, bk, quant_.str());
+           prefix, layout.col_start, layout.col_start + layout.cols, ctx_.tp_size, bk,
+           quant_.str());
     // Fused parts that do not meet on a block boundary (a gate part narrower than a block) cannot
     // share one grid: such a layer is dequantised at load instead.
     for (const auto& part : layout.parts)
@@ -222,7 +238,8 @@ void LinearBase::init_params(const std::string& prefix, LinearLayout layout, boo
   };
   std::vector<std::string> parts;
   for (const auto& part : L->parts)
-    if (std::find(parts.begin(), parts.end(), part.shard) == parts.end()) parts.push_back(part.shard);
+    if (std::find(parts.begin(), parts.end(), part.shard) == parts.end())
+      parts.push_back(part.shard);
 
   // A dense part (any float dtype): rows of the part, this rank's columns.
   auto write_dense = [L](Parameter& p, const Tensor& ckpt,
@@ -250,13 +267,14 @@ void LinearBase::init_params(const std::string& prefix, LinearLayout layout, boo
     // dtype elsewhere.
     auto pairs = std::make_shared<Fp8Pairs>();
     auto arrive = [pairs, find_part, write_dense, q, L](Parameter& p, const Tensor& ckpt,
-                                                               const std::string& shard,
-                                                               bool is_weight) {
+                                                        const std::string& shard, bool is_weight) {
       const auto cuts = find_part(p, shard);
       const LinearLayout::Part& part = *cuts[0];
       const std::string what = part.ckpt_name;
-      if (is_weight) fp8_check_weight(ckpt, part.ckpt_rows, L->ckpt_cols, what);
-      else fp8_check_scale(ckpt, part.ckpt_rows, L->ckpt_cols, q, what);
+      if (is_weight)
+        fp8_check_weight(ckpt, part.ckpt_rows, L->ckpt_cols, what);
+      else
+        fp8_check_scale(ckpt, part.ckpt_rows, L->ckpt_cols, q, what);
       auto [w, s] = pairs->add(shard, ckpt, is_weight);
       if (!w.defined()) return;
       write_dense(*pairs->weight, fp8_dequantize(w, s, q, what), cuts);
@@ -283,7 +301,8 @@ void LinearBase::init_params(const std::string& prefix, LinearLayout layout, boo
           fp8_check_weight(ckpt, cuts[0]->ckpt_rows, L->ckpt_cols, cuts[0]->ckpt_name);
           for (const auto* part : cuts) {
             Tensor d = p.data().narrow(0, part->dst_row, part->rows);
-            tensor_assign(d, ckpt.narrow(0, part->src_row, part->rows).narrow(1, L->col_start, L->cols));
+            tensor_assign(
+                d, ckpt.narrow(0, part->src_row, part->rows).narrow(1, L->col_start, L->cols));
           }
         },
         parts);

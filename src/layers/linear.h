@@ -122,8 +122,8 @@ class LinearBase {
 // The same full weight on every rank.
 class ReplicatedLinear : public LinearBase {
  public:
-  ReplicatedLinear(LayerContext& ctx, const std::string& prefix, int64_t in, int64_t out,
-                   bool bias, LinearStorage storage = LinearStorage::kAuto);
+  ReplicatedLinear(LayerContext& ctx, const std::string& prefix, int64_t in, int64_t out, bool bias,
+                   LinearStorage storage = LinearStorage::kAuto);
 };
 
 // Output features split over ranks; each rank computes its slice of y.

@@ -75,8 +75,10 @@ MultiHeadLatentAttention::MultiHeadLatentAttention(LayerContext& ctx, const std:
     q_proj_ = std::make_unique<ColumnParallelLinear>(ctx, prefix + ".q_proj", o.hidden,
                                                      o.num_heads * qk, false);
   }
-  ATOM_CHECK(rotary_.rot_dim() == rope_, "{}: RoPE over {} of qk_rope_head_dim {} channels "
-             "(partial_rotary_factor is not used by MLA)", prefix, rotary_.rot_dim(), rope_);
+  ATOM_CHECK(rotary_.rot_dim() == rope_,
+             "{}: RoPE over {} of qk_rope_head_dim {} channels "
+             "(partial_rotary_factor is not used by MLA)",
+             prefix, rotary_.rot_dim(), rope_);
   if (!o.apply_rope) {
     no_rope_freq_ = ctx.param_tensor({rope_ / 2}, DType::kF32);
     tensor_assign(no_rope_freq_, Tensor::zeros({rope_ / 2}, DType::kF32));
@@ -84,8 +86,7 @@ MultiHeadLatentAttention::MultiHeadLatentAttention(LayerContext& ctx, const std:
   scale_ = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(qk)));
   ATOM_CHECK(ctx.cache_specs, "{}: layer context collects no cache specs", prefix);
   cache_index_ = static_cast<int>(ctx.cache_specs->size());
-  ctx.cache_specs->push_back(
-      CacheSpec::latent(static_cast<int>(latent_ + rope_), ctx.act_dtype));
+  ctx.cache_specs->push_back(CacheSpec::latent(static_cast<int>(latent_ + rope_), ctx.act_dtype));
   o_proj_.set_hints({.after_latency_bound = true});  // it follows decode attention
   ctx.params.add_post_load([this] { absorb_weights(); });
 }
@@ -106,8 +107,7 @@ void MultiHeadLatentAttention::absorb_weights() {
   tensor_assign(w_uk_t_, t);
 }
 
-MultiHeadLatentAttention::Projected MultiHeadLatentAttention::project(Step& step,
-                                                                      const Tensor& x) {
+MultiHeadLatentAttention::Projected MultiHeadLatentAttention::project(Step& step, const Tensor& x) {
   ATOM_CHECK(step.kv, "multi-head latent attention needs a KV cache");
   Projected p;
   if (q_proj_) {
@@ -166,8 +166,8 @@ Tensor MultiHeadLatentAttention::attend(Step& step, const Projected& p, const Te
   kernels::AttentionBatch ab{&b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr,
                              &b.dev.page_indices};
   Tensor workspace;
-  const int64_t ws = kernels::mla_paged_attention_workspace_size(
-      ctx_.device, T, a, ctx_.act_dtype, topk.defined() ? topk.size(1) : 0);
+  const int64_t ws = kernels::mla_paged_attention_workspace_size(ctx_.device, T, a, ctx_.act_dtype,
+                                                                 topk.defined() ? topk.size(1) : 0);
   if (ws > 0) {
     workspace = step.empty({ws}, DType::kF32);
     ab.workspace = &workspace;

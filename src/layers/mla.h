@@ -2,10 +2,10 @@
 // keys and values of all heads come from one compressed latent per token, which is all the cache
 // keeps (CacheKind::kLatent: a row (c_kv | k_pe) of kv_lora_rank + qk_rope_head_dim).
 //
-//   q    = q_b_proj(q_a_layernorm(q_a_proj(x)))   (q_lora_rank set), or q_proj(x)   [T, H, nope + R]
-//   c_kv, k_pe = split(kv_a_proj_with_mqa(x));  c_kv = kv_a_layernorm(c_kv)
-//   q_pe, k_pe rotated (interleaved pairs or halves); (c_kv | k_pe) written to the cache
-//   per head h, with kv_b_proj = [W_UK_h (nope rows); W_UV_h (v rows)] over the latent:
+//   q    = q_b_proj(q_a_layernorm(q_a_proj(x)))   (q_lora_rank set), or q_proj(x)   [T, H, nope +
+//   R] c_kv, k_pe = split(kv_a_proj_with_mqa(x));  c_kv = kv_a_layernorm(c_kv) q_pe, k_pe rotated
+//   (interleaved pairs or halves); (c_kv | k_pe) written to the cache per head h, with kv_b_proj =
+//   [W_UK_h (nope rows); W_UV_h (v rows)] over the latent:
 //     q'_h = (W_UK_hᵀ q_nope_h | q_pe_h)    scores = scale · q'_h · (c_kv | k_pe)_j
 //     o_h  = W_UV_h Σ_j p_j c_kv_j
 //   out  = o_proj(o)
@@ -28,20 +28,20 @@ namespace atom {
 
 struct MlaOptions {
   int64_t hidden = 0;
-  int64_t num_heads = 0;  // all ranks
+  int64_t num_heads = 0;    // all ranks
   int64_t q_lora_rank = 0;  // 0: a plain q_proj
   int64_t kv_lora_rank = 0;
   int64_t qk_nope_head_dim = 0;
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
-  bool bias = false;       // attention_bias: q_a_proj, kv_a_proj_with_mqa and o_proj
-  double norm_eps = 1e-6;  // q_a_layernorm, kv_a_layernorm (transformers: RMSNorm's default)
-  double scale = 0;        // softmax scale; 0: (qk_nope_head_dim + qk_rope_head_dim)^-0.5
+  bool bias = false;              // attention_bias: q_a_proj, kv_a_proj_with_mqa and o_proj
+  double norm_eps = 1e-6;         // q_a_layernorm, kv_a_layernorm (transformers: RMSNorm's default)
+  double scale = 0;               // softmax scale; 0: (qk_nope_head_dim + qk_rope_head_dim)^-0.5
   bool interleaved_rope = false;  // rotate pairs (2i, 2i + 1) instead of halves
   // false: no rotation at all (Kimi-Linear's NoPE MLA: the qk_rope_head_dim channels are still
   // split off and shared by the heads, but never rotated).
   bool apply_rope = true;
-  RopeConfig rope;         // frequencies over qk_rope_head_dim channels
+  RopeConfig rope;  // frequencies over qk_rope_head_dim channels
   int64_t max_position_embeddings = 0;
 };
 
@@ -72,9 +72,9 @@ class MultiHeadLatentAttention {
   void absorb_weights();  // post-load: W_UKᵀ per head from kv_b_proj
 
   LayerContext& ctx_;
-  int64_t heads_, nope_, rope_, latent_, v_;  // heads on this rank
-  std::unique_ptr<ColumnParallelLinear> q_proj_;    // without q LoRA: hidden -> H (nope + R)
-  std::unique_ptr<ReplicatedLinear> q_a_proj_;      // hidden -> q_lora_rank
+  int64_t heads_, nope_, rope_, latent_, v_;      // heads on this rank
+  std::unique_ptr<ColumnParallelLinear> q_proj_;  // without q LoRA: hidden -> H (nope + R)
+  std::unique_ptr<ReplicatedLinear> q_a_proj_;    // hidden -> q_lora_rank
   std::unique_ptr<RMSNorm> q_a_layernorm_;
   std::unique_ptr<ColumnParallelLinear> q_b_proj_;  // q_lora_rank -> H (nope + R)
   ReplicatedLinear kv_a_proj_with_mqa_;             // hidden -> L + R

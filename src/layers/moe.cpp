@@ -61,9 +61,7 @@ Tensor mxfp4_dequantize(const Tensor& blocks, const Tensor& scales, const std::s
   return out;
 }
 
-bool moe_fuse_shared_experts_from_env() {
-  return env_bool("ATOM_MOE_FUSE_SHARED_EXPERTS", false);
-}
+bool moe_fuse_shared_experts_from_env() { return env_bool("ATOM_MOE_FUSE_SHARED_EXPERTS", false); }
 
 namespace {
 
@@ -201,8 +199,7 @@ class FusedMoE::Writer : public FusedMoEWriter {
   }
   static void check_mxfp4(const Parameter& p, const Tensor& blocks, const Tensor& scales,
                           int64_t rows, int64_t k) {
-    if (k % 32 != 0 || blocks.dtype() != DType::kU8 ||
-        blocks.shape() != Shape{rows, k / 32, 16} ||
+    if (k % 32 != 0 || blocks.dtype() != DType::kU8 || blocks.shape() != Shape{rows, k / 32, 16} ||
         (scales.dtype() != DType::kU8 && scales.dtype() != DType::kE8M0) ||
         scales.shape() != Shape{rows, k / 32})
       fail("{}: MXFP4 blocks {} and scales {} do not match the layer (expected U8 [{}, {}, 16] "
@@ -236,8 +233,8 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
   ATOM_CHECK(o.pad_intermediate_to >= 1, "{}: padding multiple {}", prefix, o.pad_intermediate_to);
   slots_ = o.num_experts + o.num_shared_slots;
   inter_rank_ = o.intermediate / tp;
-  inter_padded_ = (inter_rank_ + o.pad_intermediate_to - 1) / o.pad_intermediate_to *
-                  o.pad_intermediate_to;
+  inter_padded_ =
+      (inter_rank_ + o.pad_intermediate_to - 1) / o.pad_intermediate_to * o.pad_intermediate_to;
   // MXFP4 stays packed where the fused kernels read it (CUDA, BF16 activations) and every rank
   // holds whole 32-value groups (gpt-oss: I = 2880 on 1, 2, 3 or 6 ranks, not 4); elsewhere the
   // experts are dequantised at load, as on the CPU.
@@ -263,7 +260,7 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
     return slot.narrow(0, shard == "w1" ? 0 : Ip, Ip);
   };
   w13_layout->write = [w13_name, I, H, Ir, start](Tensor& region, const Tensor& ckpt,
-                                                   const std::string& shard) {
+                                                  const std::string& shard) {
     check_expert_tensor(w13_name, ckpt, {I, H}, shard);
     Tensor dst = region.narrow(0, 0, Ir);
     tensor_assign(dst, ckpt.narrow(0, start, Ir));
@@ -274,7 +271,7 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
   w2_layout->shards = {"w2"};
   w2_layout->region = [](const Tensor& slot, const std::string&) { return slot; };
   w2_layout->write = [w2_name, I, H, Ir, start](Tensor& region, const Tensor& ckpt,
-                                                 const std::string& shard) {
+                                                const std::string& shard) {
     check_expert_tensor(w2_name, ckpt, {H, I}, shard);
     Tensor dst = region.narrow(1, 0, Ir);
     assign_2d(dst, ckpt.narrow(1, start, Ir));
@@ -293,8 +290,9 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
       if (shard == "gate_up_bias") return w.gate_up_bias(ckpt);
       if (shard == "down_bias") return w.down_bias(ckpt);
     }
-    ATOM_CHECK(p.expert_layout, "parameter '{}' takes stacked tensors only, not expert {} part '{}'",
-               p.name(), expert, shard);
+    ATOM_CHECK(p.expert_layout,
+               "parameter '{}' takes stacked tensors only, not expert {} part '{}'", p.name(),
+               expert, shard);
     const ExpertLayout& layout = *p.expert_layout;
     auto write_slot = [&](int64_t slot, const Tensor& t, const std::string& part) {
       Tensor region = layout.region(p.data().select(0, slot), part);
@@ -423,8 +421,8 @@ void FusedMoE::forward(Step& step, const Tensor& x, const Tensor& topk_ids,
   w.activation = o_.activation;
   w.swiglu_alpha = o_.swiglu_alpha;
   w.swiglu_limit = o_.swiglu_limit;
-  const int64_t bytes = kernels::fused_moe_workspace_bytes(ctx_.device, x.size(0),
-                                                           topk_ids.size(1), w, ctx_.act_dtype);
+  const int64_t bytes = kernels::fused_moe_workspace_bytes(ctx_.device, x.size(0), topk_ids.size(1),
+                                                           w, ctx_.act_dtype);
   Tensor workspace = bytes > 0 ? step.empty({bytes}, DType::kU8) : Tensor();
   kernels::fused_moe(out, x, w, topk_ids, topk_weights, bytes > 0 ? &workspace : nullptr);
 }
@@ -475,9 +473,9 @@ SparseMoeBlock::SparseMoeBlock(LayerContext& ctx, const std::string& prefix,
       fail("{}: a shared expert gate needs unfused shared experts (shared_intermediate > 0, "
            "fuse_shared off)",
            prefix);
-    shared_gate_ = std::make_unique<ReplicatedLinear>(ctx, prefix_join(prefix, o.shared_gate_name),
-                                                      o.hidden, 1, false,
-                                                      LinearStorage::kUnquantized);
+    shared_gate_ =
+        std::make_unique<ReplicatedLinear>(ctx, prefix_join(prefix, o.shared_gate_name), o.hidden,
+                                           1, false, LinearStorage::kUnquantized);
   }
 }
 

@@ -65,7 +65,7 @@ using FusedMoEStackedFormat = std::function<void(FusedMoEWriter& w, const Tensor
 
 // How a checkpoint stores a layer's experts.
 enum class ExpertQuant {
-  kNone,   // dense weights, stored in LayerContext::weight_dtype
+  kNone,  // dense weights, stored in LayerContext::weight_dtype
   // MXFP4 blocks and scales (quant_method mxfp4): on CUDA they stay packed (W4A16: the fused
   // kernels expand them to BF16 as they load them; kernels::MoeExperts' layout, parameters
   // "w13_weight"/"w2_weight" U8 and "w13_weight_scale"/"w2_weight_scale") when every rank holds
@@ -74,7 +74,7 @@ enum class ExpertQuant {
 };
 
 struct FusedMoEOptions {
-  int64_t num_experts = 0;   // routed
+  int64_t num_experts = 0;  // routed
   int64_t hidden = 0;
   int64_t intermediate = 0;  // of one expert, unsharded
   // Shared experts loaded as slots of this layer (the checkpoint's shared MLP of width
@@ -99,8 +99,8 @@ class FusedMoE {
   void forward(Step& step, const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
                Tensor& out);
   int64_t num_slots() const { return slots_; }
-  int64_t intermediate_per_rank() const { return inter_rank_; }      // of the checkpoint
-  int64_t intermediate_padded() const { return inter_padded_; }     // as stored
+  int64_t intermediate_per_rank() const { return inter_rank_; }  // of the checkpoint
+  int64_t intermediate_padded() const { return inter_padded_; }  // as stored
   Parameter& w13() { return *w13_; }
   Parameter& w2() { return *w2_; }
   // The experts are stored MXFP4 (w13/w2 blocks plus scales), not dense.
@@ -112,30 +112,30 @@ class FusedMoE {
   FusedMoEOptions o_;
   int64_t slots_, inter_rank_, inter_padded_;
   bool packed_ = false;
-  Parameter* w13_ = nullptr;       // [slots, 2 Ip, H] (packed: U8 [slots, 2 Ip, H/2])
-  Parameter* w2_ = nullptr;        // [slots, H, Ip] (packed: U8 [slots, H, Ip/2])
+  Parameter* w13_ = nullptr;        // [slots, 2 Ip, H] (packed: U8 [slots, 2 Ip, H/2])
+  Parameter* w2_ = nullptr;         // [slots, H, Ip] (packed: U8 [slots, H, Ip/2])
   Parameter* w13_scale_ = nullptr;  // packed: U8 [slots, H/32, 2 Ip]
   Parameter* w2_scale_ = nullptr;   // packed: U8 [slots, Ip/32, H]
-  Parameter* w13_bias_ = nullptr;  // [slots, 2 Ip]
-  Parameter* w2_bias_ = nullptr;   // [slots, H]: on rank 0 only (others zero), added once
+  Parameter* w13_bias_ = nullptr;   // [slots, 2 Ip]
+  Parameter* w2_bias_ = nullptr;    // [slots, H]: on rank 0 only (others zero), added once
 };
 
 struct SparseMoeOptions {
   int64_t hidden = 0;
   int64_t num_experts = 0;
   int64_t moe_intermediate = 0;
-  kernels::RouterArgs router;         // top_k, scoring, groups, scale (shared slots set here)
-  bool router_bias = false;           // "<gate>.bias" [E]
-  bool correction_bias = false;       // "<gate>.e_score_correction_bias" [E], F32
-  int64_t shared_intermediate = 0;    // 0: no shared experts
-  bool fuse_shared = false;           // shared experts as slots of the fused layer
+  kernels::RouterArgs router;       // top_k, scoring, groups, scale (shared slots set here)
+  bool router_bias = false;         // "<gate>.bias" [E]
+  bool correction_bias = false;     // "<gate>.e_score_correction_bias" [E], F32
+  int64_t shared_intermediate = 0;  // 0: no shared experts
+  bool fuse_shared = false;         // shared experts as slots of the fused layer
   // Qwen3-Next: the shared experts' output is scaled per token by sigmoid(shared_expert_gate(x)),
   // a [1, hidden] projection (not fusable: its weight is not 1).
   bool shared_gate = false;
   std::string gate_name = "gate";
   std::string shared_name = "shared_experts";
   std::string shared_gate_name = "shared_expert_gate";
-  FusedMoEOptions experts;            // activation, biases, formats (sizes set from the above)
+  FusedMoEOptions experts;  // activation, biases, formats (sizes set from the above)
 };
 
 // gate (router) -> routed experts (+ shared experts) -> one all-reduce across ranks.
@@ -152,10 +152,10 @@ class SparseMoeBlock : public FeedForward {
   LayerContext& ctx_;
   SparseMoeOptions o_;
   kernels::RouterArgs args_;
-  ReplicatedLinear gate_;           // hidden -> E, the same on every rank
+  ReplicatedLinear gate_;            // hidden -> E, the same on every rank
   Parameter* correction_ = nullptr;  // [E] F32
   FusedMoE experts_;
-  std::unique_ptr<GatedMlp> shared_;  // unfused shared experts, left unreduced
+  std::unique_ptr<GatedMlp> shared_;               // unfused shared experts, left unreduced
   std::unique_ptr<ReplicatedLinear> shared_gate_;  // hidden -> 1
 };
 

@@ -20,7 +20,9 @@ std::vector<float> default_inv_freq(double theta, int dim) {
   return f;
 }
 
-double yarn_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
+double yarn_mscale(double scale, double m) {
+  return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+}
 }  // namespace
 
 RopeTables rope_tables(const RopeConfig& r, int dim, int64_t max_pos) {
@@ -52,11 +54,14 @@ RopeTables rope_tables(const RopeConfig& r, int dim, int64_t max_pos) {
     if (r.attention_factor) {
       t.attention_factor = static_cast<float>(*r.attention_factor);
     } else if (r.mscale && r.mscale_all_dim && *r.mscale != 0 && *r.mscale_all_dim != 0) {
-      t.attention_factor = static_cast<float>(yarn_mscale(factor, *r.mscale) / yarn_mscale(factor, *r.mscale_all_dim));
+      t.attention_factor = static_cast<float>(yarn_mscale(factor, *r.mscale) /
+                                              yarn_mscale(factor, *r.mscale_all_dim));
     } else {
       t.attention_factor = static_cast<float>(yarn_mscale(factor, 1.0));
     }
-    auto corr = [&](double rot) { return dim * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(r.theta)); };
+    auto corr = [&](double rot) {
+      return dim * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(r.theta));
+    };
     double low = corr(r.beta_fast), high = corr(r.beta_slow);
     if (r.truncate) {
       low = std::floor(low);
@@ -66,8 +71,8 @@ RopeTables rope_tables(const RopeConfig& r, int dim, int64_t max_pos) {
     high = std::min(high, static_cast<double>(dim - 1));
     if (low == high) high += 0.001;
     for (int i = 0; i < dim / 2; ++i) {
-      const float pos_freq =
-          std::pow(static_cast<float>(r.theta), static_cast<float>(2 * i) / static_cast<float>(dim));
+      const float pos_freq = std::pow(static_cast<float>(r.theta),
+                                      static_cast<float>(2 * i) / static_cast<float>(dim));
       const float extra = 1.0f / pos_freq;
       const float inter = 1.0f / (static_cast<float>(factor) * pos_freq);
       const float ramp = std::clamp(static_cast<float>((i - low) / (high - low)), 0.0f, 1.0f);

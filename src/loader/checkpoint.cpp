@@ -29,8 +29,7 @@ fs::path shard_inside(const fs::path& dir, const std::string& file, const std::s
   if (file.empty() || rel.is_absolute() || rel.has_root_name() || rel.has_root_directory())
     fail("{}: shard '{}' is not a path relative to the model folder", source, file);
   for (const auto& part : rel.lexically_normal())
-    if (part == "..")
-      fail("{}: shard '{}' points outside the model folder", source, file);
+    if (part == "..") fail("{}: shard '{}' points outside the model folder", source, file);
   const fs::path p = dir / rel;
   std::error_code ec;
   if (!fs::exists(p, ec)) fail("{}: shard '{}' named in the index is missing", source, file);

@@ -22,7 +22,7 @@ struct CheckpointStats {
   uint64_t bytes_read = 0;     // bytes of tensor data read (whole shards without mmap)
   uint64_t bytes_skipped = 0;  // bytes of shards never read past their header
   int tensors_yielded = 0;
-  int tensors_skipped = 0;     // present in a shard that was read, but not wanted
+  int tensors_skipped = 0;  // present in a shard that was read, but not wanted
 };
 
 struct CheckpointReadOptions {

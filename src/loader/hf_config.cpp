@@ -115,8 +115,8 @@ std::vector<std::string> ConfigFields::get_string_list(const std::string& key) c
 
 namespace {
 
-const char* const kRopeTypes[] = {"default", "linear", "dynamic", "yarn", "llama3", "longrope",
-                                  "mrope"};
+const char* const kRopeTypes[] = {"default", "linear",   "dynamic", "yarn",
+                                  "llama3",  "longrope", "mrope"};
 
 // Fills `r` from one rope parameter object (v5 rope_parameters or legacy rope_scaling).
 void rope_fill(RopeConfig& r, const ConfigFields& f, const std::string& field) {
@@ -133,17 +133,19 @@ void rope_fill(RopeConfig& r, const ConfigFields& f, const std::string& field) {
   r.theta = f.get_double("rope_theta", r.theta, positive);
   r.factor = f.get_double("factor", r.factor, positive);
   if (f.has("original_max_position_embeddings"))
-    r.original_max_position_embeddings = f.get_int("original_max_position_embeddings", IntRange{1, INT32_MAX});
+    r.original_max_position_embeddings =
+        f.get_int("original_max_position_embeddings", IntRange{1, INT32_MAX});
   r.low_freq_factor = f.get_double("low_freq_factor", r.low_freq_factor, positive);
   r.high_freq_factor = f.get_double("high_freq_factor", r.high_freq_factor, positive);
   r.beta_fast = f.get_double("beta_fast", r.beta_fast, positive);
   r.beta_slow = f.get_double("beta_slow", r.beta_slow, positive);
   if (f.has("mscale")) r.mscale = f.get_double("mscale", RealRange::non_negative());
-  if (f.has("mscale_all_dim")) r.mscale_all_dim = f.get_double("mscale_all_dim", RealRange::non_negative());
+  if (f.has("mscale_all_dim"))
+    r.mscale_all_dim = f.get_double("mscale_all_dim", RealRange::non_negative());
   if (f.has("attention_factor")) r.attention_factor = f.get_double("attention_factor", positive);
   r.truncate = f.get_bool("truncate", r.truncate);
-  r.partial_rotary_factor =
-      f.get_double("partial_rotary_factor", r.partial_rotary_factor, RealRange{0.0, 1.0, true, false});
+  r.partial_rotary_factor = f.get_double("partial_rotary_factor", r.partial_rotary_factor,
+                                         RealRange{0.0, 1.0, true, false});
   if (r.type == "llama3" && !(r.high_freq_factor > r.low_freq_factor))
     f.bad("high_freq_factor", fmt::format("must be greater than low_freq_factor ({}), got {}",
                                           r.low_freq_factor, r.high_freq_factor));
@@ -157,7 +159,8 @@ void rope_fill(RopeConfig& r, const ConfigFields& f, const std::string& field) {
 void rope_parse(ModelConfig& c, const ConfigFields& t) {
   RopeConfig base;
   base.theta = t.get_double("rope_theta", 10000.0, RealRange::positive());
-  base.partial_rotary_factor = t.get_double("partial_rotary_factor", 1.0, RealRange{0.0, 1.0, true, false});
+  base.partial_rotary_factor =
+      t.get_double("partial_rotary_factor", 1.0, RealRange{0.0, 1.0, true, false});
   const json& j = t.obj();
   if (t.has("rope_parameters")) {
     const json& rp = j["rope_parameters"];
@@ -172,7 +175,8 @@ void rope_parse(ModelConfig& c, const ConfigFields& t) {
         c.rope_by_layer_type[it.key()] = r;
       }
       auto full = c.rope_by_layer_type.find("full_attention");
-      c.rope = full != c.rope_by_layer_type.end() ? full->second : c.rope_by_layer_type.begin()->second;
+      c.rope =
+          full != c.rope_by_layer_type.end() ? full->second : c.rope_by_layer_type.begin()->second;
     } else {
       c.rope = base;
       rope_fill(c.rope, ConfigFields(rp, t.where()), "rope_parameters");
@@ -214,7 +218,8 @@ ModelConfig model_config_parse(const json& j, const std::string& path) {
   c.num_attention_heads = t.get_int("num_attention_heads", IntRange{1, 1 << 14});
   c.vocab_size = t.get_int("vocab_size", IntRange{1, INT32_MAX});
   c.intermediate_size = t.get_int("intermediate_size", 0, IntRange{0, 1 << 22});
-  c.num_key_value_heads = t.get_int("num_key_value_heads", c.num_attention_heads, IntRange{1, 1 << 14});
+  c.num_key_value_heads =
+      t.get_int("num_key_value_heads", c.num_attention_heads, IntRange{1, 1 << 14});
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     t.bad("num_key_value_heads", fmt::format("must divide num_attention_heads ({}), got {}",
                                              c.num_attention_heads, c.num_key_value_heads));
@@ -227,9 +232,9 @@ ModelConfig model_config_parse(const json& j, const std::string& path) {
   }
   // Configs whose class maps max_position_embeddings to model_max_length (transformers'
   // attribute_map, e.g. Kimi-Linear's) store only the latter.
-  c.max_position_embeddings = t.get_int(
-      "max_position_embeddings", t.get_int("model_max_length", 2048, IntRange{1, INT32_MAX}),
-      IntRange{1, INT32_MAX});
+  c.max_position_embeddings = t.get_int("max_position_embeddings",
+                                        t.get_int("model_max_length", 2048, IntRange{1, INT32_MAX}),
+                                        IntRange{1, INT32_MAX});
   c.rms_norm_eps = t.get_double("rms_norm_eps", 1e-6, RealRange{0.0, 1.0, true, true});
   c.tie_word_embeddings = c.root.has("tie_word_embeddings")
                               ? c.root.get_bool("tie_word_embeddings", false)

@@ -22,12 +22,12 @@ struct RopeConfig {
   double theta = 10000.0;
   double factor = 1.0;
   std::optional<int64_t> original_max_position_embeddings;
-  double low_freq_factor = 1.0;   // llama3
-  double high_freq_factor = 4.0;  // llama3
-  double beta_fast = 32.0;        // yarn
-  double beta_slow = 1.0;         // yarn
+  double low_freq_factor = 1.0;                                    // llama3
+  double high_freq_factor = 4.0;                                   // llama3
+  double beta_fast = 32.0;                                         // yarn
+  double beta_slow = 1.0;                                          // yarn
   std::optional<double> mscale, mscale_all_dim, attention_factor;  // yarn
-  bool truncate = true;                                           // yarn
+  bool truncate = true;                                            // yarn
   double partial_rotary_factor = 1.0;
 };
 
@@ -53,7 +53,8 @@ struct RealRange {
 class ConfigFields {
  public:
   ConfigFields() = default;
-  ConfigFields(nlohmann::json obj, std::string where) : j_(std::move(obj)), where_(std::move(where)) {}
+  ConfigFields(nlohmann::json obj, std::string where)
+      : j_(std::move(obj)), where_(std::move(where)) {}
 
   bool has(const std::string& key) const;  // present and not null
   int64_t get_int(const std::string& key, IntRange range = {}) const;
@@ -94,7 +95,8 @@ struct ModelConfig {
   std::string hidden_act = "silu";
   DType dtype = DType::kF32;  // `dtype` or `torch_dtype`; float32 when absent, as transformers
   RopeConfig rope;
-  // rope_parameters given per layer type (e.g. {"full_attention": {...}, "sliding_attention": ...}).
+  // rope_parameters given per layer type (e.g. {"full_attention": {...}, "sliding_attention":
+  // ...}).
   std::map<std::string, RopeConfig> rope_by_layer_type;
   std::vector<std::string> layer_types;  // one per layer when the file gives them
   std::optional<int64_t> sliding_window;

@@ -87,7 +87,8 @@ WeightLoader default_weight_loader();
 // The model's parameters by name, plus the steps to run after all weights are loaded.
 class ParamRegistry {
  public:
-  Parameter& add(const std::string& name, Tensor data, WeightLoader loader = default_weight_loader(),
+  Parameter& add(const std::string& name, Tensor data,
+                 WeightLoader loader = default_weight_loader(),
                  std::vector<std::string> expected_parts = {""});
   Parameter* find(const std::string& name);
   const std::map<std::string, std::unique_ptr<Parameter>>& all() const { return params_; }

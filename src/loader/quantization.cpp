@@ -34,15 +34,29 @@ std::string LinearQuant::str() const {
   if (!fp8) return "unquantised";
   std::string s = "fp8 ";
   switch (scales) {
-    case Fp8Scales::kBlock: s += fmt::format("{}x{} blocks", block_n, block_k); break;
-    case Fp8Scales::kChannel: s += "per channel"; break;
-    case Fp8Scales::kTensor: s += "per tensor"; break;
+    case Fp8Scales::kBlock:
+      s += fmt::format("{}x{} blocks", block_n, block_k);
+      break;
+    case Fp8Scales::kChannel:
+      s += "per channel";
+      break;
+    case Fp8Scales::kTensor:
+      s += "per tensor";
+      break;
   }
   switch (inputs) {
-    case Fp8Inputs::kBlockDynamic: s += fmt::format(", dynamic 1x{} activations", block_k); break;
-    case Fp8Inputs::kTokenDynamic: s += ", dynamic per-token activations"; break;
-    case Fp8Inputs::kTensorStatic: s += ", static per-tensor activations"; break;
-    case Fp8Inputs::kNone: s += ", weight only"; break;
+    case Fp8Inputs::kBlockDynamic:
+      s += fmt::format(", dynamic 1x{} activations", block_k);
+      break;
+    case Fp8Inputs::kTokenDynamic:
+      s += ", dynamic per-token activations";
+      break;
+    case Fp8Inputs::kTensorStatic:
+      s += ", static per-tensor activations";
+      break;
+    case Fp8Inputs::kNone:
+      s += ", weight only";
+      break;
   }
   return s;
 }
@@ -68,7 +82,8 @@ LinearQuant QuantizationConfig::linear(const std::string& module) const {
       if (t == "Linear") {
         hit = true;
       } else if (t.starts_with("re:")) {  // compressed-tensors: re.match, anchored at the start
-        hit = std::regex_search(module, std::regex(t.substr(3)), std::regex_constants::match_continuous);
+        hit = std::regex_search(module, std::regex(t.substr(3)),
+                                std::regex_constants::match_continuous);
       } else {
         hit = module == t || module.starts_with(t + ".");
       }

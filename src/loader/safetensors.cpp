@@ -108,9 +108,12 @@ SafetensorsHeader safetensors_parse_header(const std::string& path, const uint8_
     e.dtype = *dt;
     if (!v["shape"].is_array()) fail("{}: tensor '{}': shape is not a list", path, name);
     for (const auto& d : v["shape"]) {
-      if (!d.is_number_unsigned()) fail("{}: tensor '{}': shape {} is not a list of non-negative integers", path, name, v["shape"].dump());
+      if (!d.is_number_unsigned())
+        fail("{}: tensor '{}': shape {} is not a list of non-negative integers", path, name,
+             v["shape"].dump());
       if (d.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-        fail("{}: tensor '{}': shape {} has a dimension over 2^63 - 1", path, name, v["shape"].dump());
+        fail("{}: tensor '{}': shape {} has a dimension over 2^63 - 1", path, name,
+             v["shape"].dump());
       e.shape.push_back(d.get<int64_t>());
     }
     const json& off = v["data_offsets"];
@@ -234,7 +237,8 @@ void safetensors_write(const std::string& path,
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
   out.write(reinterpret_cast<const char*>(len), 8);
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const auto& c : cpu) out.write(static_cast<const char*>(c.data()), static_cast<std::streamsize>(c.nbytes()));
+  for (const auto& c : cpu)
+    out.write(static_cast<const char*>(c.data()), static_cast<std::streamsize>(c.nbytes()));
   if (!out) fail("{}: write failed", path);
 }
 

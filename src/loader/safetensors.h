@@ -22,7 +22,7 @@ struct SafetensorsEntry {
 };
 
 struct SafetensorsHeader {
-  uint64_t header_len = 0;   // N: bytes of JSON after the 8-byte length
+  uint64_t header_len = 0;  // N: bytes of JSON after the 8-byte length
   uint64_t file_size = 0;
   std::vector<SafetensorsEntry> entries;  // sorted by data offset
   std::map<std::string, std::string> metadata;

@@ -108,7 +108,8 @@ LoadReport load_weights(ParamRegistry& params, const Checkpoint& checkpoint,
   // parameter's own loader.
   std::unique_ptr<ExpertStagingPool> pool;
   if (options.num_threads > 1) pool = std::make_unique<ExpertStagingPool>(strict);
-  // Route every tensor from the headers alone, so an unclaimed tensor fails before any data is read.
+  // Route every tensor from the headers alone, so an unclaimed tensor fails before any data is
+  // read.
   std::map<std::string, WeightDestination> routes;
   std::vector<std::string> unclaimed;
   for (const auto& [path, header] : checkpoint.headers()) {
@@ -117,7 +118,8 @@ LoadReport load_weights(ParamRegistry& params, const Checkpoint& checkpoint,
       WeightDestination d = weight_destination(params, rewriter, spec, e.name, &experts);
       if (d.kind == WeightDestination::kUnclaimed)
         unclaimed.push_back(e.name + "  (in " + path + ")" +
-                            (e.name.ends_with("weight_scale") || e.name.ends_with("weight_scale_inv") ||
+                            (e.name.ends_with("weight_scale") ||
+                                     e.name.ends_with("weight_scale_inv") ||
                                      e.name.ends_with("input_scale")
                                  ? "  (a quantisation scale of a layer that this model or the "
                                    "quantization_config keeps unquantised)"
@@ -186,8 +188,7 @@ LoadReport load_weights(ParamRegistry& params, const Checkpoint& checkpoint,
          missing.size(), name_list(missing));
 
   params.run_post_load();
-  report.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;
 }
 

@@ -47,7 +47,7 @@ struct LoadReport {
   int expert_bulk_copies = 0;    // expert parameters staged and written in one copy
   int expert_region_copies = 0;  // staged (slot, shard) regions written one by one
   int tensors_loaded = 0;
-  int tensors_ignored = 0;  // declared ignorable
+  int tensors_ignored = 0;     // declared ignorable
   int tensors_not_wanted = 0;  // skipped by name rules (e.g. MTP layers)
   double seconds = 0;
 };

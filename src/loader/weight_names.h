@@ -40,7 +40,8 @@ class CheckpointNameRewriter {
   // spec_decode: a drafter load (the spec's rewrite_spec_layer_name). spec_layer_rewrite then
   // maps every checkpoint name, with its layer index (-1: none), to the drafter's parameter name
   // or nullopt (not wanted): MTP layers are those at index >= num_hidden_layers.
-  using SpecRewrite = std::function<std::optional<std::string>(const std::string& name, int64_t layer)>;
+  using SpecRewrite =
+      std::function<std::optional<std::string>(const std::string& name, int64_t layer)>;
 
   CheckpointNameRewriter(int64_t num_hidden_layers, WeightsMapper mapper, bool spec_decode = false,
                          SpecRewrite spec_layer_rewrite = nullptr)

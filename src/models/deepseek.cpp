@@ -77,8 +77,8 @@ WeightLoadSpec deepseek_weight_load_spec(const Model& m, int64_t num_experts,
   if (fused)
     s.weights_mapping.substr.push_back(
         {".mlp.shared_experts.", ".mlp.experts." + std::to_string(num_experts) + "."});
-  s.expert_mapping =
-      fused_moe_expert_mapping("gate_proj", "down_proj", "up_proj", fused ? num_experts + 1 : num_experts);
+  s.expert_mapping = fused_moe_expert_mapping("gate_proj", "down_proj", "up_proj",
+                                              fused ? num_experts + 1 : num_experts);
   for (auto& e : fused_moe_stacked_mapping()) s.expert_mapping.push_back(e);
   return s;
 }

@@ -1,6 +1,7 @@
 // DeepSeekMTP (the spec's atom/models/deepseek_mtp.py): the multi-token-prediction layers a
-// DeepSeek checkpoint carries at model.layers.{num_hidden_layers + k}, k < num_nextn_predict_layers,
-// as a speculative-decoding drafter. Each DeepSeekMultiTokenPredictorLayer:
+// DeepSeek checkpoint carries at model.layers.{num_hidden_layers + k}, k <
+// num_nextn_predict_layers, as a speculative-decoding drafter. Each
+// DeepSeekMultiTokenPredictorLayer:
 //
 //   x = eh_proj(concat(enorm(embed_tokens(token)), hnorm(hidden)))     [T, 2 hidden] -> [T, hidden]
 //   y = shared_head.norm(mtp_block(x))        mtp_block: the family's decoder layer at that index
@@ -74,8 +75,8 @@ class DeepSeekMTP : public DraftModel {
                  "must be at least 1 for MTP speculative decoding (this checkpoint carries no "
                  "MTP layer)");
     LayerContext& x = ctx();
-    embed_tokens_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens",
-                                                             c.vocab_size, c.hidden_size);
+    embed_tokens_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens", c.vocab_size,
+                                                             c.hidden_size);
     embed_tokens_->weight().optional = true;  // the target's unless the MTP layer has its own
     for (int64_t k = 0; k < n; ++k) {
       const int64_t layer = c.num_hidden_layers + k;
@@ -102,16 +103,15 @@ class DeepSeekMTP : public DraftModel {
     std::vector<std::pair<std::string, std::string>> s = {
         {"model.embed_tokens.weight", "model.embed_tokens.weight"}};
     for (size_t k = 0; k < layers_.size(); ++k)
-      s.push_back({layer_prefix(c.num_hidden_layers + static_cast<int64_t>(k)) +
-                       ".shared_head.head.weight",
-                   lm_head});
+      s.push_back(
+          {layer_prefix(c.num_hidden_layers + static_cast<int64_t>(k)) + ".shared_head.head.weight",
+           lm_head});
     return s;
   }
 
   WeightLoadSpec weight_load_spec() const override {
-    WeightLoadSpec s =
-        deepseek_weight_load_spec(*this, deepseek_num_experts(config(), kDefaultExperts),
-                                  kDefaultShared);
+    WeightLoadSpec s = deepseek_weight_load_spec(
+        *this, deepseek_num_experts(config(), kDefaultExperts), kDefaultShared);
     s.spec_decode = true;
     const int64_t L = config().num_hidden_layers;
     s.spec_layer_rewrite = [L](const std::string& name, int64_t layer) {
@@ -123,9 +123,7 @@ class DeepSeekMTP : public DraftModel {
  private:
   using Layer = DeepSeekMultiTokenPredictorLayer<Block>;
   static std::string layer_prefix(int64_t layer) { return "model.layers." + std::to_string(layer); }
-  Layer& layer(int spec_step) {
-    return *layers_[static_cast<size_t>(spec_step) % layers_.size()];
-  }
+  Layer& layer(int spec_step) { return *layers_[static_cast<size_t>(spec_step) % layers_.size()]; }
 
   std::unique_ptr<VocabParallelEmbedding> embed_tokens_;
   std::vector<std::unique_ptr<Layer>> layers_;

@@ -12,13 +12,12 @@ namespace {
 
 bool deepseek_v2_interleave(const ModelConfig&) { return true; }  // view_as_complex pairs
 
-std::unique_ptr<FeedForward> deepseek_v2_mlp(LayerContext& ctx, const ModelConfig& c,
-                                             int64_t layer, const std::string& prefix) {
+std::unique_ptr<FeedForward> deepseek_v2_mlp(LayerContext& ctx, const ModelConfig& c, int64_t layer,
+                                             const std::string& prefix) {
   const ConfigFields& t = c.text;
   if (c.hidden_act != "silu") t.bad("hidden_act", "must be silu, got '" + c.hidden_act + "'");
   if (layer < t.get_int("first_k_dense_replace", 0))
-    return std::make_unique<GatedMlp>(ctx, prefix, c.hidden_size, c.intermediate_size,
-                                      c.mlp_bias);
+    return std::make_unique<GatedMlp>(ctx, prefix, c.hidden_size, c.intermediate_size, c.mlp_bias);
   if (c.mlp_bias) t.bad("mlp_bias", "is not supported in mixture-of-experts layers");
   SparseMoeOptions o;
   o.router.scoring = kernels::RouterScoring::kSoftmax;

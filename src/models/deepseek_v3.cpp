@@ -17,8 +17,8 @@ bool deepseek_v3_interleave(const ModelConfig& c) {
   return c.text.get_bool("rope_interleave", true);
 }
 
-std::unique_ptr<FeedForward> deepseek_v3_mlp(LayerContext& ctx, const ModelConfig& c,
-                                             int64_t layer, const std::string& prefix) {
+std::unique_ptr<FeedForward> deepseek_v3_mlp(LayerContext& ctx, const ModelConfig& c, int64_t layer,
+                                             const std::string& prefix) {
   const ConfigFields& t = c.text;
   if (c.hidden_act != "silu") t.bad("hidden_act", "must be silu, got '" + c.hidden_act + "'");
   if (layer < t.get_int("first_k_dense_replace", 3))

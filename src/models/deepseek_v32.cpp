@@ -32,8 +32,8 @@ bool deepseek_sparse_mlp(const ModelConfig& c, int64_t layer, int64_t default_de
   if (!t.has("mlp_layer_types")) return layer >= t.get_int("first_k_dense_replace", default_dense);
   const auto types = t.get_string_list("mlp_layer_types");
   if (static_cast<int64_t>(types.size()) != c.num_hidden_layers)
-    t.bad("mlp_layer_types", fmt::format("has {} entries for {} layers", types.size(),
-                                         c.num_hidden_layers));
+    t.bad("mlp_layer_types",
+          fmt::format("has {} entries for {} layers", types.size(), c.num_hidden_layers));
   const std::string& k = types.at(static_cast<size_t>(layer));
   if (k != "dense" && k != "sparse")
     t.bad("mlp_layer_types", "entries must be 'dense' or 'sparse', got '" + k + "'");

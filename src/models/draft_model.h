@@ -73,11 +73,11 @@ LoadedDrafter drafter_load(const std::string& model_dir, Model& target, const Mo
 
 }  // namespace atom
 
-#define ATOM_REGISTER_DRAFTER(arch, Class)                                              \
-  static const bool ATOM_MODEL_CONCAT(atom_drafter_registered_, __LINE__) = [] {       \
-    ::atom::drafter_registry_add(                                                       \
-        arch, [](const ::atom::ModelConfig& c, const ::atom::ModelOptions& o) {         \
-          return std::unique_ptr<::atom::DraftModel>(new Class(c, o));                  \
-        });                                                                             \
-    return true;                                                                        \
+#define ATOM_REGISTER_DRAFTER(arch, Class)                                                         \
+  static const bool ATOM_MODEL_CONCAT(atom_drafter_registered_, __LINE__) = [] {                   \
+    ::atom::drafter_registry_add(arch,                                                             \
+                                 [](const ::atom::ModelConfig& c, const ::atom::ModelOptions& o) { \
+                                   return std::unique_ptr<::atom::DraftModel>(new Class(c, o));    \
+                                 });                                                               \
+    return true;                                                                                   \
   }()

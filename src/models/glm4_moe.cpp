@@ -18,8 +18,7 @@ class Glm4MoeAttention {
                    const std::string& prefix)
       : qkv_proj_(ctx, prefix + ".qkv_proj", c.hidden_size, c.head_dim, c.num_attention_heads,
                   c.num_key_value_heads, c.attention_bias),
-        o_proj_(ctx, prefix + ".o_proj", c.num_attention_heads * c.head_dim, c.hidden_size,
-                false),
+        o_proj_(ctx, prefix + ".o_proj", c.num_attention_heads * c.head_dim, c.hidden_size, false),
         rotary_(ctx, static_cast<int>(c.head_dim), c.rope, c.max_position_embeddings),
         attn_(ctx, prefix + ".attn",
               {c.num_attention_heads, c.num_key_value_heads, c.head_dim, 0,
@@ -105,10 +104,11 @@ class Glm4MoeForCausalLM
     const int64_t E = glm4_moe_num_experts(config());
     const bool fused = fuse_shared_experts() && config().text.get_int("n_shared_experts", 0) > 0;
     // Fused: the shared experts load as expert E of the fused layer (the spec's rename).
-    if (fused) s.weights_mapping.substr.push_back({".mlp.shared_experts.",
-                                                   ".mlp.experts." + std::to_string(E) + "."});
-    s.expert_mapping = fused_moe_expert_mapping("gate_proj", "down_proj", "up_proj",
-                                                fused ? E + 1 : E);
+    if (fused)
+      s.weights_mapping.substr.push_back(
+          {".mlp.shared_experts.", ".mlp.experts." + std::to_string(E) + "."});
+    s.expert_mapping =
+        fused_moe_expert_mapping("gate_proj", "down_proj", "up_proj", fused ? E + 1 : E);
     for (auto& m : fused_moe_stacked_mapping()) s.expert_mapping.push_back(m);
     return s;
   }

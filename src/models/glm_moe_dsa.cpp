@@ -37,7 +37,8 @@ std::vector<std::string> glm_moe_dsa_indexer_types(const ModelConfig& c) {
   if (static_cast<int64_t>(types.size()) != L)
     t.bad(field, fmt::format("has {} entries for {} layers", types.size(), L));
   for (const auto& k : types)
-    if (k != "full" && k != "shared") t.bad(field, "entries must be 'full' or 'shared', got '" + k + "'");
+    if (k != "full" && k != "shared")
+      t.bad(field, "entries must be 'full' or 'shared', got '" + k + "'");
   if (types[0] != "full")
     t.bad(field, "must start with a 'full' layer (a shared layer reuses an earlier selection)");
   return types;
@@ -51,8 +52,7 @@ class GlmMoeDsaAttention {
     Tensor topk;
   };
   static State begin_step(Step& step, const ModelConfig& c) {
-    return {step.empty({step.batch.num_tokens(), c.text.get_int("index_topk", 2048)},
-                       DType::kI32)};
+    return {step.empty({step.batch.num_tokens(), c.text.get_int("index_topk", 2048)}, DType::kI32)};
   }
 
   GlmMoeDsaAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer,
@@ -79,8 +79,8 @@ class GlmMoeDsaAttention {
   std::unique_ptr<SparseAttentionIndexer> indexer_;  // "full" layers only
 };
 
-std::unique_ptr<FeedForward> glm_moe_dsa_mlp(LayerContext& ctx, const ModelConfig& c,
-                                             int64_t layer, const std::string& prefix) {
+std::unique_ptr<FeedForward> glm_moe_dsa_mlp(LayerContext& ctx, const ModelConfig& c, int64_t layer,
+                                             const std::string& prefix) {
   return deepseek_v32_family_mlp(ctx, c, layer, prefix, 1, 1);
 }
 

@@ -30,8 +30,7 @@ namespace {
 // Llama's attention with a sink logit per head ("self_attn.sinks").
 class GptOssAttention : public LlamaAttention {
  public:
-  GptOssAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer,
-                  const std::string& prefix)
+  GptOssAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer, const std::string& prefix)
       : LlamaAttention(ctx, c, layer, prefix, -1, /*sinks=*/true) {}
 };
 
@@ -105,7 +104,8 @@ std::map<std::string, FusedMoEStackedFormat> gpt_oss_formats() {
   };
   f["gpt_oss_gate_up_bias"] = [](FusedMoEWriter& w, const Tensor& t) {  // [E, 2I] interleaved
     expect_experts(t, w.num_experts(), "gate_up_proj_bias");
-    if (t.dim() != 2) fail("GPT-OSS gate_up_proj_bias {} must be [experts, 2 * intermediate]", t.str());
+    if (t.dim() != 2)
+      fail("GPT-OSS gate_up_proj_bias {} must be [experts, 2 * intermediate]", t.str());
     const Tensor c = t.contiguous();
     Tensor out = Tensor::empty(c.shape(), c.dtype());
     for (int64_t e = 0; e < c.size(0); ++e) {
@@ -132,8 +132,12 @@ std::map<std::string, FusedMoEStackedFormat> gpt_oss_formats() {
     for (int64_t e = 0; e < w.num_experts(); ++e)  // [H, I/32, 16], [H, I/32]
       w.down_mxfp4_expert(e, b.select(0, e), s.select(0, e));
   };
-  f["mxfp4_gate_up_blocks"] = [mx_gate_up](FusedMoEWriter& w, const Tensor& t) { mx_gate_up(w, t, true); };
-  f["mxfp4_gate_up_scales"] = [mx_gate_up](FusedMoEWriter& w, const Tensor& t) { mx_gate_up(w, t, false); };
+  f["mxfp4_gate_up_blocks"] = [mx_gate_up](FusedMoEWriter& w, const Tensor& t) {
+    mx_gate_up(w, t, true);
+  };
+  f["mxfp4_gate_up_scales"] = [mx_gate_up](FusedMoEWriter& w, const Tensor& t) {
+    mx_gate_up(w, t, false);
+  };
   f["mxfp4_down_blocks"] = [mx_down](FusedMoEWriter& w, const Tensor& t) { mx_down(w, t, true); };
   f["mxfp4_down_scales"] = [mx_down](FusedMoEWriter& w, const Tensor& t) { mx_down(w, t, false); };
   return f;
@@ -190,8 +194,8 @@ class GptOssForCausalLM
     s.check_names = [](const std::vector<std::string>& names) {
       std::set<std::string> all(names.begin(), names.end());
       for (const auto& n : names)
-        for (const auto& [have, need] : {std::pair<std::string, std::string>{"_blocks", "_scales"},
-                                         {"_scales", "_blocks"}})
+        for (const auto& [have, need] :
+             {std::pair<std::string, std::string>{"_blocks", "_scales"}, {"_scales", "_blocks"}})
           if (n.ends_with(have) && !all.count(n.substr(0, n.size() - have.size()) + need))
             fail("MXFP4 tensor '{}' has no '{}'", n, n.substr(0, n.size() - have.size()) + need);
     };

@@ -204,6 +204,7 @@ ModelSupport kimi_linear_support() {
 
 }  // namespace
 
-ATOM_REGISTER_MODEL_SUPPORTING("KimiLinearForCausalLM", KimiLinearForCausalLM, kimi_linear_support());
+ATOM_REGISTER_MODEL_SUPPORTING("KimiLinearForCausalLM", KimiLinearForCausalLM,
+                               kimi_linear_support());
 
 }  // namespace atom

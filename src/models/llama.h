@@ -70,7 +70,9 @@ class PerLayerMlp : public FeedForward {
 // model makes one State per step, before the first layer (so it outlives each layer's scratch),
 // and passes it to every layer.
 template <class A>
-concept HasLayerState = requires { typename A::State; };
+concept HasLayerState = requires {
+  typename A::State;
+};
 struct NoLayerState {};
 template <class A>
 struct LayerStateOf {
@@ -109,8 +111,7 @@ class LlamaDecoderLayer {
   // residual [T, hidden]: the residual stream, updated in place. h: the previous layer's output,
   // not yet added to it (undefined before the first layer). Writes this layer's output, before
   // its residual add, into `out` (not h's buffer).
-  void forward(Step& step, const Tensor& h, Tensor& residual, const Tensor& out,
-               State& state) {
+  void forward(Step& step, const Tensor& h, Tensor& residual, const Tensor& out, State& state) {
     Tensor x = h.defined() ? input_layernorm_.forward(step, h, residual)  // residual += h
                            : input_layernorm_.forward(step, residual);
     Tensor a;

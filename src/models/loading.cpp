@@ -54,7 +54,8 @@ void model_fill_dummy(Model& model, uint64_t seed) {
       for (int64_t i = 0; i < v.numel(); ++i) qp[i] = f32_to_f8e4m3(vp[i]);
       tensor_assign(d, q);
     } else if (name.ends_with(".weight_scale") && fan_in.count(layer)) {
-      const float s = static_cast<float>(1.0 / (224.0 * std::sqrt(static_cast<double>(fan_in[layer]))));
+      const float s =
+          static_cast<float>(1.0 / (224.0 * std::sqrt(static_cast<double>(fan_in[layer]))));
       kernels::fill_uniform(d, 0, s, s);
     } else if (name.ends_with(".input_scale") && fan_in.count(layer)) {
       kernels::fill_uniform(d, 0, 8.0f / 448.0f, 8.0f / 448.0f);
@@ -70,7 +71,8 @@ void model_fill_dummy(Model& model, uint64_t seed) {
   model.params().run_post_load();
 }
 
-LoadedModel model_load(const std::string& model_dir, const ModelOptions& options, LoadFormat format) {
+LoadedModel model_load(const std::string& model_dir, const ModelOptions& options,
+                       LoadFormat format) {
   LoadedModel r;
   const ModelConfig config = model_config_load(model_dir);
   r.model = model_create(config, options);

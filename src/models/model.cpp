@@ -17,7 +17,8 @@ DType default_act_dtype(const ModelConfig& c, const ModelOptions& o) {
 
 DType default_weight_dtype(const ModelConfig& c, const ModelOptions& o, DType act) {
   if (o.weight_dtype) return *o.weight_dtype;
-  if (o.device.is_cpu() && (c.dtype == DType::kF32 || c.dtype == DType::kBF16 || c.dtype == DType::kF16))
+  if (o.device.is_cpu() &&
+      (c.dtype == DType::kF32 || c.dtype == DType::kBF16 || c.dtype == DType::kF16))
     return c.dtype;
   return act;
 }

@@ -120,15 +120,15 @@ std::unique_ptr<Model> model_create(const ModelConfig& config, const ModelOption
 #define ATOM_MODEL_CONCAT(a, b) ATOM_MODEL_CONCAT_(a, b)
 // ATOM_REGISTER_MODEL("LlamaForCausalLM", LlamaForCausalLM);  (the default ModelSupport)
 // ATOM_REGISTER_MODEL_SUPPORTING("Qwen3ForCausalLM", Qwen3ForCausalLM, support);
-#define ATOM_REGISTER_MODEL_SUPPORTING(arch, Class, support)                             \
-  static const bool ATOM_MODEL_CONCAT(atom_model_registered_, __LINE__) = [] {           \
-    ::atom::model_registry_add(                                                          \
-        arch,                                                                            \
-        [](const ::atom::ModelConfig& c, const ::atom::ModelOptions& o) {                \
-          return std::unique_ptr<::atom::Model>(new Class(c, o));                        \
-        },                                                                               \
-        support);                                                                        \
-    return true;                                                                         \
+#define ATOM_REGISTER_MODEL_SUPPORTING(arch, Class, support)                   \
+  static const bool ATOM_MODEL_CONCAT(atom_model_registered_, __LINE__) = [] { \
+    ::atom::model_registry_add(                                                \
+        arch,                                                                  \
+        [](const ::atom::ModelConfig& c, const ::atom::ModelOptions& o) {      \
+          return std::unique_ptr<::atom::Model>(new Class(c, o));              \
+        },                                                                     \
+        support);                                                              \
+    return true;                                                               \
   }()
 #define ATOM_REGISTER_MODEL(arch, Class) \
   ATOM_REGISTER_MODEL_SUPPORTING(arch, Class, ::atom::ModelSupport{})

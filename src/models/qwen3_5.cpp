@@ -48,8 +48,8 @@ using Qwen3_5MoeForConditionalGeneration = Qwen3_5TextOnly<qwen3_5_moe_mlp>;
 
 ATOM_REGISTER_MODEL_SUPPORTING("Qwen3_5ForConditionalGeneration", Qwen3_5ForConditionalGeneration,
                                qwen3_next_support());
-ATOM_REGISTER_MODEL_SUPPORTING("Qwen3_5MoeForConditionalGeneration", Qwen3_5MoeForConditionalGeneration,
-                               qwen3_next_support());
+ATOM_REGISTER_MODEL_SUPPORTING("Qwen3_5MoeForConditionalGeneration",
+                               Qwen3_5MoeForConditionalGeneration, qwen3_next_support());
 ATOM_REGISTER_MODEL_SUPPORTING("Qwen3_5ForCausalLM", Qwen3_5ForConditionalGeneration,
                                qwen3_next_support());
 ATOM_REGISTER_MODEL_SUPPORTING("Qwen3_5MoeForCausalLM", Qwen3_5MoeForConditionalGeneration,

@@ -142,7 +142,6 @@ class Qwen3NextForCausalLM
 
 }  // namespace
 
-ATOM_REGISTER_MODEL_SUPPORTING("Qwen3NextForCausalLM", Qwen3NextForCausalLM,
-                               qwen3_next_support());
+ATOM_REGISTER_MODEL_SUPPORTING("Qwen3NextForCausalLM", Qwen3NextForCausalLM, qwen3_next_support());
 
 }  // namespace atom

@@ -100,8 +100,8 @@ std::unique_ptr<FeedForward> qwen3_next_mlp(LayerContext& ctx, const ModelConfig
 // skipped, Qwen3.5's separate linear-attention projections).
 std::unique_ptr<FeedForward> qwen3_5_mlp(LayerContext& ctx, const ModelConfig& c, int64_t layer,
                                          const std::string& prefix);
-std::unique_ptr<FeedForward> qwen3_5_moe_mlp(LayerContext& ctx, const ModelConfig& c,
-                                             int64_t layer, const std::string& prefix);
+std::unique_ptr<FeedForward> qwen3_5_moe_mlp(LayerContext& ctx, const ModelConfig& c, int64_t layer,
+                                             const std::string& prefix);
 WeightLoadSpec qwen3_5_weight_load_spec(WeightLoadSpec s, int64_t num_experts);
 
 // Checkpoint names of the Qwen3-Next family: q/k/v projections stay apart (q_proj carries the

@@ -47,20 +47,19 @@ class Qwen3NextMultiTokenPredictor : public DraftModel {
   Qwen3NextMultiTokenPredictor(const ModelConfig& c, const ModelOptions& o, int64_t num_layers)
       : DraftModel(c, o) {
     LayerContext& x = ctx();
-    embed_tokens_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens",
-                                                             c.vocab_size, c.hidden_size);
+    embed_tokens_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens", c.vocab_size,
+                                                             c.hidden_size);
     embed_tokens_->weight().optional = true;  // the target's unless mtp.embed_tokens exists
     pre_fc_norm_embedding_ = std::make_unique<RMSNorm>(x, "model.pre_fc_norm_embedding",
                                                        c.hidden_size, c.rms_norm_eps, Layer::kNorm);
     pre_fc_norm_hidden_ = std::make_unique<RMSNorm>(x, "model.pre_fc_norm_hidden", c.hidden_size,
                                                     c.rms_norm_eps, Layer::kNorm);
-    fc_ = std::make_unique<ReplicatedLinear>(x, "model.fc", 2 * c.hidden_size, c.hidden_size,
-                                             false);
+    fc_ =
+        std::make_unique<ReplicatedLinear>(x, "model.fc", 2 * c.hidden_size, c.hidden_size, false);
     for (int64_t k = 0; k < num_layers; ++k)
       layers_.push_back(std::make_unique<Layer>(x, c, k, "model.layers." + std::to_string(k),
                                                 /*linear_attention=*/false));
-    norm_ = std::make_unique<RMSNorm>(x, "model.norm", c.hidden_size, c.rms_norm_eps,
-                                      Layer::kNorm);
+    norm_ = std::make_unique<RMSNorm>(x, "model.norm", c.hidden_size, c.rms_norm_eps, Layer::kNorm);
     if (c.tie_word_embeddings) {
       lm_head_ = std::make_unique<ParallelLMHead>(x, *embed_tokens_);
     } else {
@@ -78,8 +77,8 @@ class Qwen3NextMultiTokenPredictor : public DraftModel {
     Tensor residual = fc_->forward(step, mtp_concat_columns(step, e, h));
     Tensor out = step.empty(residual.shape(), residual.dtype());
     auto state = Layer::begin_step(step, config());
-    layers_[static_cast<size_t>(spec_step) % layers_.size()]->forward(step, Tensor(), residual,
-                                                                       out, state);
+    layers_[static_cast<size_t>(spec_step) % layers_.size()]->forward(step, Tensor(), residual, out,
+                                                                      state);
     return norm_->forward(step, out, residual);  // residual += out; norm
   }
 

@@ -23,8 +23,8 @@ std::string anthropic_error_body(int status, const std::string& message) {
                      : status == 529 ? "overloaded_error"
                      : status >= 500 ? "api_error"
                                      : "invalid_request_error";
-  return json{{"type", "error"}, {"error", {{"type", type}, {"message", message}}}}
-      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return json{{"type", "error"}, {"error", {{"type", type}, {"message", message}}}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 namespace {
@@ -32,7 +32,8 @@ namespace {
 // Text of a content given as a string or as a list of text blocks (`where` names it in errors).
 std::string blocks_text(const json& content, const std::string& where, const std::string& param) {
   if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) bad_request(param, where + " must be a string or a list of content blocks");
+  if (!content.is_array())
+    bad_request(param, where + " must be a string or a list of content blocks");
   return join_text_parts(content, {"text"}, where, param);
 }
 
@@ -51,7 +52,8 @@ void append_message(json& msgs, const json& m, size_t i) {
     msgs.push_back({{"role", role}, {"content", content}});
     return;
   }
-  if (!content.is_array()) bad_request("messages", where + ".content must be a string or a list of content blocks");
+  if (!content.is_array())
+    bad_request("messages", where + ".content must be a string or a list of content blocks");
   std::string text, thinking;
   json calls = json::array();
   for (size_t j = 0; j < content.size(); ++j) {
@@ -61,7 +63,8 @@ void append_message(json& msgs, const json& m, size_t i) {
       bad_request("messages", bw + " must be an object with a string 'type'");
     const std::string type = b["type"].get<std::string>();
     auto need_string = [&](const char* key) -> const std::string& {
-      if (!b.contains(key) || !b[key].is_string()) bad_request("messages", fmt::format("{} needs a string '{}'", bw, key));
+      if (!b.contains(key) || !b[key].is_string())
+        bad_request("messages", fmt::format("{} needs a string '{}'", bw, key));
       return b[key].get_ref<const std::string&>();
     };
     if (type == "text") {
@@ -69,21 +72,24 @@ void append_message(json& msgs, const json& m, size_t i) {
       text += need_string("text");
     } else if (type == "tool_result" && role == "user") {
       const std::string& id = need_string("tool_use_id");
-      std::string out = b.contains("content") ? blocks_text(b["content"], bw + ".content", "messages") : "";
+      std::string out =
+          b.contains("content") ? blocks_text(b["content"], bw + ".content", "messages") : "";
       msgs.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", out}});
     } else if (type == "tool_use" && role == "assistant") {
       const std::string& id = need_string("id");
       const std::string& name = need_string("name");
       const json input = b.contains("input") ? b["input"] : json::object();
       if (!input.is_object()) bad_request("messages", bw + ".input must be an object");
-      calls.push_back({{"id", id}, {"type", "function"},
+      calls.push_back({{"id", id},
+                       {"type", "function"},
                        {"function", {{"name", name}, {"arguments", input.dump()}}}});
     } else if (type == "thinking" && role == "assistant") {
       thinking += need_string("thinking");
     } else if (type == "redacted_thinking" && role == "assistant") {
       // Encrypted by another server: nothing this model can read.
     } else {
-      bad_request("messages", fmt::format("{}.type '{}' is not supported in a {} message", bw, type, role));
+      bad_request("messages",
+                  fmt::format("{}.type '{}' is not supported in a {} message", bw, type, role));
     }
   }
   if (role == "assistant") {
@@ -109,7 +115,8 @@ json messages_to_chat(const json& body, bool count_only) {
   }
   json msgs = json::array();
   if (body.contains("system") && !body["system"].is_null())
-    msgs.push_back({{"role", "system"}, {"content", blocks_text(body["system"], "system", "system")}});
+    msgs.push_back(
+        {{"role", "system"}, {"content", blocks_text(body["system"], "system", "system")}});
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
     bad_request("messages", "messages: must be a non-empty list");
   for (size_t i = 0; i < body["messages"].size(); ++i) append_message(msgs, body["messages"][i], i);
@@ -122,8 +129,8 @@ json messages_to_chat(const json& body, bool count_only) {
       if (!t.is_object() || !t.contains("name") || !t["name"].is_string())
         bad_request("tools", fmt::format("tools[{}] needs a string 'name'", i));
       if (t.contains("type") && t["type"].is_string() && t["type"] != "custom")
-        bad_request("tools", fmt::format("tools[{}].type '{}' is not supported (client tools are)", i,
-                                         t["type"].get<std::string>()));
+        bad_request("tools", fmt::format("tools[{}].type '{}' is not supported (client tools are)",
+                                         i, t["type"].get<std::string>()));
       json f = {{"name", t["name"]}};
       if (t.contains("description")) f["description"] = t["description"];
       f["parameters"] = t.contains("input_schema") ? t["input_schema"] : json{{"type", "object"}};
@@ -134,7 +141,8 @@ json messages_to_chat(const json& body, bool count_only) {
   if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
     const json& tc = body["tool_choice"];
     const std::string type = tc.is_object() && tc.contains("type") && tc["type"].is_string()
-                                 ? tc["type"].get<std::string>() : "";
+                                 ? tc["type"].get<std::string>()
+                                 : "";
     if (type == "auto") {
       chat["tool_choice"] = "auto";
     } else if (type == "any") {
@@ -151,27 +159,33 @@ json messages_to_chat(const json& body, bool count_only) {
     if (!chat.contains("tools") && chat["tool_choice"].is_string()) chat.erase("tool_choice");
   }
   if (body.contains("stop_sequences") && !body["stop_sequences"].is_null()) {
-    if (!body["stop_sequences"].is_array()) bad_request("stop_sequences", "stop_sequences: must be a list of strings");
+    if (!body["stop_sequences"].is_array())
+      bad_request("stop_sequences", "stop_sequences: must be a list of strings");
     chat["stop"] = body["stop_sequences"];
   }
-  json kwargs = body.contains("chat_template_kwargs") ? body["chat_template_kwargs"] : json::object();
+  json kwargs =
+      body.contains("chat_template_kwargs") ? body["chat_template_kwargs"] : json::object();
   if (body.contains("thinking") && body["thinking"].is_object()) {
     const json type = body["thinking"].value("type", json());
-    if (type == "enabled") kwargs["enable_thinking"] = true;
-    else if (type == "disabled") kwargs["enable_thinking"] = false;
-    else bad_request("thinking", "thinking.type must be 'enabled' or 'disabled'");
+    if (type == "enabled")
+      kwargs["enable_thinking"] = true;
+    else if (type == "disabled")
+      kwargs["enable_thinking"] = false;
+    else
+      bad_request("thinking", "thinking.type must be 'enabled' or 'disabled'");
   }
   if (!kwargs.empty()) chat["chat_template_kwargs"] = kwargs;
-  for (const char* key : {"temperature", "top_p", "top_k", "stream", "min_p", "seed", "repetition_penalty",
-                          "stop_token_ids", "ignore_eos", "min_tokens", "structured_outputs", "request_id"})
+  for (const char* key :
+       {"temperature", "top_p", "top_k", "stream", "min_p", "seed", "repetition_penalty",
+        "stop_token_ids", "ignore_eos", "min_tokens", "structured_outputs", "request_id"})
     if (body.contains(key)) chat[key] = body[key];
   return chat;
 }
 
 // Anthropic's stop reason for a choice that ended with `finish` (stop_reason: the stop string or
 // token id that ended it, vLLM's field).
-std::pair<std::string, json> stop_of(const std::optional<std::string>& finish, const json& stop_reason,
-                                     bool called) {
+std::pair<std::string, json> stop_of(const std::optional<std::string>& finish,
+                                     const json& stop_reason, bool called) {
   if (called && finish != "length") return {"tool_use", nullptr};
   if (finish == "length") return {"max_tokens", nullptr};
   if (stop_reason.is_string()) return {"stop_sequence", stop_reason};
@@ -209,16 +223,21 @@ class MessageEvents {
     std::string out;
     if (!d.id.empty() || open_ != kCall) {
       out += stop();
-      out += open(kCall, {{"type", "tool_use"}, {"id", random_id("toolu_")}, {"name", d.name}, {"input", json::object()}});
+      out += open(kCall, {{"type", "tool_use"},
+                          {"id", random_id("toolu_")},
+                          {"name", d.name},
+                          {"input", json::object()}});
       ++calls_;
     }
-    if (!d.arguments.empty()) out += delta({{"type", "input_json_delta"}, {"partial_json", d.arguments}});
+    if (!d.arguments.empty())
+      out += delta({{"type", "input_json_delta"}, {"partial_json", d.arguments}});
     return out;
   }
   std::string stop() {
     if (open_ == kNone) return "";
     open_ = kNone;
-    return sse_named_event("content_block_stop", {{"type", "content_block_stop"}, {"index", index_++}});
+    return sse_named_event("content_block_stop",
+                           {{"type", "content_block_stop"}, {"index", index_++}});
   }
   int calls() const { return calls_; }
 
@@ -228,11 +247,13 @@ class MessageEvents {
     if (open_ == kind && kind != kCall) return "";
     std::string out = stop();
     open_ = kind;
-    return out + sse_named_event("content_block_start",
-                                 {{"type", "content_block_start"}, {"index", index_}, {"content_block", block}});
+    return out + sse_named_event("content_block_start", {{"type", "content_block_start"},
+                                                         {"index", index_},
+                                                         {"content_block", block}});
   }
   std::string delta(json d) {
-    return sse_named_event("content_block_delta", {{"type", "content_block_delta"}, {"index", index_}, {"delta", d}});
+    return sse_named_event("content_block_delta",
+                           {{"type", "content_block_delta"}, {"index", index_}, {"delta", d}});
   }
   Open open_ = kNone;
   int index_ = 0;
@@ -257,32 +278,52 @@ void handle_messages(HttpServer& s, const httplib::Request& req, httplib::Respon
     ChoiceState& c = job->choices().at(0);
     ChatMessage m = chat_message(c);
     json content = json::array();
-    if (!m.reasoning.empty()) content.push_back({{"type", "thinking"}, {"thinking", m.reasoning}, {"signature", ""}});
+    if (!m.reasoning.empty())
+      content.push_back({{"type", "thinking"}, {"thinking", m.reasoning}, {"signature", ""}});
     std::string text = m.content;
     json uses = json::array();
     for (const ToolCall& call : m.calls) {
       if (auto input = call_input(call.arguments)) {
-        uses.push_back({{"type", "tool_use"}, {"id", random_id("toolu_")}, {"name", call.name}, {"input", *input}});
+        uses.push_back({{"type", "tool_use"},
+                        {"id", random_id("toolu_")},
+                        {"name", call.name},
+                        {"input", *input}});
       } else {
         // Not an object: the answer's text, as the model wrote it.
-        log_warn("/v1/messages: a call to '{}' has arguments that are not a JSON object; returned as text", call.name);
+        log_warn("/v1/messages: a call to '{}' has arguments that are not a JSON object; returned "
+                 "as text",
+                 call.name);
         text += call.arguments;
       }
     }
-    if (!text.empty() || (uses.empty() && content.empty())) content.push_back({{"type", "text"}, {"text", text}});
+    if (!text.empty() || (uses.empty() && content.empty()))
+      content.push_back({{"type", "text"}, {"text", text}});
     for (auto& u : uses) content.push_back(std::move(u));
-    const auto [stop_reason, stop_sequence] = stop_of(c.finish_reason, c.stop_reason, !uses.empty());
-    json out = {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", model},
-                {"content", content}, {"stop_reason", stop_reason}, {"stop_sequence", stop_sequence},
+    const auto [stop_reason, stop_sequence] =
+        stop_of(c.finish_reason, c.stop_reason, !uses.empty());
+    json out = {{"id", id},
+                {"type", "message"},
+                {"role", "assistant"},
+                {"model", model},
+                {"content", content},
+                {"stop_reason", stop_reason},
+                {"stop_sequence", stop_sequence},
                 {"usage", usage_of(*job)}};
-    res.set_content(out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
+    res.set_content(out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                    "application/json");
     return;
   }
 
-  json start = {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", model},
-                {"content", json::array()}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
+  json start = {{"id", id},
+                {"type", "message"},
+                {"role", "assistant"},
+                {"model", model},
+                {"content", json::array()},
+                {"stop_reason", nullptr},
+                {"stop_sequence", nullptr},
                 {"usage", {{"input_tokens", job->prompt_tokens()}, {"output_tokens", 0}}}};
-  std::string prologue = sse_named_event("message_start", {{"type", "message_start"}, {"message", start}});
+  std::string prologue =
+      sse_named_event("message_start", {{"type", "message_start"}, {"message", start}});
   prologue += sse_named_event("ping", {{"type", "ping"}});
   auto events = std::make_shared<MessageEvents>();
   auto emit = [job, events](ChoiceEvent& ev) {
@@ -299,16 +340,20 @@ void handle_messages(HttpServer& s, const httplib::Request& req, httplib::Respon
     if (!job->error().empty())
       return out + sse_named_event("error", json::parse(anthropic_error_body(500, job->error())));
     const ChoiceState& c = job->choices()[0];
-    const auto [stop_reason, stop_sequence] = stop_of(c.finish_reason, c.stop_reason, events->calls() > 0);
-    out += sse_named_event("message_delta", {{"type", "message_delta"},
-                                             {"delta", {{"stop_reason", stop_reason}, {"stop_sequence", stop_sequence}}},
-                                             {"usage", usage_of(*job)}});
+    const auto [stop_reason, stop_sequence] =
+        stop_of(c.finish_reason, c.stop_reason, events->calls() > 0);
+    out += sse_named_event(
+        "message_delta",
+        {{"type", "message_delta"},
+         {"delta", {{"stop_reason", stop_reason}, {"stop_sequence", stop_sequence}}},
+         {"usage", usage_of(*job)}});
     return out + sse_named_event("message_stop", {{"type", "message_stop"}});
   };
   stream_job(res, req, job, emit, finish, prologue);
 }
 
-void handle_messages_count_tokens(HttpServer& s, const httplib::Request& req, httplib::Response& res) {
+void handle_messages_count_tokens(HttpServer& s, const httplib::Request& req,
+                                  httplib::Response& res) {
   const json body = request_body_parse(req.body);
   ChatRequest r = chat_request_parse(messages_to_chat(body, true), s.options().limits);
   s.check_model(r.model);

@@ -17,7 +17,8 @@ namespace atom::server {
 class HttpServer;
 
 void handle_messages(HttpServer& s, const httplib::Request& req, httplib::Response& res);
-void handle_messages_count_tokens(HttpServer& s, const httplib::Request& req, httplib::Response& res);
+void handle_messages_count_tokens(HttpServer& s, const httplib::Request& req,
+                                  httplib::Response& res);
 
 // Anthropic's error envelope for an HTTP status (invalid_request_error, not_found_error, ...).
 std::string anthropic_error_body(int status, const std::string& message);

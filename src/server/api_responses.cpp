@@ -60,8 +60,10 @@ namespace {
 std::string content_text(const json& content, const std::string& where) {
   if (content.is_string()) return content.get<std::string>();
   if (content.is_null()) return "";
-  if (!content.is_array()) bad_request("input", where + ".content must be a string or a list of parts");
-  return join_text_parts(content, {"input_text", "output_text", "text"}, where + ".content", "input");
+  if (!content.is_array())
+    bad_request("input", where + ".content must be a string or a list of parts");
+  return join_text_parts(content, {"input_text", "output_text", "text"}, where + ".content",
+                         "input");
 }
 
 const std::string& string_field(const json& o, const char* key, const std::string& where) {
@@ -96,28 +98,38 @@ json input_messages(const json& input) {
       std::string role = string_field(it, "role", where);
       if (role == "developer") role = "system";
       if (role != "user" && role != "assistant" && role != "system")
-        bad_request("input", fmt::format("{}.role '{}' is not one of: user, assistant, system, developer", where, role));
-      json m = {{"role", role}, {"content", content_text(it.contains("content") ? it["content"] : json(nullptr), where)}};
-      if (role == "assistant") assistant_turn(std::move(m));
-      else msgs.push_back(std::move(m));
+        bad_request("input",
+                    fmt::format("{}.role '{}' is not one of: user, assistant, system, developer",
+                                where, role));
+      json m = {
+          {"role", role},
+          {"content", content_text(it.contains("content") ? it["content"] : json(nullptr), where)}};
+      if (role == "assistant")
+        assistant_turn(std::move(m));
+      else
+        msgs.push_back(std::move(m));
     } else if (type == "function_call") {
       json call = {{"id", string_field(it, "call_id", where)},
                    {"type", "function"},
-                   {"function", {{"name", string_field(it, "name", where)},
-                                 {"arguments", string_field(it, "arguments", where)}}}};
+                   {"function",
+                    {{"name", string_field(it, "name", where)},
+                     {"arguments", string_field(it, "arguments", where)}}}};
       // Calls that follow an assistant turn (its text, or other calls) belong to it.
       if (!msgs.empty() && msgs.back()["role"] == "assistant" && reasoning.empty()) {
         if (!msgs.back().contains("tool_calls")) msgs.back()["tool_calls"] = json::array();
         msgs.back()["tool_calls"].push_back(std::move(call));
       } else {
-        assistant_turn({{"role", "assistant"}, {"content", ""}, {"tool_calls", json::array({call})}});
+        assistant_turn(
+            {{"role", "assistant"}, {"content", ""}, {"tool_calls", json::array({call})}});
       }
     } else if (type == "function_call_output") {
       const std::string& id = string_field(it, "call_id", where);
       if (!it.contains("output")) bad_request("input", where + " needs an 'output'");
       const json& out = it["output"];
-      msgs.push_back({{"role", "tool"}, {"tool_call_id", id},
-                      {"content", out.is_string() ? out.get<std::string>() : content_text(out, where + ".output")}});
+      msgs.push_back({{"role", "tool"},
+                      {"tool_call_id", id},
+                      {"content", out.is_string() ? out.get<std::string>()
+                                                  : content_text(out, where + ".output")}});
     } else if (type == "reasoning") {
       for (const char* key : {"content", "summary"}) {
         if (!it.contains(key) || !it[key].is_array()) continue;
@@ -128,7 +140,8 @@ json input_messages(const json& input) {
       }
     } else {
       bad_request("input", fmt::format("{}.type '{}' is not supported (message, function_call, "
-                                       "function_call_output and reasoning items are)", where, type));
+                                       "function_call_output and reasoning items are)",
+                                       where, type));
     }
   }
   return msgs;
@@ -138,7 +151,7 @@ json input_messages(const json& input) {
 // repeats back.
 struct ResponsesRequest {
   json chat_body;
-  json new_messages;  // this request's input, as chat messages
+  json new_messages;             // this request's input, as chat messages
   json history = json::array();  // the previous response's conversation
   json body;
   bool stream = false, store = true;
@@ -153,13 +166,15 @@ ResponsesRequest responses_request_parse(HttpServer& s, const json& body) {
       bad_request(key, fmt::format("'{}' must be a boolean", key));
   q.stream = body.value("stream", false);
   q.store = body.contains("store") && body["store"].is_boolean() ? body["store"].get<bool>() : true;
-  if (body.contains("background") && body["background"].is_boolean() && body["background"].get<bool>())
+  if (body.contains("background") && body["background"].is_boolean() &&
+      body["background"].get<bool>())
     bad_request("background", "background responses are not supported by this server");
   json chat = json::object();
   if (body.contains("model")) chat["model"] = body["model"];
   json messages = json::array();
   if (body.contains("instructions") && !body["instructions"].is_null()) {
-    if (!body["instructions"].is_string()) bad_request("instructions", "'instructions' must be a string");
+    if (!body["instructions"].is_string())
+      bad_request("instructions", "'instructions' must be a string");
     messages.push_back({{"role", "system"}, {"content", body["instructions"]}});
   }
   if (body.contains("previous_response_id") && !body["previous_response_id"].is_null()) {
@@ -185,8 +200,9 @@ ResponsesRequest responses_request_parse(HttpServer& s, const json& body) {
       if (!t.is_object() || t.value("type", json()).is_null() || !t["type"].is_string())
         bad_request("tools", fmt::format("tools[{}] must be an object with a string 'type'", i));
       if (t["type"] != "function")
-        bad_request("tools", fmt::format("tools[{}].type '{}' is not supported (function tools are)", i,
-                                         t["type"].get<std::string>()));
+        bad_request("tools",
+                    fmt::format("tools[{}].type '{}' is not supported (function tools are)", i,
+                                t["type"].get<std::string>()));
       if (!t.contains("name") || !t["name"].is_string())
         bad_request("tools", fmt::format("tools[{}] needs a string 'name'", i));
       json f = {{"name", t["name"]}};
@@ -200,13 +216,15 @@ ResponsesRequest responses_request_parse(HttpServer& s, const json& body) {
     const json& tc = body["tool_choice"];
     if (tc.is_object()) {
       if (tc.value("type", json()) != "function" || !tc.contains("name") || !tc["name"].is_string())
-        bad_request("tool_choice", "an object 'tool_choice' must be {\"type\": \"function\", \"name\": ...}");
+        bad_request("tool_choice",
+                    "an object 'tool_choice' must be {\"type\": \"function\", \"name\": ...}");
       chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", tc["name"]}}}};
     } else {
       chat["tool_choice"] = tc;
     }
     // Without tools, "none" and "auto" mean plain text.
-    if (!chat.contains("tools") && tc.is_string() && (tc == "none" || tc == "auto")) chat.erase("tool_choice");
+    if (!chat.contains("tools") && tc.is_string() && (tc == "none" || tc == "auto"))
+      chat.erase("tool_choice");
   }
   if (body.contains("max_output_tokens") && !body["max_output_tokens"].is_null()) {
     const json& m = body["max_output_tokens"];
@@ -216,7 +234,9 @@ ResponsesRequest responses_request_parse(HttpServer& s, const json& body) {
   }
   if (body.contains("text") && body["text"].is_object() && body["text"].contains("format")) {
     const json& f = body["text"]["format"];
-    const std::string type = f.is_object() && f.contains("type") && f["type"].is_string() ? f["type"].get<std::string>() : "";
+    const std::string type = f.is_object() && f.contains("type") && f["type"].is_string()
+                                 ? f["type"].get<std::string>()
+                                 : "";
     if (type == "json_object") {
       chat["response_format"] = {{"type", "json_object"}};
     } else if (type == "json_schema") {
@@ -228,14 +248,15 @@ ResponsesRequest responses_request_parse(HttpServer& s, const json& body) {
       bad_request("text", "'text.format.type' must be one of: text, json_object, json_schema");
     }
   }
-  if (body.contains("reasoning") && body["reasoning"].is_object() && body["reasoning"].contains("effort") &&
-      !body["reasoning"]["effort"].is_null())
+  if (body.contains("reasoning") && body["reasoning"].is_object() &&
+      body["reasoning"].contains("effort") && !body["reasoning"]["effort"].is_null())
     chat["reasoning_effort"] = body["reasoning"]["effort"];
   // Sampling fields, OpenAI's and vLLM's extensions (the client's extra_body).
-  for (const char* key : {"temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
-                          "presence_penalty", "frequency_penalty", "stop", "stop_token_ids", "ignore_eos",
-                          "min_tokens", "skip_special_tokens", "chat_template_kwargs", "structured_outputs",
-                          "logit_bias", "request_id", "include_stop_str_in_output"})
+  for (const char* key :
+       {"temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "presence_penalty",
+        "frequency_penalty", "stop", "stop_token_ids", "ignore_eos", "min_tokens",
+        "skip_special_tokens", "chat_template_kwargs", "structured_outputs", "logit_bias",
+        "request_id", "include_stop_str_in_output"})
     if (body.contains(key)) chat[key] = body[key];
   chat["stream"] = q.stream;
   q.chat_body = std::move(chat);
@@ -256,9 +277,9 @@ json usage_of(const Job& job, int64_t reasoning_tokens) {
 }
 
 // The response object: the request's settings repeated, then what was produced.
-json response_object(const ResponsesRequest& q, const std::string& id, int64_t created, const std::string& model,
-                     const std::string& status, json output, json usage, json error = nullptr,
-                     json incomplete = nullptr) {
+json response_object(const ResponsesRequest& q, const std::string& id, int64_t created,
+                     const std::string& model, const std::string& status, json output, json usage,
+                     json error = nullptr, json incomplete = nullptr) {
   const json& b = q.body;
   auto field = [&](const char* key, json fallback) {
     return b.contains(key) && !b[key].is_null() ? b[key] : fallback;
@@ -279,10 +300,11 @@ json response_object(const ResponsesRequest& q, const std::string& id, int64_t c
           {"output", output},
           {"parallel_tool_calls", field("parallel_tool_calls", true)},
           {"previous_response_id", field("previous_response_id", nullptr)},
-          {"reasoning", {{"effort", b.contains("reasoning") && b["reasoning"].is_object()
-                                        ? b["reasoning"].value("effort", json(nullptr))
-                                        : json(nullptr)},
-                         {"summary", nullptr}}},
+          {"reasoning",
+           {{"effort", b.contains("reasoning") && b["reasoning"].is_object()
+                           ? b["reasoning"].value("effort", json(nullptr))
+                           : json(nullptr)},
+            {"summary", nullptr}}},
           {"service_tier", "auto"},
           {"store", q.store},
           {"temperature", field("temperature", 1.0)},
@@ -297,19 +319,29 @@ json response_object(const ResponsesRequest& q, const std::string& id, int64_t c
 }
 
 json reasoning_item(const std::string& id, const std::string& text) {
-  return {{"id", id}, {"type", "reasoning"}, {"summary", json::array()},
-          {"content", json::array({{{"type", "reasoning_text"}, {"text", text}}})}, {"encrypted_content", nullptr}};
+  return {{"id", id},
+          {"type", "reasoning"},
+          {"summary", json::array()},
+          {"content", json::array({{{"type", "reasoning_text"}, {"text", text}}})},
+          {"encrypted_content", nullptr}};
 }
 json text_part(const std::string& text) {
-  return {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}, {"logprobs", json::array()}};
+  return {{"type", "output_text"},
+          {"text", text},
+          {"annotations", json::array()},
+          {"logprobs", json::array()}};
 }
 json message_item(const std::string& id, const std::string& status, json content) {
-  return {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"status", status}, {"content", content}};
+  return {{"id", id},
+          {"type", "message"},
+          {"role", "assistant"},
+          {"status", status},
+          {"content", content}};
 }
 json call_item(const std::string& id, const std::string& call_id, const std::string& name,
                const std::string& arguments, const std::string& status) {
-  return {{"id", id}, {"type", "function_call"}, {"call_id", call_id}, {"name", name},
-          {"arguments", arguments}, {"status", status}};
+  return {{"id", id},     {"type", "function_call"}, {"call_id", call_id},
+          {"name", name}, {"arguments", arguments},  {"status", status}};
 }
 
 // The conversation after this response, as chat messages: what previous_response_id continues.
@@ -326,8 +358,10 @@ json conversation_after(const ResponsesRequest& q, const json& output) {
       any = true;
     } else if (item["type"] == "function_call") {
       if (!turn.contains("tool_calls")) turn["tool_calls"] = json::array();
-      turn["tool_calls"].push_back({{"id", item["call_id"]}, {"type", "function"},
-                                    {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}});
+      turn["tool_calls"].push_back(
+          {{"id", item["call_id"]},
+           {"type", "function"},
+           {"function", {{"name", item["name"]}, {"arguments", item["arguments"]}}}});
       any = true;
     }
   }
@@ -354,9 +388,15 @@ class ResponseEvents {
     std::string out;
     if (open_ != kReasoning) {
       out += close();
-      open(kReasoning, {{"id", random_id("rs_")}, {"type", "reasoning"}, {"summary", json::array()},
-                        {"content", json::array()}, {"encrypted_content", nullptr}}, out);
-      out += event("response.content_part.added", part_ref({{"part", {{"type", "reasoning_text"}, {"text", ""}}}}));
+      open(kReasoning,
+           {{"id", random_id("rs_")},
+            {"type", "reasoning"},
+            {"summary", json::array()},
+            {"content", json::array()},
+            {"encrypted_content", nullptr}},
+           out);
+      out += event("response.content_part.added",
+                   part_ref({{"part", {{"type", "reasoning_text"}, {"text", ""}}}}));
     }
     text_ += text;
     return out + event("response.reasoning_text.delta", part_ref({{"delta", text}}));
@@ -369,7 +409,8 @@ class ResponseEvents {
       out += event("response.content_part.added", part_ref({{"part", text_part("")}}));
     }
     text_ += text;
-    return out + event("response.output_text.delta", part_ref({{"delta", text}, {"logprobs", json::array()}}));
+    return out + event("response.output_text.delta",
+                       part_ref({{"delta", text}, {"logprobs", json::array()}}));
   }
   std::string call(const ToolCallDelta& d) {
     std::string out;
@@ -379,8 +420,9 @@ class ResponseEvents {
     }
     if (d.arguments.empty()) return out;
     text_ += d.arguments;
-    return out + event("response.function_call_arguments.delta",
-                       {{"item_id", item_["id"]}, {"output_index", output_.size()}, {"delta", d.arguments}});
+    return out + event("response.function_call_arguments.delta", {{"item_id", item_["id"]},
+                                                                  {"output_index", output_.size()},
+                                                                  {"delta", d.arguments}});
   }
   // Closes the open item; a message item still marked `status` (incomplete on a length stop).
   std::string close(const std::string& status = "completed") {
@@ -391,14 +433,16 @@ class ResponseEvents {
       out += event("response.content_part.done", part_ref({{"part", part}}));
       item_["content"] = json::array({part});
     } else if (open_ == kMessage) {
-      out += event("response.output_text.done", part_ref({{"text", text_}, {"logprobs", json::array()}}));
+      out += event("response.output_text.done",
+                   part_ref({{"text", text_}, {"logprobs", json::array()}}));
       out += event("response.content_part.done", part_ref({{"part", text_part(text_)}}));
       item_["content"] = json::array({text_part(text_)});
       item_["status"] = status;
     } else if (open_ == kCall) {
-      out += event("response.function_call_arguments.done",
-                   {{"item_id", item_["id"]}, {"output_index", output_.size()}, {"name", item_["name"]},
-                    {"arguments", text_}});
+      out += event("response.function_call_arguments.done", {{"item_id", item_["id"]},
+                                                             {"output_index", output_.size()},
+                                                             {"name", item_["name"]},
+                                                             {"arguments", text_}});
       item_["arguments"] = text_;
       item_["status"] = "completed";
     } else {
@@ -465,19 +509,23 @@ void handle_responses(HttpServer& s, const httplib::Request& req, httplib::Respo
     json output = json::array();
     if (!m.reasoning.empty()) output.push_back(reasoning_item(random_id("rs_"), m.reasoning));
     if (!m.content.empty() || m.calls.empty())
-      output.push_back(message_item(random_id("msg_"), status, json::array({text_part(m.content)})));
+      output.push_back(
+          message_item(random_id("msg_"), status, json::array({text_part(m.content)})));
     for (const ToolCall& call : m.calls)
-      output.push_back(call_item(random_id("fc_"), random_id("call_"), call.name, call.arguments, "completed"));
+      output.push_back(
+          call_item(random_id("fc_"), random_id("call_"), call.name, call.arguments, "completed"));
     json body = response_object(q, id, created, model, status, output,
                                 usage_of(*job, count_tokens(s, m.reasoning)), nullptr, incomplete);
     if (q.store) s.responses().put(id, {body, conversation_after(q, output)});
-    res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
+    res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                    "application/json");
     return;
   }
 
   auto events = std::make_shared<ResponseEvents>(id);
   auto reasoning_text = std::make_shared<std::string>();
-  const json in_progress = response_object(q, id, created, model, "in_progress", json::array(), nullptr);
+  const json in_progress =
+      response_object(q, id, created, model, "in_progress", json::array(), nullptr);
   std::string prologue = events->event("response.created", {{"response", in_progress}});
   prologue += events->event("response.in_progress", {{"response", in_progress}});
   auto emit = [job, events, reasoning_text](ChoiceEvent& ev) {
@@ -495,14 +543,16 @@ void handle_responses(HttpServer& s, const httplib::Request& req, httplib::Respo
   auto finish = [&s, job, events, reasoning_text, q, id, created, model]() {
     if (!job->error().empty()) {
       std::string out = events->close();
-      const json failed = response_object(q, id, created, model, "failed", events->output(), nullptr,
-                                          {{"code", "server_error"}, {"message", job->error()}});
+      const json failed =
+          response_object(q, id, created, model, "failed", events->output(), nullptr,
+                          {{"code", "server_error"}, {"message", job->error()}});
       return out + events->event("response.failed", {{"response", failed}});
     }
     const auto [status, incomplete] = status_of(job->choices()[0].finish_reason);
     std::string out = events->finish(status);
-    const json body = response_object(q, id, created, model, status, events->output(),
-                                      usage_of(*job, count_tokens(s, *reasoning_text)), nullptr, incomplete);
+    const json body =
+        response_object(q, id, created, model, status, events->output(),
+                        usage_of(*job, count_tokens(s, *reasoning_text)), nullptr, incomplete);
     if (q.store) s.responses().put(id, {body, conversation_after(q, events->output())});
     return out + events->event(status == "completed" ? "response.completed" : "response.incomplete",
                                {{"response", body}});
@@ -512,21 +562,28 @@ void handle_responses(HttpServer& s, const httplib::Request& req, httplib::Respo
 
 void handle_response_get(HttpServer& s, const std::string& id, httplib::Response& res) {
   auto e = s.responses().get(id);
-  if (!e) throw ApiError(404, "NotFoundError", fmt::format("Response with id '{}' not found.", id), "response_id");
-  res.set_content(e->response.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
+  if (!e)
+    throw ApiError(404, "NotFoundError", fmt::format("Response with id '{}' not found.", id),
+                   "response_id");
+  res.set_content(e->response.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                  "application/json");
 }
 
 void handle_response_delete(HttpServer& s, const std::string& id, httplib::Response& res) {
   if (!s.responses().erase(id))
-    throw ApiError(404, "NotFoundError", fmt::format("Response with id '{}' not found.", id), "response_id");
-  res.set_content(json{{"id", id}, {"object", "response"}, {"deleted", true}}.dump(), "application/json");
+    throw ApiError(404, "NotFoundError", fmt::format("Response with id '{}' not found.", id),
+                   "response_id");
+  res.set_content(json{{"id", id}, {"object", "response"}, {"deleted", true}}.dump(),
+                  "application/json");
 }
 
 void handle_response_cancel(HttpServer& s, const std::string& id, httplib::Response& res) {
   if (!s.responses().get(id))
-    throw ApiError(404, "NotFoundError", fmt::format("Response with id '{}' not found.", id), "response_id");
+    throw ApiError(404, "NotFoundError", fmt::format("Response with id '{}' not found.", id),
+                   "response_id");
   (void)res;
-  bad_request("response_id", "Only background responses can be cancelled, and this server runs none.");
+  bad_request("response_id",
+              "Only background responses can be cancelled, and this server runs none.");
 }
 
 }  // namespace atom::server

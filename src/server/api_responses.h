@@ -26,7 +26,8 @@ class HttpServer;
 // by entries and bytes; the least recently used goes first.
 class ResponseStore {
  public:
-  ResponseStore(size_t max_entries, size_t max_bytes) : max_entries_(max_entries), max_bytes_(max_bytes) {}
+  ResponseStore(size_t max_entries, size_t max_bytes)
+      : max_entries_(max_entries), max_bytes_(max_bytes) {}
   struct Entry {
     nlohmann::ordered_json response;
     nlohmann::ordered_json messages;

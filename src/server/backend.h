@@ -30,9 +30,9 @@ struct TokenLogprob {
 // What happened to one choice since its previous update.
 struct ChoiceDelta {
   int index = 0;
-  std::string text;                    // newly completed text (never a broken UTF-8 sequence)
-  std::vector<int32_t> token_ids;      // newly generated tokens
-  std::vector<TokenLogprob> logprobs;  // one per new token, when the request asked for them
+  std::string text;                          // newly completed text (never a broken UTF-8 sequence)
+  std::vector<int32_t> token_ids;            // newly generated tokens
+  std::vector<TokenLogprob> logprobs;        // one per new token, when the request asked for them
   std::optional<std::string> finish_reason;  // stop | length | abort | error, on the last update
   nlohmann::json stop_reason;                // the stop string or token id that ended it, or null
 };
@@ -47,7 +47,7 @@ struct RequestPhases {
 struct RequestUpdate {
   std::vector<ChoiceDelta> choices;
   int prompt_tokens = 0;
-  int cached_tokens = 0;                     // prompt tokens served from the prefix cache
+  int cached_tokens = 0;                      // prompt tokens served from the prefix cache
   std::vector<TokenLogprob> prompt_logprobs;  // on the first update, when asked for
   bool finished = false;                      // every choice has finished
   std::optional<RequestPhases> phases;        // with `finished`, once the engine scheduled it
@@ -66,7 +66,7 @@ struct BackendInfo {
   std::string model_path;
   int64_t max_model_len = 0;
   int64_t vocab_size = 0;
-  int64_t created = 0;  // unix time of start-up
+  int64_t created = 0;     // unix time of start-up
   bool reasoning = false;  // the chat template emits <think> blocks
   bool harmony = false;    // the chat template writes harmony channels (gpt-oss)
 };

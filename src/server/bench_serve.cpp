@@ -28,15 +28,16 @@ double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   // Linear interpolation between closest ranks, as numpy.percentile.
   const double rank = p / 100.0 * static_cast<double>(v.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(rank)), hi = static_cast<size_t>(std::ceil(rank));
+  const size_t lo = static_cast<size_t>(std::floor(rank)),
+               hi = static_cast<size_t>(std::ceil(rank));
   return v[lo] + (v[hi] - v[lo]) * (rank - static_cast<double>(lo));
 }
 
 std::string pct_name(double p) { return fmt::format("{}", p); }
 
 // One streamed request; fills `rec`.
-void run_one(const BenchServeOptions& o, const std::string& model, const std::vector<int32_t>& prompt, int max_tokens,
-             RequestRecord& rec) {
+void run_one(const BenchServeOptions& o, const std::string& model,
+             const std::vector<int32_t>& prompt, int max_tokens, RequestRecord& rec) {
   httplib::Client cli(o.host, o.port);
   cli.set_read_timeout(3600, 0);
   cli.set_write_timeout(60, 0);
@@ -48,7 +49,8 @@ void run_one(const BenchServeOptions& o, const std::string& model, const std::ve
     // Chat prompts are text; the ids become a deterministic string of words.
     std::string text;
     for (int32_t t : prompt) text += fmt::format("w{} ", t % 1000);
-    body = {{"model", model}, {"messages", json::array({{{"role", "user"}, {"content", text}}})},
+    body = {{"model", model},
+            {"messages", json::array({{{"role", "user"}, {"content", text}}})},
             {"max_completion_tokens", max_tokens}};
   } else {
     body = {{"model", model}, {"prompt", prompt}, {"max_tokens", max_tokens}};
@@ -90,12 +92,14 @@ void run_one(const BenchServeOptions& o, const std::string& model, const std::ve
         rec.error = j["error"].dump();
         continue;
       }
-      if (j.contains("usage") && j["usage"].is_object()) usage_tokens = j["usage"].value("completion_tokens", -1);
+      if (j.contains("usage") && j["usage"].is_object())
+        usage_tokens = j["usage"].value("completion_tokens", -1);
       if (!j.contains("choices") || j["choices"].empty()) continue;
       const json& c = j["choices"][0];
       std::string text;
       if (chat) {
-        if (c.contains("delta") && c["delta"].contains("content") && c["delta"]["content"].is_string())
+        if (c.contains("delta") && c["delta"].contains("content") &&
+            c["delta"]["content"].is_string())
           text = c["delta"]["content"].get<std::string>();
       } else if (c.contains("text") && c["text"].is_string()) {
         text = c["text"].get<std::string>();
@@ -125,14 +129,16 @@ void run_one(const BenchServeOptions& o, const std::string& model, const std::ve
     rec.error = fmt::format("HTTP {}: {}", res.status, res.body);
     return;
   }
-  rec.output_tokens = usage_tokens >= 0 ? usage_tokens : static_cast<int>(rec.itl.size() + (first ? 0 : 1));
+  rec.output_tokens =
+      usage_tokens >= 0 ? usage_tokens : static_cast<int>(rec.itl.size() + (first ? 0 : 1));
   rec.success = rec.error.empty() && !first;
   if (!rec.success && rec.error.empty()) rec.error = "no output";
 }
 
 }  // namespace
 
-void bench_stats_add(json& r, const std::string& m, std::vector<double> s, const std::vector<double>& percentiles) {
+void bench_stats_add(json& r, const std::string& m, std::vector<double> s,
+                     const std::vector<double>& percentiles) {
   for (auto& x : s) x *= 1000.0;
   double mean = 0, var = 0;
   for (double x : s) mean += x;
@@ -147,7 +153,8 @@ void bench_stats_add(json& r, const std::string& m, std::vector<double> s, const
 
 json bench_serve_run(const BenchServeOptions& o) {
   if (o.num_prompts < 1) fail("--num-prompts must be at least 1");
-  if (o.random_input_len < 1 || o.random_output_len < 1) fail("--random-input-len and --random-output-len must be at least 1");
+  if (o.random_input_len < 1 || o.random_output_len < 1)
+    fail("--random-input-len and --random-output-len must be at least 1");
   httplib::Client probe(o.host, o.port);
   probe.set_read_timeout(30, 0);
   httplib::Headers headers;
@@ -159,7 +166,8 @@ json bench_serve_run(const BenchServeOptions& o) {
     if (!r || r->status != 200) fail("cannot reach http://{}:{}/v1/models", o.host, o.port);
     const json m = json::parse(r->body);
     if (model.empty()) model = m["data"][0]["id"].get<std::string>();
-    if (vocab <= 0 && m["data"][0].contains("vocab_size")) vocab = m["data"][0]["vocab_size"].get<int64_t>();
+    if (vocab <= 0 && m["data"][0].contains("vocab_size"))
+      vocab = m["data"][0]["vocab_size"].get<int64_t>();
   }
   if (vocab <= 0) vocab = 32000;
 
@@ -170,7 +178,8 @@ json bench_serve_run(const BenchServeOptions& o) {
     const int hi = std::max(lo, static_cast<int>(std::ceil(len * (1 + o.random_range_ratio))));
     return std::uniform_int_distribution<int>(lo, hi)(rng);
   };
-  std::uniform_int_distribution<int32_t> tok(100, static_cast<int32_t>(std::max<int64_t>(101, vocab - 1)));
+  std::uniform_int_distribution<int32_t> tok(
+      100, static_cast<int32_t>(std::max<int64_t>(101, vocab - 1)));
   std::vector<int32_t> prefix(static_cast<size_t>(o.random_prefix_len));
   for (auto& t : prefix) t = tok(rng);
   std::vector<std::vector<int32_t>> prompts;
@@ -196,7 +205,8 @@ json bench_serve_run(const BenchServeOptions& o) {
   int in_flight = 0;
   std::vector<std::thread> threads;
   log_info("bench serve: {} prompts, input {} output {}, rate {}, concurrency {}", o.num_prompts,
-           o.random_input_len, o.random_output_len, o.request_rate > 0 ? fmt::format("{}", o.request_rate) : "inf",
+           o.random_input_len, o.random_output_len,
+           o.request_rate > 0 ? fmt::format("{}", o.request_rate) : "inf",
            o.max_concurrency > 0 ? std::to_string(o.max_concurrency) : "unlimited");
   const auto t0 = Clock::now();
   auto next = t0;
@@ -243,12 +253,21 @@ json bench_serve_run(const BenchServeOptions& o) {
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y%m%d-%H%M%S", std::localtime(&now));
-  json res = {{"date", date}, {"backend", "openai"}, {"endpoint", o.endpoint}, {"model_id", model},
-              {"num_prompts", o.num_prompts}, {"request_rate", o.request_rate > 0 ? json(o.request_rate) : json("inf")},
-              {"burstiness", o.burstiness}, {"max_concurrency", o.max_concurrency > 0 ? json(o.max_concurrency) : json(nullptr)},
-              {"duration", duration}, {"completed", completed}, {"failed", static_cast<int>(records.size()) - completed},
-              {"total_input_tokens", total_in}, {"total_output_tokens", total_out},
-              {"request_throughput", completed / duration}, {"output_throughput", static_cast<double>(total_out) / duration},
+  json res = {{"date", date},
+              {"backend", "openai"},
+              {"endpoint", o.endpoint},
+              {"model_id", model},
+              {"num_prompts", o.num_prompts},
+              {"request_rate", o.request_rate > 0 ? json(o.request_rate) : json("inf")},
+              {"burstiness", o.burstiness},
+              {"max_concurrency", o.max_concurrency > 0 ? json(o.max_concurrency) : json(nullptr)},
+              {"duration", duration},
+              {"completed", completed},
+              {"failed", static_cast<int>(records.size()) - completed},
+              {"total_input_tokens", total_in},
+              {"total_output_tokens", total_out},
+              {"request_throughput", completed / duration},
+              {"output_throughput", static_cast<double>(total_out) / duration},
               {"total_token_throughput", static_cast<double>(total_in + total_out) / duration}};
   bench_stats_add(res, "ttft", ttfts, o.metric_percentiles);
   bench_stats_add(res, "tpot", tpots, o.metric_percentiles);
@@ -257,29 +276,39 @@ json bench_serve_run(const BenchServeOptions& o) {
   res["errors"] = errors;
 
   std::string t = "============ Serving Benchmark Result ============\n";
-  auto line = [&](const std::string& k, const std::string& v) { t += fmt::format("{:<40}{:<10}\n", k, v); };
+  auto line = [&](const std::string& k, const std::string& v) {
+    t += fmt::format("{:<40}{:<10}\n", k, v);
+  };
   line("Successful requests:", std::to_string(completed));
   line("Failed requests:", std::to_string(static_cast<int>(records.size()) - completed));
   line("Benchmark duration (s):", fmt::format("{:.2f}", duration));
   line("Total input tokens:", std::to_string(total_in));
   line("Total generated tokens:", std::to_string(total_out));
   line("Request throughput (req/s):", fmt::format("{:.2f}", completed / duration));
-  line("Output token throughput (tok/s):", fmt::format("{:.2f}", static_cast<double>(total_out) / duration));
-  line("Total Token throughput (tok/s):", fmt::format("{:.2f}", static_cast<double>(total_in + total_out) / duration));
-  const std::pair<const char*, const char*> sections[] = {{"ttft", "Time to First Token"},
-                                                          {"tpot", "Time per Output Token (excl. 1st token)"},
-                                                          {"itl", "Inter-token Latency"},
-                                                          {"e2el", "End-to-end Latency"}};
+  line("Output token throughput (tok/s):",
+       fmt::format("{:.2f}", static_cast<double>(total_out) / duration));
+  line("Total Token throughput (tok/s):",
+       fmt::format("{:.2f}", static_cast<double>(total_in + total_out) / duration));
+  const std::pair<const char*, const char*> sections[] = {
+      {"ttft", "Time to First Token"},
+      {"tpot", "Time per Output Token (excl. 1st token)"},
+      {"itl", "Inter-token Latency"},
+      {"e2el", "End-to-end Latency"}};
   for (const auto& [key, title] : sections) {
-    if (std::find(o.percentile_metrics.begin(), o.percentile_metrics.end(), key) == o.percentile_metrics.end()) continue;
+    if (std::find(o.percentile_metrics.begin(), o.percentile_metrics.end(), key) ==
+        o.percentile_metrics.end())
+      continue;
     std::string upper = key;
     for (auto& ch : upper) ch = static_cast<char>(std::toupper(ch));
     t += fmt::format("{:-^50}\n", title);
-    line(fmt::format("Mean {} (ms):", upper), fmt::format("{:.2f}", res["mean_" + std::string(key) + "_ms"].get<double>()));
-    line(fmt::format("Median {} (ms):", upper), fmt::format("{:.2f}", res["median_" + std::string(key) + "_ms"].get<double>()));
+    line(fmt::format("Mean {} (ms):", upper),
+         fmt::format("{:.2f}", res["mean_" + std::string(key) + "_ms"].get<double>()));
+    line(fmt::format("Median {} (ms):", upper),
+         fmt::format("{:.2f}", res["median_" + std::string(key) + "_ms"].get<double>()));
     for (double p : o.metric_percentiles)
       line(fmt::format("P{} {} (ms):", pct_name(p), upper),
-           fmt::format("{:.2f}", res["p" + pct_name(p) + "_" + std::string(key) + "_ms"].get<double>()));
+           fmt::format("{:.2f}",
+                       res["p" + pct_name(p) + "_" + std::string(key) + "_ms"].get<double>()));
   }
   t += std::string(50, '=') + "\n";
   std::fputs(t.c_str(), stdout);

@@ -21,16 +21,16 @@ struct BenchServeOptions {
   int random_input_len = 1024;
   int random_output_len = 128;
   double random_range_ratio = 0.0;
-  int random_prefix_len = 0;     // a shared prefix (the same ids) in front of every prompt
-  int64_t vocab_size = 0;        // 0: from the server's /v1/models, else 32000
-  double request_rate = 0;       // requests/s; 0 or less = all at once (inf)
+  int random_prefix_len = 0;  // a shared prefix (the same ids) in front of every prompt
+  int64_t vocab_size = 0;     // 0: from the server's /v1/models, else 32000
+  double request_rate = 0;    // requests/s; 0 or less = all at once (inf)
   double burstiness = 1.0;
-  int max_concurrency = 0;       // 0: unlimited
+  int max_concurrency = 0;  // 0: unlimited
   uint64_t seed = 0;
   bool ignore_eos = true;
   std::vector<std::string> percentile_metrics = {"ttft", "tpot", "itl"};
   std::vector<double> metric_percentiles = {99};
-  std::string result_file;       // empty: no file
+  std::string result_file;  // empty: no file
 };
 
 struct RequestRecord {
@@ -38,9 +38,9 @@ struct RequestRecord {
   std::string error;
   int prompt_len = 0;
   int output_tokens = 0;
-  double ttft = 0;               // seconds
-  double latency = 0;            // seconds (E2EL)
-  std::vector<double> itl;       // seconds between streamed outputs
+  double ttft = 0;          // seconds
+  double latency = 0;       // seconds (E2EL)
+  std::vector<double> itl;  // seconds between streamed outputs
   std::string generated_text;
 };
 
@@ -48,7 +48,7 @@ struct RequestRecord {
 nlohmann::ordered_json bench_serve_run(const BenchServeOptions& o);
 
 // Mean, median, std and the given percentiles (ms) of `values` (seconds), with vLLM's key names.
-void bench_stats_add(nlohmann::ordered_json& result, const std::string& metric, std::vector<double> seconds,
-                     const std::vector<double>& percentiles);
+void bench_stats_add(nlohmann::ordered_json& result, const std::string& metric,
+                     std::vector<double> seconds, const std::vector<double>& percentiles);
 
 }  // namespace atom::server

@@ -23,17 +23,22 @@ ChatFlow chat_flow_start(HttpServer& s, ChatRequest& r, const std::string& id_pr
   // except for harmony models, whose calls are part of the format.
   const bool auto_tools = !r.tools.is_null() && r.tool_choice == "auto";
   if (auto_tools && !f.harmony && !(s.options().enable_auto_tool_choice && !tool_parser.empty()))
-    bad_request("tool_choice",
-                "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
+    bad_request(
+        "tool_choice",
+        "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
   // "required" and a named function constrain decoding to the calls' JSON (vLLM's way), whatever
   // the model's own call format.
-  const bool forced_tools = !r.tools.is_null() && (r.tool_choice == "required" || r.tool_choice == "named");
+  const bool forced_tools =
+      !r.tools.is_null() && (r.tool_choice == "required" || r.tool_choice == "named");
   if (forced_tools) {
     if (r.sampling.structured)
       bad_request("tool_choice", fmt::format("tool_choice \"{}\" cannot be combined with '{}'",
                                              r.tool_choice, r.sampling.structured->param));
     r.sampling.structured = StructuredOutput{StructuredOutput::kJsonSchema,
-                                             forced_tool_schema(r.tools, r.named_tool), {}, "tool_choice", std::nullopt};
+                                             forced_tool_schema(r.tools, r.named_tool),
+                                             {},
+                                             "tool_choice",
+                                             std::nullopt};
   }
   // The parsers read markers that are special tokens in these tokenizers (all of harmony's).
   if (f.harmony || (auto_tools && tool_parser_keeps_special_tokens(tool_parser)))
@@ -42,8 +47,8 @@ ChatFlow chat_flow_start(HttpServer& s, ChatRequest& r, const std::string& id_pr
   // Constrained answers of reasoning models: the block is written freely, the grammar follows it.
   if (r.sampling.structured && !f.harmony && !reasoning.empty())
     if (auto probe = make_reasoning_parser(reasoning, f.prompt, r.chat_template_kwargs))
-      r.sampling.structured->after_reasoning =
-          StructuredOutput::Reasoning{probe->format().start, probe->format().end, probe->format().starts_in_reasoning};
+      r.sampling.structured->after_reasoning = StructuredOutput::Reasoning{
+          probe->format().start, probe->format().end, probe->format().starts_in_reasoning};
   std::vector<int32_t> ids = s.backend().tokenize(f.prompt, r.add_special_tokens);
   check_prompt(s, ids, r.sampling, true);
   f.job = std::make_shared<Job>(s, r.sampling);

@@ -45,7 +45,8 @@ std::string_view trim(std::string_view s) {
 // A header value for a message: at most 40 characters, control bytes shown as '?'.
 std::string shown(std::string_view v) {
   std::string out;
-  for (char c : v.substr(0, 40)) out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
+  for (char c : v.substr(0, 40))
+    out += (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) ? '?' : c;
   if (v.size() > 40) out += "...";
   return out;
 }
@@ -65,13 +66,20 @@ int hex_value(char c) {
 
 const char* reason(int status) {
   switch (status) {
-    case 400: return "Bad Request";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 431: return "Request Header Fields Too Large";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    default: return "Error";
+    case 400:
+      return "Bad Request";
+    case 408:
+      return "Request Timeout";
+    case 413:
+      return "Payload Too Large";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 501:
+      return "Not Implemented";
+    case 503:
+      return "Service Unavailable";
+    default:
+      return "Error";
   }
 }
 
@@ -106,11 +114,13 @@ RequestFramer::State RequestFramer::parse_headers(std::string_view head) {
   const std::string_view line = head.substr(0, eol);
   const size_t sp1 = line.find(' ');
   const size_t sp2 = sp1 == std::string_view::npos ? sp1 : line.find(' ', sp1 + 1);
-  if (sp1 == 0 || sp2 == std::string_view::npos || sp2 == sp1 + 1 || line.find(' ', sp2 + 1) != std::string_view::npos)
+  if (sp1 == 0 || sp2 == std::string_view::npos || sp2 == sp1 + 1 ||
+      line.find(' ', sp2 + 1) != std::string_view::npos)
     return fail(400, "Malformed request line");
   for (size_t i = 0; i < sp1; ++i)
     if (!is_token_char(line[i])) return fail(400, "Malformed request line");
-  if (line.substr(sp2 + 1, 7) != "HTTP/1.") return fail(400, "Malformed request line: not HTTP/1.x");
+  if (line.substr(sp2 + 1, 7) != "HTTP/1.")
+    return fail(400, "Malformed request line: not HTTP/1.x");
   method_ = std::string(line.substr(0, sp1));
   target_ = std::string(line.substr(sp1 + 1, sp2 - sp1 - 1));
   for (char c : line)
@@ -120,18 +130,22 @@ RequestFramer::State RequestFramer::parse_headers(std::string_view head) {
   while (eol != std::string_view::npos) {
     const size_t start = eol + 2;
     eol = head.find("\r\n", start);
-    const std::string_view field = head.substr(start, eol == std::string_view::npos ? head.size() - start : eol - start);
+    const std::string_view field =
+        head.substr(start, eol == std::string_view::npos ? head.size() - start : eol - start);
     // Bare CR or LF, NUL, or an obsolete line fold could be read differently by the parser
     // behind the gate: refused.
     if (field.empty() || field.front() == ' ' || field.front() == '\t')
       return fail(400, "Malformed header line (line folding is not allowed)");
     for (char c : field)
-      if (c == '\r' || c == '\n' || c == '\0') return fail(400, "Malformed header line (bare CR, LF or NUL)");
+      if (c == '\r' || c == '\n' || c == '\0')
+        return fail(400, "Malformed header line (bare CR, LF or NUL)");
     const size_t colon = field.find(':');
-    if (colon == std::string_view::npos || colon == 0) return fail(400, "Malformed header line (no field name)");
+    if (colon == std::string_view::npos || colon == 0)
+      return fail(400, "Malformed header line (no field name)");
     const std::string_view name = field.substr(0, colon);
     for (char c : name)
-      if (!is_token_char(c)) return fail(400, fmt::format("Malformed header name '{}'", shown(name)));
+      if (!is_token_char(c))
+        return fail(400, fmt::format("Malformed header name '{}'", shown(name)));
     const std::string_view value = trim(field.substr(colon + 1));
     if (iequals(name, "content-length")) {
       uint64_t n = 0;
@@ -142,28 +156,34 @@ RequestFramer::State RequestFramer::parse_headers(std::string_view head) {
           break;
         }
         // Saturates: any length past 10^18 is over every body limit.
-        n = n > 100000000000000000ull ? 1000000000000000000ull : n * 10 + static_cast<uint64_t>(c - '0');
+        n = n > 100000000000000000ull ? 1000000000000000000ull
+                                      : n * 10 + static_cast<uint64_t>(c - '0');
       }
       if (!ok) return fail(400, fmt::format("Invalid Content-Length header: '{}'", shown(value)));
-      if (have_length && n != content_length_) return fail(400, "Conflicting Content-Length headers");
+      if (have_length && n != content_length_)
+        return fail(400, "Conflicting Content-Length headers");
       have_length = true;
       content_length_ = n;
     } else if (iequals(name, "transfer-encoding")) {
       if (!iequals(value, "chunked"))
-        return fail(501, fmt::format("Unsupported Transfer-Encoding '{}' (only chunked is served)", shown(value)));
+        return fail(501, fmt::format("Unsupported Transfer-Encoding '{}' (only chunked is served)",
+                                     shown(value)));
       if (chunked_) return fail(400, "Repeated Transfer-Encoding header");
       chunked_ = true;
     } else if (iequals(name, "expect")) {
       expect_continue_ = iequals(value, "100-continue");
     }
   }
-  if (chunked_ && have_length) return fail(400, "A request may not have both Content-Length and Transfer-Encoding");
+  if (chunked_ && have_length)
+    return fail(400, "A request may not have both Content-Length and Transfer-Encoding");
   if (content_length_ > max_body_)
-    return fail(413, fmt::format("Request body too large: Content-Length {} exceeds the limit of {} bytes "
-                                 "(--max-request-body-bytes)",
-                                 content_length_ >= 1000000000000000000ull ? std::string(">= 10^18")
-                                                                            : std::to_string(content_length_),
-                                 max_body_));
+    return fail(
+        413,
+        fmt::format("Request body too large: Content-Length {} exceeds the limit of {} bytes "
+                    "(--max-request-body-bytes)",
+                    content_length_ >= 1000000000000000000ull ? std::string(">= 10^18")
+                                                              : std::to_string(content_length_),
+                    max_body_));
   return state_;
 }
 
@@ -173,7 +193,8 @@ RequestFramer::State RequestFramer::feed_chunked(std::string_view bytes) {
       case Chunk::kSize: {
         const size_t e = bytes.find("\r\n", pos_);
         const size_t len = (e == std::string_view::npos ? bytes.size() : e) - pos_;
-        if (len > 1024) return fail(400, "Malformed chunked body: chunk size line longer than 1024 bytes");
+        if (len > 1024)
+          return fail(400, "Malformed chunked body: chunk size line longer than 1024 bytes");
         if (e == std::string_view::npos) return state_;
         const std::string_view line = bytes.substr(pos_, len);
         uint64_t size = 0;
@@ -185,22 +206,26 @@ RequestFramer::State RequestFramer::feed_chunked(std::string_view bytes) {
         if (i == 0 || (i < line.size() && line[i] != ';'))
           return fail(400, fmt::format("Malformed chunked body: bad chunk size '{}'", shown(line)));
         for (char c : line)
-          if (c == '\0' || c == '\r' || c == '\n') return fail(400, "Malformed chunked body: bad chunk size line");
+          if (c == '\0' || c == '\r' || c == '\n')
+            return fail(400, "Malformed chunked body: bad chunk size line");
         pos_ = e + 2;
         if (size == 0) {
           chunk_ = Chunk::kTrailer;
         } else {
           if (decoded_ + size > max_body_)
-            return fail(413, fmt::format("Request body too large: the chunked body exceeds the limit of {} bytes "
-                                         "(--max-request-body-bytes)",
-                                         max_body_));
+            return fail(
+                413, fmt::format(
+                         "Request body too large: the chunked body exceeds the limit of {} bytes "
+                         "(--max-request-body-bytes)",
+                         max_body_));
           remaining_ = size;
           chunk_ = Chunk::kData;
         }
         break;
       }
       case Chunk::kData: {
-        const size_t take = static_cast<size_t>(std::min<uint64_t>(remaining_, bytes.size() - pos_));
+        const size_t take =
+            static_cast<size_t>(std::min<uint64_t>(remaining_, bytes.size() - pos_));
         pos_ += take;
         remaining_ -= take;
         decoded_ += take;
@@ -209,7 +234,8 @@ RequestFramer::State RequestFramer::feed_chunked(std::string_view bytes) {
       }
       case Chunk::kDataEnd:
         if (bytes.size() - pos_ < 2) return state_;
-        if (bytes.substr(pos_, 2) != "\r\n") return fail(400, "Malformed chunked body: chunk data not followed by CRLF");
+        if (bytes.substr(pos_, 2) != "\r\n")
+          return fail(400, "Malformed chunked body: chunk data not followed by CRLF");
         pos_ += 2;
         chunk_ = Chunk::kSize;
         break;
@@ -244,11 +270,13 @@ RequestFramer::State RequestFramer::feed(std::string_view bytes) {
     if (p == std::string_view::npos) {
       scanned_ = bytes.size();
       if (bytes.size() > max_header_)
-        return fail(431, fmt::format("Request header fields too large (the limit is {} bytes)", max_header_));
+        return fail(431, fmt::format("Request header fields too large (the limit is {} bytes)",
+                                     max_header_));
       return state_;
     }
     if (p + 4 > max_header_)
-      return fail(431, fmt::format("Request header fields too large (the limit is {} bytes)", max_header_));
+      return fail(
+          431, fmt::format("Request header fields too large (the limit is {} bytes)", max_header_));
     header_end_ = p + 4;
     if (parse_headers(bytes.substr(0, p)) == State::kError) return state_;
     pos_ = header_end_;
@@ -266,7 +294,8 @@ RequestFramer::State RequestFramer::feed(std::string_view bytes) {
 std::string gate_error_response(int status, const std::string& message) {
   const std::string type = status == 503 ? "ServiceUnavailableError" : "BadRequestError";
   const std::string body = error_body(status, type, message);
-  return fmt::format("HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+  return fmt::format("HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: "
+                     "{}\r\nConnection: close\r\n\r\n{}",
                      status, reason(status), body.size(), body);
 }
 
@@ -283,8 +312,8 @@ ConnectionGate::ConnectionGate(GateLimits limits, Dispatch dispatch)
     const auto room = static_cast<int64_t>(rl.rlim_cur) - 256;
     if (room < limits_.max_connections) {
       limits_.max_connections = static_cast<int>(std::max<int64_t>(room, 16));
-      log_info("at most {} connections at once (the file descriptor limit is {})", limits_.max_connections,
-               static_cast<int64_t>(rl.rlim_cur));
+      log_info("at most {} connections at once (the file descriptor limit is {})",
+               limits_.max_connections, static_cast<int64_t>(rl.rlim_cur));
     }
   }
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -309,11 +338,13 @@ std::string ConnectionGate::listen(const std::string& host, int port) {
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* res = nullptr;
   const std::string service = std::to_string(port);
-  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res); rc != 0)
+  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &res);
+      rc != 0)
     return fmt::format("cannot listen on {}:{}: {}", host, port, gai_strerror(rc));
   std::string why = "no address";
   for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-    const int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    const int fd =
+        ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) {
       why = std::strerror(errno);
       continue;
@@ -348,7 +379,8 @@ void ConnectionGate::accept_all() {
   for (;;) {
     sockaddr_storage ss{};
     socklen_t len = sizeof ss;
-    int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd =
+        accept4(listen_fd_, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if ((errno == EMFILE || errno == ENFILE) && spare_fd_ >= 0) {
@@ -365,8 +397,9 @@ void ConnectionGate::accept_all() {
       return;  // EAGAIN: all accepted
     }
     if (open_.load() >= limits_.max_connections) {
-      send_now(fd, gate_error_response(503, fmt::format("Too many open connections (the limit is {})",
-                                                        limits_.max_connections)));
+      send_now(fd,
+               gate_error_response(503, fmt::format("Too many open connections (the limit is {})",
+                                                    limits_.max_connections)));
       ::close(fd);
       continue;
     }
@@ -406,7 +439,8 @@ void ConnectionGate::drop(int fd) {
   --open_;
 }
 
-void ConnectionGate::reject(const std::shared_ptr<Connection>& c, int status, const std::string& message) {
+void ConnectionGate::reject(const std::shared_ptr<Connection>& c, int status,
+                            const std::string& message) {
   send_now(c->fd, gate_error_response(status, message));
   // Half-close and read until the client closes (or 2 s), so the answer is not lost to a reset
   // caused by unread request bytes.
@@ -450,7 +484,8 @@ void ConnectionGate::advance(const std::shared_ptr<Connection>& c) {
   if (c->phase == Connection::Phase::kHeaders && c->framer->headers_done()) {
     c->phase = Connection::Phase::kBody;
     c->deadline = now + std::chrono::seconds(limits_.body_timeout_s);
-    if (s == RequestFramer::State::kNeedMore && c->framer->expects_continue() && !c->sent_continue) {
+    if (s == RequestFramer::State::kNeedMore && c->framer->expects_continue() &&
+        !c->sent_continue) {
       send_now(c->fd, "HTTP/1.1 100 Continue\r\n\r\n");
       c->sent_continue = true;
     }
@@ -478,12 +513,14 @@ void ConnectionGate::expire() {
         drop(c->fd);
         break;
       case Connection::Phase::kHeaders:
-        reject(c, 408, fmt::format("Request headers not received within {} s (--http-header-timeout)",
-                                   limits_.header_timeout_s));
+        reject(c, 408,
+               fmt::format("Request headers not received within {} s (--http-header-timeout)",
+                           limits_.header_timeout_s));
         break;
       case Connection::Phase::kBody:
-        reject(c, 408, fmt::format("Request body not received within {} s (--http-body-timeout)",
-                                   limits_.body_timeout_s));
+        reject(c, 408,
+               fmt::format("Request body not received within {} s (--http-body-timeout)",
+                           limits_.body_timeout_s));
         break;
     }
   }
@@ -491,7 +528,8 @@ void ConnectionGate::expire() {
 
 void ConnectionGate::resume(std::shared_ptr<Connection> c) {
   c->buf.erase(0, c->request_bytes);  // the handler may have done so already (request_bytes 0)
-  if (c->buf.capacity() > (64u << 10)) std::string(c->buf).swap(c->buf);  // give a big body's memory back
+  if (c->buf.capacity() > (64u << 10))
+    std::string(c->buf).swap(c->buf);  // give a big body's memory back
   c->request_bytes = 0;
   c->framer = std::make_unique<RequestFramer>(limits_.max_header_bytes, limits_.max_body_bytes);
   c->phase = Connection::Phase::kIdle;

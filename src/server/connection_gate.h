@@ -73,7 +73,7 @@ class RequestFramer {
   std::string message_;
   // Chunked decoding.
   enum class Chunk { kSize, kData, kDataEnd, kTrailer } chunk_ = Chunk::kSize;
-  size_t pos_ = 0;         // next byte to decode
+  size_t pos_ = 0;          // next byte to decode
   uint64_t remaining_ = 0;  // of the current chunk's data
   uint64_t decoded_ = 0;    // body bytes so far
 };

@@ -33,7 +33,8 @@ bool template_has(const tokenizer::ChatTemplate& t, const char* text) {
 
 }  // namespace
 
-EngineBackend::EngineBackend(LLMEngine& engine, tokenizer::Tokenizer tok, EngineBackendOptions options)
+EngineBackend::EngineBackend(LLMEngine& engine, tokenizer::Tokenizer tok,
+                             EngineBackendOptions options)
     : engine_(engine),
       tok_(std::move(tok)),
       template_(tokenizer::ChatTemplate::from_model_dir(
@@ -95,8 +96,8 @@ std::string EngineBackend::render_chat(const ChatRequest& r) {
   o.kwargs = r.chat_template_kwargs;
   try {
     if (r.chat_template) {
-      const auto t = tokenizer::ChatTemplate::from_string(*r.chat_template, template_.special_tokens(),
-                                                       template_.limits());
+      const auto t = tokenizer::ChatTemplate::from_string(
+          *r.chat_template, template_.special_tokens(), template_.limits());
       return t.render(messages, o);
     }
     return template_.render(messages, o);
@@ -127,7 +128,8 @@ SamplingParams EngineBackend::sampling_params(const SamplingRequest& r) const {
   p.include_stop_str_in_output = r.include_stop_str_in_output;
   p.skip_special_tokens = r.skip_special_tokens;
   p.logit_bias.clear();
-  for (const auto& [id, b] : r.logit_bias) p.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+  for (const auto& [id, b] : r.logit_bias)
+    p.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
   p.logprobs = r.logprobs;
   p.prompt_logprobs = r.prompt_logprobs;
   try {
@@ -149,25 +151,41 @@ SamplingParams EngineBackend::sampling_params(const SamplingRequest& r) const {
   return p;
 }
 
-std::shared_ptr<const LogitsConstraint> EngineBackend::constraint_for(const StructuredOutput& so) const {
-  const std::string key = fmt::format("{}\n{}\n{}", static_cast<int>(so.kind), so.spec, fmt::join(so.choices, "\x1f"));
+std::shared_ptr<const LogitsConstraint> EngineBackend::constraint_for(
+    const StructuredOutput& so) const {
+  const std::string key =
+      fmt::format("{}\n{}\n{}", static_cast<int>(so.kind), so.spec, fmt::join(so.choices, "\x1f"));
   {
     std::lock_guard<std::mutex> lock(grammar_mu_);
     auto it = grammars_.find(key);
     if (it != grammars_.end()) return it->second;
   }
-  std::call_once(trie_once_, [&] { trie_ = grammar::TokenTrie::from_tokenizer(tok_, engine_.model().vocab_size()); });
+  std::call_once(trie_once_, [&] {
+    trie_ = grammar::TokenTrie::from_tokenizer(tok_, engine_.model().vocab_size());
+  });
   const grammar::GrammarLimits& lim = options_.grammar_limits;
   std::shared_ptr<const LogitsConstraint> c;
   try {
     std::string gbnf;
     switch (so.kind) {
-      case StructuredOutput::kJsonSchema: gbnf = grammar::json_schema_to_gbnf(so.spec, lim); break;
-      case StructuredOutput::kJsonObject: gbnf = grammar::json_object_gbnf(); break;
-      case StructuredOutput::kRegex: gbnf = grammar::regex_to_gbnf(so.spec, lim); break;
-      case StructuredOutput::kChoice: gbnf = grammar::choice_to_gbnf(so.choices); break;
-      case StructuredOutput::kGrammar: gbnf = so.spec; break;
-      case StructuredOutput::kStructuralTag: gbnf = grammar::structural_tag_to_gbnf(so.spec, lim); break;
+      case StructuredOutput::kJsonSchema:
+        gbnf = grammar::json_schema_to_gbnf(so.spec, lim);
+        break;
+      case StructuredOutput::kJsonObject:
+        gbnf = grammar::json_object_gbnf();
+        break;
+      case StructuredOutput::kRegex:
+        gbnf = grammar::regex_to_gbnf(so.spec, lim);
+        break;
+      case StructuredOutput::kChoice:
+        gbnf = grammar::choice_to_gbnf(so.choices);
+        break;
+      case StructuredOutput::kGrammar:
+        gbnf = so.spec;
+        break;
+      case StructuredOutput::kStructuralTag:
+        gbnf = grammar::structural_tag_to_gbnf(so.spec, lim);
+        break;
     }
     auto g = std::make_shared<const grammar::Grammar>(grammar::Grammar::from_gbnf(gbnf, lim));
     c = std::make_shared<const grammar::GrammarConstraint>(std::move(g), trie_);
@@ -183,8 +201,9 @@ std::shared_ptr<const LogitsConstraint> EngineBackend::constraint_for(const Stru
 void EngineBackend::submit(BackendRequest request, std::function<void(RequestUpdate)> on_update) {
   if (draining_) throw ApiError(503, "ServiceUnavailableError", "The server is shutting down.");
   if (waiting_.load() >= options_.max_waiting)
-    throw ApiError(503, "ServiceUnavailableError",
-                   fmt::format("The server is overloaded: {} requests are waiting.", waiting_.load()));
+    throw ApiError(
+        503, "ServiceUnavailableError",
+        fmt::format("The server is overloaded: {} requests are waiting.", waiting_.load()));
   Command c{Command::kAdd, std::move(request), {}, std::move(on_update)};
   c.params = sampling_params(c.request.sampling);
   ++live_;
@@ -220,7 +239,8 @@ BackendStats EngineBackend::stats() {
   s.spec_num_drafts = spec_drafts_;
   s.spec_num_draft_tokens = spec_draft_tokens_;
   s.spec_num_accepted_tokens = spec_accepted_;
-  for (int i = 0; i < spec_positions_.load(); ++i) s.spec_accepted_per_position.push_back(spec_per_pos_[static_cast<size_t>(i)]);
+  for (int i = 0; i < spec_positions_.load(); ++i)
+    s.spec_accepted_per_position.push_back(spec_per_pos_[static_cast<size_t>(i)]);
   return s;
 }
 
@@ -229,7 +249,8 @@ void EngineBackend::drain() {
   while (live_.load() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
-void EngineBackend::deliver(std::vector<std::pair<std::function<void(RequestUpdate)>, RequestUpdate>>& out) {
+void EngineBackend::deliver(
+    std::vector<std::pair<std::function<void(RequestUpdate)>, RequestUpdate>>& out) {
   for (auto& [cb, u] : out) cb(std::move(u));
   out.clear();
 }
@@ -293,7 +314,8 @@ void EngineBackend::loop() {
       const std::string id = c.request.id;
       if (c.kind == Command::kAdd) {
         --waiting_;
-        live_map_[id] = Live{std::move(c.on_update), false, c.params.n, std::vector<bool>(static_cast<size_t>(c.params.n))};
+        live_map_[id] = Live{std::move(c.on_update), false, c.params.n,
+                             std::vector<bool>(static_cast<size_t>(c.params.n))};
         try {
           engine_.add_request(id, std::move(c.request.prompt_ids), c.params);
         } catch (const std::exception& e) {
@@ -330,7 +352,8 @@ void EngineBackend::loop() {
           u.prompt_tokens = seq.num_prompt_tokens;
           u.cached_tokens = std::max(0, seq.num_cached_tokens);
           for (const auto& lp : seq.request->prompt_logprobs)
-            u.prompt_logprobs.push_back(lp ? to_server(*lp) : server::TokenLogprob{seq.request->prompt.front(), 0, {}});
+            u.prompt_logprobs.push_back(
+                lp ? to_server(*lp) : server::TokenLogprob{seq.request->prompt.front(), 0, {}});
           it->second.sent_prompt_info = true;
         }
         ChoiceDelta* d = nullptr;
@@ -343,7 +366,8 @@ void EngineBackend::loop() {
         }
         d->text += ev.text;
         d->token_ids.push_back(ev.token_id);
-        if (seq.params().logprobs && !seq.logprobs.empty()) d->logprobs.push_back(to_server(seq.logprobs.back()));
+        if (seq.params().logprobs && !seq.logprobs.empty())
+          d->logprobs.push_back(to_server(seq.logprobs.back()));
         if (ev.finished && it->second.first_finish(ev.index)) {
           d->finish_reason = finish_reason_name(seq.finish_reason);
           d->stop_reason = stop_reason_json(seq.stop_reason);

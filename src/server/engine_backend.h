@@ -26,9 +26,9 @@ struct EngineBackendOptions {
   grammar::GrammarLimits grammar_limits;  // bounds on request grammars, schemas and regexes
   std::string served_model_name;
   std::string model_path;
-  std::string tokenizer_path;  // where the chat template lives; empty: model_path
-  int max_waiting = 4096;  // queued requests beyond this get 503
-  std::string chat_template;  // --chat-template: file or text; empty: the model's
+  std::string tokenizer_path;     // where the chat template lives; empty: model_path
+  int max_waiting = 4096;         // queued requests beyond this get 503
+  std::string chat_template;      // --chat-template: file or text; empty: the model's
   jinja::Limits template_limits;  // for the model's template and the requests' chat_template
 };
 
@@ -71,7 +71,8 @@ class EngineBackend final : public Backend {
     std::vector<bool> finish_sent;
     // True the first time it is called for choice i (whose finish reason is then to be sent).
     bool first_finish(int i) {
-      if (i < 0 || i >= static_cast<int>(finish_sent.size()) || finish_sent[static_cast<size_t>(i)]) return false;
+      if (i < 0 || i >= static_cast<int>(finish_sent.size()) || finish_sent[static_cast<size_t>(i)])
+        return false;
       finish_sent[static_cast<size_t>(i)] = true;
       return true;
     }
@@ -106,7 +107,8 @@ class EngineBackend final : public Backend {
   std::atomic<int64_t> spec_drafts_{0}, spec_draft_tokens_{0}, spec_accepted_{0};
   std::array<std::atomic<int64_t>, 4> spec_per_pos_{};
   std::atomic<int> spec_positions_{0};
-  std::atomic<int64_t> blocks_total_{0}, blocks_free_{0}, slots_total_{0}, slots_free_{0}, preemptions_{0}, prefix_queries_{0}, prefix_hits_{0};
+  std::atomic<int64_t> blocks_total_{0}, blocks_free_{0}, slots_total_{0}, slots_free_{0},
+      preemptions_{0}, prefix_queries_{0}, prefix_hits_{0};
   std::unordered_map<std::string, Live> live_map_;  // engine thread only
   std::thread thread_;
 };

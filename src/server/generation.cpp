@@ -65,10 +65,15 @@ void handle_completions(HttpServer& s, const httplib::Request& req, httplib::Res
       }
       choices.push_back(choice);
     }
-    json body = {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-                 {"choices", choices},
-                 {"usage", usage_json(job->prompt_tokens(), job->completion_tokens(), cached(s, *job))}};
-    res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
+    json body = {
+        {"id", id},
+        {"object", "text_completion"},
+        {"created", created},
+        {"model", model},
+        {"choices", choices},
+        {"usage", usage_json(job->prompt_tokens(), job->completion_tokens(), cached(s, *job))}};
+    res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                    "application/json");
     return;
   }
 
@@ -76,7 +81,10 @@ void handle_completions(HttpServer& s, const httplib::Request& req, httplib::Res
   auto echoed = std::make_shared<std::vector<bool>>(job->choices().size(), !r.echo);
   const StreamOptions so = r.stream_options;
   auto chunk = [id, created, model](json choice) {
-    return json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
+    return json{{"id", id},
+                {"object", "text_completion"},
+                {"created", created},
+                {"model", model},
                 {"choices", json::array({choice})}};
   };
   auto emit = [=, &s, lr = LogprobRenderer(s.backend())](ChoiceEvent& ev) mutable {
@@ -89,8 +97,11 @@ void handle_completions(HttpServer& s, const httplib::Request& req, httplib::Res
         lp = LogprobRenderer::completion_empty();
         lr.completion(er.prompt_logprobs, (*offsets)[ev.choice], lp, true);
       }
-      out += sse_event(chunk({{"index", ev.choice}, {"text", er.prompt_text}, {"logprobs", lp},
-                              {"finish_reason", nullptr}, {"stop_reason", nullptr}}));
+      out += sse_event(chunk({{"index", ev.choice},
+                              {"text", er.prompt_text},
+                              {"logprobs", lp},
+                              {"finish_reason", nullptr},
+                              {"stop_reason", nullptr}}));
     }
     if (ev.delta.text.empty() && ev.delta.token_ids.empty() && !ev.delta.finish_reason) return out;
     json lp = nullptr;
@@ -98,16 +109,22 @@ void handle_completions(HttpServer& s, const httplib::Request& req, httplib::Res
       lp = LogprobRenderer::completion_empty();
       lr.completion(ev.delta.logprobs, (*offsets)[ev.choice], lp);
     }
-    json c = {{"index", ev.choice}, {"text", ev.delta.text}, {"logprobs", lp},
-              {"finish_reason", ev.delta.finish_reason ? json(*ev.delta.finish_reason) : json(nullptr)},
-              {"stop_reason", ev.delta.stop_reason.is_null() ? json(nullptr) : json(ev.delta.stop_reason)}};
+    json c = {
+        {"index", ev.choice},
+        {"text", ev.delta.text},
+        {"logprobs", lp},
+        {"finish_reason", ev.delta.finish_reason ? json(*ev.delta.finish_reason) : json(nullptr)},
+        {"stop_reason",
+         ev.delta.stop_reason.is_null() ? json(nullptr) : json(ev.delta.stop_reason)}};
     if (r.return_token_ids) c["token_ids"] = ev.delta.token_ids;
     json ch = chunk(c);
     if (so.continuous_usage_stats)
       ch["usage"] = usage_json(job->prompt_tokens(), job->completion_tokens(), std::nullopt);
     return out + sse_event(ch);
   };
-  auto finish = [=, &s]() { return stream_tail(s, *job, so, id, "text_completion", created, model); };
+  auto finish = [=, &s]() {
+    return stream_tail(s, *job, so, id, "text_completion", created, model);
+  };
   stream_job(res, req, job, emit, finish);
 }
 
@@ -137,10 +154,9 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
       const std::string& reasoning_text = m.reasoning;
       json tool_calls = json::array();
       for (const ToolCall& call : m.calls)
-        tool_calls.push_back(
-            {{"id", call.id},
-             {"type", "function"},
-             {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+        tool_calls.push_back({{"id", call.id},
+                              {"type", "function"},
+                              {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
       if (c.reasoning_parser || harmony) {
         message["reasoning_content"] =
             reasoning_text.empty() ? json(nullptr) : json(reasoning_text);
@@ -162,18 +178,26 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
       if (r.return_token_ids) choice["token_ids"] = c.token_ids;
       choices.push_back(choice);
     }
-    json body = {{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
-                 {"choices", choices},
-                 {"usage", usage_json(job->prompt_tokens(), job->completion_tokens(), cached(s, *job))}};
+    json body = {
+        {"id", id},
+        {"object", "chat.completion"},
+        {"created", created},
+        {"model", model},
+        {"choices", choices},
+        {"usage", usage_json(job->prompt_tokens(), job->completion_tokens(), cached(s, *job))}};
     if (r.return_token_ids) body["prompt_token_ids"] = job->requests()[0].prompt_ids;
-    res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
+    res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                    "application/json");
     return;
   }
 
   auto started = std::make_shared<std::vector<bool>>(job->choices().size(), false);
   const StreamOptions so = r.stream_options;
   auto chunk = [id, created, model](json choice) {
-    return json{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
+    return json{{"id", id},
+                {"object", "chat.completion.chunk"},
+                {"created", created},
+                {"model", model},
                 {"choices", json::array({choice})}};
   };
   const bool named = r.named_tool.has_value();
@@ -182,11 +206,15 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
     ChoiceState& c = job->choices()[ev.choice];
     if (!(*started)[ev.choice]) {
       (*started)[ev.choice] = true;
-      out += sse_event(chunk({{"index", ev.choice}, {"delta", {{"role", "assistant"}, {"content", ""}}},
-                              {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+      out += sse_event(chunk({{"index", ev.choice},
+                              {"delta", {{"role", "assistant"}, {"content", ""}}},
+                              {"logprobs", nullptr},
+                              {"finish_reason", nullptr}}));
       if (!echo_text.empty())
-        out += sse_event(chunk({{"index", ev.choice}, {"delta", {{"content", echo_text}}},
-                                {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+        out += sse_event(chunk({{"index", ev.choice},
+                                {"delta", {{"content", echo_text}}},
+                                {"logprobs", nullptr},
+                                {"finish_reason", nullptr}}));
     }
     json delta = json::object();
     ChatDelta parsed = chat_delta(c, ev.delta);
@@ -240,7 +268,9 @@ void handle_chat_completions(HttpServer& s, const httplib::Request& req, httplib
     }
     return out;
   };
-  auto finish = [=, &s]() { return stream_tail(s, *job, so, id, "chat.completion.chunk", created, model); };
+  auto finish = [=, &s]() {
+    return stream_tail(s, *job, so, id, "chat.completion.chunk", created, model);
+  };
   stream_job(res, req, job, emit, finish);
 }
 

@@ -12,6 +12,7 @@ namespace atom::server {
 class HttpServer;
 
 void handle_completions(HttpServer& server, const httplib::Request& req, httplib::Response& res);
-void handle_chat_completions(HttpServer& server, const httplib::Request& req, httplib::Response& res);
+void handle_chat_completions(HttpServer& server, const httplib::Request& req,
+                             httplib::Response& res);
 
 }  // namespace atom::server

@@ -26,7 +26,9 @@ using json = nlohmann::ordered_json;
 
 std::string error_body(int status, const std::string& type, const std::string& message,
                        const std::string& param) {
-  json e = {{"message", message}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)},
+  json e = {{"message", message},
+            {"type", type},
+            {"param", param.empty() ? json(nullptr) : json(param)},
             {"code", status}};
   return json{{"error", e}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -159,16 +161,21 @@ constexpr size_t kTrimAfterBytes = 1u << 20;
 bool control_route(const Connection& c) {
   if (c.method != "GET") return false;
   const std::string path = c.target.substr(0, c.target.find('?'));
-  return path == "/health" || path == "/ping" || path == "/version" || path == "/metrics" || path == "/v1/models";
+  return path == "/health" || path == "/ping" || path == "/version" || path == "/metrics" ||
+         path == "/v1/models";
 }
 
 }  // namespace
 
 HttpServer::HttpServer(Backend& backend, Metrics& metrics, ServerOptions options)
-    : backend_(backend), metrics_(metrics), options_(std::move(options)), http_(std::make_unique<Router>()),
+    : backend_(backend),
+      metrics_(metrics),
+      options_(std::move(options)),
+      http_(std::make_unique<Router>()),
       responses_(std::make_unique<ResponseStore>(options_.responses_store_max_entries,
                                                  options_.responses_store_max_bytes)) {
-  if (options_.served_model_names.empty()) options_.served_model_names.push_back(backend_.info().model_name);
+  if (options_.served_model_names.empty())
+    options_.served_model_names.push_back(backend_.info().model_name);
   options_.http.max_body_bytes = options_.max_body_bytes;
   routes();
   gate_ = std::make_unique<ConnectionGate>(options_.http, [this](std::shared_ptr<Connection> c) {
@@ -189,7 +196,8 @@ std::string HttpServer::serve_bytes(const std::string& bytes) {
   while (!c.buf.empty()) {
     RequestFramer f(options_.http.max_header_bytes, options_.max_body_bytes);
     const RequestFramer::State st = f.feed(c.buf);
-    if (st == RequestFramer::State::kError) return out + gate_error_response(f.error_status(), f.error_message());
+    if (st == RequestFramer::State::kError)
+      return out + gate_error_response(f.error_status(), f.error_message());
     if (st != RequestFramer::State::kComplete) break;  // the gate would wait for more
     c.request_bytes = f.request_bytes();
     MemoryStream strm(c, out);
@@ -223,7 +231,8 @@ void HttpServer::check_model(const std::optional<std::string>& model) const {
   if (!model) return;
   for (const auto& n : options_.served_model_names)
     if (n == *model) return;
-  throw ApiError(404, "NotFoundError", fmt::format("The model `{}` does not exist.", *model), "model");
+  throw ApiError(404, "NotFoundError", fmt::format("The model `{}` does not exist.", *model),
+                 "model");
 }
 
 namespace {
@@ -240,13 +249,15 @@ enum class ErrorStyle { kOpenAI, kAnthropic };
 // Runs a handler, turning ApiError and any other exception into the endpoint's error envelope
 // (vLLM's, or Anthropic's for /v1/messages).
 template <typename F>
-void guarded(HttpServer& s, const std::string& handler, const httplib::Request& req, httplib::Response& res, F&& f,
-             ErrorStyle style = ErrorStyle::kOpenAI) {
+void guarded(HttpServer& s, const std::string& handler, const httplib::Request& req,
+             httplib::Response& res, F&& f, ErrorStyle style = ErrorStyle::kOpenAI) {
   s.in_flight_counter()++;
-  auto fail = [&](int status, const std::string& type, const std::string& msg, const std::string& param) {
+  auto fail = [&](int status, const std::string& type, const std::string& msg,
+                  const std::string& param) {
     if (style == ErrorStyle::kAnthropic) {
       res.status = status;
-      res.set_content(anthropic_error_body(status, param.empty() ? msg : param + ": " + msg), "application/json");
+      res.set_content(anthropic_error_body(status, param.empty() ? msg : param + ": " + msg),
+                      "application/json");
     } else {
       send_error(res, status, type, msg, param);
     }
@@ -315,8 +326,13 @@ void HttpServer::routes() {
       for (const auto& name : options_.served_model_names)
         // vLLM's ModelCard, field for field (owned_by "vllm": clients that filter on it), plus
         // vocab_size (ids a prompt may use; `atom bench serve` draws random prompts from it).
-        data.push_back({{"id", name}, {"object", "model"}, {"created", info.created}, {"owned_by", "vllm"},
-                        {"root", info.model_path}, {"parent", nullptr}, {"max_model_len", info.max_model_len},
+        data.push_back({{"id", name},
+                        {"object", "model"},
+                        {"created", info.created},
+                        {"owned_by", "vllm"},
+                        {"root", info.model_path},
+                        {"parent", nullptr},
+                        {"max_model_len", info.max_model_len},
                         {"vocab_size", info.vocab_size},
                         {"permission", json::array({json{{"id", "modelperm-" + name},
                                                          {"object", "model_permission"},
@@ -343,17 +359,21 @@ void HttpServer::routes() {
       metrics_.set_spec_decode(st.spec_num_drafts, st.spec_num_draft_tokens,
                                st.spec_num_accepted_tokens, st.spec_accepted_per_position);
     metrics_.set_kv_cache_usage(st.kv_blocks_total > 0
-                                    ? 1.0 - static_cast<double>(st.kv_blocks_free) / static_cast<double>(st.kv_blocks_total)
+                                    ? 1.0 - static_cast<double>(st.kv_blocks_free) /
+                                                static_cast<double>(st.kv_blocks_total)
                                     : 0.0);
-    metrics_.set_state_slot_usage(st.state_slots_total > 0 ? 1.0 - static_cast<double>(st.state_slots_free) /
-                                                                     static_cast<double>(st.state_slots_total)
-                                                           : 0.0);
+    metrics_.set_state_slot_usage(st.state_slots_total > 0
+                                      ? 1.0 - static_cast<double>(st.state_slots_free) /
+                                                  static_cast<double>(st.state_slots_total)
+                                      : 0.0);
     res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
   });
   h.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(*this, "/tokenize", req, res, [&] {
       const json body = request_body_parse(req.body);
-      check_model(body.contains("model") && body["model"].is_string() ? std::optional<std::string>(body["model"].get<std::string>()) : std::nullopt);
+      check_model(body.contains("model") && body["model"].is_string()
+                      ? std::optional<std::string>(body["model"].get<std::string>())
+                      : std::nullopt);
       std::vector<int32_t> ids;
       if (body.contains("messages")) {
         ChatRequest chat = chat_request_parse(body, options_.limits);
@@ -361,34 +381,41 @@ void HttpServer::routes() {
             chat_template_variables(chat, options_.default_chat_template_kwargs);
         ids = backend_.tokenize(backend_.render_chat(chat), chat.add_special_tokens);
       } else {
-        if (!body.contains("prompt") || !body["prompt"].is_string()) bad_request("prompt", "'prompt' must be a string");
+        if (!body.contains("prompt") || !body["prompt"].is_string())
+          bad_request("prompt", "'prompt' must be a string");
         bool add_special = true;
         if (body.contains("add_special_tokens")) {
-          if (!body["add_special_tokens"].is_boolean()) bad_request("add_special_tokens", "'add_special_tokens' must be a boolean");
+          if (!body["add_special_tokens"].is_boolean())
+            bad_request("add_special_tokens", "'add_special_tokens' must be a boolean");
           add_special = body["add_special_tokens"].get<bool>();
         }
         ids = backend_.tokenize(body["prompt"].get<std::string>(), add_special);
       }
-      json out = {{"count", ids.size()}, {"max_model_len", backend_.info().max_model_len}, {"tokens", ids}};
+      json out = {
+          {"count", ids.size()}, {"max_model_len", backend_.info().max_model_len}, {"tokens", ids}};
       if (body.contains("return_token_strs") && body["return_token_strs"] == true) {
         json strs = json::array();
         for (int32_t id : ids) strs.push_back(backend_.token_text(id));
         out["token_strs"] = strs;
       }
-      res.set_content(out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), "application/json");
+      res.set_content(out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                      "application/json");
     });
   });
   h.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(*this, "/detokenize", req, res, [&] {
       const json body = request_body_parse(req.body);
-      if (!body.contains("tokens") || !body["tokens"].is_array()) bad_request("tokens", "'tokens' must be a list of token ids");
+      if (!body.contains("tokens") || !body["tokens"].is_array())
+        bad_request("tokens", "'tokens' must be a list of token ids");
       std::vector<int32_t> ids;
       for (const auto& t : body["tokens"]) {
-        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= backend_.info().vocab_size)
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+            t.get<int64_t>() >= backend_.info().vocab_size)
           bad_request("tokens", fmt::format("token id {} is not in the vocabulary", t.dump()));
         ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
       }
-      res.set_content(json{{"prompt", backend_.detokenize(ids, false)}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+      res.set_content(json{{"prompt", backend_.detokenize(ids, false)}}.dump(
+                          -1, ' ', false, nlohmann::json::error_handler_t::replace),
                       "application/json");
     });
   });
@@ -396,27 +423,34 @@ void HttpServer::routes() {
     guarded(*this, "/v1/completions", req, res, [&] { handle_completions(*this, req, res); });
   });
   h.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(*this, "/v1/chat/completions", req, res, [&] { handle_chat_completions(*this, req, res); });
+    guarded(*this, "/v1/chat/completions", req, res,
+            [&] { handle_chat_completions(*this, req, res); });
   });
   h.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
     guarded(*this, "/v1/responses", req, res, [&] { handle_responses(*this, req, res); });
   });
   h.Get(R"(/v1/responses/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(*this, "/v1/responses/{response_id}", req, res, [&] { handle_response_get(*this, req.matches[1], res); });
+    guarded(*this, "/v1/responses/{response_id}", req, res,
+            [&] { handle_response_get(*this, req.matches[1], res); });
   });
   h.Delete(R"(/v1/responses/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(*this, "/v1/responses/{response_id}", req, res, [&] { handle_response_delete(*this, req.matches[1], res); });
+    guarded(*this, "/v1/responses/{response_id}", req, res,
+            [&] { handle_response_delete(*this, req.matches[1], res); });
   });
-  h.Post(R"(/v1/responses/([^/]+)/cancel)", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(*this, "/v1/responses/{response_id}/cancel", req, res,
-            [&] { handle_response_cancel(*this, req.matches[1], res); });
-  });
+  h.Post(R"(/v1/responses/([^/]+)/cancel)",
+         [this](const httplib::Request& req, httplib::Response& res) {
+           guarded(*this, "/v1/responses/{response_id}/cancel", req, res,
+                   [&] { handle_response_cancel(*this, req.matches[1], res); });
+         });
   h.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(*this, "/v1/messages", req, res, [&] { handle_messages(*this, req, res); }, ErrorStyle::kAnthropic);
+    guarded(
+        *this, "/v1/messages", req, res, [&] { handle_messages(*this, req, res); },
+        ErrorStyle::kAnthropic);
   });
   h.Post("/v1/messages/count_tokens", [this](const httplib::Request& req, httplib::Response& res) {
-    guarded(*this, "/v1/messages/count_tokens", req, res, [&] { handle_messages_count_tokens(*this, req, res); },
-            ErrorStyle::kAnthropic);
+    guarded(
+        *this, "/v1/messages/count_tokens", req, res,
+        [&] { handle_messages_count_tokens(*this, req, res); }, ErrorStyle::kAnthropic);
   });
 }
 
@@ -428,8 +462,10 @@ bool HttpServer::bind() {
 }
 
 void HttpServer::serve() {
-  workers_ = std::make_unique<httplib::ThreadPool>(static_cast<size_t>(std::max(1, options_.threads)));
-  control_ = std::make_unique<httplib::ThreadPool>(static_cast<size_t>(std::max(1, options_.control_threads)));
+  workers_ =
+      std::make_unique<httplib::ThreadPool>(static_cast<size_t>(std::max(1, options_.threads)));
+  control_ = std::make_unique<httplib::ThreadPool>(
+      static_cast<size_t>(std::max(1, options_.control_threads)));
   gate_->run();
   // Requests being served run to completion; their connections close.
   workers_->shutdown();

@@ -89,7 +89,9 @@ struct ChoiceEvent {
 class Job : public std::enable_shared_from_this<Job> {
  public:
   Job(HttpServer& s, SamplingRequest sampling)
-      : s_(s), sampling_(std::move(sampling)), queue_(std::make_shared<UpdateQueue>()),
+      : s_(s),
+        sampling_(std::move(sampling)),
+        queue_(std::make_shared<UpdateQueue>()),
         arrival_(Clock::now()) {}
 
   // Gives each choice its reasoning and tool-call parsers.
@@ -152,7 +154,8 @@ class Job : public std::enable_shared_from_this<Job> {
           r.first_token = now;
           s_.metrics().observe_ttft(std::chrono::duration<double>(now - arrival_).count());
         } else {
-          s_.metrics().observe_inter_token_latency(std::chrono::duration<double>(now - r.last_token).count());
+          s_.metrics().observe_inter_token_latency(
+              std::chrono::duration<double>(now - r.last_token).count());
         }
         r.last_token = now;
         r.generated += static_cast<int>(d.token_ids.size());
@@ -174,9 +177,12 @@ class Job : public std::enable_shared_from_this<Job> {
       s_.metrics().add_prompt_tokens(r.prompt_tokens);
       const double e2e = std::chrono::duration<double>(now - arrival_).count();
       s_.metrics().observe_e2e_latency(e2e);
-      s_.metrics().observe_request_tokens(r.prompt_tokens, r.generated, sampling_.n, sampling_.max_tokens.value_or(0));
+      s_.metrics().observe_request_tokens(r.prompt_tokens, r.generated, sampling_.n,
+                                          sampling_.max_tokens.value_or(0));
       if (r.generated > 1)
-        s_.metrics().observe_tpot(std::chrono::duration<double>(r.last_token - r.first_token).count() / (r.generated - 1));
+        s_.metrics().observe_tpot(
+            std::chrono::duration<double>(r.last_token - r.first_token).count() /
+            (r.generated - 1));
       if (u.phases) {
         s_.metrics().observe_queue_time(u.phases->queue);
         if (u.phases->prefilled) {
@@ -253,21 +259,27 @@ class Job : public std::enable_shared_from_this<Job> {
 };
 
 // Tokenised prompt checks shared by both endpoints.
-inline void check_prompt(HttpServer& s, const std::vector<int32_t>& ids, SamplingRequest& sampling, bool chat) {
+inline void check_prompt(HttpServer& s, const std::vector<int32_t>& ids, SamplingRequest& sampling,
+                         bool chat) {
   const BackendInfo& info = s.backend().info();
   if (ids.empty()) bad_request("prompt", "The prompt is empty.");
   for (int32_t id : ids)
-    if (id < 0 || id >= info.vocab_size) bad_request("prompt", fmt::format("Token id {} is out of vocabulary", id));
+    if (id < 0 || id >= info.vocab_size)
+      bad_request("prompt", fmt::format("Token id {} is out of vocabulary", id));
   const int64_t n = static_cast<int64_t>(ids.size());
-  if (!sampling.max_tokens && chat) sampling.max_tokens = std::max<int64_t>(1, info.max_model_len - n);
+  if (!sampling.max_tokens && chat)
+    sampling.max_tokens = std::max<int64_t>(1, info.max_model_len - n);
   const int64_t want = sampling.max_tokens.value_or(16);
   if (n >= info.max_model_len || want > info.max_model_len - n)  // no overflow for any want
-    bad_request("input_tokens",
-                fmt::format("This model's maximum context length is {} tokens. However, you requested {} output "
-                            "tokens and your prompt contains at least {} input tokens, for a total of at least {} "
-                            "tokens. Please reduce the length of the input prompt or the number of requested output "
-                            "tokens.",
-                            info.max_model_len, want, n, n + want));
+    bad_request(
+        "input_tokens",
+        fmt::format(
+            "This model's maximum context length is {} tokens. However, you requested {} output "
+            "tokens and your prompt contains at least {} input tokens, for a total of at least {} "
+            "tokens. Please reduce the length of the input prompt or the number of requested "
+            "output "
+            "tokens.",
+            info.max_model_len, want, n, n + want));
 }
 
 inline std::optional<int64_t> cached(HttpServer& s, const Job& job) {
@@ -277,14 +289,20 @@ inline std::optional<int64_t> cached(HttpServer& s, const Job& job) {
 
 // The end of a stream: an error event if the engine failed, the usage chunk when asked for, then
 // [DONE].
-inline std::string stream_tail(HttpServer& s, const Job& job, const StreamOptions& so, const std::string& id,
-                        const char* object, int64_t created, const std::string& model) {
+inline std::string stream_tail(HttpServer& s, const Job& job, const StreamOptions& so,
+                               const std::string& id, const char* object, int64_t created,
+                               const std::string& model) {
   std::string out;
-  if (!job.error().empty()) out += "data: " + error_body(500, "InternalServerError", job.error()) + "\n\n";
+  if (!job.error().empty())
+    out += "data: " + error_body(500, "InternalServerError", job.error()) + "\n\n";
   if (so.include_usage)
-    out += sse_event({{"id", id}, {"object", object}, {"created", created}, {"model", model},
-                      {"choices", ojson::array()},
-                      {"usage", usage_json(job.prompt_tokens(), job.completion_tokens(), cached(s, job))}});
+    out += sse_event(
+        {{"id", id},
+         {"object", object},
+         {"created", created},
+         {"model", model},
+         {"choices", ojson::array()},
+         {"usage", usage_json(job.prompt_tokens(), job.completion_tokens(), cached(s, job))}});
   return out + sse_done();
 }
 
@@ -310,13 +328,14 @@ inline bool wait_unstreamed(Job& job, const httplib::Request& req) {
 // `prologue` (events that open the stream, as the Responses API's response.created) is written at
 // once, before the first token.
 template <typename Emit, typename Finish>
-void stream_job(httplib::Response& res, const httplib::Request& req, std::shared_ptr<Job> job, Emit emit,
-                Finish finish, std::string prologue = {}) {
+void stream_job(httplib::Response& res, const httplib::Request& req, std::shared_ptr<Job> job,
+                Emit emit, Finish finish, std::string prologue = {}) {
   auto probe = std::make_shared<ConnectionProbe>(req.remote_addr, req.remote_port);
   auto done = std::make_shared<bool>(false);
   res.set_chunked_content_provider(
       "text/event-stream",
-      [job, probe, done, emit, finish, prologue = std::move(prologue)](size_t, httplib::DataSink& sink) mutable {
+      [job, probe, done, emit, finish, prologue = std::move(prologue)](
+          size_t, httplib::DataSink& sink) mutable {
         if (*done) return false;
         if (!prologue.empty()) {
           std::string first;

@@ -43,7 +43,8 @@ class Metrics {
   void observe_prefill_time(double s);
   void observe_decode_time(double s);
   void observe_inference_time(double s);
-  void observe_request_tokens(int64_t prompt_tokens, int64_t generation_tokens, int n, int64_t max_tokens);
+  void observe_request_tokens(int64_t prompt_tokens, int64_t generation_tokens, int n,
+                              int64_t max_tokens);
 
   // Info-style gauge vllm:cache_config_info.
   void set_cache_config(const std::map<std::string, std::string>& labels);
@@ -52,7 +53,7 @@ class Metrics {
 
  private:
   struct Histogram {
-    std::vector<double> buckets;  // upper bounds
+    std::vector<double> buckets;   // upper bounds
     std::vector<uint64_t> counts;  // per bucket (not cumulative)
     uint64_t count = 0;
     double sum = 0;
@@ -69,8 +70,8 @@ class Metrics {
   std::vector<int64_t> spec_per_pos_;
   std::map<std::string, int64_t> success_;
   std::map<std::string, int64_t> http_;  // "handler\tmethod\tstatus"
-  Histogram ttft_, itl_, tpot_, e2e_, queue_, prefill_, decode_, inference_, prompt_len_, gen_len_, params_n_,
-      params_max_tokens_;
+  Histogram ttft_, itl_, tpot_, e2e_, queue_, prefill_, decode_, inference_, prompt_len_, gen_len_,
+      params_n_, params_max_tokens_;
   std::map<std::string, std::string> cache_config_;
 };
 

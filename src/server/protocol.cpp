@@ -27,12 +27,14 @@ class Fields {
   std::optional<int64_t> opt_int(const char* k) const {
     if (!has(k)) return std::nullopt;
     const json& v = j_[k];
-    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    if (v.is_number_unsigned() &&
+        v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
       bad_request(k, fmt::format("'{}' is out of range, got {}", k, v.dump()));
     if (v.is_number_integer()) return v.get<int64_t>();
     if (v.is_number_float()) {
       const double d = v.get<double>();
-      if (std::isfinite(d) && d == std::floor(d) && std::abs(d) < 9.2e18) return static_cast<int64_t>(d);
+      if (std::isfinite(d) && d == std::floor(d) && std::abs(d) < 9.2e18)
+        return static_cast<int64_t>(d);
     }
     bad_request(k, fmt::format("'{}' must be an integer, got {}", k, v.dump()));
   }
@@ -56,7 +58,8 @@ class Fields {
     if (!has(k)) return fallback;
     const json& v = j_[k];
     if (v.is_boolean()) return v.get<bool>();
-    if (v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1)) return v.get<int64_t>() == 1;
+    if (v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1))
+      return v.get<int64_t>() == 1;
     bad_request(k, fmt::format("'{}' must be a boolean, got {}", k, v.dump()));
   }
   std::optional<std::string> opt_string(const char* k) const {
@@ -102,7 +105,8 @@ void parse_sampling(const Fields& f, SamplingRequest& s, const ProtocolLimits& l
   s.max_tokens = f.opt_int32(max_tokens_key);
   if (const auto n = f.opt_int("n")) {
     if (*n < 1) bad_request("n", fmt::format("n must be at least 1, got {}.", *n));
-    if (*n > limits.max_n) bad_request("n", fmt::format("n must be at most {}, got {}.", limits.max_n, *n));
+    if (*n > limits.max_n)
+      bad_request("n", fmt::format("n must be at most {}, got {}.", limits.max_n, *n));
     s.n = static_cast<int>(*n);
   }
   if (const auto m = f.opt_int32("min_tokens")) s.min_tokens = *m;
@@ -117,13 +121,15 @@ void parse_sampling(const Fields& f, SamplingRequest& s, const ProtocolLimits& l
       if (!x.is_number_integer() || x.get<int64_t>() < 0)
         bad_request("stop_token_ids", "'stop_token_ids' must be a list of non-negative integers");
       if (x.get<int64_t>() > std::numeric_limits<int32_t>::max())
-        bad_request("stop_token_ids", fmt::format("'stop_token_ids' entry {} is not a token id", x.dump()));
+        bad_request("stop_token_ids",
+                    fmt::format("'stop_token_ids' entry {} is not a token id", x.dump()));
       s.stop_token_ids.push_back(x.get<int64_t>());
     }
   }
   if (f.has("logit_bias")) {
     const json& v = f.at("logit_bias");
-    if (!v.is_object()) bad_request("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    if (!v.is_object())
+      bad_request("logit_bias", "'logit_bias' must be an object of token id -> bias");
     for (auto it = v.begin(); it != v.end(); ++it) {
       char* end = nullptr;
       errno = 0;
@@ -132,43 +138,62 @@ void parse_sampling(const Fields& f, SamplingRequest& s, const ProtocolLimits& l
           id > std::numeric_limits<int32_t>::max())
         bad_request("logit_bias", fmt::format("'logit_bias' key '{}' is not a token id", it.key()));
       if (!it.value().is_number())
-        bad_request("logit_bias", fmt::format("'logit_bias' value for {} must be a number", it.key()));
+        bad_request("logit_bias",
+                    fmt::format("'logit_bias' value for {} must be a number", it.key()));
       const double b = it.value().get<double>();
       if (!(b >= -100 && b <= 100))
-        bad_request("logit_bias", fmt::format("'logit_bias' value for {} must be in [-100, 100], got {}", it.key(), num(b)));
+        bad_request("logit_bias",
+                    fmt::format("'logit_bias' value for {} must be in [-100, 100], got {}",
+                                it.key(), num(b)));
       s.logit_bias.emplace_back(id, b);
     }
   }
   if (const auto p = f.opt_int("prompt_logprobs")) {
-    if (*p < 0 && *p != -1) bad_request("prompt_logprobs", fmt::format("prompt_logprobs must be non-negative, got {}.", *p));
+    if (*p < 0 && *p != -1)
+      bad_request("prompt_logprobs",
+                  fmt::format("prompt_logprobs must be non-negative, got {}.", *p));
     const int64_t want = *p == -1 ? limits.max_logprobs : *p;
     if (want > limits.max_logprobs)
-      bad_request("prompt_logprobs", fmt::format("Requested prompt logprobs of {}, which is greater than max allowed: {}", *p, limits.max_logprobs));
+      bad_request(
+          "prompt_logprobs",
+          fmt::format("Requested prompt logprobs of {}, which is greater than max allowed: {}", *p,
+                      limits.max_logprobs));
     s.prompt_logprobs = static_cast<int>(want);
   }
 
   // The checks of vLLM's SamplingParams, with its messages.
   if (s.temperature && *s.temperature < 0)
-    bad_request("temperature", fmt::format("temperature must be non-negative, got {}.", num(*s.temperature)));
+    bad_request("temperature",
+                fmt::format("temperature must be non-negative, got {}.", num(*s.temperature)));
   if (s.top_p && !(*s.top_p > 0 && *s.top_p <= 1))
     bad_request("top_p", fmt::format("top_p must be in (0, 1], got {}.", num(*s.top_p)));
   if (s.min_p && !(*s.min_p >= 0 && *s.min_p <= 1))
     bad_request("min_p", fmt::format("min_p must be in [0, 1], got {}.", num(*s.min_p)));
   if (s.top_k && *s.top_k < -1)
-    bad_request("top_k", fmt::format("top_k must be -1 or 0 (disable), or at least 1, got {}.", *s.top_k));
+    bad_request("top_k",
+                fmt::format("top_k must be -1 or 0 (disable), or at least 1, got {}.", *s.top_k));
   if (s.presence_penalty && !(*s.presence_penalty >= -2 && *s.presence_penalty <= 2))
-    bad_request("presence_penalty", fmt::format("presence_penalty must be in [-2, 2], got {}.", num(*s.presence_penalty)));
+    bad_request("presence_penalty", fmt::format("presence_penalty must be in [-2, 2], got {}.",
+                                                num(*s.presence_penalty)));
   if (s.frequency_penalty && !(*s.frequency_penalty >= -2 && *s.frequency_penalty <= 2))
-    bad_request("frequency_penalty", fmt::format("frequency_penalty must be in [-2, 2], got {}.", num(*s.frequency_penalty)));
+    bad_request("frequency_penalty", fmt::format("frequency_penalty must be in [-2, 2], got {}.",
+                                                 num(*s.frequency_penalty)));
   if (s.repetition_penalty && !(*s.repetition_penalty > 0))
-    bad_request("repetition_penalty", fmt::format("repetition_penalty must be greater than zero, got {}.", num(*s.repetition_penalty)));
+    bad_request("repetition_penalty",
+                fmt::format("repetition_penalty must be greater than zero, got {}.",
+                            num(*s.repetition_penalty)));
   if (s.max_tokens && *s.max_tokens < 1)
-    bad_request(max_tokens_key, fmt::format("max_tokens must be at least 1, got {}.", *s.max_tokens));
+    bad_request(max_tokens_key,
+                fmt::format("max_tokens must be at least 1, got {}.", *s.max_tokens));
   if (s.min_tokens < 0)
-    bad_request("min_tokens", fmt::format("min_tokens must be greater than or equal to 0, got {}.", s.min_tokens));
+    bad_request("min_tokens", fmt::format("min_tokens must be greater than or equal to 0, got {}.",
+                                          s.min_tokens));
   if (s.max_tokens && s.min_tokens > *s.max_tokens)
-    bad_request("min_tokens", fmt::format("min_tokens must be less than or equal to max_tokens={}, got {}.", *s.max_tokens, s.min_tokens));
-  if (s.seed && (*s.seed < std::numeric_limits<int64_t>::min() || *s.seed > std::numeric_limits<int64_t>::max()))
+    bad_request("min_tokens",
+                fmt::format("min_tokens must be less than or equal to max_tokens={}, got {}.",
+                            *s.max_tokens, s.min_tokens));
+  if (s.seed && (*s.seed < std::numeric_limits<int64_t>::min() ||
+                 *s.seed > std::numeric_limits<int64_t>::max()))
     bad_request("seed", "seed out of range");
 }
 
@@ -179,20 +204,25 @@ void parse_sampling(const Fields& f, SamplingRequest& s, const ProtocolLimits& l
 void parse_structured(const Fields& f, SamplingRequest& s) {
   auto set = [&](StructuredOutput o) {
     if (s.structured)
-      bad_request(o.param, fmt::format("only one kind of structured output may be given, got '{}' and '{}'",
-                                       s.structured->param, o.param));
+      bad_request(o.param,
+                  fmt::format("only one kind of structured output may be given, got '{}' and '{}'",
+                              s.structured->param, o.param));
     s.structured = std::move(o);
   };
   auto json_spec = [](const json& v, const char* param) {
     if (v.is_string()) return v.get<std::string>();
     if (v.is_object() || v.is_boolean()) return v.dump();
-    bad_request(param, fmt::format("'{}' must be a JSON schema (an object, or a string holding one)", param));
+    bad_request(
+        param,
+        fmt::format("'{}' must be a JSON schema (an object, or a string holding one)", param));
   };
   auto choice_list = [](const json& v, const char* param) {
-    if (!v.is_array() || v.empty()) bad_request(param, fmt::format("'{}' must be a non-empty list of strings", param));
+    if (!v.is_array() || v.empty())
+      bad_request(param, fmt::format("'{}' must be a non-empty list of strings", param));
     std::vector<std::string> c;
     for (const auto& x : v) {
-      if (!x.is_string()) bad_request(param, fmt::format("'{}' must be a non-empty list of strings", param));
+      if (!x.is_string())
+        bad_request(param, fmt::format("'{}' must be a non-empty list of strings", param));
       c.push_back(x.get<std::string>());
     }
     return c;
@@ -213,8 +243,14 @@ void parse_structured(const Fields& f, SamplingRequest& s) {
       if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
         bad_request("response_format", "response_format json_schema needs a 'json_schema' object");
       const json& js = rf["json_schema"];
-      const json schema = js.contains("schema") ? js["schema"] : js.contains("json_schema") ? js["json_schema"] : json::object();
-      set({StructuredOutput::kJsonSchema, json_spec(schema, "response_format"), {}, "response_format", std::nullopt});
+      const json schema = js.contains("schema")        ? js["schema"]
+                          : js.contains("json_schema") ? js["json_schema"]
+                                                       : json::object();
+      set({StructuredOutput::kJsonSchema,
+           json_spec(schema, "response_format"),
+           {},
+           "response_format",
+           std::nullopt});
     } else if (type == "structural_tag") {
       // vLLM's form: the response_format object holds the structures and triggers itself.
       set({StructuredOutput::kStructuralTag, rf.dump(), {}, "response_format", std::nullopt});
@@ -224,32 +260,72 @@ void parse_structured(const Fields& f, SamplingRequest& s) {
   }
   if (f.has("structured_outputs")) {
     const json& so = f.at("structured_outputs");
-    if (!so.is_object()) bad_request("structured_outputs", "'structured_outputs' must be an object");
+    if (!so.is_object())
+      bad_request("structured_outputs", "'structured_outputs' must be an object");
     Fields g(so);
-    if (g.has("json")) set({StructuredOutput::kJsonSchema, json_spec(so["json"], "structured_outputs"), {}, "structured_outputs", std::nullopt});
-    if (g.has("regex")) set({StructuredOutput::kRegex, text(so["regex"], "structured_outputs"), {}, "structured_outputs", std::nullopt});
-    if (g.has("choice")) set({StructuredOutput::kChoice, "", choice_list(so["choice"], "structured_outputs"), "structured_outputs", std::nullopt});
-    if (g.has("grammar")) set({StructuredOutput::kGrammar, text(so["grammar"], "structured_outputs"), {}, "structured_outputs", std::nullopt});
-    if (g.get_bool("json_object", false)) set({StructuredOutput::kJsonObject, "", {}, "structured_outputs", std::nullopt});
+    if (g.has("json"))
+      set({StructuredOutput::kJsonSchema,
+           json_spec(so["json"], "structured_outputs"),
+           {},
+           "structured_outputs",
+           std::nullopt});
+    if (g.has("regex"))
+      set({StructuredOutput::kRegex,
+           text(so["regex"], "structured_outputs"),
+           {},
+           "structured_outputs",
+           std::nullopt});
+    if (g.has("choice"))
+      set({StructuredOutput::kChoice, "", choice_list(so["choice"], "structured_outputs"),
+           "structured_outputs", std::nullopt});
+    if (g.has("grammar"))
+      set({StructuredOutput::kGrammar,
+           text(so["grammar"], "structured_outputs"),
+           {},
+           "structured_outputs",
+           std::nullopt});
+    if (g.get_bool("json_object", false))
+      set({StructuredOutput::kJsonObject, "", {}, "structured_outputs", std::nullopt});
     if (g.has("structural_tag")) {
       // A JSON string, as vLLM's clients send it, or the object itself.
       const json& st = so["structural_tag"];
       if (!st.is_string() && !st.is_object())
         bad_request("structured_outputs", "'structural_tag' must be a JSON string or an object");
-      set({StructuredOutput::kStructuralTag, st.is_string() ? st.get<std::string>() : st.dump(), {},
-           "structured_outputs", std::nullopt});
+      set({StructuredOutput::kStructuralTag,
+           st.is_string() ? st.get<std::string>() : st.dump(),
+           {},
+           "structured_outputs",
+           std::nullopt});
     }
   }
-  if (f.has("guided_json")) set({StructuredOutput::kJsonSchema, json_spec(f.at("guided_json"), "guided_json"), {}, "guided_json", std::nullopt});
-  if (f.has("guided_regex")) set({StructuredOutput::kRegex, text(f.at("guided_regex"), "guided_regex"), {}, "guided_regex", std::nullopt});
-  if (f.has("guided_choice")) set({StructuredOutput::kChoice, "", choice_list(f.at("guided_choice"), "guided_choice"), "guided_choice", std::nullopt});
-  if (f.has("guided_grammar")) set({StructuredOutput::kGrammar, text(f.at("guided_grammar"), "guided_grammar"), {}, "guided_grammar", std::nullopt});
+  if (f.has("guided_json"))
+    set({StructuredOutput::kJsonSchema,
+         json_spec(f.at("guided_json"), "guided_json"),
+         {},
+         "guided_json",
+         std::nullopt});
+  if (f.has("guided_regex"))
+    set({StructuredOutput::kRegex,
+         text(f.at("guided_regex"), "guided_regex"),
+         {},
+         "guided_regex",
+         std::nullopt});
+  if (f.has("guided_choice"))
+    set({StructuredOutput::kChoice, "", choice_list(f.at("guided_choice"), "guided_choice"),
+         "guided_choice", std::nullopt});
+  if (f.has("guided_grammar"))
+    set({StructuredOutput::kGrammar,
+         text(f.at("guided_grammar"), "guided_grammar"),
+         {},
+         "guided_grammar",
+         std::nullopt});
 }
 
 StreamOptions parse_stream_options(const Fields& f, bool stream) {
   StreamOptions o;
   if (!f.has("stream_options")) return o;
-  if (!stream) bad_request("stream_options", "Stream options can only be defined when `stream=True`.");
+  if (!stream)
+    bad_request("stream_options", "Stream options can only be defined when `stream=True`.");
   const json& v = f.at("stream_options");
   if (!v.is_object()) bad_request("stream_options", "'stream_options' must be an object");
   Fields so(v);
@@ -261,7 +337,8 @@ StreamOptions parse_stream_options(const Fields& f, bool stream) {
 std::vector<int32_t> token_list(const json& v, const char* param) {
   std::vector<int32_t> r;
   for (const auto& x : v) {
-    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > std::numeric_limits<int32_t>::max())
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 ||
+        x.get<int64_t>() > std::numeric_limits<int32_t>::max())
       bad_request(param, fmt::format("'{}' token ids must be non-negative integers", param));
     r.push_back(static_cast<int32_t>(x.get<int64_t>()));
   }
@@ -286,12 +363,14 @@ std::vector<Prompt> parse_prompts(const Fields& f) {
           if (x.empty()) bad_request("prompt", "'prompt' token lists must not be empty");
           r.emplace_back(token_list(x, "prompt"));
         } else {
-          bad_request("prompt", "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists");
+          bad_request("prompt", "'prompt' must be a string, a list of strings, a list of token ids "
+                                "or a list of token-id lists");
         }
       }
     }
   } else {
-    bad_request("prompt", "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists");
+    bad_request("prompt", "'prompt' must be a string, a list of strings, a list of token ids or a "
+                          "list of token-id lists");
   }
   return r;
 }
@@ -299,7 +378,8 @@ std::vector<Prompt> parse_prompts(const Fields& f) {
 // Chat message content given as a list of parts is flattened to text (join_text_parts); null or
 // missing is "".
 json normalise_messages(const json& messages) {
-  if (!messages.is_array() || messages.empty()) bad_request("messages", "'messages' must be a non-empty list");
+  if (!messages.is_array() || messages.empty())
+    bad_request("messages", "'messages' must be a non-empty list");
   json out = json::array();
   for (size_t i = 0; i < messages.size(); ++i) {
     const json& m = messages[i];
@@ -308,9 +388,11 @@ json normalise_messages(const json& messages) {
       bad_request("messages", fmt::format("messages[{}].role must be a string", i));
     json n = m;
     if (m.contains("content") && m["content"].is_array()) {
-      n["content"] = join_text_parts(m["content"], {"text"}, fmt::format("messages[{}].content", i), "messages");
+      n["content"] = join_text_parts(m["content"], {"text"}, fmt::format("messages[{}].content", i),
+                                     "messages");
     } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
-      bad_request("messages", fmt::format("messages[{}].content must be a string, a list of parts or null", i));
+      bad_request("messages",
+                  fmt::format("messages[{}].content must be a string, a list of parts or null", i));
     } else if (!m.contains("content") || m["content"].is_null()) {
       // As vLLM: no content is empty text (an assistant turn that only called tools has content
       // null, and templates test it with `in`).
@@ -328,7 +410,8 @@ json request_body_parse(const std::string& text) {
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    throw ApiError(400, "BadRequestError", std::string("Request body is not valid JSON: ") + e.what());
+    throw ApiError(400, "BadRequestError",
+                   std::string("Request body is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw ApiError(400, "BadRequestError", "Request body must be a JSON object");
   return j;
@@ -350,17 +433,23 @@ CompletionRequest completion_request_parse(const json& body, const ProtocolLimit
   if (!r.sampling.max_tokens) r.sampling.max_tokens = 16;  // OpenAI's and vLLM's default here
   if (f.has("logprobs")) {
     const auto lp = f.opt_int("logprobs");
-    if (*lp < 0) bad_request("logprobs", fmt::format("logprobs must be non-negative, got {}.", *lp));
+    if (*lp < 0)
+      bad_request("logprobs", fmt::format("logprobs must be non-negative, got {}.", *lp));
     if (*lp > limits.max_logprobs)
-      bad_request("logprobs", fmt::format("Requested sample logprobs of {}, which is greater than max allowed: {}", *lp, limits.max_logprobs));
+      bad_request(
+          "logprobs",
+          fmt::format("Requested sample logprobs of {}, which is greater than max allowed: {}", *lp,
+                      limits.max_logprobs));
     r.sampling.logprobs = static_cast<int>(*lp);
   }
   if (f.has("suffix")) bad_request("suffix", "suffix is not currently supported");
-  if (f.get_bool("use_beam_search", false)) bad_request("use_beam_search", "beam search is not supported");
+  if (f.get_bool("use_beam_search", false))
+    bad_request("use_beam_search", "beam search is not supported");
   if (const auto best_of = f.opt_int("best_of"); best_of && *best_of != r.sampling.n)
     bad_request("best_of", "best_of different from n is not supported");
   if (r.echo && r.sampling.prompt_logprobs == std::nullopt && r.sampling.logprobs)
-    r.sampling.prompt_logprobs = *r.sampling.logprobs;  // echo with logprobs reports the prompt's too
+    r.sampling.prompt_logprobs =
+        *r.sampling.logprobs;  // echo with logprobs reports the prompt's too
   return r;
 }
 
@@ -390,13 +479,16 @@ ChatRequest chat_request_parse(const json& body, const ProtocolLimits& limits) {
     r.chat_template_kwargs = f.at("chat_template_kwargs");
   }
   // max_completion_tokens is preferred; max_tokens is the deprecated spelling.
-  parse_sampling(f, r.sampling, limits, f.has("max_completion_tokens") ? "max_completion_tokens" : "max_tokens");
+  parse_sampling(f, r.sampling, limits,
+                 f.has("max_completion_tokens") ? "max_completion_tokens" : "max_tokens");
   parse_structured(f, r.sampling);
   r.logprobs = f.get_bool("logprobs", false);
   if (const auto top = f.opt_int("top_logprobs")) {
-    if (!r.logprobs) bad_request("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.");
+    if (!r.logprobs)
+      bad_request("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.");
     if (*top < 0 || *top > limits.max_logprobs)
-      bad_request("top_logprobs", fmt::format("top_logprobs must be between 0 and {}, got {}.", limits.max_logprobs, *top));
+      bad_request("top_logprobs", fmt::format("top_logprobs must be between 0 and {}, got {}.",
+                                              limits.max_logprobs, *top));
     r.sampling.logprobs = static_cast<int>(*top);
   } else if (r.logprobs) {
     r.sampling.logprobs = 0;
@@ -408,7 +500,8 @@ ChatRequest chat_request_parse(const json& body, const ProtocolLimits& limits) {
     for (const auto& tool : t)
       if (!tool.is_object() || !tool.contains("function") || !tool["function"].is_object() ||
           !tool["function"].contains("name") || !tool["function"]["name"].is_string())
-        bad_request("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        bad_request("tools",
+                    "each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
     r.tools = t;
     r.tool_choice = "auto";
   }
@@ -417,7 +510,8 @@ ChatRequest chat_request_parse(const json& body, const ProtocolLimits& limits) {
     if (tc.is_string()) {
       const std::string s = tc.get<std::string>();
       if (s != "none" && s != "auto" && s != "required")
-        bad_request("tool_choice", "'tool_choice' must be none, auto, required or a named function");
+        bad_request("tool_choice",
+                    "'tool_choice' must be none, auto, required or a named function");
       r.tool_choice = s;
     } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() &&
                tc["function"].contains("name") && tc["function"]["name"].is_string()) {
@@ -431,7 +525,9 @@ ChatRequest chat_request_parse(const json& body, const ProtocolLimits& limits) {
     if (r.named_tool) {
       bool found = false;
       for (const auto& tool : r.tools) found |= tool["function"]["name"] == *r.named_tool;
-      if (!found) bad_request("tool_choice", fmt::format("Tool '{}' named in tool_choice is not in `tools`.", *r.named_tool));
+      if (!found)
+        bad_request("tool_choice", fmt::format("Tool '{}' named in tool_choice is not in `tools`.",
+                                               *r.named_tool));
     }
   }
   return r;
@@ -445,8 +541,8 @@ json chat_template_variables(const ChatRequest& r, const json& defaults) {
   return vars;
 }
 
-std::string join_text_parts(const json& parts, std::initializer_list<const char*> types, const std::string& where,
-                            const std::string& param) {
+std::string join_text_parts(const json& parts, std::initializer_list<const char*> types,
+                            const std::string& where, const std::string& param) {
   std::string text;
   for (size_t j = 0; j < parts.size(); ++j) {
     const json& part = parts[j];
@@ -455,9 +551,11 @@ std::string join_text_parts(const json& parts, std::initializer_list<const char*
       bad_request(param, pw + " must be an object with a string 'type'");
     const std::string& type = part["type"].get_ref<const std::string&>();
     if (std::none_of(types.begin(), types.end(), [&](const char* t) { return type == t; }))
-      bad_request(param, fmt::format("{}.type '{}' is not supported by this model (text parts are: {})", pw, type,
-                                     fmt::join(types, ", ")));
-    if (!part.contains("text") || !part["text"].is_string()) bad_request(param, pw + " needs a string 'text'");
+      bad_request(
+          param, fmt::format("{}.type '{}' is not supported by this model (text parts are: {})", pw,
+                             type, fmt::join(types, ", ")));
+    if (!part.contains("text") || !part["text"].is_string())
+      bad_request(param, pw + " needs a string 'text'");
     if (j) text += "\n";
     text += part["text"].get<std::string>();
   }

@@ -17,14 +17,21 @@ namespace atom::server {
 // then to vLLM's defaults (the engine applies that chain).
 // What structured output asks decoding to produce (compiled by the backend into a grammar).
 struct StructuredOutput {
-  enum Kind { kJsonSchema, kJsonObject, kRegex, kChoice, kGrammar, kStructuralTag } kind = kJsonObject;
-  std::string spec;                  // the schema or structural tag (JSON text), regex or GBNF grammar
+  enum Kind {
+    kJsonSchema,
+    kJsonObject,
+    kRegex,
+    kChoice,
+    kGrammar,
+    kStructuralTag
+  } kind = kJsonObject;
+  std::string spec;  // the schema or structural tag (JSON text), regex or GBNF grammar
   std::vector<std::string> choices;  // kChoice
   std::string param;                 // the request field it came from, for errors
   // Reasoning models (a reasoning parser splits this request's answer): the grammar applies once
   // the reasoning block has ended, as vLLM's does; unset, from the first output token.
   struct Reasoning {
-    std::string start, end;  // the block's tags
+    std::string start, end;            // the block's tags
     bool starts_in_reasoning = false;  // the prompt opened the block
   };
   std::optional<Reasoning> after_reasoning;
@@ -71,12 +78,12 @@ struct CompletionRequest {
 
 struct ChatRequest {
   std::optional<std::string> model;
-  nlohmann::ordered_json messages;            // list of {role, content, ...}
-  nlohmann::ordered_json tools;               // null or a non-empty list
-  std::string tool_choice = "none";           // none | auto | required | named
-  std::optional<std::string> named_tool;      // tool_choice {"type":"function","function":{"name"}}
+  nlohmann::ordered_json messages;        // list of {role, content, ...}
+  nlohmann::ordered_json tools;           // null or a non-empty list
+  std::string tool_choice = "none";       // none | auto | required | named
+  std::optional<std::string> named_tool;  // tool_choice {"type":"function","function":{"name"}}
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
-  std::optional<std::string> chat_template;   // overrides the model's template
+  std::optional<std::string> chat_template;  // overrides the model's template
   std::optional<std::string> reasoning_effort;
   bool add_generation_prompt = true;
   bool continue_final_message = false;
@@ -98,7 +105,8 @@ struct ProtocolLimits {
 
 CompletionRequest completion_request_parse(const nlohmann::ordered_json& body,
                                            const ProtocolLimits& limits = {});
-ChatRequest chat_request_parse(const nlohmann::ordered_json& body, const ProtocolLimits& limits = {});
+ChatRequest chat_request_parse(const nlohmann::ordered_json& body,
+                               const ProtocolLimits& limits = {});
 
 // The chat template's variables for a request, as vLLM passes them: the server's
 // --default-chat-template-kwargs, overridden by the request's chat_template_kwargs, then its
@@ -109,8 +117,9 @@ nlohmann::ordered_json chat_template_variables(const ChatRequest& request,
 // Content given as a list of text parts ({"type": one of `types`, "text": ...}) as one string,
 // the parts' texts joined by newlines (what vLLM passes to templates that expect string content).
 // Any other part is a 400 naming `param` and the part (`where`[j]).
-std::string join_text_parts(const nlohmann::ordered_json& parts, std::initializer_list<const char*> types,
-                            const std::string& where, const std::string& param);
+std::string join_text_parts(const nlohmann::ordered_json& parts,
+                            std::initializer_list<const char*> types, const std::string& where,
+                            const std::string& param);
 
 // The JSON body of a request as text; an ApiError (400) when it is not a JSON object.
 nlohmann::ordered_json request_body_parse(const std::string& text);

@@ -36,8 +36,8 @@ ojson LogprobRenderer::completion_empty() {
                {"top_logprobs", ojson::array()}};
 }
 
-void LogprobRenderer::completion(const std::vector<TokenLogprob>& lps, size_t& text_offset, ojson& into,
-                                 bool first_is_prompt_start) {
+void LogprobRenderer::completion(const std::vector<TokenLogprob>& lps, size_t& text_offset,
+                                 ojson& into, bool first_is_prompt_start) {
   for (size_t i = 0; i < lps.size(); ++i) {
     const TokenLogprob& lp = lps[i];
     const std::string tok = backend_.token_text(lp.token_id);
@@ -66,16 +66,19 @@ ojson LogprobRenderer::chat(const std::vector<TokenLogprob>& lps) {
       const std::string tt = backend_.token_text(t.token_id);
       top.push_back({{"token", tt}, {"logprob", t.logprob}, {"bytes", bytes_of(tt)}});
     }
-    content.push_back({{"token", tok}, {"logprob", lp.logprob}, {"bytes", bytes_of(tok)}, {"top_logprobs", top}});
+    content.push_back(
+        {{"token", tok}, {"logprob", lp.logprob}, {"bytes", bytes_of(tok)}, {"top_logprobs", top}});
   }
   return content;
 }
 
-ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens, std::optional<int64_t> cached_tokens) {
+ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens,
+                 std::optional<int64_t> cached_tokens) {
   ojson u = {{"prompt_tokens", prompt_tokens},
              {"total_tokens", prompt_tokens + completion_tokens},
              {"completion_tokens", completion_tokens}};
-  u["prompt_tokens_details"] = cached_tokens ? ojson{{"cached_tokens", *cached_tokens}} : ojson(nullptr);
+  u["prompt_tokens_details"] =
+      cached_tokens ? ojson{{"cached_tokens", *cached_tokens}} : ojson(nullptr);
   return u;
 }
 

@@ -98,7 +98,8 @@ bool tool_parser_keeps_special_tokens(const std::string& name);
 // tool_choice a named function (named set) or "required": the parser reading the constrained
 // answer back as calls, and the JSON schema decoding is constrained to (vLLM's).
 std::unique_ptr<ToolParser> make_forced_tool_parser(const std::optional<std::string>& named);
-std::string forced_tool_schema(const nlohmann::ordered_json& tools, const std::optional<std::string>& named);
+std::string forced_tool_schema(const nlohmann::ordered_json& tools,
+                               const std::optional<std::string>& named);
 
 // A fresh "chatcmpl-tool-<32 hex>" id.
 std::string tool_call_id();

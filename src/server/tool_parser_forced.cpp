@@ -55,12 +55,15 @@ class RequiredToolParser final : public ToolParser {
     }
     bool ok = list.is_array();
     for (const auto& c : list)
-      ok = ok && c.is_object() && c.contains("name") && c["name"].is_string() && c.contains("parameters");
+      ok = ok && c.is_object() && c.contains("name") && c["name"].is_string() &&
+           c.contains("parameters");
     if (!ok) {
       out.content = std::move(held_);
       return out;
     }
-    for (const auto& c : list) whole_call(out, tool_call_id(), c["name"].get<std::string>(), py_json_dumps(c["parameters"], false));
+    for (const auto& c : list)
+      whole_call(out, tool_call_id(), c["name"].get<std::string>(),
+                 py_json_dumps(c["parameters"], false));
     held_.clear();
     return out;
   }
@@ -76,7 +79,8 @@ std::unique_ptr<ToolParser> make_forced_tool_parser(const std::optional<std::str
   return std::make_unique<RequiredToolParser>();
 }
 
-std::string forced_tool_schema(const nlohmann::ordered_json& tools, const std::optional<std::string>& named) {
+std::string forced_tool_schema(const nlohmann::ordered_json& tools,
+                               const std::optional<std::string>& named) {
   auto params = [](const ojson& fn) {
     if (fn.contains("parameters") && fn["parameters"].is_object()) return fn["parameters"];
     return ojson{{"type", "object"}};
@@ -90,11 +94,13 @@ std::string forced_tool_schema(const nlohmann::ordered_json& tools, const std::o
   ojson any = ojson::array();
   for (const auto& t : tools) {
     const ojson& fn = t["function"];
-    any.push_back({{"properties", {{"name", {{"type", "string"}, {"enum", ojson::array({fn["name"]})}}},
-                                   {"parameters", params(fn)}}},
+    any.push_back({{"properties",
+                    {{"name", {{"type", "string"}, {"enum", ojson::array({fn["name"]})}}},
+                     {"parameters", params(fn)}}},
                    {"required", ojson::array({"name", "parameters"})}});
   }
-  ojson schema = {{"type", "array"}, {"minItems", 1}, {"items", {{"type", "object"}, {"anyOf", any}}}};
+  ojson schema = {
+      {"type", "array"}, {"minItems", 1}, {"items", {{"type", "object"}, {"anyOf", any}}}};
   return schema.dump();
 }
 

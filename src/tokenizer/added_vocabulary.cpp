@@ -46,7 +46,8 @@ void AddedVocabulary::add_all(const std::vector<AddedToken>& tokens, const Token
                               const Normalizer* normalizer) {
   std::vector<AddedToken> specials, others;
   for (const AddedToken& t : tokens) {
-    if (t.special && !t.content.empty() && special_contents_.insert(t.content).second) specials.push_back(t);
+    if (t.special && !t.content.empty() && special_contents_.insert(t.content).second)
+      specials.push_back(t);
   }
   auto same = [](const AddedToken& a, const AddedToken& b) {
     return a.content == b.content && a.single_word == b.single_word && a.lstrip == b.lstrip &&
@@ -57,7 +58,9 @@ void AddedVocabulary::add_all(const std::vector<AddedToken>& tokens, const Token
   int32_t next_id = vocab_size;
   for (const AddedToken& t : tokens) {
     if (t.content.empty()) continue;
-    if (std::any_of(existing.begin(), existing.end(), [&](const AddedToken& e) { return same(e, t); })) continue;
+    if (std::any_of(existing.begin(), existing.end(),
+                    [&](const AddedToken& e) { return same(e, t); }))
+      continue;
     int32_t id = token_to_id(t.content);
     if (id < 0) id = model_vocab.find(t.content);
     if (id < 0) id = next_id++;
@@ -130,7 +133,8 @@ size_t leading_space_len(std::string_view s) {
 }
 }  // namespace
 
-void AddedVocabulary::split(std::string_view text, const TokenTrie& trie, std::vector<TextSplit>& out) const {
+void AddedVocabulary::split(std::string_view text, const TokenTrie& trie,
+                            std::vector<TextSplit>& out) const {
   out.clear();
   if (trie.empty()) {
     if (!text.empty()) out.push_back({text, -1, 0});
@@ -158,7 +162,8 @@ void AddedVocabulary::split(std::string_view text, const TokenTrie& trie, std::v
     }
     if (tok.lstrip) start = std::max(trailing_space_start(text.substr(0, start)), start_offset);
     if (tok.rstrip) stop += leading_space_len(text.substr(stop));
-    if (start_offset < start) out.push_back({text.substr(start_offset, start - start_offset), -1, start_offset});
+    if (start_offset < start)
+      out.push_back({text.substr(start_offset, start - start_offset), -1, start_offset});
     out.push_back({text.substr(start, stop - start), id, start});
     start_offset = stop;
     // The search goes on after the matched token itself, not after any stripped spaces (as the

@@ -30,7 +30,7 @@ struct AddedToken {
 struct TextSplit {
   std::string_view text;  // a view into the string that was split
   int32_t id = -1;
-  size_t offset = 0;      // byte offset in that string
+  size_t offset = 0;  // byte offset in that string
 };
 
 // Leftmost-longest multi-pattern matcher over bytes (a trie; the sets are a few hundred tokens).
@@ -61,7 +61,9 @@ class AddedVocabulary {
                const Normalizer* normalizer);
 
   // Splits raw text by the non-normalized tokens.
-  void split_raw(std::string_view text, std::vector<TextSplit>& out) const { split(text, raw_trie_, out); }
+  void split_raw(std::string_view text, std::vector<TextSplit>& out) const {
+    split(text, raw_trie_, out);
+  }
   // Splits normalized text by the normalized tokens.
   void split_normalized(std::string_view text, std::vector<TextSplit>& out) const {
     split(text, norm_trie_, out);

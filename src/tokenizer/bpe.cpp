@@ -86,7 +86,9 @@ BpeModel::BpeModel(TokenTable vocab, const RawMerges& merges, BpeOptions options
     char_ids_.assign(0x10000, -1);
     for (int32_t id = 0; id <= vocab_.max_id(); ++id) {
       const std::string_view t = vocab_.text(id);
-      if (t.empty() || static_cast<size_t>(utf8_seq_len(static_cast<unsigned char>(t[0]))) != t.size()) continue;
+      if (t.empty() ||
+          static_cast<size_t>(utf8_seq_len(static_cast<unsigned char>(t[0]))) != t.size())
+        continue;
       size_t i = 0;
       const char32_t c = utf8_next(t, i);
       // Only when the text maps back to this id (a duplicate text keeps its last id).
@@ -126,9 +128,7 @@ struct Candidate {
   uint32_t pos;
   int32_t new_id;
   // Min-heap on (rank, pos) through std::*_heap, which builds max-heaps.
-  bool operator<(const Candidate& o) const {
-    return rank != o.rank ? rank > o.rank : pos > o.pos;
-  }
+  bool operator<(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
 };
 struct Scratch {
   std::vector<Symbol> symbols;
@@ -164,9 +164,11 @@ void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
     const bool is_last = i >= w.size();
     const auto byte_len = static_cast<uint32_t>(i - start);
     std::string_view s = w.substr(start, i - start);
-    if ((!is_first && options_.continuing_subword_prefix) || (is_last && options_.end_of_word_suffix)) {
+    if ((!is_first && options_.continuing_subword_prefix) ||
+        (is_last && options_.end_of_word_suffix)) {
       piece.clear();
-      if (!is_first && options_.continuing_subword_prefix) piece.append(*options_.continuing_subword_prefix);
+      if (!is_first && options_.continuing_subword_prefix)
+        piece.append(*options_.continuing_subword_prefix);
       piece.append(s);
       if (is_last && options_.end_of_word_suffix) piece.append(*options_.end_of_word_suffix);
       s = piece;
@@ -232,7 +234,8 @@ void BpeModel::merge_word(std::string_view w, std::vector<int32_t>& out) const {
     cur.len += right.len;
     cur.next = right.next;
     symbols[next_pos].len = 0;
-    if (right.next >= 0) symbols[static_cast<size_t>(right.next)].prev = static_cast<int32_t>(top.pos);
+    if (right.next >= 0)
+      symbols[static_cast<size_t>(right.next)].prev = static_cast<int32_t>(top.pos);
     if (cur.prev >= 0) {
       if (const auto* pm = merges_.find(symbols[static_cast<size_t>(cur.prev)].id, cur.id)) {
         heap.push_back({pm->rank, static_cast<uint32_t>(cur.prev), pm->id});

@@ -12,7 +12,8 @@ struct Tables {
     byte_of.fill(-1);
     int n = 0;
     for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const bool printable =
+          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       const char32_t cp = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + n++);
       utf8_append(chars[b], cp);
       byte_of[cp] = static_cast<int16_t>(b);

@@ -229,8 +229,7 @@ void ChatTemplate::add_template(const std::string& name, const std::string& sour
   try {
     std::string where = origin_.empty() ? "chat template" : "chat template " + origin_;
     if (name != "default") where += " '" + name + "'";
-    c.tpl =
-        std::make_shared<jinja::Template>(
+    c.tpl = std::make_shared<jinja::Template>(
         chat_template_environment(std::nullopt, limits_).from_string(source, where));
   } catch (const jinja::TemplateError& e) {
     c.error = e.what();
@@ -248,8 +247,7 @@ ChatTemplate ChatTemplate::from_string(const std::string& source, const json& sp
   return ct;
 }
 
-ChatTemplate ChatTemplate::from_model_dir(const fs::path& dir,
-                                          const std::string& override_template,
+ChatTemplate ChatTemplate::from_model_dir(const fs::path& dir, const std::string& override_template,
                                           const jinja::Limits& limits) {
   ChatTemplate ct;
   ct.limits_ = limits;
@@ -319,9 +317,8 @@ std::map<std::string, std::string> ChatTemplate::template_sources() const {
 
 const ChatTemplate::Compiled& ChatTemplate::select(const ChatRenderOptions& options) const {
   if (templates_.empty()) {
-    fail(
-        "this model has no chat template (none in tokenizer_config.json, chat_template.jinja or "
-        "chat_template.json); pass one with --chat-template");
+    fail("this model has no chat template (none in tokenizer_config.json, chat_template.jinja or "
+         "chat_template.json); pass one with --chat-template");
   }
   auto names = [&] {
     std::string s;
@@ -348,9 +345,8 @@ std::string ChatTemplate::render(const json& messages, const ChatRenderOptions& 
   if (!c.tpl) throw jinja::TemplateError(jinja::TemplateError::Kind::kSyntax, c.error, "", 0);
   if (!messages.is_array()) fail("the conversation must be a JSON array of messages");
   if (options.continue_final_message && options.add_generation_prompt) {
-    fail(
-        "continue_final_message and add_generation_prompt are not compatible: use "
-        "continue_final_message when the final message is a partial assistant response to extend");
+    fail("continue_final_message and add_generation_prompt are not compatible: use "
+         "continue_final_message when the final message is a partial assistant response to extend");
   }
   if (!options.tools.is_null()) {
     if (!options.tools.is_array()) fail("tools must be a list of tool definitions");
@@ -421,9 +417,8 @@ std::string ChatTemplate::render(const json& messages, const ChatRenderOptions& 
     static const std::string kTagTrimmed = "CONTINUE_FINAL_MESSAGE_TAG";
     if (out.find(stripped_final) == std::string::npos ||
         out.find(kTagTrimmed) == std::string::npos) {
-      fail(
-          "continue_final_message is set but the final message does not appear in the chat after "
-          "applying the chat template (the template may rewrite or drop parts of it)");
+      fail("continue_final_message is set but the final message does not appear in the chat after "
+           "applying the chat template (the template may rewrite or drop parts of it)");
     }
     size_t at = out.rfind(kTagTrimmed);
     if (out.compare(at, kTag.size(), kTag) == 0) {

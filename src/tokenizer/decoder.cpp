@@ -90,7 +90,8 @@ class ByteFallbackDec final : public Decoder {
     };
     for (auto& t : tokens) {
       int byte = -1;
-      if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>') byte = parse_hex2(t[3], t[4]);
+      if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>')
+        byte = parse_hex2(t[3], t[4]);
       if (byte >= 0) {
         run.push_back(static_cast<char>(byte));
       } else {
@@ -189,8 +190,9 @@ class WordPieceDec final : public Decoder {
       }
       if (cleanup_) {
         static const std::pair<const char*, const char*> kRules[] = {
-            {" .", "."}, {" ?", "?"}, {" !", "!"}, {" ,", ","}, {" ' ", "'"}, {" n't", "n't"},
-            {" 'm", "'m"}, {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+            {" .", "."},   {" ?", "?"},     {" !", "!"},    {" ,", ","},
+            {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},  {" do not", " don't"},
+            {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
         for (const auto& [from, to] : kRules) {
           const std::string_view f(from);
           std::string out;
@@ -234,7 +236,9 @@ class SequenceDec final : public Decoder {
   std::vector<std::unique_ptr<Decoder>> parts_;
 };
 
-bool hex_digit(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+bool hex_digit(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
 
 char32_t single_char(const Json& j, const char* key, const std::string& where) {
   const std::u32string s = json_chars(j, key, where);
@@ -245,7 +249,8 @@ char32_t single_char(const Json& j, const char* key, const std::string& where) {
 }  // namespace
 
 bool is_byte_fallback_token(std::string_view t) {
-  return t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && hex_digit(t[3]) && hex_digit(t[4]);
+  return t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' && hex_digit(t[3]) &&
+         hex_digit(t[4]);
 }
 
 std::unique_ptr<Decoder> decoder_from_json(const Json& j, const std::string& where) {
@@ -255,7 +260,8 @@ std::unique_ptr<Decoder> decoder_from_json(const Json& j, const std::string& whe
   if (type == "Metaspace") {
     bool prepend = true;
     if (auto ps = json_opt_string(j, "prepend_scheme", where)) prepend = *ps != "never";
-    if (j.contains("add_prefix_space") && !json_bool(j, "add_prefix_space", true, where)) prepend = false;
+    if (j.contains("add_prefix_space") && !json_bool(j, "add_prefix_space", true, where))
+      prepend = false;
     return std::make_unique<MetaspaceDec>(single_char(j, "replacement", where), prepend);
   }
   if (type == "Replace") return std::make_unique<ReplaceDec>(j, where);
@@ -283,8 +289,10 @@ std::unique_ptr<Decoder> decoder_from_json(const Json& j, const std::string& whe
     }
     return std::make_unique<SequenceDec>(std::move(parts));
   }
-  fail("{}: decoder type \"{}\" is not supported by atom (supported: ByteLevel, Metaspace, Replace, "
-       "ByteFallback, Fuse, Strip, BPEDecoder, WordPiece, Sequence)", where, type);
+  fail(
+      "{}: decoder type \"{}\" is not supported by atom (supported: ByteLevel, Metaspace, Replace, "
+      "ByteFallback, Fuse, Strip, BPEDecoder, WordPiece, Sequence)",
+      where, type);
 }
 
 }  // namespace atom::tokenizer

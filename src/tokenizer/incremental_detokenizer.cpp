@@ -12,13 +12,16 @@ constexpr size_t kPromptContext = 5;
 
 bool ends_with_replacement(const std::string& s) {
   return s.size() >= kReplacementChar.size() &&
-         s.compare(s.size() - kReplacementChar.size(), kReplacementChar.size(), kReplacementChar) == 0;
+         s.compare(s.size() - kReplacementChar.size(), kReplacementChar.size(), kReplacementChar) ==
+             0;
 }
 }  // namespace
 
 IncrementalDetokenizer::IncrementalDetokenizer(Tokenizer tokenizer, bool skip_special_tokens,
                                                std::span<const int32_t> prompt_ids)
-    : tok_(std::move(tokenizer)), skip_special_(skip_special_tokens), ids_(prompt_ids.begin(), prompt_ids.end()) {
+    : tok_(std::move(tokenizer)),
+      skip_special_(skip_special_tokens),
+      ids_(prompt_ids.begin(), prompt_ids.end()) {
   read_offset_ = ids_.size();
   prefix_offset_ = ids_.size() > kPromptContext ? ids_.size() - kPromptContext : 0;
 }
@@ -46,7 +49,8 @@ bool IncrementalDetokenizer::in_byte_run() const {
 std::string IncrementalDetokenizer::step(bool final) {
   if (!final && in_byte_run()) return {};
   const std::span<const int32_t> all(ids_);
-  const std::string prefix_text = tok_.decode(all.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_);
+  const std::string prefix_text =
+      tok_.decode(all.subspan(prefix_offset_, read_offset_ - prefix_offset_), skip_special_);
   const std::string new_text = tok_.decode(all.subspan(prefix_offset_), skip_special_);
   if (new_text.size() <= prefix_text.size()) return {};
   if (!final && ends_with_replacement(new_text)) return {};  // a character may still be incomplete

@@ -47,14 +47,30 @@ void JsonScanner::read_string(std::string& out) {
     if (pos_ >= s_.size()) error("unterminated escape");
     const char e = s_[pos_++];
     switch (e) {
-      case '"': out.push_back('"'); break;
-      case '\\': out.push_back('\\'); break;
-      case '/': out.push_back('/'); break;
-      case 'b': out.push_back('\b'); break;
-      case 'f': out.push_back('\f'); break;
-      case 'n': out.push_back('\n'); break;
-      case 'r': out.push_back('\r'); break;
-      case 't': out.push_back('\t'); break;
+      case '"':
+        out.push_back('"');
+        break;
+      case '\\':
+        out.push_back('\\');
+        break;
+      case '/':
+        out.push_back('/');
+        break;
+      case 'b':
+        out.push_back('\b');
+        break;
+      case 'f':
+        out.push_back('\f');
+        break;
+      case 'n':
+        out.push_back('\n');
+        break;
+      case 'r':
+        out.push_back('\r');
+        break;
+      case 't':
+        out.push_back('\t');
+        break;
       case 'u': {
         auto read4 = [&]() -> uint32_t {
           if (pos_ + 4 > s_.size()) error("short \\u escape");
@@ -105,7 +121,8 @@ int64_t JsonScanner::read_int() {
     ++digits;
     if (digits > 15) error("integer too large");
   }
-  if (digits == 0 || (pos_ < s_.size() && (s_[pos_] == '.' || s_[pos_] == 'e' || s_[pos_] == 'E'))) {
+  if (digits == 0 ||
+      (pos_ < s_.size() && (s_[pos_] == '.' || s_[pos_] == 'e' || s_[pos_] == 'E'))) {
     pos_ = start;
     error("expected an integer");
   }

@@ -15,7 +15,9 @@ class JsonScanner {
   JsonScanner(std::string_view text, std::string_view file) : s_(text), file_(file) {}
 
   void skip_ws() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\r' || s_[pos_] == '\t')) ++pos_;
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\n' || s_[pos_] == '\r' || s_[pos_] == '\t'))
+      ++pos_;
   }
   // Next non-space character, or '\0' at the end.
   char peek() {

@@ -88,8 +88,9 @@ void filter_map(std::string& s, bool& at_origin, Drop drop, Map map) {
 class StripAccents final : public Normalizer {
  public:
   void normalize(std::string& s, bool& at_origin) const override {
-    filter_map(s, at_origin, [](char32_t c) { return uni_is_combining_mark(c); },
-               [](char32_t c) { return c; });
+    filter_map(
+        s, at_origin, [](char32_t c) { return uni_is_combining_mark(c); },
+        [](char32_t c) { return c; });
   }
 };
 
@@ -104,8 +105,16 @@ class Nmt final : public Normalizer {
         },
         [](char32_t c) -> char32_t {
           switch (c) {
-            case 0x09: case 0x0A: case 0x0C: case 0x0D: case 0x1680: case 0x2028: case 0x2029:
-            case 0x2581: case 0xFEFF: case 0xFFFD:
+            case 0x09:
+            case 0x0A:
+            case 0x0C:
+            case 0x0D:
+            case 0x1680:
+            case 0x2028:
+            case 0x2029:
+            case 0x2581:
+            case 0xFEFF:
+            case 0xFFFD:
               return ' ';
             default:
               return (c >= 0x200B && c <= 0x200F) ? ' ' : c;
@@ -161,8 +170,8 @@ class BertNorm final : public Normalizer {
     if (strip_accents_) {
       s = uni_normalize(s, NormForm::kNFD);
       filter_map(
-          s, at_origin,
-          [](char32_t c) { return uni_is_nonspacing_mark(c); }, [](char32_t c) { return c; });
+          s, at_origin, [](char32_t c) { return uni_is_nonspacing_mark(c); },
+          [](char32_t c) { return c; });
     }
     if (lower_) Lowercase().normalize(s, at_origin);
   }
@@ -182,7 +191,8 @@ class ByteLevelNorm final : public Normalizer {
 
 class SequenceNorm final : public Normalizer {
  public:
-  explicit SequenceNorm(std::vector<std::unique_ptr<Normalizer>> parts) : parts_(std::move(parts)) {}
+  explicit SequenceNorm(std::vector<std::unique_ptr<Normalizer>> parts)
+      : parts_(std::move(parts)) {}
   void normalize(std::string& s, bool& at_origin) const override {
     for (const auto& p : parts_) p->normalize(s, at_origin);
   }
@@ -213,9 +223,11 @@ std::unique_ptr<Normalizer> normalizer_from_json(const Json& j, const std::strin
   if (type == "BertNormalizer") {
     const bool lower = json_bool(j, "lowercase", true, where);
     bool strip = lower;
-    if (auto it = j.find("strip_accents"); it != j.end() && !it->is_null()) strip = json_bool(j, "strip_accents", lower, where);
+    if (auto it = j.find("strip_accents"); it != j.end() && !it->is_null())
+      strip = json_bool(j, "strip_accents", lower, where);
     return std::make_unique<BertNorm>(json_bool(j, "clean_text", true, where),
-                                      json_bool(j, "handle_chinese_chars", true, where), strip, lower);
+                                      json_bool(j, "handle_chinese_chars", true, where), strip,
+                                      lower);
   }
   if (type == "Sequence") {
     const Json& list = json_field(j, "normalizers", where);
@@ -227,9 +239,10 @@ std::unique_ptr<Normalizer> normalizer_from_json(const Json& j, const std::strin
     }
     return std::make_unique<SequenceNorm>(std::move(parts));
   }
-  fail("{}: normalizer type \"{}\" is not supported by atom (supported: NFC, NFD, NFKC, NFKD, "
-       "Lowercase, Strip, StripAccents, Nmt, Prepend, Replace, ByteLevel, BertNormalizer, Sequence)",
-       where, type);
+  fail(
+      "{}: normalizer type \"{}\" is not supported by atom (supported: NFC, NFD, NFKC, NFKD, "
+      "Lowercase, Strip, StripAccents, Nmt, Prepend, Replace, ByteLevel, BertNormalizer, Sequence)",
+      where, type);
 }
 
 }  // namespace atom::tokenizer

@@ -53,7 +53,8 @@ class TemplatePost final : public PostProcessor {
         pieces_.push_back({});
       } else {
         auto it = specials.find(special);
-        if (it == specials.end()) fail("{}: special token \"{}\" is missing from special_tokens", w, special);
+        if (it == specials.end())
+          fail("{}: special token \"{}\" is missing from special_tokens", w, special);
         pieces_.push_back(it->second);
       }
     }
@@ -108,7 +109,8 @@ class NoOpPost final : public PostProcessor {
 
 class SequencePost final : public PostProcessor {
  public:
-  explicit SequencePost(std::vector<std::unique_ptr<PostProcessor>> parts) : parts_(std::move(parts)) {}
+  explicit SequencePost(std::vector<std::unique_ptr<PostProcessor>> parts)
+      : parts_(std::move(parts)) {}
   void process(std::vector<int32_t>& ids, bool add_special_tokens) const override {
     for (const auto& p : parts_) p->process(ids, add_special_tokens);
   }
@@ -124,7 +126,8 @@ std::unique_ptr<PostProcessor> post_processor_from_json(const Json& j, const std
   const std::string type = json_type(j, where);
   if (type == "TemplateProcessing") return std::make_unique<TemplatePost>(j, where);
   if (type == "ByteLevel") return std::make_unique<NoOpPost>();
-  if (type == "BertProcessing" || type == "RobertaProcessing") return std::make_unique<WrapPost>(j, where);
+  if (type == "BertProcessing" || type == "RobertaProcessing")
+    return std::make_unique<WrapPost>(j, where);
   if (type == "Sequence") {
     const Json& list = json_field(j, "processors", where);
     if (!list.is_array()) fail("{}.processors: expected an array", where);
@@ -136,7 +139,8 @@ std::unique_ptr<PostProcessor> post_processor_from_json(const Json& j, const std
     return std::make_unique<SequencePost>(std::move(parts));
   }
   fail("{}: post-processor type \"{}\" is not supported by atom (supported: TemplateProcessing, "
-       "ByteLevel, BertProcessing, RobertaProcessing, Sequence)", where, type);
+       "ByteLevel, BertProcessing, RobertaProcessing, Sequence)",
+       where, type);
 }
 
 }  // namespace atom::tokenizer

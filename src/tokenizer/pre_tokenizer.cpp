@@ -17,7 +17,8 @@ SplitBehavior split_behavior_from_json(const Json& j, const std::string& where) 
   if (b == "MergedWithNext") return SplitBehavior::kMergedWithNext;
   if (b == "Contiguous") return SplitBehavior::kContiguous;
   fail("{}.behavior: unknown split behavior \"{}\" (expected Removed, Isolated, "
-       "MergedWithPrevious, MergedWithNext or Contiguous)", where, b);
+       "MergedWithPrevious, MergedWithNext or Contiguous)",
+       where, b);
 }
 
 void split_apply(const PreToken& piece, std::vector<SplitRange>& r, SplitBehavior behavior,
@@ -68,7 +69,8 @@ void split_apply(const PreToken& piece, std::vector<SplitRange>& r, SplitBehavio
   }
   for (size_t i = 0; i < n; ++i) {
     if (r[i].is_match || r[i].end == r[i].start) continue;
-    out.push_back({piece.text.substr(r[i].start, r[i].end - r[i].start), piece.at_origin && r[i].start == 0});
+    out.push_back(
+        {piece.text.substr(r[i].start, r[i].end - r[i].start), piece.at_origin && r[i].start == 0});
   }
 }
 
@@ -91,7 +93,8 @@ void char_ranges(const std::string& s, Pred pred, std::vector<SplitRange>& out) 
   if (last < s.size()) out.push_back({last, s.size(), false});
 }
 
-void regex_ranges(const Regex& re, const std::string& s, bool invert, std::vector<SplitRange>& out) {
+void regex_ranges(const Regex& re, const std::string& s, bool invert,
+                  std::vector<SplitRange>& out) {
   thread_local std::vector<std::pair<size_t, size_t>> m;
   const ReleaseOnExit release(m);
   re.find_all(s, m);
@@ -105,7 +108,8 @@ void regex_ranges(const Regex& re, const std::string& s, bool invert, std::vecto
   if (prev != s.size()) out.push_back({prev, s.size(), invert});
 }
 
-void literal_ranges(const std::string& lit, const std::string& s, bool invert, std::vector<SplitRange>& out) {
+void literal_ranges(const std::string& lit, const std::string& s, bool invert,
+                    std::vector<SplitRange>& out) {
   out.clear();
   size_t prev = 0;
   for (size_t m = s.find(lit); m != std::string::npos; m = s.find(lit, m + lit.size())) {
@@ -136,7 +140,8 @@ class SplitPre final : public PreTokenizer {
       literal_ = json_string(pat, "String", where + ".pattern");
       if (literal_.empty()) regex_ = std::make_unique<Regex>("", where + ".pattern");
     } else if (pat.is_object() && pat.contains("Regex")) {
-      regex_ = std::make_unique<Regex>(json_string(pat, "Regex", where + ".pattern"), where + ".pattern");
+      regex_ = std::make_unique<Regex>(json_string(pat, "Regex", where + ".pattern"),
+                                       where + ".pattern");
     } else {
       fail("{}.pattern: expected {{\"String\": ...}} or {{\"Regex\": ...}}", where);
     }
@@ -165,7 +170,8 @@ class SplitPre final : public PreTokenizer {
 
 class ByteLevelPre final : public PreTokenizer {
  public:
-  ByteLevelPre(bool add_prefix_space, bool use_regex) : add_prefix_space_(add_prefix_space), use_regex_(use_regex) {}
+  ByteLevelPre(bool add_prefix_space, bool use_regex)
+      : add_prefix_space_(add_prefix_space), use_regex_(use_regex) {}
   void pre_tokenize(std::vector<PreToken>& pieces) const override {
     static const Regex gpt2(
         "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
@@ -313,7 +319,8 @@ class FixedLengthPre final : public PreTokenizer {
 
 class SequencePre final : public PreTokenizer {
  public:
-  explicit SequencePre(std::vector<std::unique_ptr<PreTokenizer>> parts) : parts_(std::move(parts)) {}
+  explicit SequencePre(std::vector<std::unique_ptr<PreTokenizer>> parts)
+      : parts_(std::move(parts)) {}
   void pre_tokenize(std::vector<PreToken>& pieces) const override {
     for (const auto& p : parts_) p->pre_tokenize(pieces);
   }
@@ -360,7 +367,8 @@ std::unique_ptr<PreTokenizer> pre_tokenizer_from_json(const Json& j, const std::
       } else if (*ps == "never") {
         scheme = MetaspacePre::Scheme::kNever;
       } else {
-        fail("{}.prepend_scheme: unknown value \"{}\" (expected always, first or never)", where, *ps);
+        fail("{}.prepend_scheme: unknown value \"{}\" (expected always, first or never)", where,
+             *ps);
       }
     }
     // Old files say add_prefix_space instead; false means never (HF rejects a contradiction).
@@ -374,8 +382,9 @@ std::unique_ptr<PreTokenizer> pre_tokenizer_from_json(const Json& j, const std::
   }
   if (type == "Digits") {
     return make_char_split([](char32_t c) { return uni_is_numeric(c); },
-                           json_bool(j, "individual_digits", false, where) ? SplitBehavior::kIsolated
-                                                                           : SplitBehavior::kContiguous);
+                           json_bool(j, "individual_digits", false, where)
+                               ? SplitBehavior::kIsolated
+                               : SplitBehavior::kContiguous);
   }
   if (type == "Punctuation") {
     SplitBehavior b = SplitBehavior::kIsolated;
@@ -384,7 +393,8 @@ std::unique_ptr<PreTokenizer> pre_tokenizer_from_json(const Json& j, const std::
   }
   if (type == "Whitespace") return std::make_unique<WhitespacePre>();
   if (type == "WhitespaceSplit") {
-    return make_char_split([](char32_t c) { return uni_is_whitespace(c); }, SplitBehavior::kRemoved);
+    return make_char_split([](char32_t c) { return uni_is_whitespace(c); },
+                           SplitBehavior::kRemoved);
   }
   if (type == "BertPreTokenizer") return std::make_unique<BertPre>();
   if (type == "CharDelimiterSplit") {
@@ -395,7 +405,8 @@ std::unique_ptr<PreTokenizer> pre_tokenizer_from_json(const Json& j, const std::
   }
   if (type == "FixedLength") {
     size_t n = 5;
-    if (auto it = j.find("length"); it != j.end()) n = static_cast<size_t>(json_int(j, "length", where));
+    if (auto it = j.find("length"); it != j.end())
+      n = static_cast<size_t>(json_int(j, "length", where));
     if (n == 0) fail("{}.length: must be positive", where);
     return std::make_unique<FixedLengthPre>(n);
   }
@@ -411,7 +422,8 @@ std::unique_ptr<PreTokenizer> pre_tokenizer_from_json(const Json& j, const std::
   }
   fail("{}: pre-tokenizer type \"{}\" is not supported by atom (supported: Split, ByteLevel, "
        "Metaspace, Digits, Punctuation, Whitespace, WhitespaceSplit, BertPreTokenizer, "
-       "CharDelimiterSplit, FixedLength, Sequence)", where, type);
+       "CharDelimiterSplit, FixedLength, Sequence)",
+       where, type);
 }
 
 }  // namespace atom::tokenizer

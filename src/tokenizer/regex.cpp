@@ -3,7 +3,6 @@
 
 #include <pcre2.h>
 
-
 #include "core/error.h"
 #include "tokenizer/utf8.h"
 
@@ -107,8 +106,8 @@ void Regex::find_all(std::string_view s, std::vector<std::pair<size_t, size_t>>&
   size_t last_end = 0;
   while (pos <= s.size()) {
     const int rc = impl_->jit ? pcre2_jit_match(impl_->code, subject, s.size(), pos, 0, md, st.mc)
-                              : pcre2_match(impl_->code, subject, s.size(), pos,
-                                            PCRE2_NO_UTF_CHECK, md, st.mc);
+                              : pcre2_match(impl_->code, subject, s.size(), pos, PCRE2_NO_UTF_CHECK,
+                                            md, st.mc);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR buf[256];

@@ -15,7 +15,8 @@ Replacer::Replacer(const Json& j, const std::string& where) {
     // HF compiles the escaped literal as a regex; the empty one matches everywhere.
     if (literal_.empty()) regex_ = std::make_unique<Regex>("", where + ".pattern");
   } else if (pat.is_object() && pat.contains("Regex")) {
-    regex_ = std::make_unique<Regex>(json_string(pat, "Regex", where + ".pattern"), where + ".pattern");
+    regex_ =
+        std::make_unique<Regex>(json_string(pat, "Regex", where + ".pattern"), where + ".pattern");
   } else {
     fail("{}.pattern: expected {{\"String\": ...}} or {{\"Regex\": ...}}", where);
   }
@@ -49,8 +50,8 @@ bool Replacer::apply(std::string& s) const {
   thread_local std::vector<std::pair<size_t, size_t>> m;
   regex_->find_all(s, m);
   if (m.empty()) return false;
-  const bool dropped_first =
-      m[0].first == 0 && m[0].second > 0 && moves_origin(std::string_view(s).substr(0, m[0].second));
+  const bool dropped_first = m[0].first == 0 && m[0].second > 0 &&
+                             moves_origin(std::string_view(s).substr(0, m[0].second));
   std::string out;
   size_t pos = 0;
   for (auto [a, b] : m) {

@@ -85,7 +85,8 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& tokenizer_json,
 Tokenizer Tokenizer::from_dir(const std::filesystem::path& dir) {
   const auto json = dir / "tokenizer.json";
   if (!std::filesystem::exists(json)) {
-    fail("{}: no tokenizer.json (atom reads the Hugging Face tokenizers format only)", dir.string());
+    fail("{}: no tokenizer.json (atom reads the Hugging Face tokenizers format only)",
+         dir.string());
   }
   const auto cfg = dir / "tokenizer_config.json";
   return from_file(json, std::filesystem::exists(cfg) ? std::optional(cfg) : std::nullopt);

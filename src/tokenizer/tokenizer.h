@@ -21,11 +21,13 @@ class Tokenizer {
  public:
   // dir holds tokenizer.json and optionally tokenizer_config.json.
   static Tokenizer from_dir(const std::filesystem::path& dir);
-  static Tokenizer from_file(const std::filesystem::path& tokenizer_json,
-                             const std::optional<std::filesystem::path>& tokenizer_config = std::nullopt);
+  static Tokenizer from_file(
+      const std::filesystem::path& tokenizer_json,
+      const std::optional<std::filesystem::path>& tokenizer_config = std::nullopt);
   // From the text of a tokenizer.json (and optionally of a tokenizer_config.json); `name` is used
   // in error messages.
-  static Tokenizer from_json_text(std::string_view tokenizer_json, std::string_view name = "tokenizer.json",
+  static Tokenizer from_json_text(std::string_view tokenizer_json,
+                                  std::string_view name = "tokenizer.json",
                                   std::string_view tokenizer_config = {});
 
   // add_special_tokens = true runs the post-processor (TemplateProcessing adds BOS etc.), as

@@ -34,7 +34,8 @@ void read_model(JsonScanner& sc, ModelParts& m, std::string_view name, const std
           sc.read_string(a);
           sc.expect(':');
           const int64_t id = sc.read_int();
-          if (id < 0 || id > INT32_MAX) sc.error(fmt::format("{}.vocab[\"{}\"]: id out of range", where, a));
+          if (id < 0 || id > INT32_MAX)
+            sc.error(fmt::format("{}.vocab[\"{}\"]: id out of range", where, a));
           m.vocab.add(a, static_cast<int32_t>(id));
         } while (sc.consume(','));
         sc.expect('}');
@@ -108,7 +109,8 @@ void build_model(ModelParts& m, std::string_view name, TokenizerImpl& impl) {
     if (!it->is_number()) fail("{}.dropout: expected a number", where);
     const double d = it->get<double>();
     if (d < 0.0 || d > 1.0) fail("{}.dropout: {} is outside [0, 1]", where, d);
-    if (d != 0.0) fail("{}.dropout: BPE dropout ({}) is random and not supported by atom", where, d);
+    if (d != 0.0)
+      fail("{}.dropout: BPE dropout ({}) is random and not supported by atom", where, d);
   }
   BpeOptions o;
   o.unk_token = json_opt_string(f, "unk_token", where);

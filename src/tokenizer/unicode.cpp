@@ -17,8 +17,20 @@ utf8proc_category_t category(char32_t c) {
 
 bool uni_is_whitespace(char32_t c) {
   switch (c) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x20: case 0x85: case 0xA0:
-    case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
       return true;
     default:
       return c >= 0x2000 && c <= 0x200A;
@@ -66,8 +78,8 @@ bool uni_is_control(char32_t c) {
   // Bert's definition: \t \n \r count as whitespace, not control; any C* category is control.
   if (c == '\t' || c == '\n' || c == '\r') return false;
   const auto cat = category(c);
-  return cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF || cat == UTF8PROC_CATEGORY_CN ||
-         cat == UTF8PROC_CATEGORY_CO;
+  return cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF ||
+         cat == UTF8PROC_CATEGORY_CN || cat == UTF8PROC_CATEGORY_CO;
 }
 
 bool uni_is_chinese_char(char32_t c) {
@@ -97,9 +109,11 @@ namespace {
 bool nfc_inert(char32_t c) {
   if (c < 0x300) {
     const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(c));
-    return p->comb_index == UINT16_MAX && !(p->decomp_seqindex != UINT16_MAX && p->decomp_type == 0);
+    return p->comb_index == UINT16_MAX &&
+           !(p->decomp_seqindex != UINT16_MAX && p->decomp_type == 0);
   }
-  if ((c >= 0x1100 && c <= 0x11FF) || (c >= 0xA960 && c <= 0xA97F) || (c >= 0xD7B0 && c <= 0xD7FF)) return false;
+  if ((c >= 0x1100 && c <= 0x11FF) || (c >= 0xA960 && c <= 0xA97F) || (c >= 0xD7B0 && c <= 0xD7FF))
+    return false;
   const utf8proc_property_t* p = utf8proc_get_property(static_cast<utf8proc_int32_t>(c));
   if (p->combining_class != 0 || p->comb_index != UINT16_MAX) return false;
   return !(p->decomp_seqindex != UINT16_MAX && p->decomp_type == 0);
@@ -107,9 +121,9 @@ bool nfc_inert(char32_t c) {
 
 std::string utf8proc_run(std::string_view s, int flags) {
   utf8proc_uint8_t* out = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                   static_cast<utf8proc_ssize_t>(s.size()), &out, static_cast<utf8proc_option_t>(flags));
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                                          static_cast<utf8proc_ssize_t>(s.size()), &out,
+                                          static_cast<utf8proc_option_t>(flags));
   if (n < 0) fail("unicode normalization failed: {}", utf8proc_errmsg(n));
   std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
   std::free(out);
@@ -121,9 +135,9 @@ std::string utf8proc_run(std::string_view s, int flags) {
 // character; a stretch whose other characters are all inert is already NFC.
 std::string nfc(std::string_view s) {
   std::string out;
-  size_t copied = 0;     // s[0, copied) is in out
-  size_t seg = 0;        // start of the current stretch
-  bool dirty = false;    // the current stretch has a character that is not inert
+  size_t copied = 0;   // s[0, copied) is in out
+  size_t seg = 0;      // start of the current stretch
+  bool dirty = false;  // the current stretch has a character that is not inert
   auto flush = [&](size_t end) {
     if (dirty) {
       if (out.empty()) out.reserve(s.size() + 16);
@@ -165,10 +179,14 @@ std::string uni_normalize(std::string_view s, NormForm form) {
   }
   if (ascii || s.empty()) return std::string(s);
   switch (form) {
-    case NormForm::kNFC: return nfc(s);
-    case NormForm::kNFD: return utf8proc_run(s, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE);
-    case NormForm::kNFKC: return utf8proc_run(s, UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
-    case NormForm::kNFKD: return utf8proc_run(s, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
+    case NormForm::kNFC:
+      return nfc(s);
+    case NormForm::kNFD:
+      return utf8proc_run(s, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE);
+    case NormForm::kNFKC:
+      return utf8proc_run(s, UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT);
+    case NormForm::kNFKD:
+      return utf8proc_run(s, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT);
   }
   return std::string(s);
 }

@@ -48,7 +48,8 @@ void TokenTable::add(std::string_view text, int32_t id) {
     id_off_[static_cast<size_t>(e.id)] = {0, 0};  // the old id loses its text, as in HF's vocab_r
   }
   e.id = id;
-  if (static_cast<size_t>(id) >= id_off_.size()) id_off_.resize(static_cast<size_t>(id) + 1, {0, 0});
+  if (static_cast<size_t>(id) >= id_off_.size())
+    id_off_.resize(static_cast<size_t>(id) + 1, {0, 0});
   id_off_[static_cast<size_t>(id)] = {e.off, e.len + 1};
 }
 
@@ -64,7 +65,8 @@ int32_t TokenTable::find(std::string_view text) const {
 }
 
 bool TokenTable::has_id(int32_t id) const {
-  return id >= 0 && static_cast<size_t>(id) < id_off_.size() && id_off_[static_cast<size_t>(id)].second != 0;
+  return id >= 0 && static_cast<size_t>(id) < id_off_.size() &&
+         id_off_[static_cast<size_t>(id)].second != 0;
 }
 
 std::string_view TokenTable::text(int32_t id) const {

@@ -19,7 +19,7 @@ class TokenTable {
   // The text of id; empty view when id has no token (check has_id).
   std::string_view text(int32_t id) const;
   bool has_id(int32_t id) const;
-  size_t size() const { return count_; }   // number of distinct texts
+  size_t size() const { return count_; }  // number of distinct texts
   int32_t max_id() const { return static_cast<int32_t>(id_off_.size()) - 1; }
   void reserve(size_t n);
 
@@ -32,7 +32,7 @@ class TokenTable {
     uint32_t off = 0, len = 0;
     int32_t id = -1;  // -1: empty slot
   };
-  std::vector<Entry> slots_;                 // power-of-two size
+  std::vector<Entry> slots_;                           // power-of-two size
   std::vector<std::pair<uint32_t, uint32_t>> id_off_;  // id -> (offset, length+1); 0 = none
   size_t count_ = 0;
 };

@@ -35,11 +35,11 @@ TEST(JinjaLimits, OutputSize) {
   EXPECT_NE(error_of(env, "{% for i in range(2000) %}x{% endfor %}").find("output exceeds"),
             std::string::npos);
   EXPECT_NE(error_of(env, "{{ 'x' * 5000 }}").find("limit"), std::string::npos);
-  EXPECT_NE(error_of(env,
-                     "{% set ns = namespace(s='x') %}{% for i in range(20) %}{% set ns.s = ns.s + "
-                     "ns.s %}{% endfor %}")
-                .find("limit"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of(env, "{% set ns = namespace(s='x') %}{% for i in range(20) %}{% set ns.s = ns.s + "
+                    "ns.s %}{% endfor %}")
+          .find("limit"),
+      std::string::npos);
   EXPECT_EQ(env.from_string("{{ 'x' * 999 }}").render(nlohmann::ordered_json::object()).size(),
             999u);
 }
@@ -180,8 +180,7 @@ TEST(JinjaLimits, LongChainsHitTheDepthLimit) {
         "{{ " + chain("x", "|string", 40000) + " }}", "{{ " + chain("1", " * 1", 40000) + " }}",
         "{{ " + chain("1", " ** 1", 40000) + " }}", "{{ " + chain("x", " or x", 40000) + " }}",
         "{{ " + chain("x", " and x", 40000) + " }}", "{{ " + chain("", "not ", 40000) + "x }}",
-        "{{ " + chain("", "-", 40000) + "x }}",
-        "{{ " + chain("1", " if x", 40000) + " }}",
+        "{{ " + chain("", "-", 40000) + "x }}", "{{ " + chain("1", " if x", 40000) + " }}",
         "{% set " + std::string(40000, '(') + "a" + std::string(40000, ')') + " = 1 %}",
         "{% filter " + chain("upper", "|lower", 40000) + " %}{% endfilter %}"}) {
     const std::string msg = parse_error_of(env, src);
@@ -197,11 +196,13 @@ TEST(JinjaLimits, DepthLimitIsConfigurable) {
   EXPECT_EQ(env.from_string("{{ " + chain("1", " + 1", 899) + " }}")
                 .render(nlohmann::ordered_json::object()),
             "900");
-  EXPECT_NE(parse_error_of(env, "{{ " + chain("1", " + 1", 1100) + " }}").find("depth limit of 1000"),
-            std::string::npos);
+  EXPECT_NE(
+      parse_error_of(env, "{{ " + chain("1", " + 1", 1100) + " }}").find("depth limit of 1000"),
+      std::string::npos);
   l.max_depth = 10;
-  EXPECT_NE(parse_error_of(env_with(l), "{{ " + chain("a", ".b", 12) + " }}").find("depth limit of 10"),
-            std::string::npos);
+  EXPECT_NE(
+      parse_error_of(env_with(l), "{{ " + chain("a", ".b", 12) + " }}").find("depth limit of 10"),
+      std::string::npos);
   EXPECT_NO_THROW(env_with(l).from_string("{{ " + chain("a", ".b", 5) + " }}"));
 }
 
@@ -218,10 +219,12 @@ TEST(JinjaLimits, EvaluationDepthBoundsRecursionTimesNesting) {
   EXPECT_NE(msg.find("evaluation depth limit of 4096"), std::string::npos) << msg;
   jinja::Limits l;
   l.max_eval_depth = 100;
-  EXPECT_NE(error_of(env_with(l), "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}")
+  EXPECT_NE(error_of(env_with(l),
+                     "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(60) }}")
                 .find("evaluation depth limit of 100"),
             std::string::npos);
-  EXPECT_EQ(env.from_string("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}.{% endmacro %}{{ f(60) }}")
+  EXPECT_EQ(env.from_string(
+                   "{% macro f(n) %}{% if n %}{{ f(n - 1) }}{% endif %}.{% endmacro %}{{ f(60) }}")
                 .render(nlohmann::ordered_json::object())
                 .size(),
             61u);

@@ -87,11 +87,11 @@ std::string first_difference(const std::string& expected, const std::string& act
     std::string tail = i < s.size() ? s.substr(i, 80) : std::string("«end»");
     return visible(head) + " ⟦HERE⟧ " + visible(tail);
   };
-  return fmt::format(
-      "first difference at byte {} (line {}, column {}); expected {} bytes, got {}\n"
-      "  jinja2: ...{}\n"
-      "  atom:   ...{}",
-      i, line, col, expected.size(), actual.size(), excerpt(expected), excerpt(actual));
+  return fmt::format("first difference at byte {} (line {}, column {}); expected {} bytes, got {}\n"
+                     "  jinja2: ...{}\n"
+                     "  atom:   ...{}",
+                     i, line, col, expected.size(), actual.size(), excerpt(expected),
+                     excerpt(actual));
 }
 
 }  // namespace atom::test

@@ -40,15 +40,15 @@ inline const std::vector<std::string>& dense_fixture_names() {
 // fp32-exact paths are compared against the references token for token.
 // Multi-head latent attention, dense and sparse (all of them mixtures of experts too).
 inline const std::vector<std::string>& mla_fixture_names() {
-  static const std::vector<std::string> names = {"deepseek_v2_lite", "deepseek_v2", "deepseek_v3",
-                                                 "deepseek_v3_plain", "deepseek_v32",
-                                                 "glm_moe_dsa"};
+  static const std::vector<std::string> names = {"deepseek_v2_lite", "deepseek_v2",
+                                                 "deepseek_v3",      "deepseek_v3_plain",
+                                                 "deepseek_v32",     "glm_moe_dsa"};
   return names;
 }
 
 inline const std::vector<std::string>& moe_fixture_names() {
   static const std::vector<std::string> names = [] {
-    std::vector<std::string> all = {"qwen3_moe",    "qwen3_moe_stacked", "mixtral", "glm4_moe",
+    std::vector<std::string> all = {"qwen3_moe",    "qwen3_moe_stacked", "mixtral",      "glm4_moe",
                                     "glm4_moe_air", "gpt_oss",           "gpt_oss_mxfp4"};
     for (const auto& n : mla_fixture_names()) all.push_back(n);
     return all;
@@ -281,10 +281,9 @@ inline ForcedGreedy expect_forced_greedy_agrees(const std::string& name, const T
   }
   EXPECT_GE(r.agree, min_steps) << name << ": teacher-forced greedy steps agree for " << r.agree
                                 << " of " << n << ", fewer than the " << min_steps << " required";
-  std::printf(
-      "%s: teacher-forced greedy steps agree for %zu of %lld, %zu leading (at least %zu "
-      "required, noise %.3g)\n",
-      name.c_str(), r.agree, static_cast<long long>(n), r.leading, min_steps, noise);
+  std::printf("%s: teacher-forced greedy steps agree for %zu of %lld, %zu leading (at least %zu "
+              "required, noise %.3g)\n",
+              name.c_str(), r.agree, static_cast<long long>(n), r.leading, min_steps, noise);
   return r;
 }
 

@@ -50,7 +50,8 @@ std::vector<int32_t> without_eos(std::vector<int32_t> t) {
 // before the length cap (the cap is checked first, so an EOS drawn as the last allowed token ends
 // the request with "length"). The references' finish_reason labels HF's view, EOS at any step.
 bool stops_at_eos(const std::vector<int32_t>& tokens, size_t max_tokens) {
-  return !tokens.empty() && (tokens.back() == 0 || tokens.back() == 2) && tokens.size() < max_tokens;
+  return !tokens.empty() && (tokens.back() == 0 || tokens.back() == 2) &&
+         tokens.size() < max_tokens;
 }
 
 // Largest |atom - PyTorch| per-token log-likelihood. Measured 5.1-8.6e-6 over the four passages,
@@ -161,7 +162,8 @@ TEST(DemoModel, GreedyContinuationsMatchPyTorch) {
       agree += k;
       total += want.size();
       if (std::string(kind) != "greedy") {
-        EXPECT_EQ(o.finish_reason, stops_at_eos(want, 64) ? FinishReason::kStop : FinishReason::kLength);
+        EXPECT_EQ(o.finish_reason,
+                  stops_at_eos(want, 64) ? FinishReason::kStop : FinishReason::kLength);
       }
     }
   }
@@ -278,7 +280,8 @@ TEST(DemoModel, SeededSamplesFollowTheReferenceDistribution) {
   // The statistic has the power to tell the two temperatures apart.
   const auto [cross, df] = chi_square(counts[0.6], tempered(lp, 1.0), kDraws);
   std::printf("temperature 0.6 draws against the temperature 1 distribution: chi-square %.1f "
-              "(bound %.1f)\n", cross, chi_square_bound(df));
+              "(bound %.1f)\n",
+              cross, chi_square_bound(df));
   EXPECT_GT(cross, chi_square_bound(df));
   expect_engine_idle(engine);
 }

@@ -71,19 +71,21 @@ TEST(EngineCli, SpeculativeConfigForGenerateAndBench) {
   const auto plain = run_atom(gen);
   ASSERT_EQ(plain.size(), 2u);
   for (int k = 1; k <= 4; ++k)
-    EXPECT_EQ(run_atom(gen + fmt::format(" --speculative-config "
-                                         "'{{\"method\": \"mtp\", \"num_speculative_tokens\": {}}}'",
-                                         k)),
-              plain)
+    EXPECT_EQ(
+        run_atom(gen + fmt::format(" --speculative-config "
+                                   "'{{\"method\": \"mtp\", \"num_speculative_tokens\": {}}}'",
+                                   k)),
+        plain)
         << "K = " << k;
   TempDir dir;
   const std::string out = dir.file("bench.json");
   int rc = 0;
-  run_atom(fmt::format("bench throughput --model {} --input-len 12 --output-len 9 --num-prompts 3 "
-                       "--speculative-config '{{\"method\": \"mtp\", \"num_speculative_tokens\": 2}}' "
-                       "--spec-decode-acceptance-rate 1 --output-json {}",
-                       model, out),
-           &rc);
+  run_atom(
+      fmt::format("bench throughput --model {} --input-len 12 --output-len 9 --num-prompts 3 "
+                  "--speculative-config '{{\"method\": \"mtp\", \"num_speculative_tokens\": 2}}' "
+                  "--spec-decode-acceptance-rate 1 --output-json {}",
+                  model, out),
+      &rc);
   EXPECT_EQ(rc, 0);
   const nlohmann::json j = nlohmann::json::parse(std::ifstream(out));
   EXPECT_EQ(j.at("total_output_tokens"), 3 * 9);

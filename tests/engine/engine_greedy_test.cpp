@@ -126,9 +126,8 @@ TEST_P(EngineWorkload, EveryRequestMatchesTheSingleSequenceRunner) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineWorkload,
                          ::testing::Values("llama3_gqa", "qwen3_sliding", "qwen3_moe", "mixtral",
-                                           "glm4_moe", "gpt_oss", "deepseek_v2_lite",
-                                           "deepseek_v3", "glm_moe_dsa", "qwen3_next", "qwen3_5",
-                                           "kimi_linear"),
+                                           "glm4_moe", "gpt_oss", "deepseek_v2_lite", "deepseek_v3",
+                                           "glm_moe_dsa", "qwen3_next", "qwen3_5", "kimi_linear"),
                          [](const auto& info) { return info.param; });
 
 // The prefix cache's hit count, exactly, on a workload whose sharing is known by construction
@@ -189,11 +188,11 @@ TEST(EnginePrefixCache, HybridHitsStopAtStateCheckpoints) {
     for (int i = 0; i < 10; ++i) tail10[static_cast<size_t>(i)] = 3 + i;
     tail1[0] = 3;
     const std::vector<std::vector<int32_t>> prompts = {
-        cat(30, {}),       // 30 tokens: checkpoints at 8, 16, 24
-        cat(20, tail10),   // shares 5 full blocks; checkpoints up to 16
-        cat(30, {}),       // 7 full blocks hit; the checkpoint at 24
-        cat(6, tail10),    // one full block shared: no checkpoint that short
-        cat(29, tail1)};   // 7 full blocks of request 1's, then a different token: 24
+        cat(30, {}),      // 30 tokens: checkpoints at 8, 16, 24
+        cat(20, tail10),  // shares 5 full blocks; checkpoints up to 16
+        cat(30, {}),      // 7 full blocks hit; the checkpoint at 24
+        cat(6, tail10),   // one full block shared: no checkpoint that short
+        cat(29, tail1)};  // 7 full blocks of request 1's, then a different token: 24
     const std::vector<int> want = {0, 16, 24, 0, 24};
     int64_t total = 0, queries = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {

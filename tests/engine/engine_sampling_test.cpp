@@ -441,10 +441,11 @@ TEST(EngineStructured, GrammarConstrainsEveryDraw) {
   Model& model = fixture_model("llama3_gqa");
   const int64_t V = model.vocab_size();
   std::vector<std::optional<std::string>> bytes(static_cast<size_t>(V));
-  for (int b = 0; b < 256 && b < V; ++b) bytes[static_cast<size_t>(b)] = std::string(1, static_cast<char>(b));
+  for (int b = 0; b < 256 && b < V; ++b)
+    bytes[static_cast<size_t>(b)] = std::string(1, static_cast<char>(b));
   auto trie = std::make_shared<const grammar::TokenTrie>(bytes);
-  auto g = std::make_shared<const grammar::Grammar>(
-      grammar::Grammar::from_gbnf("root ::= \"{\\\"n\\\": \" [0-9]{1,3} \", \\\"ok\\\": \" ( \"true\" | \"false\" ) \"}\"\n"));
+  auto g = std::make_shared<const grammar::Grammar>(grammar::Grammar::from_gbnf(
+      "root ::= \"{\\\"n\\\": \" [0-9]{1,3} \", \\\"ok\\\": \" ( \"true\" | \"false\" ) \"}\"\n"));
   auto constraint = std::make_shared<const grammar::GrammarConstraint>(g, trie);
   const std::vector<int32_t> prompt = prompt_of(17, 31), other = prompt_of(23, 41);
 
@@ -476,11 +477,14 @@ TEST(EngineStructured, GrammarConstrainsEveryDraw) {
       const Tensor logits = score_tokens(model, seq);
       grammar::Matcher m(g);
       for (size_t i = 0; i < got.token_ids.size(); ++i) {
-        const float* row = logits.ptr<float>() + (static_cast<int64_t>(prompt.size()) - 1 + static_cast<int64_t>(i)) * V;
+        const float* row = logits.ptr<float>() +
+                           (static_cast<int64_t>(prompt.size()) - 1 + static_cast<int64_t>(i)) * V;
         int32_t best = -1;
         for (int32_t t = 0; t < 256; ++t) {
           grammar::Matcher c = m;
-          if (c.accept_bytes(std::string(1, static_cast<char>(t))) && (best < 0 || row[t] > row[best])) best = t;
+          if (c.accept_bytes(std::string(1, static_cast<char>(t))) &&
+              (best < 0 || row[t] > row[best]))
+            best = t;
         }
         EXPECT_EQ(got.token_ids[i], best) << "step " << i;
         ASSERT_TRUE(m.accept_bytes(std::string(1, static_cast<char>(got.token_ids[i]))));
@@ -496,7 +500,8 @@ TEST(EngineStructured, ManyConstrainedRowsAtOnceDecodeAsAlone) {
   Model& model = fixture_model("llama3_gqa");
   const int64_t V = model.vocab_size();
   std::vector<std::optional<std::string>> bytes(static_cast<size_t>(V));
-  for (int b = 0; b < 256 && b < V; ++b) bytes[static_cast<size_t>(b)] = std::string(1, static_cast<char>(b));
+  for (int b = 0; b < 256 && b < V; ++b)
+    bytes[static_cast<size_t>(b)] = std::string(1, static_cast<char>(b));
   auto trie = std::make_shared<const grammar::TokenTrie>(bytes);
   auto g = std::make_shared<const grammar::Grammar>(grammar::Grammar::from_gbnf(
       "root ::= \"[\" ( [a-z]{1,4} ( \",\" [a-z]{1,4} ){0,3} )? \"]\"\n"));
@@ -533,10 +538,11 @@ TEST(EngineStructured, DeviceAndHostMaskedDrawsAgree) {
   Model& model = fixture_model("llama3_gqa");
   const int64_t V = model.vocab_size();
   std::vector<std::optional<std::string>> bytes(static_cast<size_t>(V));
-  for (int b = 0; b < 256 && b < V; ++b) bytes[static_cast<size_t>(b)] = std::string(1, static_cast<char>(b));
+  for (int b = 0; b < 256 && b < V; ++b)
+    bytes[static_cast<size_t>(b)] = std::string(1, static_cast<char>(b));
   auto trie = std::make_shared<const grammar::TokenTrie>(bytes);
-  auto g = std::make_shared<const grammar::Grammar>(grammar::Grammar::from_gbnf(
-      "root ::= \"(\" [a-z0-9 ]{2,24} \")\"\n"));
+  auto g = std::make_shared<const grammar::Grammar>(
+      grammar::Grammar::from_gbnf("root ::= \"(\" [a-z0-9 ]{2,24} \")\"\n"));
   auto constraint = std::make_shared<const grammar::GrammarConstraint>(g, trie);
   std::vector<std::vector<int32_t>> prompts;
   std::vector<SamplingParams> device, host;

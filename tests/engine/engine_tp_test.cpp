@@ -44,7 +44,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTp,
                          ::testing::Values(Case{"llama3_gqa", 2},
                                            Case{"llama3_gqa", 4},  // 2 kv heads: replicated
                                            Case{"qwen3_tied", 2}, Case{"qwen3_tied", 4},
-                                           Case{"qwen3_sliding", 2},            // 1 kv head, window
+                                           Case{"qwen3_sliding", 2},           // 1 kv head, window
                                            Case{"llama_yarn_bias_legacy", 2},  // biases
                                            Case{"qwen3_moe", 2}, Case{"glm4_moe", 2}),  // MoE
                          case_name);

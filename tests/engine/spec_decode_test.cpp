@@ -160,8 +160,8 @@ TEST_P(SpecOracle, LongAcceptedRunsMatchPlainDecoding) {
       EngineConfig c = test_config();
       c.num_speculative_tokens = k;
       LLMEngine spec(target, c);
-      spec.set_proposer(std::make_unique<OracleProposer>(by_prompt(w, want), target.vocab_size(),
-                                                         bad_every));
+      spec.set_proposer(
+          std::make_unique<OracleProposer>(by_prompt(w, want), target.vocab_size(), bad_every));
       EXPECT_EQ(tokens_of(spec.generate(w.prompts, w.params)), want)
           << GetParam() << " K = " << k << " bad_every " << bad_every;
       const EngineStats s = spec.stats();
@@ -179,8 +179,8 @@ TEST_P(SpecOracle, LongAcceptedRunsMatchPlainDecoding) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, SpecOracle,
-                         ::testing::Values("deepseek_v3", "llama3_gqa", "qwen3_moe",
-                                           "qwen3_next", "qwen3_5", "qwen3_5_moe"),
+                         ::testing::Values("deepseek_v3", "llama3_gqa", "qwen3_moe", "qwen3_next",
+                                           "qwen3_5", "qwen3_5_moe"),
                          [](const auto& info) { return info.param; });
 
 TEST(SpecDecode, StopsInsideAnAcceptedRun) {
@@ -381,10 +381,12 @@ TEST(SpecDecode, ForcedAcceptanceRate) {
 
 TEST(SpecDecode, Refusals) {
   EngineConfig c;
-  EXPECT_ERROR_CONTAINS(speculative_config_parse(R"({"method": "eagle", "num_speculative_tokens": 2})", c),
-                        "method 'eagle' is not supported");
-  EXPECT_ERROR_CONTAINS(speculative_config_parse(R"({"method": "mtp", "num_speculative_tokens": 5})", c),
-                        "must be in 1..4, got 5");
+  EXPECT_ERROR_CONTAINS(
+      speculative_config_parse(R"({"method": "eagle", "num_speculative_tokens": 2})", c),
+      "method 'eagle' is not supported");
+  EXPECT_ERROR_CONTAINS(
+      speculative_config_parse(R"({"method": "mtp", "num_speculative_tokens": 5})", c),
+      "must be in 1..4, got 5");
   EXPECT_ERROR_CONTAINS(speculative_config_parse(R"({"method": "mtp"})", c), "got nothing");
   EXPECT_ERROR_CONTAINS(speculative_config_parse(R"({"method": "mtp", "k": 1})", c),
                         "unknown key 'k'");
@@ -396,8 +398,7 @@ TEST(SpecDecode, Refusals) {
                         "needs the target's drafter");
   EngineConfig knob = test_config();
   knob.spec_decode_acceptance_rate = 0.5;
-  EXPECT_ERROR_CONTAINS(LLMEngine(fixture_model("llama3_gqa"), knob),
-                        "needs speculative decoding");
+  EXPECT_ERROR_CONTAINS(LLMEngine(fixture_model("llama3_gqa"), knob), "needs speculative decoding");
 }
 
 }  // namespace

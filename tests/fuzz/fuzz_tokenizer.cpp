@@ -12,8 +12,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // the harness keeps inputs small enough not to reach it.
   if (size > 64 << 10) return 0;
   try {
-    const atom::tokenizer::Tokenizer t =
-        atom::tokenizer::Tokenizer::from_json_text(std::string_view(reinterpret_cast<const char*>(data), size));
+    const atom::tokenizer::Tokenizer t = atom::tokenizer::Tokenizer::from_json_text(
+        std::string_view(reinterpret_cast<const char*>(data), size));
     const auto ids = t.encode("Hello, world! 123 <|im_start|>  naïve café 😀\n\tend", true);
     t.decode(ids, false);
     t.decode(ids, true);

@@ -46,10 +46,14 @@ name ::= [A-Z] [a-z]{1,5}
 
 TEST(Gbnf, ClassesEscapesAndUtf8) {
   auto g = compile(R"(root ::= [^"\\\n]* "\"" [\u00e9-\u00ea] "\x41" . )");
-  EXPECT_TRUE(matches(g, "ab\"\xC3\xA9" "AZ"));
-  EXPECT_TRUE(matches(g, "\"\xC3\xAA" "A\xE2\x82\xAC"));  // . takes a 3-byte character
-  EXPECT_FALSE(matches(g, "a\nb\"\xC3\xA9" "AZ"));
-  EXPECT_FALSE(matches(g, "\"\xC3\xA8" "AZ"));  // è is outside [é-ê]
+  EXPECT_TRUE(matches(g, "ab\"\xC3\xA9"
+                         "AZ"));
+  EXPECT_TRUE(matches(g, "\"\xC3\xAA"
+                         "A\xE2\x82\xAC"));  // . takes a 3-byte character
+  EXPECT_FALSE(matches(g, "a\nb\"\xC3\xA9"
+                          "AZ"));
+  EXPECT_FALSE(matches(g, "\"\xC3\xA8"
+                          "AZ"));  // è is outside [é-ê]
   // A character is checked while its bytes arrive: the lead byte of è's range passes (é starts
   // with 0xC3 too), the continuation byte decides.
   Matcher m(g);
@@ -58,7 +62,8 @@ TEST(Gbnf, ClassesEscapesAndUtf8) {
   EXPECT_TRUE(m.accept_byte(0xA9));
   // Not UTF-8: an overlong form, a surrogate, a code point past U+10FFFF, a stray continuation.
   auto any = compile("root ::= .*\n");
-  for (const char* bad : {"\xC0\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xF5\x80\x80\x80", "\x80"})
+  for (const char* bad :
+       {"\xC0\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xF5\x80\x80\x80", "\x80"})
     EXPECT_FALSE(matches(any, bad)) << "bytes of length " << std::strlen(bad);
   EXPECT_TRUE(matches(any, "\xF4\x8F\xBF\xBF\xED\x9F\xBF"));  // U+10FFFF, U+D7FF
   // A lead byte no class can continue is refused at once: [é-ê] has no 4-byte characters.
@@ -86,15 +91,19 @@ TEST(Gbnf, ErrorsNameTheProblem) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(err("root ::= expr\nexpr ::= expr \"+\" \"1\" | \"1\"\n").find("rule 'expr' is left-recursive"), std::string::npos);
+  EXPECT_NE(err("root ::= expr\nexpr ::= expr \"+\" \"1\" | \"1\"\n")
+                .find("rule 'expr' is left-recursive"),
+            std::string::npos);
   EXPECT_NE(err("root ::= a? root \"x\"\na ::= \"y\"\n").find("left-recursive"), std::string::npos);
-  EXPECT_NE(err("root ::= missing\n").find("rule 'missing' is used but not defined"), std::string::npos);
+  EXPECT_NE(err("root ::= missing\n").find("rule 'missing' is used but not defined"),
+            std::string::npos);
   EXPECT_NE(err("start ::= \"a\"\n").find("no rule 'root'"), std::string::npos);
   EXPECT_NE(err("root ::= \"a\n").find("closing '\"'"), std::string::npos);
   EXPECT_NE(err("root ::= [z-a]\n").find("range"), std::string::npos);
   EXPECT_NE(err("root ::= \"a\"{99999}\n").find("repeat limit"), std::string::npos);
   // Deep nesting is refused by the nesting bound, not by the stack.
-  EXPECT_NE(err("root ::= " + std::string(100000, '(') + "\"a\"" + std::string(100000, ')') + "\n").find("nesting limit"),
+  EXPECT_NE(err("root ::= " + std::string(100000, '(') + "\"a\"" + std::string(100000, ')') + "\n")
+                .find("nesting limit"),
             std::string::npos);
   GrammarLimits small;
   small.max_items = 50;
@@ -111,7 +120,8 @@ TEST(Gbnf, AmbiguityIsBounded) {
   GrammarLimits lim;
   lim.max_stacks = 8;
   // x{0,20} x{0,20}: after k x's there are up to k+1 ways to split them.
-  auto amb = std::make_shared<const Grammar>(Grammar::from_gbnf("root ::= x x x\nx ::= \"a\"{0,20}\n", lim));
+  auto amb = std::make_shared<const Grammar>(
+      Grammar::from_gbnf("root ::= x x x\nx ::= \"a\"{0,20}\n", lim));
   Matcher m(amb);
   EXPECT_THROW(m.accept_bytes(std::string(10, 'a')), Error);
 }
@@ -142,8 +152,8 @@ TEST(Regex, AgreesWithStdRegex) {
       EXPECT_EQ(matches(g, s), want) << re << " on '" << s << "'";
     }
     // Known members and near misses, so no case is only negatives.
-    for (const char* s : {"012-3456", "abcx.", "abab", "xyd", "a_1@b.com", "ab@c.org", "a@b.net", "abc", "yes", "maybe",
-                          " -0.5", "+12", "012"}) {
+    for (const char* s : {"012-3456", "abcx.", "abab", "xyd", "a_1@b.com", "ab@c.org", "a@b.net",
+                          "abc", "yes", "maybe", " -0.5", "+12", "012"}) {
       const bool want = std::regex_match(std::string(s), ref);
       positives += want;
       EXPECT_EQ(matches(g, s), want) << re << " on '" << s << "'";
@@ -176,8 +186,8 @@ TEST(JsonSchema, ValidAndInvalidDocuments) {
       {R"({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
            "required": ["name", "age"]})",
        {R"({"name":"Ann","age":30})", R"({"name": "A\"b", "age": -4})"},
-       {R"({"age":30,"name":"Ann"})", R"({"name":"Ann"})", R"({"name":"Ann","age":3.5})", R"({"name":"Ann","age":30,"x":1})",
-        R"({"name":Ann,"age":30})"}},
+       {R"({"age":30,"name":"Ann"})", R"({"name":"Ann"})", R"({"name":"Ann","age":3.5})",
+        R"({"name":"Ann","age":30,"x":1})", R"({"name":Ann,"age":30})"}},
       {R"({"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "null"}}})",
        {"{}", R"({"a":true})", R"({"b":null})", R"({"a":false,"b":null})"},
        {R"({"b":null,"a":true})", R"({"a":1})", R"({,"b":null})"}},
@@ -192,14 +202,20 @@ TEST(JsonSchema, ValidAndInvalidDocuments) {
            "$ref": "#/$defs/node"})",
        {R"({"v":1,"next":null})", R"({"v":1,"next":{"v":2,"next":null}})"},
        {R"({"v":1})", R"({"v":1,"next":{"v":2}})"}},
-      {R"({"type": "string", "pattern": "^[a-z]{2}-\\d+$"})", {R"("ab-12")"}, {R"("ab-")", R"("abc-1")"}},
-      {R"({"type": "string", "format": "date"})", {R"("2026-12-01")"}, {R"("2026-13-01")", R"("26-12-01")"}},
+      {R"({"type": "string", "pattern": "^[a-z]{2}-\\d+$"})",
+       {R"("ab-12")"},
+       {R"("ab-")", R"("abc-1")"}},
+      {R"({"type": "string", "format": "date"})",
+       {R"("2026-12-01")"},
+       {R"("2026-13-01")", R"("26-12-01")"}},
       {R"({"type": "object", "additionalProperties": {"type": "integer"}})",
-       {"{}", R"({"a":1,"b":2})"}, {R"({"a":"x"})"}},
+       {"{}", R"({"a":1,"b":2})"},
+       {R"({"a":"x"})"}},
       {R"({"type": ["integer", "null"]})", {"7", "null"}, {"7.5", "\"7\""}},
       {R"({"const": {"k": [1, 2]}})", {R"({"k":[1,2]})"}, {R"({"k":[1,2,3]})"}},
       {R"({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": false})",
-       {"[1, \"a\"]", "[1]", "[]"}, {"[1, \"a\", 2]", "[\"a\"]"}},
+       {"[1, \"a\"]", "[1]", "[]"},
+       {"[1, \"a\", 2]", "[\"a\"]"}},
   };
   for (const auto& c : cases) {
     auto g = compile(json_schema_to_gbnf(c.schema));
@@ -222,7 +238,8 @@ TEST(JsonSchema, ErrorsNameTheKeyword) {
   EXPECT_NE(err(R"({"type": "strang"})").find("unknown type 'strang'"), std::string::npos);
   EXPECT_NE(err(R"({"type": "object", "required": ["a"]})").find("'a'"), std::string::npos);
   EXPECT_NE(err("{not json").find("not valid JSON"), std::string::npos);
-  EXPECT_NE(err(R"({"type": "array", "maxItems": 1, "minItems": 2})").find("maxItems"), std::string::npos);
+  EXPECT_NE(err(R"({"type": "array", "maxItems": 1, "minItems": 2})").find("maxItems"),
+            std::string::npos);
 }
 
 TEST(JsonObject, AnyObject) {
@@ -237,12 +254,21 @@ TEST(JsonObject, AnyObject) {
 TEST(TokenTrie, MaskEqualsPerTokenCheck) {
   std::vector<std::optional<std::string>> vocab;
   for (int b = 0; b < 256; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
-  for (const char* t : {"{\"", "\":", "\",", "true", "tr", "null", "12", "\xC3", "\xC3\xA9", "\xA9\"", "  ", "}"})
+  for (const char* t :
+       {"{\"", "\":", "\",", "true", "tr", "null", "12", "\xC3", "\xC3\xA9", "\xA9\"", "  ", "}"})
     vocab.push_back(std::string(t));
   vocab.push_back(std::nullopt);  // a special token
   TokenTrie trie(vocab);
-  auto g = compile(json_schema_to_gbnf(R"({"type":"object","properties":{"k":{"type":"string"},"b":{"type":"boolean"}},"required":["k","b"]})"));
-  const std::vector<std::string> prefixes = {"", "{", "{\"k\"", "{\"k\":", "{\"k\": \"", "{\"k\": \"\xC3", "{\"k\": \"x\", \"b\": t", "{\"k\":\"\",\"b\":false"};
+  auto g = compile(json_schema_to_gbnf(
+      R"({"type":"object","properties":{"k":{"type":"string"},"b":{"type":"boolean"}},"required":["k","b"]})"));
+  const std::vector<std::string> prefixes = {"",
+                                             "{",
+                                             "{\"k\"",
+                                             "{\"k\":",
+                                             "{\"k\": \"",
+                                             "{\"k\": \"\xC3",
+                                             "{\"k\": \"x\", \"b\": t",
+                                             "{\"k\":\"\",\"b\":false"};
   for (const auto& p : prefixes) {
     Matcher m(g);
     ASSERT_TRUE(m.accept_bytes(p)) << p;
@@ -272,16 +298,56 @@ TEST(TokenTrie, MaskEqualsPerTokenCheck) {
 TEST(GrammarConstraint, SuffixMasksEqualPerTokenCheck) {
   std::vector<std::optional<std::string>> vocab;
   for (int b = 0; b < 256; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
-  for (const char* t : {"{\"", "\":", "\",", "\": ", "\"}", "\"]", "\":[", "}, ", "}]", "]}", "],", "[{", "{}", "[]",
-                        "true", "tr", "null", "false}", "12", "1.5", "-3e", "e+", "\\n", "\\u00", "\\\"", "ab\"",
-                        "\xC3", "\xC3\xA9", "\xA9\"", "\xE2\x82", "\xE2\x82\xAC\"", "  ", "\n  ", "}", "\"a\": 1", ", \"",
-                        "hello", " world", "\"hello\"", "\"b\":{\"", "0}", "00", ".5]"})
+  for (const char* t : {"{\"",
+                        "\":",
+                        "\",",
+                        "\": ",
+                        "\"}",
+                        "\"]",
+                        "\":[",
+                        "}, ",
+                        "}]",
+                        "]}",
+                        "],",
+                        "[{",
+                        "{}",
+                        "[]",
+                        "true",
+                        "tr",
+                        "null",
+                        "false}",
+                        "12",
+                        "1.5",
+                        "-3e",
+                        "e+",
+                        "\\n",
+                        "\\u00",
+                        "\\\"",
+                        "ab\"",
+                        "\xC3",
+                        "\xC3\xA9",
+                        "\xA9\"",
+                        "\xE2\x82",
+                        "\xE2\x82\xAC\"",
+                        "  ",
+                        "\n  ",
+                        "}",
+                        "\"a\": 1",
+                        ", \"",
+                        "hello",
+                        " world",
+                        "\"hello\"",
+                        "\"b\":{\"",
+                        "0}",
+                        "00",
+                        ".5]"})
     vocab.push_back(std::string(t));
   vocab.push_back(std::nullopt);
   auto trie = std::make_shared<const TokenTrie>(vocab);
   const std::vector<std::string> grammars = {
       json_object_gbnf(),
-      json_schema_to_gbnf(R"({"type":"object","properties":{"k":{"type":"string"},"n":{"type":"array","items":{"type":"object","properties":{"x":{"type":"number"},"s":{"type":"string"}}}},"b":{"type":"boolean"}},"required":["k","b"]})")};
+      json_schema_to_gbnf(
+          R"({"type":"object","properties":{"k":{"type":"string"},"n":{"type":"array","items":{"type":"object","properties":{"x":{"type":"number"},"s":{"type":"string"}}}},"b":{"type":"boolean"}},"required":["k","b"]})")};
   std::mt19937 rng(11);
   int states = 0, uncertain_states = 0;
   for (const auto& text : grammars) {
@@ -305,7 +371,8 @@ TEST(GrammarConstraint, SuffixMasksEqualPerTokenCheck) {
           if (want) allowed.push_back(static_cast<int32_t>(id));
         }
         ++states;
-        for (const auto& st : m.stacks()) uncertain_states += st.size() > GrammarConstraint::kSuffixDepth;
+        for (const auto& st : m.stacks())
+          uncertain_states += st.size() > GrammarConstraint::kSuffixDepth;
         if (allowed.empty()) break;
         // Prefer the multi-byte tokens now and then, so walks go deep and cross rules.
         const int32_t pick = allowed[rng() % allowed.size()];
@@ -335,7 +402,8 @@ TEST(GrammarConstraint, ParallelSuffixWalkEqualsPerTokenCheck) {
   auto g = compile(json_object_gbnf());
   GrammarConstraint c(g, trie);
   int checked = 0;
-  for (const char* p : {"", "{\"", "{\"ab", "{\"a\": ", "{\"a\": [1, {\"b\": \"x", "{\"a\": [[tr", "{\"a\": -0.5e", "{\"a\": {}, \"b\": [\"\xC3\xA9\", 1"}) {
+  for (const char* p : {"", "{\"", "{\"ab", "{\"a\": ", "{\"a\": [1, {\"b\": \"x", "{\"a\": [[tr",
+                        "{\"a\": -0.5e", "{\"a\": {}, \"b\": [\"\xC3\xA9\", 1"}) {
     Matcher m(g);
     ASSERT_TRUE(m.accept_bytes(p)) << p;
     std::vector<uint64_t> mask((vocab.size() + 63) / 64, 0);
@@ -356,7 +424,8 @@ TEST(GrammarConstraint, ParallelSuffixWalkEqualsPerTokenCheck) {
 
 // The constraint as the engine uses it: EOS only once complete, tokens advance the state.
 TEST(GrammarConstraint, EosOnlyWhenComplete) {
-  std::vector<std::optional<std::string>> vocab = {std::string("a"), std::string("b"), std::string("ab"), std::nullopt};
+  std::vector<std::optional<std::string>> vocab = {std::string("a"), std::string("b"),
+                                                   std::string("ab"), std::nullopt};
   auto trie = std::make_shared<const TokenTrie>(vocab);
   GrammarConstraint c(compile("root ::= \"a\" \"b\"?\n"), trie);
   auto s = c.start();
@@ -374,20 +443,21 @@ TEST(GrammarConstraint, EosOnlyWhenComplete) {
   EXPECT_TRUE(s->must_end());
 }
 
-
 // vLLM's structural tag: free text, and after a trigger one of the structures it begins.
 TEST(StructuralTag, FreeTextAndTaggedCalls) {
   auto g = compile(structural_tag_to_gbnf(R"({"type": "structural_tag", "triggers": ["<function="],
     "structures": [{"begin": "<function=get_weather>", "end": "</function>",
                     "schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
                    {"begin": "<function=noop>", "end": "</function>"}]})"));
-  for (const char* ok : {"", "Hello world", "a < b and <functio", "<<function=noop>{}</function>",
-                         "Let me look. <function=get_weather>{\"city\": \"Paris\"}</function> Done.",
-                         "<function=noop>[1, 2]</function><function=get_weather>{\"city\":\"\"}</function>"})
+  for (const char* ok :
+       {"", "Hello world", "a < b and <functio", "<<function=noop>{}</function>",
+        "Let me look. <function=get_weather>{\"city\": \"Paris\"}</function> Done.",
+        "<function=noop>[1, 2]</function><function=get_weather>{\"city\":\"\"}</function>"})
     EXPECT_TRUE(matches(g, ok)) << ok;
-  for (const char* bad : {"<function=foo>{}</function>", "<function=get_weather>{\"town\": 1}</function>",
-                          "<function=get_weather>{\"city\": \"P\"}", "<function=noop>{}</functio x",
-                          "<function=get_weather>{\"city\": \"P\"} </function>"})
+  for (const char* bad :
+       {"<function=foo>{}</function>", "<function=get_weather>{\"town\": 1}</function>",
+        "<function=get_weather>{\"city\": \"P\"}", "<function=noop>{}</functio x",
+        "<function=get_weather>{\"city\": \"P\"} </function>"})
     EXPECT_FALSE(matches(g, bad)) << bad;
 }
 
@@ -406,7 +476,8 @@ TEST(StructuralTag, AgreesWithADirectCheckOnRandomText) {
       i = at + whole.size();
     }
   };
-  const std::vector<std::string> pieces = {"a", "b", "aa", "ab", ":", "1", ";", "x", "aab:1;", "aab:"};
+  const std::vector<std::string> pieces = {"a", "b", "aa", "ab",     ":",
+                                           "1", ";", "x",  "aab:1;", "aab:"};
   std::mt19937 rng(7);
   int accepted = 0;
   for (int n = 0; n < 3000; ++n) {
@@ -431,19 +502,23 @@ TEST(StructuralTag, ErrorsNameTheField) {
     return std::string("no error");
   };
   EXPECT_NE(err(R"({"triggers": ["<f"]})").find("'structures'"), std::string::npos);
-  EXPECT_NE(err(R"({"structures": [{"begin": "<f>", "end": "</f>"}], "triggers": []})").find("'triggers'"),
+  EXPECT_NE(err(R"({"structures": [{"begin": "<f>", "end": "</f>"}], "triggers": []})")
+                .find("'triggers'"),
             std::string::npos);
-  EXPECT_NE(err(R"({"structures": [{"begin": "<g>", "end": "</g>"}], "triggers": ["<f"]})").find("structures[0].begin"),
+  EXPECT_NE(err(R"({"structures": [{"begin": "<g>", "end": "</g>"}], "triggers": ["<f"]})")
+                .find("structures[0].begin"),
             std::string::npos);
-  EXPECT_NE(err(R"({"structures": [{"begin": "<f>"}], "triggers": ["<f"]})").find("'end'"), std::string::npos);
+  EXPECT_NE(err(R"({"structures": [{"begin": "<f>"}], "triggers": ["<f"]})").find("'end'"),
+            std::string::npos);
   EXPECT_NE(err(R"({"format": {"type": "triggered_tags"}})").find("'format'"), std::string::npos);
 }
 
 // Reasoning models: the block between the tags is free, the grammar applies after it.
 // Vocabulary: "a", "b", "ab", EOS, <think> (4), </think> (5), "z" (6).
 struct GateFixture {
-  std::vector<std::optional<std::string>> vocab = {std::string("a"), std::string("b"), std::string("ab"),
-                                                   std::nullopt, std::nullopt, std::nullopt, std::string("z")};
+  std::vector<std::optional<std::string>> vocab = {
+      std::string("a"), std::string("b"), std::string("ab"), std::nullopt,
+      std::nullopt,     std::nullopt,     std::string("z")};
   std::shared_ptr<const LogitsConstraint> inner = std::make_shared<const GrammarConstraint>(
       compile("root ::= \"a\" \"b\"\n"), std::make_shared<const TokenTrie>(vocab));
   const int32_t eos[1] = {3};
@@ -461,8 +536,8 @@ TEST(ReasoningGate, PromptOpenedBlockIsFreeUntilItsEndTag) {
   ASSERT_TRUE(s->accept(6));
   ASSERT_TRUE(s->accept(1));
   EXPECT_FALSE(s->must_end());
-  ASSERT_TRUE(s->accept(5));           // </think>: the grammar starts
-  EXPECT_EQ(f.mask(*s), 0b0101u);      // "a", "ab"
+  ASSERT_TRUE(s->accept(5));       // </think>: the grammar starts
+  EXPECT_EQ(f.mask(*s), 0b0101u);  // "a", "ab"
   EXPECT_FALSE(s->accept(6));
   ASSERT_TRUE(s->accept(0));
   ASSERT_TRUE(s->accept(1));
@@ -480,7 +555,7 @@ TEST(ReasoningGate, FirstTokenOpensTheBlockOrStartsTheAnswer) {
   ASSERT_TRUE(thinking->accept(5));
   EXPECT_EQ(f.mask(*thinking), 0b0101u);
   auto direct = gate.start();
-  ASSERT_TRUE(direct->accept(0));      // "a": the answer began
+  ASSERT_TRUE(direct->accept(0));       // "a": the answer began
   EXPECT_EQ(f.mask(*direct), 0b0010u);  // only "b" now; <think> is no longer allowed
   EXPECT_FALSE(direct->accept(4));
   // Without a start token only a prompt-opened block gates.

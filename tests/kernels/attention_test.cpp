@@ -262,8 +262,10 @@ TEST(GpuAttention, SimpleKernelForOtherHeadSizesAndF32) {
   uint64_t seed = 3000;
   for (const AttnCase& c : cases) check_attention(c, seed += 10);
   // The simple kernel on shapes the tensor-core kernels would take.
-  const kernels::cuda::CudaTuningScope s(kernels::cuda::cuda_tuning_with(
-      [](kernels::cuda::CudaTuning& t) { t.attention_backend = kernels::cuda::PrefillAttention::kSimple; }));
+  const kernels::cuda::CudaTuningScope s(
+      kernels::cuda::cuda_tuning_with([](kernels::cuda::CudaTuning& t) {
+        t.attention_backend = kernels::cuda::PrefillAttention::kSimple;
+      }));
   check_attention({32, 8, 128, 16, {{70, 250}, {1, 999}}, 37, true}, 3100);
 }
 
@@ -294,16 +296,16 @@ TEST(GpuAttention, Fp8CachePrefillPaths) {
   using kernels::cuda::PrefillAttention;
   for (PrefillAttention b :
        {PrefillAttention::kAuto, PrefillAttention::kMma, PrefillAttention::kSimple}) {
-    const kernels::cuda::CudaTuningScope s(
-        kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) { t.attention_backend = b; }));
+    const kernels::cuda::CudaTuningScope s(kernels::cuda::cuda_tuning_with(
+        [&](kernels::cuda::CudaTuning& t) { t.attention_backend = b; }));
     uint64_t seed = 7000;
     for (const AttnCase& c : fp8_cases(base)) check_attention(c, seed += 10);
     for (const AttnCase& c : fp8_cases(base, {0.05f, 4.0f})) check_attention(c, seed += 10);
   }
   // The one-warpgroup wgmma setting leaves FP8 prefill on two warpgroups.
   {
-    const kernels::cuda::CudaTuningScope s(
-        kernels::cuda::cuda_tuning_with([](kernels::cuda::CudaTuning& t) { t.wgmma_warpgroups = 1; }));
+    const kernels::cuda::CudaTuningScope s(kernels::cuda::cuda_tuning_with(
+        [](kernels::cuda::CudaTuning& t) { t.wgmma_warpgroups = 1; }));
     check_attention(fp8_cases(base)[0], 7500);
   }
   // Every e4m3 code, on the wgmma (d128, d64) and mma.sync (d256) paths.

@@ -53,7 +53,9 @@ std::vector<Rows> three_steps() {
 }
 
 // Rows of the padding sequence are zeros on both paths; a strided operand view of a wider buffer.
-Tensor strided(const Tensor& wide, int64_t off, int64_t width) { return wide.narrow(1, off, width); }
+Tensor strided(const Tensor& wide, int64_t off, int64_t width) {
+  return wide.narrow(1, off, width);
+}
 
 TEST(GpuGatedDelta, ShortConvAcrossStepsAndSlots) {
   const int64_t C = 200;
@@ -112,8 +114,7 @@ void run_rule(const RuleCase& c, bool kda, double tol_out, double tol_state) {
     Tensor b = strided(wide, 2 * QK + V, c.hv), a = strided(wide, 2 * QK + V + c.hv, G);
     Tensor out = Tensor::empty({T, V}, c.dt);
     Tensor gwide = wide.to(gpu());
-    Tensor gq = strided(gwide, 0, QK), gk = strided(gwide, QK, QK),
-           gv = strided(gwide, 2 * QK, V);
+    Tensor gq = strided(gwide, 0, QK), gk = strided(gwide, QK, QK), gv = strided(gwide, 2 * QK, V);
     Tensor gb = strided(gwide, 2 * QK + V, c.hv), ga = strided(gwide, 2 * QK + V + c.hv, G);
     Tensor gout = Tensor::empty({T, V}, c.dt, gpu());
     poison(gout);
@@ -141,8 +142,8 @@ void run_rule(const RuleCase& c, bool kda, double tol_out, double tol_state) {
     EXPECT_LE(es, tol_state) << "step " << step;
   }
   std::printf("%s hk %d hv %d dk %d dv %d %s chunk %d: worst rel err out %.3g, state %.3g\n",
-              kda ? "kda" : "gdn", c.hk, c.hv, c.dk, c.dv, std::string(dtype_name(c.dt)).c_str(), c.chunk, worst,
-              worst_state);
+              kda ? "kda" : "gdn", c.hk, c.hv, c.dk, c.dv, std::string(dtype_name(c.dt)).c_str(),
+              c.chunk, worst, worst_state);
 }
 
 // Bounds, measured at the first GPU run (2026-12-02, H200) and given ~8x: fp32 outputs 1.6-3.2e-7
@@ -150,13 +151,12 @@ void run_rule(const RuleCase& c, bool kda, double tol_out, double tol_state) {
 // 1.5-3.3e-8; bf16 outputs 1.0e-5 (KDA) and 8.6e-5 (GDN): a few values rounded the other way.
 TEST(GpuGatedDelta, RuleChunkedAndRecurrentAcrossSteps) {
   const RuleCase cases[] = {
-      {2, 4, 16, 24, DType::kF32, 64},    // the fixture's GQA shape: dv not a multiple of 32
-      {2, 4, 16, 24, DType::kF32, 0},     // every token through the recurrence
+      {2, 4, 16, 24, DType::kF32, 64},     // the fixture's GQA shape: dv not a multiple of 32
+      {2, 4, 16, 24, DType::kF32, 0},      // every token through the recurrence
       {1, 2, 128, 128, DType::kBF16, 64},  // the real models' head dims
-      {2, 2, 64, 40, DType::kF32, 16},    // another chunk size
+      {2, 2, 64, 40, DType::kF32, 16},     // another chunk size
   };
-  for (const RuleCase& c : cases)
-    run_rule(c, false, c.dt == DType::kF32 ? 2e-6 : 5e-4, 3e-7);
+  for (const RuleCase& c : cases) run_rule(c, false, c.dt == DType::kF32 ? 2e-6 : 5e-4, 3e-7);
 }
 
 TEST(GpuKimiDelta, RuleChunkedAndRecurrentAcrossSteps) {
@@ -166,8 +166,7 @@ TEST(GpuKimiDelta, RuleChunkedAndRecurrentAcrossSteps) {
       {2, 2, 128, 128, DType::kBF16, 64},
       {2, 2, 32, 32, DType::kF32, 64},
   };
-  for (const RuleCase& c : cases)
-    run_rule(c, true, c.dt == DType::kF32 ? 2e-6 : 5e-4, 3e-7);
+  for (const RuleCase& c : cases) run_rule(c, true, c.dt == DType::kF32 ? 2e-6 : 5e-4, 3e-7);
 }
 
 // Speculative verification rows (StateRows::rollback_slots) against the CPU reference: two
@@ -328,7 +327,8 @@ TEST(GpuGatedDelta, GatedNormBothGatesInPlaceAndStrided) {
     kernels::gated_rms_norm(g, g, strided(gzw, 8, c.N), w.to(gpu()), 1e-6f, c.gate);
     const double e = rel_err(g, ref);
     std::printf("gated_rms_norm %lldx%lld/%lld %s: rel err %.3g\n", static_cast<long long>(c.T),
-                static_cast<long long>(c.N), static_cast<long long>(c.D), std::string(dtype_name(c.dt)).c_str(), e);
+                static_cast<long long>(c.N), static_cast<long long>(c.D),
+                std::string(dtype_name(c.dt)).c_str(), e);
     EXPECT_LE(e, c.dt == DType::kF32 ? 1e-6 : 1e-4);  // measured 7.1e-8 (f32), 0 (bf16)
   }
 }

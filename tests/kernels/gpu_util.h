@@ -86,7 +86,6 @@ inline bool same_bytes(const Tensor& a, const Tensor& b) {
   return x.nbytes() == y.nbytes() && std::memcmp(x.data(), y.data(), x.nbytes()) == 0;
 }
 
-
 // The GPU engine tests' workload: 12 greedy requests of 5 to 82 tokens (12 new tokens each, EOS
 // ignored) and what each decodes alone through the single-sequence runner.
 struct GreedyWorkload {

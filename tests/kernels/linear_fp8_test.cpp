@@ -167,11 +167,12 @@ TEST(GpuLinearFp8, EveryModeAndPathMatchesCpu) {
         Setting{Fp8Path::kNoSkinny, Fp8Tiles::kTma, 2},
         Setting{Fp8Path::kNoSkinny, Fp8Tiles::kCpAsync, 2},
         Setting{Fp8Path::kGeneral, Fp8Tiles::kAuto, 2}}) {
-    const kernels::cuda::CudaTuningScope scope(kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
-      t.fp8_path = st.path;
-      t.fp8_tiles = st.tiles;
-      t.fp8_skinny_rows = st.skinny_rows;
-    }));
+    const kernels::cuda::CudaTuningScope scope(
+        kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
+          t.fp8_path = st.path;
+          t.fp8_tiles = st.tiles;
+          t.fp8_skinny_rows = st.skinny_rows;
+        }));
     for (const Case& c : kCases) {
       const Result r = run_case(c, seed += 7);
       ++used[r.kernel];

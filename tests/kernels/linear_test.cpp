@@ -64,10 +64,11 @@ TEST(GpuLinear, SkinnyAndCublasLtMatchCpu) {
   uint64_t seed = 300;
   // Skinny with K split over a block's warps (every N here is below 1 << 20), unsplit, cuBLASLt.
   for (auto [skinny, split] : {std::pair{4, int64_t{1} << 20}, {4, int64_t{0}}, {0, int64_t{0}}}) {
-    const kernels::cuda::CudaTuningScope scope(kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
-      t.skinny_max_m = skinny;
-      t.skinny_split_max_n = split;
-    }));
+    const kernels::cuda::CudaTuningScope scope(
+        kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
+          t.skinny_max_m = skinny;
+          t.skinny_split_max_n = split;
+        }));
     SCOPED_TRACE("split below N " + std::to_string(split));
     for (const LinearCase& c : kCases) check_linear(c, seed += 3);
   }
@@ -225,7 +226,9 @@ TEST(GpuLinear, SkinnyAfterLatencyBoundHintSameBytes) {
   tuning.emplace(skinny_max_m(2));
   uint64_t seed = 1300;
   for (const auto& [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 4096, 4096},
-                                {2, 1000, 4096}, {1, 300, 520}, {2, 64, 8200}}) {
+                                {2, 1000, 4096},
+                                {1, 300, 520},
+                                {2, 64, 8200}}) {
     SCOPED_TRACE("M=" + std::to_string(m) + " N=" + std::to_string(n) + " K=" + std::to_string(k));
     Tensor x = random_cpu({m, k}, DType::kBF16, ++seed, -1, 1).to(gpu());
     Tensor w = random_cpu({n, k}, DType::kBF16, ++seed, -0.1f, 0.1f).to(gpu());

@@ -103,9 +103,9 @@ struct AttnCase {
   std::vector<int> ctx, qlen;
   int heads, latent, rope, block_size;
   DType dt;
-  int top_k = 0;            // > 0: sparse
-  bool workspace = true;    // split contexts where the kernel would
-  int context_bound = 0;    // > 0: max_context_len passed as this bound (decode graphs)
+  int top_k = 0;          // > 0: sparse
+  bool workspace = true;  // split contexts where the kernel would
+  int context_bound = 0;  // > 0: max_context_len passed as this bound (decode graphs)
   float q_range = 1.0f;
 };
 
@@ -113,8 +113,8 @@ double run_attention_case(const AttnCase& c, uint64_t seed) {
   PagedBatch b(c.ctx, c.qlen, c.block_size, static_cast<uint32_t>(seed));
   const int W = c.latent + c.rope;
   const int64_t T = b.tokens();
-  Tensor q = random_cpu({T, static_cast<int64_t>(c.heads) * W}, c.dt, seed + 1, -c.q_range,
-                        c.q_range);
+  Tensor q =
+      random_cpu({T, static_cast<int64_t>(c.heads) * W}, c.dt, seed + 1, -c.q_range, c.q_range);
   Tensor cache = random_cpu({b.num_pages, c.block_size, 1, W}, c.dt, seed + 2, -1, 1);
   Tensor topk = c.top_k > 0 ? random_topk(b, c.top_k, static_cast<uint32_t>(seed + 3)) : Tensor();
   kernels::MlaArgs a;
@@ -131,8 +131,7 @@ double run_attention_case(const AttnCase& c, uint64_t seed) {
   Tensor gtopk = topk.defined() ? topk.to(gpu()) : Tensor();
   kernels::AttentionBatch gb = b.dev();
   Tensor ws;
-  const int64_t wsn =
-      kernels::mla_paged_attention_workspace_size(gpu(), T, a, c.dt, c.top_k);
+  const int64_t wsn = kernels::mla_paged_attention_workspace_size(gpu(), T, a, c.dt, c.top_k);
   if (c.workspace && wsn > 0) {
     ws = Tensor::empty({wsn}, DType::kF32, gpu());
     poison(ws);
@@ -159,8 +158,8 @@ TEST(GpuMla, WgmmaDecodeAndPrefillMatchTheCpu) {
   };
   uint64_t seed = 1000;
   for (const int pipeline : {0, 1}) {
-    const kernels::cuda::CudaTuningScope scope(
-        kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) { t.mla_pipeline = pipeline; }));
+    const kernels::cuda::CudaTuningScope scope(kernels::cuda::cuda_tuning_with(
+        [&](kernels::cuda::CudaTuning& t) { t.mla_pipeline = pipeline; }));
     for (const AttnCase& c : cases) {
       const double e = run_attention_case(c, seed += 10);
       std::printf("  pipeline %d, heads %d, %zu seqs (max ctx %d), splits %s: rel err %.3g\n",
@@ -177,7 +176,7 @@ TEST(GpuMla, SparseAttentionOverTopkMatchesTheCpu) {
       {{3000, 2100}, {1, 3}, 128, 512, 64, 64, bf, 256},
       {{5000}, {2}, 16, 512, 64, 16, bf, 2048},
       {{40, 9}, {40, 9}, 128, 512, 64, 64, bf, 64, false},
-      {{3000, 120}, {1, 4}, 4, 32, 8, 16, bf, 48},             // FP32 kernel
+      {{3000, 120}, {1, 4}, 4, 32, 8, 16, bf, 48},  // FP32 kernel
       {{700}, {5}, 8, 24, 8, 4, DType::kF32, 100},
   };
   uint64_t seed = 2000;
@@ -288,8 +287,8 @@ TEST(GpuMla, PerHeadProductsMatchTheCpu) {
     Tensor out = Tensor::empty({M, H * (L + 64)}, DType::kBF16, gpu());
     poison(out);
     Tensor o0 = out.narrow(1, 0, L);
-    ASSERT_TRUE(kernels::linear_heads(o0, gq.narrow(1, 0, nope), gw.select(0, 0), H, L + 64, qk,
-                                      L * nope));
+    ASSERT_TRUE(
+        kernels::linear_heads(o0, gq.narrow(1, 0, nope), gw.select(0, 0), H, L + 64, qk, L * nope));
     Tensor got = host(out), want = ref;
     for (int h = 0; h < H; ++h)
       EXPECT_LE(rel_err(got.narrow(1, h * (L + 64), L).contiguous(),
@@ -349,8 +348,8 @@ void run_indexer_case(const IndexerCase& c, uint64_t seed) {
   kernels::indexer_topk(ref, q, w, cache, b.cpu(), a);
   Tensor out = Tensor::empty({T, K}, DType::kI32, gpu());
   poison(out);
-  Tensor ws = Tensor::empty({kernels::indexer_topk_workspace_size(gpu(), T, a)}, DType::kF32,
-                            gpu());
+  Tensor ws =
+      Tensor::empty({kernels::indexer_topk_workspace_size(gpu(), T, a)}, DType::kF32, gpu());
   kernels::AttentionBatch gb = b.dev();
   gb.workspace = &ws;
   Tensor gq = q.to(gpu()), gw = w.to(gpu()), gc = cache.to(gpu());
@@ -366,8 +365,9 @@ void run_indexer_case(const IndexerCase& c, uint64_t seed) {
     const int n = qp[t] + 1;
     std::vector<double> score(static_cast<size_t>(n));
     for (int j = 0; j < n; ++j) {
-      const int64_t row = static_cast<int64_t>(b.page_indices[b.page_indptr[s] + j / c.block_size]) *
-                              c.block_size + j % c.block_size;
+      const int64_t row =
+          static_cast<int64_t>(b.page_indices[b.page_indptr[s] + j / c.block_size]) * c.block_size +
+          j % c.block_size;
       double sum = 0;
       for (int h = 0; h < Hi; ++h) {
         double dot = 0;
@@ -399,8 +399,8 @@ void run_indexer_case(const IndexerCase& c, uint64_t seed) {
     if (!ok) break;
     exact += std::equal(g, g + K, ref.ptr<int32_t>() + t * K);
   }
-  std::printf("  indexer %d heads of %d, top %d: %d of %lld tokens equal the CPU's lists\n", Hi,
-              D, K, exact, static_cast<long long>(T));
+  std::printf("  indexer %d heads of %d, top %d: %d of %lld tokens equal the CPU's lists\n", Hi, D,
+              K, exact, static_cast<long long>(T));
   if (c.distinct_keys > 0)
     EXPECT_EQ(exact, T) << "exact ties must break by position as on the CPU";
   else
@@ -410,9 +410,9 @@ void run_indexer_case(const IndexerCase& c, uint64_t seed) {
 TEST(GpuIndexer, ScoresAndTopkMatchTheCpu) {
   const std::vector<IndexerCase> cases = {
       {{3000, 2500, 40}, {1, 6, 40}, 64, 128, 2048, 64},  // V3.2's shape: n below and above K
-      {{700, 90}, {12, 90}, 16, 16, 10, 4},                // the fixtures' shape
-      {{1500}, {3}, 8, 64, 300, 16, 3},                    // three distinct scores: exact ties
-      {{200}, {200}, 4, 32, 17, 16, 1},                    // one score for all
+      {{700, 90}, {12, 90}, 16, 16, 10, 4},               // the fixtures' shape
+      {{1500}, {3}, 8, 64, 300, 16, 3},                   // three distinct scores: exact ties
+      {{200}, {200}, 4, 32, 17, 16, 1},                   // one score for all
   };
   uint64_t seed = 4000;
   for (const IndexerCase& c : cases) run_indexer_case(c, seed += 10);

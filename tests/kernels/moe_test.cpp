@@ -352,11 +352,12 @@ void check_fused(const MoeCase& c, uint64_t seed) {
   const double tol = c.dt == DType::kF16 ? 3e-3 : 5e-3;
   for (const Path& p : paths) {
     SCOPED_TRACE(p.name);
-    const kernels::cuda::CudaTuningScope scope(kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
-      t.moe_decode_max_rows = p.decode_rows;
-      t.moe_gemm_tile_rows = p.tile_rows;
-      t.moe_decode_depth = p.depth;
-    }));
+    const kernels::cuda::CudaTuningScope scope(
+        kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
+          t.moe_decode_max_rows = p.decode_rows;
+          t.moe_gemm_tile_rows = p.tile_rows;
+          t.moe_decode_depth = p.depth;
+        }));
     Tensor out = run_gpu(c, gx, g13, g2, gb13, gb2, gids, gw);
     Tensor ho = host(out);
     ASSERT_EQ(ho.shape(), ref.shape());
@@ -404,16 +405,16 @@ TEST(GpuMoe, FusedSwigluOaiMatchesCpu) {
     return c;
   };
   const MoeCase cases[] = {
-      oai({1, 32, 4, 0, 256, 128, 128}, 0.5f, 3),                        // gpt-oss: E 32 top-4
-      oai({1, 8, 2, 0, 264, 136, 144}, 0.6f, 0),                         // no biases, padded I
+      oai({1, 32, 4, 0, 256, 128, 128}, 0.5f, 3),  // gpt-oss: E 32 top-4
+      oai({1, 8, 2, 0, 264, 136, 144}, 0.6f, 0),   // no biases, padded I
       oai({2, 32, 4, 0, 200, 72, 80, DType::kBF16, DType::kF32}, 0.4f, 3),
-      oai({8, 32, 4, 0, 520, 200, 208}, 7.0f, 3),                        // unclamped
-      oai({8, 128, 4, 0, 1032, 264, 264}, 0.5f, 1),                      // b13 only
-      oai({32, 32, 4, 0, 256, 192, 200}, 0.5f, 2, 1.0f),                 // b2 only
+      oai({8, 32, 4, 0, 520, 200, 208}, 7.0f, 3),         // unclamped
+      oai({8, 128, 4, 0, 1032, 264, 264}, 0.5f, 1),       // b13 only
+      oai({32, 32, 4, 0, 256, 192, 200}, 0.5f, 2, 1.0f),  // b2 only
       oai({48, 8, 2, 0, 136, 64, 64, DType::kBF16, DType::kBF16, true}, 0.8f, 3),
       oai({100, 32, 4, 0, 264, 136, 144}, 0.5f, 3),
       oai({600, 32, 4, 0, 256, 192, 200, DType::kBF16, DType::kBF16, false, true}, 0.5f, 3),
-      oai({2048, 32, 4, 0, 264, 200, 208}, 0.6f, 3),                     // 8k rows: 128-row tiles
+      oai({2048, 32, 4, 0, 264, 200, 208}, 0.6f, 3),  // 8k rows: 128-row tiles
       oai({300, 64, 8, 0, 136, 72, 80, DType::kF16, DType::kF16}, 0.5f, 3),
       oai({37, 8, 2, 1, 128, 64, 64, DType::kF16, DType::kBF16}, 0.5f, 0),  // + a shared slot
       // SiLU·mul with biases takes the extended epilogue too.
@@ -435,7 +436,8 @@ float e2m1(uint8_t code) {
 // MXFP4 experts in the layout kernels::MoeExperts takes (blocks [S, 2Ip, H/2] and [S, H, Ip/2],
 // scales k-group-major [S, H/32, 2Ip] and [S, Ip/32, H]), and the dense weights they encode
 // (every product e2m1 * 2^k is exact in BF16). Random codes (all 16, both zeros), scales
-// 2^-8 .. 2^-3 and a few edge exponents; the padding rows of w13 and columns of w2 are zero codes with random scales.
+// 2^-8 .. 2^-3 and a few edge exponents; the padding rows of w13 and columns of w2 are zero codes
+// with random scales.
 struct MxExperts {
   Tensor b13, b2, s13, s2;  // host U8
   Tensor d13, d2;           // host, c.dt
@@ -449,7 +451,8 @@ MxExperts make_mx(const MoeCase& c, uint64_t seed) {
   m.s13 = Tensor::empty({S, G13, 2 * Ip}, DType::kU8);
   m.b2 = Tensor::empty({S, H, Ip / 2}, DType::kU8);
   m.s2 = Tensor::empty({S, G2, H}, DType::kU8);
-  Tensor d13 = Tensor::empty({S, 2 * Ip, H}, DType::kF32), d2 = Tensor::empty({S, H, Ip}, DType::kF32);
+  Tensor d13 = Tensor::empty({S, 2 * Ip, H}, DType::kF32),
+         d2 = Tensor::empty({S, H, Ip}, DType::kF32);
   uint8_t* b13 = static_cast<uint8_t*>(m.b13.data());
   uint8_t* s13 = static_cast<uint8_t*>(m.s13.data());
   uint8_t* b2 = static_cast<uint8_t*>(m.b2.data());
@@ -541,12 +544,13 @@ void check_fused_mx(const MoeCase& c, uint64_t seed) {
   for (const Path& p : paths) {
     SCOPED_TRACE(p.name);
     // The BF16 path takes the same path as the MXFP4 one.
-    const kernels::cuda::CudaTuningScope scope(kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
-      t.moe_decode_max_rows_mxfp4 = p.decode_rows;
-      t.moe_decode_max_rows = p.decode_rows;
-      t.moe_gemm_tile_rows = p.tile_rows;
-      t.moe_decode_depth = p.depth;
-    }));
+    const kernels::cuda::CudaTuningScope scope(
+        kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
+          t.moe_decode_max_rows_mxfp4 = p.decode_rows;
+          t.moe_decode_max_rows = p.decode_rows;
+          t.moe_gemm_tile_rows = p.tile_rows;
+          t.moe_decode_depth = p.depth;
+        }));
     Tensor out = run_mx();
     Tensor dense = run_gpu(c, gx, gd13, gd2, gbias13, gbias2, gids, gw);
     const double err = rel_err(host(out), ref), err_dense = rel_err(out, dense);

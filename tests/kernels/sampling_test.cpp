@@ -98,7 +98,8 @@ TEST(GpuSampling, MaskLogitsMatchesCpu) {
     std::mt19937_64 rng(3);
     for (int64_t i = 0; i < M * W; ++i) masks.ptr<uint64_t>()[i] = rng() & rng();
     Tensor index = Tensor::empty({R}, DType::kI32);
-    for (int64_t r = 0; r < R; ++r) index.ptr<int32_t>()[r] = r % 3 == 1 ? -1 : static_cast<int32_t>(r % M);
+    for (int64_t r = 0; r < R; ++r)
+      index.ptr<int32_t>()[r] = r % 3 == 1 ? -1 : static_cast<int32_t>(r % M);
     Tensor g = l.to(gpu());
     kernels::mask_logits(g, masks.to(gpu()), index.to(gpu()));
     kernels::mask_logits(l, masks, index);

@@ -37,7 +37,7 @@ TEST(Cli, ScoreWritesTransformersLogits) {
   TempDir d;
   const Reference ref = reference_load("llama3_gqa");
   const CmdResult r = run("score --device cpu --model " + fixture_dir("llama3_gqa") + " --tokens " +
-                    join(ref.input_ids) + " --out " + d.file("l.safetensors"));
+                          join(ref.input_ids) + " --out " + d.file("l.safetensors"));
   ASSERT_EQ(r.status, 0) << r.out;
   SafetensorsFile f(d.file("l.safetensors"), false);
   Tensor logits = f.tensor("logits");
@@ -47,9 +47,10 @@ TEST(Cli, ScoreWritesTransformersLogits) {
 
 TEST(Cli, GenerateJsonGreedyTokens) {
   const Reference ref = reference_load("qwen3_tied");
-  const CmdResult r = run("generate --device cpu --model " + fixture_dir("qwen3_tied") + " --prompt-tokens " +
-                    join(ref.greedy_prompt) + " --prompt-tokens " + join(ref.greedy_prompt) +
-                    " --max-tokens 16 --temperature 0 --ignore-eos --json");
+  const CmdResult r =
+      run("generate --device cpu --model " + fixture_dir("qwen3_tied") + " --prompt-tokens " +
+          join(ref.greedy_prompt) + " --prompt-tokens " + join(ref.greedy_prompt) +
+          " --max-tokens 16 --temperature 0 --ignore-eos --json");
   ASSERT_EQ(r.status, 0) << r.out;
   std::istringstream lines(r.out);
   std::string line;
@@ -64,10 +65,12 @@ TEST(Cli, GenerateJsonGreedyTokens) {
 }
 
 TEST(Cli, BadInputIsAClearError) {
-  CmdResult r = run("score --device cpu --model " + fixture_dir("llama3_gqa") + " --tokens 1,x,3 --out /tmp/x");
+  CmdResult r = run("score --device cpu --model " + fixture_dir("llama3_gqa") +
+                    " --tokens 1,x,3 --out /tmp/x");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.out.find("--tokens"), std::string::npos) << r.out;
-  r = run("score --device cpu --model " + fixture_dir("llama3_gqa") + " --tokens 1,5000 --out /tmp/x");
+  r = run("score --device cpu --model " + fixture_dir("llama3_gqa") +
+          " --tokens 1,5000 --out /tmp/x");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.out.find("5000"), std::string::npos) << r.out;
   r = run("generate --device cpu --model /nonexistent --prompt-tokens 1 --json");

@@ -30,10 +30,10 @@ void load_edited(const std::string& name, const std::function<void(nlohmann::jso
 TEST(DeepseekConfig, BadFieldsAreErrorsNamingThem) {
   EXPECT_ERROR_CONTAINS(load_edited("deepseek_v2", [](auto& c) { c["topk_method"] = "noaux_tc"; }),
                         "'topk_method'", "noaux_tc");
-  EXPECT_ERROR_CONTAINS(
-      load_edited("deepseek_v2", [](auto& c) { c.erase("n_group"); }), "'n_group'", "missing");
-  EXPECT_ERROR_CONTAINS(load_edited("deepseek_v3", [](auto& c) { c["n_group"] = 3; }),
-                        "'n_group'", "must divide n_routed_experts (16)");
+  EXPECT_ERROR_CONTAINS(load_edited("deepseek_v2", [](auto& c) { c.erase("n_group"); }),
+                        "'n_group'", "missing");
+  EXPECT_ERROR_CONTAINS(load_edited("deepseek_v3", [](auto& c) { c["n_group"] = 3; }), "'n_group'",
+                        "must divide n_routed_experts (16)");
   EXPECT_ERROR_CONTAINS(load_edited("deepseek_v3", [](auto& c) { c["topk_group"] = 5; }),
                         "'topk_group'", "n_group = 4");
   EXPECT_ERROR_CONTAINS(load_edited("deepseek_v3", [](auto& c) { c["q_lora_rank"] = 0; }),
@@ -42,9 +42,8 @@ TEST(DeepseekConfig, BadFieldsAreErrorsNamingThem) {
                         "'qk_rope_head_dim'", "even");
   EXPECT_ERROR_CONTAINS(load_edited("deepseek_v3", [](auto& c) { c["kv_lora_rank"] = -1; }),
                         "'kv_lora_rank'");
-  EXPECT_ERROR_CONTAINS(
-      load_edited("deepseek_v3", [](auto& c) { c["num_experts_per_tok"] = 17; }),
-      "'num_experts_per_tok'", "[1, 16]");
+  EXPECT_ERROR_CONTAINS(load_edited("deepseek_v3", [](auto& c) { c["num_experts_per_tok"] = 17; }),
+                        "'num_experts_per_tok'", "[1, 16]");
   EXPECT_ERROR_CONTAINS(load_edited("deepseek_v3_plain", [](auto& c) { c["hidden_act"] = "gelu"; }),
                         "'hidden_act'", "gelu");
   EXPECT_ERROR_CONTAINS(load_edited("deepseek_v2_lite", [](auto& c) { c["mlp_bias"] = true; }),
@@ -56,13 +55,16 @@ TEST(DeepseekConfig, BadFieldsAreErrorsNamingThem) {
 }
 
 TEST(DeepseekConfig, SparseAttentionFieldsAreChecked) {
-  EXPECT_ERROR_CONTAINS(
-      load_edited("glm_moe_dsa",
-                  [](auto& c) { c["indexer_types"] = {"shared", "full", "full"}; }),
-      "'indexer_types'", "must start with a 'full' layer");
-  EXPECT_ERROR_CONTAINS(
-      load_edited("glm_moe_dsa", [](auto& c) { c["indexer_types"] = {"full", "sparse", "full"}; }),
-      "'indexer_types'", "'sparse'");
+  EXPECT_ERROR_CONTAINS(load_edited("glm_moe_dsa",
+                                    [](auto& c) {
+                                      c["indexer_types"] = {"shared", "full", "full"};
+                                    }),
+                        "'indexer_types'", "must start with a 'full' layer");
+  EXPECT_ERROR_CONTAINS(load_edited("glm_moe_dsa",
+                                    [](auto& c) {
+                                      c["indexer_types"] = {"full", "sparse", "full"};
+                                    }),
+                        "'indexer_types'", "'sparse'");
   EXPECT_ERROR_CONTAINS(load_edited("glm_moe_dsa",
                                     [](auto& c) {
                                       c.erase("indexer_types");
@@ -73,9 +75,11 @@ TEST(DeepseekConfig, SparseAttentionFieldsAreChecked) {
                         "'q_lora_rank'", "indexer");
   EXPECT_ERROR_CONTAINS(load_edited("deepseek_v32", [](auto& c) { c["index_head_dim"] = 4; }),
                         "'index_head_dim'");
-  EXPECT_ERROR_CONTAINS(
-      load_edited("deepseek_v32", [](auto& c) { c["mlp_layer_types"] = {"dense", "moe", "sparse"}; }),
-      "'mlp_layer_types'", "'moe'");
+  EXPECT_ERROR_CONTAINS(load_edited("deepseek_v32",
+                                    [](auto& c) {
+                                      c["mlp_layer_types"] = {"dense", "moe", "sparse"};
+                                    }),
+                        "'mlp_layer_types'", "'moe'");
   // A pattern in place of the list derives the same layers (layer 1 shared: no indexer there).
   TempDir d;
   copy_dir(fixture_dir("glm_moe_dsa"), d.str());
@@ -93,11 +97,11 @@ TEST(DeepseekConfig, SparseAttentionFieldsAreChecked) {
 // saying so over BF16 weights is refused naming a weight that is not FP8.
 TEST(DeepseekConfig, Fp8ConfigOverBf16WeightsIsRefusedByName) {
   EXPECT_ERROR_CONTAINS(
-      load_edited("deepseek_v3",
-                  [](auto& c) {
-                    c["quantization_config"] = {{"quant_method", "fp8"},
-                                                {"weight_block_size", {128, 128}}};
-                  }),
+      load_edited(
+          "deepseek_v3",
+          [](auto& c) {
+            c["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+          }),
       "as FP8, but the checkpoint weight is BF16", "not F8_E4M3");
 }
 

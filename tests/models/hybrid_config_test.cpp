@@ -1,6 +1,7 @@
-// Hybrid (Gated DeltaNet, Kimi delta attention) configs and checkpoints: a bad field is an error naming it, before any
-// weight is read; the vision tower and MTP tensors of the checkpoints are skipped unread; the
-// state each linear-attention layer declares for the slot pool has the shapes of its config.
+// Hybrid (Gated DeltaNet, Kimi delta attention) configs and checkpoints: a bad field is an error
+// naming it, before any weight is read; the vision tower and MTP tensors of the checkpoints are
+// skipped unread; the state each linear-attention layer declares for the slot pool has the shapes
+// of its config.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -74,18 +75,18 @@ TEST(HybridConfig, KimiLinearBadFieldsAreErrorsNamingThem) {
       "'mlp_layer_types'", "'moe'");
   EXPECT_ERROR_CONTAINS(load_edited("kimi_linear", [](auto& c) { c["linear_head_dim"] = 0; }),
                         "'linear_head_dim'", "positive");
-  EXPECT_ERROR_CONTAINS(
-      load_edited("kimi_linear", [](auto& c) { c["num_experts_per_token"] = 9; }),
-      "'num_experts_per_token'", "[1, 8]");
+  EXPECT_ERROR_CONTAINS(load_edited("kimi_linear", [](auto& c) { c["num_experts_per_token"] = 9; }),
+                        "'num_experts_per_token'", "[1, 8]");
   EXPECT_ERROR_CONTAINS(load_edited("kimi_linear", [](auto& c) { c["hidden_act"] = "gelu"; }),
                         "'hidden_act'");
-  EXPECT_ERROR_CONTAINS(load_edited("kimi_linear",
-                                    [](auto& c) {
-                                      c.erase("layer_types");
-                                      c["linear_attn_config"] = {{"kda_layers", {1, 2, 3, 4}},
-                                                                 {"full_attn_layers", {3}}};
-                                    }),
-                        "'linear_attn_config'", "layer 3 (1-indexed) is in 2");
+  EXPECT_ERROR_CONTAINS(
+      load_edited(
+          "kimi_linear",
+          [](auto& c) {
+            c.erase("layer_types");
+            c["linear_attn_config"] = {{"kda_layers", {1, 2, 3, 4}}, {"full_attn_layers", {3}}};
+          }),
+      "'linear_attn_config'", "layer 3 (1-indexed) is in 2");
 }
 
 // The hub's config layout: linear_attn_config (1-indexed layer lists, the KDA shape) and
@@ -93,8 +94,8 @@ TEST(HybridConfig, KimiLinearBadFieldsAreErrorsNamingThem) {
 TEST(HybridConfig, KimiLinearHubConfigLayoutGivesTheSameLogits) {
   const Reference ref = reference_load("kimi_linear");
   LoadedModel m = load_edited("kimi_linear", [](auto& c) {
-    for (const char* k : {"layer_types", "linear_num_heads", "linear_head_dim",
-                          "linear_conv_kernel_dim"})
+    for (const char* k :
+         {"layer_types", "linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim"})
       c.erase(k);
     c["linear_attn_config"] = {{"kda_layers", {1, 2, 4}},
                                {"full_attn_layers", {3}},

@@ -104,8 +104,7 @@ void expect_same_weights(Model& a, Model& b) {
   }
 }
 
-LoadedModel load_with_threads(const std::string& dir, const char* threads,
-                              ModelOptions o = {}) {
+LoadedModel load_with_threads(const std::string& dir, const char* threads, ModelOptions o = {}) {
   ScopedEnv env("ATOM_LOADER_NUM_THREADS", threads);
   return model_load(dir, o);
 }
@@ -124,9 +123,8 @@ TEST(MoeLoading, StackedCheckpointsLoadTheSameWeights) {
   TempDir d;
   // Layer 0 stacked, layer 2 per expert: the stacked path declines the pool for its parameters
   // only.
-  write_edited("qwen3_moe", d.str(), [](TensorList& ts) {
-    stack_experts(ts, [](int64_t layer) { return layer == 0; });
-  });
+  write_edited("qwen3_moe", d.str(),
+               [](TensorList& ts) { stack_experts(ts, [](int64_t layer) { return layer == 0; }); });
   for (const char* threads : {"4", "1"}) {
     LoadedModel m = load_with_threads(d.str(), threads);
     LoadedModel want = load_with_threads(fixture_dir("qwen3_moe"), "1");
@@ -151,7 +149,8 @@ TEST(MoeLoading, StackedCheckpointsLoadTheSameWeights) {
 TEST(MoeLoading, MissingExpertNamesTheParameterAndTheRegionsThatArrived) {
   TempDir d;
   write_edited("qwen3_moe", d.str(), [](TensorList& ts) {
-    std::erase_if(ts, [](auto& p) { return p.first == "model.layers.2.mlp.experts.5.up_proj.weight"; });
+    std::erase_if(ts,
+                  [](auto& p) { return p.first == "model.layers.2.mlp.experts.5.up_proj.weight"; });
   });
   // Staged: the pool's rule.
   EXPECT_ERROR_CONTAINS(load_with_threads(d.str(), "4"), "model.layers.2.mlp.experts.w13_weight",
@@ -181,7 +180,8 @@ TEST(MoeLoading, MixtralNamesAndBadExpertTensorsAreClearErrors) {
   TempDir shape;
   write_edited("mixtral", shape.str(), [](TensorList& ts) {
     for (auto& [n, t] : ts)
-      if (n == "model.layers.1.block_sparse_moe.experts.2.w2.weight") t = Tensor::zeros({64, 40}, t.dtype());
+      if (n == "model.layers.1.block_sparse_moe.experts.2.w2.weight")
+        t = Tensor::zeros({64, 40}, t.dtype());
   });
   for (const char* threads : {"4", "1"})
     EXPECT_ERROR_CONTAINS(load_with_threads(shape.str(), threads),
@@ -193,7 +193,8 @@ TEST(MoeLoading, MixtralNamesAndBadExpertTensorsAreClearErrors) {
                     Tensor::zeros({48, 64}, DType::kBF16));
   });
   EXPECT_ERROR_CONTAINS(model_load(extra.str(), {}),
-                        "model.layers.0.block_sparse_moe.experts.8.w1.weight", "match no parameter");
+                        "model.layers.0.block_sparse_moe.experts.8.w1.weight",
+                        "match no parameter");
 }
 
 TEST(MoeLoading, SharedExpertFusionGivesIdenticalLogits) {
@@ -228,10 +229,12 @@ TEST(MoeLoading, Mxfp4TensorsThatDoNotFitAreNamed) {
   // A blocks tensor without its scales: refused before any data is read.
   TempDir missing;
   write_edited("gpt_oss_mxfp4", missing.str(), [](TensorList& ts) {
-    std::erase_if(ts, [](auto& p) { return p.first == "model.layers.1.mlp.experts.down_proj_scales"; });
+    std::erase_if(ts,
+                  [](auto& p) { return p.first == "model.layers.1.mlp.experts.down_proj_scales"; });
   });
-  EXPECT_ERROR_CONTAINS(model_load(missing.str(), {}), "model.layers.1.mlp.experts.down_proj_blocks",
-                        "has no", "down_proj_scales");
+  EXPECT_ERROR_CONTAINS(model_load(missing.str(), {}),
+                        "model.layers.1.mlp.experts.down_proj_blocks", "has no",
+                        "down_proj_scales");
   // Scales of the wrong shape for their blocks.
   TempDir shape;
   write_edited("gpt_oss_mxfp4", shape.str(), [](TensorList& ts) {
@@ -274,10 +277,12 @@ struct SyntheticExperts {
   SyntheticExperts() {
     Tensor data = Tensor::empty({4, 2, 3}, DType::kF32);  // [slots, rows, cols]
     for (int64_t i = 0; i < data.numel(); ++i) data.ptr<float>()[i] = 7;
-    p = &reg.add("experts.w", data, [](Parameter& q, const Tensor& t, const std::string& s, int e) {
-      Tensor r = q.expert_layout->region(q.data().select(0, e), s);
-      q.expert_layout->write(r, t, s);
-    }, {"expert 0/a", "expert 1/a"});
+    p = &reg.add("experts.w", data,
+                 [](Parameter& q, const Tensor& t, const std::string& s, int e) {
+                   Tensor r = q.expert_layout->region(q.data().select(0, e), s);
+                   q.expert_layout->write(r, t, s);
+                 },
+                 {"expert 0/a", "expert 1/a"});
     auto layout = std::make_shared<ExpertLayout>();
     layout->num_base = 2;
     layout->num_slots = 4;
@@ -365,8 +370,8 @@ TEST(FusedMoELayer, PaddedIntermediateLoadsZeroTailsOnBothPaths) {
     std::vector<CacheSpec> caches;
     std::vector<StateCacheSpec> states;
     SoloCommunicator solo;
-    LayerContext ctx{reg, Device::cpu(), DType::kF32, DType::kF32, 0, 1, &solo, &caches, &states,
-                     false, nullptr, {}, false};
+    LayerContext ctx{reg,     Device::cpu(), DType::kF32, DType::kF32, 0,  1,    &solo,
+                     &caches, &states,       false,       nullptr,     {}, false};
     FusedMoEOptions o;
     o.num_experts = E;
     o.hidden = H;

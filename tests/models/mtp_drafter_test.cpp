@@ -73,9 +73,8 @@ TEST(MtpDrafter, RewriteSpecLayerName) {
   EXPECT_EQ(deepseek_mtp_rewrite("model.layers.60.mlp.gate.weight", 60, 61), std::nullopt);
   EXPECT_EQ(deepseek_mtp_rewrite("model.embed_tokens.weight", -1, 61), std::nullopt);
   // Through the checkpoint rewriter: a drafter load asks the drafter about every name.
-  CheckpointNameRewriter spec(61, {}, true, [](const std::string& n, int64_t l) {
-    return deepseek_mtp_rewrite(n, l, 61);
-  });
+  CheckpointNameRewriter spec(
+      61, {}, true, [](const std::string& n, int64_t l) { return deepseek_mtp_rewrite(n, l, 61); });
   EXPECT_EQ(spec.rewrite("model.layers.61.eh_proj.weight"), "model.layers.61.eh_proj.weight");
   EXPECT_EQ(spec.rewrite("model.layers.3.self_attn.o_proj.weight"), std::nullopt);
   EXPECT_EQ(spec.rewrite("lm_head.weight"), std::nullopt);
@@ -175,7 +174,8 @@ std::pair<float, float> check_drafter_forward(const std::string& name, float tol
   Tensor logits = d.model->compute_draft_logits(s0, y, 0);
   const float e0 = expect_logits_near(logits, prefill_want, tolerance, name + " draft step 0");
   EXPECT_LE(rel_err(logits, prefill_want, name + " draft step 0"), rel_tolerance);
-  std::printf("%s draft step 0: normalised L2 error %.3g\n", name.c_str(), rel_err(logits, prefill_want));
+  std::printf("%s draft step 0: normalised L2 error %.3g\n", name.c_str(),
+              rel_err(logits, prefill_want));
   EXPECT_EQ(argmax_row(logits, T - 1), drafts[0]);
   // Steps >= 1: one row each, the last draft with the drafter's own normed output (copied out of
   // the arena the next step reuses).
@@ -188,8 +188,7 @@ std::pair<float, float> check_drafter_forward(const std::string& name, float tol
     Step sk{bk, darena, &dkv};
     Tensor yk = d.model->forward_draft(sk, carry, k);
     Tensor lk = d.model->compute_draft_logits(sk, yk, k);
-    e_steps = std::max(e_steps, expect_logits_near(lk, steps_want.narrow(0, k - 1, 1),
-                                                   tolerance,
+    e_steps = std::max(e_steps, expect_logits_near(lk, steps_want.narrow(0, k - 1, 1), tolerance,
                                                    name + " draft step " + std::to_string(k)));
     EXPECT_EQ(argmax_row(lk, 0), drafts[static_cast<size_t>(k)]) << "draft step " << k;
     carry = yk.clone();
@@ -198,7 +197,6 @@ std::pair<float, float> check_drafter_forward(const std::string& name, float tol
               drafts.size() - 1, e_steps);
   return {e0, e_steps};
 }
-
 
 TEST(MtpDrafter, ForwardMatchesPyTorchReference) {
   check_drafter_forward("deepseek_v3_mtp", kMtpLogitTolerance, kMtpRelTolerance);
@@ -259,7 +257,8 @@ TEST(MtpDrafter, QwenLoadsFromTargetCheckpointSkippingShards) {
     ASSERT_LT(with_mtp.size(), shards.size());
     EXPECT_GE(target.report.tensors_not_wanted, mtp_tensors);
     EXPECT_EQ(d.report.tensors_loaded, mtp_tensors);
-    EXPECT_EQ(d.report.checkpoint.shards_skipped, static_cast<int>(shards.size() - with_mtp.size()));
+    EXPECT_EQ(d.report.checkpoint.shards_skipped,
+              static_cast<int>(shards.size() - with_mtp.size()));
     EXPECT_EQ(d.report.checkpoint.shards_read, static_cast<int>(with_mtp.size()));
     EXPECT_EQ(d.model->num_draft_layers(), 1);
     const bool tied = target.model->config().tie_word_embeddings;
@@ -267,7 +266,8 @@ TEST(MtpDrafter, QwenLoadsFromTargetCheckpointSkippingShards) {
     if (!tied) want.push_back("lm_head.weight");
     EXPECT_EQ(d.shared, want);
     for (const auto& p : want)
-      EXPECT_EQ(d.model->params().find(p)->data().data(), target.model->params().find(p)->data().data())
+      EXPECT_EQ(d.model->params().find(p)->data().data(),
+                target.model->params().find(p)->data().data())
           << p;
   }
 }

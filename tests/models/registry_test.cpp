@@ -67,13 +67,17 @@ TEST(Registry, UnimplementedVariantsAreRefusedByName) {
     const char* patch;
     std::vector<std::string> want;
   };
-  for (const Case& k : {
-           Case{R"({"hidden_act": "relu_squared"})", {"'hidden_act'", "relu_squared", "Qwen3ForCausalLM", "silu"}},
-           Case{R"({"hidden_act": "gelu"})", {"'hidden_act'", "gelu"}},
-           Case{R"({"layer_types": ["bogus", "sliding_attention"]})", {"'layer_types'", "entry 0", "'bogus'", "sliding_attention"}},
-           Case{R"({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "rope_parameters": null})",
-                {"rope type 'dynamic'", "llama3, yarn"}},
-       }) {
+  for (
+      const Case& k : {
+          Case{R"({"hidden_act": "relu_squared"})",
+               {"'hidden_act'", "relu_squared", "Qwen3ForCausalLM", "silu"}},
+          Case{R"({"hidden_act": "gelu"})", {"'hidden_act'", "gelu"}},
+          Case{R"({"layer_types": ["bogus", "sliding_attention"]})",
+               {"'layer_types'", "entry 0", "'bogus'", "sliding_attention"}},
+          Case{
+              R"({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "rope_parameters": null})",
+              {"rope type 'dynamic'", "llama3, yarn"}},
+      }) {
     TempDir d;
     copy_dir(fixture_dir("qwen3_sliding"), d.str());
     nlohmann::json j = nlohmann::json::parse(read_file(cfg_path));
@@ -87,13 +91,15 @@ TEST(Registry, UnimplementedVariantsAreRefusedByName) {
     } catch (const Error& e) {
       const std::string msg = e.what();
       EXPECT_NE(msg.find(where), std::string::npos) << msg;
-      for (const auto& w : k.want) EXPECT_NE(msg.find(w), std::string::npos) << w << " not in " << msg;
+      for (const auto& w : k.want)
+        EXPECT_NE(msg.find(w), std::string::npos) << w << " not in " << msg;
     }
   }
   // The same folder unpatched loads.
   EXPECT_NO_THROW(model_load(fixture_dir("qwen3_sliding"), {}, LoadFormat::kDummy));
   // DeepSeek V3 has no sliding-window layers.
-  EXPECT_EQ(model_support("DeepseekV3ForCausalLM").layer_types, std::vector<std::string>{"full_attention"});
+  EXPECT_EQ(model_support("DeepseekV3ForCausalLM").layer_types,
+            std::vector<std::string>{"full_attention"});
 }
 
 // A tensor stored as integers where the model reads floats: a sentence naming the tensor and the
@@ -103,7 +109,8 @@ TEST(Registry, UnconvertibleCheckpointDtypeIsASentence) {
   copy_dir(fixture_dir("llama_linear_sharded_f32"), d.str());
   const std::string key = "\"model.norm.weight\":{\"dtype\":\"F32\"";
   bool found = false;
-  for (const char* shard : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
+  for (const char* shard :
+       {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
     std::string st = read_file(d.file(shard));
     const size_t at = st.find(key);
     if (at == std::string::npos) continue;
@@ -126,9 +133,10 @@ TEST(Registry, UnconvertibleCheckpointDtypeIsASentence) {
 }
 
 TEST(Registry, DuplicateArchitectureIsRefused) {
-  EXPECT_ERROR_CONTAINS(model_registry_add("LlamaForCausalLM", [](const ModelConfig&, const ModelOptions&) {
-                          return std::unique_ptr<Model>();
-                        }),
+  EXPECT_ERROR_CONTAINS(model_registry_add("LlamaForCausalLM",
+                                           [](const ModelConfig&, const ModelOptions&) {
+                                             return std::unique_ptr<Model>();
+                                           }),
                         "'LlamaForCausalLM'", "registered twice");
   // The first registration still stands.
   EXPECT_ERROR_CONTAINS(model_support("NoSuchForCausalLM"), "not registered");

@@ -69,11 +69,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // experts split by intermediate channel, one reduction after the combine
                       Case{"qwen3_moe", 2}, Case{"qwen3_moe", 4}, Case{"qwen3_moe_stacked", 2},
                       Case{"mixtral", 2}, Case{"glm4_moe", 2},  // shared experts unreduced
-                      Case{"glm4_moe_air", 4},
-                      Case{"gpt_oss", 2}, Case{"gpt_oss_mxfp4", 2},  // sinks, expert biases
+                      Case{"glm4_moe_air", 4}, Case{"gpt_oss", 2},
+                      Case{"gpt_oss_mxfp4", 2},  // sinks, expert biases
                       // MLA heads split over ranks, the latent (and its cache) replicated
-                      Case{"deepseek_v2_lite", 2}, Case{"deepseek_v2", 4},
-                      Case{"deepseek_v3", 2}, Case{"deepseek_v3", 4},
+                      Case{"deepseek_v2_lite", 2}, Case{"deepseek_v2", 4}, Case{"deepseek_v3", 2},
+                      Case{"deepseek_v3", 4},
                       // the indexer replicated: every rank selects the same positions
                       Case{"deepseek_v32", 2}, Case{"glm_moe_dsa", 4},
                       // FP8 checkpoints dequantised at load, then cut (the scales' parts too)
@@ -88,7 +88,8 @@ TEST(TensorParallelErrors, IndivisibleSizesAreClearErrors) {
   ModelOptions o;
   o.tp_size = 3;
   o.comm = comm.get();
-  EXPECT_ERROR_CONTAINS(model_load(fixture_dir("llama3_gqa"), o), "not divisible by the tensor-parallel size 3");
+  EXPECT_ERROR_CONTAINS(model_load(fixture_dir("llama3_gqa"), o),
+                        "not divisible by the tensor-parallel size 3");
 }
 
 }  // namespace

@@ -32,7 +32,8 @@ std::string text_model_dir(const TempDir& d) {
 }
 
 std::vector<json> generate_all(const std::string& args) {
-  const std::string cmd = std::string(ATOM_BINARY_DIR) + "/atom generate --device cpu --load-format dummy " + args +
+  const std::string cmd = std::string(ATOM_BINARY_DIR) +
+                          "/atom generate --device cpu --load-format dummy " + args +
                           " --max-tokens 6 --json 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
@@ -71,16 +72,20 @@ TEST(TextCli, ChatAppliesTheModelsTemplate) {
   const std::string dir = text_model_dir(d);
   const auto tok = tokenizer::Tokenizer::from_dir(dir);
   const auto tpl = tokenizer::ChatTemplate::from_model_dir(dir);
-  const nlohmann::ordered_json conv = nlohmann::ordered_json::parse(R"([{"role": "user", "content": "What is 2+2?"}])");
+  const nlohmann::ordered_json conv =
+      nlohmann::ordered_json::parse(R"([{"role": "user", "content": "What is 2+2?"}])");
   const std::string rendered = tpl.render(conv, {});
   const json j = generate("--model " + dir + " --chat --prompt 'What is 2+2?'");
-  EXPECT_EQ(j.at("prompt_token_ids").get<std::vector<int32_t>>(), tok.encode(rendered, /*add_special_tokens=*/false));
+  EXPECT_EQ(j.at("prompt_token_ids").get<std::vector<int32_t>>(),
+            tok.encode(rendered, /*add_special_tokens=*/false));
 
   tokenizer::ChatRenderOptions no_think;
   no_think.kwargs["enable_thinking"] = false;
   const std::string rendered_nt = tpl.render(conv, no_think);
   ASSERT_NE(rendered_nt, rendered);  // Qwen3 writes an empty <think></think> block
-  const json k = generate("--model " + dir + " --chat --prompt 'What is 2+2?' --chat-template-kwargs '{\"enable_thinking\": false}'");
+  const json k = generate(
+      "--model " + dir +
+      " --chat --prompt 'What is 2+2?' --chat-template-kwargs '{\"enable_thinking\": false}'");
   EXPECT_EQ(k.at("prompt_token_ids").get<std::vector<int32_t>>(), tok.encode(rendered_nt, false));
 }
 
@@ -93,10 +98,12 @@ TEST(TextCli, JsonlLinesTakeTextAndMessages) {
              "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 3}\n");
   const auto out = generate_all("--model " + dir + " --input " + d.file("in.jsonl"));
   ASSERT_EQ(out.size(), 2u);
-  EXPECT_EQ(out[0].at("prompt_token_ids").get<std::vector<int32_t>>(), tok.encode("one two three", true));
+  EXPECT_EQ(out[0].at("prompt_token_ids").get<std::vector<int32_t>>(),
+            tok.encode("one two three", true));
   EXPECT_EQ(out[0].at("token_ids").size(), 2u);
   const auto tpl = tokenizer::ChatTemplate::from_model_dir(dir);
-  const std::string rendered = tpl.render(nlohmann::ordered_json::parse(R"([{"role": "user", "content": "hi"}])"), {});
+  const std::string rendered =
+      tpl.render(nlohmann::ordered_json::parse(R"([{"role": "user", "content": "hi"}])"), {});
   EXPECT_EQ(out[1].at("prompt_token_ids").get<std::vector<int32_t>>(), tok.encode(rendered, false));
   EXPECT_EQ(out[1].at("token_ids").size(), 3u);
 }

@@ -45,7 +45,8 @@ TEST(BenchServe, RandomDatasetConcurrencyAndReport) {
   EXPECT_GE(r["total_output_tokens"].get<int64_t>(), 12 * 6);
   EXPECT_LE(r["total_output_tokens"].get<int64_t>(), 12 * 10);
   EXPECT_GT(r["output_throughput"].get<double>(), 0);
-  for (const char* k : {"mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "p50_e2el_ms", "std_ttft_ms"})
+  for (const char* k :
+       {"mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "p50_e2el_ms", "std_ttft_ms"})
     EXPECT_TRUE(r.contains(k)) << k;
   EXPECT_LE(r["median_ttft_ms"].get<double>(), r["p99_ttft_ms"].get<double>());
   const auto saved = nlohmann::json::parse(read_file(o.result_file));

@@ -59,12 +59,16 @@ class FakeBackend : public server::Backend {
   std::string detokenize(std::span<const int32_t> ids, bool skip_special) override {
     std::string s;
     for (int32_t id : ids) {
-      if (id >= kOffset) s.push_back(static_cast<char>(id - kOffset));
-      else if (!skip_special) s += id == 0 ? "<s>" : "</s>";
+      if (id >= kOffset)
+        s.push_back(static_cast<char>(id - kOffset));
+      else if (!skip_special)
+        s += id == 0 ? "<s>" : "</s>";
     }
     return s;
   }
-  std::string token_text(int32_t id) override { return detokenize(std::span<const int32_t>(&id, 1), false); }
+  std::string token_text(int32_t id) override {
+    return detokenize(std::span<const int32_t>(&id, 1), false);
+  }
   std::string render_chat(const server::ChatRequest& r) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -72,8 +76,11 @@ class FakeBackend : public server::Backend {
     }
     std::string s;
     for (const auto& m : r.messages) {
-      if (m.value("role", "") == "raise") throw server::ApiError(400, "BadRequestError", "template error: raise role");
-      s += "<|" + m.value("role", "") + "|>" + (m.contains("content") && m["content"].is_string() ? m["content"].get<std::string>() : "");
+      if (m.value("role", "") == "raise")
+        throw server::ApiError(400, "BadRequestError", "template error: raise role");
+      s += "<|" + m.value("role", "") + "|>" +
+           (m.contains("content") && m["content"].is_string() ? m["content"].get<std::string>()
+                                                              : "");
     }
     if (r.add_generation_prompt) s += "<|assistant|>";
     if (reasoning && r.chat_template_kwargs.value("enable_thinking", true)) s += "<think>";
@@ -83,7 +90,8 @@ class FakeBackend : public server::Backend {
   void submit(server::BackendRequest req, std::function<void(server::RequestUpdate)> cb) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (live_ >= max_waiting) throw server::ApiError(503, "ServiceUnavailableError", "queue full");
+      if (live_ >= max_waiting)
+        throw server::ApiError(503, "ServiceUnavailableError", "queue full");
       ++live_;
       ++total_submitted_;
       aborted_[req.id] = false;

@@ -136,13 +136,13 @@ TEST(HarmonyParser, EveryCallShapeOfVllmsTest) {
 }
 
 TEST(HarmonyParser, PreamblesAreContentAndMessagesOfAKindJoin) {
-  const Parsed p = harmony(
-      "<|channel|>analysis<|message|>First thought.<|end|>"
-      "<|start|>assistant<|channel|>commentary<|message|>I'll check the weather.<|end|>"
-      "<|start|>assistant<|channel|>analysis<|message|>Second thought.<|end|>"
-      "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
-      "<|message|>{\"city\": \"Paris\"}<|call|>"
-      "<|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>");
+  const Parsed p =
+      harmony("<|channel|>analysis<|message|>First thought.<|end|>"
+              "<|start|>assistant<|channel|>commentary<|message|>I'll check the weather.<|end|>"
+              "<|start|>assistant<|channel|>analysis<|message|>Second thought.<|end|>"
+              "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+              "<|message|>{\"city\": \"Paris\"}<|call|>"
+              "<|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>");
   EXPECT_EQ(p.reasoning, "First thought.\nSecond thought.");
   EXPECT_EQ(p.content, "I'll check the weather.\nIt is sunny.");
   ASSERT_EQ(p.calls.size(), 1u);

@@ -21,7 +21,8 @@ using server::RequestFramer;
 using State = RequestFramer::State;
 
 // Feeds `req` in pieces of `step` bytes, as a socket delivers them.
-RequestFramer frame(const std::string& req, size_t step = 1, size_t max_header = 1024, size_t max_body = 100) {
+RequestFramer frame(const std::string& req, size_t step = 1, size_t max_header = 1024,
+                    size_t max_body = 100) {
   RequestFramer f(max_header, max_body);
   for (size_t n = std::min(step, req.size());; n = std::min(n + step, req.size())) {
     if (f.feed(std::string_view(req).substr(0, n)) != State::kNeedMore || n == req.size()) break;
@@ -30,7 +31,8 @@ RequestFramer frame(const std::string& req, size_t step = 1, size_t max_header =
 }
 
 TEST(RequestFramer, ContentLengthBodies) {
-  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello";
+  const std::string req =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello";
   for (size_t step : {1, 3, 1000}) {
     RequestFramer f = frame(req + "GET / HTTP/1.1\r\n", step);
     ASSERT_EQ(f.state(), State::kComplete) << step;
@@ -176,8 +178,10 @@ TEST_F(Gate, ManyTricklingClientsDoNotStarveHealthOrRequests) {
   for (int i = 0; i < 300; ++i) {
     const int fd = connect_to(srv->port());
     ASSERT_GE(fd, 0);
-    send_all(fd, i % 2 ? "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le"
-                       : "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro");
+    send_all(fd,
+             i % 2
+                 ? "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le"
+                 : "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro");
     slow.push_back(fd);
   }
   httplib::Client cli("127.0.0.1", srv->port());
@@ -187,7 +191,8 @@ TEST_F(Gate, ManyTricklingClientsDoNotStarveHealthOrRequests) {
     auto h = cli.Get("/health");
     ASSERT_TRUE(h) << "health starved";
     EXPECT_EQ(h->status, 200);
-    auto r = cli.Post("/v1/completions", R"({"prompt": "ok", "max_tokens": 2})", "application/json");
+    auto r =
+        cli.Post("/v1/completions", R"({"prompt": "ok", "max_tokens": 2})", "application/json");
     ASSERT_TRUE(r) << "request starved";
     EXPECT_EQ(r->status, 200);
   }
@@ -197,9 +202,11 @@ TEST_F(Gate, ManyTricklingClientsDoNotStarveHealthOrRequests) {
 TEST_F(Gate, BadContentLengthsAreAnsweredAtOnce) {
   start();
   for (const char* cl : {"-1", "100000000000000000000", "abc"}) {
-    const std::string reply = exchange(std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ") + cl +
-                                       "\r\n\r\n");
-    const bool is_400 = reply.rfind("HTTP/1.1 400", 0) == 0, is_413 = reply.rfind("HTTP/1.1 413", 0) == 0;
+    const std::string reply =
+        exchange(std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: ") + cl +
+                 "\r\n\r\n");
+    const bool is_400 = reply.rfind("HTTP/1.1 400", 0) == 0,
+               is_413 = reply.rfind("HTTP/1.1 413", 0) == 0;
     EXPECT_TRUE(is_400 || is_413) << cl << ": " << reply;
     EXPECT_NE(reply.find("\"error\""), std::string::npos) << reply;
   }
@@ -221,9 +228,10 @@ TEST_F(Gate, ChunkedBodiesOverTheLimitAre413) {
   const std::string body = R"({"prompt": "ok", "max_tokens": 2})";
   char size[16];
   snprintf(size, sizeof size, "%zx", body.size());
-  const std::string ok = exchange("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                                  "Transfer-Encoding: chunked\r\n\r\n" +
-                                  std::string(size) + "\r\n" + body + "\r\n0\r\n\r\n");
+  const std::string ok =
+      exchange("POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+               "Transfer-Encoding: chunked\r\n\r\n" +
+               std::string(size) + "\r\n" + body + "\r\n0\r\n\r\n");
   EXPECT_EQ(ok.rfind("HTTP/1.1 200", 0), 0u) << ok;
 }
 
@@ -238,11 +246,12 @@ TEST_F(Gate, HeadersThatNeverEndTimeOutWith408) {
 
 TEST_F(Gate, KeepAliveAndPipelinedRequestsAreServedInOrder) {
   start();
-  const std::string reply = exchange(
-      "GET /version HTTP/1.1\r\nHost: x\r\n\r\n"
-      "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 15\r\n\r\n{\"prompt\":\"ab\"}"
-      "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-  size_t a = reply.find("HTTP/1.1 200"), b = reply.find("HTTP/1.1 200", a + 1), c = reply.find("HTTP/1.1 200", b + 1);
+  const std::string reply =
+      exchange("GET /version HTTP/1.1\r\nHost: x\r\n\r\n"
+               "POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 15\r\n\r\n{\"prompt\":\"ab\"}"
+               "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  size_t a = reply.find("HTTP/1.1 200"), b = reply.find("HTTP/1.1 200", a + 1),
+         c = reply.find("HTTP/1.1 200", b + 1);
   ASSERT_NE(c, std::string::npos) << reply;
   EXPECT_NE(reply.find("\"version\""), std::string::npos);
   EXPECT_NE(reply.find("\"tokens\""), std::string::npos);
@@ -252,7 +261,8 @@ TEST_F(Gate, KeepAliveAndPipelinedRequestsAreServedInOrder) {
 TEST_F(Gate, ExpectContinueGetsAnInterimAnswer) {
   start();
   const int fd = connect_to(srv->port());
-  send_all(fd, "POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\nContent-Length: 15\r\n\r\n");
+  send_all(fd, "POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: "
+               "100-continue\r\nContent-Length: 15\r\n\r\n");
   char buf[64];
   const ssize_t n = recv(fd, buf, sizeof buf, 0);
   ASSERT_GT(n, 0);
@@ -283,7 +293,8 @@ TEST_F(Gate, ConnectionsOverTheLimitGet503) {
   for (int i = 0; i < 20; ++i) idle.push_back(connect_to(srv->port()));
   // The gate accepts in its own time: wait until the 21st is turned away.
   std::string reply;
-  for (int i = 0; i < 100 && reply.rfind("HTTP/1.1 503", 0) != 0; ++i) reply = exchange("GET /health HTTP/1.1\r\nConnection: close\r\n\r\n");
+  for (int i = 0; i < 100 && reply.rfind("HTTP/1.1 503", 0) != 0; ++i)
+    reply = exchange("GET /health HTTP/1.1\r\nConnection: close\r\n\r\n");
   EXPECT_EQ(reply.rfind("HTTP/1.1 503", 0), 0u) << reply;
   for (int fd : idle) close(fd);
   for (int i = 0; i < 100 && reply.rfind("HTTP/1.1 200", 0) != 0; ++i) {

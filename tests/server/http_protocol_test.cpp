@@ -66,8 +66,8 @@ class Http : public ::testing::Test {
     }
     return out;
   }
-  void expect_error(const httplib::Result& r, int status, const std::string& type, const std::string& param,
-                    const std::string& fragment = "") {
+  void expect_error(const httplib::Result& r, int status, const std::string& type,
+                    const std::string& param, const std::string& fragment = "") {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, status) << r->body;
     const json j = json::parse(r->body);
@@ -100,7 +100,9 @@ TEST_F(Http, HealthVersionModels) {
 
 TEST_F(Http, CompletionNonStreaming) {
   start();
-  auto r = post("/v1/completions", {{"model", "fake-model"}, {"prompt", "Hi"}, {"max_tokens", 5}, {"some_unknown_field", 1}});
+  auto r = post(
+      "/v1/completions",
+      {{"model", "fake-model"}, {"prompt", "Hi"}, {"max_tokens", 5}, {"some_unknown_field", 1}});
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   const json j = json::parse(r->body);
@@ -119,7 +121,9 @@ TEST_F(Http, CompletionNonStreaming) {
 
 TEST_F(Http, CompletionEchoLogprobsAndN) {
   start();
-  auto r = post("/v1/completions", {{"prompt", {1, 70, 71}}, {"max_tokens", 3}, {"echo", true}, {"n", 2}, {"logprobs", 1}});
+  auto r =
+      post("/v1/completions",
+           {{"prompt", {1, 70, 71}}, {"max_tokens", 3}, {"echo", true}, {"n", 2}, {"logprobs", 1}});
   ASSERT_EQ(r->status, 200) << r->body;
   const json j = json::parse(r->body);
   ASSERT_EQ(j["choices"].size(), 2u);
@@ -134,7 +138,9 @@ TEST_F(Http, CompletionEchoLogprobsAndN) {
 
 TEST_F(Http, CompletionStreamingWithUsage) {
   start();
-  auto r = post("/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 4}, {"stream", true},
+  auto r = post("/v1/completions", {{"prompt", "Hi"},
+                                    {"max_tokens", 4},
+                                    {"stream", true},
                                     {"stream_options", {{"include_usage", true}}}});
   ASSERT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
@@ -154,9 +160,11 @@ TEST_F(Http, CompletionStreamingWithUsage) {
 
 TEST_F(Http, ChatNonStreamingAndStreaming) {
   start();
-  json msgs = json::array({{{"role", "system"}, {"content", "be nice"}},
-                           {{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "hi"}}})}}});
-  auto r = post("/v1/chat/completions", {{"model", "fake-model"}, {"messages", msgs}, {"max_completion_tokens", 5}});
+  json msgs = json::array(
+      {{{"role", "system"}, {"content", "be nice"}},
+       {{"role", "user"}, {"content", json::array({{{"type", "text"}, {"text", "hi"}}})}}});
+  auto r = post("/v1/chat/completions",
+                {{"model", "fake-model"}, {"messages", msgs}, {"max_completion_tokens", 5}});
   ASSERT_EQ(r->status, 200) << r->body;
   json j = json::parse(r->body);
   EXPECT_EQ(j["object"], "chat.completion");
@@ -168,7 +176,10 @@ TEST_F(Http, ChatNonStreamingAndStreaming) {
   EXPECT_EQ(json::parse(r->body)["choices"][0]["message"]["content"], backend.reply);
   EXPECT_EQ(json::parse(r->body)["choices"][0]["finish_reason"], "stop");
 
-  r = post("/v1/chat/completions", {{"messages", msgs}, {"max_tokens", 3}, {"stream", true}, {"logprobs", true},
+  r = post("/v1/chat/completions", {{"messages", msgs},
+                                    {"max_tokens", 3},
+                                    {"stream", true},
+                                    {"logprobs", true},
                                     {"top_logprobs", 1}});
   bool done;
   const auto ev = events(r->body, &done);
@@ -178,7 +189,8 @@ TEST_F(Http, ChatNonStreamingAndStreaming) {
   EXPECT_EQ(ev[0]["choices"][0]["delta"]["role"], "assistant");
   std::string text;
   for (const auto& e : ev) {
-    if (e["choices"][0]["delta"].contains("content")) text += e["choices"][0]["delta"]["content"].get<std::string>();
+    if (e["choices"][0]["delta"].contains("content"))
+      text += e["choices"][0]["delta"]["content"].get<std::string>();
   }
   EXPECT_EQ(text, "Hel");
   EXPECT_EQ(ev.back()["choices"][0]["finish_reason"], "length");
@@ -190,29 +202,44 @@ TEST_F(Http, ChatNonStreamingAndStreaming) {
 // image) is a 400 naming the part, in chat completions and in the Responses and Messages APIs.
 TEST_F(Http, ContentPartsJoinedOrRefusedByName) {
   start();
-  json parts = json::array({{{"type", "text"}, {"text", "one"}}, {{"type", "text"}, {"text", "two"}}});
-  auto r = post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", parts}}})}});
+  json parts =
+      json::array({{{"type", "text"}, {"text", "one"}}, {{"type", "text"}, {"text", "two"}}});
+  auto r = post("/v1/chat/completions",
+                {{"messages", json::array({{{"role", "user"}, {"content", parts}}})}});
   ASSERT_EQ(r->status, 200) << r->body;
   const server::BackendRequest last = backend.last_request();
   EXPECT_NE(backend.detokenize(last.prompt_ids, false).find("<|user|>one\ntwo"), std::string::npos);
-  json image = json::array({{{"type", "text"}, {"text", "see"}}, {{"type", "image_url"}, {"image_url", {{"url", "x"}}}}});
-  r = post("/v1/chat/completions", {{"messages", json::array({{{"role", "user"}, {"content", image}}})}});
+  json image = json::array({{{"type", "text"}, {"text", "see"}},
+                            {{"type", "image_url"}, {"image_url", {{"url", "x"}}}}});
+  r = post("/v1/chat/completions",
+           {{"messages", json::array({{{"role", "user"}, {"content", image}}})}});
   ASSERT_EQ(r->status, 400);
   json e = json::parse(r->body)["error"];
   EXPECT_EQ(e["param"], "messages");
-  EXPECT_NE(e["message"].get<std::string>().find("messages[0].content[1].type 'image_url'"), std::string::npos) << e;
-  r = post("/v1/responses", {{"input", json::array({{{"role", "user"}, {"content", json::array({{{"type", "input_file"}}})}}})}});
+  EXPECT_NE(e["message"].get<std::string>().find("messages[0].content[1].type 'image_url'"),
+            std::string::npos)
+      << e;
+  r = post(
+      "/v1/responses",
+      {{"input",
+        json::array({{{"role", "user"}, {"content", json::array({{{"type", "input_file"}}})}}})}});
   ASSERT_EQ(r->status, 400);
   e = json::parse(r->body)["error"];
   EXPECT_EQ(e["param"], "input");
-  EXPECT_NE(e["message"].get<std::string>().find("input[0].content[0].type 'input_file'"), std::string::npos) << e;
-  r = post("/v1/messages", {{"max_tokens", 4}, {"system", json::array({{{"type", "image"}}})},
+  EXPECT_NE(e["message"].get<std::string>().find("input[0].content[0].type 'input_file'"),
+            std::string::npos)
+      << e;
+  r = post("/v1/messages", {{"max_tokens", 4},
+                            {"system", json::array({{{"type", "image"}}})},
                             {"messages", json::array({{{"role", "user"}, {"content", "x"}}})}});
   ASSERT_EQ(r->status, 400);
   e = json::parse(r->body);
   EXPECT_EQ(e["type"], "error");
-  EXPECT_NE(e["error"]["message"].get<std::string>().find("system[0].type 'image'"), std::string::npos) << e;
-  r = post("/v1/messages", {{"max_tokens", 4}, {"system", json::array({{{"type", "text"}}})},
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("system[0].type 'image'"),
+            std::string::npos)
+      << e;
+  r = post("/v1/messages", {{"max_tokens", 4},
+                            {"system", json::array({{{"type", "text"}}})},
                             {"messages", json::array({{{"role", "user"}, {"content", "x"}}})}});
   ASSERT_EQ(r->status, 400);
   EXPECT_NE(r->body.find("system[0] needs a string 'text'"), std::string::npos) << r->body;
@@ -326,11 +353,10 @@ class HttpTools : public Http {
 };
 
 TEST_F(HttpTools, HermesCallsNonStreamedAndStreamed) {
-  backend.reply =
-      "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
-      "\"Paris\"}}\n</tool_call>\n"
-      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
-      "\"Zürich\"}}\n</tool_call>";
+  backend.reply = "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                  "\"Paris\"}}\n</tool_call>\n"
+                  "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                  "\"Zürich\"}}\n</tool_call>";
   start_with("hermes");
   const json body = {{"messages", msgs}, {"tools", tools}, {"tool_choice", "auto"}};
   auto r = post("/v1/chat/completions", body);
@@ -427,9 +453,8 @@ TEST_F(HttpTools, MalformedCallsAndToolChoiceNoneAreContent) {
 
 TEST_F(HttpTools, ReasoningThenACallWithLogprobs) {
   backend.reasoning = true;
-  backend.reply =
-      "use the tool</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
-      "{}}\n</tool_call>";
+  backend.reply = "use the tool</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                  "{}}\n</tool_call>";
   start_with("hermes");
   auto r = post("/v1/chat/completions", {{"messages", msgs}, {"tools", tools}, {"logprobs", true}});
   const json c = json::parse(r->body)["choices"][0];
@@ -543,9 +568,8 @@ TEST_F(HttpTools, HarmonyChannelsAndACallWithoutToolFlags) {
   EXPECT_EQ(st.finish_chunks, 1);
 
   // Without tools: reasoning and content; tool_choice none drops calls.
-  backend.reply =
-      "<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final"
-      "<|message|>4";
+  backend.reply = "<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final"
+                  "<|message|>4";
   r = post("/v1/chat/completions", {{"messages", msgs}});
   json m = json::parse(r->body)["choices"][0]["message"];
   EXPECT_EQ(m["reasoning_content"], "Simple.");
@@ -636,33 +660,46 @@ TEST_F(Http, ErrorsUseVllmEnvelopeAndCodes) {
   auto r = cli->Post("/v1/completions", "{not json", "application/json");
   expect_error(r, 400, "BadRequestError", "");
   expect_error(post("/v1/completions", json::array({1, 2})), 400, "BadRequestError", "");
-  expect_error(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", "many"}}), 400, "BadRequestError", "max_tokens");
-  expect_error(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", -3}}), 400, "BadRequestError", "max_tokens");
-  expect_error(post("/v1/completions", {{"prompt", "x"}, {"temperature", -1}}), 400, "BadRequestError", "temperature");
-  expect_error(post("/v1/completions", {{"prompt", "x"}, {"top_p", 0}}), 400, "BadRequestError", "top_p");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", "many"}}), 400,
+               "BadRequestError", "max_tokens");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", -3}}), 400,
+               "BadRequestError", "max_tokens");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"temperature", -1}}), 400,
+               "BadRequestError", "temperature");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"top_p", 0}}), 400, "BadRequestError",
+               "top_p");
   expect_error(post("/v1/completions", {{"prompt", 5}}), 400, "BadRequestError", "prompt");
   expect_error(post("/v1/completions", {{"max_tokens", 5}}), 400, "BadRequestError", "prompt");
-  expect_error(post("/v1/completions", {{"prompt", "x"}, {"model", "gpt-9"}}), 404, "NotFoundError", "model",
-               "The model `gpt-9` does not exist.");
-  expect_error(post("/v1/completions", {{"prompt", "x"}, {"stream_options", {{"include_usage", true}}}}), 400,
-               "BadRequestError", "stream_options");
-  expect_error(post("/v1/completions", {{"prompt", std::string(300, 'a')}}), 400, "BadRequestError", "input_tokens",
-               "maximum context length is 256 tokens");
-  expect_error(post("/v1/completions", {{"prompt", "abc"}, {"max_tokens", 1000}}), 400, "BadRequestError",
-               "input_tokens", "you requested 1000 output tokens");
-  expect_error(post("/v1/completions", {{"prompt", {1, 999999}}}), 400, "BadRequestError", "prompt");
-  expect_error(post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"abc", 1}}}}), 400, "BadRequestError", "logit_bias");
-  expect_error(post("/v1/completions", {{"prompt", "x"}, {"logprobs", 50}}), 400, "BadRequestError", "logprobs");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"model", "gpt-9"}}), 404, "NotFoundError",
+               "model", "The model `gpt-9` does not exist.");
+  expect_error(
+      post("/v1/completions", {{"prompt", "x"}, {"stream_options", {{"include_usage", true}}}}),
+      400, "BadRequestError", "stream_options");
+  expect_error(post("/v1/completions", {{"prompt", std::string(300, 'a')}}), 400, "BadRequestError",
+               "input_tokens", "maximum context length is 256 tokens");
+  expect_error(post("/v1/completions", {{"prompt", "abc"}, {"max_tokens", 1000}}), 400,
+               "BadRequestError", "input_tokens", "you requested 1000 output tokens");
+  expect_error(post("/v1/completions", {{"prompt", {1, 999999}}}), 400, "BadRequestError",
+               "prompt");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"abc", 1}}}}), 400,
+               "BadRequestError", "logit_bias");
+  expect_error(post("/v1/completions", {{"prompt", "x"}, {"logprobs", 50}}), 400, "BadRequestError",
+               "logprobs");
   json msgs = json::array({{{"role", "user"}, {"content", "q"}}});
-  expect_error(post("/v1/chat/completions", {{"messages", msgs}, {"top_logprobs", 2}}), 400, "BadRequestError", "top_logprobs");
-  expect_error(post("/v1/chat/completions", {{"messages", msgs}, {"tools", json::array()}}), 400, "BadRequestError", "tools");
-  expect_error(post("/v1/chat/completions", {{"messages", msgs}, {"tool_choice", "auto"}}), 400, "BadRequestError", "tool_choice");
-  expect_error(post("/v1/chat/completions", {{"messages", json::array()}}), 400, "BadRequestError", "messages");
-  expect_error(post("/v1/chat/completions", {{"messages", {{{"role", "raise"}}}}}), 400, "BadRequestError", "",
-               "template error");
-  expect_error(post("/v1/chat/completions", {{"messages", msgs}, {"continue_final_message", true},
-                                             {"add_generation_prompt", true}}),
-               400, "BadRequestError", "continue_final_message");
+  expect_error(post("/v1/chat/completions", {{"messages", msgs}, {"top_logprobs", 2}}), 400,
+               "BadRequestError", "top_logprobs");
+  expect_error(post("/v1/chat/completions", {{"messages", msgs}, {"tools", json::array()}}), 400,
+               "BadRequestError", "tools");
+  expect_error(post("/v1/chat/completions", {{"messages", msgs}, {"tool_choice", "auto"}}), 400,
+               "BadRequestError", "tool_choice");
+  expect_error(post("/v1/chat/completions", {{"messages", json::array()}}), 400, "BadRequestError",
+               "messages");
+  expect_error(post("/v1/chat/completions", {{"messages", {{{"role", "raise"}}}}}), 400,
+               "BadRequestError", "", "template error");
+  expect_error(
+      post("/v1/chat/completions",
+           {{"messages", msgs}, {"continue_final_message", true}, {"add_generation_prompt", true}}),
+      400, "BadRequestError", "continue_final_message");
   // The server is healthy after all that, with nothing left running.
   EXPECT_EQ(cli->Get("/health")->status, 200);
   EXPECT_EQ(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 2}})->status, 200);
@@ -676,8 +713,12 @@ TEST_F(Http, ApiKeyGuardsV1Only) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 401);
   EXPECT_EQ(json::parse(r->body), json::parse(R"({"error":"Unauthorized"})"));
-  EXPECT_EQ(post("/v1/completions", {{"prompt", "x"}}, {{"Authorization", "Bearer wrong"}})->status, 401);
-  EXPECT_EQ(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}}, {{"Authorization", "Bearer sekret"}})->status, 200);
+  EXPECT_EQ(post("/v1/completions", {{"prompt", "x"}}, {{"Authorization", "Bearer wrong"}})->status,
+            401);
+  EXPECT_EQ(post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}},
+                 {{"Authorization", "Bearer sekret"}})
+                ->status,
+            200);
   EXPECT_EQ(cli->Get("/health")->status, 200);
   EXPECT_EQ(cli->Get("/metrics")->status, 200);
 }
@@ -705,7 +746,8 @@ TEST_F(Http, ClientDisconnectMidStreamAbortsTheRequest) {
   httplib::Response res;
   httplib::Error err;
   EXPECT_FALSE(c.send(req, res, err));
-  for (int i = 0; i < 200 && backend.live() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 200 && backend.live() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(backend.live(), 0);
   EXPECT_EQ(backend.aborted_count(), 1);
 }
@@ -717,10 +759,12 @@ TEST_F(Http, ClientDisconnectWhileWaitingAbortsNonStreamed) {
   std::thread t([&] {
     httplib::Client c("127.0.0.1", srv->port());
     c.set_read_timeout(0, 300000);  // give up after 0.3 s
-    c.Post("/v1/completions", json{{"prompt", "go"}, {"max_tokens", 200}}.dump(), "application/json");
+    c.Post("/v1/completions", json{{"prompt", "go"}, {"max_tokens", 200}}.dump(),
+           "application/json");
   });
   t.join();
-  for (int i = 0; i < 300 && backend.live() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 300 && backend.live() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(backend.live(), 0);
   EXPECT_EQ(backend.aborted_count(), 1);
 }
@@ -736,10 +780,12 @@ TEST_F(Http, AnAbortAnsweredLateIsCountedOnce) {
   std::thread t([&] {
     httplib::Client c("127.0.0.1", srv->port());
     c.set_read_timeout(0, 200000);  // gone after 0.2 s, long before the step ends
-    c.Post("/v1/completions", json{{"prompt", "late"}, {"max_tokens", 8}}.dump(), "application/json");
+    c.Post("/v1/completions", json{{"prompt", "late"}, {"max_tokens", 8}}.dump(),
+           "application/json");
   });
   t.join();
-  for (int i = 0; i < 400 && backend.live() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 400 && backend.live() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_EQ(backend.live(), 0);
   EXPECT_EQ(backend.aborted_count(), 1);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the update's accounting
@@ -750,7 +796,9 @@ TEST_F(Http, AnAbortAnsweredLateIsCountedOnce) {
     const size_t sp = m.find(' ', m.find('}', at));
     return m.substr(sp + 1, m.find('\n', sp) - sp - 1);
   };
-  EXPECT_EQ(value("vllm:prompt_tokens_total{"), std::to_string(backend.tokenize("late", true).size())) << m;
+  EXPECT_EQ(value("vllm:prompt_tokens_total{"),
+            std::to_string(backend.tokenize("late", true).size()))
+      << m;
   EXPECT_EQ(value("vllm:e2e_request_latency_seconds_count{"), "1") << m;
   EXPECT_EQ(value("finished_reason=\"abort\""), "1") << m;
   EXPECT_EQ(value("finished_reason=\"length\""), "0") << m;
@@ -795,7 +843,8 @@ TEST_F(Http, HostileBodiesLeaveTheServerHealthy) {
   close(fd);
   EXPECT_EQ(cli->Get("/health")->status, 200);
   EXPECT_EQ(post("/v1/completions", {{"prompt", "ok"}, {"max_tokens", 2}})->status, 200);
-  for (int i = 0; i < 100 && backend.live() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 100 && backend.live() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(backend.live(), 0);
 }
 
@@ -811,13 +860,16 @@ TEST_F(Http, TokenizeDetokenizeAndMetrics) {
   expect_error(post("/detokenize", {{"tokens", {-1}}}), 400, "BadRequestError", "tokens");
   post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 3}});
   const std::string m = cli->Get("/metrics")->body;
-  for (const char* name : {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                           "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-                           "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_count",
-                           "vllm:request_success_total", "# TYPE vllm:generation_tokens_total counter",
-                           "# TYPE vllm:time_to_first_token_seconds histogram"})
+  for (const char* name :
+       {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_count",
+        "vllm:request_success_total", "# TYPE vllm:generation_tokens_total counter",
+        "# TYPE vllm:time_to_first_token_seconds histogram"})
     EXPECT_NE(m.find(name), std::string::npos) << name;
-  EXPECT_NE(m.find("vllm:generation_tokens_total{engine=\"0\",model_name=\"fake-model\"} 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("vllm:generation_tokens_total{engine=\"0\",model_name=\"fake-model\"} 3"),
+            std::string::npos)
+      << m;
   EXPECT_NE(m.find("finished_reason=\"length\"} 1"), std::string::npos);
 }
 

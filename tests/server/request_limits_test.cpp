@@ -41,8 +41,10 @@ TEST(RequestLimits, OversizedIntegersNameTheirParameter) {
     EXPECT_EQ(refused_param({{mt, kI64Max}}, chat), mt);
     EXPECT_EQ(refused_param({{"max_tokens", kU64Max}}, chat), "max_tokens");
     EXPECT_EQ(refused_param({{"max_tokens", int64_t{INT32_MAX} + 1}}, chat), "max_tokens");
-    EXPECT_EQ(refused_param({{"logit_bias", {{std::to_string(kWrapsTo5), 100}}}}, chat), "logit_bias");
-    EXPECT_EQ(refused_param({{"logit_bias", {{"99999999999999999999999", 1}}}}, chat), "logit_bias");
+    EXPECT_EQ(refused_param({{"logit_bias", {{std::to_string(kWrapsTo5), 100}}}}, chat),
+              "logit_bias");
+    EXPECT_EQ(refused_param({{"logit_bias", {{"99999999999999999999999", 1}}}}, chat),
+              "logit_bias");
     EXPECT_EQ(refused_param({{"stop_token_ids", {kWrapsTo5}}}, chat), "stop_token_ids");
     EXPECT_EQ(refused_param({{"stop_token_ids", {kU64Max}}}, chat), "stop_token_ids");
     EXPECT_EQ(refused_param({{"top_k", kWrapsTo5}}, chat), "top_k");
@@ -53,16 +55,22 @@ TEST(RequestLimits, OversizedIntegersNameTheirParameter) {
     EXPECT_EQ(refused_param({{"prompt_logprobs", kWrapsTo5}}, chat), "prompt_logprobs");
     EXPECT_EQ(refused_param({{"max_tokens", 1e300}}, chat), "max_tokens");
     // In range: accepted, and kept exactly.
-    EXPECT_EQ(refused_param({{"max_tokens", INT32_MAX}, {"seed", kI64Max}, {"top_k", 40},
-                             {"stop_token_ids", {INT32_MAX}}, {"logit_bias", {{"2147483647", 1}}}},
+    EXPECT_EQ(refused_param({{"max_tokens", INT32_MAX},
+                             {"seed", kI64Max},
+                             {"top_k", 40},
+                             {"stop_token_ids", {INT32_MAX}},
+                             {"logit_bias", {{"2147483647", 1}}}},
                             chat),
               "");
   }
   EXPECT_EQ(refused_param({{"logprobs", kWrapsTo5}}), "logprobs");
   EXPECT_EQ(refused_param({{"logprobs", true}, {"top_logprobs", kWrapsTo5}}, true), "top_logprobs");
   EXPECT_EQ(refused_param({{"best_of", kWrapsTo5}}), "best_of");
-  json body = {{"prompt", "hi"}, {"max_tokens", INT32_MAX}, {"seed", kI64Max},
-               {"stop_token_ids", {7}}, {"logit_bias", {{"7", 1.5}}}};
+  json body = {{"prompt", "hi"},
+               {"max_tokens", INT32_MAX},
+               {"seed", kI64Max},
+               {"stop_token_ids", {7}},
+               {"logit_bias", {{"7", 1.5}}}};
   const auto r = server::completion_request_parse(body);
   EXPECT_EQ(*r.sampling.max_tokens, INT32_MAX);
   EXPECT_EQ(*r.sampling.seed, kI64Max);

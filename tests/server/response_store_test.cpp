@@ -8,7 +8,8 @@ namespace atom::server {
 namespace {
 
 ResponseStore::Entry entry(const std::string& text) {
-  return {nlohmann::ordered_json{{"id", text}}, nlohmann::ordered_json::array({{{"content", text}}})};
+  return {nlohmann::ordered_json{{"id", text}},
+          nlohmann::ordered_json::array({{{"content", text}}})};
 }
 
 TEST(ResponseStore, KeepsAtMostMaxEntriesDroppingTheLeastRecentlyUsed) {

@@ -17,9 +17,9 @@ using server::ToolDelta;
 using json = nlohmann::json;
 
 TEST(HermesToolParser, OneCallIsParsedAndNotContent) {
-  const Parsed p = parse_every_way("hermes",
-                                   "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
-                                   "{\"city\": \"Paris\"}}\n</tool_call>");
+  const Parsed p =
+      parse_every_way("hermes", "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                                "{\"city\": \"Paris\"}}\n</tool_call>");
   EXPECT_EQ(p.content, "");
   ASSERT_EQ(p.calls.size(), 1u);
   EXPECT_EQ(p.calls[0].first, "get_weather");
@@ -28,10 +28,9 @@ TEST(HermesToolParser, OneCallIsParsedAndNotContent) {
 
 TEST(HermesToolParser, TextBeforeAndSeveralCalls) {
   const Parsed p = parse_every_way(
-      "hermes",
-      "Let me check both < cities.\n\n<tool_call>\n{\"name\": \"a\", \"arguments\": "
-      "{\"x\": 1, \"nested\": {\"l\": [1, 2, {\"k\": \"}\"}]}}}\n</tool_call>\n"
-      "<tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>\n");
+      "hermes", "Let me check both < cities.\n\n<tool_call>\n{\"name\": \"a\", \"arguments\": "
+                "{\"x\": 1, \"nested\": {\"l\": [1, 2, {\"k\": \"}\"}]}}}\n</tool_call>\n"
+                "<tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>\n");
   EXPECT_EQ(p.content, "Let me check both < cities.\n\n");
   ASSERT_EQ(p.calls.size(), 2u);
   EXPECT_EQ(p.calls[0].first, "a");
@@ -42,18 +41,17 @@ TEST(HermesToolParser, TextBeforeAndSeveralCalls) {
 
 TEST(HermesToolParser, ArgumentsKeepTheModelsKeyOrderInPythonsJsonFormat) {
   const Parsed p = parse_every_way(
-      "hermes",
-      "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"z\":1,\"a\":[1,2.5,true,null],"
-      "\"m\":{\"y\":\"\",\"b\":-3}}}\n</tool_call>");
+      "hermes", "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"z\":1,\"a\":[1,2.5,true,null],"
+                "\"m\":{\"y\":\"\",\"b\":-3}}}\n</tool_call>");
   ASSERT_EQ(p.calls.size(), 1u);
   EXPECT_EQ(p.raw_arguments[0], R"({"z": 1, "a": [1, 2.5, true, null], "m": {"y": "", "b": -3}})");
 }
 
 TEST(HermesToolParser, UnicodeArgumentsSurviveAsUtf8) {
-  const Parsed p = parse_every_way("hermes",
-                                   "<tool_call>\n{\"name\": \"translate\", \"arguments\": "
-                                   "{\"text\": \"naïve café 東京 🌧\", \"esc\": "
-                                   "\"\\u00e9\\n\"}}\n</tool_call>");
+  const Parsed p =
+      parse_every_way("hermes", "<tool_call>\n{\"name\": \"translate\", \"arguments\": "
+                                "{\"text\": \"naïve café 東京 🌧\", \"esc\": "
+                                "\"\\u00e9\\n\"}}\n</tool_call>");
   ASSERT_EQ(p.calls.size(), 1u);
   EXPECT_EQ(p.calls[0].second["text"], "naïve café 東京 🌧");
   EXPECT_EQ(p.calls[0].second["esc"], "é\n");
@@ -77,9 +75,8 @@ TEST(HermesToolParser, MalformedCallStaysContent) {
     EXPECT_EQ(p.content, s);
   }
   // A malformed call beside a good one: the good one is a call, the bad one text.
-  p = parse_every_way("hermes",
-                      "<tool_call>{\"name\": \"ok\", \"arguments\": "
-                      "{}}</tool_call>\n<tool_call>{oops}</tool_call>");
+  p = parse_every_way("hermes", "<tool_call>{\"name\": \"ok\", \"arguments\": "
+                                "{}}</tool_call>\n<tool_call>{oops}</tool_call>");
   ASSERT_EQ(p.calls.size(), 1u);
   EXPECT_EQ(p.calls[0].first, "ok");
   EXPECT_EQ(p.content, "<tool_call>{oops}</tool_call>");
@@ -132,10 +129,9 @@ TEST(Llama3JsonToolParser, OneCallWithParameters) {
 }
 
 TEST(Llama3JsonToolParser, PythonTagArgumentsAndSeveralCalls) {
-  const Parsed p =
-      parse_every_way("llama3_json",
-                      "<|python_tag|>{\"name\": \"a\", \"arguments\": {\"s\": \"x; {y}\"}}; "
-                      "{\"name\": \"b\", \"parameters\": {\"n\": [1, {\"m\": null}]}}\n");
+  const Parsed p = parse_every_way(
+      "llama3_json", "<|python_tag|>{\"name\": \"a\", \"arguments\": {\"s\": \"x; {y}\"}}; "
+                     "{\"name\": \"b\", \"parameters\": {\"n\": [1, {\"m\": null}]}}\n");
   EXPECT_EQ(p.content, "");
   ASSERT_EQ(p.calls.size(), 2u);
   EXPECT_EQ(p.calls[0].first, "a");
@@ -577,10 +573,9 @@ TEST(MistralToolParser, JsonArrayOfOlderTokenizers) {
 }
 
 TEST(MistralToolParser, NameThenArgumentsOfNewerTokenizers) {
-  Parsed p =
-      parse_every_way("mistral",
-                      "Let me check. [TOOL_CALLS]get_weather{\"city\": \"Paris\"}[TOOL_CALLS]"
-                      "add{\"a\": 3.5, \"b\": {\"c\": \"}\"}}");
+  Parsed p = parse_every_way(
+      "mistral", "Let me check. [TOOL_CALLS]get_weather{\"city\": \"Paris\"}[TOOL_CALLS]"
+                 "add{\"a\": 3.5, \"b\": {\"c\": \"}\"}}");
   EXPECT_EQ(p.content, "Let me check. ");
   ASSERT_EQ(p.calls.size(), 2u);
   EXPECT_EQ(p.calls[0].first, "get_weather");
@@ -602,11 +597,11 @@ TEST(MistralToolParser, NameThenArgumentsOfNewerTokenizers) {
 // Outputs from vLLM's tests/tool_parsers/test_pythonic_tool_parser.py.
 
 TEST(PythonicToolParser, ListsOfCallsWithLiteralArguments) {
-  Parsed p = parse_every_way("pythonic",
-                             "[get_weather(city='San Francisco', metric='celsius'), "
-                             "register_user(name='John Doe', age=37, address={'city': 'San "
-                             "Francisco', 'state': 'CA'}, role=None, passed_test=True, "
-                             "aliases=['John', 'Johnny'])]");
+  Parsed p =
+      parse_every_way("pythonic", "[get_weather(city='San Francisco', metric='celsius'), "
+                                  "register_user(name='John Doe', age=37, address={'city': 'San "
+                                  "Francisco', 'state': 'CA'}, role=None, passed_test=True, "
+                                  "aliases=['John', 'Johnny'])]");
   EXPECT_EQ(p.content, "");
   ASSERT_EQ(p.calls.size(), 2u);
   EXPECT_EQ(p.raw_arguments[0], R"({"city": "San Francisco", "metric": "celsius"})");

@@ -48,8 +48,8 @@ TEST_P(DetokenizerTest, RandomIdSequencesStreamLikeDecode) {
       const std::string got = stream(tok, ids, skip);
       if (got == expected) continue;
       if (++failures <= 5) {
-        ADD_FAILURE() << GetParam() << " skip=" << skip << " ids=" << ids_str(ids) << "\n  decode   "
-                      << show(expected) << "\n  streamed " << show(got);
+        ADD_FAILURE() << GetParam() << " skip=" << skip << " ids=" << ids_str(ids)
+                      << "\n  decode   " << show(expected) << "\n  streamed " << show(got);
       }
     }
   }
@@ -75,7 +75,8 @@ TEST(Detokenizer, HoldsBackPartialCharacters) {
 
 TEST(Detokenizer, IncompleteEndBecomesReplacementChar) {
   const auto tok = Tokenizer::from_dir(test::model_dir("llama2"));
-  const std::vector<int32_t> ids = {tok.token_to_id("▁a"), tok.token_to_id("<0xE2>"), tok.token_to_id("<0x82>")};
+  const std::vector<int32_t> ids = {tok.token_to_id("▁a"), tok.token_to_id("<0xE2>"),
+                                    tok.token_to_id("<0x82>")};
   IncrementalDetokenizer d(tok, false);
   std::string all;
   for (int32_t id : ids) all += d.add(id);
@@ -95,8 +96,9 @@ TEST(Detokenizer, ByteFallbackRunIsHeldUntilClosed) {
   EXPECT_TRUE(whole);
   // A valid run followed by an invalid byte: HF's decode turns the whole run into U+FFFDs, so the
   // valid prefix must not have been emitted on its own.
-  const std::vector<int32_t> bad = {tok.token_to_id("<0xE2>"), tok.token_to_id("<0x82>"), tok.token_to_id("<0xAC>"),
-                                    tok.token_to_id("<0xFF>"), tok.token_to_id("▁a")};
+  const std::vector<int32_t> bad = {tok.token_to_id("<0xE2>"), tok.token_to_id("<0x82>"),
+                                    tok.token_to_id("<0xAC>"), tok.token_to_id("<0xFF>"),
+                                    tok.token_to_id("▁a")};
   EXPECT_EQ(stream(tok, bad, false), tok.decode(bad, false));
 }
 
@@ -131,8 +133,9 @@ namespace {
 TEST(TokenizerLimits, HugeInputsRoundTrip) {
   for (const char* model : {"qwen3", "gptoss"}) {
     const auto tok = Tokenizer::from_dir(test::model_dir(model));
-    for (const std::string& text : {std::string(1 << 18, ' '), std::string(1 << 18, 'a'), std::string(1 << 18, '7'),
-                                    std::string(1 << 17, '\n') + std::string(1 << 17, '\t')}) {
+    for (const std::string& text :
+         {std::string(1 << 18, ' '), std::string(1 << 18, 'a'), std::string(1 << 18, '7'),
+          std::string(1 << 17, '\n') + std::string(1 << 17, '\t')}) {
       const auto ids = tok.encode(text, false);
       EXPECT_FALSE(ids.empty());
       EXPECT_TRUE(tok.decode(ids, false) == text) << model;

@@ -24,7 +24,8 @@ class ReferenceTest : public ::testing::TestWithParam<std::string> {
   }
   // The input atom encodes: the raw bytes for the invalid-UTF-8 cases, else the text.
   static std::string input_of(const nlohmann::json& c) {
-    return c.contains("hex") ? test::hex_bytes(c["hex"].get<std::string>()) : c["text"].get<std::string>();
+    return c.contains("hex") ? test::hex_bytes(c["hex"].get<std::string>())
+                             : c["text"].get<std::string>();
   }
   nlohmann::json ref_;
   std::unique_ptr<Tokenizer> tok_;
@@ -80,14 +81,17 @@ TEST_P(ReferenceTest, VocabularyMatches) {
     const auto id = row[0].get<int32_t>();
     const auto got = tok_->id_to_token(id);
     if (row[1].is_null()) {
-      if (got && ++failures <= kMaxReported) ADD_FAILURE() << "id " << id << ": expected no token, atom has " << show(*got);
+      if (got && ++failures <= kMaxReported)
+        ADD_FAILURE() << "id " << id << ": expected no token, atom has " << show(*got);
       continue;
     }
     const auto expected = row[1].get<std::string>();
     if ((!got || *got != expected) && ++failures <= kMaxReported) {
-      ADD_FAILURE() << "id " << id << ": expected " << show(expected) << ", atom " << (got ? show(*got) : "none");
+      ADD_FAILURE() << "id " << id << ": expected " << show(expected) << ", atom "
+                    << (got ? show(*got) : "none");
     }
-    if (got && tok_->token_to_id(*got) < 0) ADD_FAILURE() << "token_to_id(" << show(*got) << ") = -1";
+    if (got && tok_->token_to_id(*got) < 0)
+      ADD_FAILURE() << "token_to_id(" << show(*got) << ") = -1";
   }
   EXPECT_EQ(failures, 0);
 }
@@ -140,11 +144,14 @@ TEST_P(ConfigTest, SpecialTokensMatch) {
   const auto tok = Tokenizer::from_dir(test::model_dir(GetParam()));
   const auto& cfg = ref["config"];
   EXPECT_EQ(tok.bos_token(), cfg["bos_token"]["content"].get<std::string>());
-  EXPECT_EQ(tok.bos_id(), cfg["bos_token"]["id"].is_null() ? -1 : cfg["bos_token"]["id"].get<int32_t>());
+  EXPECT_EQ(tok.bos_id(),
+            cfg["bos_token"]["id"].is_null() ? -1 : cfg["bos_token"]["id"].get<int32_t>());
   EXPECT_EQ(tok.eos_token(), cfg["eos_token"]["content"].get<std::string>());
-  EXPECT_EQ(tok.eos_id(), cfg["eos_token"]["id"].is_null() ? -1 : cfg["eos_token"]["id"].get<int32_t>());
+  EXPECT_EQ(tok.eos_id(),
+            cfg["eos_token"]["id"].is_null() ? -1 : cfg["eos_token"]["id"].get<int32_t>());
   EXPECT_EQ(tok.pad_token(), cfg["pad_token"]["content"].get<std::string>());
-  EXPECT_EQ(tok.pad_id(), cfg["pad_token"]["id"].is_null() ? -1 : cfg["pad_token"]["id"].get<int32_t>());
+  EXPECT_EQ(tok.pad_id(),
+            cfg["pad_token"]["id"].is_null() ? -1 : cfg["pad_token"]["id"].get<int32_t>());
   if (tok.eos_id() >= 0) {
     EXPECT_TRUE(tok.is_special(tok.eos_id()));
   }
@@ -176,11 +183,14 @@ TEST(TokenizerCli, TokenizeAndDetokenize) {
   };
   const std::string atom_bin = std::string(ATOM_BINARY_DIR) + "/atom";
   const std::string dir = test::model_dir("llama2");
-  EXPECT_EQ(run(atom_bin + " tokenize --model " + dir + " '" + text + "'"), join(json_ids(c["ids_special"])) + "\n");
-  EXPECT_EQ(run(atom_bin + " tokenize --model " + dir + " --no-special '" + text + "'"), join(json_ids(c["ids"])) + "\n");
+  EXPECT_EQ(run(atom_bin + " tokenize --model " + dir + " '" + text + "'"),
+            join(json_ids(c["ids_special"])) + "\n");
+  EXPECT_EQ(run(atom_bin + " tokenize --model " + dir + " --no-special '" + text + "'"),
+            join(json_ids(c["ids"])) + "\n");
   EXPECT_EQ(run(atom_bin + " detokenize --model " + dir + " " + join(json_ids(c["ids_special"]))),
             c["decode"].get<std::string>() + "\n");
-  EXPECT_EQ(run(atom_bin + " detokenize --model " + dir + " --skip-special-tokens " + join(json_ids(c["ids_special"]))),
+  EXPECT_EQ(run(atom_bin + " detokenize --model " + dir + " --skip-special-tokens " +
+                join(json_ids(c["ids_special"]))),
             c["decode_skip"].get<std::string>() + "\n");
 }
 

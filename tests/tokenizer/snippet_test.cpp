@@ -1,5 +1,6 @@
 // Each component and option on its own: the small tokenizer.json files of tests/tokenizer/snippets
-// run through atom and through the Hugging Face tokenizers library (tests/node/tokenizer_reference.js).
+// run through atom and through the Hugging Face tokenizers library
+// (tests/node/tokenizer_reference.js).
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -32,7 +33,8 @@ TEST(TokenizerSnippets, MatchReference) {
   int failures = 0, checked = 0;
   for (const auto& snippet : ref) {
     const std::string file = snippet["file"].get<std::string>();
-    const auto spec = nlohmann::json::parse(read_text(std::string(ATOM_SOURCE_DIR) + "/tests/tokenizer/snippets/" + file));
+    const auto spec = nlohmann::json::parse(
+        read_text(std::string(ATOM_SOURCE_DIR) + "/tests/tokenizer/snippets/" + file));
     if (snippet.contains("load_error")) {
       EXPECT_THROW(Tokenizer::from_json_text(spec["tokenizer"].dump(), file), atom::Error)
           << file << ": HF refuses it (" << snippet["load_error"] << "), atom should too";

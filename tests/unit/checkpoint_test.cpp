@@ -29,14 +29,13 @@ TEST(Checkpoint, ShardedThroughTheIndex) {
   EXPECT_EQ(c.shard_paths().size(), 2u);
   std::set<std::string> seen;
   std::mutex mu;
-  const CheckpointStats s = c.read(
-      [](const std::string&) { return true; },
-      [&](const std::string& name, const Tensor& t) {
-        std::lock_guard<std::mutex> lock(mu);
-        EXPECT_TRUE(seen.insert(name).second) << name;
-        EXPECT_GT(t.numel(), 0);
-      },
-      opts(true, 4));
+  const CheckpointStats s = c.read([](const std::string&) { return true; },
+                                   [&](const std::string& name, const Tensor& t) {
+                                     std::lock_guard<std::mutex> lock(mu);
+                                     EXPECT_TRUE(seen.insert(name).second) << name;
+                                     EXPECT_GT(t.numel(), 0);
+                                   },
+                                   opts(true, 4));
   EXPECT_EQ(s.shards_total, 2);
   EXPECT_EQ(s.shards_read, 2);
   EXPECT_EQ(s.shards_skipped, 0);
@@ -54,9 +53,9 @@ TEST(Checkpoint, ShardWithNothingWantedIsSkipped) {
   const uint64_t second_size = fs::file_size(headers[1].first);
   for (bool mmap : {true, false}) {
     int visits = 0;
-    const CheckpointStats s = c.read([&](const std::string& n) { return first.count(n) > 0; },
-                                     [&](const std::string&, const Tensor&) { ++visits; },
-                                     opts(mmap, 1));
+    const CheckpointStats s =
+        c.read([&](const std::string& n) { return first.count(n) > 0; },
+               [&](const std::string&, const Tensor&) { ++visits; }, opts(mmap, 1));
     EXPECT_EQ(s.shards_read, 1);
     EXPECT_EQ(s.shards_skipped, 1);
     EXPECT_EQ(s.bytes_skipped, second_size);
@@ -87,14 +86,15 @@ TEST(Checkpoint, DuplicateFilesFilteredByTheIndex) {
   const Checkpoint before(d.str());
   for (const auto& p : before.shard_paths()) {
     keep.push_back(std::make_unique<SafetensorsFile>(p, true));
-    for (const auto& e : keep.back()->header().entries) all.emplace_back(e.name, keep.back()->tensor(e));
+    for (const auto& e : keep.back()->header().entries)
+      all.emplace_back(e.name, keep.back()->tensor(e));
   }
   safetensors_write(d.file("consolidated.safetensors"), all);
   Checkpoint c(d.str());
   EXPECT_EQ(c.shard_paths().size(), 2u);
   int visits = 0;
-  c.read([](const std::string&) { return true; }, [&](const std::string&, const Tensor&) { ++visits; },
-         opts(true, 1));
+  c.read([](const std::string&) { return true; },
+         [&](const std::string&, const Tensor&) { ++visits; }, opts(true, 1));
   EXPECT_EQ(visits, 21);
 }
 
@@ -111,7 +111,8 @@ TEST(Checkpoint, TensorTheIndexPlacesInAShardThatLacksIt) {
   std::string index = read_file(d.file("model.safetensors.index.json"));
   const std::string key = "\"model.norm.weight\"";
   ASSERT_NE(index.find(key), std::string::npos);
-  index.replace(index.find(key), key.size(), "\"model.extra.weight\": \"model-00001-of-00002.safetensors\", " + key);
+  index.replace(index.find(key), key.size(),
+                "\"model.extra.weight\": \"model-00001-of-00002.safetensors\", " + key);
   write_file(d.file("model.safetensors.index.json"), index);
   Checkpoint c(d.str());
   EXPECT_ERROR_CONTAINS(c.headers(), "model.extra.weight", "model-00001-of-00002.safetensors");
@@ -167,7 +168,8 @@ TEST(Checkpoint, IndexPathsStayInsideTheModelFolder) {
     TempDir d;
     copy_dir(fixture_dir(kSharded), d.str());
     redirect_second_shard(d, "../../../../etc/passwd");
-    EXPECT_ERROR_CONTAINS(Checkpoint c(d.str()), "../../../../etc/passwd", "outside the model folder");
+    EXPECT_ERROR_CONTAINS(Checkpoint c(d.str()), "../../../../etc/passwd",
+                          "outside the model folder");
   }
   {
     TempDir d;
@@ -183,13 +185,15 @@ TEST(Checkpoint, IndexPathsStayInsideTheModelFolder) {
   }
   // A symlink in the folder that leads out of it.
   TempDir outside;
-  fs::copy_file(fixture_dir(kSharded) + "/model-00002-of-00002.safetensors", outside.file("s.safetensors"));
+  fs::copy_file(fixture_dir(kSharded) + "/model-00002-of-00002.safetensors",
+                outside.file("s.safetensors"));
   {
     TempDir d;
     copy_dir(fixture_dir(kSharded), d.str());
     fs::remove(d.file("model-00002-of-00002.safetensors"));
     fs::create_symlink(outside.file("s.safetensors"), d.file("model-00002-of-00002.safetensors"));
-    EXPECT_ERROR_CONTAINS(Checkpoint c(d.str()), "model-00002-of-00002.safetensors", "outside the model folder");
+    EXPECT_ERROR_CONTAINS(Checkpoint c(d.str()), "model-00002-of-00002.safetensors",
+                          "outside the model folder");
   }
   {
     TempDir d;  // no index: the folder's own *.safetensors are held to the same rule
@@ -211,7 +215,8 @@ TEST(Checkpoint, IndexPathsStayInsideTheModelFolder) {
     }
     Checkpoint c(snap.string());
     int n = 0;
-    c.read([](const std::string&) { return true; }, [&](const std::string&, const Tensor&) { ++n; }, opts(false, 1));
+    c.read([](const std::string&) { return true; }, [&](const std::string&, const Tensor&) { ++n; },
+           opts(false, 1));
     EXPECT_EQ(n, 21);
   }
 }

@@ -54,14 +54,22 @@ TEST(CudaTuning, DefaultsAreTheH200Choices) {
 }
 
 TEST(CudaTuning, ReadsEveryVariable) {
-  const Env env({{"ATOM_ATTENTION_BACKEND", "mma"}, {"ATOM_ATTENTION_M_ATOMS", "2"},
-                 {"ATOM_WGMMA_WARPGROUPS", "1"}, {"ATOM_WGMMA_PIPELINE", "4"},
-                 {"ATOM_SKINNY_GEMM_MAX_M", "3"}, {"ATOM_SKINNY_SPLIT_MAX_N", "8192"},
-                 {"ATOM_FUSE_QKV_ROPE", "0"}, {"ATOM_FP8_GEMM_PATH", "no_skinny"},
-                 {"ATOM_FP8_GEMM_TILES", "cp_async"}, {"ATOM_FP8_SKINNY_ROWS", "4"},
-                 {"ATOM_MLA_BACKEND", "simple"}, {"ATOM_MLA_PIPELINE", "1"},
-                 {"ATOM_MOE_DECODE_MAX_ROWS", "64"}, {"ATOM_MOE_DECODE_MAX_ROWS_MXFP4", "32"},
-                 {"ATOM_MOE_DECODE_DEPTH", "4"}, {"ATOM_MOE_GEMM_TILE_ROWS", "128"}});
+  const Env env({{"ATOM_ATTENTION_BACKEND", "mma"},
+                 {"ATOM_ATTENTION_M_ATOMS", "2"},
+                 {"ATOM_WGMMA_WARPGROUPS", "1"},
+                 {"ATOM_WGMMA_PIPELINE", "4"},
+                 {"ATOM_SKINNY_GEMM_MAX_M", "3"},
+                 {"ATOM_SKINNY_SPLIT_MAX_N", "8192"},
+                 {"ATOM_FUSE_QKV_ROPE", "0"},
+                 {"ATOM_FP8_GEMM_PATH", "no_skinny"},
+                 {"ATOM_FP8_GEMM_TILES", "cp_async"},
+                 {"ATOM_FP8_SKINNY_ROWS", "4"},
+                 {"ATOM_MLA_BACKEND", "simple"},
+                 {"ATOM_MLA_PIPELINE", "1"},
+                 {"ATOM_MOE_DECODE_MAX_ROWS", "64"},
+                 {"ATOM_MOE_DECODE_MAX_ROWS_MXFP4", "32"},
+                 {"ATOM_MOE_DECODE_DEPTH", "4"},
+                 {"ATOM_MOE_GEMM_TILE_ROWS", "128"}});
   const CudaTuning t = CudaTuning::from_env();
   EXPECT_EQ(t.attention_backend, PrefillAttention::kMma);
   EXPECT_EQ(t.attention_m_atoms, 2);
@@ -80,7 +88,8 @@ TEST(CudaTuning, ReadsEveryVariable) {
   EXPECT_EQ(t.moe_decode_depth, 4);
   EXPECT_EQ(t.moe_gemm_tile_rows, 128);
   {
-    const Env other({{"ATOM_ATTENTION_BACKEND", "simple"}, {"ATOM_FP8_GEMM_PATH", "general"},
+    const Env other({{"ATOM_ATTENTION_BACKEND", "simple"},
+                     {"ATOM_FP8_GEMM_PATH", "general"},
                      {"ATOM_FP8_GEMM_TILES", "tma"}});
     const CudaTuning u = CudaTuning::from_env();
     EXPECT_EQ(u.attention_backend, PrefillAttention::kSimple);
@@ -92,10 +101,14 @@ TEST(CudaTuning, ReadsEveryVariable) {
 // Out-of-range values map as the environment's always did (and as the old setters did).
 TEST(CudaTuning, OutOfRangeValuesMapAsBefore) {
   {
-    const Env env({{"ATOM_WGMMA_WARPGROUPS", "3"}, {"ATOM_WGMMA_PIPELINE", "1"},
-                   {"ATOM_FP8_SKINNY_ROWS", "3"}, {"ATOM_MOE_DECODE_MAX_ROWS", "100000"},
-                   {"ATOM_MOE_DECODE_MAX_ROWS_MXFP4", "-4"}, {"ATOM_MOE_DECODE_DEPTH", "3"},
-                   {"ATOM_MOE_GEMM_TILE_ROWS", "96"}, {"ATOM_ATTENTION_BACKEND", "bogus"}});
+    const Env env({{"ATOM_WGMMA_WARPGROUPS", "3"},
+                   {"ATOM_WGMMA_PIPELINE", "1"},
+                   {"ATOM_FP8_SKINNY_ROWS", "3"},
+                   {"ATOM_MOE_DECODE_MAX_ROWS", "100000"},
+                   {"ATOM_MOE_DECODE_MAX_ROWS_MXFP4", "-4"},
+                   {"ATOM_MOE_DECODE_DEPTH", "3"},
+                   {"ATOM_MOE_GEMM_TILE_ROWS", "96"},
+                   {"ATOM_ATTENTION_BACKEND", "bogus"}});
     const CudaTuning t = CudaTuning::from_env();
     EXPECT_EQ(t.wgmma_warpgroups, 2);
     EXPECT_EQ(t.wgmma_pipeline, 6);

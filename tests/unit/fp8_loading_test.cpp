@@ -23,7 +23,6 @@
 namespace atom::test {
 namespace {
 
-
 // e4m3fn by its definition: s eeee mmm, bias 7, subnormals at e = 0.
 float e4m3(uint8_t b) {
   const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
@@ -45,7 +44,9 @@ Tensor fp8_weight(int64_t N, int64_t K) {
 }
 
 // Block scales distinct per (row block, column block), and not symmetric in them.
-float block_scale(int64_t i, int64_t j, float base) { return base * (1.0f + 0.5f * i + 0.125f * j); }
+float block_scale(int64_t i, int64_t j, float base) {
+  return base * (1.0f + 0.5f * i + 0.125f * j);
+}
 
 Tensor block_scales(int64_t N, int64_t K, int bn, int bk, float base = 0.01f) {
   const int64_t R = (N + bn - 1) / bn, C = (K + bk - 1) / bk;
@@ -83,19 +84,23 @@ const char* kBlock128 = R"({"quant_method": "fp8", "activation_scheme": "dynamic
 std::string compressed_tensors(const std::string& strategy, const std::string& inputs,
                                const std::string& ignore = R"(["lm_head"])") {
   return R"({"quant_method": "compressed-tensors", "format": "float-quantized",
-    "quantization_status": "compressed", "ignore": )" + ignore + R"(,
+    "quantization_status": "compressed", "ignore": )" +
+         ignore + R"(,
     "config_groups": {"group_0": {"targets": ["Linear"],
-      "weights": {"num_bits": 8, "type": "float", "strategy": ")" + strategy + R"(",
+      "weights": {"num_bits": 8, "type": "float", "strategy": ")" +
+         strategy + R"(",
                   "dynamic": false, "symmetric": true, "group_size": null,
                   "block_structure": null, "observer": "minmax"},
-      "input_activations": )" + inputs + R"(, "output_activations": null}}})";
+      "input_activations": )" +
+         inputs + R"(, "output_activations": null}}})";
 }
 const char* kDynamicTokens = R"({"num_bits": 8, "type": "float", "strategy": "token",
                                  "dynamic": true, "symmetric": true})";
 const char* kStaticTensor = R"({"num_bits": 8, "type": "float", "strategy": "tensor",
                                 "dynamic": false, "symmetric": true})";
 
-// ---- quantization_config -> per-layer methods ----------------------------------------------------
+// ---- quantization_config -> per-layer methods
+// ----------------------------------------------------
 
 TEST(Fp8Config, BlockFp8) {
   const QuantizationConfig c = quant_config(kBlock48);
@@ -105,13 +110,15 @@ TEST(Fp8Config, BlockFp8) {
   EXPECT_EQ(q.block_n, 48);
   EXPECT_EQ(q.block_k, 32);
   EXPECT_EQ(q.inputs, Fp8Inputs::kBlockDynamic);
-  const QuantizationConfig t = quant_config(R"({"quant_method": "fp8", "activation_scheme": "static"})");
+  const QuantizationConfig t =
+      quant_config(R"({"quant_method": "fp8", "activation_scheme": "static"})");
   EXPECT_EQ(t.linear("x").scales, Fp8Scales::kTensor);
   EXPECT_EQ(t.linear("x").inputs, Fp8Inputs::kTensorStatic);
 }
 
 TEST(Fp8Config, CompressedTensorsAndFbgemm) {
-  const LinearQuant ch = quant_config(compressed_tensors("channel", kDynamicTokens)).linear("a.q_proj");
+  const LinearQuant ch =
+      quant_config(compressed_tensors("channel", kDynamicTokens)).linear("a.q_proj");
   EXPECT_TRUE(ch.fp8);
   EXPECT_EQ(ch.scales, Fp8Scales::kChannel);
   EXPECT_EQ(ch.inputs, Fp8Inputs::kTokenDynamic);
@@ -119,7 +126,8 @@ TEST(Fp8Config, CompressedTensorsAndFbgemm) {
   EXPECT_EQ(ts.linear("a.q_proj").scales, Fp8Scales::kTensor);
   EXPECT_EQ(ts.linear("a.q_proj").inputs, Fp8Inputs::kTensorStatic);
   EXPECT_FALSE(ts.linear("lm_head").fp8);  // ignore
-  EXPECT_EQ(quant_config(compressed_tensors("tensor", "null")).linear("a").inputs, Fp8Inputs::kNone);
+  EXPECT_EQ(quant_config(compressed_tensors("tensor", "null")).linear("a").inputs,
+            Fp8Inputs::kNone);
   const QuantizationConfig fb = quant_config(
       R"({"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0,
           "modules_to_not_convert": ["lm_head", "model.layers.1.mlp"]})");
@@ -128,27 +136,33 @@ TEST(Fp8Config, CompressedTensorsAndFbgemm) {
   EXPECT_FALSE(fb.linear("model.layers.1.mlp.down_proj").fp8);
   // Targets other than "Linear": re: patterns (anchored at the start) and names.
   std::string cfg = compressed_tensors("channel", kDynamicTokens);
-  cfg.replace(cfg.find(R"(["Linear"])"), 10, R"(["re:.*mlp\\..*_proj$", "model.layers.0.self_attn.o_proj"])");
+  cfg.replace(cfg.find(R"(["Linear"])"), 10,
+              R"(["re:.*mlp\\..*_proj$", "model.layers.0.self_attn.o_proj"])");
   const QuantizationConfig t = quant_config(cfg);
   EXPECT_TRUE(t.linear("model.layers.3.mlp.up_proj").fp8);
   EXPECT_TRUE(t.linear("model.layers.0.self_attn.o_proj").fp8);
   EXPECT_FALSE(t.linear("model.layers.0.self_attn.q_proj").fp8);
   // mxfp4 quantises experts only: its linear layers are unquantised.
-  EXPECT_FALSE(quant_config(R"({"quant_method": "mxfp4"})").linear("model.layers.0.self_attn.q_proj").fp8);
+  EXPECT_FALSE(
+      quant_config(R"({"quant_method": "mxfp4"})").linear("model.layers.0.self_attn.q_proj").fp8);
 }
 
 TEST(Fp8Config, UnsupportedSchemesAreNamed) {
   std::string int4 = compressed_tensors("group", "null");
-  int4.replace(int4.find(R"("num_bits": 8, "type": "float")"), 30, R"("num_bits": 4, "type": "int")");
+  int4.replace(int4.find(R"("num_bits": 8, "type": "float")"), 30,
+               R"("num_bits": 4, "type": "int")");
   EXPECT_ERROR_CONTAINS(quant_config(int4), "config_groups.group_0.weights", "4-bit int");
   EXPECT_ERROR_CONTAINS(quant_config(compressed_tensors("group", "null")), "strategy", "group");
   std::string packed = compressed_tensors("channel", "null");
   packed.replace(packed.find("float-quantized"), 15, "pack-quantized");
   EXPECT_ERROR_CONTAINS(quant_config(packed), "format", "pack-quantized");
-  EXPECT_ERROR_CONTAINS(quant_config(compressed_tensors("channel", R"({"num_bits": 8, "type": "float",
-      "strategy": "token", "dynamic": false})")), "input_activations", "static", "per tensor");
-  EXPECT_ERROR_CONTAINS(quant_config(R"({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]})"),
-                        "fmt", "e5m2");
+  EXPECT_ERROR_CONTAINS(
+      quant_config(compressed_tensors("channel", R"({"num_bits": 8, "type": "float",
+      "strategy": "token", "dynamic": false})")),
+      "input_activations", "static", "per tensor");
+  EXPECT_ERROR_CONTAINS(
+      quant_config(R"({"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]})"),
+      "fmt", "e5m2");
   EXPECT_ERROR_CONTAINS(quant_config(R"({"quant_method": "fp8", "activation_scheme": "static",
                                         "weight_block_size": [128, 128]})"),
                         "activation_scheme", "static");
@@ -159,12 +173,14 @@ TEST(Fp8Config, UnsupportedSchemesAreNamed) {
 TEST(Fp8Config, FusedPartsMustAgree) {
   const QuantizationConfig c = quant_config(compressed_tensors(
       "channel", kDynamicTokens, R"(["lm_head", "model.layers.0.self_attn.k_proj"])"));
-  EXPECT_ERROR_CONTAINS(c.linear_fused("model.layers.0.self_attn.qkv_proj",
-                                       {"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",
-                                        "model.layers.0.self_attn.v_proj"}),
-                        "qkv_proj", "q_proj", "k_proj", "unquantised");
+  EXPECT_ERROR_CONTAINS(
+      c.linear_fused("model.layers.0.self_attn.qkv_proj",
+                     {"model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.k_proj",
+                      "model.layers.0.self_attn.v_proj"}),
+      "qkv_proj", "q_proj", "k_proj", "unquantised");
   EXPECT_TRUE(c.linear_fused("model.layers.1.self_attn.qkv_proj",
-                             {"model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj"}).fp8);
+                             {"model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj"})
+                  .fp8);
 }
 
 // ---- the layers' loaders ---------------------------------------------------------------------
@@ -179,9 +195,11 @@ struct Rig {
   LayerContext ctx;
   TempDir dir;
   Rig(const std::string& quant_json, bool resident = false, int tp_rank = 0, int tp_size = 1)
-      : quant(quant_config(quant_json)),
-        ctx{params, Device::cpu(), DType::kF32, DType::kF32, tp_rank, tp_size, &solo, &caches,
-            &states, false, &quant, default_packed_modules(), resident} {}
+      : quant(quant_config(quant_json)), ctx{params,      Device::cpu(), DType::kF32,
+                                             DType::kF32, tp_rank,       tp_size,
+                                             &solo,       &caches,       &states,
+                                             false,       &quant,        default_packed_modules(),
+                                             resident} {}
   void load(const std::vector<std::pair<std::string, Tensor>>& tensors,
             std::vector<ExpertParamMapping> experts = {}) {
     safetensors_write(dir.file("model.safetensors"), tensors);
@@ -304,30 +322,32 @@ TEST(Fp8Linear, MissingScaleIsNamed) {
 TEST(Fp8Linear, WrongScaleShapeIsNamed) {
   Rig r(kBlock48);
   ReplicatedLinear l(r.ctx, "model.layers.0.self_attn.q_a_proj", 64, 100, false);
-  EXPECT_ERROR_CONTAINS(
-      r.load({{"model.layers.0.self_attn.q_a_proj.weight", fp8_weight(100, 64)},
-              {"model.layers.0.self_attn.q_a_proj.weight_scale_inv", block_scales(100, 64, 32, 48)}}),
-      "model.layers.0.self_attn.q_a_proj", "[4, 2]", "expected [3, 2]");
+  EXPECT_ERROR_CONTAINS(r.load({{"model.layers.0.self_attn.q_a_proj.weight", fp8_weight(100, 64)},
+                                {"model.layers.0.self_attn.q_a_proj.weight_scale_inv",
+                                 block_scales(100, 64, 32, 48)}}),
+                        "model.layers.0.self_attn.q_a_proj", "[4, 2]", "expected [3, 2]");
   Rig c(compressed_tensors("channel", kDynamicTokens), true);
   ReplicatedLinear lc(c.ctx, "model.layers.0.mlp.down_proj", 16, 8, false);
-  EXPECT_ERROR_CONTAINS(c.load({{"model.layers.0.mlp.down_proj.weight", fp8_weight(8, 16)},
-                                {"model.layers.0.mlp.down_proj.weight_scale", channel_scales(16, 0.1f, true)}}),
-                        "model.layers.0.mlp.down_proj", "[16, 1]", "per channel");
+  EXPECT_ERROR_CONTAINS(
+      c.load({{"model.layers.0.mlp.down_proj.weight", fp8_weight(8, 16)},
+              {"model.layers.0.mlp.down_proj.weight_scale", channel_scales(16, 0.1f, true)}}),
+      "model.layers.0.mlp.down_proj", "[16, 1]", "per channel");
 }
 
 TEST(Fp8Linear, WeightThatIsNotFp8IsNamed) {
   Rig r(compressed_tensors("channel", kDynamicTokens));
   ReplicatedLinear l(r.ctx, "model.layers.0.mlp.down_proj", 16, 8, false);
-  EXPECT_ERROR_CONTAINS(r.load({{"model.layers.0.mlp.down_proj.weight", Tensor::zeros({8, 16}, DType::kBF16)},
-                                {"model.layers.0.mlp.down_proj.weight_scale", channel_scales(8, 0.1f, true)}}),
-                        "model.layers.0.mlp.down_proj", "BF16", "not F8_E4M3");
+  EXPECT_ERROR_CONTAINS(
+      r.load({{"model.layers.0.mlp.down_proj.weight", Tensor::zeros({8, 16}, DType::kBF16)},
+              {"model.layers.0.mlp.down_proj.weight_scale", channel_scales(8, 0.1f, true)}}),
+      "model.layers.0.mlp.down_proj", "BF16", "not F8_E4M3");
 }
 
 // An excluded layer loads its full-precision weight as it is; a scale for it (a scale of a weight
 // that is not FP8) is refused by name.
 TEST(Fp8Linear, ExcludedLayerLoadsUnquantisedAndRefusesAScale) {
-  const std::string cfg = compressed_tensors("channel", kDynamicTokens,
-                                             R"(["lm_head", "re:.*mlp\\.down_proj$"])");
+  const std::string cfg =
+      compressed_tensors("channel", kDynamicTokens, R"(["lm_head", "re:.*mlp\\.down_proj$"])");
   Tensor dense = Tensor::empty({8, 16}, DType::kBF16);
   Tensor f = Tensor::empty({8, 16}, DType::kF32);
   for (int i = 0; i < 128; ++i) f.ptr<float>()[i] = 0.25f * (i % 7) - 0.5f;
@@ -344,12 +364,14 @@ TEST(Fp8Linear, ExcludedLayerLoadsUnquantisedAndRefusesAScale) {
   }
   Rig r(cfg, true);
   ReplicatedLinear l(r.ctx, "model.layers.0.mlp.down_proj", 16, 8, false);
-  EXPECT_ERROR_CONTAINS(r.load({{"model.layers.0.mlp.down_proj.weight", dense},
-                                {"model.layers.0.mlp.down_proj.weight_scale", channel_scales(8, 0.1f, true)}}),
-                        "model.layers.0.mlp.down_proj.weight_scale", "keeps unquantised");
+  EXPECT_ERROR_CONTAINS(
+      r.load({{"model.layers.0.mlp.down_proj.weight", dense},
+              {"model.layers.0.mlp.down_proj.weight_scale", channel_scales(8, 0.1f, true)}}),
+      "model.layers.0.mlp.down_proj.weight_scale", "keeps unquantised");
   // A router is never quantised, whatever the config: its plain weight loads.
   Rig g(kBlock128, true);
-  ReplicatedLinear gate(g.ctx, "model.layers.0.mlp.gate", 16, 8, false, LinearStorage::kUnquantized);
+  ReplicatedLinear gate(g.ctx, "model.layers.0.mlp.gate", 16, 8, false,
+                        LinearStorage::kUnquantized);
   g.load({{"model.layers.0.mlp.gate.weight", dense}});
   EXPECT_EQ(gate.weight().data().ptr<float>()[3], f.ptr<float>()[3]);
 }
@@ -383,7 +405,8 @@ TEST(Fp8Experts, BlockScaledExpertsDequantised) {
     for (int64_t n = 0; n < 112; ++n)
       for (int64_t k = 0; k < 40; ++k) {
         const int64_t row = n % 56;
-        const float want = e4m3(code(row, k)) * block_scale(row / 48, k / 32, n < 56 ? base : 2 * base);
+        const float want =
+            e4m3(code(row, k)) * block_scale(row / 48, k / 32, n < 56 ? base : 2 * base);
         bad += w13.ptr<float>()[(e * 112 + n) * 40 + k] != want;
       }
     for (int64_t n = 0; n < 40; ++n)
@@ -393,7 +416,6 @@ TEST(Fp8Experts, BlockScaledExpertsDequantised) {
   }
   EXPECT_EQ(bad, 0);
 }
-
 
 // ---- whole FP8 checkpoints (the fixtures made by tools/make_fixtures.py) ----------------------
 
@@ -428,7 +450,9 @@ TEST_F(Fp8Checkpoint, TheFixturesHoldWhatRealFp8CheckpointsHold) {
 TEST_F(Fp8Checkpoint, MissingScaleIsNamed) {
   use("deepseek_v3_fp8");
   edit_tensors(weights(), [](auto& ts) {
-    std::erase_if(ts, [](const auto& t) { return t.first == "model.layers.2.mlp.experts.5.up_proj.weight_scale_inv"; });
+    std::erase_if(ts, [](const auto& t) {
+      return t.first == "model.layers.2.mlp.experts.5.up_proj.weight_scale_inv";
+    });
   });
   EXPECT_ERROR_CONTAINS(model_load(d.str(), {}), "received no data",
                         "model.layers.2.mlp.experts.w13_weight_scale (part expert 5");
@@ -438,7 +462,8 @@ TEST_F(Fp8Checkpoint, WrongScaleShapeIsNamed) {
   use("deepseek_v3_fp8_partial");  // kv_b_proj [4 * 40, 32]: [4, 1] blocks of 48
   edit_tensors(weights(), [](auto& ts) {
     for (auto& [n, t] : ts)
-      if (n == "model.layers.0.self_attn.kv_b_proj.weight_scale_inv") t = Tensor::zeros({1, 4}, DType::kF32);
+      if (n == "model.layers.0.self_attn.kv_b_proj.weight_scale_inv")
+        t = Tensor::zeros({1, 4}, DType::kF32);
   });
   EXPECT_ERROR_CONTAINS(model_load(d.str(), {}), "model.layers.0.self_attn.kv_b_proj", "[1, 4]",
                         "expected [4, 1]");
@@ -514,13 +539,16 @@ TEST(Fp8Dummy, FillsFp8WeightsAndScales) {
   }
   EXPECT_EQ(nan, 0);
   EXPECT_GT(distinct, 100);
-  const Tensor& s = m.model->params().find("model.layers.0.self_attn.qkv_proj.weight_scale")->data();
+  const Tensor& s =
+      m.model->params().find("model.layers.0.self_attn.qkv_proj.weight_scale")->data();
   const float want = static_cast<float>(1.0 / (224.0 * std::sqrt(64.0)));
   EXPECT_FLOAT_EQ(s.ptr<float>()[0], want);
-  EXPECT_FLOAT_EQ(m.model->params().find("model.layers.0.self_attn.qkv_proj.input_scale")->data().ptr<float>()[0],
+  EXPECT_FLOAT_EQ(m.model->params()
+                      .find("model.layers.0.self_attn.qkv_proj.input_scale")
+                      ->data()
+                      .ptr<float>()[0],
                   8.0f / 448.0f);
 }
-
 
 // The FP8 products as CUDA computes them (weights kept FP8, activations quantised to e4m3 in the
 // product: kernels::cpu::linear_fp8), on the CPU, against transformers on the dequantised weights:
@@ -555,8 +583,8 @@ TEST_P(Fp8Resident, Fp8ProductsStayNearTheDequantisedReference) {
               margin);
   const ResidentBound bound = resident_bound(GetParam());
   EXPECT_LT(rel, bound.rel) << GetParam();
-  expect_forced_greedy_agrees(GetParam(), score_tokens(*m.model, greedy_sequence(ref)),
-                              2 * margin, bound.min_steps);
+  expect_forced_greedy_agrees(GetParam(), score_tokens(*m.model, greedy_sequence(ref)), 2 * margin,
+                              bound.min_steps);
 }
 
 // Without the activation quantisation, every FP8 layer as kept (its bytes, its scale grid cut

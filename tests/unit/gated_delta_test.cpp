@@ -190,14 +190,16 @@ TEST(GatedDelta, RecurrentAndChunkedRulesMatchTheFormulaAcrossSteps) {
 TEST(GatedDelta, RollbackSlotsKeepEachRowsState) {
   const int Hk = 1, Hv = 2, dk = 4, dv = 3, H = 2, d = 4;
   const int64_t C = 6, K = 4, L = 5, T = L + 3;
-  Tensor q = random_cpu({T, Hk * dk}, DType::kF32, 51), k = random_cpu({T, Hk * dk}, DType::kF32, 52);
+  Tensor q = random_cpu({T, Hk * dk}, DType::kF32, 51),
+         k = random_cpu({T, Hk * dk}, DType::kF32, 52);
   Tensor v = random_cpu({T, Hv * dv}, DType::kF32, 53), b = random_cpu({T, Hv}, DType::kF32, 54);
   Tensor a = random_cpu({T, Hv}, DType::kF32, 55), x = random_cpu({T, C}, DType::kF32, 56);
   Tensor A_log = random_cpu({Hv}, DType::kF32, 57, -2.0f, 0.5f);
   Tensor dt_bias = random_cpu({Hv}, DType::kF32, 58), w = random_cpu({C, K}, DType::kF32, 59);
   Tensor kq = random_cpu({T, H * d}, DType::kF32, 60), kk = random_cpu({T, H * d}, DType::kF32, 61);
   Tensor kv = random_cpu({T, H * d}, DType::kF32, 62), kf = random_cpu({T, H * d}, DType::kF32, 63);
-  Tensor kb = random_cpu({T, H}, DType::kF32, 64), kA = random_cpu({H}, DType::kF32, 65, -2.0f, 0.5f);
+  Tensor kb = random_cpu({T, H}, DType::kF32, 64),
+         kA = random_cpu({H}, DType::kF32, 65, -2.0f, 0.5f);
   Tensor kdt = random_cpu({H * d}, DType::kF32, 66);
   // Rows 0-4: the verified sequence (20 tokens before, slot 0); rows 5-7: a fresh one in slot 5.
   Rows rows({{0, L, 20 + L, 0}, {L, 3, 3, 5}});
@@ -237,8 +239,8 @@ TEST(GatedDelta, RollbackSlotsKeepEachRowsState) {
       EXPECT_EQ(std::memcmp(pools[op].ptr<float>() + kept * n, alone[op].ptr<float>(), n * 4), 0)
           << names[op] << ": the state after row " << r << " (slot " << kept << ")";
       const int64_t W = outs[op].size(1);
-      EXPECT_EQ(std::memcmp(outs[op].ptr<float>() + r * W, alone_out[op].ptr<float>() + r * W,
-                            W * 4), 0)
+      EXPECT_EQ(
+          std::memcmp(outs[op].ptr<float>() + r * W, alone_out[op].ptr<float>() + r * W, W * 4), 0)
           << names[op] << ": output row " << r;
     }
   }
@@ -265,7 +267,8 @@ TEST(GatedDelta, RollbackSlotsKeepEachRowsState) {
 TEST(GatedDelta, PaddingSequencesTouchNoState) {
   const int Hk = 1, Hv = 2, dk = 4, dv = 3;
   const int64_t C = 6, K = 3;
-  Tensor q = random_cpu({3, Hk * dk}, DType::kF32, 31), k = random_cpu({3, Hk * dk}, DType::kF32, 32);
+  Tensor q = random_cpu({3, Hk * dk}, DType::kF32, 31),
+         k = random_cpu({3, Hk * dk}, DType::kF32, 32);
   Tensor v = random_cpu({3, Hv * dv}, DType::kF32, 33), b = random_cpu({3, Hv}, DType::kF32, 34);
   Tensor a = random_cpu({3, Hv}, DType::kF32, 35), x = random_cpu({3, C}, DType::kF32, 36);
   Tensor A_log = random_cpu({Hv}, DType::kF32, 37), dt_bias = random_cpu({Hv}, DType::kF32, 38);
@@ -277,7 +280,8 @@ TEST(GatedDelta, PaddingSequencesTouchNoState) {
     Tensor state = random_cpu({2, Hv, dk, dv}, DType::kF32, 40);
     Tensor conv = random_cpu({2, C, K - 1}, DType::kF32, 41);
     Tensor state_alone = state.clone(), conv_alone = conv.clone();
-    Tensor out = Tensor::empty({3, Hv * dv}, DType::kF32), cout = Tensor::empty({3, C}, DType::kF32);
+    Tensor out = Tensor::empty({3, Hv * dv}, DType::kF32),
+           cout = Tensor::empty({3, C}, DType::kF32);
     for (Tensor* t : {&out, &cout})
       for (int64_t i = 0; i < t->numel(); ++i) t->ptr<float>()[i] = NAN;
     kernels::GatedDeltaArgs args{Hk, Hv, dk, dv, chunk};
@@ -290,7 +294,8 @@ TEST(GatedDelta, PaddingSequencesTouchNoState) {
     kernels::short_conv(c1, x.narrow(0, 2, 1), w, conv_alone, alone.view());
     for (int64_t i = 0; i < 2 * Hv * dv; ++i) EXPECT_EQ(out.ptr<float>()[i], 0.0f) << i;
     for (int64_t i = 0; i < 2 * C; ++i) EXPECT_EQ(cout.ptr<float>()[i], 0.0f) << i;
-    for (int64_t i = 0; i < Hv * dv; ++i) EXPECT_EQ(out.ptr<float>()[2 * Hv * dv + i], o1.ptr<float>()[i]);
+    for (int64_t i = 0; i < Hv * dv; ++i)
+      EXPECT_EQ(out.ptr<float>()[2 * Hv * dv + i], o1.ptr<float>()[i]);
     for (int64_t i = 0; i < C; ++i) EXPECT_EQ(cout.ptr<float>()[2 * C + i], c1.ptr<float>()[i]);
     // Slot 0 (no sequence's) and slot 1 as the lone run left them.
     EXPECT_EQ(std::memcmp(state.data(), state_alone.data(), state.nbytes()), 0);

@@ -40,9 +40,9 @@ TEST(HfConfig, RopeParametersEqualsLegacyForms) {
   json v5 = llama31();
   v5.erase("rope_theta");
   v5.erase("rope_scaling");
-  v5["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 8.0},
-                           {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
-                           {"original_max_position_embeddings", 8192}};
+  v5["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 500000.0},
+                           {"factor", 8.0},           {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
   v5.erase("torch_dtype");
   v5["dtype"] = "bfloat16";
   json typed = llama31();
@@ -157,16 +157,18 @@ TEST(HfConfig, DtypeDefaultsToFloat32) {
 
 TEST(GenerationConfig, EosAsIntOrList) {
   const GenerationConfig a = generation_config_parse(
-      json::parse(R"({"bos_token_id": 1, "eos_token_id": 2, "temperature": 0.6, "top_p": 0.9})"), "g");
+      json::parse(R"({"bos_token_id": 1, "eos_token_id": 2, "temperature": 0.6, "top_p": 0.9})"),
+      "g");
   EXPECT_EQ(a.eos_token_ids, (std::vector<int64_t>{2}));
   EXPECT_EQ(*a.temperature, 0.6);
   EXPECT_EQ(*a.top_p, 0.9);
-  const GenerationConfig b =
-      generation_config_parse(json::parse(R"({"eos_token_id": [128001, 128008, 128009], "top_k": 20})"), "g");
+  const GenerationConfig b = generation_config_parse(
+      json::parse(R"({"eos_token_id": [128001, 128008, 128009], "top_k": 20})"), "g");
   EXPECT_EQ(b.eos_token_ids, (std::vector<int64_t>{128001, 128008, 128009}));
   EXPECT_EQ(*b.top_k, 20);
-  EXPECT_ERROR_CONTAINS(generation_config_parse(json::parse(R"({"eos_token_id": "x"})"), "gen.json"),
-                        "gen.json", "eos_token_id");
+  EXPECT_ERROR_CONTAINS(
+      generation_config_parse(json::parse(R"({"eos_token_id": "x"})"), "gen.json"), "gen.json",
+      "eos_token_id");
   EXPECT_TRUE(generation_config_load("/nonexistent").eos_token_ids.empty());
 }
 
@@ -243,7 +245,8 @@ TEST(QuantizationConfig, BadFieldsAreNamed) {
   nlohmann::json j = nlohmann::json::parse(R"({
     "architectures": ["X"], "hidden_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
     "vocab_size": 16, "quantization_config": {"modules_to_not_convert": []}})");
-  EXPECT_ERROR_CONTAINS(model_config_parse(j, "config.json"), "quantization_config", "quant_method");
+  EXPECT_ERROR_CONTAINS(model_config_parse(j, "config.json"), "quantization_config",
+                        "quant_method");
   j["quantization_config"] = {{"quant_method", "fp8"}, {"ignore", {"re:("}}};
   EXPECT_ERROR_CONTAINS(model_config_parse(j, "config.json"), "ignore", "re:(");
   j["quantization_config"] = 3;
@@ -263,33 +266,41 @@ TEST(HfConfig, OutOfRangeFieldsAreRefusedByName) {
     const char* field;
     const char* why;
   };
-  for (const Case& k : {
-           Case{R"({"rms_norm_eps": -1})", "'rms_norm_eps'", "(0, 1)"},
-           Case{R"({"rms_norm_eps": 0})", "'rms_norm_eps'", "(0, 1)"},
-           Case{R"({"rope_scaling": {"rope_type": "llama3", "factor": 0, "original_max_position_embeddings": 8192}})",
-                "'factor'", "positive"},
-           Case{R"({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4, "original_max_position_embeddings": 8192}})",
-                "'high_freq_factor'", "greater than low_freq_factor"},
-           Case{R"({"rope_scaling": {"rope_type": "llama3", "factor": 8, "original_max_position_embeddings": 0}})",
-                "'original_max_position_embeddings'", "[1, "},
-           Case{R"({"rope_scaling": {"rope_type": "yarn", "factor": -4}})", "'factor'", "positive"},
-           Case{R"({"rope_scaling": {"rope_type": "yarn", "factor": 4, "beta_fast": -1}})", "'beta_fast'", "positive"},
-           Case{R"({"rope_scaling": {"rope_type": "yarn", "factor": 4, "mscale": -1}})", "'mscale'", "negative"},
-           Case{R"({"rope_scaling": null, "rope_theta": 0})", "'rope_theta'", "positive"},
-           Case{R"({"partial_rotary_factor": 1.5})", "'partial_rotary_factor'", "(0, 1]"},
-           Case{R"({"hidden_size": -4096})", "'hidden_size'", "[1, "},
-           Case{R"({"hidden_size": 9223372036854775807})", "'hidden_size'", "[1, "},
-           Case{R"({"vocab_size": 4294967301})", "'vocab_size'", "[1, 2147483647]"},
-           Case{R"({"num_hidden_layers": 0})", "'num_hidden_layers'", "[1, "},
-           Case{R"({"num_key_value_heads": 0})", "'num_key_value_heads'", "[1, "},
-           Case{R"({"intermediate_size": -1})", "'intermediate_size'", "[0, "},
-           Case{R"({"max_position_embeddings": 18446744073709551615})", "'max_position_embeddings'", "at most"},
-           Case{R"({"head_dim": 0})", "'head_dim'", "[1, "},
-           Case{R"({"sliding_window": 0})", "'sliding_window'", "[1, "},
-       }) {
+  for (
+      const Case& k : {
+          Case{R"({"rms_norm_eps": -1})", "'rms_norm_eps'", "(0, 1)"},
+          Case{R"({"rms_norm_eps": 0})", "'rms_norm_eps'", "(0, 1)"},
+          Case{
+              R"({"rope_scaling": {"rope_type": "llama3", "factor": 0, "original_max_position_embeddings": 8192}})",
+              "'factor'", "positive"},
+          Case{
+              R"({"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4, "original_max_position_embeddings": 8192}})",
+              "'high_freq_factor'", "greater than low_freq_factor"},
+          Case{
+              R"({"rope_scaling": {"rope_type": "llama3", "factor": 8, "original_max_position_embeddings": 0}})",
+              "'original_max_position_embeddings'", "[1, "},
+          Case{R"({"rope_scaling": {"rope_type": "yarn", "factor": -4}})", "'factor'", "positive"},
+          Case{R"({"rope_scaling": {"rope_type": "yarn", "factor": 4, "beta_fast": -1}})",
+               "'beta_fast'", "positive"},
+          Case{R"({"rope_scaling": {"rope_type": "yarn", "factor": 4, "mscale": -1}})", "'mscale'",
+               "negative"},
+          Case{R"({"rope_scaling": null, "rope_theta": 0})", "'rope_theta'", "positive"},
+          Case{R"({"partial_rotary_factor": 1.5})", "'partial_rotary_factor'", "(0, 1]"},
+          Case{R"({"hidden_size": -4096})", "'hidden_size'", "[1, "},
+          Case{R"({"hidden_size": 9223372036854775807})", "'hidden_size'", "[1, "},
+          Case{R"({"vocab_size": 4294967301})", "'vocab_size'", "[1, 2147483647]"},
+          Case{R"({"num_hidden_layers": 0})", "'num_hidden_layers'", "[1, "},
+          Case{R"({"num_key_value_heads": 0})", "'num_key_value_heads'", "[1, "},
+          Case{R"({"intermediate_size": -1})", "'intermediate_size'", "[0, "},
+          Case{R"({"max_position_embeddings": 18446744073709551615})", "'max_position_embeddings'",
+               "at most"},
+          Case{R"({"head_dim": 0})", "'head_dim'", "[1, "},
+          Case{R"({"sliding_window": 0})", "'sliding_window'", "[1, "},
+      }) {
     json j = llama31();
     j.merge_patch(json::parse(k.patch));
-    EXPECT_ERROR_CONTAINS(model_config_parse(j, "/m/config.json"), "/m/config.json", k.field, k.why);
+    EXPECT_ERROR_CONTAINS(model_config_parse(j, "/m/config.json"), "/m/config.json", k.field,
+                          k.why);
   }
   // A model's own fields read through the same ranges.
   ConfigFields f(json::parse(R"({"n": 5, "big": 4294967301, "neg": -3, "x": 0.5})"), "f.json");

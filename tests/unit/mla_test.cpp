@@ -87,7 +87,8 @@ TEST(MlaKernels, RopeCacheWriteRotatesTheRopePartsAndWritesTheRow) {
     for (int64_t t = 0; t < T; ++t) {
       for (int h = 0; h < H; ++h) {
         for (int d = 0; d < N; ++d)  // q_nope untouched
-          EXPECT_EQ(at(q, t * H * (N + R) + h * (N + R) + d), at(q0, t * H * (N + R) + h * (N + R) + d));
+          EXPECT_EQ(at(q, t * H * (N + R) + h * (N + R) + d),
+                    at(q0, t * H * (N + R) + h * (N + R) + d));
         expect_rotated(q, q0, t, h * (N + R) + N);
       }
       for (int d = 0; d < L; ++d) EXPECT_EQ(at(kv, t * (L + R) + d), at(kv0, t * (L + R) + d));
@@ -182,7 +183,8 @@ TEST(MlaKernels, IndexerTopkScoresReluHeadsAndBreaksTiesByPosition) {
   Tensor cache = random_cpu({b.num_pages, bs, 1, D}, DType::kF32, 7);
   // Sequence 1's two keys are equal: its query's scores tie.
   const int64_t p0 = b.pages[1][0];
-  for (int d = 0; d < D; ++d) cache.ptr<float>()[(p0 * bs + 1) * D + d] = cache.ptr<float>()[p0 * bs * D + d];
+  for (int d = 0; d < D; ++d)
+    cache.ptr<float>()[(p0 * bs + 1) * D + d] = cache.ptr<float>()[p0 * bs * D + d];
   Tensor q = random_cpu({3, Hi * D}, DType::kF32, 8);
   Tensor w = random_cpu({3, Hi}, DType::kF32, 9, 0.1f, 1.0f);
   Tensor topk = Tensor::empty({3, K}, DType::kI32);
@@ -246,8 +248,7 @@ TEST(CacheKinds, EveryKindPagesThroughOneBlockTable) {
   const std::vector<CacheSpec> specs = {CacheSpec::key_value(2, 8, DType::kBF16, 4),
                                         CacheSpec::latent(576, DType::kBF16),
                                         CacheSpec::indexer_key(128, DType::kF32)};
-  EXPECT_EQ(KvCache::page_bytes(specs, 16),
-            2u * 16 * 2 * 8 * 2 + 16u * 576 * 2 + 16u * 128 * 4);
+  EXPECT_EQ(KvCache::page_bytes(specs, 16), 2u * 16 * 2 * 8 * 2 + 16u * 576 * 2 + 16u * 128 * 4);
   KvCache kv = KvCache::allocate(specs, 3, 16, Device::cpu());
   EXPECT_EQ(kv.key(0).shape(), (Shape{3, 16, 2, 8}));
   EXPECT_EQ(kv.value(0).shape(), (Shape{3, 16, 2, 8}));

@@ -148,7 +148,8 @@ TEST(MoeRoute, NanLogitsStillGiveValidDistinctSlots) {
   RouterArgs a;
   a.top_k = 3;
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (const auto sc : {RouterScoring::kSoftmax, RouterScoring::kSigmoid, RouterScoring::kTopKThenSoftmax}) {
+  for (const auto sc :
+       {RouterScoring::kSoftmax, RouterScoring::kSigmoid, RouterScoring::kTopKThenSoftmax}) {
     a.scoring = sc;
     const Routed r = route({nan, nan, nan, nan, nan, 1, nan, 2}, 1, a);
     std::vector<int32_t> s = r.ids;
@@ -213,8 +214,8 @@ TEST(MoeRoute, DroppedGroupsLoseEvenToNegativeChoices) {
   a.n_group = 2;
   a.topk_group = 1;
   auto logit = [](double p) { return static_cast<float>(std::log(p / (1 - p))); };
-  const Routed r = route({logit(0.3), logit(0.2), logit(0.1), logit(0.1)}, 1, a,
-                         {-0.5f, -0.5f, -0.5f, -0.7f});
+  const Routed r =
+      route({logit(0.3), logit(0.2), logit(0.1), logit(0.1)}, 1, a, {-0.5f, -0.5f, -0.5f, -0.7f});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 1}));
 }
 
@@ -313,9 +314,19 @@ TEST(SparseMoeBlockShared, SigmoidGateScalesTheSharedExpertPerToken) {
   SoloCommunicator solo;
   std::vector<std::unique_ptr<LayerContext>> ctxs;
   auto build = [&](ParamRegistry& reg, bool shared, bool gate) {
-    ctxs.push_back(std::make_unique<LayerContext>(
-        LayerContext{reg, Device::cpu(), DType::kF32, DType::kF32, 0, 1, &solo, &caches, &states,
-                     false, nullptr, {}, false}));
+    ctxs.push_back(std::make_unique<LayerContext>(LayerContext{reg,
+                                                               Device::cpu(),
+                                                               DType::kF32,
+                                                               DType::kF32,
+                                                               0,
+                                                               1,
+                                                               &solo,
+                                                               &caches,
+                                                               &states,
+                                                               false,
+                                                               nullptr,
+                                                               {},
+                                                               false}));
     LayerContext& ctx = *ctxs.back();
     SparseMoeOptions o;
     o.hidden = H;
@@ -356,8 +367,8 @@ TEST(SparseMoeBlockShared, SigmoidGateScalesTheSharedExpertPerToken) {
   }
   // A gate with fused shared experts cannot be: the fused slot's weight is 1.
   ParamRegistry r_bad;
-  LayerContext ctx{r_bad, Device::cpu(), DType::kF32, DType::kF32, 0, 1, &solo, &caches, &states,
-                   false, nullptr, {}, false};
+  LayerContext ctx{r_bad,   Device::cpu(), DType::kF32, DType::kF32, 0,  1,    &solo,
+                   &caches, &states,       false,       nullptr,     {}, false};
   SparseMoeOptions o;
   o.hidden = H;
   o.num_experts = E;

@@ -14,7 +14,8 @@ namespace atom::test {
 namespace {
 
 // A raw file: 8-byte little-endian header length, the header text as given, then `data`.
-std::string raw_file(const std::string& header, const std::string& data, int64_t len_override = -1) {
+std::string raw_file(const std::string& header, const std::string& data,
+                     int64_t len_override = -1) {
   std::string s(8, '\0');
   uint64_t n = len_override >= 0 ? static_cast<uint64_t>(len_override) : header.size();
   for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((n >> (8 * i)) & 0xff);
@@ -102,7 +103,8 @@ TEST_F(Safetensors, FirstTensorMustStartAtZero) {
 }
 
 TEST_F(Safetensors, ByteSizeMustEqualShapeTimesDtype) {
-  put(raw_file(R"({"w":{"dtype":"BF16","shape":[3,2],"data_offsets":[0,10]}})", std::string(10, '\0')));
+  put(raw_file(R"({"w":{"dtype":"BF16","shape":[3,2],"data_offsets":[0,10]}})",
+               std::string(10, '\0')));
   EXPECT_ERROR_CONTAINS(safetensors_read_header(path), path, "'w'", "needs 12");
 }
 
@@ -120,7 +122,8 @@ TEST_F(Safetensors, ShapeOverflow) {
 }
 
 TEST_F(Safetensors, TruncatedData) {
-  put(raw_file(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", std::string(12, '\0')));
+  put(raw_file(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})",
+               std::string(12, '\0')));
   EXPECT_ERROR_CONTAINS(safetensors_read_header(path), path, "'w'", "run past the 12 data bytes");
   EXPECT_ERROR_CONTAINS(SafetensorsFile(path, false), path, "'w'", "run past the 12 data bytes");
 }
@@ -146,8 +149,8 @@ TEST_F(Safetensors, HeaderPaddedWithSpacesIsValid) {
 }
 
 TEST_F(Safetensors, MissingFile) {
-  EXPECT_ERROR_CONTAINS(safetensors_read_header(dir.file("absent.safetensors")), "absent.safetensors",
-                        "cannot open");
+  EXPECT_ERROR_CONTAINS(safetensors_read_header(dir.file("absent.safetensors")),
+                        "absent.safetensors", "cannot open");
 }
 
 }  // namespace
@@ -159,7 +162,8 @@ namespace {
 // Dimensions over 2^63 - 1 once parsed as negative int64 (and with a zero dimension beside them,
 // passed the size check).
 TEST_F(Safetensors, DimensionsOverInt64AreRefused) {
-  put(raw_file(R"({"w":{"dtype":"F32","shape":[9223372036854775808,0],"data_offsets":[0,0]}})", ""));
+  put(raw_file(R"({"w":{"dtype":"F32","shape":[9223372036854775808,0],"data_offsets":[0,0]}})",
+               ""));
   EXPECT_ERROR_CONTAINS(safetensors_read_header(path), path, "'w'", "over 2^63");
   put(raw_file(R"({"w":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,4]}})",
                std::string(4, '\0')));
@@ -167,15 +171,19 @@ TEST_F(Safetensors, DimensionsOverInt64AreRefused) {
   put(raw_file(R"({"w":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,1]}})",
                std::string(1, '\0')));
   EXPECT_ERROR_CONTAINS(safetensors_read_header(path), path, "'w'", "overflows");
-  put(raw_file(R"({"w":{"dtype":"F32","shape":[9223372036854775807,0],"data_offsets":[0,0]}})", ""));
+  put(raw_file(R"({"w":{"dtype":"F32","shape":[9223372036854775807,0],"data_offsets":[0,0]}})",
+               ""));
   EXPECT_NO_THROW(safetensors_read_header(path));  // large but representable, and empty
 }
 
 TEST_F(Safetensors, OffsetsBeyondTheFile) {
-  put(raw_file(R"({"w":{"dtype":"F64","shape":[2305843009213693951],"data_offsets":[0,18446744073709551608]}})", ""));
+  put(raw_file(
+      R"({"w":{"dtype":"F64","shape":[2305843009213693951],"data_offsets":[0,18446744073709551608]}})",
+      ""));
   EXPECT_ERROR_CONTAINS(safetensors_read_header(path), path, "'w'", "run past");
-  put(raw_file(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-               std::string(4, '\0')));
+  put(raw_file(
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+      std::string(4, '\0')));
   EXPECT_ERROR_CONTAINS(safetensors_read_header(path), path, "'b'", "run past");
 }
 

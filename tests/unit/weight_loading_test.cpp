@@ -22,9 +22,11 @@ TEST(WeightNames, LayerIndex) {
 }
 
 TEST(WeightNames, ComponentReplaceDoesNotMatchInsideOtherNames) {
-  EXPECT_EQ(weight_name_replace_component("model.layers.0.mlp.up_proj.weight", "up_proj", "gate_up_proj"),
-            "model.layers.0.mlp.gate_up_proj.weight");
-  EXPECT_FALSE(weight_name_replace_component("model.layers.0.mlp.gate_up_proj.weight", "up_proj", "x"));
+  EXPECT_EQ(
+      weight_name_replace_component("model.layers.0.mlp.up_proj.weight", "up_proj", "gate_up_proj"),
+      "model.layers.0.mlp.gate_up_proj.weight");
+  EXPECT_FALSE(
+      weight_name_replace_component("model.layers.0.mlp.gate_up_proj.weight", "up_proj", "x"));
   EXPECT_FALSE(weight_name_replace_component("model.layers.0.q_a_proj.weight", "q_proj", "x"));
 }
 
@@ -34,7 +36,8 @@ TEST(WeightNames, MapperPrefixSubstringSuffixAndDrop) {
   m.substr = {{".gate_up_proj_blocks", ".w13_weight"}, {".junk.", std::nullopt}};
   m.suffix = {{".scales", ".weight_scale"}};
   EXPECT_EQ(*m.apply("mtp.layers.0.x"), "model.layers.0.x");
-  EXPECT_EQ(*m.apply("model.layers.0.mlp.experts.gate_up_proj_blocks"), "model.layers.0.mlp.experts.w13_weight");
+  EXPECT_EQ(*m.apply("model.layers.0.mlp.experts.gate_up_proj_blocks"),
+            "model.layers.0.mlp.experts.w13_weight");
   EXPECT_EQ(*m.apply("a.b.scales"), "a.b.weight_scale");
   EXPECT_FALSE(m.apply("a.junk.b"));
 }
@@ -43,7 +46,8 @@ TEST(WeightNames, RewriterScaleRenameAndLayersPastTheModel) {
   CheckpointNameRewriter r(4, {});
   EXPECT_EQ(*r.rewrite("model.layers.1.self_attn.q_proj.weight_scale_inv"),
             "model.layers.1.self_attn.q_proj.weight_scale");
-  EXPECT_EQ(*r.rewrite("model.layers.3.mlp.down_proj.weight"), "model.layers.3.mlp.down_proj.weight");
+  EXPECT_EQ(*r.rewrite("model.layers.3.mlp.down_proj.weight"),
+            "model.layers.3.mlp.down_proj.weight");
   EXPECT_FALSE(r.rewrite("model.layers.4.enorm.weight"));  // an MTP layer: not for the target
   // A drafter load takes layers >= num_hidden_layers through its own rewrite.
   CheckpointNameRewriter drafter(4, {}, true, [](const std::string& n, int64_t layer) {
@@ -83,7 +87,8 @@ TEST_F(Coverage, MissingPartOfAFusedParameter) {
   edit_tensors(weights(), [](auto& ts) {
     std::erase_if(ts, [](auto& p) { return p.first == "model.layers.2.self_attn.k_proj.weight"; });
   });
-  EXPECT_ERROR_CONTAINS(model_load(d.str(), {}), "model.layers.2.self_attn.qkv_proj.weight", "part k");
+  EXPECT_ERROR_CONTAINS(model_load(d.str(), {}), "model.layers.2.self_attn.qkv_proj.weight",
+                        "part k");
 }
 
 TEST_F(Coverage, UnclaimedTensorIsAnError) {
@@ -96,7 +101,8 @@ TEST_F(Coverage, UnclaimedTensorIsAnError) {
 
 TEST_F(Coverage, DeclaredIgnorableTensorsAreAccepted) {
   edit_tensors(weights(), [](auto& ts) {
-    ts.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq", Tensor::zeros({16}, DType::kF32));
+    ts.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq",
+                    Tensor::zeros({16}, DType::kF32));
     // Tied embeddings: a stored lm_head is redundant.
     SafetensorsFile f(fixture_dir("qwen3_tied") + "/model.safetensors", false);
     ts.emplace_back("lm_head.weight", f.tensor("model.embed_tokens.weight").clone());

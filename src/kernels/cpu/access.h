@@ -16,21 +16,35 @@ constexpr int64_t kParallelMin = 1 << 15;
 
 inline float load(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-    case DType::kF8E4M3: return f8e4m3_to_f32(static_cast<const uint8_t*>(p)[i]);
-    default: ATOM_CHECK(false, "CPU kernel: unsupported dtype {}", dtype_name(t));
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kF8E4M3:
+      return f8e4m3_to_f32(static_cast<const uint8_t*>(p)[i]);
+    default:
+      ATOM_CHECK(false, "CPU kernel: unsupported dtype {}", dtype_name(t));
   }
 }
 
 inline void store(void* p, DType t, int64_t i, float v) {
   switch (t) {
-    case DType::kF32: static_cast<float*>(p)[i] = v; break;
-    case DType::kBF16: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
-    case DType::kF16: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
-    case DType::kF8E4M3: static_cast<uint8_t*>(p)[i] = f32_to_f8e4m3(v); break;
-    default: ATOM_CHECK(false, "CPU kernel: unsupported dtype {}", dtype_name(t));
+    case DType::kF32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::kBF16:
+      static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
+      break;
+    case DType::kF16:
+      static_cast<uint16_t*>(p)[i] = f32_to_f16(v);
+      break;
+    case DType::kF8E4M3:
+      static_cast<uint8_t*>(p)[i] = f32_to_f8e4m3(v);
+      break;
+    default:
+      ATOM_CHECK(false, "CPU kernel: unsupported dtype {}", dtype_name(t));
   }
 }
 

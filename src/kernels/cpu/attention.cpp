@@ -62,7 +62,8 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
   check_rows("paged_attention", out, "out");
   check_rows("paged_attention", q, "q");
   const int Hq = a.num_heads, Hk = a.num_kv_heads, D = a.head_dim;
-  ATOM_CHECK(Hq > 0 && Hk > 0 && Hq % Hk == 0, "paged_attention: {} heads over {} kv heads", Hq, Hk);
+  ATOM_CHECK(Hq > 0 && Hk > 0 && Hq % Hk == 0, "paged_attention: {} heads over {} kv heads", Hq,
+             Hk);
   ATOM_CHECK(q.size(1) == static_cast<int64_t>(Hq) * D && out.size(1) == q.size(1) &&
                  out.size(0) == q.size(0),
              "paged_attention: q {} out {}", q.str(), out.str());

@@ -21,7 +21,8 @@ void embedding(Tensor& out, const Tensor& ids, const Tensor& table, int64_t voca
       for (int64_t h = 0; h < H; ++h) store(o, out.dtype(), h, 0.0f);
       continue;
     }
-    for (int64_t h = 0; h < H; ++h) store(o, out.dtype(), h, load(table.data(), table.dtype(), r * H + h));
+    for (int64_t h = 0; h < H; ++h)
+      store(o, out.dtype(), h, load(table.data(), table.dtype(), r * H + h));
   }
 }
 

@@ -191,9 +191,8 @@ void delta_chunked(int L, int C, int dk, int dv, const float* q, const float* k,
 // Kimi delta attention, one head of one sequence's step, its inputs gathered: q, k [L, d]
 // (normalised, q scaled), v [L, d], beta [L], g [L, d] (per-channel log decays); S [d, d]
 // updated; out [L, d]. The recurrence (transformers' recurrent_kimi_delta_attention).
-void kda_recurrent(int L, int d, const float* q, const float* k, const float* v,
-                   const float* beta, const float* g, float* S, float* out,
-                   const Kept* kept = nullptr) {
+void kda_recurrent(int L, int d, const float* q, const float* k, const float* v, const float* beta,
+                   const float* g, float* S, float* out, const Kept* kept = nullptr) {
   std::vector<float> kv(static_cast<size_t>(d));
   for (int t = 0; t < L; ++t) {
     const float* qt = q + static_cast<int64_t>(t) * d;
@@ -448,16 +447,15 @@ void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, co
       }
       float* S = st + static_cast<int64_t>(h) * d * d;
       if (chunked)
-        kda_chunked(L, args.chunk_size, d, qh.data(), kh.data(), vh.data(), beta.data(),
-                    gh.data(), S, oh.data());
+        kda_chunked(L, args.chunk_size, d, qh.data(), kh.data(), vh.data(), beta.data(), gh.data(),
+                    S, oh.data());
       else if (s.rollback) {
         const Kept kept =
             kept_for(s, state.ptr<float>(), per_slot, static_cast<int64_t>(h) * d * d);
         kda_recurrent(L, d, qh.data(), kh.data(), vh.data(), beta.data(), gh.data(), S, oh.data(),
                       &kept);
       } else
-        kda_recurrent(L, d, qh.data(), kh.data(), vh.data(), beta.data(), gh.data(), S,
-                      oh.data());
+        kda_recurrent(L, d, qh.data(), kh.data(), vh.data(), beta.data(), gh.data(), S, oh.data());
       for (int t = 0; t < L; ++t)
         for (int c = 0; c < d; ++c)
           store(row_ptr(out, s.q0 + t), out.dtype(), static_cast<int64_t>(h) * d + c,
@@ -522,7 +520,8 @@ namespace atom::kernels {
 
 void check_gated_delta_args(const char* op, const Tensor& out, const Tensor& q, const Tensor& k,
                             const Tensor& v, const Tensor& b, const Tensor& a, const Tensor& A_log,
-                            const Tensor& dt_bias, const Tensor& state, const GatedDeltaArgs& args) {
+                            const Tensor& dt_bias, const Tensor& state,
+                            const GatedDeltaArgs& args) {
   for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &q, &k, &v, &b, &a})
     cpu::check_rows(op, *t, "an operand");
   const int Hk = args.num_k_heads, Hv = args.num_v_heads, dk = args.k_dim, dv = args.v_dim;

@@ -9,7 +9,8 @@ namespace atom::kernels::cpu {
 void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   check_rows("linear", out, "out");
   check_rows("linear", x, "x");
-  ATOM_CHECK(w.dim() == 2 && w.is_contiguous(), "linear: weight must be contiguous 2-D, got {}", w.str());
+  ATOM_CHECK(w.dim() == 2 && w.is_contiguous(), "linear: weight must be contiguous 2-D, got {}",
+             w.str());
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   ATOM_CHECK(w.size(1) == K && out.size(0) == M && out.size(1) == N,
              "linear: x {} · w {}ᵀ -> out {}", x.str(), w.str(), out.str());
@@ -44,7 +45,8 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
         wb = wbuf.data();
       } else {
         for (int64_t n = n0; n < n1; ++n)
-          for (int64_t k = 0; k < K; ++k) wbuf[(n - n0) * K + k] = load(w_data, w.dtype(), n * K + k);
+          for (int64_t k = 0; k < K; ++k)
+            wbuf[(n - n0) * K + k] = load(w_data, w.dtype(), n * K + k);
         wb = wbuf.data();
       }
       for (int64_t m = 0; m < M; ++m) {

@@ -26,9 +26,9 @@ void rotate(char* row, DType dt, int64_t base, int R, bool interleaved, const fl
 }
 
 void check_one_row_cache(const char* op, const Tensor& cache, int64_t width) {
-  ATOM_CHECK(cache.dim() == 4 && cache.is_contiguous() && cache.size(2) == 1 &&
-                 cache.size(3) == width,
-             "{}: cache {} must be [num_pages, block_size, 1, {}]", op, cache.str(), width);
+  ATOM_CHECK(
+      cache.dim() == 4 && cache.is_contiguous() && cache.size(2) == 1 && cache.size(3) == width,
+      "{}: cache {} must be [num_pages, block_size, 1, {}]", op, cache.str(), width);
 }
 
 // Each token's sequence and its context index (the position its query sits at).
@@ -129,9 +129,9 @@ void mla_paged_attention(Tensor& out, const Tensor& q, const Tensor& latent_cach
   check_one_row_cache("mla_paged_attention", latent_cache, W);
   int64_t K = 0;
   if (topk.defined()) {
-    ATOM_CHECK(topk.dim() == 2 && topk.size(0) == T && topk.is_contiguous() &&
-                   topk.dtype() == DType::kI32,
-               "mla_paged_attention: topk {} must be contiguous I32 [{}, K]", topk.str(), T);
+    ATOM_CHECK(
+        topk.dim() == 2 && topk.size(0) == T && topk.is_contiguous() && topk.dtype() == DType::kI32,
+        "mla_paged_attention: topk {} must be contiguous I32 [{}, K]", topk.str(), T);
     K = topk.size(1);
   }
   const TokenSeqs ts = token_seqs(b, T);

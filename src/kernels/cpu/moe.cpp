@@ -24,8 +24,7 @@ void moe_route_check(const Tensor& ids, const Tensor& weights, const Tensor& log
   ATOM_CHECK(weights.dtype() == DType::kF32 && weights.is_contiguous() && weights.dim() == 2 &&
                  weights.size(0) == T && weights.size(1) == KT,
              "moe_route: topk_weights {} must be contiguous F32 [{}, {}]", weights.str(), T, KT);
-  ATOM_CHECK(a.n_group >= 1 && E % a.n_group == 0 && a.topk_group >= 1 &&
-                 a.topk_group <= a.n_group,
+  ATOM_CHECK(a.n_group >= 1 && E % a.n_group == 0 && a.topk_group >= 1 && a.topk_group <= a.n_group,
              "moe_route: {} experts in {} groups keeping {}", E, a.n_group, a.topk_group);
   ATOM_CHECK(a.n_group == 1 || a.topk_group * (E / a.n_group) >= a.top_k,
              "moe_route: {} kept groups of {} experts hold fewer than top_k {}", a.topk_group,
@@ -75,7 +74,8 @@ void fused_moe_check(const Tensor& out, const Tensor& x, const MoeExperts& w,
                    w2.size(2) == I,
                "fused_moe: x {} with w13 {} and w2 {}", x.str(), w13.str(), w2.str());
   }
-  ATOM_CHECK(out.size(0) == T && out.size(1) == H, "fused_moe: out {} for x {}", out.str(), x.str());
+  ATOM_CHECK(out.size(0) == T && out.size(1) == H, "fused_moe: out {} for x {}", out.str(),
+             x.str());
   ATOM_CHECK(topk_ids.dtype() == DType::kI32 && topk_ids.is_contiguous() && topk_ids.dim() == 2 &&
                  topk_ids.size(0) == T,
              "fused_moe: topk_ids {} for {} tokens", topk_ids.str(), T);
@@ -148,7 +148,8 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
           }
         }
         std::fill(group_taken.begin(), group_taken.end(), 0);
-        for (int64_t k = 0; k < a.topk_group; ++k) group_taken[argmax_untaken(group, group_taken)] = 1;
+        for (int64_t k = 0; k < a.topk_group; ++k)
+          group_taken[argmax_untaken(group, group_taken)] = 1;
         for (int64_t e = 0; e < E; ++e)
           if (!group_taken[e / per_group]) choice[e] = -std::numeric_limits<float>::infinity();
       }
@@ -162,7 +163,7 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
         w[k] = a.scoring == RouterScoring::kTopKThenSoftmax ? choice[e] : score[e];
       }
       if (a.scoring == RouterScoring::kTopKThenSoftmax) {  // softmax over the k chosen logits
-        float mx = w[0], sum = 0;  // w[0] is the largest
+        float mx = w[0], sum = 0;                          // w[0] is the largest
         for (int64_t k = 0; k < K; ++k) sum += (w[k] = std::exp(w[k] - mx));
         for (int64_t k = 0; k < K; ++k) w[k] /= sum;
       }
@@ -214,12 +215,15 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
 #pragma omp for schedule(dynamic)
     for (int64_t e = 0; e < S; ++e) {
       if (routed[e].empty()) continue;
-      for (int64_t i = 0; i < w13_slot; ++i) w13f[i] = load(w13.data(), w13.dtype(), e * w13_slot + i);
+      for (int64_t i = 0; i < w13_slot; ++i)
+        w13f[i] = load(w13.data(), w13.dtype(), e * w13_slot + i);
       for (int64_t i = 0; i < w2_slot; ++i) w2f[i] = load(w2.data(), w2.dtype(), e * w2_slot + i);
       if (w.w13_bias)
-        for (int64_t n = 0; n < 2 * I; ++n) b13[n] = load(w.w13_bias->data(), w.w13_bias->dtype(), e * 2 * I + n);
+        for (int64_t n = 0; n < 2 * I; ++n)
+          b13[n] = load(w.w13_bias->data(), w.w13_bias->dtype(), e * 2 * I + n);
       if (w.w2_bias)
-        for (int64_t h = 0; h < H; ++h) b2[h] = load(w.w2_bias->data(), w.w2_bias->dtype(), e * H + h);
+        for (int64_t h = 0; h < H; ++h)
+          b2[h] = load(w.w2_bias->data(), w.w2_bias->dtype(), e * H + h);
       for (const int64_t r : routed[e]) {
         const float* xr = xf.data() + (r / K) * H;
         for (int64_t n = 0; n < 2 * I; ++n) gu[n] = dot(xr, w13f.data() + n * H, H) + b13[n];

@@ -26,7 +26,8 @@ void rotate(Tensor& x, int64_t t, int heads, const float* cs, const float* sn, c
 }
 }  // namespace
 
-void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& inv_freq, const RopeArgs& a) {
+void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& inv_freq,
+          const RopeArgs& a) {
   check_rows("rope", q, "q");
   check_rows("rope", k, "k");
   const int64_t T = q.size(0);
@@ -36,7 +37,8 @@ void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& inv_freq,
                  inv_freq.numel() == a.rot_dim / 2 && inv_freq.dtype() == DType::kF32,
              "rope: rot_dim {} head_dim {} inv_freq {}", a.rot_dim, a.head_dim, inv_freq.str());
   ATOM_CHECK(q.size(1) % a.head_dim == 0 && k.size(1) % a.head_dim == 0, "rope: widths");
-  const int hq = static_cast<int>(q.size(1) / a.head_dim), hk = static_cast<int>(k.size(1) / a.head_dim);
+  const int hq = static_cast<int>(q.size(1) / a.head_dim),
+            hk = static_cast<int>(k.size(1) / a.head_dim);
   const int32_t* pos = positions.ptr<int32_t>();
   const float* f = inv_freq.ptr<float>();
   const int half = a.rot_dim / 2;

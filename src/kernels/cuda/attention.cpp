@@ -37,7 +37,8 @@ bool decode_mode(const AttentionArgs& a) {
 // fragment read from shared memory then serves twice the rows).
 int m_atoms_for(const AttentionArgs& a, const CudaTuning& tuning) {
   if (a.head_dim > 128) return 1;
-  if (tuning.attention_m_atoms == 1 || tuning.attention_m_atoms == 2) return tuning.attention_m_atoms;
+  if (tuning.attention_m_atoms == 1 || tuning.attention_m_atoms == 2)
+    return tuning.attention_m_atoms;
   const int G = a.num_heads / a.num_kv_heads;
   return static_cast<int64_t>(a.max_query_len) * G > 64 ? 2 : 1;
 }
@@ -86,7 +87,8 @@ int sm_count() {
 }
 
 int64_t paged_attention_workspace_size(int64_t num_tokens, const AttentionArgs& a, DType dtype) {
-  if (!tensor_core_shape(a, dtype, cuda_tuning()) || a.num_kv_heads <= 0 || !decode_mode(a)) return 0;
+  if (!tensor_core_shape(a, dtype, cuda_tuning()) || a.num_kv_heads <= 0 || !decode_mode(a))
+    return 0;
   const int splits = splits_for(num_tokens, a);
   if (splits <= 1) return 0;
   return static_cast<int64_t>(splits) * num_tokens * a.num_heads * (a.head_dim + 2);

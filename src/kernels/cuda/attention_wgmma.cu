@@ -705,7 +705,6 @@ void launch_shape(const AttnLaunch& a, cudaStream_t s) {
 
 }  // namespace
 
-
 bool wgmma_attention_supported(const AttnLaunch& a) {
   auto ok16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   return (a.type == Elem::kBF16 || a.type == Elem::kF16) &&

@@ -137,7 +137,8 @@ __global__ void fill_bytes_kernel(uint8_t* data, int64_t n, uint64_t seed, int l
   const float span = static_cast<float>(hi - lo + 1);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int v = lo + static_cast<int>(__fmul_rn(span, random_uniform(seed, static_cast<uint64_t>(i))));
+    const int v =
+        lo + static_cast<int>(__fmul_rn(span, random_uniform(seed, static_cast<uint64_t>(i))));
     data[i] = static_cast<uint8_t>(v > hi ? hi : v);
   }
 }

@@ -101,9 +101,9 @@ constexpr int kMaxNT = 4;              // 8-token MMA tiles per pass
 struct DecodeArgs {
   MoeLaunch m;
   MoeMxfp4Scales mx;  // MXFP4 experts: their scales (else null)
-  void* act;      // [T * K, I] of m.type
-  float* y;       // [T * K, H]
-  int* counters;  // [ceil(H / 16)] tickets of w2's column chunks
+  void* act;          // [T * K, I] of m.type
+  float* y;           // [T * K, H]
+  int* counters;      // [ceil(H / 16)] tickets of w2's column chunks
   int n_counters;
 };
 
@@ -197,11 +197,13 @@ __device__ __forceinline__ void decode_load_weights(const DecodeArgs& d, int e, 
       const int64_t h0 = static_cast<int64_t>(blockIdx.x) * 16 + g, h1 = h0 + 8;
       v0 = h0 < m.H;
       v1 = h1 < m.H;
-      const uint8_t* base = static_cast<const uint8_t*>(m.w2) + static_cast<int64_t>(e) * m.H * (m.I / 2);
+      const uint8_t* base =
+          static_cast<const uint8_t*>(m.w2) + static_cast<int64_t>(e) * m.H * (m.I / 2);
       r0 = base + (v0 ? h0 : 0) * (m.I / 2);
       r1 = base + (v1 ? h1 : 0) * (m.I / 2);
       gs = m.H;
-      const uint8_t* sb = static_cast<const uint8_t*>(d.mx.s2) + static_cast<int64_t>(e) * (m.I / 32) * gs;
+      const uint8_t* sb =
+          static_cast<const uint8_t*>(d.mx.s2) + static_cast<int64_t>(e) * (m.I / 32) * gs;
       q0 = sb + (v0 ? h0 : 0);
       q1 = sb + (v1 ? h1 : 0);
       Kd = m.I;
@@ -210,8 +212,10 @@ __device__ __forceinline__ void decode_load_weights(const DecodeArgs& d, int e, 
     for (int dd = 0; dd < D; ++dd) {
       const int64_t k = static_cast<int64_t>(st + dd) * kStep + c * 32;
       const bool in = st + dd < s1 && k < Kd;
-      w[dd][0][0] = in && v0 ? __ldcs(reinterpret_cast<const uint4*>(r0 + k / 2)) : make_uint4(0, 0, 0, 0);
-      w[dd][1][0] = in && v1 ? __ldcs(reinterpret_cast<const uint4*>(r1 + k / 2)) : make_uint4(0, 0, 0, 0);
+      w[dd][0][0] =
+          in && v0 ? __ldcs(reinterpret_cast<const uint4*>(r0 + k / 2)) : make_uint4(0, 0, 0, 0);
+      w[dd][1][0] =
+          in && v1 ? __ldcs(reinterpret_cast<const uint4*>(r1 + k / 2)) : make_uint4(0, 0, 0, 0);
       w[dd][0][1].x = in && v0 ? __ldg(q0 + (k / 32) * gs) : 0u;
       w[dd][1][1].x = in && v1 ? __ldg(q1 + (k / 32) * gs) : 0u;
     }

@@ -59,9 +59,9 @@ __device__ __forceinline__ void mxfp4_expand(const uint4& packed, uint32_t scale
 struct GemmArgs {
   const void* a = nullptr;  // w13: x [T, H] (rows a_stride apart); w2: act [P, I]
   int64_t a_stride = 0;
-  const void* w = nullptr;  // w13 [S, 2I, H] or w2 [S, H, I] (MXFP4: U8 blocks, k halved)
+  const void* w = nullptr;       // w13 [S, 2I, H] or w2 [S, H, I] (MXFP4: U8 blocks, k halved)
   const void* scales = nullptr;  // MXFP4: w13 [S, H/32, 2I] or w2 [S, I/32, H]; else null
-  void* out = nullptr;      // w13: act [P, I]; w2: y [T * K, H] (unweighted expert outputs)
+  void* out = nullptr;           // w13: act [P, I]; w2: y [T * K, H] (unweighted expert outputs)
   const int* sorted_rows = nullptr;  // [P]: row t * K + j of each sorted position, -1 padding
   // [MT]; tile t holds sorted positions [t, t + 1) * tile_rows_cap
   const int* tile_expert = nullptr;

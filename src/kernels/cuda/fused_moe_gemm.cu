@@ -53,12 +53,13 @@ struct Cfg {
   static constexpr int kStages = kBM == 64 ? 5 : 4, kAhead = kStages - 2;
   static constexpr int kStageA = kBM * kBK * 2;
   // bytes (kMx: blocks and scales, padded so that every stage stays 1024-byte aligned)
-  static constexpr int kStageB = kMx ? (kBN * kBK / 2 + 2 * kBN + 1023) / 1024 * 1024 : kBN * kBK * 2;
+  static constexpr int kStageB =
+      kMx ? (kBN * kBK / 2 + 2 * kBN + 1023) / 1024 * 1024 : kBN * kBK * 2;
   static constexpr int kStageBytes = kStageA + kStageB;
   static constexpr int kBBuf = kBN * kBK * 2;  // a BF16 B buffer (kMx: two of them)
   static constexpr int kSmem = kStages * kStageBytes + (kMx ? 2 * kBBuf : 0) + 1024;
-  static constexpr int kARows = kBM / 32;                     // A rows a loader thread copies
-  static constexpr int kNH = kBM / 64;  // 128-column halves of the tile per warpgroup
+  static constexpr int kARows = kBM / 32;  // A rows a loader thread copies
+  static constexpr int kNH = kBM / 64;     // 128-column halves of the tile per warpgroup
   static_assert(kStageBytes % 1024 == 0, "stages stay 1024-byte aligned");
 };
 
@@ -313,9 +314,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
               if constexpr (kExt) {
                 if (g.bias) {
                   float b[2];
-                  load_vec<T, 2>(static_cast<const T*>(g.bias) + static_cast<int64_t>(ep_e) * g.H +
-                                     col,
-                                 b);
+                  load_vec<T, 2>(
+                      static_cast<const T*>(g.bias) + static_cast<int64_t>(ep_e) * g.H + col, b);
                   v[0] += b[0];
                   v[1] += b[1];
                 }

@@ -17,8 +17,8 @@ namespace {
 const int32_t* rollback_of(const char* op, const StateRows& r, int64_t rows) {
   if (!r.has_rollback()) return nullptr;
   ATOM_CHECK(is_i32(*r.rollback_slots) && r.rollback_slots->numel() == rows,
-             "{}: {} rollback slots for {} rows (contiguous I32)", op,
-             r.rollback_slots->numel(), rows);
+             "{}: {} rollback slots for {} rows (contiguous I32)", op, r.rollback_slots->numel(),
+             rows);
   return r.rollback_slots->ptr<int32_t>();
 }
 
@@ -41,13 +41,12 @@ bool chunked_fits(int dk, bool per_channel) {
   return delta_chunked_smem_bytes(dk, per_channel) <= static_cast<size_t>(limit);
 }
 
-void run_delta(const char* op, DeltaLaunch& l, bool per_channel, const StateRows& rows,
-               int chunk) {
+void run_delta(const char* op, DeltaLaunch& l, bool per_channel, const StateRows& rows, int chunk) {
   ATOM_CHECK(chunk >= 0 && chunk <= kDeltaMaxChunk,
              "{}: chunk size {} (the CUDA kernels take chunks of at most {} tokens, or 0)", op,
              chunk, kDeltaMaxChunk);
-  ATOM_CHECK(l.dk <= kDeltaMaxKeyDim, "{}: key head dim {} (the CUDA kernels take at most {})",
-             op, l.dk, kDeltaMaxKeyDim);
+  ATOM_CHECK(l.dk <= kDeltaMaxKeyDim, "{}: key head dim {} (the CUDA kernels take at most {})", op,
+             l.dk, kDeltaMaxKeyDim);
   l.query_start = rows.query_start.ptr<int32_t>();
   l.context_lens = rows.context_lens.ptr<int32_t>();
   l.state_slots = rows.state_slots.ptr<int32_t>();
@@ -103,8 +102,7 @@ void gated_delta_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tenso
   const int Hk = args.num_k_heads, Hv = args.num_v_heads, dk = args.k_dim, dv = args.v_dim;
   ATOM_CHECK(contiguous_f32(A_log) && contiguous_f32(dt_bias),
              "{}: A_log {} and dt_bias {} must be contiguous", op, A_log.str(), dt_bias.str());
-  ATOM_CHECK(out.data() != v.data() && out.data() != q.data(), "{}: out must not alias inputs",
-             op);
+  ATOM_CHECK(out.data() != v.data() && out.data() != q.data(), "{}: out must not alias inputs", op);
   DeltaLaunch l;
   l.out = mat_of(out, op);
   l.q = mat_of(q, op);
@@ -131,8 +129,7 @@ void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, co
   const int H = args.num_heads, d = args.head_dim;
   ATOM_CHECK(contiguous_f32(A_log) && contiguous_f32(dt_bias),
              "{}: A_log {} and dt_bias {} must be contiguous", op, A_log.str(), dt_bias.str());
-  ATOM_CHECK(out.data() != v.data() && out.data() != q.data(), "{}: out must not alias inputs",
-             op);
+  ATOM_CHECK(out.data() != v.data() && out.data() != q.data(), "{}: out must not alias inputs", op);
   DeltaLaunch l;
   l.out = mat_of(out, op);
   l.q = mat_of(q, op);
@@ -153,7 +150,8 @@ void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, co
 void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor& w, float eps,
                     NormGate gate) {
   const char* op = "gated_rms_norm";
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &x, &z}) check_rows(op, *t, "an operand");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &x, &z})
+    check_rows(op, *t, "an operand");
   const int64_t T = x.size(0), N = x.size(1), D = w.numel();
   ATOM_CHECK(D > 0 && N % D == 0 && z.size(0) == T && z.size(1) == N && out.size(0) == T &&
                  out.size(1) == N && w.is_contiguous(),
@@ -166,7 +164,8 @@ void gated_rms_norm(Tensor& out, const Tensor& x, const Tensor& z, const Tensor&
 
 void mul_sigmoid(Tensor& out, const Tensor& x, const Tensor& gate) {
   const char* op = "mul_sigmoid";
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &x, &gate}) check_rows(op, *t, "an operand");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&out, &x, &gate})
+    check_rows(op, *t, "an operand");
   const int64_t T = x.size(0), N = x.size(1);
   ATOM_CHECK(gate.size(0) == T && gate.size(1) == N && out.size(0) == T && out.size(1) == N,
              "{}: x {} gate {} out {}", op, x.str(), gate.str(), out.str());

@@ -57,30 +57,30 @@ __global__ void short_conv_kernel(ShortConvLaunch p) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= p.channels) return;
   for (int t = blockIdx.y; t < p.out.rows; t += gridDim.y) {
-  const int s = seq_of_row(p.query_start, p.num_seqs, t);
-  const int q0 = p.query_start[s], q1 = p.query_start[s + 1];
-  if (t >= q1) continue;  // rows past the last sequence's
-  const int slot = p.state_slots[s];
-  char* orow = row_of(p.out, t);
-  if (slot < 0) {
-    store_elem(orow, p.out.type, c, 0.0f);
-    continue;
-  }
-  const bool fresh = p.context_lens[s] == q1 - q0;
-  const int K = p.kernel;
-  const float* st = p.conv_state + (static_cast<int64_t>(slot) * p.channels + c) * (K - 1);
-  const float* w = p.w + c * K;
-  float acc = 0;
-  for (int i = 0; i < K; ++i) {
-    const int u = t - K + 1 + i;  // the input row
-    float xv;
-    if (u >= q0)
-      xv = load_elem(row_of(p.x, u), p.x.type, c);
-    else
-      xv = fresh ? 0.0f : st[u - q0 + K - 1];
-    acc += w[i] * xv;
-  }
-  store_elem(orow, p.out.type, c, acc / (1.0f + expf(-acc)));
+    const int s = seq_of_row(p.query_start, p.num_seqs, t);
+    const int q0 = p.query_start[s], q1 = p.query_start[s + 1];
+    if (t >= q1) continue;  // rows past the last sequence's
+    const int slot = p.state_slots[s];
+    char* orow = row_of(p.out, t);
+    if (slot < 0) {
+      store_elem(orow, p.out.type, c, 0.0f);
+      continue;
+    }
+    const bool fresh = p.context_lens[s] == q1 - q0;
+    const int K = p.kernel;
+    const float* st = p.conv_state + (static_cast<int64_t>(slot) * p.channels + c) * (K - 1);
+    const float* w = p.w + c * K;
+    float acc = 0;
+    for (int i = 0; i < K; ++i) {
+      const int u = t - K + 1 + i;  // the input row
+      float xv;
+      if (u >= q0)
+        xv = load_elem(row_of(p.x, u), p.x.type, c);
+      else
+        xv = fresh ? 0.0f : st[u - q0 + K - 1];
+      acc += w[i] * xv;
+    }
+    store_elem(orow, p.out.type, c, acc / (1.0f + expf(-acc)));
   }
 }
 
@@ -176,9 +176,9 @@ __global__ void __launch_bounds__(kRecWarps * 32) delta_recurrent_kernel(DeltaLa
       sq += a * a;
       sk += b * b;
       if (kPerChannel)
-        sh.g[d] = -A * softplusf_(load_elem(row_of(p.a, t), p.a.type,
-                                            static_cast<int64_t>(h) * dk + d) +
-                                  p.dt_bias[h * dk + d]);
+        sh.g[d] =
+            -A * softplusf_(load_elem(row_of(p.a, t), p.a.type, static_cast<int64_t>(h) * dk + d) +
+                            p.dt_bias[h * dk + d]);
     }
     sq = warp_sum(sq);
     sk = warp_sum(sk);
@@ -215,8 +215,8 @@ __global__ void __launch_bounds__(kRecWarps * 32) delta_recurrent_kernel(DeltaLa
     __syncthreads();
     float tot = 0;
     for (int w = 0; w < kRecWarps; ++w) tot += sh.red[w][lane];
-    const float vt_ = ev ? load_elem(row_of(p.v, t), p.v.type, static_cast<int64_t>(h) * p.dv + e)
-                         : 0.0f;
+    const float vt_ =
+        ev ? load_elem(row_of(p.v, t), p.v.type, static_cast<int64_t>(h) * p.dv + e) : 0.0f;
     const float delta = beta * (vt_ - tot);
     float o = 0;
 #pragma unroll
@@ -327,9 +327,9 @@ __global__ void __launch_bounds__(kRecWarps * 32) delta_recurrent_vec_kernel(Del
       sq += a * a;
       sk += b * b;
       if (kPerChannel)
-        shg[d] = -A * softplusf_(load_elem(row_of(p.a, t), p.a.type,
-                                           static_cast<int64_t>(h) * dk + d) +
-                                 p.dt_bias[h * dk + d]);
+        shg[d] =
+            -A * softplusf_(load_elem(row_of(p.a, t), p.a.type, static_cast<int64_t>(h) * dk + d) +
+                            p.dt_bias[h * dk + d]);
     }
     sq = warp_sum(sq);
     sk = warp_sum(sk);
@@ -407,7 +407,8 @@ __global__ void __launch_bounds__(kRecWarps * 32) delta_recurrent_vec_kernel(Del
 #pragma unroll
       for (int r = 0; r < RPT; ++r) {
         const int d = rg + NRG * r;
-        if (ev && d < dk) *reinterpret_cast<float4*>(Kt + static_cast<int64_t>(d) * p.dv + e) = S[r];
+        if (ev && d < dk)
+          *reinterpret_cast<float4*>(Kt + static_cast<int64_t>(d) * p.dv + e) = S[r];
       }
     }
   }
@@ -432,7 +433,7 @@ constexpr int kChThreads = 512;
 constexpr int kChWarps = kChThreads / 32;
 
 struct ChLayout {
-  int kp;  // padded key row
+  int kp;                                                    // padded key row
   int q, k, kb, g, lmat, nmat, pmat, x, u, st, beta, total;  // float offsets
 };
 
@@ -471,7 +472,7 @@ __global__ void __launch_bounds__(kChThreads) delta_chunked_kernel(DeltaLaunch p
   const int s = blockIdx.y;
   const int h = blockIdx.x / p.vtiles, vt = blockIdx.x % p.vtiles;
   const int q0 = p.query_start[s], q1 = p.query_start[s + 1], L = q1 - q0;
-  if (p.chunk <= 0 || L <= 1) return;  // the recurrent kernel's
+  if (p.chunk <= 0 || L <= 1) return;                              // the recurrent kernel's
   if (p.rollback && block_keeps_rows(p.rollback, q0, q1)) return;  // so are rows kept
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int dk = p.dk, dv = p.dv;
@@ -519,9 +520,9 @@ __global__ void __launch_bounds__(kChThreads) delta_chunked_kernel(DeltaLaunch p
       Qs[i * KP + c] = load_elem(row_of(p.q, t), p.q.type, static_cast<int64_t>(jk) * dk + c);
       Ks[i * KP + c] = load_elem(row_of(p.k, t), p.k.type, static_cast<int64_t>(jk) * dk + c);
       if (kPerChannel)
-        Gs[i * KP + c] = -A * softplusf_(load_elem(row_of(p.a, t), p.a.type,
-                                                   static_cast<int64_t>(h) * dk + c) +
-                                         p.dt_bias[h * dk + c]);
+        Gs[i * KP + c] =
+            -A * softplusf_(load_elem(row_of(p.a, t), p.a.type, static_cast<int64_t>(h) * dk + c) +
+                            p.dt_bias[h * dk + c]);
     }
     if (tid < n) {
       const int t = q0 + c0 + tid;
@@ -661,9 +662,9 @@ __global__ void __launch_bounds__(kChThreads) delta_chunked_kernel(DeltaLaunch p
       for (int r = 0; r < RW; ++r) {
         const int i = w + XW * r;
         if (i >= n) continue;
-        const float vv = ev ? load_elem(row_of(p.v, q0 + c0 + i), p.v.type,
-                                        static_cast<int64_t>(h) * dv + e)
-                            : 0.0f;
+        const float vv =
+            ev ? load_elem(row_of(p.v, q0 + c0 + i), p.v.type, static_cast<int64_t>(h) * dv + e)
+               : 0.0f;
         Xs[i * BP + lane] = ev ? Bs[i] * vv - x[r] : 0.0f;
       }
     }
@@ -745,8 +746,8 @@ __global__ void __launch_bounds__(kChThreads) delta_chunked_kernel(DeltaLaunch p
 }
 
 // ---- gated RMSNorm: a warp per (row, group of D channels).
-__global__ void gated_rms_norm_kernel(Mat out, Mat x, Mat z, const void* w, Elem w_type,
-                                      int64_t D, float eps, int gate) {
+__global__ void gated_rms_norm_kernel(Mat out, Mat x, Mat z, const void* w, Elem w_type, int64_t D,
+                                      float eps, int gate) {
   const int64_t groups = x.cols / D;
   const int64_t gw = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;

@@ -11,9 +11,9 @@ namespace atom::kernels::cuda {
 // and optionally rollback [T] (StateRows::rollback_slots; null: none): row t's state, after its
 // token, is also written to slot rollback[t] when >= 0.
 struct ShortConvLaunch {
-  Mat out, x;                  // [T, channels]
-  const float* w = nullptr;    // [channels, kernel]
-  float* conv_state = nullptr; // [slots, channels, kernel - 1]
+  Mat out, x;                   // [T, channels]
+  const float* w = nullptr;     // [channels, kernel]
+  float* conv_state = nullptr;  // [slots, channels, kernel - 1]
   const int32_t* query_start = nullptr;
   const int32_t* context_lens = nullptr;
   const int32_t* state_slots = nullptr;
@@ -42,7 +42,8 @@ struct DeltaLaunch {
   int vtiles = 0;  // set by the launcher
 };
 // Recurrent kernel for sequences of at most one new token (all of them when chunk == 0) and for
-// those with rollback rows, and, when run_chunked, the chunked kernel for the others (the host knows the step's longest query).
+// those with rollback rows, and, when run_chunked, the chunked kernel for the others (the host
+// knows the step's longest query).
 void launch_delta_rule(DeltaLaunch p, bool per_channel, bool run_chunked, cudaStream_t s);
 // Dynamic shared memory of the chunked kernel for key dim dk.
 size_t delta_chunked_smem_bytes(int dk, bool per_channel);

@@ -207,10 +207,10 @@ void launch_moe_route(const MoeRouteLaunch& a, cudaStream_t s);
 // out [T, H] = sum_j weights[t, j] * (w2[e] * act(w13[e] * x[t] + b13[e]) + b2[e]),
 // e = ids[t, j] (slots outside [0, S) add nothing); act: silu(gate) * up, or GPT-OSS's clamped
 // SwiGLU. x, w13, w2 and the biases share `type` (BF16/F16); H % 8 == 0, I % 8 == 0, x rows and
-// the weights 16-byte aligned. Decode-sized T*K (CudaTuning::moe_decode_max_rows): two kernels that read each
-// active expert's weights once (tensor cores on the tokens of an expert, weights streamed from
-// HBM into registers); larger: a counting sort by slot, two persistent wgmma grouped GEMMs and a
-// combine. Nothing depends on per-expert counts on the host (CUDA-graph safe).
+// the weights 16-byte aligned. Decode-sized T*K (CudaTuning::moe_decode_max_rows): two kernels that
+// read each active expert's weights once (tensor cores on the tokens of an expert, weights streamed
+// from HBM into registers); larger: a counting sort by slot, two persistent wgmma grouped GEMMs and
+// a combine. Nothing depends on per-expert counts on the host (CUDA-graph safe).
 struct MoeLaunch {
   Mat out;                       // [T, H]
   Mat x;                         // [T, H]
@@ -222,9 +222,9 @@ struct MoeLaunch {
   int K = 0, S = 0;
   Elem type = Elem::kBF16;
   void* workspace = nullptr;
-  bool decode = false;      // the decode path (needs T * K <= kMoeDecodeMaxRowsCap)
-  int gemm_tile_rows = 64;  // the grouped GEMMs' rows per tile: 64 or 128
-  int decode_depth = 2;     // the decode kernels' k steps per load group: 2 or 4
+  bool decode = false;        // the decode path (needs T * K <= kMoeDecodeMaxRowsCap)
+  int gemm_tile_rows = 64;    // the grouped GEMMs' rows per tile: 64 or 128
+  int decode_depth = 2;       // the decode kernels' k steps per load group: 2 or 4
   const void* b13 = nullptr;  // [S, 2I] or null
   const void* b2 = nullptr;   // [S, H] or null
   bool swiglu_oai = false;    // (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit)
@@ -234,7 +234,6 @@ inline constexpr int kMoeMaxSlots = 2048;  // kMoeDecodeMaxRowsCap: kernels/cuda
 // Workspace bytes for the path(s) T * K rows may take (both, where either may).
 int64_t moe_workspace_bytes(int64_t T, int K, int S, int64_t H, int64_t I, int elem_bytes);
 void launch_fused_moe(const MoeLaunch& a, cudaStream_t s);
-
 
 // ---- mla.cu, mla_wgmma.cu (multi-head latent attention, the sparse-attention indexer)
 // RoPE of each head's last rope_dim q channels and of kv's k_pe (channels [L, L + R)), then kv's
@@ -291,8 +290,8 @@ void launch_mla_attention_simple(const MlaLaunch& a, cudaStream_t s);
 // The wgmma kernel: L 512, R 64, BF16/F16 q, out and cache, 16-byte aligned rows. A CTA of two
 // warpgroups takes 64 query rows (dense: packed (token, head) rows of one sequence; sparse: the
 // heads of one token) over 64-key tiles.
-inline constexpr int kMlaFastLatent = 512, kMlaFastRope = 64, kMlaFastRows = 64,
-                     kMlaFastKeys = 64, kMlaMaxSplits = 32;
+inline constexpr int kMlaFastLatent = 512, kMlaFastRope = 64, kMlaFastRows = 64, kMlaFastKeys = 64,
+                     kMlaMaxSplits = 32;
 bool mla_fast_supported(const MlaLaunch& a);
 // CTAs of one split (the grid's x * y).
 int64_t mla_fast_ctas(const MlaLaunch& a);

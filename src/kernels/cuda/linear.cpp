@@ -122,11 +122,10 @@ Plan make_plan(cublasLtHandle_t h, const PlanKey& key, DType in, DType out, DTyp
       cublasLtMatmulAlgoGetHeuristic(h, p.op, p.w, p.x, p.o, p.o, pref, 1, &res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-    fail(
-        "linear: cuBLASLt has no algorithm for [{}, {}] x [{}, {}]^T ({} -> {}, alignments "
-        "{}/{}/{}): {}",
-        key.m, key.k, key.n, key.k, dtype_name(in), dtype_name(out), ax, aw, ao,
-        cublasLtGetStatusString(st));
+    fail("linear: cuBLASLt has no algorithm for [{}, {}] x [{}, {}]^T ({} -> {}, alignments "
+         "{}/{}/{}): {}",
+         key.m, key.k, key.n, key.k, dtype_name(in), dtype_name(out), ax, aw, ao,
+         cublasLtGetStatusString(st));
   p.algo = res.algo;
   return p;
 }
@@ -280,8 +279,8 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
   if (bias.defined() && !fuse_bias) add_bias(out, bias);
 }
 
-bool linear_heads(Tensor& out, const Tensor& x, const Tensor& w, int heads,
-                  int64_t out_head_stride, int64_t x_head_stride, int64_t w_head_stride) {
+bool linear_heads(Tensor& out, const Tensor& x, const Tensor& w, int heads, int64_t out_head_stride,
+                  int64_t x_head_stride, int64_t w_head_stride) {
   check_rows("linear_heads", out, "out");
   check_rows("linear_heads", x, "x");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
@@ -293,16 +292,15 @@ bool linear_heads(Tensor& out, const Tensor& x, const Tensor& w, int heads,
     return (reinterpret_cast<uintptr_t>(p) & 15) == 0 && elems % 8 == 0;
   };
   const int64_t xs = M > 1 ? x.stride(0) : K, os = M > 1 ? out.stride(0) : N;
-  const bool applies = (x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) &&
-                       w.dtype() == x.dtype() && out.dtype() == x.dtype() &&
-                       M <= kLinearHeadsMaxM && K % 8 == 0 && aligned(x.data(), xs) &&
-                       aligned(w.data(), w_head_stride) && x_head_stride % 8 == 0 &&
-                       (reinterpret_cast<uintptr_t>(out.data()) & 3) == 0 && os % 2 == 0 &&
-                       out_head_stride % 2 == 0;
+  const bool applies =
+      (x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) && w.dtype() == x.dtype() &&
+      out.dtype() == x.dtype() && M <= kLinearHeadsMaxM && K % 8 == 0 && aligned(x.data(), xs) &&
+      aligned(w.data(), w_head_stride) && x_head_stride % 8 == 0 &&
+      (reinterpret_cast<uintptr_t>(out.data()) & 3) == 0 && os % 2 == 0 && out_head_stride % 2 == 0;
   if (!applies) return false;
   if (M == 0) return true;
-  launch_linear_heads(mat_of(out, "linear_heads"), mat_of(x, "linear_heads"), w.data(), heads, N,
-                      K, out_head_stride, x_head_stride, w_head_stride, current_stream());
+  launch_linear_heads(mat_of(out, "linear_heads"), mat_of(x, "linear_heads"), w.data(), heads, N, K,
+                      out_head_stride, x_head_stride, w_head_stride, current_stream());
   launch_check("linear_heads");
   return true;
 }

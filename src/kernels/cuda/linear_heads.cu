@@ -12,8 +12,8 @@ constexpr int kWarps = 4;
 
 template <typename T>
 __global__ void __launch_bounds__(32 * kWarps)
-    linear_heads_kernel(Mat out, Mat x, const T* w, int heads, int64_t n, int64_t k,
-                        int64_t out_hs, int64_t x_hs, int64_t w_hs) {
+    linear_heads_kernel(Mat out, Mat x, const T* w, int heads, int64_t n, int64_t k, int64_t out_hs,
+                        int64_t x_hs, int64_t w_hs) {
   const int64_t gw = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   const bool live = gw < heads * n;

@@ -4,7 +4,8 @@
 // steps in flight, and x (a few KB) is read through L1. K is split over a block's warps (more
 // blocks, more loads in flight, a shorter tail), the first weight loads are issued before the PDL
 // wait, and a [gate; up] weight can end in SiLU·mul. On the H200 it beats cuBLASLt's GEMV at
-// M = 1 (docs/performance.md), where it is the default (CudaTuning::skinny_max_m, kernels/cuda_tuning.h).
+// M = 1 (docs/performance.md), where it is the default (CudaTuning::skinny_max_m,
+// kernels/cuda_tuning.h).
 #include <algorithm>
 
 #include "kernels/cuda/device_common.cuh"

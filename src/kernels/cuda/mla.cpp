@@ -13,9 +13,9 @@ namespace atom::kernels::cuda {
 namespace {
 
 void check_one_row_cache(const char* op, const Tensor& cache, int64_t width) {
-  ATOM_CHECK(cache.dim() == 4 && cache.is_contiguous() && cache.size(2) == 1 &&
-                 cache.size(3) == width,
-             "{}: cache {} must be [num_pages, block_size, 1, {}]", op, cache.str(), width);
+  ATOM_CHECK(
+      cache.dim() == 4 && cache.is_contiguous() && cache.size(2) == 1 && cache.size(3) == width,
+      "{}: cache {} must be [num_pages, block_size, 1, {}]", op, cache.str(), width);
 }
 
 void check_batch(const char* op, const AttentionBatch& b) {
@@ -37,10 +37,10 @@ bool fast_shape(const MlaArgs& a, DType dtype) {
 // stays valid; the CTA count assumes one sequence per query_len tokens.
 int splits_for(int64_t num_tokens, const MlaArgs& a, int64_t top_k) {
   const int64_t H = a.num_heads, rows = kMlaFastRows;
-  const int64_t ctas =
-      top_k > 0 ? (H + rows - 1) / rows * num_tokens
-                : (std::max(1, a.max_query_len) * H + rows - 1) / rows *
-                      std::max<int64_t>(1, num_tokens / std::max(1, a.max_query_len));
+  const int64_t ctas = top_k > 0
+                           ? (H + rows - 1) / rows * num_tokens
+                           : (std::max(1, a.max_query_len) * H + rows - 1) / rows *
+                                 std::max<int64_t>(1, num_tokens / std::max(1, a.max_query_len));
   const int64_t want = (sm_count() + ctas - 1) / std::max<int64_t>(1, ctas);
   const int64_t keys = top_k > 0 ? top_k : a.max_context_len;
   const int64_t by_len = (keys + 2 * kMlaFastKeys - 1) / (2 * kMlaFastKeys);
@@ -124,9 +124,9 @@ void mla_paged_attention(Tensor& out, const Tensor& q, const Tensor& latent_cach
   check_batch("mla_paged_attention", b);
   int64_t K = 0;
   if (topk.defined()) {
-    ATOM_CHECK(topk.dim() == 2 && topk.size(0) == T && topk.is_contiguous() &&
-                   topk.dtype() == DType::kI32,
-               "mla_paged_attention: topk {} must be contiguous I32 [{}, K]", topk.str(), T);
+    ATOM_CHECK(
+        topk.dim() == 2 && topk.size(0) == T && topk.is_contiguous() && topk.dtype() == DType::kI32,
+        "mla_paged_attention: topk {} must be contiguous I32 [{}, K]", topk.str(), T);
     K = topk.size(1);
   }
   const int S = static_cast<int>(b.context_lens->numel());
@@ -198,7 +198,8 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
              Hi, D, K, kIndexerMaxHeads, kIndexerMaxHeadDim, kIndexerMaxTopK);
   ATOM_CHECK((Hi * D + Hi + 128 * (D + 1)) * 4 <= 200 * 1024,
              "indexer_topk: {} heads of {} need more shared memory than the CUDA score kernel "
-             "has", Hi, D);
+             "has",
+             Hi, D);
   ATOM_CHECK(q.size(1) == static_cast<int64_t>(Hi) * D && weights.size(0) == T &&
                  weights.size(1) == Hi && weights.dtype() == DType::kF32,
              "indexer_topk: q {} weights {} for {} heads of {}", q.str(), weights.str(), Hi, D);
@@ -245,10 +246,10 @@ void layer_norm(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, 
   check_rows("layer_norm", out, "out");
   check_rows("layer_norm", x, "x");
   const int64_t dim = x.size(1);
-  ATOM_CHECK(out.shape() == x.shape() && w.numel() == dim && w.is_contiguous() &&
-                 (!b.defined() || (b.numel() == dim && b.dtype() == w.dtype() &&
-                                   b.is_contiguous())),
-             "layer_norm: x {} out {} w {} b {}", x.str(), out.str(), w.str(), b.str());
+  ATOM_CHECK(
+      out.shape() == x.shape() && w.numel() == dim && w.is_contiguous() &&
+          (!b.defined() || (b.numel() == dim && b.dtype() == w.dtype() && b.is_contiguous())),
+      "layer_norm: x {} out {} w {} b {}", x.str(), out.str(), w.str(), b.str());
   launch_layer_norm(mat_of(out, "layer_norm"), mat_of(x, "layer_norm"), w.data(),
                     b.defined() ? b.data() : nullptr, elem_of(w.dtype(), "layer_norm"), eps,
                     current_stream());

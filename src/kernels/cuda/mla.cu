@@ -121,8 +121,7 @@ __global__ void __launch_bounds__(32 * kSimpleWarps) mla_simple_kernel(MlaLaunch
   const int q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
   const int qpos = a.context_lens[s] - ql + (static_cast<int>(t) - q0);
   const int32_t* pages = a.page_indices + a.page_indptr[s];
-  const char* qrow =
-      static_cast<const char*>(a.q) + t * a.q_stride * ebytes(a.type);
+  const char* qrow = static_cast<const char*>(a.q) + t * a.q_stride * ebytes(a.type);
   for (int d = threadIdx.x; d < W; d += blockDim.x)
     qv[d] = load_elem(qrow, a.type, static_cast<int64_t>(h) * W + d);
   __syncthreads();
@@ -183,9 +182,9 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(IndexerLau
   pdl_launch_dependents();
   extern __shared__ float sm[];
   const int Hi = a.num_heads, D = a.head_dim;
-  float* qs = sm;                             // [Hi * D]
-  float* ws = qs + Hi * D;                    // [Hi]
-  float* ks = ws + Hi;                        // [kScoreThreads][D + 1]
+  float* qs = sm;           // [Hi * D]
+  float* ws = qs + Hi * D;  // [Hi]
+  float* ks = ws + Hi;      // [kScoreThreads][D + 1]
   const int64_t t = blockIdx.x;
   const int s = seq_of(a.query_start, a.num_seqs, static_cast<int>(t));
   const int q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
@@ -336,8 +335,8 @@ void launch_mla_rope_cache_write(const MlaRopeLaunch& a, cudaStream_t s) {
 void launch_cache_rows_write(void* cache, Elem ct, int64_t num_slots, Mat rows,
                              const int32_t* slot_mapping, cudaStream_t s) {
   if (rows.rows == 0) return;
-  launch(cache_rows_kernel, static_cast<unsigned>(rows.rows), 128, 0, s, cache, ct, num_slots,
-         rows, slot_mapping);
+  launch(cache_rows_kernel, static_cast<unsigned>(rows.rows), 128, 0, s, cache, ct, num_slots, rows,
+         slot_mapping);
 }
 
 void launch_layer_norm(Mat out, Mat x, const void* w, const void* b, Elem wt, float eps,
@@ -348,8 +347,8 @@ void launch_layer_norm(Mat out, Mat x, const void* w, const void* b, Elem wt, fl
 
 void launch_mla_attention_simple(const MlaLaunch& a, cudaStream_t s) {
   if (a.num_tokens == 0) return;
-  launch(mla_simple_kernel, static_cast<unsigned>(a.num_tokens * a.num_heads),
-         32 * kSimpleWarps, 0, s, a);
+  launch(mla_simple_kernel, static_cast<unsigned>(a.num_tokens * a.num_heads), 32 * kSimpleWarps, 0,
+         s, a);
 }
 
 void launch_indexer_topk(const IndexerLaunch& a, cudaStream_t s) {
@@ -357,8 +356,8 @@ void launch_indexer_topk(const IndexerLaunch& a, cudaStream_t s) {
   const int score_smem =
       (a.num_heads * a.head_dim + a.num_heads + kScoreThreads * (a.head_dim + 1)) * 4;
   max_dynamic_smem_once(g_score_smem, indexer_score_kernel, 200 * 1024);
-  const unsigned tiles = static_cast<unsigned>((a.max_context_len + kScoreThreads - 1) /
-                                               kScoreThreads);
+  const unsigned tiles =
+      static_cast<unsigned>((a.max_context_len + kScoreThreads - 1) / kScoreThreads);
   launch(indexer_score_kernel, dim3(static_cast<unsigned>(a.num_tokens), tiles ? tiles : 1),
          kScoreThreads, static_cast<size_t>(score_smem), s, a);
   int sort_n = 1;

@@ -30,8 +30,8 @@ namespace {
 
 constexpr int kL = kMlaFastLatent, kR = kMlaFastRope, kW = kL + kR;  // 512, 64, 576
 constexpr int kBM = kMlaFastRows, kBN = kMlaFastKeys;                // 64 rows, 64 keys
-constexpr int kBlocks = kW / 64;                                      // 9 column blocks
-constexpr int kChunks = kW / 8;                                       // 72 16-byte chunks a row
+constexpr int kBlocks = kW / 64;                                     // 9 column blocks
+constexpr int kChunks = kW / 8;                                      // 72 16-byte chunks a row
 constexpr int kThreads = 256;
 constexpr int kTileBytes = kBlocks * 64 * 128;  // 73,728: one [9][64][64] tile
 constexpr int kPBytes = kBM * kBN * 2;          // 8,192
@@ -113,9 +113,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_fast_kernel(MlaLaunch a) {
     for (int e = tid; e < kBM * kChunks; e += kThreads) {
       const int r = e / kChunks, c = e % kChunks;
       const bool ok = r < nrows;
-      const T* src = static_cast<const T*>(a.q) + (ok ? row_token(r) * a.q_stride +
-                                                        static_cast<int64_t>(row_head(r)) * kW + c * 8
-                                                  : 0);
+      const T* src =
+          static_cast<const T*>(a.q) +
+          (ok ? row_token(r) * a.q_stride + static_cast<int64_t>(row_head(r)) * kW + c * 8 : 0);
       cp_async16(q_addr + tile_chunk(r, c), src, ok);
     }
   };
@@ -134,9 +134,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_fast_kernel(MlaLaunch a) {
     }
     const bool ok = j >= 0;
     if (part == 0) kvalid[st * 64 + r] = ok;
-    const T* src = cache + (ok ? (static_cast<int64_t>(pages[j / a.block_size]) * a.block_size +
-                                  j % a.block_size) * kW
-                               : 0);
+    const T* src =
+        cache +
+        (ok ? (static_cast<int64_t>(pages[j / a.block_size]) * a.block_size + j % a.block_size) * kW
+            : 0);
     const uint32_t k_addr = smem_addr(sK + st * kTileBytes);
 #pragma unroll
     for (int i = 0; i < kChunks / 4; ++i) {
@@ -354,14 +355,14 @@ template <typename T, bool kOverlap>
 void launch_typed(const MlaLaunch& a, std::atomic<uint64_t>& done, cudaStream_t s) {
   max_dynamic_smem_once(done, mla_fast_kernel<T, kOverlap>, static_cast<int>(kSmemBytes));
   const bool sparse = a.topk != nullptr;
-  const unsigned mt = sparse ? (a.num_heads + kBM - 1) / kBM
-                             : static_cast<unsigned>((static_cast<int64_t>(a.max_query_len) *
-                                                          a.num_heads + kBM - 1) / kBM);
+  const unsigned mt =
+      sparse ? (a.num_heads + kBM - 1) / kBM
+             : static_cast<unsigned>(
+                   (static_cast<int64_t>(a.max_query_len) * a.num_heads + kBM - 1) / kBM);
   const unsigned y = sparse ? static_cast<unsigned>(a.num_tokens) : a.num_seqs;
   launch(mla_fast_kernel<T, kOverlap>, dim3(mt, y, a.num_splits), kThreads, kSmemBytes, s, a);
   if (a.num_splits > 1)
-    launch(mla_combine_kernel<T>, static_cast<unsigned>(a.num_tokens * a.num_heads), 128, 0, s,
-           a);
+    launch(mla_combine_kernel<T>, static_cast<unsigned>(a.num_tokens * a.num_heads), 128, 0, s, a);
 }
 
 }  // namespace

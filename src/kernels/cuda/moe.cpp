@@ -78,11 +78,12 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
       out.dtype() == DType::kF32 || out.dtype() == DType::kBF16 || out.dtype() == DType::kF16,
       "fused_moe: out {} must be F32, BF16 or F16", out.str());
   // The expert biases: the weights' dtype, contiguous, 4-byte aligned (read in pairs).
-  ATOM_CHECK(!w.w13_bias || (w.w13_bias->is_contiguous() && w.w13_bias->shape() == Shape{S, 2 * I} &&
-                             w.w13_bias->dtype() == x.dtype() &&
-                             reinterpret_cast<uintptr_t>(w.w13_bias->data()) % 4 == 0),
-             "fused_moe: w13 bias {} for w13 {} (contiguous [S, 2I] of the weights' dtype)",
-             w.w13_bias ? w.w13_bias->str() : "", w13.str());
+  ATOM_CHECK(
+      !w.w13_bias || (w.w13_bias->is_contiguous() && w.w13_bias->shape() == Shape{S, 2 * I} &&
+                      w.w13_bias->dtype() == x.dtype() &&
+                      reinterpret_cast<uintptr_t>(w.w13_bias->data()) % 4 == 0),
+      "fused_moe: w13 bias {} for w13 {} (contiguous [S, 2I] of the weights' dtype)",
+      w.w13_bias ? w.w13_bias->str() : "", w13.str());
   ATOM_CHECK(!w.w2_bias || (w.w2_bias->is_contiguous() && w.w2_bias->shape() == Shape{S, H} &&
                             w.w2_bias->dtype() == x.dtype() &&
                             reinterpret_cast<uintptr_t>(w.w2_bias->data()) % 4 == 0),

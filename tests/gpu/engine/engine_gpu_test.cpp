@@ -102,7 +102,8 @@ TEST(GpuEngine, DeviceAndHostSamplersAgreeAndStepsMixThem) {
 // mixed prompt lengths runs through prefill, chunked steps and graph decode over the FP8 cache.
 // (Token-for-token agreement with the single-sequence runner is printed, not required: batched
 // GEMMs round keys differently in the last bit, which moves an e4m3 code now and then, and these
-// small random models have many near-tied steps; tests/gpu/models/model_gpu_test.cpp checks logits.)
+// small random models have many near-tied steps; tests/gpu/models/model_gpu_test.cpp checks
+// logits.)
 TEST(GpuEngine, Fp8KvCacheHoldsTwiceTheBlocks) {
   LoadedModel m = model_load(fixture_dir("llama3_gqa"), on_gpu());
   int bf16_blocks = 0;
@@ -151,10 +152,11 @@ TEST(GpuEngine, ConstrainedRowsDrawOnTheDeviceAsOnTheHost) {
   LoadedModel m = model_load(fixture_dir("llama3_gqa"), on_gpu());
   const int64_t V = m.model->vocab_size();
   std::vector<std::optional<std::string>> bytes(static_cast<size_t>(V));
-  for (int b = 0; b < 256 && b < V; ++b) bytes[static_cast<size_t>(b)] = std::string(1, static_cast<char>(b));
+  for (int b = 0; b < 256 && b < V; ++b)
+    bytes[static_cast<size_t>(b)] = std::string(1, static_cast<char>(b));
   auto trie = std::make_shared<const grammar::TokenTrie>(bytes);
-  auto g = std::make_shared<const grammar::Grammar>(grammar::Grammar::from_gbnf(
-      "root ::= \"(\" [a-z0-9 ]{2,24} \")\"\n"));
+  auto g = std::make_shared<const grammar::Grammar>(
+      grammar::Grammar::from_gbnf("root ::= \"(\" [a-z0-9 ]{2,24} \")\"\n"));
   auto constraint = std::make_shared<const grammar::GrammarConstraint>(g, trie);
   for (bool eager : {false, true}) {
     EngineConfig c = gpu_config();
@@ -181,7 +183,8 @@ TEST(GpuEngine, ConstrainedRowsDrawOnTheDeviceAsOnTheHost) {
     const auto on_device = a.generate(prompts, device), on_host = b.generate(prompts, host);
     for (size_t i = 0; i < prompts.size(); ++i) {
       const auto& got = on_device.at(i).outputs.at(0);
-      EXPECT_EQ(got.token_ids, on_host.at(i).outputs.at(0).token_ids) << "request " << i << " eager " << eager;
+      EXPECT_EQ(got.token_ids, on_host.at(i).outputs.at(0).token_ids)
+          << "request " << i << " eager " << eager;
       if (i + 1 == prompts.size()) continue;
       EXPECT_EQ(got.finish_reason, FinishReason::kStop) << "request " << i;
       std::string text;

@@ -9,8 +9,9 @@
 // must be that forward's argmax, up to BF16 rounding (a near tie). Outputs are also compared
 // token for token with plain decoding. To make acceptances and rejections both happen (random
 // drafter weights agree with the target rarely), the drafter's proposals are replaced by the plain
-// run's tokens with planted mistakes (one in K + 2 positions, so some proposals are clean); the drafter still runs every step (its graphs, its cache
-// writes), and its own drafts are compared between graphs and eager.
+// run's tokens with planted mistakes (one in K + 2 positions, so some proposals are clean); the
+// drafter still runs every step (its graphs, its cache writes), and its own drafts are compared
+// between graphs and eager.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -81,8 +82,9 @@ Outputs tokens_of(const std::vector<RequestOutput>& outs) {
 // run's output) proposes the oracle's tokens instead, one in `bad_every` of them wrong.
 class SteeredMtp : public DraftProposer {
  public:
-  SteeredMtp(std::unique_ptr<MtpProposer> mtp, std::map<std::vector<int32_t>, std::vector<int32_t>> oracle,
-             int64_t vocab, int bad_every)
+  SteeredMtp(std::unique_ptr<MtpProposer> mtp,
+             std::map<std::vector<int32_t>, std::vector<int32_t>> oracle, int64_t vocab,
+             int bad_every)
       : mtp_(std::move(mtp)), oracle_(std::move(oracle)), vocab_(vocab), bad_every_(bad_every) {}
   void propose(const Tensor& hidden, std::span<const DraftRequest> reqs, int block_size,
                std::vector<std::vector<int32_t>>& drafts) override {
@@ -212,8 +214,8 @@ void greedy_outputs_are_the_targets(const std::string& fixture, bool unsteered) 
           LLMEngine one(target, c);
           one.set_proposer(std::make_unique<SteeredMtp>(
               std::make_unique<MtpProposer>(*f.drafter.model, one.kv_plan().num_blocks,
-                                            one.kv_plan().block_size,
-                                            one.kv_plan().kv_cache_dtype, po),
+                                            one.kv_plan().block_size, one.kv_plan().kv_cache_dtype,
+                                            po),
               steer ? oracle : decltype(oracle){}, target.vocab_size(), steer ? k + 2 : 0));
           alone.push_back(tokens_of(one.generate({w.prompts[i]}, {w.params[i]})).at(0));
         }
@@ -274,8 +276,8 @@ void greedy_outputs_are_the_targets(const std::string& fixture, bool unsteered) 
       ASSERT_EQ(g.size(), e.size()) << "K = " << k;
       int64_t agree = 0;
       for (size_t i = 0; i < g.size(); ++i) agree += g[i] == e[i];
-      std::printf("%s K=%d: drafter graphs vs eager: %lld of %zu drafts equal\n", fixture.c_str(), k,
-                  static_cast<long long>(agree), g.size());
+      std::printf("%s K=%d: drafter graphs vs eager: %lld of %zu drafts equal\n", fixture.c_str(),
+                  k, static_cast<long long>(agree), g.size());
       EXPECT_GE(static_cast<double>(agree), 0.95 * static_cast<double>(g.size())) << "K = " << k;
     }
   }
@@ -379,7 +381,8 @@ TEST(GpuHybridSpecDecode, VerifyGraphsMatchEagerWithRollback) {
       x->state_rollback_slots.clear();
       for (int s = 0; s < S; ++s) {
         x->state_slots[s] = slots[s][0];
-        for (int r = 0; r <= K; ++r) x->state_rollback_slots.push_back(r < K ? slots[s][r + 1] : -1);
+        for (int r = 0; r <= K; ++r)
+          x->state_rollback_slots.push_back(r < K ? slots[s][r + 1] : -1);
       }
     }
     const int64_t before = graphs.graph_steps();

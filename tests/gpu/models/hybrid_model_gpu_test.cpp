@@ -190,8 +190,8 @@ TEST_P(GpuHybridEngine, BatchedAndCheckpointResumedRequestsMatchSingleRuns) {
   const auto& alone = w.alone;
   EngineConfig c;
   c.max_model_len = 256;
-  c.max_num_seqs = 5;               // odd: decode batches of 3, 5 pad to graph sizes 4, 8
-  c.max_num_batched_tokens = 48;   // chunked prefill beside decode
+  c.max_num_seqs = 5;             // odd: decode batches of 3, 5 pad to graph sizes 4, 8
+  c.max_num_batched_tokens = 48;  // chunked prefill beside decode
   c.gpu_memory_utilization = 0.5;
   c.block_size = 4;
   c.enable_prefix_caching = true;
@@ -208,8 +208,10 @@ TEST_P(GpuHybridEngine, BatchedAndCheckpointResumedRequestsMatchSingleRuns) {
       const auto& o = out[i].outputs.at(0);
       same += o.token_ids == alone[i];
       cached += o.num_cached_tokens;
-      if (pass == 0) first.push_back(o.token_ids);
-      else same_first += o.token_ids == first[i];
+      if (pass == 0)
+        first.push_back(o.token_ids);
+      else
+        same_first += o.token_ids == first[i];
     }
     std::printf("%s pass %d: %d of %zu requests equal their single-sequence runs, %d prompt "
                 "tokens resumed from state checkpoints%s\n",

@@ -147,7 +147,7 @@ TEST_P(GpuFp8Parity, WeightsStayFp8AndLogitsStayNearTheReference) {
     double rel;
     size_t steps;
   };
-  const Bound b = name == "deepseek_v3_fp8"          ? Bound{0.66, 7}
+  const Bound b = name == "deepseek_v3_fp8"           ? Bound{0.66, 7}
                   : name == "deepseek_v3_fp8_partial" ? Bound{0.4, 10}
                   : name == "qwen3_fp8_tensor"        ? Bound{0.23, 10}
                                                       : Bound{0.13, 11};

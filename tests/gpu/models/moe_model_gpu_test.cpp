@@ -69,8 +69,9 @@ TEST_P(GpuMoeParity, LogitsGreedyAndChunkedPrefill) {
   const double err_cpu = rel_err(logits, cpu_logits);
   const double err_ref = rel_err(logits, ref.logits);
   const double err_cpu_ref = rel_err(cpu_logits, ref.logits);
-  std::printf("%s: bf16 GPU vs bf16 CPU: rel err %.3g; vs transformers fp32: GPU %.3g, bf16 CPU %.3g\n",
-              GetParam().c_str(), err_cpu, err_ref, err_cpu_ref);
+  std::printf(
+      "%s: bf16 GPU vs bf16 CPU: rel err %.3g; vs transformers fp32: GPU %.3g, bf16 CPU %.3g\n",
+      GetParam().c_str(), err_cpu, err_ref, err_cpu_ref);
   expect_rows_near(logits, cpu_logits, GetParam() + " GPU vs bf16 CPU");
   // Against fp32 transformers, bf16 rounding routes a few more tokens elsewhere (the qwen3_moe
   // fixture: 0.145 on both paths): the GPU must be no further from the reference than the CPU in
@@ -113,8 +114,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuMoeParity, ::testing::ValuesIn(moe_gpu_fix
 TEST(GpuGptOssMxfp4, ExpertsStayPackedAndDummyFillsThem) {
   LoadedModel m = model_load(fixture_dir("gpt_oss_mxfp4"), on_gpu());
   const ModelConfig& c = m.model->config();
-  const int64_t E = c.text.get_int("num_local_experts"), H = c.hidden_size,
-                I = c.intermediate_size;
+  const int64_t E = c.text.get_int("num_local_experts"), H = c.hidden_size, I = c.intermediate_size;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
     auto get = [&](const std::string& n) -> const Tensor& {
@@ -130,7 +130,8 @@ TEST(GpuGptOssMxfp4, ExpertsStayPackedAndDummyFillsThem) {
     EXPECT_EQ(get("w2_weight_scale").shape(), (Shape{E, I / 32, H}));
   }
   LoadedModel d = model_load(fixture_dir("gpt_oss_mxfp4"), on_gpu(), LoadFormat::kDummy);
-  const Tensor s = host(d.model->params().find("model.layers.0.mlp.experts.w13_weight_scale")->data());
+  const Tensor s =
+      host(d.model->params().find("model.layers.0.mlp.experts.w13_weight_scale")->data());
   int lo = 255, hi = 0;
   for (int64_t i = 0; i < s.numel(); ++i) {
     lo = std::min<int>(lo, static_cast<const uint8_t*>(s.data())[i]);
