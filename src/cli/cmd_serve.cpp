@@ -190,6 +190,12 @@ void serve(ServeArgs& a) {
     sigwait(&sigs, &sig);
     atom::log_info("signal {}: draining {} running request(s), then exiting", sig,
                    backend.live_requests());
+    // Requests already received or being received are served (each connection closes after its
+    // response); then the engine finishes what it still holds (background responses) and new
+    // work is refused.
+    http.begin_drain();
+    while (!http.drained() || backend.live_requests() > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     backend.drain();
     http.stop();
   });

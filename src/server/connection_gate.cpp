@@ -498,6 +498,7 @@ void ConnectionGate::advance(const std::shared_ptr<Connection>& c) {
   buffered_ -= c->buf.size();
   auto keep = c;
   conns_.erase(c->fd);
+  ++dispatched_;
   dispatch_(std::move(keep));
 }
 
@@ -527,6 +528,12 @@ void ConnectionGate::expire() {
 }
 
 void ConnectionGate::resume(std::shared_ptr<Connection> c) {
+  if (draining_.load()) {  // one response per connection once draining
+    close_now(c);
+    --dispatched_;
+    return;
+  }
+  --dispatched_;
   c->buf.erase(0, c->request_bytes);  // the handler may have done so already (request_bytes 0)
   if (c->buf.capacity() > (64u << 10))
     std::string(c->buf).swap(c->buf);  // give a big body's memory back
@@ -538,7 +545,7 @@ void ConnectionGate::resume(std::shared_ptr<Connection> c) {
   {
     std::lock_guard<std::mutex> lock(resumed_mu_);
     if (finished_) {  // run() has returned: nobody reads this connection again
-      close(std::move(c));
+      close_now(c);
       return;
     }
     resumed_.push_back(std::move(c));
@@ -548,6 +555,11 @@ void ConnectionGate::resume(std::shared_ptr<Connection> c) {
 }
 
 void ConnectionGate::close(std::shared_ptr<Connection> c) {
+  close_now(c);
+  --dispatched_;
+}
+
+void ConnectionGate::close_now(const std::shared_ptr<Connection>& c) {
   ::close(c->fd);
   c->fd = -1;
   --open_;
@@ -560,8 +572,8 @@ void ConnectionGate::take_resumed() {
     batch.swap(resumed_);
   }
   for (auto& c : batch) {
-    if (stopping_.load()) {
-      close(c);
+    if (stopping_.load() || draining_.load()) {
+      close_now(c);
       continue;
     }
     epoll_event ev{};
@@ -596,6 +608,7 @@ void ConnectionGate::run() {
       last_sweep = Clock::now();
       expire();
     }
+    if (draining_.load()) drain_step();
   }
   if (listen_fd_ >= 0) {
     ::close(listen_fd_);
@@ -607,8 +620,34 @@ void ConnectionGate::run() {
   take_resumed();  // closes them: stopping
   std::lock_guard<std::mutex> lock(resumed_mu_);
   finished_ = true;
-  for (auto& c : resumed_) close(c);
+  for (auto& c : resumed_) close_now(c);
   resumed_.clear();
+}
+
+void ConnectionGate::drain_step() {
+  if (!drain_started_.load()) {
+    if (listen_fd_ >= 0) {
+      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+      ::close(listen_fd_);
+      listen_fd_ = -1;
+    }
+  }
+  // Idle connections close; a connection turned away (kClosing) finishes its 2 s linger.
+  std::vector<int> idle;
+  int partial = 0;
+  for (auto& [fd, c] : conns_) {
+    if (c->phase == Connection::Phase::kIdle) idle.push_back(fd);
+    if (c->phase == Connection::Phase::kHeaders || c->phase == Connection::Phase::kBody) ++partial;
+  }
+  for (int fd : idle) drop(fd);
+  partial_.store(partial);
+  drain_started_.store(true);
+}
+
+void ConnectionGate::begin_drain() {
+  draining_.store(true);
+  const uint64_t one = 1;
+  [[maybe_unused]] ssize_t w = ::write(wake_fd_, &one, sizeof one);
 }
 
 void ConnectionGate::stop() {

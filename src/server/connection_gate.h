@@ -110,6 +110,15 @@ class ConnectionGate {
   void run();
   // Stops accepting, closes connections waiting for a request, ends run(). Thread-safe.
   void stop();
+  // Graceful shutdown, first half (thread-safe): stops listening (new connections are refused),
+  // closes idle connections, keeps reading requests already begun, and closes each connection
+  // once its response is written. run() goes on until stop().
+  void begin_drain();
+  bool draining() const { return draining_.load(); }
+  // Draining, and no request is being read or served: what stop() would cut short is nothing.
+  bool drained() const {
+    return drain_started_.load() && partial_.load() == 0 && dispatched_.load() == 0;
+  }
   // A dispatched connection's request has been answered: its next request is read here.
   void resume(std::shared_ptr<Connection> c);
   // A dispatched connection is done with.
@@ -126,12 +135,18 @@ class ConnectionGate {
   void drop(int fd);
   void expire();
   void take_resumed();
+  void close_now(const std::shared_ptr<Connection>& c);
+  void drain_step();  // gate thread, while draining
 
   GateLimits limits_;
   Dispatch dispatch_;
   int listen_fd_ = -1, epoll_fd_ = -1, wake_fd_ = -1, spare_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> draining_{false};       // begin_drain() was called
+  std::atomic<bool> drain_started_{false};  // the gate thread has stopped listening
+  std::atomic<int> partial_{0};             // draining: requests part-read in the gate
+  std::atomic<int> dispatched_{0};          // connections with a handler
   std::atomic<int> open_{0};
   size_t buffered_ = 0;  // bytes held by connections in the gate (gate thread only)
   std::unordered_map<int, std::shared_ptr<Connection>> conns_;  // in the gate (gate thread only)

@@ -212,7 +212,7 @@ std::string HttpServer::serve_bytes(const std::string& bytes) {
 void HttpServer::serve_connection(const std::shared_ptr<Connection>& c) {
   GateStream strm(*c, options_.write_timeout_s * 1000);
   bool closed = false;
-  const bool ok = http_->serve_one(strm, stopping_.load(), closed);
+  const bool ok = http_->serve_one(strm, stopping_.load() || gate_->draining(), closed);
   // A big request (its body, the prompt's tokenization) freed its memory into this thread's malloc
   // arena, which glibc does not hand back to the system on its own: with hundreds of handler
   // threads each arena would keep its largest request's worth (issue 22).
@@ -221,7 +221,7 @@ void HttpServer::serve_connection(const std::shared_ptr<Connection>& c) {
   c->request_bytes = 0;
   if (c->buf.capacity() > (64u << 10)) std::string(c->buf).swap(c->buf);
   if (served > kTrimAfterBytes) malloc_trim(0);
-  if (!ok || closed || strm.failed() || stopping_.load())
+  if (!ok || closed || strm.failed() || stopping_.load() || gate_->draining())
     gate_->close(c);
   else
     gate_->resume(c);
@@ -478,5 +478,9 @@ void HttpServer::stop() {
   stopping_.store(true);
   gate_->stop();
 }
+
+void HttpServer::begin_drain() { gate_->begin_drain(); }
+
+bool HttpServer::drained() const { return gate_->drained(); }
 
 }  // namespace atom::server

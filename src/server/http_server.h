@@ -63,6 +63,10 @@ class HttpServer {
   void serve();
   // Stops accepting connections; requests being served run to completion.
   void stop();
+  // Graceful shutdown (SIGTERM): new connections are refused, idle ones close, requests already
+  // begun are read and served, each connection closing after its response. drained(): none left.
+  void begin_drain();
+  bool drained() const;
   // Serves the requests in `bytes` as if read from one connection (framed by the gate's rules) and
   // returns what the server would write back; no socket (tests and fuzzing).
   std::string serve_bytes(const std::string& bytes);

@@ -232,18 +232,72 @@ test('metrics use vLLM names and types', async () => {
     assert.ok(text.includes(line), line);
 });
 
-test('SIGTERM drains running requests, then exits', async () => {
+test('SIGTERM serves every request already begun, refuses new connections, then exits 0', async () => {
   const dir = makeModelDir(SRC, 'atom-serve-');
   const s = await startServer(dir, []);
-  const c = new OpenAI({ baseURL: `http://127.0.0.1:${s.port}/v1`, apiKey: 'none', maxRetries: 0 });
-  const pending = c.completions.create({ model: modelName, prompt: 'Hi', max_tokens: 150, ignore_eos: true });
-  await new Promise((r) => setTimeout(r, 300));
-  const exited = new Promise((res) => s.proc.on('exit', (code) => res(code)));
-  s.proc.kill('SIGTERM');
-  const r = await pending;
-  assert.equal(r.usage.completion_tokens, 150);
-  assert.equal(await exited, 0);
-  fs.rmSync(dir, { recursive: true, force: true });
+  try {
+    const url = `http://127.0.0.1:${s.port}`;
+    const c = new OpenAI({ baseURL: `${url}/v1`, apiKey: 'none', maxRetries: 0 });
+    const pending = c.completions.create({ model: modelName, prompt: 'Hi', max_tokens: 150, ignore_eos: true });
+    // Running in the engine, not just sent.
+    for (let i = 0; ; ++i) {
+      const m = (await (await fetch(`${url}/metrics`)).text()).match(/^vllm:num_requests_running\{[^}]*\} (\d+)/m);
+      if (m && Number(m[1]) >= 1) break;
+      assert.ok(i < 400, 'the request never ran');
+      await new Promise((r) => setTimeout(r, 25));
+    }
+    // A second request whose headers the gate has read (it answers 100 Continue) but whose body
+    // comes after the signal, and an idle keep-alive connection.
+    const body = JSON.stringify({ model: modelName, prompt: 'Hello', max_tokens: 5, ignore_eos: true });
+    const part = net.connect(s.port, '127.0.0.1');
+    let partIn = '';
+    part.on('data', (d) => { partIn += d.toString(); });
+    const partClosed = new Promise((r) => part.on('close', r));
+    part.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+      `Expect: 100-continue\r\nContent-Length: ${body.length}\r\n\r\n${body.slice(0, 10)}`);
+    for (let i = 0; !partIn.includes('100 Continue'); ++i) {
+      assert.ok(i < 400, 'no 100 Continue');
+      await new Promise((r) => setTimeout(r, 25));
+    }
+    const idle = net.connect(s.port, '127.0.0.1');
+    await new Promise((r) => idle.on('connect', r));
+    const idleClosed = new Promise((r) => idle.on('close', r));
+    let idleIn = '';
+    idle.on('data', (d) => { idleIn += d.toString(); });
+
+    const exited = new Promise((res) => s.proc.on('exit', (code) => res(code)));
+    s.proc.kill('SIGTERM');
+    for (let i = 0; !s.log().includes('draining'); ++i) {
+      assert.ok(i < 400, 'no drain logged');
+      await new Promise((r) => setTimeout(r, 25));
+    }
+    // New connections are refused once the listener is closed.
+    for (let i = 0; ; ++i) {
+      const refused = await new Promise((r) => {
+        const t = net.connect(s.port, '127.0.0.1');
+        t.on('error', (e) => r(e.code === 'ECONNREFUSED'));
+        t.on('connect', () => { t.destroy(); r(false); });
+      });
+      if (refused) break;
+      assert.ok(i < 200, 'the server still accepts connections while draining');
+      await new Promise((r) => setTimeout(r, 25));
+    }
+    await idleClosed;
+    assert.equal(idleIn, '', 'an idle connection closes without an answer');
+    part.write(body.slice(10));
+    await partClosed;
+    // Interim 100 Continue answers first (the gate's, and the parser's behind it), then the answer.
+    const [head, json] = partIn.replace(/^(HTTP\/1\.1 100 Continue\r\n\r\n)+/, '').split('\r\n\r\n');
+    assert.match(head, /^HTTP\/1\.1 200/);
+    assert.match(head, /Connection: close/i);
+    assert.equal(JSON.parse(json).usage.completion_tokens, 5);
+    const r = await pending;
+    assert.equal(r.usage.completion_tokens, 150);
+    assert.equal(await exited, 0);
+  } finally {
+    s.proc.kill('SIGKILL');
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });
 
 // Int64 tensor `name` of a safetensors file, as numbers.
