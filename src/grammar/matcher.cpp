@@ -246,18 +246,34 @@ const std::string* TokenTrie::bytes(int32_t id) const {
   return &*bytes_[static_cast<size_t>(id)];
 }
 
+void TokenTrie::mark_tokens(const Node& n, std::span<uint64_t> bits) const {
+  for (uint32_t t = n.first_token; t < n.first_token + n.num_tokens; ++t) {
+    const auto id = static_cast<uint32_t>(tokens_[t]);
+    bits[id / 64] |= uint64_t{1} << (id % 64);
+  }
+}
+
 void TokenTrie::visit(uint32_t node, Matcher& m, std::span<uint64_t> allowed) const {
   const Node& n = nodes_[node];
   for (uint32_t c = n.first_child; c < n.first_child + n.num_children; ++c) {
     Matcher next = m;
     if (!next.accept_byte(child_byte_[c])) continue;
-    const Node& cn = nodes_[c];
-    for (uint32_t t = cn.first_token; t < cn.first_token + cn.num_tokens; ++t) {
-      const auto id = static_cast<uint32_t>(tokens_[t]);
-      allowed[id / 64] |= uint64_t{1} << (id % 64);
-    }
-    if (cn.num_children) visit(c, next, allowed);
+    mark_tokens(nodes_[c], allowed);
+    if (nodes_[c].num_children) visit(c, next, allowed);
   }
+}
+
+bool TokenTrie::classify_child(uint32_t c, bool bottom, Matcher& next, std::span<uint64_t> accepted,
+                               std::vector<int32_t>& uncertain) const {
+  const Node& cn = nodes_[c];
+  if (!next.accept_byte(child_byte_[c])) {
+    if (bottom)
+      uncertain.insert(uncertain.end(), subtree_tokens_.begin() + cn.subtree_first,
+                       subtree_tokens_.begin() + cn.subtree_first + cn.subtree_count);
+    return false;
+  }
+  mark_tokens(cn, accepted);
+  return cn.num_children > 0;
 }
 
 void TokenTrie::visit_classify(uint32_t node, Matcher& m, bool bottom, std::span<uint64_t> accepted,
@@ -267,19 +283,9 @@ void TokenTrie::visit_classify(uint32_t node, Matcher& m, bool bottom, std::span
   // below: every token from here on that the suffix rejects is uncertain.
   bottom = bottom || m.any_empty();
   for (uint32_t c = n.first_child; c < n.first_child + n.num_children; ++c) {
-    const Node& cn = nodes_[c];
     Matcher next = m;
-    if (!next.accept_byte(child_byte_[c])) {
-      if (bottom)
-        uncertain.insert(uncertain.end(), subtree_tokens_.begin() + cn.subtree_first,
-                         subtree_tokens_.begin() + cn.subtree_first + cn.subtree_count);
-      continue;
-    }
-    for (uint32_t t = cn.first_token; t < cn.first_token + cn.num_tokens; ++t) {
-      const auto id = static_cast<uint32_t>(tokens_[t]);
-      accepted[id / 64] |= uint64_t{1} << (id % 64);
-    }
-    if (cn.num_children) visit_classify(c, next, bottom, accepted, uncertain);
+    if (classify_child(c, bottom, next, accepted, uncertain))
+      visit_classify(c, next, bottom, accepted, uncertain);
   }
 }
 
@@ -301,19 +307,9 @@ void TokenTrie::classify(const Matcher& suffix, std::span<uint64_t> accepted,
   const Node& root = nodes_[0];
   const Matcher start = suffix.borrowed();
   for (uint32_t c = root.first_child; c < root.first_child + root.num_children; ++c) {
-    const Node& cn = nodes_[c];
     Matcher next = start;
-    if (!next.accept_byte(child_byte_[c])) {
-      if (bottom0)
-        uncertain.insert(uncertain.end(), subtree_tokens_.begin() + cn.subtree_first,
-                         subtree_tokens_.begin() + cn.subtree_first + cn.subtree_count);
-      continue;
-    }
-    for (uint32_t t = cn.first_token; t < cn.first_token + cn.num_tokens; ++t) {
-      const auto id = static_cast<uint32_t>(tokens_[t]);
-      accepted[id / 64] |= uint64_t{1} << (id % 64);
-    }
-    if (cn.num_children) tasks.push_back({c, std::move(next), bottom0});
+    if (classify_child(c, bottom0, next, accepted, uncertain))
+      tasks.push_back({c, std::move(next), bottom0});
   }
   const auto n = static_cast<int64_t>(tasks.size());
   ParallelErrors errors;

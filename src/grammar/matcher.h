@@ -98,7 +98,13 @@ class TokenTrie {
     uint32_t first_token = 0, num_tokens = 0;
     uint32_t subtree_first = 0, subtree_count = 0;  // into subtree_tokens_
   };
+  void mark_tokens(const Node& n, std::span<uint64_t> bits) const;  // n's own tokens
   void visit(uint32_t node, Matcher& m, std::span<uint64_t> allowed) const;
+  // One child c of a classify walk, `next` a copy of its parent's matcher: marks c's tokens if
+  // `next` takes c's byte, else lists c's subtree as uncertain when `bottom`. True when c was
+  // taken and has children to walk.
+  bool classify_child(uint32_t c, bool bottom, Matcher& next, std::span<uint64_t> accepted,
+                      std::vector<int32_t>& uncertain) const;
   void visit_classify(uint32_t node, Matcher& m, bool bottom, std::span<uint64_t> accepted,
                       std::vector<int32_t>& uncertain) const;
 

@@ -50,8 +50,10 @@ struct Workload {
   std::vector<SamplingParams> params;
 };
 
-// n prompts of mixed lengths in [1, max_len]; about a third share a stem (prefix-cache hits).
-inline Workload random_workload(int n, int max_len, int max_tokens, int64_t vocab, uint32_t seed) {
+// n greedy requests: prompts of mixed lengths in [1, max_len], about a third sharing a stem
+// (prefix-cache hits), each asking for min_tokens..max_tokens new tokens.
+inline Workload random_workload(int n, int max_len, int max_tokens, int64_t vocab, uint32_t seed,
+                                int min_tokens = 1) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int32_t> id(3, static_cast<int32_t>(vocab - 1));
   std::vector<int32_t> stem(static_cast<size_t>(max_len));
@@ -63,7 +65,8 @@ inline Workload random_workload(int n, int max_len, int max_tokens, int64_t voca
     if (i % 3 == 0) p.assign(stem.begin(), stem.begin() + len);
     while (static_cast<int>(p.size()) < len) p.push_back(id(rng));
     w.prompts.push_back(p);
-    w.params.push_back(greedy(1 + static_cast<int>(rng() % static_cast<uint32_t>(max_tokens))));
+    w.params.push_back(greedy(
+        min_tokens + static_cast<int>(rng() % static_cast<uint32_t>(max_tokens - min_tokens + 1))));
   }
   return w;
 }

@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "common/fixtures.h"
+#include "engine/engine_test_util.h"
 #include "engine/llm_engine.h"
 #include "engine/model_runner.h"
 #include "gpu_util.h"
@@ -43,33 +44,6 @@ EngineConfig spec_gpu_config(int k, bool eager) {
   c.enforce_eager = eager;
   c.num_speculative_tokens = k;
   return c;
-}
-
-struct Workload {
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<SamplingParams> params;
-};
-
-// n greedy requests of 1..max_len prompt tokens (a third share a stem) and 4..max_tokens new ones.
-Workload random_workload(int n, int max_len, int max_tokens, int64_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> id(3, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> stem(static_cast<size_t>(max_len));
-  for (auto& t : stem) t = id(rng);
-  Workload w;
-  for (int i = 0; i < n; ++i) {
-    const int len = 1 + static_cast<int>(rng() % static_cast<uint32_t>(max_len));
-    std::vector<int32_t> p;
-    if (i % 3 == 0) p.assign(stem.begin(), stem.begin() + len);
-    while (static_cast<int>(p.size()) < len) p.push_back(id(rng));
-    w.prompts.push_back(p);
-    SamplingParams s;
-    s.temperature = 0;
-    s.ignore_eos = true;
-    s.max_tokens = 4 + static_cast<int>(rng() % static_cast<uint32_t>(max_tokens - 3));
-    w.params.push_back(s);
-  }
-  return w;
 }
 
 Outputs tokens_of(const std::vector<RequestOutput>& outs) {
@@ -182,7 +156,7 @@ void greedy_outputs_are_the_targets(const std::string& fixture, bool unsteered) 
   Model& target = *f.target.model;
   const bool recurrent = !target.state_specs().empty();
   for (int k = 1; k <= 4; ++k) {
-    const Workload w = random_workload(10, 40, 24, target.vocab_size(), 300 + k);
+    const Workload w = random_workload(10, 40, 24, target.vocab_size(), 300 + k, /*min_tokens=*/4);
     LLMEngine plain(target, spec_gpu_config(0, false));
     const Outputs want = tokens_of(plain.generate(w.prompts, w.params));
     std::map<std::vector<int32_t>, std::vector<int32_t>> oracle;
