@@ -528,12 +528,7 @@ void ConnectionGate::expire() {
 }
 
 void ConnectionGate::resume(std::shared_ptr<Connection> c) {
-  if (draining_.load()) {  // one response per connection once draining
-    close_now(c);
-    --dispatched_;
-    return;
-  }
-  --dispatched_;
+  --dispatched_;  // once draining, take_resumed closes it (one response per connection)
   c->buf.erase(0, c->request_bytes);  // the handler may have done so already (request_bytes 0)
   if (c->buf.capacity() > (64u << 10))
     std::string(c->buf).swap(c->buf);  // give a big body's memory back
@@ -610,10 +605,7 @@ void ConnectionGate::run() {
     }
     if (draining_.load()) drain_step();
   }
-  if (listen_fd_ >= 0) {
-    ::close(listen_fd_);
-    listen_fd_ = -1;
-  }
+  close_listener();
   std::vector<int> fds;
   for (auto& [fd, c] : conns_) fds.push_back(fd);
   for (int fd : fds) drop(fd);
@@ -624,14 +616,15 @@ void ConnectionGate::run() {
   resumed_.clear();
 }
 
+void ConnectionGate::close_listener() {
+  if (listen_fd_ < 0) return;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+  ::close(listen_fd_);
+  listen_fd_ = -1;
+}
+
 void ConnectionGate::drain_step() {
-  if (!drain_started_.load()) {
-    if (listen_fd_ >= 0) {
-      epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
-      ::close(listen_fd_);
-      listen_fd_ = -1;
-    }
-  }
+  close_listener();
   // Idle connections close; a connection turned away (kClosing) finishes its 2 s linger.
   std::vector<int> idle;
   int partial = 0;

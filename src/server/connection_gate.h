@@ -136,7 +136,8 @@ class ConnectionGate {
   void expire();
   void take_resumed();
   void close_now(const std::shared_ptr<Connection>& c);
-  void drain_step();  // gate thread, while draining
+  void close_listener();  // gate thread; idempotent
+  void drain_step();      // gate thread, while draining
 
   GateLimits limits_;
   Dispatch dispatch_;
