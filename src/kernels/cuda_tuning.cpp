@@ -45,6 +45,7 @@ CudaTuning CudaTuning::from_env() {
       std::clamp<long>(env_int("ATOM_MOE_DECODE_MAX_ROWS_MXFP4", 256), 0, kMoeDecodeMaxRowsCap));
   t.moe_decode_depth = static_cast<int>(env_int("ATOM_MOE_DECODE_DEPTH", 2));
   t.moe_gemm_tile_rows = static_cast<int>(env_int("ATOM_MOE_GEMM_TILE_ROWS", 0));
+  t.moe_dense_min_rows = static_cast<int>(env_int("ATOM_MOE_DENSE_MIN_ROWS", 256));
   return t.normalized();
 }
 
@@ -59,6 +60,7 @@ CudaTuning CudaTuning::normalized() const {
   t.moe_decode_depth = t.moe_decode_depth == 4 ? 4 : 2;
   t.moe_gemm_tile_rows =
       t.moe_gemm_tile_rows == 64 || t.moe_gemm_tile_rows == 128 ? t.moe_gemm_tile_rows : 0;
+  t.moe_dense_min_rows = std::max(t.moe_dense_min_rows, 0);
   return t;
 }
 

@@ -108,6 +108,12 @@ struct CudaTuning {
   // Rows per tile of the grouped GEMMs: 64, 128, or 0 for the default (128 from 8,192 routed rows
   // on, where the weights' traffic through L2 binds, else 64); ATOM_MOE_GEMM_TILE_ROWS.
   int moe_gemm_tile_rows = 0;
+  // The per-slot dense path (moe_dense.h: rows gathered by slot, each slot's two products through
+  // cuBLASLt, outside graph capture, SiLU·mul experts without biases, from
+  // kMoeDenseMinRoutedRows routed rows) is taken when the routed rows per slot in use average at
+  // least this; 0: never. ATOM_MOE_DENSE_MIN_ROWS; default 256 (docs/performance.md: Mixtral's
+  // prefill, eight large experts, against the grouped GEMMs).
+  int moe_dense_min_rows = 256;
 
   // The defaults overridden by the environment (errors name a malformed variable).
   static CudaTuning from_env();

@@ -20,6 +20,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_stream.h"
 #include "gpu_util.h"
+#include "kernels/cuda/moe_dense.h"
 #include "kernels/cuda_tuning.h"
 
 namespace atom::test {
@@ -337,15 +338,21 @@ void check_fused(const MoeCase& c, uint64_t seed) {
   // auto, then each path where it applies: (name, decode max rows, GEMM tile rows, decode depth)
   struct Path {
     const char* name;
-    int decode_rows, tile_rows, depth;
+    int decode_rows, tile_rows, depth, dense_rows = 0;
   };
-  std::vector<Path> paths = {
-      {"auto", base.moe_decode_max_rows, base.moe_gemm_tile_rows, base.moe_decode_depth},
-      {"gemm64", 0, 64, 2},
-      {"gemm128", 0, 128, 2}};
+  std::vector<Path> paths = {{"auto", base.moe_decode_max_rows, base.moe_gemm_tile_rows,
+                              base.moe_decode_depth, base.moe_dense_min_rows},
+                             {"gemm64", 0, 64, 2},
+                             {"gemm128", 0, 128, 2}};
   if (R <= 512) {
     paths.push_back({"decode", 512, 0, 2});
     paths.push_back({"decode4", 512, 0, 4});
+  }
+  // The per-slot dense path (cuBLASLt per slot) where it applies: SiLU·mul without biases, from
+  // kMoeDenseMinRoutedRows routed rows; forced here at any rows per slot.
+  if (R >= kernels::cuda::kMoeDenseMinRoutedRows && c.limit <= 0 && c.biases == 0) {
+    paths.push_back({"dense64", 0, 64, 2, 1});
+    paths.push_back({"dense128", 0, 128, 2, 1});
   }
   // bf16 outputs: one more rounding than the fp32 reference; the activations are rounded to
   // the weights' type between the two GEMMs (the CPU keeps fp32).
@@ -357,6 +364,7 @@ void check_fused(const MoeCase& c, uint64_t seed) {
           t.moe_decode_max_rows = p.decode_rows;
           t.moe_gemm_tile_rows = p.tile_rows;
           t.moe_decode_depth = p.depth;
+          t.moe_dense_min_rows = p.dense_rows;
         }));
     Tensor out = run_gpu(c, gx, g13, g2, gb13, gb2, gids, gw);
     Tensor ho = host(out);
@@ -623,9 +631,17 @@ TEST(GpuMoe, FusedRejectsWhatItCannotRun) {
 
 // route + fused_moe captured for a bucket, replayed with other logits (other routing) and other
 // activations: the same bytes as eager calls on those inputs.
+// Under capture fused_moe never takes the dense path (it reads the tile table on the host): with
+// the dense path forced, the capture still succeeds and replays the grouped GEMMs' bytes.
 TEST(GpuMoe, GraphReplayMatchesEager) {
-  for (int64_t T : {8, 256}) {
-    SCOPED_TRACE("T=" + std::to_string(T));
+  for (const auto& tc : {std::pair<int64_t, bool>{8, false}, {256, false}, {256, true}}) {
+    const int64_t T = tc.first;
+    const bool force_dense = tc.second;
+    SCOPED_TRACE("T=" + std::to_string(T) + (force_dense ? " dense forced" : ""));
+    auto dense_rows = [](int rows) {
+      return kernels::cuda::cuda_tuning_with(
+          [&](kernels::cuda::CudaTuning& t) { t.moe_dense_min_rows = rows; });
+    };
     const int64_t E = 64, K = 6, H = 256, I = 128, S = E + 1, KT = K + 1;
     Tensor w13 = random_cpu({S, 2 * I, H}, DType::kBF16, 1, -0.1f, 0.1f).to(gpu());
     Tensor w2 = random_cpu({S, H, I}, DType::kBF16, 2, -0.1f, 0.1f).to(gpu());
@@ -647,12 +663,16 @@ TEST(GpuMoe, GraphReplayMatchesEager) {
       kernels::moe_route(ids, wts, logits, Tensor(), ra);
       kernels::fused_moe(out, x, ex, ids, wts, &ws);
     };
-    // Eager on the second inputs: the reference.
+    // Eager on the second inputs, on the grouped GEMMs: the reference.
     logits.copy_from(random_cpu({T, E}, DType::kF32, 20, -3, 3));
     x.copy_from(random_cpu({T, H}, DType::kBF16, 21));
-    step();
+    {
+      const kernels::cuda::CudaTuningScope grouped(dense_rows(0));
+      step();
+    }
     stream.synchronize();
     Tensor ref = host(out), ref_ids = host(ids);
+    const kernels::cuda::CudaTuningScope scope(dense_rows(force_dense ? 1 : 0));
     // Capture on the first inputs.
     logits.copy_from(random_cpu({T, E}, DType::kF32, 10, -3, 3));
     x.copy_from(random_cpu({T, H}, DType::kBF16, 11));

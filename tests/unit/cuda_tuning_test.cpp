@@ -50,6 +50,7 @@ TEST(CudaTuning, DefaultsAreTheH200Choices) {
   EXPECT_EQ(t.moe_decode_max_rows_mxfp4, 256);
   EXPECT_EQ(t.moe_decode_depth, 2);
   EXPECT_EQ(t.moe_gemm_tile_rows, 0);
+  EXPECT_EQ(t.moe_dense_min_rows, 256);
   EXPECT_EQ(t, CudaTuning{});
 }
 
@@ -69,7 +70,8 @@ TEST(CudaTuning, ReadsEveryVariable) {
                  {"ATOM_MOE_DECODE_MAX_ROWS", "64"},
                  {"ATOM_MOE_DECODE_MAX_ROWS_MXFP4", "32"},
                  {"ATOM_MOE_DECODE_DEPTH", "4"},
-                 {"ATOM_MOE_GEMM_TILE_ROWS", "128"}});
+                 {"ATOM_MOE_GEMM_TILE_ROWS", "128"},
+                 {"ATOM_MOE_DENSE_MIN_ROWS", "1024"}});
   const CudaTuning t = CudaTuning::from_env();
   EXPECT_EQ(t.attention_backend, PrefillAttention::kMma);
   EXPECT_EQ(t.attention_m_atoms, 2);
@@ -87,6 +89,7 @@ TEST(CudaTuning, ReadsEveryVariable) {
   EXPECT_EQ(t.moe_decode_max_rows_mxfp4, 32);
   EXPECT_EQ(t.moe_decode_depth, 4);
   EXPECT_EQ(t.moe_gemm_tile_rows, 128);
+  EXPECT_EQ(t.moe_dense_min_rows, 1024);
   {
     const Env other({{"ATOM_ATTENTION_BACKEND", "simple"},
                      {"ATOM_FP8_GEMM_PATH", "general"},
@@ -108,6 +111,7 @@ TEST(CudaTuning, OutOfRangeValuesMapAsBefore) {
                    {"ATOM_MOE_DECODE_MAX_ROWS_MXFP4", "-4"},
                    {"ATOM_MOE_DECODE_DEPTH", "3"},
                    {"ATOM_MOE_GEMM_TILE_ROWS", "96"},
+                   {"ATOM_MOE_DENSE_MIN_ROWS", "-5"},
                    {"ATOM_ATTENTION_BACKEND", "bogus"}});
     const CudaTuning t = CudaTuning::from_env();
     EXPECT_EQ(t.wgmma_warpgroups, 2);
@@ -117,6 +121,7 @@ TEST(CudaTuning, OutOfRangeValuesMapAsBefore) {
     EXPECT_EQ(t.moe_decode_max_rows_mxfp4, 0);
     EXPECT_EQ(t.moe_decode_depth, 2);
     EXPECT_EQ(t.moe_gemm_tile_rows, 0);
+    EXPECT_EQ(t.moe_dense_min_rows, 0);
     EXPECT_EQ(t.attention_backend, PrefillAttention::kAuto);
   }
   {

@@ -36,6 +36,7 @@
 #include "kernels/cuda/fused_moe.cuh"
 #include "kernels/cuda/launch_mxfp4.h"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/moe_dense.h"
 
 namespace atom::kernels::cuda {
 
@@ -52,6 +53,9 @@ struct Layout {
   // grouped-GEMM path
   int64_t rows = 0, tile_e = 0, tile_n = 0, ntiles = 0, act = 0, y = 0, gemm_end = 0;
   int64_t P = 0, MT = 0;
+  // per-slot dense path (after the grouped path's regions): a chunk of gathered rows x [C, H]
+  // (reused for w2's outputs) and their gate | up products [C, 2I]
+  int64_t dense_x = 0, dense_h = 0, dense_end = 0, C = 0;
 };
 
 int64_t align256(int64_t v) { return (v + 255) / 256 * 256; }
@@ -87,6 +91,14 @@ Layout layout(int64_t T, int K, int S, int64_t H, int64_t I, int eb) {
   L.y = o;
   o = align256(o + R * H * eb);
   L.gemm_end = o;
+  if (R >= kMoeDenseMinRoutedRows) {
+    L.C = moe_dense_chunk_rows(R, H, I, eb);
+    L.dense_x = o;
+    o = align256(o + L.C * H * eb);
+    L.dense_h = o;
+    o = align256(o + L.C * 2 * I * eb);
+    L.dense_end = o;
+  }
   return L;
 }
 
@@ -643,6 +655,29 @@ void launch_combine(const MoeLaunch& m, const Y* y, int K, cudaStream_t s) {
   }
 }
 
+// The dense path's row moves, 16 bytes a thread (rows are 16-byte aligned, W % 8 == 0):
+// kGather: dst[i] = src[rows[i] / K] (x by token), zeros for padding (rows[i] < 0); else
+// dst[rows[i]] = src[i] (y by routed row), padding skipped.
+template <bool kGather>
+__global__ void __launch_bounds__(256)
+    moe_rows_copy_kernel(void* dst, int64_t dst_stride, const void* src, int64_t src_stride,
+                         const int* rows, int64_t n, int K, int64_t W) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t WV = W / 8, total = n * WV;
+  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = idx / WV, c = (idx % WV) * 8;
+    const int64_t r = rows[i];
+    if (!kGather && r < 0) continue;
+    const int64_t di = kGather ? i : r, si = kGather ? r / K : i;
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(dst) + di * dst_stride + c) =
+        r < 0 ? make_uint4(0, 0, 0, 0)
+              : *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(src) +
+                                                si * src_stride + c);
+  }
+}
+
 template <typename T>
 void launch_gemm_path(const MoeLaunch& m, const MoeMxfp4Scales& mx, const Layout& L,
                       cudaStream_t s) {
@@ -719,7 +754,58 @@ int64_t moe_workspace_bytes(int64_t T, int K, int S, int64_t H, int64_t I, int e
   if (T <= 0 || K <= 0) return 0;
   const Layout L = layout(T, K, S, H, I, elem_bytes);
   const bool decode_possible = T * K <= kMoeDecodeMaxRowsCap;
-  return std::max(decode_possible ? L.dec_end : 0, L.gemm_end);
+  return std::max({decode_possible ? L.dec_end : 0, L.gemm_end, L.dense_end});
+}
+
+MoeDense moe_dense_begin(const MoeLaunch& m, cudaStream_t s) {
+  const Layout L = layout(m.T, m.K, m.S, m.H, m.I, 2);
+  char* ws = static_cast<char*>(m.workspace);
+  MoeDense d;
+  d.sorted_rows = reinterpret_cast<int*>(ws + L.rows);
+  d.tile_expert = reinterpret_cast<int*>(ws + L.tile_e);
+  d.tile_rows = reinterpret_cast<int*>(ws + L.tile_n);
+  d.num_tiles = reinterpret_cast<int*>(ws + L.ntiles);
+  d.max_tiles = L.MT;
+  d.tile = m.gemm_tile_rows;
+  d.act = ws + L.act;
+  d.y = ws + L.y;
+  d.x_chunk = ws + L.dense_x;
+  d.h_chunk = ws + L.dense_h;
+  d.chunk_rows = L.C;
+  SortArgs sa;
+  sa.ids = m.ids;
+  sa.R = m.T * m.K;
+  sa.S = m.S;
+  sa.bm = m.gemm_tile_rows;
+  sa.sorted_rows = d.sorted_rows;
+  sa.tile_expert = d.tile_expert;
+  sa.tile_rows = d.tile_rows;
+  sa.num_tiles = d.num_tiles;
+  launch(moe_sort_kernel, 1, kSortThreads, 0, s, sa);
+  return d;
+}
+
+void moe_dense_gather(const MoeLaunch& m, const MoeDense& d, int64_t first, int64_t n,
+                      cudaStream_t s) {
+  if (n <= 0) return;
+  const unsigned grid = grid_for(n * (m.H / 8), 256);
+  launch(moe_rows_copy_kernel<true>, grid, 256, 0, s, d.x_chunk, m.H,
+         static_cast<const void*>(m.x.data), m.x.stride, d.sorted_rows + first, n, m.K, m.H);
+}
+
+void moe_dense_scatter(const MoeLaunch& m, const MoeDense& d, int64_t first, int64_t n,
+                       cudaStream_t s) {
+  if (n <= 0) return;
+  const unsigned grid = grid_for(n * (m.H / 8), 256);
+  launch(moe_rows_copy_kernel<false>, grid, 256, 0, s, d.y, m.H,
+         static_cast<const void*>(d.x_chunk), m.H, d.sorted_rows + first, n, m.K, m.H);
+}
+
+void moe_dense_combine(const MoeLaunch& m, const MoeDense& d, cudaStream_t s) {
+  if (m.type == Elem::kBF16)
+    launch_combine<__nv_bfloat16>(m, static_cast<const __nv_bfloat16*>(d.y), m.K, s);
+  else
+    launch_combine<__half>(m, static_cast<const __half*>(d.y), m.K, s);
 }
 
 void launch_fused_moe(const MoeLaunch& m, cudaStream_t s) {

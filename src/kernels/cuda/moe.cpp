@@ -3,10 +3,14 @@
 #include "kernels/moe.h"
 
 #include <algorithm>
+#include <vector>
 
+#include "kernels/activation.h"
 #include "kernels/cuda/host_common.h"
 #include "kernels/cuda/launch_mxfp4.h"
+#include "kernels/cuda/moe_dense.h"
 #include "kernels/cuda_tuning.h"
+#include "kernels/linear.h"
 
 namespace atom::kernels::cuda {
 
@@ -15,6 +19,57 @@ namespace {
 constexpr int kTileRowsFrom = 8192;  // routed rows from which the default tile is 128 rows
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+  return st != cudaStreamCaptureStatusNone;
+}
+
+// The per-slot dense path: the counting sort, its tile table read on the host (the one sync),
+// then per slot and chunk of at most chunk_rows sorted positions (a multiple of 64, padding rows
+// included, so the products' row counts take few values): gather x, gate | up = x w13[e]ᵀ
+// (cuBLASLt), act = silu(gate) * up, y = act w2[e]ᵀ (cuBLASLt), scattered to the routed rows;
+// then the weighted combine.
+void fused_moe_dense(const MoeLaunch& l, const Tensor& w13, const Tensor& w2, Device dev,
+                     DType dt) {
+  const cudaStream_t s = current_stream();
+  const MoeDense d = moe_dense_begin(l, s);
+  std::vector<int> tile_e(static_cast<size_t>(d.max_tiles)), tile_n(tile_e.size());
+  int num_tiles = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&num_tiles, d.num_tiles, sizeof(int), cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(tile_e.data(), d.tile_expert, tile_e.size() * sizeof(int),
+                             cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaMemcpyAsync(tile_n.data(), d.tile_rows, tile_n.size() * sizeof(int),
+                             cudaMemcpyDeviceToHost, s));
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  ATOM_CHECK(num_tiles >= 0 && num_tiles <= d.max_tiles, "fused_moe: {} tiles (at most {})",
+             num_tiles, d.max_tiles);
+  const int64_t H = l.H, I = l.I, eb = 2;
+  char* act = static_cast<char*>(d.act);
+  for (int t0 = 0; t0 < num_tiles;) {
+    const int e = tile_e[static_cast<size_t>(t0)];
+    int64_t count = 0;
+    int t1 = t0;
+    for (; t1 < num_tiles && tile_e[static_cast<size_t>(t1)] == e; ++t1)
+      count += tile_n[static_cast<size_t>(t1)];
+    const int64_t first = static_cast<int64_t>(t0) * d.tile;
+    const Tensor we13 = w13.select(0, e), we2 = w2.select(0, e);
+    for (int64_t c0 = 0; c0 < count; c0 += d.chunk_rows) {
+      const int64_t n = std::min(d.chunk_rows, (count - c0 + 63) / 64 * 64);
+      moe_dense_gather(l, d, first + c0, n, s);
+      Tensor xs = Tensor::wrap(d.x_chunk, {n, H}, dt, dev, nullptr);
+      Tensor h = Tensor::wrap(d.h_chunk, {n, 2 * I}, dt, dev, nullptr);
+      Tensor a = Tensor::wrap(act + (first + c0) * I * eb, {n, I}, dt, dev, nullptr);
+      linear(h, xs, we13, Tensor());
+      silu_mul(a, h);
+      linear(xs, a, we2, Tensor());  // w2's outputs reuse the gathered rows' buffer
+      moe_dense_scatter(l, d, first + c0, n, s);
+    }
+    t0 = t1;
+  }
+  moe_dense_combine(l, d, s);
+}
 
 }  // namespace
 
@@ -139,7 +194,14 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   l.swiglu_oai = w.activation == MoeActivation::kSwigluOai;
   l.alpha = w.swiglu_alpha;
   l.limit = w.swiglu_limit;
-  if (w.mxfp4()) {
+  const int64_t R = T * K, in_use = std::min<int64_t>(S, R);
+  const bool dense = !w.mxfp4() && !l.decode && !l.b13 && !l.b2 && !l.swiglu_oai &&
+                     tuning.moe_dense_min_rows > 0 && R >= kMoeDenseMinRoutedRows &&
+                     R >= int64_t{tuning.moe_dense_min_rows} * in_use &&
+                     !capturing(current_stream());
+  if (dense) {
+    fused_moe_dense(l, w13, w2, out.device(), x.dtype());
+  } else if (w.mxfp4()) {
     MoeMxfp4Scales sc;
     sc.s13 = w.w13_scales->data();
     sc.s2 = w.w2_scales->data();
