@@ -3,7 +3,9 @@ rows=[r for r in csv.reader(open(sys.argv[1])) if len(r)>10]
 hdr=rows[0]; rows=rows[1:]
 ki=hdr.index('Kernel Name'); vi=hdr.index('Metric Value')
 vals=[(r[ki], float(r[vi].replace(',',''))) for r in rows]
-big=[i for i,(n,v) in enumerate(vals) if v>150000]
+# The LM head is the longest kernel of a decode step: its launches delimit the steps.
+thr=float(sys.argv[2]) if len(sys.argv)>2 else 0.5*max(v for n,v in vals)
+big=[i for i,(n,v) in enumerate(vals) if v>thr]
 s,e=big[-2]+1,big[-1]+1
 st=collections.OrderedDict(); tot=0
 for n,v in vals[s:e]:

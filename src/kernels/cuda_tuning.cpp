@@ -25,9 +25,11 @@ CudaTuning CudaTuning::from_env() {
   t.wgmma_warpgroups = static_cast<int>(env_int("ATOM_WGMMA_WARPGROUPS", 2));
   const char* pipeline = std::getenv("ATOM_WGMMA_PIPELINE");
   t.wgmma_pipeline = pipeline ? std::atoi(pipeline) : 6;
+  t.attention_split_min_tiles = static_cast<int>(env_int("ATOM_ATTENTION_SPLIT_MIN_TILES", 4));
   t.skinny_max_m = static_cast<int>(env_int("ATOM_SKINNY_GEMM_MAX_M", 2));
   t.skinny_split_max_n = env_int("ATOM_SKINNY_SPLIT_MAX_N", int64_t{1} << 40);
   t.fuse_qkv_rope = env_int("ATOM_FUSE_QKV_ROPE", 1) != 0;
+  t.fuse_qk_norm_rope = env_int("ATOM_FUSE_QK_NORM_ROPE", 1) != 0;
   const std::string path = env_str("ATOM_FP8_GEMM_PATH", "auto");
   t.fp8_path = path == "general"     ? Fp8Path::kGeneral
                : path == "no_skinny" ? Fp8Path::kNoSkinny
@@ -54,6 +56,7 @@ CudaTuning CudaTuning::normalized() const {
   t.wgmma_warpgroups = t.wgmma_warpgroups == 1 ? 1 : 2;
   t.wgmma_pipeline = valid_wgmma_pipeline(t.wgmma_pipeline);
   t.wgmma_order_across = t.wgmma_order_across < 0 ? -1 : t.wgmma_order_across > 0;
+  t.attention_split_min_tiles = std::clamp(t.attention_split_min_tiles, 1, 16);
   t.fp8_skinny_rows = t.fp8_skinny_rows == 2 || t.fp8_skinny_rows == 4 ? t.fp8_skinny_rows : 0;
   t.moe_decode_max_rows = std::clamp(t.moe_decode_max_rows, 0, kMoeDecodeMaxRowsCap);
   t.moe_decode_max_rows_mxfp4 = std::clamp(t.moe_decode_max_rows_mxfp4, 0, kMoeDecodeMaxRowsCap);

@@ -55,6 +55,10 @@ struct CudaTuning {
   // Split decode: the last CTA of a sequence merges the partials, or, when false, a separate
   // combine kernel does.
   bool attention_merge_in_kernel = true;
+  // Split decode: each split of a sequence covers at least this many 64-key tiles, 1 to 16
+  // (ATOM_ATTENTION_SPLIT_MIN_TILES; fewer: more CTAs for short contexts, each merge costing a
+  // ticket and a pass over the partials).
+  int attention_split_min_tiles = 4;
 
   // ---- linear (linear.cpp, linear_skinny.cu)
   // Products with at most this many rows (capped at 4, the kernel's limit) use the skinny kernel
@@ -72,6 +76,9 @@ struct CudaTuning {
   // linear_rope_kv: the decode q/k/v projection, RoPE and cache write in one kernel
   // (ATOM_FUSE_QKV_ROPE).
   bool fuse_qkv_rope = true;
+  // rope_kv_cache_write with per-head q/k norms (Qwen3's q_norm and k_norm): the norms in the
+  // RoPE + cache-write kernel instead of two rms_norm kernels before it (ATOM_FUSE_QK_NORM_ROPE).
+  bool fuse_qk_norm_rope = true;
 
   // ---- FP8 linear (linear_fp8.cpp)
   Fp8Path fp8_path = Fp8Path::kAuto;     // ATOM_FP8_GEMM_PATH = auto | no_skinny | general

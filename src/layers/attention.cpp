@@ -39,11 +39,11 @@ Tensor Attention::forward(Step& step, const Tensor& q, const Tensor& k, const Te
 }
 
 Tensor Attention::forward(Step& step, Tensor& q, Tensor& k, const Tensor& v,
-                          const RotaryEmbedding& rotary) {
+                          const RotaryEmbedding& rotary, const kernels::QkNorm* norm) {
   ATOM_CHECK(step.kv, "attention needs a KV cache");
   Tensor& kc = step.kv->key(cache_index_);
   Tensor& vc = step.kv->value(cache_index_);
-  rotary.forward_and_cache(step, q, k, v, kc, vc, kv_scales_);
+  rotary.forward_and_cache(step, q, k, v, kc, vc, kv_scales_, norm);
   return attend(step, q, kc, vc);
 }
 

@@ -27,7 +27,8 @@ class Attention {
   // q [T, Hq * D], k and v [T, Hk * D] (rows may be strided views of a fused qkv) -> [T, Hq * D]
   Tensor forward(Step& step, const Tensor& q, const Tensor& k, const Tensor& v);
   // The same with RoPE applied to q and k first, fused with the cache write.
-  Tensor forward(Step& step, Tensor& q, Tensor& k, const Tensor& v, const RotaryEmbedding& rotary);
+  Tensor forward(Step& step, Tensor& q, Tensor& k, const Tensor& v, const RotaryEmbedding& rotary,
+                 const kernels::QkNorm* norm = nullptr);
   // x [T, hidden] through the fused [q; k; v] projection, RoPE and the cache write in one kernel
   // where the backend has one for this step (decode-sized steps on CUDA with a cache of the
   // activations' dtype, kernels::linear_rope_kv), then attention: [T, Hq * D]. Undefined, having

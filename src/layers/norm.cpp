@@ -24,6 +24,13 @@ Tensor RMSNorm::forward(Step& step, const Tensor& x, Tensor& residual) {
   return out;
 }
 
+kernels::QkNorm RMSNorm::heads(const RMSNorm& q_norm, const RMSNorm& k_norm) {
+  ATOM_CHECK(
+      q_norm.eps_ == k_norm.eps_ && q_norm.kind_ == k_norm.kind_ && q_norm.dim_ == k_norm.dim_,
+      "q and k norms differ in eps, kind or width");
+  return {&q_norm.weight_->data(), &k_norm.weight_->data(), q_norm.eps_, q_norm.kind_};
+}
+
 void RMSNorm::forward_heads_inplace(Step& step, Tensor& x) {
   ATOM_CHECK(x.dim() == 2 && x.size(1) % dim_ == 0, "per-head norm of {} over {}", x.str(), dim_);
   kernels::rms_norm(x, x, nullptr, weight_->data(), eps_, kind_);

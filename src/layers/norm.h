@@ -3,6 +3,7 @@
 #include <string>
 
 #include "kernels/rms_norm.h"
+#include "kernels/rope.h"
 #include "layers/context.h"
 
 namespace atom {
@@ -18,6 +19,9 @@ class RMSNorm {
   Tensor forward(Step& step, const Tensor& x, Tensor& residual);
   // Normalises each head_dim-wide group of x [rows, heads * dim] in place (per-head q/k norm).
   void forward_heads_inplace(Step& step, Tensor& x);
+  // q's and k's per-head norms as one description, for RoPE to apply first (kernels/rope.h);
+  // the two share eps and kind.
+  static kernels::QkNorm heads(const RMSNorm& q_norm, const RMSNorm& k_norm);
 
  private:
   LayerContext& ctx_;

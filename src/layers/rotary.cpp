@@ -107,15 +107,15 @@ void RotaryEmbedding::forward(Step& step, Tensor& q, Tensor& k) const {
 }
 
 void RotaryEmbedding::forward_and_cache(Step& step, Tensor& q, Tensor& k, const Tensor& v,
-                                        Tensor& k_cache, Tensor& v_cache,
-                                        kernels::KvScales scales) const {
+                                        Tensor& k_cache, Tensor& v_cache, kernels::KvScales scales,
+                                        const kernels::QkNorm* norm) const {
   kernels::RopeArgs a;
   a.head_dim = head_dim_;
   a.rot_dim = rot_dim_;
   a.scale = scale_;
   a.interleaved = interleaved_;
   kernels::rope_kv_cache_write(q, k, v, step.batch.dev.positions, inv_freq_, a, k_cache, v_cache,
-                               step.batch.dev.slot_mapping, scales);
+                               step.batch.dev.slot_mapping, scales, norm);
 }
 
 }  // namespace atom

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/attention.h"
+#include "kernels/rope.h"
 #include "layers/context.h"
 #include "loader/hf_config.h"
 
@@ -25,9 +26,11 @@ class RotaryEmbedding {
   // q [T, Hq * head_dim], k [T, Hk * head_dim], rotated in place at step.batch positions.
   void forward(Step& step, Tensor& q, Tensor& k) const;
   // forward() and then writes k (rotated) and v [T, Hk * head_dim] to the cache slots of
-  // step.batch, in one kernel on CUDA (scales: FP8 caches only, kernels/attention.h).
+  // step.batch, in one kernel on CUDA (scales: FP8 caches only, kernels/attention.h); with
+  // `norm`, q's and k's per-head norms first (kernels/rope.h).
   void forward_and_cache(Step& step, Tensor& q, Tensor& k, const Tensor& v, Tensor& k_cache,
-                         Tensor& v_cache, kernels::KvScales scales = {}) const;
+                         Tensor& v_cache, kernels::KvScales scales = {},
+                         const kernels::QkNorm* norm = nullptr) const;
   int rot_dim() const { return rot_dim_; }
   int head_dim() const { return head_dim_; }
   bool interleaved() const { return interleaved_; }

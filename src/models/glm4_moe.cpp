@@ -37,11 +37,10 @@ class Glm4MoeAttention {
     Tensor q = qkv.narrow(1, 0, q_size_);
     Tensor k = qkv.narrow(1, q_size_, kv_size_);
     Tensor v = qkv.narrow(1, q_size_ + kv_size_, kv_size_);
-    if (q_norm_) {
-      q_norm_->forward_heads_inplace(step, q);
-      k_norm_->forward_heads_inplace(step, k);
-    }
-    Tensor o = attn_.forward(step, q, k, v, rotary_);  // RoPE on the first rot_dim channels
+    // With use_qk_norm, the per-head norms come first (in RoPE's kernel where it can).
+    const kernels::QkNorm norms = q_norm_ ? RMSNorm::heads(*q_norm_, *k_norm_) : kernels::QkNorm{};
+    // RoPE on the first rot_dim channels
+    Tensor o = attn_.forward(step, q, k, v, rotary_, q_norm_ ? &norms : nullptr);
     return o_proj_.forward(step, o);
   }
 

@@ -32,9 +32,10 @@ Tensor Qwen3Attention::forward(Step& step, const Tensor& x) {
   Tensor q = qkv.narrow(1, 0, q_size_);
   Tensor k = qkv.narrow(1, q_size_, kv_size_);
   Tensor v = qkv.narrow(1, q_size_ + kv_size_, kv_size_);
-  q_norm_.forward_heads_inplace(step, q);  // over head_dim, each head on its own
-  k_norm_.forward_heads_inplace(step, k);
-  Tensor o = attn_.forward(step, q, k, v, rotary_);  // RoPE fused with the cache write
+  // q_norm and k_norm (over head_dim, each head on its own), RoPE and the cache write: one
+  // kernel on CUDA.
+  const kernels::QkNorm norms = RMSNorm::heads(q_norm_, k_norm_);
+  Tensor o = attn_.forward(step, q, k, v, rotary_, &norms);
   return o_proj_.forward(step, o);
 }
 

@@ -40,9 +40,8 @@ Tensor Qwen3NextAttention::forward(Step& step, const Tensor& x) {
   Tensor gate = qg.narrow(1, q_proj_.part_offset(1), q_proj_.part_width(1));
   Tensor k = k_proj_.forward(step, x);
   Tensor v = v_proj_.forward(step, x);
-  q_norm_.forward_heads_inplace(step, q);
-  k_norm_.forward_heads_inplace(step, k);
-  Tensor o = attn_.forward(step, q, k, v, rotary_);  // [T, Hq D]
+  const kernels::QkNorm norms = RMSNorm::heads(q_norm_, k_norm_);
+  Tensor o = attn_.forward(step, q, k, v, rotary_, &norms);  // [T, Hq D]
   kernels::mul_sigmoid(o, o, gate);
   return o_proj_.forward(step, o);
 }

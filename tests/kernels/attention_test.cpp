@@ -250,6 +250,23 @@ TEST(GpuAttention, SplitContextDecodeWithAndWithoutWorkspace) {
   }
   // Repeated launches reuse the split tickets: each launch must leave them zeroed.
   for (int i = 0; i < 3; ++i) check_attention(e, 2070 + i);
+  // Splits of one tile (short contexts split too: 100 keys in two splits, a tile and a part
+  // tile) and of sixteen, merged in the kernel and by the combine kernel, BF16 and FP8 caches,
+  // under a captured graph's context bound.
+  for (const int tiles : {1, 16}) {
+    for (const bool in_kernel : {true, false}) {
+      const kernels::cuda::CudaTuningScope s(
+          kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
+            t.attention_split_min_tiles = tiles;
+            t.attention_merge_in_kernel = in_kernel;
+          }));
+      AttnCase f{32, 4, 128, 16, {{1, 100}, {1, 190}, {1, 3000}, {1, 64}}, 0, true};
+      f.context_bound = 8192;
+      check_attention(f, 2100 + tiles + in_kernel);
+      f.fp8 = true;
+      check_attention(f, 2200 + tiles + in_kernel);
+    }
+  }
 }
 
 TEST(GpuAttention, SimpleKernelForOtherHeadSizesAndF32) {

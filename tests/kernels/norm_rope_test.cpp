@@ -1,6 +1,7 @@
 // CUDA rms_norm, rope and kv_cache_write against the CPU reference.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -179,6 +180,60 @@ TEST(GpuRope, FusedWithCacheWriteMatchesRopeThenWrite) {
     EXPECT_LE(rel_err(g, ref), tol) << dtype_name(dt);
     EXPECT_LE(rel_err(gkc, kc), tol) << dtype_name(dt);
     EXPECT_TRUE(same_bytes(gvc, vc)) << dtype_name(dt);
+  }
+}
+
+// Per-head q/k norms before RoPE and the cache write (Qwen3's q_norm and k_norm) against the CPU
+// reference, which runs rms_norm on q and on k, then rope, then the write. The vectorised kernel
+// fuses them where a head's lanes divide a warp (head_dim 64, 128 and 256 here); head_dim 96
+// (6 lanes a head), partial rotation and F32 take two norm kernels first.
+TEST(GpuRope, QkNormsThenRopeAndCacheWriteMatchTheCpu) {
+  using K = kernels::RmsNormKind;
+  struct Case {
+    DType dt;
+    int hq, hk, D, rot;
+    K kind;
+  };
+  for (const Case& c :
+       {Case{DType::kBF16, 32, 4, 128, 128, K::kLlama},  // Qwen3-30B-A3B
+        Case{DType::kF16, 8, 2, 64, 64, K::kLlama}, Case{DType::kBF16, 16, 2, 256, 256, K::kGemma},
+        Case{DType::kBF16, 128, 16, 128, 128, K::kLlama},  // a loop of the block
+        Case{DType::kBF16, 8, 2, 96, 96, K::kLlama}, Case{DType::kBF16, 8, 2, 128, 64, K::kGemma},
+        Case{DType::kF32, 8, 2, 64, 64, K::kLlama}}) {
+    const DType dt = c.dt;
+    const int hq = c.hq, hk = c.hk, D = c.D, T = 29, pages = 4, bs = 16;
+    const int64_t width = (hq + 2 * hk) * D;
+    Tensor qkv = random_cpu({T, width}, dt, 420, -2, 2);
+    Tensor qw = random_cpu({D}, dt, 421, 0.5f, 1.5f), kw = random_cpu({D}, dt, 422, 0.5f, 1.5f);
+    Tensor kc = random_cpu({pages, bs, hk, D}, dt, 423),
+           vc = random_cpu({pages, bs, hk, D}, dt, 424);
+    const auto [pos, slots, inv] = rope_write_inputs(T, c.rot, pages * bs);
+    const kernels::RopeArgs a{D, c.rot, 1.0f, false};
+    Tensor ref = qkv.clone();
+    Tensor rq = ref.narrow(1, 0, hq * D), rk = ref.narrow(1, hq * D, hk * D),
+           rv = ref.narrow(1, (hq + hk) * D, hk * D);
+    const kernels::QkNorm norm{&qw, &kw, 1e-6f, c.kind};
+    kernels::rope_kv_cache_write(rq, rk, rv, pos, inv, a, kc, vc, slots, {}, &norm);
+    Tensor g = qkv.to(gpu());
+    Tensor gq = g.narrow(1, 0, hq * D), gk = g.narrow(1, hq * D, hk * D),
+           gv = g.narrow(1, (hq + hk) * D, hk * D);
+    Tensor gkc = random_cpu({pages, bs, hk, D}, dt, 423).to(gpu()),
+           gvc = random_cpu({pages, bs, hk, D}, dt, 424).to(gpu());
+    Tensor gqw = qw.to(gpu()), gkw = kw.to(gpu());
+    const kernels::QkNorm gnorm{&gqw, &gkw, 1e-6f, c.kind};
+    kernels::rope_kv_cache_write(gq, gk, gv, pos.to(gpu()), inv.to(gpu()), a, gkc, gvc,
+                                 slots.to(gpu()), {}, &gnorm);
+    // 16-bit: a last-bit difference in the norm's scale (the sums of squares are added in another
+    // order) moves an element by one rounding step. Measured on the H200: 0 to 2.9e-5 (16-bit),
+    // 8.9e-8 (F32).
+    const double tol = dt == DType::kF32 ? 5e-7 : 1e-4;
+    const std::string what =
+        std::string(dtype_name(dt)) + " D " + std::to_string(D) + " rot " + std::to_string(c.rot);
+    const double eq = rel_err(g, ref), ek = rel_err(gkc, kc);
+    std::printf("qk norm + rope %s: rel err qkv %.3g, k cache %.3g\n", what.c_str(), eq, ek);
+    EXPECT_LE(eq, tol) << what;
+    EXPECT_LE(ek, tol) << what;
+    EXPECT_TRUE(same_bytes(gvc, vc)) << what;
   }
 }
 

@@ -38,9 +38,11 @@ TEST(CudaTuning, DefaultsAreTheH200Choices) {
   EXPECT_EQ(t.wgmma_pipeline, 6);
   EXPECT_EQ(t.wgmma_order_across, -1);
   EXPECT_TRUE(t.attention_merge_in_kernel);
+  EXPECT_EQ(t.attention_split_min_tiles, 4);
   EXPECT_EQ(t.skinny_max_m, 2);
   EXPECT_EQ(t.skinny_split_max_n, int64_t{1} << 40);
   EXPECT_TRUE(t.fuse_qkv_rope);
+  EXPECT_TRUE(t.fuse_qk_norm_rope);
   EXPECT_EQ(t.fp8_path, Fp8Path::kAuto);
   EXPECT_EQ(t.fp8_tiles, Fp8Tiles::kAuto);
   EXPECT_EQ(t.fp8_skinny_rows, 0);
@@ -57,11 +59,13 @@ TEST(CudaTuning, DefaultsAreTheH200Choices) {
 TEST(CudaTuning, ReadsEveryVariable) {
   const Env env({{"ATOM_ATTENTION_BACKEND", "mma"},
                  {"ATOM_ATTENTION_M_ATOMS", "2"},
+                 {"ATOM_ATTENTION_SPLIT_MIN_TILES", "1"},
                  {"ATOM_WGMMA_WARPGROUPS", "1"},
                  {"ATOM_WGMMA_PIPELINE", "4"},
                  {"ATOM_SKINNY_GEMM_MAX_M", "3"},
                  {"ATOM_SKINNY_SPLIT_MAX_N", "8192"},
                  {"ATOM_FUSE_QKV_ROPE", "0"},
+                 {"ATOM_FUSE_QK_NORM_ROPE", "0"},
                  {"ATOM_FP8_GEMM_PATH", "no_skinny"},
                  {"ATOM_FP8_GEMM_TILES", "cp_async"},
                  {"ATOM_FP8_SKINNY_ROWS", "4"},
@@ -75,11 +79,13 @@ TEST(CudaTuning, ReadsEveryVariable) {
   const CudaTuning t = CudaTuning::from_env();
   EXPECT_EQ(t.attention_backend, PrefillAttention::kMma);
   EXPECT_EQ(t.attention_m_atoms, 2);
+  EXPECT_EQ(t.attention_split_min_tiles, 1);
   EXPECT_EQ(t.wgmma_warpgroups, 1);
   EXPECT_EQ(t.wgmma_pipeline, 4);
   EXPECT_EQ(t.skinny_max_m, 3);
   EXPECT_EQ(t.skinny_split_max_n, 8192);
   EXPECT_FALSE(t.fuse_qkv_rope);
+  EXPECT_FALSE(t.fuse_qk_norm_rope);
   EXPECT_EQ(t.fp8_path, Fp8Path::kNoSkinny);
   EXPECT_EQ(t.fp8_tiles, Fp8Tiles::kCpAsync);
   EXPECT_EQ(t.fp8_skinny_rows, 4);

@@ -60,7 +60,12 @@ void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& inv_freq,
 
 void rope_kv_cache_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions,
                          const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache,
-                         Tensor& v_cache, const Tensor& slot_mapping, KvScales scales) {
+                         Tensor& v_cache, const Tensor& slot_mapping, KvScales scales,
+                         const QkNorm* norm) {
+  if (norm) {
+    cpu::rms_norm(q, q, nullptr, *norm->q_weight, norm->eps, norm->kind);
+    cpu::rms_norm(k, k, nullptr, *norm->k_weight, norm->eps, norm->kind);
+  }
   cpu::rope(q, k, positions, inv_freq, a);
   cpu::kv_cache_write(k_cache, v_cache, k, v, slot_mapping, scales);
 }

@@ -18,8 +18,7 @@ namespace atom::kernels::cuda {
 namespace {
 
 constexpr int kMaxSplits = 32;
-constexpr int kMinKeysPerSplit =
-    256;  // a bound; each sequence splits down to 256 keys (decode_splits)
+constexpr int kDecodeTileKeys = 64;  // kDecodeBlockN (attention_common.cuh)
 
 bool tensor_core_shape(const AttentionArgs& a, DType dtype, const CudaTuning& tuning) {
   return (dtype == DType::kBF16 || dtype == DType::kF16) &&
@@ -43,13 +42,15 @@ int m_atoms_for(const AttentionArgs& a, const CudaTuning& tuning) {
   return static_cast<int64_t>(a.max_query_len) * G > 64 ? 2 : 1;
 }
 
-// Decode splits of each sequence's keys: enough CTAs for two per SM, each split at least 256
-// keys. A bound from sizes only (never the batch's data), so a captured graph stays valid; each
-// sequence then uses as many of them as its own length allows (decode_splits).
+// Decode splits of each sequence's keys: enough CTAs for two per SM, each split at least
+// attention_split_min_tiles tiles of keys. A bound from sizes only (never the batch's data), so
+// a captured graph stays valid; each sequence then uses as many of them as its own length allows
+// (decode_splits).
 int splits_for(int64_t num_tokens, const AttentionArgs& a) {
   const int64_t ctas = std::max<int64_t>(1, num_tokens * a.num_kv_heads);
   const int64_t want = (2 * sm_count() + ctas - 1) / ctas;
-  const int64_t by_len = (a.max_context_len + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
+  const int64_t keys = int64_t{kDecodeTileKeys} * cuda_tuning().attention_split_min_tiles;
+  const int64_t by_len = (a.max_context_len + keys - 1) / keys;
   return static_cast<int>(std::clamp<int64_t>(std::min(want, by_len), 1, kMaxSplits));
 }
 
@@ -197,6 +198,7 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
     }
   }
   l.num_splits = splits;
+  l.split_min_tiles = tuning.attention_split_min_tiles;
   if (splits > 1 && tuning.attention_merge_in_kernel && static_cast<int64_t>(S) * Hk <= kCounters)
     l.counters = split_counters(stream);
   if (fp8) {

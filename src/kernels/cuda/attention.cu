@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
   const int split = blockIdx.z;
   int splits = 1, t_begin = 0, t_end = r.n_tiles;
   if constexpr (kDecode) {
-    splits = decode_splits(r.n_tiles, a.num_splits);
+    splits = decode_splits(r.n_tiles, a.num_splits, a.split_min_tiles);
     if (split >= splits) return pdl_wait();
     const int per = (r.n_tiles + splits - 1) / splits;
     t_begin = split * per;
@@ -368,7 +368,7 @@ __global__ void attention_combine_kernel(AttnLaunch a) {
   const int kv_begin =
       (a.window > 0 ? max(0, qpos_lo - a.window + 1) : 0) / kDecodeBlockN * kDecodeBlockN;
   const int n_tiles = (L - kv_begin + kDecodeBlockN - 1) / kDecodeBlockN;
-  const int splits = decode_splits(n_tiles, a.num_splits);
+  const int splits = decode_splits(n_tiles, a.num_splits, a.split_min_tiles);
   if (splits <= 1) return;  // written by the flash kernel
   const int D = a.head_dim;
   const int head = static_cast<int>(wid % a.num_heads);

@@ -9,13 +9,11 @@ namespace atom::kernels::cuda {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr int kDecodeBlockN = 64;  // keys per tile in decode mode
-// A decode split covers at least 256 keys: below that, merging the splits' partials (a
-// threadfence, a ticket and a pass over the partials) costs more than the tiles it parallelises.
-inline constexpr int kMinTilesPerSplit = 4;
-
-// Splits a sequence of n_tiles key tiles actually uses out of the launch's num_splits.
-__device__ __forceinline__ int decode_splits(int n_tiles, int num_splits) {
-  const int by_len = (n_tiles + kMinTilesPerSplit - 1) / kMinTilesPerSplit;
+// Splits a sequence of n_tiles key tiles actually uses out of the launch's num_splits: each
+// covers at least min_tiles tiles (CudaTuning::attention_split_min_tiles, default 4: 256 keys),
+// since merging the splits' partials costs a threadfence, a ticket and a pass over them.
+__device__ __forceinline__ int decode_splits(int n_tiles, int num_splits, int min_tiles) {
+  const int by_len = (n_tiles + min_tiles - 1) / min_tiles;
   return max(1, min(num_splits, by_len));
 }
 

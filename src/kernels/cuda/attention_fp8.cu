@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fp8_kernel(AttnLaunch a) {
   const int split = blockIdx.z;
   int splits = 1, t_begin = 0, t_end = r.n_tiles;
   if constexpr (kDecode) {
-    splits = decode_splits(r.n_tiles, a.num_splits);
+    splits = decode_splits(r.n_tiles, a.num_splits, a.split_min_tiles);
     if (split >= splits) return;
     const int per = (r.n_tiles + splits - 1) / splits;
     t_begin = split * per;

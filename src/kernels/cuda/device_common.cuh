@@ -79,6 +79,14 @@ __device__ __forceinline__ float round_to(float v) {
   return to_float<T>(from_float<T>(v));
 }
 
+// An RMS-normalised element (kernels::RmsNormKind), before the store's rounding: w * round(v * inv)
+// (Llama), v * inv * (1 + w) (Gemma) or w * v * inv (GPT-OSS).
+template <typename T>
+__device__ __forceinline__ float rms_norm_apply(float v, float inv, float w, int kind) {
+  const float n = v * inv;
+  return kind == 1 ? n * (1.0f + w) : kind == 2 ? w * n : w * round_to<T>(n);
+}
+
 // V consecutive elements through one vector access (V * sizeof(T) is 4, 8 or 16 bytes, or V == 1).
 template <typename T, int V>
 __device__ __forceinline__ void load_vec(const T* p, float (&out)[V]) {

@@ -10,8 +10,9 @@
 // stream from HBM once, straight into registers (16-byte loads, D k steps per load group),
 // however many tokens share the slot. A thread's fragment holds k positions {2c, 2c+1, 2c+8,
 // 2c+9}; the dot product may visit k in any order, so k step (u, h) of lane c's quad is fed
-// elements 32c + 8u + 4h + {0..3} of the 128-element k chunk, and one 16-byte load of a weight
-// row (or of a token's row) serves two k steps. The block's four warps split K; their partial
+// elements 32u + 8c + 4h + {0..3} of the 128-element k chunk (word_k: a quad's four lanes read 64
+// contiguous bytes of a row per load, whole sectors), and one 16-byte load of a weight row (or
+// of a token's row) serves two k steps. The block's four warps split K; their partial
 // sums meet in shared memory in a fixed order. w2's CTAs find their slot and issue their first
 // weight loads before the PDL wait (the ids were complete before the w13 kernel triggered its
 // dependents), and the last CTA of each 16-column chunk (a ticket per chunk, zeroed by the w13
@@ -182,6 +183,15 @@ __device__ void decode_route(const MoeLaunch& m, int a, DecodeShared& sh) {
   __syncthreads();
 }
 
+// The first k (within a k step) of word u of a lane of quad position c. 16-bit weights: the quad's
+// four lanes read 64 contiguous bytes of a row per word (u * 32 + c * 8), so every load
+// instruction uses whole 32-byte sectors. MXFP4: lane c's k step is the 32-value group c, whose
+// expansion gives words of 8 consecutive values (c * 32 + u * 8). The dot product may visit k in
+// any order, as long as a lane's weight word and its token word cover the same k.
+__device__ __forceinline__ int word_k(int c, int u, bool mx) {
+  return mx ? c * 32 + u * 8 : u * 32 + c * 8;
+}
+
 // Loads the weight words of k steps [st, st + D) (those below s1) of this lane's two rows.
 // kMx: a k step of a lane is one 32-value MXFP4 group of each row: its 16 bytes go to
 // w[dd][r][0] and its scale to w[dd][r][1].x, expanded to BF16 where decode_mma uses them.
@@ -254,7 +264,7 @@ __device__ __forceinline__ void decode_load_weights(const DecodeArgs& d, int e, 
   for (int dd = 0; dd < D; ++dd)
 #pragma unroll
     for (int u = 0; u < kWords; ++u) {
-      const int64_t k = static_cast<int64_t>(st + dd) * kStep + c * 32 + u * 8;
+      const int64_t k = static_cast<int64_t>(st + dd) * kStep + word_k(c, u, false);
       const bool in = st + dd < s1 && k < Kd;
       w[dd][0][u] =
           in && v0 ? __ldcs(reinterpret_cast<const uint4*>(r0 + k)) : make_uint4(0, 0, 0, 0);
@@ -316,14 +326,14 @@ __device__ __forceinline__ void decode_mma(const DecodeArgs& d, DecodeShared& sh
             for (int u = 0; u < kWords; ++u) wr[r][u] = w[dd][r][u];
           }
         }
-        const int64_t kb = static_cast<int64_t>(st + dd) * kStep + c * 32;
+        const int64_t kb = static_cast<int64_t>(st + dd) * kStep;
 #pragma unroll
         for (int tt = 0; tt < NT; ++tt) {
           if (tt * 8 >= ncols) break;
           uint4 xv[kWords];
 #pragma unroll
           for (int u = 0; u < kWords; ++u) {
-            const int64_t k = kb + u * 8;
+            const int64_t k = kb + word_k(c, u, kMx);
             xv[u] = brow[tt] && k < Kd ? __ldg(reinterpret_cast<const uint4*>(brow[tt] + k))
                                        : make_uint4(0, 0, 0, 0);
           }

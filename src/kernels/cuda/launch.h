@@ -63,6 +63,14 @@ struct RopeLaunch {
   const int32_t* slot_mapping = nullptr;  // [T]
   bool cache_fp8 = false;
   float k_scale = 1.0f, v_scale = 1.0f;
+  // Optional per-head RMSNorm of q and k before the rotation (kernels::QkNorm): weights
+  // [head_dim] of norm_type, kernels::RmsNormKind norm_kind. In the vectorised kernel where it
+  // applies, else as two rms_norm launches first.
+  const void* q_norm = nullptr;
+  const void* k_norm = nullptr;
+  Elem norm_type = Elem::kF32;
+  float norm_eps = 0.0f;
+  int norm_kind = 0;
 };
 void launch_rope(const RopeLaunch& a, cudaStream_t s);
 // An FP8 (e4m3) cache: it holds round_to_e4m3(x / scale), saturating at +-448.
@@ -137,7 +145,8 @@ struct AttnLaunch {
   int block_shift = -1;  // log2(block_size) when a power of two, else -1
   int window = 0;        // 0: full
   int num_splits = 1;
-  int max_query_len = 0;  // upper bound
+  int split_min_tiles = 4;  // each split covers at least this many key tiles (decode_splits)
+  int max_query_len = 0;    // upper bound
   float scale = 1.0f;
   float softcap = 0.0f;
   Elem type = Elem::kBF16;

@@ -4,7 +4,10 @@
 // values, and the first untaken expert when its value is NaN (a strict `>` scan never leaves a
 // NaN it starts on, and never moves onto one). Softmax and sigmoid use expf and IEEE division,
 // so scores agree with the CPU's to a few ulps; group scores, group picks and the final
-// normalisation follow the CPU's order of operations exactly.
+// normalisation follow the CPU's order of operations exactly. When no choice value is NaN (the
+// rule for NaN is the only one that depends on the order of the untaken experts), the picks run
+// on values held in registers instead (warp_topk_finite: one shuffle reduction a pick, no pass
+// over shared memory), which gives the same picks.
 #include <climits>
 
 #include "kernels/cuda/device_common.cuh"
@@ -47,6 +50,42 @@ __device__ int warp_argmax_untaken(const float* v, const unsigned char* taken, i
   if (first == INT_MAX) return -1;
   if (be == INT_MAX || isnan(v[first])) return first;
   return be;
+}
+
+// The k < K picks of warp_argmax_untaken over v[0, n) (n <= kMaxE, K <= n) when no v is NaN:
+// the largest untaken value, the lowest index among equal ones. Lane l holds v[l + 32 j] in
+// x[j], so its own scan in j order already prefers the lower index. ids[k] are written by lane 0.
+__device__ void warp_topk_finite(const float* v, int n, int K, int lane, int* ids) {
+  constexpr int P = kMaxE / 32;
+  float x[P];
+  uint32_t avail = 0;
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    const int e = lane + 32 * j;
+    x[j] = e < n ? v[e] : 0.0f;
+    if (e < n) avail |= 1u << j;
+  }
+  for (int k = 0; k < K; ++k) {
+    float bv = 0.0f;
+    int be = INT_MAX;
+#pragma unroll
+    for (int j = 0; j < P; ++j)
+      if (((avail >> j) & 1u) && (be == INT_MAX || x[j] > bv)) {
+        bv = x[j];
+        be = lane + 32 * j;
+      }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+      if (oe != INT_MAX && (be == INT_MAX || ov > bv || (ov == bv && oe < be))) {
+        bv = ov;
+        be = oe;
+      }
+    }
+    if ((be & 31) == lane) avail &= ~(1u << (be >> 5));
+    if (lane == 0) ids[k] = be;
+  }
 }
 
 __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteLaunch a) {
@@ -118,14 +157,25 @@ __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteLaunch a
       if (!gtaken[e / per]) choice[e] = kMasked;
     __syncwarp();
   }
-  for (int k = 0; k < K; ++k) {
-    const int e = warp_argmax_untaken(choice, taken, E, lane);
-    if (lane == 0) {
-      taken[e] = 1;
-      s_id[warp][k] = e;
-      s_w[warp][k] = a.scoring == 2 ? choice[e] : score[e];
-    }
+  bool nan = false;
+  for (int e = lane; e < E; e += 32) nan = nan || isnan(choice[e]);
+  if (!__any_sync(0xffffffffu, nan)) {
+    warp_topk_finite(choice, E, K, lane, s_id[warp]);
     __syncwarp();
+    if (lane < K) {
+      const int e = s_id[warp][lane];
+      s_w[warp][lane] = a.scoring == 2 ? choice[e] : score[e];
+    }
+  } else {
+    for (int k = 0; k < K; ++k) {
+      const int e = warp_argmax_untaken(choice, taken, E, lane);
+      if (lane == 0) {
+        taken[e] = 1;
+        s_id[warp][k] = e;
+        s_w[warp][k] = a.scoring == 2 ? choice[e] : score[e];
+      }
+      __syncwarp();
+    }
   }
   if (lane == 0) {  // the CPU's order of operations
     float* w = s_w[warp];

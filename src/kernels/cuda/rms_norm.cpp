@@ -5,6 +5,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/cuda/host_common.h"
+#include "kernels/cuda_tuning.h"
 #include "kernels/rope.h"
 
 namespace atom::kernels::cuda {
@@ -107,7 +108,8 @@ void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Ten
 
 void rope_kv_cache_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& positions,
                          const Tensor& inv_freq, const RopeArgs& a, Tensor& k_cache,
-                         Tensor& v_cache, const Tensor& slot_mapping, KvScales scales) {
+                         Tensor& v_cache, const Tensor& slot_mapping, KvScales scales,
+                         const QkNorm* norm) {
   check_rows("rope_kv_cache_write", v, "v");
   ATOM_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
                  v_cache.shape() == k_cache.shape() &&
@@ -131,6 +133,23 @@ void rope_kv_cache_write(Tensor& q, Tensor& k, const Tensor& v, const Tensor& po
   l.cache_fp8 = f.on;
   l.k_scale = f.k_scale;
   l.v_scale = f.v_scale;
+  if (norm) {
+    const Tensor &qw = *norm->q_weight, &kw = *norm->k_weight;
+    ATOM_CHECK(qw.numel() == a.head_dim && kw.numel() == a.head_dim && qw.is_contiguous() &&
+                   kw.is_contiguous() && qw.dtype() == kw.dtype(),
+               "rope_kv_cache_write: q norm {} and k norm {} for heads of {}", qw.str(), kw.str(),
+               a.head_dim);
+    if (cuda_tuning().fuse_qk_norm_rope) {
+      l.q_norm = qw.data();
+      l.k_norm = kw.data();
+      l.norm_type = elem_of(qw.dtype(), "rope_kv_cache_write");
+      l.norm_eps = norm->eps;
+      l.norm_kind = static_cast<int>(norm->kind);
+    } else {
+      cuda::rms_norm(q, q, nullptr, qw, norm->eps, norm->kind);
+      cuda::rms_norm(k, k, nullptr, kw, norm->eps, norm->kind);
+    }
+  }
   launch_rope(l, current_stream());
   launch_check("rope_kv_cache_write");
 }

@@ -20,14 +20,6 @@ struct NormArgs {
   int kind;  // kernels::RmsNormKind
 };
 
-// A normalised element: w * round(v * inv) (Llama), v * inv * (1 + w) (Gemma) or w * v * inv
-// (GPT-OSS).
-template <typename T>
-__device__ __forceinline__ float norm_apply(float v, float inv, float w, int kind) {
-  const float n = v * inv;
-  return kind == 1 ? n * (1.0f + w) : kind == 2 ? w * n : w * round_to<T>(n);
-}
-
 // Pass 1 over columns [c0, c1) with step: v = x (+ res, rounded and stored back); sum of squares.
 template <typename T, int V>
 __device__ __forceinline__ float norm_pass1(const NormArgs& a, int64_t r, int64_t c0, int64_t c1,
@@ -51,7 +43,7 @@ __device__ __forceinline__ float norm_pass1(const NormArgs& a, int64_t r, int64_
   return ss;
 }
 
-// Pass 2: out = norm_apply (by kind); w index is c - g0.
+// Pass 2: out = rms_norm_apply (by kind); w index is c - g0.
 template <typename T, int V>
 __device__ __forceinline__ void norm_pass2(const NormArgs& a, int64_t r, int64_t g0, int64_t c0,
                                            int64_t c1, int64_t step, float inv) {
@@ -63,7 +55,7 @@ __device__ __forceinline__ void norm_pass2(const NormArgs& a, int64_t r, int64_t
     load_vec<T, V>(src + c, v);
 #pragma unroll
     for (int j = 0; j < V; ++j)
-      v[j] = norm_apply<T>(v[j], inv, load_elem(a.w, a.w_type, c - g0 + j), a.kind);
+      v[j] = rms_norm_apply<T>(v[j], inv, load_elem(a.w, a.w_type, c - g0 + j), a.kind);
     store_vec<T, V>(out + c, v);
   }
 }
@@ -112,7 +104,7 @@ __global__ void __launch_bounds__(1024) rms_norm_row_reg_kernel(NormArgs a) {
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.dim) + a.eps);
   if (!active) return;
 #pragma unroll
-  for (int j = 0; j < V; ++j) v[j] = norm_apply<T>(v[j], inv, w[j], a.kind);
+  for (int j = 0; j < V; ++j) v[j] = rms_norm_apply<T>(v[j], inv, w[j], a.kind);
   store_vec<T, V>(reinterpret_cast<T*>(row_of(a.out, r)) + c, v);
 }
 

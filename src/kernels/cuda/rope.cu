@@ -72,8 +72,10 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(RopeLaunch a, int hq, in
 // sequence): each thread rotates 8 pairs (i, i + half) of one head with two 16-byte loads and
 // stores, computing its own 8 angles (the same fp32 values the table above holds), and writes
 // rotated k straight from registers into the cache; the v rows are copied by 16-byte words in
-// the same pass. One round trip to memory instead of one per loop iteration.
-template <typename T>
+// the same pass. One round trip to memory instead of one per loop iteration. kNorm: the head's
+// RMSNorm first (a.q_norm / a.k_norm), its sum of squares reduced over the hv consecutive lanes
+// that hold the head (hv divides 32), each normalised value rounded to T as rms_norm stores it.
+template <typename T, bool kNorm>
 __global__ void __launch_bounds__(1024) rope_vec_kernel(RopeLaunch a, int hq, int hk) {
   static_assert(sizeof(T) == 2, "16-bit types: 8 elements per 16-byte word");
   pdl_wait();
@@ -98,6 +100,26 @@ __global__ void __launch_bounds__(1024) rope_vec_kernel(RopeLaunch a, int hq, in
     float x1[8], x2[8];
     load_vec<T, 8>(row + i0, x1);
     load_vec<T, 8>(row + i0 + half, x2);
+    if constexpr (kNorm) {
+      float ss = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) ss += x1[j] * x1[j] + x2[j] * x2[j];
+      // The head's lanes: the hv-aligned run of this lane (every one of them is here: rot_words
+      // and the block are multiples of hv).
+      const unsigned lane = threadIdx.x & 31u;
+      const unsigned mask =
+          hv == 32 ? 0xffffffffu : ((1u << hv) - 1u) << (lane & ~static_cast<unsigned>(hv - 1));
+      for (int o = hv / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(mask, ss, o);
+      const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.head_dim) + a.norm_eps);
+      const void* w = h < hq ? a.q_norm : a.k_norm;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        x1[j] = round_to<T>(
+            rms_norm_apply<T>(x1[j], inv, load_elem(w, a.norm_type, i0 + j), a.norm_kind));
+        x2[j] = round_to<T>(
+            rms_norm_apply<T>(x2[j], inv, load_elem(w, a.norm_type, i0 + half + j), a.norm_kind));
+      }
+    }
     float y1[8], y2[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -214,13 +236,25 @@ void launch_rope(const RopeLaunch& a, cudaStream_t s) {
                    ok16(a.k.data, a.k.stride) && (a.k.cols * 2) % 16 == 0 &&
                    (!a.k_cache || (ok16(a.k_cache, a.k.cols) && ok16(a.v_cache, a.v.cols) &&
                                    ok16(a.v.data, a.v.stride) && a.v.cols == a.k.cols));
+  const int hv = a.rot_dim / 16;  // the vectorised kernel's lanes a head
+  const bool norm = a.q_norm != nullptr;
+  if (norm && !(vec && hv <= 32 && (hv & (hv - 1)) == 0)) {
+    // Not fusable: the two per-head norms first, then the rotation alone.
+    launch_rms_norm(a.q, a.q, nullptr, a.q_norm, a.norm_type, a.head_dim, a.norm_eps, a.norm_kind,
+                    s);
+    launch_rms_norm(a.k, a.k, nullptr, a.k_norm, a.norm_type, a.head_dim, a.norm_eps, a.norm_kind,
+                    s);
+  }
   if (vec) {
     const int words = (hq + hk) * a.rot_dim / 16 + (a.k_cache ? hk * a.head_dim / 8 : 0);
     const unsigned threads = static_cast<unsigned>(std::min(1024, (words + 31) / 32 * 32));
+    const bool fused = norm && hv <= 32 && (hv & (hv - 1)) == 0;
     if (a.q.type == Elem::kBF16)
-      launch(rope_vec_kernel<__nv_bfloat16>, grid, threads, 0, s, a, hq, hk);
+      launch(fused ? rope_vec_kernel<__nv_bfloat16, true> : rope_vec_kernel<__nv_bfloat16, false>,
+             grid, threads, 0, s, a, hq, hk);
     else
-      launch(rope_vec_kernel<__half>, grid, threads, 0, s, a, hq, hk);
+      launch(fused ? rope_vec_kernel<__half, true> : rope_vec_kernel<__half, false>, grid, threads,
+             0, s, a, hq, hk);
     return;
   }
   switch (a.q.type) {
