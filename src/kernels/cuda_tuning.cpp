@@ -48,6 +48,7 @@ CudaTuning CudaTuning::from_env() {
   t.moe_decode_depth = static_cast<int>(env_int("ATOM_MOE_DECODE_DEPTH", 2));
   t.moe_gemm_tile_rows = static_cast<int>(env_int("ATOM_MOE_GEMM_TILE_ROWS", 0));
   t.moe_dense_min_rows = static_cast<int>(env_int("ATOM_MOE_DENSE_MIN_ROWS", 256));
+  t.moe_dense_max_slots = static_cast<int>(env_int("ATOM_MOE_DENSE_MAX_SLOTS", 16));
   return t.normalized();
 }
 
@@ -64,6 +65,7 @@ CudaTuning CudaTuning::normalized() const {
   t.moe_gemm_tile_rows =
       t.moe_gemm_tile_rows == 64 || t.moe_gemm_tile_rows == 128 ? t.moe_gemm_tile_rows : 0;
   t.moe_dense_min_rows = std::max(t.moe_dense_min_rows, 0);
+  t.moe_dense_max_slots = std::max(t.moe_dense_max_slots, 0);
   return t;
 }
 

@@ -365,6 +365,7 @@ void check_fused(const MoeCase& c, uint64_t seed) {
           t.moe_gemm_tile_rows = p.tile_rows;
           t.moe_decode_depth = p.depth;
           t.moe_dense_min_rows = p.dense_rows;
+          t.moe_dense_max_slots = kernels::cuda::kMoeMaxSlots;  // forced at any slot count
         }));
     Tensor out = run_gpu(c, gx, g13, g2, gb13, gb2, gids, gw);
     Tensor ho = host(out);
@@ -639,8 +640,10 @@ TEST(GpuMoe, GraphReplayMatchesEager) {
     const bool force_dense = tc.second;
     SCOPED_TRACE("T=" + std::to_string(T) + (force_dense ? " dense forced" : ""));
     auto dense_rows = [](int rows) {
-      return kernels::cuda::cuda_tuning_with(
-          [&](kernels::cuda::CudaTuning& t) { t.moe_dense_min_rows = rows; });
+      return kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
+        t.moe_dense_min_rows = rows;
+        t.moe_dense_max_slots = kernels::cuda::kMoeMaxSlots;
+      });
     };
     const int64_t E = 64, K = 6, H = 256, I = 128, S = E + 1, KT = K + 1;
     Tensor w13 = random_cpu({S, 2 * I, H}, DType::kBF16, 1, -0.1f, 0.1f).to(gpu());

@@ -53,6 +53,7 @@ TEST(CudaTuning, DefaultsAreTheH200Choices) {
   EXPECT_EQ(t.moe_decode_depth, 2);
   EXPECT_EQ(t.moe_gemm_tile_rows, 0);
   EXPECT_EQ(t.moe_dense_min_rows, 256);
+  EXPECT_EQ(t.moe_dense_max_slots, 16);
   EXPECT_EQ(t, CudaTuning{});
 }
 
@@ -75,7 +76,8 @@ TEST(CudaTuning, ReadsEveryVariable) {
                  {"ATOM_MOE_DECODE_MAX_ROWS_MXFP4", "32"},
                  {"ATOM_MOE_DECODE_DEPTH", "4"},
                  {"ATOM_MOE_GEMM_TILE_ROWS", "128"},
-                 {"ATOM_MOE_DENSE_MIN_ROWS", "1024"}});
+                 {"ATOM_MOE_DENSE_MIN_ROWS", "1024"},
+                 {"ATOM_MOE_DENSE_MAX_SLOTS", "512"}});
   const CudaTuning t = CudaTuning::from_env();
   EXPECT_EQ(t.attention_backend, PrefillAttention::kMma);
   EXPECT_EQ(t.attention_m_atoms, 2);
@@ -96,6 +98,7 @@ TEST(CudaTuning, ReadsEveryVariable) {
   EXPECT_EQ(t.moe_decode_depth, 4);
   EXPECT_EQ(t.moe_gemm_tile_rows, 128);
   EXPECT_EQ(t.moe_dense_min_rows, 1024);
+  EXPECT_EQ(t.moe_dense_max_slots, 512);
   {
     const Env other({{"ATOM_ATTENTION_BACKEND", "simple"},
                      {"ATOM_FP8_GEMM_PATH", "general"},
@@ -118,6 +121,7 @@ TEST(CudaTuning, OutOfRangeValuesMapAsBefore) {
                    {"ATOM_MOE_DECODE_DEPTH", "3"},
                    {"ATOM_MOE_GEMM_TILE_ROWS", "96"},
                    {"ATOM_MOE_DENSE_MIN_ROWS", "-5"},
+                   {"ATOM_MOE_DENSE_MAX_SLOTS", "-1"},
                    {"ATOM_ATTENTION_BACKEND", "bogus"}});
     const CudaTuning t = CudaTuning::from_env();
     EXPECT_EQ(t.wgmma_warpgroups, 2);
@@ -128,6 +132,7 @@ TEST(CudaTuning, OutOfRangeValuesMapAsBefore) {
     EXPECT_EQ(t.moe_decode_depth, 2);
     EXPECT_EQ(t.moe_gemm_tile_rows, 0);
     EXPECT_EQ(t.moe_dense_min_rows, 0);
+    EXPECT_EQ(t.moe_dense_max_slots, 0);
     EXPECT_EQ(t.attention_backend, PrefillAttention::kAuto);
   }
   {

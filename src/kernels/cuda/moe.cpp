@@ -198,7 +198,7 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   const bool dense = !w.mxfp4() && !l.decode && !l.b13 && !l.b2 && !l.swiglu_oai &&
                      tuning.moe_dense_min_rows > 0 && R >= kMoeDenseMinRoutedRows &&
                      R >= int64_t{tuning.moe_dense_min_rows} * in_use &&
-                     !capturing(current_stream());
+                     in_use <= tuning.moe_dense_max_slots && !capturing(current_stream());
   if (dense) {
     fused_moe_dense(l, w13, w2, out.device(), x.dtype());
   } else if (w.mxfp4()) {
