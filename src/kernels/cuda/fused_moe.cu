@@ -688,9 +688,9 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-template <typename T>
-void launch_gemm_path(const MoeLaunch& m, const MoeMxfp4Scales& mx, const Layout& L,
-                      cudaStream_t s) {
+// The counting sort into the workspace's tables (m.gemm_tile_rows rows a tile), for the grouped
+// GEMMs and the per-slot dense path.
+SortArgs launch_sort(const MoeLaunch& m, const Layout& L, cudaStream_t s) {
   char* ws = static_cast<char*>(m.workspace);
   SortArgs sa;
   sa.ids = m.ids;
@@ -702,6 +702,14 @@ void launch_gemm_path(const MoeLaunch& m, const MoeMxfp4Scales& mx, const Layout
   sa.tile_rows = reinterpret_cast<int*>(ws + L.tile_n);
   sa.num_tiles = reinterpret_cast<int*>(ws + L.ntiles);
   launch(moe_sort_kernel, 1, kSortThreads, 0, s, sa);
+  return sa;
+}
+
+template <typename T>
+void launch_gemm_path(const MoeLaunch& m, const MoeMxfp4Scales& mx, const Layout& L,
+                      cudaStream_t s) {
+  char* ws = static_cast<char*>(m.workspace);
+  const SortArgs sa = launch_sort(m, L, s);
   moe::GemmArgs g;
   g.sorted_rows = sa.sorted_rows;
   g.tile_expert = sa.tile_expert;
@@ -770,11 +778,12 @@ int64_t moe_workspace_bytes(int64_t T, int K, int S, int64_t H, int64_t I, int e
 MoeDense moe_dense_begin(const MoeLaunch& m, cudaStream_t s) {
   const Layout L = layout(m.T, m.K, m.S, m.H, m.I, 2);
   char* ws = static_cast<char*>(m.workspace);
+  const SortArgs sa = launch_sort(m, L, s);
   MoeDense d;
-  d.sorted_rows = reinterpret_cast<int*>(ws + L.rows);
-  d.tile_expert = reinterpret_cast<int*>(ws + L.tile_e);
-  d.tile_rows = reinterpret_cast<int*>(ws + L.tile_n);
-  d.num_tiles = reinterpret_cast<int*>(ws + L.ntiles);
+  d.sorted_rows = sa.sorted_rows;
+  d.tile_expert = sa.tile_expert;
+  d.tile_rows = sa.tile_rows;
+  d.num_tiles = sa.num_tiles;
   d.max_tiles = L.MT;
   d.tile = m.gemm_tile_rows;
   d.act = ws + L.act;
@@ -782,16 +791,6 @@ MoeDense moe_dense_begin(const MoeLaunch& m, cudaStream_t s) {
   d.x_chunk = ws + L.dense_x;
   d.h_chunk = ws + L.dense_h;
   d.chunk_rows = L.C;
-  SortArgs sa;
-  sa.ids = m.ids;
-  sa.R = m.T * m.K;
-  sa.S = m.S;
-  sa.bm = m.gemm_tile_rows;
-  sa.sorted_rows = d.sorted_rows;
-  sa.tile_expert = d.tile_expert;
-  sa.tile_rows = d.tile_rows;
-  sa.num_tiles = d.num_tiles;
-  launch(moe_sort_kernel, 1, kSortThreads, 0, s, sa);
   return d;
 }
 

@@ -46,6 +46,14 @@ inline void launch_check(const char* op) {
     fail("{}: CUDA kernel launch failed: {} ({})", op, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
+// Whether work issued on s is being captured into a CUDA graph (host reads and allocations are
+// not allowed then).
+inline bool stream_capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(s, &st));
+  return st != cudaStreamCaptureStatusNone;
+}
+
 inline bool is_i32(const Tensor& t) { return t.dtype() == DType::kI32 && t.is_contiguous(); }
 
 }  // namespace atom::kernels::cuda

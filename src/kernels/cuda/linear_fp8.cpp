@@ -102,9 +102,7 @@ void* fallback_workspace(int64_t bytes, cudaStream_t s) {
   std::lock_guard<std::mutex> lock(b->mu);
   auto& e = b->bufs[{dev, s}];
   if (e.second >= bytes) return e.first;
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  CUDA_CHECK(cudaStreamIsCapturing(s, &cap));
-  ATOM_CHECK(cap == cudaStreamCaptureStatusNone,
+  ATOM_CHECK(!stream_capturing(s),
              "linear_fp8: {} bytes of activation workspace needed during CUDA graph capture; pass "
              "a workspace (linear_fp8_workspace_bytes) or run the shape once before capturing",
              bytes);

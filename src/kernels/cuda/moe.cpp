@@ -20,12 +20,6 @@ constexpr int kTileRowsFrom = 8192;  // routed rows from which the default tile 
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-bool capturing(cudaStream_t s) {
-  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-  CUDA_CHECK(cudaStreamIsCapturing(s, &st));
-  return st != cudaStreamCaptureStatusNone;
-}
-
 // The per-slot dense path: the counting sort, its tile table read on the host (the one sync),
 // then per slot and chunk of at most chunk_rows sorted positions (a multiple of 64, padding rows
 // included, so the products' row counts take few values): gather x, gate | up = x w13[e]ᵀ
@@ -198,7 +192,7 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   const bool dense = !w.mxfp4() && !l.decode && !l.b13 && !l.b2 && !l.swiglu_oai &&
                      tuning.moe_dense_min_rows > 0 && R >= kMoeDenseMinRoutedRows &&
                      R >= int64_t{tuning.moe_dense_min_rows} * in_use &&
-                     in_use <= tuning.moe_dense_max_slots && !capturing(current_stream());
+                     in_use <= tuning.moe_dense_max_slots && !stream_capturing(current_stream());
   if (dense) {
     fused_moe_dense(l, w13, w2, out.device(), x.dtype());
   } else if (w.mxfp4()) {

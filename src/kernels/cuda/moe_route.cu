@@ -22,6 +22,21 @@ constexpr int kMaxK = kMoeRouteMaxTopK;
 // Experts of groups not kept: as the CPU reference (kernels/moe.h).
 constexpr float kMasked = -INFINITY;
 
+// Every lane's (value, index) candidate merged by a butterfly: the largest value, the lowest index
+// among equal ones; INT_MAX marks a lane with none (non-NaN values only). Every lane ends with the
+// warp's best.
+__device__ __forceinline__ void warp_merge_best(float& bv, int& be) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+    if (oe != INT_MAX && (be == INT_MAX || ov > bv || (ov == bv && oe < be))) {
+      bv = ov;
+      be = oe;
+    }
+  }
+}
+
 // argmax_untaken of the CPU reference over v[0, n) (taken[i] != 0 skipped), by the whole warp:
 // the first untaken index if its value is NaN, else the lowest index of the largest non-NaN
 // value; -1 when every entry is taken. Every lane returns the same index.
@@ -38,15 +53,7 @@ __device__ int warp_argmax_untaken(const float* v, const unsigned char* taken, i
     }
   }
   first = __reduce_min_sync(0xffffffffu, first);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-    if (oe != INT_MAX && (be == INT_MAX || ov > bv || (ov == bv && oe < be))) {
-      bv = ov;
-      be = oe;
-    }
-  }
+  warp_merge_best(bv, be);
   if (first == INT_MAX) return -1;
   if (be == INT_MAX || isnan(v[first])) return first;
   return be;
@@ -74,15 +81,7 @@ __device__ void warp_topk_finite(const float* v, int n, int K, int lane, int* id
         bv = x[j];
         be = lane + 32 * j;
       }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-      if (oe != INT_MAX && (be == INT_MAX || ov > bv || (ov == bv && oe < be))) {
-        bv = ov;
-        be = oe;
-      }
-    }
+    warp_merge_best(bv, be);
     if ((be & 31) == lane) avail &= ~(1u << (be >> 5));
     if (lane == 0) ids[k] = be;
   }

@@ -238,7 +238,8 @@ void launch_rope(const RopeLaunch& a, cudaStream_t s) {
                                    ok16(a.v.data, a.v.stride) && a.v.cols == a.k.cols));
   const int hv = a.rot_dim / 16;  // the vectorised kernel's lanes a head
   const bool norm = a.q_norm != nullptr;
-  if (norm && !(vec && hv <= 32 && (hv & (hv - 1)) == 0)) {
+  const bool fused = norm && vec && hv <= 32 && (hv & (hv - 1)) == 0;
+  if (norm && !fused) {
     // Not fusable: the two per-head norms first, then the rotation alone.
     launch_rms_norm(a.q, a.q, nullptr, a.q_norm, a.norm_type, a.head_dim, a.norm_eps, a.norm_kind,
                     s);
@@ -248,7 +249,6 @@ void launch_rope(const RopeLaunch& a, cudaStream_t s) {
   if (vec) {
     const int words = (hq + hk) * a.rot_dim / 16 + (a.k_cache ? hk * a.head_dim / 8 : 0);
     const unsigned threads = static_cast<unsigned>(std::min(1024, (words + 31) / 32 * 32));
-    const bool fused = norm && hv <= 32 && (hv & (hv - 1)) == 0;
     if (a.q.type == Elem::kBF16)
       launch(fused ? rope_vec_kernel<__nv_bfloat16, true> : rope_vec_kernel<__nv_bfloat16, false>,
              grid, threads, 0, s, a, hq, hk);
