@@ -10,7 +10,9 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       # clang, and llvm-symbolizer for readable reports.
       clang libclang-rt-14-dev libomp-14-dev llvm-14
       # scripts/check_format.sh: the pinned clang-format.
-      clang-format-14)
+      clang-format-14
+      # ccache (every build folder, C++ and nvcc: CMakeLists.txt) and lld (faster links).
+      ccache lld)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

