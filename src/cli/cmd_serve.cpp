@@ -281,8 +281,8 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
                   "(GLM-4.5/4.6), kimi_k2 (Kimi K2), mistral, openai (gpt-oss)");
   cmd->add_option("--reasoning-parser", a->reasoning_parser,
                   "how the model marks its reasoning: qwen3, deepseek_r1, deepseek_v3, glm45, "
-                  "kimi_k2, openai_gptoss (default: <think> blocks or harmony channels when the "
-                  "chat template has them)");
+                  "kimi_k2, openai_gptoss, none (default: <think> blocks or harmony channels "
+                  "when the chat template has them; none: no <think> split)");
   cmd->add_option("--max-waiting-requests", a->max_waiting, "queued requests beyond this get 503")
       ->capture_default_str();
   cmd->add_option("--max-request-body-bytes", a->max_body_bytes, "larger bodies get 413")

@@ -10,8 +10,14 @@ ChatFlow chat_flow_start(HttpServer& s, ChatRequest& r, const std::string& id_pr
   // How answers are taken apart: vLLM's --reasoning-parser, or without one what the chat
   // template shows (<think> blocks; gpt-oss's harmony channels, which vLLM always parses).
   const BackendInfo& info = s.backend().info();
+  // Without a parser atom splits what the chat template shows (vLLM splits nothing then);
+  // --reasoning-parser none turns that off (harmony models keep their channels, which vLLM
+  // always parses).
   std::string reasoning = s.options().reasoning_parser;
-  if (reasoning.empty()) reasoning = info.harmony ? "openai_gptoss" : info.reasoning ? "qwen3" : "";
+  if (reasoning == "none")
+    reasoning = info.harmony ? "openai_gptoss" : "";
+  else if (reasoning.empty())
+    reasoning = info.harmony ? "openai_gptoss" : info.reasoning ? "qwen3" : "";
   const std::string& tool_parser = s.options().tool_call_parser;
   ChatFlow f;
   // One parser splits harmony's reasoning, content and calls, which live in one structure.
@@ -44,9 +50,12 @@ ChatFlow chat_flow_start(HttpServer& s, ChatRequest& r, const std::string& id_pr
   if (f.harmony || (auto_tools && tool_parser_keeps_special_tokens(tool_parser)))
     r.sampling.skip_special_tokens = false;
   f.prompt = s.backend().render_chat(r);
-  // Constrained answers of reasoning models: the block is written freely, the grammar follows it.
+  // Constrained answers of reasoning models: the block is written freely, the grammar follows it;
+  // where the prompt closed the block, or thinking is off, the grammar applies from the first
+  // token (vLLM's reasoning end in the prompt).
   if (r.sampling.structured && !f.harmony && !reasoning.empty())
-    if (auto probe = make_reasoning_parser(reasoning, f.prompt, r.chat_template_kwargs))
+    if (auto probe = make_reasoning_parser(reasoning, f.prompt, r.chat_template_kwargs);
+        probe && !probe->format().ended_in_prompt)
       r.sampling.structured->after_reasoning = StructuredOutput::Reasoning{
           probe->format().start, probe->format().end, probe->format().starts_in_reasoning};
   std::vector<int32_t> ids = s.backend().tokenize(f.prompt, r.add_special_tokens);

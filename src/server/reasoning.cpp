@@ -103,6 +103,14 @@ bool ReasoningParser::prompt_opens_reasoning(const std::string& prompt) {
   return end + 1 >= tag.size() && prompt.compare(end + 1 - tag.size(), tag.size(), tag) == 0;
 }
 
+bool ReasoningParser::prompt_closes_reasoning(const std::string& prompt,
+                                              const std::string& end_tag) {
+  const size_t end = prompt.find_last_not_of(kSpace);
+  if (end == std::string::npos || end_tag.empty()) return false;
+  return end + 1 >= end_tag.size() &&
+         prompt.compare(end + 1 - end_tag.size(), end_tag.size(), end_tag) == 0;
+}
+
 const std::vector<std::string>& reasoning_parser_names() {
   static const std::vector<std::string> names = {"deepseek_r1", "deepseek_v3",   "glm45",
                                                  "kimi_k2",     "openai_gptoss", "qwen3"};
@@ -110,6 +118,7 @@ const std::vector<std::string>& reasoning_parser_names() {
 }
 
 bool reasoning_parser_known(const std::string& name) {
+  if (name == "none") return true;
   const auto& n = reasoning_parser_names();
   return std::find(n.begin(), n.end(), name) != n.end();
 }
@@ -132,8 +141,12 @@ std::unique_ptr<ReasoningParser> make_reasoning_parser(
     const nlohmann::ordered_json& chat_template_kwargs) {
   ReasoningFormat f;
   if (name == "qwen3" || name == "glm45") {
-    // <think> written by the model, or already opened by the prompt.
+    // <think> written by the model, or already opened by the prompt; or closed by the prompt
+    // (both families' templates write an empty block when enable_thinking is false).
     f.starts_in_reasoning = ReasoningParser::prompt_opens_reasoning(prompt);
+    f.ended_in_prompt = !f.starts_in_reasoning &&
+                        (ReasoningParser::prompt_closes_reasoning(prompt, f.end) ||
+                         !truthy(chat_template_kwargs, "enable_thinking", true));
   } else if (name == "deepseek_r1") {
     f.starts_in_reasoning = true;  // R1's templates open <think> in the prompt
   } else if (name == "deepseek_v3") {

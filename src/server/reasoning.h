@@ -25,6 +25,10 @@ struct ReasoningFormat {
   // A tag that also ends reasoning and begins the content, kept there (Kimi K2 may go straight
   // from thinking to its tool-call section).
   std::string also_ends;
+  // The prompt already closed the block (Qwen3's `<think>\n\n</think>\n\n` when thinking is off),
+  // or the request turned thinking off: the output is the answer, so a grammar constrains it
+  // from its first token (vLLM's reasoning end found in the prompt) instead of after an end tag.
+  bool ended_in_prompt = false;
 };
 
 class ReasoningParser {
@@ -48,6 +52,9 @@ class ReasoningParser {
 
   // True when a rendered prompt leaves the model inside a reasoning block.
   static bool prompt_opens_reasoning(const std::string& prompt);
+  // True when a rendered prompt ends (whitespace aside) with the block's end tag: it opened and
+  // closed the block itself.
+  static bool prompt_closes_reasoning(const std::string& prompt, const std::string& end_tag);
 
  private:
   enum class State { kStart, kStartReasoning, kReasoning, kContent };
@@ -58,7 +65,8 @@ class ReasoningParser {
 };
 
 // vLLM's --reasoning-parser names that atom implements: deepseek_r1, deepseek_v3, glm45,
-// kimi_k2, openai_gptoss, qwen3.
+// kimi_k2, openai_gptoss, qwen3; reasoning_parser_known also takes "none" (no split, where
+// without a parser atom splits what the chat template shows; docs/serving.md).
 const std::vector<std::string>& reasoning_parser_names();
 bool reasoning_parser_known(const std::string& name);
 // The parser `name` sets up for one request, given its rendered prompt and its chat template

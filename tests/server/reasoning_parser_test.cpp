@@ -51,6 +51,7 @@ TEST(ReasoningParsers, NamesAreVllms) {
   for (const char* n : {"deepseek_r1", "deepseek_v3", "glm45", "kimi_k2", "openai_gptoss", "qwen3"})
     EXPECT_TRUE(server::reasoning_parser_known(n)) << n;
   EXPECT_FALSE(server::reasoning_parser_known("qwen"));
+  EXPECT_TRUE(server::reasoning_parser_known("none"));  // atom's: no split by the template
   EXPECT_THROW(server::make_reasoning_parser("nope", "", json::object()), std::invalid_argument);
   // gpt-oss's channels are split by the harmony parser (make_tool_parser("openai")).
   EXPECT_EQ(server::make_reasoning_parser("openai_gptoss", "", json::object()), nullptr);
@@ -74,6 +75,28 @@ TEST(ReasoningParsers, Qwen3AndGlm45ReasonOnlyInsideThink) {
   d = split("qwen3", "still thinking</think>\n\nDone.", "<|im_start|>assistant\n<think>\n");
   EXPECT_EQ(d.reasoning, "still thinking");
   EXPECT_EQ(d.content, "Done.");
+}
+
+// Where the prompt closed the block, or the request turned thinking off, the answer is the
+// content from its first token (a grammar applies from there: chat_flow.cpp).
+TEST(ReasoningParsers, ABlockClosedByThePromptEndsReasoningThere) {
+  const json none = json::object();
+  auto ended = [](const char* name, const std::string& prompt, const json& kwargs) {
+    auto p = server::make_reasoning_parser(name, prompt, kwargs);
+    return p && p->format().ended_in_prompt;
+  };
+  for (const char* name : {"qwen3", "glm45"}) {
+    // Qwen3's template with enable_thinking false; GLM-4.5's writes "<think></think>".
+    EXPECT_TRUE(ended(name, "<|im_start|>assistant\n<think>\n\n</think>\n\n", none)) << name;
+    EXPECT_TRUE(ended(name, "<|assistant|>\n<think></think>", none)) << name;
+    EXPECT_TRUE(ended(name, "<|im_start|>assistant\n", json{{"enable_thinking", false}})) << name;
+    EXPECT_FALSE(ended(name, "<|im_start|>assistant\n", none)) << name;
+    EXPECT_FALSE(ended(name, "<|im_start|>assistant\n", json{{"enable_thinking", true}})) << name;
+    // An earlier turn's closed block does not end this answer's reasoning.
+    EXPECT_FALSE(ended(name, "<think>a</think>b<|im_end|>\n<|im_start|>assistant\n", none)) << name;
+    // A prompt that opens the block is inside it.
+    EXPECT_FALSE(ended(name, "<|im_start|>assistant\n<think>\n", none)) << name;
+  }
 }
 
 TEST(ReasoningParsers, DeepSeekR1IsReasoningUntilTheEndTag) {

@@ -289,4 +289,42 @@ describe('structured output after reasoning', () => {
     const j = await r.json();
     assert.equal(typeof JSON.parse(j.choices[0].message.content), 'object');
   });
+
+  // Thinking off (Qwen3's template closes the block in the prompt: <think>\n\n</think>\n\n), or a
+  // template that closes it itself: the answer is the content, constrained from its first token
+  // (vLLM's reasoning end found in the prompt). The gate used to let <think> through first, and
+  // the answer ran unconstrained into reasoning_content.
+  for (const [what, body] of [
+    ['enable_thinking false', { chat_template_kwargs: { enable_thinking: false } }],
+    ['a template that closes the block', {
+      chat_template: "{% for m in messages %}{{ m['content'] }}{% endfor %}<think>\n\n</think>\n\n" }],
+  ]) {
+    test(`${what}: the grammar applies from the first token`, async () => {
+      const c = await ask({ ...body, logit_bias: { [THINK]: 100, [END]: 100 }, max_tokens: 200 });
+      assert.ok(!c.token_ids.includes(THINK) && !c.token_ids.includes(END), `no tag: ${c.token_ids.slice(0, 8)}`);
+      assert.equal(typeof JSON.parse(c.message.content), 'object', c.message.content);
+      assert.equal(c.message.reasoning_content, null);
+    });
+  }
+
+  // Without --reasoning-parser atom splits <think> blocks by the chat template (vLLM does not);
+  // --reasoning-parser none turns that off: the tag stays in the content.
+  test('--reasoning-parser none: no split', async () => {
+    const noneServer = await startServe(BIN, ['serve', rdir, '--device', 'cpu', '--load-format', 'dummy',
+      '--host', '127.0.0.1', '--port', '0', '--max-model-len', '1024', '--served-model-name', 'r',
+      '--reasoning-parser', 'none']);
+    try {
+      const body = { model: 'r', messages: [{ role: 'user', content: 'x' }], temperature: 0, max_tokens: 3,
+        logit_bias: { [THINK]: 100 } };
+      const at = async (b) => (await (await fetch(`${b}/v1/chat/completions`, { method: 'POST',
+        headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(body) })).json()).choices[0].message;
+      const split = await at(rbase);  // --reasoning-parser qwen3: the block is reasoning
+      assert.ok(!split.content, JSON.stringify(split));
+      const kept = await at(`http://127.0.0.1:${noneServer.port}`);
+      assert.equal(kept.reasoning_content ?? null, null);
+      assert.equal(kept.content, '<think><think><think>');
+    } finally {
+      noneServer.proc.kill('SIGKILL');
+    }
+  });
 });

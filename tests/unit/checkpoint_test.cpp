@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -162,7 +163,8 @@ void redirect_second_shard(const TempDir& d, const std::string& target) {
   write_file(d.file("model.safetensors.index.json"), index);
 }
 
-// Paths from the index are data from the hub: they must resolve inside the model folder.
+// Paths from the index are data from the hub: they must name files inside the model folder.
+// Symlinks the user put in the folder are followed wherever they lead.
 TEST(Checkpoint, IndexPathsStayInsideTheModelFolder) {
   {
     TempDir d;
@@ -183,23 +185,51 @@ TEST(Checkpoint, IndexPathsStayInsideTheModelFolder) {
     redirect_second_shard(d, "sub/../../x.safetensors");
     EXPECT_ERROR_CONTAINS(Checkpoint c(d.str()), "outside the model folder");
   }
-  // A symlink in the folder that leads out of it.
-  TempDir outside;
-  fs::copy_file(fixture_dir(kSharded) + "/model-00002-of-00002.safetensors",
-                outside.file("s.safetensors"));
+  // Symlinks in the folder that lead out of it (`ln -s /data/weights/*.safetensors mymodel/`):
+  // followed, and the tensors read are the shards' own.
+  auto all_bytes = [](Checkpoint& c) {
+    std::map<std::string, std::string> out;
+    c.read([](const std::string&) { return true; },
+           [&](const std::string& name, const Tensor& t) {
+             out[name].assign(static_cast<const char*>(t.data()), t.nbytes());
+           },
+           opts(false, 1));
+    return out;
+  };
+  Checkpoint plain(fixture_dir(kSharded));
+  const auto want = all_bytes(plain);
+  ASSERT_EQ(want.size(), 21u);
   {
-    TempDir d;
+    TempDir outside, d;
     copy_dir(fixture_dir(kSharded), d.str());
-    fs::remove(d.file("model-00002-of-00002.safetensors"));
-    fs::create_symlink(outside.file("s.safetensors"), d.file("model-00002-of-00002.safetensors"));
-    EXPECT_ERROR_CONTAINS(Checkpoint c(d.str()), "model-00002-of-00002.safetensors",
-                          "outside the model folder");
+    for (const char* shard :
+         {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
+      fs::rename(d.file(shard), outside.file(shard));
+      fs::create_symlink(outside.file(shard), d.file(shard));
+    }
+    Checkpoint c(d.str());
+    EXPECT_EQ(all_bytes(c), want);
   }
   {
-    TempDir d;  // no index: the folder's own *.safetensors are held to the same rule
+    TempDir outside, d;  // no index: the folder's own *.safetensors, a symlink to a folder too
     fs::copy_file(fixture_dir("llama3_gqa") + "/config.json", d.file("config.json"));
-    fs::create_symlink(outside.file("s.safetensors"), d.file("model.safetensors"));
-    EXPECT_ERROR_CONTAINS(Checkpoint c(d.str()), "model.safetensors", "outside the model folder");
+    fs::copy_file(fixture_dir("llama3_gqa") + "/model.safetensors", outside.file("m.safetensors"));
+    fs::create_symlink(outside.file("m.safetensors"), d.file("model.safetensors"));
+    Checkpoint c(d.str());
+    Checkpoint direct(fixture_dir("llama3_gqa"));
+    EXPECT_EQ(all_bytes(c), all_bytes(direct));
+  }
+  {
+    TempDir d;  // a dangling symlink, or one to a folder: an error naming the shard
+    copy_dir(fixture_dir(kSharded), d.str());
+    fs::remove(d.file("model-00002-of-00002.safetensors"));
+    fs::create_symlink(d.file("gone.safetensors"), d.file("model-00002-of-00002.safetensors"));
+    EXPECT_ERROR_CONTAINS(Checkpoint c(d.str()), "model-00002-of-00002.safetensors");
+    fs::remove(d.file("model-00002-of-00002.safetensors"));
+    fs::create_directories(d.file("dir"));
+    fs::create_symlink(d.file("dir"), d.file("model-00002-of-00002.safetensors"));
+    EXPECT_ERROR_CONTAINS(Checkpoint c(d.str()), "model-00002-of-00002.safetensors",
+                          "not a regular file");
   }
   {
     // Symlinks that stay inside are fine, and so is the Hugging Face cache's layout
