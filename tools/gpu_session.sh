@@ -44,6 +44,7 @@ gtest_summary() {
 }
 
 cat "$build/COMMIT" | head -1 | sed 's/^/commit /' | tee -a "$summary"
+cat "$build/BUILD_TIME" 2>/dev/null | tee -a "$summary"
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
   --format=csv | tee -a "$summary"
 

@@ -46,6 +46,7 @@ fits() {
 }
 
 head -1 "$build/COMMIT" | sed 's/^/commit /' | tee -a "$summary"
+cat "$build/BUILD_TIME" 2>/dev/null | tee -a "$summary"
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv | tee -a "$summary"
 ldd "$bin/atom" | grep -E "nccl|not found" | tee -a "$summary"
 gpus=$(nvidia-smi -L | wc -l)

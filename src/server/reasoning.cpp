@@ -144,9 +144,9 @@ std::unique_ptr<ReasoningParser> make_reasoning_parser(
     // <think> written by the model, or already opened by the prompt; or closed by the prompt
     // (both families' templates write an empty block when enable_thinking is false).
     f.starts_in_reasoning = ReasoningParser::prompt_opens_reasoning(prompt);
-    f.ended_in_prompt = !f.starts_in_reasoning &&
-                        (ReasoningParser::prompt_closes_reasoning(prompt, f.end) ||
-                         !truthy(chat_template_kwargs, "enable_thinking", true));
+    f.ended_in_prompt =
+        !f.starts_in_reasoning && (ReasoningParser::prompt_closes_reasoning(prompt, f.end) ||
+                                   !truthy(chat_template_kwargs, "enable_thinking", true));
   } else if (name == "deepseek_r1") {
     f.starts_in_reasoning = true;  // R1's templates open <think> in the prompt
   } else if (name == "deepseek_v3") {
