@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The ASan+UBSan build (clang, CPU-only, in build-san) of the unit and server tests, and the
-# libFuzzer harnesses of tests/fuzz, each fuzzed for ATOM_FUZZ_SECONDS (default 45); any
+# libFuzzer harnesses of tests/fuzz, each fuzzed for ATOM_FUZZ_SECONDS (default 30; 45 until 2026-12-06); any
 # sanitizer report, or a crash, leak or timeout the fuzzers find, fails. scripts/test.sh runs this
 # after the model tests (ATOM_SANITIZE=0 skips it, and runs the unit and server tests in the plain
 # build instead). A crash leaves its input in
@@ -12,7 +12,7 @@ jobs="$(nproc)"
 CC=clang CXX=clang++ cmake -S . -B build-san -G Ninja -DCMAKE_BUILD_TYPE=Release \
   "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -gline-tables-only" "-DCMAKE_C_FLAGS_RELEASE=-O1 -gline-tables-only" \
   -DATOM_CUDA=OFF -DATOM_WERROR=OFF -DATOM_SANITIZE=address,undefined -DATOM_FUZZ=ON \
-  -DATOM_FUZZ_SECONDS="${ATOM_FUZZ_SECONDS:-45}"
+  -DATOM_FUZZ_SECONDS="${ATOM_FUZZ_SECONDS:-30}"
 t=$SECONDS
 # One build at a time on this machine (scripts/locked.sh); ccache and lld as in CMakeLists.txt.
 scripts/locked.sh cmake --build build-san -j"$jobs" --target atom_sanitize_targets
