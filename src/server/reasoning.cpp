@@ -96,19 +96,22 @@ ReasoningDelta ReasoningParser::split(const std::string& output, bool starts_in_
   return {a.reasoning + b.reasoning, a.content + b.content};
 }
 
-bool ReasoningParser::prompt_opens_reasoning(const std::string& prompt) {
+namespace {
+// True when `prompt` ends with `tag`, trailing whitespace aside.
+bool ends_with_tag(const std::string& prompt, const std::string& tag) {
   const size_t end = prompt.find_last_not_of(kSpace);
-  if (end == std::string::npos) return false;
-  const std::string tag = "<think>";
+  if (end == std::string::npos || tag.empty()) return false;
   return end + 1 >= tag.size() && prompt.compare(end + 1 - tag.size(), tag.size(), tag) == 0;
+}
+}  // namespace
+
+bool ReasoningParser::prompt_opens_reasoning(const std::string& prompt) {
+  return ends_with_tag(prompt, "<think>");
 }
 
 bool ReasoningParser::prompt_closes_reasoning(const std::string& prompt,
                                               const std::string& end_tag) {
-  const size_t end = prompt.find_last_not_of(kSpace);
-  if (end == std::string::npos || end_tag.empty()) return false;
-  return end + 1 >= end_tag.size() &&
-         prompt.compare(end + 1 - end_tag.size(), end_tag.size(), end_tag) == 0;
+  return ends_with_tag(prompt, end_tag);
 }
 
 const std::vector<std::string>& reasoning_parser_names() {
