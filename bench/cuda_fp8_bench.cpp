@@ -1,8 +1,10 @@
 // FP8 linear benchmarks on the GPU (kernels::linear_fp8):
 //   gemm:   the block-scaled GEMM (128x128 weight blocks, 1x128 dynamic activation groups) at
-//           DeepSeek-V3 shapes, M = 64 ... 8192, N in {7168, 2112, 24576}, K in {7168, 16384};
+//           DeepSeek-V3 shapes, M = 16 ... 8192, N in {7168, 2112, 24576}, K in {7168, 16384};
 //           the wgmma kernel alone (activations quantised once, outside the timing) and the whole
-//           call (quantisation + GEMM); and the per-channel/token-dynamic GEMM at a few shapes.
+//           call (quantisation + GEMM); cuBLASLt's FP8 matmul (linear_fp8_cublaslt.cpp) beside
+//           them, and at the same shapes the per-channel/per-token and per-tensor GEMMs alone
+//           (atom's TMA kernel, cuBLASLt); and the per-channel/token-dynamic whole call.
 //   skinny: the decode path (M = 1..4) at N x K = 7168 x 7168, 2112 x 7168, 4096 x 14336, W8A16
 //           (kNone) and block-quantised activations, as weight bytes/s against the 4.29 TB/s
 //           weight-read limit (bench_util.h). Weights are rotated past the 50 MB L2.
@@ -78,6 +80,30 @@ void line(const std::string& what, double t, double flops, double bytes) {
   std::fflush(stdout);
 }
 
+// cuBLASLt's FP8 matmul alone on quantised activations (`g`, the weight rotated over `ws`, its
+// scales from `scale_of`), or what cuBLASLt said when it has no algorithm for the product.
+template <typename ScaleOf>
+void lt_gemm(const std::string& what, kernels::cuda::Fp8GemmArgs g,
+             const std::vector<kernels::Fp8Weight>& ws, int iters, double flops, double bytes,
+             ScaleOf scale_of) {
+  g.w = ws[0].w.ptr<uint8_t>();
+  g.sw = scale_of(ws[0]);
+  const std::string why = kernels::cuda::fp8_gemm_cublaslt_status(g, nullptr);
+  if (!why.empty()) {
+    std::printf("%-60s cuBLASLt: %s\n", what.c_str(), why.c_str());
+    return;
+  }
+  const double t = time_op(
+      [&](int i) {
+        const kernels::Fp8Weight& w = ws[i % ws.size()];
+        g.w = w.w.ptr<uint8_t>();
+        g.sw = scale_of(w);
+        kernels::cuda::launch_fp8_gemm_cublaslt(g, nullptr);
+      },
+      iters);
+  line(what, t, flops, bytes);
+}
+
 // The wgmma kernel alone on activations quantised once (the time DeepGEMM reports), and the whole
 // linear_fp8 call.
 void bench_gemm(bool quick) {
@@ -87,7 +113,7 @@ void bench_gemm(bool quick) {
   };
   const NK shapes[] = {{2112, 7168},  {7168, 7168},  {24576, 7168},
                        {2112, 16384}, {7168, 16384}, {24576, 16384}};
-  std::vector<int64_t> ms = {64, 128, 256, 512, 1024, 2048, 4096, 8192};
+  std::vector<int64_t> ms = {16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
   if (quick) ms = {128, 4096};
   kernels::cuda::CudaTuning no_skinny = kernels::cuda::cuda_tuning();
   no_skinny.fp8_path = kernels::cuda::Fp8Path::kNoSkinny;
@@ -97,6 +123,8 @@ void bench_gemm(bool quick) {
     const int copies = static_cast<int>(std::max(1.0, std::ceil(200e6 / wbytes)));
     std::vector<kernels::Fp8Weight> ws;
     for (int c = 0; c < copies; ++c) ws.push_back(block_weight(s.n, s.k, 10 + c));
+    const Tensor chan_scale = rnd({s.n}, DType::kF32, 7, 0.002f, 0.006f);
+    const Tensor tensor_scale = rnd({1}, DType::kF32, 8, 0.002f, 0.006f);
     for (int64_t m : ms) {
       Tensor x = rnd({m, s.k}, DType::kBF16, 5, -2, 2);
       Tensor y = Tensor::empty({m, s.n}, DType::kBF16, kGpu);
@@ -105,9 +133,18 @@ void bench_gemm(bool quick) {
       const double flops = 2.0 * m * s.n * s.k;
       const double bytes = wbytes + static_cast<double>(m) * s.k + 2.0 * m * s.n;
       const int iters = flops > 2e12 ? 3 : flops > 2e11 ? 10 : 30;
-      // Whole call.
-      const double t_all =
-          time_op([&](int i) { kernels::linear_fp8(y, x, ws[i % copies], Tensor(), work); }, iters);
+      // Whole call on atom's kernels (cuBLASLt off; the default dispatch is printed beside it).
+      const std::string auto_kernel = kernels::cuda::linear_fp8_kernel_for(x, ws[0], y);
+      kernels::cuda::CudaTuning off = kernels::cuda::cuda_tuning();
+      off.fp8_cublaslt = kernels::cuda::Fp8CublasLt::kOff;
+      std::string atom_kernel;
+      double t_all = 0;
+      {
+        const kernels::cuda::CudaTuningScope scope(off);
+        atom_kernel = kernels::cuda::linear_fp8_kernel_for(x, ws[0], y);
+        t_all = time_op([&](int i) { kernels::linear_fp8(y, x, ws[i % copies], Tensor(), work); },
+                        iters);
+      }
       // GEMM alone: the quantised activations stay in the workspace from the last call.
       kernels::cuda::Fp8GemmArgs g;
       g.out = {y.data(), m, s.n, s.n, kernels::cuda::Elem::kBF16};
@@ -135,9 +172,46 @@ void bench_gemm(bool quick) {
                          tma ? "tma 128x256" : "cp.async 128x128"),
              t_gemm, flops, bytes);
       }
-      line(fmt::format("block M={} N={} K={} quant + GEMM ({})", m, s.n, s.k,
-                       kernels::cuda::linear_fp8_kernel_for(x, ws[0])),
+      // cuBLASLt on the same quantised activations (its 1x128 scales read as [K / 128, M]).
+      kernels::cuda::Fp8GemmArgs gl = g;
+      gl.a.ld_sx = m;
+      lt_gemm(fmt::format("block M={} N={} K={} GEMM cublaslt", m, s.n, s.k), gl, ws, iters, flops,
+              bytes, [](const kernels::Fp8Weight& w) { return w.scale.ptr<float>(); });
+      line(fmt::format("block M={} N={} K={} quant + GEMM ({}; auto: {})", m, s.n, s.k, atom_kernel,
+                       auto_kernel),
            t_all, flops, bytes);
+      {
+        kernels::cuda::CudaTuning on = kernels::cuda::cuda_tuning();
+        on.fp8_cublaslt = kernels::cuda::Fp8CublasLt::kOn;
+        const kernels::cuda::CudaTuningScope scope(on);
+        if (std::string(kernels::cuda::linear_fp8_kernel_for(x, ws[0], y)) == "cublaslt") {
+          const double t = time_op(
+              [&](int i) { kernels::linear_fp8(y, x, ws[i % copies], Tensor(), work); }, iters);
+          line(fmt::format("block M={} N={} K={} quant + GEMM (cublaslt)", m, s.n, s.k), t, flops,
+               bytes);
+        }
+      }
+      // The other scalings' GEMMs on the same operands (the activation codes reused; one
+      // scale per token, and the weight's per channel or per tensor): atom's TMA kernel and
+      // cuBLASLt (outer vectors; scalars).
+      for (const bool channel : {true, false}) {
+        kernels::cuda::Fp8GemmArgs gc = g;
+        gc.gran = channel ? kernels::cuda::Fp8Gran::kChannel : kernels::cuda::Fp8Gran::kTensor;
+        gc.act = channel ? kernels::cuda::Fp8Act::kToken : kernels::cuda::Fp8Act::kStatic;
+        gc.a.group = s.k;
+        const float* sw = channel ? chan_scale.ptr<float>() : tensor_scale.ptr<float>();
+        const char* what = channel ? "channel/token" : "tensor/static";
+        const double t = time_op(
+            [&](int i) {
+              gc.w = ws[i % copies].w.ptr<uint8_t>();
+              gc.sw = sw;
+              kernels::cuda::launch_fp8_gemm_tma(gc, nullptr);
+            },
+            iters);
+        line(fmt::format("{} M={} N={} K={} GEMM tma 128x256", what, m, s.n, s.k), t, flops, bytes);
+        lt_gemm(fmt::format("{} M={} N={} K={} GEMM cublaslt", what, m, s.n, s.k), gc, ws, iters,
+                flops, bytes, [&](const kernels::Fp8Weight&) { return sw; });
+      }
     }
   }
   std::printf("\n== FP8 per-channel weight, per-token dynamic activations (wgmma), bf16 out\n");
@@ -153,14 +227,17 @@ void bench_gemm(bool quick) {
       Tensor work = Tensor::empty({kernels::cuda::linear_fp8_workspace_bytes(m, s.k, w) + 256},
                                   DType::kU8, kGpu);
       const double flops = 2.0 * m * s.n * s.k;
-      for (auto tiles : {kernels::cuda::Fp8Tiles::kTma, kernels::cuda::Fp8Tiles::kCpAsync}) {
+      for (int v = 0; v < 3; ++v) {
         kernels::cuda::CudaTuning tuning = kernels::cuda::cuda_tuning();
-        tuning.fp8_tiles = tiles;
+        tuning.fp8_tiles =
+            v == 1 ? kernels::cuda::Fp8Tiles::kCpAsync : kernels::cuda::Fp8Tiles::kTma;
+        tuning.fp8_cublaslt =
+            v == 2 ? kernels::cuda::Fp8CublasLt::kOn : kernels::cuda::Fp8CublasLt::kOff;
         const kernels::cuda::CudaTuningScope scope(tuning);
         CUDA_CHECK(cudaGetLastError());
         const double t = time_op([&](int) { kernels::linear_fp8(y, x, w, Tensor(), work); }, 5);
         line(fmt::format("channel/token M={} N={} K={} quant + GEMM ({})", m, s.n, s.k,
-                         tiles == kernels::cuda::Fp8Tiles::kTma ? "tma" : "cp.async"),
+                         kernels::cuda::linear_fp8_kernel_for(x, w, y)),
              t, flops, static_cast<double>(s.n) * s.k);
       }
     }

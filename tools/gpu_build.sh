@@ -63,8 +63,9 @@ echo "$built"
 # The layout gpu_session.sh reads: bin/ (the programs), lib/ (shared libraries the image lacks).
 stage="$src/build-gpu"
 mkdir -p "$stage/bin" "$stage/lib"
-for b in atom tests/kernels/gpu_test bench/cuda_*; do
-  for f in "$stage"/$b; do [ -x "$f" ] && [ -f "$f" ] && ln -sf "$f" "$stage/bin/$(basename "$f")"; done
+# (The globs expand under $stage: a bare bench/cuda_* would match the sources' bench/cuda_*.cpp.)
+for f in "$stage"/atom "$stage"/tests/kernels/gpu_test "$stage"/bench/cuda_*; do
+  [ -x "$f" ] && [ -f "$f" ] && ln -sf "$f" "$stage/bin/$(basename "$f")"
 done
 cp -a "$libdir"/libcpp-httplib.so* "$libdir"/libbrotli*.so* "$libdir"/libfmt.so* "$stage/lib/" 2>/dev/null
 cp "$deps/COMMIT" "$stage/COMMIT" 2>/dev/null || echo unknown > "$stage/COMMIT"

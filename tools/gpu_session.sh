@@ -11,7 +11,8 @@
 #   with transformers; spec: speculative decoding's GPU tests and bench/cuda_spec_bench on the
 #   DeepSeek-V2-Lite shape with one MTP layer; decode:
 #   decode steps under the environments of ATOM_DECODE_VARIANTS; ncu: per-kernel durations of a
-#   batch-1 decode step; gptoss: GPT-OSS's MXFP4 tests and benchmarks)
+#   batch-1 decode step; gptoss: GPT-OSS's MXFP4 tests and benchmarks; fp8gemm: the FP8
+#   linear's tests, bench/cuda_fp8_bench's GEMMs (cuBLASLt beside atom's kernels), the torch peer)
 set -u
 stage="$(cd "$(dirname "$0")/.." && pwd)"
 # The binaries and the libraries the image lacks: tools/gpu_build.sh's build-gpu/ (bin/, lib/).
@@ -150,6 +151,25 @@ if has spec; then
     --load-format dummy --batch 1,32 --new 128 > "$out/spec_bench.log" 2>&1
   note "spec bench: rc=$?"
   grep -vE "^\[atom" "$out/spec_bench.log" | tee -a "$summary"
+fi
+
+# The FP8 linear: its GPU tests (cuBLASLt's answers per scaling printed), then the torch peer
+# (the measured FP8 peak, rowwise and blockwise _scaled_mm) and bench/cuda_fp8_bench's GEMMs
+# (atom's kernels and cuBLASLt) against that peak, in the same run.
+if has fp8gemm; then
+  timeout 200 "$bin/gpu_test" --gtest_filter='GpuLinearFp8.*' > "$out/fp8_tests.log" 2>&1
+  note "fp8 tests: rc=$?"
+  grep -E "cuBLASLt|worst rel err|graph replay|^\[  FAILED|Failure|Expected|Which is" \
+    "$out/fp8_tests.log" | head -60 | tee -a "$summary"
+  gtest_summary "$out/fp8_tests.log"
+  timeout 240 python3 "$stage/bench/fp8_gemm_torch.py" ${ATOM_FP8_QUICK:+--quick} \
+    > "$out/fp8_torch.log" 2>&1
+  note "fp8 torch peer: rc=$?"
+  peak="$(sed -n 's/^PEAK_FLOPS //p' "$out/fp8_torch.log")"
+  grep -E "^peak|^blockwise|PEAK" "$out/fp8_torch.log" | tee -a "$summary"
+  timeout 300 "$bin/cuda_fp8_bench" gemm --peak "${peak:-0}" ${ATOM_FP8_QUICK:+--quick} \
+    > "$out/fp8_bench.log" 2>&1
+  note "fp8 bench (peak ${peak:-unknown}): rc=$?"
 fi
 
 if has cli; then

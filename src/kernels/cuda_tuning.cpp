@@ -39,6 +39,10 @@ CudaTuning CudaTuning::from_env() {
                 : tiles == "tma"    ? Fp8Tiles::kTma
                                     : Fp8Tiles::kAuto;
   t.fp8_skinny_rows = static_cast<int>(env_int("ATOM_FP8_SKINNY_ROWS", 0));
+  const std::string lt = env_str("ATOM_FP8_GEMM_CUBLASLT", "auto");
+  t.fp8_cublaslt = lt == "on"    ? Fp8CublasLt::kOn
+                   : lt == "off" ? Fp8CublasLt::kOff
+                                 : Fp8CublasLt::kAuto;
   t.mla_simple = env_str("ATOM_MLA_BACKEND", "auto") == "simple";
   t.mla_pipeline = static_cast<int>(env_int("ATOM_MLA_PIPELINE", 0));
   t.moe_decode_max_rows = static_cast<int>(

@@ -28,6 +28,11 @@ enum class Fp8Path { kAuto, kNoSkinny, kGeneral };
 // measured waves of each (linear_fp8.cpp, tma_wins).
 enum class Fp8Tiles { kAuto, kTma, kCpAsync };
 
+// cuBLASLt's FP8 matmul for the products it supports (linear_fp8_cublaslt.cpp): kAuto where the
+// measured rule says it is faster (linear_fp8.cpp, cublaslt_wins), kOn wherever it applies,
+// kOff never.
+enum class Fp8CublasLt { kAuto, kOn, kOff };
+
 // The largest decode-path threshold of fused_moe (its decode kernels' limit).
 inline constexpr int kMoeDecodeMaxRowsCap = 512;
 
@@ -83,6 +88,8 @@ struct CudaTuning {
   // ---- FP8 linear (linear_fp8.cpp)
   Fp8Path fp8_path = Fp8Path::kAuto;     // ATOM_FP8_GEMM_PATH = auto | no_skinny | general
   Fp8Tiles fp8_tiles = Fp8Tiles::kAuto;  // ATOM_FP8_GEMM_TILES = auto | tma | cp_async
+  // ATOM_FP8_GEMM_CUBLASLT = auto | on | off.
+  Fp8CublasLt fp8_cublaslt = Fp8CublasLt::kAuto;
   // Weight rows per block of the FP8 skinny kernel, 2 or 4; 0: 4 at M = 1, else 2
   // (ATOM_FP8_SKINNY_ROWS).
   int fp8_skinny_rows = 0;

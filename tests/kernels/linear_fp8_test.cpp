@@ -126,6 +126,7 @@ const Case kCases[] = {
 struct Result {
   double err;
   std::string kernel;
+  std::string why;  // why cuBLASLt did not run it
 };
 
 Result run_case(const Case& c, uint64_t seed) {
@@ -145,7 +146,8 @@ Result run_case(const Case& c, uint64_t seed) {
   kernels::linear_fp8(out, gx, gw, c.bias ? b.to(gpu()) : Tensor());
   CUDA_CHECK(cudaDeviceSynchronize());
   Result r;
-  r.kernel = kernels::cuda::linear_fp8_kernel_for(gx, gw);
+  r.kernel = kernels::cuda::linear_fp8_kernel_for(gx, gw, out);
+  if (r.kernel != "cublaslt") r.why = kernels::cuda::linear_fp8_cublaslt_status(gx, gw, out);
   // rel_err fails any NaN (an unwritten, poisoned element).
   r.err = rel_err(to_f32_cpu(out), ref);
   return r;
@@ -172,6 +174,7 @@ TEST(GpuLinearFp8, EveryModeAndPathMatchesCpu) {
           t.fp8_path = st.path;
           t.fp8_tiles = st.tiles;
           t.fp8_skinny_rows = st.skinny_rows;
+          t.fp8_cublaslt = kernels::cuda::Fp8CublasLt::kOff;  // atom's kernels (below: cuBLASLt)
         }));
     for (const Case& c : kCases) {
       const Result r = run_case(c, seed += 7);
@@ -199,42 +202,137 @@ TEST(GpuLinearFp8, EveryModeAndPathMatchesCpu) {
   EXPECT_GE(used["general"], 30);
 }
 
+// cuBLASLt's FP8 matmul (linear_fp8_cublaslt.cpp, forced on) for every scaling it is given, M in
+// {1, 7, 130, 300} (cuBLASLt's scale vectors have no padding of M: 7 and 130 are ragged),
+// BF16 and F32 out, a bias at M = 7, against the CPU reference. What cuBLASLt answers for the
+// shapes it does not run is printed; the scalings expected to run (measured on the H100 with
+// CUDA 13.0, docs/performance.md) must.
+TEST(GpuLinearFp8, CublasLtMatchesCpu) {
+  struct Mode {
+    Fp8Granularity g;
+    Fp8Activation a;
+    const char* name;
+  };
+  const Mode modes[] = {
+      {Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, "block 128x128 x 1x128"},
+      {Fp8Granularity::kChannel, Fp8Activation::kTokenDynamic, "channel x token"},
+      {Fp8Granularity::kChannel, Fp8Activation::kTensorStatic, "channel x static"},
+      {Fp8Granularity::kTensor, Fp8Activation::kTensorStatic, "tensor x static"},
+      {Fp8Granularity::kTensor, Fp8Activation::kTokenDynamic, "tensor x token"},
+  };
+  struct NK {
+    int64_t n, k;
+  };
+  const kernels::cuda::CudaTuningScope scope(kernels::cuda::cuda_tuning_with(
+      [](kernels::cuda::CudaTuning& t) { t.fp8_cublaslt = kernels::cuda::Fp8CublasLt::kOn; }));
+  std::map<std::string, double> worst;
+  std::map<std::string, int> ran, refused;
+  uint64_t seed = 7000;
+  for (const Mode& md : modes)
+    for (const NK& s : {NK{384, 512}, NK{264, 1536}, NK{300, 512}})
+      for (int64_t m : {1, 7, 8, 130, 132, 300})
+        for (DType od : {DType::kBF16, DType::kF32}) {
+          const Case c{m, s.n, s.k, md.g, md.a, 128, 128, m == 7, od};
+          const Result r = run_case(c, seed += 7);
+          const std::string key = std::string(md.name) + (od == DType::kF32 ? " f32" : " bf16");
+          if (r.kernel != "cublaslt") {
+            ++refused[key];
+            std::cout << "  cuBLASLt refused " << key << " M=" << m << " N=" << s.n << " K=" << s.k
+                      << ": " << r.why << " (ran " << r.kernel << ")\n";
+            continue;
+          }
+          ++ran[key];
+          worst[key] = std::max(worst[key], r.err);
+          const double tol = od == DType::kF32 ? 5e-4 : 3e-3;
+          EXPECT_LE(r.err, tol) << "M=" << m << " N=" << s.n << " K=" << s.k << " " << key;
+        }
+  for (const auto& [k, e] : worst)
+    std::cout << "  cuBLASLt worst rel err " << k << ": " << e << " over " << ran[k] << " runs\n";
+  // What cuBLASLt ran on the H100 (CUDA 13.0): every scaling but tensor x token (scalar x outer
+  // vector: CUBLAS_STATUS_INVALID_VALUE), 1x128 activation groups only at M % 4 == 0, and no
+  // BF16 output with N = 300 (rows of 600 bytes).
+  for (const char* k : {"channel x token", "channel x static", "tensor x static"}) {
+    EXPECT_EQ(ran[std::string(k) + " bf16"], 12) << k;
+    EXPECT_EQ(ran[std::string(k) + " f32"], 18) << k;
+  }
+  EXPECT_EQ(ran["block 128x128 x 1x128 bf16"], 6);
+  EXPECT_EQ(ran["block 128x128 x 1x128 f32"], 9);
+  EXPECT_EQ(ran["tensor x token bf16"] + ran["tensor x token f32"], 0);
+}
+
+// The default rule (linear_fp8.cpp, cublaslt_wins): cuBLASLt from M = 128 where it applies,
+// atom's kernels below 64 rows and where cuBLASLt has no algorithm (M % 4 != 0 with 1x128 groups).
+TEST(GpuLinearFp8, CublasLtDispatchFollowsTheRule) {
+  const kernels::cuda::CudaTuningScope scope(kernels::cuda::cuda_tuning_with(
+      [](kernels::cuda::CudaTuning& t) { t.fp8_cublaslt = kernels::cuda::Fp8CublasLt::kAuto; }));
+  struct Want {
+    int64_t m, n, k;
+    Fp8Granularity g;
+    Fp8Activation a;
+    bool lt;
+  };
+  for (const Want& w :
+       {Want{300, 384, 512, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, true},
+        Want{130, 384, 512, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, false},
+        Want{32, 384, 512, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, false},
+        Want{64, 2112, 7168, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, false},
+        Want{64, 7168, 7168, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, true},
+        Want{128, 520, 1024, Fp8Granularity::kChannel, Fp8Activation::kTokenDynamic, true},
+        Want{128, 520, 1024, Fp8Granularity::kTensor, Fp8Activation::kTokenDynamic, false},
+        Want{128, 520, 1024, Fp8Granularity::kTensor, Fp8Activation::kTensorStatic, true}}) {
+    const Case c{w.m, w.n, w.k, w.g, w.a, 128, 128, false, DType::kBF16};
+    const Fp8Weight gw = to_gpu(make_weight(c, 5));
+    Tensor x = Tensor::empty({w.m, w.k}, DType::kBF16, gpu());
+    Tensor out = Tensor::empty({w.m, w.n}, DType::kBF16, gpu());
+    EXPECT_EQ(std::string(kernels::cuda::linear_fp8_kernel_for(x, gw, out)) == "cublaslt", w.lt)
+        << "M=" << w.m << " N=" << w.n << " K=" << w.k << " " << mode_name(c);
+  }
+}
+
 // Captured into a CUDA graph with an arena-style workspace, replayed on other activations: the
 // same bytes as an eager call on those.
+// With cuBLASLt forced on, the same (its plan and workspace made by the eager call).
 TEST(GpuLinearFp8, GraphReplayMatchesEager) {
-  for (const Case& c : {kCases[4], kCases[2], kCases[14]}) {
-    SCOPED_TRACE(std::string("M=") + std::to_string(c.m) + " " + mode_name(c));
-    const Fp8Weight gw = to_gpu(make_weight(c, 90));
-    CudaStream stream(0);
-    CudaStreamGuard guard(stream.get());
-    Tensor x = Tensor::empty({c.m, c.k}, DType::kBF16, gpu());
-    Tensor out = Tensor::empty({c.m, c.n}, c.out, gpu());
-    Tensor ws = Tensor::empty(
-        {std::max<int64_t>(256, kernels::cuda::linear_fp8_workspace_bytes(c.m, c.k, gw) + 256)},
-        DType::kU8, gpu());
-    auto step = [&] { kernels::linear_fp8(out, x, gw, Tensor(), ws); };
-    x.copy_from(random_cpu({c.m, c.k}, DType::kBF16, 21, -2, 2));
-    step();
-    stream.synchronize();
-    Tensor ref = host(out);
-    x.copy_from(random_cpu({c.m, c.k}, DType::kBF16, 11, -2, 2));
-    stream.synchronize();
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-    step();
-    CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    cudaGraphDestroy(graph);
-    x.copy_from(random_cpu({c.m, c.k}, DType::kBF16, 21, -2, 2));
-    stream.synchronize();
-    CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.nbytes(), stream.get()));
-    CUDA_CHECK(cudaMemsetAsync(ws.data(), 0xff, ws.nbytes(), stream.get()));
-    CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
-    stream.synchronize();
-    cudaGraphExecDestroy(exec);
-    EXPECT_TRUE(same_bytes(out, ref));
-  }
+  using kernels::cuda::Fp8CublasLt;
+  for (const Fp8CublasLt lt : {Fp8CublasLt::kOff, Fp8CublasLt::kOn})
+    for (const Case& c : {kCases[4], kCases[2], kCases[14]}) {
+      const kernels::cuda::CudaTuningScope scope(kernels::cuda::cuda_tuning_with(
+          [&](kernels::cuda::CudaTuning& t) { t.fp8_cublaslt = lt; }));
+      SCOPED_TRACE(std::string("M=") + std::to_string(c.m) + " " + mode_name(c) +
+                   (lt == Fp8CublasLt::kOn ? " cuBLASLt on" : ""));
+      const Fp8Weight gw = to_gpu(make_weight(c, 90));
+      CudaStream stream(0);
+      CudaStreamGuard guard(stream.get());
+      Tensor x = Tensor::empty({c.m, c.k}, DType::kBF16, gpu());
+      Tensor out = Tensor::empty({c.m, c.n}, c.out, gpu());
+      Tensor ws = Tensor::empty(
+          {std::max<int64_t>(256, kernels::cuda::linear_fp8_workspace_bytes(c.m, c.k, gw) + 256)},
+          DType::kU8, gpu());
+      auto step = [&] { kernels::linear_fp8(out, x, gw, Tensor(), ws); };
+      x.copy_from(random_cpu({c.m, c.k}, DType::kBF16, 21, -2, 2));
+      step();
+      stream.synchronize();
+      Tensor ref = host(out);
+      x.copy_from(random_cpu({c.m, c.k}, DType::kBF16, 11, -2, 2));
+      stream.synchronize();
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
+      step();
+      CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
+      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      cudaGraphDestroy(graph);
+      x.copy_from(random_cpu({c.m, c.k}, DType::kBF16, 21, -2, 2));
+      stream.synchronize();
+      CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.nbytes(), stream.get()));
+      CUDA_CHECK(cudaMemsetAsync(ws.data(), 0xff, ws.nbytes(), stream.get()));
+      CUDA_CHECK(cudaGraphLaunch(exec, stream.get()));
+      stream.synchronize();
+      cudaGraphExecDestroy(exec);
+      EXPECT_TRUE(same_bytes(out, ref));
+      std::cout << "  graph replay " << mode_name(c) << " M=" << c.m << " via "
+                << kernels::cuda::linear_fp8_kernel_for(x, gw, out) << "\n";
+    }
 }
 
 }  // namespace

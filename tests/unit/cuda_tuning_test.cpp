@@ -45,6 +45,7 @@ TEST(CudaTuning, DefaultsAreTheH200Choices) {
   EXPECT_TRUE(t.fuse_qk_norm_rope);
   EXPECT_EQ(t.fp8_path, Fp8Path::kAuto);
   EXPECT_EQ(t.fp8_tiles, Fp8Tiles::kAuto);
+  EXPECT_EQ(t.fp8_cublaslt, Fp8CublasLt::kAuto);
   EXPECT_EQ(t.fp8_skinny_rows, 0);
   EXPECT_FALSE(t.mla_simple);
   EXPECT_EQ(t.mla_pipeline, 0);
@@ -102,11 +103,17 @@ TEST(CudaTuning, ReadsEveryVariable) {
   {
     const Env other({{"ATOM_ATTENTION_BACKEND", "simple"},
                      {"ATOM_FP8_GEMM_PATH", "general"},
-                     {"ATOM_FP8_GEMM_TILES", "tma"}});
+                     {"ATOM_FP8_GEMM_TILES", "tma"},
+                     {"ATOM_FP8_GEMM_CUBLASLT", "off"}});
     const CudaTuning u = CudaTuning::from_env();
     EXPECT_EQ(u.attention_backend, PrefillAttention::kSimple);
     EXPECT_EQ(u.fp8_path, Fp8Path::kGeneral);
     EXPECT_EQ(u.fp8_tiles, Fp8Tiles::kTma);
+    EXPECT_EQ(u.fp8_cublaslt, Fp8CublasLt::kOff);
+  }
+  {
+    const Env lt({{"ATOM_FP8_GEMM_CUBLASLT", "on"}});
+    EXPECT_EQ(CudaTuning::from_env().fp8_cublaslt, Fp8CublasLt::kOn);
   }
 }
 

@@ -1,8 +1,9 @@
 // CUDA FP8 linear: quantise the activations (linear_fp8.cu) into the workspace, then the skinny
 // GEMV (M <= 4), the wgmma GEMM (block 128x128 with 1x128 groups, or channel/tensor weights with
 // token/static activations; TMA-fed 128x256 tiles, or cp.async-fed 128x128) or the general
-// kernel (any other mode or shape). kNone skips the
-// quantisation: the skinny and general kernels read the BF16 activations (W8A16).
+// kernel (any other mode or shape), or cuBLASLt's FP8 matmul (linear_fp8_cublaslt.cpp) where the
+// measured rule `cublaslt_wins` picks it. kNone skips the quantisation: the skinny and general
+// kernels read the BF16 activations (W8A16).
 #include "kernels/linear_fp8.h"
 
 #include <map>
@@ -48,6 +49,19 @@ bool tma_wins(int64_t m, int64_t n, int splits) {
   const int64_t waves_tma = ceil_div(ceil_div(m, 128) * ceil_div(n, 256), sms);
   const int64_t waves_cp = ceil_div(ceil_div(m, 128) * ceil_div(n, 128), sms);
   return 16 * waves_tma < 10 * waves_cp;
+}
+
+// Whether cuBLASLt's FP8 matmul beats atom's kernels for this product (kAuto). Measured on the
+// H100 (docs/performance.md, "cuBLASLt against atom's kernels", CUDA 13.0): at M >= 128 it won
+// every one of the 36 block-scaled whole calls (quantisation + GEMM) and of the 108 GEMMs alone
+// (block, channel x token, tensor x static) at the DeepSeek-V3 shapes, by 1.1-2.6x; at M = 64 it
+// won 11 of 12 block whole calls, losing at N x K = 2112 x 7168 (20.8 against 18.8 us, atom's
+// split-K), and lost the channel GEMM at 24576 x 16384 (167 against 154 us). Below M = 64 not
+// measured: atom's kernels (the skinny GEMV at M <= 4).
+bool cublaslt_wins(const Fp8GemmArgs& g) {
+  if (g.m >= 128) return true;
+  const int64_t nk = g.n * g.k;
+  return g.m >= 64 && nk > int64_t{2112} * 7168 && nk < int64_t{24576} * 16384;
 }
 
 Layout layout_of(int64_t m, int64_t k, const Fp8Weight& w) {
@@ -145,6 +159,14 @@ const char* choose(Fp8GemmArgs g, int splits) {
   }
   const Fp8Path p = cuda_tuning().fp8_path;
   if (p == Fp8Path::kGeneral) return "general";
+  const Fp8CublasLt lt = cuda_tuning().fp8_cublaslt;
+  if (g.act != Fp8Act::kNone &&
+      (lt == Fp8CublasLt::kOn || (lt == Fp8CublasLt::kAuto && cublaslt_wins(g)))) {
+    // cuBLASLt reads the 1x128 activation scales as [K / 128, M] (ld_sx = M).
+    Fp8GemmArgs q = g;
+    if (q.gran == Fp8Gran::kBlock) q.a.ld_sx = q.m;
+    if (fp8_gemm_cublaslt_status(q, current_stream()).empty()) return "cublaslt";
+  }
   if (p == Fp8Path::kAuto && fp8_gemm_skinny_supported(g)) return "skinny";
   if (!fp8_gemm_wgmma_supported(g)) return "general";
   const Fp8Tiles t = cuda_tuning().fp8_tiles;
@@ -160,9 +182,24 @@ int64_t linear_fp8_workspace_bytes(int64_t m, int64_t k, const Fp8Weight& w) {
   return layout_of(m, k, w).total;
 }
 
-const char* linear_fp8_kernel_for(const Tensor& x, const Fp8Weight& w) {
+const char* linear_fp8_kernel_for(const Tensor& x, const Fp8Weight& w, const Tensor& out) {
   const Layout l = layout_of(x.size(0), x.size(1), w);
-  return choose(args_of(x, w, l), l.splits);
+  Fp8GemmArgs g = args_of(x, w, l);
+  g.out =
+      out.defined() ? mat_of(out, "linear_fp8") : Mat{kAlignedProbe, g.m, g.n, g.n, Elem::kBF16};
+  return choose(g, l.splits);
+}
+
+std::string linear_fp8_cublaslt_status(const Tensor& x, const Fp8Weight& w, const Tensor& out) {
+  const Layout l = layout_of(x.size(0), x.size(1), w);
+  Fp8GemmArgs g = args_of(x, w, l);
+  g.out = mat_of(out, "linear_fp8");
+  if (g.act != Fp8Act::kNone) {
+    g.a.xq = kAlignedProbe;
+    g.a.sx = reinterpret_cast<float*>(kAlignedProbe);
+  }
+  if (g.gran == Fp8Gran::kBlock) g.a.ld_sx = g.m;
+  return fp8_gemm_cublaslt_status(g, current_stream());
 }
 
 void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& bias,
@@ -183,6 +220,8 @@ void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& 
     g.bias = bias.data();
     g.bias_type = elem_of(bias.dtype(), "linear_fp8");
   }
+  const std::string k = choose(g, l.splits);
+  if (k == "cublaslt" && g.gran == Fp8Gran::kBlock) g.a.ld_sx = M;  // cuBLASLt's [K / 128, M]
   if (g.act != Fp8Act::kNone) {
     uint8_t* ws;
     if (workspace.defined()) {
@@ -202,8 +241,9 @@ void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& 
         g.x, g.act, g.act == Fp8Act::kStatic ? w.input_scale.ptr<float>() : nullptr, g.a, stream);
     launch_check("linear_fp8 (activation quantisation)");
   }
-  const std::string k = choose(g, l.splits);
-  if (k == "skinny") {
+  if (k == "cublaslt") {
+    launch_fp8_gemm_cublaslt(g, stream);  // the bias too
+  } else if (k == "skinny") {
     // Four weight rows per block at M = 1, two above (H200: 2.5/2.3/3.0 against 2.4/1.8/2.9
     // TB/s at M = 1 for 7168x7168, 2112x7168, 4096x14336; two rows faster from M = 3 on).
     const int rows = cuda_tuning().fp8_skinny_rows ? cuda_tuning().fp8_skinny_rows : M == 1 ? 4 : 2;

@@ -2,6 +2,8 @@
 // (linear_fp8.cpp) checks shapes and picks the path. Plain pointers and sizes, as launch.h.
 #pragma once
 
+#include <string>
+
 #include "kernels/cuda/launch.h"
 
 namespace atom::kernels::cuda {
@@ -59,5 +61,17 @@ void launch_fp8_gemm_general(const Fp8GemmArgs& g, cudaStream_t s);
 bool fp8_gemm_skinny_supported(const Fp8GemmArgs& g);
 // rows: weight rows per block, 2 or 4.
 void launch_fp8_gemm_skinny(const Fp8GemmArgs& g, cudaStream_t s, int rows);
+
+// cuBLASLt's FP8 matmul on the quantised activations (linear_fp8_cublaslt.cpp), for the scalings
+// it offers on sm_90: tensor weight with static (scalar x scalar) or token activations (scalar x
+// outer vector), channel weight with token or static activations (outer vector x outer vector),
+// 128x128 weight blocks with 1x128 activation groups (BLK128x128 x VEC128: ceil(K / 128) a
+// multiple of 4, and a.ld_sx == m, the layout cuBLASLt reads). Bias added by a second kernel.
+// Why cuBLASLt cannot run this product, or "" when it can: the rules above, else the heuristic's
+// answer for the shape (asked once per shape, dtypes and alignments, and cached; never during
+// stream capture of `s`, where a shape not planned before reports so).
+std::string fp8_gemm_cublaslt_status(const Fp8GemmArgs& g, cudaStream_t s);
+// Runs it; fails with the status when that is not "".
+void launch_fp8_gemm_cublaslt(const Fp8GemmArgs& g, cudaStream_t s);
 
 }  // namespace atom::kernels::cuda
