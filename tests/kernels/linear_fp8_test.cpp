@@ -243,6 +243,9 @@ TEST(GpuLinearFp8, CublasLtMatchesCpu) {
           }
           ++ran[key];
           worst[key] = std::max(worst[key], r.err);
+          // Measured on the H100 (CUDA 13.0): F32 out 2.3-2.4e-4 (the FP8 MMA's partial sums,
+          // as atom's wgmma GEMMs), BF16 out up to 2.4e-3 (channel and tensor scalings; 1.7e-3
+          // block).
           const double tol = od == DType::kF32 ? 5e-4 : 3e-3;
           EXPECT_LE(r.err, tol) << "M=" << m << " N=" << s.n << " K=" << s.k << " " << key;
         }
