@@ -202,6 +202,16 @@ MUTATIONS = [
      "src/kernels/cpu/gated_delta.cpp",
      "kept[c * (K - 1) + i] = win[t + 1 + i];",
      "kept[c * (K - 1) + i] = win[t + i];"),
+    ("attention_online_softmax_not_rescaled",
+     "CPU paged attention: the running output not rescaled when a later key tile raises the maximum",
+     "src/kernels/cpu/attention.cpp",
+     "for (int d = 0; d < D; ++d) ai[d] *= c;",
+     "for (int d = 0; d < D; ++d) ai[d] *= 1.0f;"),
+    ("attention_window_one_short",
+     "CPU paged attention: a sliding window that sees one key fewer",
+     "src/kernels/cpu/attention.cpp",
+     "return a.sliding_window > 0 ? std::max(0, qpos(r) - a.sliding_window + 1) : 0;",
+     "return a.sliding_window > 0 ? std::max(0, qpos(r) - a.sliding_window + 2) : 0;"),
 ]
 
 

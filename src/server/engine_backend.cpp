@@ -322,7 +322,10 @@ void EngineBackend::loop() {
           final_update(id, nullptr, e.what());
         }
       } else {
-        if (auto o = engine_.abort(id)) final_update(id, &*o, "");
+        if (auto o = engine_.abort(id)) {
+          log_info("aborted request {}", id);
+          final_update(id, &*o, "");
+        }
       }
     }
     if (engine_.has_unfinished()) {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/log.h"
 #include "server/api_error.h"
 #include "server/connection_probe.h"
 #include "server/http_server.h"
@@ -315,6 +316,8 @@ inline bool wait_unstreamed(Job& job, const httplib::Request& req) {
     if (Clock::now() - last_probe > std::chrono::milliseconds(200)) {
       last_probe = Clock::now();
       if (probe.closed()) {
+        log_debug("the client of request {} went away: aborting it",
+                  job.requests().empty() ? std::string("?") : job.requests().front().id);
         job.abort_unfinished();
         return false;
       }

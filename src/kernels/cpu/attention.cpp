@@ -57,6 +57,35 @@ void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Ten
   errors.rethrow();
 }
 
+namespace {
+// n values of a cache row (element offset `off` of `base`) as floats times `scale`; the dtype's
+// switch taken once per row, not per element.
+void cache_row_to_float(const void* base, DType t, int64_t off, int n, float scale, float* dst) {
+  switch (t) {
+    case DType::kF32: {
+      const float* p = static_cast<const float*>(base) + off;
+      for (int i = 0; i < n; ++i) dst[i] = p[i] * scale;
+      break;
+    }
+    case DType::kBF16: {
+      const uint16_t* p = static_cast<const uint16_t*>(base) + off;
+      for (int i = 0; i < n; ++i) dst[i] = bf16_to_f32(p[i]) * scale;
+      break;
+    }
+    default:
+      for (int i = 0; i < n; ++i) dst[i] = load(base, t, off + i) * scale;
+  }
+}
+
+// Keys per tile and query rows per work item of paged_attention.
+constexpr int kKeyTile = 64;
+constexpr int kQueryRows = 32;
+}  // namespace
+
+// One work item is (sequence, kv head, up to kQueryRows query tokens): it converts each tile of
+// kKeyTile cached keys and values to floats once for all the item's query rows and the query
+// heads sharing the kv head, and keeps a running maximum, denominator and output per query
+// (flash attention's online softmax), so nothing grows with the context but the loop.
 void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const AttentionBatch& b, const Tensor& sinks, const AttentionArgs& a) {
   check_rows("paged_attention", out, "out");
@@ -76,58 +105,111 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
   const int32_t* pip = b.page_indptr->ptr<int32_t>();
   const int32_t* pid = b.page_indices->ptr<int32_t>();
   const int S = static_cast<int>(b.context_lens->numel());
-  const int64_t T = q.size(0);
-  std::vector<int> seq_of(static_cast<size_t>(T));
-  for (int s = 0; s < S; ++s)
-    for (int t = qs[s]; t < qs[s + 1]; ++t) seq_of[t] = s;
   ATOM_CHECK(v_cache.shape() == k_cache.shape() && v_cache.dtype() == k_cache.dtype(),
              "paged_attention: caches {} {}", k_cache.str(), v_cache.str());
   check_scales("paged_attention", a.kv_scales);
   const DType ct = k_cache.dtype();
   const KvScales sc = effective_scales(ct, a.kv_scales);  // each cached value times its scale
   const int group = Hq / Hk;
+  const void* kc = k_cache.data();
+  const void* vc = v_cache.data();
+  const DType qt = q.dtype(), ot = out.dtype();
+  std::vector<float> sink(static_cast<size_t>(Hq), -std::numeric_limits<float>::infinity());
+  if (sinks.defined())
+    for (int h = 0; h < Hq; ++h) sink[h] = load(sinks.data(), sinks.dtype(), h);
 
-#pragma omp parallel if (T * Hq * D * 16 > kParallelMin)
+  struct Item {
+    int s, kvh, t0, t1;
+  };
+  std::vector<Item> items;
+  int64_t work = 0;
+  for (int s = 0; s < S; ++s) {
+    ATOM_CHECK(qs[s + 1] >= qs[s] && cl[s] >= qs[s + 1] - qs[s],
+               "paged_attention: sequence {} has {} queries over a context of {}", s,
+               qs[s + 1] - qs[s], cl[s]);
+    for (int t0 = qs[s]; t0 < qs[s + 1]; t0 += kQueryRows)
+      for (int kvh = 0; kvh < Hk; ++kvh)
+        items.push_back({s, kvh, t0, std::min(qs[s + 1], t0 + kQueryRows)});
+    work += static_cast<int64_t>(qs[s + 1] - qs[s]) * cl[s];
+  }
+  const int64_t n_items = static_cast<int64_t>(items.size());
+
+#pragma omp parallel if (work * Hq * D > kParallelMin)
   {
-    std::vector<float> scores, acc(static_cast<size_t>(D)), qv(static_cast<size_t>(D));
-#pragma omp for schedule(dynamic, 4)
-    for (int64_t th = 0; th < T * Hq; ++th) {
-      const int64_t t = th / Hq;
-      const int h = static_cast<int>(th % Hq), kvh = h / group;
-      const int s = seq_of[t];
-      const int L = cl[s], qlen = qs[s + 1] - qs[s];
-      const int qpos = L - qlen + static_cast<int>(t - qs[s]);
-      const int lo = a.sliding_window > 0 ? std::max(0, qpos - a.sliding_window + 1) : 0;
-      const char* qr = row_ptr(q, t);
-      for (int d = 0; d < D; ++d) qv[d] = load(qr, q.dtype(), static_cast<int64_t>(h) * D + d);
-      scores.assign(static_cast<size_t>(qpos - lo + 1), 0.0f);
-      float mx = -std::numeric_limits<float>::infinity();
-      for (int j = lo; j <= qpos; ++j) {
-        const int64_t page = pid[pip[s] + j / bs];
-        const int64_t base = ((page * bs + j % bs) * Hk + kvh) * D;
-        float dot = 0;
-        for (int d = 0; d < D; ++d) dot += qv[d] * (load(k_cache.data(), ct, base + d) * sc.k);
-        float sc = dot * a.scale;
-        if (a.logit_softcap > 0) sc = a.logit_softcap * std::tanh(sc / a.logit_softcap);
-        scores[j - lo] = sc;
-        mx = std::max(mx, sc);
+    const size_t rows_max = static_cast<size_t>(kQueryRows) * group;
+    std::vector<float> qv(rows_max * D), acc(rows_max * D), m(rows_max), l(rows_max);
+    std::vector<float> kt(static_cast<size_t>(kKeyTile) * D), vt(kt.size()), p(kKeyTile);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < n_items; ++it) {
+      const Item w = items[static_cast<size_t>(it)];
+      const int L = cl[w.s], qlen = qs[w.s + 1] - qs[w.s];
+      const int R = w.t1 - w.t0, NQ = R * group;
+      // Query row i = r * group + g: token w.t0 + r, head w.kvh * group + g, at position qpos(r).
+      auto qpos = [&](int r) { return L - qlen + (w.t0 + r - qs[w.s]); };
+      auto lo_of = [&](int r) {
+        return a.sliding_window > 0 ? std::max(0, qpos(r) - a.sliding_window + 1) : 0;
+      };
+      for (int r = 0; r < R; ++r) {
+        const char* qr = row_ptr(q, w.t0 + r);
+        for (int g = 0; g < group; ++g) {
+          const int h = w.kvh * group + g, i = r * group + g;
+          for (int d = 0; d < D; ++d)
+            qv[static_cast<size_t>(i) * D + d] = load(qr, qt, static_cast<int64_t>(h) * D + d);
+          // A sink starts the softmax as one more logit with no value.
+          m[i] = sink[h];
+          l[i] = sinks.defined() ? 1.0f : 0.0f;
+        }
       }
-      const float sink = sinks.defined() ? load(sinks.data(), sinks.dtype(), h) : 0.0f;
-      if (sinks.defined()) mx = std::max(mx, sink);
-      float denom = sinks.defined() ? std::exp(sink - mx) : 0.0f;
-      for (auto& sc : scores) {
-        sc = std::exp(sc - mx);
-        denom += sc;
+      std::fill(acc.begin(), acc.begin() + static_cast<ptrdiff_t>(NQ) * D, 0.0f);
+      const int jlo = lo_of(0), jhi = qpos(R - 1);
+      for (int j0 = jlo; j0 <= jhi; j0 += kKeyTile) {
+        const int nk = std::min(kKeyTile, jhi - j0 + 1);
+        for (int k = 0; k < nk; ++k) {
+          const int j = j0 + k;
+          const int64_t page = pid[pip[w.s] + j / bs];
+          const int64_t base = ((page * bs + j % bs) * Hk + w.kvh) * D;
+          cache_row_to_float(kc, ct, base, D, sc.k, &kt[static_cast<size_t>(k) * D]);
+          cache_row_to_float(vc, ct, base, D, sc.v, &vt[static_cast<size_t>(k) * D]);
+        }
+        for (int r = 0; r < R; ++r) {
+          const int k_lo = std::max(lo_of(r), j0) - j0, k_hi = std::min(qpos(r), j0 + nk - 1) - j0;
+          if (k_lo > k_hi) continue;
+          for (int g = 0; g < group; ++g) {
+            const int i = r * group + g;
+            const float* qi = &qv[static_cast<size_t>(i) * D];
+            float mt = m[i];
+            for (int k = k_lo; k <= k_hi; ++k) {
+              float x = dot(qi, &kt[static_cast<size_t>(k) * D], D) * a.scale;
+              if (a.logit_softcap > 0) x = a.logit_softcap * std::tanh(x / a.logit_softcap);
+              p[k] = x;
+              mt = std::max(mt, x);
+            }
+            // The running sums rescaled to the new maximum (0 for the first tile without sinks).
+            const float c = std::exp(m[i] - mt);
+            float* ai = &acc[static_cast<size_t>(i) * D];
+            float sum = 0;
+            for (int d = 0; d < D; ++d) ai[d] *= c;
+            for (int k = k_lo; k <= k_hi; ++k) {
+              const float e = std::exp(p[k] - mt);
+              sum += e;
+              const float* vk = &vt[static_cast<size_t>(k) * D];
+              for (int d = 0; d < D; ++d) ai[d] += e * vk[d];
+            }
+            l[i] = l[i] * c + sum;
+            m[i] = mt;
+          }
+        }
       }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int j = lo; j <= qpos; ++j) {
-        const int64_t page = pid[pip[s] + j / bs];
-        const int64_t base = ((page * bs + j % bs) * Hk + kvh) * D;
-        const float p = scores[j - lo] / denom;
-        for (int d = 0; d < D; ++d) acc[d] += p * (load(v_cache.data(), ct, base + d) * sc.v);
+      for (int r = 0; r < R; ++r) {
+        char* orow = row_ptr(out, w.t0 + r);
+        for (int g = 0; g < group; ++g) {
+          const int h = w.kvh * group + g, i = r * group + g;
+          const float inv = 1.0f / l[i];
+          for (int d = 0; d < D; ++d)
+            store(orow, ot, static_cast<int64_t>(h) * D + d,
+                  acc[static_cast<size_t>(i) * D + d] * inv);
+        }
       }
-      char* orow = row_ptr(out, t);
-      for (int d = 0; d < D; ++d) store(orow, out.dtype(), static_cast<int64_t>(h) * D + d, acc[d]);
     }
   }
 }
