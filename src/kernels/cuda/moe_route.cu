@@ -8,6 +8,7 @@
 // rule for NaN is the only one that depends on the order of the untaken experts), the picks run
 // on values held in registers instead (warp_topk_finite: one shuffle reduction a pick, no pass
 // over shared memory), which gives the same picks.
+#include <algorithm>
 #include <climits>
 
 #include "kernels/cuda/device_common.cuh"
@@ -87,20 +88,31 @@ __device__ void warp_topk_finite(const float* v, int n, int K, int lane, int* id
   }
 }
 
+// A warp's shared memory for E experts: scores, choice values and group scores (E floats each),
+// top_k ids and weights, then the experts' and groups' taken flags (E bytes each).
+__host__ __device__ constexpr int scratch_bytes(int E) {
+  return (3 * E * 4 + kMaxK * 8 + 2 * E + 15) / 16 * 16;
+}
+
+// The scratch is sized by the router's E and the block's tokens (dynamic shared memory), not by
+// kMaxE and four warps: with the 29 KB of static shared memory that took, the batch-1 decode step
+// ran slower although the kernel's own work is the same (H100, 2026-12-06, A/B in one session:
+// Qwen3-30B-A3B 3.94 -> 3.80 ms, DeepSeek-V2-Lite 3.15 -> 3.12 ms; docs/performance.md).
 __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteLaunch a) {
-  __shared__ float s_score[kWarps][kMaxE], s_choice[kWarps][kMaxE], s_group[kWarps][kMaxE];
-  __shared__ unsigned char s_taken[kWarps][kMaxE], s_gtaken[kWarps][kMaxE];
-  __shared__ int s_id[kWarps][kMaxK];
-  __shared__ float s_w[kWarps][kMaxK];
+  extern __shared__ __align__(16) char smem[];
   pdl_wait();  // the logits come from the router GEMM
   pdl_launch_dependents();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   if (t >= a.num_tokens) return;  // warp-level work only below: no block barriers
   const int E = a.num_experts, K = a.top_k, G = a.n_group;
-  float* score = s_score[warp];
-  float* choice = s_choice[warp];
-  unsigned char* taken = s_taken[warp];
+  float* score = reinterpret_cast<float*>(smem + warp * scratch_bytes(E));
+  float* choice = score + E;
+  float* group_scores = choice + E;
+  int* s_id = reinterpret_cast<int*>(group_scores + E);
+  float* s_w = reinterpret_cast<float*>(s_id + kMaxK);
+  unsigned char* taken = reinterpret_cast<unsigned char*>(s_w + kMaxK);
+  unsigned char* group_taken = taken + E;
   const float* row = a.logits + t * a.logits_stride;
   for (int e = lane; e < E; e += 32) {
     score[e] = row[e];
@@ -125,8 +137,8 @@ __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteLaunch a
   __syncwarp();
   if (G > 1) {
     const int per = E / G;
-    float* group = s_group[warp];
-    unsigned char* gtaken = s_gtaken[warp];
+    float* group = group_scores;
+    unsigned char* gtaken = group_taken;
     for (int g = lane; g < G; g += 32) {  // the CPU's loops, one group per lane
       const float* c = choice + g * per;
       float gs;
@@ -159,25 +171,25 @@ __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteLaunch a
   bool nan = false;
   for (int e = lane; e < E; e += 32) nan = nan || isnan(choice[e]);
   if (!__any_sync(0xffffffffu, nan)) {
-    warp_topk_finite(choice, E, K, lane, s_id[warp]);
+    warp_topk_finite(choice, E, K, lane, s_id);
     __syncwarp();
     if (lane < K) {
-      const int e = s_id[warp][lane];
-      s_w[warp][lane] = a.scoring == 2 ? choice[e] : score[e];
+      const int e = s_id[lane];
+      s_w[lane] = a.scoring == 2 ? choice[e] : score[e];
     }
   } else {
     for (int k = 0; k < K; ++k) {
       const int e = warp_argmax_untaken(choice, taken, E, lane);
       if (lane == 0) {
         taken[e] = 1;
-        s_id[warp][k] = e;
-        s_w[warp][k] = a.scoring == 2 ? choice[e] : score[e];
+        s_id[k] = e;
+        s_w[k] = a.scoring == 2 ? choice[e] : score[e];
       }
       __syncwarp();
     }
   }
   if (lane == 0) {  // the CPU's order of operations
-    float* w = s_w[warp];
+    float* w = s_w;
     if (a.scoring == 2) {
       const float mx = w[0];
       float sum = 0.0f;
@@ -195,8 +207,8 @@ __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteLaunch a
   __syncwarp();
   const int KT = K + a.num_shared;
   for (int j = lane; j < KT; j += 32) {
-    a.ids[t * KT + j] = j < K ? s_id[warp][j] : a.shared_first + (j - K);
-    a.weights[t * KT + j] = j < K ? s_w[warp][j] : 1.0f;
+    a.ids[t * KT + j] = j < K ? s_id[j] : a.shared_first + (j - K);
+    a.weights[t * KT + j] = j < K ? s_w[j] : 1.0f;
   }
 }
 
@@ -205,7 +217,9 @@ __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteLaunch a
 void launch_moe_route(const MoeRouteLaunch& a, cudaStream_t s) {
   if (a.num_tokens <= 0) return;
   const unsigned grid = static_cast<unsigned>((a.num_tokens + kWarps - 1) / kWarps);
-  launch(moe_route_kernel, grid, kWarps * 32, 0, s, a);
+  const int64_t warps = std::min<int64_t>(a.num_tokens, kWarps);  // the warps that route
+  launch(moe_route_kernel, grid, kWarps * 32,
+         static_cast<size_t>(warps) * scratch_bytes(a.num_experts), s, a);
 }
 
 }  // namespace atom::kernels::cuda
