@@ -70,16 +70,23 @@ inline void check_rows(const char* op, const Tensor& t, const char* name) {
              "{}: {} must be 2-D with contiguous rows, got {}", op, name, t.str());
 }
 
+// Elements [off, off + n) of storage p of dtype t as floats in dst: the dtype's switch taken once
+// for the span, not per element (F32 and BF16 in their own loops).
+inline void load_span(const void* p, DType t, int64_t off, int64_t n, float* dst) {
+  if (t == DType::kF32) {
+    const float* f = static_cast<const float*>(p) + off;
+    for (int64_t i = 0; i < n; ++i) dst[i] = f[i];
+  } else if (t == DType::kBF16) {
+    const uint16_t* b = static_cast<const uint16_t*>(p) + off;
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(b[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = load(p, t, off + i);
+  }
+}
+
 // Converts row r of t to floats in dst[0, cols).
 inline void row_to_float(const Tensor& t, int64_t r, float* dst) {
-  const char* p = row_ptr(t, r);
-  const int64_t n = t.size(1);
-  if (t.dtype() == DType::kF32) {
-    const float* f = reinterpret_cast<const float*>(p);
-    for (int64_t i = 0; i < n; ++i) dst[i] = f[i];
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = load(p, t.dtype(), i);
-  }
+  load_span(row_ptr(t, r), t.dtype(), 0, t.size(1), dst);
 }
 
 inline void float_to_row(Tensor& t, int64_t r, const float* src) {

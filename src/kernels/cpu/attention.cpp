@@ -58,25 +58,6 @@ void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, const Ten
 }
 
 namespace {
-// n values of a cache row (element offset `off` of `base`) as floats times `scale`; the dtype's
-// switch taken once per row, not per element.
-void cache_row_to_float(const void* base, DType t, int64_t off, int n, float scale, float* dst) {
-  switch (t) {
-    case DType::kF32: {
-      const float* p = static_cast<const float*>(base) + off;
-      for (int i = 0; i < n; ++i) dst[i] = p[i] * scale;
-      break;
-    }
-    case DType::kBF16: {
-      const uint16_t* p = static_cast<const uint16_t*>(base) + off;
-      for (int i = 0; i < n; ++i) dst[i] = bf16_to_f32(p[i]) * scale;
-      break;
-    }
-    default:
-      for (int i = 0; i < n; ++i) dst[i] = load(base, t, off + i) * scale;
-  }
-}
-
 // Keys per tile and query rows per work item of paged_attention.
 constexpr int kKeyTile = 64;
 constexpr int kQueryRows = 32;
@@ -153,8 +134,7 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
         const char* qr = row_ptr(q, w.t0 + r);
         for (int g = 0; g < group; ++g) {
           const int h = w.kvh * group + g, i = r * group + g;
-          for (int d = 0; d < D; ++d)
-            qv[static_cast<size_t>(i) * D + d] = load(qr, qt, static_cast<int64_t>(h) * D + d);
+          load_span(qr, qt, static_cast<int64_t>(h) * D, D, &qv[static_cast<size_t>(i) * D]);
           // A sink starts the softmax as one more logit with no value.
           m[i] = sink[h];
           l[i] = sinks.defined() ? 1.0f : 0.0f;
@@ -168,8 +148,14 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
           const int j = j0 + k;
           const int64_t page = pid[pip[w.s] + j / bs];
           const int64_t base = ((page * bs + j % bs) * Hk + w.kvh) * D;
-          cache_row_to_float(kc, ct, base, D, sc.k, &kt[static_cast<size_t>(k) * D]);
-          cache_row_to_float(vc, ct, base, D, sc.v, &vt[static_cast<size_t>(k) * D]);
+          float* kr = &kt[static_cast<size_t>(k) * D];
+          float* vr = &vt[static_cast<size_t>(k) * D];
+          load_span(kc, ct, base, D, kr);
+          load_span(vc, ct, base, D, vr);
+          for (int d = 0; d < D; ++d) {  // each cached value times its scale (1 unless FP8)
+            kr[d] *= sc.k;
+            vr[d] *= sc.v;
+          }
         }
         for (int r = 0; r < R; ++r) {
           const int k_lo = std::max(lo_of(r), j0) - j0, k_hi = std::min(qpos(r), j0 + nk - 1) - j0;

@@ -225,7 +225,7 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
       score.assign(static_cast<size_t>(n), 0.0f);
       for (int j = 0; j < n; ++j) {
         const int64_t base = row_base(pip, pid, s, j, bs, D);
-        for (int d = 0; d < D; ++d) key[d] = load(cache, ct, base + d);
+        load_span(cache, ct, base, D, key.data());
         float sum = 0;
         for (int h = 0; h < Hi; ++h) {
           float dot = 0;
