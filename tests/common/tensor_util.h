@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/half.h"
 #include "core/tensor.h"
 #include "kernels/random.h"
 
@@ -22,6 +23,11 @@ inline Tensor i32(const std::vector<int32_t>& v) {
   Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32);
   if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * sizeof(int32_t));
   return t;
+}
+
+// Element i of a contiguous CPU tensor of F32 or BF16.
+inline float f32_or_bf16_at(const Tensor& t, int64_t i) {
+  return t.dtype() == DType::kF32 ? t.ptr<float>()[i] : bf16_to_f32(t.ptr<uint16_t>()[i]);
 }
 
 }  // namespace atom::test

@@ -19,12 +19,9 @@
 namespace atom {
 namespace {
 
+using test::f32_or_bf16_at;
 using test::i32;
 using test::random_cpu;
-
-float attn_at(const Tensor& t, int64_t i) {
-  return t.dtype() == DType::kF32 ? t.ptr<float>()[i] : bf16_to_f32(t.ptr<uint16_t>()[i]);
-}
 
 struct AttnCase {
   int heads, kv_heads, head_dim, block_size;
@@ -92,24 +89,25 @@ void check_attention(const AttnCase& c, uint32_t seed) {
                  static_cast<int64_t>(kvh) * D + d;
         };
         std::vector<double> logit;
-        double mx = c.sinks ? attn_at(sinks, h) : -std::numeric_limits<double>::infinity();
+        double mx = c.sinks ? f32_or_bf16_at(sinks, h) : -std::numeric_limits<double>::infinity();
         for (int j = lo; j <= pos; ++j) {
           double x = 0;
           for (int d = 0; d < D; ++d)
-            x += static_cast<double>(attn_at(q, t * (qw + 5) + static_cast<int64_t>(h) * D + d)) *
-                 attn_at(kc, elem(j, d));
+            x += static_cast<double>(
+                     f32_or_bf16_at(q, t * (qw + 5) + static_cast<int64_t>(h) * D + d)) *
+                 f32_or_bf16_at(kc, elem(j, d));
           x *= a.scale;
           if (c.softcap > 0) x = c.softcap * std::tanh(x / c.softcap);
           logit.push_back(x);
           mx = std::max(mx, x);
         }
-        double den = c.sinks ? std::exp(attn_at(sinks, h) - mx) : 0.0;
+        double den = c.sinks ? std::exp(f32_or_bf16_at(sinks, h) - mx) : 0.0;
         for (double& x : logit) den += (x = std::exp(x - mx));
         for (int d = 0; d < D; ++d) {
           double o = 0;
-          for (int j = lo; j <= pos; ++j) o += logit[j - lo] * attn_at(vc, elem(j, d));
+          for (int j = lo; j <= pos; ++j) o += logit[j - lo] * f32_or_bf16_at(vc, elem(j, d));
           o /= den;
-          const double got = attn_at(out, t * qw + static_cast<int64_t>(h) * D + d);
+          const double got = f32_or_bf16_at(out, t * qw + static_cast<int64_t>(h) * D + d);
           ASSERT_TRUE(std::isfinite(got)) << "token " << t << " head " << h;
           worst = std::max(worst, std::abs(got - o) / std::max(1.0, std::abs(o)));
           ++checked;

@@ -21,13 +21,9 @@
 namespace atom {
 namespace {
 
+using test::f32_or_bf16_at;
 using test::i32;
 using test::random_cpu;
-
-// Element i of a contiguous F32 or BF16 tensor.
-float value_at(const Tensor& t, int64_t i) {
-  return t.dtype() == DType::kF32 ? t.ptr<float>()[i] : bf16_to_f32(t.ptr<uint16_t>()[i]);
-}
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
@@ -140,7 +136,7 @@ void check_fp8_equals_dequantised_bf16(const Case& c, uint64_t seed) {
   // And the FP8 cache is not the BF16 cache of the unquantised values: quantisation happened.
   double num = 0, den = 0;
   for (int64_t i = 0; i < slots * width; ++i) {
-    const float x = value_at(k, i);
+    const float x = f32_or_bf16_at(k, i);
     num += std::pow(x - f8e4m3_to_f32(kc.ptr<uint8_t>()[i]) * c.scales.k, 2);
     den += x * x;
   }
