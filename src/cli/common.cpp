@@ -22,6 +22,11 @@ void model_args_add_placement(CLI::App* cmd, ModelArgs& a) {
   cmd->add_option("--tensor-parallel-size,--tp", a.tensor_parallel_size,
                   "ranks to split the model over: GPUs cuda:0, cuda:1, ... (threads on the CPU)")
       ->capture_default_str();
+  // vLLM's -ep is rewritten to this name before parsing (main.cpp), as -tp is.
+  cmd->add_flag("--enable-expert-parallel", a.enable_expert_parallel,
+                "mixtures of experts: each of the --tensor-parallel-size ranks holds whole routed "
+                "experts, 1/N of them, and reads only their weights (attention stays "
+                "tensor-parallel)");
   cmd->add_option("--dtype", a.dtype,
                   "activation dtype: auto (bf16 on CUDA, f32 on the CPU), bfloat16, float16, "
                   "float32")
@@ -48,6 +53,7 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   ModelOptions o;
   o.device = a.device.empty() ? device_default() : device_parse(a.device);
   o.act_dtype = dtype_arg_parse(a.dtype);
+  o.expert_parallel = a.enable_expert_parallel;
   if (o.device.is_cuda() && !cuda_available())
     fail("--device {}: no usable NVIDIA GPU found (or this build has no CUDA backend)",
          o.device.str());
@@ -55,13 +61,22 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   std::unique_ptr<ModelGroup> m =
       model_group_load(a.model, o, a.tensor_parallel_size, load_format_parse(a.load_format));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const auto& st = m->report().checkpoint;
-  const std::string where = m->tp_size() == 1 ? o.device.str()
-                                              : fmt::format("{} tensor-parallel ranks from {}",
-                                                            m->tp_size(), o.device.str());
-  log_info("loaded {} ({}) on {} in {:.2f} s: {} tensors, {} of {} shards read, {:.1f} MB read{}",
-           a.model, m->model().config().architectures[0], where, s, m->report().tensors_loaded,
-           st.shards_read, st.shards_total, static_cast<double>(st.bytes_read) / 1e6,
+  const LoadReport& report = m->report();
+  const auto& st = report.checkpoint;
+  const std::string where =
+      m->tp_size() == 1
+          ? o.device.str()
+          : fmt::format("{} {}-parallel ranks from {}", m->tp_size(),
+                        o.expert_parallel ? "tensor- and expert" : "tensor", o.device.str());
+  const std::string others =
+      report.tensors_other_ranks == 0
+          ? std::string()
+          : fmt::format(", {} expert tensors ({:.1f} MB) of other ranks left unread",
+                        report.tensors_other_ranks,
+                        static_cast<double>(report.bytes_other_ranks) / 1e6);
+  log_info("loaded {} ({}) on {} in {:.2f} s: {} tensors, {} of {} shards read, {:.1f} MB read{}{}",
+           a.model, m->model().config().architectures[0], where, s, report.tensors_loaded,
+           st.shards_read, st.shards_total, static_cast<double>(st.bytes_read) / 1e6, others,
            m->tp_size() == 1 ? "" : " (rank 0)");
   return m;
 }

@@ -22,6 +22,9 @@ struct ModelArgs {
   std::string load_format = "auto";
   int tensor_parallel_size = 1;  // ranks: GPUs cuda:0.. (counted from --device), or CPU threads
   std::string dtype = "auto";    // --dtype: the activations' dtype
+  // --enable-expert-parallel (also -ep): the ranks split the routed experts instead of slicing
+  // each one (ModelOptions::expert_parallel).
+  bool enable_expert_parallel = false;
 };
 
 // vLLM's --dtype: auto (the device's default), bfloat16 / bf16, float16 / half / fp16,
@@ -30,8 +33,8 @@ std::optional<DType> dtype_arg_parse(const std::string& s);
 
 // --model and the options of model_args_add_placement.
 void model_args_add(CLI::App* cmd, ModelArgs& a);
-// --device, --load-format and --tensor-parallel-size (also --tp), for commands that take the
-// model otherwise (atom serve MODEL).
+// --device, --load-format, --tensor-parallel-size (also --tp) and --enable-expert-parallel, for
+// commands that take the model otherwise (atom serve MODEL).
 void model_args_add_placement(CLI::App* cmd, ModelArgs& a);
 // Loads every tensor-parallel rank of the model, logging the time it took.
 std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a);

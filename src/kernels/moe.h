@@ -35,6 +35,11 @@ struct RouterArgs {
   // shared_slot_first .. shared_slot_first + num_fused_shared - 1 with weight 1 (not scaled).
   int num_fused_shared = 0;
   int shared_slot_first = 0;
+  // Expert parallelism: a routed choice e is written as slot e - local_first when this rank holds
+  // the expert (local_first <= e < local_first + local_count), else as -1 with its weight (an
+  // expert of another rank: fused_moe skips it). local_count -1: every expert, slot e.
+  int local_first = 0;
+  int local_count = -1;
 };
 
 // moe_route's argument rules, the same for every backend (an Error naming the tensor otherwise).
@@ -48,7 +53,8 @@ void moe_route_check(const Tensor& topk_ids, const Tensor& topk_weights, const T
 //   topk_ids        [T, top_k + num_fused_shared] I32, contiguous: routed choices in
 //                   descending score order (ties: lower index first), then the shared slots
 //   topk_weights    [T, top_k + num_fused_shared] F32, contiguous
-// Every id written is a valid slot, whatever the logits hold (NaN included).
+// Every id written is a valid slot, or -1 for another rank's expert (RouterArgs::local_count),
+// whatever the logits hold (NaN included).
 namespace cpu {
 void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
                const Tensor& correction_bias, const RouterArgs& a);
@@ -104,7 +110,8 @@ void fused_moe_check(const Tensor& out, const Tensor& x, const MoeExperts& w,
 
 // out [T, H] = Σ_j topk_weights[t, j] · (w2[e] · act(w13[e] · x[t] + b13[e]) + b2[e]),
 // e = topk_ids[t, j]
-//   x [T, H] (rows may be strided); topk_ids, topk_weights [T, K] as moe_route writes them
+//   x [T, H] (rows may be strided); topk_ids, topk_weights [T, K] as moe_route writes them (an
+//   id of -1, an expert another rank holds, adds nothing)
 //   workspace: scratch of fused_moe_workspace_bytes() bytes (U8), or null when that is 0
 // Accumulates in fp32. The CPU sums each token's experts in j order.
 namespace cpu {

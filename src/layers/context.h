@@ -116,6 +116,10 @@ struct LayerContext {
   std::vector<PackedModule> packed_modules;
   // FP8 weights stay FP8 on the device (default: on CUDA); otherwise dequantised at load.
   bool fp8_resident = false;
+  // Expert parallelism (vLLM's --enable-expert-parallel): the tensor-parallel ranks split a
+  // mixture's routed experts between them, each holding whole experts (ExpertShare), instead of
+  // every rank holding a slice of every expert. Attention and dense layers stay tensor-parallel.
+  bool expert_parallel = false;
 
   // A zero-initialised parameter tensor on the model's device.
   Tensor param_tensor(Shape shape, DType dtype) const {

@@ -81,15 +81,30 @@ void check_expert_tensor(const std::string& param, const Tensor& ckpt, const Sha
          shape_str(ckpt.shape()), shape_str(want));
 }
 
-std::vector<std::string> expert_parts(int64_t num_experts, int64_t num_shared_slots,
+// The parts a parameter expects: each of this rank's routed experts (checkpoint ids), then the
+// shared experts (as expert num_experts) when they are fused.
+std::vector<std::string> expert_parts(const ExpertShare& share, int64_t num_experts,
+                                      int64_t num_shared_slots,
                                       const std::vector<std::string>& shards) {
   std::vector<std::string> parts;
-  for (int64_t e = 0; e < num_experts + (num_shared_slots > 0 ? 1 : 0); ++e)
+  auto add = [&](int64_t e) {
     for (const auto& s : shards) parts.push_back(Parameter::part_key(s, static_cast<int>(e)));
+  };
+  for (int64_t e = share.first; e < share.first + share.count; ++e) add(e);
+  if (num_shared_slots > 0) add(num_experts);
   return parts;
 }
 
 }  // namespace
+
+ExpertShare ExpertShare::of(int64_t num_experts, int rank, int ranks) {
+  ATOM_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "expert share of rank {} of {}", rank, ranks);
+  const int64_t base = num_experts / ranks, extra = num_experts % ranks;
+  ExpertShare s;
+  s.count = base + (rank < extra ? 1 : 0);
+  s.first = rank * base + std::min<int64_t>(rank, extra);
+  return s;
+}
 
 // The canonical stacked layout, written for every routed expert.
 class FusedMoE::Writer : public FusedMoEWriter {
@@ -99,31 +114,38 @@ class FusedMoE::Writer : public FusedMoEWriter {
   int64_t num_experts() const override { return E(); }
   void gate_up(const Tensor& t) override {
     check(*m_.w13_, t, {E(), 2 * I(), m_.o_.hidden});
-    for (int64_t e = 0; e < E(); ++e) gate_up_expert(e, t.select(0, e));
+    for (int64_t e = 0; e < E(); ++e)
+      if (held(e)) gate_up_expert(e, t.select(0, e));
   }
   void down(const Tensor& t) override {
     check(*m_.w2_, t, {E(), m_.o_.hidden, I()});
-    for (int64_t e = 0; e < E(); ++e) down_expert(e, t.select(0, e));
+    for (int64_t e = 0; e < E(); ++e)
+      if (held(e)) down_expert(e, t.select(0, e));
   }
+  // Experts another rank holds (expert parallelism) are skipped here and in every call below:
+  // a model's own format may convert expert by expert without asking.
   void gate_up_expert(int64_t e, const Tensor& t) override {
     ATOM_CHECK(e >= 0 && e < E(), "expert {} of '{}'", e, m_.w13_->name());
     check(*m_.w13_, t, {2 * I(), m_.o_.hidden});
+    if (!held(e)) return;
     write(*m_.w13_, e, t.narrow(0, 0, I()), "w1");
     write(*m_.w13_, e, t.narrow(0, I(), I()), "w3");
   }
   void down_expert(int64_t e, const Tensor& t) override {
     ATOM_CHECK(e >= 0 && e < E(), "expert {} of '{}'", e, m_.w2_->name());
     check(*m_.w2_, t, {m_.o_.hidden, I()});
+    if (!held(e)) return;
     write(*m_.w2_, e, t, "w2");
   }
   void gate_up_mxfp4_expert(int64_t e, const Tensor& blocks, const Tensor& scales) override {
     const int64_t H = m_.o_.hidden;
     check_mxfp4(*m_.w13_, blocks, scales, 2 * I(), H);
-    if (!m_.packed_) return gate_up_expert(e, mxfp4_dequantize(blocks, scales, m_.w13_->name()));
     ATOM_CHECK(e >= 0 && e < E(), "expert {} of '{}'", e, m_.w13_->name());
+    if (!held(e)) return;
+    if (!m_.packed_) return gate_up_expert(e, mxfp4_dequantize(blocks, scales, m_.w13_->name()));
     // This rank's gate rows, then its up rows, each half padded to Ip; scales k-group-major.
-    const int64_t Ir = m_.inter_rank_, Ip = m_.inter_padded_, start = m_.ctx_.tp_rank * Ir,
-                  G = H / 32, rb = H / 2;
+    const int64_t Ir = m_.inter_rank_, Ip = m_.inter_padded_, start = m_.inter_start(), G = H / 32,
+                  rb = H / 2;
     const Tensor bc = blocks.contiguous(), sc = scales.contiguous();
     const uint8_t* bs = static_cast<const uint8_t*>(bc.data());
     const uint8_t* ss = static_cast<const uint8_t*>(sc.data());
@@ -142,10 +164,11 @@ class FusedMoE::Writer : public FusedMoEWriter {
   void down_mxfp4_expert(int64_t e, const Tensor& blocks, const Tensor& scales) override {
     const int64_t H = m_.o_.hidden;
     check_mxfp4(*m_.w2_, blocks, scales, H, I());
-    if (!m_.packed_) return down_expert(e, mxfp4_dequantize(blocks, scales, m_.w2_->name()));
     ATOM_CHECK(e >= 0 && e < E(), "expert {} of '{}'", e, m_.w2_->name());
+    if (!held(e)) return;
+    if (!m_.packed_) return down_expert(e, mxfp4_dequantize(blocks, scales, m_.w2_->name()));
     // This rank's k range [start, start + Ir) of every output row (whole groups: Ir % 32 == 0).
-    const int64_t Ir = m_.inter_rank_, Ip = m_.inter_padded_, start = m_.ctx_.tp_rank * Ir,
+    const int64_t Ir = m_.inter_rank_, Ip = m_.inter_padded_, start = m_.inter_start(),
                   G = I() / 32;
     const Tensor bc = blocks.contiguous(), sc = scales.contiguous();
     const uint8_t* bs = static_cast<const uint8_t*>(bc.data());
@@ -163,11 +186,12 @@ class FusedMoE::Writer : public FusedMoEWriter {
   void gate_up_bias(const Tensor& t) override {
     Parameter& p = bias(m_.w13_bias_, "gate/up bias");
     check(p, t, {E(), 2 * I()});
-    const int64_t Ir = m_.inter_rank_, Ip = m_.inter_padded_, start = m_.ctx_.tp_rank * Ir;
+    const int64_t Ir = m_.inter_rank_, Ip = m_.inter_padded_, start = m_.inter_start();
     for (int64_t e = 0; e < E(); ++e) {
+      if (!held(e)) continue;
       p.record_part(Parameter::part_key("b13", static_cast<int>(e)));
       for (int half = 0; half < 2; ++half) {
-        Tensor dst = p.data().select(0, e).narrow(0, half * Ip, Ir);
+        Tensor dst = p.data().select(0, slot(e)).narrow(0, half * Ip, Ir);
         tensor_assign(dst, t.select(0, e).narrow(0, half * I() + start, Ir));
       }
     }
@@ -176,10 +200,12 @@ class FusedMoE::Writer : public FusedMoEWriter {
     Parameter& p = bias(m_.w2_bias_, "down bias");
     check(p, t, {E(), m_.o_.hidden});
     for (int64_t e = 0; e < E(); ++e) {
+      if (!held(e)) continue;
       p.record_part(Parameter::part_key("b2", static_cast<int>(e)));
-      // Summed over ranks after the combine: rank 0 adds it, the others hold zeros.
-      if (m_.ctx_.tp_rank == 0) {
-        Tensor dst = p.data().select(0, e);
+      // Summed over ranks after the combine: under tensor parallelism rank 0 adds it and the
+      // others hold zeros; under expert parallelism the expert's one rank adds it.
+      if (m_.expert_parallel() || m_.ctx_.tp_rank == 0) {
+        Tensor dst = p.data().select(0, slot(e));
         tensor_assign(dst, t.select(0, e));
       }
     }
@@ -188,6 +214,8 @@ class FusedMoE::Writer : public FusedMoEWriter {
  private:
   int64_t E() const { return m_.o_.num_experts; }
   int64_t I() const { return m_.o_.intermediate; }
+  bool held(int64_t e) const { return m_.share_.holds(e); }
+  int64_t slot(int64_t e) const { return e - m_.share_.first; }
   Parameter& bias(Parameter* p, const char* what) {
     if (!p) fail("{}: this layer has no {} (FusedMoEOptions::bias)", m_.w13_->name(), what);
     return *p;
@@ -207,14 +235,14 @@ class FusedMoE::Writer : public FusedMoEWriter {
            p.name(), blocks.str(), scales.str(), rows, k / 32, rows, k / 32);
   }
   // A packed slot written whole (a CPU tensor of the parameter's slot shape).
-  static void store(Parameter& p, int64_t e, const Tensor& t, std::vector<std::string> parts) {
+  void store(Parameter& p, int64_t e, const Tensor& t, std::vector<std::string> parts) {
     for (const auto& part : parts) p.record_part(Parameter::part_key(part, static_cast<int>(e)));
-    Tensor dst = p.data().select(0, e);
+    Tensor dst = p.data().select(0, slot(e));
     tensor_assign(dst, t);
   }
-  static void write(Parameter& p, int64_t e, const Tensor& t, const std::string& part) {
+  void write(Parameter& p, int64_t e, const Tensor& t, const std::string& part) {
     p.record_part(Parameter::part_key(part, static_cast<int>(e)));
-    Tensor region = p.expert_layout->region(p.data().select(0, e), part);
+    Tensor region = p.expert_layout->region(p.data().select(0, slot(e)), part);
     p.expert_layout->write(region, t, part);
   }
   FusedMoE& m_;
@@ -227,12 +255,19 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
     fail("{}: a mixture of experts needs experts ({}), a hidden size ({}) and an intermediate "
          "size ({})",
          prefix, o.num_experts, o.hidden, o.intermediate);
-  if (o.intermediate % tp != 0)
+  const bool ep = expert_parallel();
+  if (!ep && o.intermediate % tp != 0)
     fail("{}: the experts' intermediate size {} is not divisible by the tensor-parallel size {}",
          prefix, o.intermediate, tp);
+  if (ep && o.num_experts < tp)
+    fail("{}: expert parallelism over {} ranks needs at least {} routed experts, the layer has {}",
+         prefix, tp, tp, o.num_experts);
+  ATOM_CHECK(!ep || o.num_shared_slots == 0,
+             "{}: shared experts are not fused under expert parallelism", prefix);
   ATOM_CHECK(o.pad_intermediate_to >= 1, "{}: padding multiple {}", prefix, o.pad_intermediate_to);
-  slots_ = o.num_experts + o.num_shared_slots;
-  inter_rank_ = o.intermediate / tp;
+  share_ = ep ? ExpertShare::of(o.num_experts, ctx.tp_rank, tp) : ExpertShare{0, o.num_experts};
+  slots_ = share_.count + o.num_shared_slots;
+  inter_rank_ = ep ? o.intermediate : o.intermediate / tp;
   inter_padded_ =
       (inter_rank_ + o.pad_intermediate_to - 1) / o.pad_intermediate_to * o.pad_intermediate_to;
   // MXFP4 stays packed where the fused kernels read it (CUDA, BF16 activations) and every rank
@@ -248,12 +283,13 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
   if (packed_) inter_padded_ = (inter_padded_ + 31) / 32 * 32;
   const int64_t E = o.num_experts, H = o.hidden, I = o.intermediate, Ir = inter_rank_,
                 Ip = inter_padded_, S = o.num_shared_slots;
-  const int64_t start = ctx.tp_rank * Ir;
+  const int64_t start = inter_start();
   const std::string w13_name = prefix_join(prefix, "w13_weight");
   const std::string w2_name = prefix_join(prefix, "w2_weight");
 
   auto w13_layout = std::make_shared<ExpertLayout>();
-  w13_layout->num_base = E;
+  w13_layout->num_base = share_.count;
+  w13_layout->first_base = share_.first;
   w13_layout->num_slots = slots_;
   w13_layout->shards = {"w1", "w3"};
   w13_layout->region = [Ip](const Tensor& slot, const std::string& shard) {
@@ -266,7 +302,8 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
     tensor_assign(dst, ckpt.narrow(0, start, Ir));
   };
   auto w2_layout = std::make_shared<ExpertLayout>();
-  w2_layout->num_base = E;
+  w2_layout->num_base = share_.count;
+  w2_layout->first_base = share_.first;
   w2_layout->num_slots = slots_;
   w2_layout->shards = {"w2"};
   w2_layout->region = [](const Tensor& slot, const std::string&) { return slot; };
@@ -298,7 +335,11 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
       Tensor region = layout.region(p.data().select(0, slot), part);
       layout.write(region, t, part);
     };
-    if (expert >= 0 && expert < E) return write_slot(expert, ckpt, shard);
+    if (expert >= 0 && expert < E) {
+      // Another rank's expert never gets here (the loader leaves it unread: holds_expert).
+      ATOM_CHECK(share_.holds(expert), "'{}': expert {} is not on this rank", p.name(), expert);
+      return write_slot(expert - share_.first, ckpt, shard);
+    }
     if (expert == E && S > 0) {  // the shared MLP, S * I wide
       const bool down = shard == "w2";
       const int64_t wide = ckpt.dim() == 2 ? ckpt.size(down ? 1 : 0) : -1;
@@ -306,7 +347,8 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
         fail("checkpoint tensor for '{}' (shared experts, part {}) has shape {}, expected "
              "{} intermediate channels",
              p.name(), shard, shape_str(ckpt.shape()), S * I);
-      for (int64_t s = 0; s < S; ++s) write_slot(E + s, ckpt.narrow(down ? 1 : 0, s * I, I), shard);
+      for (int64_t s = 0; s < S; ++s)
+        write_slot(share_.count + s, ckpt.narrow(down ? 1 : 0, s * I, I), shard);
       return;
     }
     fail("parameter '{}' takes routed experts 0..{}{}, not expert {} part '{}'", p.name(), E - 1,
@@ -347,13 +389,18 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
     }
     write_part(weight, fp8_dequantize(w, s, quant, what), shard, expert);
   };
+  // Expert parallelism: the loader skips the tensors of experts another rank holds (the shared
+  // experts, expert E, are never fused then).
+  std::function<bool(int)> holds;
+  if (ep) holds = [share = share_](int e) { return share.holds(e); };
   auto add_weight = [&](const std::string& name, Shape shape,
                         const std::shared_ptr<ExpertLayout>& layout) -> Parameter* {
-    const auto parts = expert_parts(E, S, layout->shards);
+    const auto parts = expert_parts(share_, E, S, layout->shards);
     if (!quant.fp8) {
       Parameter* p = &ctx.params.add(name, ctx.param_tensor(std::move(shape), ctx.weight_dtype),
                                      write_part, parts);
       p->expert_layout = layout;
+      p->holds_expert = holds;
       return p;
     }
     auto pending = std::make_shared<Pending>();
@@ -365,27 +412,31 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
         parts);
     layout->stageable = false;  // FP8 parts go through the loader, which pairs them
     p->expert_layout = layout;
-    ctx.params.add(
-        name + "_scale", ctx.param_tensor({1}, DType::kF32),
-        [fp8_arrive, pending, p](Parameter&, const Tensor& t, const std::string& shard, int e) {
-          fp8_arrive(*p, *pending, t, shard, e, true);
-        },
-        parts);
+    p->holds_expert = holds;
+    ctx.params
+        .add(
+            name + "_scale", ctx.param_tensor({1}, DType::kF32),
+            [fp8_arrive, pending, p](Parameter&, const Tensor& t, const std::string& shard, int e) {
+              fp8_arrive(*p, *pending, t, shard, e, true);
+            },
+            parts)
+        .holds_expert = holds;
     return p;
   };
   auto loader = write_part;
   if (packed_) {
     // Written whole per expert by the Writer (no per-expert regions for the staging pool).
     w13_ = &ctx.params.add(w13_name, ctx.param_tensor({slots_, 2 * Ip, H / 2}, DType::kU8), loader,
-                           expert_parts(E, 0, w13_layout->shards));
+                           expert_parts(share_, E, 0, w13_layout->shards));
     w2_ = &ctx.params.add(w2_name, ctx.param_tensor({slots_, H, Ip / 2}, DType::kU8), loader,
-                          expert_parts(E, 0, w2_layout->shards));
+                          expert_parts(share_, E, 0, w2_layout->shards));
     w13_scale_ = &ctx.params.add(prefix_join(prefix, "w13_weight_scale"),
                                  ctx.param_tensor({slots_, H / 32, 2 * Ip}, DType::kU8), loader,
-                                 expert_parts(E, 0, {"s13"}));
+                                 expert_parts(share_, E, 0, {"s13"}));
     w2_scale_ = &ctx.params.add(prefix_join(prefix, "w2_weight_scale"),
                                 ctx.param_tensor({slots_, Ip / 32, H}, DType::kU8), loader,
-                                expert_parts(E, 0, {"s2"}));
+                                expert_parts(share_, E, 0, {"s2"}));
+    for (Parameter* p : {w13_, w2_, w13_scale_, w2_scale_}) p->holds_expert = holds;
     // --load-format dummy: random codes, and scales that keep the weights about 1/sqrt(fan in)
     // (e2m1 values are up to 6; an exponent of 127 - 8 gives |w| <= 6/256).
     w13_->dummy_fill = w2_->dummy_fill = [](Tensor& t, uint64_t seed) {
@@ -402,10 +453,11 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
     ATOM_CHECK(S == 0, "{}: fused shared experts with expert biases", prefix);
     w13_bias_ = &ctx.params.add(prefix_join(prefix, "w13_bias"),
                                 ctx.param_tensor({slots_, 2 * Ip}, ctx.weight_dtype), loader,
-                                expert_parts(E, 0, {"b13"}));
+                                expert_parts(share_, E, 0, {"b13"}));
     w2_bias_ = &ctx.params.add(prefix_join(prefix, "w2_bias"),
                                ctx.param_tensor({slots_, H}, ctx.weight_dtype), loader,
-                               expert_parts(E, 0, {"b2"}));
+                               expert_parts(share_, E, 0, {"b2"}));
+    w13_bias_->holds_expert = w2_bias_->holds_expert = holds;
   }
 }
 
@@ -462,9 +514,13 @@ SparseMoeBlock::SparseMoeBlock(LayerContext& ctx, const std::string& prefix,
   if (o.correction_bias)
     correction_ = &ctx.params.add(prefix_join(prefix, o.gate_name + ".e_score_correction_bias"),
                                   ctx.param_tensor({o.num_experts}, DType::kF32));
-  const int64_t fused = experts_.num_slots() - o.num_experts;
+  const int64_t fused = experts_.num_slots() - experts_.share().count;
   args_.num_fused_shared = static_cast<int>(fused);
-  args_.shared_slot_first = static_cast<int>(o.num_experts);
+  args_.shared_slot_first = static_cast<int>(experts_.share().count);
+  if (experts_.share().count != o.num_experts) {  // expert parallelism: this rank's range
+    args_.local_first = static_cast<int>(experts_.share().first);
+    args_.local_count = static_cast<int>(experts_.share().count);
+  }
   if (o.shared_intermediate > 0 && fused == 0)
     shared_ = std::make_unique<GatedMlp>(ctx, prefix_join(prefix, o.shared_name), o.hidden,
                                          o.shared_intermediate, false, /*reduce_results=*/false);

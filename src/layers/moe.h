@@ -6,6 +6,13 @@
 // its down projection; I is this rank's share of the intermediate size (tensor parallelism
 // splits every expert), rounded up to FusedMoEOptions::pad_intermediate_to with zero padding.
 // Slots [0, num_experts) are the routed experts, then num_shared_slots fused shared experts.
+//
+// Expert parallelism (LayerContext::expert_parallel) splits the experts instead: a rank holds
+// whole experts, its ExpertShare of them, in slots [0, share.count), and never reads the others'
+// checkpoint tensors. Every rank routes every token (the hidden states are replicated after the
+// attention's all-reduce); the router writes the slot of an expert this rank holds and -1 for the
+// others, which the fused experts skip; the block's one all-reduce then sums the ranks' partial
+// outputs, as under tensor parallelism. Shared experts stay a tensor-parallel MLP.
 #pragma once
 
 #include <functional>
@@ -63,6 +70,16 @@ class FusedMoEWriter {
 // the layer's parameters.
 using FusedMoEStackedFormat = std::function<void(FusedMoEWriter& w, const Tensor& ckpt)>;
 
+// The routed experts one rank holds. Without expert parallelism: all of them. With it, vLLM's
+// linear placement over `ranks`: num_experts / ranks each, the first num_experts % ranks ranks
+// one more, in order (rank 0 holds experts [0, count), rank 1 the next ones, ...).
+struct ExpertShare {
+  int64_t first = 0;
+  int64_t count = 0;
+  static ExpertShare of(int64_t num_experts, int rank, int ranks);
+  bool holds(int64_t expert) const { return expert >= first && expert < first + count; }
+};
+
 // How a checkpoint stores a layer's experts.
 enum class ExpertQuant {
   kNone,  // dense weights, stored in LayerContext::weight_dtype
@@ -99,6 +116,8 @@ class FusedMoE {
   void forward(Step& step, const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
                Tensor& out);
   int64_t num_slots() const { return slots_; }
+  // The routed experts this rank holds (slots [0, share().count)).
+  const ExpertShare& share() const { return share_; }
   int64_t intermediate_per_rank() const { return inter_rank_; }  // of the checkpoint
   int64_t intermediate_padded() const { return inter_padded_; }  // as stored
   Parameter& w13() { return *w13_; }
@@ -108,8 +127,12 @@ class FusedMoE {
 
  private:
   class Writer;
+  bool expert_parallel() const { return ctx_.expert_parallel && ctx_.tp_size > 1; }
+  // The first intermediate channel of this rank's slice (0 when it holds whole experts).
+  int64_t inter_start() const { return expert_parallel() ? 0 : ctx_.tp_rank * inter_rank_; }
   LayerContext& ctx_;
   FusedMoEOptions o_;
+  ExpertShare share_;
   int64_t slots_, inter_rank_, inter_padded_;
   bool packed_ = false;
   Parameter* w13_ = nullptr;        // [slots, 2 Ip, H] (packed: U8 [slots, 2 Ip, H/2])
@@ -138,7 +161,8 @@ struct SparseMoeOptions {
   FusedMoEOptions experts;  // activation, biases, formats (sizes set from the above)
 };
 
-// gate (router) -> routed experts (+ shared experts) -> one all-reduce across ranks.
+// gate (router) -> routed experts (+ shared experts) -> one all-reduce across ranks. Under expert
+// parallelism the shared experts are never fused (Model turns LayerContext's switch off).
 class SparseMoeBlock : public FeedForward {
  public:
   // prefix: the block's module, e.g. "model.layers.3.mlp".

@@ -17,8 +17,8 @@ ExpertStagingPool::Entry& ExpertStagingPool::entry(Parameter& p) {
 }
 
 bool ExpertStagingPool::owns(const Parameter& p, int expert) {
-  if (!p.expert_layout || !p.expert_layout->stageable || expert < 0 ||
-      expert >= p.expert_layout->num_base)
+  const ExpertLayout* l = p.expert_layout.get();
+  if (!l || !l->stageable || expert < l->first_base || expert >= l->first_base + l->num_base)
     return false;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(const_cast<Parameter*>(&p));
@@ -28,8 +28,8 @@ bool ExpertStagingPool::owns(const Parameter& p, int expert) {
 void ExpertStagingPool::stage(Parameter& p, const Tensor& ckpt, const std::string& shard,
                               int expert) {
   const ExpertLayout& layout = *p.expert_layout;
-  ATOM_CHECK(expert >= 0 && expert < layout.num_base, "staging expert {} of '{}'", expert,
-             p.name());
+  const int64_t slot = expert - layout.first_base;
+  ATOM_CHECK(slot >= 0 && slot < layout.num_base, "staging expert {} of '{}'", expert, p.name());
   bool known = false;
   for (const auto& s : layout.shards) known |= s == shard;
   if (!known) fail("parameter '{}' takes no expert part '{}'", p.name(), shard);
@@ -38,9 +38,9 @@ void ExpertStagingPool::stage(Parameter& p, const Tensor& ckpt, const std::strin
   p.record_part(Parameter::part_key(shard, expert));  // a duplicate fails here
   ATOM_CHECK(!e.declined && !e.flushed, "staging into '{}' after it was handed over", p.name());
   if (!e.buffer.defined()) e.buffer = Tensor::zeros(p.data().shape(), p.data().dtype());
-  Tensor region = layout.region(e.buffer.select(0, expert), shard);
+  Tensor region = layout.region(e.buffer.select(0, slot), shard);
   layout.write(region, ckpt, shard);
-  e.arrived.emplace(expert, shard);
+  e.arrived.emplace(slot, shard);
   if (static_cast<int64_t>(e.arrived.size()) <
       layout.num_base * static_cast<int64_t>(layout.shards.size()))
     return;

@@ -5,7 +5,8 @@
 // one copy.
 //
 // Rules:
-// - The pool owns routed base experts only (slots [0, ExpertLayout::num_base)). Fused shared
+// - The pool owns routed base experts only (slots [0, ExpertLayout::num_base), checkpoint experts
+//   from ExpertLayout::first_base under expert parallelism). Fused shared
 //   experts and every other path write the parameter directly; a path that writes regions the
 //   pool may own (a stacked tensor of all routed experts) first calls decline(), which writes back
 //   whatever was staged and hands the parameter over.

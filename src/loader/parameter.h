@@ -28,6 +28,9 @@ using WeightLoader =
 // experts and redundant copies come after them.
 struct ExpertLayout {
   int64_t num_base = 0;
+  // The checkpoint's expert id of slot 0 (expert parallelism: this rank holds routed experts
+  // [first_base, first_base + num_base) in slots [0, num_base)).
+  int64_t first_base = 0;
   int64_t num_slots = 0;
   std::vector<int64_t> redundant_slots;  // copies filled after loading; zeroed until then
   std::vector<std::string> shards;       // the parts each slot takes, e.g. {"w1", "w3"}
@@ -62,6 +65,9 @@ class Parameter {
   bool optional = false;
   // Set for fused expert parameters (FusedMoE): lets the staging pool write their regions.
   std::shared_ptr<const ExpertLayout> expert_layout;
+  // Expert parallelism: whether this rank holds checkpoint expert `expert` (>= 0) of this
+  // parameter; the loader leaves the other experts' tensors unread. Unset: every expert.
+  std::function<bool(int expert)> holds_expert;
   // --load-format dummy: how to fill this parameter when its values are not floats to draw
   // uniformly (packed MXFP4 codes and their scales); unset: model_fill_dummy's default.
   std::function<void(Tensor& data, uint64_t seed)> dummy_fill;

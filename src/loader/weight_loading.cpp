@@ -57,7 +57,9 @@ WeightDestination weight_destination(ParamRegistry& params, const CheckpointName
   std::string expert_param;
   if (const ExpertParamMapping* m = experts ? experts->match(*name, &expert_param) : nullptr) {
     if (Parameter* p = params.find(expert_param)) {
-      d.kind = WeightDestination::kParam;
+      d.kind = m->expert >= 0 && p->holds_expert && !p->holds_expert(m->expert)
+                   ? WeightDestination::kOtherRank
+                   : WeightDestination::kParam;
       d.param = p;
       d.shard = m->shard;
       d.expert = m->expert;
@@ -126,6 +128,10 @@ LoadReport load_weights(ParamRegistry& params, const Checkpoint& checkpoint,
                                  : ""));
       if (d.kind == WeightDestination::kIgnored) ++report.tensors_ignored;
       if (d.kind == WeightDestination::kNotWanted) ++report.tensors_not_wanted;
+      if (d.kind == WeightDestination::kOtherRank) {
+        ++report.tensors_other_ranks;
+        report.bytes_other_ranks += e.nbytes();
+      }
       routes.emplace(e.name, std::move(d));
     }
   }

@@ -49,12 +49,16 @@ struct LoadReport {
   int tensors_loaded = 0;
   int tensors_ignored = 0;     // declared ignorable
   int tensors_not_wanted = 0;  // skipped by name rules (e.g. MTP layers)
+  // Expert parallelism: tensors of experts another rank holds, left unread, and their bytes.
+  int tensors_other_ranks = 0;
+  uint64_t bytes_other_ranks = 0;
   double seconds = 0;
 };
 
 // Where one checkpoint tensor goes.
 struct WeightDestination {
-  enum Kind { kParam, kNotWanted, kIgnored, kUnclaimed } kind = kUnclaimed;
+  // kOtherRank: an expert of an expert-parallel layer that another rank holds.
+  enum Kind { kParam, kNotWanted, kIgnored, kUnclaimed, kOtherRank } kind = kUnclaimed;
   Parameter* param = nullptr;
   std::string shard;
   int expert = -1;

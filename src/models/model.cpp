@@ -69,19 +69,15 @@ void model_config_check_support(const ModelConfig& c, const ModelSupport& s,
 
 Model::Model(const ModelConfig& config, const ModelOptions& options)
     : config_(config),
-      ctx_{params_,
-           options.device,
+      ctx_{params_, options.device,
            default_weight_dtype(config, options, default_act_dtype(config, options)),
-           default_act_dtype(config, options),
-           options.tp_rank,
-           options.tp_size,
-           options.comm ? options.comm : &solo_,
-           &cache_specs_,
-           &state_specs_,
-           options.fuse_shared_experts.value_or(moe_fuse_shared_experts_from_env()),
-           config_.quantization ? &*config_.quantization : nullptr,
-           default_packed_modules(),
-           options.fp8_resident.value_or(!options.device.is_cpu())} {
+           default_act_dtype(config, options), options.tp_rank, options.tp_size,
+           options.comm ? options.comm : &solo_, &cache_specs_, &state_specs_,
+           // Never under expert parallelism: a fused shared slot would be whole on every rank.
+           options.fuse_shared_experts.value_or(moe_fuse_shared_experts_from_env()) &&
+               !(options.expert_parallel && options.tp_size > 1),
+           config_.quantization ? &*config_.quantization : nullptr, default_packed_modules(),
+           options.fp8_resident.value_or(!options.device.is_cpu()), options.expert_parallel} {
   if (options.tp_size < 1 || options.tp_rank < 0 || options.tp_rank >= options.tp_size)
     fail("tensor-parallel rank {} of size {} is invalid", options.tp_rank, options.tp_size);
   if (options.tp_size > 1 && (!options.comm || options.comm->size() != options.tp_size))

@@ -31,6 +31,8 @@ struct ModelOptions {
   // FP8 checkpoint weights stay FP8 on the device (products through kernels::linear_fp8).
   // Default: on CUDA; the CPU reference dequantises them at load.
   std::optional<bool> fp8_resident;
+  // Expert parallelism over the tensor-parallel ranks (LayerContext::expert_parallel).
+  bool expert_parallel = false;
 };
 
 // The fused modules every model starts from: q/k/v_proj -> qkv_proj, gate/up_proj ->

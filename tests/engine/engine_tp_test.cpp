@@ -2,7 +2,8 @@
 // (LocalGroup collectives), each holding only its shards and its kv heads of every KV block,
 // driven in lockstep by one scheduler. Alone, a request gives transformers' greedy tokens; in a
 // batch of mixed requests (one batch, chunked prefill with mixed steps, preempted and recomputed,
-// served from the prefix cache) every request gives what the single-rank engine gives.
+// served from the prefix cache) every request gives what the single-rank engine gives. The same
+// with expert parallelism (ranks holding whole experts) for mixtures of experts.
 #include "common/test_util.h"
 #include "engine/tp_runner.h"
 #include "engine_test_util.h"
@@ -11,27 +12,32 @@
 namespace atom::test {
 namespace {
 
-std::unique_ptr<ModelGroup> tp_model(const std::string& name, int tp) {
-  return model_group_load(fixture_dir(name), ModelOptions{}, tp);
+std::unique_ptr<ModelGroup> tp_model(const std::string& name, int tp, bool ep = false) {
+  ModelOptions o;
+  o.expert_parallel = ep;
+  return model_group_load(fixture_dir(name), o, tp);
 }
 
 struct Case {
   std::string fixture;
   int tp;
+  bool ep = false;  // expert parallelism over the tp ranks
 };
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.fixture << " tp " << c.tp; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.fixture << " tp " << c.tp << (c.ep ? " ep" : "");
+}
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  return info.param.fixture + "_tp" + std::to_string(info.param.tp);
+  return info.param.fixture + "_tp" + std::to_string(info.param.tp) + (info.param.ep ? "_ep" : "");
 }
 
 class EngineTp : public ::testing::TestWithParam<Case> {};
 
 TEST_P(EngineTp, AloneMatchesTransformers) {
-  const auto [name, tp] = GetParam();
+  const auto [name, tp, ep] = GetParam();
   const Reference ref = reference_load(name);
-  auto models = tp_model(name, tp);
+  auto models = tp_model(name, tp, ep);
   ASSERT_EQ(models->tp_size(), tp);
   LLMEngine engine(*models, test_config());
   const auto out =
@@ -46,7 +52,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTp,
                                            Case{"qwen3_tied", 2}, Case{"qwen3_tied", 4},
                                            Case{"qwen3_sliding", 2},           // 1 kv head, window
                                            Case{"llama_yarn_bias_legacy", 2},  // biases
-                                           Case{"qwen3_moe", 2}, Case{"glm4_moe", 2}),  // MoE
+                                           Case{"qwen3_moe", 2}, Case{"glm4_moe", 2},  // MoE
+                                           Case{"qwen3_moe", 2, true}, Case{"glm4_moe", 4, true},
+                                           Case{"deepseek_v2_lite", 2, true}),
                          case_name);
 
 struct Scenario {
@@ -82,9 +90,9 @@ class EngineTpWorkload : public ::testing::TestWithParam<Case> {};
 // The single-rank engine's tokens are the reference: the ranks only split the sums, so greedy
 // choices agree unless two logits tie to ~1e-6, which these seeded workloads do not hit.
 TEST_P(EngineTpWorkload, EveryRequestMatchesTheSingleRankEngine) {
-  const auto [name, tp] = GetParam();
+  const auto [name, tp, ep] = GetParam();
   Model& solo = fixture_model(name);
-  auto models = tp_model(name, tp);
+  auto models = tp_model(name, tp, ep);
   const Workload w = random_workload(18, 80, 12, solo.vocab_size(), 29);
   for (const Scenario& sc : scenarios()) {
     SCOPED_TRACE(sc.name);
@@ -113,7 +121,8 @@ TEST_P(EngineTpWorkload, EveryRequestMatchesTheSingleRankEngine) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTpWorkload,
                          ::testing::Values(Case{"llama3_gqa", 2}, Case{"llama3_gqa", 4},
-                                           Case{"qwen3_tied", 2}, Case{"mixtral", 2}),
+                                           Case{"qwen3_tied", 2}, Case{"mixtral", 2},
+                                           Case{"mixtral", 2, true}, Case{"qwen3_moe", 4, true}),
                          case_name);
 
 TEST(EngineTpSampling, SeededSamplingAndLogprobsMatchTheSingleRankEngine) {

@@ -109,7 +109,9 @@ void check_route(const RouteCase& c, uint64_t seed) {
   const float* lh = l.ptr<float>();
   for (int64_t i = 0; i < c.T * KT; ++i) {
     const int32_t g = hi.ptr<int32_t>()[i], r = ref_ids.ptr<int32_t>()[i];
-    ASSERT_TRUE(g >= 0 && g < S) << "row " << i / KT << " id " << g;
+    // -1: an expert another rank holds (RouterArgs::local_count).
+    ASSERT_TRUE((g >= 0 && g < S) || (g == -1 && c.a.local_count != -1))
+        << "row " << i / KT << " id " << g;
     const float a = hw.ptr<float>()[i], b = ref_w.ptr<float>()[i];
     const bool w_ok = std::isnan(b)
                           ? std::isnan(a)
@@ -119,8 +121,9 @@ void check_route(const RouteCase& c, uint64_t seed) {
     if ((g != r || !w_ok) && shown++ < 6) {
       const int64_t t = i / KT;
       ADD_FAILURE() << "row " << t << " choice " << i % KT << ": gpu id " << g << " w " << a
-                    << ", cpu id " << r << " w " << b << " (logits " << lh[t * ld + (g % c.E)]
-                    << " / " << lh[t * ld + (r % c.E)] << ")";
+                    << ", cpu id " << r << " w " << b << " (logits "
+                    << lh[t * ld + (std::max(g, 0) % c.E)] << " / "
+                    << lh[t * ld + (std::max(r, 0) % c.E)] << ")";
     }
   }
   EXPECT_EQ(bad_ids, 0);
@@ -159,6 +162,13 @@ RouterArgs topk_softmax(int k) {
   return a;
 }
 
+// Expert parallelism: this rank holds experts [first, first + count).
+RouterArgs on_rank(RouterArgs a, int first, int count) {
+  a.local_first = first;
+  a.local_count = count;
+  return a;
+}
+
 TEST(GpuMoe, RouterMatchesCpu) {
   // Sigmoid with group sums: 16 positive logit levels 0.25 apart and no bias (sums of two
   // distinct sigmoid values then differ by at least 1.2e-4; sigmoid(x) + sigmoid(-x) = 1 would
@@ -188,6 +198,13 @@ TEST(GpuMoe, RouterMatchesCpu) {
       {"topk-softmax E32 top4 (GPT-OSS)", 300, 32, topk_softmax(4)},
       {"topk-softmax E128 top4", 33, 128, topk_softmax(4), 0, true},
       {"topk-softmax E8 top1", 9, 8, topk_softmax(1)},
+      // Expert parallelism: other ranks' experts written as -1, this rank's as local slots.
+      {"softmax E128 top8 renorm, rank holding 43..85", 300, 128, on_rank(softmax(8, true), 43, 43),
+       0, true},
+      {"sigmoid E256 top8 G8/4 max bias + shared, rank holding 192..255", 200, 256,
+       on_rank(sigmoid(8, true, 8, 4, GroupScore::kMax, 2.5f, 1, 64), 192, 64), 1, false, 32,
+       1.0f / 8, -2.0f},
+      {"topk-softmax E32 top4, rank holding 0..10", 300, 32, on_rank(topk_softmax(4), 0, 11)},
   };
   uint64_t seed = 100;
   for (const RouteCase& c : cases) check_route(c, seed += 7);
@@ -400,6 +417,92 @@ TEST(GpuMoe, FusedMatchesCpu) {
   };
   uint64_t seed = 1000;
   for (const MoeCase& c : cases) check_fused(c, seed += 11);
+}
+
+// Expert parallelism: each of three ranks routes every token with its expert range (others' ids
+// -1), runs fused_moe over its own experts only, and the ranks' outputs add up to the whole
+// layer's on the CPU, on every path (decode, both GEMM tiles, the per-slot dense path).
+TEST(GpuMoe, ExpertParallelRanksSumToTheWholeLayer) {
+  struct EpCase {
+    int64_t T, E;
+    int K;
+    int64_t H, I;
+  };
+  const EpCase cases[] = {
+      {1, 8, 2, 256, 128}, {5, 64, 8, 264, 136}, {300, 64, 6, 136, 72}, {2048, 16, 4, 128, 64}};
+  const int ranks = 3;
+  uint64_t seed = 4000;
+  for (const EpCase& e : cases) {
+    const MoeCase c{e.T, e.E, e.K, 0, e.H, e.I, e.I, DType::kBF16, DType::kF32};
+    SCOPED_TRACE(case_name(c));
+    seed += 13;
+    const MoeInputs in = make_inputs(c, seed);
+    // Router logits on a grid (exact ties resolved alike on both devices).
+    Tensor logits = grid_logits(e.T, e.E, e.E, seed + 7, 128, 1.0f / 16, -4.0f);
+    const RouterArgs whole = softmax(e.K, true);
+    Tensor ids = Tensor::empty({e.T, e.K}, DType::kI32),
+           wts = Tensor::empty({e.T, e.K}, DType::kF32);
+    kernels::moe_route(ids, wts, logits, Tensor(), whole);
+    Tensor ref = Tensor::empty({e.T, e.H}, DType::kF32);
+    kernels::fused_moe(ref, in.x, experts_of(c, in.w13, in.w2, Tensor(), Tensor()), ids, wts,
+                       nullptr);
+    Tensor gl = logits.to(gpu()), gx = in.x.to(gpu());
+    const kernels::cuda::CudaTuning& base = kernels::cuda::cuda_tuning();
+    struct Path {
+      const char* name;
+      int decode_rows, tile_rows, dense_rows;
+    };
+    const Path paths[] = {
+        {"auto", base.moe_decode_max_rows, base.moe_gemm_tile_rows, base.moe_dense_min_rows},
+        {"decode", 512, 0, 0},
+        {"gemm64", 0, 64, 0},
+        {"gemm128", 0, 128, 0},
+        {"dense", 0, 64, 1}};
+    for (const Path& p : paths) {
+      if (p.decode_rows == 512 && e.T * e.K > 512) continue;
+      if (p.dense_rows == 1 && e.T * e.K < kernels::cuda::kMoeDenseMinRoutedRows) continue;
+      SCOPED_TRACE(p.name);
+      const kernels::cuda::CudaTuningScope scope(
+          kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
+            t.moe_decode_max_rows = p.decode_rows;
+            t.moe_gemm_tile_rows = p.tile_rows;
+            t.moe_dense_min_rows = p.dense_rows;
+            t.moe_dense_max_slots = kernels::cuda::kMoeMaxSlots;
+          }));
+      std::vector<float> sum(static_cast<size_t>(e.T * e.H), 0.0f);
+      int64_t local_rows = 0;
+      for (int r = 0; r < ranks; ++r) {
+        const int64_t base_n = e.E / ranks, extra = e.E % ranks;
+        const int64_t count = base_n + (r < extra ? 1 : 0),
+                      first = r * base_n + std::min<int64_t>(r, extra);
+        Tensor gids = Tensor::empty({e.T, e.K}, DType::kI32, gpu());
+        Tensor gw = Tensor::empty({e.T, e.K}, DType::kF32, gpu());
+        poison(gids);
+        kernels::moe_route(gids, gw, gl, Tensor(),
+                           on_rank(whole, static_cast<int>(first), static_cast<int>(count)));
+        const Tensor hids = host(gids);
+        for (int64_t i = 0; i < e.T * e.K; ++i) {
+          const int32_t g = hids.ptr<int32_t>()[i], want = ids.ptr<int32_t>()[i];
+          const bool mine = want >= first && want < first + count;
+          ASSERT_EQ(g, mine ? want - first : -1) << "rank " << r << " choice " << i;
+          local_rows += mine;
+        }
+        Tensor g13 = in.w13.narrow(0, first, count).contiguous().to(gpu());
+        Tensor g2 = in.w2.narrow(0, first, count).contiguous().to(gpu());
+        MoeCase rc = c;
+        rc.E = count;
+        Tensor out = run_gpu(rc, gx, g13, g2, Tensor(), Tensor(), gids, gw);
+        const Tensor ho = host(out);  // F32
+        for (int64_t i = 0; i < e.T * e.H; ++i) sum[i] += ho.ptr<float>()[i];
+      }
+      EXPECT_EQ(local_rows, e.T * e.K) << "every choice on exactly one rank";
+      Tensor got = Tensor::empty({e.T, e.H}, DType::kF32);
+      std::memcpy(got.data(), sum.data(), sum.size() * sizeof(float));
+      const double err = rel_err(got, ref);
+      EXPECT_LE(err, 5e-3);
+      std::printf("  ep%d %-50s %-8s err %.2e\n", ranks, case_name(c).c_str(), p.name, err);
+    }
+  }
 }
 
 // GPT-OSS's experts: the clamped SwiGLU with a limit the products cross often (0.4-0.8: the

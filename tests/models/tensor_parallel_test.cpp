@@ -3,11 +3,13 @@
 // single-rank logits (and so transformers').
 #include <gtest/gtest.h>
 
+#include <map>
 #include <thread>
 
 #include "common/fixtures.h"
 #include "common/test_util.h"
 #include "engine/sequence_runner.h"
+#include "layers/moe.h"
 #include "models/loading.h"
 
 namespace atom::test {
@@ -18,6 +20,51 @@ struct Case {
   int tp;
 };
 
+// What one rank made: its logits, the bytes of its parameters (and of its expert-parallel ones,
+// by name) and its load report.
+struct RankResult {
+  Tensor logits;
+  size_t weight_bytes = 0;
+  std::map<std::string, size_t> expert_bytes;
+  LoadReport report;
+};
+
+// Loads `name` on `ranks` CPU ranks (threads sharing a LocalGroup) and scores the reference's
+// tokens on each; fails the test on any rank's error.
+std::vector<RankResult> run_ranks(const std::string& name, int ranks, bool expert_parallel,
+                                  const std::vector<int32_t>& ids) {
+  LocalGroup group(ranks);
+  std::vector<RankResult> got(ranks);
+  std::vector<std::string> errors(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = group.communicator(r);
+        ModelOptions o;
+        o.tp_rank = r;
+        o.tp_size = ranks;
+        o.comm = comm.get();
+        o.expert_parallel = expert_parallel;
+        LoadedModel m = model_load(fixture_dir(name), o);
+        for (const auto& [n, p] : m.model->params().all()) {
+          got[r].weight_bytes += p->data().nbytes();
+          // The expert-parallel [slots, ...] tensors (not an FP8 layer's placeholder scale).
+          if (p->holds_expert && p->data().dim() >= 2) got[r].expert_bytes[n] += p->data().nbytes();
+        }
+        got[r].report = m.report;
+        got[r].logits = score_tokens(*m.model, ids);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r)
+    EXPECT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
+  return got;
+}
+
 class TensorParallel : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TensorParallel, ShardedRanksReproduceSingleRankLogits) {
@@ -26,38 +73,17 @@ TEST_P(TensorParallel, ShardedRanksReproduceSingleRankLogits) {
   LoadedModel solo = model_load(fixture_dir(name), {});
   const Tensor want = score_tokens(*solo.model, ref.input_ids);
 
-  LocalGroup group(tp);
-  std::vector<Tensor> got(tp);
-  std::vector<std::string> errors(tp);
-  std::vector<size_t> weight_bytes(tp, 0);
-  std::vector<std::thread> ranks;
+  const std::vector<RankResult> got = run_ranks(name, tp, false, ref.input_ids);
+  if (HasFailure()) return;
   for (int r = 0; r < tp; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        auto comm = group.communicator(r);
-        ModelOptions o;
-        o.tp_rank = r;
-        o.tp_size = tp;
-        o.comm = comm.get();
-        LoadedModel m = model_load(fixture_dir(name), o);
-        for (const auto& [n, p] : m.model->params().all()) weight_bytes[r] += p->data().nbytes();
-        got[r] = score_tokens(*m.model, ref.input_ids);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
-  for (int r = 0; r < tp; ++r) {
-    ASSERT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
-    expect_logits_near(got[r], want, kTpLogitTolerance, "rank " + std::to_string(r));
-    expect_logits_near(got[r], ref.logits, kCpuLogitTolerance,
+    expect_logits_near(got[r].logits, want, kTpLogitTolerance, "rank " + std::to_string(r));
+    expect_logits_near(got[r].logits, ref.logits, kCpuLogitTolerance,
                        "rank " + std::to_string(r) + " vs transformers");
   }
   // Each rank holds a shard, not a copy: well under the full weights.
   size_t full = 0;
   for (const auto& [n, p] : solo.model->params().all()) full += p->data().nbytes();
-  EXPECT_LT(weight_bytes[0], full * 3 / 4);
+  EXPECT_LT(got[0].weight_bytes, full * 3 / 4);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -81,6 +107,110 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_fbgemm_fp8", 2}, Case{"deepseek_v3_fp8", 2},
                       Case{"deepseek_v3_fp8_partial", 2}),
     [](const auto& info) { return info.param.fixture + "_tp" + std::to_string(info.param.tp); });
+
+// Expert parallelism: the same ranks split the routed experts instead of slicing each one.
+struct EpCase {
+  std::string fixture;
+  int ranks;
+  // The checkpoint stores one tensor per expert part (a rank then leaves the others' unread);
+  // false: stacked tensors of every expert, read whole and cut.
+  bool per_expert;
+  const char* loader_threads;  // ATOM_LOADER_NUM_THREADS: "1" writes experts one by one, more
+                               // stages them (loader/expert_staging.h)
+};
+
+class ExpertParallel : public ::testing::TestWithParam<EpCase> {};
+
+TEST_P(ExpertParallel, RanksHoldingWholeExpertsReproduceSingleRankLogits) {
+  const EpCase c = GetParam();
+  ::setenv("ATOM_LOADER_NUM_THREADS", c.loader_threads, 1);
+  const Reference ref = reference_load(c.fixture);
+  LoadedModel solo = model_load(fixture_dir(c.fixture), {});
+  const Tensor want = score_tokens(*solo.model, ref.input_ids);
+  const std::vector<RankResult> got = run_ranks(c.fixture, c.ranks, true, ref.input_ids);
+  ::unsetenv("ATOM_LOADER_NUM_THREADS");
+  if (HasFailure()) return;
+  std::map<std::string, size_t> expert_bytes;  // summed over the ranks
+  for (int r = 0; r < c.ranks; ++r) {
+    const std::string who = "rank " + std::to_string(r);
+    expect_logits_near(got[r].logits, want, kTpLogitTolerance, who);
+    expect_logits_near(got[r].logits, ref.logits, kCpuLogitTolerance, who + " vs transformers");
+    EXPECT_FALSE(got[r].expert_bytes.empty()) << who << " holds no expert-parallel parameter";
+    for (const auto& [n, b] : got[r].expert_bytes) expert_bytes[n] += b;
+    // A rank reads what one rank reads, less the experts the others hold, which it never reads.
+    const LoadReport& rep = got[r].report;
+    EXPECT_EQ(rep.checkpoint.bytes_read + rep.bytes_other_ranks, solo.report.checkpoint.bytes_read)
+        << who;
+    if (c.per_expert) {
+      EXPECT_GT(rep.tensors_other_ranks, 0) << who;
+      EXPECT_LT(rep.checkpoint.bytes_read, solo.report.checkpoint.bytes_read) << who;
+    } else {
+      EXPECT_EQ(rep.tensors_other_ranks, 0) << who;
+    }
+  }
+  // The ranks' experts partition the layer's: together exactly one copy of each (no slice of
+  // every expert on every rank, no expert on two ranks).
+  for (const auto& [n, b] : expert_bytes) {
+    const Parameter* p = solo.model->params().find(n);
+    ASSERT_NE(p, nullptr) << n;
+    EXPECT_EQ(b, p->data().nbytes()) << n;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, ExpertParallel,
+    ::testing::Values(EpCase{"qwen3_moe", 2, true, "16"}, EpCase{"qwen3_moe", 4, true, "1"},
+                      EpCase{"qwen3_moe_stacked", 2, false, "16"}, EpCase{"mixtral", 2, true, "1"},
+                      EpCase{"glm4_moe", 4, true, "16"},  // shared experts stay tensor-parallel
+                      EpCase{"gpt_oss_mxfp4", 2, false,
+                             "16"},  // MXFP4 experts, expert biases, sinks
+                      EpCase{"gpt_oss", 2, false, "16"},
+                      EpCase{"deepseek_v2_lite", 2, true, "16"},  // MLA heads split, experts whole
+                      EpCase{"deepseek_v3", 4, true, "16"},       // grouped routing
+                      EpCase{"deepseek_v3_fp8", 2, true, "16"}),  // FP8 experts with their scales
+    [](const auto& info) {
+      return info.param.fixture + "_ep" + std::to_string(info.param.ranks) + "_threads" +
+             info.param.loader_threads;
+    });
+
+TEST(ExpertParallelErrors, MoreRanksThanExpertsIsAClearError) {
+  ParamRegistry params;
+  std::vector<CacheSpec> caches;
+  std::vector<StateCacheSpec> states;
+  SoloCommunicator solo;
+  LayerContext ctx{params,
+                   Device::cpu(),
+                   DType::kF32,
+                   DType::kF32,
+                   /*tp_rank=*/1,
+                   /*tp_size=*/8,
+                   &solo,
+                   &caches,
+                   &states,
+                   false,
+                   nullptr,
+                   {},
+                   false,
+                   /*expert_parallel=*/true};
+  FusedMoEOptions o;
+  o.num_experts = 4;
+  o.hidden = 8;
+  o.intermediate = 8;
+  EXPECT_ERROR_CONTAINS(FusedMoE(ctx, "model.layers.0.mlp.experts", o),
+                        "expert parallelism over 8 ranks needs at least 8 routed experts");
+}
+
+TEST(ExpertParallel, ShareIsVllmsLinearPlacement) {
+  // 10 experts on 4 ranks: 3, 3, 2, 2, in order.
+  const int64_t first[] = {0, 3, 6, 8}, count[] = {3, 3, 2, 2};
+  for (int r = 0; r < 4; ++r) {
+    const ExpertShare s = ExpertShare::of(10, r, 4);
+    EXPECT_EQ(s.first, first[r]) << r;
+    EXPECT_EQ(s.count, count[r]) << r;
+  }
+  EXPECT_TRUE(ExpertShare::of(10, 1, 4).holds(5));
+  EXPECT_FALSE(ExpertShare::of(10, 1, 4).holds(6));
+}
 
 TEST(TensorParallelErrors, IndivisibleSizesAreClearErrors) {
   LocalGroup group(3);

@@ -18,6 +18,10 @@ void moe_route_check(const Tensor& ids, const Tensor& weights, const Tensor& log
   const int64_t KT = a.top_k + a.num_fused_shared;
   ATOM_CHECK(a.top_k >= 1 && a.top_k <= E, "moe_route: top_k {} for {} experts", a.top_k, E);
   ATOM_CHECK(a.num_fused_shared >= 0, "moe_route: num_fused_shared {}", a.num_fused_shared);
+  ATOM_CHECK(a.local_count == -1 ||
+                 (a.local_first >= 0 && a.local_count >= 1 && a.local_first + a.local_count <= E),
+             "moe_route: this rank's experts [{}, {} + {}) are not a range of the {} experts",
+             a.local_first, a.local_first, a.local_count, E);
   ATOM_CHECK(ids.dtype() == DType::kI32 && ids.is_contiguous() && ids.dim() == 2 &&
                  ids.size(0) == T && ids.size(1) == KT,
              "moe_route: topk_ids {} must be contiguous I32 [{}, {}]", ids.str(), T, KT);
@@ -174,6 +178,11 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
         for (int64_t k = 0; k < K; ++k) w[k] /= sum;
       }
       for (int64_t k = 0; k < K; ++k) w[k] *= a.routed_scaling_factor;
+      if (a.local_count != -1)
+        for (int64_t k = 0; k < K; ++k)
+          ids[k] = ids[k] >= a.local_first && ids[k] < a.local_first + a.local_count
+                       ? ids[k] - a.local_first
+                       : -1;
       for (int64_t s = 0; s < a.num_fused_shared; ++s) {
         ids[K + s] = a.shared_slot_first + static_cast<int32_t>(s);
         w[K + s] = 1.0f;
@@ -198,6 +207,7 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   std::vector<std::vector<int64_t>> routed(static_cast<size_t>(S));  // (t * K + j)
   for (int64_t r = 0; r < T * K; ++r) {
     const int32_t e = ids[r];
+    if (e == -1) continue;  // an expert another rank holds
     ATOM_CHECK(e >= 0 && e < S, "fused_moe: token {} chose slot {} of {}", r / K, e, S);
     routed[e].push_back(r);
   }
@@ -245,6 +255,7 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   for (int64_t t = 0; t < T; ++t) {
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (int64_t j = 0; j < K; ++j) {
+      if (ids[t * K + j] == -1) continue;
       const float wt = wts[t * K + j];
       const float* yr = y.data() + (t * K + j) * H;
       for (int64_t h = 0; h < H; ++h) acc[h] += wt * yr[h];

@@ -208,6 +208,7 @@ struct MoeRouteLaunch {
   int group_score = 0;  // GroupScore: 0 top-2 sum, 1 max
   float scale = 1.0f;
   int num_shared = 0, shared_first = 0;
+  int local_first = 0, local_count = -1;  // RouterArgs' expert-parallel range
 };
 inline constexpr int kMoeRouteMaxExperts = 512, kMoeRouteMaxTopK = 16;
 void launch_moe_route(const MoeRouteLaunch& a, cudaStream_t s);

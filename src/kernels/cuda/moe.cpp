@@ -92,6 +92,8 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
   l.scale = a.routed_scaling_factor;
   l.num_shared = a.num_fused_shared;
   l.shared_first = a.shared_slot_first;
+  l.local_first = a.local_first;
+  l.local_count = a.local_count;
   launch_moe_route(l, current_stream());
   launch_check("moe_route");
 }

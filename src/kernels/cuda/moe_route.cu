@@ -207,7 +207,10 @@ __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteLaunch a
   __syncwarp();
   const int KT = K + a.num_shared;
   for (int j = lane; j < KT; j += 32) {
-    a.ids[t * KT + j] = j < K ? s_id[j] : a.shared_first + (j - K);
+    int id = j < K ? s_id[j] : a.shared_first + (j - K);
+    if (j < K && a.local_count != -1)
+      id = id >= a.local_first && id < a.local_first + a.local_count ? id - a.local_first : -1;
+    a.ids[t * KT + j] = id;
     a.weights[t * KT + j] = j < K ? s_w[j] : 1.0f;
   }
 }
