@@ -10,7 +10,8 @@
 //           weight-read limit (bench_util.h). Weights are rotated past the 50 MB L2.
 // Each GEMM line prints TFLOP/s and the fraction of --peak (FLOP/s; the FP8 matmul peak the peer
 // script bench/fp8_gemm_torch.py measures with torch._scaled_mm on this machine in the same run).
-//   cuda_fp8_bench [gemm|skinny|all] [--peak FLOPS] [--quick]
+//   quant:  the activation quantisation alone, one pass against two passes, as bytes/s.
+//   cuda_fp8_bench [gemm|skinny|quant|all] [--peak FLOPS] [--quick]
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -284,6 +285,47 @@ void bench_skinny() {
   }
 }
 
+// The activation quantisation alone (what the whole call adds to the GEMM): one pass (default)
+// and the two-pass kernel (ATOM_FP8_QUANT_ONE_PASS=0) in the same run, 1x128 groups and per-token,
+// BF16 rows of K in {2048, 7168, 16384}; bytes: the BF16 read, the e4m3 codes and the scales
+// written, against the bandwidth limit (bench_util.h).
+void bench_quant() {
+  std::printf("\n== FP8 activation quantisation alone (BF16 in, e4m3 + fp32 scales out)\n");
+  for (const auto mode : {kernels::cuda::Fp8Act::kBlock, kernels::cuda::Fp8Act::kToken})
+    for (const int64_t k : {2048, 7168, 16384})
+      for (const int64_t m : {1, 16, 128, 1024, 4096, 8192}) {
+        const Tensor x = rnd({m, k}, DType::kBF16, 3, -2, 2);
+        const int64_t group = mode == kernels::cuda::Fp8Act::kBlock ? 128 : k;
+        const int64_t G = (k + group - 1) / group, ld_sx = (m + 3) / 4 * 4;
+        Tensor xq = Tensor::empty({m, k}, DType::kU8, kGpu);
+        Tensor sx = Tensor::empty({G * ld_sx}, DType::kF32, kGpu);
+        kernels::cuda::Fp8Act8 a;
+        a.xq = static_cast<uint8_t*>(xq.data());
+        a.ldq = k;
+        a.sx = sx.ptr<float>();
+        a.ld_sx = ld_sx;
+        a.group = group;
+        const kernels::cuda::Mat xm{x.data(), m, k, k, kernels::cuda::Elem::kBF16};
+        const double bytes = 3.0 * m * k + 4.0 * G * m;
+        double t[2];
+        for (const int one_pass : {1, 0}) {
+          const kernels::cuda::CudaTuningScope scope(kernels::cuda::cuda_tuning_with(
+              [&](kernels::cuda::CudaTuning& c) { c.fp8_quant_one_pass = one_pass != 0; }));
+          t[one_pass] = time_op(
+              [&](int) { kernels::cuda::launch_fp8_act_quant(xm, mode, nullptr, a, nullptr); },
+              m * k > (int64_t{1} << 24) ? 20 : 100);
+          CUDA_CHECK(cudaGetLastError());
+        }
+        std::printf("%-6s M=%-5lld K=%-6lld one pass %8.1f us %6.3f TB/s (%5.1f%% of limit)  "
+                    "two pass %8.1f us %6.3f TB/s  (%.2fx)\n",
+                    mode == kernels::cuda::Fp8Act::kBlock ? "1x128" : "token",
+                    static_cast<long long>(m), static_cast<long long>(k), t[1] * 1e6,
+                    bytes / t[1] / 1e12, 100.0 * bytes / bench::kBandwidth / t[1], t[0] * 1e6,
+                    bytes / t[0] / 1e12, t[0] / t[1]);
+        std::fflush(stdout);
+      }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -299,5 +341,6 @@ int main(int argc, char** argv) {
   }
   if (what == "gemm" || what == "all") bench_gemm(quick);
   if (what == "skinny" || what == "all") bench_skinny();
+  if (what == "quant" || what == "all") bench_quant();
   return 0;
 }

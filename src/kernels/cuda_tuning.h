@@ -93,6 +93,9 @@ struct CudaTuning {
   // Weight rows per block of the FP8 skinny kernel, 2 or 4; 0: 4 at M = 1, else 2
   // (ATOM_FP8_SKINNY_ROWS).
   int fp8_skinny_rows = 0;
+  // The activation quantisation in one pass with 16-byte loads where the shapes allow it
+  // (linear_fp8.cu); off: the two-pass kernel everywhere (ATOM_FP8_QUANT_ONE_PASS=0).
+  bool fp8_quant_one_pass = true;
 
   // ---- MLA (mla.cpp)
   // The FP32 one-block-per-head kernel instead of the wgmma kernel (ATOM_MLA_BACKEND=simple).

@@ -9,8 +9,11 @@
 
 #include "core/cuda_check.h"
 #include "core/cuda_stream.h"
+#include "core/half.h"
 #include "gpu_util.h"
 #include "kernels/cuda/linear_fp8_config.h"
+#include "kernels/cuda/linear_fp8_launch.h"
+#include "kernels/cuda_tuning.h"
 
 namespace atom::test {
 namespace {
@@ -295,6 +298,123 @@ TEST(GpuLinearFp8, CublasLtDispatchFollowsTheRule) {
 // Captured into a CUDA graph with an arena-style workspace, replayed on other activations: the
 // same bytes as an eager call on those.
 // With cuBLASLt forced on, the same (its plan and workspace made by the eager call).
+// The activation quantisation alone, code for code and scale for scale against the CPU's rule
+// (amax over the group or row, s = max(amax, 1e-4) / 448, e4m3(x / s) rounded to nearest even and
+// saturated), on the one-pass kernels and the two-pass kernel: 128-column groups with a partial
+// last group, whole rows (dynamic and static scale; rows of up to 8,192 columns and past them),
+// K not a multiple of 8, strided and F16 rows, rows of zeros, large and tiny magnitudes, padded
+// code rows (their padding must be zeroed: the buffers start poisoned).
+TEST(GpuLinearFp8, ActivationQuantisationIsBitExact) {
+  using kernels::cuda::Fp8Act;
+  struct QCase {
+    int64_t m, k;
+    Fp8Act mode;
+    DType dt = DType::kBF16;
+    int64_t row_gap = 0;  // extra elements between rows
+  };
+  const QCase cases[] = {
+      {1, 7168, Fp8Act::kBlock},
+      {3, 200, Fp8Act::kBlock},
+      {300, 2048, Fp8Act::kBlock},
+      {37, 1000, Fp8Act::kBlock, DType::kF16, 8},
+      {5, 7172, Fp8Act::kBlock},
+      {2, 100, Fp8Act::kBlock, DType::kBF16, 4},
+      {1, 7168, Fp8Act::kToken},
+      {17, 2048, Fp8Act::kToken},
+      {4, 8192, Fp8Act::kToken},
+      {3, 16384, Fp8Act::kToken},
+      {9, 4104, Fp8Act::kToken, DType::kF16, 16},
+      {6, 250, Fp8Act::kToken},
+      {8, 3000, Fp8Act::kStatic},
+      {2, 7173, Fp8Act::kStatic},
+  };
+  const float static_scale = 1.0f / 300.0f;  // x up to 2, some rows x 64: some values saturate
+  uint64_t seed = 9100;
+  int one_pass_cases = 0;
+  for (const bool one_pass : {true, false}) {
+    const kernels::cuda::CudaTuningScope scope(kernels::cuda::cuda_tuning_with(
+        [&](kernels::cuda::CudaTuning& t) { t.fp8_quant_one_pass = one_pass; }));
+    for (const QCase& c : cases) {
+      SCOPED_TRACE(fmt::format("one_pass={} M={} K={} mode={} {} gap {}", one_pass, c.m, c.k,
+                               static_cast<int>(c.mode), dtype_name(c.dt), c.row_gap));
+      const int64_t ld = c.k + c.row_gap;
+      Tensor xw = random_cpu({c.m, ld}, c.dt, seed += 3, -2.0f, 2.0f);
+      // Row 1 all zeros (the amax floor), row 2 scaled up 64x, row 3 down 1e-3 (where present).
+      for (int64_t m = 1; m < std::min<int64_t>(c.m, 4); ++m) {
+        Tensor r = xw.select(0, m);
+        const Tensor f = tensor_cast_cpu(r, DType::kF32);
+        const float mul = m == 1 ? 0.0f : m == 2 ? 64.0f : 1e-3f;
+        Tensor scaled = Tensor::empty({ld}, DType::kF32);
+        for (int64_t k = 0; k < ld; ++k) scaled.ptr<float>()[k] = f.ptr<float>()[k] * mul;
+        tensor_assign(r, scaled);
+      }
+      const Tensor x = xw.narrow(1, 0, c.k);
+      const int64_t group = c.mode == Fp8Act::kBlock ? 128 : c.k;
+      const int64_t G = (c.k + group - 1) / group, ldq = (c.k + 15) / 16 * 16 + 16,
+                    ld_sx = (c.m + 3) / 4 * 4;
+      // CPU rule.
+      std::vector<uint8_t> want_q(static_cast<size_t>(c.m * ldq), 0);
+      std::vector<float> want_s(static_cast<size_t>(G * ld_sx), 0.0f);
+      const Tensor xf = tensor_cast_cpu(x.contiguous(), DType::kF32);
+      for (int64_t m = 0; m < c.m; ++m)
+        for (int64_t g = 0; g < G; ++g) {
+          const float* r = xf.ptr<float>() + m * c.k;
+          const int64_t k0 = g * group, k1 = std::min(c.k, k0 + group);
+          float amax = 0.0f;
+          for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(r[k]));
+          const float sc =
+              c.mode == Fp8Act::kStatic ? static_scale : std::max(amax, 1e-4f) / 448.0f;
+          want_s[g * ld_sx + m] = sc;
+          for (int64_t k = k0; k < k1; ++k) want_q[m * ldq + k] = f32_to_f8e4m3(r[k] / sc);
+        }
+      // GPU, into poisoned buffers.
+      Tensor gxw = xw.to(gpu());
+      Tensor gx = gxw.narrow(1, 0, c.k);
+      Tensor xq = Tensor::empty({c.m, ldq}, DType::kU8, gpu());
+      Tensor sx = Tensor::empty({G * ld_sx}, DType::kF32, gpu());
+      poison(xq);
+      poison(sx);
+      Tensor in_scale = Tensor::empty({1}, DType::kF32);
+      in_scale.ptr<float>()[0] = static_scale;
+      Tensor g_in_scale = in_scale.to(gpu());
+      kernels::cuda::Fp8Act8 a;
+      a.xq = static_cast<uint8_t*>(xq.data());
+      a.ldq = ldq;
+      a.sx = sx.ptr<float>();
+      a.ld_sx = ld_sx;
+      a.group = group;
+      kernels::cuda::Mat xm;
+      xm.data = gx.data();
+      xm.rows = c.m;
+      xm.cols = c.k;
+      xm.stride = ld;
+      xm.type = c.dt == DType::kF16 ? kernels::cuda::Elem::kF16 : kernels::cuda::Elem::kBF16;
+      kernels::cuda::launch_fp8_act_quant(xm, c.mode, g_in_scale.ptr<float>(), a, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const Tensor hq = host(xq), hs = host(sx);
+      int bad_q = 0, bad_s = 0;
+      for (int64_t m = 0; m < c.m; ++m)
+        for (int64_t k = 0; k < ldq; ++k) {
+          const uint8_t got = hq.ptr<uint8_t>()[m * ldq + k], want = want_q[m * ldq + k];
+          if (got != want && bad_q++ < 5)
+            ADD_FAILURE() << "code [" << m << ", " << k << "]: " << int(got) << " want "
+                          << int(want);
+        }
+      for (int64_t m = 0; m < c.m; ++m)
+        for (int64_t g = 0; g < G; ++g) {
+          const float got = hs.ptr<float>()[g * ld_sx + m], want = want_s[g * ld_sx + m];
+          if (std::memcmp(&got, &want, 4) != 0 && bad_s++ < 5)
+            ADD_FAILURE() << "scale [" << m << ", " << g << "]: " << got << " want " << want;
+        }
+      EXPECT_EQ(bad_q, 0);
+      EXPECT_EQ(bad_s, 0);
+      one_pass_cases += one_pass && c.k % 8 == 0 && c.row_gap % 8 == 0 &&
+                        (c.mode == Fp8Act::kBlock || c.k <= 8192);
+    }
+  }
+  EXPECT_GE(one_pass_cases, 8) << "the one-pass kernels must see most cases";
+}
+
 TEST(GpuLinearFp8, GraphReplayMatchesEager) {
   using kernels::cuda::Fp8CublasLt;
   for (const Fp8CublasLt lt : {Fp8CublasLt::kOff, Fp8CublasLt::kOn})

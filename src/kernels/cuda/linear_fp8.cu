@@ -6,6 +6,14 @@
 // e4m3(x / scale) with the conversion instruction's round-to-nearest-even and saturation;
 // kToken: the row's amax (block max); kStatic: the checkpoint's input_scale. Bit-exact with the
 // CPU reference (same IEEE division, the same rounding: fp8.cuh).
+// One pass (ATOM_FP8_QUANT_ONE_PASS, default on) where the shapes allow it: 16-bit activations
+// read in 16-byte chunks (8 values), each value loaded once and kept in registers between the
+// amax and the conversion. kBlock with 128-column groups: a half-warp a group, a chunk a lane,
+// the group's amax by four shuffles, the (row, group) pairs spread flat over the grid; kToken and
+// kStatic rows of up to 8,192 columns: a block a row, up to 4 chunks a thread (at 16,384 columns
+// 8 chunks held 64 values a thread and lost to two passes at M >= 1,024 on the H100:
+// docs/performance.md). Otherwise the two-pass kernel above (each value read twice, 8-byte
+// loads).
 //
 // Skinny (M <= 4): two (or four) weight rows per block, its four warps' lanes each streaming
 // 16-byte chunks (16 e4m3 weights) of every row, four chunks per row in flight; the activations
@@ -15,6 +23,7 @@
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/fp8.cuh"
 #include "kernels/cuda/linear_fp8_launch.h"
+#include "kernels/cuda_tuning.h"
 
 namespace atom::kernels::cuda {
 
@@ -87,8 +96,100 @@ __global__ void __launch_bounds__(256)
     for (int64_t k = K + tid; k < a.ldq; k += 256) q[k] = 0;
 }
 
+// Eight e4m3 codes of v / s, in the order of v.
+__device__ __forceinline__ uint2 quant8(const float (&v)[8], float s) {
+  uint2 r;
+  r.x = float2_to_fp8x2(__fdiv_rn(v[0], s), __fdiv_rn(v[1], s)) |
+        (float2_to_fp8x2(__fdiv_rn(v[2], s), __fdiv_rn(v[3], s)) << 16);
+  r.y = float2_to_fp8x2(__fdiv_rn(v[4], s), __fdiv_rn(v[5], s)) |
+        (float2_to_fp8x2(__fdiv_rn(v[6], s), __fdiv_rn(v[7], s)) << 16);
+  return r;
+}
+
+// kBlock, 128-column groups, one pass: half-warp h of block b takes the (row, group) pair
+// b * 16 + h (groups of a row consecutive); lane l of it the chunk at column 128 g + 8 l.
+template <typename T>
+__global__ void __launch_bounds__(256) fp8_act_quant_g128_kernel(Mat x, int64_t G, Fp8Act8 a) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t K = x.cols, item = static_cast<int64_t>(blockIdx.x) * 16 + (threadIdx.x >> 4);
+  const int l = threadIdx.x & 15;
+  const bool live = item < x.rows * G;
+  const int64_t m = live ? item / G : 0, g = live ? item % G : 0, k = g * 128 + l * 8;
+  const bool in = live && k < K;  // K % 8 == 0: a chunk is whole or absent
+  float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (in) load_vec<T, 8>(static_cast<const T*>(x.data) + m * x.stride + k, v);
+  float am = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) am = fmaxf(am, fabsf(v[i]));
+    // Every lane takes part (dead pairs with zeros); offsets below 16 stay in the half-warp.
+#pragma unroll
+  for (int o = 8; o > 0; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
+  const float s = __fdiv_rn(fmaxf(am, kFloor), kMax);
+  uint8_t* q = a.xq + m * a.ldq;
+  if (in) *reinterpret_cast<uint2*>(q + k) = quant8(v, s);
+  if (live && l == 0) a.sx[g * a.ld_sx + m] = s;
+  if (live && g == G - 1)  // the row's zero padding [K, ldq)
+    for (int64_t c = K + l; c < a.ldq; c += 16) q[c] = 0;
+}
+
+// kToken / kStatic, one pass: a block a row, thread t's chunks at columns 8 (256 c + t).
+template <typename T, int C>
+__global__ void __launch_bounds__(256)
+    fp8_act_quant_row_kernel(Mat x, Fp8Act mode, const float* input_scale, Fp8Act8 a) {
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ float scratch[32];
+  const int64_t m = blockIdx.x, K = x.cols;
+  const T* row = static_cast<const T*>(x.data) + m * x.stride;
+  const int tid = threadIdx.x;
+  float v[C][8];
+  float am = 0.0f;
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const int64_t k = (static_cast<int64_t>(c) * 256 + tid) * 8;
+    if (k < K) {
+      load_vec<T, 8>(row + k, v[c]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) am = fmaxf(am, fabsf(v[c][i]));
+    }
+  }
+  const float s = mode == Fp8Act::kStatic ? *input_scale
+                                          : __fdiv_rn(fmaxf(block_max(am, scratch), kFloor), kMax);
+  uint8_t* q = a.xq + m * a.ldq;
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    const int64_t k = (static_cast<int64_t>(c) * 256 + tid) * 8;
+    if (k < K) *reinterpret_cast<uint2*>(q + k) = quant8(v[c], s);
+  }
+  if (tid == 0) a.sx[m] = s;
+  for (int64_t k = K + tid; k < a.ldq; k += 256) q[k] = 0;
+}
+
 template <typename T>
 void quant_typed(Mat x, Fp8Act mode, const float* input_scale, const Fp8Act8& a, cudaStream_t s) {
+  // One pass: 16-bit values in whole, 16-byte aligned chunks, 8-byte aligned code rows.
+  if constexpr (sizeof(T) == 2) {
+    const bool wide = cuda_tuning().fp8_quant_one_pass && x.cols % 8 == 0 && x.stride % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(x.data) % 16 == 0 && a.ldq % 8 == 0 &&
+                      reinterpret_cast<uintptr_t>(a.xq) % 8 == 0;
+    if (wide && mode == Fp8Act::kBlock && a.group == 128) {
+      const int64_t G = (x.cols + 127) / 128, blocks = (x.rows * G + 15) / 16;
+      launch(fp8_act_quant_g128_kernel<T>, dim3(static_cast<unsigned>(blocks)), 256, 0, s, x, G, a);
+      return;
+    }
+    if (wide && mode != Fp8Act::kBlock && x.cols <= 8 * 256 * 4) {
+      const dim3 grid(static_cast<unsigned>(x.rows));
+      const int64_t chunks = (x.cols + 2047) / 2048;
+      if (chunks <= 1)
+        launch(fp8_act_quant_row_kernel<T, 1>, grid, 256, 0, s, x, mode, input_scale, a);
+      else if (chunks <= 2)
+        launch(fp8_act_quant_row_kernel<T, 2>, grid, 256, 0, s, x, mode, input_scale, a);
+      else
+        launch(fp8_act_quant_row_kernel<T, 4>, grid, 256, 0, s, x, mode, input_scale, a);
+      return;
+    }
+  }
   const bool vec = x.cols % 4 == 0 && x.stride % 4 == 0 &&
                    (mode != Fp8Act::kBlock || a.group % 4 == 0) &&
                    (reinterpret_cast<uintptr_t>(x.data) % (4 * sizeof(T))) == 0;
