@@ -8,7 +8,8 @@
 namespace atom::kernels {
 
 // t[i] = lo + (hi - lo) * random_uniform(seed, i) over the flat elements of contiguous `t`
-// (F32, BF16 or F16), product and sum each rounded to fp32, then rounded to t's dtype.
+// (F32, BF16, F16 or F8E4M3), product and sum each rounded to fp32, then rounded to t's dtype
+// (e4m3: f32_to_f8e4m3, on both devices).
 namespace cpu {
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi);
 }

@@ -5,7 +5,6 @@
 
 #include "core/convert.h"
 #include "core/error.h"
-#include "core/half.h"
 #include "core/log.h"
 #include "kernels/random.h"
 
@@ -33,8 +32,7 @@ void model_fill_dummy(Model& model, uint64_t seed) {
   // FP8 weights (an FP8 checkpoint's layers kept FP8 on the device) hold uniform values in
   // ±224 (of e4m3's ±448) and every scale is 1/(224 sqrt(fan_in)), so the dequantised weights
   // have the same spread as the others'; static activation scales are 8/448 (activations of a
-  // few units after the norms). The FP8 values are drawn on the CPU (the random kernels write
-  // float types) and copied over.
+  // few units after the norms). The FP8 codes are drawn where the weight lives, as the others.
   std::map<std::string, int64_t> fan_in;  // by layer: its FP8 weight's columns
   for (const auto& [name, p] : model.params().all())
     if (p->data().dtype() == DType::kF8E4M3 && name.ends_with(".weight"))
@@ -46,13 +44,7 @@ void model_fill_dummy(Model& model, uint64_t seed) {
     if (p->dummy_fill) {
       p->dummy_fill(d, seed ^ fnv1a(name));
     } else if (d.dtype() == DType::kF8E4M3) {
-      Tensor v = Tensor::empty(d.shape(), DType::kF32);
-      kernels::fill_uniform(v, seed ^ fnv1a(name), -224.0f, 224.0f);
-      Tensor q = Tensor::empty(d.shape(), DType::kF8E4M3);
-      const float* vp = v.ptr<float>();
-      uint8_t* qp = static_cast<uint8_t*>(q.data());
-      for (int64_t i = 0; i < v.numel(); ++i) qp[i] = f32_to_f8e4m3(vp[i]);
-      tensor_assign(d, q);
+      kernels::fill_uniform(d, seed ^ fnv1a(name), -224.0f, 224.0f);
     } else if (name.ends_with(".weight_scale") && fan_in.count(layer)) {
       const float s =
           static_cast<float>(1.0 / (224.0 * std::sqrt(static_cast<double>(fan_in[layer]))));

@@ -12,12 +12,15 @@ namespace atom::test {
 namespace {
 
 TEST(GpuElementwise, FillUniformMatchesCpuExactly) {
-  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16, DType::kF8E4M3}) {
+    // e4m3: the range --load-format dummy draws FP8 weights from (every exponent, no saturation).
+    const float lo = dt == DType::kF8E4M3 ? -224.0f : -0.5f,
+                hi = dt == DType::kF8E4M3 ? 224.0f : 2.0f;
     Tensor c = Tensor::empty({1001, 37}, dt);
-    kernels::fill_uniform(c, 1234, -0.5f, 2.0f);
+    kernels::fill_uniform(c, 1234, lo, hi);
     Tensor g = Tensor::empty({1001, 37}, dt, gpu());
     poison(g);
-    kernels::fill_uniform(g, 1234, -0.5f, 2.0f);
+    kernels::fill_uniform(g, 1234, lo, hi);
     EXPECT_TRUE(same_bytes(g, c)) << dtype_name(dt);
   }
 }

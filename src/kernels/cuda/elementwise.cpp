@@ -88,8 +88,12 @@ void fill_uniform_bytes(Tensor& t, uint64_t seed, int lo, int hi) {
 
 void fill_uniform(Tensor& t, uint64_t seed, float lo, float hi) {
   ATOM_CHECK(t.is_contiguous(), "fill_uniform: {} must be contiguous", t.str());
-  launch_fill_uniform(t.data(), elem_of(t.dtype(), "fill_uniform"), t.numel(), seed, lo, hi,
-                      current_stream());
+  if (t.dtype() == DType::kF8E4M3)
+    launch_fill_uniform_f8(static_cast<uint8_t*>(t.data()), t.numel(), seed, lo, hi,
+                           current_stream());
+  else
+    launch_fill_uniform(t.data(), elem_of(t.dtype(), "fill_uniform"), t.numel(), seed, lo, hi,
+                        current_stream());
   launch_check("fill_uniform");
 }
 

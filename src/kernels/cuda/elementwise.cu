@@ -3,6 +3,7 @@
 // most bytes in prefill, has a 16-byte vector path.
 #include <algorithm>
 
+#include "core/half.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launch_mxfp4.h"
 #include "kernels/rng.h"
@@ -131,6 +132,16 @@ __global__ void fill_uniform_kernel(void* data, Elem type, int64_t n, uint64_t s
   }
 }
 
+__global__ void fill_uniform_f8_kernel(uint8_t* data, int64_t n, uint64_t seed, float lo,
+                                       float span) {
+  pdl_wait();
+  pdl_launch_dependents();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    data[i] = f32_to_f8e4m3(
+        __fadd_rn(lo, __fmul_rn(span, random_uniform(seed, static_cast<uint64_t>(i)))));
+}
+
 __global__ void fill_bytes_kernel(uint8_t* data, int64_t n, uint64_t seed, int lo, int hi) {
   pdl_wait();
   pdl_launch_dependents();
@@ -221,6 +232,13 @@ void launch_fill_uniform(void* data, Elem type, int64_t n, uint64_t seed, float 
   if (n == 0) return;
   launch(fill_uniform_kernel, grid_for(n, kThreads, 132 * 64), kThreads, 0, s, data, type, n, seed,
          lo, hi - lo);
+}
+
+void launch_fill_uniform_f8(uint8_t* data, int64_t n, uint64_t seed, float lo, float hi,
+                            cudaStream_t s) {
+  if (n == 0) return;
+  launch(fill_uniform_f8_kernel, grid_for(n, kThreads, 132 * 64), kThreads, 0, s, data, n, seed, lo,
+         hi - lo);
 }
 
 void launch_fill_bytes(uint8_t* data, int64_t n, uint64_t seed, int lo, int hi, cudaStream_t s) {

@@ -40,6 +40,9 @@ void launch_silu_mul(Mat out, Mat x, cudaStream_t s);
 // data[i] = lo + (hi - lo) * random_uniform(seed, i), i < n, in `type`
 void launch_fill_uniform(void* data, Elem type, int64_t n, uint64_t seed, float lo, float hi,
                          cudaStream_t s);
+// The same values as e4m3 codes (f32_to_f8e4m3).
+void launch_fill_uniform_f8(uint8_t* data, int64_t n, uint64_t seed, float lo, float hi,
+                            cudaStream_t s);
 
 // ---- rms_norm.cu
 // out = rmsnorm(x) over groups of `dim` columns; residual (may be null) += x first.
