@@ -11,7 +11,8 @@
 // Each GEMM line prints TFLOP/s and the fraction of --peak (FLOP/s; the FP8 matmul peak the peer
 // script bench/fp8_gemm_torch.py measures with torch._scaled_mm on this machine in the same run).
 //   quant:  the activation quantisation alone, one pass against two passes, as bytes/s.
-//   cuda_fp8_bench [gemm|skinny|quant|all] [--peak FLOPS] [--quick]
+//   ragged: the block-scaled call at M % 4 != 0, cut between cuBLASLt and a tail, or not.
+//   cuda_fp8_bench [gemm|skinny|quant|ragged|all] [--peak FLOPS] [--quick]
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -285,6 +286,44 @@ void bench_skinny() {
   }
 }
 
+// Ragged M (M % 4 != 0, which cuBLASLt cannot run with 1x128 groups): the whole block-scaled call
+// with the cut (cuBLASLt for M - M % 4 rows, the skinny kernel for the rest; the default) against
+// atom's GEMM for all of it (ATOM_FP8_CUBLASLT_SPLIT=0), and the call at M - 1 rows (a multiple of
+// 4: cuBLASLt alone) beside them, in the same run.
+void bench_ragged() {
+  std::printf("\n== FP8 block call at M %% 4 != 0: cuBLASLt + tail against atom's GEMM\n");
+  struct NK {
+    int64_t n, k;
+  };
+  for (const NK& s : {NK{2112, 7168}, NK{7168, 7168}, NK{24576, 7168}, NK{7168, 16384}}) {
+    const double wbytes = static_cast<double>(s.n) * s.k;
+    const int copies = static_cast<int>(std::max(1.0, std::ceil(200e6 / wbytes)));
+    std::vector<kernels::Fp8Weight> ws;
+    for (int c = 0; c < copies; ++c) ws.push_back(block_weight(s.n, s.k, 10 + c));
+    for (const int64_t m : {1025, 2049, 4097, 8193}) {
+      double t[3];
+      for (int v = 0; v < 3; ++v) {
+        const int64_t rows = v == 2 ? m - 1 : m;
+        Tensor x = rnd({rows, s.k}, DType::kBF16, 5, -2, 2);
+        Tensor y = Tensor::empty({rows, s.n}, DType::kBF16, kGpu);
+        Tensor work = Tensor::empty(
+            {kernels::cuda::linear_fp8_workspace_bytes(rows, s.k, ws[0]) + 256}, DType::kU8, kGpu);
+        const kernels::cuda::CudaTuningScope scope(kernels::cuda::cuda_tuning_with(
+            [&](kernels::cuda::CudaTuning& c) { c.fp8_cublaslt_split = v != 1; }));
+        const double flops = 2.0 * rows * s.n * s.k;
+        t[v] = time_op([&](int i) { kernels::linear_fp8(y, x, ws[i % copies], Tensor(), work); },
+                       flops > 2e12 ? 3 : 10);
+        CUDA_CHECK(cudaGetLastError());
+      }
+      std::printf("N=%-6lld K=%-6lld M=%-5lld cut %9.1f us   atom GEMM %9.1f us (%.2fx)   M-1 "
+                  "(cuBLASLt) %9.1f us\n",
+                  static_cast<long long>(s.n), static_cast<long long>(s.k),
+                  static_cast<long long>(m), t[0] * 1e6, t[1] * 1e6, t[1] / t[0], t[2] * 1e6);
+      std::fflush(stdout);
+    }
+  }
+}
+
 // The activation quantisation alone (what the whole call adds to the GEMM): one pass (default)
 // and the two-pass kernel (ATOM_FP8_QUANT_ONE_PASS=0) in the same run, 1x128 groups and per-token,
 // BF16 rows of K in {2048, 7168, 16384}; bytes: the BF16 read, the e4m3 codes and the scales
@@ -342,5 +381,6 @@ int main(int argc, char** argv) {
   if (what == "gemm" || what == "all") bench_gemm(quick);
   if (what == "skinny" || what == "all") bench_skinny();
   if (what == "quant" || what == "all") bench_quant();
+  if (what == "ragged" || what == "all") bench_ragged();
   return 0;
 }

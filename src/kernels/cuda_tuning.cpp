@@ -40,6 +40,7 @@ CudaTuning CudaTuning::from_env() {
                                     : Fp8Tiles::kAuto;
   t.fp8_skinny_rows = static_cast<int>(env_int("ATOM_FP8_SKINNY_ROWS", 0));
   t.fp8_quant_one_pass = env_int("ATOM_FP8_QUANT_ONE_PASS", 1) != 0;
+  t.fp8_cublaslt_split = env_int("ATOM_FP8_CUBLASLT_SPLIT", 1) != 0;
   const std::string lt = env_str("ATOM_FP8_GEMM_CUBLASLT", "auto");
   t.fp8_cublaslt = lt == "on"    ? Fp8CublasLt::kOn
                    : lt == "off" ? Fp8CublasLt::kOff

@@ -96,6 +96,10 @@ struct CudaTuning {
   // The activation quantisation in one pass with 16-byte loads where the shapes allow it
   // (linear_fp8.cu); off: the two-pass kernel everywhere (ATOM_FP8_QUANT_ONE_PASS=0).
   bool fp8_quant_one_pass = true;
+  // 1x128-group calls of M >= 1,024 rows with M % 4 != 0 (which cuBLASLt cannot run) cut into
+  // cuBLASLt's rows and a 1-3 row tail (linear_fp8.cpp); off: atom's GEMM for the whole call
+  // (ATOM_FP8_CUBLASLT_SPLIT=0).
+  bool fp8_cublaslt_split = true;
 
   // ---- MLA (mla.cpp)
   // The FP32 one-block-per-head kernel instead of the wgmma kernel (ATOM_MLA_BACKEND=simple).

@@ -295,6 +295,34 @@ TEST(GpuLinearFp8, CublasLtDispatchFollowsTheRule) {
   }
 }
 
+// 1x128-group calls of M >= 1,024 rows with M % 4 != 0: cuBLASLt takes the first M - M % 4 rows
+// and the skinny kernel the last 1-3 (ATOM_FP8_CUBLASLT_SPLIT); every row against the CPU (the
+// tail's rows and the head's last rows included: rel_err fails a poisoned, unwritten row), and
+// the whole call on atom's GEMM with the cut off.
+TEST(GpuLinearFp8, RaggedRowsSplitBetweenCublasLtAndTheTail) {
+  uint64_t seed = 8800;
+  int split = 0;
+  for (const bool on : {true, false}) {
+    const kernels::cuda::CudaTuningScope scope(
+        kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
+          t.fp8_cublaslt = kernels::cuda::Fp8CublasLt::kAuto;
+          t.fp8_cublaslt_split = on;
+        }));
+    for (const int64_t m : {1025, 1026, 1027, 2051, 1024, 1023})
+      for (const DType od : {DType::kBF16, DType::kF32}) {
+        const Case c{m,   384,       512, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128,
+                     128, m == 1027, od};
+        const Result r = run_case(c, seed += 7);
+        const bool want_split = on && m >= 1024 && m % 4 != 0;
+        EXPECT_EQ(r.kernel == "cublaslt+tail", want_split) << "M=" << m << " ran " << r.kernel;
+        split += r.kernel == "cublaslt+tail";
+        const double tol = od == DType::kF32 ? 5e-4 : 3e-3;  // as CublasLtMatchesCpu
+        EXPECT_LE(r.err, tol) << "M=" << m << " " << dtype_name(od) << " via " << r.kernel;
+      }
+  }
+  EXPECT_EQ(split, 8);
+}
+
 // Captured into a CUDA graph with an arena-style workspace, replayed on other activations: the
 // same bytes as an eager call on those.
 // With cuBLASLt forced on, the same (its plan and workspace made by the eager call).

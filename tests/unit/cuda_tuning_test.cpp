@@ -48,6 +48,7 @@ TEST(CudaTuning, DefaultsAreTheH200Choices) {
   EXPECT_EQ(t.fp8_cublaslt, Fp8CublasLt::kAuto);
   EXPECT_EQ(t.fp8_skinny_rows, 0);
   EXPECT_TRUE(t.fp8_quant_one_pass);
+  EXPECT_TRUE(t.fp8_cublaslt_split);
   EXPECT_FALSE(t.mla_simple);
   EXPECT_EQ(t.mla_pipeline, 0);
   EXPECT_EQ(t.moe_decode_max_rows, 8);
@@ -73,6 +74,7 @@ TEST(CudaTuning, ReadsEveryVariable) {
                  {"ATOM_FP8_GEMM_TILES", "cp_async"},
                  {"ATOM_FP8_SKINNY_ROWS", "4"},
                  {"ATOM_FP8_QUANT_ONE_PASS", "0"},
+                 {"ATOM_FP8_CUBLASLT_SPLIT", "0"},
                  {"ATOM_MLA_BACKEND", "simple"},
                  {"ATOM_MLA_PIPELINE", "1"},
                  {"ATOM_MOE_DECODE_MAX_ROWS", "64"},
@@ -95,6 +97,7 @@ TEST(CudaTuning, ReadsEveryVariable) {
   EXPECT_EQ(t.fp8_tiles, Fp8Tiles::kCpAsync);
   EXPECT_EQ(t.fp8_skinny_rows, 4);
   EXPECT_FALSE(t.fp8_quant_one_pass);
+  EXPECT_FALSE(t.fp8_cublaslt_split);
   EXPECT_TRUE(t.mla_simple);
   EXPECT_EQ(t.mla_pipeline, 1);
   EXPECT_EQ(t.moe_decode_max_rows, 64);
