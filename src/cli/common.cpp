@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstdlib>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/log.h"
 
@@ -27,6 +29,15 @@ void model_args_add_placement(CLI::App* cmd, ModelArgs& a) {
                 "mixtures of experts: each of the --tensor-parallel-size ranks holds whole routed "
                 "experts, 1/N of them, and reads only their weights (attention stays "
                 "tensor-parallel)");
+  cmd->add_flag("--enable-eplb", a.enable_eplb,
+                "expert parallelism load balancing: redundant copies of experts over the ranks "
+                "(--eplb-config's num_redundant_experts)");
+  cmd->add_option("--eplb-config", a.eplb_config,
+                  "vLLM's JSON, e.g. '{\"num_redundant_experts\": 32}' (window_size, "
+                  "step_interval and log_balancedness are accepted; the placement is static for "
+                  "now)");
+  cmd->add_option("--num-redundant-experts", a.num_redundant_experts,
+                  "redundant experts with --enable-eplb (older vLLM spelling)");
   cmd->add_option("--dtype", a.dtype,
                   "activation dtype: auto (bf16 on CUDA, f32 on the CPU), bfloat16, float16, "
                   "float32")
@@ -39,6 +50,39 @@ void model_args_add_placement(CLI::App* cmd, ModelArgs& a) {
           return std::string(e.what());
         }
       });
+}
+
+int eplb_redundant_experts(const ModelArgs& a) {
+  int n = 0;
+  if (!a.eplb_config.empty()) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(a.eplb_config);
+    } catch (const std::exception& e) {
+      fail("--eplb-config is not JSON: {}", e.what());
+    }
+    if (!j.is_object()) fail("--eplb-config must be a JSON object, got {}", a.eplb_config);
+    for (const auto& [k, v] : j.items()) {
+      if (k == "num_redundant_experts") {
+        if (!v.is_number_integer()) fail("--eplb-config: num_redundant_experts must be an integer");
+        n = v.get<int>();
+      } else if (k != "window_size" && k != "step_interval" && k != "log_balancedness" &&
+                 k != "use_async" && k != "policy") {
+        fail("--eplb-config: unknown key '{}' (known: num_redundant_experts, window_size, "
+             "step_interval, log_balancedness, use_async, policy)",
+             k);
+      }
+    }
+  }
+  if (a.num_redundant_experts >= 0) n = a.num_redundant_experts;
+  if (n < 0) fail("--eplb-config: num_redundant_experts must be at least 0, got {}", n);
+  if (!a.enable_eplb) {
+    if (n > 0) fail("redundant experts ({}) need --enable-eplb", n);
+    return 0;
+  }
+  if (!a.enable_expert_parallel)
+    fail("--enable-eplb needs --enable-expert-parallel (and --tensor-parallel-size > 1)");
+  return n;
 }
 
 std::optional<DType> dtype_arg_parse(const std::string& s) {
@@ -54,6 +98,7 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   o.device = a.device.empty() ? device_default() : device_parse(a.device);
   o.act_dtype = dtype_arg_parse(a.dtype);
   o.expert_parallel = a.enable_expert_parallel;
+  o.num_redundant_experts = eplb_redundant_experts(a);
   if (o.device.is_cuda() && !cuda_available())
     fail("--device {}: no usable NVIDIA GPU found (or this build has no CUDA backend)",
          o.device.str());

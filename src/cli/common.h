@@ -25,7 +25,17 @@ struct ModelArgs {
   // --enable-expert-parallel (also -ep): the ranks split the routed experts instead of slicing
   // each one (ModelOptions::expert_parallel).
   bool enable_expert_parallel = false;
+  // vLLM's EPLB flags: --enable-eplb with --eplb-config '{"num_redundant_experts": N, ...}' (or
+  // the older --num-redundant-experts N): N redundant expert copies over the expert-parallel ranks.
+  bool enable_eplb = false;
+  std::string eplb_config;
+  int num_redundant_experts = -1;  // -1: from --eplb-config (default 0)
 };
+
+// The number of redundant experts the EPLB flags ask for (0 without --enable-eplb); an error
+// naming the flag for a malformed --eplb-config, a negative count, or EPLB without
+// --enable-expert-parallel.
+int eplb_redundant_experts(const ModelArgs& a);
 
 // vLLM's --dtype: auto (the device's default), bfloat16 / bf16, float16 / half / fp16,
 // float32 / float; nullopt for auto, an error naming the value otherwise.

@@ -40,6 +40,15 @@ struct RouterArgs {
   // expert of another rank: fused_moe skips it). local_count -1: every expert, slot e.
   int local_first = 0;
   int local_count = -1;
+  // EPLB's redundant replicas (expert parallelism): a routed choice of expert e in token row t
+  // goes to physical expert replicas[e, t % replica_count[e]], which local_first / local_count
+  // then map to this rank's slot or -1 (physical expert p lives on one rank, in slot p - its
+  // first). replicas [E, R] I32 and replica_count [E] I32 (each in [1, R]) on the call's device;
+  // expert_load [E] I64, when set, adds each routed choice of expert e (every rank routes every
+  // token, so every rank counts the same).
+  const Tensor* replicas = nullptr;
+  const Tensor* replica_count = nullptr;
+  Tensor* expert_load = nullptr;
 };
 
 // moe_route's argument rules, the same for every backend (an Error naming the tensor otherwise).
@@ -66,7 +75,9 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
 
 inline void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
                       const Tensor& correction_bias, const RouterArgs& a) {
-  check_same_device("moe_route", topk_ids.device(), {&topk_weights, &logits, &correction_bias});
+  check_same_device(
+      "moe_route", topk_ids.device(),
+      {&topk_weights, &logits, &correction_bias, a.replicas, a.replica_count, a.expert_load});
   if (topk_ids.device().is_cpu())
     return cpu::moe_route(topk_ids, topk_weights, logits, correction_bias, a);
   ATOM_KERNEL_CUDA("moe_route",

@@ -120,6 +120,9 @@ struct LayerContext {
   // mixture's routed experts between them, each holding whole experts (ExpertShare), instead of
   // every rank holding a slice of every expert. Attention and dense layers stay tensor-parallel.
   bool expert_parallel = false;
+  // EPLB's redundant experts (vLLM's num_redundant_experts): extra physical copies of experts
+  // spread over the expert-parallel ranks (layers/moe.h). Needs expert_parallel.
+  int num_redundant_experts = 0;
 
   // A zero-initialised parameter tensor on the model's device.
   Tensor param_tensor(Shape shape, DType dtype) const {

@@ -1,5 +1,6 @@
 #include "layers/moe.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include "core/convert.h"
@@ -83,19 +84,33 @@ void check_expert_tensor(const std::string& param, const Tensor& ckpt, const Sha
 
 // The parts a parameter expects: each of this rank's routed experts (checkpoint ids), then the
 // shared experts (as expert num_experts) when they are fused.
-std::vector<std::string> expert_parts(const ExpertShare& share, int64_t num_experts,
+std::vector<std::string> expert_parts(const std::vector<int64_t>& local, int64_t num_experts,
                                       int64_t num_shared_slots,
                                       const std::vector<std::string>& shards) {
   std::vector<std::string> parts;
   auto add = [&](int64_t e) {
     for (const auto& s : shards) parts.push_back(Parameter::part_key(s, static_cast<int>(e)));
   };
-  for (int64_t e = share.first; e < share.first + share.count; ++e) add(e);
+  std::vector<int64_t> experts = local;  // each checkpoint expert once (replicas share a part)
+  std::sort(experts.begin(), experts.end());
+  experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
+  for (const int64_t e : experts) add(e);
   if (num_shared_slots > 0) add(num_experts);
   return parts;
 }
 
 }  // namespace
+
+std::vector<int64_t> FusedMoE::slots_of(int64_t expert) const {
+  std::vector<int64_t> r;
+  for (size_t s = 0; s < local_.size(); ++s)
+    if (local_[s] == expert) r.push_back(static_cast<int64_t>(s));
+  return r;
+}
+
+bool FusedMoE::holds(int64_t expert) const {
+  return std::find(local_.begin(), local_.end(), expert) != local_.end();
+}
 
 ExpertShare ExpertShare::of(int64_t num_experts, int rank, int ranks) {
   ATOM_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "expert share of rank {} of {}", rank, ranks);
@@ -190,10 +205,11 @@ class FusedMoE::Writer : public FusedMoEWriter {
     for (int64_t e = 0; e < E(); ++e) {
       if (!held(e)) continue;
       p.record_part(Parameter::part_key("b13", static_cast<int>(e)));
-      for (int half = 0; half < 2; ++half) {
-        Tensor dst = p.data().select(0, slot(e)).narrow(0, half * Ip, Ir);
-        tensor_assign(dst, t.select(0, e).narrow(0, half * I() + start, Ir));
-      }
+      for (const int64_t s : m_.slots_of(e))
+        for (int half = 0; half < 2; ++half) {
+          Tensor dst = p.data().select(0, s).narrow(0, half * Ip, Ir);
+          tensor_assign(dst, t.select(0, e).narrow(0, half * I() + start, Ir));
+        }
     }
   }
   void down_bias(const Tensor& t) override {
@@ -204,18 +220,18 @@ class FusedMoE::Writer : public FusedMoEWriter {
       p.record_part(Parameter::part_key("b2", static_cast<int>(e)));
       // Summed over ranks after the combine: under tensor parallelism rank 0 adds it and the
       // others hold zeros; under expert parallelism the expert's one rank adds it.
-      if (m_.expert_parallel() || m_.ctx_.tp_rank == 0) {
-        Tensor dst = p.data().select(0, slot(e));
-        tensor_assign(dst, t.select(0, e));
-      }
+      if (m_.expert_parallel() || m_.ctx_.tp_rank == 0)
+        for (const int64_t s : m_.slots_of(e)) {
+          Tensor dst = p.data().select(0, s);
+          tensor_assign(dst, t.select(0, e));
+        }
     }
   }
 
  private:
   int64_t E() const { return m_.o_.num_experts; }
   int64_t I() const { return m_.o_.intermediate; }
-  bool held(int64_t e) const { return m_.share_.holds(e); }
-  int64_t slot(int64_t e) const { return e - m_.share_.first; }
+  bool held(int64_t e) const { return m_.holds(e); }
   Parameter& bias(Parameter* p, const char* what) {
     if (!p) fail("{}: this layer has no {} (FusedMoEOptions::bias)", m_.w13_->name(), what);
     return *p;
@@ -237,13 +253,17 @@ class FusedMoE::Writer : public FusedMoEWriter {
   // A packed slot written whole (a CPU tensor of the parameter's slot shape).
   void store(Parameter& p, int64_t e, const Tensor& t, std::vector<std::string> parts) {
     for (const auto& part : parts) p.record_part(Parameter::part_key(part, static_cast<int>(e)));
-    Tensor dst = p.data().select(0, slot(e));
-    tensor_assign(dst, t);
+    for (const int64_t s : m_.slots_of(e)) {
+      Tensor dst = p.data().select(0, s);
+      tensor_assign(dst, t);
+    }
   }
   void write(Parameter& p, int64_t e, const Tensor& t, const std::string& part) {
     p.record_part(Parameter::part_key(part, static_cast<int>(e)));
-    Tensor region = p.expert_layout->region(p.data().select(0, slot(e)), part);
-    p.expert_layout->write(region, t, part);
+    for (const int64_t s : m_.slots_of(e)) {
+      Tensor region = p.expert_layout->region(p.data().select(0, s), part);
+      p.expert_layout->write(region, t, part);
+    }
   }
   FusedMoE& m_;
 };
@@ -266,7 +286,37 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
              "{}: shared experts are not fused under expert parallelism", prefix);
   ATOM_CHECK(o.pad_intermediate_to >= 1, "{}: padding multiple {}", prefix, o.pad_intermediate_to);
   share_ = ep ? ExpertShare::of(o.num_experts, ctx.tp_rank, tp) : ExpertShare{0, o.num_experts};
-  slots_ = share_.count + o.num_shared_slots;
+  const int64_t R = ep ? ctx.num_redundant_experts : 0;
+  if (ctx.num_redundant_experts > 0 && !ep)
+    fail("{}: redundant experts (EPLB) need expert parallelism over several ranks", prefix);
+  if (R > 0) {
+    // EPLB: E + R physical experts, (E + R) / ranks a rank; physical expert p starts as a copy of
+    // logical expert p % E (vLLM's initial placement), rank r holding physical [r L, (r + 1) L).
+    const int64_t P = o.num_experts + R;
+    if (P % tp != 0)
+      fail(
+          "{}: {} experts plus {} redundant ones do not split evenly over {} expert-parallel ranks",
+          prefix, o.num_experts, R, tp);
+    const int64_t L = P / tp;
+    phys_first_ = ctx.tp_rank * L;
+    for (int64_t s = 0; s < L; ++s) local_.push_back((phys_first_ + s) % o.num_experts);
+    std::vector<std::vector<int32_t>> replicas(static_cast<size_t>(o.num_experts));
+    for (int64_t p = 0; p < P; ++p) replicas[p % o.num_experts].push_back(static_cast<int32_t>(p));
+    Tensor table = Tensor::zeros({o.num_experts, R + 1}, DType::kI32);
+    Tensor count = Tensor::zeros({o.num_experts}, DType::kI32);
+    for (int64_t e = 0; e < o.num_experts; ++e) {
+      const auto& r = replicas[static_cast<size_t>(e)];
+      count.ptr<int32_t>()[e] = static_cast<int32_t>(r.size());
+      for (size_t i = 0; i < r.size(); ++i) table.ptr<int32_t>()[e * (R + 1) + i] = r[i];
+    }
+    replicas_ = table.to(ctx.device);
+    replica_count_ = count.to(ctx.device);
+    expert_load_ = Tensor::zeros({o.num_experts}, DType::kI64, ctx.device);
+  } else {
+    phys_first_ = share_.first;
+    for (int64_t e = share_.first; e < share_.first + share_.count; ++e) local_.push_back(e);
+  }
+  slots_ = static_cast<int64_t>(local_.size()) + o.num_shared_slots;
   inter_rank_ = ep ? o.intermediate : o.intermediate / tp;
   inter_padded_ =
       (inter_rank_ + o.pad_intermediate_to - 1) / o.pad_intermediate_to * o.pad_intermediate_to;
@@ -290,6 +340,7 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
   auto w13_layout = std::make_shared<ExpertLayout>();
   w13_layout->num_base = share_.count;
   w13_layout->first_base = share_.first;
+  w13_layout->stageable = R == 0;  // replicas: one checkpoint expert into several slots
   w13_layout->num_slots = slots_;
   w13_layout->shards = {"w1", "w3"};
   w13_layout->region = [Ip](const Tensor& slot, const std::string& shard) {
@@ -304,6 +355,7 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
   auto w2_layout = std::make_shared<ExpertLayout>();
   w2_layout->num_base = share_.count;
   w2_layout->first_base = share_.first;
+  w2_layout->stageable = R == 0;
   w2_layout->num_slots = slots_;
   w2_layout->shards = {"w2"};
   w2_layout->region = [](const Tensor& slot, const std::string&) { return slot; };
@@ -337,8 +389,9 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
     };
     if (expert >= 0 && expert < E) {
       // Another rank's expert never gets here (the loader leaves it unread: holds_expert).
-      ATOM_CHECK(share_.holds(expert), "'{}': expert {} is not on this rank", p.name(), expert);
-      return write_slot(expert - share_.first, ckpt, shard);
+      ATOM_CHECK(holds(expert), "'{}': expert {} is not on this rank", p.name(), expert);
+      for (const int64_t s : slots_of(expert)) write_slot(s, ckpt, shard);
+      return;
     }
     if (expert == E && S > 0) {  // the shared MLP, S * I wide
       const bool down = shard == "w2";
@@ -348,7 +401,8 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
              "{} intermediate channels",
              p.name(), shard, shape_str(ckpt.shape()), S * I);
       for (int64_t s = 0; s < S; ++s)
-        write_slot(share_.count + s, ckpt.narrow(down ? 1 : 0, s * I, I), shard);
+        write_slot(static_cast<int64_t>(local_.size()) + s, ckpt.narrow(down ? 1 : 0, s * I, I),
+                   shard);
       return;
     }
     fail("parameter '{}' takes routed experts 0..{}{}, not expert {} part '{}'", p.name(), E - 1,
@@ -392,10 +446,13 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
   // Expert parallelism: the loader skips the tensors of experts another rank holds (the shared
   // experts, expert E, are never fused then).
   std::function<bool(int)> holds;
-  if (ep) holds = [share = share_](int e) { return share.holds(e); };
+  if (ep)
+    holds = [local = local_](int e) {
+      return std::find(local.begin(), local.end(), int64_t{e}) != local.end();
+    };
   auto add_weight = [&](const std::string& name, Shape shape,
                         const std::shared_ptr<ExpertLayout>& layout) -> Parameter* {
-    const auto parts = expert_parts(share_, E, S, layout->shards);
+    const auto parts = expert_parts(local_, E, S, layout->shards);
     if (!quant.fp8) {
       Parameter* p = &ctx.params.add(name, ctx.param_tensor(std::move(shape), ctx.weight_dtype),
                                      write_part, parts);
@@ -427,15 +484,15 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
   if (packed_) {
     // Written whole per expert by the Writer (no per-expert regions for the staging pool).
     w13_ = &ctx.params.add(w13_name, ctx.param_tensor({slots_, 2 * Ip, H / 2}, DType::kU8), loader,
-                           expert_parts(share_, E, 0, w13_layout->shards));
+                           expert_parts(local_, E, 0, w13_layout->shards));
     w2_ = &ctx.params.add(w2_name, ctx.param_tensor({slots_, H, Ip / 2}, DType::kU8), loader,
-                          expert_parts(share_, E, 0, w2_layout->shards));
+                          expert_parts(local_, E, 0, w2_layout->shards));
     w13_scale_ = &ctx.params.add(prefix_join(prefix, "w13_weight_scale"),
                                  ctx.param_tensor({slots_, H / 32, 2 * Ip}, DType::kU8), loader,
-                                 expert_parts(share_, E, 0, {"s13"}));
+                                 expert_parts(local_, E, 0, {"s13"}));
     w2_scale_ = &ctx.params.add(prefix_join(prefix, "w2_weight_scale"),
                                 ctx.param_tensor({slots_, Ip / 32, H}, DType::kU8), loader,
-                                expert_parts(share_, E, 0, {"s2"}));
+                                expert_parts(local_, E, 0, {"s2"}));
     for (Parameter* p : {w13_, w2_, w13_scale_, w2_scale_}) p->holds_expert = holds;
     // --load-format dummy: random codes, and scales that keep the weights about 1/sqrt(fan in)
     // (e2m1 values are up to 6; an exponent of 127 - 8 gives |w| <= 6/256).
@@ -453,10 +510,10 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
     ATOM_CHECK(S == 0, "{}: fused shared experts with expert biases", prefix);
     w13_bias_ = &ctx.params.add(prefix_join(prefix, "w13_bias"),
                                 ctx.param_tensor({slots_, 2 * Ip}, ctx.weight_dtype), loader,
-                                expert_parts(share_, E, 0, {"b13"}));
+                                expert_parts(local_, E, 0, {"b13"}));
     w2_bias_ = &ctx.params.add(prefix_join(prefix, "w2_bias"),
                                ctx.param_tensor({slots_, H}, ctx.weight_dtype), loader,
-                               expert_parts(share_, E, 0, {"b2"}));
+                               expert_parts(local_, E, 0, {"b2"}));
     w13_bias_->holds_expert = w2_bias_->holds_expert = holds;
   }
 }
@@ -514,12 +571,18 @@ SparseMoeBlock::SparseMoeBlock(LayerContext& ctx, const std::string& prefix,
   if (o.correction_bias)
     correction_ = &ctx.params.add(prefix_join(prefix, o.gate_name + ".e_score_correction_bias"),
                                   ctx.param_tensor({o.num_experts}, DType::kF32));
-  const int64_t fused = experts_.num_slots() - experts_.share().count;
+  const int64_t fused = experts_.num_slots() - experts_.num_local_experts();
   args_.num_fused_shared = static_cast<int>(fused);
-  args_.shared_slot_first = static_cast<int>(experts_.share().count);
-  if (experts_.share().count != o.num_experts) {  // expert parallelism: this rank's range
-    args_.local_first = static_cast<int>(experts_.share().first);
-    args_.local_count = static_cast<int>(experts_.share().count);
+  const int64_t routed_slots = experts_.num_slots() - fused;
+  args_.shared_slot_first = static_cast<int>(routed_slots);
+  if (ctx.expert_parallel && ctx.tp_size > 1) {  // this rank's range of (physical) experts
+    args_.local_first = static_cast<int>(experts_.physical_first());
+    args_.local_count = static_cast<int>(routed_slots);
+  }
+  if (experts_.replicas().defined()) {  // EPLB
+    args_.replicas = &experts_.replicas();
+    args_.replica_count = &experts_.replica_count();
+    args_.expert_load = &experts_.expert_load();
   }
   if (o.shared_intermediate > 0 && fused == 0)
     shared_ = std::make_unique<GatedMlp>(ctx, prefix_join(prefix, o.shared_name), o.hidden,

@@ -116,8 +116,22 @@ class FusedMoE {
   void forward(Step& step, const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
                Tensor& out);
   int64_t num_slots() const { return slots_; }
-  // The routed experts this rank holds (slots [0, share().count)).
+  // The routed experts this rank holds without redundant replicas (ExpertShare::of).
   const ExpertShare& share() const { return share_; }
+  // The checkpoint (logical) expert in each of this rank's routed slots [0, num_local_experts()).
+  const std::vector<int64_t>& local_experts() const { return local_; }
+  int64_t num_local_experts() const { return static_cast<int64_t>(local_.size()); }
+  // The physical expert of local slot 0 (expert parallelism; with EPLB physical experts are the
+  // E + R copies, rank r holding [r L, (r + 1) L)).
+  int64_t physical_first() const { return phys_first_; }
+  std::vector<int64_t> slots_of(int64_t expert) const;  // this rank's slots holding `expert`
+  bool holds(int64_t expert) const;
+  // EPLB (LayerContext::num_redundant_experts > 0): which physical experts copy each logical one
+  // ([E, R + 1] I32 and [E] I32, RouterArgs::replicas / replica_count) and the routed choices
+  // counted per logical expert ([E] I64). Undefined without redundant experts.
+  const Tensor& replicas() const { return replicas_; }
+  const Tensor& replica_count() const { return replica_count_; }
+  Tensor& expert_load() { return expert_load_; }
   int64_t intermediate_per_rank() const { return inter_rank_; }  // of the checkpoint
   int64_t intermediate_padded() const { return inter_padded_; }  // as stored
   Parameter& w13() { return *w13_; }
@@ -133,6 +147,9 @@ class FusedMoE {
   LayerContext& ctx_;
   FusedMoEOptions o_;
   ExpertShare share_;
+  std::vector<int64_t> local_;  // logical expert of each routed slot
+  int64_t phys_first_ = 0;
+  Tensor replicas_, replica_count_, expert_load_;
   int64_t slots_, inter_rank_, inter_padded_;
   bool packed_ = false;
   Parameter* w13_ = nullptr;        // [slots, 2 Ip, H] (packed: U8 [slots, 2 Ip, H/2])

@@ -77,7 +77,8 @@ Model::Model(const ModelConfig& config, const ModelOptions& options)
            options.fuse_shared_experts.value_or(moe_fuse_shared_experts_from_env()) &&
                !(options.expert_parallel && options.tp_size > 1),
            config_.quantization ? &*config_.quantization : nullptr, default_packed_modules(),
-           options.fp8_resident.value_or(!options.device.is_cpu()), options.expert_parallel} {
+           options.fp8_resident.value_or(!options.device.is_cpu()), options.expert_parallel,
+           options.num_redundant_experts} {
   if (options.tp_size < 1 || options.tp_rank < 0 || options.tp_rank >= options.tp_size)
     fail("tensor-parallel rank {} of size {} is invalid", options.tp_rank, options.tp_size);
   if (options.tp_size > 1 && (!options.comm || options.comm->size() != options.tp_size))

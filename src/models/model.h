@@ -33,6 +33,8 @@ struct ModelOptions {
   std::optional<bool> fp8_resident;
   // Expert parallelism over the tensor-parallel ranks (LayerContext::expert_parallel).
   bool expert_parallel = false;
+  // EPLB's redundant experts (LayerContext::num_redundant_experts).
+  int num_redundant_experts = 0;
 };
 
 // The fused modules every model starts from: q/k/v_proj -> qkv_proj, gate/up_proj ->

@@ -12,32 +12,36 @@
 namespace atom::test {
 namespace {
 
-std::unique_ptr<ModelGroup> tp_model(const std::string& name, int tp, bool ep = false) {
+std::unique_ptr<ModelGroup> tp_model(const std::string& name, int tp, bool ep = false,
+                                     int redundant = 0) {
   ModelOptions o;
   o.expert_parallel = ep;
+  o.num_redundant_experts = redundant;
   return model_group_load(fixture_dir(name), o, tp);
 }
 
 struct Case {
   std::string fixture;
   int tp;
-  bool ep = false;  // expert parallelism over the tp ranks
+  bool ep = false;    // expert parallelism over the tp ranks
+  int redundant = 0;  // EPLB's redundant experts
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.fixture << " tp " << c.tp << (c.ep ? " ep" : "");
+  *os << c.fixture << " tp " << c.tp << (c.ep ? " ep" : "") << " redundant " << c.redundant;
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  return info.param.fixture + "_tp" + std::to_string(info.param.tp) + (info.param.ep ? "_ep" : "");
+  return info.param.fixture + "_tp" + std::to_string(info.param.tp) + (info.param.ep ? "_ep" : "") +
+         (info.param.redundant ? "_redundant" + std::to_string(info.param.redundant) : "");
 }
 
 class EngineTp : public ::testing::TestWithParam<Case> {};
 
 TEST_P(EngineTp, AloneMatchesTransformers) {
-  const auto [name, tp, ep] = GetParam();
+  const auto [name, tp, ep, redundant] = GetParam();
   const Reference ref = reference_load(name);
-  auto models = tp_model(name, tp, ep);
+  auto models = tp_model(name, tp, ep, redundant);
   ASSERT_EQ(models->tp_size(), tp);
   LLMEngine engine(*models, test_config());
   const auto out =
@@ -54,7 +58,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTp,
                                            Case{"llama_yarn_bias_legacy", 2},  // biases
                                            Case{"qwen3_moe", 2}, Case{"glm4_moe", 2},  // MoE
                                            Case{"qwen3_moe", 2, true}, Case{"glm4_moe", 4, true},
-                                           Case{"deepseek_v2_lite", 2, true}),
+                                           Case{"deepseek_v2_lite", 2, true},
+                                           Case{"qwen3_moe", 2, true, 2}),
                          case_name);
 
 struct Scenario {
@@ -90,9 +95,9 @@ class EngineTpWorkload : public ::testing::TestWithParam<Case> {};
 // The single-rank engine's tokens are the reference: the ranks only split the sums, so greedy
 // choices agree unless two logits tie to ~1e-6, which these seeded workloads do not hit.
 TEST_P(EngineTpWorkload, EveryRequestMatchesTheSingleRankEngine) {
-  const auto [name, tp, ep] = GetParam();
+  const auto [name, tp, ep, redundant] = GetParam();
   Model& solo = fixture_model(name);
-  auto models = tp_model(name, tp, ep);
+  auto models = tp_model(name, tp, ep, redundant);
   const Workload w = random_workload(18, 80, 12, solo.vocab_size(), 29);
   for (const Scenario& sc : scenarios()) {
     SCOPED_TRACE(sc.name);
@@ -122,7 +127,8 @@ TEST_P(EngineTpWorkload, EveryRequestMatchesTheSingleRankEngine) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTpWorkload,
                          ::testing::Values(Case{"llama3_gqa", 2}, Case{"llama3_gqa", 4},
                                            Case{"qwen3_tied", 2}, Case{"mixtral", 2},
-                                           Case{"mixtral", 2, true}, Case{"qwen3_moe", 4, true}),
+                                           Case{"mixtral", 2, true}, Case{"qwen3_moe", 4, true},
+                                           Case{"qwen3_moe", 4, true, 4}),
                          case_name);
 
 TEST(EngineTpSampling, SeededSamplingAndLogprobsMatchTheSingleRankEngine) {

@@ -210,6 +210,44 @@ TEST(GpuMoe, RouterMatchesCpu) {
   for (const RouteCase& c : cases) check_route(c, seed += 7);
 }
 
+// EPLB's replicas and load statistic on the GPU: ids (physical replica by token row, then this
+// rank's slot or -1) and the per-expert counts exactly as the CPU's, over grid logits.
+TEST(GpuMoe, RouterReplicasAndLoadMatchCpu) {
+  const int64_t T = 300, E = 64;
+  const int K = 6, R = 16, ranks = 4, L = static_cast<int>((E + R) / ranks);
+  // Physical p copies logical p % E (vLLM's initial placement); this rank is rank 3.
+  Tensor table = Tensor::zeros({E, R + 1}, DType::kI32), count = Tensor::zeros({E}, DType::kI32);
+  for (int64_t p = 0; p < E + R; ++p) {
+    const int64_t e = p % E;
+    table.ptr<int32_t>()[e * (R + 1) + count.ptr<int32_t>()[e]++] = static_cast<int32_t>(p);
+  }
+  Tensor l = grid_logits(T, E, E, 321, 128, 1.0f / 16, -4.0f);
+  RouterArgs a = on_rank(softmax(K, true), 3 * L, L);
+  Tensor ref_ids = Tensor::empty({T, K}, DType::kI32), ref_w = Tensor::empty({T, K}, DType::kF32);
+  Tensor ref_load = Tensor::zeros({E}, DType::kI64);
+  a.replicas = &table;
+  a.replica_count = &count;
+  a.expert_load = &ref_load;
+  kernels::moe_route(ref_ids, ref_w, l, Tensor(), a);
+  Tensor gt = table.to(gpu()), gc = count.to(gpu()), gload = Tensor::zeros({E}, DType::kI64, gpu());
+  Tensor ids = Tensor::empty({T, K}, DType::kI32, gpu()),
+         w = Tensor::empty({T, K}, DType::kF32, gpu());
+  poison(ids);
+  RouterArgs g = a;
+  g.replicas = &gt;
+  g.replica_count = &gc;
+  g.expert_load = &gload;
+  kernels::moe_route(ids, w, l.to(gpu()), Tensor(), g);
+  EXPECT_TRUE(same_bytes(ids, ref_ids));
+  EXPECT_TRUE(same_bytes(gload, ref_load));
+  int64_t total = 0, mine = 0;
+  for (int64_t e = 0; e < E; ++e) total += ref_load.ptr<int64_t>()[e];
+  for (int64_t i = 0; i < T * K; ++i) mine += ref_ids.ptr<int32_t>()[i] >= 0;
+  EXPECT_EQ(total, T * K);
+  EXPECT_GT(mine, 0);
+  EXPECT_LT(mine, T * K);
+}
+
 // DeepSeek-V3's router on continuous logits and bias (no planted grid): exact agreement is
 // expected unless two choice values lie within the devices' last-bit differences.
 TEST(GpuMoe, RouterContinuousDeepSeekV3) {

@@ -32,7 +32,7 @@ struct RankResult {
 // Loads `name` on `ranks` CPU ranks (threads sharing a LocalGroup) and scores the reference's
 // tokens on each; fails the test on any rank's error.
 std::vector<RankResult> run_ranks(const std::string& name, int ranks, bool expert_parallel,
-                                  const std::vector<int32_t>& ids) {
+                                  const std::vector<int32_t>& ids, int redundant = 0) {
   LocalGroup group(ranks);
   std::vector<RankResult> got(ranks);
   std::vector<std::string> errors(ranks);
@@ -46,6 +46,7 @@ std::vector<RankResult> run_ranks(const std::string& name, int ranks, bool exper
         o.tp_size = ranks;
         o.comm = comm.get();
         o.expert_parallel = expert_parallel;
+        o.num_redundant_experts = redundant;
         LoadedModel m = model_load(fixture_dir(name), o);
         for (const auto& [n, p] : m.model->params().all()) {
           got[r].weight_bytes += p->data().nbytes();
@@ -117,6 +118,7 @@ struct EpCase {
   bool per_expert;
   const char* loader_threads;  // ATOM_LOADER_NUM_THREADS: "1" writes experts one by one, more
                                // stages them (loader/expert_staging.h)
+  int redundant = 0;           // EPLB's redundant experts (copies over the ranks)
 };
 
 class ExpertParallel : public ::testing::TestWithParam<EpCase> {};
@@ -127,7 +129,8 @@ TEST_P(ExpertParallel, RanksHoldingWholeExpertsReproduceSingleRankLogits) {
   const Reference ref = reference_load(c.fixture);
   LoadedModel solo = model_load(fixture_dir(c.fixture), {});
   const Tensor want = score_tokens(*solo.model, ref.input_ids);
-  const std::vector<RankResult> got = run_ranks(c.fixture, c.ranks, true, ref.input_ids);
+  const std::vector<RankResult> got =
+      run_ranks(c.fixture, c.ranks, true, ref.input_ids, c.redundant);
   ::unsetenv("ATOM_LOADER_NUM_THREADS");
   if (HasFailure()) return;
   std::map<std::string, size_t> expert_bytes;  // summed over the ranks
@@ -149,28 +152,34 @@ TEST_P(ExpertParallel, RanksHoldingWholeExpertsReproduceSingleRankLogits) {
     }
   }
   // The ranks' experts partition the layer's: together exactly one copy of each (no slice of
-  // every expert on every rank, no expert on two ranks).
+  // every expert on every rank, no expert on two ranks), plus the redundant copies.
   for (const auto& [n, b] : expert_bytes) {
     const Parameter* p = solo.model->params().find(n);
     ASSERT_NE(p, nullptr) << n;
-    EXPECT_EQ(b, p->data().nbytes()) << n;
+    const int64_t E = p->data().size(0);
+    EXPECT_EQ(b, p->data().nbytes() / E * (E + c.redundant)) << n;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Fixtures, ExpertParallel,
-    ::testing::Values(EpCase{"qwen3_moe", 2, true, "16"}, EpCase{"qwen3_moe", 4, true, "1"},
-                      EpCase{"qwen3_moe_stacked", 2, false, "16"}, EpCase{"mixtral", 2, true, "1"},
-                      EpCase{"glm4_moe", 4, true, "16"},  // shared experts stay tensor-parallel
-                      EpCase{"gpt_oss_mxfp4", 2, false,
-                             "16"},  // MXFP4 experts, expert biases, sinks
-                      EpCase{"gpt_oss", 2, false, "16"},
-                      EpCase{"deepseek_v2_lite", 2, true, "16"},  // MLA heads split, experts whole
-                      EpCase{"deepseek_v3", 4, true, "16"},       // grouped routing
-                      EpCase{"deepseek_v3_fp8", 2, true, "16"}),  // FP8 experts with their scales
+    ::testing::Values(
+        EpCase{"qwen3_moe", 2, true, "16"}, EpCase{"qwen3_moe", 4, true, "1"},
+        EpCase{"qwen3_moe_stacked", 2, false, "16"}, EpCase{"mixtral", 2, true, "1"},
+        EpCase{"glm4_moe", 4, true, "16"},        // shared experts stay tensor-parallel
+        EpCase{"gpt_oss_mxfp4", 2, false, "16"},  // MXFP4 experts, expert biases, sinks
+        EpCase{"gpt_oss", 2, false, "16"},
+        EpCase{"deepseek_v2_lite", 2, true, "16"},  // MLA heads split, experts whole
+        EpCase{"deepseek_v3", 4, true, "16"},       // grouped routing
+        EpCase{"deepseek_v3_fp8", 2, true, "16"},   // FP8 experts with their scales
+        // EPLB's redundant experts: physical p a copy of p % E, rank r holding (E + R) / ranks
+        EpCase{"qwen3_moe", 2, true, "16", 2}, EpCase{"qwen3_moe", 4, true, "1", 4},
+        EpCase{"deepseek_v3", 4, true, "16", 4}, EpCase{"gpt_oss_mxfp4", 2, false, "16", 2},
+        EpCase{"mixtral", 2, false, "16", 8}),  // every rank a copy of every expert
     [](const auto& info) {
       return info.param.fixture + "_ep" + std::to_string(info.param.ranks) + "_threads" +
-             info.param.loader_threads;
+             info.param.loader_threads +
+             (info.param.redundant ? "_redundant" + std::to_string(info.param.redundant) : "");
     });
 
 TEST(ExpertParallelErrors, MoreRanksThanExpertsIsAClearError) {
@@ -198,6 +207,32 @@ TEST(ExpertParallelErrors, MoreRanksThanExpertsIsAClearError) {
   o.intermediate = 8;
   EXPECT_ERROR_CONTAINS(FusedMoE(ctx, "model.layers.0.mlp.experts", o),
                         "expert parallelism over 8 ranks needs at least 8 routed experts");
+}
+
+TEST(ExpertParallelErrors, RedundantExpertsMustSplitEvenly) {
+  LocalGroup group(4);
+  std::vector<std::string> errors(4);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 4; ++r)
+    threads.emplace_back([&, r] {
+      auto comm = group.communicator(r);
+      ModelOptions o;
+      o.tp_rank = r;
+      o.tp_size = 4;
+      o.comm = comm.get();
+      o.expert_parallel = true;
+      o.num_redundant_experts = 2;  // 8 + 2 over 4 ranks
+      try {
+        model_load(fixture_dir("qwen3_moe"), o);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 4; ++r)
+    EXPECT_NE(errors[r].find("8 experts plus 2 redundant ones do not split evenly over 4"),
+              std::string::npos)
+        << errors[r];
 }
 
 TEST(ExpertParallel, ShareIsVllmsLinearPlacement) {

@@ -132,6 +132,51 @@ TEST(MoeRoute, SoftmaxTopKHandDerived) {
   EXPECT_NEAR(r.w[0] + r.w[1], 1.0, 1e-7);
 }
 
+// Expert parallelism with EPLB's replicas: each choice of expert e in token row t goes to physical
+// expert replicas[e, t % count[e]], then to this rank's slot (physical - local_first) or -1; the
+// weights are the plain route's, and expert_load adds every routed choice of each logical expert.
+TEST(MoeRoute, ReplicasPickByTokenRowAndLoadCountsChoices) {
+  const int64_t T = 50, E = 6, K = 2;
+  Tensor logits = random_cpu({T, E}, DType::kF32, 77, -3.0f, 3.0f);
+  RouterArgs a;
+  a.scoring = RouterScoring::kSoftmax;
+  a.top_k = K;
+  a.renormalize = true;
+  Tensor ids0 = Tensor::empty({T, K}, DType::kI32), w0 = Tensor::empty({T, K}, DType::kF32);
+  kernels::moe_route(ids0, w0, logits, Tensor(), a);
+  // 9 physical experts: 0..5 copies of 0..5, 6..8 copies of 0..2; this rank holds physical 3..5.
+  Tensor table = Tensor::zeros({E, 3}, DType::kI32), count = Tensor::zeros({E}, DType::kI32);
+  for (int64_t e = 0; e < E; ++e) {
+    table.ptr<int32_t>()[e * 3] = static_cast<int32_t>(e);
+    count.ptr<int32_t>()[e] = e < 3 ? 2 : 1;
+    if (e < 3) table.ptr<int32_t>()[e * 3 + 1] = static_cast<int32_t>(e + 6);
+  }
+  Tensor load = Tensor::zeros({E}, DType::kI64);
+  RouterArgs b = a;
+  b.replicas = &table;
+  b.replica_count = &count;
+  b.expert_load = &load;
+  b.local_first = 3;
+  b.local_count = 3;
+  Tensor ids = Tensor::empty({T, K}, DType::kI32), w = Tensor::empty({T, K}, DType::kF32);
+  kernels::moe_route(ids, w, logits, Tensor(), b);
+  std::vector<int64_t> want_load(E, 0);
+  int local = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t e = ids0.ptr<int32_t>()[t * K + k];
+      ++want_load[e];
+      const int32_t phys = e < 3 && t % 2 == 1 ? e + 6 : e;
+      const int32_t want = phys >= 3 && phys < 6 ? phys - 3 : -1;
+      EXPECT_EQ(ids.ptr<int32_t>()[t * K + k], want) << "t " << t << " k " << k << " e " << e;
+      EXPECT_EQ(w.ptr<float>()[t * K + k], w0.ptr<float>()[t * K + k]);
+      local += want >= 0;
+    }
+  EXPECT_GT(local, 0);
+  EXPECT_LT(local, T * K);
+  for (int64_t e = 0; e < E; ++e) EXPECT_EQ(load.ptr<int64_t>()[e], want_load[e]) << e;
+}
+
 TEST(MoeRoute, TiesGoToTheLowerIndex) {
   RouterArgs a;
   a.top_k = 1;

@@ -18,10 +18,23 @@ void moe_route_check(const Tensor& ids, const Tensor& weights, const Tensor& log
   const int64_t KT = a.top_k + a.num_fused_shared;
   ATOM_CHECK(a.top_k >= 1 && a.top_k <= E, "moe_route: top_k {} for {} experts", a.top_k, E);
   ATOM_CHECK(a.num_fused_shared >= 0, "moe_route: num_fused_shared {}", a.num_fused_shared);
-  ATOM_CHECK(a.local_count == -1 ||
-                 (a.local_first >= 0 && a.local_count >= 1 && a.local_first + a.local_count <= E),
+  // With replicas the range is of physical experts (E plus the redundant ones).
+  ATOM_CHECK(a.local_count == -1 || (a.local_first >= 0 && a.local_count >= 1 &&
+                                     (a.replicas || a.local_first + a.local_count <= E)),
              "moe_route: this rank's experts [{}, {} + {}) are not a range of the {} experts",
              a.local_first, a.local_first, a.local_count, E);
+  ATOM_CHECK(!a.replicas == !a.replica_count, "moe_route: replicas and replica_count go together");
+  if (a.replicas)
+    ATOM_CHECK(
+        a.replicas->dtype() == DType::kI32 && a.replicas->dim() == 2 && a.replicas->size(0) == E &&
+            a.replicas->is_contiguous() && a.replica_count->dtype() == DType::kI32 &&
+            a.replica_count->numel() == E && a.replica_count->is_contiguous(),
+        "moe_route: replicas {} and replica_count {} must be contiguous I32 [{}, R] and [{}]",
+        a.replicas->str(), a.replica_count->str(), E, E);
+  if (a.expert_load)
+    ATOM_CHECK(a.expert_load->dtype() == DType::kI64 && a.expert_load->numel() == E &&
+                   a.expert_load->is_contiguous(),
+               "moe_route: expert_load {} must be contiguous I64 [{}]", a.expert_load->str(), E);
   ATOM_CHECK(ids.dtype() == DType::kI32 && ids.is_contiguous() && ids.dim() == 2 &&
                  ids.size(0) == T && ids.size(1) == KT,
              "moe_route: topk_ids {} must be contiguous I32 [{}, {}]", ids.str(), T, KT);
@@ -178,6 +191,17 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
         for (int64_t k = 0; k < K; ++k) w[k] /= sum;
       }
       for (int64_t k = 0; k < K; ++k) w[k] *= a.routed_scaling_factor;
+      if (a.expert_load)
+        for (int64_t k = 0; k < K; ++k) {
+#pragma omp atomic
+          a.expert_load->ptr<int64_t>()[ids[k]] += 1;
+        }
+      if (a.replicas) {
+        const int64_t R = a.replicas->size(1);
+        const int32_t* rep = a.replicas->ptr<int32_t>();
+        const int32_t* cnt = a.replica_count->ptr<int32_t>();
+        for (int64_t k = 0; k < K; ++k) ids[k] = rep[ids[k] * R + t % cnt[ids[k]]];
+      }
       if (a.local_count != -1)
         for (int64_t k = 0; k < K; ++k)
           ids[k] = ids[k] >= a.local_first && ids[k] < a.local_first + a.local_count

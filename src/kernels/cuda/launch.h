@@ -211,7 +211,11 @@ struct MoeRouteLaunch {
   int group_score = 0;  // GroupScore: 0 top-2 sum, 1 max
   float scale = 1.0f;
   int num_shared = 0, shared_first = 0;
-  int local_first = 0, local_count = -1;  // RouterArgs' expert-parallel range
+  int local_first = 0, local_count = -1;   // RouterArgs' expert-parallel range
+  const int32_t* replicas = nullptr;       // [E, max_replicas], or null
+  const int32_t* replica_count = nullptr;  // [E]
+  int max_replicas = 0;
+  unsigned long long* expert_load = nullptr;  // [E], or null
 };
 inline constexpr int kMoeRouteMaxExperts = 512, kMoeRouteMaxTopK = 16;
 void launch_moe_route(const MoeRouteLaunch& a, cudaStream_t s);

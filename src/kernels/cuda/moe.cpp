@@ -94,6 +94,13 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
   l.shared_first = a.shared_slot_first;
   l.local_first = a.local_first;
   l.local_count = a.local_count;
+  if (a.replicas) {
+    l.replicas = a.replicas->ptr<int32_t>();
+    l.replica_count = a.replica_count->ptr<int32_t>();
+    l.max_replicas = static_cast<int>(a.replicas->size(1));
+  }
+  if (a.expert_load)
+    l.expert_load = reinterpret_cast<unsigned long long*>(a.expert_load->ptr<int64_t>());
   launch_moe_route(l, current_stream());
   launch_check("moe_route");
 }

@@ -208,6 +208,9 @@ __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteLaunch a
   const int KT = K + a.num_shared;
   for (int j = lane; j < KT; j += 32) {
     int id = j < K ? s_id[j] : a.shared_first + (j - K);
+    if (j < K && a.expert_load) atomicAdd(a.expert_load + id, 1ull);
+    if (j < K && a.replicas)
+      id = a.replicas[static_cast<int64_t>(id) * a.max_replicas + t % a.replica_count[id]];
     if (j < K && a.local_count != -1)
       id = id >= a.local_first && id < a.local_first + a.local_count ? id - a.local_first : -1;
     a.ids[t * KT + j] = id;
