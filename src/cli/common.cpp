@@ -33,9 +33,9 @@ void model_args_add_placement(CLI::App* cmd, ModelArgs& a) {
                 "expert parallelism load balancing: redundant copies of experts over the ranks "
                 "(--eplb-config's num_redundant_experts)");
   cmd->add_option("--eplb-config", a.eplb_config,
-                  "vLLM's JSON, e.g. '{\"num_redundant_experts\": 32}' (window_size, "
-                  "step_interval and log_balancedness are accepted; the placement is static for "
-                  "now)");
+                  "vLLM's JSON, e.g. '{\"num_redundant_experts\": 32, \"step_interval\": 3000}' "
+                  "(the load since the last re-placement decides the next; window_size and "
+                  "log_balancedness are accepted)");
   cmd->add_option("--num-redundant-experts", a.num_redundant_experts,
                   "redundant experts with --enable-eplb (older vLLM spelling)");
   cmd->add_option("--dtype", a.dtype,
@@ -52,7 +52,8 @@ void model_args_add_placement(CLI::App* cmd, ModelArgs& a) {
       });
 }
 
-int eplb_redundant_experts(const ModelArgs& a) {
+EplbArgs eplb_args_parse(const ModelArgs& a) {
+  EplbArgs r;
   int n = 0;
   if (!a.eplb_config.empty()) {
     nlohmann::json j;
@@ -66,8 +67,12 @@ int eplb_redundant_experts(const ModelArgs& a) {
       if (k == "num_redundant_experts") {
         if (!v.is_number_integer()) fail("--eplb-config: num_redundant_experts must be an integer");
         n = v.get<int>();
-      } else if (k != "window_size" && k != "step_interval" && k != "log_balancedness" &&
-                 k != "use_async" && k != "policy") {
+      } else if (k == "step_interval") {
+        if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (1 << 30))
+          fail("--eplb-config: step_interval must be an integer in [1, 2^30]");
+        r.step_interval = v.get<int>();
+      } else if (k != "window_size" && k != "log_balancedness" && k != "use_async" &&
+                 k != "policy") {
         fail("--eplb-config: unknown key '{}' (known: num_redundant_experts, window_size, "
              "step_interval, log_balancedness, use_async, policy)",
              k);
@@ -78,11 +83,12 @@ int eplb_redundant_experts(const ModelArgs& a) {
   if (n < 0) fail("--eplb-config: num_redundant_experts must be at least 0, got {}", n);
   if (!a.enable_eplb) {
     if (n > 0) fail("redundant experts ({}) need --enable-eplb", n);
-    return 0;
+    return r;
   }
   if (!a.enable_expert_parallel)
     fail("--enable-eplb needs --enable-expert-parallel (and --tensor-parallel-size > 1)");
-  return n;
+  r.num_redundant_experts = n;
+  return r;
 }
 
 std::optional<DType> dtype_arg_parse(const std::string& s) {
@@ -98,7 +104,9 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   o.device = a.device.empty() ? device_default() : device_parse(a.device);
   o.act_dtype = dtype_arg_parse(a.dtype);
   o.expert_parallel = a.enable_expert_parallel;
-  o.num_redundant_experts = eplb_redundant_experts(a);
+  const EplbArgs eplb = eplb_args_parse(a);
+  o.num_redundant_experts = eplb.num_redundant_experts;
+  o.eplb_step_interval = eplb.step_interval;
   if (o.device.is_cuda() && !cuda_available())
     fail("--device {}: no usable NVIDIA GPU found (or this build has no CUDA backend)",
          o.device.str());

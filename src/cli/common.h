@@ -32,10 +32,14 @@ struct ModelArgs {
   int num_redundant_experts = -1;  // -1: from --eplb-config (default 0)
 };
 
-// The number of redundant experts the EPLB flags ask for (0 without --enable-eplb); an error
-// naming the flag for a malformed --eplb-config, a negative count, or EPLB without
-// --enable-expert-parallel.
-int eplb_redundant_experts(const ModelArgs& a);
+// What the EPLB flags ask for: the redundant experts (0 without --enable-eplb) and the steps
+// between re-placements (--eplb-config's step_interval, vLLM's default 3000); an error naming the
+// flag for a malformed --eplb-config, a negative value, or EPLB without --enable-expert-parallel.
+struct EplbArgs {
+  int num_redundant_experts = 0;
+  int step_interval = 3000;
+};
+EplbArgs eplb_args_parse(const ModelArgs& a);
 
 // vLLM's --dtype: auto (the device's default), bfloat16 / bf16, float16 / half / fp16,
 // float32 / float; nullopt for auto, an error naming the value otherwise.

@@ -634,6 +634,11 @@ StepOutput LLMEngine::step() {
         finish_sequence(seq, FinishReason::kLength);
     }
     ++stats_.num_steps;
+    // EPLB: between steps, the redundant experts follow the load counted since the last time.
+    if (const int every = model_.eplb_step_interval(); every > 0 && stats_.num_steps % every == 0) {
+      ++stats_.eplb_rebalances;
+      stats_.eplb_layers_moved += runner_->rebalance_experts();
+    }
   }
   for (auto& o : parked_) out.finished.push_back(std::move(o));
   parked_.clear();

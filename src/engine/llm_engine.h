@@ -43,6 +43,9 @@ struct EngineStats {
   int64_t spec_num_draft_tokens = 0;
   int64_t spec_num_accepted_tokens = 0;
   std::vector<int64_t> spec_accepted_per_position;  // [num_speculative_tokens]
+  // EPLB: re-placements run (every Model::eplb_step_interval() steps) and the layers they moved.
+  int64_t eplb_rebalances = 0;
+  int64_t eplb_layers_moved = 0;
 };
 
 class LLMEngine {

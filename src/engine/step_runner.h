@@ -66,6 +66,9 @@ class StepRunner {
   // decode graph, on the model's device, valid until the next step; undefined when the runner
   // keeps none (tensor parallelism). Speculative decoding's drafter reads it.
   virtual Tensor last_hidden() const { return Tensor(); }
+  // EPLB: re-places the model's redundant experts from their load on every rank at once
+  // (Model::rebalance_experts); the layers whose placement changed.
+  virtual int rebalance_experts() { return 0; }
 };
 
 }  // namespace atom

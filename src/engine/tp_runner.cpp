@@ -66,6 +66,13 @@ void TpRunner::capture_decode_graphs() {
   threads_.run([this](int r) { runners_[static_cast<size_t>(r)]->capture_decode_graphs(); });
 }
 
+int TpRunner::rebalance_experts() {
+  std::vector<int> changed(runners_.size(), 0);
+  threads_.run(
+      [&](int r) { changed[static_cast<size_t>(r)] = models_.model(r).rebalance_experts(); });
+  return changed[0];
+}
+
 std::unique_ptr<StepRunner> step_runner_create(ModelGroup& models, const RunnerOptions& options) {
   if (models.tp_size() == 1) return std::make_unique<ModelRunner>(models.model(0), options);
   return std::make_unique<TpRunner>(models, options);

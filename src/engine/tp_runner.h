@@ -32,6 +32,7 @@ class TpRunner final : public StepRunner {
   int block_size() const override { return runners_[0]->block_size(); }
   int num_pages() const override { return runners_[0]->num_pages(); }
   int max_model_len() const override { return runners_[0]->max_model_len(); }
+  int rebalance_experts() override;
 
   int tp_size() const { return static_cast<int>(runners_.size()); }
   ModelRunner& rank(int r) { return *runners_.at(static_cast<size_t>(r)); }

@@ -13,6 +13,8 @@
 
 namespace atom {
 
+class FusedMoE;
+
 // What a layer keeps per token in the paged cache. Every kind is paged by the one block table
 // (block b of a sequence holds its tokens [b * block_size, (b + 1) * block_size) in every
 // layer's cache, whatever the kind), so the engine sizes, allocates, prefix-caches and frees
@@ -123,6 +125,8 @@ struct LayerContext {
   // EPLB's redundant experts (vLLM's num_redundant_experts): extra physical copies of experts
   // spread over the expert-parallel ranks (layers/moe.h). Needs expert_parallel.
   int num_redundant_experts = 0;
+  // Layers with redundant experts register here (FusedMoE), for Model::rebalance_experts.
+  std::vector<FusedMoE*>* eplb_layers = nullptr;
 
   // A zero-initialised parameter tensor on the model's device.
   Tensor param_tensor(Shape shape, DType dtype) const {

@@ -101,6 +101,138 @@ std::vector<std::string> expert_parts(const std::vector<int64_t>& local, int64_t
 
 }  // namespace
 
+std::vector<int64_t> eplb_placement(const std::vector<int64_t>& load, int64_t num_redundant,
+                                    int ranks, const std::vector<int64_t>& current) {
+  const int64_t E = static_cast<int64_t>(load.size()), P = E + num_redundant;
+  ATOM_CHECK(E > 0 && ranks >= 1 && P % ranks == 0 && static_cast<int64_t>(current.size()) == P,
+             "eplb_placement: {} experts + {} redundant over {} ranks, current placement of {}", E,
+             num_redundant, ranks, current.size());
+  const int64_t L = P / ranks;
+  // 1. Copies: one each, then each redundant one to the expert with the most load per copy.
+  std::vector<int64_t> copies(static_cast<size_t>(E), 1);
+  for (int64_t i = 0; i < num_redundant; ++i) {
+    int64_t best = 0;
+    for (int64_t e = 1; e < E; ++e)  // load[e] / copies[e] > load[best] / copies[best]
+      if (load[e] * copies[best] > load[best] * copies[e]) best = e;
+    ++copies[best];
+  }
+  // 2. Copies by their share of the load, heaviest first, each to the least loaded rank with a
+  // free slot, a rank without that expert yet if there is one.
+  struct Item {
+    double share;
+    int64_t expert;
+  };
+  std::vector<Item> items;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t c = 0; c < copies[e]; ++c)
+      items.push_back({static_cast<double>(load[e]) / static_cast<double>(copies[e]), e});
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.share > b.share; });
+  std::vector<std::vector<int64_t>> held(static_cast<size_t>(ranks));
+  std::vector<double> rank_load(static_cast<size_t>(ranks), 0.0);
+  for (const Item& it : items) {
+    int best = -1;
+    bool best_fresh = false;
+    for (int r = 0; r < ranks; ++r) {
+      const auto& h = held[static_cast<size_t>(r)];
+      if (static_cast<int64_t>(h.size()) == L) continue;
+      const bool fresh = std::find(h.begin(), h.end(), it.expert) == h.end();
+      if (best < 0 || (fresh && !best_fresh) ||
+          (fresh == best_fresh && rank_load[r] < rank_load[static_cast<size_t>(best)])) {
+        best = r;
+        best_fresh = fresh;
+      }
+    }
+    held[static_cast<size_t>(best)].push_back(it.expert);
+    rank_load[static_cast<size_t>(best)] += it.share;
+  }
+  // 3. Slots: an expert already in one of the rank's slots stays there; the rest fill the others.
+  std::vector<int64_t> next(static_cast<size_t>(P), -1);
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<int64_t> want = held[static_cast<size_t>(r)];
+    for (int64_t s = 0; s < L; ++s) {
+      auto it = std::find(want.begin(), want.end(), current[r * L + s]);
+      if (it == want.end()) continue;
+      next[r * L + s] = *it;
+      want.erase(it);
+    }
+    std::sort(want.begin(), want.end());
+    size_t k = 0;
+    for (int64_t s = 0; s < L; ++s)
+      if (next[r * L + s] < 0) next[r * L + s] = want[k++];
+  }
+  return next;
+}
+
+void FusedMoE::apply_placement() {
+  const int64_t E = o_.num_experts, L = static_cast<int64_t>(placement_.size()) / ctx_.tp_size,
+                width = replicas_.size(1);
+  local_.assign(placement_.begin() + phys_first_, placement_.begin() + phys_first_ + L);
+  Tensor table = Tensor::zeros({E, width}, DType::kI32), count = Tensor::zeros({E}, DType::kI32);
+  for (size_t p = 0; p < placement_.size(); ++p) {
+    const int64_t e = placement_[p];
+    int32_t& c = count.ptr<int32_t>()[e];
+    ATOM_CHECK(c < width, "EPLB placement: expert {} has more than {} copies", e, width);
+    table.ptr<int32_t>()[e * width + c++] = static_cast<int32_t>(p);
+  }
+  for (int64_t e = 0; e < E; ++e)
+    ATOM_CHECK(count.ptr<int32_t>()[e] >= 1, "EPLB placement: expert {} has no copy", e);
+  replicas_.copy_from(table);
+  replica_count_.copy_from(count);
+}
+
+bool FusedMoE::rebalance(Communicator& comm) {
+  ATOM_CHECK(replicas_.defined(), "{}: rebalance without redundant experts", w13_->name());
+  const Tensor load_t = expert_load_.to(Device::cpu());
+  const std::vector<int64_t> load(load_t.ptr<int64_t>(), load_t.ptr<int64_t>() + o_.num_experts);
+  expert_load_.zero_();  // the next window
+  const int ranks = ctx_.tp_size, me = ctx_.tp_rank;
+  const int64_t P = static_cast<int64_t>(placement_.size()), L = P / ranks;
+  const std::vector<int64_t> next = eplb_placement(load, P - o_.num_experts, ranks, placement_);
+  if (next == placement_) return false;
+  // Every slot that changes takes its new expert's weights from the lowest physical copy of it in
+  // the old placement: that rank contributes them to a sum over the ranks, the others zeros (a
+  // broadcast through the one collective every communicator has; in F32, which holds BF16 and F16
+  // exactly and every communicator sums), and the slot's rank keeps the result. All moves are
+  // gathered before any slot is overwritten.
+  std::vector<Parameter*> params;
+  for (Parameter* p : {w13_, w2_, w13_bias_, w2_bias_, w13_scale_, w2_scale_})
+    if (p) params.push_back(p);
+  for (Parameter* p : params) {
+    const DType dt = p->data().dtype();
+    if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
+      fail("{}: re-placing experts stored as {} is not supported (float experts only)", p->name(),
+           dtype_name(dt));
+  }
+  struct Move {
+    int64_t slot;  // destination, on this rank
+    Parameter* param;
+    Tensor data;
+  };
+  std::vector<Move> mine;
+  for (int64_t q = 0; q < P; ++q) {
+    if (next[q] == placement_[q]) continue;
+    const int64_t src =
+        std::find(placement_.begin(), placement_.end(), next[q]) - placement_.begin();
+    for (Parameter* p : params) {
+      const Tensor slot = p->data().select(0, src % L);
+      const int64_t n = slot.numel();
+      Tensor buf = Tensor::zeros({1, n}, DType::kF32, ctx_.device);
+      if (src / L == me) kernels::cast(buf, slot.view({1, n}));
+      comm.all_reduce_sum(buf);
+      if (q / L == me) mine.push_back({q % L, p, buf});
+    }
+  }
+  for (Move& m : mine) {
+    Tensor dst = m.param->data().select(0, m.slot);
+    Tensor flat = dst.view({1, dst.numel()});
+    kernels::cast(flat, m.data);
+  }
+  placement_ = next;
+  apply_placement();
+  return true;
+}
+
 std::vector<int64_t> FusedMoE::slots_of(int64_t expert) const {
   std::vector<int64_t> r;
   for (size_t s = 0; s < local_.size(); ++s)
@@ -299,19 +431,12 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
           prefix, o.num_experts, R, tp);
     const int64_t L = P / tp;
     phys_first_ = ctx.tp_rank * L;
-    for (int64_t s = 0; s < L; ++s) local_.push_back((phys_first_ + s) % o.num_experts);
-    std::vector<std::vector<int32_t>> replicas(static_cast<size_t>(o.num_experts));
-    for (int64_t p = 0; p < P; ++p) replicas[p % o.num_experts].push_back(static_cast<int32_t>(p));
-    Tensor table = Tensor::zeros({o.num_experts, R + 1}, DType::kI32);
-    Tensor count = Tensor::zeros({o.num_experts}, DType::kI32);
-    for (int64_t e = 0; e < o.num_experts; ++e) {
-      const auto& r = replicas[static_cast<size_t>(e)];
-      count.ptr<int32_t>()[e] = static_cast<int32_t>(r.size());
-      for (size_t i = 0; i < r.size(); ++i) table.ptr<int32_t>()[e * (R + 1) + i] = r[i];
-    }
-    replicas_ = table.to(ctx.device);
-    replica_count_ = count.to(ctx.device);
+    for (int64_t p = 0; p < P; ++p) placement_.push_back(p % o.num_experts);
+    replicas_ = Tensor::zeros({o.num_experts, R + 1}, DType::kI32, ctx.device);
+    replica_count_ = Tensor::zeros({o.num_experts}, DType::kI32, ctx.device);
     expert_load_ = Tensor::zeros({o.num_experts}, DType::kI64, ctx.device);
+    apply_placement();
+    if (ctx.eplb_layers) ctx.eplb_layers->push_back(this);
   } else {
     phys_first_ = share_.first;
     for (int64_t e = share_.first; e < share_.first + share_.count; ++e) local_.push_back(e);

@@ -80,6 +80,14 @@ struct ExpertShare {
   bool holds(int64_t expert) const { return expert >= first && expert < first + count; }
 };
 
+// EPLB's re-placement over `ranks` ranks of (E + num_redundant) / ranks slots: each of the E
+// experts one copy, each redundant copy to the expert with the most load per copy (ties: the
+// lower index); the copies, heaviest share first, each to the least loaded rank with a free slot
+// (one without that expert if any); on each rank an expert keeps a slot it had in `current`.
+// Returns the logical expert of every physical one, rank-major.
+std::vector<int64_t> eplb_placement(const std::vector<int64_t>& load, int64_t num_redundant,
+                                    int ranks, const std::vector<int64_t>& current);
+
 // How a checkpoint stores a layer's experts.
 enum class ExpertQuant {
   kNone,  // dense weights, stored in LayerContext::weight_dtype
@@ -130,6 +138,13 @@ class FusedMoE {
   // ([E, R + 1] I32 and [E] I32, RouterArgs::replicas / replica_count) and the routed choices
   // counted per logical expert ([E] I64). Undefined without redundant experts.
   const Tensor& replicas() const { return replicas_; }
+  // EPLB: the logical expert of every physical one (all ranks' slots, rank-major).
+  const std::vector<int64_t>& placement() const { return placement_; }
+  // EPLB: a new placement from expert_load() (eplb_placement), the moved slots' weights fetched
+  // from the ranks that hold them, the router's tables updated in place (decode graphs stay
+  // valid) and the load cleared. Every rank calls it at once, between steps. Returns whether the
+  // placement changed.
+  bool rebalance(Communicator& comm);
   const Tensor& replica_count() const { return replica_count_; }
   Tensor& expert_load() { return expert_load_; }
   int64_t intermediate_per_rank() const { return inter_rank_; }  // of the checkpoint
@@ -149,6 +164,9 @@ class FusedMoE {
   ExpertShare share_;
   std::vector<int64_t> local_;  // logical expert of each routed slot
   int64_t phys_first_ = 0;
+  std::vector<int64_t> placement_;  // EPLB: logical expert of each physical one
+  // local_ and the router's tables from placement_.
+  void apply_placement();
   Tensor replicas_, replica_count_, expert_load_;
   int64_t slots_, inter_rank_, inter_padded_;
   bool packed_ = false;

@@ -78,11 +78,18 @@ Model::Model(const ModelConfig& config, const ModelOptions& options)
                !(options.expert_parallel && options.tp_size > 1),
            config_.quantization ? &*config_.quantization : nullptr, default_packed_modules(),
            options.fp8_resident.value_or(!options.device.is_cpu()), options.expert_parallel,
-           options.num_redundant_experts} {
+           options.num_redundant_experts, &eplb_layers_} {
+  eplb_step_interval_ = options.eplb_step_interval;
   if (options.tp_size < 1 || options.tp_rank < 0 || options.tp_rank >= options.tp_size)
     fail("tensor-parallel rank {} of size {} is invalid", options.tp_rank, options.tp_size);
   if (options.tp_size > 1 && (!options.comm || options.comm->size() != options.tp_size))
     fail("tensor-parallel size {} needs a communicator of that size", options.tp_size);
+}
+
+int Model::rebalance_experts() {
+  int changed = 0;
+  for (FusedMoE* m : eplb_layers_) changed += m->rebalance(*ctx_.comm) ? 1 : 0;
+  return changed;
 }
 
 std::vector<PackedModule> default_packed_modules() {

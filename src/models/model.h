@@ -33,8 +33,10 @@ struct ModelOptions {
   std::optional<bool> fp8_resident;
   // Expert parallelism over the tensor-parallel ranks (LayerContext::expert_parallel).
   bool expert_parallel = false;
-  // EPLB's redundant experts (LayerContext::num_redundant_experts).
+  // EPLB's redundant experts (LayerContext::num_redundant_experts), and every how many engine
+  // steps their placement follows the experts' load (vLLM's step_interval; 0: never).
   int num_redundant_experts = 0;
+  int eplb_step_interval = 3000;
 };
 
 // The fused modules every model starts from: q/k/v_proj -> qkv_proj, gate/up_proj ->
@@ -61,6 +63,13 @@ class Model {
   const std::vector<StateCacheSpec>& state_specs() const { return state_specs_; }
   Device device() const { return ctx_.device; }
   bool fuse_shared_experts() const { return ctx_.fuse_shared_experts; }
+  // EPLB: re-places every layer's redundant experts from the load counted since the last call
+  // (FusedMoE::rebalance); every rank calls it at once (collectives). Returns the layers whose
+  // placement changed. eplb_step_interval(): how often the engine calls it (0: never, or no
+  // layer has redundant experts).
+  int rebalance_experts();
+  int eplb_step_interval() const { return eplb_layers_.empty() ? 0 : eplb_step_interval_; }
+  const std::vector<FusedMoE*>& eplb_layers() const { return eplb_layers_; }
   DType act_dtype() const { return ctx_.act_dtype; }
   int64_t vocab_size() const { return config_.vocab_size; }
 
@@ -85,6 +94,8 @@ class Model {
   std::vector<CacheSpec> cache_specs_;
   std::vector<StateCacheSpec> state_specs_;
   SoloCommunicator solo_;
+  std::vector<FusedMoE*> eplb_layers_;
+  int eplb_step_interval_ = 0;
   LayerContext ctx_;
 };
 

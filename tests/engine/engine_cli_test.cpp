@@ -104,6 +104,35 @@ TEST(EngineCli, SpeculativeConfigForGenerateAndBench) {
   EXPECT_NE(rc, 0) << "a target without a drafter";
 }
 
+// vLLM's expert-parallel flags reach the model: -tp 2 with -ep (and --enable-expert-parallel),
+// with EPLB's --enable-eplb / --eplb-config re-placing every 2 steps: transformers' greedy tokens
+// each way; EPLB without expert parallelism, an unknown key and a non-JSON config are refused.
+TEST(EngineCli, ExpertParallelAndEplbFlags) {
+  const Reference ref = reference_load("qwen3_moe");
+  const std::string gen = fmt::format(
+      "generate --model {} --prompt-tokens {} --max-tokens {} --temperature 0 --ignore-eos -tp 2",
+      fixture_dir("qwen3_moe"), join(ref.greedy_prompt), ref.greedy_tokens.size());
+  for (const std::string& flags :
+       {std::string(""), std::string(" -ep"), std::string(" --enable-expert-parallel"),
+        std::string(" -ep --enable-eplb --eplb-config "
+                    "'{\"num_redundant_experts\": 2, \"step_interval\": 2}'"),
+        std::string(" -ep --enable-eplb --num-redundant-experts 2")}) {
+    int rc = 0;
+    const auto out = run_atom(gen + flags, &rc);
+    EXPECT_EQ(rc, 0) << flags;
+    ASSERT_EQ(out.size(), 1u) << flags;
+    EXPECT_EQ(out[0], join(ref.greedy_tokens)) << flags;
+  }
+  for (const char* bad :
+       {" --enable-eplb --num-redundant-experts 2",
+        " -ep --enable-eplb --eplb-config '{\"redundant\": 2}'",
+        " -ep --enable-eplb --eplb-config 'not json'", " -ep --num-redundant-experts 2"}) {
+    int rc = 0;
+    run_atom(gen + bad, &rc);
+    EXPECT_NE(rc, 0) << bad;
+  }
+}
+
 // --kv-cache-dtype fp8 reaches the engine's cache: the tokens are those of the single-sequence
 // runner over an FP8 cache (no scheduler or CLI code), and a bad value is refused.
 TEST(EngineCli, GenerateWithAnFp8KvCache) {

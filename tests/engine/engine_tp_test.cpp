@@ -17,6 +17,7 @@ std::unique_ptr<ModelGroup> tp_model(const std::string& name, int tp, bool ep = 
   ModelOptions o;
   o.expert_parallel = ep;
   o.num_redundant_experts = redundant;
+  o.eplb_step_interval = 3;  // re-placed every 3 steps: many times in a workload
   return model_group_load(fixture_dir(name), o, tp);
 }
 
@@ -120,6 +121,10 @@ TEST_P(EngineTpWorkload, EveryRequestMatchesTheSingleRankEngine) {
     }
     if (sc.expect_preemption) {
       EXPECT_GT(engine.stats().num_preemptions, 0);
+    }
+    if (redundant > 0) {
+      EXPECT_GE(engine.stats().eplb_rebalances, 2);
+      EXPECT_GT(engine.stats().eplb_layers_moved, 0) << "the experts never moved";
     }
   }
 }

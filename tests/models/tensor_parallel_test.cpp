@@ -235,6 +235,66 @@ TEST(ExpertParallelErrors, RedundantExpertsMustSplitEvenly) {
         << errors[r];
 }
 
+// EPLB's re-placement on CPU ranks: the router counted every routed choice of the scored tokens on
+// every rank alike; rebalancing moves slots between ranks (weights fetched from their holders)
+// and clears the count; the logits stay the single rank's, and a second pass counts again.
+TEST(ExpertParallel, RebalancedExpertsGiveTheSameLogits) {
+  const Reference ref = reference_load("qwen3_moe");
+  LoadedModel solo = model_load(fixture_dir("qwen3_moe"), {});
+  const Tensor want = score_tokens(*solo.model, ref.input_ids);
+  const int ranks = 2;
+  LocalGroup group(ranks);
+  std::vector<std::string> errors(ranks);
+  std::vector<Tensor> before(ranks), after(ranks);
+  std::vector<int> moved(ranks, 0);
+  std::vector<std::vector<int64_t>> loads(ranks), placement_before(ranks), placement_after(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = group.communicator(r);
+        ModelOptions o;
+        o.tp_rank = r;
+        o.tp_size = ranks;
+        o.comm = comm.get();
+        o.expert_parallel = true;
+        o.num_redundant_experts = 2;
+        LoadedModel m = model_load(fixture_dir("qwen3_moe"), o);
+        const auto& layers = m.model->eplb_layers();
+        if (layers.empty()) throw Error("no EPLB layer");
+        before[r] = score_tokens(*m.model, ref.input_ids);
+        FusedMoE& first = *layers[0];
+        const Tensor l = first.expert_load().to(Device::cpu());
+        loads[r].assign(l.ptr<int64_t>(), l.ptr<int64_t>() + l.numel());
+        placement_before[r] = first.placement();
+        moved[r] = m.model->rebalance_experts();
+        placement_after[r] = first.placement();
+        const Tensor cleared = first.expert_load().to(Device::cpu());
+        for (int64_t e = 0; e < cleared.numel(); ++e)
+          if (cleared.ptr<int64_t>()[e] != 0) throw Error("the load was not cleared");
+        after[r] = score_tokens(*m.model, ref.input_ids);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r)
+    ASSERT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
+  int64_t total = 0;
+  for (const int64_t v : loads[0]) total += v;
+  const int64_t top_k = 2;  // qwen3_moe's num_experts_per_tok
+  EXPECT_EQ(total, static_cast<int64_t>(ref.input_ids.size()) * top_k);
+  EXPECT_EQ(loads[0], loads[1]) << "every rank routes every token";
+  EXPECT_GT(moved[0], 0) << "a skewed load should move some layer's experts";
+  EXPECT_EQ(moved[0], moved[1]);
+  EXPECT_NE(placement_before[0], placement_after[0]);
+  EXPECT_EQ(placement_after[0], placement_after[1]);
+  for (int r = 0; r < ranks; ++r) {
+    expect_logits_near(before[r], want, kTpLogitTolerance, "before, rank " + std::to_string(r));
+    expect_logits_near(after[r], want, kTpLogitTolerance, "after, rank " + std::to_string(r));
+  }
+}
+
 TEST(ExpertParallel, ShareIsVllmsLinearPlacement) {
   // 10 experts on 4 ranks: 3, 3, 2, 2, in order.
   const int64_t first[] = {0, 3, 6, 8}, count[] = {3, 3, 2, 2};

@@ -177,6 +177,35 @@ TEST(MoeRoute, ReplicasPickByTokenRowAndLoadCountsChoices) {
   for (int64_t e = 0; e < E; ++e) EXPECT_EQ(load.ptr<int64_t>()[e], want_load[e]) << e;
 }
 
+// EPLB's re-placement on a hand-worked load: 8 experts, 4 redundant copies, 4 ranks of 3 slots.
+// Copies go to the most load per copy (1000 -> 500, tie with 500: lower index -> 333 -> 7's 500 ->
+// 0's 333): expert 0 four copies, 7 two, the rest one; the six shares of 250 spread over the ranks
+// (no rank two copies of one expert), the small ones fill the least loaded ranks.
+TEST(Eplb, PlacementGivesHotExpertsCopiesAndSpreadsThem) {
+  const std::vector<int64_t> load = {1000, 10, 10, 10, 10, 10, 10, 500};
+  std::vector<int64_t> current;
+  for (int64_t p = 0; p < 12; ++p) current.push_back(p % 8);
+  const std::vector<int64_t> next = eplb_placement(load, 4, 4, current);
+  ASSERT_EQ(next.size(), 12u);
+  std::vector<int> copies(8, 0);
+  std::vector<double> rank_load(4, 0.0);
+  for (int64_t p = 0; p < 12; ++p) ++copies[next[p]];
+  EXPECT_EQ(copies, (std::vector<int>{4, 1, 1, 1, 1, 1, 1, 2}));
+  for (int r = 0; r < 4; ++r) {
+    std::vector<int64_t> on(next.begin() + 3 * r, next.begin() + 3 * r + 3);
+    for (const int64_t e : on) rank_load[r] += static_cast<double>(load[e]) / copies[e];
+    std::sort(on.begin(), on.end());
+    EXPECT_EQ(std::unique(on.begin(), on.end()), on.end()) << "rank " << r << " holds a copy twice";
+  }
+  // The greedy's result worked by hand: 510, 510, 270, 270.
+  std::sort(rank_load.begin(), rank_load.end());
+  EXPECT_DOUBLE_EQ(rank_load[0], 270.0);
+  EXPECT_DOUBLE_EQ(rank_load[3], 510.0);
+  // An expert that stays on a rank keeps its slot: rank 0 held 0, 1, 2 and keeps 0 in slot 0.
+  EXPECT_EQ(next[0], 0);
+  EXPECT_THROW(eplb_placement(load, 3, 4, current), Error);  // 11 copies over 4 ranks
+}
+
 TEST(MoeRoute, TiesGoToTheLowerIndex) {
   RouterArgs a;
   a.top_k = 1;
