@@ -1,7 +1,8 @@
 // CUDA linear: out = x · wᵀ (+ bias) through cuBLASLt (BF16/F16 in, FP32 accumulate, output BF16,
 // F16 or F32), or the skinny kernel for decode-sized M. cuBLASLt plans (descriptors + the
-// heuristic's algorithm) are cached per shape, strides, dtypes and pointer alignment; the
-// workspace is fixed per (device, stream), so calls can be captured into CUDA graphs.
+// heuristic's algorithm) are cached per shape, strides, dtypes and pointer alignment; the handle
+// and the workspace, fixed per (device, stream) so that calls can be captured into CUDA graphs,
+// are those every cuBLASLt call shares (cublaslt_shared.h).
 #include "kernels/linear.h"
 
 #include <cublasLt.h>
@@ -12,6 +13,7 @@
 #include <string>
 #include <tuple>
 
+#include "kernels/cuda/cublaslt_shared.h"
 #include "kernels/cuda/host_common.h"
 #include "kernels/cuda_tuning.h"
 #include "kernels/elementwise.h"
@@ -27,8 +29,6 @@
 namespace atom::kernels::cuda {
 
 namespace {
-
-constexpr size_t kWorkspaceBytes = 32u << 20;
 
 struct PlanKey {
   int64_t m, n, k, ldx, ldo;
@@ -48,15 +48,18 @@ struct Plan {
 
 struct LtDevice {
   std::mutex mu;
-  cublasLtHandle_t handle = nullptr;
+  cublasLtHandle_t handle = nullptr;  // lt_handle's
   std::map<PlanKey, Plan> plans;
-  std::map<cudaStream_t, void*> workspaces;
 };
 
 LtDevice& lt_device(int device) {
   static LtDevice* devices = new LtDevice[64];  // never destroyed: handles outlive statics
   LtDevice& d = devices[device];
-  if (!d.handle) CUBLAS_CHECK(cublasLtCreate(&d.handle));
+  if (!d.handle) {
+    std::string why;
+    d.handle = lt_handle(device, &why);
+    ATOM_CHECK(d.handle != nullptr, "linear: {}", why);
+  }
   return d;
 }
 
@@ -103,7 +106,7 @@ Plan make_plan(cublasLtHandle_t h, const PlanKey& key, DType in, DType out, DTyp
                                           static_cast<uint64_t>(key.m), key.ldo));
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t ws = kWorkspaceBytes;
+  const uint64_t ws = kLtWorkspaceBytes;
   const uint32_t ax = static_cast<uint32_t>(key.align_x), aw = static_cast<uint32_t>(key.align_w),
                  ao = static_cast<uint32_t>(key.align_o);
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -127,15 +130,6 @@ Plan make_plan(cublasLtHandle_t h, const PlanKey& key, DType in, DType out, DTyp
          key.m, key.k, key.n, key.k, dtype_name(in), dtype_name(out), ax, aw, ao,
          cublasLtGetStatusString(st));
   p.algo = res.algo;
-  return p;
-}
-
-void* workspace_for(LtDevice& d, cudaStream_t s) {
-  auto it = d.workspaces.find(s);
-  if (it != d.workspaces.end()) return it->second;
-  void* p = nullptr;
-  CUDA_CHECK(cudaMalloc(&p, kWorkspaceBytes));  // held for the process: graphs capture its address
-  d.workspaces.emplace(s, p);
   return p;
 }
 
@@ -274,8 +268,8 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
   }
   const float alpha = 1.0f, beta = 0.0f;
   CUBLAS_CHECK(cublasLtMatmul(d.handle, p.op, &alpha, w.data(), p.w, x.data(), p.x, &beta,
-                              out.data(), p.o, out.data(), p.o, &p.algo, workspace_for(d, stream),
-                              kWorkspaceBytes, stream));
+                              out.data(), p.o, out.data(), p.o, &p.algo,
+                              lt_workspace(device, stream, true), kLtWorkspaceBytes, stream));
   if (bias.defined() && !fuse_bias) add_bias(out, bias);
 }
 

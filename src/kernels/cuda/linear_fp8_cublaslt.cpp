@@ -11,7 +11,8 @@
 //                     quantisation's layout with ld_sx = M.
 // Plans (descriptors and the heuristic's first algorithm, or why there is none) are cached per
 // shape, dtypes and alignment; the scale pointers are set on the cached descriptor at each call.
-// The workspace is one buffer per (device, stream), allocated outside graph capture.
+// The handle and the workspace, one per (device, stream) allocated outside graph capture, are
+// those every cuBLASLt call shares (cublaslt_shared.h).
 #include <cublasLt.h>
 
 #include <map>
@@ -19,14 +20,13 @@
 #include <string>
 #include <tuple>
 
+#include "kernels/cuda/cublaslt_shared.h"
 #include "kernels/cuda/host_common.h"
 #include "kernels/cuda/linear_fp8_launch.h"
 
 namespace atom::kernels::cuda {
 
 namespace {
-
-constexpr size_t kLtWorkspaceBytes = 32u << 20;
 
 // The scaling pair of a product: A (weight) mode and B (activation) mode.
 struct Scaling {
@@ -61,13 +61,17 @@ struct Plan {
 
 struct LtFp8Device {
   std::mutex mu;
-  cublasLtHandle_t handle = nullptr;
+  int device = 0;
+  cublasLtHandle_t handle = nullptr;  // lt_handle's
   std::map<Key, Plan> plans;
-  std::map<cudaStream_t, void*> workspaces;
 };
 
 LtFp8Device& lt_device(int device) {
-  static LtFp8Device* devices = new LtFp8Device[64];  // never destroyed: graphs hold workspaces
+  static LtFp8Device* devices = [] {  // never destroyed: graphs hold its plans' workspaces
+    auto* d = new LtFp8Device[64];
+    for (int i = 0; i < 64; ++i) d[i].device = i;
+    return d;
+  }();
   return devices[device];
 }
 
@@ -192,27 +196,16 @@ Plan* plan_for(LtFp8Device& d, const Fp8GemmArgs& g, cudaStream_t s, std::string
       why = "shape not planned before stream capture";
       return nullptr;
     }
-    if (!d.handle) {
-      const cublasStatus_t st = cublasLtCreate(&d.handle);
-      if (st != CUBLAS_STATUS_SUCCESS) {
-        why = "cublasLtCreate: " + status_name(st);
-        return nullptr;
-      }
-    }
+    if (!d.handle && !(d.handle = lt_handle(d.device, &why))) return nullptr;
     it = d.plans.emplace(key, make_plan(d.handle, g, key, sc)).first;
   }
   if (!it->second.why.empty()) {
     why = it->second.why;
     return nullptr;
   }
-  if (d.workspaces.find(s) == d.workspaces.end()) {
-    if (capturing) {
-      why = "no cuBLASLt workspace for this stream before capture";
-      return nullptr;
-    }
-    void* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, kLtWorkspaceBytes));  // held for the process: graphs keep it
-    d.workspaces.emplace(s, p);
+  if (!lt_workspace(d.device, s, !capturing)) {
+    why = "no cuBLASLt workspace for this stream before capture";
+    return nullptr;
   }
   return &it->second;
 }
@@ -251,7 +244,8 @@ void launch_fp8_gemm_cublaslt(const Fp8GemmArgs& g, cudaStream_t s) {
     ok(set_attr(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, sx), "B_SCALE_POINTER");
     const float alpha = 1.0f, beta = 0.0f;
     ok(cublasLtMatmul(d.handle, p->op, &alpha, g.w, p->a, g.a.xq, p->b, &beta, g.out.data, p->d,
-                      g.out.data, p->d, &p->algo, d.workspaces.at(s), kLtWorkspaceBytes, s),
+                      g.out.data, p->d, &p->algo, lt_workspace(d.device, s, false),
+                      kLtWorkspaceBytes, s),
        "cublasLtMatmul");
   }
   if (g.bias) launch_add_bias(g.out, g.bias, g.bias_type, s);
