@@ -97,8 +97,14 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
   // With tensor parallelism every rank holds this many blocks of its own kv heads.
   const std::string where = tp_size_ == 1
                                 ? model.device().str()
-                                : fmt::format("{} ranks from {} (tensor parallel, KV per rank)",
-                                              tp_size_, model.device().str());
+                                : fmt::format("{} ranks from {} (tensor parallel{}, KV per rank)",
+                                              tp_size_, model.device().str(),
+                                              !model.expert_parallel() ? ""
+                                              : model.eplb_step_interval() > 0
+                                                  ? fmt::format(", experts split over the ranks "
+                                                                "with EPLB every {} steps",
+                                                                model.eplb_step_interval())
+                                                  : ", experts split over the ranks");
   log_info(
       "engine on {}: {} KV blocks of {} tokens ({:.1f} MiB of {}, {} tokens, from {}), {} state "
       "slots "

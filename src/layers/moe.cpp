@@ -164,6 +164,25 @@ std::vector<int64_t> eplb_placement(const std::vector<int64_t>& load, int64_t nu
   return next;
 }
 
+double eplb_balancedness(const std::vector<int64_t>& load, int ranks,
+                         const std::vector<int64_t>& placement) {
+  const int64_t L = static_cast<int64_t>(placement.size()) / ranks;
+  std::vector<int64_t> copies(load.size(), 0);
+  for (const int64_t e : placement) ++copies[static_cast<size_t>(e)];
+  std::vector<double> rank_load(static_cast<size_t>(ranks), 0.0);
+  for (size_t p = 0; p < placement.size(); ++p) {
+    const size_t e = static_cast<size_t>(placement[p]);
+    rank_load[p / static_cast<size_t>(L)] +=
+        static_cast<double>(load[e]) / static_cast<double>(copies[e]);
+  }
+  double sum = 0, mx = 0;
+  for (const double v : rank_load) {
+    sum += v;
+    mx = std::max(mx, v);
+  }
+  return mx > 0 ? sum / ranks / mx : 1.0;
+}
+
 void FusedMoE::apply_placement() {
   const int64_t E = o_.num_experts, L = static_cast<int64_t>(placement_.size()) / ctx_.tp_size,
                 width = replicas_.size(1);
@@ -181,7 +200,7 @@ void FusedMoE::apply_placement() {
   replica_count_.copy_from(count);
 }
 
-bool FusedMoE::rebalance(Communicator& comm) {
+bool FusedMoE::rebalance(Communicator& comm, std::pair<double, double>* balance) {
   ATOM_CHECK(replicas_.defined(), "{}: rebalance without redundant experts", w13_->name());
   const Tensor load_t = expert_load_.to(Device::cpu());
   const std::vector<int64_t> load(load_t.ptr<int64_t>(), load_t.ptr<int64_t>() + o_.num_experts);
@@ -189,6 +208,8 @@ bool FusedMoE::rebalance(Communicator& comm) {
   const int ranks = ctx_.tp_size, me = ctx_.tp_rank;
   const int64_t P = static_cast<int64_t>(placement_.size()), L = P / ranks;
   const std::vector<int64_t> next = eplb_placement(load, P - o_.num_experts, ranks, placement_);
+  if (balance)
+    *balance = {eplb_balancedness(load, ranks, placement_), eplb_balancedness(load, ranks, next)};
   if (next == placement_) return false;
   // Every slot that changes takes its new expert's weights from the lowest physical copy of it in
   // the old placement: that rank contributes them to a sum over the ranks, the others zeros (a

@@ -87,6 +87,9 @@ struct ExpertShare {
 // Returns the logical expert of every physical one, rank-major.
 std::vector<int64_t> eplb_placement(const std::vector<int64_t>& load, int64_t num_redundant,
                                     int ranks, const std::vector<int64_t>& current);
+// Mean over max of the ranks' load under `placement` (1 when even; 1 for no load).
+double eplb_balancedness(const std::vector<int64_t>& load, int ranks,
+                         const std::vector<int64_t>& placement);
 
 // How a checkpoint stores a layer's experts.
 enum class ExpertQuant {
@@ -144,7 +147,10 @@ class FusedMoE {
   // from the ranks that hold them, the router's tables updated in place (decode graphs stay
   // valid) and the load cleared. Every rank calls it at once, between steps. Returns whether the
   // placement changed.
-  bool rebalance(Communicator& comm);
+  // balance (optional): the mean over the max of the ranks' load under the old and the new
+  // placement (vLLM's balancedness; 1 is perfectly even), a copy carrying its expert's load over
+  // its copies.
+  bool rebalance(Communicator& comm, std::pair<double, double>* balance = nullptr);
   const Tensor& replica_count() const { return replica_count_; }
   Tensor& expert_load() { return expert_load_; }
   int64_t intermediate_per_rank() const { return inter_rank_; }  // of the checkpoint

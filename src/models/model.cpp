@@ -4,6 +4,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "layers/moe.h"
 
 namespace atom {
@@ -88,7 +89,19 @@ Model::Model(const ModelConfig& config, const ModelOptions& options)
 
 int Model::rebalance_experts() {
   int changed = 0;
-  for (FusedMoE* m : eplb_layers_) changed += m->rebalance(*ctx_.comm) ? 1 : 0;
+  double before = 0, after = 0;
+  for (FusedMoE* m : eplb_layers_) {
+    std::pair<double, double> b{1.0, 1.0};
+    changed += m->rebalance(*ctx_.comm, &b) ? 1 : 0;
+    before += b.first;
+    after += b.second;
+  }
+  if (ctx_.tp_rank == 0 && !eplb_layers_.empty()) {
+    const double n = static_cast<double>(eplb_layers_.size());
+    log_info("EPLB: re-placed the experts of {} of {} layers; balancedness (mean / max rank load, "
+             "layer average) {:.3f} -> {:.3f}",
+             changed, eplb_layers_.size(), before / n, after / n);
+  }
   return changed;
 }
 

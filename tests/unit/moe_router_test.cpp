@@ -204,6 +204,10 @@ TEST(Eplb, PlacementGivesHotExpertsCopiesAndSpreadsThem) {
   // An expert that stays on a rank keeps its slot: rank 0 held 0, 1, 2 and keeps 0 in slot 0.
   EXPECT_EQ(next[0], 0);
   EXPECT_THROW(eplb_placement(load, 3, 4, current), Error);  // 11 copies over 4 ranks
+  // Balancedness, mean over max rank load: 390 / 510 after; before (p % 8: experts 0..3 two
+  // copies each) the ranks hold 500 + 5 + 5, 5 + 10 + 10, 10 + 500 + 500 and 5 + 5 + 5: 390 / 1010.
+  EXPECT_DOUBLE_EQ(eplb_balancedness(load, 4, next), 390.0 / 510.0);
+  EXPECT_DOUBLE_EQ(eplb_balancedness(load, 4, current), 390.0 / 1010.0);
 }
 
 TEST(MoeRoute, TiesGoToTheLowerIndex) {
