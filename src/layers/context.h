@@ -128,6 +128,9 @@ struct LayerContext {
   // Layers with redundant experts register here (FusedMoE), for Model::rebalance_experts.
   std::vector<FusedMoE*>* eplb_layers = nullptr;
 
+  // Expert parallelism in effect: asked for, over more than one rank.
+  bool experts_split() const { return expert_parallel && tp_size > 1; }
+
   // A zero-initialised parameter tensor on the model's device.
   Tensor param_tensor(Shape shape, DType dtype) const {
     return Tensor::zeros(std::move(shape), dtype, device);

@@ -438,7 +438,8 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
   ATOM_CHECK(!ep || o.num_shared_slots == 0,
              "{}: shared experts are not fused under expert parallelism", prefix);
   ATOM_CHECK(o.pad_intermediate_to >= 1, "{}: padding multiple {}", prefix, o.pad_intermediate_to);
-  share_ = ep ? ExpertShare::of(o.num_experts, ctx.tp_rank, tp) : ExpertShare{0, o.num_experts};
+  const ExpertShare share =
+      ep ? ExpertShare::of(o.num_experts, ctx.tp_rank, tp) : ExpertShare{0, o.num_experts};
   const int64_t R = ep ? ctx.num_redundant_experts : 0;
   if (ctx.num_redundant_experts > 0 && !ep)
     fail("{}: redundant experts (EPLB) need expert parallelism over several ranks", prefix);
@@ -459,8 +460,8 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
     apply_placement();
     if (ctx.eplb_layers) ctx.eplb_layers->push_back(this);
   } else {
-    phys_first_ = share_.first;
-    for (int64_t e = share_.first; e < share_.first + share_.count; ++e) local_.push_back(e);
+    phys_first_ = share.first;
+    for (int64_t e = share.first; e < share.first + share.count; ++e) local_.push_back(e);
   }
   slots_ = static_cast<int64_t>(local_.size()) + o.num_shared_slots;
   inter_rank_ = ep ? o.intermediate : o.intermediate / tp;
@@ -484,8 +485,8 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
   const std::string w2_name = prefix_join(prefix, "w2_weight");
 
   auto w13_layout = std::make_shared<ExpertLayout>();
-  w13_layout->num_base = share_.count;
-  w13_layout->first_base = share_.first;
+  w13_layout->num_base = share.count;
+  w13_layout->first_base = share.first;
   w13_layout->stageable = R == 0;  // replicas: one checkpoint expert into several slots
   w13_layout->num_slots = slots_;
   w13_layout->shards = {"w1", "w3"};
@@ -499,8 +500,8 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
     tensor_assign(dst, ckpt.narrow(0, start, Ir));
   };
   auto w2_layout = std::make_shared<ExpertLayout>();
-  w2_layout->num_base = share_.count;
-  w2_layout->first_base = share_.first;
+  w2_layout->num_base = share.count;
+  w2_layout->first_base = share.first;
   w2_layout->stageable = R == 0;
   w2_layout->num_slots = slots_;
   w2_layout->shards = {"w2"};
@@ -592,10 +593,7 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
   // Expert parallelism: the loader skips the tensors of experts another rank holds (the shared
   // experts, expert E, are never fused then).
   std::function<bool(int)> holds;
-  if (ep)
-    holds = [local = local_](int e) {
-      return std::find(local.begin(), local.end(), int64_t{e}) != local.end();
-    };
+  if (ep) holds = [this](int e) { return this->holds(e); };
   auto add_weight = [&](const std::string& name, Shape shape,
                         const std::shared_ptr<ExpertLayout>& layout) -> Parameter* {
     const auto parts = expert_parts(local_, E, S, layout->shards);
@@ -717,11 +715,11 @@ SparseMoeBlock::SparseMoeBlock(LayerContext& ctx, const std::string& prefix,
   if (o.correction_bias)
     correction_ = &ctx.params.add(prefix_join(prefix, o.gate_name + ".e_score_correction_bias"),
                                   ctx.param_tensor({o.num_experts}, DType::kF32));
-  const int64_t fused = experts_.num_slots() - experts_.num_local_experts();
+  const int64_t routed_slots = experts_.num_local_experts(),
+                fused = experts_.num_slots() - routed_slots;
   args_.num_fused_shared = static_cast<int>(fused);
-  const int64_t routed_slots = experts_.num_slots() - fused;
   args_.shared_slot_first = static_cast<int>(routed_slots);
-  if (ctx.expert_parallel && ctx.tp_size > 1) {  // this rank's range of (physical) experts
+  if (experts_.expert_parallel()) {  // this rank's range of (physical) experts
     args_.local_first = static_cast<int>(experts_.physical_first());
     args_.local_count = static_cast<int>(routed_slots);
   }

@@ -127,10 +127,10 @@ class FusedMoE {
   void forward(Step& step, const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
                Tensor& out);
   int64_t num_slots() const { return slots_; }
-  // The routed experts this rank holds without redundant replicas (ExpertShare::of).
-  const ExpertShare& share() const { return share_; }
   // The checkpoint (logical) expert in each of this rank's routed slots [0, num_local_experts()).
   const std::vector<int64_t>& local_experts() const { return local_; }
+  // The ranks split the experts (LayerContext::expert_parallel over more than one rank).
+  bool expert_parallel() const { return ctx_.experts_split(); }
   int64_t num_local_experts() const { return static_cast<int64_t>(local_.size()); }
   // The physical expert of local slot 0 (expert parallelism; with EPLB physical experts are the
   // E + R copies, rank r holding [r L, (r + 1) L)).
@@ -162,12 +162,10 @@ class FusedMoE {
 
  private:
   class Writer;
-  bool expert_parallel() const { return ctx_.expert_parallel && ctx_.tp_size > 1; }
   // The first intermediate channel of this rank's slice (0 when it holds whole experts).
   int64_t inter_start() const { return expert_parallel() ? 0 : ctx_.tp_rank * inter_rank_; }
   LayerContext& ctx_;
   FusedMoEOptions o_;
-  ExpertShare share_;
   std::vector<int64_t> local_;  // logical expert of each routed slot
   int64_t phys_first_ = 0;
   std::vector<int64_t> placement_;  // EPLB: logical expert of each physical one

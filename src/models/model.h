@@ -70,7 +70,7 @@ class Model {
   int rebalance_experts();
   int eplb_step_interval() const { return eplb_layers_.empty() ? 0 : eplb_step_interval_; }
   const std::vector<FusedMoE*>& eplb_layers() const { return eplb_layers_; }
-  bool expert_parallel() const { return ctx_.expert_parallel && ctx_.tp_size > 1; }
+  bool expert_parallel() const { return ctx_.experts_split(); }
   DType act_dtype() const { return ctx_.act_dtype; }
   int64_t vocab_size() const { return config_.vocab_size; }
 
