@@ -338,12 +338,8 @@ void bench_quant() {
         const int64_t G = (k + group - 1) / group, ld_sx = (m + 3) / 4 * 4;
         Tensor xq = Tensor::empty({m, k}, DType::kU8, kGpu);
         Tensor sx = Tensor::empty({G * ld_sx}, DType::kF32, kGpu);
-        kernels::cuda::Fp8Act8 a;
-        a.xq = static_cast<uint8_t*>(xq.data());
-        a.ldq = k;
-        a.sx = sx.ptr<float>();
-        a.ld_sx = ld_sx;
-        a.group = group;
+        const kernels::cuda::Fp8Act8 a{static_cast<uint8_t*>(xq.data()), k, sx.ptr<float>(), ld_sx,
+                                       group};
         const kernels::cuda::Mat xm{x.data(), m, k, k, kernels::cuda::Elem::kBF16};
         const double bytes = 3.0 * m * k + 4.0 * G * m;
         double t[2];

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "common/compare.h"  // rel_err, max_abs_diff: shape- and NaN-checked
 #include "common/tensor_util.h"
 #include "core/convert.h"
+#include "core/cuda_check.h"
 #include "core/half.h"
 #include "core/tensor.h"
 #include "engine/sampling_params.h"
@@ -57,6 +59,20 @@ inline Batch append_step_batch(const std::vector<std::vector<int32_t>>& toks,
     b.state_slots.push_back(s);
   }
   return b;
+}
+
+// Captures what `work` enqueues on `stream` (thread-local capture mode) and instantiates it; the
+// caller launches and destroys the returned graph. Errors throw (CUDA_CHECK), so a rank thread's
+// failure reaches its failure hook.
+inline cudaGraphExec_t capture_graph(cudaStream_t stream, const std::function<void()>& work) {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  work();
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaGraphDestroy(graph);
+  return exec;
 }
 
 // Fills a device tensor with 0xff bytes: NaN for floats, -1 for integers. Unwritten outputs fail.

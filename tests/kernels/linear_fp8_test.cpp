@@ -405,18 +405,11 @@ TEST(GpuLinearFp8, ActivationQuantisationIsBitExact) {
       Tensor in_scale = Tensor::empty({1}, DType::kF32);
       in_scale.ptr<float>()[0] = static_scale;
       Tensor g_in_scale = in_scale.to(gpu());
-      kernels::cuda::Fp8Act8 a;
-      a.xq = static_cast<uint8_t*>(xq.data());
-      a.ldq = ldq;
-      a.sx = sx.ptr<float>();
-      a.ld_sx = ld_sx;
-      a.group = group;
-      kernels::cuda::Mat xm;
-      xm.data = gx.data();
-      xm.rows = c.m;
-      xm.cols = c.k;
-      xm.stride = ld;
-      xm.type = c.dt == DType::kF16 ? kernels::cuda::Elem::kF16 : kernels::cuda::Elem::kBF16;
+      const kernels::cuda::Fp8Act8 a{static_cast<uint8_t*>(xq.data()), ldq, sx.ptr<float>(), ld_sx,
+                                     group};
+      const kernels::cuda::Mat xm{
+          gx.data(), c.m, c.k, ld,
+          c.dt == DType::kF16 ? kernels::cuda::Elem::kF16 : kernels::cuda::Elem::kBF16};
       kernels::cuda::launch_fp8_act_quant(xm, c.mode, g_in_scale.ptr<float>(), a, nullptr);
       CUDA_CHECK(cudaDeviceSynchronize());
       const Tensor hq = host(xq), hs = host(sx);
@@ -466,13 +459,7 @@ TEST(GpuLinearFp8, GraphReplayMatchesEager) {
       Tensor ref = host(out);
       x.copy_from(random_cpu({c.m, c.k}, DType::kBF16, 11, -2, 2));
       stream.synchronize();
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-      step();
-      CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      cudaGraphDestroy(graph);
+      cudaGraphExec_t exec = capture_graph(stream.get(), step);
       x.copy_from(random_cpu({c.m, c.k}, DType::kBF16, 21, -2, 2));
       stream.synchronize();
       CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.nbytes(), stream.get()));

@@ -22,6 +22,7 @@
 #include "gpu_util.h"
 #include "kernels/cuda/moe_dense.h"
 #include "kernels/cuda_tuning.h"
+#include "layers/moe.h"
 
 namespace atom::test {
 namespace {
@@ -363,6 +364,45 @@ MoeInputs make_inputs(const MoeCase& c, uint64_t seed) {
   return in;
 }
 
+// One way fused_moe can run: (name, decode max rows, GEMM tile rows, decode depth, dense min
+// rows).
+struct FusedPath {
+  const char* name;
+  int decode_rows, tile_rows, depth, dense_rows = 0;
+};
+
+// The tuned default, then each path that applies to R routed rows: both GEMM tiles, the decode
+// kernel at both depths (R <= 512), and the per-slot dense path (cuBLASLt per slot: SiLU·mul
+// without biases, `dense` true, from kMoeDenseMinRoutedRows rows; forced here at any rows per
+// slot).
+std::vector<FusedPath> fused_paths(int64_t R, bool dense) {
+  const kernels::cuda::CudaTuning& base = kernels::cuda::cuda_tuning();
+  std::vector<FusedPath> paths = {{"auto", base.moe_decode_max_rows, base.moe_gemm_tile_rows,
+                                   base.moe_decode_depth, base.moe_dense_min_rows},
+                                  {"gemm64", 0, 64, 2},
+                                  {"gemm128", 0, 128, 2}};
+  if (R <= 512) {
+    paths.push_back({"decode", 512, 0, 2});
+    paths.push_back({"decode4", 512, 0, 4});
+  }
+  if (R >= kernels::cuda::kMoeDenseMinRoutedRows && dense) {
+    paths.push_back({"dense64", 0, 64, 2, 1});
+    paths.push_back({"dense128", 0, 128, 2, 1});
+  }
+  return paths;
+}
+
+// The tuning that runs path p (the dense path forced at any slot count).
+kernels::cuda::CudaTuning path_tuning(const FusedPath& p) {
+  return kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
+    t.moe_decode_max_rows = p.decode_rows;
+    t.moe_gemm_tile_rows = p.tile_rows;
+    t.moe_decode_depth = p.depth;
+    t.moe_dense_min_rows = p.dense_rows;
+    t.moe_dense_max_slots = kernels::cuda::kMoeMaxSlots;
+  });
+}
+
 // fused_moe on the GPU (outputs and workspace poisoned first).
 Tensor run_gpu(const MoeCase& c, const Tensor& gx, const Tensor& g13, const Tensor& g2,
                const Tensor& gb13, const Tensor& gb2, const Tensor& gids, const Tensor& gw) {
@@ -388,40 +428,12 @@ void check_fused(const MoeCase& c, uint64_t seed) {
   Tensor gb13 = in.b13.defined() ? in.b13.to(gpu()) : Tensor();
   Tensor gb2 = in.b2.defined() ? in.b2.to(gpu()) : Tensor();
   Tensor gids = in.ids.to(gpu()), gw = in.wts.to(gpu());
-  const kernels::cuda::CudaTuning& base = kernels::cuda::cuda_tuning();
-  const int64_t R = c.T * (c.K + c.shared);
-  // auto, then each path where it applies: (name, decode max rows, GEMM tile rows, decode depth)
-  struct Path {
-    const char* name;
-    int decode_rows, tile_rows, depth, dense_rows = 0;
-  };
-  std::vector<Path> paths = {{"auto", base.moe_decode_max_rows, base.moe_gemm_tile_rows,
-                              base.moe_decode_depth, base.moe_dense_min_rows},
-                             {"gemm64", 0, 64, 2},
-                             {"gemm128", 0, 128, 2}};
-  if (R <= 512) {
-    paths.push_back({"decode", 512, 0, 2});
-    paths.push_back({"decode4", 512, 0, 4});
-  }
-  // The per-slot dense path (cuBLASLt per slot) where it applies: SiLU·mul without biases, from
-  // kMoeDenseMinRoutedRows routed rows; forced here at any rows per slot.
-  if (R >= kernels::cuda::kMoeDenseMinRoutedRows && c.limit <= 0 && c.biases == 0) {
-    paths.push_back({"dense64", 0, 64, 2, 1});
-    paths.push_back({"dense128", 0, 128, 2, 1});
-  }
   // bf16 outputs: one more rounding than the fp32 reference; the activations are rounded to
   // the weights' type between the two GEMMs (the CPU keeps fp32).
   const double tol = c.dt == DType::kF16 ? 3e-3 : 5e-3;
-  for (const Path& p : paths) {
+  for (const FusedPath& p : fused_paths(c.T * (c.K + c.shared), c.limit <= 0 && c.biases == 0)) {
     SCOPED_TRACE(p.name);
-    const kernels::cuda::CudaTuningScope scope(
-        kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
-          t.moe_decode_max_rows = p.decode_rows;
-          t.moe_gemm_tile_rows = p.tile_rows;
-          t.moe_decode_depth = p.depth;
-          t.moe_dense_min_rows = p.dense_rows;
-          t.moe_dense_max_slots = kernels::cuda::kMoeMaxSlots;  // forced at any slot count
-        }));
+    const kernels::cuda::CudaTuningScope scope(path_tuning(p));
     Tensor out = run_gpu(c, gx, g13, g2, gb13, gb2, gids, gw);
     Tensor ho = host(out);
     ASSERT_EQ(ho.shape(), ref.shape());
@@ -485,34 +497,14 @@ TEST(GpuMoe, ExpertParallelRanksSumToTheWholeLayer) {
     kernels::fused_moe(ref, in.x, experts_of(c, in.w13, in.w2, Tensor(), Tensor()), ids, wts,
                        nullptr);
     Tensor gl = logits.to(gpu()), gx = in.x.to(gpu());
-    const kernels::cuda::CudaTuning& base = kernels::cuda::cuda_tuning();
-    struct Path {
-      const char* name;
-      int decode_rows, tile_rows, dense_rows;
-    };
-    const Path paths[] = {
-        {"auto", base.moe_decode_max_rows, base.moe_gemm_tile_rows, base.moe_dense_min_rows},
-        {"decode", 512, 0, 0},
-        {"gemm64", 0, 64, 0},
-        {"gemm128", 0, 128, 0},
-        {"dense", 0, 64, 1}};
-    for (const Path& p : paths) {
-      if (p.decode_rows == 512 && e.T * e.K > 512) continue;
-      if (p.dense_rows == 1 && e.T * e.K < kernels::cuda::kMoeDenseMinRoutedRows) continue;
+    for (const FusedPath& p : fused_paths(e.T * e.K, true)) {
       SCOPED_TRACE(p.name);
-      const kernels::cuda::CudaTuningScope scope(
-          kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
-            t.moe_decode_max_rows = p.decode_rows;
-            t.moe_gemm_tile_rows = p.tile_rows;
-            t.moe_dense_min_rows = p.dense_rows;
-            t.moe_dense_max_slots = kernels::cuda::kMoeMaxSlots;
-          }));
+      const kernels::cuda::CudaTuningScope scope(path_tuning(p));
       std::vector<float> sum(static_cast<size_t>(e.T * e.H), 0.0f);
       int64_t local_rows = 0;
       for (int r = 0; r < ranks; ++r) {
-        const int64_t base_n = e.E / ranks, extra = e.E % ranks;
-        const int64_t count = base_n + (r < extra ? 1 : 0),
-                      first = r * base_n + std::min<int64_t>(r, extra);
+        const ExpertShare share = ExpertShare::of(e.E, r, ranks);
+        const int64_t count = share.count, first = share.first;
         Tensor gids = Tensor::empty({e.T, e.K}, DType::kI32, gpu());
         Tensor gw = Tensor::empty({e.T, e.K}, DType::kF32, gpu());
         poison(gids);
@@ -822,13 +814,7 @@ TEST(GpuMoe, GraphReplayMatchesEager) {
     x.copy_from(random_cpu({T, H}, DType::kBF16, 11));
     step();  // warm-up outside the capture
     stream.synchronize();
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-    step();
-    CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    cudaGraphDestroy(graph);
+    cudaGraphExec_t exec = capture_graph(stream.get(), step);
     logits.copy_from(random_cpu({T, E}, DType::kF32, 20, -3, 3));
     x.copy_from(random_cpu({T, H}, DType::kBF16, 21));
     CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, out.nbytes(), stream.get()));

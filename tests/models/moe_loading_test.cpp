@@ -10,6 +10,7 @@
 #include <regex>
 
 #include "common/fixtures.h"
+#include "common/layer_context.h"
 #include "common/tensor_util.h"
 #include "common/test_util.h"
 #include "core/convert.h"
@@ -367,11 +368,8 @@ TEST(FusedMoELayer, PaddedIntermediateLoadsZeroTailsOnBothPaths) {
   std::vector<Tensor> outs;
   for (const int64_t pad : {1, 16, 16}) {
     ParamRegistry reg;
-    std::vector<CacheSpec> caches;
-    std::vector<StateCacheSpec> states;
-    SoloCommunicator solo;
-    LayerContext ctx{reg,     Device::cpu(), DType::kF32, DType::kF32, 0,  1,    &solo,
-                     &caches, &states,       false,       nullptr,     {}, false};
+    TestLayerContext rig(reg);
+    LayerContext& ctx = rig.ctx;
     FusedMoEOptions o;
     o.num_experts = E;
     o.hidden = H;

@@ -3,10 +3,12 @@
 // single-rank logits (and so transformers').
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <thread>
 
 #include "common/fixtures.h"
+#include "common/layer_context.h"
 #include "common/test_util.h"
 #include "engine/sequence_runner.h"
 #include "layers/moe.h"
@@ -29,38 +31,49 @@ struct RankResult {
   LoadReport report;
 };
 
-// Loads `name` on `ranks` CPU ranks (threads sharing a LocalGroup) and scores the reference's
-// tokens on each; fails the test on any rank's error.
-std::vector<RankResult> run_ranks(const std::string& name, int ranks, bool expert_parallel,
-                                  const std::vector<int32_t>& ids, int redundant = 0) {
+// Runs job(r, options of rank r) on `ranks` CPU ranks at once (threads sharing a LocalGroup);
+// each rank's options are `base` with its rank, the size and its communicator. Returns each rank's
+// error ("" when it finished).
+std::vector<std::string> on_ranks(int ranks, const ModelOptions& base,
+                                  const std::function<void(int, const ModelOptions&)>& job) {
   LocalGroup group(ranks);
-  std::vector<RankResult> got(ranks);
   std::vector<std::string> errors(ranks);
   std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
+  for (int r = 0; r < ranks; ++r)
     threads.emplace_back([&, r] {
       try {
         auto comm = group.communicator(r);
-        ModelOptions o;
+        ModelOptions o = base;
         o.tp_rank = r;
         o.tp_size = ranks;
         o.comm = comm.get();
-        o.expert_parallel = expert_parallel;
-        o.num_redundant_experts = redundant;
-        LoadedModel m = model_load(fixture_dir(name), o);
-        for (const auto& [n, p] : m.model->params().all()) {
-          got[r].weight_bytes += p->data().nbytes();
-          // The expert-parallel [slots, ...] tensors (not an FP8 layer's placeholder scale).
-          if (p->holds_expert && p->data().dim() >= 2) got[r].expert_bytes[n] += p->data().nbytes();
-        }
-        got[r].report = m.report;
-        got[r].logits = score_tokens(*m.model, ids);
+        job(r, o);
       } catch (const std::exception& e) {
         errors[r] = e.what();
       }
     });
-  }
   for (auto& t : threads) t.join();
+  return errors;
+}
+
+// Loads `name` on `ranks` CPU ranks and scores the reference's tokens on each; fails the test on
+// any rank's error.
+std::vector<RankResult> run_ranks(const std::string& name, int ranks, bool expert_parallel,
+                                  const std::vector<int32_t>& ids, int redundant = 0) {
+  std::vector<RankResult> got(ranks);
+  ModelOptions base;
+  base.expert_parallel = expert_parallel;
+  base.num_redundant_experts = redundant;
+  const std::vector<std::string> errors = on_ranks(ranks, base, [&](int r, const ModelOptions& o) {
+    LoadedModel m = model_load(fixture_dir(name), o);
+    for (const auto& [n, p] : m.model->params().all()) {
+      got[r].weight_bytes += p->data().nbytes();
+      // The expert-parallel [slots, ...] tensors (not an FP8 layer's placeholder scale).
+      if (p->holds_expert && p->data().dim() >= 2) got[r].expert_bytes[n] += p->data().nbytes();
+    }
+    got[r].report = m.report;
+    got[r].logits = score_tokens(*m.model, ids);
+  });
   for (int r = 0; r < ranks; ++r)
     EXPECT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
   return got;
@@ -184,23 +197,9 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(ExpertParallelErrors, MoreRanksThanExpertsIsAClearError) {
   ParamRegistry params;
-  std::vector<CacheSpec> caches;
-  std::vector<StateCacheSpec> states;
-  SoloCommunicator solo;
-  LayerContext ctx{params,
-                   Device::cpu(),
-                   DType::kF32,
-                   DType::kF32,
-                   /*tp_rank=*/1,
-                   /*tp_size=*/8,
-                   &solo,
-                   &caches,
-                   &states,
-                   false,
-                   nullptr,
-                   {},
-                   false,
-                   /*expert_parallel=*/true};
+  TestLayerContext rig(params, /*tp_rank=*/1, /*tp_size=*/8);
+  LayerContext& ctx = rig.ctx;
+  ctx.expert_parallel = true;
   FusedMoEOptions o;
   o.num_experts = 4;
   o.hidden = 8;
@@ -210,25 +209,11 @@ TEST(ExpertParallelErrors, MoreRanksThanExpertsIsAClearError) {
 }
 
 TEST(ExpertParallelErrors, RedundantExpertsMustSplitEvenly) {
-  LocalGroup group(4);
-  std::vector<std::string> errors(4);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 4; ++r)
-    threads.emplace_back([&, r] {
-      auto comm = group.communicator(r);
-      ModelOptions o;
-      o.tp_rank = r;
-      o.tp_size = 4;
-      o.comm = comm.get();
-      o.expert_parallel = true;
-      o.num_redundant_experts = 2;  // 8 + 2 over 4 ranks
-      try {
-        model_load(fixture_dir("qwen3_moe"), o);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+  ModelOptions base;
+  base.expert_parallel = true;
+  base.num_redundant_experts = 2;  // 8 + 2 over 4 ranks
+  const std::vector<std::string> errors = on_ranks(
+      4, base, [](int, const ModelOptions& o) { model_load(fixture_dir("qwen3_moe"), o); });
   for (int r = 0; r < 4; ++r)
     EXPECT_NE(errors[r].find("8 experts plus 2 redundant ones do not split evenly over 4"),
               std::string::npos)
@@ -243,41 +228,28 @@ TEST(ExpertParallel, RebalancedExpertsGiveTheSameLogits) {
   LoadedModel solo = model_load(fixture_dir("qwen3_moe"), {});
   const Tensor want = score_tokens(*solo.model, ref.input_ids);
   const int ranks = 2;
-  LocalGroup group(ranks);
-  std::vector<std::string> errors(ranks);
   std::vector<Tensor> before(ranks), after(ranks);
   std::vector<int> moved(ranks, 0);
   std::vector<std::vector<int64_t>> loads(ranks), placement_before(ranks), placement_after(ranks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        auto comm = group.communicator(r);
-        ModelOptions o;
-        o.tp_rank = r;
-        o.tp_size = ranks;
-        o.comm = comm.get();
-        o.expert_parallel = true;
-        o.num_redundant_experts = 2;
-        LoadedModel m = model_load(fixture_dir("qwen3_moe"), o);
-        const auto& layers = m.model->eplb_layers();
-        if (layers.empty()) throw Error("no EPLB layer");
-        before[r] = score_tokens(*m.model, ref.input_ids);
-        FusedMoE& first = *layers[0];
-        const Tensor l = first.expert_load().to(Device::cpu());
-        loads[r].assign(l.ptr<int64_t>(), l.ptr<int64_t>() + l.numel());
-        placement_before[r] = first.placement();
-        moved[r] = m.model->rebalance_experts();
-        placement_after[r] = first.placement();
-        const Tensor cleared = first.expert_load().to(Device::cpu());
-        for (int64_t e = 0; e < cleared.numel(); ++e)
-          if (cleared.ptr<int64_t>()[e] != 0) throw Error("the load was not cleared");
-        after[r] = score_tokens(*m.model, ref.input_ids);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+  ModelOptions base;
+  base.expert_parallel = true;
+  base.num_redundant_experts = 2;
+  const std::vector<std::string> errors = on_ranks(ranks, base, [&](int r, const ModelOptions& o) {
+    LoadedModel m = model_load(fixture_dir("qwen3_moe"), o);
+    const auto& layers = m.model->eplb_layers();
+    if (layers.empty()) throw Error("no EPLB layer");
+    before[r] = score_tokens(*m.model, ref.input_ids);
+    FusedMoE& first = *layers[0];
+    const Tensor l = first.expert_load().to(Device::cpu());
+    loads[r].assign(l.ptr<int64_t>(), l.ptr<int64_t>() + l.numel());
+    placement_before[r] = first.placement();
+    moved[r] = m.model->rebalance_experts();
+    placement_after[r] = first.placement();
+    const Tensor cleared = first.expert_load().to(Device::cpu());
+    for (int64_t e = 0; e < cleared.numel(); ++e)
+      if (cleared.ptr<int64_t>()[e] != 0) throw Error("the load was not cleared");
+    after[r] = score_tokens(*m.model, ref.input_ids);
+  });
   for (int r = 0; r < ranks; ++r)
     ASSERT_TRUE(errors[r].empty()) << "rank " << r << ": " << errors[r];
   int64_t total = 0;

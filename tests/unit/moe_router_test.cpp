@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "common/layer_context.h"
 #include "common/tensor_util.h"
 #include "common/test_util.h"
 #include "core/convert.h"
@@ -387,25 +388,10 @@ TEST(AddGated, HandDerived) {
 TEST(SparseMoeBlockShared, SigmoidGateScalesTheSharedExpertPerToken) {
   const int64_t H = 16, E = 4, I = 8, T = 5;
   // The layers keep their context by reference: one per registry, alive for the test.
-  std::vector<CacheSpec> caches;
-  std::vector<StateCacheSpec> states;
-  SoloCommunicator solo;
-  std::vector<std::unique_ptr<LayerContext>> ctxs;
+  std::vector<std::unique_ptr<TestLayerContext>> ctxs;
   auto build = [&](ParamRegistry& reg, bool shared, bool gate) {
-    ctxs.push_back(std::make_unique<LayerContext>(LayerContext{reg,
-                                                               Device::cpu(),
-                                                               DType::kF32,
-                                                               DType::kF32,
-                                                               0,
-                                                               1,
-                                                               &solo,
-                                                               &caches,
-                                                               &states,
-                                                               false,
-                                                               nullptr,
-                                                               {},
-                                                               false}));
-    LayerContext& ctx = *ctxs.back();
+    ctxs.push_back(std::make_unique<TestLayerContext>(reg));
+    LayerContext& ctx = ctxs.back()->ctx;
     SparseMoeOptions o;
     o.hidden = H;
     o.num_experts = E;
@@ -445,8 +431,8 @@ TEST(SparseMoeBlockShared, SigmoidGateScalesTheSharedExpertPerToken) {
   }
   // A gate with fused shared experts cannot be: the fused slot's weight is 1.
   ParamRegistry r_bad;
-  LayerContext ctx{r_bad,   Device::cpu(), DType::kF32, DType::kF32, 0,  1,    &solo,
-                   &caches, &states,       false,       nullptr,     {}, false};
+  TestLayerContext bad(r_bad);
+  LayerContext& ctx = bad.ctx;
   SparseMoeOptions o;
   o.hidden = H;
   o.num_experts = E;

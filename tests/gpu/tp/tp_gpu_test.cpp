@@ -92,15 +92,11 @@ TEST(GpuTp, NcclAllReduceAndAllGatherEagerAndInCudaGraphs) {
         gin.copy_from(in[i]);
         comm.all_gather_last_dim(gin, gout);  // warm-up: sizes the gather buffer
         stream.synchronize();
-        cudaGraph_t graph = nullptr;
-        cudaGraphExec_t exec = nullptr;
         // Errors throw (not ASSERT): the failure hook then releases the other rank.
-        CUDA_CHECK(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-        comm.all_reduce_sum(xin);
-        comm.all_gather_last_dim(gin, gout);
-        CUDA_CHECK(cudaStreamEndCapture(stream.get(), &graph));
-        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        cudaGraphDestroy(graph);
+        cudaGraphExec_t exec = capture_graph(stream.get(), [&] {
+          comm.all_reduce_sum(xin);
+          comm.all_gather_last_dim(gin, gout);
+        });
         xin.copy_from(in2[i]);
         gin.copy_from(in2[i]);
         CUDA_CHECK(cudaMemsetAsync(gout.data(), 0xff, gout.nbytes(), stream.get()));
