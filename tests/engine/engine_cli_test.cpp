@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "common/fixtures.h"
 #include "common/test_util.h"
@@ -20,9 +21,11 @@
 namespace atom::test {
 namespace {
 
-// Runs the atom binary; returns stdout lines (stderr carries logs).
-std::vector<std::string> run_atom(const std::string& args, int* status = nullptr) {
-  const std::string cmd = fmt::format("{}/atom {} 2>/dev/null", ATOM_BINARY_DIR, args);
+// Runs the atom binary; returns stdout lines (stderr carries logs; with_stderr: its lines too).
+std::vector<std::string> run_atom(const std::string& args, int* status = nullptr,
+                                  bool with_stderr = false) {
+  const std::string cmd =
+      fmt::format("{}/atom {} {}", ATOM_BINARY_DIR, args, with_stderr ? "2>&1" : "2>/dev/null");
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -106,7 +109,8 @@ TEST(EngineCli, SpeculativeConfigForGenerateAndBench) {
 
 // vLLM's expert-parallel flags reach the model: -tp 2 with -ep (and --enable-expert-parallel),
 // with EPLB's --enable-eplb / --eplb-config re-placing every 2 steps: transformers' greedy tokens
-// each way; EPLB without expert parallelism, an unknown key and a non-JSON config are refused.
+// each way; EPLB without expert parallelism, an unknown key, a non-JSON config, a step interval
+// out of range and redundant experts without --enable-eplb are refused, each naming what is wrong.
 TEST(EngineCli, ExpertParallelAndEplbFlags) {
   const Reference ref = reference_load("qwen3_moe");
   const std::string gen = fmt::format(
@@ -123,13 +127,21 @@ TEST(EngineCli, ExpertParallelAndEplbFlags) {
     ASSERT_EQ(out.size(), 1u) << flags;
     EXPECT_EQ(out[0], join(ref.greedy_tokens)) << flags;
   }
-  for (const char* bad :
-       {" --enable-eplb --num-redundant-experts 2",
-        " -ep --enable-eplb --eplb-config '{\"redundant\": 2}'",
-        " -ep --enable-eplb --eplb-config 'not json'", " -ep --num-redundant-experts 2"}) {
+  const std::pair<const char*, const char*> bad[] = {
+      {" --enable-eplb --num-redundant-experts 2", "--enable-eplb needs --enable-expert-parallel"},
+      {" -ep --enable-eplb --eplb-config '{\"redundant\": 2}'",
+       "--eplb-config: unknown key 'redundant'"},
+      {" -ep --enable-eplb --eplb-config 'not json'", "--eplb-config is not JSON"},
+      {" -ep --enable-eplb --eplb-config '{\"step_interval\": 0}'",
+       "step_interval must be an integer in [1, 2^30]"},
+      {" -ep --num-redundant-experts 2", "redundant experts (2) need --enable-eplb"}};
+  for (const auto& [flags, message] : bad) {
     int rc = 0;
-    run_atom(gen + bad, &rc);
-    EXPECT_NE(rc, 0) << bad;
+    const auto out = run_atom(gen + flags, &rc, /*with_stderr=*/true);
+    EXPECT_NE(rc, 0) << flags;
+    std::string all;
+    for (const auto& l : out) all += l + "\n";
+    EXPECT_NE(all.find(message), std::string::npos) << flags << ":\n" << all;
   }
 }
 
