@@ -318,6 +318,34 @@ FIXTURES += [
                     rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
         router="sigmoid_grouped", experts="per_expert", indexer=True,
         tokens=64, seed=18, more_seeds=[118, 218]),
+    # DeepSeek-V4 shape (issue 35): every attention kind (HCA with windows of 16, CSA with windows
+    # of 4 and its indexer keeping the top 4 entries, pure sliding), a sliding window of 8, RoPE on
+    # the last 8 of 32 channels with the plain "main" table and the YaRN "compress" one, grouped
+    # output projection (2 groups), 4 mHC streams, a hash-routed first MoE layer then sqrt-softplus
+    # routing, SwiGLU clamped at 1 (so the clamp acts). 96 scored tokens complete 6 HCA windows and
+    # 24 CSA windows; the 20-token greedy prompt passes the window and the top-k.
+    dict(
+        name="deepseek_v4",
+        cls="DeepseekV4Config",
+        config=dict(vocab_size=512, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=1, head_dim=32, q_lora_rank=48,
+                    partial_rotary_factor=0.25, n_routed_experts=8, n_shared_experts=1,
+                    num_experts_per_tok=2, routed_scaling_factor=1.5, swiglu_limit=1.0,
+                    layer_types=["heavily_compressed_attention", "compressed_sparse_attention",
+                                 "sliding_attention", "compressed_sparse_attention"],
+                    compress_rates={"compressed_sparse_attention": 4,
+                                    "heavily_compressed_attention": 16},
+                    mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+                    hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, sliding_window=8,
+                    o_groups=2, o_lora_rank=16, index_n_heads=4, index_head_dim=16, index_topk=4,
+                    max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0,
+                    compress_rope_theta=160000.0, tie_word_embeddings=False,
+                    bos_token_id=0, eos_token_id=1,
+                    rope_parameters=dict(rope_type="yarn", factor=4.0,
+                                         original_max_position_embeddings=64,
+                                         beta_fast=32.0, beta_slow=1.0)),
+        router="sqrtsoftplus", indexer=True,
+        tokens=96, greedy_prompt=20, seed=50, more_seeds=[150, 250]),
 ]
 
 
@@ -567,6 +595,10 @@ def scale_weights(model, seed, tied_embed_scale, experts_transposed=False):
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.copy_(0.1 * torch.randn(b.shape, generator=g))
+            elif name.endswith("tid2eid"):  # DeepSeek-V4 hash routing: k distinct experts a token
+                E = model.config.get_text_config().n_routed_experts
+                b.copy_(torch.stack([torch.randperm(E, generator=g)[: b.shape[1]]
+                                     for _ in range(b.shape[0])]))
 
 
 def to_legacy(config_path):
@@ -922,6 +954,12 @@ class RouterWatch:
             s = logits.masked_fill(~mask.bool().repeat_interleave(E // G, 1), float("-inf"))
             top = torch.topk(s, k + 1, dim=-1).values
             return min(m, float((top[:, k - 1] - top[:, k]).min()))
+        if self.kind == "sqrtsoftplus":  # DeepSeek-V4: no groups; hash layers choose by table
+            if hasattr(gate, "tid2eid"):
+                return float("inf")
+            s = torch.sqrt(torch.nn.functional.softplus(logits)) + gate.e_score_correction_bias.float()
+            top = torch.topk(s, k + 1, dim=-1).values
+            return float((top[:, k - 1] - top[:, k]).min())
         s = torch.sigmoid(logits) + gate.e_score_correction_bias.float()
         E, G, keep = s.shape[-1], c.n_group, c.topk_group
         m = float("inf")
@@ -943,7 +981,8 @@ class IndexerWatch:
     def __init__(self, model):
         self.min_margin, self.blocks = float("inf"), 0
         for _, mod in model.named_modules():
-            if hasattr(mod, "weights_proj") and hasattr(mod, "index_topk"):
+            # DeepSeek-V3.2 / GLM-5 indexers own weights_proj; DeepSeek-V4's has it in a scorer.
+            if (hasattr(mod, "weights_proj") or hasattr(mod, "scorer")) and hasattr(mod, "index_topk"):
                 mod.forward = types.MethodType(self.wrap(type(mod).forward), mod)
                 self.blocks += 1
 

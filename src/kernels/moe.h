@@ -19,8 +19,17 @@ namespace atom::kernels {
 //       there, are positive, so the choice is the same);
 //     idx = topk(c, k); w = s[idx]; renormalize: w /= Σw
 //   top-k then softmax (GPT-OSS): (v, idx) = topk(logits, k); w = softmax(v)
+//   sqrt-softplus (DeepSeek-V4): s = sqrt(softplus(logits)), then as sigmoid (correction bias
+//     for the choice only, no groups there; renormalize adds 1e-20 to the sum as transformers)
 // then w *= routed_scaling_factor. Ties go to the lower expert index, on every device.
-enum class RouterScoring : int { kSoftmax = 0, kSigmoid = 1, kTopKThenSoftmax = 2 };
+// With fixed_ids (DeepSeek-V4's hash layers: tid2eid of each token) the choices are given and only
+// the weights are computed from the scores.
+enum class RouterScoring : int {
+  kSoftmax = 0,
+  kSigmoid = 1,
+  kTopKThenSoftmax = 2,
+  kSqrtSoftplus = 3,  // CPU only so far (issue 35)
+};
 enum class GroupScore : int { kTop2Sum = 0, kMax = 1 };
 
 struct RouterArgs {
@@ -49,6 +58,9 @@ struct RouterArgs {
   const Tensor* replicas = nullptr;
   const Tensor* replica_count = nullptr;
   Tensor* expert_load = nullptr;
+  // The routed choices given per token row ([T, top_k] I32, each in [0, E)) instead of chosen by
+  // score: DeepSeek-V4's hash routing. CPU only so far (issue 35).
+  const Tensor* fixed_ids = nullptr;
 };
 
 // moe_route's argument rules, the same for every backend (an Error naming the tensor otherwise).
@@ -89,6 +101,8 @@ enum class MoeActivation : int {
   kSiluMul = 0,    // silu(gate) * up (transformers' layout)
   kSwigluOai = 1,  // GPT-OSS: g = min(gate, limit), u = clamp(up, -limit, limit),
                    // (u + 1) * g * sigmoid(alpha * g)
+  // DeepSeek-V4, GLM-5.3: silu(min(gate, limit)) * clamp(up, -limit, limit). CPU only so far.
+  kSiluMulClamped = 2,
 };
 
 // The stacked expert weights of one layer on this rank (S slots: routed experts, then fused
@@ -108,7 +122,7 @@ struct MoeExperts {
   const Tensor* w2_scales = nullptr;
   MoeActivation activation = MoeActivation::kSiluMul;
   float swiglu_alpha = 1.702f;  // kSwigluOai
-  float swiglu_limit = 7.0f;    // kSwigluOai
+  float swiglu_limit = 7.0f;    // kSwigluOai, kSiluMulClamped
 
   bool mxfp4() const { return w13_scales != nullptr || w2_scales != nullptr; }
   int64_t hidden() const;        // H, from w2's rows

@@ -1,5 +1,7 @@
 #include "layers/context.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace atom {
@@ -12,13 +14,26 @@ const char* cache_kind_name(CacheKind k) {
       return "latent";
     case CacheKind::kIndexerKey:
       return "indexer key";
+    case CacheKind::kRows:
+      return "rows";
   }
   return "?";
 }
 
+int CacheSpec::rows_per_page(int block_size) const {
+  if (kind != CacheKind::kRows) return block_size;
+  ATOM_CHECK(tokens_per_row >= 1 && block_size >= 1 &&
+                 (block_size % tokens_per_row == 0 || tokens_per_row % block_size == 0),
+             "KV cache: a row every {} tokens does not fit pages of {} tokens (the block size "
+             "must divide the compression ratio or be a multiple of it)",
+             tokens_per_row, block_size);
+  return std::max(1, block_size / tokens_per_row);
+}
+
 size_t CacheSpec::page_bytes(int block_size) const {
   return static_cast<size_t>(planes()) *
-         dtype_bytes(dtype, static_cast<uint64_t>(block_size) * num_heads * head_dim);
+         dtype_bytes(dtype,
+                     static_cast<uint64_t>(rows_per_page(block_size)) * num_heads * head_dim);
 }
 
 Tensor& KvCache::plane(size_t i, CacheKind kind, int p) {
@@ -40,7 +55,7 @@ KvCache KvCache::allocate(const std::vector<CacheSpec>& specs, int num_pages, in
   for (const auto& s : specs) {
     ATOM_CHECK(s.num_heads > 0 && s.head_dim > 0, "KV cache: {} cache of {} heads of {}",
                cache_kind_name(s.kind), s.num_heads, s.head_dim);
-    const Shape shape = {num_pages, block_size, s.num_heads, s.head_dim};
+    const Shape shape = {num_pages, s.rows_per_page(block_size), s.num_heads, s.head_dim};
     std::vector<Tensor> planes;
     for (int p = 0; p < s.planes(); ++p) planes.push_back(Tensor::zeros(shape, s.dtype, device));
     c.planes.push_back(std::move(planes));

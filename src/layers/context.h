@@ -28,6 +28,12 @@ enum class CacheKind : int {
   // A sparse-attention indexer's keys (DeepSeek-V3.2, GLM-5): one plane
   // [num_pages, block_size, 1, index_head_dim].
   kIndexerKey = 2,
+  // One row of head_dim values per tokens_per_row tokens (DeepSeek-V4: the shared key/value of
+  // every token, and the compressed entries of each window of 4 or 128 tokens): one plane
+  // [num_pages, rows_per_page, 1, head_dim]. The row of the window ending at token L lives in
+  // the page holding L (layers/compressed_kv.h), so a page's rows depend only on the tokens up to
+  // its end, and paging, prefix caching and freeing treat it like any other kind.
+  kRows = 3,
 };
 
 const char* cache_kind_name(CacheKind k);
@@ -40,6 +46,7 @@ struct CacheSpec {
   int head_dim = 0;   // elements of one head's row (kLatent, kIndexerKey: the whole row)
   DType dtype = DType::kF32;
   int sliding_window = 0;  // kKeyValue: 0 for full attention
+  int tokens_per_row = 1;  // kRows: a row per this many tokens (a divisor or multiple of pages)
 
   static CacheSpec key_value(int num_kv_heads, int head_dim, DType dtype, int sliding_window = 0) {
     return {CacheKind::kKeyValue, num_kv_heads, head_dim, dtype, sliding_window};
@@ -50,6 +57,13 @@ struct CacheSpec {
   static CacheSpec indexer_key(int width, DType dtype) {
     return {CacheKind::kIndexerKey, 1, width, dtype, 0};
   }
+  static CacheSpec rows(int width, int tokens_per_row, DType dtype) {
+    return {CacheKind::kRows, 1, width, dtype, 0, tokens_per_row};
+  }
+  // Rows one page of block_size tokens holds: block_size for the per-token kinds; for kRows
+  // block_size / tokens_per_row, or 1 when a row spans several pages. An Error when neither
+  // divides the other.
+  int rows_per_page(int block_size) const;
   // Tensors of this kind: 2 (K and V) or 1.
   int planes() const { return kind == CacheKind::kKeyValue ? 2 : 1; }
   // Bytes one page (block_size tokens) of this cache takes, over its planes.

@@ -81,11 +81,18 @@ inline const std::vector<std::string>& fp8_fixture_names() {
   return names;
 }
 
+// Compressed attention with hyper-connections (DeepSeek-V4): CPU only so far (issue 35).
+inline const std::vector<std::string>& compressed_fixture_names() {
+  static const std::vector<std::string> names = {"deepseek_v4"};
+  return names;
+}
+
 inline const std::vector<std::string>& fixture_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> all = dense_fixture_names();
     for (const auto& n : moe_fixture_names()) all.push_back(n);
     for (const auto& n : hybrid_fixture_names()) all.push_back(n);
+    for (const auto& n : compressed_fixture_names()) all.push_back(n);
     for (const auto& n : fp8_fixture_names()) all.push_back(n);
     return all;
   }();

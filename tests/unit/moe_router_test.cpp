@@ -55,6 +55,8 @@ Routed reference_route(const std::vector<double>& logits, const RouterArgs& a,
     for (int64_t e = 0; e < E; ++e) score[e] = std::exp(logits[e] - mx) / sum;
   } else if (a.scoring == RouterScoring::kSigmoid) {
     for (int64_t e = 0; e < E; ++e) score[e] = 1 / (1 + std::exp(-logits[e]));
+  } else if (a.scoring == RouterScoring::kSqrtSoftplus) {
+    for (int64_t e = 0; e < E; ++e) score[e] = std::sqrt(std::log(1 + std::exp(logits[e])));
   } else {
     score = logits;
   }
@@ -266,6 +268,36 @@ TEST(MoeRoute, EveryVariantMatchesTheReference) {
   a.num_fused_shared = 2;  // shared experts fused as slots 16 and 17, weight 1
   a.shared_slot_first = 16;
   expect_route(logits, 37, a);
+  a = RouterArgs{};  // DeepSeek-V4: sqrt(softplus), correction bias, renormalised and scaled
+  a.scoring = RouterScoring::kSqrtSoftplus;
+  a.top_k = 6;
+  a.renormalize = true;
+  a.routed_scaling_factor = 1.5f;
+  expect_route(logits, 37, a, bias);
+}
+
+// DeepSeek-V4's hash layers: the experts come from the table (even the lowest scored), the
+// weights from the sqrt-softplus scores of those experts, renormalised and scaled.
+TEST(MoeRoute, FixedIdsChooseTheExpertsAndScoresWeighThem) {
+  RouterArgs a;
+  a.scoring = RouterScoring::kSqrtSoftplus;
+  a.top_k = 2;
+  a.renormalize = true;
+  a.routed_scaling_factor = 1.5f;
+  Tensor fixed = Tensor::empty({2, 2}, DType::kI32);
+  const int32_t ids[] = {3, 0, 1, 2};
+  std::copy(ids, ids + 4, fixed.ptr<int32_t>());
+  a.fixed_ids = &fixed;
+  const std::vector<float> logits = {2.0f, 1.0f, 0.5f, -1.0f, -2.0f, 0.0f, 3.0f, 1.0f};
+  const Routed r = route(logits, 2, a);
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{3, 0, 1, 2}));
+  auto s = [](double x) { return std::sqrt(std::log(1 + std::exp(x))); };
+  EXPECT_NEAR(r.w[0], 1.5 * s(-1.0) / (s(-1.0) + s(2.0)), 1e-6);
+  EXPECT_NEAR(r.w[1], 1.5 * s(2.0) / (s(-1.0) + s(2.0)), 1e-6);
+  EXPECT_NEAR(r.w[2], 1.5 * s(0.0) / (s(0.0) + s(3.0)), 1e-6);
+  EXPECT_NEAR(r.w[3], 1.5 * s(3.0) / (s(0.0) + s(3.0)), 1e-6);
+  fixed.ptr<int32_t>()[3] = 4;  // not one of the 4 experts
+  EXPECT_ERROR_CONTAINS(route(logits, 2, a), "fixed expert 4 of token row 1 is not one of the 4");
 }
 
 TEST(MoeRoute, GroupLimitHandDerived) {
@@ -306,7 +338,8 @@ TEST(MoeRoute, BadArgumentsAreErrors) {
   a.n_group = 3;
   EXPECT_ERROR_CONTAINS(route({1, 2, 3, 4}, 1, a), "4 experts in 3 groups");
   a.n_group = 1;
-  EXPECT_ERROR_CONTAINS(route({1, 2, 3, 4}, 1, a, {0, 0, 0, 0}), "needs sigmoid scoring");
+  EXPECT_ERROR_CONTAINS(route({1, 2, 3, 4}, 1, a, {0, 0, 0, 0}),
+                        "needs sigmoid or sqrt-softplus scoring");
 }
 
 // out[t] = Σ_j w_j · W2[e] silu(W1[e] x) * (W3[e] x), in double, from the weights as stored.
@@ -369,6 +402,48 @@ TEST(FusedMoe, CpuMatchesADirectSumAndPaddingAddsNothing) {
     ids.ptr<int32_t>()[4] = 4;
     EXPECT_ERROR_CONTAINS(kernels::fused_moe(out, x, ex, ids, w, nullptr), "chose slot 4 of 4");
   }
+}
+
+// DeepSeek-V4's clamped SiLU-mul: silu(min(g, limit)) * clamp(u, -limit, limit), in double,
+// with a limit most products pass (so the clamps act on both sides).
+TEST(FusedMoe, ClampedSiluMulMatchesADirectSum) {
+  const int64_t T = 3, E = 2, K = 2, H = 8, I = 6;
+  const float limit = 0.3f;
+  Tensor x = random_cpu({T, H}, DType::kF32, 21);
+  Tensor w13 = random_cpu({E, 2 * I, H}, DType::kF32, 22, -0.5f, 0.5f);
+  Tensor w2 = random_cpu({E, H, I}, DType::kF32, 23, -0.5f, 0.5f);
+  Tensor ids = i32({0, 1, 1, 0, 0, 1}).view({T, K});
+  Tensor w = random_cpu({T, K}, DType::kF32, 24, 0, 1);
+  Tensor out = Tensor::empty({T, H}, DType::kF32);
+  kernels::MoeExperts ex;
+  ex.w13 = &w13;
+  ex.w2 = &w2;
+  ex.activation = kernels::MoeActivation::kSiluMulClamped;
+  ex.swiglu_limit = limit;
+  kernels::fused_moe(out, x, ex, ids, w, nullptr);
+  int clamped = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      double want = 0;
+      for (int64_t j = 0; j < K; ++j) {
+        const int64_t e = ids.ptr<int32_t>()[t * K + j];
+        double y = 0;
+        for (int64_t i = 0; i < I; ++i) {
+          double g = 0, u = 0;
+          for (int64_t c = 0; c < H; ++c) {
+            g += w13.ptr<float>()[(e * 2 * I + i) * H + c] * x.ptr<float>()[t * H + c];
+            u += w13.ptr<float>()[(e * 2 * I + I + i) * H + c] * x.ptr<float>()[t * H + c];
+          }
+          clamped += (g > limit) + (std::abs(u) > limit);
+          g = std::min<double>(g, limit);
+          u = std::clamp<double>(u, -limit, limit);
+          y += w2.ptr<float>()[(e * H + h) * I + i] * (g / (1 + std::exp(-g)) * u);
+        }
+        want += w.ptr<float>()[t * K + j] * y;
+      }
+      EXPECT_NEAR(out.ptr<float>()[t * H + h], want, 1e-5 * std::max(1.0, std::abs(want)));
+    }
+  EXPECT_GT(clamped, 20) << "the limit should clamp many products";
 }
 
 TEST(AddGated, HandDerived) {

@@ -48,9 +48,20 @@ void moe_route_check(const Tensor& ids, const Tensor& weights, const Tensor& log
              E / a.n_group, a.top_k);
   ATOM_CHECK(a.n_group == 1 || a.group_score == GroupScore::kMax || E / a.n_group >= 2,
              "moe_route: groups of one expert have no top-2 sum");
+  if (a.fixed_ids)
+    ATOM_CHECK(a.fixed_ids->dtype() == DType::kI32 && a.fixed_ids->is_contiguous() &&
+                   a.fixed_ids->shape() == Shape({T, a.top_k}),
+               "moe_route: fixed_ids {} must be contiguous I32 [{}, {}]", a.fixed_ids->str(), T,
+               a.top_k);
+  if (a.fixed_ids && a.fixed_ids->device().is_cpu())
+    for (int64_t i = 0; i < a.fixed_ids->numel(); ++i) {
+      const int32_t e = a.fixed_ids->ptr<int32_t>()[i];
+      ATOM_CHECK(e >= 0 && e < E, "moe_route: fixed expert {} of token row {} is not one of the {}",
+                 e, i / a.top_k, E);
+    }
   if (bias.defined()) {
-    ATOM_CHECK(a.scoring == RouterScoring::kSigmoid,
-               "moe_route: a correction bias needs sigmoid scoring");
+    ATOM_CHECK(a.scoring == RouterScoring::kSigmoid || a.scoring == RouterScoring::kSqrtSoftplus,
+               "moe_route: a correction bias needs sigmoid or sqrt-softplus scoring");
     ATOM_CHECK(bias.dtype() == DType::kF32 && bias.numel() == E && bias.is_contiguous(),
                "moe_route: correction bias {} must be contiguous F32 [{}]", bias.str(), E);
   }
@@ -99,7 +110,8 @@ void fused_moe_check(const Tensor& out, const Tensor& x, const MoeExperts& w,
   ATOM_CHECK(topk_weights.dtype() == DType::kF32 && topk_weights.is_contiguous() &&
                  topk_weights.shape() == topk_ids.shape(),
              "fused_moe: topk_weights {} for topk_ids {}", topk_weights.str(), topk_ids.str());
-  ATOM_CHECK(w.activation == MoeActivation::kSiluMul || w.activation == MoeActivation::kSwigluOai,
+  ATOM_CHECK(w.activation == MoeActivation::kSiluMul || w.activation == MoeActivation::kSwigluOai ||
+                 w.activation == MoeActivation::kSiluMulClamped,
              "fused_moe: unknown activation");
   ATOM_CHECK(!w.w13_bias || (w.w13_bias->is_contiguous() && w.w13_bias->shape() == Shape{S, 2 * I}),
              "fused_moe: w13 bias {} for w13 {}", w.w13_bias ? w.w13_bias->str() : "", w13.str());
@@ -145,6 +157,8 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
         for (float& v : score) v /= sum;
       } else if (a.scoring == RouterScoring::kSigmoid) {
         for (float& v : score) v = 1.0f / (1.0f + std::exp(-v));
+      } else if (a.scoring == RouterScoring::kSqrtSoftplus) {  // torch's softplus: x past 20
+        for (float& v : score) v = std::sqrt(v > 20.0f ? v : std::log1p(std::exp(v)));
       }
       for (int64_t e = 0; e < E; ++e) choice[e] = score[e] + (bias ? bias[e] : 0.0f);
       if (G > 1) {
@@ -173,8 +187,9 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
       std::fill(taken.begin(), taken.end(), 0);
       int32_t* ids = topk_ids.ptr<int32_t>() + t * KT;
       float* w = topk_weights.ptr<float>() + t * KT;
+      const int32_t* fixed = a.fixed_ids ? a.fixed_ids->ptr<int32_t>() + t * K : nullptr;
       for (int64_t k = 0; k < K; ++k) {
-        const int64_t e = argmax_untaken(choice, taken);
+        const int64_t e = fixed ? fixed[k] : argmax_untaken(choice, taken);  // checked in range
         taken[e] = 1;
         ids[k] = static_cast<int32_t>(e);
         w[k] = a.scoring == RouterScoring::kTopKThenSoftmax ? choice[e] : score[e];
@@ -187,7 +202,8 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
       if (a.renormalize) {
         float sum = 0;
         for (int64_t k = 0; k < K; ++k) sum += w[k];
-        if (a.scoring == RouterScoring::kSigmoid) sum += 1e-20f;  // as transformers
+        if (a.scoring == RouterScoring::kSigmoid || a.scoring == RouterScoring::kSqrtSoftplus)
+          sum += 1e-20f;  // as transformers
         for (int64_t k = 0; k < K; ++k) w[k] /= sum;
       }
       for (int64_t k = 0; k < K; ++k) w[k] *= a.routed_scaling_factor;
@@ -263,6 +279,9 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
         for (int64_t n = 0; n < 2 * I; ++n) gu[n] = dot(xr, w13f.data() + n * H, H) + b13[n];
         if (w.activation == MoeActivation::kSiluMul) {
           for (int64_t i = 0; i < I; ++i) act[i] = silu_mul_f32(gu[i], gu[I + i]);
+        } else if (w.activation == MoeActivation::kSiluMulClamped) {
+          for (int64_t i = 0; i < I; ++i)
+            act[i] = silu_mul_f32(std::min(gu[i], limit), std::clamp(gu[I + i], -limit, limit));
         } else {
           for (int64_t i = 0; i < I; ++i) {
             const float g = std::min(gu[i], limit);

@@ -70,6 +70,9 @@ void fused_moe_dense(const MoeLaunch& l, const Tensor& w13, const Tensor& w2, De
 void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
                const Tensor& correction_bias, const RouterArgs& a) {
   moe_route_check(topk_ids, topk_weights, logits, correction_bias, a);
+  ATOM_CHECK(
+      a.scoring != RouterScoring::kSqrtSoftplus && !a.fixed_ids,
+      "moe_route: sqrt-softplus scoring and fixed (hash) routing run on the CPU only so far");
   const int64_t T = logits.size(0), E = logits.size(1);
   ATOM_CHECK(E <= kMoeRouteMaxExperts && a.top_k <= kMoeRouteMaxTopK,
              "moe_route: the CUDA router takes up to {} experts and top_k {}, got {} and {}",
@@ -117,6 +120,8 @@ int64_t fused_moe_workspace_bytes(int64_t num_tokens, int64_t k, const MoeExpert
 void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& topk_ids,
                const Tensor& topk_weights, Tensor* workspace) {
   fused_moe_check(out, x, w, topk_ids, topk_weights);
+  ATOM_CHECK(w.activation != MoeActivation::kSiluMulClamped,
+             "fused_moe: the clamped SiLU-mul activation runs on the CPU only so far");
   const Tensor& w13 = *w.w13;
   const Tensor& w2 = *w.w2;
   const int64_t T = x.size(0), H = x.size(1), S = w13.size(0), I = w13.size(1) / 2;

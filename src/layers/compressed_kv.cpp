@@ -1,0 +1,120 @@
+#include "layers/compressed_kv.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "core/error.h"
+
+namespace atom {
+
+namespace {
+
+// One window's online softmax-weighted sum per channel: [3, D] = running max, sum of exp, sum
+// of exp · C.
+struct Pool {
+  float* m;
+  float* s;
+  float* a;
+  int64_t D;
+  Pool(float* base, int64_t d) : m(base), s(base + d), a(base + 2 * d), D(d) {}
+  void clear() {
+    std::fill(m, m + D, -std::numeric_limits<float>::infinity());
+    std::fill(s, s + D, 0.0f);
+    std::fill(a, a + D, 0.0f);
+  }
+  void add(const float* z, const float* c) {
+    for (int64_t d = 0; d < D; ++d) {
+      const float mx = std::max(m[d], z[d]);
+      const float keep = std::exp(m[d] - mx), e = std::exp(z[d] - mx);
+      s[d] = s[d] * keep + e;
+      a[d] = a[d] * keep + e * c[d];
+      m[d] = mx;
+    }
+  }
+};
+
+}  // namespace
+
+WindowCompressor::WindowCompressor(LayerContext& ctx, const std::string& prefix,
+                                   const WindowCompressorOptions& o)
+    : o_(o),
+      wkv_(ctx, prefix + ".wkv", o.hidden, (o.overlap ? 2 : 1) * o.head_dim, false),
+      wgate_(ctx, prefix + ".wgate", o.hidden, (o.overlap ? 2 : 1) * o.head_dim, false) {
+  ATOM_CHECK(o.ratio >= 1 && o.head_dim >= 2 && o.rot_dim >= 0 && o.rot_dim <= o.head_dim &&
+                 o.rot_dim % 2 == 0,
+             "{}: a compressor of windows of {} into entries of {} with RoPE over {}", prefix,
+             o.ratio, o.head_dim, o.rot_dim);
+  ATOM_CHECK(ctx.device.is_cpu(), "{}: compressed attention runs on the CPU only so far", prefix);
+  const int64_t width = (o.overlap ? 2 : 1) * o.head_dim;
+  ape_ = &ctx.params.add(prefix + ".ape", ctx.param_tensor({o.ratio, width}, DType::kF32));
+  norm_ = &ctx.params.add(prefix + ".norm.weight", ctx.param_tensor({o.head_dim}, DType::kF32));
+  ATOM_CHECK(ctx.cache_specs && ctx.state_specs, "{}: layer context collects no cache specs",
+             prefix);
+  cache_index_ = static_cast<int>(ctx.cache_specs->size());
+  ctx.cache_specs->push_back(CacheSpec::rows(static_cast<int>(o.head_dim), o.ratio, ctx.act_dtype));
+  state_index_ = static_cast<int>(ctx.state_specs->size());
+  ctx.state_specs->push_back({{o.overlap ? 2 : 1, 3, o.head_dim}, DType::kF32, false});
+}
+
+const Tensor& WindowCompressor::entries(Step& step) const {
+  return step.kv->plane(static_cast<size_t>(cache_index_), CacheKind::kRows);
+}
+
+void WindowCompressor::forward(Step& step, const Tensor& x) {
+  const Batch& b = step.batch;
+  ATOM_CHECK(b.state_rollback_slots.empty(),
+             "compressed attention: speculative verification rows are not supported");
+  Tensor kv = wkv_.forward(step, x);
+  Tensor gate = wgate_.forward(step, x);
+  const Tensor& plane = entries(step);
+  Tensor& state = step.kv->state.at(static_cast<size_t>(state_index_));
+  const int64_t D = o_.head_dim, width = (o_.overlap ? 2 : 1) * D, r = o_.ratio;
+  const int64_t slot_floats = (o_.overlap ? 2 : 1) * 3 * D;
+  const float* ape = ape_->data().ptr<float>();
+  const float* nw = norm_->data().ptr<float>();
+  std::vector<float> z(static_cast<size_t>(width));
+  for (int s = 0; s < b.num_seqs(); ++s) {
+    const int64_t q0 = b.query_start[s], q1 = b.query_start[s + 1];
+    const int64_t start = b.context_lens[s] - (q1 - q0);
+    float* st =
+        state.ptr<float>() + int64_t{b.state_slots.at(static_cast<size_t>(s))} * slot_floats;
+    Pool cur(st, D), next(st + 3 * D, D);  // next: CSA only
+    const PagedRows rows = paged_rows(b, s, o_.ratio);
+    for (int64_t i = q0; i < q1; ++i) {
+      const int64_t p = start + (i - q0), j = p % r;
+      if (p == 0) {  // a new request: no window in progress
+        cur.clear();
+        if (o_.overlap) next.clear();
+      }
+      const float* c = kv.ptr<float>() + i * width;
+      const float* g = gate.ptr<float>() + i * width;
+      for (int64_t k = 0; k < width; ++k) z[k] = g[k] + ape[j * width + k];
+      if (o_.overlap) {
+        cur.add(z.data() + D, c + D);  // Cb: this window's entry
+        next.add(z.data(), c);         // Ca: the next window's
+      } else {
+        cur.add(z.data(), c);
+      }
+      if (j != r - 1) continue;
+      // Window p / r is complete: its entry, normalised and rotated, into its row.
+      float* e = rows.row(plane, p / r);
+      double ss = 0;
+      for (int64_t d = 0; d < D; ++d) {
+        e[d] = cur.a[d] / cur.s[d];
+        ss += static_cast<double>(e[d]) * e[d];
+      }
+      const float inv =
+          1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(D)) + o_.norm_eps);
+      for (int64_t d = 0; d < D; ++d) e[d] = nw[d] * (e[d] * inv);
+      rope_tail(e, D, o_.rot_dim, (p / r) * r, o_.inv_freq, o_.attention_factor);
+      if (o_.overlap) {
+        std::copy(next.m, next.m + 3 * D, cur.m);
+        next.clear();
+      } else {
+        cur.clear();
+      }
+    }
+  }
+}
+
+}  // namespace atom

@@ -1,0 +1,106 @@
+// Compressed key/value planes (DeepSeek-V4's HCA and CSA, V4.1's CSA2): where their rows live in
+// the paged cache, and the compressor that pools each window of tokens into one row.
+//
+// Geometry (this part imports no model or scheduler code). A CacheKind::kRows plane holds one row
+// per `tokens_per_row` tokens of a sequence, paged by the sequence's block table like every other
+// kind: the row of window w (tokens [w r, (w + 1) r)) lives in the page holding the window's last
+// token, at row (last % block_size) / r. A page's rows therefore depend only on tokens up to the
+// page's end, and a window's row is written in the step that computes its last token, into a
+// page that step owns; prefix caching shares full pages, preemption recomputes, and freeing
+// returns the page, with no per-model code. tokens_per_row 1 is a per-token plane.
+//
+// The compressor (transformers' DeepseekV4HCACompressor / DeepseekV4CSACompressor and the
+// indexer's own): per token C = wkv(x), Z = wgate(x) + ape[t mod r] (per channel); window w's
+// entry is Σ_j softmax_j(Z_j) ⊙ C_j over its r tokens (HCA), or over 2r slots for CSA's
+// overlapping windows (the first halves Ca of window w - 1's tokens and the second halves Cb of
+// window w's; window 0 has only the latter), then the weighted RMSNorm, then RoPE on the last
+// rot_dim channels at position w r. The softmax runs online (running max, sum and weighted sum
+// per channel) in a per-request state slot: a window's partial sums follow its request across
+// steps, chunks, preemption (recomputed) and prefix-cache hits (the state pool's checkpoints).
+// CPU only so far (issue 35).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "layers/context.h"
+#include "layers/linear.h"
+
+namespace atom {
+
+// The rows of one sequence in a kRows plane [num_pages, rows_per_page, 1, width].
+struct PagedRows {
+  const int32_t* pages = nullptr;  // the sequence's physical pages in order (its block table)
+  int block_size = 16;
+  int tokens_per_row = 1;
+
+  // Row of window w: in the page of the window's last token.
+  float* row(const Tensor& plane, int64_t w) const {
+    const int64_t last = w * tokens_per_row + tokens_per_row - 1;
+    const int64_t rows_per_page = plane.size(1);
+    const int64_t page = pages[last / block_size];
+    const int64_t r = (last % block_size) / tokens_per_row;
+    return plane.ptr<float>() + (page * rows_per_page + r) * plane.size(3);
+  }
+};
+
+// The sequence s of a step's batch as PagedRows of a plane.
+inline PagedRows paged_rows(const Batch& b, int s, int tokens_per_row) {
+  return {b.page_indices.data() + b.page_indptr[static_cast<size_t>(s)], b.block_size,
+          tokens_per_row};
+}
+
+// RoPE on interleaved pairs of the last rot_dim channels of v (DeepSeek-V4's layout [nope | rope]),
+// at `position`; inverse: the conjugate rotation (−sin), which undoes it.
+inline void rope_tail(float* v, int64_t width, int64_t rot_dim, int64_t position,
+                      const std::vector<float>& inv_freq, float attention_factor,
+                      bool inverse = false) {
+  float* r = v + (width - rot_dim);
+  for (int64_t i = 0; i < rot_dim / 2; ++i) {
+    const float a = static_cast<float>(position) * inv_freq[static_cast<size_t>(i)];
+    const float c = std::cos(a) * attention_factor;
+    const float s = (inverse ? -std::sin(a) : std::sin(a)) * attention_factor;
+    const float x0 = r[2 * i], x1 = r[2 * i + 1];
+    r[2 * i] = x0 * c - x1 * s;
+    r[2 * i + 1] = x1 * c + x0 * s;
+  }
+}
+
+struct WindowCompressorOptions {
+  int64_t hidden = 0;
+  int64_t head_dim = 0;  // width of an entry
+  int ratio = 4;         // tokens a window
+  bool overlap = false;  // CSA: 2r slots over windows w - 1 (Ca) and w (Cb)
+  int64_t rot_dim = 0;   // RoPE on the last rot_dim channels of an entry
+  std::vector<float> inv_freq;
+  float attention_factor = 1.0f;
+  float norm_eps = 1e-6f;
+};
+
+class WindowCompressor {
+ public:
+  // Parameters "<prefix>.wkv.weight", "<prefix>.wgate.weight" [(overlap ? 2 : 1) D, hidden],
+  // "<prefix>.ape" [r, (overlap ? 2 : 1) D], "<prefix>.norm.weight" [D]. Declares its plane of
+  // entries (a row per r tokens) and its state (the online softmax of the windows in progress).
+  WindowCompressor(LayerContext& ctx, const std::string& prefix, const WindowCompressorOptions& o);
+
+  // Adds x's tokens [T, hidden] (the step's rows, sequence after sequence) to their windows and
+  // writes the entry of every window they complete.
+  void forward(Step& step, const Tensor& x);
+  // The entries plane; entries complete before position p (inclusive): (p + 1) / ratio.
+  const Tensor& entries(Step& step) const;
+  int ratio() const { return o_.ratio; }
+  int64_t head_dim() const { return o_.head_dim; }
+
+ private:
+  WindowCompressorOptions o_;
+  ReplicatedLinear wkv_, wgate_;
+  Parameter* ape_;
+  Parameter* norm_;
+  int cache_index_ = -1;
+  int state_index_ = -1;
+};
+
+}  // namespace atom
