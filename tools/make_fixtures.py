@@ -346,6 +346,35 @@ FIXTURES += [
                                          beta_fast=32.0, beta_slow=1.0)),
         router="sqrtsoftplus", indexer=True,
         tokens=96, greedy_prompt=20, seed=50, more_seeds=[150, 250]),
+    # GLM-5.3-Flash (Glm5Next) shape, text only: KDA layers (packed q/k/v conv, safe gate) and
+    # MLA without RoPE with the k-pool indexer (pools of 4, the top 2 pools + the tail), layer 2
+    # reusing layer 1's selection; a dense first layer, then DeepSeek-V3's router; SwiGLU clamped
+    # at 1 everywhere; 4 mHC streams, the mean as the head. A tiny vision tower rides along (atom
+    # must skip it unread).
+    dict(
+        name="glm5_next",
+        cls="Glm5NextConfig", model_cls="Glm5NextForConditionalGeneration",
+        config=dict(
+            text_config=dict(
+                vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2,
+                routed_scaling_factor=2.5, n_group=1, topk_group=1, norm_topk_prob=True,
+                kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=0, qk_nope_head_dim=24,
+                v_head_dim=32, rms_norm_eps=1e-5, max_position_embeddings=512,
+                layer_types=["linear_attention", "deepseek_sparse_attention",
+                             "deepseek_sparse_attention", "linear_attention"],
+                indexer_types=["full", "full", "shared", "full"],
+                mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+                index_topk=8, index_head_dim=16, index_n_heads=4, index_kpool=4,
+                index_kpool_always_select_tail=True, swiglu_limit=1.0,
+                linear_head_dim=16, linear_num_heads=4, linear_conv_kernel_dim=4,
+                linear_lower_bound=-5.0, hc_mult=4, hc_eps=1e-6, hc_sinkhorn_iters=20,
+                pad_token_id=None, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False),
+            vision_config=dict(depth=1, hidden_size=32, num_heads=2, out_hidden_size=64,
+                               intermediate_size=32, projection_intermediate_size=32)),
+        router="sigmoid_grouped", indexer=True,
+        tokens=96, greedy_prompt=20, seed=60, more_seeds=[160, 260]),
 ]
 
 
@@ -1004,7 +1033,8 @@ class IndexerWatch:
                 torch.Tensor.topk = orig
             if len(seen) != 1:
                 raise Rejected(f"indexer made {len(seen)} topk calls, expected 1")
-            watch.observe(seen[0], mod.index_topk)
+            # GLM-5.3's k-pool indexer picks index_topk / index_kpool pools.
+            watch.observe(seen[0], mod.index_topk // getattr(mod, "index_kpool", 1))
             return out
 
         return observed

@@ -49,6 +49,10 @@ struct KdaArgs {
   // chunk_kimi_delta_attention, chunks of this many tokens); 0: every token through the
   // recurrence (recurrent_kimi_delta_attention).
   int chunk_size = 64;
+  // < 0: GLM-5.3's safe gate, g = gate_lower_bound · sigmoid(exp(A_log) · (f + dt_bias)), in
+  // (gate_lower_bound, 0); 0: Kimi's g = -exp(A_log) · softplus(f + dt_bias). The safe gate runs
+  // on the CPU only so far (issue 35).
+  float gate_lower_bound = 0.0f;
 };
 
 // The activation of the gated RMSNorm's gate.

@@ -1,5 +1,6 @@
 #include "layers/kimi_delta_attention.h"
 
+#include "core/convert.h"
 #include "core/error.h"
 
 namespace atom {
@@ -11,6 +12,9 @@ const KimiDeltaAttentionOptions& checked(const LayerContext& ctx, const std::str
     fail("{}: linear_num_heads {}, linear_head_dim {} and linear_conv_kernel_dim {} must be "
          "positive",
          prefix, o.num_heads, o.head_dim, o.conv_kernel);
+  if (o.gate_lower_bound != 0.0f && !ctx.device.is_cpu())
+    fail("{}: the safe gate (linear_lower_bound {}) runs on the CPU backend only so far", prefix,
+         o.gate_lower_bound);
   if (ctx.tp_size > 1)
     fail("{}: Kimi delta attention does not support tensor parallelism yet (tensor-parallel "
          "size {})",
@@ -37,8 +41,17 @@ KimiDeltaAttention::KimiDeltaAttention(LayerContext& ctx, const std::string& pre
   for (int i = 0; i < 3; ++i)
     conv_weight_[i] = &ctx.params.add(prefix + conv_names[i],
                                       ctx.param_tensor({dim_, 1, o_.conv_kernel}, DType::kF32));
+  // Kimi's checkpoints hold A_log as [1, 1, H, 1], GLM-5.3's as [H]: either, as the H values.
   A_log_ =
-      &ctx.params.add(prefix + ".A_log", ctx.param_tensor({1, 1, o_.num_heads, 1}, DType::kF32));
+      &ctx.params.add(prefix + ".A_log", ctx.param_tensor({1, 1, o_.num_heads, 1}, DType::kF32),
+                      [](Parameter& p, const Tensor& ckpt, const std::string&, int) {
+                        const int64_t H = p.data().numel();
+                        if (ckpt.numel() != H || !ckpt.is_contiguous())
+                          fail("{}: checkpoint tensor {} does not hold {} values (one per head)",
+                               p.name(), ckpt.str(), H);
+                        Tensor dst = p.data().view({H});
+                        tensor_assign(dst, ckpt.view({H}));
+                      });
   dt_bias_ = &ctx.params.add(prefix + ".dt_bias", ctx.param_tensor({dim_}, DType::kF32));
   o_norm_weight_ =
       &ctx.params.add(prefix + ".o_norm.weight", ctx.param_tensor({o_.head_dim}, DType::kF32));
@@ -79,6 +92,7 @@ Tensor KimiDeltaAttention::forward(Step& step, const Tensor& x) {
   args.num_heads = o_.num_heads;
   args.head_dim = o_.head_dim;
   args.chunk_size = o_.chunk_size;
+  args.gate_lower_bound = o_.gate_lower_bound;
   kernels::kda_rule(core, qkv[0], qkv[1], qkv[2], f, beta, A_log_->data().view({o_.num_heads}),
                     dt_bias_->data(), step.kv->state[static_cast<size_t>(recurrent_state_)], rows,
                     args);

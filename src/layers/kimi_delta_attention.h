@@ -3,13 +3,14 @@
 //
 //   q, k, v = silu(causal_conv1d(q_proj(x))), ... (k_proj, v_proj; one conv and conv state each)
 //   f = f_b_proj(f_a_proj(x));  g = -exp(A_log) · softplus(f + dt_bias)   per channel
+//     (GLM-5.3's safe gate instead: g = lower_bound · sigmoid(exp(A_log) · (f + dt_bias)))
 //   o = kda_rule(q, k, v, g, β = sigmoid(b_proj(x)))          (kernels/gated_delta.h)
 //   o = (o_norm.weight ⊙ rmsnorm(o)) · sigmoid(g_b_proj(g_a_proj(x)))   per head;   o_proj(o)
 //
 // Parameters keep the checkpoint's names (Moonshot's layout, which transformers also saves):
 // the forget gate's f_a_proj, f_b_proj, dt_bias and A_log directly under the module, and
-// q_conv1d / k_conv1d / v_conv1d apart. Each sequence keeps three conv states and a recurrent
-// state [H, d, d] (fp32) in the state slot pool.
+// q_conv1d / k_conv1d / v_conv1d apart; A_log as [1, 1, H, 1] (Kimi) or [H] (GLM-5.3). Each
+// sequence keeps three conv states and a recurrent state [H, d, d] (fp32) in the state slot pool.
 #pragma once
 
 #include <string>
@@ -26,6 +27,9 @@ struct KimiDeltaAttentionOptions {
   int conv_kernel = 4;              // linear_conv_kernel_dim
   double eps = 1e-6;                // of the gated output norm (rms_norm_eps)
   int chunk_size = 64;              // of the chunked rule for prefill (0: recurrent throughout)
+  // < 0: GLM-5.3's safe gate g = gate_lower_bound · sigmoid(exp(A_log) · (f + dt_bias))
+  // (linear_lower_bound); 0: Kimi's -exp(A_log) · softplus(f + dt_bias). CPU only so far.
+  float gate_lower_bound = 0.0f;
 };
 
 class KimiDeltaAttention {

@@ -24,7 +24,10 @@ const MlaOptions& checked(const std::string& prefix, const MlaOptions& o) {
   };
   need(o.hidden, "hidden_size");
   need(o.kv_lora_rank, "kv_lora_rank");
-  need(o.qk_rope_head_dim, "qk_rope_head_dim");
+  if (o.qk_rope_head_dim < 0)
+    fail("{}: qk_rope_head_dim must be 0 or positive, got {}", prefix, o.qk_rope_head_dim);
+  if (o.qk_rope_head_dim == 0 && o.apply_rope)
+    fail("{}: qk_rope_head_dim 0 leaves no channels for RoPE (apply_rope must be off)", prefix);
   need(o.v_head_dim, "v_head_dim");
   need(o.qk_nope_head_dim, "qk_nope_head_dim");
   if (o.q_lora_rank < 0) fail("{}: q_lora_rank must be positive or null", prefix);
@@ -34,6 +37,11 @@ const MlaOptions& checked(const std::string& prefix, const MlaOptions& o) {
 }
 
 }  // namespace
+
+const RotaryEmbedding& MultiHeadLatentAttention::rotary() const {
+  ATOM_CHECK(rotary_, "multi-head latent attention without rope channels has no RoPE");
+  return *rotary_;
+}
 
 double mla_softmax_scale(int64_t qk_head_dim, const RopeConfig& rope) {
   double scale = 1.0 / std::sqrt(static_cast<double>(qk_head_dim));
@@ -60,9 +68,14 @@ MultiHeadLatentAttention::MultiHeadLatentAttention(LayerContext& ctx, const std:
       kv_b_proj_(ctx, prefix + ".kv_b_proj", o.kv_lora_rank,
                  o.num_heads * (o.qk_nope_head_dim + o.v_head_dim), false,
                  LinearStorage::kDequantize),
-      o_proj_(ctx, prefix + ".o_proj", o.num_heads * o.v_head_dim, o.hidden, o.bias),
-      rotary_(ctx, static_cast<int>(o.qk_rope_head_dim), o.rope, o.max_position_embeddings,
-              o.interleaved_rope) {
+      o_proj_(ctx, prefix + ".o_proj", o.num_heads * o.v_head_dim, o.hidden, o.bias) {
+  if (rope_ > 0)
+    rotary_ = std::make_unique<RotaryEmbedding>(ctx, static_cast<int>(rope_), o.rope,
+                                                o.max_position_embeddings, o.interleaved_rope);
+  else if (!ctx.device.is_cpu())
+    fail("{}: multi-head latent attention without rope channels (qk_rope_head_dim 0) runs on the "
+         "CPU backend only so far",
+         prefix);
   const int64_t qk = nope_ + rope_;
   if (o.q_lora_rank > 0) {
     q_a_proj_ = std::make_unique<ReplicatedLinear>(ctx, prefix + ".q_a_proj", o.hidden,
@@ -75,10 +88,10 @@ MultiHeadLatentAttention::MultiHeadLatentAttention(LayerContext& ctx, const std:
     q_proj_ = std::make_unique<ColumnParallelLinear>(ctx, prefix + ".q_proj", o.hidden,
                                                      o.num_heads * qk, false);
   }
-  ATOM_CHECK(rotary_.rot_dim() == rope_,
+  ATOM_CHECK(!rotary_ || rotary_->rot_dim() == rope_,
              "{}: RoPE over {} of qk_rope_head_dim {} channels "
              "(partial_rotary_factor is not used by MLA)",
-             prefix, rotary_.rot_dim(), rope_);
+             prefix, rotary_ ? rotary_->rot_dim() : 0, rope_);
   if (!o.apply_rope) {
     no_rope_freq_ = ctx.param_tensor({rope_ / 2}, DType::kF32);
     tensor_assign(no_rope_freq_, Tensor::zeros({rope_ / 2}, DType::kF32));
@@ -125,11 +138,11 @@ MultiHeadLatentAttention::Projected MultiHeadLatentAttention::project(Step& step
   r.rope_dim = static_cast<int>(rope_);
   r.latent_dim = static_cast<int>(latent_);
   const bool nope = no_rope_freq_.defined();
-  r.scale = nope ? 1.0f : rotary_.scale();  // cos 0 = 1, sin 0 = 0: q_pe and k_pe as projected
-  r.interleaved = rotary_.interleaved();
+  r.scale = nope ? 1.0f : rotary_->scale();  // cos 0 = 1, sin 0 = 0: q_pe and k_pe as projected
+  r.interleaved = rotary_ && rotary_->interleaved();
   Tensor& cache = step.kv->plane(static_cast<size_t>(cache_index_), CacheKind::kLatent);
   kernels::mla_rope_cache_write(p.q, kv, step.batch.dev.positions,
-                                nope ? no_rope_freq_ : rotary_.inv_freq(), r, cache,
+                                nope ? no_rope_freq_ : rotary_->inv_freq(), r, cache,
                                 step.batch.dev.slot_mapping);
   return p;
 }

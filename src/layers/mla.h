@@ -39,7 +39,8 @@ struct MlaOptions {
   double scale = 0;               // softmax scale; 0: (qk_nope_head_dim + qk_rope_head_dim)^-0.5
   bool interleaved_rope = false;  // rotate pairs (2i, 2i + 1) instead of halves
   // false: no rotation at all (Kimi-Linear's NoPE MLA: the qk_rope_head_dim channels are still
-  // split off and shared by the heads, but never rotated).
+  // split off and shared by the heads, but never rotated). qk_rope_head_dim 0 (GLM-5.3): no such
+  // channels at all (CPU only so far).
   bool apply_rope = true;
   RopeConfig rope;  // frequencies over qk_rope_head_dim channels
   int64_t max_position_embeddings = 0;
@@ -65,7 +66,8 @@ class MultiHeadLatentAttention {
   Tensor attend(Step& step, const Projected& p, const Tensor& topk = Tensor());
   Tensor forward(Step& step, const Tensor& x) { return attend(step, project(step, x)); }
 
-  const RotaryEmbedding& rotary() const { return rotary_; }
+  // The RoPE of the qk_rope_head_dim channels (an Error when there are none).
+  const RotaryEmbedding& rotary() const;
   int cache_index() const { return cache_index_; }
 
  private:
@@ -81,7 +83,7 @@ class MultiHeadLatentAttention {
   RMSNorm kv_a_layernorm_;                          // [L]
   ColumnParallelLinear kv_b_proj_;                  // L -> H (nope + v): [W_UK_h; W_UV_h] per head
   RowParallelLinear o_proj_;                        // H v -> hidden (all-reduce)
-  RotaryEmbedding rotary_;
+  std::unique_ptr<RotaryEmbedding> rotary_;         // null when qk_rope_head_dim is 0
   Tensor no_rope_freq_;  // without RoPE: zero frequencies (every rotation the identity)
   float scale_;
   int cache_index_;

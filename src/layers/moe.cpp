@@ -729,8 +729,12 @@ SparseMoeBlock::SparseMoeBlock(LayerContext& ctx, const std::string& prefix,
     args_.expert_load = &experts_.expert_load();
   }
   if (o.shared_intermediate > 0 && fused == 0)
-    shared_ = std::make_unique<GatedMlp>(ctx, prefix_join(prefix, o.shared_name), o.hidden,
-                                         o.shared_intermediate, false, /*reduce_results=*/false);
+    // Unfused shared experts apply the routed experts' activation too (clamped or not).
+    shared_ = std::make_unique<GatedMlp>(
+        ctx, prefix_join(prefix, o.shared_name), o.hidden, o.shared_intermediate, false,
+        /*reduce_results=*/false,
+        o.experts.activation == kernels::MoeActivation::kSiluMulClamped ? o.experts.swiglu_limit
+                                                                        : 0.0f);
   if (o.shared_gate) {
     if (!shared_)
       fail("{}: a shared expert gate needs unfused shared experts (shared_intermediate > 0, "

@@ -224,7 +224,9 @@ ModelConfig model_config_parse(const json& j, const std::string& path) {
     t.bad("num_key_value_heads", fmt::format("must divide num_attention_heads ({}), got {}",
                                              c.num_attention_heads, c.num_key_value_heads));
   if (t.has("head_dim")) {
-    c.head_dim = t.get_int("head_dim", IntRange{1, 1 << 14});
+    // 0 is kept for the models that read no head_dim (GLM-5.3 writes its RoPE width there); the
+    // others refuse it by name (ModelSupport::head_dim).
+    c.head_dim = t.get_int("head_dim", IntRange{0, 1 << 14});
   } else {
     if (c.hidden_size % c.num_attention_heads != 0)
       t.bad("head_dim", "is missing and hidden_size is not a multiple of num_attention_heads");

@@ -67,6 +67,41 @@ std::unique_ptr<FeedForward> deepseek_moe(LayerContext& ctx, const ModelConfig& 
   return std::make_unique<SparseMoeBlock>(ctx, prefix, o);
 }
 
+// indexer_types, else index_topk_pattern ("FSS..." or a list), else index_topk_freq and
+// index_skip_topk_offset, as GlmMoeDsaConfig derives them.
+std::vector<std::string> dsa_indexer_types(const ModelConfig& c) {
+  const ConfigFields& t = c.text;
+  const int64_t L = c.num_hidden_layers;
+  std::vector<std::string> types;
+  const char* field = "indexer_types";
+  if (t.has("indexer_types")) {
+    types = t.get_string_list("indexer_types");
+  } else if (t.has("index_topk_pattern")) {
+    field = "index_topk_pattern";
+    if (t.obj()["index_topk_pattern"].is_string()) {
+      for (char ch : t.get_string("index_topk_pattern")) {
+        if (ch != 'F' && ch != 'S') t.bad(field, "must hold only 'F' and 'S'");
+        types.push_back(ch == 'F' ? "full" : "shared");
+      }
+    } else {
+      types = t.get_string_list("index_topk_pattern");
+    }
+  } else {
+    const int64_t freq = std::max<int64_t>(t.get_int("index_topk_freq", 1), 1);
+    const int64_t offset = t.get_int("index_skip_topk_offset", 2);
+    for (int64_t i = 0; i < L; ++i)
+      types.push_back(std::max<int64_t>(i - offset + 1, 0) % freq == 0 ? "full" : "shared");
+  }
+  if (static_cast<int64_t>(types.size()) != L)
+    t.bad(field, fmt::format("has {} entries for {} layers", types.size(), L));
+  for (const auto& k : types)
+    if (k != "full" && k != "shared")
+      t.bad(field, "entries must be 'full' or 'shared', got '" + k + "'");
+  if (types[0] != "full")
+    t.bad(field, "must start with a 'full' layer (a shared layer reuses an earlier selection)");
+  return types;
+}
+
 WeightLoadSpec deepseek_weight_load_spec(const Model& m, int64_t num_experts,
                                          int64_t default_shared) {
   WeightLoadSpec s = m.Model::weight_load_spec();

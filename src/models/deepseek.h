@@ -38,12 +38,20 @@ WeightLoadSpec deepseek_weight_load_spec(const Model& m, int64_t num_experts,
 IndexerOptions deepseek_indexer_options(const ModelConfig& c, const MlaOptions& mla,
                                         bool interleaved_rope);
 
+// Which layers run their own sparse-attention indexer ("full") and which reuse the last full
+// layer's selection ("shared") (GLM-5, GLM-5.3): indexer_types, else index_topk_pattern ("FSS..."
+// or a list), else index_topk_freq and index_skip_topk_offset, as transformers derives them;
+// the first layer must be full.
+std::vector<std::string> dsa_indexer_types(const ModelConfig& c);
+
 // The V3.2 family's MLP of a layer: dense as mlp_layer_types says (else the first
 // first_k_dense_replace layers), otherwise DeepSeek-V3's MoE (sigmoid, correction bias, top-2-sum
-// groups with these defaults).
+// groups with these defaults). swiglu_limit > 0: every SwiGLU (dense, shared, routed) clamped
+// (GLM-5.3).
 std::unique_ptr<FeedForward> deepseek_v32_family_mlp(LayerContext& ctx, const ModelConfig& c,
                                                      int64_t layer, const std::string& prefix,
-                                                     int default_groups, int default_keep);
+                                                     int default_groups, int default_keep,
+                                                     float swiglu_limit = 0.0f);
 
 // The self-attention of a DeepSeek decoder layer: MLA, with RoPE on interleaved pairs where
 // Interleave(config) says so.

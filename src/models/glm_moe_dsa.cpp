@@ -9,41 +9,6 @@ namespace atom {
 
 namespace {
 
-// indexer_types, else index_topk_pattern ("FSS..." or a list), else index_topk_freq and
-// index_skip_topk_offset, as GlmMoeDsaConfig derives them.
-std::vector<std::string> glm_moe_dsa_indexer_types(const ModelConfig& c) {
-  const ConfigFields& t = c.text;
-  const int64_t L = c.num_hidden_layers;
-  std::vector<std::string> types;
-  const char* field = "indexer_types";
-  if (t.has("indexer_types")) {
-    types = t.get_string_list("indexer_types");
-  } else if (t.has("index_topk_pattern")) {
-    field = "index_topk_pattern";
-    if (t.obj()["index_topk_pattern"].is_string()) {
-      for (char ch : t.get_string("index_topk_pattern")) {
-        if (ch != 'F' && ch != 'S') t.bad(field, "must hold only 'F' and 'S'");
-        types.push_back(ch == 'F' ? "full" : "shared");
-      }
-    } else {
-      types = t.get_string_list("index_topk_pattern");
-    }
-  } else {
-    const int64_t freq = std::max<int64_t>(t.get_int("index_topk_freq", 1), 1);
-    const int64_t offset = t.get_int("index_skip_topk_offset", 2);
-    for (int64_t i = 0; i < L; ++i)
-      types.push_back(std::max<int64_t>(i - offset + 1, 0) % freq == 0 ? "full" : "shared");
-  }
-  if (static_cast<int64_t>(types.size()) != L)
-    t.bad(field, fmt::format("has {} entries for {} layers", types.size(), L));
-  for (const auto& k : types)
-    if (k != "full" && k != "shared")
-      t.bad(field, "entries must be 'full' or 'shared', got '" + k + "'");
-  if (types[0] != "full")
-    t.bad(field, "must start with a 'full' layer (a shared layer reuses an earlier selection)");
-  return types;
-}
-
 class GlmMoeDsaAttention {
  public:
   // What the layers hand on: the last full layer's selection [T, index_topk], made before the
@@ -62,7 +27,7 @@ class GlmMoeDsaAttention {
   GlmMoeDsaAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer,
                      const std::string& prefix, const MlaOptions& mla)
       : mla_(ctx, prefix, mla) {
-    if (glm_moe_dsa_indexer_types(c).at(static_cast<size_t>(layer)) == "full")
+    if (dsa_indexer_types(c).at(static_cast<size_t>(layer)) == "full")
       indexer_ = std::make_unique<SparseAttentionIndexer>(
           ctx, prefix + ".indexer", deepseek_indexer_options(c, mla, /*interleaved_rope=*/true),
           mla_.rotary());

@@ -58,6 +58,8 @@ void model_config_check_support(const ModelConfig& c, const ModelSupport& s,
                                "implements: {})",
                                r.type, arch, join(s.rope_types)));
   };
+  if (s.head_dim && c.head_dim < 1)
+    t.bad("head_dim", fmt::format("must be positive for {}, got {}", arch, c.head_dim));
   check_rope(c.rope, rope_field);
   for (const auto& [layer_type, r] : c.rope_by_layer_type)
     check_rope(r, std::string(rope_field) + "." + layer_type);

@@ -113,6 +113,9 @@ struct ModelSupport {
   // rope_parameters / rope_scaling types: what RotaryEmbedding computes.
   std::vector<std::string> rope_types{"default", "linear", "llama3", "yarn"};
   std::vector<std::string> layer_types{"full_attention"};  // entries of layer_types
+  // The model reads head_dim (a config's head_dim of 0 is then refused); false for models whose
+  // attention takes its widths from other fields (GLM-5.3, where head_dim is the RoPE width, 0).
+  bool head_dim = true;
 };
 
 // Refuses a config that asks for what `support` lacks; the error names the file and the field.

@@ -81,9 +81,10 @@ inline const std::vector<std::string>& fp8_fixture_names() {
   return names;
 }
 
-// Compressed attention with hyper-connections (DeepSeek-V4): CPU only so far (issue 35).
-inline const std::vector<std::string>& compressed_fixture_names() {
-  static const std::vector<std::string> names = {"deepseek_v4"};
+// The hyper-connection families (issue 35), CPU only so far: DeepSeek-V4 (compressed attention)
+// and GLM-5.3 (KDA with the safe gate, MLA without RoPE over a k-pool indexer's picks).
+inline const std::vector<std::string>& hyper_connection_fixture_names() {
+  static const std::vector<std::string> names = {"deepseek_v4", "glm5_next"};
   return names;
 }
 
@@ -92,7 +93,7 @@ inline const std::vector<std::string>& fixture_names() {
     std::vector<std::string> all = dense_fixture_names();
     for (const auto& n : moe_fixture_names()) all.push_back(n);
     for (const auto& n : hybrid_fixture_names()) all.push_back(n);
-    for (const auto& n : compressed_fixture_names()) all.push_back(n);
+    for (const auto& n : hyper_connection_fixture_names()) all.push_back(n);
     for (const auto& n : fp8_fixture_names()) all.push_back(n);
     return all;
   }();
@@ -120,9 +121,11 @@ inline constexpr float kTpLogitTolerance = 3e-5f;
 inline constexpr float kHybridCpuLogitTolerance = 1e-3f;
 inline constexpr double kHybridCpuRelTolerance = 7e-6;
 
+// GLM-5.3 (hyper_connection_fixture_names, CPU only) is such a hybrid too (KDA): measured
+// 4.2e-5 max |Δlogit| over its 96 rows.
 inline bool is_hybrid_fixture(const std::string& name) {
   const auto& h = hybrid_fixture_names();
-  return std::find(h.begin(), h.end(), name) != h.end();
+  return std::find(h.begin(), h.end(), name) != h.end() || name == "glm5_next";
 }
 
 // CPU fp32 logits of fixture `name` against transformers': max |Δ| within the family's bound

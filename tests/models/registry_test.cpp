@@ -72,6 +72,8 @@ TEST(Registry, UnimplementedVariantsAreRefusedByName) {
           Case{R"({"hidden_act": "relu_squared"})",
                {"'hidden_act'", "relu_squared", "Qwen3ForCausalLM", "silu"}},
           Case{R"({"hidden_act": "gelu"})", {"'hidden_act'", "gelu"}},
+          // head_dim 0 parses (GLM-5.3 writes it) but a model that reads head_dim refuses it.
+          Case{R"({"head_dim": 0})", {"'head_dim'", "must be positive for Qwen3ForCausalLM"}},
           Case{R"({"layer_types": ["bogus", "sliding_attention"]})",
                {"'layer_types'", "entry 0", "'bogus'", "sliding_attention"}},
           Case{

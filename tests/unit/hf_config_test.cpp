@@ -294,7 +294,7 @@ TEST(HfConfig, OutOfRangeFieldsAreRefusedByName) {
           Case{R"({"intermediate_size": -1})", "'intermediate_size'", "[0, "},
           Case{R"({"max_position_embeddings": 18446744073709551615})", "'max_position_embeddings'",
                "at most"},
-          Case{R"({"head_dim": 0})", "'head_dim'", "[1, "},
+          Case{R"({"head_dim": -1})", "'head_dim'", "[0, "},
           Case{R"({"sliding_window": 0})", "'sliding_window'", "[1, "},
       }) {
     json j = llama31();

@@ -438,7 +438,9 @@ void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, co
           qh[t * d + c] = load(row_ptr(q, row), q.dtype(), col);
           kh[t * d + c] = load(row_ptr(k, row), k.dtype(), col);
           vh[t * d + c] = load(row_ptr(v, row), v.dtype(), col);
-          gh[t * d + c] = -A * softplus(load(row_ptr(f, row), f.dtype(), col) + bias[c]);
+          const float pre = load(row_ptr(f, row), f.dtype(), col) + bias[c];
+          gh[t * d + c] = args.gate_lower_bound < 0.0f ? args.gate_lower_bound * sigmoid(A * pre)
+                                                       : -A * softplus(pre);
         }
         l2norm(qh.data() + t * d, d);
         l2norm(kh.data() + t * d, d);

@@ -85,7 +85,8 @@ void mla_rope_cache_write(Tensor& q, Tensor& kv, const Tensor& positions, const 
   check_rows("mla_rope_cache_write", kv, "kv");
   const int H = a.num_heads, N = a.nope_dim, R = a.rope_dim, L = a.latent_dim;
   const int64_t T = q.size(0);
-  ATOM_CHECK(H > 0 && N >= 0 && R > 0 && R % 2 == 0 && L > 0,
+  // R 0: no rope channels (GLM-5.3's NoPE latent attention): the rows are written as they are.
+  ATOM_CHECK(H > 0 && N >= 0 && R >= 0 && R % 2 == 0 && L > 0,
              "mla_rope_cache_write: {} heads, nope {} rope {} latent {}", H, N, R, L);
   ATOM_CHECK(q.size(1) == static_cast<int64_t>(H) * (N + R) && kv.size(0) == T &&
                  kv.size(1) == L + R && positions.numel() == T,

@@ -1,0 +1,370 @@
+// GLM-5.3-Flash (transformers' modeling_glm5_next.py, Glm5NextForConditionalGeneration), text
+// only.
+//   * The residual is hc_mult streams joined by hyper-connections (layers/hyper_connection.h,
+//     DeepSeek-V4's), one site before the mixer and one before the MLP; the final head is the
+//     streams' mean.
+//   * Mixers by layer_types: Kimi delta attention (layers/kimi_delta_attention.h) with GLM's safe
+//     gate g = linear_lower_bound · sigmoid(exp(A_log) · (f + dt_bias)); or DeepSeek's multi-head
+//     latent attention without RoPE (qk_rope_head_dim 0) over the tokens a k-pool indexer picks:
+//     its keys kI = LayerNorm(wk(x)) are pooled over windows of index_kpool tokens by a gated
+//     softmax (x · index_kpool_compress_gateᵀ + index_kpool_compress_ape, per channel), each
+//     complete pool whose last token the query sees is scored Σ_h w_h ReLU(q_h · k_pool) d^-½
+//     (q = wq_b(q LoRA), w = weights_proj(x) heads^-½), the top index_topk / index_kpool pools
+//     expand to their tokens, and the incomplete tail pool's tokens are always added
+//     (index_kpool_always_select_tail). A "shared" layer of indexer_types reuses the previous
+//     layer's selection (which must be a full sparse-attention layer, as transformers requires).
+//   * MLPs by mlp_layer_types: dense, or DeepSeek-V3's MoE (sigmoid + correction bias, groups,
+//     renormalised, scaled, shared experts); every SwiGLU clamped at swiglu_limit.
+// Names: model.language_model.* and lm_head; the vision tower (model.visual.*) and the MTP layers
+// past num_hidden_layers are skipped unread. CPU only so far, one rank (issue 35).
+#include <algorithm>
+#include <cmath>
+
+#include "layers/compressed_kv.h"
+#include "layers/hyper_connection.h"
+#include "layers/kimi_delta_attention.h"
+#include "models/deepseek.h"
+
+namespace atom {
+
+namespace {
+
+constexpr const char* kLinear = "linear_attention";
+constexpr const char* kDsa = "deepseek_sparse_attention";
+
+std::vector<std::string> glm5_next_layer_types(const ModelConfig& c) {
+  std::vector<std::string> types;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    std::string t = c.layer_types.empty() ? (i % 4 != 3 ? kLinear : kDsa)
+                                          : c.layer_types[static_cast<size_t>(i)];
+    types.push_back(t == "full_attention" ? kDsa : t);
+  }
+  return types;
+}
+
+struct KpoolOptions {
+  int64_t hidden = 0, q_lora = 0, heads = 0, dim = 0, topk = 0, kpool = 0;
+  bool tail = true;
+  int64_t width() const { return topk + (tail ? kpool - 1 : 0); }
+};
+
+KpoolOptions kpool_options(const ModelConfig& c) {
+  const ConfigFields& t = c.text;
+  KpoolOptions o;
+  o.hidden = c.hidden_size;
+  o.q_lora = t.get_int("q_lora_rank", 1536, IntRange{1, 1 << 16});
+  o.heads = t.get_int("index_n_heads", 32, IntRange{1, 1 << 12});
+  o.dim = t.get_int("index_head_dim", 128, IntRange{1, 1 << 14});
+  o.topk = t.get_int("index_topk", 2048, IntRange{1, INT32_MAX});
+  o.kpool = t.get_int("index_kpool", 16, IntRange{1, 1 << 16});
+  if (o.topk % o.kpool != 0)
+    t.bad("index_topk", fmt::format("must be a multiple of index_kpool ({})", o.kpool));
+  o.tail = t.get_bool("index_kpool_always_select_tail", true);
+  return o;
+}
+
+// The k-pool DSA indexer (Glm5NextTextIndexer). Each token's LayerNorm'd key and gate scores are
+// cached side by side (a kRows plane, one row of 2 d per token); pools are rebuilt from them.
+class KpoolIndexer {
+ public:
+  KpoolIndexer(LayerContext& ctx, const std::string& prefix, const KpoolOptions& o)
+      : o_(o),
+        wq_b_(ctx, prefix + ".wq_b", o.q_lora, o.heads * o.dim, false),
+        wk_(ctx, prefix + ".wk", o.hidden, o.dim, false),
+        weights_proj_(ctx, prefix + ".weights_proj", o.hidden, o.heads, false) {
+    ATOM_CHECK(ctx.device.is_cpu(), "{}: the k-pool indexer runs on the CPU only so far", prefix);
+    k_norm_w_ = &ctx.params.add(prefix + ".k_norm.weight", ctx.param_tensor({o.dim}, DType::kF32));
+    k_norm_b_ = &ctx.params.add(prefix + ".k_norm.bias", ctx.param_tensor({o.dim}, DType::kF32));
+    ape_ = &ctx.params.add(prefix + ".index_kpool_compress_ape",
+                           ctx.param_tensor({o.kpool, o.dim}, DType::kF32));
+    gate_ = &ctx.params.add(prefix + ".index_kpool_compress_gate",
+                            ctx.param_tensor({o.dim, o.hidden}, DType::kF32));
+    cache_index_ = static_cast<int>(ctx.cache_specs->size());
+    ctx.cache_specs->push_back(CacheSpec::rows(static_cast<int>(2 * o.dim), 1, ctx.act_dtype));
+  }
+
+  // out [T, width] I32: the context positions each row attends to, -1 past the last.
+  void forward(Step& step, const Tensor& x, const Tensor& q_resid, Tensor& out) {
+    const Batch& b = step.batch;
+    const int64_t D = o_.dim, H = o_.heads, P = o_.kpool;
+    Tensor q = wq_b_.forward(step, q_resid);
+    Tensor k = wk_.forward(step, x);
+    Tensor w = weights_proj_.forward(step, x);
+    const Tensor& plane = step.kv->plane(static_cast<size_t>(cache_index_), CacheKind::kRows);
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&q, &k, &w, &plane})
+      ATOM_CHECK(t->device().is_cpu() && t->dtype() == DType::kF32 && t->is_contiguous(),
+                 "k-pool indexer: {} must be contiguous F32 on the CPU", t->str());
+    const float* nw = k_norm_w_->data().ptr<float>();
+    const float* nb = k_norm_b_->data().ptr<float>();
+    const float* gw = gate_->data().ptr<float>();
+    const float* ape = ape_->data().ptr<float>();
+    // Each token's (LayerNorm(k) | gate scores) into its row.
+    for (int s = 0; s < b.num_seqs(); ++s) {
+      const PagedRows rows = paged_rows(b, s, 1);
+      const int64_t q0 = b.query_start[s], q1 = b.query_start[s + 1];
+      const int64_t start = b.context_lens[s] - (q1 - q0);
+      for (int64_t i = q0; i < q1; ++i) {
+        float* row = rows.row(plane, start + (i - q0));
+        const float* ki = k.ptr<float>() + i * D;
+        double mean = 0, var = 0;
+        for (int64_t d = 0; d < D; ++d) mean += ki[d];
+        mean /= static_cast<double>(D);
+        for (int64_t d = 0; d < D; ++d) var += (ki[d] - mean) * (ki[d] - mean);
+        const float inv =
+            1.0f / std::sqrt(static_cast<float>(var / static_cast<double>(D)) + 1e-6f);
+        for (int64_t d = 0; d < D; ++d)
+          row[d] = (ki[d] - static_cast<float>(mean)) * inv * nw[d] + nb[d];
+        const float* xi = x.ptr<float>() + i * o_.hidden;
+        for (int64_t d = 0; d < D; ++d) {
+          float acc = 0;
+          for (int64_t h = 0; h < o_.hidden; ++h) acc += xi[h] * gw[d * o_.hidden + h];
+          row[D + d] = acc;
+        }
+      }
+    }
+    const int64_t width = o_.width(), keep = o_.topk / P;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const float wscale = 1.0f / std::sqrt(static_cast<float>(H));
+    std::fill(out.ptr<int32_t>(), out.ptr<int32_t>() + out.numel(), -1);
+    for (int s = 0; s < b.num_seqs(); ++s) {
+      const PagedRows rows = paged_rows(b, s, 1);
+      const int64_t q0 = b.query_start[s], q1 = b.query_start[s + 1];
+      const int64_t start = b.context_lens[s] - (q1 - q0);
+      // The pooled keys of every pool complete by the sequence's last row.
+      const int64_t pools = b.context_lens[s] / P;
+      std::vector<float> pool_k(static_cast<size_t>(pools * D));
+      for (int64_t j = 0; j < pools; ++j)
+        for (int64_t d = 0; d < D; ++d) {
+          float mx = -INFINITY;
+          for (int64_t t = 0; t < P; ++t)
+            mx = std::max(mx, rows.row(plane, j * P + t)[D + d] + ape[t * D + d]);
+          float sum = 0, acc = 0;
+          for (int64_t t = 0; t < P; ++t) {
+            const float* r = rows.row(plane, j * P + t);
+            const float e = std::exp(r[D + d] + ape[t * D + d] - mx);
+            sum += e;
+            acc += e * r[d];
+          }
+          pool_k[static_cast<size_t>(j * D + d)] = acc / sum;
+        }
+      for (int64_t i = q0; i < q1; ++i) {
+        const int64_t p = start + (i - q0), n = (p + 1) / P;  // pools whose last token p sees
+        std::vector<std::pair<float, int64_t>> score(static_cast<size_t>(n));
+        for (int64_t j = 0; j < n; ++j) {
+          float acc = 0;
+          for (int64_t h = 0; h < H; ++h) {
+            const float* qh = q.ptr<float>() + (i * H + h) * D;
+            float dot = 0;
+            for (int64_t d = 0; d < D; ++d) dot += qh[d] * pool_k[static_cast<size_t>(j * D + d)];
+            acc += w.ptr<float>()[i * H + h] * wscale * std::max(dot * scale, 0.0f);
+          }
+          score[static_cast<size_t>(j)] = {acc, j};
+        }
+        const int64_t take = std::min(keep, n);
+        std::partial_sort(score.begin(), score.begin() + take, score.end(),
+                          [](const auto& a, const auto& c) {
+                            return a.first > c.first || (a.first == c.first && a.second < c.second);
+                          });
+        int32_t* o = out.ptr<int32_t>() + i * width;
+        int64_t m = 0;
+        for (int64_t r = 0; r < take; ++r)
+          for (int64_t t = 0; t < P; ++t)
+            o[m++] = static_cast<int32_t>(score[static_cast<size_t>(r)].second * P + t);
+        if (o_.tail)
+          for (int64_t t = n * P; t <= p; ++t) o[m++] = static_cast<int32_t>(t);
+      }
+    }
+  }
+
+ private:
+  KpoolOptions o_;
+  ReplicatedLinear wq_b_, wk_, weights_proj_;
+  Parameter* k_norm_w_;
+  Parameter* k_norm_b_;
+  Parameter* ape_;
+  Parameter* gate_;
+  int cache_index_ = -1;
+};
+
+class Glm5NextDecoderLayer {
+ public:
+  Glm5NextDecoderLayer(LayerContext& ctx, const ModelConfig& c, const HyperConnectionOptions& hc,
+                       int64_t layer, const std::string& p)
+      : input_layernorm_(ctx, p + ".input_layernorm", c.hidden_size, c.rms_norm_eps),
+        post_attention_layernorm_(ctx, p + ".post_attention_layernorm", c.hidden_size,
+                                  c.rms_norm_eps),
+        attn_hc_(ctx, p + ".hc_attn_fn", p + ".hc_attn_base", p + ".hc_attn_scale", hc),
+        ffn_hc_(ctx, p + ".hc_ffn_fn", p + ".hc_ffn_base", p + ".hc_ffn_scale", hc) {
+    const ConfigFields& t = c.text;
+    const auto types = glm5_next_layer_types(c);
+    const std::string& type = types.at(static_cast<size_t>(layer));
+    const float limit =
+        static_cast<float>(t.get_double("swiglu_limit", 10.0, RealRange::positive()));
+    if (type == kLinear) {
+      kda_ = std::make_unique<KimiDeltaAttention>(ctx, p + ".self_attn", kda_options(c));
+    } else {
+      MlaOptions m;
+      m.hidden = c.hidden_size;
+      m.num_heads = c.num_attention_heads;
+      m.q_lora_rank = t.get_int("q_lora_rank", 1536, IntRange{1, 1 << 16});
+      m.kv_lora_rank = t.get_int("kv_lora_rank", 512, IntRange{1, 1 << 16});
+      m.qk_nope_head_dim = t.get_int("qk_nope_head_dim", 256, IntRange{1, 1 << 14});
+      m.qk_rope_head_dim = t.get_int("qk_rope_head_dim", 0, IntRange{0, 1 << 14});
+      if (m.qk_rope_head_dim != 0)
+        t.bad("qk_rope_head_dim", "must be 0 (GLM-5.3's sparse attention has no RoPE)");
+      m.v_head_dim = t.get_int("v_head_dim", 256, IntRange{1, 1 << 14});
+      m.bias = c.attention_bias;
+      m.norm_eps = c.rms_norm_eps;
+      m.apply_rope = false;
+      m.rope = c.rope;
+      m.max_position_embeddings = c.max_position_embeddings;
+      mla_ = std::make_unique<MultiHeadLatentAttention>(ctx, p + ".self_attn", m);
+      const auto indexers = dsa_indexer_types(c);
+      if (indexers.at(static_cast<size_t>(layer)) == "full") {
+        indexer_ = std::make_unique<KpoolIndexer>(ctx, p + ".self_attn.indexer", kpool_options(c));
+      } else if (layer == 0 || types.at(static_cast<size_t>(layer - 1)) != kDsa ||
+                 indexers.at(static_cast<size_t>(layer - 1)) != "full") {
+        t.bad("indexer_types", fmt::format("layer {} is 'shared' but layer {} is not a full "
+                                           "sparse-attention layer whose selection it could reuse",
+                                           layer, layer - 1));
+      }
+    }
+    mlp_ = deepseek_v32_family_mlp(ctx, c, layer, p + ".mlp", 1, 1, limit);
+  }
+
+  // streams [T, hc, hidden] in place; topk: the selection of the last full sparse layer.
+  void forward(Step& step, Tensor& streams, Tensor& topk) {
+    HyperConnection::Mix m = attn_hc_.mix(step, streams);
+    Tensor x = input_layernorm_.forward(step, m.input);
+    Tensor a;
+    if (kda_) {
+      a = kda_->forward(step, x);
+    } else {
+      auto pr = mla_->project(step, x);
+      if (indexer_) indexer_->forward(step, x, pr.q_resid, topk);
+      a = mla_->attend(step, pr, topk);
+    }
+    HyperConnection::write_back(m, a, streams);
+    m = ffn_hc_.mix(step, streams);
+    Tensor f = mlp_->forward(step, post_attention_layernorm_.forward(step, m.input));
+    HyperConnection::write_back(m, f, streams);
+  }
+
+ private:
+  static KimiDeltaAttentionOptions kda_options(const ModelConfig& c) {
+    const ConfigFields& t = c.text;
+    const auto& j = t.obj();
+    const nlohmann::json* la =
+        j.contains("linear_attn_config") && j["linear_attn_config"].is_object()
+            ? &j["linear_attn_config"]
+            : nullptr;
+    auto from_la = [&](const char* key, int64_t fallback) {
+      return la && la->contains(key) && (*la)[key].is_number_integer() ? (*la)[key].get<int64_t>()
+                                                                       : fallback;
+    };
+    KimiDeltaAttentionOptions o;
+    o.hidden = c.hidden_size;
+    o.num_heads = static_cast<int>(
+        t.get_int("linear_num_heads", from_la("num_heads", 64), IntRange{1, 1 << 12}));
+    o.head_dim = static_cast<int>(
+        t.get_int("linear_head_dim", from_la("head_dim", 128), IntRange{1, 1 << 12}));
+    o.conv_kernel = static_cast<int>(
+        t.get_int("linear_conv_kernel_dim", from_la("short_conv_kernel_size", 4), IntRange{1, 64}));
+    o.eps = c.rms_norm_eps;
+    // linear_lower_bound (null: Kimi's softplus gate); linear_attn_config's gate_lower_bound.
+    double lb = -5.0;
+    if (j.contains("linear_lower_bound"))
+      lb = j["linear_lower_bound"].is_null()
+               ? 0.0
+               : t.get_double("linear_lower_bound", RealRange{-HUGE_VAL, 0.0, false, true});
+    else if (la && la->contains("gate_lower_bound") && (*la)["gate_lower_bound"].is_number())
+      lb = (*la)["gate_lower_bound"].get<double>();
+    o.gate_lower_bound = static_cast<float>(lb);
+    return o;
+  }
+
+  RMSNorm input_layernorm_, post_attention_layernorm_;
+  HyperConnection attn_hc_, ffn_hc_;
+  std::unique_ptr<KimiDeltaAttention> kda_;
+  std::unique_ptr<MultiHeadLatentAttention> mla_;
+  std::unique_ptr<KpoolIndexer> indexer_;
+  std::unique_ptr<FeedForward> mlp_;
+};
+
+class Glm5NextForConditionalGeneration : public Model {
+ public:
+  Glm5NextForConditionalGeneration(const ModelConfig& c, const ModelOptions& o)
+      : Model(c, o), kpool_(kpool_options(c)) {
+    LayerContext& x = ctx();
+    const ConfigFields& t = c.text;
+    if (x.tp_size > 1)
+      fail("{}: GLM-5.3 runs on one rank so far (tensor parallelism {} asked)", c.path, x.tp_size);
+    if (c.num_key_value_heads != c.num_attention_heads)
+      t.bad("num_key_value_heads",
+            fmt::format("must equal num_attention_heads ({})", c.num_attention_heads));
+    hc_.hidden = c.hidden_size;
+    hc_.hc_mult = static_cast<int>(t.get_int("hc_mult", 4, IntRange{1, 64}));
+    hc_.sinkhorn_iters = static_cast<int>(t.get_int("hc_sinkhorn_iters", 20, IntRange{1, 1000}));
+    hc_.hc_eps = static_cast<float>(t.get_double("hc_eps", 1e-6, RealRange::non_negative()));
+    hc_.norm_eps = static_cast<float>(c.rms_norm_eps);
+    const std::string root = "model.language_model";
+    embed_ = std::make_unique<VocabParallelEmbedding>(x, root + ".embed_tokens", c.vocab_size,
+                                                      c.hidden_size);
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+      layers_.push_back(std::make_unique<Glm5NextDecoderLayer>(
+          x, c, hc_, i, root + ".layers." + std::to_string(i)));
+    head_ = std::make_unique<HyperHead>(hc_);
+    norm_ = std::make_unique<RMSNorm>(x, root + ".norm", c.hidden_size, c.rms_norm_eps);
+    lm_head_ = std::make_unique<ParallelLMHead>(x, "lm_head", c.vocab_size, c.hidden_size);
+  }
+
+  Tensor forward(Step& step) override {
+    Tensor e = embed_->forward(step, step.batch.dev.token_ids);
+    ATOM_CHECK(e.device().is_cpu() && e.dtype() == DType::kF32,
+               "GLM-5.3 runs on the CPU backend (F32) only so far");
+    const int64_t T = e.size(0), D = hc_.hidden, hc = hc_.hc_mult;
+    Tensor streams = step.empty({T, hc, D}, DType::kF32);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < hc; ++j)
+        std::copy_n(e.ptr<float>() + t * D, D, streams.ptr<float>() + (t * hc + j) * D);
+    Tensor topk = step.empty({T, kpool_.width()}, DType::kI32);  // outlives the layers' scratch
+    for (auto& layer : layers_) {
+      const Arena::Mark scratch = step.arena.mark();
+      layer->forward(step, streams, topk);
+      step.arena.release(scratch);
+    }
+    return norm_->forward(step, head_->forward(step, streams));
+  }
+
+  Tensor compute_logits(Step& step, const Tensor& hidden) override {
+    return logits_for_batch(step, hidden, *lm_head_);
+  }
+  WeightLoadSpec weight_load_spec() const override {
+    WeightLoadSpec s = deepseek_weight_load_spec(*this, deepseek_num_experts(config(), 288), 1);
+    s.weights_mapping.prefix.push_back({"model.visual.", std::nullopt});  // text only
+    return s;
+  }
+
+ private:
+  KpoolOptions kpool_;
+  HyperConnectionOptions hc_;
+  std::unique_ptr<VocabParallelEmbedding> embed_;
+  std::vector<std::unique_ptr<Glm5NextDecoderLayer>> layers_;
+  std::unique_ptr<HyperHead> head_;
+  std::unique_ptr<RMSNorm> norm_;
+  std::unique_ptr<ParallelLMHead> lm_head_;
+};
+
+ModelSupport glm5_next_support() {
+  ModelSupport s;
+  s.layer_types = {kLinear, kDsa, "full_attention"};
+  s.head_dim = false;
+  return s;
+}
+
+}  // namespace
+
+ATOM_REGISTER_MODEL_SUPPORTING("Glm5NextForConditionalGeneration", Glm5NextForConditionalGeneration,
+                               glm5_next_support());
+
+}  // namespace atom
