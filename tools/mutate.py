@@ -304,12 +304,18 @@ MUTATIONS = [
      "k-pool indexer: the keys' LayerNorm without its bias",
      "src/models/glm5_next.cpp",
      "row[d] = (ki[d] - static_cast<float>(mean)) * inv * nw[d] + nb[d];",
-     "row[d] = (ki[d] - static_cast<float>(mean)) * inv * nw[d];"),
+     "row[d] = (ki[d] - static_cast<float>(mean)) * inv * nw[d] + 0.0f * nb[d];"),
     ("glm5_dense_swiglu_unclamped",
      "dense SwiGLU: the gate not clamped at swiglu_limit",
      "src/layers/mlp.cpp",
      "g[i] = std::min(g[i], swiglu_limit_);",
      "g[i] = std::min(g[i], 1e30f);"),
+    ("kda_tp_heads_of_rank_0",
+     "Kimi delta attention under tensor parallelism: every rank given rank 0's conv weights, A_log "
+     "and dt_bias",
+     "src/layers/kimi_delta_attention.cpp",
+     "tensor_assign(dst, ckpt.view({tp, n}).narrow(0, rank, 1).view({n}));",
+     "tensor_assign(dst, ckpt.view({tp, n}).narrow(0, 0 * rank, 1).view({n}));"),
 ]
 
 

@@ -15,11 +15,23 @@ const KimiDeltaAttentionOptions& checked(const LayerContext& ctx, const std::str
   if (o.gate_lower_bound != 0.0f && !ctx.device.is_cpu())
     fail("{}: the safe gate (linear_lower_bound {}) runs on the CPU backend only so far", prefix,
          o.gate_lower_bound);
-  if (ctx.tp_size > 1)
-    fail("{}: Kimi delta attention does not support tensor parallelism yet (tensor-parallel "
-         "size {})",
-         prefix, ctx.tp_size);
+  if (o.num_heads % ctx.tp_size != 0)
+    fail("{}: linear_num_heads {} must be a multiple of the tensor-parallel size {}", prefix,
+         o.num_heads, ctx.tp_size);
   return o;
+}
+
+// A per-head parameter (conv weights, dt_bias, A_log) cut by heads: the checkpoint's values,
+// flattened, in tp equal runs, this rank's run (heads are contiguous in every one of them).
+WeightLoader head_slice_loader(int rank, int tp) {
+  return [rank, tp](Parameter& p, const Tensor& ckpt, const std::string&, int) {
+    const int64_t n = p.data().numel();
+    if (ckpt.numel() != n * tp || !ckpt.is_contiguous())
+      fail("{}: checkpoint tensor {} does not hold {} values ({} on each of {} ranks)", p.name(),
+           ckpt.str(), n * tp, n, tp);
+    Tensor dst = p.data().view({n});
+    tensor_assign(dst, ckpt.view({tp, n}).narrow(0, rank, 1).view({n}));
+  };
 }
 }  // namespace
 
@@ -28,6 +40,8 @@ KimiDeltaAttention::KimiDeltaAttention(LayerContext& ctx, const std::string& pre
     : ctx_(ctx),
       o_(checked(ctx, prefix, opts)),
       dim_(static_cast<int64_t>(opts.num_heads) * opts.head_dim),
+      heads_(opts.num_heads / ctx.tp_size),
+      dim_r_(static_cast<int64_t>(heads_) * opts.head_dim),
       q_proj_(ctx, prefix + ".q_proj", opts.hidden, dim_, false),
       k_proj_(ctx, prefix + ".k_proj", opts.hidden, dim_, false),
       v_proj_(ctx, prefix + ".v_proj", opts.hidden, dim_, false),
@@ -37,32 +51,27 @@ KimiDeltaAttention::KimiDeltaAttention(LayerContext& ctx, const std::string& pre
       g_b_proj_(ctx, prefix + ".g_b_proj", opts.head_dim, dim_, false),
       b_proj_(ctx, prefix + ".b_proj", opts.hidden, opts.num_heads, false),
       o_proj_(ctx, prefix + ".o_proj", dim_, opts.hidden, false) {
+  // Tensor parallelism splits the heads: this rank's q/k/v channels, conv weights and states,
+  // forget-gate and beta heads; o_proj sums the ranks' parts.
+  const WeightLoader heads = head_slice_loader(ctx.tp_rank, ctx.tp_size);
   const char* conv_names[3] = {".q_conv1d.weight", ".k_conv1d.weight", ".v_conv1d.weight"};
   for (int i = 0; i < 3; ++i)
-    conv_weight_[i] = &ctx.params.add(prefix + conv_names[i],
-                                      ctx.param_tensor({dim_, 1, o_.conv_kernel}, DType::kF32));
+    conv_weight_[i] = &ctx.params.add(
+        prefix + conv_names[i], ctx.param_tensor({dim_r_, 1, o_.conv_kernel}, DType::kF32), heads);
   // Kimi's checkpoints hold A_log as [1, 1, H, 1], GLM-5.3's as [H]: either, as the H values.
   A_log_ =
-      &ctx.params.add(prefix + ".A_log", ctx.param_tensor({1, 1, o_.num_heads, 1}, DType::kF32),
-                      [](Parameter& p, const Tensor& ckpt, const std::string&, int) {
-                        const int64_t H = p.data().numel();
-                        if (ckpt.numel() != H || !ckpt.is_contiguous())
-                          fail("{}: checkpoint tensor {} does not hold {} values (one per head)",
-                               p.name(), ckpt.str(), H);
-                        Tensor dst = p.data().view({H});
-                        tensor_assign(dst, ckpt.view({H}));
-                      });
-  dt_bias_ = &ctx.params.add(prefix + ".dt_bias", ctx.param_tensor({dim_}, DType::kF32));
+      &ctx.params.add(prefix + ".A_log", ctx.param_tensor({1, 1, heads_, 1}, DType::kF32), heads);
+  dt_bias_ = &ctx.params.add(prefix + ".dt_bias", ctx.param_tensor({dim_r_}, DType::kF32), heads);
   o_norm_weight_ =
       &ctx.params.add(prefix + ".o_norm.weight", ctx.param_tensor({o_.head_dim}, DType::kF32));
   ATOM_CHECK(ctx.state_specs, "{}: layer context collects no state specs", prefix);
   for (int i = 0; i < 3; ++i) {
     conv_state_[i] = static_cast<int>(ctx.state_specs->size());
-    ctx.state_specs->push_back({{dim_, o_.conv_kernel - 1}, DType::kF32, /*rollback_rows=*/true});
+    ctx.state_specs->push_back({{dim_r_, o_.conv_kernel - 1}, DType::kF32, /*rollback_rows=*/true});
   }
   recurrent_state_ = static_cast<int>(ctx.state_specs->size());
   ctx.state_specs->push_back(
-      {{o_.num_heads, o_.head_dim, o_.head_dim}, DType::kF32, /*rollback_rows=*/true});
+      {{heads_, o_.head_dim, o_.head_dim}, DType::kF32, /*rollback_rows=*/true});
 }
 
 Tensor KimiDeltaAttention::forward(Step& step, const Tensor& x) {
@@ -78,8 +87,8 @@ Tensor KimiDeltaAttention::forward(Step& step, const Tensor& x) {
   LinearBase* proj[3] = {&q_proj_, &k_proj_, &v_proj_};
   for (int i = 0; i < 3; ++i) {
     Tensor raw = proj[i]->forward(step, x);
-    qkv[i] = step.empty({T, dim_}, ctx_.act_dtype);
-    Tensor w = conv_weight_[i]->data().view({dim_, o_.conv_kernel});
+    qkv[i] = step.empty({T, dim_r_}, ctx_.act_dtype);
+    Tensor w = conv_weight_[i]->data().view({dim_r_, o_.conv_kernel});
     kernels::short_conv(qkv[i], raw, w, step.kv->state[static_cast<size_t>(conv_state_[i])], rows);
   }
   // The forget gate's low-rank pre-activation (dt_bias, softplus and A_log in the rule) and the
@@ -87,13 +96,13 @@ Tensor KimiDeltaAttention::forward(Step& step, const Tensor& x) {
   Tensor f = f_b_proj_.forward(step, f_a_proj_.forward(step, x));  // [T, H d]
   Tensor beta = b_proj_.forward(step, x);                          // [T, H]
 
-  Tensor core = step.empty({T, dim_}, ctx_.act_dtype);
+  Tensor core = step.empty({T, dim_r_}, ctx_.act_dtype);
   kernels::KdaArgs args;
-  args.num_heads = o_.num_heads;
+  args.num_heads = heads_;
   args.head_dim = o_.head_dim;
   args.chunk_size = o_.chunk_size;
   args.gate_lower_bound = o_.gate_lower_bound;
-  kernels::kda_rule(core, qkv[0], qkv[1], qkv[2], f, beta, A_log_->data().view({o_.num_heads}),
+  kernels::kda_rule(core, qkv[0], qkv[1], qkv[2], f, beta, A_log_->data().view({heads_}),
                     dt_bias_->data(), step.kv->state[static_cast<size_t>(recurrent_state_)], rows,
                     args);
 

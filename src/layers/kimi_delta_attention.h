@@ -9,7 +9,9 @@
 //
 // Parameters keep the checkpoint's names (Moonshot's layout, which transformers also saves):
 // the forget gate's f_a_proj, f_b_proj, dt_bias and A_log directly under the module, and
-// q_conv1d / k_conv1d / v_conv1d apart; A_log as [1, 1, H, 1] (Kimi) or [H] (GLM-5.3). Each
+// q_conv1d / k_conv1d / v_conv1d apart; A_log as [1, 1, H, 1] (Kimi) or [H] (GLM-5.3). Tensor
+// parallelism splits the heads: a rank holds H / tp of them (projections column-parallel, the
+// conv weights, A_log and dt_bias cut by head, its own states), and o_proj reduces. Each
 // sequence keeps three conv states and a recurrent state [H, d, d] (fp32) in the state slot pool.
 #pragma once
 
@@ -43,7 +45,9 @@ class KimiDeltaAttention {
  private:
   LayerContext& ctx_;
   KimiDeltaAttentionOptions o_;
-  int64_t dim_;                                    // H * d
+  int64_t dim_;                                    // H * d (all ranks)
+  int heads_;                                      // H / tp: this rank's heads
+  int64_t dim_r_;                                  // heads_ * d
   ColumnParallelLinear q_proj_, k_proj_, v_proj_;  // hidden -> H d
   ReplicatedLinear f_a_proj_, g_a_proj_;           // hidden -> d
   ColumnParallelLinear f_b_proj_, g_b_proj_;       // d -> H d

@@ -60,7 +60,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTp,
                                            Case{"qwen3_moe", 2}, Case{"glm4_moe", 2},  // MoE
                                            Case{"qwen3_moe", 2, true}, Case{"glm4_moe", 4, true},
                                            Case{"deepseek_v2_lite", 2, true},
-                                           Case{"qwen3_moe", 2, true, 2}),
+                                           Case{"qwen3_moe", 2, true, 2},
+                                           Case{"kimi_linear", 2}),  // KDA heads split
                          case_name);
 
 struct Scenario {
@@ -88,6 +89,15 @@ std::vector<Scenario> scenarios() {
   cached.config.block_size = 4;
   cached.run_twice = true;
   s.push_back(cached);
+  // The hybrids' prefixes through state checkpoints (each rank checkpoints its own heads' state).
+  Scenario ckpt{"prefix_cache_state_checkpoints", test_config()};
+  ckpt.config.block_size = 4;
+  ckpt.config.state_checkpoint_interval_tokens = 8;
+  ckpt.config.num_state_checkpoints = 8;
+  ckpt.config.max_num_seqs = 6;
+  ckpt.config.max_num_batched_tokens = 32;
+  ckpt.run_twice = true;
+  s.push_back(ckpt);
   return s;
 }
 
@@ -114,8 +124,17 @@ TEST_P(EngineTpWorkload, EveryRequestMatchesTheSingleRankEngine) {
             << "request " << i << " pass " << pass;
         cached += out[i].outputs[0].num_cached_tokens;
       }
-      if (pass == 1) {
+      if (pass == 1 && solo.state_specs().empty()) {
         EXPECT_GT(cached, 300) << "the second pass should be served from the cache";
+      } else if (pass == 1 && sc.config.state_checkpoint_interval_tokens > 0) {
+        // The same prefixes resume from checkpoints as on one rank (the scheduler is the same).
+        int one_cached = 0;
+        for (const auto& o : one.generate(w.prompts, w.params))
+          one_cached += o.outputs.at(0).num_cached_tokens;
+        EXPECT_GT(one_cached, 0) << "the second pass should resume prefixes from state checkpoints";
+        EXPECT_EQ(cached, one_cached);
+      } else if (pass == 1) {  // a hybrid's prefix needs its recurrent state, never KV alone
+        EXPECT_EQ(cached, 0);
       }
       expect_engine_idle(engine);
     }
@@ -133,7 +152,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTpWorkload,
                          ::testing::Values(Case{"llama3_gqa", 2}, Case{"llama3_gqa", 4},
                                            Case{"qwen3_tied", 2}, Case{"mixtral", 2},
                                            Case{"mixtral", 2, true}, Case{"qwen3_moe", 4, true},
-                                           Case{"qwen3_moe", 4, true, 4}),
+                                           Case{"qwen3_moe", 4, true, 4}, Case{"kimi_linear", 2}),
                          case_name);
 
 TEST(EngineTpSampling, SeededSamplingAndLogprobsMatchTheSingleRankEngine) {
