@@ -316,6 +316,11 @@ MUTATIONS = [
      "src/layers/kimi_delta_attention.cpp",
      "tensor_assign(dst, ckpt.view({tp, n}).narrow(0, rank, 1).view({n}));",
      "tensor_assign(dst, ckpt.view({tp, n}).narrow(0, 0 * rank, 1).view({n}));"),
+    ("v4_tp_experts_not_reduced",
+     "DeepSeek-V4 under tensor parallelism: the routed experts' partial sums not all-reduced",
+     "src/models/deepseek_v4.cpp",
+     "if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(out);",
+     "if (ctx_.tp_size > 100) ctx_.comm->all_reduce_sum(out);"),
 ]
 
 

@@ -24,8 +24,10 @@
 // attn.compressor.wkv, attn.indexer.compressor.ape, hc_attn_fn, ffn.experts.J.w1, ffn.gate.bias
 // (the correction bias), ffn.gate.tid2eid, with or without the "model." prefix, and embed,
 // norm, head, hc_head_{fn,base,scale} at the top. The MTP stages (mtp.*) are not read.
-// CPU only so far, on one rank (issue 35: the CUDA kernels, FP8/FP4 weights and tensor
-// parallelism come next).
+// Tensor parallelism (as transformers' plan for V4): the routed experts are split (slices of
+// every expert, or whole experts with --enable-expert-parallel) and their sum all-reduced; the
+// attention, compressors, hyper-connections and the shared expert are replicated on every rank.
+// CPU only so far (issue 35: the CUDA kernels and FP8/FP4 weights come next).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -400,7 +402,8 @@ class DeepseekV4Moe {
  public:
   DeepseekV4Moe(LayerContext& ctx, const ModelConfig& c, const V4Config& v, int64_t layer,
                 const std::string& prefix)
-      : v_(v),
+      : ctx_(ctx),
+        v_(v),
         hash_(v.mlp_layer_types.at(static_cast<size_t>(layer)) == "hash_moe"),
         gate_(ctx, prefix + ".gate", v.hidden, v.experts, false),
         experts_(ctx, prefix + ".experts", experts_options(v)) {
@@ -410,6 +413,15 @@ class DeepseekV4Moe {
     args_.top_k = static_cast<int>(v.top_k);
     args_.renormalize = true;
     args_.routed_scaling_factor = static_cast<float>(v.scaling);
+    if (experts_.expert_parallel()) {  // this rank's range of (physical) experts, else -1
+      args_.local_first = static_cast<int>(experts_.physical_first());
+      args_.local_count = static_cast<int>(experts_.num_local_experts());
+    }
+    if (experts_.replicas().defined()) {  // EPLB
+      args_.replicas = &experts_.replicas();
+      args_.replica_count = &experts_.replica_count();
+      args_.expert_load = &experts_.expert_load();
+    }
     if (hash_) {
       tid2eid_ = &ctx.params.add(prefix + ".gate.tid2eid",
                                  ctx.param_tensor({c.vocab_size, v.top_k}, DType::kI64));
@@ -459,6 +471,9 @@ class DeepseekV4Moe {
     kernels::moe_route(ids, weights, logits, bias_ ? bias_->data() : Tensor(), a);
     Tensor out = step.empty({T, H}, DType::kF32);
     experts_.forward(step, x, ids, weights, out);
+    // Tensor (or expert) parallelism: the ranks' partial sums of the routed experts; the shared
+    // expert is whole on every rank and added after.
+    if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(out);
     if (!w1_) return out;
     Tensor g = w1_->forward(step, x), u = w3_->forward(step, x);
     const float lim = static_cast<float>(v_.limit);
@@ -482,6 +497,7 @@ class DeepseekV4Moe {
     return o;
   }
 
+  LayerContext& ctx_;
   const V4Config& v_;
   bool hash_;
   kernels::RouterArgs args_;
@@ -525,9 +541,6 @@ class DeepseekV4ForCausalLM : public Model {
  public:
   DeepseekV4ForCausalLM(const ModelConfig& c, const ModelOptions& o) : Model(c, o), v_(c) {
     LayerContext& x = ctx();
-    if (x.tp_size > 1)
-      fail("{}: DeepSeek-V4 runs on one rank so far (tensor parallelism {} asked)", c.path,
-           x.tp_size);
     embed_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens", c.vocab_size,
                                                       c.hidden_size);
     for (int64_t i = 0; i < c.num_hidden_layers; ++i)

@@ -16,7 +16,9 @@
 //   * MLPs by mlp_layer_types: dense, or DeepSeek-V3's MoE (sigmoid + correction bias, groups,
 //     renormalised, scaled, shared experts); every SwiGLU clamped at swiglu_limit.
 // Names: model.language_model.* and lm_head; the vision tower (model.visual.*) and the MTP layers
-// past num_hidden_layers are skipped unread. CPU only so far, one rank (issue 35).
+// past num_hidden_layers are skipped unread. Tensor parallelism splits the KDA and MLA heads, the
+// dense MLPs and the experts; the k-pool indexer and the hyper-connections are replicated. CPU
+// only so far (issue 35).
 #include <algorithm>
 #include <cmath>
 
@@ -297,8 +299,6 @@ class Glm5NextForConditionalGeneration : public Model {
       : Model(c, o), kpool_(kpool_options(c)) {
     LayerContext& x = ctx();
     const ConfigFields& t = c.text;
-    if (x.tp_size > 1)
-      fail("{}: GLM-5.3 runs on one rank so far (tensor parallelism {} asked)", c.path, x.tp_size);
     if (c.num_key_value_heads != c.num_attention_heads)
       t.bad("num_key_value_heads",
             fmt::format("must equal num_attention_heads ({})", c.num_attention_heads));

@@ -61,7 +61,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTp,
                                            Case{"qwen3_moe", 2, true}, Case{"glm4_moe", 4, true},
                                            Case{"deepseek_v2_lite", 2, true},
                                            Case{"qwen3_moe", 2, true, 2},
-                                           Case{"kimi_linear", 2}),  // KDA heads split
+                                           Case{"kimi_linear", 2},  // KDA heads split
+                                           Case{"deepseek_v4", 2}, Case{"glm5_next", 2}),
                          case_name);
 
 struct Scenario {
@@ -152,7 +153,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTpWorkload,
                          ::testing::Values(Case{"llama3_gqa", 2}, Case{"llama3_gqa", 4},
                                            Case{"qwen3_tied", 2}, Case{"mixtral", 2},
                                            Case{"mixtral", 2, true}, Case{"qwen3_moe", 4, true},
-                                           Case{"qwen3_moe", 4, true, 4}, Case{"kimi_linear", 2}),
+                                           Case{"qwen3_moe", 4, true, 4}, Case{"kimi_linear", 2},
+                                           Case{"glm5_next", 2}, Case{"deepseek_v4", 2, true}),
                          case_name);
 
 TEST(EngineTpSampling, SeededSamplingAndLogprobsMatchTheSingleRankEngine) {

@@ -122,7 +122,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"deepseek_v3_fp8_partial", 2},
                       // Kimi delta attention's heads split (conv weights and states, A_log,
                       // dt_bias cut by head), beside MLA's and the MoE's shards.
-                      Case{"kimi_linear", 2}, Case{"kimi_linear_moonshot", 4}),
+                      Case{"kimi_linear", 2}, Case{"kimi_linear_moonshot", 4},
+                      // Replicated attention and hyper-connections, split experts (V4); KDA and
+                      // MLA heads split, replicated k-pool indexer (GLM-5.3).
+                      Case{"deepseek_v4", 2}, Case{"glm5_next", 2}, Case{"glm5_next", 4}),
     [](const auto& info) { return info.param.fixture + "_tp" + std::to_string(info.param.tp); });
 
 // Expert parallelism: the same ranks split the routed experts instead of slicing each one.
@@ -188,6 +191,7 @@ INSTANTIATE_TEST_SUITE_P(
         EpCase{"deepseek_v2_lite", 2, true, "16"},  // MLA heads split, experts whole
         EpCase{"deepseek_v3", 4, true, "16"},       // grouped routing
         EpCase{"deepseek_v3_fp8", 2, true, "16"},   // FP8 experts with their scales
+        EpCase{"deepseek_v4", 2, true, "16"},       // hash and sqrt-softplus routing
         // EPLB's redundant experts: physical p a copy of p % E, rank r holding (E + R) / ranks
         EpCase{"qwen3_moe", 2, true, "16", 2}, EpCase{"qwen3_moe", 4, true, "1", 4},
         EpCase{"deepseek_v3", 4, true, "16", 4}, EpCase{"gpt_oss_mxfp4", 2, false, "16", 2},
