@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "common/fixtures.h"
+#include "common/test_util.h"
 #include "core/cuda_stream.h"
 #include "engine/model_runner.h"
 #include "engine/sequence_runner.h"
@@ -277,6 +278,20 @@ TEST(GpuSampling, RunnerSamplesOnTheDevice) {
   Tensor cpu_ids = Tensor::empty({2}, DType::kI32);
   kernels::sample(cpu_ids, logits, kernels::sampling_rows_tensor({greedy, hot}));
   EXPECT_EQ(ids[1], cpu_ids.ptr<int32_t>()[1]);
+}
+
+}  // namespace
+}  // namespace atom::test
+
+namespace atom::test {
+namespace {
+
+// The hyper-connection families run on the CPU backend only so far (issue 35): on CUDA they are
+// refused by name when the model is built, never run with a wrong kernel.
+TEST(GpuHyperConnection, ModelsWithoutCudaKernelsAreRefusedByName) {
+  EXPECT_ERROR_CONTAINS(model_load(fixture_dir("deepseek_v4"), on_gpu()),
+                        "runs on the CPU backend");
+  EXPECT_ERROR_CONTAINS(model_load(fixture_dir("glm5_next"), on_gpu()), "CPU backend only");
 }
 
 }  // namespace
