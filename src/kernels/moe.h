@@ -28,7 +28,7 @@ enum class RouterScoring : int {
   kSoftmax = 0,
   kSigmoid = 1,
   kTopKThenSoftmax = 2,
-  kSqrtSoftplus = 3,  // CPU only so far (issue 35)
+  kSqrtSoftplus = 3,
 };
 enum class GroupScore : int { kTop2Sum = 0, kMax = 1 };
 
@@ -59,7 +59,7 @@ struct RouterArgs {
   const Tensor* replica_count = nullptr;
   Tensor* expert_load = nullptr;
   // The routed choices given per token row ([T, top_k] I32, each in [0, E)) instead of chosen by
-  // score: DeepSeek-V4's hash routing. CPU only so far (issue 35).
+  // score: DeepSeek-V4's hash routing. On CUDA an id outside [0, E) is written as -1.
   const Tensor* fixed_ids = nullptr;
 };
 
@@ -87,9 +87,9 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
 
 inline void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
                       const Tensor& correction_bias, const RouterArgs& a) {
-  check_same_device(
-      "moe_route", topk_ids.device(),
-      {&topk_weights, &logits, &correction_bias, a.replicas, a.replica_count, a.expert_load});
+  check_same_device("moe_route", topk_ids.device(),
+                    {&topk_weights, &logits, &correction_bias, a.replicas, a.replica_count,
+                     a.expert_load, a.fixed_ids});
   if (topk_ids.device().is_cpu())
     return cpu::moe_route(topk_ids, topk_weights, logits, correction_bias, a);
   ATOM_KERNEL_CUDA("moe_route",
@@ -101,7 +101,7 @@ enum class MoeActivation : int {
   kSiluMul = 0,    // silu(gate) * up (transformers' layout)
   kSwigluOai = 1,  // GPT-OSS: g = min(gate, limit), u = clamp(up, -limit, limit),
                    // (u + 1) * g * sigmoid(alpha * g)
-  // DeepSeek-V4, GLM-5.3: silu(min(gate, limit)) * clamp(up, -limit, limit). CPU only so far.
+  // DeepSeek-V4, GLM-5.3: silu(min(gate, limit)) * clamp(up, -limit, limit).
   kSiluMulClamped = 2,
 };
 

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -163,6 +164,16 @@ RouterArgs topk_softmax(int k) {
   return a;
 }
 
+// DeepSeek-V4: sqrt(softplus) scores, renormalised (+ 1e-20) and scaled.
+RouterArgs sqrt_softplus(int k, float scale) {
+  RouterArgs a;
+  a.scoring = RouterScoring::kSqrtSoftplus;
+  a.top_k = k;
+  a.renormalize = true;
+  a.routed_scaling_factor = scale;
+  return a;
+}
+
 // Expert parallelism: this rank holds experts [first, first + count).
 RouterArgs on_rank(RouterArgs a, int first, int count) {
   a.local_first = first;
@@ -206,6 +217,9 @@ TEST(GpuMoe, RouterMatchesCpu) {
        on_rank(sigmoid(8, true, 8, 4, GroupScore::kMax, 2.5f, 1, 64), 192, 64), 1, false, 32,
        1.0f / 8, -2.0f},
       {"topk-softmax E32 top4, rank holding 0..10", 300, 32, on_rank(topk_softmax(4), 0, 11)},
+      {"sqrt-softplus E256 top6 renorm x1.5 (DeepSeek-V4)", 200, 256, sqrt_softplus(6, 1.5f)},
+      {"sqrt-softplus E64 top8, rank holding 32..63", 65, 64,
+       on_rank(sqrt_softplus(8, 1.0f), 32, 32)},
   };
   uint64_t seed = 100;
   for (const RouteCase& c : cases) check_route(c, seed += 7);
@@ -249,6 +263,57 @@ TEST(GpuMoe, RouterReplicasAndLoadMatchCpu) {
   EXPECT_LT(mine, T * K);
 }
 
+// DeepSeek-V4's router on continuous logits and correction bias, as DeepSeek-V3's below.
+TEST(GpuMoe, RouterContinuousDeepSeekV4) {
+  RouteCase c{"sqrt-softplus E256 top6 continuous bias x1.5", 64, 256, sqrt_softplus(6, 1.5f), 2};
+  c.levels = 1 << 30;
+  c.step = 6.0f / static_cast<float>(1 << 30);
+  c.lo = -3.0f;
+  check_route(c, 4343);
+}
+
+// DeepSeek-V4's hash layers: the given experts (tid2eid of each token), weighted by their
+// sqrt-softplus scores, as the CPU's; under expert parallelism mapped to this rank's slots or -1.
+// An id outside the experts is written as -1 (the CPU refuses it by name before routing).
+TEST(GpuMoe, RouterFixedIdsMatchCpu) {
+  const int64_t T = 37, E = 16;
+  const int K = 4;
+  Tensor l = random_cpu({T, E}, DType::kF32, 77, -3, 3);
+  Tensor fixed = Tensor::empty({T, K}, DType::kI32);
+  std::mt19937_64 rng(78);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> perm(E);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::copy_n(perm.begin(), K, fixed.ptr<int32_t>() + t * K);
+  }
+  for (const RouterArgs& base : {sqrt_softplus(K, 1.5f), on_rank(sqrt_softplus(K, 1.5f), 4, 8)}) {
+    RouterArgs a = base;
+    a.fixed_ids = &fixed;
+    Tensor ref_ids = Tensor::empty({T, K}, DType::kI32), ref_w = Tensor::empty({T, K}, DType::kF32);
+    kernels::moe_route(ref_ids, ref_w, l, Tensor(), a);
+    Tensor gf = fixed.to(gpu());
+    RouterArgs g = a;
+    g.fixed_ids = &gf;
+    Tensor ids = Tensor::empty({T, K}, DType::kI32, gpu()),
+           w = Tensor::empty({T, K}, DType::kF32, gpu());
+    poison(ids);
+    kernels::moe_route(ids, w, l.to(gpu()), Tensor(), g);
+    EXPECT_TRUE(same_bytes(ids, ref_ids));
+    EXPECT_LE(max_abs_diff(host(w), ref_w), 1e-6f);
+  }
+  fixed.ptr<int32_t>()[5] = E;  // row 1, choice 1: not an expert
+  RouterArgs g = sqrt_softplus(K, 1.5f);
+  Tensor gf = fixed.to(gpu());
+  g.fixed_ids = &gf;
+  Tensor ids = Tensor::empty({T, K}, DType::kI32, gpu()),
+         w = Tensor::empty({T, K}, DType::kF32, gpu());
+  kernels::moe_route(ids, w, l.to(gpu()), Tensor(), g);
+  const Tensor hi = host(ids);
+  EXPECT_EQ(hi.ptr<int32_t>()[5], -1);
+  EXPECT_EQ(hi.ptr<int32_t>()[4], fixed.ptr<int32_t>()[4]);
+}
+
 // DeepSeek-V3's router on continuous logits and bias (no planted grid): exact agreement is
 // expected unless two choice values lie within the devices' last-bit differences.
 TEST(GpuMoe, RouterContinuousDeepSeekV3) {
@@ -283,11 +348,14 @@ struct MoeCase {
   // (1: w13's, 2: w2's, 3: both).
   float limit = 0.0f, alpha = 1.702f;
   int biases = 0;
+  // With a limit: DeepSeek-V4's / GLM-5.3's silu(min(g, limit)) * clamp(u, ±limit) instead.
+  bool silu_clamped = false;
 };
 
 std::string case_name(const MoeCase& c) {
   std::string act;
-  if (c.limit > 0) act += fmt::format(" swiglu-oai a={} l={}", c.alpha, c.limit);
+  if (c.limit > 0 && c.silu_clamped) act += fmt::format(" silu-clamped l={}", c.limit);
+  if (c.limit > 0 && !c.silu_clamped) act += fmt::format(" swiglu-oai a={} l={}", c.alpha, c.limit);
   if (c.biases) act += c.biases == 3 ? " b13+b2" : c.biases == 1 ? " b13" : " b2";
   return fmt::format("T={} E={} K={}+{} H={} I={}/{} {}->{}{}{}{}", c.T, c.E, c.K, c.shared, c.H,
                      c.I, c.I_pad, dtype_name(c.dt), dtype_name(c.out), c.skewed ? " skewed" : "",
@@ -308,7 +376,8 @@ kernels::MoeExperts experts_of(const MoeCase& c, const Tensor& w13, const Tensor
   ex.w13_bias = b13.defined() ? &b13 : nullptr;
   ex.w2_bias = b2.defined() ? &b2 : nullptr;
   if (c.limit > 0) {
-    ex.activation = kernels::MoeActivation::kSwigluOai;
+    ex.activation = c.silu_clamped ? kernels::MoeActivation::kSiluMulClamped
+                                   : kernels::MoeActivation::kSwigluOai;
     ex.swiglu_alpha = c.alpha;
     ex.swiglu_limit = c.limit;
   }
@@ -533,6 +602,27 @@ TEST(GpuMoe, ExpertParallelRanksSumToTheWholeLayer) {
       std::printf("  ep%d %-50s %-8s err %.2e\n", ranks, case_name(c).c_str(), p.name, err);
     }
   }
+}
+
+// DeepSeek-V4's and GLM-5.3's experts: silu(min(g, limit)) * clamp(u, ±limit) with limits the
+// products (about 0.3-0.6 wide here) cross often (and 10, unclamped), on the decode path and the
+// GEMMs with both tile sizes, fused shared slots, padded intermediates, BF16 and F16.
+TEST(GpuMoe, FusedClampedSiluMatchesCpu) {
+  auto clamped = [](MoeCase c, float limit) {
+    c.limit = limit;
+    c.silu_clamped = true;
+    return c;
+  };
+  const MoeCase cases[] = {
+      clamped({1, 32, 6, 1, 256, 128, 128}, 0.4f),  // V4-like top-6 + a shared slot
+      clamped({4, 8, 2, 0, 264, 136, 144}, 0.5f),   // padded I
+      clamped({8, 64, 8, 1, 200, 72, 80, DType::kBF16, DType::kF32}, 0.4f),
+      clamped({100, 32, 6, 0, 264, 136, 144}, 10.0f),  // unclamped
+      clamped({600, 32, 6, 1, 256, 192, 200, DType::kBF16, DType::kBF16, false, true}, 0.4f),
+      clamped({2048, 32, 4, 0, 264, 200, 208}, 0.3f),  // 8k rows: 128-row tiles
+      clamped({300, 64, 8, 0, 136, 72, 80, DType::kF16, DType::kF16}, 0.4f),
+  };
+  for (const MoeCase& c : cases) check_fused(c, 900 + c.T);
 }
 
 // GPT-OSS's experts: the clamped SwiGLU with a limit the products cross often (0.4-0.8: the

@@ -145,6 +145,19 @@ __device__ __forceinline__ float swiglu_oai_times(float gate, float up, float al
   return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
 }
 
+// The experts' activation by kernels::MoeActivation: 0 silu(g) * u; 1 GPT-OSS's clamped SwiGLU;
+// 2 silu(min(g, limit)) * clamp(u, -limit, limit) (DeepSeek-V4, GLM-5.3), as the CPU computes them.
+__device__ __forceinline__ float moe_act_times(float gate, float up, int act, float alpha,
+                                               float limit) {
+  if (act == 1) return swiglu_oai_times(gate, up, alpha, limit);
+  if (act == 2) {
+    const float g = limit < gate ? limit : gate;
+    const float u = up < -limit ? -limit : (limit < up ? limit : up);
+    return silu_times(g, u);
+  }
+  return silu_times(gate, up);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -403,8 +403,7 @@ __global__ void __launch_bounds__(kDecThreads) moe_decode_w13_kernel(DecodeArgs 
           float v;
           if constexpr (kExt) {
             const float gt = acc[tt][h] + bg, up = acc[tt][2 + h] + bu;
-            v = d.m.swiglu_oai ? swiglu_oai_times(gt, up, d.m.alpha, d.m.limit)
-                               : silu_times(gt, up);
+            v = moe_act_times(gt, up, d.m.act, d.m.alpha, d.m.limit);
           } else {
             v = silu_times(acc[tt][h], acc[tt][2 + h]);
           }
@@ -521,7 +520,7 @@ template <typename T>
 void launch_decode(const DecodeArgs& d, cudaStream_t s) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>)
     if (d.mx.s13) return launch_decode_ext<T, true, true>(d, s);  // W4A16, every epilogue
-  if (d.m.swiglu_oai || d.m.b13 || d.m.b2)
+  if (d.m.act != 0 || d.m.b13 || d.m.b2)
     launch_decode_ext<T, true, false>(d, s);
   else
     launch_decode_ext<T, false, false>(d, s);
@@ -729,7 +728,7 @@ void launch_gemm_path(const MoeLaunch& m, const MoeMxfp4Scales& mx, const Layout
   g.scales = mx.s13;
   g.out = act;
   g.bias = m.b13;
-  g.swiglu_oai = m.swiglu_oai;
+  g.act = m.act;
   g.alpha = m.alpha;
   g.limit = m.limit;
   moe::launch_moe_gemm_w13(g, m.type, s);
@@ -739,7 +738,7 @@ void launch_gemm_path(const MoeLaunch& m, const MoeMxfp4Scales& mx, const Layout
   g.scales = mx.s2;
   g.out = y;
   g.bias = m.b2;
-  g.swiglu_oai = false;
+  g.act = 0;
   moe::launch_moe_gemm_w2(g, m.type, s);
   launch_combine<T>(m, y, m.K, s);
 }

@@ -73,7 +73,7 @@ struct GemmArgs {
   int tile_rows_cap = kMinTileRows;
   // GPT-OSS's experts (the kernels' extended epilogue runs when any of these is set):
   const void* bias = nullptr;  // w13: [S, 2I] added to gate | up; w2: [S, H] added to y; or null
-  bool swiglu_oai = false;     // w13: the clamped SwiGLU instead of silu(gate) * up
+  int act = 0;  // w13: kernels::MoeActivation (0 silu(gate) * up; 1, 2 the clamped forms)
   float alpha = 1.702f, limit = 7.0f;
 };
 

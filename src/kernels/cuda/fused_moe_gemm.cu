@@ -286,13 +286,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
                     up[q] += bu[q];
                   }
                 }
-                if (g.swiglu_oai) {
-                  v0 = swiglu_oai_times(gt[0], up[0], g.alpha, g.limit);
-                  v1 = swiglu_oai_times(gt[1], up[1], g.alpha, g.limit);
-                } else {
-                  v0 = silu_times(gt[0], up[0]);
-                  v1 = silu_times(gt[1], up[1]);
-                }
+                v0 = moe_act_times(gt[0], up[0], g.act, g.alpha, g.limit);
+                v1 = moe_act_times(gt[1], up[1], g.act, g.alpha, g.limit);
               } else {
                 v0 = silu_times(acc[h][nt * 4 + 2 * hh], acc[h][(nt + 8) * 4 + 2 * hh]);
                 v1 = silu_times(acc[h][nt * 4 + 2 * hh + 1], acc[h][(nt + 8) * 4 + 2 * hh + 1]);
@@ -353,7 +348,7 @@ void launch_ext(const GemmArgs& g, cudaStream_t s) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>)
     if (g.scales) return launch_rows<T, kW13, true, true>(g, s);  // W4A16, every epilogue
   // The extended epilogue where it changes anything (w2 has no activation).
-  const bool ext = g.bias != nullptr || (kW13 && g.swiglu_oai);
+  const bool ext = g.bias != nullptr || (kW13 && g.act != 0);
   ext ? launch_rows<T, kW13, true, false>(g, s) : launch_rows<T, kW13, false, false>(g, s);
 }
 

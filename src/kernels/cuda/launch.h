@@ -204,7 +204,7 @@ struct MoeRouteLaunch {
   const float* bias = nullptr;  // [E] or null
   int64_t num_tokens = 0;
   int num_experts = 0;
-  int scoring = 0;  // RouterScoring: 0 softmax, 1 sigmoid, 2 top-k then softmax
+  int scoring = 0;  // RouterScoring: 0 softmax, 1 sigmoid, 2 top-k then softmax, 3 sqrt-softplus
   int top_k = 0;
   bool renormalize = false;
   int n_group = 1, topk_group = 1;
@@ -216,6 +216,7 @@ struct MoeRouteLaunch {
   const int32_t* replica_count = nullptr;  // [E]
   int max_replicas = 0;
   unsigned long long* expert_load = nullptr;  // [E], or null
+  const int32_t* fixed_ids = nullptr;         // [T, top_k] given choices (hash routing), or null
 };
 inline constexpr int kMoeRouteMaxExperts = 512, kMoeRouteMaxTopK = 16;
 void launch_moe_route(const MoeRouteLaunch& a, cudaStream_t s);
@@ -244,7 +245,9 @@ struct MoeLaunch {
   int decode_depth = 2;       // the decode kernels' k steps per load group: 2 or 4
   const void* b13 = nullptr;  // [S, 2I] or null
   const void* b2 = nullptr;   // [S, H] or null
-  bool swiglu_oai = false;    // (clamp(up) + 1) * g * sigmoid(alpha g), g = min(gate, limit)
+  // kernels::MoeActivation: 0 silu(gate) * up; 1 GPT-OSS's (clamp(up) + 1) * g * sigmoid(alpha g),
+  // g = min(gate, limit); 2 silu(min(gate, limit)) * clamp(up, -limit, limit).
+  int act = 0;
   float alpha = 1.702f, limit = 7.0f;
 };
 inline constexpr int kMoeMaxSlots = 2048;  // kMoeDecodeMaxRowsCap: kernels/cuda_tuning.h

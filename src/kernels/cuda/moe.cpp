@@ -70,9 +70,8 @@ void fused_moe_dense(const MoeLaunch& l, const Tensor& w13, const Tensor& w2, De
 void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
                const Tensor& correction_bias, const RouterArgs& a) {
   moe_route_check(topk_ids, topk_weights, logits, correction_bias, a);
-  ATOM_CHECK(
-      a.scoring != RouterScoring::kSqrtSoftplus && !a.fixed_ids,
-      "moe_route: sqrt-softplus scoring and fixed (hash) routing run on the CPU only so far");
+  static_assert(static_cast<int>(RouterScoring::kSqrtSoftplus) == 3 &&
+                static_cast<int>(MoeActivation::kSiluMulClamped) == 2);
   const int64_t T = logits.size(0), E = logits.size(1);
   ATOM_CHECK(E <= kMoeRouteMaxExperts && a.top_k <= kMoeRouteMaxTopK,
              "moe_route: the CUDA router takes up to {} experts and top_k {}, got {} and {}",
@@ -104,6 +103,7 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
   }
   if (a.expert_load)
     l.expert_load = reinterpret_cast<unsigned long long*>(a.expert_load->ptr<int64_t>());
+  if (a.fixed_ids) l.fixed_ids = a.fixed_ids->ptr<int32_t>();
   launch_moe_route(l, current_stream());
   launch_check("moe_route");
 }
@@ -120,8 +120,6 @@ int64_t fused_moe_workspace_bytes(int64_t num_tokens, int64_t k, const MoeExpert
 void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& topk_ids,
                const Tensor& topk_weights, Tensor* workspace) {
   fused_moe_check(out, x, w, topk_ids, topk_weights);
-  ATOM_CHECK(w.activation != MoeActivation::kSiluMulClamped,
-             "fused_moe: the clamped SiLU-mul activation runs on the CPU only so far");
   const Tensor& w13 = *w.w13;
   const Tensor& w2 = *w.w2;
   const int64_t T = x.size(0), H = x.size(1), S = w13.size(0), I = w13.size(1) / 2;
@@ -199,11 +197,11 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   l.gemm_tile_rows = tile_rows ? tile_rows : T * K >= kTileRowsFrom ? 128 : 64;
   l.b13 = w.w13_bias ? w.w13_bias->data() : nullptr;
   l.b2 = w.w2_bias ? w.w2_bias->data() : nullptr;
-  l.swiglu_oai = w.activation == MoeActivation::kSwigluOai;
+  l.act = static_cast<int>(w.activation);
   l.alpha = w.swiglu_alpha;
   l.limit = w.swiglu_limit;
   const int64_t R = T * K, in_use = std::min<int64_t>(S, R);
-  const bool dense = !w.mxfp4() && !l.decode && !l.b13 && !l.b2 && !l.swiglu_oai &&
+  const bool dense = !w.mxfp4() && !l.decode && !l.b13 && !l.b2 && l.act == 0 &&
                      tuning.moe_dense_min_rows > 0 && R >= kMoeDenseMinRoutedRows &&
                      R >= int64_t{tuning.moe_dense_min_rows} * in_use &&
                      in_use <= tuning.moe_dense_max_slots && !stream_capturing(current_stream());

@@ -132,6 +132,11 @@ __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteLaunch a
     for (int e = lane; e < E; e += 32) score[e] = score[e] / sum;
   } else if (a.scoring == 1) {
     for (int e = lane; e < E; e += 32) score[e] = 1.0f / (1.0f + expf(-score[e]));
+  } else if (a.scoring == 3) {  // sqrt(softplus), torch's threshold of 20
+    for (int e = lane; e < E; e += 32) {
+      const float v = score[e];
+      score[e] = sqrtf(v > 20.0f ? v : log1pf(expf(v)));
+    }
   }
   for (int e = lane; e < E; e += 32) choice[e] = score[e] + (a.bias ? a.bias[e] : 0.0f);
   __syncwarp();
@@ -170,7 +175,15 @@ __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteLaunch a
   }
   bool nan = false;
   for (int e = lane; e < E; e += 32) nan = nan || isnan(choice[e]);
-  if (!__any_sync(0xffffffffu, nan)) {
+  if (a.fixed_ids) {  // hash routing: the given experts (one out of range is written as -1)
+    if (lane < K) {
+      const int e = a.fixed_ids[t * K + lane];
+      const bool ok = e >= 0 && e < E;
+      s_id[lane] = ok ? e : -1;
+      s_w[lane] = ok ? score[e] : 0.0f;
+    }
+    __syncwarp();
+  } else if (!__any_sync(0xffffffffu, nan)) {
     warp_topk_finite(choice, E, K, lane, s_id);
     __syncwarp();
     if (lane < K) {
@@ -199,7 +212,7 @@ __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteLaunch a
     if (a.renormalize) {
       float sum = 0.0f;
       for (int k = 0; k < K; ++k) sum += w[k];
-      if (a.scoring == 1) sum += 1e-20f;
+      if (a.scoring == 1 || a.scoring == 3) sum += 1e-20f;
       for (int k = 0; k < K; ++k) w[k] /= sum;
     }
     for (int k = 0; k < K; ++k) w[k] *= a.scale;
@@ -208,11 +221,13 @@ __global__ void __launch_bounds__(kWarps * 32) moe_route_kernel(MoeRouteLaunch a
   const int KT = K + a.num_shared;
   for (int j = lane; j < KT; j += 32) {
     int id = j < K ? s_id[j] : a.shared_first + (j - K);
-    if (j < K && a.expert_load) atomicAdd(a.expert_load + id, 1ull);
-    if (j < K && a.replicas)
-      id = a.replicas[static_cast<int64_t>(id) * a.max_replicas + t % a.replica_count[id]];
-    if (j < K && a.local_count != -1)
-      id = id >= a.local_first && id < a.local_first + a.local_count ? id - a.local_first : -1;
+    if (j < K && id >= 0) {
+      if (a.expert_load) atomicAdd(a.expert_load + id, 1ull);
+      if (a.replicas)
+        id = a.replicas[static_cast<int64_t>(id) * a.max_replicas + t % a.replica_count[id]];
+      if (a.local_count != -1)
+        id = id >= a.local_first && id < a.local_first + a.local_count ? id - a.local_first : -1;
+    }
     a.ids[t * KT + j] = id;
     a.weights[t * KT + j] = j < K ? s_w[j] : 1.0f;
   }
