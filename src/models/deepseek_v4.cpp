@@ -54,6 +54,7 @@ constexpr const char* kHca = "heavily_compressed_attention";
 struct V4Config {
   int64_t hidden, heads, head_dim, rot_dim, q_lora, o_groups, o_lora, window;
   int64_t index_heads, index_head_dim, index_topk;
+  std::string index_cache_dtype;
   std::map<std::string, int> rates;  // compress_rates by layer type
   std::vector<std::string> layer_types, mlp_layer_types;
   RopeConfig main_rope, compress_rope;
@@ -80,6 +81,12 @@ struct V4Config {
     index_heads = t.get_int("index_n_heads", 64, IntRange{1, 1 << 12});
     index_head_dim = t.get_int("index_head_dim", 128, IntRange{2, 1 << 14});
     index_topk = t.get_int("index_topk", 512, IntRange{1, INT32_MAX});
+    // The indexer's plane format (the spec's V4 cache: FP8, or FP4 values with E8M0 scales). The
+    // CPU reference keeps the plane in F32 whichever is named (transformers' values); another
+    // value is refused here, before any weight is read.
+    index_cache_dtype = t.get_string("index_cache_dtype", "fp8");
+    if (index_cache_dtype != "fp8" && index_cache_dtype != "fp4")
+      t.bad("index_cache_dtype", "must be 'fp8' or 'fp4', got '" + index_cache_dtype + "'");
     // partial_rotary_factor, else the legacy qk_rope_head_dim, else 64 / 512.
     double prf = 64.0 / 512.0;
     if (t.has("partial_rotary_factor"))

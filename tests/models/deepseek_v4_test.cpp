@@ -48,6 +48,9 @@ TEST(DeepseekV4, BadFieldsAreErrorsNamingThem) {
                         "'layer_types'", "'full_attention'");
   EXPECT_ERROR_CONTAINS(load_edited([](auto& c) { c["partial_rotary_factor"] = 0.3; }),
                         "'partial_rotary_factor'", "even");
+  EXPECT_ERROR_CONTAINS(load_edited([](auto& c) { c["index_cache_dtype"] = "int8"; }),
+                        "'index_cache_dtype'", "'fp8' or 'fp4'", "'int8'");
+  EXPECT_NO_THROW(load_edited([](auto& c) { c["index_cache_dtype"] = "fp4"; }));
 }
 
 // DeepSeek's release: legacy config fields and the top-level names without "model.".
