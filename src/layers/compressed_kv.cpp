@@ -57,7 +57,14 @@ WindowCompressor::WindowCompressor(LayerContext& ctx, const std::string& prefix,
 }
 
 const Tensor& WindowCompressor::entries(Step& step) const {
-  return step.kv->plane(static_cast<size_t>(cache_index_), CacheKind::kRows);
+  const Tensor& plane = step.kv->plane(static_cast<size_t>(cache_index_), CacheKind::kRows);
+  // The rows are read and written as floats: another cache dtype (--kv-cache-dtype fp8) is an
+  // error here, never a write past the plane.
+  ATOM_CHECK(plane.device().is_cpu() && plane.dtype() == DType::kF32 && plane.is_contiguous(),
+             "compressed attention: the entries plane {} must be F32 on the CPU (the KV cache "
+             "dtype must be the activations')",
+             plane.str());
+  return plane;
 }
 
 void WindowCompressor::forward(Step& step, const Tensor& x) {

@@ -51,6 +51,10 @@ TEST(DeepseekV4, BadFieldsAreErrorsNamingThem) {
   EXPECT_ERROR_CONTAINS(load_edited([](auto& c) { c["index_cache_dtype"] = "int8"; }),
                         "'index_cache_dtype'", "'fp8' or 'fp4'", "'int8'");
   EXPECT_NO_THROW(load_edited([](auto& c) { c["index_cache_dtype"] = "fp4"; }));
+  // An FP8 KV cache on the CPU: refused by name, never a float written into a byte plane.
+  LoadedModel m = model_load(fixture_dir("deepseek_v4"), {});
+  EXPECT_ERROR_CONTAINS(score_tokens(*m.model, {5, 6, 7}, 0, 16, DType::kF8E4M3),
+                        "must be contiguous F32");
 }
 
 // DeepSeek's release: legacy config fields and the top-level names without "model.".

@@ -6,6 +6,7 @@
 
 #include "common/fixtures.h"
 #include "common/test_util.h"
+#include "engine/sequence_runner.h"
 #include "loader/hf_config.h"
 #include "models/loading.h"
 
@@ -37,6 +38,10 @@ TEST(Glm5Next, BadFieldsAreErrorsNamingThem) {
                         "'indexer_types'", "layer 3 is 'shared' but layer 2");
   EXPECT_ERROR_CONTAINS(load_glm5_edited([](auto& t) { t["layer_types"][0] = "mamba"; }),
                         "'layer_types'", "'mamba'");
+  // An FP8 KV cache on the CPU: the k-pool plane refuses it by name.
+  LoadedModel m = model_load(fixture_dir("glm5_next"), {});
+  EXPECT_ERROR_CONTAINS(score_tokens(*m.model, {5, 6, 7}, 0, 16, DType::kF8E4M3), "k-pool indexer",
+                        "F32");
 }
 
 TEST(Glm5Next, VisionTowerIsSkippedUnread) {
