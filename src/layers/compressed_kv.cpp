@@ -81,8 +81,7 @@ void WindowCompressor::forward(Step& step, const Tensor& x) {
   const float* nw = norm_->data().ptr<float>();
   std::vector<float> z(static_cast<size_t>(width));
   for (int s = 0; s < b.num_seqs(); ++s) {
-    const int64_t q0 = b.query_start[s], q1 = b.query_start[s + 1];
-    const int64_t start = b.context_lens[s] - (q1 - q0);
+    const auto [q0, q1, start] = seq_rows(b, s);
     float* st =
         state.ptr<float>() + int64_t{b.state_slots.at(static_cast<size_t>(s))} * slot_floats;
     Pool cur(st, D), next(st + 3 * D, D);  // next: CSA only

@@ -52,6 +52,16 @@ inline PagedRows paged_rows(const Batch& b, int s, int tokens_per_row) {
           tokens_per_row};
 }
 
+// Sequence s of a step: its rows [q0, q1) of the batch, the first of them at cache index start.
+struct SeqRows {
+  int64_t q0, q1, start;
+};
+inline SeqRows seq_rows(const Batch& b, int s) {
+  const int64_t q0 = b.query_start[static_cast<size_t>(s)];
+  const int64_t q1 = b.query_start[static_cast<size_t>(s) + 1];
+  return {q0, q1, b.context_lens[static_cast<size_t>(s)] - (q1 - q0)};
+}
+
 // RoPE on interleaved pairs of the last rot_dim channels of v (DeepSeek-V4's layout [nope | rope]),
 // at `position`; inverse: the conjugate rotation (−sin), which undoes it.
 inline void rope_tail(float* v, int64_t width, int64_t rot_dim, int64_t position,

@@ -680,6 +680,18 @@ void FusedMoE::forward(Step& step, const Tensor& x, const Tensor& topk_ids,
   kernels::fused_moe(out, x, w, topk_ids, topk_weights, bytes > 0 ? &workspace : nullptr);
 }
 
+void FusedMoE::bind_router(kernels::RouterArgs& a) {
+  if (expert_parallel()) {  // this rank's range of (physical) experts
+    a.local_first = static_cast<int>(phys_first_);
+    a.local_count = static_cast<int>(num_local_experts());
+  }
+  if (replicas_.defined()) {  // EPLB
+    a.replicas = &replicas_;
+    a.replica_count = &replica_count_;
+    a.expert_load = &expert_load_;
+  }
+}
+
 namespace {
 FusedMoEOptions experts_options(const SparseMoeOptions& o) {
   FusedMoEOptions f = o.experts;
@@ -719,15 +731,7 @@ SparseMoeBlock::SparseMoeBlock(LayerContext& ctx, const std::string& prefix,
                 fused = experts_.num_slots() - routed_slots;
   args_.num_fused_shared = static_cast<int>(fused);
   args_.shared_slot_first = static_cast<int>(routed_slots);
-  if (experts_.expert_parallel()) {  // this rank's range of (physical) experts
-    args_.local_first = static_cast<int>(experts_.physical_first());
-    args_.local_count = static_cast<int>(routed_slots);
-  }
-  if (experts_.replicas().defined()) {  // EPLB
-    args_.replicas = &experts_.replicas();
-    args_.replica_count = &experts_.replica_count();
-    args_.expert_load = &experts_.expert_load();
-  }
+  experts_.bind_router(args_);
   if (o.shared_intermediate > 0 && fused == 0)
     // Unfused shared experts apply the routed experts' activation too (clamped or not).
     shared_ = std::make_unique<GatedMlp>(

@@ -127,6 +127,9 @@ class FusedMoE {
   void forward(Step& step, const Tensor& x, const Tensor& topk_ids, const Tensor& topk_weights,
                Tensor& out);
   int64_t num_slots() const { return slots_; }
+  // Points a router at this layer's slots: under expert parallelism this rank's range of
+  // (physical) experts, with EPLB the replica tables and the load count.
+  void bind_router(kernels::RouterArgs& a);
   // The checkpoint (logical) expert in each of this rank's routed slots [0, num_local_experts()).
   const std::vector<int64_t>& local_experts() const { return local_; }
   // The ranks split the experts (LayerContext::expert_parallel over more than one rank).

@@ -26,7 +26,8 @@
 // norm, head, hc_head_{fn,base,scale} at the top. The MTP stages (mtp.*) are not read.
 // Tensor parallelism (as transformers' plan for V4): the routed experts are split (slices of
 // every expert, or whole experts with --enable-expert-parallel) and their sum all-reduced; the
-// attention, compressors, hyper-connections and the shared expert are replicated on every rank.
+// attention, compressors and hyper-connections are replicated on every rank, the shared expert
+// split like a dense MLP.
 // CPU only so far (issue 35: the CUDA kernels and FP8/FP4 weights come next).
 #include <algorithm>
 #include <cmath>
@@ -34,6 +35,7 @@
 #include <map>
 
 #include "core/convert.h"
+#include "kernels/elementwise.h"
 #include "layers/compressed_kv.h"
 #include "layers/embedding.h"
 #include "layers/hyper_connection.h"
@@ -271,8 +273,7 @@ class DeepseekV4Attention {
     // Rotate q (per head, after its unweighted norm) and the shared key; store the key.
     for (int s = 0; s < b.num_seqs(); ++s) {
       const PagedRows rows = paged_rows(b, s, 1);
-      const int64_t q0 = b.query_start[s], q1 = b.query_start[s + 1];
-      const int64_t start = b.context_lens[s] - (q1 - q0);
+      const auto [q0, q1, start] = seq_rows(b, s);
       for (int64_t i = q0; i < q1; ++i) {
         const int64_t pos = b.positions[static_cast<size_t>(i)];
         for (int64_t h = 0; h < H; ++h) {
@@ -303,8 +304,7 @@ class DeepseekV4Attention {
     const float* sinks = sinks_->data().ptr<float>();
     for (int s = 0; s < b.num_seqs(); ++s) {
       const PagedRows raw_rows = paged_rows(b, s, 1);
-      const int64_t q0 = b.query_start[s], q1 = b.query_start[s + 1];
-      const int64_t start = b.context_lens[s] - (q1 - q0);
+      const auto [q0, q1, start] = seq_rows(b, s);
       for (int64_t i = q0; i < q1; ++i) {
         const int64_t p = start + (i - q0);
         std::vector<const float*> keys;
@@ -420,15 +420,7 @@ class DeepseekV4Moe {
     args_.top_k = static_cast<int>(v.top_k);
     args_.renormalize = true;
     args_.routed_scaling_factor = static_cast<float>(v.scaling);
-    if (experts_.expert_parallel()) {  // this rank's range of (physical) experts, else -1
-      args_.local_first = static_cast<int>(experts_.physical_first());
-      args_.local_count = static_cast<int>(experts_.num_local_experts());
-    }
-    if (experts_.replicas().defined()) {  // EPLB
-      args_.replicas = &experts_.replicas();
-      args_.replica_count = &experts_.replica_count();
-      args_.expert_load = &experts_.expert_load();
-    }
+    experts_.bind_router(args_);
     if (hash_) {
       tid2eid_ = &ctx.params.add(prefix + ".gate.tid2eid",
                                  ctx.param_tensor({c.vocab_size, v.top_k}, DType::kI64));
@@ -447,14 +439,12 @@ class DeepseekV4Moe {
     } else if (args_.scoring != kernels::RouterScoring::kSoftmax) {
       bias_ = &ctx.params.add(prefix + ".gate.bias", ctx.param_tensor({v.experts}, DType::kF32));
     }
-    if (v.shared > 0) {
-      w1_ = std::make_unique<ReplicatedLinear>(ctx, prefix + ".shared_experts.w1", v.hidden,
-                                               v.moe_inter, false);
-      w3_ = std::make_unique<ReplicatedLinear>(ctx, prefix + ".shared_experts.w3", v.hidden,
-                                               v.moe_inter, false);
-      w2_ = std::make_unique<ReplicatedLinear>(ctx, prefix + ".shared_experts.w2", v.moe_inter,
-                                               v.hidden, false);
-    }
+    // The shared expert (w1 / w3 / w2, loaded as gate_up_proj / down_proj): the clamped SwiGLU,
+    // left unreduced to join the routed experts' one all-reduce.
+    if (v.shared > 0)
+      shared_ =
+          std::make_unique<GatedMlp>(ctx, prefix + ".shared_experts", v.hidden, v.moe_inter, false,
+                                     /*reduce_results=*/false, static_cast<float>(v.limit));
   }
 
   Tensor forward(Step& step, const Tensor& x) {
@@ -478,18 +468,9 @@ class DeepseekV4Moe {
     kernels::moe_route(ids, weights, logits, bias_ ? bias_->data() : Tensor(), a);
     Tensor out = step.empty({T, H}, DType::kF32);
     experts_.forward(step, x, ids, weights, out);
-    // Tensor (or expert) parallelism: the ranks' partial sums of the routed experts; the shared
-    // expert is whole on every rank and added after.
+    if (shared_) kernels::add(out, out, shared_->forward(step, x));
+    // Tensor (or expert) parallelism: one all-reduce of the ranks' partial sums.
     if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(out);
-    if (!w1_) return out;
-    Tensor g = w1_->forward(step, x), u = w3_->forward(step, x);
-    const float lim = static_cast<float>(v_.limit);
-    for (int64_t i = 0; i < g.numel(); ++i) {
-      const float gv = std::min(g.ptr<float>()[i], lim);
-      g.ptr<float>()[i] = gv / (1.0f + std::exp(-gv)) * std::clamp(u.ptr<float>()[i], -lim, lim);
-    }
-    Tensor sh = w2_->forward(step, g);
-    for (int64_t i = 0; i < out.numel(); ++i) out.ptr<float>()[i] += sh.ptr<float>()[i];
     return out;
   }
 
@@ -513,7 +494,7 @@ class DeepseekV4Moe {
   Parameter* bias_ = nullptr;
   Parameter* tid2eid_ = nullptr;
   std::vector<int32_t> table_;  // tid2eid, checked
-  std::unique_ptr<ReplicatedLinear> w1_, w3_, w2_;
+  std::unique_ptr<GatedMlp> shared_;
 };
 
 class DeepseekV4DecoderLayer {
@@ -582,6 +563,10 @@ class DeepseekV4ForCausalLM : public Model {
   WeightLoadSpec weight_load_spec() const override {
     WeightLoadSpec s = Model::weight_load_spec();
     s.expert_mapping = fused_moe_expert_mapping("w1", "w2", "w3", v_.experts);
+    // The shared expert's w1 / w3 / w2 feed GatedMlp's gate_up_proj (parts 0, 1) and down_proj
+    // (the routed experts' names match the expert mapping first).
+    s.packed_modules = {
+        {"w1", "gate_up_proj", "0"}, {"w3", "gate_up_proj", "1"}, {"w2", "down_proj", ""}};
     // DeepSeek's release names the top-level tensors without "model." (and embed / hc_head_*).
     s.weights_mapping.prefix.push_back({"mtp.", std::nullopt});
     s.weights_mapping.prefix.push_back({"embed.", "model.embed_tokens."});

@@ -103,8 +103,7 @@ class KpoolIndexer {
     // Each token's (LayerNorm(k) | gate scores) into its row.
     for (int s = 0; s < b.num_seqs(); ++s) {
       const PagedRows rows = paged_rows(b, s, 1);
-      const int64_t q0 = b.query_start[s], q1 = b.query_start[s + 1];
-      const int64_t start = b.context_lens[s] - (q1 - q0);
+      const auto [q0, q1, start] = seq_rows(b, s);
       for (int64_t i = q0; i < q1; ++i) {
         float* row = rows.row(plane, start + (i - q0));
         const float* ki = k.ptr<float>() + i * D;
@@ -130,8 +129,7 @@ class KpoolIndexer {
     std::fill(out.ptr<int32_t>(), out.ptr<int32_t>() + out.numel(), -1);
     for (int s = 0; s < b.num_seqs(); ++s) {
       const PagedRows rows = paged_rows(b, s, 1);
-      const int64_t q0 = b.query_start[s], q1 = b.query_start[s + 1];
-      const int64_t start = b.context_lens[s] - (q1 - q0);
+      const auto [q0, q1, start] = seq_rows(b, s);
       // The pooled keys of every pool complete by the sequence's last row.
       const int64_t pools = b.context_lens[s] / P;
       std::vector<float> pool_k(static_cast<size_t>(pools * D));

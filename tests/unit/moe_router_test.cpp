@@ -342,7 +342,37 @@ TEST(MoeRoute, BadArgumentsAreErrors) {
                         "needs sigmoid or sqrt-softplus scoring");
 }
 
-// out[t] = Σ_j w_j · W2[e] silu(W1[e] x) * (W3[e] x), in double, from the weights as stored.
+// out[t, h] = Σ_j w_j · W2[e] silu(W1[e] x) * (W3[e] x), e = ids[t, j], in double, from F32
+// weights [E, 2I, H] and [E, H, I]. limit > 0: silu(min(g, limit)) * clamp(u, ±limit), and
+// *clamped counts the products a clamp changed.
+std::vector<double> direct_moe(const Tensor& x, const Tensor& w13, const Tensor& w2,
+                               const Tensor& ids, const Tensor& w, double limit = 0,
+                               int* clamped = nullptr) {
+  const int64_t T = x.size(0), H = x.size(1), I = w2.size(2), K = ids.size(1);
+  std::vector<double> want(static_cast<size_t>(T * H), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < K; ++j) {
+        const int64_t e = ids.ptr<int32_t>()[t * K + j];
+        double y = 0;
+        for (int64_t i = 0; i < I; ++i) {
+          double g = 0, u = 0;
+          for (int64_t c = 0; c < H; ++c) {
+            g += w13.ptr<float>()[(e * 2 * I + i) * H + c] * x.ptr<float>()[t * H + c];
+            u += w13.ptr<float>()[(e * 2 * I + I + i) * H + c] * x.ptr<float>()[t * H + c];
+          }
+          if (limit > 0) {
+            if (clamped) *clamped += (g > limit) + (std::abs(u) > limit);
+            g = std::min(g, limit);
+            u = std::clamp(u, -limit, limit);
+          }
+          y += w2.ptr<float>()[(e * H + h) * I + i] * (g / (1 + std::exp(-g)) * u);
+        }
+        want[static_cast<size_t>(t * H + h)] += w.ptr<float>()[t * K + j] * y;
+      }
+  return want;
+}
+
 TEST(FusedMoe, CpuMatchesADirectSumAndPaddingAddsNothing) {
   const int64_t T = 5, E = 4, K = 3, H = 16, I = 12, Ip = 16;
   for (const DType wt : {DType::kF32, DType::kBF16}) {
@@ -358,25 +388,10 @@ TEST(FusedMoe, CpuMatchesADirectSumAndPaddingAddsNothing) {
     ex.w13 = &w13;
     ex.w2 = &w2;
     kernels::fused_moe(out, x, ex, ids, w, nullptr);
-    const Tensor w13f = tensor_cast_cpu(w13, DType::kF32), w2f = tensor_cast_cpu(w2, DType::kF32);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < H; ++h) {
-        double want = 0;
-        for (int64_t j = 0; j < K; ++j) {
-          const int64_t e = ids.ptr<int32_t>()[t * K + j];
-          double y = 0;
-          for (int64_t i = 0; i < I; ++i) {
-            double g = 0, u = 0;
-            for (int64_t c = 0; c < H; ++c) {
-              g += w13f.ptr<float>()[(e * 2 * I + i) * H + c] * x.ptr<float>()[t * H + c];
-              u += w13f.ptr<float>()[(e * 2 * I + I + i) * H + c] * x.ptr<float>()[t * H + c];
-            }
-            y += w2f.ptr<float>()[(e * H + h) * I + i] * (g / (1 + std::exp(-g)) * u);
-          }
-          want += w.ptr<float>()[t * K + j] * y;
-        }
-        EXPECT_NEAR(out.ptr<float>()[t * H + h], want, 1e-5 * std::max(1.0, std::abs(want)));
-      }
+    const std::vector<double> want =
+        direct_moe(x, tensor_cast_cpu(w13, DType::kF32), tensor_cast_cpu(w2, DType::kF32), ids, w);
+    for (int64_t i = 0; i < T * H; ++i)
+      EXPECT_NEAR(out.ptr<float>()[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i])));
     // The same experts with I padded to 16 by zero rows (gate, up) and columns (down).
     Tensor p13 = Tensor::zeros({E, 2 * Ip, H}, wt), p2 = Tensor::zeros({E, H, Ip}, wt);
     for (int64_t e = 0; e < E; ++e) {
@@ -422,27 +437,9 @@ TEST(FusedMoe, ClampedSiluMulMatchesADirectSum) {
   ex.swiglu_limit = limit;
   kernels::fused_moe(out, x, ex, ids, w, nullptr);
   int clamped = 0;
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < H; ++h) {
-      double want = 0;
-      for (int64_t j = 0; j < K; ++j) {
-        const int64_t e = ids.ptr<int32_t>()[t * K + j];
-        double y = 0;
-        for (int64_t i = 0; i < I; ++i) {
-          double g = 0, u = 0;
-          for (int64_t c = 0; c < H; ++c) {
-            g += w13.ptr<float>()[(e * 2 * I + i) * H + c] * x.ptr<float>()[t * H + c];
-            u += w13.ptr<float>()[(e * 2 * I + I + i) * H + c] * x.ptr<float>()[t * H + c];
-          }
-          clamped += (g > limit) + (std::abs(u) > limit);
-          g = std::min<double>(g, limit);
-          u = std::clamp<double>(u, -limit, limit);
-          y += w2.ptr<float>()[(e * H + h) * I + i] * (g / (1 + std::exp(-g)) * u);
-        }
-        want += w.ptr<float>()[t * K + j] * y;
-      }
-      EXPECT_NEAR(out.ptr<float>()[t * H + h], want, 1e-5 * std::max(1.0, std::abs(want)));
-    }
+  const std::vector<double> want = direct_moe(x, w13, w2, ids, w, limit, &clamped);
+  for (int64_t i = 0; i < T * H; ++i)
+    EXPECT_NEAR(out.ptr<float>()[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i])));
   EXPECT_GT(clamped, 20) << "the limit should clamp many products";
 }
 
