@@ -85,9 +85,11 @@ MUTATIONS = [
      "const int64_t i2 = base + (a.interleaved ? 2 * i + 1 : i + a.head_dim / 2);"),
     ("nan_after_first_chunk", "NaN logits for every row of a prefill chunk after the first",
      "src/engine/model_runner.cpp",
-     "  hidden_ = model_.forward(step);\n"
+     "    return Tensor();\n"
+     "  }\n"
      "  return model_.compute_logits(step, hidden_);\n",
-     "  hidden_ = model_.forward(step);\n"
+     "    return Tensor();\n"
+     "  }\n"
      "  Tensor mutated = model_.compute_logits(step, hidden_);\n"
      "  if (mutated.device().is_cpu())\n"
      "    for (size_t r = 0; r < batch.logits_indices.size(); ++r) {\n"
@@ -314,8 +316,36 @@ MUTATIONS = [
      "Kimi delta attention under tensor parallelism: every rank given rank 0's conv weights, A_log "
      "and dt_bias",
      "src/layers/kimi_delta_attention.cpp",
-     "tensor_assign(dst, ckpt.view({tp, n}).narrow(0, rank, 1).view({n}));",
-     "tensor_assign(dst, ckpt.view({tp, n}).narrow(0, 0 * rank, 1).view({n}));"),
+     "const WeightLoader heads = rank_slice_loader(ctx.tp_rank, ctx.tp_size);",
+     "const WeightLoader heads = rank_slice_loader(0 * ctx.tp_rank, ctx.tp_size);"),
+    ("gdn_tp_conv_of_rank_0",
+     "The gated delta net under tensor parallelism: every rank given rank 0's q/k/v conv weights",
+     "src/layers/gated_delta_net.cpp",
+     "rank_slice_loader(ctx.tp_rank, ctx.tp_size, {all_key * K, all_key * K, all_value * K})",
+     "rank_slice_loader(0 * ctx.tp_rank, ctx.tp_size, {all_key * K, all_key * K, all_value * K})"),
+    ("merged_blocks_cut_whole_part",
+     "A merged column projection with blocks (Qwen3.5's in_proj_qkv): each rank cut from the "
+     "part's first block only",
+     "src/layers/linear.cpp",
+     "l.parts.push_back({std::to_string(i), \"\", start + ctx.tp_rank * per, out_, per, rows});",
+     "l.parts.push_back({std::to_string(i), \"\", 0 * start + ctx.tp_rank * per, out_, per, rows});"),
+    ("kv_head_linear_not_replicated",
+     "k_proj / v_proj cut by kv heads: the ranks' heads swapped",
+     "src/layers/linear.cpp",
+     "l.parts = {{\"\", \"\", (ctx.tp_rank / kv.replicas) * out_, 0, out_, total_kv_heads * head_dim}};",
+     "l.parts = {{\"\", \"\", ((ctx.tp_rank + 1) % ctx.tp_size / kv.replicas) * out_, 0, out_, total_kv_heads * head_dim}};"),
+    ("pp_stage_drops_hidden",
+     "Pipeline parallelism: a later stage starts from the residual stream alone, dropping the "
+     "previous stage's last layer output",
+     "src/models/llama.h",
+     "      h = step.pp_in->hidden;",
+     "      h = Tensor();"),
+    ("pp_remainder_on_first_stages",
+     "Pipeline parallelism: the remainder layers on the first stages instead of vLLM's (the "
+     "stages before the last)",
+     "src/layers/context.cpp",
+     "++n[static_cast<size_t>(size - 2 - i)];",
+     "++n[static_cast<size_t>(i)];"),
     ("v4_tp_experts_not_reduced",
      "DeepSeek-V4 under tensor parallelism: the routed experts' partial sums not all-reduced",
      "src/models/deepseek_v4.cpp",

@@ -24,6 +24,10 @@ void model_args_add_placement(CLI::App* cmd, ModelArgs& a) {
   cmd->add_option("--tensor-parallel-size,--tp", a.tensor_parallel_size,
                   "ranks to split the model over: GPUs cuda:0, cuda:1, ... (threads on the CPU)")
       ->capture_default_str();
+  cmd->add_option("--pipeline-parallel-size,--pp", a.pipeline_parallel_size,
+                  "pipeline stages, each of --tensor-parallel-size ranks holding consecutive "
+                  "layers (vLLM's partition; CPU ranks only so far)")
+      ->capture_default_str();
   // vLLM's -ep is rewritten to this name before parsing (main.cpp), as -tp is.
   cmd->add_flag("--enable-expert-parallel", a.enable_expert_parallel,
                 "mixtures of experts: each of the --tensor-parallel-size ranks holds whole routed "
@@ -104,6 +108,7 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   o.device = a.device.empty() ? device_default() : device_parse(a.device);
   o.act_dtype = dtype_arg_parse(a.dtype);
   o.expert_parallel = a.enable_expert_parallel;
+  o.pp_size = a.pipeline_parallel_size;
   const EplbArgs eplb = eplb_args_parse(a);
   o.num_redundant_experts = eplb.num_redundant_experts;
   o.eplb_step_interval = eplb.step_interval;
@@ -117,10 +122,13 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   const LoadReport& report = m->report();
   const auto& st = report.checkpoint;
   const std::string where =
-      m->tp_size() == 1
+      m->world_size() == 1
           ? o.device.str()
-          : fmt::format("{} {}-parallel ranks from {}", m->tp_size(),
-                        o.expert_parallel ? "tensor- and expert" : "tensor", o.device.str());
+          : fmt::format("{} {}-parallel ranks from {}{}", m->tp_size(),
+                        o.expert_parallel ? "tensor- and expert" : "tensor", o.device.str(),
+                        m->pp_size() == 1
+                            ? std::string()
+                            : fmt::format(" in each of {} pipeline stages", m->pp_size()));
   const std::string others =
       report.tensors_other_ranks == 0
           ? std::string()
@@ -130,14 +138,15 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   log_info("loaded {} ({}) on {} in {:.2f} s: {} tensors, {} of {} shards read, {:.1f} MB read{}{}",
            a.model, m->model().config().architectures[0], where, s, report.tensors_loaded,
            st.shards_read, st.shards_total, static_cast<double>(st.bytes_read) / 1e6, others,
-           m->tp_size() == 1 ? "" : " (rank 0)");
+           m->world_size() == 1 ? "" : " (rank 0)");
   return m;
 }
 
 std::unique_ptr<LoadedDrafter> model_args_load_drafter(const ModelArgs& a, ModelGroup& m,
                                                        const EngineConfig& c) {
   if (c.speculative_method.empty()) return nullptr;
-  if (m.tp_size() > 1) fail("speculative decoding is not supported with tensor parallelism yet");
+  if (m.world_size() > 1)
+    fail("speculative decoding is not supported with tensor or pipeline parallelism yet");
   ModelOptions o;
   o.device = m.model().device();
   o.act_dtype = dtype_arg_parse(a.dtype);

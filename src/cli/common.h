@@ -21,7 +21,10 @@ struct ModelArgs {
   std::string device;  // empty: cuda when a GPU is present, else cpu
   std::string load_format = "auto";
   int tensor_parallel_size = 1;  // ranks: GPUs cuda:0.. (counted from --device), or CPU threads
-  std::string dtype = "auto";    // --dtype: the activations' dtype
+  // --pipeline-parallel-size (also -pp): stages of tensor_parallel_size ranks each, holding
+  // consecutive layers (ModelOptions::pp_size).
+  int pipeline_parallel_size = 1;
+  std::string dtype = "auto";  // --dtype: the activations' dtype
   // --enable-expert-parallel (also -ep): the ranks split the routed experts instead of slicing
   // each one (ModelOptions::expert_parallel).
   bool enable_expert_parallel = false;

@@ -18,11 +18,13 @@ int main(int argc, char** argv) {
   CLI::App app{"atom: a C++/CUDA engine that serves large language models"};
   app.require_subcommand(1);
   for (auto& setup : atom::cli::command_setups()) setup(app);
-  // vLLM's `-tp N` / `-tp=N` and `-ep`: CLI11 takes one-character short names only, so the
-  // spellings are rewritten to --tensor-parallel-size and --enable-expert-parallel before parsing.
+  // vLLM's `-tp N` / `-tp=N`, `-pp N` and `-ep`: CLI11 takes one-character short names only, so the
+  // spellings are rewritten to --tensor-parallel-size, --pipeline-parallel-size and
+  // --enable-expert-parallel before parsing.
   std::vector<std::string> args(argv, argv + argc);
   for (std::string& a : args) {
     if (a == "-tp" || a.rfind("-tp=", 0) == 0) a = "--tensor-parallel-size" + a.substr(3);
+    if (a == "-pp" || a.rfind("-pp=", 0) == 0) a = "--pipeline-parallel-size" + a.substr(3);
     if (a == "-ep") a = "--enable-expert-parallel";
   }
   std::vector<char*> args_c;

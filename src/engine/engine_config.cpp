@@ -13,7 +13,7 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
-KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
+KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c, const ModelGroup* group) {
   KvCachePlan p;
   if (c.block_size < 1) fail("block_size must be at least 1, got {}", c.block_size);
   if (c.max_num_seqs < 1) fail("max_num_seqs must be at least 1, got {}", c.max_num_seqs);
@@ -29,9 +29,18 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
          model_max);
   p.block_size = c.block_size;
   p.kv_cache_dtype = kv_cache_dtype_for(model, c.kv_cache_dtype);
-  p.block_bytes = KvCache::page_bytes(cache_specs_with_dtype(model.cache_specs(), p.kv_cache_dtype),
-                                      c.block_size);
-  p.state_slot_bytes = KvCache::state_slot_bytes(model.state_specs());
+  std::vector<const Model*> ranks{&model};
+  if (group)
+    for (int r = 1; r < group->world_size(); ++r) ranks.push_back(&group->model(r));
+  bool recurrent = false;
+  for (const Model* m : ranks) {
+    p.block_bytes =
+        std::max(p.block_bytes,
+                 KvCache::page_bytes(cache_specs_with_dtype(m->cache_specs(), p.kv_cache_dtype),
+                                     c.block_size));
+    p.state_slot_bytes = std::max(p.state_slot_bytes, KvCache::state_slot_bytes(m->state_specs()));
+    recurrent = recurrent || !m->state_specs().empty();
+  }
   if (c.state_checkpoint_interval_tokens < 0 ||
       c.state_checkpoint_interval_tokens % c.block_size != 0)
     fail("state_checkpoint_interval_tokens must be a non-negative multiple of block_size {}, got "
@@ -39,7 +48,7 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c) {
          c.block_size, c.state_checkpoint_interval_tokens);
   if (c.num_state_checkpoints < 0)
     fail("num_state_checkpoints must be >= 0, got {}", c.num_state_checkpoints);
-  if (!model.state_specs().empty()) {
+  if (recurrent) {
     p.state_slots_per_request = 1 + c.num_speculative_tokens;
     p.num_state_slots = c.max_num_seqs * p.state_slots_per_request;
     // Prefix checkpoints (by default as many as sequences run at once), reused least recently

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "models/model.h"
+#include "models/model_group.h"
 
 namespace atom {
 
@@ -66,7 +67,11 @@ struct KvCachePlan {
 // not fit, or when max_model_len exceeds the model's. For a model on CUDA with neither
 // num_gpu_blocks_override nor kv_cache_memory the blocks are left to the ModelRunner, which sizes
 // them from free GPU memory (from_gpu_memory, num_blocks 0).
-KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& config);
+// With a group (tensor and pipeline ranks), a block and a state slot are the largest any rank
+// holds (a pipeline stage holds only its layers' caches), and the plan keeps state slots when any
+// rank's layers are recurrent.
+KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& config,
+                          const ModelGroup* group = nullptr);
 
 // --kv-cache-dtype: "auto" -> nullopt (the activation dtype); "fp8", "fp8_e4m3" -> F8E4M3; "bf16",
 // "bfloat16" -> BF16. Anything else is an Error naming the flag and the accepted values.

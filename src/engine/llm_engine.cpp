@@ -60,16 +60,17 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
                      DraftModel* drafter)
     : model_(model),
       config_(config),
-      plan_(kv_cache_plan(model, config)),
+      plan_(kv_cache_plan(model, config, models)),
       defaults_(sampling_params_defaults(generation)),
       text_(std::move(text)),
-      tp_size_(models ? models->tp_size() : 1),
+      tp_size_(models ? models->world_size() : 1),
+      pp_size_(models ? models->pp_size() : 1),
       runner_(runner_create(model, models, config, plan_)),
       // Recurrent state summarises a whole prefix, so KV blocks alone cannot resume one: prefix
       // caching needs state checkpoints (--state-checkpoint-interval-tokens).
       blocks_(plan_.num_blocks, plan_.block_size,
               config.enable_prefix_caching &&
-                  (model.state_specs().empty() || plan_.num_checkpoint_slots > 0)),
+                  (plan_.state_slots_per_request == 0 || plan_.num_checkpoint_slots > 0)),
       states_(plan_.num_state_slots - plan_.num_checkpoint_slots, plan_.state_slots_per_request),
       scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
                                  config.long_prefill_token_threshold,
@@ -95,16 +96,20 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
              seconds(Clock::now() - t0));
   }
   // With tensor parallelism every rank holds this many blocks of its own kv heads.
-  const std::string where = tp_size_ == 1
-                                ? model.device().str()
-                                : fmt::format("{} ranks from {} (tensor parallel{}, KV per rank)",
-                                              tp_size_, model.device().str(),
-                                              !model.expert_parallel() ? ""
-                                              : model.eplb_step_interval() > 0
-                                                  ? fmt::format(", experts split over the ranks "
-                                                                "with EPLB every {} steps",
-                                                                model.eplb_step_interval())
-                                                  : ", experts split over the ranks");
+  const std::string where =
+      tp_size_ == 1
+          ? model.device().str()
+          : fmt::format("{} ranks from {} ({}{}, KV per rank)", tp_size_, model.device().str(),
+                        pp_size_ == 1 ? std::string("tensor parallel")
+                                      : fmt::format("{} pipeline stages of {} "
+                                                    "tensor-parallel ranks",
+                                                    pp_size_, tp_size_ / pp_size_),
+                        !model.expert_parallel() ? ""
+                        : model.eplb_step_interval() > 0
+                            ? fmt::format(", experts split over the ranks "
+                                          "with EPLB every {} steps",
+                                          model.eplb_step_interval())
+                            : ", experts split over the ranks");
   log_info(
       "engine on {}: {} KV blocks of {} tokens ({:.1f} MiB of {}, {} tokens, from {}), {} state "
       "slots "
@@ -166,7 +171,8 @@ void LLMEngine::set_proposer(std::unique_ptr<DraftProposer> proposer) {
     fail("speculative decoding with {} draft tokens needs {} state slots per request, the plan "
          "has {}",
          K, 1 + K, plan_.state_slots_per_request);
-  if (tp_size_ > 1) fail("speculative decoding is not supported with tensor parallelism yet");
+  if (tp_size_ > 1)
+    fail("speculative decoding is not supported with tensor or pipeline parallelism yet");
   const double r = config_.spec_decode_acceptance_rate;
   if (r >= 0 && r > 1) fail("--spec-decode-acceptance-rate must be in [0, 1], got {}", r);
   proposer_ = std::move(proposer);

@@ -57,6 +57,11 @@ ModelRunner::ModelRunner(Model& model, const RunnerOptions& options)
 ModelRunner::~ModelRunner() = default;
 
 void ModelRunner::init(const RunnerOptions& o) {
+  stage_in_ = o.stage_in;
+  stage_out_ = o.stage_out;
+  const PipelineStage& st = model_.stage();
+  ATOM_CHECK((st.first() || stage_in_) && (st.last() || stage_out_),
+             "runner: pipeline stage {} of {} has no link to its neighbours", st.rank, st.size);
   ATOM_CHECK(o.block_size > 0 && o.max_num_seqs > 0, "runner: block_size {} max_num_seqs {}",
              o.block_size, o.max_num_seqs);
   max_model_len_ = o.max_model_len > 0 ? o.max_model_len
@@ -90,7 +95,7 @@ void ModelRunner::init(const RunnerOptions& o) {
   kv_ = KvCache::allocate(cache_specs_, pages, o.block_size, dev, model_.state_specs(),
                           o.num_state_slots);
 #ifdef ATOM_HAVE_CUDA
-  if (dev.is_cuda() && !o.enforce_eager) {
+  if (dev.is_cuda() && !o.enforce_eager && st.size == 1) {
     const int seqs = std::min(o.max_num_seqs, std::max(1, pages));
     graphs_ = std::make_unique<DecodeGraphs>(model_, kv_, max_model_len_, seqs,
                                              decode_query_lens(model_, o));
@@ -222,7 +227,24 @@ Tensor ModelRunner::forward_logits(Batch& batch) {
   }
   batch.upload(arena_);
   Step step{batch, arena_, &kv_};
+  // Pipeline stages: the previous stage's tensors in, this stage's out (no logits before the
+  // last stage).
+  IntermediateTensors in, out;
+  if (stage_in_) {
+    std::vector<Tensor> got = stage_in_->recv();
+    ATOM_CHECK(got.size() == 2 && got[0].dim() == 2 && got[0].size(0) == batch.num_tokens(),
+               "runner: stage {} received {} tensors for a step of {} tokens", model_.stage().rank,
+               got.size(), batch.num_tokens());
+    in.hidden = upload(got[0].data(), got[0].shape(), got[0].dtype());
+    in.residual = upload(got[1].data(), got[1].shape(), got[1].dtype());
+    step.pp_in = &in;
+  }
+  if (stage_out_) step.pp_out = &out;
   hidden_ = model_.forward(step);
+  if (stage_out_) {
+    stage_out_->send({out.hidden, out.residual});
+    return Tensor();
+  }
   return model_.compute_logits(step, hidden_);
 }
 

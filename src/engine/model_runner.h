@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "dist/stage_link.h"
 #include "engine/step_runner.h"
 #include "kernels/sampling.h"
 #include "layers/batch.h"
@@ -36,6 +37,11 @@ struct RunnerOptions {
   std::function<int(int pages)> agree_pages;
   // Element type of the attention caches (e.g. F8E4M3); unset: the model's, its activation dtype.
   std::optional<DType> kv_cache_dtype;
+  // Pipeline parallelism (the model is one stage of several): where a stage after the first
+  // receives the previous stage's IntermediateTensors, and where a stage before the last sends
+  // its own (models/model_group.h). A stage before the last computes no logits.
+  StageLink* stage_in = nullptr;
+  StageLink* stage_out = nullptr;
 };
 
 class DecodeGraphs;
@@ -109,6 +115,8 @@ class ModelRunner final : public StepRunner {
   std::vector<int32_t> mask_index_;  // per drawn row: its row of the mask table, or -1
   Tensor host_logits_;               // [capacity rows, vocab] F32 on the host
   Tensor hidden_;  // the last step's hidden states, in arena_ or the graphs' arena
+  StageLink* stage_in_ = nullptr;
+  StageLink* stage_out_ = nullptr;
 };
 
 }  // namespace atom

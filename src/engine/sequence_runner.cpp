@@ -19,8 +19,9 @@ class SingleSequence {
             model, options(model, capacity, block_size, kv_cache_dtype))) {}
   SingleSequence(ModelGroup& models, int capacity, int block_size,
                  std::optional<DType> kv_cache_dtype) {
-    runner_ =
-        step_runner_create(models, options(models.model(0), capacity, block_size, kv_cache_dtype));
+    RunnerOptions o = options(models.model(0), capacity, block_size, kv_cache_dtype);
+    o.num_state_slots = models.recurrent() ? 1 : 0;  // a stage's own layers may keep none
+    runner_ = step_runner_create(models, o);
   }
 
   // Appends `tokens` to the context; returns logits of the listed rows (indices into `tokens`).

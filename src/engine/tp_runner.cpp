@@ -6,8 +6,8 @@ namespace atom {
 
 namespace {
 RankThreads& threads_of(ModelGroup& models) {
-  ATOM_CHECK(models.tp_size() > 1 && models.threads(),
-             "TpRunner needs a tensor-parallel group of more than one rank");
+  ATOM_CHECK(models.world_size() > 1 && models.threads(),
+             "TpRunner needs a group of more than one rank");
   return *models.threads();
 }
 }  // namespace
@@ -15,13 +15,17 @@ RankThreads& threads_of(ModelGroup& models) {
 TpRunner::TpRunner(ModelGroup& models, const RunnerOptions& options)
     : models_(models),
       threads_(threads_of(models)),
-      runners_(static_cast<size_t>(models.tp_size())),
-      copies_(static_cast<size_t>(models.tp_size() - 1)) {
+      leader_(models.leader()),
+      runners_(static_cast<size_t>(models.world_size())),
+      copies_(static_cast<size_t>(models.world_size())) {
   RunnerOptions o = options;
   o.agree_pages = [this](int pages) { return threads_.min_over_ranks(pages); };
   try {
     threads_.run([&](int r) {
-      runners_[static_cast<size_t>(r)] = std::make_unique<ModelRunner>(models_.model(r), o);
+      RunnerOptions ro = o;
+      ro.stage_in = models_.link_in(r);
+      ro.stage_out = models_.link_out(r);
+      runners_[static_cast<size_t>(r)] = std::make_unique<ModelRunner>(models_.model(r), ro);
     });
   } catch (...) {
     threads_.run([this](int r) { runners_[static_cast<size_t>(r)].reset(); });
@@ -35,13 +39,15 @@ TpRunner::~TpRunner() {
 }
 
 void TpRunner::run_step(Batch& batch, const std::function<void(ModelRunner&)>& rank0) {
-  // Copied here, before the ranks start: rank 0 writes into `batch` (its upload) while it runs.
-  for (Batch& c : copies_) c.copy_host_from(batch);
+  // Copied here, before the ranks start: the leader writes into `batch` (its upload) while it
+  // runs.
+  for (int r = 0; r < tp_size(); ++r)
+    if (r != leader_) copies_[static_cast<size_t>(r)].copy_host_from(batch);
   threads_.run([&](int r) {
-    if (r == 0) {
-      rank0(*runners_[0]);
+    if (r == leader_) {
+      rank0(*runners_[static_cast<size_t>(r)]);
     } else {
-      runners_[static_cast<size_t>(r)]->execute_forward(copies_[static_cast<size_t>(r - 1)]);
+      runners_[static_cast<size_t>(r)]->execute_forward(copies_[static_cast<size_t>(r)]);
     }
   });
 }
@@ -70,11 +76,11 @@ int TpRunner::rebalance_experts() {
   std::vector<int> changed(runners_.size(), 0);
   threads_.run(
       [&](int r) { changed[static_cast<size_t>(r)] = models_.model(r).rebalance_experts(); });
-  return changed[0];
+  return changed[static_cast<size_t>(leader_)];
 }
 
 std::unique_ptr<StepRunner> step_runner_create(ModelGroup& models, const RunnerOptions& options) {
-  if (models.tp_size() == 1) return std::make_unique<ModelRunner>(models.model(0), options);
+  if (models.world_size() == 1) return std::make_unique<ModelRunner>(models.model(0), options);
   return std::make_unique<TpRunner>(models, options);
 }
 

@@ -1,8 +1,11 @@
-// Runs the ranks of a tensor-parallel group in lockstep. Every step's Batch goes to every rank;
-// rank r runs it on its own thread with its own ModelRunner (device, stream, step arena, KV cache
-// shard of its kv heads, decode graphs), the collectives inside forward() tie the ranks together,
-// and rank 0's logits are the step's: it samples them and copies out what the host needs, while
-// the other ranks only run their share of the forward pass.
+// Runs the ranks of a tensor- and pipeline-parallel group (models/model_group.h) in lockstep.
+// Every step's Batch goes to every rank; rank r runs it on its own thread with its own
+// ModelRunner (device, stream, step arena, KV cache of its stage's layers and its kv heads,
+// decode graphs), the collectives inside forward() tie a stage's ranks together and the stage
+// links hand each stage's output to the next, and the leader's logits (rank 0 of the last stage)
+// are the step's: it samples them and copies out what the host needs, while the other ranks only
+// run their share of the forward pass. The stages of one step run one after another (no
+// micro-batches yet).
 #pragma once
 
 #include <functional>
@@ -28,24 +31,28 @@ class TpRunner final : public StepRunner {
   std::vector<int32_t> execute_greedy(Batch& batch) override;
   void execute_sampling(Batch& batch, const StepSampling& want, StepSamples& out) override;
   void capture_decode_graphs() override;
-  std::vector<int> graph_buckets() const override { return runners_[0]->graph_buckets(); }
+  std::vector<int> graph_buckets() const override {
+    return runners_[static_cast<size_t>(leader_)]->graph_buckets();
+  }
   int block_size() const override { return runners_[0]->block_size(); }
   int num_pages() const override { return runners_[0]->num_pages(); }
   int max_model_len() const override { return runners_[0]->max_model_len(); }
   int rebalance_experts() override;
 
+  // Every rank of the group (tensor x pipeline).
   int tp_size() const { return static_cast<int>(runners_.size()); }
   ModelRunner& rank(int r) { return *runners_.at(static_cast<size_t>(r)); }
 
  private:
-  // Copies the step to ranks 1.., then runs rank0(batch) on rank 0 and a forward pass on every
-  // other rank, all at once.
+  // Copies the step to every rank but the leader, then runs rank0(batch) on the leader and a
+  // forward pass on every other rank, all at once.
   void run_step(Batch& batch, const std::function<void(ModelRunner&)>& rank0);
 
   ModelGroup& models_;
   RankThreads& threads_;
+  int leader_;
   std::vector<std::unique_ptr<ModelRunner>> runners_;
-  // Ranks 1..N-1 each upload their own copy of the step: a Batch holds its device views.
+  // Every rank but the leader uploads its own copy of the step: a Batch holds its device views.
   std::vector<Batch> copies_;
 };
 

@@ -1,10 +1,29 @@
 #include "layers/context.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "core/error.h"
 
 namespace atom {
+
+PipelineStage pipeline_stage(int64_t num_layers, int rank, int size) {
+  if (size < 1 || rank < 0 || rank >= size)
+    fail("pipeline-parallel rank {} of size {} is invalid", rank, size);
+  if (num_layers < size)
+    fail("--pipeline-parallel-size {} is more than the model's {} layers (num_hidden_layers)", size,
+         num_layers);
+  PipelineStage s;
+  s.rank = rank;
+  s.size = size;
+  // num_layers / size each; the remainder one more each on stages size-2, size-3, ... (vLLM's
+  // get_pp_indices: the last stage also runs the head).
+  std::vector<int64_t> n(static_cast<size_t>(size), num_layers / size);
+  for (int64_t i = 0; i < num_layers % size; ++i) ++n[static_cast<size_t>(size - 2 - i)];
+  for (int i = 0; i < rank; ++i) s.first_layer += n[static_cast<size_t>(i)];
+  s.end_layer = s.first_layer + n[static_cast<size_t>(rank)];
+  return s;
+}
 
 const char* cache_kind_name(CacheKind k) {
   switch (k) {

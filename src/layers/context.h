@@ -112,6 +112,24 @@ inline std::vector<CacheSpec> cache_specs_with_dtype(std::vector<CacheSpec> spec
   return specs;
 }
 
+// The layers one pipeline stage runs (vLLM's partition: num_layers / size each, the remainder
+// one more each on the stages before the last, which also holds the LM head).
+struct PipelineStage {
+  int rank = 0, size = 1;
+  int64_t first_layer = 0, end_layer = 0;  // [first_layer, end_layer)
+  bool first() const { return rank == 0; }
+  bool last() const { return rank == size - 1; }
+  bool owns(int64_t layer) const { return layer >= first_layer && layer < end_layer; }
+};
+// Stage `rank` of `size` over num_layers layers; an error when a stage would get no layer.
+PipelineStage pipeline_stage(int64_t num_layers, int rank, int size);
+
+// What a pipeline stage hands the next (vLLM's IntermediateTensors): its last layer's output,
+// not yet added to the residual stream, and the residual stream ([tokens, hidden] each).
+struct IntermediateTensors {
+  Tensor hidden, residual;
+};
+
 struct LayerContext {
   ParamRegistry& params;
   Device device;
@@ -142,6 +160,9 @@ struct LayerContext {
   // Layers with redundant experts register here (FusedMoE), for Model::rebalance_experts.
   std::vector<FusedMoE*>* eplb_layers = nullptr;
 
+  // The pipeline stage this model is (the whole model: stage 0 of 1).
+  PipelineStage stage{};
+
   // Expert parallelism in effect: asked for, over more than one rank.
   bool experts_split() const { return expert_parallel && tp_size > 1; }
 
@@ -156,6 +177,10 @@ struct Step {
   Batch& batch;
   Arena& arena;
   KvCache* kv = nullptr;
+  // Pipeline parallelism: a stage after the first starts from the previous stage's tensors
+  // (pp_in); a stage before the last writes its own into pp_out and computes no logits.
+  const IntermediateTensors* pp_in = nullptr;
+  IntermediateTensors* pp_out = nullptr;
 
   Tensor empty(Shape shape, DType dtype) { return arena.alloc(std::move(shape), dtype); }
 };

@@ -11,14 +11,9 @@ std::vector<PackedModule> gated_delta_net_packed_modules() {
           {"in_proj_a", "in_proj_ba", "1"}};
 }
 
-GatedDeltaNet::GatedDeltaNet(LayerContext& ctx, const std::string& prefix,
-                             const GatedDeltaNetOptions& o)
-    : ctx_(ctx),
-      o_(o),
-      key_dim_(static_cast<int64_t>(o.num_k_heads) * o.k_head_dim),
-      value_dim_(static_cast<int64_t>(o.num_v_heads) * o.v_head_dim),
-      conv_dim_(2 * key_dim_ + value_dim_),
-      out_proj_(ctx, prefix + ".out_proj", value_dim_, o.hidden, false) {
+namespace {
+const GatedDeltaNetOptions& checked(const LayerContext& ctx, const std::string& prefix,
+                                    const GatedDeltaNetOptions& o) {
   if (o.num_k_heads <= 0 || o.num_v_heads <= 0 || o.num_v_heads % o.num_k_heads != 0)
     fail("{}: linear_num_value_heads ({}) must be a positive multiple of linear_num_key_heads ({})",
          prefix, o.num_v_heads, o.num_k_heads);
@@ -26,11 +21,31 @@ GatedDeltaNet::GatedDeltaNet(LayerContext& ctx, const std::string& prefix,
     fail("{}: linear_key_head_dim {}, linear_value_head_dim {} and linear_conv_kernel_dim {} must "
          "be positive",
          prefix, o.k_head_dim, o.v_head_dim, o.conv_kernel);
-  if (ctx.tp_size > 1)
-    fail("{}: the gated delta net does not support tensor parallelism yet (tensor-parallel size "
-         "{})",
-         prefix, ctx.tp_size);
+  if (o.num_k_heads % ctx.tp_size != 0)
+    fail("{}: linear_num_key_heads {} must be a multiple of the tensor-parallel size {}", prefix,
+         o.num_k_heads, ctx.tp_size);
+  return o;
+}
+}  // namespace
+
+GatedDeltaNet::GatedDeltaNet(LayerContext& ctx, const std::string& prefix,
+                             const GatedDeltaNetOptions& opts)
+    : ctx_(ctx),
+      o_(checked(ctx, prefix, opts)),
+      k_heads_(opts.num_k_heads / ctx.tp_size),
+      v_heads_(opts.num_v_heads / ctx.tp_size),
+      key_dim_(static_cast<int64_t>(k_heads_) * opts.k_head_dim),
+      value_dim_(static_cast<int64_t>(v_heads_) * opts.v_head_dim),
+      conv_dim_(2 * key_dim_ + value_dim_),
+      out_proj_(ctx, prefix + ".out_proj", static_cast<int64_t>(opts.num_v_heads) * opts.v_head_dim,
+                opts.hidden, false) {
+  // Tensor parallelism splits the key heads and their value heads (value head h follows key head
+  // h / r): this rank's q, k, v, z channels and b, a heads (both projection layouts store them
+  // part-major per rank), conv weights, A_log and dt_bias, and its states; out_proj reduces.
+  const GatedDeltaNetOptions& o = o_;
   const int64_t r = o.num_v_heads / o.num_k_heads;
+  const int64_t all_key = static_cast<int64_t>(o.num_k_heads) * o.k_head_dim,
+                all_value = static_cast<int64_t>(o.num_v_heads) * o.v_head_dim;
   if (o.grouped_projections) {
     // Per key head: [q dk | k dk | v r·dv | z r·dv] and [b r | a r].
     grouped_qkvz_.emplace(
@@ -42,17 +57,21 @@ GatedDeltaNet::GatedDeltaNet(LayerContext& ctx, const std::string& prefix,
     in_proj_qkvz_ = &*grouped_qkvz_;
     in_proj_ba_ = &*grouped_ba_;
   } else {
-    merged_qkvz_.emplace(ctx, prefix + ".in_proj_qkvz", o.hidden,
-                         std::vector<int64_t>{conv_dim_, value_dim_}, false);
+    merged_qkvz_.emplace(
+        ctx, prefix + ".in_proj_qkvz", o.hidden,
+        std::vector<std::vector<int64_t>>{{all_key, all_key, all_value}, {all_value}}, false);
     merged_ba_.emplace(ctx, prefix + ".in_proj_ba", o.hidden,
                        std::vector<int64_t>{o.num_v_heads, o.num_v_heads}, false);
     in_proj_qkvz_ = &*merged_qkvz_;
     in_proj_ba_ = &*merged_ba_;
   }
-  conv_weight_ = &ctx.params.add(prefix + ".conv1d.weight",
-                                 ctx.param_tensor({conv_dim_, 1, o.conv_kernel}, DType::kF32));
-  A_log_ = &ctx.params.add(prefix + ".A_log", ctx.param_tensor({o.num_v_heads}, DType::kF32));
-  dt_bias_ = &ctx.params.add(prefix + ".dt_bias", ctx.param_tensor({o.num_v_heads}, DType::kF32));
+  const int64_t K = o.conv_kernel;
+  conv_weight_ = &ctx.params.add(
+      prefix + ".conv1d.weight", ctx.param_tensor({conv_dim_, 1, K}, DType::kF32),
+      rank_slice_loader(ctx.tp_rank, ctx.tp_size, {all_key * K, all_key * K, all_value * K}));
+  const WeightLoader heads = rank_slice_loader(ctx.tp_rank, ctx.tp_size);
+  A_log_ = &ctx.params.add(prefix + ".A_log", ctx.param_tensor({v_heads_}, DType::kF32), heads);
+  dt_bias_ = &ctx.params.add(prefix + ".dt_bias", ctx.param_tensor({v_heads_}, DType::kF32), heads);
   norm_weight_ =
       &ctx.params.add(prefix + ".norm.weight", ctx.param_tensor({o.v_head_dim}, DType::kF32));
   ATOM_CHECK(ctx.state_specs, "{}: layer context collects no state specs", prefix);
@@ -60,14 +79,14 @@ GatedDeltaNet::GatedDeltaNet(LayerContext& ctx, const std::string& prefix,
   ctx.state_specs->push_back({{conv_dim_, o.conv_kernel - 1}, DType::kF32, /*rollback_rows=*/true});
   recurrent_state_ = static_cast<int>(ctx.state_specs->size());
   ctx.state_specs->push_back(
-      {{o.num_v_heads, o.k_head_dim, o.v_head_dim}, DType::kF32, /*rollback_rows=*/true});
+      {{v_heads_, o.k_head_dim, o.v_head_dim}, DType::kF32, /*rollback_rows=*/true});
 }
 
 Tensor GatedDeltaNet::forward(Step& step, const Tensor& x) {
   ATOM_CHECK(step.kv && step.kv->state.size() > static_cast<size_t>(recurrent_state_),
              "gated delta net: the step has no state pool for it");
   const int64_t T = x.size(0);
-  const int Hv = o_.num_v_heads;
+  const int Hv = v_heads_;
   Tensor qkvz = in_proj_qkvz_->forward(step, x);  // [T, conv_dim + Hv dv]
   Tensor ba = in_proj_ba_->forward(step, x);      // [T, 2 Hv]
   const Batch::Views& b = step.batch.dev;
@@ -81,7 +100,7 @@ Tensor GatedDeltaNet::forward(Step& step, const Tensor& x) {
 
   Tensor core = step.empty({T, value_dim_}, ctx_.act_dtype);  // [T, Hv * dv]
   kernels::GatedDeltaArgs args;
-  args.num_k_heads = o_.num_k_heads;
+  args.num_k_heads = k_heads_;
   args.num_v_heads = Hv;
   args.k_dim = o_.k_head_dim;
   args.v_dim = o_.v_head_dim;

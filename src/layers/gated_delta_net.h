@@ -10,7 +10,9 @@
 // Qwen3-Next's fused in_proj_qkvz / in_proj_ba interleave the parts per key head and are
 // regrouped at load; Qwen3.5's separate in_proj_qkv, in_proj_z, in_proj_b and in_proj_a load as
 // parts of the same two parameters (gated_delta_net_packed_modules). Each sequence keeps a conv
-// state and a recurrent state [Hv, dk, dv] (fp32) in the state slot pool.
+// state and a recurrent state [Hv, dk, dv] (fp32) in the state slot pool. Tensor parallelism
+// splits the key heads, each with its r = Hv / Hk value heads: a rank holds Hk / tp key heads
+// (its share of q, k, v, z, b, a, conv weights, A_log, dt_bias and states), and out_proj reduces.
 #pragma once
 
 #include <optional>
@@ -50,14 +52,15 @@ class GatedDeltaNet {
  private:
   LayerContext& ctx_;
   GatedDeltaNetOptions o_;
-  int64_t key_dim_, value_dim_, conv_dim_;
+  int k_heads_, v_heads_;                   // this rank's key and value heads
+  int64_t key_dim_, value_dim_, conv_dim_;  // this rank's: q or k, v and [q | k | v] channels
   std::optional<GroupedColumnParallelLinear> grouped_qkvz_, grouped_ba_;
   std::optional<MergedColumnParallelLinear> merged_qkvz_, merged_ba_;
   LinearBase* in_proj_qkvz_ = nullptr;  // hidden -> [q | k | v | z]
   LinearBase* in_proj_ba_ = nullptr;    // hidden -> [b | a]
-  Parameter* conv_weight_;              // [conv_dim, 1, K] F32
-  Parameter* A_log_;                    // [Hv] F32
-  Parameter* dt_bias_;                  // [Hv] F32
+  Parameter* conv_weight_;              // [conv_dim, 1, K] F32 (this rank's channels)
+  Parameter* A_log_;                    // [Hv / tp] F32
+  Parameter* dt_bias_;                  // [Hv / tp] F32
   Parameter* norm_weight_;              // [dv] F32
   RowParallelLinear out_proj_;          // Hv * dv -> hidden
   int conv_state_, recurrent_state_;    // indices into the step's state pools

@@ -21,18 +21,6 @@ const KimiDeltaAttentionOptions& checked(const LayerContext& ctx, const std::str
   return o;
 }
 
-// A per-head parameter (conv weights, dt_bias, A_log) cut by heads: the checkpoint's values,
-// flattened, in tp equal runs, this rank's run (heads are contiguous in every one of them).
-WeightLoader head_slice_loader(int rank, int tp) {
-  return [rank, tp](Parameter& p, const Tensor& ckpt, const std::string&, int) {
-    const int64_t n = p.data().numel();
-    if (ckpt.numel() != n * tp || !ckpt.is_contiguous())
-      fail("{}: checkpoint tensor {} does not hold {} values ({} on each of {} ranks)", p.name(),
-           ckpt.str(), n * tp, n, tp);
-    Tensor dst = p.data().view({n});
-    tensor_assign(dst, ckpt.view({tp, n}).narrow(0, rank, 1).view({n}));
-  };
-}
 }  // namespace
 
 KimiDeltaAttention::KimiDeltaAttention(LayerContext& ctx, const std::string& prefix,
@@ -53,7 +41,7 @@ KimiDeltaAttention::KimiDeltaAttention(LayerContext& ctx, const std::string& pre
       o_proj_(ctx, prefix + ".o_proj", dim_, opts.hidden, false) {
   // Tensor parallelism splits the heads: this rank's q/k/v channels, conv weights and states,
   // forget-gate and beta heads; o_proj sums the ranks' parts.
-  const WeightLoader heads = head_slice_loader(ctx.tp_rank, ctx.tp_size);
+  const WeightLoader heads = rank_slice_loader(ctx.tp_rank, ctx.tp_size);
   const char* conv_names[3] = {".q_conv1d.weight", ".k_conv1d.weight", ".v_conv1d.weight"};
   for (int i = 0; i < 3; ++i)
     conv_weight_[i] = &ctx.params.add(

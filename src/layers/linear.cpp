@@ -454,6 +454,23 @@ Tensor RowParallelLinear::forward(Step& step, const Tensor& x, const Tensor& out
   return y;
 }
 
+namespace {
+// This rank's kv heads: total / tp of them, or one head replicated over tp / total ranks.
+struct KvShare {
+  int64_t heads, replicas;
+};
+KvShare kv_share(const std::string& prefix, int64_t total_kv_heads, int tp) {
+  if (total_kv_heads >= tp) {
+    check_divisible(prefix, "number of key/value heads", total_kv_heads, tp);
+    return {total_kv_heads / tp, 1};
+  }
+  if (tp % total_kv_heads != 0)
+    fail("{}: tensor-parallel size {} is not a multiple of the {} key/value heads", prefix, tp,
+         total_kv_heads);
+  return {1, tp / total_kv_heads};
+}
+}  // namespace
+
 QKVParallelLinear::QKVParallelLinear(LayerContext& ctx, const std::string& prefix, int64_t hidden,
                                      int64_t head_dim, int64_t total_heads, int64_t total_kv_heads,
                                      bool bias)
@@ -461,17 +478,9 @@ QKVParallelLinear::QKVParallelLinear(LayerContext& ctx, const std::string& prefi
   const int tp = ctx.tp_size;
   check_divisible(prefix, "number of attention heads", total_heads, tp);
   heads_ = total_heads / tp;
-  if (total_kv_heads >= tp) {
-    check_divisible(prefix, "number of key/value heads", total_kv_heads, tp);
-    kv_heads_ = total_kv_heads / tp;
-    kv_replicas_ = 1;
-  } else {
-    if (tp % total_kv_heads != 0)
-      fail("{}: tensor-parallel size {} is not a multiple of the {} key/value heads", prefix, tp,
-           total_kv_heads);
-    kv_heads_ = 1;
-    kv_replicas_ = tp / total_kv_heads;
-  }
+  const KvShare kv = kv_share(prefix, total_kv_heads, tp);
+  kv_heads_ = kv.heads;
+  kv_replicas_ = kv.replicas;
   out_ = (heads_ + 2 * kv_heads_) * head_dim;
   const int64_t q_rows = heads_ * head_dim, kv_rows = kv_heads_ * head_dim;
   const int64_t q_total = total_heads * head_dim, kv_total = total_kv_heads * head_dim;
@@ -485,20 +494,78 @@ QKVParallelLinear::QKVParallelLinear(LayerContext& ctx, const std::string& prefi
   init_params(prefix, std::move(l), bias);
 }
 
+KVHeadParallelLinear::KVHeadParallelLinear(LayerContext& ctx, const std::string& prefix,
+                                           int64_t hidden, int64_t head_dim, int64_t total_kv_heads,
+                                           bool bias)
+    : ColumnParallelLinear(ctx, hidden, 0) {
+  const KvShare kv = kv_share(prefix, total_kv_heads, ctx.tp_size);
+  out_ = kv.heads * head_dim;
+  LinearLayout l;
+  l.parts = {{"", "", (ctx.tp_rank / kv.replicas) * out_, 0, out_, total_kv_heads * head_dim}};
+  l.cols = l.ckpt_cols = hidden;
+  init_params(prefix, std::move(l), bias);
+}
+
+namespace {
+std::vector<std::vector<int64_t>> one_block_each(const std::vector<int64_t>& sizes) {
+  std::vector<std::vector<int64_t>> b;
+  for (const int64_t s : sizes) b.push_back({s});
+  return b;
+}
+}  // namespace
+
 MergedColumnParallelLinear::MergedColumnParallelLinear(LayerContext& ctx, const std::string& prefix,
                                                        int64_t in,
                                                        std::vector<int64_t> output_sizes, bool bias)
-    : ColumnParallelLinear(ctx, in, 0), sizes_(std::move(output_sizes)) {
+    : MergedColumnParallelLinear(ctx, prefix, in, one_block_each(output_sizes), bias) {}
+
+MergedColumnParallelLinear::MergedColumnParallelLinear(LayerContext& ctx, const std::string& prefix,
+                                                       int64_t in,
+                                                       std::vector<std::vector<int64_t>> blocks,
+                                                       bool bias)
+    : ColumnParallelLinear(ctx, in, 0) {
   LinearLayout l;
   out_ = 0;
-  for (size_t i = 0; i < sizes_.size(); ++i) {
-    check_divisible(prefix, "output size", sizes_[i], ctx.tp_size);
-    const int64_t per = sizes_[i] / ctx.tp_size;
-    l.parts.push_back({std::to_string(i), "", ctx.tp_rank * per, out_, per, sizes_[i]});
-    out_ += per;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    int64_t rows = 0;
+    for (const int64_t b : blocks[i]) rows += b;
+    for (int64_t start = 0; const int64_t b : blocks[i]) {
+      check_divisible(prefix, "output size", b, ctx.tp_size);
+      const int64_t per = b / ctx.tp_size;
+      l.parts.push_back({std::to_string(i), "", start + ctx.tp_rank * per, out_, per, rows});
+      out_ += per;
+      start += b;
+    }
   }
   l.cols = l.ckpt_cols = in;
   init_params(prefix, std::move(l), bias);
+}
+
+WeightLoader rank_slice_loader(int rank, int tp, std::vector<int64_t> run_values) {
+  return [rank, tp, runs = std::move(run_values)](Parameter& p, const Tensor& ckpt,
+                                                  const std::string&, int) {
+    const int64_t n = p.data().numel();
+    bool even = true;
+    int64_t total = 0;
+    for (const int64_t r : runs) {
+      total += r;
+      even = even && r % tp == 0;
+    }
+    if (runs.empty()) total = n * tp;
+    if (ckpt.numel() != n * tp || total != n * tp || !even || !ckpt.is_contiguous())
+      fail("{}: checkpoint tensor {} does not hold {} values ({} on each of {} ranks)", p.name(),
+           ckpt.str(), n * tp, n, tp);
+    const Tensor src = ckpt.view({n * tp});
+    Tensor dst = p.data().view({n});
+    int64_t from = 0, to = 0;
+    for (const int64_t r : runs.empty() ? std::vector<int64_t>{n * tp} : runs) {
+      const int64_t per = r / tp;
+      Tensor piece = dst.narrow(0, to, per);
+      tensor_assign(piece, src.narrow(0, from + rank * per, per));
+      from += r;
+      to += per;
+    }
+  };
 }
 
 }  // namespace atom

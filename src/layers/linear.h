@@ -163,16 +163,33 @@ class QKVParallelLinear : public ColumnParallelLinear {
   int64_t head_dim_, heads_, kv_heads_, kv_replicas_;
 };
 
+// A key or a value projection alone (models that keep k_proj and v_proj apart), cut by kv heads
+// as QKVParallelLinear cuts its k and v: split over ranks, or each head replicated over
+// tp / kv heads ranks when there are fewer heads than ranks.
+class KVHeadParallelLinear : public ColumnParallelLinear {
+ public:
+  KVHeadParallelLinear(LayerContext& ctx, const std::string& prefix, int64_t hidden,
+                       int64_t head_dim, int64_t total_kv_heads, bool bias);
+};
+
 // Several column-parallel outputs fused along the output dimension (gate_proj + up_proj).
-// Parts are named "0", "1", ... in order.
+// Parts are named "0", "1", ... in order; each is split over the ranks.
 class MergedColumnParallelLinear : public ColumnParallelLinear {
  public:
   MergedColumnParallelLinear(LayerContext& ctx, const std::string& prefix, int64_t in,
                              std::vector<int64_t> output_sizes, bool bias);
-
- private:
-  std::vector<int64_t> sizes_;
+  // Part i is itself blocks[i]: consecutive row blocks of its checkpoint tensor, each split over
+  // the ranks, so that this rank's output is its share of every block in order (Qwen3.5's
+  // in_proj_qkv is {q, k, v}, each cut by head).
+  MergedColumnParallelLinear(LayerContext& ctx, const std::string& prefix, int64_t in,
+                             std::vector<std::vector<int64_t>> blocks, bool bias);
 };
+
+// The loader of a parameter cut by heads or channels for tensor parallelism: the checkpoint's
+// values, flattened, are consecutive runs of run_values[i] values (the whole tensor as one run
+// when empty), and this rank takes its 1/tp of each run, in order. Any dtype converts to the
+// parameter's; a checkpoint with the wrong number of values is an error naming both.
+WeightLoader rank_slice_loader(int rank, int tp, std::vector<int64_t> run_values = {});
 
 // Writes rows [src_row, src_row + rows) of checkpoint tensor `ckpt` into rows [dst_row, ...) of
 // `p` (1-D tensors: elements). Other dimensions must match exactly.

@@ -70,6 +70,12 @@ Parameter* ParamRegistry::find(const std::string& name) {
   return it == params_.end() ? nullptr : it->second.get();
 }
 
+bool ParamRegistry::in_missing_module(const std::string& name) const {
+  for (const std::string& m : missing_)
+    if (name.starts_with(m)) return true;
+  return false;
+}
+
 void ParamRegistry::run_post_load() {
   for (auto& fn : post_load_) fn();
 }

@@ -99,6 +99,12 @@ class ParamRegistry {
   Parameter* find(const std::string& name);
   const std::map<std::string, std::unique_ptr<Parameter>>& all() const { return params_; }
 
+  // A module this rank does not hold (the spec's PPMissingLayer: another pipeline stage's layers,
+  // embedding or head): checkpoint tensors under `prefix.` are left unread.
+  void add_missing_module(const std::string& prefix) { missing_.push_back(prefix + "."); }
+  // Whether parameter-side name `name` lies under a missing module.
+  bool in_missing_module(const std::string& name) const;
+
   // process_weights_after_loading: runs in registration order once loading is complete.
   void add_post_load(std::function<void()> fn) { post_load_.push_back(std::move(fn)); }
   void run_post_load();
@@ -106,6 +112,7 @@ class ParamRegistry {
  private:
   std::map<std::string, std::unique_ptr<Parameter>> params_;
   std::vector<std::function<void()>> post_load_;
+  std::vector<std::string> missing_;
 };
 
 }  // namespace atom

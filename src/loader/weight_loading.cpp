@@ -54,6 +54,10 @@ WeightDestination weight_destination(ParamRegistry& params, const CheckpointName
     d.kind = WeightDestination::kNotWanted;
     return d;
   }
+  if (params.in_missing_module(*name)) {
+    d.kind = WeightDestination::kOtherStage;
+    return d;
+  }
   std::string expert_param;
   if (const ExpertParamMapping* m = experts ? experts->match(*name, &expert_param) : nullptr) {
     if (Parameter* p = params.find(expert_param)) {
@@ -131,6 +135,10 @@ LoadReport load_weights(ParamRegistry& params, const Checkpoint& checkpoint,
       if (d.kind == WeightDestination::kOtherRank) {
         ++report.tensors_other_ranks;
         report.bytes_other_ranks += e.nbytes();
+      }
+      if (d.kind == WeightDestination::kOtherStage) {
+        ++report.tensors_other_stages;
+        report.bytes_other_stages += e.nbytes();
       }
       routes.emplace(e.name, std::move(d));
     }

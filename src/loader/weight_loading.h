@@ -52,13 +52,17 @@ struct LoadReport {
   // Expert parallelism: tensors of experts another rank holds, left unread, and their bytes.
   int tensors_other_ranks = 0;
   uint64_t bytes_other_ranks = 0;
+  // Pipeline parallelism: tensors of the modules other stages hold, left unread, and their bytes.
+  int tensors_other_stages = 0;
+  uint64_t bytes_other_stages = 0;
   double seconds = 0;
 };
 
 // Where one checkpoint tensor goes.
 struct WeightDestination {
-  // kOtherRank: an expert of an expert-parallel layer that another rank holds.
-  enum Kind { kParam, kNotWanted, kIgnored, kUnclaimed, kOtherRank } kind = kUnclaimed;
+  // kOtherRank: an expert of an expert-parallel layer that another rank holds. kOtherStage: a
+  // tensor of a module another pipeline stage holds (ParamRegistry::add_missing_module).
+  enum Kind { kParam, kNotWanted, kIgnored, kUnclaimed, kOtherRank, kOtherStage } kind = kUnclaimed;
   Parameter* param = nullptr;
   std::string shard;
   int expert = -1;

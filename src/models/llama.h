@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "layers/attention.h"
@@ -135,34 +136,74 @@ class LlamaDecoderLayer {
 template <class DecoderLayer>
 class DecoderOnlyLM : public Model {
  public:
+  // Pipeline parallelism: a stage builds only its layers, the first stage the embedding and the
+  // last the final norm and head (and the embedding when the head is tied to it); what another
+  // stage holds is a missing module (the spec's PPMissingLayer), whose tensors are never read.
   DecoderOnlyLM(const ModelConfig& c, const ModelOptions& o) : Model(c, o) {
     LayerContext& x = ctx();
-    embed_tokens_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens", c.vocab_size,
-                                                             c.hidden_size);
-    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-      layers_.push_back(
-          std::make_unique<DecoderLayer>(x, c, i, "model.layers." + std::to_string(i)));
-    norm_ = std::make_unique<RMSNorm>(x, "model.norm", c.hidden_size, c.rms_norm_eps,
-                                      DecoderLayer::kNorm);
-    lm_head_ = c.tie_word_embeddings
-                   ? std::make_unique<ParallelLMHead>(x, *embed_tokens_)
-                   : std::make_unique<ParallelLMHead>(x, "lm_head", c.vocab_size, c.hidden_size);
+    const PipelineStage& st = x.stage;
+    if (st.first() || (st.last() && c.tie_word_embeddings))
+      embed_tokens_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens",
+                                                               c.vocab_size, c.hidden_size);
+    else
+      x.params.add_missing_module("model.embed_tokens");
+    layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      const std::string prefix = "model.layers." + std::to_string(i);
+      if (st.owns(i))
+        layers_[static_cast<size_t>(i)] = std::make_unique<DecoderLayer>(x, c, i, prefix);
+      else
+        x.params.add_missing_module(prefix);
+    }
+    if (st.last()) {
+      norm_ = std::make_unique<RMSNorm>(x, "model.norm", c.hidden_size, c.rms_norm_eps,
+                                        DecoderLayer::kNorm);
+      lm_head_ = c.tie_word_embeddings
+                     ? std::make_unique<ParallelLMHead>(x, *embed_tokens_)
+                     : std::make_unique<ParallelLMHead>(x, "lm_head", c.vocab_size, c.hidden_size);
+    } else {
+      x.params.add_missing_module("model.norm");
+      x.params.add_missing_module("lm_head");
+    }
+  }
+
+  // Layers that hand a State to the layers after them (GLM-5's shared selection) cannot be cut
+  // between stages.
+  bool splits_into_stages() const override {
+    return std::is_same_v<typename DecoderLayer::State, NoLayerState>;
   }
 
   // Activations are one layer's, not the model's: each layer's scratch goes back to the arena
   // when the layer ends. Between layers live only the residual stream and the last layer's output,
   // which the layers write into two buffers in turn.
   Tensor forward(Step& step) override {
-    Tensor residual = embed_tokens_->forward(step, step.batch.dev.token_ids);
+    const PipelineStage& st = stage();
+    Tensor residual, h;
+    if (st.first()) {
+      residual = embed_tokens_->forward(step, step.batch.dev.token_ids);
+    } else {
+      ATOM_CHECK(step.pp_in && step.pp_in->residual.defined(),
+                 "pipeline stage {}: the step carries no tensors from stage {}", st.rank,
+                 st.rank - 1);
+      // The residual stream is updated in place: this stage's own copy.
+      residual = step.empty(step.pp_in->residual.shape(), step.pp_in->residual.dtype());
+      residual.copy_from(step.pp_in->residual);
+      h = step.pp_in->hidden;
+    }
     const Tensor outs[2] = {step.empty(residual.shape(), residual.dtype()),
                             step.empty(residual.shape(), residual.dtype())};
-    Tensor h;
     auto state = DecoderLayer::begin_step(step, config());  // what layers hand on (usually none)
-    for (size_t i = 0; i < layers_.size(); ++i) {
+    for (int64_t i = st.first_layer; i < st.end_layer; ++i) {
       const Arena::Mark scratch = step.arena.mark();
-      layers_[i]->forward(step, h, residual, outs[i % 2], state);
+      layers_[static_cast<size_t>(i)]->forward(step, h, residual, outs[i % 2], state);
       h = outs[i % 2];
       step.arena.release(scratch);
+    }
+    if (!st.last()) {
+      ATOM_CHECK(step.pp_out, "pipeline stage {}: the step takes no tensors for stage {}", st.rank,
+                 st.rank + 1);
+      *step.pp_out = {h, residual};
+      return Tensor();
     }
     return h.defined() ? norm_->forward(step, h, residual) : norm_->forward(step, residual);
   }

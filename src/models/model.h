@@ -25,6 +25,10 @@ struct ModelOptions {
   int tp_rank = 0;
   int tp_size = 1;
   Communicator* comm = nullptr;  // required when tp_size > 1
+  // Pipeline parallelism: this model is stage pp_rank of pp_size (LayerContext::stage), holding
+  // only its layers (and the embedding on the first stage, the final norm and head on the last).
+  int pp_rank = 0;
+  int pp_size = 1;
   // Mixtures of experts: load shared experts as slots of the fused experts layer instead of a
   // separate MLP (the same values either way). Default: ATOM_MOE_FUSE_SHARED_EXPERTS (off).
   std::optional<bool> fuse_shared_experts;
@@ -71,6 +75,11 @@ class Model {
   int eplb_step_interval() const { return eplb_layers_.empty() ? 0 : eplb_step_interval_; }
   const std::vector<FusedMoE*>& eplb_layers() const { return eplb_layers_; }
   bool expert_parallel() const { return ctx_.experts_split(); }
+  // The pipeline stage this model is (stage 0 of 1 without pipeline parallelism).
+  const PipelineStage& stage() const { return ctx_.stage; }
+  // Whether the model builds only its stage's modules and runs from Step::pp_in to Step::pp_out
+  // (model_load refuses pp_size > 1 otherwise).
+  virtual bool splits_into_stages() const { return false; }
   DType act_dtype() const { return ctx_.act_dtype; }
   int64_t vocab_size() const { return config_.vocab_size; }
 
@@ -81,7 +90,8 @@ class Model {
   // fused q/k/v and gate/up, and rotary inv_freq buffers that some checkpoints carry.
   virtual WeightLoadSpec weight_load_spec() const;
 
-  // Hidden states after the final norm, [num_tokens, hidden].
+  // Hidden states after the final norm, [num_tokens, hidden]. A stage before the last writes
+  // Step::pp_out instead and returns an undefined tensor.
   virtual Tensor forward(Step& step) = 0;
   // Logits [len(batch.logits_indices), vocab] F32 for the rows the batch asks for.
   virtual Tensor compute_logits(Step& step, const Tensor& hidden) = 0;

@@ -1,9 +1,11 @@
-// The model of every tensor-parallel rank of this process, and what the ranks run on. With one
-// rank it is one model built on the caller's thread: the single-device path, with no threads or
-// communicators. With N ranks, rank r holds its shards of the weights on its own device (cuda:r
-// counted from the first device, or the CPU), runs on its own thread (RankThreads, which keeps
-// that device current), and reaches the other ranks through its communicator (NCCL between GPUs,
-// a LocalGroup between CPU threads).
+// The model of every rank of this process, and what the ranks run on. With one rank it is one
+// model built on the caller's thread: the single-device path, with no threads or communicators.
+// With N = tp x pp ranks, rank r = stage x tp + t is tensor-parallel rank t of pipeline stage
+// `stage`: it holds its stage's modules (models/model.h, ModelOptions::pp_rank) and its shards of
+// them on its own device (cuda:r counted from the first device, or the CPU), runs on its own
+// thread (RankThreads, which keeps that device current), reaches the other ranks of its stage
+// through its communicator (NCCL between GPUs, a LocalGroup between CPU threads), and hands its
+// stage's output to rank t of the next stage through a StageLink.
 #pragma once
 
 #include <memory>
@@ -12,6 +14,7 @@
 
 #include "dist/comm_group.h"
 #include "dist/rank_threads.h"
+#include "dist/stage_link.h"
 #include "models/loading.h"
 
 namespace atom {
@@ -22,8 +25,18 @@ class ModelGroup {
   ModelGroup(const ModelGroup&) = delete;
   ModelGroup& operator=(const ModelGroup&) = delete;
 
-  int tp_size() const { return static_cast<int>(models_.size()); }
-  // Rank r's model; rank 0's answers for the group (config, vocabulary, cache shapes per rank).
+  int tp_size() const { return tp_; }
+  int pp_size() const { return pp_; }
+  int world_size() const { return static_cast<int>(models_.size()); }
+  // The rank whose model computes the logits: rank 0 of the last stage.
+  int leader() const { return (pp_ - 1) * tp_; }
+  // Whether any rank's layers keep recurrent state (a stage's own may not).
+  bool recurrent() const;
+  // The link rank r receives its stage's input from (null on the first stage) and the one it
+  // sends its output to (null on the last).
+  StageLink* link_in(int rank);
+  StageLink* link_out(int rank);
+  // Rank r's model; rank 0's answers for the group (config, vocabulary).
   Model& model(int rank = 0) { return *models_.at(static_cast<size_t>(rank)); }
   const Model& model(int rank = 0) const { return *models_.at(static_cast<size_t>(rank)); }
   // Rank 0's loading report (every rank reads the checkpoint for its own shards).
@@ -36,16 +49,19 @@ class ModelGroup {
                                                       LoadFormat);
   ModelGroup() = default;
 
-  // Destroyed last to first: models, then the threads, then the communicators.
-  std::unique_ptr<CommGroup> comms_;
+  // Destroyed last to first: models, then the threads, then the communicators and links.
+  int tp_ = 1, pp_ = 1;
+  std::vector<std::unique_ptr<CommGroup>> comms_;  // one per stage
+  std::vector<std::unique_ptr<StageLink>> links_;  // stage s rank t -> stage s + 1: s * tp + t
   std::unique_ptr<RankThreads> threads_;
   std::vector<std::unique_ptr<Model>> models_;
   LoadReport report_;
 };
 
-// Loads `tp_size` ranks of the model in model_dir. options.device is the first rank's device
-// (rank r gets cuda:(index + r), or the CPU); the tp_rank/tp_size/comm fields are filled per rank.
-// Errors name the problem: too few GPUs (with the count visible), heads or sizes not divisible.
+// Loads `tp_size` x options.pp_size ranks of the model in model_dir. options.device is the first
+// rank's device (rank r gets cuda:(index + r), or the CPU); the tp_rank/tp_size/comm and pp_rank
+// fields are filled per rank. Errors name the problem: too few GPUs (with the count visible),
+// heads or sizes not divisible, a model that cannot be split into stages.
 std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
                                              const ModelOptions& options, int tp_size,
                                              LoadFormat format = LoadFormat::kAuto);

@@ -22,7 +22,7 @@ class Qwen3NextAttention {
 
  private:
   GroupedColumnParallelLinear q_proj_;    // hidden -> [Hq * D queries | Hq * D gates] on this rank
-  ColumnParallelLinear k_proj_, v_proj_;  // hidden -> Hk * D
+  KVHeadParallelLinear k_proj_, v_proj_;  // hidden -> Hk * D (kv heads replicated past Hk ranks)
   RowParallelLinear o_proj_;              // Hq * D -> hidden
   RMSNorm q_norm_, k_norm_;               // [head_dim], (1 + w)
   RotaryEmbedding rotary_;

@@ -13,8 +13,9 @@ namespace atom::test {
 namespace {
 
 std::unique_ptr<ModelGroup> tp_model(const std::string& name, int tp, bool ep = false,
-                                     int redundant = 0) {
+                                     int redundant = 0, int pp = 1) {
   ModelOptions o;
+  o.pp_size = pp;
   o.expert_parallel = ep;
   o.num_redundant_experts = redundant;
   o.eplb_step_interval = 3;  // re-placed every 3 steps: many times in a workload
@@ -26,23 +27,26 @@ struct Case {
   int tp;
   bool ep = false;    // expert parallelism over the tp ranks
   int redundant = 0;  // EPLB's redundant experts
+  int pp = 1;         // pipeline stages of tp ranks each
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
-  *os << c.fixture << " tp " << c.tp << (c.ep ? " ep" : "") << " redundant " << c.redundant;
+  *os << c.fixture << " tp " << c.tp << (c.ep ? " ep" : "") << " redundant " << c.redundant
+      << " pp " << c.pp;
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return info.param.fixture + "_tp" + std::to_string(info.param.tp) + (info.param.ep ? "_ep" : "") +
-         (info.param.redundant ? "_redundant" + std::to_string(info.param.redundant) : "");
+         (info.param.redundant ? "_redundant" + std::to_string(info.param.redundant) : "") +
+         (info.param.pp > 1 ? "_pp" + std::to_string(info.param.pp) : "");
 }
 
 class EngineTp : public ::testing::TestWithParam<Case> {};
 
 TEST_P(EngineTp, AloneMatchesTransformers) {
-  const auto [name, tp, ep, redundant] = GetParam();
+  const auto [name, tp, ep, redundant, pp] = GetParam();
   const Reference ref = reference_load(name);
-  auto models = tp_model(name, tp, ep, redundant);
+  auto models = tp_model(name, tp, ep, redundant, pp);
   ASSERT_EQ(models->tp_size(), tp);
   LLMEngine engine(*models, test_config());
   const auto out =
@@ -51,19 +55,22 @@ TEST_P(EngineTp, AloneMatchesTransformers) {
   expect_engine_idle(engine);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTp,
-                         ::testing::Values(Case{"llama3_gqa", 2},
-                                           Case{"llama3_gqa", 4},  // 2 kv heads: replicated
-                                           Case{"qwen3_tied", 2}, Case{"qwen3_tied", 4},
-                                           Case{"qwen3_sliding", 2},           // 1 kv head, window
-                                           Case{"llama_yarn_bias_legacy", 2},  // biases
-                                           Case{"qwen3_moe", 2}, Case{"glm4_moe", 2},  // MoE
-                                           Case{"qwen3_moe", 2, true}, Case{"glm4_moe", 4, true},
-                                           Case{"deepseek_v2_lite", 2, true},
-                                           Case{"qwen3_moe", 2, true, 2},
-                                           Case{"kimi_linear", 2},  // KDA heads split
-                                           Case{"deepseek_v4", 2}, Case{"glm5_next", 2}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, EngineTp,
+    ::testing::Values(Case{"llama3_gqa", 2}, Case{"llama3_gqa", 4},  // 2 kv heads: replicated
+                      Case{"qwen3_tied", 2}, Case{"qwen3_tied", 4},
+                      Case{"qwen3_sliding", 2},                   // 1 kv head, window
+                      Case{"llama_yarn_bias_legacy", 2},          // biases
+                      Case{"qwen3_moe", 2}, Case{"glm4_moe", 2},  // MoE
+                      Case{"qwen3_moe", 2, true}, Case{"glm4_moe", 4, true},
+                      Case{"deepseek_v2_lite", 2, true}, Case{"qwen3_moe", 2, true, 2},
+                      Case{"kimi_linear", 2},  // KDA heads split
+                      Case{"qwen3_next", 2},   // GDN heads split
+                      Case{"qwen3_5", 2}, Case{"deepseek_v4", 2}, Case{"glm5_next", 2},
+                      // pipeline stages (of 1 or 2 tensor-parallel ranks)
+                      Case{"llama3_gqa", 1, false, 0, 2}, Case{"qwen3_tied", 1, false, 0, 3},
+                      Case{"deepseek_v2_lite", 2, false, 0, 2}, Case{"qwen3_next", 1, false, 0, 2}),
+    case_name);
 
 struct Scenario {
   std::string name;
@@ -107,9 +114,9 @@ class EngineTpWorkload : public ::testing::TestWithParam<Case> {};
 // The single-rank engine's tokens are the reference: the ranks only split the sums, so greedy
 // choices agree unless two logits tie to ~1e-6, which these seeded workloads do not hit.
 TEST_P(EngineTpWorkload, EveryRequestMatchesTheSingleRankEngine) {
-  const auto [name, tp, ep, redundant] = GetParam();
+  const auto [name, tp, ep, redundant, pp] = GetParam();
   Model& solo = fixture_model(name);
-  auto models = tp_model(name, tp, ep, redundant);
+  auto models = tp_model(name, tp, ep, redundant, pp);
   const Workload w = random_workload(18, 80, 12, solo.vocab_size(), 29);
   for (const Scenario& sc : scenarios()) {
     SCOPED_TRACE(sc.name);
@@ -154,7 +161,13 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTpWorkload,
                                            Case{"qwen3_tied", 2}, Case{"mixtral", 2},
                                            Case{"mixtral", 2, true}, Case{"qwen3_moe", 4, true},
                                            Case{"qwen3_moe", 4, true, 4}, Case{"kimi_linear", 2},
-                                           Case{"glm5_next", 2}, Case{"deepseek_v4", 2, true}),
+                                           Case{"qwen3_next", 2}, Case{"qwen3_5_moe", 2, true},
+                                           Case{"glm5_next", 2}, Case{"deepseek_v4", 2, true},
+                                           // pipeline stages: dense, pp x tp with expert
+                                           // parallelism, a hybrid's states per stage
+                                           Case{"llama3_gqa", 1, false, 0, 3},
+                                           Case{"qwen3_moe", 2, true, 0, 2},
+                                           Case{"qwen3_next", 1, false, 0, 2}),
                          case_name);
 
 TEST(EngineTpSampling, SeededSamplingAndLogprobsMatchTheSingleRankEngine) {

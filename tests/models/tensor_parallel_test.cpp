@@ -90,7 +90,7 @@ TEST_P(TensorParallel, ShardedRanksReproduceSingleRankLogits) {
   const std::vector<RankResult> got = run_ranks(name, tp, false, ref.input_ids);
   if (HasFailure()) return;
   for (int r = 0; r < tp; ++r) {
-    expect_logits_near(got[r].logits, want, kTpLogitTolerance, "rank " + std::to_string(r));
+    expect_logits_near(got[r].logits, want, tp_logit_tolerance(name), "rank " + std::to_string(r));
     expect_cpu_parity(got[r].logits, ref.logits, name,
                       "rank " + std::to_string(r) + " vs transformers");
   }
@@ -123,6 +123,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // Kimi delta attention's heads split (conv weights and states, A_log,
                       // dt_bias cut by head), beside MLA's and the MoE's shards.
                       Case{"kimi_linear", 2}, Case{"kimi_linear_moonshot", 4},
+                      // The gated delta net's key heads split with their value heads, from
+                      // Qwen3-Next's per-key-head layout and Qwen3.5's separate projections.
+                      Case{"qwen3_next", 2}, Case{"qwen3_5", 2}, Case{"qwen3_5_moe", 2},
                       // Replicated attention and hyper-connections, split experts (V4); KDA and
                       // MLA heads split, replicated k-pool indexer (GLM-5.3).
                       Case{"deepseek_v4", 2}, Case{"glm5_next", 2}, Case{"glm5_next", 4}),
@@ -294,6 +297,17 @@ TEST(TensorParallelErrors, IndivisibleSizesAreClearErrors) {
   o.comm = comm.get();
   EXPECT_ERROR_CONTAINS(model_load(fixture_dir("llama3_gqa"), o),
                         "not divisible by the tensor-parallel size 3");
+}
+
+TEST(TensorParallelErrors, GatedDeltaNetKeyHeadsMustDivide) {
+  // Qwen3-Next's fixture has 2 key heads (4 value heads): 4 ranks cannot split them.
+  LocalGroup group(4);
+  auto comm = group.communicator(0);
+  ModelOptions o;
+  o.tp_size = 4;
+  o.comm = comm.get();
+  EXPECT_ERROR_CONTAINS(model_load(fixture_dir("qwen3_next"), o),
+                        "linear_num_key_heads 2 must be a multiple of the tensor-parallel size 4");
 }
 
 }  // namespace

@@ -311,15 +311,19 @@ function safetensorsInts(file, name) {
   return out;
 }
 
-test('--tensor-parallel-size 2 serves transformers\' greedy tokens', async () => {
+for (const [flags, engineLine] of [
+  [['--tensor-parallel-size', '2'], /engine on 2 ranks/],
+  // vLLM's -pp: two pipeline stages of one rank each, the tied head on the second.
+  [['-pp', '2'], /engine on 2 ranks from cpu \(2 pipeline stages of 1 tensor-parallel ranks/],
+]) test(`${flags.join(' ')} serves transformers' greedy tokens`, async () => {
   // Real weights (dummy ones are drawn per rank's shard, so they differ from one rank's): the
   // qwen3_tied fixture with a byte-level tokenizer that fits its vocabulary, prompted with ids.
   const dir = makeModelDir(SRC, 'atom-serve-tp-', 'tests/fixtures/models/qwen3_tied', { byteTokenizer: true });
   const ref = path.join(SRC, 'tests/fixtures/references/qwen3_tied.safetensors');
   const prompt = safetensorsInts(ref, 'greedy_prompt'), want = safetensorsInts(ref, 'greedy_tokens');
-  const s = await startServer(dir, ['--tensor-parallel-size', '2'], 'auto');
+  const s = await startServer(dir, flags, 'auto');
   try {
-    assert.match(s.log(), /engine on 2 ranks/);
+    assert.match(s.log(), engineLine);
     const r = await fetch(`http://127.0.0.1:${s.port}/v1/completions`, { method: 'POST',
       headers: { 'Content-Type': 'application/json' },
       body: JSON.stringify({ model: modelName, prompt, max_tokens: want.length, temperature: 0, ignore_eos: true,

@@ -1,0 +1,151 @@
+// Pipeline parallelism on CPU ranks: the layers split into stages (vLLM's partition), each stage
+// holding only its layers (the first the embedding, the last the final norm and head), handing
+// the hidden state and the residual stream to the next through a StageLink. Logits equal the
+// single rank's (bit for bit without tensor parallelism: the stages run the same ops on the same
+// values) and transformers'; each stage reads only its share of the checkpoint.
+#include <gtest/gtest.h>
+
+#include "common/fixtures.h"
+#include "common/test_util.h"
+#include "engine/sequence_runner.h"
+#include "models/loading.h"
+#include "models/model_group.h"
+
+namespace atom::test {
+namespace {
+
+struct PpCase {
+  std::string fixture;
+  int pp;
+  int tp = 1;
+  bool ep = false;
+};
+
+void PrintTo(const PpCase& c, std::ostream* os) {
+  *os << c.fixture << " pp " << c.pp << " tp " << c.tp << (c.ep ? " ep" : "");
+}
+
+std::unique_ptr<ModelGroup> pp_group(const PpCase& c) {
+  ModelOptions o;
+  o.pp_size = c.pp;
+  o.expert_parallel = c.ep;
+  return model_group_load(fixture_dir(c.fixture), o, c.tp);
+}
+
+class PipelineParallel : public ::testing::TestWithParam<PpCase> {};
+
+TEST_P(PipelineParallel, StagesReproduceSingleRankLogits) {
+  const PpCase c = GetParam();
+  const Reference ref = reference_load(c.fixture);
+  LoadedModel solo = model_load(fixture_dir(c.fixture), {});
+  const Tensor want = score_tokens(*solo.model, ref.input_ids);
+  auto group = pp_group(c);
+  ASSERT_EQ(group->pp_size(), c.pp);
+  ASSERT_EQ(group->world_size(), c.pp * c.tp);
+  // Whole prompt, then in chunks across pages: each stage's cache holds its layers' context.
+  const Tensor whole = score_tokens(*group, ref.input_ids);
+  const Tensor chunked = score_tokens(*group, ref.input_ids, /*chunk=*/5, /*block_size=*/4);
+  const Tensor solo_chunked =
+      score_tokens(*solo.model, ref.input_ids, /*chunk=*/5, /*block_size=*/4);
+  // Without tensor parallelism the stages compute exactly what one rank computes.
+  const float tol = c.tp == 1 ? 0.0f : tp_logit_tolerance(c.fixture);
+  expect_logits_near(whole, want, tol, "whole prompt");
+  expect_logits_near(chunked, solo_chunked, tol, "chunks of 5 over pages of 4");
+  expect_cpu_parity(whole, ref.logits, c.fixture, "stages vs transformers");
+  const GreedyResult g = generate_greedy(*group, ref.greedy_prompt,
+                                         static_cast<int>(ref.greedy_tokens.size()), {}, true);
+  EXPECT_EQ(g.token_ids, ref.greedy_tokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, PipelineParallel,
+    ::testing::Values(PpCase{"llama3_gqa", 2}, PpCase{"llama3_gqa", 3},  // one layer a stage
+                      PpCase{"qwen3_tied", 2},  // the tied head on the last stage
+                      PpCase{"qwen3_moe", 2, 2}, PpCase{"mixtral", 2, 2, true},  // pp x tp, ep
+                      PpCase{"deepseek_v2_lite", 2},                             // MLA
+                      PpCase{"qwen3_next", 2}, PpCase{"qwen3_next", 2, 2},       // hybrid, GDN
+                      PpCase{"kimi_linear", 3}),                                 // KDA + MLA
+    [](const auto& info) {
+      const PpCase& c = info.param;
+      return c.fixture + "_pp" + std::to_string(c.pp) + "_tp" + std::to_string(c.tp) +
+             (c.ep ? "_ep" : "");
+    });
+
+// vLLM's partition: num_layers / pp each, the remainder one more each on the stages before the
+// last (which also holds the head).
+TEST(PipelineStage, VllmPartition) {
+  auto layers = [](int64_t n, int size) {
+    std::vector<std::pair<int64_t, int64_t>> r;
+    for (int s = 0; s < size; ++s) {
+      const PipelineStage st = pipeline_stage(n, s, size);
+      r.emplace_back(st.first_layer, st.end_layer);
+    }
+    return r;
+  };
+  using V = std::vector<std::pair<int64_t, int64_t>>;
+  // vLLM's own cases (tests/distributed/test_pipeline_partition.py).
+  EXPECT_EQ(layers(2, 2), (V{{0, 1}, {1, 2}}));
+  EXPECT_EQ(layers(3, 2), (V{{0, 2}, {2, 3}}));
+  EXPECT_EQ(layers(3, 3), (V{{0, 1}, {1, 2}, {2, 3}}));
+  EXPECT_EQ(layers(4, 3), (V{{0, 1}, {1, 3}, {3, 4}}));
+  EXPECT_EQ(layers(5, 3), (V{{0, 2}, {2, 4}, {4, 5}}));
+  EXPECT_EQ(layers(7, 3), (V{{0, 2}, {2, 5}, {5, 7}}));                  // [2, 3, 2]
+  EXPECT_EQ(layers(61, 4), (V{{0, 15}, {15, 30}, {30, 46}, {46, 61}}));  // [15, 15, 16, 15]
+  EXPECT_EQ(layers(3, 1), (V{{0, 3}}));
+  EXPECT_ERROR_CONTAINS(pipeline_stage(3, 0, 4), "more than the model's 3 layers");
+  EXPECT_ERROR_CONTAINS(pipeline_stage(3, 2, 2), "pipeline-parallel rank 2 of size 2 is invalid");
+}
+
+// Each stage reads only its modules: the stages' bytes add up to one load of the checkpoint, and
+// each stage leaves the others' tensors unread (counted).
+TEST(PipelineParallelLoad, EachStageReadsOnlyItsShare) {
+  const std::string dir = fixture_dir("qwen3_moe");
+  LoadedModel solo = model_load(dir, {});
+  const uint64_t full = solo.report.checkpoint.bytes_read;
+  ASSERT_GT(full, 0u);
+  uint64_t sum = 0;
+  size_t params = 0;
+  for (int s = 0; s < 2; ++s) {
+    ModelOptions o;
+    o.pp_rank = s;
+    o.pp_size = 2;
+    LoadedModel m = model_load(dir, o);
+    const LoadReport& r = m.report;
+    EXPECT_GT(r.tensors_other_stages, 0) << "stage " << s;
+    EXPECT_EQ(r.checkpoint.bytes_read + r.bytes_other_stages, full) << "stage " << s;
+    EXPECT_LT(r.checkpoint.bytes_read, full * 3 / 4) << "stage " << s;
+    sum += r.checkpoint.bytes_read;
+    params += m.model->params().all().size();
+    // The first stage holds the embedding and no head; the last the norm and head.
+    EXPECT_EQ(m.model->params().find("model.embed_tokens.weight") != nullptr, s == 0);
+    EXPECT_EQ(m.model->params().find("lm_head.weight") != nullptr, s == 1);
+    EXPECT_EQ(m.model->params().find("model.layers.0.self_attn.qkv_proj.weight") != nullptr,
+              s == 0);
+    EXPECT_EQ(m.model->params().find("model.layers.2.self_attn.qkv_proj.weight") != nullptr,
+              s == 1);
+  }
+  EXPECT_EQ(sum, full);
+  EXPECT_EQ(params, solo.model->params().all().size());
+}
+
+TEST(PipelineParallelErrors, ClearMessages) {
+  ModelOptions o;
+  o.pp_size = 4;
+  EXPECT_ERROR_CONTAINS(model_group_load(fixture_dir("llama3_gqa"), o, 1),
+                        "--pipeline-parallel-size 4 is more than the model's 3 layers");
+  o.pp_size = 0;
+  EXPECT_ERROR_CONTAINS(model_group_load(fixture_dir("llama3_gqa"), o, 1),
+                        "--pipeline-parallel-size must be at least 1");
+  // GLM-5's shared indexer layers reuse the selection of an earlier layer: not split (yet).
+  o.pp_size = 2;
+  EXPECT_ERROR_CONTAINS(model_group_load(fixture_dir("glm_moe_dsa"), o, 1),
+                        "GlmMoeDsaForCausalLM cannot be split into pipeline stages yet");
+  EXPECT_ERROR_CONTAINS(model_group_load(fixture_dir("deepseek_v4"), o, 1),
+                        "DeepseekV4ForCausalLM cannot be split into pipeline stages yet");
+  o.device = Device::cuda(0);
+  EXPECT_ERROR_CONTAINS(model_group_load(fixture_dir("llama3_gqa"), o, 1),
+                        "pipeline parallelism runs on CPU ranks only so far");
+}
+
+}  // namespace
+}  // namespace atom::test
