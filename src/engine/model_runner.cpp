@@ -59,6 +59,7 @@ ModelRunner::~ModelRunner() = default;
 void ModelRunner::init(const RunnerOptions& o) {
   stage_in_ = o.stage_in;
   stage_out_ = o.stage_out;
+  micro_batches_ = std::max(1, o.micro_batches);
   const PipelineStage& st = model_.stage();
   ATOM_CHECK((st.first() || stage_in_) && (st.last() || stage_out_),
              "runner: pipeline stage {} of {} has no link to its neighbours", st.rank, st.size);
@@ -225,6 +226,53 @@ Tensor ModelRunner::forward_logits(Batch& batch) {
     hidden_ = out[1].narrow(0, 0, batch.num_tokens());
     return out[0].narrow(0, 0, static_cast<int64_t>(batch.logits_indices.size()));
   }
+  const std::vector<int> cuts = micro_batch_cuts(batch, micro_batches_);
+  if (cuts.size() <= 2) return forward_part(batch);
+  // Pipeline micro-batches: the step's sequences in consecutive slices, each through this stage
+  // and handed on before the next starts, so that the next stage works on one slice while this
+  // one computes the following. Every rank cuts the same step the same way. The last stage
+  // gathers the slices' logits rows in order (the batch's rows ascend: Batch::slice).
+  const int64_t R = static_cast<int64_t>(batch.logits_indices.size());
+  int64_t row = 0;
+  Tensor l;
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    Batch part = batch.slice(cuts[i], cuts[i + 1]);
+    part.state_copies.clear();  // copied above, once
+    arena_.reset();             // the slices so far are done with it (their logits copied out)
+    l = forward_part(part);
+    if (!l.defined() || l.size(0) == 0) continue;
+    if (!micro_logits_.defined() || micro_logits_.size(0) < R || micro_logits_.size(1) != l.size(1))
+      micro_logits_ = Tensor::empty({std::max<int64_t>(R, 1), l.size(1)}, l.dtype(), l.device());
+    Tensor dst = micro_logits_.narrow(0, row, l.size(0));
+    dst.copy_from(l);
+    row += l.size(0);
+  }
+  hidden_ = Tensor();  // no one step's hidden states
+  if (stage_out_) return Tensor();
+  ATOM_CHECK(row == R, "runner: micro-batches gave {} logits rows of the step's {}", row, R);
+  return R == 0 ? l : micro_logits_.narrow(0, 0, R);  // no rows: the last slice's [0, vocab]
+}
+
+std::vector<int> micro_batch_cuts(const Batch& batch, int parts) {
+  const int S = batch.num_seqs(), T = batch.num_tokens();
+  parts = std::min(parts, S);
+  if (parts <= 1 || !std::is_sorted(batch.logits_indices.begin(), batch.logits_indices.end()))
+    return {0, S};
+  // Boundaries at about equal token counts, each slice at least one sequence.
+  std::vector<int> cuts{0};
+  for (int k = 1; k < parts; ++k) {
+    // The first sequence starting at or past k / parts of the tokens.
+    int s = cuts.back() + 1;
+    while (s < S - (parts - k) &&
+           static_cast<int64_t>(batch.query_start[s]) * parts < static_cast<int64_t>(T) * k)
+      ++s;
+    cuts.push_back(s);
+  }
+  cuts.push_back(S);
+  return cuts;
+}
+
+Tensor ModelRunner::forward_part(Batch& batch) {
   batch.upload(arena_);
   Step step{batch, arena_, &kv_};
   // Pipeline stages: the previous stage's tensors in, this stage's out (no logits before the

@@ -42,7 +42,16 @@ struct RunnerOptions {
   // its own (models/model_group.h). A stage before the last computes no logits.
   StageLink* stage_in = nullptr;
   StageLink* stage_out = nullptr;
+  // Pipeline micro-batches: a step of several sequences runs as up to this many slices of them
+  // (micro_batch_cuts), each handed to the next stage before the next slice starts. Every rank
+  // of a group must have the same value. 1: the whole step at once.
+  int micro_batches = 1;
 };
+
+// Where a step's sequences are cut into at most `parts` micro-batches of about equal token counts:
+// ascending sequence indices from 0 to num_seqs ({0, num_seqs}: one slice, also when the batch's
+// logits rows do not ascend).
+std::vector<int> micro_batch_cuts(const Batch& batch, int parts);
 
 class DecodeGraphs;
 
@@ -92,8 +101,11 @@ class ModelRunner final : public StepRunner {
   struct Cuda;
   void init(const RunnerOptions& o);
   int pages_from_memory(const RunnerOptions& o);
-  // Logits [R, vocab] F32 on the model's device, valid until the next step.
+  // Logits [R, vocab] F32 on the model's device, valid until the next step (undefined on a
+  // pipeline stage before the last).
   Tensor forward_logits(Batch& batch);
+  // One forward pass of `batch` (a step or one of its micro-batches) through this stage.
+  Tensor forward_part(Batch& batch);
   // Every recurrent layer's state slot `from` copied into slot `to`, pair by pair, in order.
   void copy_state_slots(const std::vector<std::pair<int32_t, int32_t>>& copies);
   void sample_rows(const Tensor& logits, const StepSampling& want, std::vector<int32_t>& tokens);
@@ -117,6 +129,8 @@ class ModelRunner final : public StepRunner {
   Tensor hidden_;  // the last step's hidden states, in arena_ or the graphs' arena
   StageLink* stage_in_ = nullptr;
   StageLink* stage_out_ = nullptr;
+  int micro_batches_ = 1;
+  Tensor micro_logits_;  // the micro-batches' logits rows gathered (the last stage)
 };
 
 }  // namespace atom

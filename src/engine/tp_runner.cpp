@@ -25,6 +25,7 @@ TpRunner::TpRunner(ModelGroup& models, const RunnerOptions& options)
       RunnerOptions ro = o;
       ro.stage_in = models_.link_in(r);
       ro.stage_out = models_.link_out(r);
+      if (models_.pp_size() > 1) ro.micro_batches = models_.pp_size();
       runners_[static_cast<size_t>(r)] = std::make_unique<ModelRunner>(models_.model(r), ro);
     });
   } catch (...) {

@@ -4,8 +4,8 @@
 // decode graphs), the collectives inside forward() tie a stage's ranks together and the stage
 // links hand each stage's output to the next, and the leader's logits (rank 0 of the last stage)
 // are the step's: it samples them and copies out what the host needs, while the other ranks only
-// run their share of the forward pass. The stages of one step run one after another (no
-// micro-batches yet).
+// run their share of the forward pass. With pipeline stages a step of several sequences runs as
+// micro-batches (RunnerOptions::micro_batches), so that the stages overlap within the step.
 #pragma once
 
 #include <functional>

@@ -104,4 +104,47 @@ void Batch::copy_host_from(const Batch& from) {
   state_copies = from.state_copies;
 }
 
+Batch Batch::slice(int first, int last) const {
+  const int S = num_seqs();
+  ATOM_CHECK(0 <= first && first < last && last <= S, "batch: slice [{}, {}) of {} sequences",
+             first, last, S);
+  ATOM_CHECK(std::is_sorted(logits_indices.begin(), logits_indices.end()),
+             "batch: a batch whose logits rows do not ascend cannot be sliced");
+  Batch b;
+  const int t0 = query_start[first], t1 = query_start[last];
+  const int p0 = page_indptr[first], p1 = page_indptr[last];
+  auto cut = [](const std::vector<int32_t>& f, int from, int to) {
+    return f.empty() ? f : std::vector<int32_t>(f.begin() + from, f.begin() + to);
+  };
+  auto rebased = [](const std::vector<int32_t>& f, int from, int to) {
+    std::vector<int32_t> r(f.begin() + from, f.begin() + to + 1);
+    const int32_t base = r.front();
+    for (int32_t& v : r) v -= base;
+    return r;
+  };
+  auto take = [&](const std::vector<int32_t>& f, BatchExtent e) {
+    switch (e) {
+      case BatchExtent::kTokens:
+      case BatchExtent::kTokensOrNone:
+        return cut(f, t0, t1);
+      case BatchExtent::kSeqs:
+      case BatchExtent::kSeqsOrNone:
+        return cut(f, first, last);
+      default:
+        return std::vector<int32_t>();  // the offsets and free fields: below
+    }
+  };
+#define ATOM_BATCH_SLICE_FIELD(name, extent) b.name = take(name, extent);
+  ATOM_BATCH_FIELDS(ATOM_BATCH_SLICE_FIELD)
+#undef ATOM_BATCH_SLICE_FIELD
+  b.query_start = rebased(query_start, first, last);
+  b.page_indptr = rebased(page_indptr, first, last);
+  b.page_indices = cut(page_indices, p0, p1);
+  for (const int32_t i : logits_indices)
+    if (i >= t0 && i < t1) b.logits_indices.push_back(i - t0);
+  b.block_size = block_size;
+  if (first == 0) b.state_copies = state_copies;
+  return b;
+}
+
 }  // namespace atom

@@ -71,6 +71,10 @@ struct Batch {
   // Every host field and block_size copied from `from` (each vector reuses its capacity); the
   // device views are left alone (each copy uploads its own).
   void copy_host_from(const Batch& from);
+  // Sequences [first, last) as a batch of their own, host fields only: their token rows, pages
+  // and logits rows, rebased (pipeline micro-batches). The logits rows must ascend, so that the
+  // slices' logits in order are this batch's. state_copies go with the slice holding sequence 0.
+  Batch slice(int first, int last) const;
 };
 
 }  // namespace atom
