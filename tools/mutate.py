@@ -351,6 +351,12 @@ MUTATIONS = [
      "src/layers/batch.cpp",
      "b.page_indices = cut(page_indices, p0, p1);",
      "b.page_indices = cut(page_indices, 0 * p0, p1 - p0);"),
+    ("pp_layer_state_not_handed_on",
+     "Pipeline parallelism: a stage starting with GLM-5's shared layer not given the previous "
+     "stage's selection",
+     "src/models/llama.h",
+     "if (step.pp_in) state.from_stage(step.pp_in->extra);",
+     "if (step.pp_in && false) state.from_stage(step.pp_in->extra);"),
     ("v4_tp_experts_not_reduced",
      "DeepSeek-V4 under tensor parallelism: the routed experts' partial sums not all-reduced",
      "src/models/deepseek_v4.cpp",

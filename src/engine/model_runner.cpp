@@ -280,17 +280,22 @@ Tensor ModelRunner::forward_part(Batch& batch) {
   IntermediateTensors in, out;
   if (stage_in_) {
     std::vector<Tensor> got = stage_in_->recv();
-    ATOM_CHECK(got.size() == 2 && got[0].dim() == 2 && got[0].size(0) == batch.num_tokens(),
+    ATOM_CHECK(got.size() >= 2 && got[0].dim() == 2 && got[0].size(0) == batch.num_tokens(),
                "runner: stage {} received {} tensors for a step of {} tokens", model_.stage().rank,
                got.size(), batch.num_tokens());
-    in.hidden = upload(got[0].data(), got[0].shape(), got[0].dtype());
-    in.residual = upload(got[1].data(), got[1].shape(), got[1].dtype());
+    std::vector<Tensor> dev;
+    for (const Tensor& t : got) dev.push_back(upload(t.data(), t.shape(), t.dtype()));
+    in.hidden = dev[0];
+    in.residual = dev[1];
+    in.extra.assign(dev.begin() + 2, dev.end());
     step.pp_in = &in;
   }
   if (stage_out_) step.pp_out = &out;
   hidden_ = model_.forward(step);
   if (stage_out_) {
-    stage_out_->send({out.hidden, out.residual});
+    std::vector<Tensor> send{out.hidden, out.residual};
+    send.insert(send.end(), out.extra.begin(), out.extra.end());
+    stage_out_->send(send);
     return Tensor();
   }
   return model_.compute_logits(step, hidden_);

@@ -128,6 +128,8 @@ PipelineStage pipeline_stage(int64_t num_layers, int rank, int size);
 // not yet added to the residual stream, and the residual stream ([tokens, hidden] each).
 struct IntermediateTensors {
   Tensor hidden, residual;
+  // What the layers hand on within a step beside the hidden state (GLM-5's shared selection).
+  std::vector<Tensor> extra;
 };
 
 struct LayerContext {

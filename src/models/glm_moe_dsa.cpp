@@ -15,6 +15,14 @@ class GlmMoeDsaAttention {
   // first layer so that it outlives each layer's scratch.
   struct State {
     Tensor topk;
+    // Pipeline stages hand the selection on: a stage may begin with a shared layer.
+    std::vector<Tensor> to_stage() const { return {topk}; }
+    void from_stage(const std::vector<Tensor>& t) {
+      ATOM_CHECK(t.size() == 1 && t[0].shape() == topk.shape() && t[0].dtype() == topk.dtype(),
+                 "GLM-5: the previous pipeline stage handed on {} tensors, not the selection {}",
+                 t.size(), topk.str());
+      topk.copy_from(t[0]);
+    }
   };
   static State begin_step(Step& step, const ModelConfig& c) {
     return {step.empty({step.batch.num_tokens(), c.text.get_int("index_topk", 2048)}, DType::kI32)};

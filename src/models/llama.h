@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <concepts>
 #include <type_traits>
 #include <vector>
 
@@ -78,6 +79,13 @@ struct NoLayerState {};
 template <class A>
 struct LayerStateOf {
   using type = NoLayerState;
+};
+// A State that pipeline stages can hand on (IntermediateTensors::extra): to_stage() gives its
+// tensors, from_stage() fills a fresh State (of begin_step) from the previous stage's.
+template <class S>
+concept StageCarriedState = requires(S s, const std::vector<Tensor>& t) {
+  { s.to_stage() } -> std::same_as<std::vector<Tensor>>;
+  s.from_stage(t);
 };
 template <HasLayerState A>
 struct LayerStateOf<A> {
@@ -167,10 +175,11 @@ class DecoderOnlyLM : public Model {
     }
   }
 
-  // Layers that hand a State to the layers after them (GLM-5's shared selection) cannot be cut
-  // between stages.
+  // Layers that hand a State to the layers after them (GLM-5's shared selection) are cut between
+  // stages when the State can be handed on with the hidden state.
   bool splits_into_stages() const override {
-    return std::is_same_v<typename DecoderLayer::State, NoLayerState>;
+    using S = typename DecoderLayer::State;
+    return std::is_same_v<S, NoLayerState> || StageCarriedState<S>;
   }
 
   // Activations are one layer's, not the model's: each layer's scratch goes back to the arena
@@ -193,6 +202,8 @@ class DecoderOnlyLM : public Model {
     const Tensor outs[2] = {step.empty(residual.shape(), residual.dtype()),
                             step.empty(residual.shape(), residual.dtype())};
     auto state = DecoderLayer::begin_step(step, config());  // what layers hand on (usually none)
+    if constexpr (StageCarriedState<decltype(state)>)
+      if (step.pp_in) state.from_stage(step.pp_in->extra);
     for (int64_t i = st.first_layer; i < st.end_layer; ++i) {
       const Arena::Mark scratch = step.arena.mark();
       layers_[static_cast<size_t>(i)]->forward(step, h, residual, outs[i % 2], state);
@@ -202,7 +213,8 @@ class DecoderOnlyLM : public Model {
     if (!st.last()) {
       ATOM_CHECK(step.pp_out, "pipeline stage {}: the step takes no tensors for stage {}", st.rank,
                  st.rank + 1);
-      *step.pp_out = {h, residual};
+      *step.pp_out = {h, residual, {}};
+      if constexpr (StageCarriedState<decltype(state)>) step.pp_out->extra = state.to_stage();
       return Tensor();
     }
     return h.defined() ? norm_->forward(step, h, residual) : norm_->forward(step, residual);

@@ -70,7 +70,7 @@ LoadedModel model_load(const std::string& model_dir, const ModelOptions& options
   r.model = model_create(config, options);
   if (options.pp_size > 1 && !r.model->splits_into_stages())
     fail("{}: {} cannot be split into pipeline stages yet (--pipeline-parallel-size {}): its "
-         "layers hand state to each other or it has no stage split",
+         "layer loop has no stage split",
          model_dir, config.architectures.at(0), options.pp_size);
   if (format == LoadFormat::kDummy) {
     model_fill_dummy(*r.model);

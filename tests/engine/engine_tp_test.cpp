@@ -69,7 +69,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3_5", 2}, Case{"deepseek_v4", 2}, Case{"glm5_next", 2},
                       // pipeline stages (of 1 or 2 tensor-parallel ranks)
                       Case{"llama3_gqa", 1, false, 0, 2}, Case{"qwen3_tied", 1, false, 0, 3},
-                      Case{"deepseek_v2_lite", 2, false, 0, 2}, Case{"qwen3_next", 1, false, 0, 2}),
+                      Case{"deepseek_v2_lite", 2, false, 0, 2}, Case{"qwen3_next", 1, false, 0, 2},
+                      Case{"glm_moe_dsa", 1, false, 0, 3}),  // a shared layer opens stage 1
     case_name);
 
 struct Scenario {
