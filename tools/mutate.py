@@ -357,6 +357,12 @@ MUTATIONS = [
      "src/models/llama.h",
      "if (step.pp_in) state.from_stage(step.pp_in->extra);",
      "if (step.pp_in && false) state.from_stage(step.pp_in->extra);"),
+    ("glm5_pp_selection_not_handed_on",
+     "Pipeline parallelism: GLM-5.3's stage that opens with a shared layer not given the previous "
+     "stage's selection",
+     "src/models/glm5_next.cpp",
+     "      topk.copy_from(extra[0]);",
+     "      (void)extra;"),
     ("v4_tp_experts_not_reduced",
      "DeepSeek-V4 under tensor parallelism: the routed experts' partial sums not all-reduced",
      "src/models/deepseek_v4.cpp",

@@ -8,6 +8,10 @@ void StageLink::send(const std::vector<Tensor>& tensors) {
   std::vector<Tensor> copies;
   copies.reserve(tensors.size());
   for (const Tensor& t : tensors) {
+    if (!t.defined()) {  // an absent member (a model whose stages hand on no residual)
+      copies.emplace_back();
+      continue;
+    }
     Tensor c = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
     c.copy_from(t);
     copies.push_back(std::move(c));

@@ -16,7 +16,8 @@ namespace atom {
 
 class StageLink {
  public:
-  // Copies `tensors` (any device) to the host and queues them for the next stage.
+  // Copies `tensors` (any device) to the host and queues them for the next stage; an undefined
+  // tensor arrives undefined.
   void send(const std::vector<Tensor>& tensors);
   // The oldest queued set (host tensors); waits for one. Throws once the link is aborted.
   std::vector<Tensor> recv();

@@ -280,11 +280,12 @@ Tensor ModelRunner::forward_part(Batch& batch) {
   IntermediateTensors in, out;
   if (stage_in_) {
     std::vector<Tensor> got = stage_in_->recv();
-    ATOM_CHECK(got.size() >= 2 && got[0].dim() == 2 && got[0].size(0) == batch.num_tokens(),
+    ATOM_CHECK(got.size() >= 2 && got[0].defined() && got[0].size(0) == batch.num_tokens(),
                "runner: stage {} received {} tensors for a step of {} tokens", model_.stage().rank,
                got.size(), batch.num_tokens());
     std::vector<Tensor> dev;
-    for (const Tensor& t : got) dev.push_back(upload(t.data(), t.shape(), t.dtype()));
+    for (const Tensor& t : got)
+      dev.push_back(t.defined() ? upload(t.data(), t.shape(), t.dtype()) : Tensor());
     in.hidden = dev[0];
     in.residual = dev[1];
     in.extra.assign(dev.begin() + 2, dev.end());

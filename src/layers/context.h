@@ -125,7 +125,8 @@ struct PipelineStage {
 PipelineStage pipeline_stage(int64_t num_layers, int rank, int size);
 
 // What a pipeline stage hands the next (vLLM's IntermediateTensors): its last layer's output,
-// not yet added to the residual stream, and the residual stream ([tokens, hidden] each).
+// not yet added to the residual stream, and the residual stream ([tokens, hidden] each); for the
+// hyper-connection families the streams [tokens, hc, hidden] as `hidden` and no residual.
 struct IntermediateTensors {
   Tensor hidden, residual;
   // What the layers hand on within a step beside the hidden state (GLM-5's shared selection).

@@ -1,6 +1,8 @@
 #include "layers/hyper_connection.h"
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -122,6 +124,32 @@ void HyperConnection::write_back(const Mix& m, const Tensor& y, Tensor& x) {
         xt[k * D + d] = acc;
       }
   }
+}
+
+Tensor hc_streams_from_embedding(Step& step, const Tensor& e, int64_t hc) {
+  ATOM_CHECK(e.device().is_cpu() && e.dtype() == DType::kF32 && e.is_contiguous() && e.dim() == 2,
+             "hyper-connections: embeddings {} must be contiguous F32 on the CPU (they run on the "
+             "CPU only so far)",
+             e.str());
+  const int64_t T = e.size(0), D = e.size(1);
+  Tensor streams = step.empty({T, hc, D}, DType::kF32);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < hc; ++j)
+      std::copy_n(e.ptr<float>() + t * D, D, streams.ptr<float>() + (t * hc + j) * D);
+  return streams;
+}
+
+Tensor hc_streams_from_stage(Step& step, int64_t hc, int64_t hidden) {
+  const Tensor* in = step.pp_in ? &step.pp_in->hidden : nullptr;
+  ATOM_CHECK(in && in->defined() && in->dim() == 3 && in->size(0) == step.batch.num_tokens() &&
+                 in->size(1) == hc && in->size(2) == hidden && in->dtype() == DType::kF32,
+             "hyper-connections: the previous pipeline stage handed on {}, not the [{}, {}, {}] "
+             "F32 streams",
+             in && in->defined() ? in->str() : std::string("nothing"), step.batch.num_tokens(), hc,
+             hidden);
+  Tensor streams = step.empty(in->shape(), DType::kF32);
+  streams.copy_from(*in);
+  return streams;
 }
 
 HyperHead::HyperHead(LayerContext& ctx, const std::string& fn, const std::string& base,

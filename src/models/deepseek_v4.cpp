@@ -527,31 +527,54 @@ class DeepseekV4DecoderLayer {
 
 class DeepseekV4ForCausalLM : public Model {
  public:
+  // Pipeline parallelism: a stage builds its layers, the first the embedding, the last the
+  // hyper-connection head, norm and head; the others are missing modules (never read). Stages
+  // hand on the streams.
   DeepseekV4ForCausalLM(const ModelConfig& c, const ModelOptions& o) : Model(c, o), v_(c) {
     LayerContext& x = ctx();
-    embed_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens", c.vocab_size,
-                                                      c.hidden_size);
-    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-      layers_.push_back(std::make_unique<DeepseekV4DecoderLayer>(
-          x, c, v_, i, "model.layers." + std::to_string(i)));
-    hc_head_ = std::make_unique<HyperHead>(x, "model.hc_head.hc_fn", "model.hc_head.hc_base",
-                                           "model.hc_head.hc_scale", v_.hc);
-    norm_ = std::make_unique<RMSNorm>(x, "model.norm", c.hidden_size, c.rms_norm_eps);
-    head_ = std::make_unique<ParallelLMHead>(x, "head", c.vocab_size, c.hidden_size);
+    const PipelineStage& st = x.stage;
+    if (st.first())
+      embed_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens", c.vocab_size,
+                                                        c.hidden_size);
+    else
+      x.params.add_missing_module("model.embed_tokens");
+    layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      const std::string prefix = "model.layers." + std::to_string(i);
+      if (st.owns(i))
+        layers_[static_cast<size_t>(i)] =
+            std::make_unique<DeepseekV4DecoderLayer>(x, c, v_, i, prefix);
+      else
+        x.params.add_missing_module(prefix);
+    }
+    if (st.last()) {
+      hc_head_ = std::make_unique<HyperHead>(x, "model.hc_head.hc_fn", "model.hc_head.hc_base",
+                                             "model.hc_head.hc_scale", v_.hc);
+      norm_ = std::make_unique<RMSNorm>(x, "model.norm", c.hidden_size, c.rms_norm_eps);
+      head_ = std::make_unique<ParallelLMHead>(x, "head", c.vocab_size, c.hidden_size);
+    } else {
+      for (const char* m : {"model.hc_head", "model.norm", "head"}) x.params.add_missing_module(m);
+    }
   }
 
+  bool splits_into_stages() const override { return true; }
+
   Tensor forward(Step& step) override {
-    Tensor e = embed_->forward(step, step.batch.dev.token_ids);
-    check_cpu_f32(e, "embeddings");
-    const int64_t T = e.size(0), D = v_.hidden, hc = v_.hc.hc_mult;
-    Tensor streams = step.empty({T, hc, D}, DType::kF32);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < hc; ++j)
-        std::copy_n(e.ptr<float>() + t * D, D, streams.ptr<float>() + (t * hc + j) * D);
-    for (auto& layer : layers_) {
+    const PipelineStage& st = stage();
+    Tensor streams = st.first()
+                         ? hc_streams_from_embedding(
+                               step, embed_->forward(step, step.batch.dev.token_ids), v_.hc.hc_mult)
+                         : hc_streams_from_stage(step, v_.hc.hc_mult, v_.hidden);
+    for (int64_t i = st.first_layer; i < st.end_layer; ++i) {
       const Arena::Mark scratch = step.arena.mark();
-      layer->forward(step, streams);
+      layers_[static_cast<size_t>(i)]->forward(step, streams);
       step.arena.release(scratch);
+    }
+    if (!st.last()) {
+      ATOM_CHECK(step.pp_out, "pipeline stage {}: the step takes no tensors for the next stage",
+                 st.rank);
+      *step.pp_out = {streams, Tensor(), {}};
+      return Tensor();
     }
     return norm_->forward(step, hc_head_->forward(step, streams));
   }

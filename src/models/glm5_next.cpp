@@ -305,31 +305,63 @@ class Glm5NextForConditionalGeneration : public Model {
     hc_.sinkhorn_iters = static_cast<int>(t.get_int("hc_sinkhorn_iters", 20, IntRange{1, 1000}));
     hc_.hc_eps = static_cast<float>(t.get_double("hc_eps", 1e-6, RealRange::non_negative()));
     hc_.norm_eps = static_cast<float>(c.rms_norm_eps);
+    // Pipeline parallelism: a stage builds its layers, the first the embedding, the last the
+    // norm and head; the others are missing modules (never read). Stages hand on the streams and
+    // the last sparse layer's selection (a stage may begin with a shared layer).
+    const PipelineStage& st = x.stage;
     const std::string root = "model.language_model";
-    embed_ = std::make_unique<VocabParallelEmbedding>(x, root + ".embed_tokens", c.vocab_size,
-                                                      c.hidden_size);
-    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-      layers_.push_back(std::make_unique<Glm5NextDecoderLayer>(
-          x, c, hc_, i, root + ".layers." + std::to_string(i)));
+    if (st.first())
+      embed_ = std::make_unique<VocabParallelEmbedding>(x, root + ".embed_tokens", c.vocab_size,
+                                                        c.hidden_size);
+    else
+      x.params.add_missing_module(root + ".embed_tokens");
+    layers_.resize(static_cast<size_t>(c.num_hidden_layers));
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      const std::string prefix = root + ".layers." + std::to_string(i);
+      if (st.owns(i))
+        layers_[static_cast<size_t>(i)] =
+            std::make_unique<Glm5NextDecoderLayer>(x, c, hc_, i, prefix);
+      else
+        x.params.add_missing_module(prefix);
+    }
     head_ = std::make_unique<HyperHead>(hc_);
-    norm_ = std::make_unique<RMSNorm>(x, root + ".norm", c.hidden_size, c.rms_norm_eps);
-    lm_head_ = std::make_unique<ParallelLMHead>(x, "lm_head", c.vocab_size, c.hidden_size);
+    if (st.last()) {
+      norm_ = std::make_unique<RMSNorm>(x, root + ".norm", c.hidden_size, c.rms_norm_eps);
+      lm_head_ = std::make_unique<ParallelLMHead>(x, "lm_head", c.vocab_size, c.hidden_size);
+    } else {
+      x.params.add_missing_module(root + ".norm");
+      x.params.add_missing_module("lm_head");
+    }
   }
 
+  bool splits_into_stages() const override { return true; }
+
   Tensor forward(Step& step) override {
-    Tensor e = embed_->forward(step, step.batch.dev.token_ids);
-    ATOM_CHECK(e.device().is_cpu() && e.dtype() == DType::kF32,
-               "GLM-5.3 runs on the CPU backend (F32) only so far");
-    const int64_t T = e.size(0), D = hc_.hidden, hc = hc_.hc_mult;
-    Tensor streams = step.empty({T, hc, D}, DType::kF32);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t j = 0; j < hc; ++j)
-        std::copy_n(e.ptr<float>() + t * D, D, streams.ptr<float>() + (t * hc + j) * D);
+    const PipelineStage& st = stage();
+    const int64_t T = step.batch.num_tokens();
+    Tensor streams = st.first()
+                         ? hc_streams_from_embedding(
+                               step, embed_->forward(step, step.batch.dev.token_ids), hc_.hc_mult)
+                         : hc_streams_from_stage(step, hc_.hc_mult, hc_.hidden);
     Tensor topk = step.empty({T, kpool_.width()}, DType::kI32);  // outlives the layers' scratch
-    for (auto& layer : layers_) {
+    if (!st.first()) {
+      const auto& extra = step.pp_in->extra;
+      ATOM_CHECK(
+          extra.size() == 1 && extra[0].shape() == topk.shape() && extra[0].dtype() == DType::kI32,
+          "GLM-5.3: the previous pipeline stage handed on {} tensors, not the selection {}",
+          extra.size(), topk.str());
+      topk.copy_from(extra[0]);
+    }
+    for (int64_t i = st.first_layer; i < st.end_layer; ++i) {
       const Arena::Mark scratch = step.arena.mark();
-      layer->forward(step, streams, topk);
+      layers_[static_cast<size_t>(i)]->forward(step, streams, topk);
       step.arena.release(scratch);
+    }
+    if (!st.last()) {
+      ATOM_CHECK(step.pp_out, "pipeline stage {}: the step takes no tensors for the next stage",
+                 st.rank);
+      *step.pp_out = {streams, Tensor(), {topk}};
+      return Tensor();
     }
     return norm_->forward(step, head_->forward(step, streams));
   }

@@ -70,7 +70,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // pipeline stages (of 1 or 2 tensor-parallel ranks)
                       Case{"llama3_gqa", 1, false, 0, 2}, Case{"qwen3_tied", 1, false, 0, 3},
                       Case{"deepseek_v2_lite", 2, false, 0, 2}, Case{"qwen3_next", 1, false, 0, 2},
-                      Case{"glm_moe_dsa", 1, false, 0, 3}),  // a shared layer opens stage 1
+                      Case{"glm_moe_dsa", 1, false, 0, 3},  // a shared layer opens stage 1
+                      Case{"deepseek_v4", 1, false, 0, 2}, Case{"glm5_next", 1, false, 0, 2}),
     case_name);
 
 struct Scenario {
@@ -157,19 +158,18 @@ TEST_P(EngineTpWorkload, EveryRequestMatchesTheSingleRankEngine) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, EngineTpWorkload,
-                         ::testing::Values(Case{"llama3_gqa", 2}, Case{"llama3_gqa", 4},
-                                           Case{"qwen3_tied", 2}, Case{"mixtral", 2},
-                                           Case{"mixtral", 2, true}, Case{"qwen3_moe", 4, true},
-                                           Case{"qwen3_moe", 4, true, 4}, Case{"kimi_linear", 2},
-                                           Case{"qwen3_next", 2}, Case{"qwen3_5_moe", 2, true},
-                                           Case{"glm5_next", 2}, Case{"deepseek_v4", 2, true},
-                                           // pipeline stages: dense, pp x tp with expert
-                                           // parallelism, a hybrid's states per stage
-                                           Case{"llama3_gqa", 1, false, 0, 3},
-                                           Case{"qwen3_moe", 2, true, 0, 2},
-                                           Case{"qwen3_next", 1, false, 0, 2}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, EngineTpWorkload,
+    ::testing::Values(Case{"llama3_gqa", 2}, Case{"llama3_gqa", 4}, Case{"qwen3_tied", 2},
+                      Case{"mixtral", 2}, Case{"mixtral", 2, true}, Case{"qwen3_moe", 4, true},
+                      Case{"qwen3_moe", 4, true, 4}, Case{"kimi_linear", 2}, Case{"qwen3_next", 2},
+                      Case{"qwen3_5_moe", 2, true}, Case{"glm5_next", 2},
+                      Case{"deepseek_v4", 2, true},
+                      // pipeline stages: dense, pp x tp with expert
+                      // parallelism, a hybrid's states per stage
+                      Case{"llama3_gqa", 1, false, 0, 3}, Case{"qwen3_moe", 2, true, 0, 2},
+                      Case{"qwen3_next", 1, false, 0, 2}, Case{"deepseek_v4", 1, false, 0, 2}),
+    case_name);
 
 TEST(EngineTpSampling, SeededSamplingAndLogprobsMatchTheSingleRankEngine) {
   Model& solo = fixture_model("qwen3_tied");
