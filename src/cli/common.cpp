@@ -1,5 +1,7 @@
 #include "cli/common.h"
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 
@@ -103,12 +105,44 @@ std::optional<DType> dtype_arg_parse(const std::string& s) {
   fail("--dtype '{}' is not one of: auto, bfloat16, float16 (half), float32 (float)", s);
 }
 
+std::vector<int> pp_layer_partition_parse(const std::string& s) {
+  std::vector<int> counts;
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t comma = std::min(s.find(',', at), s.size());
+    const std::string item = s.substr(at, comma - at);
+    int v = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size() || v < 1)
+      fail("VLLM_PP_LAYER_PARTITION '{}': '{}' is not a positive layer count (expected e.g. "
+           "\"4,6,6,4\")",
+           s, item);
+    counts.push_back(v);
+    at = comma + 1;
+  }
+  return counts;
+}
+
+namespace {
+// " in each of N pipeline stages (layers [0, 16) [16, 31) ...)".
+std::string stage_layers(ModelGroup& m) {
+  std::string layers;
+  for (int s = 0; s < m.pp_size(); ++s) {
+    const PipelineStage& st = m.model(s * m.tp_size()).stage();
+    layers += fmt::format("{}[{}, {})", s ? " " : "", st.first_layer, st.end_layer);
+  }
+  return fmt::format(" in each of {} pipeline stages (layers {})", m.pp_size(), layers);
+}
+}  // namespace
+
 std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   ModelOptions o;
   o.device = a.device.empty() ? device_default() : device_parse(a.device);
   o.act_dtype = dtype_arg_parse(a.dtype);
   o.expert_parallel = a.enable_expert_parallel;
   o.pp_size = a.pipeline_parallel_size;
+  if (const char* p = std::getenv("VLLM_PP_LAYER_PARTITION"); p && *p && o.pp_size > 1)
+    o.pp_layer_partition = pp_layer_partition_parse(p);
   const EplbArgs eplb = eplb_args_parse(a);
   o.num_redundant_experts = eplb.num_redundant_experts;
   o.eplb_step_interval = eplb.step_interval;
@@ -126,9 +160,7 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
           ? o.device.str()
           : fmt::format("{} {}-parallel ranks from {}{}", m->tp_size(),
                         o.expert_parallel ? "tensor- and expert" : "tensor", o.device.str(),
-                        m->pp_size() == 1
-                            ? std::string()
-                            : fmt::format(" in each of {} pipeline stages", m->pp_size()));
+                        m->pp_size() == 1 ? std::string() : stage_layers(*m));
   const std::string others =
       report.tensors_other_ranks == 0
           ? std::string()

@@ -54,6 +54,9 @@ void model_args_add(CLI::App* cmd, ModelArgs& a);
 // commands that take the model otherwise (atom serve MODEL).
 void model_args_add_placement(CLI::App* cmd, ModelArgs& a);
 // Loads every tensor-parallel rank of the model, logging the time it took.
+// VLLM_PP_LAYER_PARTITION's comma-separated layer counts ("4,6,6,4"); anything else is an error
+// naming the variable.
+std::vector<int> pp_layer_partition_parse(const std::string& s);
 std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a);
 
 // The target's MTP drafter when the engine config asks for speculative decoding (from the same

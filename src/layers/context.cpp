@@ -7,7 +7,8 @@
 
 namespace atom {
 
-PipelineStage pipeline_stage(int64_t num_layers, int rank, int size) {
+PipelineStage pipeline_stage(int64_t num_layers, int rank, int size,
+                             const std::vector<int>& partition) {
   if (size < 1 || rank < 0 || rank >= size)
     fail("pipeline-parallel rank {} of size {} is invalid", rank, size);
   if (num_layers < size)
@@ -20,6 +21,19 @@ PipelineStage pipeline_stage(int64_t num_layers, int rank, int size) {
   // get_pp_indices: the last stage also runs the head).
   std::vector<int64_t> n(static_cast<size_t>(size), num_layers / size);
   for (int64_t i = 0; i < num_layers % size; ++i) ++n[static_cast<size_t>(size - 2 - i)];
+  if (!partition.empty()) {
+    int64_t sum = 0;
+    bool positive = true;
+    for (const int p : partition) {
+      sum += p;
+      positive = positive && p > 0;
+    }
+    if (static_cast<int>(partition.size()) != size || !positive || sum != num_layers)
+      fail("the pipeline layer partition (VLLM_PP_LAYER_PARTITION) must be {} positive layer "
+           "counts adding up to the model's {} layers, got {} counts adding up to {}",
+           size, num_layers, partition.size(), sum);
+    n.assign(partition.begin(), partition.end());
+  }
   for (int i = 0; i < rank; ++i) s.first_layer += n[static_cast<size_t>(i)];
   s.end_layer = s.first_layer + n[static_cast<size_t>(rank)];
   return s;

@@ -122,7 +122,10 @@ struct PipelineStage {
   bool owns(int64_t layer) const { return layer >= first_layer && layer < end_layer; }
 };
 // Stage `rank` of `size` over num_layers layers; an error when a stage would get no layer.
-PipelineStage pipeline_stage(int64_t num_layers, int rank, int size);
+// partition: the layers of each stage instead (vLLM's VLLM_PP_LAYER_PARTITION), `size` positive
+// counts adding up to num_layers, else an error naming them.
+PipelineStage pipeline_stage(int64_t num_layers, int rank, int size,
+                             const std::vector<int>& partition = {});
 
 // What a pipeline stage hands the next (vLLM's IntermediateTensors): its last layer's output,
 // not yet added to the residual stream, and the residual stream ([tokens, hidden] each); for the

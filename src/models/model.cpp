@@ -83,7 +83,8 @@ Model::Model(const ModelConfig& config, const ModelOptions& options)
            options.fp8_resident.value_or(!options.device.is_cpu()), options.expert_parallel,
            options.num_redundant_experts, &eplb_layers_} {
   eplb_step_interval_ = options.eplb_step_interval;
-  ctx_.stage = pipeline_stage(config.num_hidden_layers, options.pp_rank, options.pp_size);
+  ctx_.stage = pipeline_stage(config.num_hidden_layers, options.pp_rank, options.pp_size,
+                              options.pp_layer_partition);
   if (options.tp_size < 1 || options.tp_rank < 0 || options.tp_rank >= options.tp_size)
     fail("tensor-parallel rank {} of size {} is invalid", options.tp_rank, options.tp_size);
   if (options.tp_size > 1 && (!options.comm || options.comm->size() != options.tp_size))

@@ -29,6 +29,8 @@ struct ModelOptions {
   // only its layers (and the embedding on the first stage, the final norm and head on the last).
   int pp_rank = 0;
   int pp_size = 1;
+  // The layers of each stage (vLLM's VLLM_PP_LAYER_PARTITION); empty: vLLM's even split.
+  std::vector<int> pp_layer_partition;
   // Mixtures of experts: load shared experts as slots of the fused experts layer instead of a
   // separate MLP (the same values either way). Default: ATOM_MOE_FUSE_SHARED_EXPERTS (off).
   std::optional<bool> fuse_shared_experts;

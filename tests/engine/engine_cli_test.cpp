@@ -6,6 +6,8 @@
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -105,6 +107,47 @@ TEST(EngineCli, SpeculativeConfigForGenerateAndBench) {
                        fixture_dir("llama3_gqa")),
            &rc);
   EXPECT_NE(rc, 0) << "a target without a drafter";
+}
+
+// vLLM's pipeline flags: -pp 2 (and --pipeline-parallel-size 3 with -tp 2), vLLM's even split
+// or VLLM_PP_LAYER_PARTITION's, each giving transformers' greedy tokens and logging the stages'
+// layers; a partition that does not fit, or is not a list of counts, refused by name.
+TEST(EngineCli, PipelineParallelFlagsAndLayerPartition) {
+  const Reference ref = reference_load("llama3_gqa");  // 3 layers
+  const std::string gen = fmt::format(
+      "generate --model {} --prompt-tokens {} --max-tokens {} --temperature 0 --ignore-eos",
+      fixture_dir("llama3_gqa"), join(ref.greedy_prompt), ref.greedy_tokens.size());
+  struct Case {
+    const char* partition;  // VLLM_PP_LAYER_PARTITION, or null
+    std::string flags, log;
+  };
+  for (const Case& c : {Case{nullptr, " -pp 2", "2 pipeline stages (layers [0, 2) [2, 3))"},
+                        Case{"1,2", " -pp 2", "2 pipeline stages (layers [0, 1) [1, 3))"},
+                        Case{nullptr, " --pipeline-parallel-size 3 -tp 2",
+                             "3 pipeline stages (layers [0, 1) [1, 2) [2, 3))"}}) {
+    if (c.partition) setenv("VLLM_PP_LAYER_PARTITION", c.partition, 1);  // the child inherits it
+    int rc = 0;
+    const auto out = run_atom(gen + c.flags, &rc, /*with_stderr=*/true);
+    unsetenv("VLLM_PP_LAYER_PARTITION");
+    EXPECT_EQ(rc, 0) << c.flags;
+    std::string all;
+    for (const auto& l : out) all += l + "\n";
+    EXPECT_NE(all.find(c.log), std::string::npos) << all;
+    ASSERT_FALSE(out.empty());
+    EXPECT_EQ(out.back(), join(ref.greedy_tokens)) << c.flags;
+  }
+  for (const auto& [partition, message] :
+       {std::pair{"1,1", "must be 2 positive layer counts adding up to the model's 3 layers"},
+        std::pair{"1,x", "VLLM_PP_LAYER_PARTITION '1,x': 'x' is not a positive layer count"}}) {
+    setenv("VLLM_PP_LAYER_PARTITION", partition, 1);
+    int rc = 0;
+    const auto out = run_atom(gen + " -pp 2", &rc, /*with_stderr=*/true);
+    unsetenv("VLLM_PP_LAYER_PARTITION");
+    EXPECT_NE(rc, 0) << partition;
+    std::string all;
+    for (const auto& l : out) all += l + "\n";
+    EXPECT_NE(all.find(message), std::string::npos) << all;
+  }
 }
 
 // vLLM's expert-parallel flags reach the model: -tp 2 with -ep (and --enable-expert-parallel),

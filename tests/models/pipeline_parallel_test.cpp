@@ -98,6 +98,21 @@ TEST(PipelineStage, VllmPartition) {
   EXPECT_EQ(layers(7, 3), (V{{0, 2}, {2, 5}, {5, 7}}));                  // [2, 3, 2]
   EXPECT_EQ(layers(61, 4), (V{{0, 15}, {15, 30}, {30, 46}, {46, 61}}));  // [15, 15, 16, 15]
   EXPECT_EQ(layers(3, 1), (V{{0, 3}}));
+  // VLLM_PP_LAYER_PARTITION's layer counts (vLLM's goldens "5,5,5,5", "4,6,6,4", "4,4,4,8").
+  auto custom = [](int64_t n, const std::vector<int>& parts) {
+    std::vector<std::pair<int64_t, int64_t>> r;
+    for (int s = 0; s < static_cast<int>(parts.size()); ++s) {
+      const PipelineStage st = pipeline_stage(n, s, static_cast<int>(parts.size()), parts);
+      r.emplace_back(st.first_layer, st.end_layer);
+    }
+    return r;
+  };
+  EXPECT_EQ(custom(20, {5, 5, 5, 5}), (V{{0, 5}, {5, 10}, {10, 15}, {15, 20}}));
+  EXPECT_EQ(custom(20, {4, 6, 6, 4}), (V{{0, 4}, {4, 10}, {10, 16}, {16, 20}}));
+  EXPECT_EQ(custom(20, {4, 4, 4, 8}), (V{{0, 4}, {4, 8}, {8, 12}, {12, 20}}));
+  EXPECT_ERROR_CONTAINS(pipeline_stage(20, 0, 4, {5, 5, 5}), "must be 4 positive layer counts",
+                        "got 3 counts adding up to 15");
+  EXPECT_ERROR_CONTAINS(pipeline_stage(20, 0, 2, {21, -1}), "must be 2 positive layer counts");
   EXPECT_ERROR_CONTAINS(pipeline_stage(3, 0, 4), "more than the model's 3 layers");
   EXPECT_ERROR_CONTAINS(pipeline_stage(3, 2, 2), "pipeline-parallel rank 2 of size 2 is invalid");
 }
