@@ -309,9 +309,9 @@ MUTATIONS = [
      "row[d] = (ki[d] - static_cast<float>(mean)) * inv * nw[d] + 0.0f * nb[d];"),
     ("glm5_dense_swiglu_unclamped",
      "dense SwiGLU: the gate not clamped at swiglu_limit",
-     "src/layers/mlp.cpp",
-     "g[i] = std::min(g[i], swiglu_limit_);",
-     "g[i] = std::min(g[i], 1e30f);"),
+     "src/kernels/cpu/activation.cpp",
+     "v[i] = std::min(v[i], limit);",
+     "v[i] = std::min(v[i], 1e30f);"),
     ("kda_tp_heads_of_rank_0",
      "Kimi delta attention under tensor parallelism: every rank given rank 0's conv weights, A_log "
      "and dt_bias",

@@ -4,19 +4,20 @@
 
 namespace atom::kernels {
 
-// out = silu(x[:, :I]) * x[:, I:]
+// out = silu(g) * u with g = x[:, :I], u = x[:, I:]; limit > 0: the clamped SwiGLU of
+// DeepSeek-V4 and GLM-5.3 (swiglu_limit), silu(min(g, limit)) * clamp(u, -limit, limit).
 //   out [M, I]    x [M, 2I]
 namespace cpu {
-void silu_mul(Tensor& out, const Tensor& x);
+void silu_mul(Tensor& out, const Tensor& x, float limit);
 }
 namespace cuda {
-void silu_mul(Tensor& out, const Tensor& x);
+void silu_mul(Tensor& out, const Tensor& x, float limit);
 }
 
-inline void silu_mul(Tensor& out, const Tensor& x) {
+inline void silu_mul(Tensor& out, const Tensor& x, float limit = 0.0f) {
   check_same_device("silu_mul", out.device(), {&x});
-  if (out.device().is_cpu()) return cpu::silu_mul(out, x);
-  ATOM_KERNEL_CUDA("silu_mul", cuda::silu_mul(out, x));
+  if (out.device().is_cpu()) return cpu::silu_mul(out, x, limit);
+  ATOM_KERNEL_CUDA("silu_mul", cuda::silu_mul(out, x, limit));
 }
 
 }  // namespace atom::kernels

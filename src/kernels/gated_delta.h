@@ -50,8 +50,7 @@ struct KdaArgs {
   // recurrence (recurrent_kimi_delta_attention).
   int chunk_size = 64;
   // < 0: GLM-5.3's safe gate, g = gate_lower_bound · sigmoid(exp(A_log) · (f + dt_bias)), in
-  // (gate_lower_bound, 0); 0: Kimi's g = -exp(A_log) · softplus(f + dt_bias). The safe gate runs
-  // on the CPU only so far (issue 35).
+  // (gate_lower_bound, 0); 0: Kimi's g = -exp(A_log) · softplus(f + dt_bias). Both backends.
   float gate_lower_bound = 0.0f;
 };
 

@@ -12,9 +12,6 @@ const KimiDeltaAttentionOptions& checked(const LayerContext& ctx, const std::str
     fail("{}: linear_num_heads {}, linear_head_dim {} and linear_conv_kernel_dim {} must be "
          "positive",
          prefix, o.num_heads, o.head_dim, o.conv_kernel);
-  if (o.gate_lower_bound != 0.0f && !ctx.device.is_cpu())
-    fail("{}: the safe gate (linear_lower_bound {}) runs on the CPU backend only so far", prefix,
-         o.gate_lower_bound);
   if (o.num_heads % ctx.tp_size != 0)
     fail("{}: linear_num_heads {} must be a multiple of the tensor-parallel size {}", prefix,
          o.num_heads, ctx.tp_size);

@@ -30,7 +30,7 @@ struct KimiDeltaAttentionOptions {
   double eps = 1e-6;                // of the gated output norm (rms_norm_eps)
   int chunk_size = 64;              // of the chunked rule for prefill (0: recurrent throughout)
   // < 0: GLM-5.3's safe gate g = gate_lower_bound · sigmoid(exp(A_log) · (f + dt_bias))
-  // (linear_lower_bound); 0: Kimi's -exp(A_log) · softplus(f + dt_bias). CPU only so far.
+  // (linear_lower_bound); 0: Kimi's -exp(A_log) · softplus(f + dt_bias).
   float gate_lower_bound = 0.0f;
 };
 

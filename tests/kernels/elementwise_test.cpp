@@ -1,7 +1,9 @@
 // CUDA element-wise kernels against the CPU reference.
 #include "kernels/elementwise.h"
 
+#include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "gpu_util.h"
 #include "kernels/activation.h"
@@ -141,6 +143,32 @@ TEST(GpuElementwise, SiluMulVectorAndScalarPaths) {
     kernels::silu_mul(out, x.to(gpu()));
     // Same formula in fp32 on both sides; at most a rounding flip of the low-precision output.
     EXPECT_LE(rel_err(out, ref), c.dt == DType::kF32 ? 1e-6 : 1e-3) << c.m << "x" << c.i;
+  }
+}
+
+// The clamped SwiGLU (swiglu_limit: DeepSeek-V4's and GLM-5.3's dense MLPs) on both kernel paths
+// against the CPU; inputs in [-6, 6] with limit 3, so about half the gates and up values clamp
+// (the unclamped product differs from the reference by far more than the bound).
+TEST(GpuElementwise, ClampedSiluMulMatchesCpu) {
+  struct Case {
+    int64_t m, i;
+    DType dt;
+  };
+  for (const Case& c : {Case{7, 2048, DType::kBF16}, Case{5, 37, DType::kBF16},
+                        Case{4, 256, DType::kF16}, Case{9, 100, DType::kF32}}) {
+    Tensor x = random_cpu({c.m, 2 * c.i}, c.dt, 8, -6, 6);
+    Tensor ref = Tensor::empty({c.m, c.i}, c.dt), plain = Tensor::empty({c.m, c.i}, c.dt);
+    kernels::silu_mul(ref, x, 3.0f);
+    kernels::silu_mul(plain, x);
+    Tensor out = Tensor::empty({c.m, c.i}, c.dt, gpu());
+    poison(out);
+    kernels::silu_mul(out, x.to(gpu()), 3.0f);
+    const double e = rel_err(out, ref), unclamped = rel_err(plain, ref);
+    EXPECT_LE(e, c.dt == DType::kF32 ? 1e-6 : 1e-3) << c.m << "x" << c.i;
+    EXPECT_GT(unclamped, 0.1) << "the limit should matter on these inputs";
+    std::printf("clamped silu_mul %ldx%ld %s: rel err %.3g (unclamped would be %.3g)\n",
+                static_cast<long>(c.m), static_cast<long>(c.i),
+                std::string(dtype_name(c.dt)).c_str(), e, unclamped);
   }
 }
 

@@ -90,6 +90,7 @@ struct RuleCase {
   int hk, hv, dk, dv;  // KDA: hk == hv, dk == dv
   DType dt;
   int chunk;
+  float lower_bound = 0.0f;  // KDA: < 0 GLM-5.3's safe gate
 };
 
 // The gated delta rule (kda false) or KDA (kda true), three steps on both paths.
@@ -123,6 +124,7 @@ void run_rule(const RuleCase& c, bool kda, double tol_out, double tol_state) {
       args.num_heads = c.hv;
       args.head_dim = c.dk;
       args.chunk_size = c.chunk;
+      args.gate_lower_bound = c.lower_bound;
       kernels::kda_rule(out, q, k, v, a, b, A_log, dt_bias, state, r.cpu(), args);
       kernels::kda_rule(gout, gq, gk, gv, ga, gb, gA, gdt, gstate, r.dev(), args);
     } else {
@@ -141,9 +143,10 @@ void run_rule(const RuleCase& c, bool kda, double tol_out, double tol_state) {
     EXPECT_LE(e, tol_out) << "step " << step;
     EXPECT_LE(es, tol_state) << "step " << step;
   }
-  std::printf("%s hk %d hv %d dk %d dv %d %s chunk %d: worst rel err out %.3g, state %.3g\n",
-              kda ? "kda" : "gdn", c.hk, c.hv, c.dk, c.dv, std::string(dtype_name(c.dt)).c_str(),
-              c.chunk, worst, worst_state);
+  std::printf(
+      "%s hk %d hv %d dk %d dv %d %s chunk %d lower bound %g: worst rel err out %.3g, state %.3g\n",
+      kda ? "kda" : "gdn", c.hk, c.hv, c.dk, c.dv, std::string(dtype_name(c.dt)).c_str(), c.chunk,
+      c.lower_bound, worst, worst_state);
 }
 
 // Bounds, measured at the first GPU run (2026-12-02, H200) and given ~8x: fp32 outputs 1.6-3.2e-7
@@ -165,6 +168,10 @@ TEST(GpuKimiDelta, RuleChunkedAndRecurrentAcrossSteps) {
       {3, 3, 16, 16, DType::kF32, 0},
       {2, 2, 128, 128, DType::kBF16, 64},
       {2, 2, 32, 32, DType::kF32, 64},
+      // GLM-5.3's safe gate (linear_lower_bound -5): chunked, recurrent, the real head dim.
+      {3, 3, 16, 16, DType::kF32, 64, -5.0f},
+      {3, 3, 16, 16, DType::kF32, 0, -5.0f},
+      {2, 2, 128, 128, DType::kBF16, 64, -5.0f},
   };
   for (const RuleCase& c : cases) run_rule(c, true, c.dt == DType::kF32 ? 2e-6 : 5e-4, 3e-7);
 }

@@ -1,5 +1,6 @@
 #include "kernels/activation.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -7,7 +8,7 @@
 
 namespace atom::kernels::cpu {
 
-void silu_mul(Tensor& out, const Tensor& x) {
+void silu_mul(Tensor& out, const Tensor& x, float limit) {
   check_rows("silu_mul", out, "out");
   check_rows("silu_mul", x, "x");
   const int64_t M = x.size(0), I = out.size(1);
@@ -18,6 +19,11 @@ void silu_mul(Tensor& out, const Tensor& x) {
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < M; ++m) {
       row_to_float(x, m, v.data());
+      if (limit > 0.0f)
+        for (int64_t i = 0; i < I; ++i) {
+          v[i] = std::min(v[i], limit);
+          v[I + i] = std::clamp(v[I + i], -limit, limit);
+        }
       for (int64_t i = 0; i < I; ++i) v[i] = silu_mul_f32(v[i], v[I + i]);
       char* o = row_ptr(out, m);
       for (int64_t i = 0; i < I; ++i) store(o, out.dtype(), i, v[i]);

@@ -71,13 +71,13 @@ void embedding(Tensor& out, const Tensor& ids, const Tensor& table, int64_t voca
   launch_check("embedding");
 }
 
-void silu_mul(Tensor& out, const Tensor& x) {
+void silu_mul(Tensor& out, const Tensor& x, float limit) {
   check_rows("silu_mul", out, "out");
   check_rows("silu_mul", x, "x");
   const int64_t M = x.size(0), I = out.size(1);
   ATOM_CHECK(out.size(0) == M && x.size(1) == 2 * I && out.dtype() == x.dtype(),
              "silu_mul: x {} out {}", x.str(), out.str());
-  launch_silu_mul(mat_of(out, "silu_mul"), mat_of(x, "silu_mul"), current_stream());
+  launch_silu_mul(mat_of(out, "silu_mul"), mat_of(x, "silu_mul"), limit, current_stream());
   launch_check("silu_mul");
 }
 

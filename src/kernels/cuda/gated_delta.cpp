@@ -125,9 +125,6 @@ void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, co
               const StateRows& rows, const KdaArgs& args) {
   const char* op = "kda_rule";
   check_kda_args(op, out, q, k, v, f, b, A_log, dt_bias, state, args);
-  ATOM_CHECK(args.gate_lower_bound == 0.0f,
-             "{}: the safe gate (gate_lower_bound {}) runs on the CPU only so far", op,
-             args.gate_lower_bound);
   check_rows_batch(op, rows);
   const int H = args.num_heads, d = args.head_dim;
   ATOM_CHECK(contiguous_f32(A_log) && contiguous_f32(dt_bias),
@@ -147,6 +144,7 @@ void kda_rule(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v, co
   l.hv = H;
   l.dk = d;
   l.dv = d;
+  l.lower_bound = args.gate_lower_bound;
   run_delta(op, l, true, rows, args.chunk_size);
 }
 

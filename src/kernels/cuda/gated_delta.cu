@@ -22,6 +22,11 @@ namespace {
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 // torch.nn.functional.softplus (beta 1, threshold 20), as the CPU reference.
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+// KDA's per-channel log decay from pre = f + dt_bias and A = exp(A_log): Kimi's -A · softplus(pre),
+// or GLM-5.3's safe gate lb · sigmoid(A · pre) when lb < 0 (as the CPU reference).
+__device__ __forceinline__ float kda_decay_(float A, float pre, float lb) {
+  return lb < 0.0f ? lb * sigmoidf_(A * pre) : -A * softplusf_(pre);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -176,9 +181,10 @@ __global__ void __launch_bounds__(kRecWarps * 32) delta_recurrent_kernel(DeltaLa
       sq += a * a;
       sk += b * b;
       if (kPerChannel)
-        sh.g[d] =
-            -A * softplusf_(load_elem(row_of(p.a, t), p.a.type, static_cast<int64_t>(h) * dk + d) +
-                            p.dt_bias[h * dk + d]);
+        sh.g[d] = kda_decay_(A,
+                             load_elem(row_of(p.a, t), p.a.type, static_cast<int64_t>(h) * dk + d) +
+                                 p.dt_bias[h * dk + d],
+                             p.lower_bound);
     }
     sq = warp_sum(sq);
     sk = warp_sum(sk);
@@ -327,9 +333,10 @@ __global__ void __launch_bounds__(kRecWarps * 32) delta_recurrent_vec_kernel(Del
       sq += a * a;
       sk += b * b;
       if (kPerChannel)
-        shg[d] =
-            -A * softplusf_(load_elem(row_of(p.a, t), p.a.type, static_cast<int64_t>(h) * dk + d) +
-                            p.dt_bias[h * dk + d]);
+        shg[d] = kda_decay_(A,
+                            load_elem(row_of(p.a, t), p.a.type, static_cast<int64_t>(h) * dk + d) +
+                                p.dt_bias[h * dk + d],
+                            p.lower_bound);
     }
     sq = warp_sum(sq);
     sk = warp_sum(sk);
@@ -521,8 +528,10 @@ __global__ void __launch_bounds__(kChThreads) delta_chunked_kernel(DeltaLaunch p
       Ks[i * KP + c] = load_elem(row_of(p.k, t), p.k.type, static_cast<int64_t>(jk) * dk + c);
       if (kPerChannel)
         Gs[i * KP + c] =
-            -A * softplusf_(load_elem(row_of(p.a, t), p.a.type, static_cast<int64_t>(h) * dk + c) +
-                            p.dt_bias[h * dk + c]);
+            kda_decay_(A,
+                       load_elem(row_of(p.a, t), p.a.type, static_cast<int64_t>(h) * dk + c) +
+                           p.dt_bias[h * dk + c],
+                       p.lower_bound);
     }
     if (tid < n) {
       const int t = q0 + c0 + tid;

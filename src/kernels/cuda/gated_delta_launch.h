@@ -39,6 +39,9 @@ struct DeltaLaunch {
   int num_seqs = 0, hk = 0, hv = 0, dk = 0, dv = 0;
   int chunk = 64;  // > 0: sequences of more than one token run chunked (chunk <= 64)
   float scale = 1.0f;
+  // KDA's decay: < 0 GLM-5.3's safe gate lower_bound · sigmoid(exp(A_log) · (f + dt_bias)); 0
+  // Kimi's -exp(A_log) · softplus(f + dt_bias).
+  float lower_bound = 0.0f;
   int vtiles = 0;  // set by the launcher
 };
 // Recurrent kernel for sequences of at most one new token (all of them when chunk == 0) and for

@@ -36,7 +36,7 @@ void launch_gather_rows(Mat out, Mat x, const int32_t* idx, cudaStream_t s);
 void launch_embedding(Mat out, const int32_t* ids, const void* table, Elem table_type,
                       int64_t table_rows, int64_t vocab_start, cudaStream_t s);
 // out [M, I] = silu(x[:, :I]) * x[:, I:]
-void launch_silu_mul(Mat out, Mat x, cudaStream_t s);
+void launch_silu_mul(Mat out, Mat x, float limit, cudaStream_t s);  // limit > 0: clamped
 // data[i] = lo + (hi - lo) * random_uniform(seed, i), i < n, in `type`
 void launch_fill_uniform(void* data, Elem type, int64_t n, uint64_t seed, float lo, float hi,
                          cudaStream_t s);

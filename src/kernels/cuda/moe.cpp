@@ -56,7 +56,7 @@ void fused_moe_dense(const MoeLaunch& l, const Tensor& w13, const Tensor& w2, De
       Tensor h = Tensor::wrap(d.h_chunk, {n, 2 * I}, dt, dev, nullptr);
       Tensor a = Tensor::wrap(act + (first + c0) * I * eb, {n, I}, dt, dev, nullptr);
       linear(h, xs, we13, Tensor());
-      silu_mul(a, h);
+      silu_mul(a, h, 0.0f);
       linear(xs, a, we2, Tensor());  // w2's outputs reuse the gathered rows' buffer
       moe_dense_scatter(l, d, first + c0, n, s);
     }
