@@ -538,15 +538,10 @@ class DeepseekV4ForCausalLM : public Model {
                                                         c.hidden_size);
     else
       x.params.add_missing_module("model.embed_tokens");
-    layers_.resize(static_cast<size_t>(c.num_hidden_layers));
-    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-      const std::string prefix = "model.layers." + std::to_string(i);
-      if (st.owns(i))
-        layers_[static_cast<size_t>(i)] =
-            std::make_unique<DeepseekV4DecoderLayer>(x, c, v_, i, prefix);
-      else
-        x.params.add_missing_module(prefix);
-    }
+    layers_ = make_layers<DeepseekV4DecoderLayer>(
+        x, c.num_hidden_layers, "model.layers", [&](int64_t i, const std::string& prefix) {
+          return std::make_unique<DeepseekV4DecoderLayer>(x, c, v_, i, prefix);
+        });
     if (st.last()) {
       hc_head_ = std::make_unique<HyperHead>(x, "model.hc_head.hc_fn", "model.hc_head.hc_base",
                                              "model.hc_head.hc_scale", v_.hc);

@@ -315,15 +315,10 @@ class Glm5NextForConditionalGeneration : public Model {
                                                         c.hidden_size);
     else
       x.params.add_missing_module(root + ".embed_tokens");
-    layers_.resize(static_cast<size_t>(c.num_hidden_layers));
-    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-      const std::string prefix = root + ".layers." + std::to_string(i);
-      if (st.owns(i))
-        layers_[static_cast<size_t>(i)] =
-            std::make_unique<Glm5NextDecoderLayer>(x, c, hc_, i, prefix);
-      else
-        x.params.add_missing_module(prefix);
-    }
+    layers_ = make_layers<Glm5NextDecoderLayer>(
+        x, c.num_hidden_layers, root + ".layers", [&](int64_t i, const std::string& prefix) {
+          return std::make_unique<Glm5NextDecoderLayer>(x, c, hc_, i, prefix);
+        });
     head_ = std::make_unique<HyperHead>(hc_);
     if (st.last()) {
       norm_ = std::make_unique<RMSNorm>(x, root + ".norm", c.hidden_size, c.rms_norm_eps);

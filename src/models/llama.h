@@ -155,14 +155,10 @@ class DecoderOnlyLM : public Model {
                                                                c.vocab_size, c.hidden_size);
     else
       x.params.add_missing_module("model.embed_tokens");
-    layers_.resize(static_cast<size_t>(c.num_hidden_layers));
-    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-      const std::string prefix = "model.layers." + std::to_string(i);
-      if (st.owns(i))
-        layers_[static_cast<size_t>(i)] = std::make_unique<DecoderLayer>(x, c, i, prefix);
-      else
-        x.params.add_missing_module(prefix);
-    }
+    layers_ = make_layers<DecoderLayer>(x, c.num_hidden_layers, "model.layers",
+                                        [&](int64_t i, const std::string& prefix) {
+                                          return std::make_unique<DecoderLayer>(x, c, i, prefix);
+                                        });
     if (st.last()) {
       norm_ = std::make_unique<RMSNorm>(x, "model.norm", c.hidden_size, c.rms_norm_eps,
                                         DecoderLayer::kNorm);

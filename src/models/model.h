@@ -112,6 +112,23 @@ class Model {
   LayerContext ctx_;
 };
 
+// The spec's make_layers: layers "<prefix>.0" .. "<prefix>.<n - 1>", layer i built by make(i,
+// its prefix) when this pipeline stage owns it (LayerContext::stage), else left null and declared
+// a missing module (the spec's PPMissingLayer: its checkpoint tensors are never read).
+template <class Layer, class Make>
+std::vector<std::unique_ptr<Layer>> make_layers(LayerContext& ctx, int64_t n,
+                                                const std::string& prefix, Make make) {
+  std::vector<std::unique_ptr<Layer>> layers(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string p = prefix + "." + std::to_string(i);
+    if (ctx.stage.owns(i))
+      layers[static_cast<size_t>(i)] = make(i, p);
+    else
+      ctx.params.add_missing_module(p);
+  }
+  return layers;
+}
+
 using ModelFactory =
     std::function<std::unique_ptr<Model>(const ModelConfig& config, const ModelOptions& options)>;
 
