@@ -361,8 +361,8 @@ MUTATIONS = [
      "Pipeline parallelism: GLM-5.3's stage that opens with a shared layer not given the previous "
      "stage's selection",
      "src/models/glm5_next.cpp",
-     "      topk.copy_from(extra[0]);",
-     "      (void)extra;"),
+     "      topk = extra[0];  // the step's own copy (Step::pp_in)",
+     "      (void)extra;  // the step's own copy (Step::pp_in)"),
     ("v4_tp_experts_not_reduced",
      "DeepSeek-V4 under tensor parallelism: the routed experts' partial sums not all-reduced",
      "src/models/deepseek_v4.cpp",

@@ -63,7 +63,7 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
       plan_(kv_cache_plan(model, config, models)),
       defaults_(sampling_params_defaults(generation)),
       text_(std::move(text)),
-      tp_size_(models ? models->world_size() : 1),
+      ranks_(models ? models->world_size() : 1),
       pp_size_(models ? models->pp_size() : 1),
       runner_(runner_create(model, models, config, plan_)),
       // Recurrent state summarises a whole prefix, so KV blocks alone cannot resume one: prefix
@@ -97,13 +97,13 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
   }
   // With tensor parallelism every rank holds this many blocks of its own kv heads.
   const std::string where =
-      tp_size_ == 1
+      ranks_ == 1
           ? model.device().str()
-          : fmt::format("{} ranks from {} ({}{}, KV per rank)", tp_size_, model.device().str(),
+          : fmt::format("{} ranks from {} ({}{}, KV per rank)", ranks_, model.device().str(),
                         pp_size_ == 1 ? std::string("tensor parallel")
                                       : fmt::format("{} pipeline stages of {} "
                                                     "tensor-parallel ranks",
-                                                    pp_size_, tp_size_ / pp_size_),
+                                                    pp_size_, ranks_ / pp_size_),
                         !model.expert_parallel() ? ""
                         : model.eplb_step_interval() > 0
                             ? fmt::format(", experts split over the ranks "
@@ -171,7 +171,7 @@ void LLMEngine::set_proposer(std::unique_ptr<DraftProposer> proposer) {
     fail("speculative decoding with {} draft tokens needs {} state slots per request, the plan "
          "has {}",
          K, 1 + K, plan_.state_slots_per_request);
-  if (tp_size_ > 1)
+  if (ranks_ > 1)
     fail("speculative decoding is not supported with tensor or pipeline parallelism yet");
   const double r = config_.spec_decode_acceptance_rate;
   if (r >= 0 && r > 1) fail("--spec-decode-acceptance-rate must be in [0, 1], got {}", r);

@@ -138,7 +138,7 @@ class LLMEngine {
   SamplingParams defaults_;
   std::vector<int32_t> eos_ids_;
   TextStreamFactory text_;
-  int tp_size_ = 1;  // every rank of the group (tensor x pipeline)
+  int ranks_ = 1;  // every rank of the group (tensor x pipeline)
   int pp_size_ = 1;
   std::unique_ptr<StepRunner> runner_;
   BlockManager blocks_;

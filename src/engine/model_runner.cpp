@@ -236,9 +236,8 @@ Tensor ModelRunner::forward_logits(Batch& batch) {
   int64_t row = 0;
   Tensor l;
   for (size_t i = 0; i + 1 < cuts.size(); ++i) {
-    Batch part = batch.slice(cuts[i], cuts[i + 1]);
-    part.state_copies.clear();  // copied above, once
-    arena_.reset();             // the slices so far are done with it (their logits copied out)
+    Batch part = batch.slice(cuts[i], cuts[i + 1]);  // state copies: made above, once
+    arena_.reset();  // the slices so far are done with it (their logits copied out)
     l = forward_part(part);
     if (!l.defined() || l.size(0) == 0) continue;
     if (!micro_logits_.defined() || micro_logits_.size(0) < R || micro_logits_.size(1) != l.size(1))
@@ -283,12 +282,14 @@ Tensor ModelRunner::forward_part(Batch& batch) {
     ATOM_CHECK(got.size() >= 2 && got[0].defined() && got[0].size(0) == batch.num_tokens(),
                "runner: stage {} received {} tensors for a step of {} tokens", model_.stage().rank,
                got.size(), batch.num_tokens());
-    std::vector<Tensor> dev;
-    for (const Tensor& t : got)
-      dev.push_back(t.defined() ? upload(t.data(), t.shape(), t.dtype()) : Tensor());
-    in.hidden = dev[0];
-    in.residual = dev[1];
-    in.extra.assign(dev.begin() + 2, dev.end());
+    // The link's host copies are this step's own: on the CPU they are used as they are, on a GPU
+    // uploaded into the step's arena.
+    if (!model_.device().is_cpu())
+      for (Tensor& t : got)
+        if (t.defined()) t = upload(t.data(), t.shape(), t.dtype());
+    in.hidden = got[0];
+    in.residual = got[1];
+    in.extra.assign(got.begin() + 2, got.end());
     step.pp_in = &in;
   }
   if (stage_out_) step.pp_out = &out;

@@ -42,7 +42,7 @@ TpRunner::~TpRunner() {
 void TpRunner::run_step(Batch& batch, const std::function<void(ModelRunner&)>& rank0) {
   // Copied here, before the ranks start: the leader writes into `batch` (its upload) while it
   // runs.
-  for (int r = 0; r < tp_size(); ++r)
+  for (int r = 0; r < ranks(); ++r)
     if (r != leader_) copies_[static_cast<size_t>(r)].copy_host_from(batch);
   threads_.run([&](int r) {
     if (r == leader_) {

@@ -40,7 +40,7 @@ class TpRunner final : public StepRunner {
   int rebalance_experts() override;
 
   // Every rank of the group (tensor x pipeline).
-  int tp_size() const { return static_cast<int>(runners_.size()); }
+  int ranks() const { return static_cast<int>(runners_.size()); }
   ModelRunner& rank(int r) { return *runners_.at(static_cast<size_t>(r)); }
 
  private:

@@ -143,7 +143,6 @@ Batch Batch::slice(int first, int last) const {
   for (const int32_t i : logits_indices)
     if (i >= t0 && i < t1) b.logits_indices.push_back(i - t0);
   b.block_size = block_size;
-  if (first == 0) b.state_copies = state_copies;
   return b;
 }
 

@@ -73,7 +73,8 @@ struct Batch {
   void copy_host_from(const Batch& from);
   // Sequences [first, last) as a batch of their own, host fields only: their token rows, pages
   // and logits rows, rebased (pipeline micro-batches). The logits rows must ascend, so that the
-  // slices' logits in order are this batch's. state_copies go with the slice holding sequence 0.
+  // slices' logits in order are this batch's. state_copies stay with this batch (the runner makes
+  // them once, before the first slice).
   Batch slice(int first, int last) const;
 };
 

@@ -184,7 +184,8 @@ struct Step {
   Arena& arena;
   KvCache* kv = nullptr;
   // Pipeline parallelism: a stage after the first starts from the previous stage's tensors
-  // (pp_in); a stage before the last writes its own into pp_out and computes no logits.
+  // (pp_in: this step's own copies, which the stage may update in place); a stage before the last
+  // writes its own into pp_out and computes no logits.
   const IntermediateTensors* pp_in = nullptr;
   IntermediateTensors* pp_out = nullptr;
 

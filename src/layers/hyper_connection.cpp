@@ -147,9 +147,7 @@ Tensor hc_streams_from_stage(Step& step, int64_t hc, int64_t hidden) {
              "F32 streams",
              in && in->defined() ? in->str() : std::string("nothing"), step.batch.num_tokens(), hc,
              hidden);
-  Tensor streams = step.empty(in->shape(), DType::kF32);
-  streams.copy_from(*in);
-  return streams;
+  return *in;
 }
 
 HyperHead::HyperHead(LayerContext& ctx, const std::string& fn, const std::string& base,

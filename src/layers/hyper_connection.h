@@ -57,8 +57,8 @@ class HyperConnection {
 // [T, D] (F32) -> [T, hc, D]. Under pipeline parallelism a later stage starts from the previous
 // stage's streams instead (hc_streams_from_stage), and a stage before the last hands its own on.
 Tensor hc_streams_from_embedding(Step& step, const Tensor& e, int64_t hc);
-// The previous stage's streams (Step::pp_in's hidden), as this stage's own [T, hc, D] F32 copy
-// (the layers update them in place).
+// The previous stage's streams (Step::pp_in's hidden, the step's own copy, which the layers
+// update in place), checked to be [T, hc, D] F32.
 Tensor hc_streams_from_stage(Step& step, int64_t hc, int64_t hidden);
 
 // The final collapse of the streams, before the model's norm.

@@ -345,7 +345,7 @@ class Glm5NextForConditionalGeneration : public Model {
           extra.size() == 1 && extra[0].shape() == topk.shape() && extra[0].dtype() == DType::kI32,
           "GLM-5.3: the previous pipeline stage handed on {} tensors, not the selection {}",
           extra.size(), topk.str());
-      topk.copy_from(extra[0]);
+      topk = extra[0];  // the step's own copy (Step::pp_in)
     }
     for (int64_t i = st.first_layer; i < st.end_layer; ++i) {
       const Arena::Mark scratch = step.arena.mark();

@@ -21,7 +21,7 @@ class GlmMoeDsaAttention {
       ATOM_CHECK(t.size() == 1 && t[0].shape() == topk.shape() && t[0].dtype() == topk.dtype(),
                  "GLM-5: the previous pipeline stage handed on {} tensors, not the selection {}",
                  t.size(), topk.str());
-      topk.copy_from(t[0]);
+      topk = t[0];  // the step's own copy (Step::pp_in)
     }
   };
   static State begin_step(Step& step, const ModelConfig& c) {

@@ -190,9 +190,7 @@ class DecoderOnlyLM : public Model {
       ATOM_CHECK(step.pp_in && step.pp_in->residual.defined(),
                  "pipeline stage {}: the step carries no tensors from stage {}", st.rank,
                  st.rank - 1);
-      // The residual stream is updated in place: this stage's own copy.
-      residual = step.empty(step.pp_in->residual.shape(), step.pp_in->residual.dtype());
-      residual.copy_from(step.pp_in->residual);
+      residual = step.pp_in->residual;  // the step's own copy, updated in place
       h = step.pp_in->hidden;
     }
     const Tensor outs[2] = {step.empty(residual.shape(), residual.dtype()),

@@ -226,7 +226,7 @@ TEST(EngineTpRunner, ScoresMatchTheSingleRankRunnerAndKvIsSharded) {
     o.num_pages = 12;
     o.max_model_len = 48;
     TpRunner runner(*models, o);
-    EXPECT_EQ(runner.tp_size(), tp);
+    EXPECT_EQ(runner.ranks(), tp);
     EXPECT_EQ(runner.num_pages(), 12);
     for (int r = 0; r < tp; ++r) {
       EXPECT_EQ(runner.rank(r).kv().key(0).size(0), 12);

@@ -60,7 +60,7 @@ TEST(MicroBatch, SliceKeepsEachSequencesRowsPagesAndLogits) {
   EXPECT_EQ(last.page_indices, (std::vector<int32_t>{16, 17}));
   const Batch first = b.slice(0, 1);
   EXPECT_EQ(first.logits_indices, (std::vector<int32_t>{4}));
-  EXPECT_EQ(first.state_copies, b.state_copies);
+  EXPECT_TRUE(first.state_copies.empty());  // made once by the runner, before the slices
   // The slices' logits rows, in order, are the batch's.
   size_t rows = 0;
   for (const auto& [a, z] : {std::pair{0, 1}, std::pair{1, 3}, std::pair{3, 4}})
