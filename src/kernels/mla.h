@@ -175,4 +175,63 @@ inline void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights,
   ATOM_KERNEL_CUDA("indexer_topk", cuda::indexer_topk(topk, q, weights, key_cache, b, a));
 }
 
+// The k-pool indexer's choice (GLM-5.3's Glm5NextTextIndexer). Each token's row of rows_cache
+// [num_pages, block_size, 1, 2 D] holds (its LayerNorm'd key | its gate scores). Pool j of a
+// sequence is its tokens [j P, (j + 1) P); its key, per channel d, is the gated softmax pooling
+//   k_j[d] = Σ_u softmax_u(gate[j P + u, d] + ape[u, d]) key[j P + u, d]          (fp32)
+// A new token t at context index i (as above) sees the n = (i + 1) / P pools complete by i:
+//   score_j = Σ_h (weights[t, h] · weights_scale) · relu(scale · q[t, h] · k_j)   (fp32)
+// and out[t] = the top min(top_k / P, n) pools by score (ties: the lower pool first), each as its
+// P positions in that order, then with `tail` the positions n P .. i of the incomplete pool, then
+// -1 entries.
+//   out [T, width()] I32 contiguous
+//   q [T, Hi * D] (rows may be strided), weights [T, Hi] F32 (rows may be strided)
+//   ape [P, D] F32
+struct KpoolArgs {
+  int num_heads = 0;           // index_n_heads
+  int head_dim = 0;            // index_head_dim (D)
+  int pool = 1;                // index_kpool (P)
+  int top_k = 0;               // index_topk, in tokens: a multiple of P
+  bool tail = true;            // index_kpool_always_select_tail
+  float scale = 1.0f;          // index_head_dim^-0.5
+  float weights_scale = 1.0f;  // index_n_heads^-0.5
+  int max_query_len = 0;
+  int max_context_len = 0;
+  int width() const { return top_k + (tail ? pool - 1 : 0); }
+};
+
+// F32 elements of scratch kpool_topk needs (CUDA: the pooled keys, every token's pool scores and
+// chosen pools; 0 on the CPU). Pass it as the batch's workspace.
+namespace cuda {
+int64_t kpool_topk_workspace_size(int64_t num_tokens, int64_t num_seqs, const KpoolArgs& a);
+}
+inline int64_t kpool_topk_workspace_size(Device device, int64_t num_tokens, int64_t num_seqs,
+                                         const KpoolArgs& a) {
+  if (device.is_cpu()) return 0;
+#ifdef ATOM_HAVE_CUDA
+  return cuda::kpool_topk_workspace_size(num_tokens, num_seqs, a);
+#else
+  return 0;
+#endif
+}
+
+namespace cpu {
+void kpool_topk(Tensor& out, const Tensor& q, const Tensor& weights, const Tensor& rows_cache,
+                const Tensor& ape, const AttentionBatch& b, const KpoolArgs& a);
+}
+namespace cuda {
+void kpool_topk(Tensor& out, const Tensor& q, const Tensor& weights, const Tensor& rows_cache,
+                const Tensor& ape, const AttentionBatch& b, const KpoolArgs& a);
+}
+
+inline void kpool_topk(Tensor& out, const Tensor& q, const Tensor& weights,
+                       const Tensor& rows_cache, const Tensor& ape, const AttentionBatch& b,
+                       const KpoolArgs& a) {
+  check_same_device("kpool_topk", out.device(),
+                    {&q, &weights, &rows_cache, &ape, b.query_start, b.context_lens, b.page_indptr,
+                     b.page_indices});
+  if (out.device().is_cpu()) return cpu::kpool_topk(out, q, weights, rows_cache, ape, b, a);
+  ATOM_KERNEL_CUDA("kpool_topk", cuda::kpool_topk(out, q, weights, rows_cache, ape, b, a));
+}
+
 }  // namespace atom::kernels

@@ -47,6 +47,9 @@ struct CacheSpec {
   DType dtype = DType::kF32;
   int sliding_window = 0;  // kKeyValue: 0 for full attention
   int tokens_per_row = 1;  // kRows: a row per this many tokens (a divisor or multiple of pages)
+  // Kept in `dtype` whatever --kv-cache-dtype says (a plane of scores rather than keys and
+  // values: GLM-5.3's k-pool gates, which an e4m3 rounding moves enough to change the selection).
+  bool keeps_dtype = false;
 
   static CacheSpec key_value(int num_kv_heads, int head_dim, DType dtype, int sliding_window = 0) {
     return {CacheKind::kKeyValue, num_kv_heads, head_dim, dtype, sliding_window};
@@ -57,8 +60,8 @@ struct CacheSpec {
   static CacheSpec indexer_key(int width, DType dtype) {
     return {CacheKind::kIndexerKey, 1, width, dtype, 0};
   }
-  static CacheSpec rows(int width, int tokens_per_row, DType dtype) {
-    return {CacheKind::kRows, 1, width, dtype, 0, tokens_per_row};
+  static CacheSpec rows(int width, int tokens_per_row, DType dtype, bool keeps_dtype = false) {
+    return {CacheKind::kRows, 1, width, dtype, 0, tokens_per_row, keeps_dtype};
   }
   // Rows one page of block_size tokens holds: block_size for the per-token kinds; for kRows
   // block_size / tokens_per_row, or 1 when a row spans several pages. An Error when neither
@@ -108,7 +111,8 @@ struct KvCache {
 
 // `specs` with every cache stored as `dtype` (the KV cache dtype the runner is given).
 inline std::vector<CacheSpec> cache_specs_with_dtype(std::vector<CacheSpec> specs, DType dtype) {
-  for (auto& s : specs) s.dtype = dtype;
+  for (auto& s : specs)
+    if (!s.keeps_dtype) s.dtype = dtype;
   return specs;
 }
 

@@ -12,7 +12,8 @@
 //   x'_k = post_k y + Σ_j comb[j, k] x_j
 // The final head collapses the streams once more: by learned weights (DeepSeek-V4's hc_head:
 // sigmoid(f · fnᵀ · scale + base) + eps) or by their mean (GLM-5.3).
-// CPU only so far (issue 35): activations F32 on the host.
+// The maps are kernels (kernels/hyper_connection.h, CPU and CUDA); the streams are F32 on every
+// backend, the sublayers' inputs and outputs in the activation dtype.
 #pragma once
 
 #include <string>
@@ -37,7 +38,7 @@ class HyperConnection {
                   const std::string& scale, const HyperConnectionOptions& o);
 
   struct Mix {
-    Tensor input;  // [T, D]: the streams collapsed by pre
+    Tensor input;  // [T, D] in the activation dtype: the streams collapsed by pre
     Tensor post;   // [T, hc]
     Tensor comb;   // [T, hc, hc]
   };
@@ -48,13 +49,14 @@ class HyperConnection {
 
  private:
   HyperConnectionOptions o_;
+  DType act_dtype_;
   Parameter* fn_;
   Parameter* base_;
   Parameter* scale_;
 };
 
 // The streams a model's first layer starts from: every one of the hc streams the embedding e
-// [T, D] (F32) -> [T, hc, D]. Under pipeline parallelism a later stage starts from the previous
+// [T, D] -> [T, hc, D] F32. Under pipeline parallelism a later stage starts from the previous
 // stage's streams instead (hc_streams_from_stage), and a stage before the last hands its own on.
 Tensor hc_streams_from_embedding(Step& step, const Tensor& e, int64_t hc);
 // The previous stage's streams (Step::pp_in's hidden, the step's own copy, which the layers
@@ -68,12 +70,13 @@ class HyperHead {
   HyperHead(LayerContext& ctx, const std::string& fn, const std::string& base,
             const std::string& scale, const HyperConnectionOptions& o);
   // The mean of the streams (GLM-5.3).
-  explicit HyperHead(const HyperConnectionOptions& o) : o_(o) {}
-  // streams [T, hc, D] -> [T, D].
+  HyperHead(LayerContext& ctx, const HyperConnectionOptions& o);
+  // streams [T, hc, D] -> [T, D] in the activation dtype.
   Tensor forward(Step& step, const Tensor& streams) const;
 
  private:
   HyperConnectionOptions o_;
+  DType act_dtype_;
   Parameter* fn_ = nullptr;  // null: the mean
   Parameter* base_ = nullptr;
   Parameter* scale_ = nullptr;

@@ -72,10 +72,6 @@ MultiHeadLatentAttention::MultiHeadLatentAttention(LayerContext& ctx, const std:
   if (rope_ > 0)
     rotary_ = std::make_unique<RotaryEmbedding>(ctx, static_cast<int>(rope_), o.rope,
                                                 o.max_position_embeddings, o.interleaved_rope);
-  else if (!ctx.device.is_cpu())
-    fail("{}: multi-head latent attention without rope channels (qk_rope_head_dim 0) runs on the "
-         "CPU backend only so far",
-         prefix);
   const int64_t qk = nope_ + rope_;
   if (o.q_lora_rank > 0) {
     q_a_proj_ = std::make_unique<ReplicatedLinear>(ctx, prefix + ".q_a_proj", o.hidden,
@@ -160,7 +156,9 @@ Tensor MultiHeadLatentAttention::attend(Step& step, const Projected& p, const Te
       kernels::linear(absorbed, p.q.narrow(1, h * qk, nope_), w_uk_t_.select(0, h));
     }
   }
-  if (p.q.is_contiguous() && T > 0) {  // every head's q_pe in one copy: [T H, R] rows
+  if (rope_ == 0) {
+    // No rope channels (GLM-5.3): the absorbed query is the whole row.
+  } else if (p.q.is_contiguous() && T > 0) {  // every head's q_pe in one copy: [T H, R] rows
     Tensor pe = q_lat.view({T * heads_, W}).narrow(1, latent_, rope_);
     kernels::cast(pe, p.q.view({T * heads_, qk}).narrow(1, nope_, rope_));
   } else {

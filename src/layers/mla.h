@@ -40,7 +40,7 @@ struct MlaOptions {
   bool interleaved_rope = false;  // rotate pairs (2i, 2i + 1) instead of halves
   // false: no rotation at all (Kimi-Linear's NoPE MLA: the qk_rope_head_dim channels are still
   // split off and shared by the heads, but never rotated). qk_rope_head_dim 0 (GLM-5.3): no such
-  // channels at all (CPU only so far).
+  // channels at all.
   bool apply_rope = true;
   RopeConfig rope;  // frequencies over qk_rope_head_dim channels
   int64_t max_position_embeddings = 0;

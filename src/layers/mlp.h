@@ -22,7 +22,7 @@ class GatedMlp : public FeedForward {
   // reduce_results = false leaves this rank's partial sum unreduced, for a caller that adds it to
   // other partial sums and reduces once (the shared experts beside a mixture of experts).
   // swiglu_limit > 0: the clamped form silu(min(gate, limit)) * clamp(up, -limit, limit)
-  // (GLM-5.3, DeepSeek-V4); CPU only so far.
+  // (GLM-5.3, DeepSeek-V4).
   GatedMlp(LayerContext& ctx, const std::string& prefix, int64_t hidden, int64_t intermediate,
            bool bias, bool reduce_results = true, float swiglu_limit = 0.0f);
   Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor()) override;

@@ -18,11 +18,13 @@
 // Names: model.language_model.* and lm_head; the vision tower (model.visual.*) and the MTP layers
 // past num_hidden_layers are skipped unread. Tensor parallelism splits the KDA and MLA heads, the
 // dense MLPs and the experts; the k-pool indexer and the hyper-connections are replicated. CPU
-// only so far (issue 35).
+// and CUDA.
 #include <algorithm>
 #include <cmath>
 
-#include "layers/compressed_kv.h"
+#include "kernels/layer_norm.h"
+#include "kernels/linear.h"
+#include "kernels/mla.h"
 #include "layers/hyper_connection.h"
 #include "layers/kimi_delta_attention.h"
 #include "models/deepseek.h"
@@ -66,117 +68,69 @@ KpoolOptions kpool_options(const ModelConfig& c) {
 }
 
 // The k-pool DSA indexer (Glm5NextTextIndexer). Each token's LayerNorm'd key and gate scores are
-// cached side by side (a kRows plane, one row of 2 d per token); pools are rebuilt from them.
+// cached side by side (a kRows plane, one row of 2 d per token); kernels::kpool_topk pools,
+// scores and selects from them.
 class KpoolIndexer {
  public:
   KpoolIndexer(LayerContext& ctx, const std::string& prefix, const KpoolOptions& o)
-      : o_(o),
+      : ctx_(ctx),
+        o_(o),
         wq_b_(ctx, prefix + ".wq_b", o.q_lora, o.heads * o.dim, false),
         wk_(ctx, prefix + ".wk", o.hidden, o.dim, false),
-        weights_proj_(ctx, prefix + ".weights_proj", o.hidden, o.heads, false) {
-    ATOM_CHECK(ctx.device.is_cpu(), "{}: the k-pool indexer runs on the CPU only so far", prefix);
+        // Read densely into F32 below, as DeepSeek-V3.2's indexer does.
+        weights_proj_(ctx, prefix + ".weights_proj", o.hidden, o.heads, false,
+                      LinearStorage::kUnquantized) {
     k_norm_w_ = &ctx.params.add(prefix + ".k_norm.weight", ctx.param_tensor({o.dim}, DType::kF32));
     k_norm_b_ = &ctx.params.add(prefix + ".k_norm.bias", ctx.param_tensor({o.dim}, DType::kF32));
     ape_ = &ctx.params.add(prefix + ".index_kpool_compress_ape",
                            ctx.param_tensor({o.kpool, o.dim}, DType::kF32));
     gate_ = &ctx.params.add(prefix + ".index_kpool_compress_gate",
-                            ctx.param_tensor({o.dim, o.hidden}, DType::kF32));
+                            ctx.param_tensor({o.dim, o.hidden}, ctx.weight_dtype));
     cache_index_ = static_cast<int>(ctx.cache_specs->size());
-    ctx.cache_specs->push_back(CacheSpec::rows(static_cast<int>(2 * o.dim), 1, ctx.act_dtype));
+    // In the activation dtype under an FP8 KV cache too: rounding the gate scores to e4m3 moved
+    // the fixture's logits by 0.32 (relative) where the latent plane's rounding alone moves them
+    // by a few 1e-2.
+    ctx.cache_specs->push_back(
+        CacheSpec::rows(static_cast<int>(2 * o.dim), 1, ctx.act_dtype, /*keeps_dtype=*/true));
   }
 
   // out [T, width] I32: the context positions each row attends to, -1 past the last.
   void forward(Step& step, const Tensor& x, const Tensor& q_resid, Tensor& out) {
     const Batch& b = step.batch;
-    const int64_t D = o_.dim, H = o_.heads, P = o_.kpool;
+    const int64_t T = x.size(0), D = o_.dim;
     Tensor q = wq_b_.forward(step, q_resid);
-    Tensor k = wk_.forward(step, x);
-    Tensor w = weights_proj_.forward(step, x);
-    const Tensor& plane = step.kv->plane(static_cast<size_t>(cache_index_), CacheKind::kRows);
-    for (const Tensor* t : std::initializer_list<const Tensor*>{&q, &k, &w, &plane})
-      ATOM_CHECK(t->device().is_cpu() && t->dtype() == DType::kF32 && t->is_contiguous(),
-                 "k-pool indexer: {} must be contiguous F32 on the CPU", t->str());
-    const float* nw = k_norm_w_->data().ptr<float>();
-    const float* nb = k_norm_b_->data().ptr<float>();
-    const float* gw = gate_->data().ptr<float>();
-    const float* ape = ape_->data().ptr<float>();
-    // Each token's (LayerNorm(k) | gate scores) into its row.
-    for (int s = 0; s < b.num_seqs(); ++s) {
-      const PagedRows rows = paged_rows(b, s, 1);
-      const auto [q0, q1, start] = seq_rows(b, s);
-      for (int64_t i = q0; i < q1; ++i) {
-        float* row = rows.row(plane, start + (i - q0));
-        const float* ki = k.ptr<float>() + i * D;
-        double mean = 0, var = 0;
-        for (int64_t d = 0; d < D; ++d) mean += ki[d];
-        mean /= static_cast<double>(D);
-        for (int64_t d = 0; d < D; ++d) var += (ki[d] - mean) * (ki[d] - mean);
-        const float inv =
-            1.0f / std::sqrt(static_cast<float>(var / static_cast<double>(D)) + 1e-6f);
-        for (int64_t d = 0; d < D; ++d)
-          row[d] = (ki[d] - static_cast<float>(mean)) * inv * nw[d] + nb[d];
-        const float* xi = x.ptr<float>() + i * o_.hidden;
-        for (int64_t d = 0; d < D; ++d) {
-          float acc = 0;
-          for (int64_t h = 0; h < o_.hidden; ++h) acc += xi[h] * gw[d * o_.hidden + h];
-          row[D + d] = acc;
-        }
-      }
+    // Each token's (LayerNorm(wk x) | x · gateᵀ) into its row of the plane.
+    Tensor rows = step.empty({T, 2 * D}, ctx_.act_dtype);
+    Tensor k = rows.narrow(1, 0, D), gate = rows.narrow(1, D, D);
+    kernels::layer_norm(k, wk_.forward(step, x), k_norm_w_->data(), k_norm_b_->data(), 1e-6f);
+    kernels::linear(gate, x, gate_->data());
+    Tensor& plane = step.kv->plane(static_cast<size_t>(cache_index_), CacheKind::kRows);
+    kernels::cache_rows_write(plane, rows, b.dev.slot_mapping);
+    Tensor weights = step.empty({T, o_.heads}, DType::kF32);
+    kernels::linear(weights, x, weights_proj_.weight().data());
+    kernels::KpoolArgs a;
+    a.num_heads = static_cast<int>(o_.heads);
+    a.head_dim = static_cast<int>(D);
+    a.pool = static_cast<int>(o_.kpool);
+    a.top_k = static_cast<int>(o_.topk);
+    a.tail = o_.tail;
+    a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    a.weights_scale = 1.0f / std::sqrt(static_cast<float>(o_.heads));
+    a.max_query_len = b.max_query_len;
+    a.max_context_len = b.max_context_len;
+    kernels::AttentionBatch ab{&b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr,
+                               &b.dev.page_indices};
+    Tensor workspace;
+    const int64_t ws = kernels::kpool_topk_workspace_size(ctx_.device, T, b.num_seqs(), a);
+    if (ws > 0) {
+      workspace = step.empty({ws}, DType::kF32);
+      ab.workspace = &workspace;
     }
-    const int64_t width = o_.width(), keep = o_.topk / P;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    const float wscale = 1.0f / std::sqrt(static_cast<float>(H));
-    std::fill(out.ptr<int32_t>(), out.ptr<int32_t>() + out.numel(), -1);
-    for (int s = 0; s < b.num_seqs(); ++s) {
-      const PagedRows rows = paged_rows(b, s, 1);
-      const auto [q0, q1, start] = seq_rows(b, s);
-      // The pooled keys of every pool complete by the sequence's last row.
-      const int64_t pools = b.context_lens[s] / P;
-      std::vector<float> pool_k(static_cast<size_t>(pools * D));
-      for (int64_t j = 0; j < pools; ++j)
-        for (int64_t d = 0; d < D; ++d) {
-          float mx = -INFINITY;
-          for (int64_t t = 0; t < P; ++t)
-            mx = std::max(mx, rows.row(plane, j * P + t)[D + d] + ape[t * D + d]);
-          float sum = 0, acc = 0;
-          for (int64_t t = 0; t < P; ++t) {
-            const float* r = rows.row(plane, j * P + t);
-            const float e = std::exp(r[D + d] + ape[t * D + d] - mx);
-            sum += e;
-            acc += e * r[d];
-          }
-          pool_k[static_cast<size_t>(j * D + d)] = acc / sum;
-        }
-      for (int64_t i = q0; i < q1; ++i) {
-        const int64_t p = start + (i - q0), n = (p + 1) / P;  // pools whose last token p sees
-        std::vector<std::pair<float, int64_t>> score(static_cast<size_t>(n));
-        for (int64_t j = 0; j < n; ++j) {
-          float acc = 0;
-          for (int64_t h = 0; h < H; ++h) {
-            const float* qh = q.ptr<float>() + (i * H + h) * D;
-            float dot = 0;
-            for (int64_t d = 0; d < D; ++d) dot += qh[d] * pool_k[static_cast<size_t>(j * D + d)];
-            acc += w.ptr<float>()[i * H + h] * wscale * std::max(dot * scale, 0.0f);
-          }
-          score[static_cast<size_t>(j)] = {acc, j};
-        }
-        const int64_t take = std::min(keep, n);
-        std::partial_sort(score.begin(), score.begin() + take, score.end(),
-                          [](const auto& a, const auto& c) {
-                            return a.first > c.first || (a.first == c.first && a.second < c.second);
-                          });
-        int32_t* o = out.ptr<int32_t>() + i * width;
-        int64_t m = 0;
-        for (int64_t r = 0; r < take; ++r)
-          for (int64_t t = 0; t < P; ++t)
-            o[m++] = static_cast<int32_t>(score[static_cast<size_t>(r)].second * P + t);
-        if (o_.tail)
-          for (int64_t t = n * P; t <= p; ++t) o[m++] = static_cast<int32_t>(t);
-      }
-    }
+    kernels::kpool_topk(out, q, weights, plane, ape_->data(), ab, a);
   }
 
  private:
+  LayerContext& ctx_;
   KpoolOptions o_;
   ReplicatedLinear wq_b_, wk_, weights_proj_;
   Parameter* k_norm_w_;
@@ -319,7 +273,7 @@ class Glm5NextForConditionalGeneration : public Model {
         x, c.num_hidden_layers, root + ".layers", [&](int64_t i, const std::string& prefix) {
           return std::make_unique<Glm5NextDecoderLayer>(x, c, hc_, i, prefix);
         });
-    head_ = std::make_unique<HyperHead>(hc_);
+    head_ = std::make_unique<HyperHead>(x, hc_);
     if (st.last()) {
       norm_ = std::make_unique<RMSNorm>(x, root + ".norm", c.hidden_size, c.rms_norm_eps);
       lm_head_ = std::make_unique<ParallelLMHead>(x, "lm_head", c.vocab_size, c.hidden_size);

@@ -418,5 +418,105 @@ TEST(GpuIndexer, ScoresAndTopkMatchTheCpu) {
   for (const IndexerCase& c : cases) run_indexer_case(c, seed += 10);
 }
 
+// The k-pool indexer (GLM-5.3): the pooled keys, the pools' scores, the top pools expanded to
+// their positions and the incomplete tail pool, against the CPU. Inputs in F32 are scored in
+// the same order on both sides (only exp differs), so the lists must be equal but for near-ties;
+// with repeated rows (exact ties) they must be equal everywhere.
+struct KpoolCase {
+  std::vector<int> ctx, qlen;
+  int heads, dim, pool, top_k, block_size;
+  DType rows_dtype;
+  bool tail = true;
+  int distinct_rows = 0;  // > 0: cache rows repeat this many distinct rows
+};
+
+void run_kpool_case(const KpoolCase& c, uint64_t seed) {
+  PagedBatch b(c.ctx, c.qlen, c.block_size, static_cast<uint32_t>(seed));
+  const int64_t T = b.tokens();
+  const int H = c.heads, D = c.dim, P = c.pool;
+  Tensor q = random_cpu({T, static_cast<int64_t>(H) * D}, DType::kF32, seed + 1, -1, 1);
+  Tensor w = random_cpu({T, H}, DType::kF32, seed + 2, -1, 1);
+  Tensor cache = random_cpu({b.num_pages, c.block_size, 1, 2 * D}, c.rows_dtype, seed + 3, -2, 2);
+  Tensor ape = random_cpu({P, D}, DType::kF32, seed + 4, -1, 1);
+  if (c.distinct_rows > 0) {
+    const int64_t rowb = 2 * D * (dtype_bits(c.rows_dtype) / 8);
+    char* p = static_cast<char*>(cache.data());
+    for (int64_t r = c.distinct_rows; r < b.num_pages * c.block_size; ++r)
+      std::memcpy(p + r * rowb, p + (r % c.distinct_rows) * rowb, rowb);
+    // ape varies by slot, so equal rows pool alike only if slots repeat too: zero it.
+    std::fill(ape.ptr<float>(), ape.ptr<float>() + ape.numel(), 0.0f);
+  }
+  kernels::KpoolArgs a;
+  a.num_heads = H;
+  a.head_dim = D;
+  a.pool = P;
+  a.top_k = c.top_k;
+  a.tail = c.tail;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  a.weights_scale = 1.0f / std::sqrt(static_cast<float>(H));
+  a.max_query_len = b.max_query_len();
+  a.max_context_len = b.max_context_len();
+  const int W = a.width();
+  Tensor ref = Tensor::empty({T, W}, DType::kI32);
+  kernels::kpool_topk(ref, q, w, cache, ape, b.cpu(), a);
+  Tensor out = Tensor::empty({T, W}, DType::kI32, gpu());
+  poison(out);
+  Tensor ws = Tensor::empty(
+      {kernels::kpool_topk_workspace_size(gpu(), T, static_cast<int64_t>(c.ctx.size()), a)},
+      DType::kF32, gpu());
+  poison(ws);
+  kernels::AttentionBatch gb = b.dev();
+  gb.workspace = &ws;
+  kernels::kpool_topk(out, q.to(gpu()), w.to(gpu()), cache.to(gpu()), ape.to(gpu()), gb, a);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const Tensor got = host(out);
+  const auto qp = b.qpos();
+  int exact = 0, structural = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t* g = got.ptr<int32_t>() + t * W;
+    const int32_t* r = ref.ptr<int32_t>() + t * W;
+    exact += std::equal(g, g + W, r);
+    // Whatever the order of near-ties: the same count of whole pools, each a complete pool
+    // visible to the token, distinct, then the tail, then -1.
+    const int i = qp[t], n = (i + 1) / P, take = std::min(n, c.top_k / P);
+    bool ok = true;
+    std::set<int32_t> pools;
+    for (int k = 0; k < take && ok; ++k) {
+      const int32_t p0 = g[k * P];
+      ok = p0 >= 0 && p0 % P == 0 && p0 / P < n && pools.insert(p0).second;
+      for (int u = 1; u < P && ok; ++u) ok = g[k * P + u] == p0 + u;
+    }
+    int m = take * P;
+    if (c.tail)
+      for (int v = n * P; v <= i && ok; ++v) ok = g[m++] == v;
+    for (; m < W && ok; ++m) ok = g[m] == -1;
+    structural += ok;
+  }
+  std::printf("  k-pool %d heads of %d, pools of %d, top %d, %s rows: %d of %lld tokens equal "
+              "the CPU's lists, %d well formed\n",
+              H, D, P, c.top_k, std::string(dtype_name(c.rows_dtype)).c_str(), exact,
+              static_cast<long long>(T), structural);
+  EXPECT_EQ(structural, T);
+  if (c.distinct_rows > 0)
+    EXPECT_EQ(exact, T) << "exact ties must break by pool as on the CPU";
+  else
+    EXPECT_GE(exact, static_cast<int>(0.95 * T));
+}
+
+TEST(GpuKpool, PoolsScoresTopkAndTailMatchTheCpu) {
+  const std::vector<KpoolCase> cases = {
+      // The fixture's shape: 4 heads of 16, pools of 4, top 8 (2 pools); prefill and decode.
+      {{90, 23, 7}, {90, 5, 1}, 4, 16, 4, 8, 4, DType::kF32},
+      // GLM-5.3's: 32 heads of 128, pools of 16, top 2048 (128 pools): n below and above 128.
+      {{3000, 1000, 37}, {1, 9, 37}, 32, 128, 16, 2048, 64, DType::kBF16},
+      // Without the tail; a block size that is not a multiple of the pool.
+      {{200, 61}, {20, 61}, 8, 32, 8, 64, 12, DType::kF32, false},
+      // Exact ties between pools.
+      {{400}, {6}, 4, 16, 4, 40, 16, DType::kF32, true, 4},
+  };
+  uint64_t seed = 7100;
+  for (const KpoolCase& c : cases) run_kpool_case(c, seed += 10);
+}
+
 }  // namespace
 }  // namespace atom::test

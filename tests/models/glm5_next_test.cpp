@@ -38,10 +38,25 @@ TEST(Glm5Next, BadFieldsAreErrorsNamingThem) {
                         "'indexer_types'", "layer 3 is 'shared' but layer 2");
   EXPECT_ERROR_CONTAINS(load_glm5_edited([](auto& t) { t["layer_types"][0] = "mamba"; }),
                         "'layer_types'", "'mamba'");
-  // An FP8 KV cache on the CPU: the k-pool plane refuses it by name.
+}
+
+// An FP8 (e4m3) KV cache: the latent plane holds e4m3 codes; the k-pool indexer's plane (keys and
+// gate scores) keeps the activation dtype (CacheSpec::keeps_dtype). Measured on the fixture:
+// 0.137 relative against transformers with the bf16 cache at 3.4e-3 (e4m3 on the indexer's plane
+// too: 0.32, the gates' rounding moving the selection). The dense fixtures measure 4.0-6.5e-2
+// (tests/engine/kv_cache_dtype_test.cpp); this one's 32-wide latents, shared by every head, have
+// no rope part and pass through four hyper-connected streams.
+TEST(Glm5Next, Fp8KvCacheStaysNearTheReference) {
+  const Reference ref = reference_load("glm5_next");
   LoadedModel m = model_load(fixture_dir("glm5_next"), {});
-  EXPECT_ERROR_CONTAINS(score_tokens(*m.model, {5, 6, 7}, 0, 16, DType::kF8E4M3), "k-pool indexer",
-                        "F32");
+  const double err =
+      rel_err(score_tokens(*m.model, ref.input_ids, 0, 16, DType::kF8E4M3), ref.logits);
+  const double err_bf16 =
+      rel_err(score_tokens(*m.model, ref.input_ids, 0, 16, DType::kBF16), ref.logits);
+  std::printf("glm5_next: vs transformers fp32: fp8 KV cache rel err %.3g, bf16 cache %.3g\n", err,
+              err_bf16);
+  EXPECT_LE(err, 0.2);
+  EXPECT_GT(err, 10 * err_bf16) << "not quantised to e4m3's precision";
 }
 
 TEST(Glm5Next, VisionTowerIsSkippedUnread) {

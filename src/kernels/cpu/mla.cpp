@@ -251,4 +251,98 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
   }
 }
 
+void kpool_topk(Tensor& out, const Tensor& q, const Tensor& weights, const Tensor& rows_cache,
+                const Tensor& ape, const AttentionBatch& b, const KpoolArgs& a) {
+  check_rows("kpool_topk", q, "q");
+  check_rows("kpool_topk", weights, "weights");
+  const int H = a.num_heads, D = a.head_dim, P = a.pool, W = a.width();
+  const int64_t T = q.size(0);
+  ATOM_CHECK(H > 0 && D > 0 && P > 0 && a.top_k > 0 && a.top_k % P == 0,
+             "kpool_topk: {} heads of {}, pools of {}, top {}", H, D, P, a.top_k);
+  ATOM_CHECK(q.size(1) == static_cast<int64_t>(H) * D && weights.size(0) == T &&
+                 weights.size(1) == H && weights.dtype() == DType::kF32 &&
+                 ape.dtype() == DType::kF32 && ape.is_contiguous() && ape.numel() == P * D,
+             "kpool_topk: q {} weights {} ape {} for {} heads of {}, pools of {}", q.str(),
+             weights.str(), ape.str(), H, D, P);
+  ATOM_CHECK(out.dim() == 2 && out.size(0) == T && out.size(1) == W && out.is_contiguous() &&
+                 out.dtype() == DType::kI32,
+             "kpool_topk: out {} must be contiguous I32 [{}, {}]", out.str(), T, W);
+  check_one_row_cache("kpool_topk", rows_cache, 2 * D);
+  const TokenSeqs ts = token_seqs(b, T);
+  const int32_t* pip = b.page_indptr->ptr<int32_t>();
+  const int32_t* pid = b.page_indices->ptr<int32_t>();
+  const int32_t* cl = b.context_lens->ptr<int32_t>();
+  const int S = static_cast<int>(b.context_lens->numel());
+  const int64_t bs = rows_cache.size(1);
+  const DType ct = rows_cache.dtype();
+  const void* cache = rows_cache.data();
+  const float* ap = ape.ptr<float>();
+  // The pooled keys of every pool complete by each sequence's last row.
+  std::vector<std::vector<float>> pooled(static_cast<size_t>(S));
+  for (int s = 0; s < S; ++s) {
+    const int pools = cl[s] / P;
+    std::vector<float>& pk = pooled[static_cast<size_t>(s)];
+    pk.assign(static_cast<size_t>(pools) * D, 0.0f);
+    std::vector<float> row(static_cast<size_t>(2 * D) * P);
+    for (int j = 0; j < pools; ++j) {
+      for (int u = 0; u < P; ++u)
+        load_span(cache, ct, row_base(pip, pid, s, j * P + u, bs, 2 * D), 2 * D,
+                  row.data() + static_cast<size_t>(u) * 2 * D);
+      for (int d = 0; d < D; ++d) {
+        float mx = -INFINITY;
+        for (int u = 0; u < P; ++u) mx = std::max(mx, row[u * 2 * D + D + d] + ap[u * D + d]);
+        float sum = 0, acc = 0;
+        for (int u = 0; u < P; ++u) {
+          const float e = std::exp(row[u * 2 * D + D + d] + ap[u * D + d] - mx);
+          sum += e;
+          acc += e * row[u * 2 * D + d];
+        }
+        pk[static_cast<size_t>(j) * D + d] = acc / sum;
+      }
+    }
+  }
+  const int keep = a.top_k / P;
+  int32_t* outp = out.ptr<int32_t>();
+#pragma omp parallel if (T * H * D * 16 > kParallelMin)
+  {
+    std::vector<float> qv(static_cast<size_t>(H) * D), w(static_cast<size_t>(H)), score;
+    std::vector<int> order;
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t t = 0; t < T; ++t) {
+      const int s = ts.seq[t], i = ts.index[t], n = (i + 1) / P;
+      const std::vector<float>& pk = pooled[static_cast<size_t>(s)];
+      row_to_float(q, t, qv.data());
+      row_to_float(weights, t, w.data());
+      score.assign(static_cast<size_t>(n), 0.0f);
+      for (int j = 0; j < n; ++j) {
+        float sum = 0;
+        for (int h = 0; h < H; ++h) {
+          float dot = 0;
+          for (int d = 0; d < D; ++d)
+            dot += qv[static_cast<size_t>(h) * D + d] * pk[static_cast<size_t>(j) * D + d];
+          sum += (w[h] * a.weights_scale) * std::max(dot * a.scale, 0.0f);
+        }
+        score[j] = sum;
+      }
+      order.resize(static_cast<size_t>(n));
+      std::iota(order.begin(), order.end(), 0);
+      const int take = std::min(n, keep);
+      auto before = [&](int x, int y) {
+        const bool nx = std::isnan(score[x]), ny = std::isnan(score[y]);
+        if (nx != ny) return ny;
+        if (!nx && score[x] != score[y]) return score[x] > score[y];
+        return x < y;
+      };
+      std::partial_sort(order.begin(), order.begin() + take, order.end(), before);
+      int32_t* o = outp + t * W;
+      int m = 0;
+      for (int r = 0; r < take; ++r)
+        for (int u = 0; u < P; ++u) o[m++] = order[r] * P + u;
+      if (a.tail)
+        for (int v = n * P; v <= i; ++v) o[m++] = v;
+      for (; m < W; ++m) o[m] = -1;
+    }
+  }
+}
+
 }  // namespace atom::kernels::cpu

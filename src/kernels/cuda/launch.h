@@ -44,6 +44,32 @@ void launch_fill_uniform(void* data, Elem type, int64_t n, uint64_t seed, float 
 void launch_fill_uniform_f8(uint8_t* data, int64_t n, uint64_t seed, float lo, float hi,
                             cudaStream_t s);
 
+// ---- hyper_connection.cu (kernels/hyper_connection.h)
+inline constexpr int kHcLaunchMaxStreams = 16;
+// One block per token: with fn, m = rsqrt(mean(x²) + norm_eps) x · fnᵀ; mix (post set): pre,
+// post and the Sinkhorn'd comb from m, out = Σ_j pre_j x_j; head: out = Σ_j w_j x_j with
+// w = sigmoid(m scale0 + base) + hc_eps, or the mean without fn.
+struct HcLaunch {
+  const float* x = nullptr;  // streams [T, hc, D]
+  int64_t tokens = 0, dim = 0;
+  int hc = 0;
+  const float* fn = nullptr;  // [rows, hc D] or null (the mean)
+  const float* base = nullptr;
+  const float* scale = nullptr;
+  int rows = 0;           // (2 + hc) hc for a mix, hc for a head
+  Mat out;                // [T, D]
+  float* post = nullptr;  // [T, hc]: set for a mix
+  float* comb = nullptr;  // [T, hc, hc]
+  int sinkhorn_iters = 1;
+  float hc_eps = 0.0f, norm_eps = 0.0f;
+};
+void launch_hc_collapse(const HcLaunch& a, cudaStream_t s);
+// x[t, k] = post[t, k] y[t] + Σ_j comb[t, j, k] x[t, j], in place.
+void launch_hc_write_back(float* x, int64_t tokens, int hc, int64_t dim, Mat y, const float* post,
+                          const float* comb, cudaStream_t s);
+// x[t, j] = e[t] for every stream j.
+void launch_hc_expand(float* x, int64_t tokens, int hc, int64_t dim, Mat e, cudaStream_t s);
+
 // ---- rms_norm.cu
 // out = rmsnorm(x) over groups of `dim` columns; residual (may be null) += x first.
 void launch_rms_norm(Mat out, Mat x, const Mat* residual, const void* w, Elem w_type, int64_t dim,
@@ -335,8 +361,18 @@ struct IndexerLaunch {
   int num_seqs = 0, num_heads = 0, head_dim = 0, top_k = 0, max_context_len = 0;
   float scale = 1.0f, weights_scale = 1.0f;
   float* scores = nullptr;  // scratch [T, max_context_len]
+  // The k-pool indexer (pool > 1): a token at context index i sees the (i + 1) / pool pools
+  // complete by i, whose keys are pooled [num_seqs, max_context_len, D] F32 (max_context_len
+  // counting pools); cache is not read.
+  int pool = 1;
+  const float* pooled = nullptr;
 };
 inline constexpr int kIndexerMaxTopK = 4096, kIndexerMaxHeadDim = 256, kIndexerMaxHeads = 128;
 void launch_indexer_topk(const IndexerLaunch& a, cudaStream_t s);
+// The k-pool indexer: each complete pool's key into a.pooled (from the rows cache a.cache of
+// 2 D wide rows and ape [pool, D] F32), the pools' scores and top_k (pools) as
+// launch_indexer_topk, then out [T, width] (kernels::kpool_topk's layout).
+void launch_kpool_topk(const IndexerLaunch& a, const float* ape, float* pooled, int32_t* out,
+                       int width, bool tail, cudaStream_t s);
 
 }  // namespace atom::kernels::cuda

@@ -61,6 +61,19 @@ int64_t indexer_topk_workspace_size(int64_t num_tokens, const IndexerArgs& a) {
   return num_tokens * std::max(1, a.max_context_len);
 }
 
+namespace {
+int64_t kpool_max_pools(const KpoolArgs& a) {
+  return std::max<int64_t>(1, a.max_context_len / std::max(1, a.pool));
+}
+}  // namespace
+
+// Pooled keys [S, pools, D], scores [T, pools], then the chosen pools [T, top_k / P] (I32).
+int64_t kpool_topk_workspace_size(int64_t num_tokens, int64_t num_seqs, const KpoolArgs& a) {
+  const int64_t pools = kpool_max_pools(a);
+  return num_seqs * pools * a.head_dim + num_tokens * pools +
+         num_tokens * (a.top_k / std::max(1, a.pool));
+}
+
 void cache_rows_write(Tensor& cache, const Tensor& rows, const Tensor& slot_mapping) {
   check_rows("cache_rows_write", rows, "rows");
   const int64_t W = rows.size(1), T = rows.size(0);
@@ -79,7 +92,7 @@ void mla_rope_cache_write(Tensor& q, Tensor& kv, const Tensor& positions, const 
   check_rows("mla_rope_cache_write", kv, "kv");
   const int H = a.num_heads, N = a.nope_dim, R = a.rope_dim, L = a.latent_dim;
   const int64_t T = q.size(0);
-  ATOM_CHECK(H > 0 && N >= 0 && R > 0 && R % 2 == 0 && L > 0,
+  ATOM_CHECK(H > 0 && N >= 0 && R >= 0 && R % 2 == 0 && L > 0,
              "mla_rope_cache_write: {} heads, nope {} rope {} latent {}", H, N, R, L);
   ATOM_CHECK(q.size(1) == static_cast<int64_t>(H) * (N + R) && kv.size(0) == T &&
                  kv.size(1) == L + R && positions.numel() == T && is_i32(positions),
@@ -90,6 +103,7 @@ void mla_rope_cache_write(Tensor& q, Tensor& kv, const Tensor& positions, const 
   check_one_row_cache("mla_rope_cache_write", latent_cache, L + R);
   ATOM_CHECK(slot_mapping.numel() == T && is_i32(slot_mapping),
              "mla_rope_cache_write: slot_mapping {} for {} tokens", slot_mapping.str(), T);
+  if (R == 0) return cache_rows_write(latent_cache, kv, slot_mapping);  // nothing to rotate
   MlaRopeLaunch l;
   l.q = mat_of(q, "mla_rope_cache_write");
   l.kv = mat_of(kv, "mla_rope_cache_write");
@@ -240,6 +254,65 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
   l.scores = b.workspace->ptr<float>();
   launch_indexer_topk(l, current_stream());
   launch_check("indexer_topk");
+}
+
+void kpool_topk(Tensor& out, const Tensor& q, const Tensor& weights, const Tensor& rows_cache,
+                const Tensor& ape, const AttentionBatch& b, const KpoolArgs& a) {
+  check_rows("kpool_topk", q, "q");
+  check_rows("kpool_topk", weights, "weights");
+  const int H = a.num_heads, D = a.head_dim, P = a.pool, W = a.width();
+  const int64_t T = q.size(0);
+  ATOM_CHECK(H > 0 && D > 0 && P > 0 && a.top_k > 0 && a.top_k % P == 0,
+             "kpool_topk: {} heads of {}, pools of {}, top {}", H, D, P, a.top_k);
+  const int keep = a.top_k / P;
+  ATOM_CHECK(H <= kIndexerMaxHeads && D <= kIndexerMaxHeadDim && keep <= kIndexerMaxTopK &&
+                 (H * D + H + 128 * (D + 1)) * 4 <= 200 * 1024,
+             "kpool_topk: {} heads of {}, top {} pools: the CUDA kernels take up to {} heads of "
+             "{} and top {}",
+             H, D, keep, kIndexerMaxHeads, kIndexerMaxHeadDim, kIndexerMaxTopK);
+  ATOM_CHECK(q.size(1) == static_cast<int64_t>(H) * D && weights.size(0) == T &&
+                 weights.size(1) == H && weights.dtype() == DType::kF32 &&
+                 ape.dtype() == DType::kF32 && ape.is_contiguous() && ape.numel() == P * D,
+             "kpool_topk: q {} weights {} ape {} for {} heads of {}, pools of {}", q.str(),
+             weights.str(), ape.str(), H, D, P);
+  ATOM_CHECK(out.dim() == 2 && out.size(0) == T && out.size(1) == W && out.is_contiguous() &&
+                 out.dtype() == DType::kI32,
+             "kpool_topk: out {} must be contiguous I32 [{}, {}]", out.str(), T, W);
+  check_one_row_cache("kpool_topk", rows_cache, 2 * D);
+  check_batch("kpool_topk", b);
+  const int S = static_cast<int>(b.context_lens->numel());
+  if (S == 0 || T == 0) return;
+  const int64_t need = kpool_topk_workspace_size(T, S, a), pools = kpool_max_pools(a);
+  ATOM_CHECK(b.workspace && b.workspace->dtype() == DType::kF32 && b.workspace->is_contiguous() &&
+                 b.workspace->numel() >= need,
+             "kpool_topk: needs an F32 workspace of {} elements (kpool_topk_workspace_size)", need);
+  float* pooled = b.workspace->ptr<float>();
+  IndexerLaunch l;
+  l.q = q.data();
+  l.q_stride = T > 1 ? q.stride(0) : q.size(1);
+  l.q_type = elem_of(q.dtype(), "kpool_topk");
+  l.weights = weights.ptr<float>();
+  l.weights_stride = T > 1 ? weights.stride(0) : weights.size(1);
+  l.cache = rows_cache.data();
+  l.cache_type = elem_of(rows_cache.dtype(), "kpool_topk");
+  l.block_size = static_cast<int>(rows_cache.size(1));
+  l.query_start = b.query_start->ptr<int32_t>();
+  l.context_lens = b.context_lens->ptr<int32_t>();
+  l.page_indptr = b.page_indptr->ptr<int32_t>();
+  l.page_indices = b.page_indices->ptr<int32_t>();
+  l.num_tokens = T;
+  l.num_seqs = S;
+  l.num_heads = H;
+  l.head_dim = D;
+  l.top_k = keep;
+  l.max_context_len = static_cast<int>(pools);
+  l.scale = a.scale;
+  l.weights_scale = a.weights_scale;
+  l.pool = P;
+  l.scores = pooled + S * pools * D;
+  l.topk = reinterpret_cast<int32_t*>(l.scores + T * pools);
+  launch_kpool_topk(l, ape.ptr<float>(), pooled, out.ptr<int32_t>(), W, a.tail, current_stream());
+  launch_check("kpool_topk");
 }
 
 void layer_norm(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& b, float eps) {

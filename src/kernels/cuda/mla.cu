@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(IndexerLau
   const int64_t t = blockIdx.x;
   const int s = seq_of(a.query_start, a.num_seqs, static_cast<int>(t));
   const int q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
-  const int n = a.context_lens[s] - ql + (static_cast<int>(t) - q0) + 1;
+  const int n = (a.context_lens[s] - ql + (static_cast<int>(t) - q0) + 1) / a.pool;
   const int j0 = blockIdx.y * kScoreThreads;
   if (j0 >= n) return;
   const char* qrow = static_cast<const char*>(a.q) + t * a.q_stride * ebytes(a.q_type);
@@ -201,7 +201,8 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(IndexerLau
   for (int e = threadIdx.x; e < rows * D; e += blockDim.x) {
     const int r = e / D, d = e % D;
     ks[r * (D + 1) + d] =
-        load_elem(a.cache, a.cache_type, cache_row(pages, a.block_size, j0 + r, D) + d);
+        a.pooled ? a.pooled[(static_cast<int64_t>(s) * a.max_context_len + j0 + r) * D + d]
+                 : load_elem(a.cache, a.cache_type, cache_row(pages, a.block_size, j0 + r, D) + d);
   }
   __syncthreads();
   const int j = j0 + threadIdx.x;
@@ -239,7 +240,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_select_kernel(IndexerLau
   const int tid = threadIdx.x, K = a.top_k;
   const int s = seq_of(a.query_start, a.num_seqs, static_cast<int>(t));
   const int q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
-  const int n = a.context_lens[s] - ql + (static_cast<int>(t) - q0) + 1;
+  const int n = (a.context_lens[s] - ql + (static_cast<int>(t) - q0) + 1) / a.pool;
   const float* sc = a.scores + t * a.max_context_len;
   auto composite = [](uint32_t key, int j) {
     return (static_cast<unsigned long long>(key) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(j));
@@ -322,6 +323,51 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_select_kernel(IndexerLau
     out[k] = k < keep ? static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(buf[k])) : -1;
 }
 
+// The k-pool indexer's pooled keys: block (pool j, sequence s), a thread per channel; pools not
+// complete by the sequence's last token are skipped.
+__global__ void kpool_pool_kernel(IndexerLaunch a, const float* ape, float* pooled) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int s = blockIdx.y, j = blockIdx.x, P = a.pool, D = a.head_dim;
+  if (j >= a.context_lens[s] / P) return;
+  const int32_t* pages = a.page_indices + a.page_indptr[s];
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float mx = -INFINITY;
+    for (int u = 0; u < P; ++u)
+      mx = fmaxf(mx, load_elem(a.cache, a.cache_type,
+                               cache_row(pages, a.block_size, j * P + u, 2 * D) + D + d) +
+                         ape[u * D + d]);
+    float sum = 0.0f, acc = 0.0f;
+    for (int u = 0; u < P; ++u) {
+      const int64_t row = cache_row(pages, a.block_size, j * P + u, 2 * D);
+      const float e = expf(load_elem(a.cache, a.cache_type, row + D + d) + ape[u * D + d] - mx);
+      sum += e;
+      acc += e * load_elem(a.cache, a.cache_type, row + d);
+    }
+    pooled[(static_cast<int64_t>(s) * a.max_context_len + j) * D + d] = acc / sum;
+  }
+}
+
+// A block per token: its chosen pools (a.topk, -1 past the last) as positions, then the tail.
+__global__ void kpool_expand_kernel(IndexerLaunch a, int32_t* out, int width, bool tail) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int t = blockIdx.x, P = a.pool;
+  const int s = seq_of(a.query_start, a.num_seqs, t);
+  const int q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
+  const int i = a.context_lens[s] - ql + (t - q0), n = (i + 1) / P;
+  const int take = min(n, a.top_k), tail_len = tail ? i - n * P + 1 : 0;
+  const int32_t* pools = a.topk + static_cast<int64_t>(t) * a.top_k;
+  for (int e = threadIdx.x; e < width; e += blockDim.x) {
+    int v = -1;
+    if (e < take * P)
+      v = pools[e / P] * P + e % P;
+    else if (e - take * P < tail_len)
+      v = n * P + (e - take * P);
+    out[static_cast<int64_t>(t) * width + e] = v;
+  }
+}
+
 std::atomic<uint64_t> g_score_smem{0}, g_select_smem{0};
 
 }  // namespace
@@ -366,6 +412,18 @@ void launch_indexer_topk(const IndexerLaunch& a, cudaStream_t s) {
                         kIndexerMaxTopK * static_cast<int>(sizeof(unsigned long long)));
   launch(indexer_select_kernel, static_cast<unsigned>(a.num_tokens), kTopkThreads,
          static_cast<size_t>(sort_n) * sizeof(unsigned long long), s, a, sort_n);
+}
+
+void launch_kpool_topk(const IndexerLaunch& a, const float* ape, float* pooled, int32_t* out,
+                       int width, bool tail, cudaStream_t s) {
+  if (a.num_tokens == 0) return;
+  launch(kpool_pool_kernel,
+         dim3(static_cast<unsigned>(a.max_context_len), static_cast<unsigned>(a.num_seqs)), 128, 0,
+         s, a, ape, pooled);
+  IndexerLaunch pools = a;
+  pools.pooled = pooled;
+  launch_indexer_topk(pools, s);
+  launch(kpool_expand_kernel, static_cast<unsigned>(a.num_tokens), 128, 0, s, a, out, width, tail);
 }
 
 }  // namespace atom::kernels::cuda

@@ -1,5 +1,6 @@
 // Hybrid linear-attention models on the GPU (Gated DeltaNet: Qwen3-Next, Qwen3.5 dense and MoE;
-// Kimi delta attention: Kimi-Linear): logits against the CPU path in the same precision (bf16
+// Kimi delta attention: Kimi-Linear; GLM-5.3's KDA with NoPE latent attention over k-pool
+// selections and hyper-connections): logits against the CPU path in the same precision (bf16
 // activations and weights) and against transformers' fp32 fixtures, chunked prefill and
 // token-by-token decode (the recurrent state carried in the slot pool) against a whole prefill,
 // greedy tokens against the bf16 CPU path's; and the engine on the GPU: continuous batching with
@@ -120,7 +121,13 @@ TEST_P(GpuHybridParity, LogitsChunkedStepwiseAndGreedy) {
   EXPECT_GE(std::max(agree, agree_ref), 3u) << GetParam();
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GpuHybridParity, ::testing::ValuesIn(hybrid_fixture_names()),
+std::vector<std::string> gpu_hybrid_names() {
+  std::vector<std::string> names = hybrid_fixture_names();
+  names.push_back("glm5_next");
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuHybridParity, ::testing::ValuesIn(gpu_hybrid_names()),
                          [](const auto& info) { return info.param; });
 
 // Decode graphs against eager decoding on a hybrid: three sequences (a batch the graphs pad to 4:
@@ -173,7 +180,7 @@ TEST_P(GpuHybridRunner, DecodeGraphsMatchEager) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuHybridRunner,
-                         ::testing::Values("qwen3_next", "qwen3_5", "kimi_linear"),
+                         ::testing::Values("qwen3_next", "qwen3_5", "kimi_linear", "glm5_next"),
                          [](const auto& info) { return info.param; });
 
 // The engine on the GPU: 12 requests of mixed lengths under continuous batching (chunked prefill
@@ -230,7 +237,7 @@ TEST_P(GpuHybridEngine, BatchedAndCheckpointResumedRequestsMatchSingleRuns) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuHybridEngine,
-                         ::testing::Values("qwen3_next", "qwen3_5_moe", "kimi_linear"),
+                         ::testing::Values("qwen3_next", "qwen3_5_moe", "kimi_linear", "glm5_next"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace

@@ -1,0 +1,72 @@
+// Manifold-constrained hyper-connections (mHC; DeepSeek-V4, GLM-5.3): the maps of layers/
+// hyper_connection.h over hc residual streams, in fp32.
+//   streams [T, hc, D] F32 contiguous (the residual: it stays fp32 on every backend)
+//   f = x.flatten() · rsqrt(mean(x²) + norm_eps); m = f · fnᵀ (fn [rows, hc D] F32)
+// hc_mix: rows = (2 + hc) hc; base [rows] and scale [3] F32:
+//   pre  = sigmoid(m[0:hc] scale0 + base[0:hc]) + hc_eps
+//   post = 2 sigmoid(m[hc:2hc] scale1 + base[hc:2hc])                         -> post [T, hc] F32
+//   comb = softmax_row(m[2hc:].view(hc, hc) scale2 + base[2hc:]) + hc_eps, then columns, then
+//          (sinkhorn_iters - 1) times rows and columns normalised (each sum + hc_eps)
+//                                                                             -> comb [T, hc, hc]
+//   input = Σ_j pre_j x_j                                  -> input [T, D] (any float dtype)
+// hc_write_back: x'_k = post_k y + Σ_j comb[j, k] x_j, in place; y [T, D] any float dtype.
+// hc_head: out = Σ_j w_j x_j with w = sigmoid(m scale0 + base) + hc_eps (fn [hc, hc D], base
+//   [hc], scale [1]), or w = 1 / hc when fn is undefined (the mean); out [T, D] any float dtype.
+// hc_expand: every stream the embedding, streams[t, j] = e[t]; e [T, D] any float dtype.
+#pragma once
+
+#include "kernels/dispatch.h"
+
+namespace atom::kernels {
+
+struct HcArgs {
+  int hc = 4;
+  int sinkhorn_iters = 20;
+  float hc_eps = 1e-6f;
+  float norm_eps = 1e-6f;
+};
+
+namespace cpu {
+void hc_mix(Tensor& input, Tensor& post, Tensor& comb, const Tensor& streams, const Tensor& fn,
+            const Tensor& base, const Tensor& scale, const HcArgs& a);
+void hc_write_back(Tensor& streams, const Tensor& y, const Tensor& post, const Tensor& comb);
+void hc_head(Tensor& out, const Tensor& streams, const Tensor& fn, const Tensor& base,
+             const Tensor& scale, const HcArgs& a);
+void hc_expand(Tensor& streams, const Tensor& e);
+}  // namespace cpu
+namespace cuda {
+// The CUDA kernels take up to kHcMaxStreams streams.
+inline constexpr int kHcMaxStreams = 16;
+void hc_mix(Tensor& input, Tensor& post, Tensor& comb, const Tensor& streams, const Tensor& fn,
+            const Tensor& base, const Tensor& scale, const HcArgs& a);
+void hc_write_back(Tensor& streams, const Tensor& y, const Tensor& post, const Tensor& comb);
+void hc_head(Tensor& out, const Tensor& streams, const Tensor& fn, const Tensor& base,
+             const Tensor& scale, const HcArgs& a);
+void hc_expand(Tensor& streams, const Tensor& e);
+}  // namespace cuda
+
+inline void hc_mix(Tensor& input, Tensor& post, Tensor& comb, const Tensor& streams,
+                   const Tensor& fn, const Tensor& base, const Tensor& scale, const HcArgs& a) {
+  check_same_device("hc_mix", input.device(), {&post, &comb, &streams, &fn, &base, &scale});
+  if (input.device().is_cpu()) return cpu::hc_mix(input, post, comb, streams, fn, base, scale, a);
+  ATOM_KERNEL_CUDA("hc_mix", cuda::hc_mix(input, post, comb, streams, fn, base, scale, a));
+}
+inline void hc_write_back(Tensor& streams, const Tensor& y, const Tensor& post,
+                          const Tensor& comb) {
+  check_same_device("hc_write_back", streams.device(), {&y, &post, &comb});
+  if (streams.device().is_cpu()) return cpu::hc_write_back(streams, y, post, comb);
+  ATOM_KERNEL_CUDA("hc_write_back", cuda::hc_write_back(streams, y, post, comb));
+}
+inline void hc_head(Tensor& out, const Tensor& streams, const Tensor& fn, const Tensor& base,
+                    const Tensor& scale, const HcArgs& a) {
+  check_same_device("hc_head", out.device(), {&streams, &fn, &base, &scale});
+  if (out.device().is_cpu()) return cpu::hc_head(out, streams, fn, base, scale, a);
+  ATOM_KERNEL_CUDA("hc_head", cuda::hc_head(out, streams, fn, base, scale, a));
+}
+inline void hc_expand(Tensor& streams, const Tensor& e) {
+  check_same_device("hc_expand", streams.device(), {&e});
+  if (streams.device().is_cpu()) return cpu::hc_expand(streams, e);
+  ATOM_KERNEL_CUDA("hc_expand", cuda::hc_expand(streams, e));
+}
+
+}  // namespace atom::kernels

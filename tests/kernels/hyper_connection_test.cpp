@@ -1,0 +1,127 @@
+// CUDA hyper-connection kernels (kernels/hyper_connection.h) against the CPU reference: a mix
+// site's collapsed input, post weights and Sinkhorn'd comb matrix, the write-back into the
+// streams, the final head by learned weights and by the mean, and the expansion of the
+// embedding; at GLM-5.3's four streams (the compiled-in count) and at others (the generic
+// kernel), F32 and BF16 sublayer tensors.
+#include <cstdio>
+
+#include "common/test_util.h"
+#include "gpu_util.h"
+#include "kernels/hyper_connection.h"
+
+namespace atom::test {
+namespace {
+
+struct HcCase {
+  int64_t tokens, dim;
+  int hc, iters;
+  DType act;
+};
+
+void run_hc_case(const HcCase& c, uint64_t seed) {
+  const int64_t T = c.tokens, D = c.dim, hc = c.hc, rows = (2 + hc) * hc;
+  kernels::HcArgs a;
+  a.hc = c.hc;
+  a.sinkhorn_iters = c.iters;
+  a.hc_eps = 1e-6f;
+  a.norm_eps = 1e-6f;
+  Tensor x = random_cpu({T, hc, D}, DType::kF32, seed, -2, 2);
+  // fn small enough that the sigmoids and the softmax are not saturated.
+  Tensor fn = random_cpu({rows, hc * D}, DType::kF32, seed + 1, -0.05f, 0.05f);
+  Tensor base = random_cpu({rows}, DType::kF32, seed + 2, -1, 1);
+  Tensor scale = random_cpu({3}, DType::kF32, seed + 3, 0.5f, 2);
+  Tensor y = random_cpu({T, D}, c.act, seed + 4, -1, 1);
+  const Tensor gx = x.to(gpu()), gfn = fn.to(gpu()), gbase = base.to(gpu()),
+               gscale = scale.to(gpu());
+  const std::string what = "hc " + std::to_string(hc) + " D " + std::to_string(D) + " T " +
+                           std::to_string(T) + " " + std::string(dtype_name(c.act));
+
+  // The mix.
+  Tensor in = Tensor::empty({T, D}, c.act), post = Tensor::empty({T, hc}, DType::kF32),
+         comb = Tensor::empty({T, hc, hc}, DType::kF32);
+  kernels::hc_mix(in, post, comb, x, fn, base, scale, a);
+  Tensor gin = Tensor::empty({T, D}, c.act, gpu()),
+         gpost = Tensor::empty({T, hc}, DType::kF32, gpu()),
+         gcomb = Tensor::empty({T, hc, hc}, DType::kF32, gpu());
+  poison(gin);
+  poison(gpost);
+  poison(gcomb);
+  kernels::hc_mix(gin, gpost, gcomb, gx, gfn, gbase, gscale, a);
+  const double e_post = rel_err(host(gpost), post), e_comb = rel_err(host(gcomb), comb),
+               e_in = rel_err(host(gin), in);
+  // The comb matrices are (nearly) doubly stochastic after Sinkhorn: a check of the reference.
+  const Tensor cb = host(gcomb);
+  double worst_col = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < hc; ++j) {
+      double s = 0;
+      for (int64_t i = 0; i < hc; ++i) s += cb.ptr<float>()[(t * hc + i) * hc + j];
+      worst_col = std::max(worst_col, std::fabs(s - 1.0));
+    }
+
+  // The write-back, from the CPU's mix on both sides.
+  Tensor x2 = x.clone();
+  kernels::hc_write_back(x2, y, post, comb);
+  Tensor gx2 = gx.clone();
+  kernels::hc_write_back(gx2, y.to(gpu()), post.to(gpu()), comb.to(gpu()));
+  const double e_wb = rel_err(host(gx2), x2);
+
+  // The heads: learned weights (fn [hc, hc D]) and the mean.
+  Tensor hfn = fn.narrow(0, 0, hc).contiguous(), hbase = base.narrow(0, 0, hc).contiguous(),
+         hscale = scale.narrow(0, 0, 1).contiguous();
+  Tensor head = Tensor::empty({T, D}, c.act), mean = Tensor::empty({T, D}, c.act);
+  kernels::hc_head(head, x, hfn, hbase, hscale, a);
+  kernels::hc_head(mean, x, Tensor(), Tensor(), Tensor(), a);
+  Tensor ghead = Tensor::empty({T, D}, c.act, gpu()), gmean = Tensor::empty({T, D}, c.act, gpu());
+  poison(ghead);
+  poison(gmean);
+  kernels::hc_head(ghead, gx, hfn.to(gpu()), hbase.to(gpu()), hscale.to(gpu()), a);
+  kernels::hc_head(gmean, gx, Tensor(), Tensor(), Tensor(), a);
+  const double e_head = rel_err(host(ghead), head), e_mean = rel_err(host(gmean), mean);
+
+  // The expansion.
+  Tensor s = Tensor::empty({T, hc, D}, DType::kF32);
+  kernels::hc_expand(s, y);
+  Tensor gs = Tensor::empty({T, hc, D}, DType::kF32, gpu());
+  poison(gs);
+  kernels::hc_expand(gs, y.to(gpu()));
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const double e_exp = rel_err(host(gs), s);
+  std::printf("  %s: post %.3g comb %.3g input %.3g write-back %.3g head %.3g mean %.3g expand "
+              "%.3g; |column sum - 1| <= %.3g\n",
+              what.c_str(), e_post, e_comb, e_in, e_wb, e_head, e_mean, e_exp, worst_col);
+  // F32 math on both sides in other orders (the GPU's dot products in float, the CPU's in
+  // double); a BF16 output rounds once (2^-9 relative).
+  const double out_tol = c.act == DType::kF32 ? 1e-5 : 4e-3;
+  EXPECT_LE(e_post, 1e-5) << what;
+  EXPECT_LE(e_comb, 1e-5) << what;
+  EXPECT_LE(e_in, out_tol) << what;
+  EXPECT_LE(e_wb, 1e-5) << what;
+  EXPECT_LE(e_head, out_tol) << what;
+  EXPECT_LE(e_mean, out_tol) << what;
+  EXPECT_EQ(e_exp, 0.0) << what;
+  EXPECT_LE(worst_col, 1e-4) << what;
+}
+
+TEST(GpuHyperConnection, MixWriteBackHeadAndExpandMatchTheCpu) {
+  const std::vector<HcCase> cases = {
+      {7, 64, 4, 20, DType::kF32},      // the fixtures' width
+      {33, 4096, 4, 20, DType::kBF16},  // GLM-5.3's and V4's streams at a real width
+      {1, 4096, 4, 20, DType::kBF16},   // decode
+      {5, 250, 3, 7, DType::kF32},      // the generic kernel, an odd width (no float4 loads)
+      {3, 96, 16, 20, DType::kBF16},    // the most streams the kernels take
+  };
+  uint64_t seed = 9100;
+  for (const HcCase& c : cases) run_hc_case(c, seed += 10);
+}
+
+TEST(GpuHyperConnection, TooManyStreamsAreRefusedByName) {
+  kernels::HcArgs a;
+  a.hc = 17;
+  Tensor x = Tensor::empty({1, 17, 8}, DType::kF32, gpu());
+  Tensor e = Tensor::empty({1, 8}, DType::kBF16, gpu());
+  EXPECT_ERROR_CONTAINS(kernels::hc_expand(x, e), "17 streams", "take 1 to 16");
+}
+
+}  // namespace
+}  // namespace atom::test
