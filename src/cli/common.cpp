@@ -177,13 +177,12 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
 std::unique_ptr<LoadedDrafter> model_args_load_drafter(const ModelArgs& a, ModelGroup& m,
                                                        const EngineConfig& c) {
   if (c.speculative_method.empty()) return nullptr;
-  if (m.world_size() > 1)
-    fail("speculative decoding is not supported with tensor or pipeline parallelism yet");
+  // Under tensor parallelism the drafter is whole, on the leader's device.
   ModelOptions o;
-  o.device = m.model().device();
+  o.device = m.model(m.leader()).device();
   o.act_dtype = dtype_arg_parse(a.dtype);
   return std::make_unique<LoadedDrafter>(
-      drafter_load(a.model, m.model(), o, load_format_parse(a.load_format)));
+      drafter_load(a.model, m, o, load_format_parse(a.load_format)));
 }
 
 std::vector<int32_t> token_list_parse(const std::string& s, const std::string& flag) {

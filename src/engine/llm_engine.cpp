@@ -171,8 +171,9 @@ void LLMEngine::set_proposer(std::unique_ptr<DraftProposer> proposer) {
     fail("speculative decoding with {} draft tokens needs {} state slots per request, the plan "
          "has {}",
          K, 1 + K, plan_.state_slots_per_request);
-  if (ranks_ > 1)
-    fail("speculative decoding is not supported with tensor or pipeline parallelism yet");
+  if (pp_size_ > 1)
+    fail("speculative decoding is not supported with pipeline parallelism yet ({} stages)",
+         pp_size_);
   const double r = config_.spec_decode_acceptance_rate;
   if (r >= 0 && r > 1) fail("--spec-decode-acceptance-rate must be in [0, 1], got {}", r);
   proposer_ = std::move(proposer);

@@ -38,6 +38,11 @@ class TpRunner final : public StepRunner {
   int num_pages() const override { return runners_[0]->num_pages(); }
   int max_model_len() const override { return runners_[0]->max_model_len(); }
   int rebalance_experts() override;
+  // The leader's hidden states of the last step (speculative decoding's drafter reads them: after
+  // the tensor-parallel all-reduces every rank of the last stage holds them whole).
+  Tensor last_hidden() const override {
+    return runners_[static_cast<size_t>(leader_)]->last_hidden();
+  }
 
   // Every rank of the group (tensor x pipeline).
   int ranks() const { return static_cast<int>(runners_.size()); }

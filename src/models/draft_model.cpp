@@ -1,11 +1,16 @@
 #include "models/draft_model.h"
 
+#include <algorithm>
+#include <cstring>
+#include <functional>
 #include <map>
 
 #include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/convert.h"
 #include "kernels/elementwise.h"
+#include "models/model_group.h"
 
 namespace atom {
 
@@ -62,8 +67,73 @@ std::unique_ptr<DraftModel> drafter_create(const ModelConfig& config, const Mode
   return it->second(config, options);
 }
 
+namespace {
+
+// Where a shared tensor comes from: the target's own (one rank), or gathered from a group.
+using SharedSource = std::function<Tensor(const std::string& theirs, const Tensor& mine)>;
+
+LoadedDrafter drafter_load_impl(const std::string& model_dir, Model& target,
+                                const ModelOptions& options, LoadFormat format,
+                                const SharedSource& gather);
+
+// The rows of the vocabulary-parallel tensor `name` (embedding or LM head: rank t of a stage
+// holds rows [t rows, (t + 1) rows) of the padded vocabulary) from the tensor-parallel ranks of
+// the stage holding it, into a tensor shaped like `mine` on its device. Undefined when no rank
+// holds `name`.
+Tensor gather_vocab_rows(ModelGroup& g, const std::string& name, const Tensor& mine) {
+  const int tp = g.tp_size();
+  int stage = -1;
+  for (int r = 0; r < g.world_size() && stage < 0; ++r)
+    if (g.model(r).params().find(name)) stage = r / tp;
+  if (stage < 0) return Tensor();
+  Tensor full = Tensor::zeros(mine.shape(), mine.dtype());
+  const int64_t width = mine.size(1), bytes = width * dtype_bytes(mine.dtype(), 1);
+  for (int t = 0; t < tp; ++t) {
+    Parameter* p = g.model(stage * tp + t).params().find(name);
+    ATOM_CHECK(p && p->data().dim() == 2 && p->data().size(1) == width,
+               "drafter: rank {} holds {} as {}, not rows of {}", stage * tp + t, name,
+               p ? p->data().str() : std::string("nothing"), width);
+    const Tensor shard = tensor_cast_cpu(p->data(), mine.dtype());
+    const int64_t rows = shard.size(0), start = t * rows;
+    const int64_t n = std::max<int64_t>(0, std::min(rows, mine.size(0) - start));
+    std::memcpy(static_cast<char*>(full.data()) + start * bytes, shard.data(),
+                static_cast<size_t>(n * bytes));
+  }
+  Tensor out = Tensor::empty(mine.shape(), mine.dtype(), mine.device());
+  tensor_assign(out, full);
+  return out;
+}
+
+}  // namespace
+
 LoadedDrafter drafter_load(const std::string& model_dir, Model& target, const ModelOptions& options,
                            LoadFormat format) {
+  return drafter_load_impl(model_dir, target, options, format,
+                           [&target](const std::string& theirs, const Tensor&) {
+                             Parameter* t = target.params().find(theirs);
+                             return t ? t->data() : Tensor();
+                           });
+}
+
+LoadedDrafter drafter_load(const std::string& model_dir, ModelGroup& targets,
+                           const ModelOptions& options, LoadFormat format) {
+  if (targets.world_size() == 1) return drafter_load(model_dir, targets.model(), options, format);
+  if (targets.pp_size() > 1)
+    fail("speculative decoding is not supported with pipeline parallelism yet ({} stages)",
+         targets.pp_size());
+  ATOM_CHECK(options.tp_size == 1, "drafter: built whole on the leader, not over {} ranks",
+             options.tp_size);
+  return drafter_load_impl(model_dir, targets.model(targets.leader()), options, format,
+                           [&targets](const std::string& theirs, const Tensor& mine) {
+                             return gather_vocab_rows(targets, theirs, mine);
+                           });
+}
+
+namespace {
+
+LoadedDrafter drafter_load_impl(const std::string& model_dir, Model& target,
+                                const ModelOptions& options, LoadFormat format,
+                                const SharedSource& gather) {
   LoadedDrafter r;
   r.model = drafter_create(target.config(), options);
   DraftModel& d = *r.model;
@@ -93,14 +163,14 @@ LoadedDrafter drafter_load(const std::string& model_dir, Model& target, const Mo
     Parameter* p = d.params().find(mine);
     ATOM_CHECK(p, "drafter: shared parameter '{}' does not exist", mine);
     if (format != LoadFormat::kDummy && !p->received_nothing()) continue;
-    Parameter* t = target.params().find(theirs);
-    if (!t)
+    const Tensor t = gather(theirs, p->data());
+    if (!t.defined())
       fail("{}: the drafter's '{}' is not in the checkpoint and the target has no '{}' to share",
            model_dir, mine, theirs);
-    if (t->data().shape() != p->data().shape() || t->data().dtype() != p->data().dtype())
+    if (t.shape() != p->data().shape() || t.dtype() != p->data().dtype())
       fail("{}: the drafter's '{}' {} cannot share the target's '{}' {}", model_dir, mine,
-           p->data().str(), theirs, t->data().str());
-    p->data() = t->data();
+           p->data().str(), theirs, t.str());
+    p->data() = t;
     r.shared.push_back(mine);
   }
   if (format != LoadFormat::kDummy) {
@@ -112,5 +182,7 @@ LoadedDrafter drafter_load(const std::string& model_dir, Model& target, const Mo
   }
   return r;
 }
+
+}  // namespace
 
 }  // namespace atom

@@ -71,6 +71,15 @@ struct LoadedDrafter {
 LoadedDrafter drafter_load(const std::string& model_dir, Model& target, const ModelOptions& options,
                            LoadFormat format = LoadFormat::kAuto);
 
+class ModelGroup;
+// The drafter of a tensor-parallel group: whole (unsharded, options.tp_size 1) on the leader's
+// device, where the leader's logits and hidden states are (engine/tp_runner.h). A tensor it
+// shares with the target (the embedding, the LM head) is gathered from the vocabulary shards of
+// the tensor-parallel ranks holding it into a copy of its own. A group of pipeline stages is
+// refused by name.
+LoadedDrafter drafter_load(const std::string& model_dir, ModelGroup& targets,
+                           const ModelOptions& options, LoadFormat format = LoadFormat::kAuto);
+
 }  // namespace atom
 
 #define ATOM_REGISTER_DRAFTER(arch, Class)                                                         \

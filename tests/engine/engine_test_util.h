@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "core/error.h"
 #include "engine/llm_engine.h"
 #include "engine/sequence_runner.h"
+#include "engine/spec_decode.h"
 #include "models/loading.h"
 
 namespace atom::test {
@@ -112,6 +114,49 @@ inline void expect_logprob_matches(const TokenLogprob& got, const float* row, in
     for (double x : ls) better += x > got.top[top - 1].logprob + 1e-6;
     EXPECT_LE(better, top - 1) << where;
   }
+}
+
+// Proposes the continuation the test knows (the target's own output), with a planted mistake in
+// about one proposal of `bad_every` (0: none).
+class OracleProposer : public DraftProposer {
+ public:
+  OracleProposer(std::map<std::vector<int32_t>, std::vector<int32_t>> expected, int64_t vocab,
+                 int bad_every)
+      : expected_(std::move(expected)), vocab_(vocab), bad_every_(bad_every) {}
+  void propose(const Tensor&, std::span<const DraftRequest> reqs, int,
+               std::vector<std::vector<int32_t>>& drafts) override {
+    drafts.assign(reqs.size(), {});
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const Sequence& seq = *reqs[i].seq;
+      const std::vector<int32_t> prompt(seq.tokens.begin(),
+                                        seq.tokens.begin() + seq.num_prompt_tokens);
+      auto it = expected_.find(prompt);
+      const int n = seq.num_output_tokens();
+      for (int j = 0; j < reqs[i].num_drafts; ++j) {
+        const size_t at = static_cast<size_t>(n + j);
+        int32_t t = it != expected_.end() && at < it->second.size() ? it->second[at] : 3;
+        if (bad_every_ > 0 && (calls_ + i + static_cast<size_t>(j)) % bad_every_ == 0)
+          t = static_cast<int32_t>((t + 1) % vocab_);
+        drafts[i].push_back(t);
+      }
+    }
+    ++calls_;
+  }
+
+ private:
+  std::map<std::vector<int32_t>, std::vector<int32_t>> expected_;
+  int64_t vocab_;
+  int bad_every_;
+  size_t calls_ = 0;
+};
+
+inline std::map<std::vector<int32_t>, std::vector<int32_t>> by_prompt(
+    const Workload& w, const std::vector<std::vector<int32_t>>& outs) {
+  std::map<std::vector<int32_t>, std::vector<int32_t>> m;
+  for (size_t i = 0; i < w.prompts.size(); ++i)
+    if (!m.count(w.prompts[i]) || m[w.prompts[i]].size() < outs[i].size())
+      m[w.prompts[i]] = outs[i];
+  return m;
 }
 
 }  // namespace atom::test

@@ -7,6 +7,7 @@
 #include "common/test_util.h"
 #include "engine/tp_runner.h"
 #include "engine_test_util.h"
+#include "models/draft_model.h"
 #include "models/model_group.h"
 
 namespace atom::test {
@@ -247,6 +248,104 @@ TEST(EngineTpErrors, ClearMessages) {
   EngineConfig c = test_config();
   c.num_gpu_blocks_override = 3;
   EXPECT_ERROR_CONTAINS(LLMEngine(*models, c), "the KV cache holds 3 blocks");
+}
+
+// Speculative decoding over tensor-parallel ranks: the checkpoints' MTP drafter whole on the
+// leader, its embedding and head gathered from the ranks' vocabulary shards (the random-weight
+// fixtures share them with the target), drafting from the leader's hidden states; the ranks
+// verify K + 1 rows per sequence, and a hybrid's ranks roll their heads' recurrent state back.
+// Every request gives what the same ranks give without speculation and what one rank gives with
+// it (the same drafts: the drafter reads the same hidden states to ~1e-6).
+struct SpecCase {
+  std::string fixture;
+  int tp;
+};
+
+class EngineTpSpec : public ::testing::TestWithParam<SpecCase> {};
+
+TEST_P(EngineTpSpec, GreedyMatchesPlainDecodingOnTheSameRanks) {
+  const auto [name, tp] = GetParam();
+  Model& solo = fixture_model(name);
+  auto models = tp_model(name, tp);
+  LoadedDrafter d = drafter_load(fixture_dir(name), *models, ModelOptions{});
+  LoadedDrafter d1 = drafter_load(fixture_dir(name), solo, ModelOptions{});
+  // The gathered tensors are the single-rank target's, bit for bit.
+  EXPECT_EQ(d.shared, d1.shared);
+  for (const std::string& n : d.shared)
+    EXPECT_EQ(max_abs_diff(d.model->params().find(n)->data(), d1.model->params().find(n)->data()),
+              0.0f)
+        << n;
+  EXPECT_FALSE(d.shared.empty()) << "the fixture's drafter shares no tensor with its target";
+  const Workload w = random_workload(8, 40, 16, solo.vocab_size(), 61);
+  LLMEngine plain(*models, test_config());
+  const auto want = plain.generate(w.prompts, w.params);
+  for (int k : {1, 3}) {
+    EngineConfig c = test_config();
+    c.speculative_method = "mtp";
+    c.num_speculative_tokens = k;
+    LLMEngine spec(*models, c, {}, {}, d.model.get());
+    ASSERT_TRUE(spec.speculative());
+    LLMEngine spec1(solo, c, {}, {}, d1.model.get());
+    const auto got = spec.generate(w.prompts, w.params);
+    const auto got1 = spec1.generate(w.prompts, w.params);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].outputs.at(0).token_ids, want[i].outputs.at(0).token_ids)
+          << "K " << k << " request " << i;
+      EXPECT_EQ(got[i].outputs.at(0).token_ids, got1[i].outputs.at(0).token_ids)
+          << "K " << k << " request " << i << " against one rank";
+    }
+    const EngineStats s = spec.stats(), s1 = spec1.stats();
+    std::printf("%s tp %d K=%d: %lld verifications, %lld draft tokens, %lld accepted (one rank: "
+                "%lld, %lld, %lld)\n",
+                name.c_str(), tp, k, static_cast<long long>(s.spec_num_drafts),
+                static_cast<long long>(s.spec_num_draft_tokens),
+                static_cast<long long>(s.spec_num_accepted_tokens),
+                static_cast<long long>(s1.spec_num_drafts),
+                static_cast<long long>(s1.spec_num_draft_tokens),
+                static_cast<long long>(s1.spec_num_accepted_tokens));
+    // The random-weight drafters' drafts are rejected (the oracle below has them accepted): the
+    // same drafts as one rank's.
+    EXPECT_GT(s.spec_num_drafts, 0);
+    EXPECT_EQ(s.spec_num_draft_tokens, s1.spec_num_draft_tokens);
+    EXPECT_EQ(s.spec_num_accepted_tokens, s1.spec_num_accepted_tokens);
+    expect_engine_idle(spec);
+  }
+  // Long accepted runs and planted mistakes on the ranks (the hybrids' rollback of each rank's
+  // heads): a proposer that knows the output.
+  for (int bad_every : {0, 5}) {
+    EngineConfig c = test_config();
+    c.num_speculative_tokens = 3;
+    LLMEngine spec(*models, c);
+    std::vector<std::vector<int32_t>> outs;
+    for (const auto& o : want) outs.push_back(o.outputs.at(0).token_ids);
+    spec.set_proposer(
+        std::make_unique<OracleProposer>(by_prompt(w, outs), solo.vocab_size(), bad_every));
+    const auto got = spec.generate(w.prompts, w.params);
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(got[i].outputs.at(0).token_ids, outs[i])
+          << "oracle, bad_every " << bad_every << " request " << i;
+    const EngineStats s = spec.stats();
+    EXPECT_GT(s.spec_accepted_per_position[2], 0) << "no run of 3 accepted";
+    if (bad_every > 0)
+      EXPECT_LT(s.spec_num_accepted_tokens, s.spec_num_draft_tokens);
+    else
+      EXPECT_EQ(s.spec_num_accepted_tokens, s.spec_num_draft_tokens);
+    expect_engine_idle(spec);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Drafters, EngineTpSpec,
+                         ::testing::Values(SpecCase{"deepseek_v3_mtp", 2},
+                                           SpecCase{"qwen3_next_mtp", 2},
+                                           SpecCase{"qwen3_5_moe_mtp", 2}),
+                         [](const auto& info) {
+                           return info.param.fixture + "_tp" + std::to_string(info.param.tp);
+                         });
+
+TEST(EngineTpSpec, PipelineStagesAreRefusedByName) {
+  auto models = tp_model("deepseek_v3_mtp", 1, false, 0, 2);
+  EXPECT_ERROR_CONTAINS(drafter_load(fixture_dir("deepseek_v3_mtp"), *models, ModelOptions{}),
+                        "not supported with pipeline parallelism yet (2 stages)");
 }
 
 }  // namespace
