@@ -379,6 +379,12 @@ MUTATIONS = [
      "src/kernels/cpu/hyper_connection.cpp",
      "    for (int it = 1; it < a.sinkhorn_iters; ++it) {",
      "    for (int it = 1; it < 1; ++it) {"),
+    ("pp_spec_hidden_not_gathered",
+     "Speculative decoding over pipeline stages: the last stage keeps no hidden states of a step "
+     "run as micro-batches",
+     "src/engine/model_runner.cpp",
+     "  bool hidden_whole = gather_hidden;",
+     "  bool hidden_whole = false;"),
 ]
 
 

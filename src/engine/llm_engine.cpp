@@ -128,9 +128,11 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
            config.speculative_method);
     if (!drafter)
       fail("speculative decoding with method 'mtp' needs the target's drafter (drafter_load)");
-    if (drafter->device() != model.device())
-      fail("the drafter is on {} but the target on {}", drafter->device().str(),
-           model.device().str());
+    // Under parallelism the drafter reads the leader's hidden states (rank 0 of the last stage).
+    const Device lead = models ? models->model(models->leader()).device() : model.device();
+    if (drafter->device() != lead)
+      fail("the drafter is on {} but the target's leader on {}", drafter->device().str(),
+           lead.str());
     MtpProposerOptions po;
     po.graphs = graphs;
     po.max_model_len = plan_.max_model_len;
@@ -171,9 +173,6 @@ void LLMEngine::set_proposer(std::unique_ptr<DraftProposer> proposer) {
     fail("speculative decoding with {} draft tokens needs {} state slots per request, the plan "
          "has {}",
          K, 1 + K, plan_.state_slots_per_request);
-  if (pp_size_ > 1)
-    fail("speculative decoding is not supported with pipeline parallelism yet ({} stages)",
-         pp_size_);
   const double r = config_.spec_decode_acceptance_rate;
   if (r >= 0 && r > 1) fail("--spec-decode-acceptance-rate must be in [0, 1], got {}", r);
   proposer_ = std::move(proposer);

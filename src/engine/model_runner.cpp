@@ -60,6 +60,7 @@ void ModelRunner::init(const RunnerOptions& o) {
   stage_in_ = o.stage_in;
   stage_out_ = o.stage_out;
   micro_batches_ = std::max(1, o.micro_batches);
+  keep_hidden_ = o.num_speculative_tokens > 0;
   const PipelineStage& st = model_.stage();
   ATOM_CHECK((st.first() || stage_in_) && (st.last() || stage_out_),
              "runner: pipeline stage {} of {} has no link to its neighbours", st.rank, st.size);
@@ -235,10 +236,25 @@ Tensor ModelRunner::forward_logits(Batch& batch) {
   const int64_t R = static_cast<int64_t>(batch.logits_indices.size());
   int64_t row = 0;
   Tensor l;
+  const bool gather_hidden = keep_hidden_ && !stage_out_;
+  bool hidden_whole = gather_hidden;
   for (size_t i = 0; i + 1 < cuts.size(); ++i) {
     Batch part = batch.slice(cuts[i], cuts[i + 1]);  // state copies: made above, once
-    arena_.reset();  // the slices so far are done with it (their logits copied out)
+    arena_.reset();  // the slices so far are done with it (their rows copied out)
     l = forward_part(part);
+    if (gather_hidden && hidden_.defined() && hidden_.dim() == 2 &&
+        hidden_.size(0) == part.num_tokens()) {
+      const int64_t T = batch.num_tokens();
+      if (!micro_hidden_.defined() || micro_hidden_.size(0) < T ||
+          micro_hidden_.size(1) != hidden_.size(1) || micro_hidden_.dtype() != hidden_.dtype())
+        micro_hidden_ = Tensor::empty({std::max<int64_t>(T, 1), hidden_.size(1)}, hidden_.dtype(),
+                                      hidden_.device());
+      Tensor dst = micro_hidden_.narrow(0, batch.query_start[static_cast<size_t>(cuts[i])],
+                                        part.num_tokens());
+      dst.copy_from(hidden_);
+    } else {
+      hidden_whole = false;
+    }
     if (!l.defined() || l.size(0) == 0) continue;
     if (!micro_logits_.defined() || micro_logits_.size(0) < R || micro_logits_.size(1) != l.size(1))
       micro_logits_ = Tensor::empty({std::max<int64_t>(R, 1), l.size(1)}, l.dtype(), l.device());
@@ -246,7 +262,8 @@ Tensor ModelRunner::forward_logits(Batch& batch) {
     dst.copy_from(l);
     row += l.size(0);
   }
-  hidden_ = Tensor();  // no one step's hidden states
+  // The step's hidden states in order when every slice gave its own (speculative decoding).
+  hidden_ = hidden_whole ? micro_hidden_.narrow(0, 0, batch.num_tokens()) : Tensor();
   if (stage_out_) return Tensor();
   ATOM_CHECK(row == R, "runner: micro-batches gave {} logits rows of the step's {}", row, R);
   return R == 0 ? l : micro_logits_.narrow(0, 0, R);  // no rows: the last slice's [0, vocab]

@@ -131,6 +131,10 @@ class ModelRunner final : public StepRunner {
   StageLink* stage_out_ = nullptr;
   int micro_batches_ = 1;
   Tensor micro_logits_;  // the micro-batches' logits rows gathered (the last stage)
+  // Speculative decoding: the micro-batches' hidden states gathered (the last stage), the
+  // drafter's input.
+  bool keep_hidden_ = false;
+  Tensor micro_hidden_;
 };
 
 }  // namespace atom

@@ -118,9 +118,6 @@ LoadedDrafter drafter_load(const std::string& model_dir, Model& target, const Mo
 LoadedDrafter drafter_load(const std::string& model_dir, ModelGroup& targets,
                            const ModelOptions& options, LoadFormat format) {
   if (targets.world_size() == 1) return drafter_load(model_dir, targets.model(), options, format);
-  if (targets.pp_size() > 1)
-    fail("speculative decoding is not supported with pipeline parallelism yet ({} stages)",
-         targets.pp_size());
   ATOM_CHECK(options.tp_size == 1, "drafter: built whole on the leader, not over {} ranks",
              options.tp_size);
   return drafter_load_impl(model_dir, targets.model(targets.leader()), options, format,

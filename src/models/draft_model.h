@@ -72,11 +72,11 @@ LoadedDrafter drafter_load(const std::string& model_dir, Model& target, const Mo
                            LoadFormat format = LoadFormat::kAuto);
 
 class ModelGroup;
-// The drafter of a tensor-parallel group: whole (unsharded, options.tp_size 1) on the leader's
-// device, where the leader's logits and hidden states are (engine/tp_runner.h). A tensor it
-// shares with the target (the embedding, the LM head) is gathered from the vocabulary shards of
-// the tensor-parallel ranks holding it into a copy of its own. A group of pipeline stages is
-// refused by name.
+// The drafter of a tensor- and pipeline-parallel group: whole (unsharded, options.tp_size 1) on
+// the leader's device (rank 0 of the last stage), where the logits and hidden states are
+// (engine/tp_runner.h). A tensor it shares with the target (the embedding of the first stage,
+// the LM head of the last) is gathered from the vocabulary shards of the tensor-parallel ranks of
+// the stage holding it into a copy of its own.
 LoadedDrafter drafter_load(const std::string& model_dir, ModelGroup& targets,
                            const ModelOptions& options, LoadFormat format = LoadFormat::kAuto);
 

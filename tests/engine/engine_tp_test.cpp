@@ -250,7 +250,8 @@ TEST(EngineTpErrors, ClearMessages) {
   EXPECT_ERROR_CONTAINS(LLMEngine(*models, c), "the KV cache holds 3 blocks");
 }
 
-// Speculative decoding over tensor-parallel ranks: the checkpoints' MTP drafter whole on the
+// Speculative decoding over tensor-parallel ranks (and pipeline stages of them, the drafter on the
+// last stage, its embedding from the first): the checkpoints' MTP drafter whole on the
 // leader, its embedding and head gathered from the ranks' vocabulary shards (the random-weight
 // fixtures share them with the target), drafting from the leader's hidden states; the ranks
 // verify K + 1 rows per sequence, and a hybrid's ranks roll their heads' recurrent state back.
@@ -259,14 +260,15 @@ TEST(EngineTpErrors, ClearMessages) {
 struct SpecCase {
   std::string fixture;
   int tp;
+  int pp = 1;
 };
 
 class EngineTpSpec : public ::testing::TestWithParam<SpecCase> {};
 
 TEST_P(EngineTpSpec, GreedyMatchesPlainDecodingOnTheSameRanks) {
-  const auto [name, tp] = GetParam();
+  const auto [name, tp, pp] = GetParam();
   Model& solo = fixture_model(name);
-  auto models = tp_model(name, tp);
+  auto models = tp_model(name, tp, false, 0, pp);
   LoadedDrafter d = drafter_load(fixture_dir(name), *models, ModelOptions{});
   LoadedDrafter d1 = drafter_load(fixture_dir(name), solo, ModelOptions{});
   // The gathered tensors are the single-rank target's, bit for bit.
@@ -295,14 +297,15 @@ TEST_P(EngineTpSpec, GreedyMatchesPlainDecodingOnTheSameRanks) {
           << "K " << k << " request " << i << " against one rank";
     }
     const EngineStats s = spec.stats(), s1 = spec1.stats();
-    std::printf("%s tp %d K=%d: %lld verifications, %lld draft tokens, %lld accepted (one rank: "
-                "%lld, %lld, %lld)\n",
-                name.c_str(), tp, k, static_cast<long long>(s.spec_num_drafts),
-                static_cast<long long>(s.spec_num_draft_tokens),
-                static_cast<long long>(s.spec_num_accepted_tokens),
-                static_cast<long long>(s1.spec_num_drafts),
-                static_cast<long long>(s1.spec_num_draft_tokens),
-                static_cast<long long>(s1.spec_num_accepted_tokens));
+    std::printf(
+        "%s tp %d pp %d K=%d: %lld verifications, %lld draft tokens, %lld accepted (one rank: "
+        "%lld, %lld, %lld)\n",
+        name.c_str(), tp, pp, k, static_cast<long long>(s.spec_num_drafts),
+        static_cast<long long>(s.spec_num_draft_tokens),
+        static_cast<long long>(s.spec_num_accepted_tokens),
+        static_cast<long long>(s1.spec_num_drafts),
+        static_cast<long long>(s1.spec_num_draft_tokens),
+        static_cast<long long>(s1.spec_num_accepted_tokens));
     // The random-weight drafters' drafts are rejected (the oracle below has them accepted): the
     // same drafts as one rank's.
     EXPECT_GT(s.spec_num_drafts, 0);
@@ -334,19 +337,17 @@ TEST_P(EngineTpSpec, GreedyMatchesPlainDecodingOnTheSameRanks) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Drafters, EngineTpSpec,
-                         ::testing::Values(SpecCase{"deepseek_v3_mtp", 2},
-                                           SpecCase{"qwen3_next_mtp", 2},
-                                           SpecCase{"qwen3_5_moe_mtp", 2}),
-                         [](const auto& info) {
-                           return info.param.fixture + "_tp" + std::to_string(info.param.tp);
-                         });
-
-TEST(EngineTpSpec, PipelineStagesAreRefusedByName) {
-  auto models = tp_model("deepseek_v3_mtp", 1, false, 0, 2);
-  EXPECT_ERROR_CONTAINS(drafter_load(fixture_dir("deepseek_v3_mtp"), *models, ModelOptions{}),
-                        "not supported with pipeline parallelism yet (2 stages)");
-}
+INSTANTIATE_TEST_SUITE_P(
+    Drafters, EngineTpSpec,
+    ::testing::Values(SpecCase{"deepseek_v3_mtp", 2}, SpecCase{"qwen3_next_mtp", 2},
+                      SpecCase{"qwen3_5_moe_mtp", 2},
+                      // pipeline stages: the drafter on the last, its
+                      // embedding from the first; micro-batches
+                      SpecCase{"deepseek_v3_mtp", 1, 2}, SpecCase{"qwen3_next_mtp", 2, 2}),
+    [](const auto& info) {
+      return info.param.fixture + "_tp" + std::to_string(info.param.tp) +
+             (info.param.pp > 1 ? "_pp" + std::to_string(info.param.pp) : std::string());
+    });
 
 }  // namespace
 }  // namespace atom::test
