@@ -218,16 +218,21 @@ TEST(ExpertParallelErrors, MoreRanksThanExpertsIsAClearError) {
                         "expert parallelism over 8 ranks needs at least 8 routed experts");
 }
 
+// Every rank of a load of `name` over `ranks` CPU ranks fails with an error containing `what`.
+void expect_every_rank_fails(const std::string& name, int ranks, const ModelOptions& base,
+                             const std::string& what) {
+  const std::vector<std::string> errors =
+      on_ranks(ranks, base, [&](int, const ModelOptions& o) { model_load(fixture_dir(name), o); });
+  for (int r = 0; r < ranks; ++r)
+    EXPECT_NE(errors[r].find(what), std::string::npos) << "rank " << r << ": " << errors[r];
+}
+
 TEST(ExpertParallelErrors, RedundantExpertsMustSplitEvenly) {
   ModelOptions base;
   base.expert_parallel = true;
   base.num_redundant_experts = 2;  // 8 + 2 over 4 ranks
-  const std::vector<std::string> errors = on_ranks(
-      4, base, [](int, const ModelOptions& o) { model_load(fixture_dir("qwen3_moe"), o); });
-  for (int r = 0; r < 4; ++r)
-    EXPECT_NE(errors[r].find("8 experts plus 2 redundant ones do not split evenly over 4"),
-              std::string::npos)
-        << errors[r];
+  expect_every_rank_fails("qwen3_moe", 4, base,
+                          "8 experts plus 2 redundant ones do not split evenly over 4");
 }
 
 // EPLB's re-placement on CPU ranks: the router counted every routed choice of the scored tokens on
@@ -290,24 +295,14 @@ TEST(ExpertParallel, ShareIsVllmsLinearPlacement) {
 }
 
 TEST(TensorParallelErrors, IndivisibleSizesAreClearErrors) {
-  LocalGroup group(3);
-  auto comm = group.communicator(0);
-  ModelOptions o;
-  o.tp_size = 3;
-  o.comm = comm.get();
-  EXPECT_ERROR_CONTAINS(model_load(fixture_dir("llama3_gqa"), o),
-                        "not divisible by the tensor-parallel size 3");
+  expect_every_rank_fails("llama3_gqa", 3, {}, "not divisible by the tensor-parallel size 3");
 }
 
 TEST(TensorParallelErrors, GatedDeltaNetKeyHeadsMustDivide) {
   // Qwen3-Next's fixture has 2 key heads (4 value heads): 4 ranks cannot split them.
-  LocalGroup group(4);
-  auto comm = group.communicator(0);
-  ModelOptions o;
-  o.tp_size = 4;
-  o.comm = comm.get();
-  EXPECT_ERROR_CONTAINS(model_load(fixture_dir("qwen3_next"), o),
-                        "linear_num_key_heads 2 must be a multiple of the tensor-parallel size 4");
+  expect_every_rank_fails(
+      "qwen3_next", 4, {},
+      "linear_num_key_heads 2 must be a multiple of the tensor-parallel size 4");
 }
 
 }  // namespace
