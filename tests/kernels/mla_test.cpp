@@ -1,8 +1,8 @@
 // CUDA multi-head latent attention kernels against the CPU reference (kernels/mla.h): RoPE and
 // the latent cache write, one-row cache writes, the indexer's LayerNorm, the per-head products,
-// absorbed latent attention (the wgmma kernel at DeepSeek's 512 + 64, with and without context
-// splits; the FP32 kernel for other widths), sparse attention over top-k lists, and the
-// indexer's scores and top-k.
+// absorbed latent attention (the wgmma kernel at DeepSeek's 512 + 64 and GLM-5.3's 512 + 0, with
+// and without context splits; the FP32 kernel for other widths), sparse attention over top-k lists,
+// and the indexer's scores and top-k.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -155,6 +155,9 @@ TEST(GpuMla, WgmmaDecodeAndPrefillMatchTheCpu) {
       {{300, 50, 129}, {37, 50, 1}, 16, 512, 64, 64, bf},
       {{200, 70}, {3, 70}, 128, 512, 64, 16, bf},
       {{96, 33}, {96, 33}, 40, 512, 64, 64, DType::kF16},
+      // GLM-5.3's rows without rope channels (512 wide, 64 heads): decode and prefill.
+      {{1, 63, 64, 65, 300, 1000, 4100}, {1, 1, 1, 1, 1, 1, 1}, 64, 512, 0, 64, bf},
+      {{300, 50, 129}, {37, 50, 1}, 64, 512, 0, 16, bf},
   };
   uint64_t seed = 1000;
   for (const int pipeline : {0, 1}) {
@@ -176,7 +179,8 @@ TEST(GpuMla, SparseAttentionOverTopkMatchesTheCpu) {
       {{3000, 2100}, {1, 3}, 128, 512, 64, 64, bf, 256},
       {{5000}, {2}, 16, 512, 64, 16, bf, 2048},
       {{40, 9}, {40, 9}, 128, 512, 64, 64, bf, 64, false},
-      {{3000, 120}, {1, 4}, 4, 32, 8, 16, bf, 48},  // FP32 kernel
+      {{3000, 2100}, {1, 3}, 64, 512, 0, 64, bf, 2063},  // GLM-5.3: 128 pools + a tail, no rope
+      {{3000, 120}, {1, 4}, 4, 32, 8, 16, bf, 48},       // FP32 kernel
       {{700}, {5}, 8, 24, 8, 4, DType::kF32, 100},
   };
   uint64_t seed = 2000;

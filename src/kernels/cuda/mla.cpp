@@ -29,7 +29,7 @@ void check_batch(const char* op, const AttentionBatch& b) {
 
 bool fast_shape(const MlaArgs& a, DType dtype) {
   return !cuda_tuning().mla_simple && (dtype == DType::kBF16 || dtype == DType::kF16) &&
-         a.latent_dim == kMlaFastLatent && a.rope_dim == kMlaFastRope;
+         a.latent_dim == kMlaFastLatent && (a.rope_dim == kMlaFastRope || a.rope_dim == 0);
 }
 
 // Context splits of the wgmma kernel: enough CTAs for one wave, each split at least two 64-key

@@ -1,6 +1,6 @@
 // Absorbed multi-head latent attention on Hopper's warpgroup MMA: the FlashMLA problem (many
 // query heads over one shared latent row per token: keys of L + R = 576 channels, the value the
-// first L = 512 of them).
+// first L = 512 of them; or R = 0, GLM-5.3's rows of 512 without rope channels).
 //
 // A CTA of two warpgroups owns 64 query rows: in dense mode 64 packed (token, head) rows of one
 // sequence (row = token * H + head), in sparse mode 64 heads of one token (the token's top-k list
@@ -28,15 +28,22 @@ namespace atom::kernels::cuda {
 
 namespace {
 
-constexpr int kL = kMlaFastLatent, kR = kMlaFastRope, kW = kL + kR;  // 512, 64, 576
-constexpr int kBM = kMlaFastRows, kBN = kMlaFastKeys;                // 64 rows, 64 keys
-constexpr int kBlocks = kW / 64;                                     // 9 column blocks
-constexpr int kChunks = kW / 8;                                      // 72 16-byte chunks a row
+// The rope part kR is a template argument: kMlaFastRope (64, DeepSeek's 576-wide rows) or 0
+// (GLM-5.3's NoPE rows of 512).
+constexpr int kL = kMlaFastLatent;                     // 512
+constexpr int kBM = kMlaFastRows, kBN = kMlaFastKeys;  // 64 rows, 64 keys
 constexpr int kThreads = 256;
-constexpr int kTileBytes = kBlocks * 64 * 128;  // 73,728: one [9][64][64] tile
-constexpr int kPBytes = kBM * kBN * 2;          // 8,192
-constexpr size_t kSmemBytes = 3 * kTileBytes + kPBytes + 3 * 2 * 64 * 4 + 1024;
+constexpr int kPBytes = kBM * kBN * 2;  // 8,192
 constexpr float kLog2e = 1.4426950408889634f;
+// One [W / 64][64][64] tile: 73,728 bytes at W 576 (9 column blocks), 65,536 at 512.
+template <int kR>
+constexpr int tile_bytes() {
+  return (kL + kR) / 64 * 64 * 128;
+}
+template <int kR>
+constexpr size_t smem_bytes() {
+  return 3 * tile_bytes<kR>() + kPBytes + 3 * 2 * 64 * 4 + 1024;
+}
 
 __device__ __forceinline__ uint32_t tile_chunk(int row, int c) {
   return static_cast<uint32_t>((c >> 3) * (64 * 128) + row * 128 + (((c & 7) ^ (row & 7)) << 4));
@@ -46,8 +53,11 @@ __device__ __forceinline__ uint32_t tile_chunk(int row, int c) {
 // (they run back to back on the tensor cores); tile t + 1's copies are issued once both
 // warpgroups' P V of tile t - 1 has retired (after the row-max exchange), one barrier fewer per
 // tile. Else: the next tile's copies at the top of the loop, each P V waited at its end.
-template <typename T, bool kOverlap>
+template <typename T, bool kOverlap, int kR>
 __global__ void __launch_bounds__(kThreads, 1) mla_fast_kernel(MlaLaunch a) {
+  constexpr int kW = kL + kR;                   // 576 or 512
+  constexpr int kChunks = kW / 8;               // 16-byte chunks a row: 72 or 64
+  constexpr int kTileBytes = tile_bytes<kR>();  // [kW / 64][64][64]
   pdl_wait();
   pdl_launch_dependents();
   extern __shared__ unsigned char smem_raw[];
@@ -349,18 +359,19 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(MlaLaunch a) {
       make_uint2(pack2<T>(acc[0] * inv, acc[1] * inv), pack2<T>(acc[2] * inv, acc[3] * inv));
 }
 
-std::atomic<uint64_t> g_smem[4];
+std::atomic<uint64_t> g_smem[8];
 
-template <typename T, bool kOverlap>
+template <typename T, bool kOverlap, int kR>
 void launch_typed(const MlaLaunch& a, std::atomic<uint64_t>& done, cudaStream_t s) {
-  max_dynamic_smem_once(done, mla_fast_kernel<T, kOverlap>, static_cast<int>(kSmemBytes));
+  constexpr size_t kSmemBytes = smem_bytes<kR>();
+  max_dynamic_smem_once(done, mla_fast_kernel<T, kOverlap, kR>, static_cast<int>(kSmemBytes));
   const bool sparse = a.topk != nullptr;
   const unsigned mt =
       sparse ? (a.num_heads + kBM - 1) / kBM
              : static_cast<unsigned>(
                    (static_cast<int64_t>(a.max_query_len) * a.num_heads + kBM - 1) / kBM);
   const unsigned y = sparse ? static_cast<unsigned>(a.num_tokens) : a.num_seqs;
-  launch(mla_fast_kernel<T, kOverlap>, dim3(mt, y, a.num_splits), kThreads, kSmemBytes, s, a);
+  launch(mla_fast_kernel<T, kOverlap, kR>, dim3(mt, y, a.num_splits), kThreads, kSmemBytes, s, a);
   if (a.num_splits > 1)
     launch(mla_combine_kernel<T>, static_cast<unsigned>(a.num_tokens * a.num_heads), 128, 0, s, a);
 }
@@ -370,8 +381,9 @@ void launch_typed(const MlaLaunch& a, std::atomic<uint64_t>& done, cudaStream_t 
 bool mla_fast_supported(const MlaLaunch& a) {
   auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   return (a.type == Elem::kBF16 || a.type == Elem::kF16) && a.cache_type == a.type &&
-         a.latent_dim == kL && a.rope_dim == kR && a.q_stride % 8 == 0 && a.out_stride % 8 == 0 &&
-         aligned(a.q) && aligned(a.out) && aligned(a.cache);
+         a.latent_dim == kL && (a.rope_dim == kMlaFastRope || a.rope_dim == 0) &&
+         a.q_stride % 8 == 0 && a.out_stride % 8 == 0 && aligned(a.q) && aligned(a.out) &&
+         aligned(a.cache);
 }
 
 int64_t mla_fast_ctas(const MlaLaunch& a) {
@@ -382,12 +394,20 @@ int64_t mla_fast_ctas(const MlaLaunch& a) {
 void launch_mla_attention_fast(const MlaLaunch& a, cudaStream_t s) {
   if (a.num_tokens == 0) return;
   const bool bf16 = a.type == Elem::kBF16;
-  if (a.pipeline == 1)
-    bf16 ? launch_typed<__nv_bfloat16, true>(a, g_smem[0], s)
-         : launch_typed<__half, true>(a, g_smem[1], s);
-  else
-    bf16 ? launch_typed<__nv_bfloat16, false>(a, g_smem[2], s)
-         : launch_typed<__half, false>(a, g_smem[3], s);
+  if (a.rope_dim == 0) {  // NoPE rows (GLM-5.3)
+    if (a.pipeline == 1)
+      bf16 ? launch_typed<__nv_bfloat16, true, 0>(a, g_smem[4], s)
+           : launch_typed<__half, true, 0>(a, g_smem[5], s);
+    else
+      bf16 ? launch_typed<__nv_bfloat16, false, 0>(a, g_smem[6], s)
+           : launch_typed<__half, false, 0>(a, g_smem[7], s);
+  } else if (a.pipeline == 1) {
+    bf16 ? launch_typed<__nv_bfloat16, true, kMlaFastRope>(a, g_smem[0], s)
+         : launch_typed<__half, true, kMlaFastRope>(a, g_smem[1], s);
+  } else {
+    bf16 ? launch_typed<__nv_bfloat16, false, kMlaFastRope>(a, g_smem[2], s)
+         : launch_typed<__half, false, kMlaFastRope>(a, g_smem[3], s);
+  }
 }
 
 }  // namespace atom::kernels::cuda
