@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     const ModelConfig& c = model.config();
     ModelNumbers n;
     for (const auto& [name, p] : model.params().all()) {
-      if (name == "model.embed_tokens.weight" && !c.tie_word_embeddings) continue;
+      if (name.ends_with("embed_tokens.weight") && !c.tie_word_embeddings) continue;
       // An expert's weights (MXFP4: U8 blocks of two weights a byte), scales and biases are
       // read only where the expert is routed to.
       const bool expert_w =

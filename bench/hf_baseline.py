@@ -35,18 +35,23 @@ def main():
     if args.experts_implementation:
         kw["experts_implementation"] = args.experts_implementation
     with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, **kw)
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, **kw)
+        except ValueError:  # a vision-language wrapper (GLM-5.3): its own auto class
+            from transformers import AutoModelForImageTextToText
+            model = AutoModelForImageTextToText.from_config(cfg, dtype=torch.bfloat16, **kw)
     model.eval()
     torch.cuda.synchronize()
     experts = getattr(model.config, "_experts_implementation", None)
     print(f"transformers {__import__('transformers').__version__}, torch {torch.__version__}, "
           f"{torch.cuda.get_device_name()}; model built in {time.time() - t0:.1f} s; "
           f"experts implementation {experts}", flush=True)
+    vocab = cfg.get_text_config().vocab_size
     results = {}
     gen = torch.Generator(device="cuda").manual_seed(0)
     with torch.no_grad():
         for n in [int(x) for x in args.prefill.split(",") if x]:
-            ids = torch.randint(0, cfg.vocab_size, (1, n), device="cuda", generator=gen)
+            ids = torch.randint(0, vocab, (1, n), device="cuda", generator=gen)
             times = []
             for _ in range(4):
                 torch.cuda.synchronize()
@@ -58,7 +63,7 @@ def main():
             results[f"prefill_{n}"] = n / t
             print(f"hf prefill {n:6d} tokens: {t * 1e3:8.2f} ms  {n / t:10.0f} tok/s", flush=True)
         for b in [int(x) for x in args.batch.split(",") if x]:
-            ids = torch.randint(0, cfg.vocab_size, (b, args.prompt), device="cuda", generator=gen)
+            ids = torch.randint(0, vocab, (b, args.prompt), device="cuda", generator=gen)
             kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
             model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)  # warm-up
             torch.cuda.synchronize()
