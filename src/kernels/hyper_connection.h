@@ -26,6 +26,63 @@ struct HcArgs {
   float norm_eps = 1e-6f;
 };
 
+// The shape and dtype checks of every backend (each adds its own limits).
+namespace hc_checks {
+inline void streams(const char* op, const Tensor& x) {
+  ATOM_CHECK(x.dtype() == DType::kF32 && x.is_contiguous() && x.dim() == 3,
+             "{}: streams {} must be contiguous F32 [T, hc, D]", op, x.str());
+}
+inline void streams(const char* op, const Tensor& x, int hc) {
+  ATOM_CHECK(x.dtype() == DType::kF32 && x.is_contiguous() && x.dim() == 3 && x.size(1) == hc,
+             "{}: streams {} must be contiguous F32 [T, {}, D]", op, x.str(), hc);
+}
+// [T, D] rows of the sublayer's side (rows may be strided, columns contiguous).
+inline void rows(const char* op, const Tensor& t, const char* name, const Tensor& x) {
+  ATOM_CHECK(t.dim() == 2 && (t.size(1) <= 1 || t.stride(1) == 1) &&
+                 t.shape() == Shape({x.size(0), x.size(2)}),
+             "{}: {} {} for streams {}: expected [T, D] with contiguous rows", op, name, t.str(),
+             x.str());
+}
+inline void params(const char* op, const Tensor& fn, const Tensor& base, const Tensor& scale,
+                   int64_t rows, int64_t n, int64_t scales) {
+  ATOM_CHECK(fn.dtype() == DType::kF32 && fn.is_contiguous() && fn.shape() == Shape({rows, n}) &&
+                 base.dtype() == DType::kF32 && base.numel() == rows && base.is_contiguous() &&
+                 scale.dtype() == DType::kF32 && scale.numel() == scales,
+             "{}: fn {} base {} scale {}: expected F32 [{}, {}], [{}], [{}]", op, fn.str(),
+             base.str(), scale.str(), rows, n, rows, scales);
+}
+inline void maps(const char* op, const Tensor& post, const Tensor& comb, const Tensor& x) {
+  const int64_t T = x.size(0), hc = x.size(1);
+  ATOM_CHECK(post.dtype() == DType::kF32 && post.is_contiguous() &&
+                 post.shape() == Shape({T, hc}) && comb.dtype() == DType::kF32 &&
+                 comb.is_contiguous() && comb.shape() == Shape({T, hc, hc}),
+             "{}: post {} comb {} for streams {}", op, post.str(), comb.str(), x.str());
+}
+inline void mix(const Tensor& input, const Tensor& post, const Tensor& comb, const Tensor& x,
+                const Tensor& fn, const Tensor& base, const Tensor& scale, const HcArgs& a) {
+  streams("hc_mix", x, a.hc);
+  ATOM_CHECK(a.sinkhorn_iters >= 1, "hc_mix: {} Sinkhorn iterations", a.sinkhorn_iters);
+  params("hc_mix", fn, base, scale, (2 + int64_t{a.hc}) * a.hc, a.hc * x.size(2), 3);
+  rows("hc_mix", input, "input", x);
+  maps("hc_mix", post, comb, x);
+}
+inline void write_back(const Tensor& x, const Tensor& y, const Tensor& post, const Tensor& comb) {
+  streams("hc_write_back", x);
+  rows("hc_write_back", y, "sublayer output", x);
+  maps("hc_write_back", post, comb, x);
+}
+inline void head(const Tensor& out, const Tensor& x, const Tensor& fn, const Tensor& base,
+                 const Tensor& scale, const HcArgs& a) {
+  streams("hc_head", x, a.hc);
+  if (fn.defined()) params("hc_head", fn, base, scale, a.hc, a.hc * x.size(2), 1);
+  rows("hc_head", out, "out", x);
+}
+inline void expand(const Tensor& x, const Tensor& e) {
+  streams("hc_expand", x);
+  rows("hc_expand", e, "embeddings", x);
+}
+}  // namespace hc_checks
+
 namespace cpu {
 void hc_mix(Tensor& input, Tensor& post, Tensor& comb, const Tensor& streams, const Tensor& fn,
             const Tensor& base, const Tensor& scale, const HcArgs& a);

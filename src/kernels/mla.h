@@ -215,6 +215,31 @@ inline int64_t kpool_topk_workspace_size(Device device, int64_t num_tokens, int6
 #endif
 }
 
+// kpool_topk's shape and dtype checks, shared by the backends (each adds its own limits).
+inline void kpool_topk_check(const Tensor& out, const Tensor& q, const Tensor& weights,
+                             const Tensor& rows_cache, const Tensor& ape, const KpoolArgs& a) {
+  const int H = a.num_heads, D = a.head_dim, P = a.pool;
+  const int64_t T = q.size(0);
+  ATOM_CHECK(H > 0 && D > 0 && P > 0 && a.top_k > 0 && a.top_k % P == 0,
+             "kpool_topk: {} heads of {}, pools of {}, top {}", H, D, P, a.top_k);
+  ATOM_CHECK(q.dim() == 2 && (q.size(1) <= 1 || q.stride(1) == 1) && weights.dim() == 2 &&
+                 (weights.size(1) <= 1 || weights.stride(1) == 1),
+             "kpool_topk: q {} and weights {} must be 2-D with contiguous rows", q.str(),
+             weights.str());
+  ATOM_CHECK(q.size(1) == static_cast<int64_t>(H) * D && weights.size(0) == T &&
+                 weights.size(1) == H && weights.dtype() == DType::kF32 &&
+                 ape.dtype() == DType::kF32 && ape.is_contiguous() && ape.numel() == P * D,
+             "kpool_topk: q {} weights {} ape {} for {} heads of {}, pools of {}", q.str(),
+             weights.str(), ape.str(), H, D, P);
+  ATOM_CHECK(out.dim() == 2 && out.size(0) == T && out.size(1) == a.width() &&
+                 out.is_contiguous() && out.dtype() == DType::kI32,
+             "kpool_topk: out {} must be contiguous I32 [{}, {}]", out.str(), T, a.width());
+  ATOM_CHECK(rows_cache.dim() == 4 && rows_cache.is_contiguous() && rows_cache.size(2) == 1 &&
+                 rows_cache.size(3) == 2 * D,
+             "kpool_topk: cache {} must be [num_pages, block_size, 1, {}]", rows_cache.str(),
+             2 * D);
+}
+
 namespace cpu {
 void kpool_topk(Tensor& out, const Tensor& q, const Tensor& weights, const Tensor& rows_cache,
                 const Tensor& ape, const AttentionBatch& b, const KpoolArgs& a);

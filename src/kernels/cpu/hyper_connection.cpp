@@ -12,20 +12,6 @@ namespace atom::kernels::cpu {
 
 namespace {
 
-void check_streams(const char* op, const Tensor& x, int hc) {
-  ATOM_CHECK(x.dtype() == DType::kF32 && x.is_contiguous() && x.dim() == 3 && x.size(1) == hc,
-             "{}: streams {} must be contiguous F32 [T, {}, D]", op, x.str(), hc);
-}
-
-void check_params(const char* op, const Tensor& fn, const Tensor& base, const Tensor& scale,
-                  int64_t rows, int64_t n, int64_t scales) {
-  ATOM_CHECK(fn.dtype() == DType::kF32 && fn.is_contiguous() && fn.shape() == Shape({rows, n}) &&
-                 base.dtype() == DType::kF32 && base.numel() == rows &&
-                 scale.dtype() == DType::kF32 && scale.numel() == scales,
-             "{}: fn {} base {} scale {}: expected F32 [{}, {}], [{}], [{}]", op, fn.str(),
-             base.str(), scale.str(), rows, n, rows, scales);
-}
-
 // f · rsqrt(mean(f²) + eps) of one token's flattened streams, then m = f · fnᵀ (rows of fn).
 void mixes(const float* x, int64_t n, const float* fn, int64_t rows, float eps, float* m) {
   double ss = 0;
@@ -55,16 +41,8 @@ void collapse(Tensor& out, int64_t t, const float* xt, const float* w, int64_t h
 
 void hc_mix(Tensor& input, Tensor& post, Tensor& comb, const Tensor& x, const Tensor& fn,
             const Tensor& base, const Tensor& scale, const HcArgs& a) {
-  check_streams("hc_mix", x, a.hc);
+  hc_checks::mix(input, post, comb, x, fn, base, scale, a);
   const int64_t T = x.size(0), hc = a.hc, D = x.size(2), rows = (2 + hc) * hc;
-  check_params("hc_mix", fn, base, scale, rows, hc * D, 3);
-  check_rows("hc_mix", input, "input");
-  ATOM_CHECK(input.shape() == Shape({T, D}) && post.dtype() == DType::kF32 &&
-                 post.is_contiguous() && post.shape() == Shape({T, hc}) &&
-                 comb.dtype() == DType::kF32 && comb.is_contiguous() &&
-                 comb.shape() == Shape({T, hc, hc}) && a.sinkhorn_iters >= 1,
-             "hc_mix: input {} post {} comb {} for streams {} ({} Sinkhorn iterations)",
-             input.str(), post.str(), comb.str(), x.str(), a.sinkhorn_iters);
   const float* f = fn.ptr<float>();
   const float* bs = base.ptr<float>();
   const float* sc = scale.ptr<float>();
@@ -112,15 +90,8 @@ void hc_mix(Tensor& input, Tensor& post, Tensor& comb, const Tensor& x, const Te
 }
 
 void hc_write_back(Tensor& x, const Tensor& y, const Tensor& post, const Tensor& comb) {
-  ATOM_CHECK(x.dtype() == DType::kF32 && x.is_contiguous() && x.dim() == 3,
-             "hc_write_back: streams {} must be contiguous F32 [T, hc, D]", x.str());
+  hc_checks::write_back(x, y, post, comb);
   const int64_t T = x.size(0), hc = x.size(1), D = x.size(2);
-  check_rows("hc_write_back", y, "y");
-  ATOM_CHECK(y.shape() == Shape({T, D}) && post.dtype() == DType::kF32 && post.is_contiguous() &&
-                 post.shape() == Shape({T, hc}) && comb.dtype() == DType::kF32 &&
-                 comb.is_contiguous() && comb.shape() == Shape({T, hc, hc}),
-             "hc_write_back: sublayer output {} post {} comb {} for streams {}", y.str(),
-             post.str(), comb.str(), x.str());
 #pragma omp parallel for schedule(static) if (T > 1)
   for (int64_t t = 0; t < T; ++t) {
     float* xt = x.ptr<float>() + t * hc * D;
@@ -139,11 +110,8 @@ void hc_write_back(Tensor& x, const Tensor& y, const Tensor& post, const Tensor&
 
 void hc_head(Tensor& out, const Tensor& x, const Tensor& fn, const Tensor& base,
              const Tensor& scale, const HcArgs& a) {
-  check_streams("hc_head", x, a.hc);
+  hc_checks::head(out, x, fn, base, scale, a);
   const int64_t T = x.size(0), hc = a.hc, D = x.size(2);
-  if (fn.defined()) check_params("hc_head", fn, base, scale, hc, hc * D, 1);
-  check_rows("hc_head", out, "out");
-  ATOM_CHECK(out.shape() == Shape({T, D}), "hc_head: out {} for streams {}", out.str(), x.str());
 #pragma omp parallel for schedule(static) if (T > 1)
   for (int64_t t = 0; t < T; ++t) {
     const float* xt = x.ptr<float>() + t * hc * D;
@@ -158,12 +126,8 @@ void hc_head(Tensor& out, const Tensor& x, const Tensor& fn, const Tensor& base,
 }
 
 void hc_expand(Tensor& x, const Tensor& e) {
-  ATOM_CHECK(x.dtype() == DType::kF32 && x.is_contiguous() && x.dim() == 3,
-             "hc_expand: streams {} must be contiguous F32 [T, hc, D]", x.str());
+  hc_checks::expand(x, e);
   const int64_t T = x.size(0), hc = x.size(1), D = x.size(2);
-  check_rows("hc_expand", e, "e");
-  ATOM_CHECK(e.shape() == Shape({T, D}), "hc_expand: embeddings {} for streams {}", e.str(),
-             x.str());
   for (int64_t t = 0; t < T; ++t) {
     float* xt = x.ptr<float>() + t * hc * D;
     load_span(row_ptr(e, t), e.dtype(), 0, D, xt);

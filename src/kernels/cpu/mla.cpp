@@ -59,6 +59,33 @@ inline int64_t row_base(const int32_t* pip, const int32_t* pid, int s, int j, in
   return (page * bs + j % bs) * width;
 }
 
+// An indexer's score of one key: Σ_h (w_h · weights_scale) · relu(scale · q_h · key), heads and
+// channels in ascending order (the CUDA score kernel sums in the same order).
+float index_score(const float* qv, const float* w, const float* key, int heads, int dim,
+                  float scale, float weights_scale) {
+  float sum = 0;
+  for (int h = 0; h < heads; ++h) {
+    float dot = 0;
+    for (int d = 0; d < dim; ++d) dot += qv[static_cast<size_t>(h) * dim + d] * key[d];
+    sum += (w[h] * weights_scale) * std::max(dot * scale, 0.0f);
+  }
+  return sum;
+}
+
+// order[0, keep) = the indices of the keep best scores: descending score, the lower index first
+// on ties, NaN scores last. keep <= score.size().
+void top_by_score(const std::vector<float>& score, int keep, std::vector<int>& order) {
+  order.resize(score.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto before = [&](int x, int y) {
+    const bool nx = std::isnan(score[x]), ny = std::isnan(score[y]);
+    if (nx != ny) return ny;
+    if (!nx && score[x] != score[y]) return score[x] > score[y];
+    return x < y;
+  };
+  std::partial_sort(order.begin(), order.begin() + keep, order.end(), before);
+}
+
 }  // namespace
 
 void cache_rows_write(Tensor& cache, const Tensor& rows, const Tensor& slot_mapping) {
@@ -227,25 +254,10 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
       for (int j = 0; j < n; ++j) {
         const int64_t base = row_base(pip, pid, s, j, bs, D);
         load_span(cache, ct, base, D, key.data());
-        float sum = 0;
-        for (int h = 0; h < Hi; ++h) {
-          float dot = 0;
-          for (int d = 0; d < D; ++d) dot += qv[static_cast<size_t>(h) * D + d] * key[d];
-          sum += (w[h] * a.weights_scale) * std::max(dot * a.scale, 0.0f);
-        }
-        score[j] = sum;
+        score[j] = index_score(qv.data(), w.data(), key.data(), Hi, D, a.scale, a.weights_scale);
       }
-      order.resize(static_cast<size_t>(n));
-      std::iota(order.begin(), order.end(), 0);
       const int keep = std::min(n, K);
-      // Descending score, the lower position first on ties; NaN scores last.
-      auto before = [&](int x, int y) {
-        const bool nx = std::isnan(score[x]), ny = std::isnan(score[y]);
-        if (nx != ny) return ny;
-        if (!nx && score[x] != score[y]) return score[x] > score[y];
-        return x < y;
-      };
-      std::partial_sort(order.begin(), order.begin() + keep, order.end(), before);
+      top_by_score(score, keep, order);
       for (int k = 0; k < K; ++k) outp[t * K + k] = k < keep ? order[k] : -1;
     }
   }
@@ -253,21 +265,9 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
 
 void kpool_topk(Tensor& out, const Tensor& q, const Tensor& weights, const Tensor& rows_cache,
                 const Tensor& ape, const AttentionBatch& b, const KpoolArgs& a) {
-  check_rows("kpool_topk", q, "q");
-  check_rows("kpool_topk", weights, "weights");
+  kpool_topk_check(out, q, weights, rows_cache, ape, a);
   const int H = a.num_heads, D = a.head_dim, P = a.pool, W = a.width();
   const int64_t T = q.size(0);
-  ATOM_CHECK(H > 0 && D > 0 && P > 0 && a.top_k > 0 && a.top_k % P == 0,
-             "kpool_topk: {} heads of {}, pools of {}, top {}", H, D, P, a.top_k);
-  ATOM_CHECK(q.size(1) == static_cast<int64_t>(H) * D && weights.size(0) == T &&
-                 weights.size(1) == H && weights.dtype() == DType::kF32 &&
-                 ape.dtype() == DType::kF32 && ape.is_contiguous() && ape.numel() == P * D,
-             "kpool_topk: q {} weights {} ape {} for {} heads of {}, pools of {}", q.str(),
-             weights.str(), ape.str(), H, D, P);
-  ATOM_CHECK(out.dim() == 2 && out.size(0) == T && out.size(1) == W && out.is_contiguous() &&
-                 out.dtype() == DType::kI32,
-             "kpool_topk: out {} must be contiguous I32 [{}, {}]", out.str(), T, W);
-  check_one_row_cache("kpool_topk", rows_cache, 2 * D);
   const TokenSeqs ts = token_seqs(b, T);
   const int32_t* pip = b.page_indptr->ptr<int32_t>();
   const int32_t* pid = b.page_indices->ptr<int32_t>();
@@ -314,26 +314,11 @@ void kpool_topk(Tensor& out, const Tensor& q, const Tensor& weights, const Tenso
       row_to_float(q, t, qv.data());
       row_to_float(weights, t, w.data());
       score.assign(static_cast<size_t>(n), 0.0f);
-      for (int j = 0; j < n; ++j) {
-        float sum = 0;
-        for (int h = 0; h < H; ++h) {
-          float dot = 0;
-          for (int d = 0; d < D; ++d)
-            dot += qv[static_cast<size_t>(h) * D + d] * pk[static_cast<size_t>(j) * D + d];
-          sum += (w[h] * a.weights_scale) * std::max(dot * a.scale, 0.0f);
-        }
-        score[j] = sum;
-      }
-      order.resize(static_cast<size_t>(n));
-      std::iota(order.begin(), order.end(), 0);
+      for (int j = 0; j < n; ++j)
+        score[j] = index_score(qv.data(), w.data(), pk.data() + static_cast<size_t>(j) * D, H, D,
+                               a.scale, a.weights_scale);
       const int take = std::min(n, keep);
-      auto before = [&](int x, int y) {
-        const bool nx = std::isnan(score[x]), ny = std::isnan(score[y]);
-        if (nx != ny) return ny;
-        if (!nx && score[x] != score[y]) return score[x] > score[y];
-        return x < y;
-      };
-      std::partial_sort(order.begin(), order.begin() + take, order.end(), before);
+      top_by_score(score, take, order);
       int32_t* o = outp + t * W;
       int m = 0;
       for (int r = 0; r < take; ++r)

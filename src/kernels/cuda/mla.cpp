@@ -65,6 +65,35 @@ namespace {
 int64_t kpool_max_pools(const KpoolArgs& a) {
   return std::max<int64_t>(1, a.max_context_len / std::max(1, a.pool));
 }
+
+// The indexer's launch over a step's tokens (checked by the caller): the queries, weights and
+// one-row-per-token cache, the batch, the heads; the caller sets top_k, the score rows' length
+// and the outputs.
+IndexerLaunch indexer_launch(const char* op, const Tensor& q, const Tensor& weights,
+                             const Tensor& cache, const AttentionBatch& b, int heads, int dim,
+                             float scale, float weights_scale) {
+  const int64_t T = q.size(0);
+  IndexerLaunch l;
+  l.q = q.data();
+  l.q_stride = T > 1 ? q.stride(0) : q.size(1);
+  l.q_type = elem_of(q.dtype(), op);
+  l.weights = weights.ptr<float>();
+  l.weights_stride = T > 1 ? weights.stride(0) : weights.size(1);
+  l.cache = cache.data();
+  l.cache_type = elem_of(cache.dtype(), op);
+  l.block_size = static_cast<int>(cache.size(1));
+  l.query_start = b.query_start->ptr<int32_t>();
+  l.context_lens = b.context_lens->ptr<int32_t>();
+  l.page_indptr = b.page_indptr->ptr<int32_t>();
+  l.page_indices = b.page_indices->ptr<int32_t>();
+  l.num_tokens = T;
+  l.num_seqs = static_cast<int>(b.context_lens->numel());
+  l.num_heads = heads;
+  l.head_dim = dim;
+  l.scale = scale;
+  l.weights_scale = weights_scale;
+  return l;
+}
 }  // namespace
 
 // Pooled keys [S, pools, D], scores [T, pools], then the chosen pools [T, top_k / P] (I32).
@@ -229,28 +258,11 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
                  b.workspace->numel() >= need,
              "indexer_topk: needs an F32 workspace of {} elements (indexer_topk_workspace_size)",
              need);
-  IndexerLaunch l;
+  IndexerLaunch l =
+      indexer_launch("indexer_topk", q, weights, key_cache, b, Hi, D, a.scale, a.weights_scale);
   l.topk = topk.ptr<int32_t>();
-  l.q = q.data();
-  l.q_stride = T > 1 ? q.stride(0) : q.size(1);
-  l.q_type = elem_of(q.dtype(), "indexer_topk");
-  l.weights = weights.ptr<float>();
-  l.weights_stride = T > 1 ? weights.stride(0) : weights.size(1);
-  l.cache = key_cache.data();
-  l.cache_type = elem_of(key_cache.dtype(), "indexer_topk");
-  l.block_size = static_cast<int>(key_cache.size(1));
-  l.query_start = b.query_start->ptr<int32_t>();
-  l.context_lens = b.context_lens->ptr<int32_t>();
-  l.page_indptr = b.page_indptr->ptr<int32_t>();
-  l.page_indices = b.page_indices->ptr<int32_t>();
-  l.num_tokens = T;
-  l.num_seqs = S;
-  l.num_heads = Hi;
-  l.head_dim = D;
   l.top_k = K;
   l.max_context_len = std::max(1, a.max_context_len);
-  l.scale = a.scale;
-  l.weights_scale = a.weights_scale;
   l.scores = b.workspace->ptr<float>();
   launch_indexer_topk(l, current_stream());
   launch_check("indexer_topk");
@@ -258,27 +270,15 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
 
 void kpool_topk(Tensor& out, const Tensor& q, const Tensor& weights, const Tensor& rows_cache,
                 const Tensor& ape, const AttentionBatch& b, const KpoolArgs& a) {
-  check_rows("kpool_topk", q, "q");
-  check_rows("kpool_topk", weights, "weights");
+  kpool_topk_check(out, q, weights, rows_cache, ape, a);
   const int H = a.num_heads, D = a.head_dim, P = a.pool, W = a.width();
   const int64_t T = q.size(0);
-  ATOM_CHECK(H > 0 && D > 0 && P > 0 && a.top_k > 0 && a.top_k % P == 0,
-             "kpool_topk: {} heads of {}, pools of {}, top {}", H, D, P, a.top_k);
   const int keep = a.top_k / P;
   ATOM_CHECK(H <= kIndexerMaxHeads && D <= kIndexerMaxHeadDim && keep <= kIndexerMaxTopK &&
                  (H * D + H + 128 * (D + 1)) * 4 <= 200 * 1024,
              "kpool_topk: {} heads of {}, top {} pools: the CUDA kernels take up to {} heads of "
              "{} and top {}",
              H, D, keep, kIndexerMaxHeads, kIndexerMaxHeadDim, kIndexerMaxTopK);
-  ATOM_CHECK(q.size(1) == static_cast<int64_t>(H) * D && weights.size(0) == T &&
-                 weights.size(1) == H && weights.dtype() == DType::kF32 &&
-                 ape.dtype() == DType::kF32 && ape.is_contiguous() && ape.numel() == P * D,
-             "kpool_topk: q {} weights {} ape {} for {} heads of {}, pools of {}", q.str(),
-             weights.str(), ape.str(), H, D, P);
-  ATOM_CHECK(out.dim() == 2 && out.size(0) == T && out.size(1) == W && out.is_contiguous() &&
-                 out.dtype() == DType::kI32,
-             "kpool_topk: out {} must be contiguous I32 [{}, {}]", out.str(), T, W);
-  check_one_row_cache("kpool_topk", rows_cache, 2 * D);
   check_batch("kpool_topk", b);
   const int S = static_cast<int>(b.context_lens->numel());
   if (S == 0 || T == 0) return;
@@ -287,27 +287,10 @@ void kpool_topk(Tensor& out, const Tensor& q, const Tensor& weights, const Tenso
                  b.workspace->numel() >= need,
              "kpool_topk: needs an F32 workspace of {} elements (kpool_topk_workspace_size)", need);
   float* pooled = b.workspace->ptr<float>();
-  IndexerLaunch l;
-  l.q = q.data();
-  l.q_stride = T > 1 ? q.stride(0) : q.size(1);
-  l.q_type = elem_of(q.dtype(), "kpool_topk");
-  l.weights = weights.ptr<float>();
-  l.weights_stride = T > 1 ? weights.stride(0) : weights.size(1);
-  l.cache = rows_cache.data();
-  l.cache_type = elem_of(rows_cache.dtype(), "kpool_topk");
-  l.block_size = static_cast<int>(rows_cache.size(1));
-  l.query_start = b.query_start->ptr<int32_t>();
-  l.context_lens = b.context_lens->ptr<int32_t>();
-  l.page_indptr = b.page_indptr->ptr<int32_t>();
-  l.page_indices = b.page_indices->ptr<int32_t>();
-  l.num_tokens = T;
-  l.num_seqs = S;
-  l.num_heads = H;
-  l.head_dim = D;
+  IndexerLaunch l =
+      indexer_launch("kpool_topk", q, weights, rows_cache, b, H, D, a.scale, a.weights_scale);
   l.top_k = keep;
   l.max_context_len = static_cast<int>(pools);
-  l.scale = a.scale;
-  l.weights_scale = a.weights_scale;
   l.pool = P;
   l.scores = pooled + S * pools * D;
   l.topk = reinterpret_cast<int32_t*>(l.scores + T * pools);
