@@ -92,7 +92,7 @@ void bench_case(const Model& m, const Tensor& w13, const Tensor& w2, int64_t T,
   ex.w2_bias = b2;
   ex.w13_scales = s13;
   ex.w2_scales = s2;
-  if (m.gpt_oss) ex.activation = kernels::MoeActivation::kSwigluOai;
+  if (m.gpt_oss) ex.activation.kind = kernels::MoeActivation::kSwigluOai;
   const int64_t wsb = kernels::fused_moe_workspace_bytes(kGpu, T, m.K, ex, DType::kBF16);
   Tensor ws = Tensor::empty({std::max<int64_t>(wsb, 1)}, DType::kU8, kGpu);
   const int64_t rows = T * m.K;

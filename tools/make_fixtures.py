@@ -1563,10 +1563,225 @@ def build_qwen_mtp(fx, out_root):
           f"{[round(m, 3) for m in margins]}{router}, logits std {float(prefill_logits.std()):.2f}")
 
 
+# ---- Kimi-K3 ------------------------------------------------------------------------------------
+# transformers has no Kimi-K3: the references come from tools/kimi_k3_reference.py, a PyTorch
+# forward written from the public definition, over a random checkpoint saved the way the real one
+# is (KimiK3ForConditionalGeneration with text_config; the text model under language_model.*;
+# BF16 weights with the KDA convs, A_log, dt_bias, o_norm and the routers' correction biases in
+# F32; experts as block_sparse_moe.experts.J.w1/w3/w2), reloaded fresh in float32.
+K3_TEXT_CONFIG = dict(
+    model_type="kimi_linear", vocab_size=512, hidden_size=64, intermediate_size=96,
+    num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=2, head_dim=8,
+    q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+    mla_use_nope=True, mla_use_output_gate=True, hidden_act="situ", activation_situ_beta=1.5,
+    activation_situ_linear_beta=2.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+    linear_attn_config=dict(kda_layers=[1, 2, 4, 5], full_attn_layers=[3, 6], num_heads=2,
+                            head_dim=16, short_conv_kernel_size=4, gate_lower_bound=-5.0,
+                            use_full_rank_gate=True),
+    attn_res_block_size=2, num_experts=8, num_experts_per_token=2, num_shared_experts=1,
+    moe_intermediate_size=16, routed_expert_hidden_size=48, latent_moe_use_norm=True,
+    routed_scaling_factor=1.5, moe_renormalize=True, moe_router_activation_func="sigmoid",
+    use_grouped_topk=True, num_expert_group=1, topk_group=1, first_k_dense_replace=1,
+    moe_layer_freq=1, num_nextn_predict_layers=0, max_position_embeddings=4096,
+    bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+K3_FIXTURES = [
+    # 6 layers (KDA, KDA, MLA, KDA, KDA, MLA), attention residuals over blocks of 2 (a bank of 4
+    # rows), the latent MoE on layers 1-5; a prompt of 100 tokens passes KDA's 64-token chunks.
+    dict(name="kimi_k3", text_config=K3_TEXT_CONFIG, tokens=100, greedy_prompt=20, seed=31,
+         more_seeds=[131, 231]),
+    # The release's format: routed experts MXFP4 in compressed-tensors' mxfp4-pack-quantized
+    # (experts.J.wN.weight_packed [rows, K/2] U8, weight_scale [rows, K/32] U8), its
+    # quantization_config in text_config as Kimi-K3's; widths multiples of 32. The reference
+    # reads the dequantised values.
+    dict(name="kimi_k3_mxfp4",
+         text_config=dict(K3_TEXT_CONFIG, routed_expert_hidden_size=32, moe_intermediate_size=32,
+                          quantization_config=dict(
+                              quant_method="compressed-tensors", format="mxfp4-pack-quantized",
+                              config_groups=dict(group_0=dict(
+                                  targets=["Linear"],
+                                  weights=dict(num_bits=4, type="float", strategy="group",
+                                               group_size=32, symmetric=True, dynamic=False),
+                                  input_activations=None)),
+                              ignore=["re:.*self_attn.*", "re:.*shared_experts.*",
+                                      "re:.*mlp\\.(gate|up|down)_proj", "re:.*gate$",
+                                      "re:.*routed_expert_.*", "lm_head", "re:vision_tower.*",
+                                      "re:mm_projector.*"])),
+         mxfp4=True, tokens=100, greedy_prompt=20, seed=37, more_seeds=[137, 237]),
+]
+
+
+def k3_params(t, g):
+    """Random weights under the checkpoint's names: (name, tensor, save dtype)."""
+    H, la = t["hidden_size"], t["linear_attn_config"]
+    nh, nope, rope, vd = (t["num_attention_heads"], t["qk_nope_head_dim"], t["qk_rope_head_dim"],
+                          t["v_head_dim"])
+    KH, KD, K = la["num_heads"], la["head_dim"], la["short_conv_kernel_size"]
+    bf, f32 = torch.bfloat16, torch.float32
+    out = []
+
+    def lin(name, n, k, gain=1.0):
+        out.append((name + ".weight", torch.randn(n, k, generator=g) * gain / math.sqrt(k), bf))
+
+    def norm(name, n):
+        out.append((name + ".weight", 1.0 + 0.3 * torch.randn(n, generator=g), bf))
+
+    def glu(pre, i, n, gate="gate_proj", up="up_proj", down="down_proj"):
+        lin(pre + gate, i, n, 2.0)
+        lin(pre + up, i, n, 2.0)
+        lin(pre + down, n, i)
+
+    root = "language_model.model"
+    out.append((root + ".embed_tokens.weight", torch.randn(t["vocab_size"], H, generator=g), bf))
+    kda = {i - 1 for i in la["kda_layers"]}
+    for i in range(t["num_hidden_layers"]):
+        pre = f"{root}.layers.{i}."
+        for n in ["input_layernorm", "post_attention_layernorm"]:
+            norm(pre + n, H)
+        for n in ["self_attention_res", "mlp_res"]:
+            norm(pre + n + "_norm", H)
+            lin(pre + n + "_proj", 1, H)
+        a = pre + "self_attn."
+        if i in kda:
+            for n in "qkv":
+                lin(a + n + "_proj", KH * KD, H)
+                out.append((a + n + "_conv1d.weight",
+                            torch.randn(KH * KD, 1, K, generator=g) * 0.6, f32))
+            lin(a + "g_proj", KH * KD, H)
+            lin(a + "f_a_proj", KD, H)
+            lin(a + "f_b_proj", KH * KD, KD)
+            lin(a + "b_proj", KH, H)
+            lin(a + "o_proj", H, KH * KD)
+            # Padded past the heads with zeros, as the real checkpoint's [128] for 96 heads.
+            out.append((a + "A_log", torch.cat([torch.log(torch.empty(KH).uniform_(1, 16, generator=g)),
+                                                torch.zeros(2)]), f32))
+            out.append((a + "dt_bias", 0.5 * torch.randn(KH * KD, generator=g), f32))
+            out.append((a + "o_norm.weight", 1.0 + 0.3 * torch.randn(KD, generator=g), f32))
+        else:
+            lin(a + "q_a_proj", t["q_lora_rank"], H)
+            norm(a + "q_a_layernorm", t["q_lora_rank"])
+            lin(a + "q_b_proj", nh * (nope + rope), t["q_lora_rank"], 2.0)
+            lin(a + "kv_a_proj_with_mqa", t["kv_lora_rank"] + rope, H)
+            norm(a + "kv_a_layernorm", t["kv_lora_rank"])
+            lin(a + "kv_b_proj", nh * (nope + vd), t["kv_lora_rank"], 2.0)
+            lin(a + "g_proj", nh * vd, H)
+            lin(a + "o_proj", H, nh * vd)
+        if i < t["first_k_dense_replace"]:
+            glu(pre + "mlp.", t["intermediate_size"], H)
+            continue
+        m = pre + "block_sparse_moe."
+        E, L, I = t["num_experts"], t["routed_expert_hidden_size"], t["moe_intermediate_size"]
+        lin(m + "gate", E, H, 2.0)
+        out.append((m + "gate.e_score_correction_bias", 0.3 * torch.randn(E, generator=g), f32))
+        lin(m + "routed_expert_down_proj", L, H)
+        norm(m + "routed_expert_norm", L)
+        lin(m + "routed_expert_up_proj", H, L)
+        for e in range(E):
+            glu(f"{m}experts.{e}.", I, L, "w1", "w3", "w2")
+        glu(m + "shared_experts.", I * t["num_shared_experts"], H)
+    norm(root + ".norm", H)
+    norm(root + ".output_attn_res_norm", H)
+    lin(root + ".output_attn_res_proj", 1, H)
+    lin("language_model.lm_head", t["vocab_size"], H, 3.0)
+    # A vision tower's and projector's tensors, which the text model must skip unread.
+    lin("vision_tower.patch_embed.proj", 32, 3 * 14 * 14)
+    lin("mm_projector.proj.0", H, 4 * 32)
+    return out
+
+
+@torch.no_grad()
+def build_kimi_k3(fx, out_root):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from kimi_k3_reference import KimiK3Text
+    out = os.path.join(out_root, "models", fx["name"])
+    ref_root = os.path.join(out_root, "references")
+    os.makedirs(ref_root, exist_ok=True)
+    t = fx["text_config"]
+    V = t["vocab_size"]
+    last = None
+    for seed in [fx["seed"]] + fx.get("more_seeds", []):
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        g = torch.Generator().manual_seed(seed)
+        params = k3_params(t, g)
+        tensors = {n: w.to(dt).contiguous() for n, w, dt in params}
+        if fx.get("mxfp4"):  # the routed experts' projections packed, compressed-tensors' way
+            for n in [n for n in tensors if re.search(r"\.experts\.\d+\.w[123]\.weight$", n)]:
+                w = tensors.pop(n)
+                blocks, scales = mxfp4_quantize(w.float())
+                base = n[: -len(".weight")]
+                tensors[base + ".weight_packed"] = blocks.reshape(w.shape[0], -1).contiguous()
+                tensors[base + ".weight_scale"] = scales.contiguous()
+        save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+        config = {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3",
+                  "dtype": "bfloat16", "text_config": t, "tie_word_embeddings": False,
+                  "media_placeholder_token_id": V - 1,
+                  "vision_config": {"model_type": "kimi_k3_vision", "hidden_size": 32}}
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+        with open(os.path.join(out, "generation_config.json"), "w") as f:
+            json.dump({"bos_token_id": 1, "eos_token_id": 2}, f, indent=2)
+        # Fresh from the saved file, in float32 (MXFP4 experts dequantised).
+        raw = load_file(os.path.join(out, "model.safetensors"))
+        saved = {}
+        for k, v in raw.items():
+            if k.endswith(".weight_packed"):
+                base = k[: -len(".weight_packed")]
+                sc = raw[base + ".weight_scale"]
+                saved[base + ".weight"] = mxfp4_dequantize(v.reshape(v.shape[0], -1, 16), sc).to(DEVICE)
+            elif not k.endswith(".weight_scale"):
+                saved[k] = v.float().to(DEVICE)
+        ref = KimiK3Text(t, saved)
+        gi = torch.Generator().manual_seed(1000 + seed)
+        try:
+            for _ in range(ATTEMPTS):
+                ids = torch.randint(3, V, (fx["tokens"],), generator=gi).tolist()
+                ref.min_margin = float("inf")
+                logits = logits_of(ref, ids)
+                if ref.min_margin >= ROUTER_MARGIN:
+                    break
+            else:
+                raise Rejected(f"no token ids with router margins >= {ROUTER_MARGIN}")
+            ids_margin = ref.min_margin
+            self_frac = self_argmax_fraction(logits, ids)
+            if self_frac > MAX_SELF_ARGMAX:
+                raise Rejected(f"{self_frac:.0%} of rows have their input token as top logit")
+            for _ in range(ATTEMPTS):
+                prompt = torch.randint(3, V, (fx["greedy_prompt"],), generator=gi).tolist()
+                ref.min_margin = float("inf")
+                gen, margins = greedy(ref, prompt, GREEDY_TOKENS)
+                if (min(margins) >= MIN_MARGIN and len(set(gen)) >= MIN_DISTINCT
+                        and longest_run(gen) <= MAX_RUN and ref.min_margin >= ROUTER_MARGIN):
+                    break
+            else:
+                raise Rejected("no greedy prompt with the margins, distinct tokens and runs asked")
+        except Rejected as e:
+            last = e
+            print(f"{fx['name']}: rejected with seed {seed}: {e}")
+            continue
+        save_file({
+            "input_ids": torch.tensor(ids, dtype=torch.int64),
+            "logits": logits.contiguous(),
+            "greedy_prompt": torch.tensor(prompt, dtype=torch.int64),
+            "greedy_tokens": torch.tensor(gen, dtype=torch.int64),
+            "greedy_margins": torch.tensor(margins, dtype=torch.float32),
+        }, os.path.join(ref_root, fx["name"] + ".safetensors"), metadata={
+            "torch": torch.__version__, "reference": "tools/kimi_k3_reference.py",
+            "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
+            "compute_dtype": "float32", "tf32": "off", "tool": "tools/make_fixtures.py"})
+        print(f"{fx['name']}: seed {seed}, logits std {float(logits.std()):.2f}, self-argmax rows "
+              f"{self_frac:.0%}, greedy {gen}, distinct {len(set(gen))}, min greedy margin "
+              f"{min(margins):.3f}, min router margin {ids_margin:.2e} (logits) "
+              f"{ref.min_margin:.2e} (greedy)")
+        return
+    shutil.rmtree(out, ignore_errors=True)
+    raise SystemExit(f"{fx['name']}: {last}")
+
+
 def main():
     out_root = sys.argv[1]
     names = set(sys.argv[2:])
-    unknown = names - {fx["name"] for fx in FIXTURES + MTP_FIXTURES + QWEN_MTP_FIXTURES}
+    unknown = names - {fx["name"] for fx in FIXTURES + MTP_FIXTURES + QWEN_MTP_FIXTURES + K3_FIXTURES}
     if unknown:
         raise SystemExit(f"unknown fixture(s): {sorted(unknown)}")
     os.makedirs(out_root, exist_ok=True)
@@ -1590,6 +1805,13 @@ def main():
         if not names or fx["name"] in names:
             try:
                 build_qwen_mtp(fx, out_root)
+            except (SystemExit, Exception) as e:
+                traceback.print_exc()
+                failed.append(f"{fx['name']}: {e}")
+    for fx in K3_FIXTURES:
+        if not names or fx["name"] in names:
+            try:
+                build_kimi_k3(fx, out_root)
             except (SystemExit, Exception) as e:
                 traceback.print_exc()
                 failed.append(f"{fx['name']}: {e}")

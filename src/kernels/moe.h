@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "kernels/activation.h"
 #include "kernels/dispatch.h"
 
 namespace atom::kernels {
@@ -97,13 +98,6 @@ inline void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logi
 }
 
 // The expert MLP's activation on its [gate | up] product (gate = the first half of w13's rows).
-enum class MoeActivation : int {
-  kSiluMul = 0,    // silu(gate) * up (transformers' layout)
-  kSwigluOai = 1,  // GPT-OSS: g = min(gate, limit), u = clamp(up, -limit, limit),
-                   // (u + 1) * g * sigmoid(alpha * g)
-  // DeepSeek-V4, GLM-5.3: silu(min(gate, limit)) * clamp(up, -limit, limit).
-  kSiluMulClamped = 2,
-};
 
 // The stacked expert weights of one layer on this rank (S slots: routed experts, then fused
 // shared experts, then redundant copies). I may be padded past the checkpoint's width: the
@@ -120,9 +114,7 @@ struct MoeExperts {
   // [S, H/32, 2I], w2_scales [S, I/32, H]. Both set, or neither.
   const Tensor* w13_scales = nullptr;
   const Tensor* w2_scales = nullptr;
-  MoeActivation activation = MoeActivation::kSiluMul;
-  float swiglu_alpha = 1.702f;  // kSwigluOai
-  float swiglu_limit = 7.0f;    // kSwigluOai, kSiluMulClamped
+  Glu activation;  // act(gate, up) (kernels/activation.h)
 
   bool mxfp4() const { return w13_scales != nullptr || w2_scales != nullptr; }
   int64_t hidden() const;        // H, from w2's rows

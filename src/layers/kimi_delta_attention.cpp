@@ -31,11 +31,18 @@ KimiDeltaAttention::KimiDeltaAttention(LayerContext& ctx, const std::string& pre
       k_proj_(ctx, prefix + ".k_proj", opts.hidden, dim_, false),
       v_proj_(ctx, prefix + ".v_proj", opts.hidden, dim_, false),
       f_a_proj_(ctx, prefix + ".f_a_proj", opts.hidden, opts.head_dim, false),
-      g_a_proj_(ctx, prefix + ".g_a_proj", opts.hidden, opts.head_dim, false),
       f_b_proj_(ctx, prefix + ".f_b_proj", opts.head_dim, dim_, false),
-      g_b_proj_(ctx, prefix + ".g_b_proj", opts.head_dim, dim_, false),
       b_proj_(ctx, prefix + ".b_proj", opts.hidden, opts.num_heads, false),
       o_proj_(ctx, prefix + ".o_proj", dim_, opts.hidden, false) {
+  if (o_.full_rank_output_gate) {
+    g_proj_ =
+        std::make_unique<ColumnParallelLinear>(ctx, prefix + ".g_proj", o_.hidden, dim_, false);
+  } else {
+    g_a_proj_ = std::make_unique<ReplicatedLinear>(ctx, prefix + ".g_a_proj", o_.hidden,
+                                                   o_.head_dim, false);
+    g_b_proj_ =
+        std::make_unique<ColumnParallelLinear>(ctx, prefix + ".g_b_proj", o_.head_dim, dim_, false);
+  }
   // Tensor parallelism splits the heads: this rank's q/k/v channels, conv weights and states,
   // forget-gate and beta heads; o_proj sums the ranks' parts.
   const WeightLoader heads = rank_slice_loader(ctx.tp_rank, ctx.tp_size);
@@ -44,8 +51,20 @@ KimiDeltaAttention::KimiDeltaAttention(LayerContext& ctx, const std::string& pre
     conv_weight_[i] = &ctx.params.add(
         prefix + conv_names[i], ctx.param_tensor({dim_r_, 1, o_.conv_kernel}, DType::kF32), heads);
   // Kimi's checkpoints hold A_log as [1, 1, H, 1], GLM-5.3's as [H]: either, as the H values.
-  A_log_ =
-      &ctx.params.add(prefix + ".A_log", ctx.param_tensor({1, 1, heads_, 1}, DType::kF32), heads);
+  // Kimi-K3's is [128] for 96 heads, the rest zero: the first H values, when the rest are 0.
+  const int H = o_.num_heads;
+  A_log_ = &ctx.params.add(
+      prefix + ".A_log", ctx.param_tensor({1, 1, heads_, 1}, DType::kF32),
+      [heads, H](Parameter& p, const Tensor& ckpt, const std::string& shard, int expert) {
+        if (ckpt.numel() <= H || !ckpt.is_contiguous()) return heads(p, ckpt, shard, expert);
+        const Tensor f = tensor_cast_cpu(ckpt.view({ckpt.numel()}), DType::kF32);
+        for (int64_t i = H; i < f.numel(); ++i)
+          if (f.ptr<float>()[i] != 0.0f)
+            fail("{}: checkpoint tensor {} has {} values for {} heads, and value {} past the "
+                 "heads is {}, not 0 (padding)",
+                 p.name(), ckpt.str(), f.numel(), H, i, f.ptr<float>()[i]);
+        heads(p, f.narrow(0, 0, H), shard, expert);
+      });
   dt_bias_ = &ctx.params.add(prefix + ".dt_bias", ctx.param_tensor({dim_r_}, DType::kF32), heads);
   o_norm_weight_ =
       &ctx.params.add(prefix + ".o_norm.weight", ctx.param_tensor({o_.head_dim}, DType::kF32));
@@ -91,7 +110,8 @@ Tensor KimiDeltaAttention::forward(Step& step, const Tensor& x) {
                     dt_bias_->data(), step.kv->state[static_cast<size_t>(recurrent_state_)], rows,
                     args);
 
-  Tensor gate = g_b_proj_.forward(step, g_a_proj_.forward(step, x));  // [T, H d]
+  Tensor gate = g_proj_ ? g_proj_->forward(step, x)
+                        : g_b_proj_->forward(step, g_a_proj_->forward(step, x));  // [T, H d]
   kernels::gated_rms_norm(core, core, gate, o_norm_weight_->data(), static_cast<float>(o_.eps),
                           kernels::NormGate::kSigmoid);
   return o_proj_.forward(step, core);

@@ -5,6 +5,7 @@
 #include "core/convert.h"
 #include "core/error.h"
 #include "kernels/elementwise.h"
+#include "kernels/gated_delta.h"
 #include "kernels/linear.h"
 
 namespace atom {
@@ -69,6 +70,9 @@ MultiHeadLatentAttention::MultiHeadLatentAttention(LayerContext& ctx, const std:
                  o.num_heads * (o.qk_nope_head_dim + o.v_head_dim), false,
                  LinearStorage::kDequantize),
       o_proj_(ctx, prefix + ".o_proj", o.num_heads * o.v_head_dim, o.hidden, o.bias) {
+  if (o.output_gate)
+    g_proj_ = std::make_unique<ColumnParallelLinear>(ctx, prefix + ".g_proj", o.hidden,
+                                                     o.num_heads * o.v_head_dim, false);
   if (rope_ > 0)
     rotary_ = std::make_unique<RotaryEmbedding>(ctx, static_cast<int>(rope_), o.rope,
                                                 o.max_position_embeddings, o.interleaved_rope);
@@ -125,6 +129,7 @@ MultiHeadLatentAttention::Projected MultiHeadLatentAttention::project(Step& step
     p.q_resid = q_a_layernorm_->forward(step, q_a_proj_->forward(step, x));
     p.q = q_b_proj_->forward(step, p.q_resid);
   }
+  if (g_proj_) p.gate = g_proj_->forward(step, x);
   Tensor kv = kv_a_proj_with_mqa_.forward(step, x);  // [T, L + R] = (c_kv | k_pe)
   Tensor c_kv = kv.narrow(1, 0, latent_);
   kv_a_layernorm_.forward_heads_inplace(step, c_kv);  // one "head" of L channels
@@ -197,6 +202,10 @@ Tensor MultiHeadLatentAttention::attend(Step& step, const Projected& p, const Te
       kernels::linear(oh, o_lat.narrow(1, h * latent_, latent_),
                       w_kv_b.narrow(0, h * (nope_ + v_) + nope_, v_));
     }
+  }
+  if (g_proj_) {
+    ATOM_CHECK(p.gate.defined(), "MLA with an output gate: attend() without project()'s gate");
+    kernels::mul_sigmoid(o, o, p.gate);
   }
   return o_proj_.forward(step, o);
 }

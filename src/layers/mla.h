@@ -8,7 +8,7 @@
 //   [W_UK_h (nope rows); W_UV_h (v rows)] over the latent:
 //     q'_h = (W_UK_hᵀ q_nope_h | q_pe_h)    scores = scale · q'_h · (c_kv | k_pe)_j
 //     o_h  = W_UV_h Σ_j p_j c_kv_j
-//   out  = o_proj(o)
+//   out  = o_proj(o)   (Kimi-K3's gated output: o_proj(o · sigmoid(g_proj(x))))
 // This absorbed form equals transformers' expanded one (k_nope_h = W_UK_h c_kv,
 // v_h = W_UV_h c_kv) and is one code path for prefill, chunked prefill, prefix-cached prefill and
 // decode. Tensor parallelism splits the heads (q_proj / q_b_proj, kv_b_proj, o_proj); the latent
@@ -44,6 +44,9 @@ struct MlaOptions {
   bool apply_rope = true;
   RopeConfig rope;  // frequencies over qk_rope_head_dim channels
   int64_t max_position_embeddings = 0;
+  // Kimi-K3: the heads' output scaled by sigmoid(g_proj(x)) (g_proj: hidden -> H v, split by head)
+  // before o_proj.
+  bool output_gate = false;
 };
 
 // The softmax scale transformers' DeepSeek attention uses: qk_head_dim^-0.5, times mscale² with
@@ -59,6 +62,7 @@ class MultiHeadLatentAttention {
   struct Projected {
     Tensor q;        // [T, H_rank * (nope + R)], q_pe rotated
     Tensor q_resid;  // q_a_layernorm(q_a_proj(x)) [T, q_lora_rank] (undefined without q LoRA)
+    Tensor gate;     // g_proj(x) [T, H_rank * v] (MlaOptions::output_gate), else undefined
   };
   Projected project(Step& step, const Tensor& x);
   // Attention of the projected queries over the cache, then o_proj: [T, hidden] (all-reduced).
@@ -83,6 +87,7 @@ class MultiHeadLatentAttention {
   RMSNorm kv_a_layernorm_;                          // [L]
   ColumnParallelLinear kv_b_proj_;                  // L -> H (nope + v): [W_UK_h; W_UV_h] per head
   RowParallelLinear o_proj_;                        // H v -> hidden (all-reduce)
+  std::unique_ptr<ColumnParallelLinear> g_proj_;    // output_gate: hidden -> H v
   std::unique_ptr<RotaryEmbedding> rotary_;         // null when qk_rope_head_dim is 0
   Tensor no_rope_freq_;  // without RoPE: zero frequencies (every rotation the identity)
   float scale_;

@@ -6,12 +6,13 @@
 namespace atom {
 
 GatedMlp::GatedMlp(LayerContext& ctx, const std::string& prefix, int64_t hidden,
-                   int64_t intermediate, bool bias, bool reduce_results, float swiglu_limit)
+                   int64_t intermediate, bool bias, bool reduce_results, const kernels::Glu& act)
     : ctx_(ctx),
       gate_up_proj_(ctx, prefix_join(prefix, "gate_up_proj"), hidden, {intermediate, intermediate},
                     bias),
       down_proj_(ctx, prefix_join(prefix, "down_proj"), intermediate, hidden, bias, reduce_results),
-      swiglu_limit_(swiglu_limit) {
+      act_(act) {
+  kernels::glu_check(prefix.c_str(), act);
   if (intermediate <= 0)
     fail("{}: intermediate size {} (the config's 'intermediate_size' is missing or not positive)",
          prefix, intermediate);
@@ -19,12 +20,10 @@ GatedMlp::GatedMlp(LayerContext& ctx, const std::string& prefix, int64_t hidden,
 
 Tensor GatedMlp::forward(Step& step, const Tensor& x, const Tensor& out) {
   Tensor act = step.empty({x.size(0), gate_up_proj_.out_per_rank() / 2}, ctx_.act_dtype);
-  if (swiglu_limit_ > 0) {  // the clamped SwiGLU: no fused GEMM epilogue for it
+  // The fused GEMM epilogue computes plain SiLU · up only.
+  if (act_.kind != kernels::MoeActivation::kSiluMul || !gate_up_proj_.forward_silu_mul(act, x)) {
     Tensor gate_up = gate_up_proj_.forward(step, x);
-    kernels::silu_mul(act, gate_up, swiglu_limit_);
-  } else if (!gate_up_proj_.forward_silu_mul(act, x)) {
-    Tensor gate_up = gate_up_proj_.forward(step, x);
-    kernels::silu_mul(act, gate_up);
+    kernels::glu(act, gate_up, act_);
   }
   return down_proj_.forward(step, act, out);
 }

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "kernels/activation.h"
 #include "layers/linear.h"
 
 namespace atom {
@@ -16,22 +17,21 @@ class FeedForward {
   virtual Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor()) = 0;
 };
 
-// down(silu(gate(x)) * up(x)), with gate and up fused.
+// down(act(gate(x), up(x))), with gate and up fused; act is SiLU · up unless given
+// (kernels::Glu: the clamped SwiGLU of GLM-5.3 and DeepSeek-V4, Kimi-K3's SiTU).
 class GatedMlp : public FeedForward {
  public:
   // reduce_results = false leaves this rank's partial sum unreduced, for a caller that adds it to
   // other partial sums and reduces once (the shared experts beside a mixture of experts).
-  // swiglu_limit > 0: the clamped form silu(min(gate, limit)) * clamp(up, -limit, limit)
-  // (GLM-5.3, DeepSeek-V4).
   GatedMlp(LayerContext& ctx, const std::string& prefix, int64_t hidden, int64_t intermediate,
-           bool bias, bool reduce_results = true, float swiglu_limit = 0.0f);
+           bool bias, bool reduce_results = true, const kernels::Glu& act = kernels::Glu());
   Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor()) override;
 
  private:
   LayerContext& ctx_;
   MergedColumnParallelLinear gate_up_proj_;  // hidden -> 2 * intermediate / tp
   RowParallelLinear down_proj_;              // intermediate / tp -> hidden (all-reduce)
-  float swiglu_limit_ = 0.0f;
+  kernels::Glu act_;
 };
 
 }  // namespace atom

@@ -1,6 +1,7 @@
 #include "layers/moe.h"
 
 #include <algorithm>
+#include <cstring>
 #include <mutex>
 
 #include "core/convert.h"
@@ -29,6 +30,91 @@ std::vector<ExpertParamMapping> fused_moe_expert_mapping(const std::string& gate
     m.push_back({"experts.w13_", at + up + ".", id, "w3"});
   }
   return m;
+}
+
+std::vector<ExpertParamMapping> fused_moe_mxfp4_pack_mapping(const std::string& gate,
+                                                             const std::string& down,
+                                                             const std::string& up,
+                                                             int64_t num_experts) {
+  std::vector<ExpertParamMapping> m;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const std::string at = "experts." + std::to_string(e) + ".";
+    const int id = static_cast<int>(e);
+    for (const auto& [proj, part] : {std::pair{gate, "gate"}, {up, "up"}, {down, "down"}}) {
+      const std::string param =
+          part == std::string("down") ? "experts.w2_weight" : "experts.w13_weight";
+      m.push_back(
+          {param, at + proj + ".weight_packed", id, std::string("ct_mxfp4_") + part + "_packed"});
+      m.push_back(
+          {param, at + proj + ".weight_scale", id, std::string("ct_mxfp4_") + part + "_scale"});
+    }
+  }
+  return m;
+}
+
+namespace {
+// One layer's experts' MXFP4 tensors until each projection is whole.
+struct Mxfp4PackBuffer {
+  std::mutex mu;
+  struct Expert {
+    Tensor t[6];  // gate packed, gate scale, up packed, up scale, down packed, down scale
+  };
+  std::map<int, Expert> experts;
+};
+
+// rows [r, K/2] + rows [r, K/2] -> [2r, K/2] (and the scales alike): the gate's rows, then the
+// up's.
+Tensor stack_rows(const Tensor& a, const Tensor& b) {
+  const Tensor ac = a.contiguous(), bc = b.contiguous();
+  Tensor out = Tensor::empty({ac.size(0) + bc.size(0), ac.size(1)}, ac.dtype());
+  std::memcpy(out.data(), ac.data(), ac.nbytes());
+  std::memcpy(static_cast<char*>(out.data()) + ac.nbytes(), bc.data(), bc.nbytes());
+  return out;
+}
+}  // namespace
+
+std::map<std::string, FusedMoEStackedFormat> fused_moe_mxfp4_pack_formats() {
+  auto buf = std::make_shared<Mxfp4PackBuffer>();
+  std::map<std::string, FusedMoEStackedFormat> f;
+  const char* names[6] = {"gate_packed", "gate_scale",  "up_packed",
+                          "up_scale",    "down_packed", "down_scale"};
+  for (int slot = 0; slot < 6; ++slot)
+    f[std::string("ct_mxfp4_") + names[slot]] = [buf, slot](FusedMoEWriter& w, const Tensor& t,
+                                                            int e) {
+      ATOM_CHECK(e >= 0, "MXFP4 expert tensor without an expert index");
+      if (t.dtype() != DType::kU8 || t.dim() != 2)
+        fail("MXFP4 expert {} tensor {}: expected U8 [rows, K/2] values or [rows, K/32] scales", e,
+             t.str());
+      const bool down = slot >= 4;
+      Tensor packed, scales;
+      {
+        std::lock_guard<std::mutex> lock(buf->mu);
+        Mxfp4PackBuffer::Expert& x = buf->experts[e];
+        x.t[slot] = t.clone();
+        const int first = down ? 4 : 0, n = down ? 2 : 4;
+        for (int i = first; i < first + n; ++i)
+          if (!x.t[i].defined()) return;  // its partners have not come yet
+        if (down) {
+          packed = x.t[4];
+          scales = x.t[5];
+        } else {
+          packed = stack_rows(x.t[0], x.t[2]);
+          scales = stack_rows(x.t[1], x.t[3]);
+        }
+        for (int i = first; i < first + n; ++i) x.t[i] = Tensor();
+      }
+      const int64_t rows = packed.size(0), k = packed.size(1) * 2;
+      if (k % 32 != 0 || scales.shape() != Shape{rows, k / 32})
+        fail("MXFP4 expert {}: values {} and scales {} do not pair (scales [rows, K/32])", e,
+             packed.str(), scales.str());
+      const Tensor blocks = packed.view({rows, k / 32, 16});
+      if (down) {
+        w.down_mxfp4_expert(e, blocks, scales);
+      } else {
+        w.gate_up_mxfp4_expert(e, blocks, scales);
+      }
+    };
+  return f;
 }
 
 std::vector<ExpertParamMapping> fused_moe_stacked_mapping() {
@@ -519,7 +605,7 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
                                     int expert) {
     Writer w(*this);
     if (auto it = o_.stacked_formats.find(shard); it != o_.stacked_formats.end())
-      return it->second(w, ckpt);
+      return it->second(w, ckpt, expert);
     if (expert == -1) {
       if (shard == "gate_up") return w.gate_up(ckpt);
       if (shard == "down") return w.down(ckpt);
@@ -672,8 +758,6 @@ void FusedMoE::forward(Step& step, const Tensor& x, const Tensor& topk_ids,
   w.w13_scales = w13_scale_ ? &w13_scale_->data() : nullptr;
   w.w2_scales = w2_scale_ ? &w2_scale_->data() : nullptr;
   w.activation = o_.activation;
-  w.swiglu_alpha = o_.swiglu_alpha;
-  w.swiglu_limit = o_.swiglu_limit;
   const int64_t bytes = kernels::fused_moe_workspace_bytes(ctx_.device, x.size(0), topk_ids.size(1),
                                                            w, ctx_.act_dtype);
   Tensor workspace = bytes > 0 ? step.empty({bytes}, DType::kU8) : Tensor();
@@ -696,7 +780,7 @@ namespace {
 FusedMoEOptions experts_options(const SparseMoeOptions& o) {
   FusedMoEOptions f = o.experts;
   f.num_experts = o.num_experts;
-  f.hidden = o.hidden;
+  f.hidden = o.latent_hidden > 0 ? o.latent_hidden : o.hidden;
   f.intermediate = o.moe_intermediate;
   if (o.fuse_shared && o.shared_intermediate > 0) {
     if (o.shared_intermediate % o.moe_intermediate != 0)
@@ -724,6 +808,20 @@ SparseMoeBlock::SparseMoeBlock(LayerContext& ctx, const std::string& prefix,
       (args_.n_group > 1 && args_.topk_group * (o.num_experts / args_.n_group) < args_.top_k))
     fail("{}: {} experts in n_group {} keeping topk_group {} cannot give {} experts per token",
          prefix, o.num_experts, args_.n_group, args_.topk_group, args_.top_k);
+  if (o.latent_hidden > 0) {
+    if (o.fuse_shared && o.shared_intermediate > 0)
+      fail("{}: shared experts cannot be fused into a latent MoE (they see the full hidden size)",
+           prefix);
+    latent_down_ = std::make_unique<ReplicatedLinear>(
+        ctx, prefix_join(prefix, "routed_expert_down_proj"), o.hidden, o.latent_hidden, false);
+    latent_up_ = std::make_unique<ReplicatedLinear>(
+        ctx, prefix_join(prefix, "routed_expert_up_proj"), o.latent_hidden, o.hidden, false);
+    if (o.latent_norm)
+      latent_norm_ = std::make_unique<RMSNorm>(ctx, prefix_join(prefix, "routed_expert_norm"),
+                                               o.latent_hidden, o.latent_norm_eps);
+  } else if (o.latent_norm) {
+    fail("{}: latent_norm without a latent MoE (latent_hidden 0)", prefix);
+  }
   if (o.correction_bias)
     correction_ = &ctx.params.add(prefix_join(prefix, o.gate_name + ".e_score_correction_bias"),
                                   ctx.param_tensor({o.num_experts}, DType::kF32));
@@ -733,12 +831,10 @@ SparseMoeBlock::SparseMoeBlock(LayerContext& ctx, const std::string& prefix,
   args_.shared_slot_first = static_cast<int>(routed_slots);
   experts_.bind_router(args_);
   if (o.shared_intermediate > 0 && fused == 0)
-    // Unfused shared experts apply the routed experts' activation too (clamped or not).
-    shared_ = std::make_unique<GatedMlp>(
-        ctx, prefix_join(prefix, o.shared_name), o.hidden, o.shared_intermediate, false,
-        /*reduce_results=*/false,
-        o.experts.activation == kernels::MoeActivation::kSiluMulClamped ? o.experts.swiglu_limit
-                                                                        : 0.0f);
+    // Unfused shared experts apply the routed experts' activation too (clamped, SiTU).
+    shared_ = std::make_unique<GatedMlp>(ctx, prefix_join(prefix, o.shared_name), o.hidden,
+                                         o.shared_intermediate, false,
+                                         /*reduce_results=*/false, o.experts.activation);
   if (o.shared_gate) {
     if (!shared_)
       fail("{}: a shared expert gate needs unfused shared experts (shared_intermediate > 0, "
@@ -763,6 +859,23 @@ void SparseMoeBlock::route(Step& step, const Tensor& x, Tensor& topk_ids, Tensor
 Tensor SparseMoeBlock::forward(Step& step, const Tensor& x, const Tensor& out) {
   Tensor ids, weights;
   route(step, x, ids, weights);
+  if (latent_down_) {
+    Tensor z = step.empty({x.size(0), o_.latent_hidden}, ctx_.act_dtype);
+    experts_.forward(step, latent_down_->forward(step, x), ids, weights, z);
+    if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(z);  // the norm needs the whole sum
+    if (latent_norm_) z = latent_norm_->forward(step, z);
+    Tensor y = latent_up_->forward(step, z, out);
+    if (shared_) {
+      Tensor s = shared_->forward(step, x);
+      if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(s);
+      if (shared_gate_) {
+        kernels::add_gated(y, y, s, shared_gate_->forward(step, x));
+      } else {
+        kernels::add(y, y, s);
+      }
+    }
+    return y;
+  }
   Tensor y = out.defined() ? out : step.empty({x.size(0), o_.hidden}, ctx_.act_dtype);
   experts_.forward(step, x, ids, weights, y);
   if (shared_) {

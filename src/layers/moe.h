@@ -24,6 +24,7 @@
 #include "kernels/moe.h"
 #include "layers/linear.h"
 #include "layers/mlp.h"
+#include "layers/norm.h"
 #include "loader/weight_loading.h"
 
 namespace atom {
@@ -67,8 +68,20 @@ class FusedMoEWriter {
 };
 
 // A checkpoint format of the model's own: called with the tensor routed to part `shard` of one of
-// the layer's parameters.
-using FusedMoEStackedFormat = std::function<void(FusedMoEWriter& w, const Tensor& ckpt)>;
+// the layer's parameters, and the expert its mapping entry names (-1: a stacked tensor).
+using FusedMoEStackedFormat =
+    std::function<void(FusedMoEWriter& w, const Tensor& ckpt, int expert)>;
+
+// compressed-tensors' MXFP4 experts (format mxfp4-pack-quantized: Kimi-K3's): per expert J and
+// projection, "experts.J.<proj>.weight_packed" [rows, K/2] U8 (two e2m1 values a byte, the low
+// nibble first: MXFP4 blocks [rows, K/32, 16] laid flat) and "experts.J.<proj>.weight_scale"
+// [rows, K/32] U8 (e8m0). The mapping routes them to this layer's w13 / w2; the formats pair each
+// expert's tensors (in any order, on any loader thread) and hand them to the writer's MXFP4 calls.
+std::vector<ExpertParamMapping> fused_moe_mxfp4_pack_mapping(const std::string& gate,
+                                                             const std::string& down,
+                                                             const std::string& up,
+                                                             int64_t num_experts);
+std::map<std::string, FusedMoEStackedFormat> fused_moe_mxfp4_pack_formats();
 
 // The routed experts one rank holds. Without expert parallelism: all of them. With it, vLLM's
 // linear placement over `ranks`: num_experts / ranks each, the first num_experts % ranks ranks
@@ -111,8 +124,7 @@ struct FusedMoEOptions {
   int64_t num_shared_slots = 0;
   int64_t pad_intermediate_to = 1;  // this rank's I rounded up to a multiple of this
   bool bias = false;                // w13_bias [slots, 2I] and w2_bias [slots, H]
-  kernels::MoeActivation activation = kernels::MoeActivation::kSiluMul;
-  float swiglu_alpha = 1.702f, swiglu_limit = 7.0f;
+  kernels::Glu activation;          // of the routed experts (and of unfused shared experts)
   ExpertQuant quant = ExpertQuant::kNone;
   // Parts (shards of the expert mapping) in the model's own stacked formats.
   std::map<std::string, FusedMoEStackedFormat> stacked_formats;
@@ -197,6 +209,13 @@ struct SparseMoeOptions {
   // Qwen3-Next: the shared experts' output is scaled per token by sigmoid(shared_expert_gate(x)),
   // a [1, hidden] projection (not fusable: its weight is not 1).
   bool shared_gate = false;
+  // Kimi-K3's latent MoE (routed_expert_hidden_size > 0): the routed experts run in a narrower
+  // space, z = experts(routed_expert_down_proj(x)) [T, latent_hidden]; their sum (all-reduced
+  // across ranks) goes through routed_expert_norm (an RMSNorm, when latent_norm) and
+  // routed_expert_up_proj back to hidden. The router and the shared experts see x itself.
+  int64_t latent_hidden = 0;
+  bool latent_norm = false;
+  double latent_norm_eps = 1e-6;
   std::string gate_name = "gate";
   std::string shared_name = "shared_experts";
   std::string shared_gate_name = "shared_expert_gate";
@@ -204,7 +223,8 @@ struct SparseMoeOptions {
 };
 
 // gate (router) -> routed experts (+ shared experts) -> one all-reduce across ranks. Under expert
-// parallelism the shared experts are never fused (Model turns LayerContext's switch off).
+// parallelism the shared experts are never fused (Model turns LayerContext's switch off). A latent
+// MoE reduces its routed and shared parts apart (the norm needs the whole routed sum).
 class SparseMoeBlock : public FeedForward {
  public:
   // prefix: the block's module, e.g. "model.layers.3.mlp".
@@ -223,6 +243,9 @@ class SparseMoeBlock : public FeedForward {
   FusedMoE experts_;
   std::unique_ptr<GatedMlp> shared_;               // unfused shared experts, left unreduced
   std::unique_ptr<ReplicatedLinear> shared_gate_;  // hidden -> 1
+  // Latent MoE: hidden -> latent_hidden, latent_hidden -> hidden (replicated), the latent norm.
+  std::unique_ptr<ReplicatedLinear> latent_down_, latent_up_;
+  std::unique_ptr<RMSNorm> latent_norm_;
 };
 
 // Whether shared experts load as slots of the fused layer (ATOM_MOE_FUSE_SHARED_EXPERTS, default

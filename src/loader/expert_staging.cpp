@@ -1,5 +1,7 @@
 #include "loader/expert_staging.h"
 
+#include <algorithm>
+
 #include "core/convert.h"
 #include "core/env.h"
 #include "core/error.h"
@@ -16,10 +18,11 @@ ExpertStagingPool::Entry& ExpertStagingPool::entry(Parameter& p) {
   return *e;
 }
 
-bool ExpertStagingPool::owns(const Parameter& p, int expert) {
+bool ExpertStagingPool::owns(const Parameter& p, int expert, const std::string& shard) {
   const ExpertLayout* l = p.expert_layout.get();
   if (!l || !l->stageable || expert < l->first_base || expert >= l->first_base + l->num_base)
     return false;
+  if (!l->has_shard(shard)) return false;
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(const_cast<Parameter*>(&p));
   return it == entries_.end() || !it->second->declined;

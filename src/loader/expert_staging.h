@@ -35,9 +35,10 @@ class ExpertStagingPool {
  public:
   explicit ExpertStagingPool(bool strict = true) : strict_(strict) {}
 
-  // True when `expert` of `p` is a routed base expert the pool stages (p has an expert layout and
-  // has not been declined); the caller then leaves the tensor to stage().
-  bool owns(const Parameter& p, int expert);
+  // True when part `shard` of `expert` of `p` is a routed base expert's region the pool stages (p
+  // has an expert layout with that part and has not been declined); the caller then leaves the
+  // tensor to stage().
+  bool owns(const Parameter& p, int expert, const std::string& shard);
   // Records the part on `p` (a duplicate is an error) and stages this rank's slice of `ckpt` into
   // the host buffer; the last routed base region flushes the parameter in one copy.
   void stage(Parameter& p, const Tensor& ckpt, const std::string& shard, int expert);

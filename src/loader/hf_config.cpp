@@ -208,7 +208,9 @@ ModelConfig model_config_parse(const json& j, const std::string& path) {
   }
   const ConfigFields& t = c.text;
   c.architectures = c.root.get_string_list("architectures");
+  // A wrapper's quantization_config may sit in its text_config (Kimi-K3).
   c.quantization = quantization_config_parse(c.root);
+  if (!c.quantization && c.root.has("text_config")) c.quantization = quantization_config_parse(t);
   if (c.architectures.empty()) c.root.bad("architectures", "is empty");
   c.model_type = t.get_string("model_type", c.root.get_string("model_type", ""));
   // Upper bounds keep every product of sizes (weights, caches) well inside 64 bits.

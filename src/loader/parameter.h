@@ -34,6 +34,11 @@ struct ExpertLayout {
   int64_t num_slots = 0;
   std::vector<int64_t> redundant_slots;  // copies filled after loading; zeroed until then
   std::vector<std::string> shards;       // the parts each slot takes, e.g. {"w1", "w3"}
+  bool has_shard(const std::string& s) const {
+    for (const auto& x : shards)
+      if (x == s) return true;
+    return false;
+  }
   // False when checkpoint tensors must go through the parameter's loader (FP8 experts, which
   // pair each weight with its scale): the staging pool then leaves the parameter alone.
   bool stageable = true;

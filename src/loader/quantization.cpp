@@ -74,23 +74,30 @@ bool QuantizationConfig::excludes(const std::string& module) const {
   return false;
 }
 
+namespace {
+// Whether a quantisation group's target names `module`.
+bool target_hits(const std::string& t, const std::string& module) {
+  if (t == "Linear") return true;
+  if (t.starts_with("re:"))  // compressed-tensors: re.match, anchored at the start
+    return std::regex_search(module, std::regex(t.substr(3)),
+                             std::regex_constants::match_continuous);
+  return module == t || module.starts_with(t + ".");
+}
+}  // namespace
+
 LinearQuant QuantizationConfig::linear(const std::string& module) const {
   if (linear_groups.empty() || excludes(module)) return {};
-  for (const auto& g : linear_groups) {
-    for (const auto& t : g.targets) {
-      bool hit = false;
-      if (t == "Linear") {
-        hit = true;
-      } else if (t.starts_with("re:")) {  // compressed-tensors: re.match, anchored at the start
-        hit = std::regex_search(module, std::regex(t.substr(3)),
-                                std::regex_constants::match_continuous);
-      } else {
-        hit = module == t || module.starts_with(t + ".");
-      }
-      if (hit) return g.quant;
-    }
-  }
+  for (const auto& g : linear_groups)
+    for (const auto& t : g.targets)
+      if (target_hits(t, module)) return g.quant;
   return {};
+}
+
+bool QuantizationConfig::mxfp4_packed(const std::string& module) const {
+  if (mxfp4_pack_targets.empty() || excludes(module)) return false;
+  for (const auto& t : mxfp4_pack_targets)
+    if (target_hits(t, module)) return true;
+  return false;
 }
 
 LinearQuant QuantizationConfig::linear_fused(const std::string& layer,
@@ -149,18 +156,51 @@ std::string ct_fp8_args(const ConfigFields& a, const std::string& what) {
   return a.get_string("strategy");
 }
 
+// An mxfp4-pack-quantized group's weights: 4-bit float in groups of 32 (e8m0 scales).
+void ct_mxfp4_args(const ConfigFields& g) {
+  if (!g.has("weights") || !g.obj()["weights"].is_object())
+    g.bad("weights", "must be an object (the weights' quantisation)");
+  const ConfigFields w(g.obj()["weights"], g.where() + ".weights");
+  if (w.get_int("num_bits") != 4 || w.get_string("type", "int") != "float")
+    w.bad("num_bits", "and type must give 4-bit float (MXFP4) in an mxfp4-pack-quantized group");
+  if (w.get_string("strategy", "group") != "group" || w.get_int("group_size", 32) != 32)
+    w.bad("group_size", "must be 32 with strategy group (MXFP4)");
+  if (g.has("input_activations") && !g.obj()["input_activations"].is_null())
+    g.bad("input_activations", "is set; atom reads MXFP4 weights with unquantised activations");
+}
+
+const char* const kFloatQuantized = "float-quantized";
+const char* const kMxfp4PackQuantized = "mxfp4-pack-quantized";
+
 void parse_compressed_tensors(const ConfigFields& q, QuantizationConfig& c) {
-  if (q.has("format") && q.get_string("format") != "float-quantized")
-    q.bad("format", "is '" + q.get_string("format") +
-                        "'; atom reads float-quantized (FP8) compressed-tensors only");
+  const std::string fmt_all = q.get_string("format", kFloatQuantized);
+  if (fmt_all != kFloatQuantized && fmt_all != kMxfp4PackQuantized)
+    q.bad("format", "is '" + fmt_all +
+                        "'; atom reads float-quantized (FP8) and "
+                        "mxfp4-pack-quantized compressed-tensors");
   if (!q.has("config_groups") || !q.obj()["config_groups"].is_object() ||
       q.obj()["config_groups"].empty())
     q.bad("config_groups", "must be an object of quantisation groups");
   for (const auto& [name, gj] : q.obj()["config_groups"].items()) {
     const ConfigFields g(gj, q.where() + " config_groups." + name);
     if (!gj.is_object()) q.bad("config_groups", "entry '" + name + "' must be an object");
-    if (g.has("format") && g.get_string("format") != "float-quantized")
-      g.bad("format", "is '" + g.get_string("format") + "'; atom reads float-quantized only");
+    const std::string fmt = g.get_string("format", fmt_all);
+    if (fmt != kFloatQuantized && fmt != kMxfp4PackQuantized)
+      g.bad("format", "is '" + fmt + "'; atom reads float-quantized and mxfp4-pack-quantized");
+    if (fmt == kMxfp4PackQuantized) {
+      ct_mxfp4_args(g);
+      std::vector<std::string> targets = g.get_string_list("targets");
+      if (targets.empty()) g.bad("targets", "is empty");
+      for (auto& t : targets) {
+        if (t.starts_with("re:")) try {
+            std::regex r(t.substr(3));
+          } catch (const std::regex_error&) {
+            g.bad("targets", "holds an invalid regular expression '" + t + "'");
+          }
+        c.mxfp4_pack_targets.push_back(std::move(t));
+      }
+      continue;
+    }
     if (!g.has("weights") || !g.obj()["weights"].is_object())
       g.bad("weights", "must be an object (the weights' quantisation)");
     const ConfigFields w(g.obj()["weights"], g.where() + ".weights");

@@ -62,12 +62,17 @@ struct QuantizationConfig {
     LinearQuant quant;
   };
   std::vector<LinearGroup> linear_groups;
+  // compressed-tensors' mxfp4-pack-quantized groups' targets (4-bit e2m1 weights in groups of 32
+  // with e8m0 scales: weight_packed, weight_scale). atom reads them on mixture-of-experts experts.
+  std::vector<std::string> mxfp4_pack_targets;
 
   // True when `module` (a dotted checkpoint-side name, e.g. "model.layers.0.self_attn.q_proj") is
   // left unquantised.
   bool excludes(const std::string& module) const;
   // The method of linear module `module` (its checkpoint name).
   LinearQuant linear(const std::string& module) const;
+  // Whether `module` is stored MXFP4-packed (mxfp4_pack_targets, unless excluded).
+  bool mxfp4_packed(const std::string& module) const;
   // The method of a layer fused from checkpoint modules `parts` (q/k/v_proj into qkv_proj): every
   // part must be stored the same way; otherwise an error naming `layer` and the parts.
   LinearQuant linear_fused(const std::string& layer, const std::vector<std::string>& parts) const;

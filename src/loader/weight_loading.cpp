@@ -164,12 +164,15 @@ LoadReport load_weights(ParamRegistry& params, const Checkpoint& checkpoint,
       [&](const std::string& name, const Tensor& t) {
         const WeightDestination& d = routes.at(name);
         try {
-          if (pool && pool->owns(*d.param, d.expert)) {
+          if (pool && pool->owns(*d.param, d.expert, d.shard)) {
             pool->stage(*d.param, t, d.shard, d.expert);
           } else {
-            // A stacked tensor writes regions the pool may have staged: it takes the parameter
-            // over first.
-            if (pool && d.param->expert_layout && d.expert < 0) pool->decline(*d.param);
+            // A stacked tensor, or an expert's part in a format of the model's own (MXFP4
+            // packing), writes regions the pool may have staged: it takes the parameter over
+            // first.
+            if (pool && d.param->expert_layout &&
+                (d.expert < 0 || !d.param->expert_layout->has_shard(d.shard)))
+              pool->decline(*d.param);
             d.param->load(t, d.shard, d.expert);
           }
         } catch (const Error& e) {

@@ -103,11 +103,11 @@ std::vector<std::string> dsa_indexer_types(const ModelConfig& c) {
 }
 
 WeightLoadSpec deepseek_weight_load_spec(const Model& m, int64_t num_experts,
-                                         int64_t default_shared) {
+                                         int64_t default_shared, bool shared_fusable) {
   WeightLoadSpec s = m.Model::weight_load_spec();
   s.packed_modules = {{"gate_proj", "gate_up_proj", "0"}, {"up_proj", "gate_up_proj", "1"}};
-  const bool fused =
-      m.fuse_shared_experts() && m.config().text.get_int("n_shared_experts", default_shared) > 0;
+  const bool fused = shared_fusable && m.fuse_shared_experts() &&
+                     m.config().text.get_int("n_shared_experts", default_shared) > 0;
   // Fused: the shared experts load as expert E of the fused layer (the spec's rename).
   if (fused)
     s.weights_mapping.substr.push_back(

@@ -30,8 +30,9 @@ std::unique_ptr<FeedForward> deepseek_moe(LayerContext& ctx, const ModelConfig& 
 // How a DeepSeek checkpoint maps: no fused q/k/v (q_proj is MLA's own), gate/up fused, routed
 // experts per expert or stacked, shared experts as slots of the fused layer when the model loads
 // them so; MTP layers past num_hidden_layers are skipped by the loader.
+// shared_fusable false: the shared experts never load as an expert slot (a latent MoE's).
 WeightLoadSpec deepseek_weight_load_spec(const Model& m, int64_t num_experts,
-                                         int64_t default_shared);
+                                         int64_t default_shared, bool shared_fusable = true);
 
 // DeepSeek sparse attention (V3.2, GLM-5): the indexer's fields (index_n_heads, index_head_dim,
 // index_topk; its RoPE over the attention's qk_rope_head_dim channels), which need q LoRA.

@@ -49,12 +49,10 @@ std::unique_ptr<FeedForward> deepseek_v32_family_mlp(LayerContext& ctx, const Mo
   if (c.hidden_act != "silu") t.bad("hidden_act", "must be silu, got '" + c.hidden_act + "'");
   if (!deepseek_sparse_mlp(c, layer, 3))
     return std::make_unique<GatedMlp>(ctx, prefix, c.hidden_size, c.intermediate_size, false,
-                                      /*reduce_results=*/true, swiglu_limit);
+                                      /*reduce_results=*/true,
+                                      kernels::Glu::silu_clamped(swiglu_limit));
   SparseMoeOptions o;
-  if (swiglu_limit > 0) {
-    o.experts.activation = kernels::MoeActivation::kSiluMulClamped;
-    o.experts.swiglu_limit = swiglu_limit;
-  }
+  o.experts.activation = kernels::Glu::silu_clamped(swiglu_limit);
   o.router.scoring = kernels::RouterScoring::kSigmoid;
   o.router.n_group = static_cast<int>(t.get_int("n_group", default_groups));
   o.router.topk_group = static_cast<int>(t.get_int("topk_group", default_keep));

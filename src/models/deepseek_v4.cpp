@@ -442,9 +442,9 @@ class DeepseekV4Moe {
     // The shared expert (w1 / w3 / w2, loaded as gate_up_proj / down_proj): the clamped SwiGLU,
     // left unreduced to join the routed experts' one all-reduce.
     if (v.shared > 0)
-      shared_ =
-          std::make_unique<GatedMlp>(ctx, prefix + ".shared_experts", v.hidden, v.moe_inter, false,
-                                     /*reduce_results=*/false, static_cast<float>(v.limit));
+      shared_ = std::make_unique<GatedMlp>(
+          ctx, prefix + ".shared_experts", v.hidden, v.moe_inter, false,
+          /*reduce_results=*/false, kernels::Glu::silu_clamped(static_cast<float>(v.limit)));
   }
 
   Tensor forward(Step& step, const Tensor& x) {
@@ -480,8 +480,7 @@ class DeepseekV4Moe {
     o.num_experts = v.experts;
     o.hidden = v.hidden;
     o.intermediate = v.moe_inter;
-    o.activation = kernels::MoeActivation::kSiluMulClamped;
-    o.swiglu_limit = static_cast<float>(v.limit);
+    o.activation = kernels::Glu::silu_clamped(static_cast<float>(v.limit));
     return o;
   }
 

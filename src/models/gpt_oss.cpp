@@ -93,16 +93,16 @@ struct Mxfp4Pair {
 std::map<std::string, FusedMoEStackedFormat> gpt_oss_formats() {
   std::map<std::string, FusedMoEStackedFormat> f;
   // BF16: gate_up_proj [E, H, 2I] (x @ W, interleaved columns) -> [2I, H] per expert.
-  f["gpt_oss_gate_up"] = [](FusedMoEWriter& w, const Tensor& t) {
+  f["gpt_oss_gate_up"] = [](FusedMoEWriter& w, const Tensor& t, int) {
     expect_experts(t, w.num_experts(), "gate_up_proj");
     for (int64_t e = 0; e < w.num_experts(); ++e)
       w.gate_up_expert(e, deinterleave_rows(transpose_2d(t.select(0, e))));
   };
-  f["gpt_oss_down"] = [](FusedMoEWriter& w, const Tensor& t) {  // [E, I, H] -> [H, I]
+  f["gpt_oss_down"] = [](FusedMoEWriter& w, const Tensor& t, int) {  // [E, I, H] -> [H, I]
     expect_experts(t, w.num_experts(), "down_proj");
     for (int64_t e = 0; e < w.num_experts(); ++e) w.down_expert(e, transpose_2d(t.select(0, e)));
   };
-  f["gpt_oss_gate_up_bias"] = [](FusedMoEWriter& w, const Tensor& t) {  // [E, 2I] interleaved
+  f["gpt_oss_gate_up_bias"] = [](FusedMoEWriter& w, const Tensor& t, int) {  // [E, 2I] interleaved
     expect_experts(t, w.num_experts(), "gate_up_proj_bias");
     if (t.dim() != 2)
       fail("GPT-OSS gate_up_proj_bias {} must be [experts, 2 * intermediate]", t.str());
@@ -132,14 +132,18 @@ std::map<std::string, FusedMoEStackedFormat> gpt_oss_formats() {
     for (int64_t e = 0; e < w.num_experts(); ++e)  // [H, I/32, 16], [H, I/32]
       w.down_mxfp4_expert(e, b.select(0, e), s.select(0, e));
   };
-  f["mxfp4_gate_up_blocks"] = [mx_gate_up](FusedMoEWriter& w, const Tensor& t) {
+  f["mxfp4_gate_up_blocks"] = [mx_gate_up](FusedMoEWriter& w, const Tensor& t, int) {
     mx_gate_up(w, t, true);
   };
-  f["mxfp4_gate_up_scales"] = [mx_gate_up](FusedMoEWriter& w, const Tensor& t) {
+  f["mxfp4_gate_up_scales"] = [mx_gate_up](FusedMoEWriter& w, const Tensor& t, int) {
     mx_gate_up(w, t, false);
   };
-  f["mxfp4_down_blocks"] = [mx_down](FusedMoEWriter& w, const Tensor& t) { mx_down(w, t, true); };
-  f["mxfp4_down_scales"] = [mx_down](FusedMoEWriter& w, const Tensor& t) { mx_down(w, t, false); };
+  f["mxfp4_down_blocks"] = [mx_down](FusedMoEWriter& w, const Tensor& t, int) {
+    mx_down(w, t, true);
+  };
+  f["mxfp4_down_scales"] = [mx_down](FusedMoEWriter& w, const Tensor& t, int) {
+    mx_down(w, t, false);
+  };
   return f;
 }
 
@@ -157,10 +161,10 @@ std::unique_ptr<FeedForward> gpt_oss_mlp(LayerContext& ctx, const ModelConfig& c
   o.gate_name = "router";
   o.router_bias = true;
   o.experts.bias = true;
-  o.experts.activation = kernels::MoeActivation::kSwigluOai;
-  o.experts.swiglu_alpha = 1.702f;
-  o.experts.swiglu_limit = static_cast<float>(c.text.get_double("swiglu_limit", 7.0));
-  if (!(o.experts.swiglu_limit > 0)) c.text.bad("swiglu_limit", "must be positive");
+  o.experts.activation.kind = kernels::MoeActivation::kSwigluOai;
+  o.experts.activation.alpha = 1.702f;
+  o.experts.activation.limit = static_cast<float>(c.text.get_double("swiglu_limit", 7.0));
+  if (!(o.experts.activation.limit > 0)) c.text.bad("swiglu_limit", "must be positive");
   o.experts.stacked_formats = gpt_oss_formats();  // one set of MXFP4 pairs per layer
   // MXFP4 experts stay packed on CUDA (W4A16) and are dequantised at load on the CPU.
   if (c.quantization && c.quantization->method == "mxfp4" &&

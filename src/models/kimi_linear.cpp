@@ -6,12 +6,32 @@
 // e_score_correction_bias for the choice, top-2-sum groups, renormalised, times
 // routed_scaling_factor; beside num_shared_experts shared experts), as mlp_layer_types says.
 //
+// Kimi-K3 (KimiK3ForConditionalGeneration: this text model under language_model.*, its vision
+// tower and projector skipped) is the same modelling file with Moonshot's options on:
+//   hidden_act "situ": every MLP and expert computes SiTU (activation_situ_beta, default 1, and
+//     activation_situ_linear_beta, default none; kernels/activation.h);
+//   mla_use_output_gate: o_proj(attn · sigmoid(g_proj(x)));
+//   linear_attn_config.use_full_rank_gate: KDA's output gate is one g_proj; gate_lower_bound:
+//     the bounded forget gate lb · sigmoid(exp(A_log) · (f + dt_bias));
+//   routed_expert_hidden_size: the latent MoE (experts between routed_expert_down_proj and
+//     routed_expert_up_proj, routed_expert_norm when latent_moe_use_norm; layers/moe.h);
+//   attn_res_block_size: attention residuals (kernels/attn_res.h) instead of the residual add.
+//     Rows of a bank: the embeddings, then the sum of each completed block of
+//     attn_res_block_size layers' sublayer outputs, then the current block's running sum; each
+//     sublayer's input is the mix of the rows by self_attention_res_{norm,proj} (before the
+//     attention) or mlp_res_{norm,proj} (before the MLP), the final norm's that of
+//     model.output_attn_res_{norm,proj}. Layers 0, bs, 2 bs, ... start a block after their
+//     attention's mix.
+//
 // Config names: transformers saves its attribute_map's targets (num_experts,
 // num_experts_per_token, moe_renormalize, num_expert_group, num_shared_experts) and the hub's
 // configs carry linear_attn_config {kda_layers, full_attn_layers (1-indexed), num_heads,
 // head_dim, short_conv_kernel_size} and first_k_dense_replace; either is read. Checkpoints
 // name MoE blocks block_sparse_moe (transformers writes that name for the dense MLPs too) with
 // experts.J.w1/w3/w2.
+#include "core/convert.h"
+#include "kernels/attn_res.h"
+#include "kernels/elementwise.h"
 #include "layers/kimi_delta_attention.h"
 #include "models/deepseek.h"
 
@@ -86,16 +106,43 @@ KimiDeltaAttentionOptions kimi_delta_attention_options(const ModelConfig& c) {
   if (o.num_heads < 1) t.bad("linear_num_heads", "must be positive");
   if (o.head_dim < 1) t.bad("linear_head_dim", "must be positive");
   if (o.conv_kernel < 1) t.bad("linear_conv_kernel_dim", "must be positive");
-  if (c.hidden_act != "silu")
-    t.bad("hidden_act", "must be silu (the short convs and the MLPs), got '" + c.hidden_act + "'");
   o.eps = c.rms_norm_eps;
+  // Kimi-K3: the bounded forget gate and the full-rank output gate.
+  if (la && la->contains("gate_lower_bound") && !(*la)["gate_lower_bound"].is_null()) {
+    const auto& lb = (*la)["gate_lower_bound"];
+    if (!lb.is_number() || !(lb.get<double>() < 0) || !std::isfinite(lb.get<double>()))
+      t.bad("linear_attn_config", "gate_lower_bound must be a negative number, got " + lb.dump());
+    o.gate_lower_bound = lb.get<float>();
+  }
+  if (la && la->contains("use_full_rank_gate")) {
+    if (!(*la)["use_full_rank_gate"].is_boolean())
+      t.bad("linear_attn_config", "use_full_rank_gate must be true or false");
+    o.full_rank_output_gate = (*la)["use_full_rank_gate"].get<bool>();
+  }
   return o;
+}
+
+// The MLPs' and experts' activation: SiLU, or Kimi-K3's SiTU with its constants.
+kernels::Glu kimi_activation(const ModelConfig& c) {
+  const ConfigFields& t = c.text;
+  if (c.hidden_act == "silu") return kernels::Glu::silu();
+  if (c.hidden_act != "situ")
+    t.bad("hidden_act", "must be silu or situ, got '" + c.hidden_act + "'");
+  auto beta = [&](const char* key, double fallback) {
+    if (!t.has(key) || t.obj()[key].is_null()) return fallback;
+    const double b = t.get_double(key);
+    if (!(b > 0) || !std::isfinite(b)) t.bad(key, fmt::format("must be positive, got {}", b));
+    return b;
+  };
+  return kernels::Glu::situ(static_cast<float>(beta("activation_situ_beta", 1.0)),
+                            static_cast<float>(beta("activation_situ_linear_beta", 0.0)));
 }
 
 // KimiLinearAttention: MLA with no RoPE, softmax scale (qk_nope + qk_rope)^-0.5.
 MlaOptions kimi_mla_options(const ModelConfig& c) {
   MlaOptions o = deepseek_mla_options(c, /*interleaved_rope=*/false);
   o.apply_rope = false;
+  o.output_gate = c.text.get_bool("mla_use_output_gate", false);
   o.scale = 1.0 / std::sqrt(static_cast<double>(o.qk_nope_head_dim + o.qk_rope_head_dim));
   return o;
 }
@@ -141,12 +188,42 @@ bool kimi_sparse_mlp(const ModelConfig& c, int64_t layer) {
   return k == "sparse";
 }
 
+// Kimi-K3's latent MoE (routed_expert_hidden_size set).
+bool kimi_latent_moe(const ModelConfig& c) {
+  return c.text.has("routed_expert_hidden_size") &&
+         !c.text.obj()["routed_expert_hidden_size"].is_null();
+}
+
+// The routed experts stored MXFP4-packed (compressed-tensors' mxfp4-pack-quantized, Kimi-K3's
+// release): the quantization_config's targets name the experts' projections (checked on layer
+// 1's expert 0 as atom names it, model.layers.1.mlp.experts.0.w1; an MXFP4 group targets every
+// layer's experts alike).
+bool kimi_mxfp4_experts(const ModelConfig& c) {
+  return c.quantization && c.quantization->method == "compressed-tensors" &&
+         c.quantization->mxfp4_packed("model.layers.1.mlp.experts.0.w1");
+}
+
 std::unique_ptr<FeedForward> kimi_linear_mlp(LayerContext& ctx, const ModelConfig& c, int64_t layer,
                                              const std::string& prefix) {
   const ConfigFields& t = c.text;
+  const kernels::Glu act = kimi_activation(c);
   if (!kimi_sparse_mlp(c, layer))
-    return std::make_unique<GatedMlp>(ctx, prefix, c.hidden_size, c.intermediate_size, false);
+    return std::make_unique<GatedMlp>(ctx, prefix, c.hidden_size, c.intermediate_size, false,
+                                      /*reduce_results=*/true, act);
   SparseMoeOptions o;
+  o.experts.activation = act;
+  if (kimi_mxfp4_experts(c)) {
+    // Packed on CUDA (W4A16), dequantised at load on the CPU.
+    o.experts.quant = ExpertQuant::kMxfp4;
+    o.experts.stacked_formats = fused_moe_mxfp4_pack_formats();  // one buffer per layer
+  }
+  // Kimi-K3's latent MoE.
+  if (kimi_latent_moe(c)) {
+    o.latent_hidden = t.get_int("routed_expert_hidden_size");
+    if (o.latent_hidden < 1) t.bad("routed_expert_hidden_size", "must be positive or null");
+    o.latent_norm = t.get_bool("latent_moe_use_norm", false);
+    o.latent_norm_eps = c.rms_norm_eps;
+  }
   o.hidden = c.hidden_size;
   o.num_experts = kimi_num_experts(c);
   if (o.num_experts < 1) t.bad("num_experts", "must be positive");
@@ -174,37 +251,189 @@ std::unique_ptr<FeedForward> kimi_linear_mlp(LayerContext& ctx, const ModelConfi
   const int64_t shared = kimi_num_shared_experts(c);
   if (shared < 0) t.bad("num_shared_experts", "must be >= 0");
   o.shared_intermediate = shared * o.moe_intermediate;
-  o.fuse_shared = ctx.fuse_shared_experts;
+  o.fuse_shared = ctx.fuse_shared_experts && o.latent_hidden == 0;
   return std::make_unique<SparseMoeBlock>(ctx, prefix, o);
 }
 
-class KimiLinearForCausalLM
-    : public DecoderOnlyLM<LlamaDecoderLayer<KimiLinearMixer, PerLayerMlp<kimi_linear_mlp>>> {
+// attn_res_block_size (Kimi-K3): 0 when the config has none.
+int64_t kimi_attn_res_block(const ModelConfig& c) {
+  const ConfigFields& t = c.text;
+  if (!t.has("attn_res_block_size") || t.obj()["attn_res_block_size"].is_null()) return 0;
+  const int64_t bs = t.get_int("attn_res_block_size");
+  if (bs < 1) t.bad("attn_res_block_size", "must be positive or null");
+  if (1 + (c.num_hidden_layers + bs - 1) / bs > kernels::kAttnResMaxRows)
+    t.bad("attn_res_block_size",
+          fmt::format("{} blocks of {} layers: at most {} rows are mixed",
+                      (c.num_hidden_layers + bs - 1) / bs, bs, kernels::kAttnResMaxRows - 1));
+  return bs;
+}
+
+// A mix site of the attention residuals: "<base>_norm.weight" [H] and "<base>_proj.weight"
+// [1, H], folded after loading into the one score vector the mix reads.
+class AttnResSite {
  public:
-  using DecoderOnlyLM::DecoderOnlyLM;
+  AttnResSite(LayerContext& ctx, const std::string& base, int64_t hidden, double eps)
+      : eps_(static_cast<float>(eps)) {
+    norm_ = &ctx.params.add(base + "_norm.weight", ctx.param_tensor({hidden}, DType::kF32));
+    proj_ = &ctx.params.add(base + "_proj.weight", ctx.param_tensor({1, hidden}, DType::kF32));
+    w_ = ctx.param_tensor({hidden}, DType::kF32);
+    ctx.params.add_post_load([this] {
+      Tensor n = tensor_cast_cpu(norm_->data(), DType::kF32),
+             p = tensor_cast_cpu(proj_->data(), DType::kF32);
+      for (int64_t c = 0; c < n.numel(); ++c) n.ptr<float>()[c] *= p.ptr<float>()[c];
+      tensor_assign(w_, n);
+    });
+  }
+  // out = the mix of the bank's first n rows.
+  void mix(Tensor& out, const Tensor& bank, int64_t n) const {
+    kernels::attn_res(out, bank, n, w_, eps_);
+  }
+
+ private:
+  float eps_;
+  Parameter* norm_;
+  Parameter* proj_;
+  Tensor w_;
+};
+
+// input_layernorm -> self_attn -> post_attention_layernorm -> mlp, with the residual add
+// (LlamaDecoderLayer's forward) or, under attention residuals, over the bank.
+class KimiDecoderLayer : public LlamaDecoderLayer<KimiLinearMixer, PerLayerMlp<kimi_linear_mlp>> {
+ public:
+  KimiDecoderLayer(LayerContext& ctx, const ModelConfig& c, int64_t layer,
+                   const std::string& prefix)
+      : LlamaDecoderLayer(ctx, c, layer, prefix), layer_(layer), block_(kimi_attn_res_block(c)) {
+    if (block_ > 0) {
+      attn_site_ = std::make_unique<AttnResSite>(ctx, prefix + ".self_attention_res", c.hidden_size,
+                                                 c.rms_norm_eps);
+      mlp_site_ =
+          std::make_unique<AttnResSite>(ctx, prefix + ".mlp_res", c.hidden_size, c.rms_norm_eps);
+    }
+  }
+  // bank [T, B, H] F32 with n rows in use, the last the current block's running sum; x: scratch
+  // [T, H] in the activation dtype.
+  void forward_attn_res(Step& step, Tensor& bank, int64_t& n, Tensor& x) {
+    attn_site_->mix(x, bank, n);
+    const bool starts_block = layer_ % block_ == 0;
+    if (starts_block) ++n;  // the running sum becomes a completed block
+    Tensor cur = bank.select(1, n - 1);
+    Tensor a = self_attn().forward(step, input_layernorm().forward(step, x));
+    if (starts_block) {
+      kernels::cast(cur, a);
+    } else {
+      kernels::add(cur, cur, a);
+    }
+    mlp_site_->mix(x, bank, n);
+    Tensor m = mlp().forward(step, post_attention_layernorm().forward(step, x));
+    kernels::add(cur, cur, m);
+  }
+
+ private:
+  int64_t layer_, block_;
+  std::unique_ptr<AttnResSite> attn_site_, mlp_site_;
+};
+
+class KimiLinearForCausalLM : public DecoderOnlyLM<KimiDecoderLayer> {
+ public:
+  KimiLinearForCausalLM(const ModelConfig& c, const ModelOptions& o)
+      : DecoderOnlyLM(c, o), block_(kimi_attn_res_block(c)) {
+    if (block_ > 0) {
+      if (stage().last())
+        output_site_ = std::make_unique<AttnResSite>(ctx(), "model.output_attn_res", c.hidden_size,
+                                                     c.rms_norm_eps);
+      else
+        for (const char* m : {"model.output_attn_res_norm", "model.output_attn_res_proj"})
+          ctx().params.add_missing_module(m);
+    }
+  }
+
+  Tensor forward(Step& step) override {
+    if (block_ == 0) return DecoderOnlyLM::forward(step);
+    const PipelineStage& st = stage();
+    const int64_t T = step.batch.num_tokens(), H = config().hidden_size;
+    // Rows: the embeddings and one per block.
+    const int64_t B = 1 + (config().num_hidden_layers + block_ - 1) / block_;
+    Tensor bank;
+    if (st.first()) {
+      bank = step.empty({T, B, H}, DType::kF32);
+      Tensor row0 = bank.select(1, 0);
+      kernels::cast(row0, embed_tokens_->forward(step, step.batch.dev.token_ids));
+    } else {
+      const Tensor* in = step.pp_in ? &step.pp_in->hidden : nullptr;
+      ATOM_CHECK(in && in->defined() && in->dim() == 3 && in->size(0) == T && in->size(1) == B &&
+                     in->size(2) == H && in->dtype() == DType::kF32,
+                 "attention residuals: the previous pipeline stage handed on {}, not the "
+                 "[{}, {}, {}] F32 bank",
+                 in && in->defined() ? in->str() : std::string("nothing"), T, B, H);
+      bank = *in;  // the step's own copy
+    }
+    // Rows in use at the stage's first layer: the embeddings and the blocks begun before it.
+    int64_t n = 1 + (st.first_layer + block_ - 1) / block_;
+    Tensor x = step.empty({T, H}, ctx().act_dtype);
+    for (int64_t i = st.first_layer; i < st.end_layer; ++i) {
+      const Arena::Mark scratch = step.arena.mark();
+      layers_[static_cast<size_t>(i)]->forward_attn_res(step, bank, n, x);
+      step.arena.release(scratch);
+    }
+    if (!st.last()) {
+      ATOM_CHECK(step.pp_out, "pipeline stage {}: the step takes no tensors for stage {}", st.rank,
+                 st.rank + 1);
+      *step.pp_out = {bank, Tensor(), {}};
+      return Tensor();
+    }
+    output_site_->mix(x, bank, n);
+    return norm_->forward(step, x);
+  }
+
+  std::vector<std::string> quantization_methods() const override {
+    return {"compressed-tensors"};  // MXFP4-packed experts (Kimi-K3), FP8 linears
+  }
+
   WeightLoadSpec weight_load_spec() const override {
     const int64_t E = kimi_num_experts(config());
-    WeightLoadSpec s = deepseek_weight_load_spec(*this, E, kimi_num_shared_experts(config()));
+    const bool latent = kimi_latent_moe(config());
+    WeightLoadSpec s =
+        deepseek_weight_load_spec(*this, E, kimi_num_shared_experts(config()), !latent);
     // First: the hub's block_sparse_moe is transformers' mlp (then DeepSeek's renames).
     s.weights_mapping.substr.insert(s.weights_mapping.substr.begin(),
                                     {".block_sparse_moe.", ".mlp."});
-    const bool fused = fuse_shared_experts() && kimi_num_shared_experts(config()) > 0;
-    for (auto& m : fused_moe_expert_mapping("w1", "w2", "w3", fused ? E + 1 : E))
-      s.expert_mapping.push_back(m);
+    const bool fused = !latent && fuse_shared_experts() && kimi_num_shared_experts(config()) > 0;
+    // MXFP4-packed experts (Kimi-K3's release): experts.J.w1.weight_packed / weight_scale.
+    if (kimi_mxfp4_experts(config()))
+      for (auto& m : fused_moe_mxfp4_pack_mapping("w1", "w2", "w3", E))
+        s.expert_mapping.push_back(m);
+    else
+      for (auto& m : fused_moe_expert_mapping("w1", "w2", "w3", fused ? E + 1 : E))
+        s.expert_mapping.push_back(m);
+    // Kimi-K3's checkpoints: the text model under language_model.*; the vision tower and its
+    // projector are not read.
+    s.weights_mapping.prefix.push_back({"language_model.model.", "model."});
+    s.weights_mapping.prefix.push_back({"language_model.lm_head.", "lm_head."});
+    s.weights_mapping.prefix.push_back({"vision_tower.", std::nullopt});
+    s.weights_mapping.prefix.push_back({"mm_projector.", std::nullopt});
     return s;
   }
+
+ private:
+  int64_t block_;
+  std::unique_ptr<AttnResSite> output_site_;
 };
 
 // KDA ("linear_attention") and NoPE MLA ("full_attention") layers.
 ModelSupport kimi_linear_support() {
   ModelSupport s;
   s.layer_types = {"linear_attention", "full_attention"};
+  s.activations = {"silu", "situ"};
   return s;
 }
 
 }  // namespace
 
 ATOM_REGISTER_MODEL_SUPPORTING("KimiLinearForCausalLM", KimiLinearForCausalLM,
+                               kimi_linear_support());
+// Kimi-K3's text model (its vision tower is issue 38's next part).
+ATOM_REGISTER_MODEL_SUPPORTING("KimiK3ForCausalLM", KimiLinearForCausalLM, kimi_linear_support());
+ATOM_REGISTER_MODEL_SUPPORTING("KimiK3ForConditionalGeneration", KimiLinearForCausalLM,
                                kimi_linear_support());
 
 }  // namespace atom

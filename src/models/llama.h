@@ -133,6 +133,13 @@ class LlamaDecoderLayer {
     mlp_.forward(step, x, out);
   }
 
+ protected:
+  // For a layer that walks the same modules its own way (Kimi's attention residuals).
+  RMSNorm& input_layernorm() { return input_layernorm_; }
+  SelfAttention& self_attn() { return self_attn_; }
+  RMSNorm& post_attention_layernorm() { return post_attention_layernorm_; }
+  Mlp& mlp() { return mlp_; }
+
  private:
   RMSNorm input_layernorm_;
   SelfAttention self_attn_;
@@ -216,14 +223,15 @@ class DecoderOnlyLM : public Model {
 
   Tensor compute_logits(Step& step, const Tensor& hidden) override;
 
- private:
+ protected:
+  ParallelLMHead& lm_head() { return *lm_head_; }
+  // For a model that walks the same modules its own way (Kimi's attention residuals).
   std::unique_ptr<VocabParallelEmbedding> embed_tokens_;
   std::vector<std::unique_ptr<DecoderLayer>> layers_;
   std::unique_ptr<RMSNorm> norm_;
-  std::unique_ptr<ParallelLMHead> lm_head_;
 
- protected:
-  ParallelLMHead& lm_head() { return *lm_head_; }
+ private:
+  std::unique_ptr<ParallelLMHead> lm_head_;
 };
 
 // Rows of `hidden` named by batch.logits_indices through the LM head.

@@ -64,11 +64,14 @@ inline std::vector<std::string> moe_gpu_fixture_names() { return moe_fixture_nam
 
 // Hybrids of linear attention (Gated DeltaNet, Kimi delta attention) and full attention, with
 // per-request recurrent state in the state slot pool; all but dense Qwen3.5 are mixtures of
-// experts too. On the GPU: tests/gpu/models/hybrid_model_gpu_test.cpp.
+// experts too; Kimi-K3 (kimi_k3: SiTU, gated MLA, the full-rank KDA gate, the latent MoE,
+// attention residuals; kimi_k3_mxfp4: its routed experts MXFP4 in compressed-tensors' packing)
+// against tools/kimi_k3_reference.py, transformers having none. On the GPU:
+// tests/gpu/models/hybrid_model_gpu_test.cpp.
 inline const std::vector<std::string>& hybrid_fixture_names() {
-  static const std::vector<std::string> names = {"qwen3_next",  "qwen3_5",
-                                                 "qwen3_5_moe", "qwen3_5_moe_per_expert",
-                                                 "kimi_linear", "kimi_linear_moonshot"};
+  static const std::vector<std::string> names = {
+      "qwen3_next",           "qwen3_5", "qwen3_5_moe",  "qwen3_5_moe_per_expert", "kimi_linear",
+      "kimi_linear_moonshot", "kimi_k3", "kimi_k3_mxfp4"};
   return names;
 }
 // FP8 checkpoints (quant_method fp8 with 128x128 and 48x48 blocks, compressed-tensors per
@@ -133,7 +136,12 @@ inline bool is_hybrid_fixture(const std::string& name) {
 // qwen3_next, qwen3_5_moe (tp 2), a tenth of their difference from transformers; 1e-4 is about
 // twice that. A rank holding the wrong heads moves them by O(1).
 inline constexpr float kHybridTpLogitTolerance = 1e-4f;
+// Kimi-K3's fixture amplifies rounding about twice as much again (its attention residuals mix
+// every layer's output into every later one): tp 2 against one rank measured 1.8e-4 (pipeline 3 x
+// tp 2, chunks of 5), max |Δ| against its reference 3.9e-4 (bound 1e-3).
+inline constexpr float kKimiK3TpLogitTolerance = 4e-4f;
 inline float tp_logit_tolerance(const std::string& name) {
+  if (name.starts_with("kimi_k3")) return kKimiK3TpLogitTolerance;
   const auto& h = hybrid_fixture_names();
   return std::find(h.begin(), h.end(), name) != h.end() ? kHybridTpLogitTolerance
                                                         : kTpLogitTolerance;

@@ -172,5 +172,32 @@ TEST(GpuElementwise, ClampedSiluMulMatchesCpu) {
   }
 }
 
+// Kimi-K3's SiTU (beta 1.5, linear_beta 2 and none) on both kernel paths against the CPU; inputs in
+// [-6, 6], so both soft caps bend most values (plain SiLU · up differs by far more than the bound).
+TEST(GpuElementwise, SituMatchesCpu) {
+  struct Case {
+    int64_t m, i;
+    DType dt;
+  };
+  for (const float lb : {2.0f, 0.0f})
+    for (const Case& c : {Case{7, 2048, DType::kBF16}, Case{5, 37, DType::kBF16},
+                          Case{4, 256, DType::kF16}, Case{9, 100, DType::kF32}}) {
+      const kernels::Glu situ = kernels::Glu::situ(1.5f, lb);
+      Tensor x = random_cpu({c.m, 2 * c.i}, c.dt, 9, -6, 6);
+      Tensor ref = Tensor::empty({c.m, c.i}, c.dt), plain = Tensor::empty({c.m, c.i}, c.dt);
+      kernels::glu(ref, x, situ);
+      kernels::silu_mul(plain, x);
+      Tensor out = Tensor::empty({c.m, c.i}, c.dt, gpu());
+      poison(out);
+      kernels::glu(out, x.to(gpu()), situ);
+      const double e = rel_err(out, ref), silu = rel_err(plain, ref);
+      EXPECT_LE(e, c.dt == DType::kF32 ? 1e-6 : 1e-3) << c.m << "x" << c.i;
+      EXPECT_GT(silu, 0.1) << "SiTU should differ from SiLU on these inputs";
+      std::printf("situ lb=%g %ldx%ld %s: rel err %.3g (SiLU would be %.3g)\n", lb,
+                  static_cast<long>(c.m), static_cast<long>(c.i),
+                  std::string(dtype_name(c.dt)).c_str(), e, silu);
+    }
+}
+
 }  // namespace
 }  // namespace atom::test

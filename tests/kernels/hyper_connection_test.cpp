@@ -7,6 +7,7 @@
 
 #include "common/test_util.h"
 #include "gpu_util.h"
+#include "kernels/attn_res.h"
 #include "kernels/hyper_connection.h"
 
 namespace atom::test {
@@ -121,6 +122,31 @@ TEST(GpuHyperConnection, TooManyStreamsAreRefusedByName) {
   Tensor x = Tensor::empty({1, 17, 8}, DType::kF32, gpu());
   Tensor e = Tensor::empty({1, 8}, DType::kBF16, gpu());
   EXPECT_ERROR_CONTAINS(kernels::hc_expand(x, e), "17 streams", "take 1 to 16");
+}
+
+// Kimi-K3's attention residuals' mix on the GPU against the CPU: K3's 9 rows at its width, few
+// and many tokens, F32 and BF16 outputs, a row count past a warp's.
+TEST(GpuAttnRes, MixMatchesCpu) {
+  struct Case {
+    int64_t T, B, D, n;
+    DType out;
+  };
+  for (const Case& c : {Case{1, 9, 7168, 9, DType::kBF16}, Case{37, 9, 7168, 5, DType::kF32},
+                        Case{300, 4, 64, 4, DType::kF32}, Case{5, 40, 96, 40, DType::kBF16},
+                        Case{3, 9, 7168, 1, DType::kF32}}) {
+    Tensor bank = random_cpu({c.T, c.B, c.D}, DType::kF32, 50 + c.T, -2, 2);
+    Tensor w = random_cpu({c.D}, DType::kF32, 51, -0.05f, 0.05f);
+    Tensor ref = Tensor::empty({c.T, c.D}, c.out);
+    kernels::attn_res(ref, bank, c.n, w, 1e-5f);
+    Tensor got = Tensor::empty({c.T, c.D}, c.out, gpu());
+    poison(got);
+    kernels::attn_res(got, bank.to(gpu()), c.n, w.to(gpu()), 1e-5f);
+    const double e = rel_err(host(got), ref);
+    EXPECT_LE(e, c.out == DType::kF32 ? 1e-5 : 4e-3) << c.T << "x" << c.D << " n " << c.n;
+    std::printf("attn_res T %ld n %ld D %ld %s: rel err %.3g\n", static_cast<long>(c.T),
+                static_cast<long>(c.n), static_cast<long>(c.D),
+                std::string(dtype_name(c.out)).c_str(), e);
+  }
 }
 
 }  // namespace

@@ -350,12 +350,15 @@ struct MoeCase {
   int biases = 0;
   // With a limit: DeepSeek-V4's / GLM-5.3's silu(min(g, limit)) * clamp(u, ±limit) instead.
   bool silu_clamped = false;
+  // > 0: Kimi-K3's SiTU with this beta and situ_linear_beta (0: up unchanged) instead.
+  float situ_beta = 0.0f, situ_linear_beta = 0.0f;
 };
 
 std::string case_name(const MoeCase& c) {
   std::string act;
   if (c.limit > 0 && c.silu_clamped) act += fmt::format(" silu-clamped l={}", c.limit);
   if (c.limit > 0 && !c.silu_clamped) act += fmt::format(" swiglu-oai a={} l={}", c.alpha, c.limit);
+  if (c.situ_beta > 0) act += fmt::format(" situ b={} lb={}", c.situ_beta, c.situ_linear_beta);
   if (c.biases) act += c.biases == 3 ? " b13+b2" : c.biases == 1 ? " b13" : " b2";
   return fmt::format("T={} E={} K={}+{} H={} I={}/{} {}->{}{}{}{}", c.T, c.E, c.K, c.shared, c.H,
                      c.I, c.I_pad, dtype_name(c.dt), dtype_name(c.out), c.skewed ? " skewed" : "",
@@ -376,11 +379,12 @@ kernels::MoeExperts experts_of(const MoeCase& c, const Tensor& w13, const Tensor
   ex.w13_bias = b13.defined() ? &b13 : nullptr;
   ex.w2_bias = b2.defined() ? &b2 : nullptr;
   if (c.limit > 0) {
-    ex.activation = c.silu_clamped ? kernels::MoeActivation::kSiluMulClamped
-                                   : kernels::MoeActivation::kSwigluOai;
-    ex.swiglu_alpha = c.alpha;
-    ex.swiglu_limit = c.limit;
+    ex.activation.kind = c.silu_clamped ? kernels::MoeActivation::kSiluMulClamped
+                                        : kernels::MoeActivation::kSwigluOai;
+    ex.activation.alpha = c.alpha;
+    ex.activation.limit = c.limit;
   }
+  if (c.situ_beta > 0) ex.activation = kernels::Glu::situ(c.situ_beta, c.situ_linear_beta);
   return ex;
 }
 
@@ -623,6 +627,26 @@ TEST(GpuMoe, FusedClampedSiluMatchesCpu) {
       clamped({300, 64, 8, 0, 136, 72, 80, DType::kF16, DType::kF16}, 0.4f),
   };
   for (const MoeCase& c : cases) check_fused(c, 900 + c.T);
+}
+
+// Kimi-K3's experts: SiTU with betas the gate and up products (about 0.3-0.6 wide here) cross
+// (and a linear beta of 0, up unchanged), on the decode path and the GEMMs with both tile sizes,
+// fused shared slots, padded intermediates, BF16 and F16.
+TEST(GpuMoe, FusedSituMatchesCpu) {
+  auto situ = [](MoeCase c, float beta, float lb) {
+    c.situ_beta = beta;
+    c.situ_linear_beta = lb;
+    return c;
+  };
+  const MoeCase cases[] = {
+      situ({1, 32, 8, 1, 256, 128, 128}, 0.3f, 0.4f),  // top-8 + a shared slot
+      situ({4, 8, 2, 0, 264, 136, 144}, 0.3f, 0.0f),   // padded I, no linear cap
+      situ({8, 64, 8, 1, 200, 72, 80, DType::kBF16, DType::kF32}, 0.25f, 0.3f),
+      situ({600, 32, 6, 1, 256, 192, 200, DType::kBF16, DType::kBF16, false, true}, 0.3f, 0.4f),
+      situ({2048, 32, 4, 0, 264, 200, 208}, 0.3f, 0.4f),  // 8k rows: 128-row tiles
+      situ({300, 64, 8, 0, 136, 72, 80, DType::kF16, DType::kF16}, 0.3f, 0.4f),
+  };
+  for (const MoeCase& c : cases) check_fused(c, 1700 + c.T);
 }
 
 // GPT-OSS's experts: the clamped SwiGLU with a limit the products cross often (0.4-0.8: the

@@ -132,5 +132,43 @@ TEST(HybridConfig, EachKdaLayerDeclaresItsConvAndRecurrentState) {
   EXPECT_EQ(m.model->config().max_position_embeddings, 512);
 }
 
+// Kimi-K3 (its text model): the fields K3 adds are checked before any weight is read, and the
+// vision tower's and projector's tensors are skipped unread.
+TEST(HybridConfig, KimiK3FieldsAreCheckedAndTheVisionTowerSkipped) {
+  auto text = [](std::function<void(nlohmann::json&)> f) {
+    return [f](nlohmann::json& c) { f(c["text_config"]); };
+  };
+  EXPECT_ERROR_CONTAINS(load_edited("kimi_k3", text([](auto& t) { t["hidden_act"] = "gelu"; })),
+                        "'hidden_act'");
+  EXPECT_ERROR_CONTAINS(
+      load_edited("kimi_k3", text([](auto& t) { t["activation_situ_beta"] = 0; })),
+      "'activation_situ_beta'", "positive");
+  EXPECT_ERROR_CONTAINS(
+      load_edited("kimi_k3", text([](auto& t) { t["activation_situ_linear_beta"] = -2; })),
+      "'activation_situ_linear_beta'", "positive");
+  EXPECT_ERROR_CONTAINS(load_edited("kimi_k3", text([](auto& t) {
+                                      t["linear_attn_config"]["gate_lower_bound"] = 5.0;
+                                    })),
+                        "'linear_attn_config'", "gate_lower_bound must be a negative number");
+  EXPECT_ERROR_CONTAINS(load_edited("kimi_k3", text([](auto& t) {
+                                      t["linear_attn_config"]["use_full_rank_gate"] = "yes";
+                                    })),
+                        "'linear_attn_config'", "use_full_rank_gate");
+  EXPECT_ERROR_CONTAINS(load_edited("kimi_k3", text([](auto& t) { t["attn_res_block_size"] = 0; })),
+                        "'attn_res_block_size'", "positive or null");
+  EXPECT_ERROR_CONTAINS(
+      load_edited("kimi_k3", text([](auto& t) { t["routed_expert_hidden_size"] = 0; })),
+      "'routed_expert_hidden_size'", "positive or null");
+  // Without the full-rank gate the KDA layers' g_proj belongs to nothing.
+  EXPECT_ERROR_CONTAINS(load_edited("kimi_k3", text([](auto& t) {
+                                      t["linear_attn_config"]["use_full_rank_gate"] = false;
+                                    })),
+                        "match no parameter", "layers.0.self_attn.g_proj.weight");
+  LoadedModel m = model_load(fixture_dir("kimi_k3"), {});
+  EXPECT_EQ(m.report.tensors_not_wanted, 2);  // vision_tower.*, mm_projector.*
+  // Layers 0, 1, 3, 4 are KDA: three conv states and a [2, 16, 16] state each.
+  EXPECT_EQ(m.model->state_specs().size(), 16u);
+}
+
 }  // namespace
 }  // namespace atom::test

@@ -305,8 +305,9 @@ struct SyntheticExperts {
 TEST(ExpertStagingPool, OneCopyZeroPaddingAndRedundantSlotsAndSharedLeftAlone) {
   SyntheticExperts s;
   ExpertStagingPool pool;
-  ASSERT_TRUE(pool.owns(*s.p, 0));
-  EXPECT_FALSE(pool.owns(*s.p, 2));  // the shared slot goes straight to the parameter
+  ASSERT_TRUE(pool.owns(*s.p, 0, "a"));
+  EXPECT_FALSE(pool.owns(*s.p, 0, "ct_mxfp4_gate_packed"));  // a model's own format: its loader
+  EXPECT_FALSE(pool.owns(*s.p, 2, "a"));  // the shared slot goes straight to the parameter
   pool.stage(*s.p, random_cpu({1, 3}, DType::kF32, 1), "a", 0);
   EXPECT_EQ(s.at(0, 0, 0), 7);  // nothing written until every routed base region arrived
   pool.stage(*s.p, random_cpu({1, 3}, DType::kF32, 2), "a", 1);
@@ -329,7 +330,7 @@ TEST(ExpertStagingPool, DeclineWritesBackWhatWasStagedAndHandsOver) {
   EXPECT_EQ(s.at(0, 0, 1), random_cpu({1, 3}, DType::kF32, 1).ptr<float>()[1]);
   EXPECT_EQ(s.at(0, 1, 1), 0);  // region granularity: its padding row came along, zero
   EXPECT_EQ(s.at(1, 0, 0), 7);  // not staged, not touched
-  EXPECT_FALSE(pool.owns(*s.p, 1));
+  EXPECT_FALSE(pool.owns(*s.p, 1, "a"));
   s.p->load(random_cpu({1, 3}, DType::kF32, 2), "a", 1);
   pool.finish();  // complete through the other path: no coverage error
 }

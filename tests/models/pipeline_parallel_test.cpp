@@ -70,7 +70,10 @@ INSTANTIATE_TEST_SUITE_P(
                       // hyper-connection streams handed on; GLM-5.3's stage 1 opens with a
                       // shared layer; V4's compressor states per stage
                       PpCase{"deepseek_v4", 2}, PpCase{"deepseek_v4", 2, 2}, PpCase{"glm5_next", 2},
-                      PpCase{"glm5_next", 2, 2}),
+                      PpCase{"glm5_next", 2, 2},
+                      // Kimi-K3's attention-residual bank handed on: with 2 stages the second
+                      // (layers 3-5) opens mid-block, with 3 each stage opens a block
+                      PpCase{"kimi_k3", 2}, PpCase{"kimi_k3", 3, 2}),
     [](const auto& info) {
       const PpCase& c = info.param;
       return c.fixture + "_pp" + std::to_string(c.pp) + "_tp" + std::to_string(c.tp) +

@@ -128,7 +128,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen3_next", 2}, Case{"qwen3_5", 2}, Case{"qwen3_5_moe", 2},
                       // Replicated attention and hyper-connections, split experts (V4); KDA and
                       // MLA heads split, replicated k-pool indexer (GLM-5.3).
-                      Case{"deepseek_v4", 2}, Case{"glm5_next", 2}, Case{"glm5_next", 4}),
+                      Case{"deepseek_v4", 2}, Case{"glm5_next", 2}, Case{"glm5_next", 4},
+                      // Kimi-K3: the latent MoE's routed sum reduced before its norm, the shared
+                      // experts apart; the gated MLA and full-rank KDA gates split by head.
+                      Case{"kimi_k3", 2}),
     [](const auto& info) { return info.param.fixture + "_tp" + std::to_string(info.param.tp); });
 
 // Expert parallelism: the same ranks split the routed experts instead of slicing each one.

@@ -170,6 +170,33 @@ TEST(Fp8Config, UnsupportedSchemesAreNamed) {
                         "weight_block_size");
 }
 
+// compressed-tensors' mxfp4-pack-quantized (Kimi-K3's experts): the targets, less the ignore
+// list, are MXFP4-packed; the linear layers stay unquantised; other widths are named.
+TEST(Fp8Config, CompressedTensorsMxfp4Pack) {
+  const std::string mx = R"({"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized",
+    "ignore": ["re:.*self_attn.*", "re:.*shared_experts.*", "lm_head"],
+    "config_groups": {"group_0": {"targets": ["Linear"],
+      "weights": {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32,
+                  "symmetric": true, "dynamic": false},
+      "input_activations": null}}})";
+  const QuantizationConfig c = quant_config(mx);
+  EXPECT_TRUE(c.mxfp4_packed("model.layers.1.mlp.experts.0.w1"));
+  EXPECT_FALSE(c.mxfp4_packed("model.layers.1.mlp.shared_experts.gate_proj"));
+  EXPECT_FALSE(c.mxfp4_packed("model.layers.0.self_attn.q_proj"));
+  EXPECT_FALSE(c.linear("model.layers.1.mlp.experts.0.w1").fp8);
+  EXPECT_FALSE(quant_config(compressed_tensors("channel", "null")).mxfp4_packed("a.experts.0.w1"));
+  std::string g16 = mx;
+  g16.replace(g16.find(R"("group_size": 32)"), 16, R"("group_size": 16)");
+  EXPECT_ERROR_CONTAINS(quant_config(g16), "group_size", "32");
+  std::string int4 = mx;
+  int4.replace(int4.find(R"("type": "float")"), 15, R"("type": "int")");
+  EXPECT_ERROR_CONTAINS(quant_config(int4), "num_bits", "4-bit float");
+  std::string acts = mx;
+  acts.replace(acts.find(R"("input_activations": null)"), 25,
+               R"("input_activations": {"num_bits": 8, "type": "float"})");
+  EXPECT_ERROR_CONTAINS(quant_config(acts), "input_activations", "unquantised activations");
+}
+
 TEST(Fp8Config, FusedPartsMustAgree) {
   const QuantizationConfig c = quant_config(compressed_tensors(
       "channel", kDynamicTokens, R"(["lm_head", "model.layers.0.self_attn.k_proj"])"));

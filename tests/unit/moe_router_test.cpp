@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -347,7 +348,8 @@ TEST(MoeRoute, BadArgumentsAreErrors) {
 // *clamped counts the products a clamp changed.
 std::vector<double> direct_moe(const Tensor& x, const Tensor& w13, const Tensor& w2,
                                const Tensor& ids, const Tensor& w, double limit = 0,
-                               int* clamped = nullptr) {
+                               int* clamped = nullptr,
+                               const std::function<double(double, double)>& act = nullptr) {
   const int64_t T = x.size(0), H = x.size(1), I = w2.size(2), K = ids.size(1);
   std::vector<double> want(static_cast<size_t>(T * H), 0.0);
   for (int64_t t = 0; t < T; ++t)
@@ -366,7 +368,8 @@ std::vector<double> direct_moe(const Tensor& x, const Tensor& w13, const Tensor&
             g = std::min(g, limit);
             u = std::clamp(u, -limit, limit);
           }
-          y += w2.ptr<float>()[(e * H + h) * I + i] * (g / (1 + std::exp(-g)) * u);
+          y +=
+              w2.ptr<float>()[(e * H + h) * I + i] * (act ? act(g, u) : g / (1 + std::exp(-g)) * u);
         }
         want[static_cast<size_t>(t * H + h)] += w.ptr<float>()[t * K + j] * y;
       }
@@ -433,14 +436,59 @@ TEST(FusedMoe, ClampedSiluMulMatchesADirectSum) {
   kernels::MoeExperts ex;
   ex.w13 = &w13;
   ex.w2 = &w2;
-  ex.activation = kernels::MoeActivation::kSiluMulClamped;
-  ex.swiglu_limit = limit;
+  ex.activation = kernels::Glu::silu_clamped(limit);
   kernels::fused_moe(out, x, ex, ids, w, nullptr);
   int clamped = 0;
   const std::vector<double> want = direct_moe(x, w13, w2, ids, w, limit, &clamped);
   for (int64_t i = 0; i < T * H; ++i)
     EXPECT_NEAR(out.ptr<float>()[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i])));
   EXPECT_GT(clamped, 20) << "the limit should clamp many products";
+}
+
+// Kimi-K3's SiTU, beta tanh(g / beta) sigmoid(g) times up or linear_beta tanh(up / linear_beta),
+// written here in double from its definition, with betas the products cross (so both caps act),
+// on the experts and on the dense form (kernels::glu).
+TEST(FusedMoe, SituMatchesADirectSum) {
+  const int64_t T = 3, E = 2, K = 2, H = 8, I = 6;
+  Tensor x = random_cpu({T, H}, DType::kF32, 31, -2, 2);
+  Tensor w13 = random_cpu({E, 2 * I, H}, DType::kF32, 32, -0.5f, 0.5f);
+  Tensor w2 = random_cpu({E, H, I}, DType::kF32, 33, -0.5f, 0.5f);
+  Tensor ids = i32({0, 1, 1, 0, 0, 1}).view({T, K});
+  Tensor w = random_cpu({T, K}, DType::kF32, 34, 0, 1);
+  for (const float lb : {0.0f, 0.5f}) {
+    SCOPED_TRACE(lb);
+    const double beta = 0.4;
+    auto situ = [&](double g, double u) {
+      const double ul = lb > 0 ? lb * std::tanh(u / lb) : u;
+      return beta * std::tanh(g / beta) / (1 + std::exp(-g)) * ul;
+    };
+    kernels::MoeExperts ex;
+    ex.w13 = &w13;
+    ex.w2 = &w2;
+    ex.activation = kernels::Glu::situ(static_cast<float>(beta), lb);
+    Tensor out = Tensor::empty({T, H}, DType::kF32);
+    kernels::fused_moe(out, x, ex, ids, w, nullptr);
+    const std::vector<double> want = direct_moe(x, w13, w2, ids, w, 0, nullptr, situ);
+    const std::vector<double> silu = direct_moe(x, w13, w2, ids, w);
+    double apart = 0;
+    for (int64_t i = 0; i < T * H; ++i) {
+      EXPECT_NEAR(out.ptr<float>()[i], want[i], 1e-5 * std::max(1.0, std::abs(want[i])));
+      apart = std::max(apart, std::abs(want[i] - silu[i]));
+    }
+    EXPECT_GT(apart, 0.05) << "SiTU should differ from SiLU on these inputs";
+    // The dense form on rows [g | u].
+    Tensor gu = random_cpu({5, 2 * I}, DType::kF32, 35, -3, 3);
+    Tensor a = Tensor::empty({5, I}, DType::kF32);
+    kernels::glu(a, gu, ex.activation);
+    for (int64_t r = 0; r < 5; ++r)
+      for (int64_t i = 0; i < I; ++i)
+        EXPECT_NEAR(a.ptr<float>()[r * I + i],
+                    situ(gu.ptr<float>()[r * 2 * I + i], gu.ptr<float>()[r * 2 * I + I + i]), 1e-6);
+  }
+  kernels::MoeExperts bad;
+  bad.activation = kernels::Glu::situ(0.0f, 0.0f);
+  Tensor gu = random_cpu({1, 4}, DType::kF32, 36), a = Tensor::empty({1, 2}, DType::kF32);
+  EXPECT_ERROR_CONTAINS(kernels::glu(a, gu, bad.activation), "SiTU needs beta > 0");
 }
 
 TEST(AddGated, HandDerived) {

@@ -13,6 +13,7 @@
 
 #include "common/compare.h"
 #include "common/tensor_util.h"
+#include "kernels/attn_res.h"
 #include "kernels/rms_norm.h"
 #include "kernels/rope.h"
 
@@ -191,6 +192,53 @@ TEST(CpuRope, MatchesTheFormulaForEveryLayout) {
       expect_values(got, want, 2e-5, "");
     }
   }
+}
+
+// Kimi-K3's attention residuals: the softmax over rows of (RMS-normalised row) · w mixing the raw
+// rows, written out here in double; one row is that row exactly; rows past n are not read.
+TEST(AttnRes, MixMatchesTheFormula) {
+  const int64_t T = 3, B = 5, D = 24;
+  Tensor bank = random_cpu({T, B, D}, DType::kF32, 41, -2, 2);
+  Tensor w = random_cpu({D}, DType::kF32, 42, -1, 1);
+  const float eps = 1e-5f;
+  for (const int64_t n : {1, 3, 4}) {
+    SCOPED_TRACE(n);
+    Tensor out = Tensor::empty({T, D}, DType::kF32);
+    kernels::attn_res(out, bank, n, w, eps);
+    double spread = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> s(static_cast<size_t>(n));
+      double mx = -1e300, sum = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        const float* r = bank.ptr<float>() + (t * B + j) * D;
+        double ss = 0, dot = 0;
+        for (int64_t c = 0; c < D; ++c) {
+          ss += double(r[c]) * r[c];
+          dot += double(r[c]) * w.ptr<float>()[c];
+        }
+        s[j] = dot / std::sqrt(ss / D + eps);
+        mx = std::max(mx, s[j]);
+      }
+      for (auto& v : s) sum += (v = std::exp(v - mx));
+      for (int64_t c = 0; c < D; ++c) {
+        double want = 0;
+        for (int64_t j = 0; j < n; ++j) want += s[j] / sum * bank.ptr<float>()[(t * B + j) * D + c];
+        const float got = out.ptr<float>()[t * D + c];
+        if (n == 1) {
+          EXPECT_EQ(got, bank.ptr<float>()[t * B * D + c]);
+        } else {
+          EXPECT_NEAR(got, want, 1e-5 * std::max(1.0, std::abs(want)));
+        }
+      }
+      if (n > 1) spread = std::max(spread, std::abs(s[0] - s[1]) / sum);
+    }
+    if (n > 1) {
+      EXPECT_GT(spread, 0.05) << "the weights should not be uniform";
+    }
+  }
+  Tensor out = Tensor::empty({T, D}, DType::kF32);
+  EXPECT_ERROR_CONTAINS(kernels::attn_res(out, bank, 6, w, eps), "6 rows");
+  EXPECT_ERROR_CONTAINS(kernels::attn_res(out, bank, 0, w, eps), "0 rows");
 }
 
 }  // namespace

@@ -110,9 +110,7 @@ void fused_moe_check(const Tensor& out, const Tensor& x, const MoeExperts& w,
   ATOM_CHECK(topk_weights.dtype() == DType::kF32 && topk_weights.is_contiguous() &&
                  topk_weights.shape() == topk_ids.shape(),
              "fused_moe: topk_weights {} for topk_ids {}", topk_weights.str(), topk_ids.str());
-  ATOM_CHECK(w.activation == MoeActivation::kSiluMul || w.activation == MoeActivation::kSwigluOai ||
-                 w.activation == MoeActivation::kSiluMulClamped,
-             "fused_moe: unknown activation");
+  glu_check("fused_moe", w.activation);
   ATOM_CHECK(!w.w13_bias || (w.w13_bias->is_contiguous() && w.w13_bias->shape() == Shape{S, 2 * I}),
              "fused_moe: w13 bias {} for w13 {}", w.w13_bias ? w.w13_bias->str() : "", w13.str());
   ATOM_CHECK(!w.w2_bias || (w.w2_bias->is_contiguous() && w.w2_bias->shape() == Shape{S, H}),
@@ -261,7 +259,7 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
     std::vector<float> w13f(static_cast<size_t>(w13_slot)), w2f(static_cast<size_t>(w2_slot));
     std::vector<float> gu(static_cast<size_t>(2 * I)), act(static_cast<size_t>(I));
     std::vector<float> b13(static_cast<size_t>(2 * I), 0.0f), b2(static_cast<size_t>(H), 0.0f);
-    const float alpha = w.swiglu_alpha, limit = w.swiglu_limit;
+    const Glu glu = w.activation;
 #pragma omp for schedule(dynamic)
     for (int64_t e = 0; e < S; ++e) {
       if (routed[e].empty()) continue;
@@ -277,18 +275,7 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
       for (const int64_t r : routed[e]) {
         const float* xr = xf.data() + (r / K) * H;
         for (int64_t n = 0; n < 2 * I; ++n) gu[n] = dot(xr, w13f.data() + n * H, H) + b13[n];
-        if (w.activation == MoeActivation::kSiluMul) {
-          for (int64_t i = 0; i < I; ++i) act[i] = silu_mul_f32(gu[i], gu[I + i]);
-        } else if (w.activation == MoeActivation::kSiluMulClamped) {
-          for (int64_t i = 0; i < I; ++i)
-            act[i] = silu_mul_f32(std::min(gu[i], limit), std::clamp(gu[I + i], -limit, limit));
-        } else {
-          for (int64_t i = 0; i < I; ++i) {
-            const float g = std::min(gu[i], limit);
-            const float u = std::clamp(gu[I + i], -limit, limit);
-            act[i] = (u + 1.0f) * (g / (1.0f + std::exp(-alpha * g)));
-          }
-        }
+        for (int64_t i = 0; i < I; ++i) act[i] = glu_value(gu[i], gu[I + i], glu);
         float* yr = y.data() + r * H;
         for (int64_t h = 0; h < H; ++h) yr[h] = dot(act.data(), w2f.data() + h * I, I) + b2[h];
       }

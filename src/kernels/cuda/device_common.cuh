@@ -146,10 +146,16 @@ __device__ __forceinline__ float swiglu_oai_times(float gate, float up, float al
 }
 
 // The experts' activation by kernels::MoeActivation: 0 silu(g) * u; 1 GPT-OSS's clamped SwiGLU;
-// 2 silu(min(g, limit)) * clamp(u, -limit, limit) (DeepSeek-V4, GLM-5.3), as the CPU computes them.
+// 2 silu(min(g, limit)) * clamp(u, -limit, limit) (DeepSeek-V4, GLM-5.3); 3 Kimi-K3's SiTU with
+// beta = alpha and linear_beta = limit (0: up unchanged): beta tanh(g / beta) sigmoid(g) times
+// up or linear_beta tanh(up / linear_beta); as the CPU computes them (kernels::glu_value).
 __device__ __forceinline__ float moe_act_times(float gate, float up, int act, float alpha,
                                                float limit) {
   if (act == 1) return swiglu_oai_times(gate, up, alpha, limit);
+  if (act == 3) {
+    const float sg = alpha * tanhf(gate / alpha) / (1.0f + expf(-gate));
+    return sg * (limit > 0.0f ? limit * tanhf(up / limit) : up);
+  }
   if (act == 2) {
     const float g = limit < gate ? limit : gate;
     const float u = up < -limit ? -limit : (limit < up ? limit : up);

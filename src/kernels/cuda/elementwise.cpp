@@ -71,14 +71,17 @@ void embedding(Tensor& out, const Tensor& ids, const Tensor& table, int64_t voca
   launch_check("embedding");
 }
 
-void silu_mul(Tensor& out, const Tensor& x, float limit) {
-  check_rows("silu_mul", out, "out");
-  check_rows("silu_mul", x, "x");
+void glu(Tensor& out, const Tensor& x, const Glu& a) {
+  check_rows("glu", out, "out");
+  check_rows("glu", x, "x");
   const int64_t M = x.size(0), I = out.size(1);
-  ATOM_CHECK(out.size(0) == M && x.size(1) == 2 * I && out.dtype() == x.dtype(),
-             "silu_mul: x {} out {}", x.str(), out.str());
-  launch_silu_mul(mat_of(out, "silu_mul"), mat_of(x, "silu_mul"), limit, current_stream());
-  launch_check("silu_mul");
+  ATOM_CHECK(out.size(0) == M && x.size(1) == 2 * I && out.dtype() == x.dtype(), "glu: x {} out {}",
+             x.str(), out.str());
+  // As the fused experts take them: SiTU's beta in alpha, its linear_beta in limit.
+  const bool situ = a.kind == MoeActivation::kSitu;
+  launch_glu(mat_of(out, "glu"), mat_of(x, "glu"), static_cast<int>(a.kind),
+             situ ? a.beta : a.alpha, situ ? a.linear_beta : a.limit, current_stream());
+  launch_check("glu");
 }
 
 void fill_uniform_bytes(Tensor& t, uint64_t seed, int lo, int hi) {

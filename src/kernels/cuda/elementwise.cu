@@ -1,4 +1,4 @@
-// Small memory-bound kernels: add, cast, add_bias, gather_rows, embedding, silu_mul, fill_uniform.
+// Small memory-bound kernels: add, cast, add_bias, gather_rows, embedding, glu, fill_uniform.
 // Most read and write by run-time element type (a uniform branch); silu_mul, which moves the
 // most bytes in prefill, has a 16-byte vector path.
 #include <algorithm>
@@ -103,7 +103,7 @@ __global__ void embedding_vec_kernel(Mat out, const int32_t* ids, const uint4* t
 
 // V elements per thread per step; V > 1 needs I % V == 0 and 16-byte aligned rows.
 template <typename T, int V>
-__global__ void silu_mul_kernel(Mat out, Mat x, float limit) {
+__global__ void glu_kernel(Mat out, Mat x, int act, float alpha, float limit) {
   pdl_wait();
   pdl_launch_dependents();
   const int64_t I = out.cols, per_row = I / V, n = out.rows * per_row;
@@ -116,7 +116,7 @@ __global__ void silu_mul_kernel(Mat out, Mat x, float limit) {
     load_vec<T, V>(xr + I + c, u);
 #pragma unroll
     for (int j = 0; j < V; ++j)
-      o[j] = limit > 0.0f ? moe_act_times(g[j], u[j], 2, 0.0f, limit) : silu_times(g[j], u[j]);
+      o[j] = act == 0 ? silu_times(g[j], u[j]) : moe_act_times(g[j], u[j], act, alpha, limit);
     store_vec<T, V>(reinterpret_cast<T*>(row_of(out, r)) + c, o);
   }
 }
@@ -209,23 +209,25 @@ void launch_embedding(Mat out, const int32_t* ids, const void* table, Elem table
          table_type, table_rows, vocab_start);
 }
 
-void launch_silu_mul(Mat out, Mat x, float limit, cudaStream_t s) {
+void launch_glu(Mat out, Mat x, int act, float alpha, float limit, cudaStream_t s) {
   const int64_t n = out.rows * out.cols;
   if (n == 0) return;
   const bool vec = out.type == x.type && out.type != Elem::kF32 && out.cols % 8 == 0 &&
                    out.stride % 8 == 0 && x.stride % 8 == 0 && aligned16(out.data) &&
                    aligned16(x.data);
   if (vec && out.type == Elem::kBF16) {
-    launch(silu_mul_kernel<__nv_bfloat16, 8>, grid_for(n / 8, kThreads), kThreads, 0, s, out, x,
-           limit);
+    launch(glu_kernel<__nv_bfloat16, 8>, grid_for(n / 8, kThreads), kThreads, 0, s, out, x, act,
+           alpha, limit);
   } else if (vec && out.type == Elem::kF16) {
-    launch(silu_mul_kernel<__half, 8>, grid_for(n / 8, kThreads), kThreads, 0, s, out, x, limit);
+    launch(glu_kernel<__half, 8>, grid_for(n / 8, kThreads), kThreads, 0, s, out, x, act, alpha,
+           limit);
   } else if (out.type == x.type && out.type == Elem::kF32) {
-    launch(silu_mul_kernel<float, 1>, grid_for(n, kThreads), kThreads, 0, s, out, x, limit);
+    launch(glu_kernel<float, 1>, grid_for(n, kThreads), kThreads, 0, s, out, x, act, alpha, limit);
   } else if (out.type == x.type && out.type == Elem::kBF16) {
-    launch(silu_mul_kernel<__nv_bfloat16, 1>, grid_for(n, kThreads), kThreads, 0, s, out, x, limit);
+    launch(glu_kernel<__nv_bfloat16, 1>, grid_for(n, kThreads), kThreads, 0, s, out, x, act, alpha,
+           limit);
   } else {
-    launch(silu_mul_kernel<__half, 1>, grid_for(n, kThreads), kThreads, 0, s, out, x, limit);
+    launch(glu_kernel<__half, 1>, grid_for(n, kThreads), kThreads, 0, s, out, x, act, alpha, limit);
   }
 }
 

@@ -36,7 +36,12 @@ void launch_gather_rows(Mat out, Mat x, const int32_t* idx, cudaStream_t s);
 void launch_embedding(Mat out, const int32_t* ids, const void* table, Elem table_type,
                       int64_t table_rows, int64_t vocab_start, cudaStream_t s);
 // out [M, I] = silu(x[:, :I]) * x[:, I:]
-void launch_silu_mul(Mat out, Mat x, float limit, cudaStream_t s);  // limit > 0: clamped
+// kernels::attn_res over blocks [T, B, D] F32 (n rows; n <= kAttnResLaunchMaxRows).
+constexpr int kAttnResLaunchMaxRows = 64;
+void launch_attn_res(Mat out, const float* blocks, int64_t T, int64_t B, int64_t D, int n,
+                     const float* w, float eps, cudaStream_t s);
+// out = moe_act_times(g, u, act, alpha, limit) (device_common.cuh) of x = [g | u].
+void launch_glu(Mat out, Mat x, int act, float alpha, float limit, cudaStream_t s);
 // data[i] = lo + (hi - lo) * random_uniform(seed, i), i < n, in `type`
 void launch_fill_uniform(void* data, Elem type, int64_t n, uint64_t seed, float lo, float hi,
                          cudaStream_t s);
@@ -272,7 +277,8 @@ struct MoeLaunch {
   const void* b13 = nullptr;  // [S, 2I] or null
   const void* b2 = nullptr;   // [S, H] or null
   // kernels::MoeActivation: 0 silu(gate) * up; 1 GPT-OSS's (clamp(up) + 1) * g * sigmoid(alpha g),
-  // g = min(gate, limit); 2 silu(min(gate, limit)) * clamp(up, -limit, limit).
+  // g = min(gate, limit); 2 silu(min(gate, limit)) * clamp(up, -limit, limit); 3 SiTU with beta
+  // in alpha and linear_beta in limit.
   int act = 0;
   float alpha = 1.702f, limit = 7.0f;
 };

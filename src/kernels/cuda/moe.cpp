@@ -56,7 +56,7 @@ void fused_moe_dense(const MoeLaunch& l, const Tensor& w13, const Tensor& w2, De
       Tensor h = Tensor::wrap(d.h_chunk, {n, 2 * I}, dt, dev, nullptr);
       Tensor a = Tensor::wrap(act + (first + c0) * I * eb, {n, I}, dt, dev, nullptr);
       linear(h, xs, we13, Tensor());
-      silu_mul(a, h, 0.0f);
+      cuda::glu(a, h, Glu());
       linear(xs, a, we2, Tensor());  // w2's outputs reuse the gathered rows' buffer
       moe_dense_scatter(l, d, first + c0, n, s);
     }
@@ -71,7 +71,8 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
                const Tensor& correction_bias, const RouterArgs& a) {
   moe_route_check(topk_ids, topk_weights, logits, correction_bias, a);
   static_assert(static_cast<int>(RouterScoring::kSqrtSoftplus) == 3 &&
-                static_cast<int>(MoeActivation::kSiluMulClamped) == 2);
+                static_cast<int>(MoeActivation::kSiluMulClamped) == 2 &&
+                static_cast<int>(MoeActivation::kSitu) == 3);
   const int64_t T = logits.size(0), E = logits.size(1);
   ATOM_CHECK(E <= kMoeRouteMaxExperts && a.top_k <= kMoeRouteMaxTopK,
              "moe_route: the CUDA router takes up to {} experts and top_k {}, got {} and {}",
@@ -197,9 +198,11 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   l.gemm_tile_rows = tile_rows ? tile_rows : T * K >= kTileRowsFrom ? 128 : 64;
   l.b13 = w.w13_bias ? w.w13_bias->data() : nullptr;
   l.b2 = w.w2_bias ? w.w2_bias->data() : nullptr;
-  l.act = static_cast<int>(w.activation);
-  l.alpha = w.swiglu_alpha;
-  l.limit = w.swiglu_limit;
+  // SiTU's constants ride in alpha (beta) and limit (linear_beta), as moe_act_times reads them.
+  l.act = static_cast<int>(w.activation.kind);
+  const bool situ = w.activation.kind == MoeActivation::kSitu;
+  l.alpha = situ ? w.activation.beta : w.activation.alpha;
+  l.limit = situ ? w.activation.linear_beta : w.activation.limit;
   const int64_t R = T * K, in_use = std::min<int64_t>(S, R);
   const bool dense = !w.mxfp4() && !l.decode && !l.b13 && !l.b2 && l.act == 0 &&
                      tuning.moe_dense_min_rows > 0 && R >= kMoeDenseMinRoutedRows &&

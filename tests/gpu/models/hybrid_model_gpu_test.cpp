@@ -52,15 +52,23 @@ std::vector<double> row_errors(const Tensor& a, const Tensor& b) {
 // rows 0.8-1.4e-2 GPU vs bf16 CPU on the MoE fixtures, 7.7e-8 on dense qwen3_5, and 1-5 of 96
 // rows beyond 0.1; the GPU is as close to fp32 transformers as the bf16 CPU, checked
 // separately). A broken kernel moves every row by far more (a dropped gate: ~1).
-void expect_rows_near(const Tensor& got, const Tensor& want, const std::string& what) {
+// Kimi-K3's fixtures move further in bf16 (measured on one H200, 2026-12-06: GPU vs bf16 CPU
+// median row 0.021-0.022 with 5-12 of 100 rows beyond 0.1, the token-by-token decode vs whole
+// prefill median 0.031 with 15 rows beyond 0.1; bf16 itself moves them 0.21-0.31 relative from
+// fp32, where the GPU is no further than the bf16 CPU): their bounds are twice the family's.
+void expect_rows_near(const Tensor& got, const Tensor& want, const std::string& what,
+                      const std::string& fixture) {
+  const bool k3 = fixture.starts_with("kimi_k3");
+  const double median_bound = k3 ? 4e-2 : 2e-2;
+  const int beyond_bound = k3 ? 20 : 8;
   const std::vector<double> e = row_errors(got, want);
   const double median = e[e.size() / 2], p90 = e[e.size() * 9 / 10], worst = e.back();
   int beyond = 0;
   for (double x : e) beyond += !(x <= 0.1);
   std::printf("  %s: row rel err median %.3g, p90 %.3g, max %.3g, %d of %zu rows beyond 0.1\n",
               what.c_str(), median, p90, worst, beyond, e.size());
-  EXPECT_LE(median, 2e-2) << what;
-  EXPECT_LE(beyond, 8) << what;
+  EXPECT_LE(median, median_bound) << what;
+  EXPECT_LE(beyond, beyond_bound) << what;
 }
 
 size_t leading(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
@@ -85,16 +93,16 @@ TEST_P(GpuHybridParity, LogitsChunkedStepwiseAndGreedy) {
               "%.3g, bf16 CPU %.3g\n",
               GetParam().c_str(), static_cast<long long>(ref.input_ids.size()), err_cpu, err_ref,
               err_cpu_ref);
-  expect_rows_near(logits, cpu_logits, GetParam() + " GPU vs bf16 CPU");
+  expect_rows_near(logits, cpu_logits, GetParam() + " GPU vs bf16 CPU", GetParam());
   // No further from fp32 transformers than the CPU in the same precision, with bf16's slack.
   EXPECT_LE(err_ref, err_cpu_ref + 2e-2) << GetParam();
 
   // Prefill in chunks of 7 (the chunked rule continuing a carried state, the conv state's
   // window across chunk boundaries) and one token at a time (the recurrent decode kernels).
   Tensor chunked = score_tokens(*m.model, ref.input_ids, /*chunk=*/7, /*block_size=*/4);
-  expect_rows_near(chunked, logits, GetParam() + " chunked vs whole");
+  expect_rows_near(chunked, logits, GetParam() + " chunked vs whole", GetParam());
   Tensor stepwise = score_tokens(*m.model, ref.input_ids, /*chunk=*/1, /*block_size=*/16);
-  expect_rows_near(stepwise, logits, GetParam() + " token by token vs whole");
+  expect_rows_near(stepwise, logits, GetParam() + " token by token vs whole", GetParam());
 
   const int n = static_cast<int>(ref.greedy_tokens.size());
   const GreedyResult g = generate_greedy(*m.model, ref.greedy_prompt, n, {}, true);
@@ -180,7 +188,8 @@ TEST_P(GpuHybridRunner, DecodeGraphsMatchEager) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuHybridRunner,
-                         ::testing::Values("qwen3_next", "qwen3_5", "kimi_linear", "glm5_next"),
+                         ::testing::Values("qwen3_next", "qwen3_5", "kimi_linear", "glm5_next",
+                                           "kimi_k3"),
                          [](const auto& info) { return info.param; });
 
 // The engine on the GPU: 12 requests of mixed lengths under continuous batching (chunked prefill
@@ -237,7 +246,8 @@ TEST_P(GpuHybridEngine, BatchedAndCheckpointResumedRequestsMatchSingleRuns) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuHybridEngine,
-                         ::testing::Values("qwen3_next", "qwen3_5_moe", "kimi_linear", "glm5_next"),
+                         ::testing::Values("qwen3_next", "qwen3_5_moe", "kimi_linear", "glm5_next",
+                                           "kimi_k3"),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
