@@ -113,7 +113,9 @@ int ModelRunner::pages_from_memory(const RunnerOptions& o) {
   const auto& specs = cache_specs_;
   const int bs = o.block_size;
   const size_t page_bytes = KvCache::page_bytes(specs, bs);
-  if (page_bytes == 0) return 1;
+  // No KV-cache layer (every layer recurrent): pages cost nothing, every sequence gets its whole
+  // length (one page left a 2048-token prefill of a KDA-only model without pages).
+  if (page_bytes == 0) return std::max(1, o.max_num_seqs) * ((max_model_len_ + bs - 1) / bs);
   // The largest step: max_num_batched_tokens tokens, as sequences of at most max_model_len.
   const int tokens = std::max(1, o.max_num_batched_tokens);
   {
