@@ -1088,6 +1088,21 @@ def check_weights(ref, model):
         raise Rejected(f"reload lost or changed {len(bad)} weight(s): {bad[:6]}")
 
 
+def save_reference(path, ids, logits, prompt, gen, margins, metadata):
+    """A fixture's references: the logits of ids, and the greedy tokens of prompt with their
+    top-1/top-2 margins; metadata beside the run's own (torch, device, fp32, TF32 off)."""
+    save_file({
+        "input_ids": torch.tensor(ids, dtype=torch.int64),
+        "logits": logits.contiguous(),
+        "greedy_prompt": torch.tensor(prompt, dtype=torch.int64),
+        "greedy_tokens": torch.tensor(gen, dtype=torch.int64),
+        "greedy_margins": torch.tensor(margins, dtype=torch.float32),
+    }, path, metadata={
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
+        "compute_dtype": "float32", "tf32": "off", "tool": "tools/make_fixtures.py", **metadata})
+
+
 def build(fx, out_root):
     out = os.path.join(out_root, "models", fx["name"])
     ref_root = os.path.join(out_root, "references")
@@ -1241,17 +1256,10 @@ def build_once(fx, out, ref_root, embed_scale):
         raise Rejected(f"no greedy prompt with margins >= {MIN_MARGIN}, >= {MIN_DISTINCT} distinct "
                        f"tokens, runs <= {MAX_RUN}, router margins >= {ROUTER_MARGIN} and indexer "
                        f"margins >= {INDEXER_MARGIN}")
-    save_file({
-        "input_ids": torch.tensor(ids, dtype=torch.int64),
-        "logits": logits.contiguous(),
-        "greedy_prompt": torch.tensor(prompt, dtype=torch.int64),
-        "greedy_tokens": torch.tensor(gen, dtype=torch.int64),
-        "greedy_margins": torch.tensor(margins, dtype=torch.float32),
-    }, os.path.join(ref_root, fx["name"] + ".safetensors"), metadata={
-        "transformers": transformers.__version__, "torch": torch.__version__,
-        "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
-        "attn_implementation": "eager", "compute_dtype": "float32", "tf32": "off",
-        "tool": "tools/make_fixtures.py", "transformers_read_layout": str(read_layout),
+    save_reference(os.path.join(ref_root, fx["name"] + ".safetensors"), ids, logits, prompt, gen,
+                   margins, {
+        "transformers": transformers.__version__, "attn_implementation": "eager",
+        "transformers_read_layout": str(read_layout),
         **({"fp8": json.dumps(fx["fp8"]), "reference_weights": "dequantized FP8, float32"} if fx.get("fp8") else {})})
     std = float(logits.std())
     files = sorted(os.listdir(out))
@@ -1759,16 +1767,8 @@ def build_kimi_k3(fx, out_root):
             last = e
             print(f"{fx['name']}: rejected with seed {seed}: {e}")
             continue
-        save_file({
-            "input_ids": torch.tensor(ids, dtype=torch.int64),
-            "logits": logits.contiguous(),
-            "greedy_prompt": torch.tensor(prompt, dtype=torch.int64),
-            "greedy_tokens": torch.tensor(gen, dtype=torch.int64),
-            "greedy_margins": torch.tensor(margins, dtype=torch.float32),
-        }, os.path.join(ref_root, fx["name"] + ".safetensors"), metadata={
-            "torch": torch.__version__, "reference": "tools/kimi_k3_reference.py",
-            "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu",
-            "compute_dtype": "float32", "tf32": "off", "tool": "tools/make_fixtures.py"})
+        save_reference(os.path.join(ref_root, fx["name"] + ".safetensors"), ids, logits, prompt,
+                       gen, margins, {"reference": "tools/kimi_k3_reference.py"})
         print(f"{fx['name']}: seed {seed}, logits std {float(logits.std()):.2f}, self-argmax rows "
               f"{self_frac:.0%}, greedy {gen}, distinct {len(set(gen))}, min greedy margin "
               f"{min(margins):.3f}, min router margin {ids_margin:.2e} (logits) "
@@ -1787,34 +1787,15 @@ def main():
     os.makedirs(out_root, exist_ok=True)
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, device {DEVICE}")
     failed = []
-    for fx in FIXTURES:
-        if not names or fx["name"] in names:
-            try:
-                build(fx, out_root)
-            except (SystemExit, Exception) as e:  # one broken fixture must not hide the others
-                traceback.print_exc()
-                failed.append(f"{fx['name']}: {e}")
-    for fx in MTP_FIXTURES:
-        if not names or fx["name"] in names:
-            try:
-                build_mtp(fx, out_root)
-            except (SystemExit, Exception) as e:
-                traceback.print_exc()
-                failed.append(f"{fx['name']}: {e}")
-    for fx in QWEN_MTP_FIXTURES:
-        if not names or fx["name"] in names:
-            try:
-                build_qwen_mtp(fx, out_root)
-            except (SystemExit, Exception) as e:
-                traceback.print_exc()
-                failed.append(f"{fx['name']}: {e}")
-    for fx in K3_FIXTURES:
-        if not names or fx["name"] in names:
-            try:
-                build_kimi_k3(fx, out_root)
-            except (SystemExit, Exception) as e:
-                traceback.print_exc()
-                failed.append(f"{fx['name']}: {e}")
+    for fixtures, builder in [(FIXTURES, build), (MTP_FIXTURES, build_mtp),
+                              (QWEN_MTP_FIXTURES, build_qwen_mtp), (K3_FIXTURES, build_kimi_k3)]:
+        for fx in fixtures:
+            if not names or fx["name"] in names:
+                try:
+                    builder(fx, out_root)
+                except (SystemExit, Exception) as e:  # one broken fixture must not hide the others
+                    traceback.print_exc()
+                    failed.append(f"{fx['name']}: {e}")
     if failed:
         raise SystemExit("failed:\n  " + "\n  ".join(failed))
 

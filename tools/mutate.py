@@ -400,8 +400,8 @@ MUTATIONS = [
      "Latent MoE (Kimi-K3) under tensor parallelism: the routed experts' partial sums normed "
      "unreduced",
      "src/layers/moe.cpp",
-     "if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(z);",
-     "if (ctx_.tp_size > 100) ctx_.comm->all_reduce_sum(z);"),
+     "    if (reduce) ctx_.comm->all_reduce_sum(z);",
+     "    if (false && reduce) ctx_.comm->all_reduce_sum(z);"),
     ("k3_mla_output_gate_dropped",
      "Gated MLA output (Kimi-K3): o_proj reads the heads without sigmoid(g_proj(x))",
      "src/layers/mla.cpp",

@@ -36,18 +36,15 @@ std::vector<ExpertParamMapping> fused_moe_mxfp4_pack_mapping(const std::string& 
                                                              const std::string& down,
                                                              const std::string& up,
                                                              int64_t num_experts) {
+  // fused_moe_expert_mapping's entries, each projection's two tensors apart.
   std::vector<ExpertParamMapping> m;
-  for (int64_t e = 0; e < num_experts; ++e) {
-    const std::string at = "experts." + std::to_string(e) + ".";
-    const int id = static_cast<int>(e);
-    for (const auto& [proj, part] : {std::pair{gate, "gate"}, {up, "up"}, {down, "down"}}) {
-      const std::string param =
-          part == std::string("down") ? "experts.w2_weight" : "experts.w13_weight";
-      m.push_back(
-          {param, at + proj + ".weight_packed", id, std::string("ct_mxfp4_") + part + "_packed"});
-      m.push_back(
-          {param, at + proj + ".weight_scale", id, std::string("ct_mxfp4_") + part + "_scale"});
-    }
+  for (const ExpertParamMapping& e : fused_moe_expert_mapping(gate, down, up, num_experts)) {
+    const std::string param = e.shard == "w2" ? "experts.w2_weight" : "experts.w13_weight";
+    const std::string part = std::string("ct_mxfp4_") + (e.shard == "w1"   ? "gate"
+                                                         : e.shard == "w3" ? "up"
+                                                                           : "down");
+    m.push_back({param, e.ckpt + "weight_packed", e.expert, part + "_packed"});
+    m.push_back({param, e.ckpt + "weight_scale", e.expert, part + "_scale"});
   }
   return m;
 }
@@ -859,27 +856,21 @@ void SparseMoeBlock::route(Step& step, const Tensor& x, Tensor& topk_ids, Tensor
 Tensor SparseMoeBlock::forward(Step& step, const Tensor& x, const Tensor& out) {
   Tensor ids, weights;
   route(step, x, ids, weights);
-  if (latent_down_) {
+  const bool reduce = ctx_.tp_size > 1;
+  Tensor y;
+  if (latent_down_) {  // reduced before the norm: y is whole, the shared part reduced apart
     Tensor z = step.empty({x.size(0), o_.latent_hidden}, ctx_.act_dtype);
     experts_.forward(step, latent_down_->forward(step, x), ids, weights, z);
-    if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(z);  // the norm needs the whole sum
+    if (reduce) ctx_.comm->all_reduce_sum(z);
     if (latent_norm_) z = latent_norm_->forward(step, z);
-    Tensor y = latent_up_->forward(step, z, out);
-    if (shared_) {
-      Tensor s = shared_->forward(step, x);
-      if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(s);
-      if (shared_gate_) {
-        kernels::add_gated(y, y, s, shared_gate_->forward(step, x));
-      } else {
-        kernels::add(y, y, s);
-      }
-    }
-    return y;
+    y = latent_up_->forward(step, z, out);
+  } else {
+    y = out.defined() ? out : step.empty({x.size(0), o_.hidden}, ctx_.act_dtype);
+    experts_.forward(step, x, ids, weights, y);
   }
-  Tensor y = out.defined() ? out : step.empty({x.size(0), o_.hidden}, ctx_.act_dtype);
-  experts_.forward(step, x, ids, weights, y);
   if (shared_) {
     Tensor s = shared_->forward(step, x);
+    if (latent_down_ && reduce) ctx_.comm->all_reduce_sum(s);
     if (shared_gate_) {
       Tensor g = shared_gate_->forward(step, x);  // [T, 1], the same on every rank
       kernels::add_gated(y, y, s, g);
@@ -887,7 +878,7 @@ Tensor SparseMoeBlock::forward(Step& step, const Tensor& x, const Tensor& out) {
       kernels::add(y, y, s);
     }
   }
-  if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(y);
+  if (!latent_down_ && reduce) ctx_.comm->all_reduce_sum(y);  // one all-reduce of the partial sums
   return y;
 }
 

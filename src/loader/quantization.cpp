@@ -169,6 +169,21 @@ void ct_mxfp4_args(const ConfigFields& g) {
     g.bad("input_activations", "is set; atom reads MXFP4 weights with unquantised activations");
 }
 
+// A quantisation group's targets: not empty, every "re:" pattern a valid regular expression.
+std::vector<std::string> group_targets(const ConfigFields& g) {
+  std::vector<std::string> targets = g.get_string_list("targets");
+  if (targets.empty()) g.bad("targets", "is empty");
+  for (const auto& t : targets)
+    if (t.starts_with("re:")) {
+      try {
+        std::regex r(t.substr(3));
+      } catch (const std::regex_error&) {
+        g.bad("targets", "holds an invalid regular expression '" + t + "'");
+      }
+    }
+  return targets;
+}
+
 const char* const kFloatQuantized = "float-quantized";
 const char* const kMxfp4PackQuantized = "mxfp4-pack-quantized";
 
@@ -189,16 +204,7 @@ void parse_compressed_tensors(const ConfigFields& q, QuantizationConfig& c) {
       g.bad("format", "is '" + fmt + "'; atom reads float-quantized and mxfp4-pack-quantized");
     if (fmt == kMxfp4PackQuantized) {
       ct_mxfp4_args(g);
-      std::vector<std::string> targets = g.get_string_list("targets");
-      if (targets.empty()) g.bad("targets", "is empty");
-      for (auto& t : targets) {
-        if (t.starts_with("re:")) try {
-            std::regex r(t.substr(3));
-          } catch (const std::regex_error&) {
-            g.bad("targets", "holds an invalid regular expression '" + t + "'");
-          }
-        c.mxfp4_pack_targets.push_back(std::move(t));
-      }
+      for (auto& t : group_targets(g)) c.mxfp4_pack_targets.push_back(std::move(t));
       continue;
     }
     if (!g.has("weights") || !g.obj()["weights"].is_object())
@@ -232,17 +238,7 @@ void parse_compressed_tensors(const ConfigFields& q, QuantizationConfig& c) {
       }
     }
     if (g.has("output_activations")) g.bad("output_activations", "is set; not supported");
-    std::vector<std::string> targets = g.get_string_list("targets");
-    if (targets.empty()) g.bad("targets", "is empty");
-    for (const auto& t : targets)
-      if (t.starts_with("re:")) {
-        try {
-          std::regex r(t.substr(3));
-        } catch (const std::regex_error&) {
-          g.bad("targets", "holds an invalid regular expression '" + t + "'");
-        }
-      }
-    c.linear_groups.push_back({std::move(targets), l});
+    c.linear_groups.push_back({group_targets(g), l});
   }
 }
 }  // namespace

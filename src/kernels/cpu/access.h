@@ -113,7 +113,4 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// silu(g) * u, as silu_mul and the experts compute it.
-inline float silu_mul_f32(float g, float u) { return g / (1.0f + std::exp(-g)) * u; }
-
 }  // namespace atom::kernels::cpu

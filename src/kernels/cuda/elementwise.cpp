@@ -77,10 +77,8 @@ void glu(Tensor& out, const Tensor& x, const Glu& a) {
   const int64_t M = x.size(0), I = out.size(1);
   ATOM_CHECK(out.size(0) == M && x.size(1) == 2 * I && out.dtype() == x.dtype(), "glu: x {} out {}",
              x.str(), out.str());
-  // As the fused experts take them: SiTU's beta in alpha, its linear_beta in limit.
-  const bool situ = a.kind == MoeActivation::kSitu;
-  launch_glu(mat_of(out, "glu"), mat_of(x, "glu"), static_cast<int>(a.kind),
-             situ ? a.beta : a.alpha, situ ? a.linear_beta : a.limit, current_stream());
+  const GluConstants c = glu_constants(a);
+  launch_glu(mat_of(out, "glu"), mat_of(x, "glu"), c.act, c.alpha, c.limit, current_stream());
   launch_check("glu");
 }
 

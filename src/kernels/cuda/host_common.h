@@ -4,6 +4,7 @@
 #include "core/cuda_check.h"
 #include "core/cuda_stream.h"
 #include "core/tensor.h"
+#include "kernels/activation.h"
 #include "kernels/cuda/launch.h"
 
 namespace atom::kernels::cuda {
@@ -37,6 +38,17 @@ inline Mat mat_of(const Tensor& t, const char* op) {
   m.stride = t.size(0) > 1 ? t.stride(0) : t.size(1);
   m.type = elem_of(t.dtype(), op);
   return m;
+}
+
+// An activation as the kernels take it (moe_act_times in device_common.cuh): its kind, and
+// SiTU's beta and linear_beta in the alpha and limit slots.
+struct GluConstants {
+  int act;
+  float alpha, limit;
+};
+inline GluConstants glu_constants(const Glu& a) {
+  const bool situ = a.kind == MoeActivation::kSitu;
+  return {static_cast<int>(a.kind), situ ? a.beta : a.alpha, situ ? a.linear_beta : a.limit};
 }
 
 // Errors raised at launch (bad configuration, missing kernel image) name the op.

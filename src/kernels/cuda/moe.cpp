@@ -198,11 +198,10 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   l.gemm_tile_rows = tile_rows ? tile_rows : T * K >= kTileRowsFrom ? 128 : 64;
   l.b13 = w.w13_bias ? w.w13_bias->data() : nullptr;
   l.b2 = w.w2_bias ? w.w2_bias->data() : nullptr;
-  // SiTU's constants ride in alpha (beta) and limit (linear_beta), as moe_act_times reads them.
-  l.act = static_cast<int>(w.activation.kind);
-  const bool situ = w.activation.kind == MoeActivation::kSitu;
-  l.alpha = situ ? w.activation.beta : w.activation.alpha;
-  l.limit = situ ? w.activation.linear_beta : w.activation.limit;
+  const GluConstants act = glu_constants(w.activation);
+  l.act = act.act;
+  l.alpha = act.alpha;
+  l.limit = act.limit;
   const int64_t R = T * K, in_use = std::min<int64_t>(S, R);
   const bool dense = !w.mxfp4() && !l.decode && !l.b13 && !l.b2 && l.act == 0 &&
                      tuning.moe_dense_min_rows > 0 && R >= kMoeDenseMinRoutedRows &&
