@@ -246,6 +246,34 @@ TEST(MoeLoading, Mxfp4TensorsThatDoNotFitAreNamed) {
   EXPECT_ERROR_CONTAINS(model_load(shape.str(), {}), "MXFP4 blocks", "do not match");
 }
 
+// Kimi-K3's release formats, edited: an MXFP4 expert projection without its scales, scales that
+// do not fit their values, and an A_log whose padding past the heads is not zero.
+TEST(MoeLoading, KimiK3PackedExpertsAndPaddedALogThatDoNotFitAreNamed) {
+  const std::string w1 = "language_model.model.layers.1.block_sparse_moe.experts.3.w1.";
+  TempDir missing;
+  write_edited("kimi_k3_mxfp4", missing.str(), [&](TensorList& ts) {
+    std::erase_if(ts, [&](auto& p) { return p.first == w1 + "weight_scale"; });
+  });
+  EXPECT_ERROR_CONTAINS(model_load(missing.str(), {}), "received no data",
+                        "model.layers.1.mlp.experts.w13_weight (part expert 3/w1)");
+  TempDir shape;
+  write_edited("kimi_k3_mxfp4", shape.str(), [&](TensorList& ts) {
+    for (auto& [n, t] : ts)
+      if (n == w1 + "weight_scale") t = Tensor::zeros({t.size(0), t.size(1) + 1}, t.dtype());
+  });
+  EXPECT_ERROR_CONTAINS(model_load(shape.str(), {}), "MXFP4 expert 3", "do not pair");
+  TempDir a_log;
+  write_edited("kimi_k3", a_log.str(), [](TensorList& ts) {
+    for (auto& [n, t] : ts)
+      if (n == "language_model.model.layers.0.self_attn.A_log") {
+        t = t.clone();
+        t.ptr<float>()[t.numel() - 1] = 0.5f;
+      }
+  });
+  EXPECT_ERROR_CONTAINS(model_load(a_log.str(), {}), "self_attn.A_log", "past the heads is 0.5",
+                        "not 0 (padding)");
+}
+
 TEST(MoeLoading, BadMoeConfigFieldsAreNamed) {
   struct Bad {
     std::string fixture, field, value, message;
