@@ -34,8 +34,9 @@ void read_model(JsonScanner& sc, ModelParts& m, std::string_view name, const std
           sc.read_string(a);
           sc.expect(':');
           const int64_t id = sc.read_int();
-          if (id < 0 || id > INT32_MAX)
-            sc.error(fmt::format("{}.vocab[\"{}\"]: id out of range", where, a));
+          if (id < 0 || id > kMaxTokenId)
+            sc.error(fmt::format("{}.vocab[\"{}\"]: id {} is outside [0, {}]", where, a, id,
+                                 kMaxTokenId));
           m.vocab.add(a, static_cast<int32_t>(id));
         } while (sc.consume(','));
         sc.expect('}');

@@ -36,6 +36,8 @@ size_t TokenTable::slot_of(std::string_view text, size_t hash) const {
 
 void TokenTable::add(std::string_view text, int32_t id) {
   ATOM_CHECK(id >= 0, "token id {} is negative", id);
+  ATOM_CHECK(id <= kMaxTokenId, "token id {} is beyond the largest atom accepts ({})", id,
+             kMaxTokenId);
   if ((count_ + 1) * 2 > slots_.size()) grow();
   const size_t h = hash_text(text);
   Entry& e = slots_[slot_of(text, h)];

@@ -10,6 +10,11 @@
 
 namespace atom::tokenizer {
 
+// The largest token id atom accepts: ids index a dense table (8 bytes each), and no released
+// vocabulary comes near (the largest, about 262k). HF's tokenizers accept any u32; a checkpoint
+// that numbers its tokens past this is refused by name rather than allocated for.
+inline constexpr int32_t kMaxTokenId = (1 << 24) - 1;
+
 class TokenTable {
  public:
   // Adds text with the given id; a text added twice keeps the last id (as a JSON map does).

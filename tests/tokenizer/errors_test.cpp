@@ -93,6 +93,11 @@ TEST(TokenizerErrors, BadFields) {
   expect_error(make("", "", R"({"type": "BPE", "vocab": {"a": 0}, "merges": [], "dropout": 0.1})"),
                {"dropout"});
   expect_error(make("", "", R"({"type": "BPE", "merges": []})"), {"vocab"});
+  // A token id past kMaxTokenId would size the dense id table (a fuzzer's 444444444: 3.5 GB).
+  expect_error(make("", "", R"({"type": "BPE", "vocab": {"a": 444444444}, "merges": []})"),
+               {"vocab[\"a\"]", "444444444", "16777215"});
+  EXPECT_EQ(load_error(make("", "", R"({"type": "BPE", "vocab": {"a": 16777215}, "merges": []})")),
+            "");
   expect_error(
       make(
           "post_processor",
