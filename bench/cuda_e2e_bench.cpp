@@ -190,6 +190,10 @@ int main(int argc, char** argv) {
     ro.gpu_memory_utilization = 0.9;
     ro.enforce_eager = eager;
     ro.kv_cache_dtype = kv;
+    // Recurrent layers (KDA, the gated delta net): a state slot per sequence (sequence s uses
+    // slot s). Without them the pool had no slots, and KDA's kernel wrote 4 MiB per sequence and
+    // layer past its end: the illegal address at 32 sequences of GLM-5.3.
+    ro.num_state_slots = model.state_specs().empty() ? 0 : max_batch;
     ModelRunner runner(model, ro);
     const int bs = runner.block_size();
 

@@ -77,6 +77,12 @@ void ModelRunner::init(const RunnerOptions& o) {
           *o.kv_cache_dtype == DType::kF8E4M3,
       "runner: the CUDA kernels read KV caches of the activation dtype {} or F8_E4M3, not {}",
       dtype_name(model_.act_dtype()), dtype_name(*o.kv_cache_dtype));
+  // A recurrent layer's kernels write each sequence's state into its slot of the pool: a pool of
+  // no slots would be written past its end (on CUDA, silently or as an illegal address).
+  if (!model_.state_specs().empty() && o.num_state_slots <= 0)
+    fail("runner: the model has recurrent layers, which need a state slot per sequence, but "
+         "num_state_slots is {}",
+         o.num_state_slots);
   int pages = o.num_pages;
 #ifdef ATOM_HAVE_CUDA
   if (dev.is_cuda()) cuda_ = std::make_unique<Cuda>(dev.index);
@@ -220,7 +226,7 @@ void ModelRunner::capture_decode_graphs() {
 
 Tensor ModelRunner::forward_logits(Batch& batch) {
   batch.block_size = kv_.block_size;
-  batch.validate(kv_.num_pages, kv_.num_state_slots);
+  batch.validate(kv_.num_pages, kv_.state.empty() ? -1 : kv_.num_state_slots);
   arena_.reset();
   copy_state_slots(batch.state_copies);
   hidden_ = Tensor();

@@ -45,7 +45,7 @@ void Batch::validate(int64_t num_pages, int64_t num_state_slots) const {
       ATOM_CHECK(t >= -1 && t < slots, "batch: cache slot {} outside the cache's {} slots", t,
                  slots);
   }
-  if (num_state_slots > 0) {
+  if (num_state_slots >= 0) {
     for (int32_t slot : state_slots)
       ATOM_CHECK(slot >= 0 && slot < num_state_slots,
                  "batch: state slot {} outside the pool's {} slots", slot, num_state_slots);

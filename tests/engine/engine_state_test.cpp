@@ -2,6 +2,7 @@
 // chunked and preempted runs give the one-shot single-sequence outputs and logits; the pool is
 // reserved before the paged cache is sized; slots come back on finish and abort.
 #include "common/test_util.h"
+#include "engine/model_runner.h"
 #include "engine_test_util.h"
 
 namespace atom::test {
@@ -23,6 +24,47 @@ TEST(EngineState, ModelDeclaresItsStateAndChunkedScoringMatchesOneShot) {
   const Tensor one = score_tokens(model, t);
   const Tensor chunked = score_tokens(model, t, /*chunk=*/7, /*block_size=*/4);
   EXPECT_EQ(max_abs_diff(one, chunked), 0.0f) << "state must carry across chunks exactly";
+}
+
+// A runner of a recurrent model without state slots would have its kernels write each sequence's
+// state past the end of an empty pool (GLM-5.3's benchmark on CUDA: an illegal address at 32
+// sequences); it is refused, and a step naming a slot outside the pool is refused too.
+TEST(EngineState, RunnerNeedsStateSlotsAndRefusesOnesOutsideThePool) {
+  Model& model = recurrent_model();
+  try {
+    ModelRunner runner(model, 8, 4, /*num_state_slots=*/0);
+    ADD_FAILURE() << "a recurrent model ran without state slots";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_state_slots is 0"), std::string::npos) << e.what();
+  }
+  ModelRunner runner(model, 8, 4, /*num_state_slots=*/2);
+  Batch b;
+  b.block_size = 4;
+  b.token_ids = {5, 6, 7};
+  b.positions = {0, 1, 2};
+  b.query_start = {0, 3};
+  b.context_lens = {3};
+  b.slot_mapping = {0, 1, 2};
+  b.page_indptr = {0, 1};
+  b.page_indices = {0};
+  b.logits_indices = {2};
+  b.max_query_len = 3;
+  b.max_context_len = 3;
+  for (int32_t slot : {1, 2}) {
+    b.state_slots = {slot};
+    if (slot < 2) {
+      EXPECT_EQ(runner.execute(b).size(0), 1);
+      continue;
+    }
+    try {
+      runner.execute(b);
+      ADD_FAILURE() << "state slot 2 of a pool of 2 was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("state slot 2 outside the pool's 2 slots"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(EngineState, BatchedChunkedPreemptedMatchOneShot) {

@@ -43,7 +43,9 @@ TEST(BatchValidate, BoundsPagesSlotsAndStateSlots) {
   EXPECT_ERROR_CONTAINS(c.validate(2, 1), "state slot 1", "1 slots");
   c.state_slots = {-1};  // no slot, in a model with recurrent state
   EXPECT_ERROR_CONTAINS(c.validate(2, 1), "state slot -1");
-  c.validate(2, 0);  // no recurrent layers: state slots are not read
+  c.validate(2, -1);    // no recurrent layers (no state pool): state slots are not read
+  c.state_slots = {0};  // a pool of no slots is no pool to write into (GLM-5.3's benchmark)
+  EXPECT_ERROR_CONTAINS(c.validate(2, 0), "state slot 0", "0 slots");
   c = one_sequence();
   c.slot_mapping = {-1, 6};  // -1: not cached
   c.validate(2, 1);
