@@ -412,6 +412,18 @@ MUTATIONS = [
      "src/layers/kimi_delta_attention.cpp",
      "heads(p, f.narrow(0, 0, H), shard, expert);",
      "heads(p, f.narrow(0, f.numel() - H, H), shard, expert);"),
+    ("nodes_remote_slot_not_filled",
+     "Several nodes: a group's exchange reads the other nodes' tensors but leaves their slots as "
+     "they were (the remote ranks' contributions missing from the sum)",
+     "src/dist/comm_group.cpp",
+     "          slots[static_cast<size_t>(t)] = wire_tensor(theirs);",
+     "          (void)wire_tensor(theirs);"),
+    ("nodes_step_state_copies_dropped",
+     "Several nodes: a worker's copy of the step loses the recurrent state copies (prefix "
+     "checkpoints and restores)",
+     "src/engine/tp_runner.cpp",
+     "    b.state_copies.emplace_back(from, static_cast<int32_t>(w.i64()));",
+     "    (void)from;\n    (void)w.i64();"),
 ]
 
 

@@ -66,6 +66,7 @@ void run_throughput(const BenchArgs& a) {
   check_lengths(a);
   if (a.num_prompts < 1) atom::fail("--num-prompts must be at least 1, got {}", a.num_prompts);
   auto m = atom::cli::model_args_load(a.model);
+  if (atom::cli::worker_ran(*m)) return;
   const atom::EngineConfig config = atom::cli::engine_args_config(a.engine);
   const auto drafter = atom::cli::model_args_load_drafter(a.model, *m, config);
   atom::LLMEngine engine(*m, config, {}, {}, atom::cli::drafter_of(drafter));
@@ -142,6 +143,7 @@ void run_latency(const BenchArgs& a) {
   if (a.batch_size < 1) atom::fail("--batch-size must be at least 1, got {}", a.batch_size);
   if (a.num_iters < 1) atom::fail("--num-iters must be at least 1, got {}", a.num_iters);
   auto m = atom::cli::model_args_load(a.model);
+  if (atom::cli::worker_ran(*m)) return;
   const atom::EngineConfig config = atom::cli::engine_args_config(a.engine);
   const auto drafter = atom::cli::model_args_load_drafter(a.model, *m, config);
   atom::LLMEngine engine(*m, config, {}, {}, atom::cli::drafter_of(drafter));

@@ -38,6 +38,7 @@ void run_prefix(const PrefixArgs& a) {
   if (a.output_len < 1) atom::fail("--output-len must be at least 1, got {}", a.output_len);
   if (a.num_iters < 1) atom::fail("--num-iters must be at least 1, got {}", a.num_iters);
   auto m = atom::cli::model_args_load(a.model);
+  if (atom::cli::worker_ran(*m)) return;
   const atom::EngineConfig config = atom::cli::engine_args_config(a.engine);
   if (!config.enable_prefix_caching)
     atom::log_warn("prefix caching is off: the second request recomputes the prefix too");

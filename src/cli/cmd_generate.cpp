@@ -171,6 +171,7 @@ void run(const GenerateArgs& a) {
     if (!side.kwargs.is_object()) atom::fail("--chat-template-kwargs must be a JSON object");
   }
   auto m = atom::cli::model_args_load(a.model);
+  if (atom::cli::worker_ran(*m)) return;
   const auto gen = atom::generation_config_load(a.model.model);
   const atom::EngineConfig config = atom::cli::engine_args_config(a.engine);
   const auto drafter = atom::cli::model_args_load_drafter(a.model, *m, config);

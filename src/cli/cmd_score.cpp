@@ -24,6 +24,7 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
   cmd->callback([args] {
     const auto tokens = atom::cli::token_list_parse(args->tokens, "--tokens");
     auto m = atom::cli::model_args_load(args->model);
+    if (atom::cli::worker_ran(*m)) return;
     atom::Tensor logits = atom::score_tokens(*m, tokens, args->chunk);
     atom::safetensors_write(args->out, {{"logits", logits}});
     atom::log_info("wrote logits {} to {}", atom::shape_str(logits.shape()), args->out);

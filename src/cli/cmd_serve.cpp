@@ -138,6 +138,7 @@ void serve(ServeArgs& a) {
   t = Clock::now();
   atom::log_info("loading the model ({})", a.load.load_format);
   std::unique_ptr<atom::ModelGroup> m = atom::cli::model_args_load(a.load);
+  if (atom::cli::worker_ran(*m)) return;
   atom::log_info("model ready in {:.2f} s", since(t));
 
   atom::GenerationConfig gen;

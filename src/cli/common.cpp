@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "engine/tp_runner.h"
 
 namespace atom::cli {
 
@@ -44,6 +45,19 @@ void model_args_add_placement(CLI::App* cmd, ModelArgs& a) {
                   "log_balancedness are accepted)");
   cmd->add_option("--num-redundant-experts", a.num_redundant_experts,
                   "redundant experts with --enable-eplb (older vLLM spelling)");
+  cmd->add_option("--nnodes", a.nnodes,
+                  "hosts the --tensor-parallel-size x --pipeline-parallel-size ranks split over "
+                  "(one process each, started with the same flags; CPU ranks so far)")
+      ->capture_default_str();
+  cmd->add_option("--node-rank", a.node_rank,
+                  "this host's place among --nnodes: 0 serves and drives the others")
+      ->capture_default_str();
+  cmd->add_option("--master-addr", a.master_addr, "address of node 0, where the others join")
+      ->capture_default_str();
+  cmd->add_option("--master-port", a.master_port, "port of node 0's rendezvous store")
+      ->capture_default_str();
+  cmd->add_flag("--headless", a.headless,
+                "a worker node: serves no requests, runs the head's steps on its ranks");
   cmd->add_option("--dtype", a.dtype,
                   "activation dtype: auto (bf16 on CUDA, f32 on the CPU), bfloat16, float16, "
                   "float32")
@@ -128,6 +142,10 @@ namespace {
 std::string stage_layers(ModelGroup& m) {
   std::string layers;
   for (int s = 0; s < m.pp_size(); ++s) {
+    if (!m.holds(s * m.tp_size())) {
+      layers += fmt::format("{}(another node)", s ? " " : "");
+      continue;
+    }
     const PipelineStage& st = m.model(s * m.tp_size()).stage();
     layers += fmt::format("{}[{}, {})", s ? " " : "", st.first_layer, st.end_layer);
   }
@@ -149,9 +167,21 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   if (o.device.is_cuda() && !cuda_available())
     fail("--device {}: no usable NVIDIA GPU found (or this build has no CUDA backend)",
          o.device.str());
+  std::unique_ptr<Nodes> nodes;
+  if (a.nnodes != 1 || a.node_rank != 0 || a.headless) {
+    if (a.headless && a.node_rank == 0)
+      fail("--headless is a worker's flag: give it a --node-rank from 1 to --nnodes - 1");
+    NodeOptions no;
+    no.nnodes = a.nnodes;
+    no.node_rank = a.node_rank;
+    no.master_addr = a.master_addr;
+    no.master_port = a.master_port;
+    nodes = std::make_unique<Nodes>(no);
+  }
   const auto t0 = std::chrono::steady_clock::now();
-  std::unique_ptr<ModelGroup> m =
-      model_group_load(a.model, o, a.tensor_parallel_size, load_format_parse(a.load_format));
+  std::unique_ptr<ModelGroup> m = model_group_load(a.model, o, a.tensor_parallel_size,
+                                                   load_format_parse(a.load_format), nodes.get());
+  if (nodes) m->own_nodes(std::move(nodes));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const LoadReport& report = m->report();
   const auto& st = report.checkpoint;
@@ -174,9 +204,20 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   return m;
 }
 
+bool worker_ran(ModelGroup& m) {
+  if (!m.is_worker()) return false;
+  log_info("node {}: running the head node's steps on ranks of this node", m.nodes()->rank());
+  tp_runner_follow(m);
+  log_info("node {}: the head node is done", m.nodes()->rank());
+  return true;
+}
+
 std::unique_ptr<LoadedDrafter> model_args_load_drafter(const ModelArgs& a, ModelGroup& m,
                                                        const EngineConfig& c) {
   if (c.speculative_method.empty()) return nullptr;
+  if (m.multi_node())
+    fail("speculative decoding over several nodes is not supported yet (the drafter gathers the "
+         "target's embedding and head from every rank)");
   // Under tensor parallelism the drafter is whole, on the leader's device.
   ModelOptions o;
   o.device = m.model(m.leader()).device();

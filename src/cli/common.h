@@ -33,6 +33,14 @@ struct ModelArgs {
   bool enable_eplb = false;
   std::string eplb_config;
   int num_redundant_experts = -1;  // -1: from --eplb-config (default 0)
+  // Several hosts (vLLM's flags): the tp x pp ranks split over --nnodes processes, node 0 (the
+  // head) serving and driving the others, which find it at --master-addr:--master-port
+  // (dist/nodes.h). --headless marks a worker (any --node-rank > 0 is one).
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  bool headless = false;
 };
 
 // What the EPLB flags ask for: the redundant experts (0 without --enable-eplb) and the steps
@@ -58,6 +66,10 @@ void model_args_add_placement(CLI::App* cmd, ModelArgs& a);
 // naming the variable.
 std::vector<int> pp_layer_partition_parse(const std::string& s);
 std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a);
+
+// On a worker node of a run over several nodes: takes the head's commands until the head is done
+// and returns true (the command then ends); false on the head or with one node.
+bool worker_ran(ModelGroup& m);
 
 // The target's MTP drafter when the engine config asks for speculative decoding (from the same
 // checkpoint, with the same placement), else null.

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/device.h"
 #include "dist/communicator.h"
@@ -22,5 +24,12 @@ class CommGroup {
 
 // `size` ranks on the CPU (LocalGroup), or on GPUs first.index .. first.index + size - 1 (NCCL).
 std::unique_ptr<CommGroup> comm_group_create(Device first, int size);
+
+class Nodes;
+// A group whose ranks live on several nodes (dist/nodes.h): rank t is on node node_of[t]; this
+// process holds those on nodes.rank(), as threads on the CPU. `name` names the group's channels
+// (the same on every node). communicator(t) exists for the local ranks only.
+std::unique_ptr<CommGroup> comm_group_create(Nodes& nodes, const std::string& name, Device first,
+                                             const std::vector<int>& node_of);
 
 }  // namespace atom

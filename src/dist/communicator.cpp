@@ -38,7 +38,7 @@ class LocalCommunicator final : public Communicator {
       std::lock_guard<std::mutex> lock(g_.mu_);
       g_.slots_[rank_] = x;
     }
-    g_.barrier();
+    g_.barrier(true);
     // Every rank sums all contributions in rank order (identical results everywhere).
     Tensor sum = Tensor::zeros(x.shape(), DType::kF32);
     float* s = sum.ptr<float>();
@@ -59,7 +59,7 @@ class LocalCommunicator final : public Communicator {
       std::lock_guard<std::mutex> lock(g_.mu_);
       g_.slots_[rank_] = in;
     }
-    g_.barrier();
+    g_.barrier(true);
     for (int r = 0; r < g_.size_; ++r) place_last_dim(g_.slots_[r], out, r * in.size(-1));
     g_.barrier();
   }
@@ -69,8 +69,17 @@ class LocalCommunicator final : public Communicator {
   int rank_;
 };
 
-LocalGroup::LocalGroup(int size) : size_(size), slots_(size) {
+LocalGroup::LocalGroup(int size) : size_(size), local_count_(size), slots_(size) {
   ATOM_CHECK(size >= 1, "group size {}", size);
+}
+
+LocalGroup::LocalGroup(int size, std::vector<int> local, Exchange exchange)
+    : size_(size),
+      local_count_(static_cast<int>(local.size())),
+      exchange_(std::move(exchange)),
+      slots_(size) {
+  ATOM_CHECK(size >= 1 && !local.empty() && local_count_ <= size, "group of {} ranks, {} local",
+             size, local_count_);
 }
 
 std::unique_ptr<Communicator> LocalGroup::communicator(int rank) {
@@ -84,11 +93,21 @@ void LocalGroup::abort() {
   cv_.notify_all();
 }
 
-void LocalGroup::barrier() {
+void LocalGroup::barrier(bool exchange) {
   std::unique_lock<std::mutex> lock(mu_);
   if (aborted_) fail("tensor-parallel group aborted: another rank failed");
   const long gen = generation_;
-  if (++arrived_ == size_) {
+  if (++arrived_ == local_count_) {
+    if (exchange && exchange_) {
+      // The other local ranks wait; the slots are this thread's until the generation moves on.
+      try {
+        exchange_(slots_);
+      } catch (...) {
+        aborted_ = true;
+        cv_.notify_all();
+        throw;
+      }
+    }
     arrived_ = 0;
     ++generation_;
     cv_.notify_all();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -32,10 +33,17 @@ class SoloCommunicator final : public Communicator {
   void all_gather_last_dim(const Tensor& in, Tensor& out) override;
 };
 
-// Shared state of `size` ranks that are threads of this process (CPU tensors only).
+// Shared state of `size` ranks that are threads of this process (CPU tensors only). With an
+// exchange, only `local` ranks are threads here and the others live in other processes: once
+// every local rank posted its tensor, the last to arrive calls exchange(slots), which sends the
+// local ranks' slots to the other processes and fills the remote ones from theirs; then every
+// rank computes the collective from all slots in rank order, so every process gets the same bits
+// as one process with all the ranks (dist/nodes.h).
 class LocalGroup {
  public:
+  using Exchange = std::function<void(std::vector<Tensor>& slots)>;
   explicit LocalGroup(int size);
+  LocalGroup(int size, std::vector<int> local, Exchange exchange);
   int size() const { return size_; }
   // The communicator for `rank`; the group must outlive it.
   std::unique_ptr<Communicator> communicator(int rank);
@@ -45,9 +53,12 @@ class LocalGroup {
 
  private:
   friend class LocalCommunicator;
-  // Blocks until all ranks arrived; throws once the group is aborted.
-  void barrier();
+  // Blocks until all local ranks arrived (and, with exchange, the remote slots were filled);
+  // throws once the group is aborted.
+  void barrier(bool exchange = false);
   int size_;
+  int local_count_;
+  Exchange exchange_;
   std::mutex mu_;
   std::condition_variable cv_;
   int arrived_ = 0;

@@ -6,8 +6,13 @@
 
 namespace atom {
 
-RankThreads::RankThreads(std::vector<Device> devices) : devices_(std::move(devices)) {
+RankThreads::RankThreads(std::vector<Device> devices, std::vector<int> ranks)
+    : devices_(std::move(devices)), ranks_(std::move(ranks)) {
   ATOM_CHECK(!devices_.empty(), "RankThreads needs at least one rank");
+  if (ranks_.empty())
+    for (int r = 0; r < size(); ++r) ranks_.push_back(r);
+  ATOM_CHECK(ranks_.size() == devices_.size(), "{} ranks on {} devices", ranks_.size(),
+             devices_.size());
   for (int r = 0; r < size(); ++r) threads_.emplace_back([this, r] { loop(r); });
 }
 
@@ -37,7 +42,7 @@ void RankThreads::loop(int rank) {
         device_make_current(devices_[static_cast<size_t>(rank)]);
         device_set = true;
       }
-      (*job)(rank);
+      (*job)(ranks_[static_cast<size_t>(rank)]);
     } catch (...) {
       fail_rank(std::current_exception());
     }
@@ -93,6 +98,15 @@ int RankThreads::min_over_ranks(int value) {
   agree_min_ = agree_arrived_ == 0 ? value : std::min(agree_min_, value);
   if (++agree_arrived_ == size()) {
     agree_arrived_ = 0;
+    if (agree_hook_) {
+      try {
+        agree_min_ = agree_hook_(agree_min_);
+      } catch (...) {
+        agree_failed_ = true;
+        agree_cv_.notify_all();
+        throw;
+      }
+    }
     agree_result_ = agree_min_;
     ++agree_round_;
     agree_cv_.notify_all();

@@ -18,14 +18,21 @@ namespace atom {
 
 class RankThreads {
  public:
-  // Rank r runs on devices[r].
-  explicit RankThreads(std::vector<Device> devices);
+  // Rank r runs on devices[r]. With `ranks`, the threads are those of ranks[i] (on devices[i]),
+  // this process's share of a group spread over several nodes (dist/nodes.h): jobs get the
+  // global rank.
+  explicit RankThreads(std::vector<Device> devices, std::vector<int> ranks = {});
   ~RankThreads();
   RankThreads(const RankThreads&) = delete;
   RankThreads& operator=(const RankThreads&) = delete;
 
+  // The ranks of this process.
   int size() const { return static_cast<int>(devices_.size()); }
-  Device device(int rank) const { return devices_.at(static_cast<size_t>(rank)); }
+  const std::vector<int>& ranks() const { return ranks_; }
+
+  // min_over_ranks' agreement with the ranks of other processes: called on one thread with this
+  // process's minimum, it returns the minimum over all of them.
+  void set_agree_hook(std::function<int(int)> hook) { agree_hook_ = std::move(hook); }
 
   // Called on the thread of the first rank that fails, while the others may still wait in a
   // collective the failed rank will never join: it aborts their communicator group.
@@ -44,7 +51,9 @@ class RankThreads {
   void fail_rank(std::exception_ptr e);
 
   std::vector<Device> devices_;
+  std::vector<int> ranks_;
   std::function<void()> failure_hook_;
+  std::function<int(int)> agree_hook_;
   std::vector<std::thread> threads_;
 
   std::mutex mu_;

@@ -13,7 +13,24 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
-KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c, const ModelGroup* group) {
+RankCacheFacts rank_cache_facts(ModelGroup* group, const Model& model, DType kv_cache_dtype,
+                                int block_size) {
+  std::vector<const Model*> ranks{&model};
+  if (group)
+    for (int r = 0; r < group->world_size(); ++r)
+      if (group->holds(r) && &group->model(r) != &model) ranks.push_back(&group->model(r));
+  RankCacheFacts f;
+  for (const Model* m : ranks) {
+    f.block_bytes = std::max(
+        f.block_bytes,
+        KvCache::page_bytes(cache_specs_with_dtype(m->cache_specs(), kv_cache_dtype), block_size));
+    f.state_slot_bytes = std::max(f.state_slot_bytes, KvCache::state_slot_bytes(m->state_specs()));
+    f.recurrent = f.recurrent || !m->state_specs().empty();
+  }
+  return f;
+}
+
+KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c, ModelGroup* group) {
   KvCachePlan p;
   if (c.block_size < 1) fail("block_size must be at least 1, got {}", c.block_size);
   if (c.max_num_seqs < 1) fail("max_num_seqs must be at least 1, got {}", c.max_num_seqs);
@@ -29,18 +46,25 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c, const Model
          model_max);
   p.block_size = c.block_size;
   p.kv_cache_dtype = kv_cache_dtype_for(model, c.kv_cache_dtype);
-  std::vector<const Model*> ranks{&model};
-  if (group)
-    for (int r = 1; r < group->world_size(); ++r) ranks.push_back(&group->model(r));
-  bool recurrent = false;
-  for (const Model* m : ranks) {
-    p.block_bytes =
-        std::max(p.block_bytes,
-                 KvCache::page_bytes(cache_specs_with_dtype(m->cache_specs(), p.kv_cache_dtype),
-                                     c.block_size));
-    p.state_slot_bytes = std::max(p.state_slot_bytes, KvCache::state_slot_bytes(m->state_specs()));
-    recurrent = recurrent || !m->state_specs().empty();
+  if (group && group->multi_node()) {
+    Wire w;
+    w.put_str("plan");
+    w.put_i64(static_cast<int64_t>(p.kv_cache_dtype));
+    w.put_i64(c.block_size);
+    group->post(w.buffer());
   }
+  RankCacheFacts facts = rank_cache_facts(group, model, p.kv_cache_dtype, c.block_size);
+  if (group && group->multi_node()) {
+    for (const std::string& r : group->collect()) {
+      Wire w(r);
+      facts.block_bytes = std::max(facts.block_bytes, static_cast<size_t>(w.i64()));
+      facts.state_slot_bytes = std::max(facts.state_slot_bytes, static_cast<size_t>(w.i64()));
+      facts.recurrent = facts.recurrent || w.i64() != 0;
+    }
+  }
+  p.block_bytes = facts.block_bytes;
+  p.state_slot_bytes = facts.state_slot_bytes;
+  const bool recurrent = facts.recurrent;
   if (c.state_checkpoint_interval_tokens < 0 ||
       c.state_checkpoint_interval_tokens % c.block_size != 0)
     fail("state_checkpoint_interval_tokens must be a non-negative multiple of block_size {}, got "

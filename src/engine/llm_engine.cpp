@@ -53,7 +53,7 @@ LLMEngine::LLMEngine(Model& model, const EngineConfig& config, const GenerationC
 LLMEngine::LLMEngine(ModelGroup& models, const EngineConfig& config,
                      const GenerationConfig& generation, TextStreamFactory text,
                      DraftModel* drafter)
-    : LLMEngine(models.model(0), &models, config, generation, std::move(text), drafter) {}
+    : LLMEngine(models.model(), &models, config, generation, std::move(text), drafter) {}
 
 LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& config,
                      const GenerationConfig& generation, TextStreamFactory text,

@@ -19,7 +19,7 @@ class SingleSequence {
             model, options(model, capacity, block_size, kv_cache_dtype))) {}
   SingleSequence(ModelGroup& models, int capacity, int block_size,
                  std::optional<DType> kv_cache_dtype) {
-    RunnerOptions o = options(models.model(0), capacity, block_size, kv_cache_dtype);
+    RunnerOptions o = options(models.model(), capacity, block_size, kv_cache_dtype);
     o.num_state_slots = models.recurrent() ? 1 : 0;  // a stage's own layers may keep none
     runner_ = step_runner_create(models, o);
   }
@@ -133,7 +133,7 @@ Tensor score_tokens(Model& model, const std::vector<int32_t>& tokens, int chunk,
 
 Tensor score_tokens(ModelGroup& models, const std::vector<int32_t>& tokens, int chunk,
                     int block_size, std::optional<DType> kv_cache_dtype) {
-  return score_with(models, models.model(0), tokens, chunk, block_size, kv_cache_dtype);
+  return score_with(models, models.model(), tokens, chunk, block_size, kv_cache_dtype);
 }
 
 GreedyResult generate_greedy(Model& model, const std::vector<int32_t>& prompt, int max_tokens,
@@ -145,7 +145,7 @@ GreedyResult generate_greedy(Model& model, const std::vector<int32_t>& prompt, i
 GreedyResult generate_greedy(ModelGroup& models, const std::vector<int32_t>& prompt, int max_tokens,
                              const std::vector<int64_t>& eos, bool ignore_eos, int block_size,
                              std::optional<DType> kv_cache_dtype) {
-  return greedy_with(models, models.model(0), prompt, max_tokens, eos, ignore_eos, block_size,
+  return greedy_with(models, models.model(), prompt, max_tokens, eos, ignore_eos, block_size,
                      kv_cache_dtype);
 }
 

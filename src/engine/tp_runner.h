@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/model_runner.h"
 #include "models/model_group.h"
 
@@ -34,9 +35,9 @@ class TpRunner final : public StepRunner {
   std::vector<int> graph_buckets() const override {
     return runners_[static_cast<size_t>(leader_)]->graph_buckets();
   }
-  int block_size() const override { return runners_[0]->block_size(); }
-  int num_pages() const override { return runners_[0]->num_pages(); }
-  int max_model_len() const override { return runners_[0]->max_model_len(); }
+  int block_size() const override { return lead().block_size(); }
+  int num_pages() const override { return lead().num_pages(); }
+  int max_model_len() const override { return lead().max_model_len(); }
   int rebalance_experts() override;
   // The leader's hidden states of the last step (speculative decoding's drafter reads them: after
   // the tensor-parallel all-reduces every rank of the last stage holds them whole).
@@ -49,13 +50,26 @@ class TpRunner final : public StepRunner {
   ModelRunner& rank(int r) { return *runners_.at(static_cast<size_t>(r)); }
 
  private:
+  friend void tp_runner_follow(ModelGroup& models);
+  // The leader's runner (the head node holds it); on a worker, its first rank's.
+  const ModelRunner& lead() const {
+    for (size_t r = static_cast<size_t>(leader_); r < runners_.size(); ++r)
+      if (runners_[r]) return *runners_[r];
+    for (const auto& r : runners_)
+      if (r) return *r;
+    fail("TpRunner: no rank in this process");
+  }
   // Copies the step to every rank but the leader, then runs rank0(batch) on the leader and a
-  // forward pass on every other rank, all at once.
+  // forward pass on every other rank, all at once (on a worker node: every rank of the node).
   void run_step(Batch& batch, const std::function<void(ModelRunner&)>& rank0);
+  // On the head of several nodes: posts `command` to the workers, runs `local`, and collects
+  // their replies (the first error wins, this node's before the workers'). Elsewhere: local().
+  void on_all_nodes(const std::string& command, const std::function<void()>& local);
 
   ModelGroup& models_;
   RankThreads& threads_;
   int leader_;
+  bool head_;  // the head of several nodes: commands go to the workers
   std::vector<std::unique_ptr<ModelRunner>> runners_;
   // Every rank but the leader uploads its own copy of the step: a Batch holds its device views.
   std::vector<Batch> copies_;
@@ -63,5 +77,15 @@ class TpRunner final : public StepRunner {
 
 // A ModelRunner for a one-rank group, else a TpRunner.
 std::unique_ptr<StepRunner> step_runner_create(ModelGroup& models, const RunnerOptions& options);
+
+// A worker node's part of a run over several nodes (models.is_worker()): takes the head's
+// commands (the KV plan's questions, building the runners, every step, graph capture, expert
+// re-placement) and runs them on this node's ranks until the head is done or gone. A command
+// that fails is answered with its error and the worker goes on with the next.
+void tp_runner_follow(ModelGroup& models);
+
+// The step's host fields as bytes, and back (the head sends each step to the workers).
+std::string batch_to_bytes(const Batch& b);
+void batch_from_bytes(Wire& w, Batch& b);
 
 }  // namespace atom

@@ -1,18 +1,89 @@
 #include "models/model_group.h"
 
+#include <algorithm>
+
 #include "core/error.h"
+#include "core/log.h"
 
 namespace atom {
 
 ModelGroup::~ModelGroup() {
+  // The head tells the workers it is done (an empty command); they may be gone already.
+  if (multi_node() && !is_worker()) {
+    for (Socket& s : control_) {
+      try {
+        s.send_frame("");
+      } catch (const Error&) {
+      }
+    }
+  }
   // Each rank's weights are released on its own thread, as they were made there.
   if (threads_) threads_->run([this](int r) { models_[static_cast<size_t>(r)].reset(); });
 }
 
-bool ModelGroup::recurrent() const {
-  for (const auto& m : models_)
-    if (!m->state_specs().empty()) return true;
-  return false;
+Model& ModelGroup::model(int rank) {
+  ATOM_CHECK(holds(rank), "rank {} of {} is not in this process (node {})", rank, world_size(),
+             nodes_ ? nodes_->rank() : 0);
+  return *models_[static_cast<size_t>(rank)];
+}
+
+const Model& ModelGroup::model(int rank) const {
+  return const_cast<ModelGroup*>(this)->model(rank);
+}
+
+int ModelGroup::first_local() const {
+  for (int r = 0; r < world_size(); ++r)
+    if (holds(r)) return r;
+  fail("a model group with no rank in this process");
+}
+
+bool ModelGroup::recurrent() const { return recurrent_; }
+
+int64_t ModelGroup::max_over_nodes(const std::string& name, int64_t value) {
+  return multi_node() ? nodes_->max_over_nodes(name, value) : value;
+}
+
+void ModelGroup::post(const std::string& command) {
+  ATOM_CHECK(multi_node() && !is_worker(), "only the head node posts commands");
+  for (Socket& s : control_) s.send_frame(command);
+}
+
+std::vector<std::string> ModelGroup::collect() {
+  std::vector<std::string> out;
+  std::string error;
+  for (size_t i = 0; i < control_.size(); ++i) {
+    try {
+      Wire w(control_[i].recv_frame());
+      const std::string e = w.str();
+      if (!e.empty() && error.empty()) error = fmt::format("node {}: {}", i + 1, e);
+      out.push_back(w.str());
+    } catch (const Error& e) {
+      if (error.empty()) error = fmt::format("node {}: {}", i + 1, e.what());
+      out.emplace_back();
+    }
+  }
+  if (!error.empty()) fail("{}", error);
+  return out;
+}
+
+std::optional<std::string> ModelGroup::next_command() {
+  ATOM_CHECK(is_worker(), "only a worker node takes commands");
+  std::string c;
+  try {
+    c = control_.at(0).recv_frame();
+  } catch (const Error& e) {
+    log_warn("node {}: the head node is gone ({}); stopping", nodes_->rank(), e.what());
+    return std::nullopt;
+  }
+  if (c.empty()) return std::nullopt;
+  return c;
+}
+
+void ModelGroup::reply(const std::string& payload, const std::string& error) {
+  Wire w;
+  w.put_str(error);
+  w.put_str(payload);
+  control_.at(0).send_frame(w.buffer());
 }
 
 StageLink* ModelGroup::link_in(int rank) {
@@ -25,7 +96,7 @@ StageLink* ModelGroup::link_out(int rank) {
 
 std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
                                              const ModelOptions& options, int tp_size,
-                                             LoadFormat format) {
+                                             LoadFormat format, Nodes* nodes) {
   if (tp_size < 1) fail("--tensor-parallel-size must be at least 1, got {}", tp_size);
   const int pp = options.pp_size;
   if (pp < 1) fail("--pipeline-parallel-size must be at least 1, got {}", pp);
@@ -33,10 +104,26 @@ std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
   g->tp_ = tp_size;
   g->pp_ = pp;
   const int world = tp_size * pp;
+  const int nnodes = nodes ? nodes->size() : 1;
+  if (nnodes > 1) {
+    if (world % nnodes != 0)
+      fail("--tensor-parallel-size {} x --pipeline-parallel-size {} = {} ranks do not split "
+           "evenly over --nnodes {}",
+           tp_size, pp, world, nnodes);
+    if (!options.device.is_cpu())
+      fail("--nnodes {}: ranks on several nodes run on CPU ranks only so far ({} asked for; "
+           "NCCL's bootstrap over --master-addr is not written yet)",
+           nnodes, options.device.str());
+    nodes->check_same("model and parallel flags",
+                      fmt::format("{} tp {} pp {} ep {} redundant {}", model_dir, tp_size, pp,
+                                  options.expert_parallel, options.num_redundant_experts));
+    g->nodes_ = nodes;
+  }
   if (world == 1) {
     LoadedModel m = model_load(model_dir, options, format);
     g->models_.push_back(std::move(m.model));
     g->report_ = std::move(m.report);
+    g->recurrent_ = !g->models_[0]->state_specs().empty();
     return g;
   }
   const Device first = options.device;
@@ -54,15 +141,58 @@ std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
       fail("--tensor-parallel-size {} needs {} GPUs ({} to {}), but {} {} visible", tp_size, world,
            devices.front().str(), devices.back().str(), visible, visible == 1 ? "is" : "are");
   }
-  for (int s = 0; s < pp; ++s)
-    g->comms_.push_back(comm_group_create(devices[static_cast<size_t>(s * tp_size)], tp_size));
-  for (int r = 0; r < (pp - 1) * tp_size; ++r) g->links_.push_back(std::make_unique<StageLink>());
-  g->threads_ = std::make_unique<RankThreads>(devices);
+  // The node of each rank (all 0 on one node), and this process's ranks.
+  const int me = nnodes > 1 ? nodes->rank() : 0;
+  std::vector<int> node_of(static_cast<size_t>(world), 0);
+  std::vector<int> local;
+  std::vector<Device> local_devices;
+  for (int r = 0; r < world; ++r) {
+    if (nnodes > 1) node_of[static_cast<size_t>(r)] = node_of_rank(r, world, nnodes, g->leader());
+    if (node_of[static_cast<size_t>(r)] != me) continue;
+    local.push_back(r);
+    local_devices.push_back(devices[static_cast<size_t>(r)]);
+  }
+  for (int s = 0; s < pp; ++s) {
+    std::vector<int> stage_nodes(node_of.begin() + s * tp_size,
+                                 node_of.begin() + (s + 1) * tp_size);
+    const bool mine = std::count(stage_nodes.begin(), stage_nodes.end(), me) > 0;
+    const bool spread = std::count(stage_nodes.begin(), stage_nodes.end(), stage_nodes[0]) !=
+                        static_cast<int64_t>(tp_size);
+    if (!mine)
+      g->comms_.push_back(nullptr);
+    else if (spread)
+      g->comms_.push_back(comm_group_create(*nodes, fmt::format("stage{}", s),
+                                            devices[static_cast<size_t>(s * tp_size)],
+                                            stage_nodes));
+    else
+      g->comms_.push_back(comm_group_create(devices[static_cast<size_t>(s * tp_size)], tp_size));
+  }
+  for (int r = 0; r < (pp - 1) * tp_size; ++r) {
+    const int from = node_of[static_cast<size_t>(r)];
+    const int to = node_of[static_cast<size_t>(r + tp_size)];
+    auto link = std::make_unique<StageLink>();
+    const std::string channel = fmt::format("link{}", r);
+    if (from == me && to != me) link->to_socket(nodes->connect(channel, to));
+    if (to == me && from != me) link->from_socket(nodes->connect(channel, from));
+    g->links_.push_back(std::move(link));
+  }
+  if (nnodes > 1) {
+    if (me == 0)
+      for (int n = 1; n < nnodes; ++n) g->control_.push_back(nodes->connect("control", n));
+    else
+      g->control_.push_back(nodes->connect("control", 0));
+  }
+  g->threads_ = std::make_unique<RankThreads>(local_devices, local);
+  if (nnodes > 1)
+    g->threads_->set_agree_hook(
+        [nodes](int v) { return static_cast<int>(nodes->min_over_nodes("agree", v)); });
   g->threads_->set_failure_hook([gp = g.get()] {
-    for (auto& c : gp->comms_) c->abort();
+    for (auto& c : gp->comms_)
+      if (c) c->abort();
     for (auto& l : gp->links_) l->abort();
   });
   g->models_.resize(static_cast<size_t>(world));
+  const int report_rank = local.front();
   g->threads_->run([&](int r) {
     const int stage = r / tp_size, t = r % tp_size;
     ModelOptions o = options;
@@ -80,8 +210,13 @@ std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
       device_synchronize(o.device);
     }
     g->models_[static_cast<size_t>(r)] = std::move(m.model);
-    if (r == 0) g->report_ = std::move(m.report);
+    if (r == report_rank) g->report_ = std::move(m.report);
   });
+  // Whether any rank keeps recurrent state, agreed now: later only the head asks.
+  bool any = false;
+  for (const auto& m : g->models_)
+    if (m && !m->state_specs().empty()) any = true;
+  g->recurrent_ = g->max_over_nodes("recurrent", any ? 1 : 0) != 0;
   return g;
 }
 

@@ -9,10 +9,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dist/comm_group.h"
+#include "dist/nodes.h"
 #include "dist/rank_threads.h"
 #include "dist/stage_link.h"
 #include "models/loading.h"
@@ -36,21 +38,49 @@ class ModelGroup {
   // sends its output to (null on the last).
   StageLink* link_in(int rank);
   StageLink* link_out(int rank);
-  // Rank r's model; rank 0's answers for the group (config, vocabulary).
-  Model& model(int rank = 0) { return *models_.at(static_cast<size_t>(rank)); }
-  const Model& model(int rank = 0) const { return *models_.at(static_cast<size_t>(rank)); }
-  // Rank 0's loading report (every rank reads the checkpoint for its own shards).
+  // Rank r's model (a rank of this process); model() answers for the group (config,
+  // vocabulary): the leader's where this process holds it, else its first rank's.
+  Model& model(int rank);
+  const Model& model(int rank) const;
+  Model& model() { return model(first_local()); }
+  const Model& model() const { return model(first_local()); }
+  // Whether rank r lives in this process (always, unless the group spans several nodes).
+  bool holds(int rank) const {
+    return rank >= 0 && rank < world_size() && models_[static_cast<size_t>(rank)] != nullptr;
+  }
+  // The first rank's loading report here (every rank reads the checkpoint for its own shards).
   const LoadReport& report() const { return report_; }
   // The ranks' threads: run(job) runs job(rank) on all of them at once. Null with one rank.
   RankThreads* threads() { return threads_.get(); }
 
+  // Several nodes (dist/nodes.h): node 0, the head, serves and drives the others' ranks over
+  // one control connection per node: it posts a command to all of them, runs its own ranks'
+  // part, then collects one reply from each (a worker's error comes back as an Error naming the
+  // node). A worker takes commands until the head says it is done (next_command() is empty).
+  bool multi_node() const { return nodes_ != nullptr && nodes_->size() > 1; }
+  // The group keeps the nodes it was loaded with (destroyed after everything else).
+  void own_nodes(std::unique_ptr<Nodes> n) { owned_nodes_ = std::move(n); }
+  bool is_worker() const { return multi_node() && nodes_->rank() != 0; }
+  Nodes* nodes() { return nodes_; }
+  void post(const std::string& command);
+  std::vector<std::string> collect();
+  std::optional<std::string> next_command();
+  void reply(const std::string& payload, const std::string& error = {});
+  // The largest of `value` over the nodes (the value itself with one node).
+  int64_t max_over_nodes(const std::string& name, int64_t value);
+
  private:
   friend std::unique_ptr<ModelGroup> model_group_load(const std::string&, const ModelOptions&, int,
-                                                      LoadFormat);
+                                                      LoadFormat, Nodes*);
   ModelGroup() = default;
+  int first_local() const;
 
   // Destroyed last to first: models, then the threads, then the communicators and links.
+  std::unique_ptr<Nodes> owned_nodes_;
+  Nodes* nodes_ = nullptr;
+  std::vector<Socket> control_;  // the head: one per worker node (node n at n - 1); a worker: 1
   int tp_ = 1, pp_ = 1;
+  bool recurrent_ = false;
   std::vector<std::unique_ptr<CommGroup>> comms_;  // one per stage
   std::vector<std::unique_ptr<StageLink>> links_;  // stage s rank t -> stage s + 1: s * tp + t
   std::unique_ptr<RankThreads> threads_;
@@ -62,8 +92,11 @@ class ModelGroup {
 // rank's device (rank r gets cuda:(index + r), or the CPU); the tp_rank/tp_size/comm and pp_rank
 // fields are filled per rank. Errors name the problem: too few GPUs (with the count visible),
 // heads or sizes not divisible, a model that cannot be split into stages.
+// With `nodes` of several nodes, this process loads only the ranks node_of_rank places on it
+// (CPU ranks so far); the nodes must be started with the same model and parallel flags.
 std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
                                              const ModelOptions& options, int tp_size,
-                                             LoadFormat format = LoadFormat::kAuto);
+                                             LoadFormat format = LoadFormat::kAuto,
+                                             Nodes* nodes = nullptr);
 
 }  // namespace atom

@@ -12,10 +12,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "common/fixtures.h"
 #include "common/test_util.h"
+#include "dist/socket.h"
 #include "engine/sequence_runner.h"
 #include "loader/safetensors.h"
 #include "models/loading.h"
@@ -157,6 +159,49 @@ TEST(EngineCli, PipelineParallelFlagsAndLayerPartition) {
     for (const auto& l : out) all += l + "\n";
     EXPECT_NE(all.find(message), std::string::npos) << all;
   }
+}
+
+// Two processes on one machine as two hosts (--nnodes 2 over loopback): the worker
+// (--node-rank 1 --headless) runs its ranks for the head, which prints transformers' greedy
+// tokens; -tp 2 puts one rank on each node, -pp 2 -tp 2 a stage on each. The worker ends when
+// the head is done. A --headless head is refused by name.
+TEST(EngineCli, TwoNodesOverLoopback) {
+  const Reference ref = reference_load("llama3_gqa");
+  const std::string gen = fmt::format(
+      "generate --model {} --device cpu --prompt-tokens {} --max-tokens {} --temperature 0 "
+      "--ignore-eos",
+      fixture_dir("llama3_gqa"), join(ref.greedy_prompt), ref.greedy_tokens.size());
+  for (const std::string parallel : {" -tp 2", " -pp 2 -tp 2"}) {
+    int port = 0;
+    {
+      Listener l("127.0.0.1", 0);
+      port = l.port();
+    }
+    const std::string nodes = fmt::format(" --nnodes 2 --master-port {}", port);
+    int worker_rc = -1;
+    std::vector<std::string> worker_out;
+    std::thread worker([&] {
+      worker_out = run_atom(gen + parallel + nodes + " --node-rank 1 --headless", &worker_rc,
+                            /*with_stderr=*/true);
+    });
+    int rc = -1;
+    const auto out = run_atom(gen + parallel + nodes + " --node-rank 0", &rc, true);
+    worker.join();
+    std::string all, worker_all;
+    for (const auto& l : out) all += l + "\n";
+    for (const auto& l : worker_out) worker_all += l + "\n";
+    EXPECT_EQ(rc, 0) << all;
+    EXPECT_EQ(worker_rc, 0) << worker_all;
+    ASSERT_FALSE(out.empty());
+    EXPECT_EQ(out.back(), join(ref.greedy_tokens)) << parallel;
+    EXPECT_NE(worker_all.find("node 1: the head node is done"), std::string::npos) << worker_all;
+  }
+  int rc = 0;
+  const auto out = run_atom(gen + " -tp 2 --headless", &rc, true);
+  EXPECT_NE(rc, 0);
+  std::string all;
+  for (const auto& l : out) all += l + "\n";
+  EXPECT_NE(all.find("--headless is a worker's flag"), std::string::npos) << all;
 }
 
 // vLLM's expert-parallel flags reach the model: -tp 2 with -ep (and --enable-expert-parallel),

@@ -1,0 +1,215 @@
+// A model over several nodes on CPU ranks (--nnodes, dist/nodes.h): each node a Nodes object and
+// its ModelGroup on threads of this test, talking over loopback TCP as separate hosts' processes
+// do; the head (node 0) runs the sequence runner or the engine, the workers follow its commands
+// (tp_runner_follow). Logits, greedy tokens and whole engine workloads (batched, chunked,
+// preempted, prefix-cached with state checkpoints) equal the same ranks in one process bit for bit:
+// collectives sum and gather in rank order on every node. The CLI's two-process run is in
+// engine_cli_test.cpp.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <thread>
+
+#include "common/fixtures.h"
+#include "common/test_util.h"
+#include "engine/tp_runner.h"
+#include "engine_test_util.h"
+#include "models/model_group.h"
+
+namespace atom::test {
+namespace {
+
+struct NodesCase {
+  std::string fixture;
+  int tp, pp, nnodes;
+  bool ep = false;
+};
+
+void PrintTo(const NodesCase& c, std::ostream* os) {
+  *os << c.fixture << " tp " << c.tp << " pp " << c.pp << " over " << c.nnodes << " nodes"
+      << (c.ep ? " ep" : "");
+}
+
+ModelOptions options(const NodesCase& c) {
+  ModelOptions o;
+  o.pp_size = c.pp;
+  o.expert_parallel = c.ep;
+  return o;
+}
+
+int free_port() {
+  Listener l("127.0.0.1", 0);
+  return l.port();
+}
+
+// Loads the case on every node at once; runs head(group) on node 0 while the workers follow.
+void run_on_nodes(const NodesCase& c, const std::function<void(ModelGroup&)>& head) {
+  const int port = free_port();
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(c.nnodes));
+  for (int k = 0; k < c.nnodes; ++k)
+    threads.emplace_back([&, k] {
+      try {
+        NodeOptions no;
+        no.nnodes = c.nnodes;
+        no.node_rank = k;
+        no.master_port = port;
+        no.timeout_s = 120;
+        Nodes nodes(no);
+        auto group =
+            model_group_load(fixture_dir(c.fixture), options(c), c.tp, LoadFormat::kAuto, &nodes);
+        EXPECT_EQ(group->is_worker(), k != 0);
+        if (k == 0)
+          head(*group);
+        else
+          tp_runner_follow(*group);
+      } catch (...) {
+        errors[static_cast<size_t>(k)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+class MultiNode : public ::testing::TestWithParam<NodesCase> {};
+
+TEST_P(MultiNode, LogitsAndGreedyTokensEqualOneProcess) {
+  const NodesCase c = GetParam();
+  const Reference ref = reference_load(c.fixture);
+  auto one = model_group_load(fixture_dir(c.fixture), options(c), c.tp);
+  const Tensor want = score_tokens(*one, ref.input_ids);
+  const Tensor want_chunked = score_tokens(*one, ref.input_ids, /*chunk=*/5, /*block_size=*/4);
+  const GreedyResult want_greedy = generate_greedy(
+      *one, ref.greedy_prompt, static_cast<int>(ref.greedy_tokens.size()), {}, true);
+  one.reset();
+  Tensor got, got_chunked;
+  GreedyResult got_greedy;
+  run_on_nodes(c, [&](ModelGroup& g) {
+    EXPECT_TRUE(g.holds(g.leader()));
+    int held = 0;
+    for (int r = 0; r < g.world_size(); ++r) held += g.holds(r) ? 1 : 0;
+    EXPECT_EQ(held, g.world_size() / c.nnodes);
+    // Three runners built and destroyed one after another on every node.
+    got = score_tokens(g, ref.input_ids);
+    got_chunked = score_tokens(g, ref.input_ids, 5, 4);
+    got_greedy =
+        generate_greedy(g, ref.greedy_prompt, static_cast<int>(ref.greedy_tokens.size()), {}, true);
+  });
+  expect_logits_near(got, want, 0.0f, "whole prompt over nodes");
+  expect_logits_near(got_chunked, want_chunked, 0.0f, "chunks over nodes");
+  expect_cpu_parity(got, ref.logits, c.fixture, "over nodes vs transformers");
+  EXPECT_EQ(got_greedy.token_ids, want_greedy.token_ids);
+  EXPECT_EQ(got_greedy.token_ids, ref.greedy_tokens);
+}
+
+TEST_P(MultiNode, EngineWorkloadsEqualOneProcess) {
+  const NodesCase c = GetParam();
+  auto one = model_group_load(fixture_dir(c.fixture), options(c), c.tp);
+  const Workload w = random_workload(10, 40, 8, one->model().vocab_size(), 31);
+  EngineConfig batched = test_config();
+  EngineConfig tight = test_config();  // chunked prefill and preemption
+  tight.max_num_seqs = 6;
+  tight.max_num_batched_tokens = 24;
+  tight.max_model_len = 96;
+  tight.num_gpu_blocks_override = 7;
+  // Prefix caching with the recurrent state's checkpoints (restored by the steps' state copies):
+  // the workload twice, the second pass hitting the first's blocks.
+  EngineConfig cached = test_config();
+  cached.block_size = 4;
+  cached.state_checkpoint_interval_tokens = 8;
+  const std::vector<EngineConfig> configs = {batched, tight, cached};
+  auto run = [&](LLMEngine& engine, const EngineConfig& e) {
+    std::vector<std::vector<int32_t>> tokens;
+    for (int pass = 0; pass < (e.state_checkpoint_interval_tokens ? 2 : 1); ++pass)
+      for (const auto& o : engine.generate(w.prompts, w.params))
+        tokens.push_back(o.outputs.at(0).token_ids);
+    return tokens;
+  };
+  std::vector<std::vector<std::vector<int32_t>>> want;
+  for (const EngineConfig& e : configs) {
+    LLMEngine engine(*one, e);
+    want.push_back(run(engine, e));
+  }
+  one.reset();
+  run_on_nodes(c, [&](ModelGroup& g) {
+    for (size_t i = 0; i < configs.size(); ++i) {
+      LLMEngine engine(g, configs[i]);
+      const auto got = run(engine, configs[i]);
+      ASSERT_EQ(got.size(), want[i].size());
+      for (size_t r = 0; r < got.size(); ++r)
+        EXPECT_EQ(got[r], want[i][r]) << "config " << i << " request " << r;
+      if (configs[i].num_gpu_blocks_override) {
+        EXPECT_GT(engine.stats().num_preemptions, 0);
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, MultiNode,
+    ::testing::Values(NodesCase{"llama3_gqa", 2, 1, 2},     // one stage's ranks on two nodes
+                      NodesCase{"llama3_gqa", 1, 3, 3},     // a stage per node, links across
+                      NodesCase{"qwen3_moe", 2, 2, 2},      // stage 0 on node 1, stage 1 on node 0
+                      NodesCase{"mixtral", 4, 1, 2, true},  // experts split over nodes
+                      NodesCase{"qwen3_next", 2, 1, 2}),    // recurrent state on every node
+    [](const auto& info) {
+      const NodesCase& c = info.param;
+      return fmt::format("{}_tp{}_pp{}_nodes{}{}", c.fixture, c.tp, c.pp, c.nnodes,
+                         c.ep ? "_ep" : "");
+    });
+
+// Nodes started with other flags than the head's are named before any weight is read.
+TEST(MultiNodeErrors, MismatchedFlagsAndUnevenSplitsAreNamed) {
+  const int port = free_port();
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 2; ++k)
+    threads.emplace_back([&, k] {
+      try {
+        NodeOptions no;
+        no.nnodes = 2;
+        no.node_rank = k;
+        no.master_port = port;
+        no.timeout_s = 60;
+        Nodes nodes(no);
+        model_group_load(fixture_dir("llama3_gqa"), {}, k == 0 ? 2 : 4, LoadFormat::kAuto, &nodes);
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(k)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("node 1 was started with other model and parallel flags"), std::string::npos)
+        << e;
+  // 3 ranks do not split over 2 nodes: each node says so before reading anything.
+  const int port2 = free_port();
+  threads.clear();
+  for (int k = 0; k < 2; ++k)
+    threads.emplace_back([&, k] {
+      try {
+        NodeOptions no;
+        no.nnodes = 2;
+        no.node_rank = k;
+        no.master_port = port2;
+        no.timeout_s = 60;
+        Nodes nodes(no);
+        model_group_load(fixture_dir("llama3_gqa"), {}, 3, LoadFormat::kAuto, &nodes);
+        errors[static_cast<size_t>(k)].clear();
+      } catch (const Error& e) {
+        errors[static_cast<size_t>(k)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("= 3 ranks do not split evenly over --nnodes 2"), std::string::npos) << e;
+  // A node that never joins is named after the timeout.
+  NodeOptions two;
+  two.nnodes = 2;
+  two.master_port = free_port();
+  two.timeout_s = 0.5;
+  EXPECT_ERROR_CONTAINS(Nodes{two}, "node 1 did not join within 0.5 s");
+}
+
+}  // namespace
+}  // namespace atom::test
