@@ -215,9 +215,6 @@ bool worker_ran(ModelGroup& m) {
 std::unique_ptr<LoadedDrafter> model_args_load_drafter(const ModelArgs& a, ModelGroup& m,
                                                        const EngineConfig& c) {
   if (c.speculative_method.empty()) return nullptr;
-  if (m.multi_node())
-    fail("speculative decoding over several nodes is not supported yet (the drafter gathers the "
-         "target's embedding and head from every rank)");
   // Under tensor parallelism the drafter is whole, on the leader's device.
   ModelOptions o;
   o.device = m.model(m.leader()).device();

@@ -103,7 +103,7 @@ void Socket::send_frame(std::string_view bytes) {
   const uint64_t n = bytes.size();
   std::string buf(sizeof(n) + bytes.size(), '\0');
   std::memcpy(buf.data(), &n, sizeof(n));
-  std::memcpy(buf.data() + sizeof(n), bytes.data(), bytes.size());
+  if (!bytes.empty()) std::memcpy(buf.data() + sizeof(n), bytes.data(), bytes.size());
   send_all(buf.data(), buf.size());
 }
 
@@ -182,7 +182,9 @@ void Wire::put_str(std::string_view s) {
   put_bytes(s.data(), s.size());
 }
 
-void Wire::put_bytes(const void* p, size_t n) { buf_.append(static_cast<const char*>(p), n); }
+void Wire::put_bytes(const void* p, size_t n) {
+  if (n > 0) buf_.append(static_cast<const char*>(p), n);  // an empty vector's data() may be null
+}
 
 int64_t Wire::i64() {
   int64_t v = 0;
@@ -201,6 +203,7 @@ std::string Wire::str() {
 
 void Wire::bytes(void* p, size_t n) {
   if (n > buf_.size() - at_) fail("a message between nodes is cut short ({} bytes missing)", n);
+  if (n == 0) return;  // p may be null (an empty vector's data())
   std::memcpy(p, buf_.data() + at_, n);
   at_ += n;
 }

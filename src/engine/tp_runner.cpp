@@ -224,6 +224,8 @@ void tp_runner_follow(ModelGroup& models) {
         r.put_i64(static_cast<int64_t>(f.state_slot_bytes));
         r.put_i64(f.recurrent ? 1 : 0);
         payload = r.buffer();
+      } else if (op == "shard") {
+        payload = model_group_shard_reply(models, w);
       } else if (op == "init") {
         runner.reset();
         runner = std::make_unique<TpRunner>(models, options_from_bytes(w));

@@ -82,18 +82,33 @@ LoadedDrafter drafter_load_impl(const std::string& model_dir, Model& target,
 // holds `name`.
 Tensor gather_vocab_rows(ModelGroup& g, const std::string& name, const Tensor& mine) {
   const int tp = g.tp_size();
-  int stage = -1;
-  for (int r = 0; r < g.world_size() && stage < 0; ++r)
-    if (g.model(r).params().find(name)) stage = r / tp;
-  if (stage < 0) return Tensor();
+  // Every rank's shard of `name`: this process's, and over several nodes the workers' (their
+  // answers to a "shard" command, engine/tp_runner.h).
+  std::map<int, Tensor> shards;
+  for (int r = 0; r < g.world_size(); ++r)
+    if (g.holds(r))
+      if (Parameter* p = g.model(r).params().find(name)) shards[r] = p->data();
+  if (g.multi_node()) {
+    g.post(model_group_shard_command(name));
+    for (const std::string& reply : g.collect()) {
+      Wire w(reply);
+      while (!w.done()) {
+        const auto r = static_cast<int>(w.i64());
+        shards[r] = wire_tensor(w);
+      }
+    }
+  }
+  if (shards.empty()) return Tensor();
+  const int stage = shards.begin()->first / tp;
   Tensor full = Tensor::zeros(mine.shape(), mine.dtype());
   const int64_t width = mine.size(1), bytes = width * dtype_bytes(mine.dtype(), 1);
   for (int t = 0; t < tp; ++t) {
-    Parameter* p = g.model(stage * tp + t).params().find(name);
-    ATOM_CHECK(p && p->data().dim() == 2 && p->data().size(1) == width,
+    const auto it = shards.find(stage * tp + t);
+    const Tensor* p = it == shards.end() ? nullptr : &it->second;
+    ATOM_CHECK(p && p->dim() == 2 && p->size(1) == width,
                "drafter: rank {} holds {} as {}, not rows of {}", stage * tp + t, name,
-               p ? p->data().str() : std::string("nothing"), width);
-    const Tensor shard = tensor_cast_cpu(p->data(), mine.dtype());
+               p ? p->str() : std::string("nothing"), width);
+    const Tensor shard = tensor_cast_cpu(*p, mine.dtype());
     const int64_t rows = shard.size(0), start = t * rows;
     const int64_t n = std::max<int64_t>(0, std::min(rows, mine.size(0) - start));
     std::memcpy(static_cast<char*>(full.data()) + start * bytes, shard.data(),

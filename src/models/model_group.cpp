@@ -94,6 +94,26 @@ StageLink* ModelGroup::link_out(int rank) {
   return rank >= leader() ? nullptr : links_.at(static_cast<size_t>(rank)).get();
 }
 
+std::string model_group_shard_command(const std::string& name) {
+  Wire w;
+  w.put_str("shard");
+  w.put_str(name);
+  return w.buffer();
+}
+
+std::string model_group_shard_reply(ModelGroup& g, Wire& command) {
+  const std::string name = command.str();
+  Wire w;
+  for (int r = 0; r < g.world_size(); ++r) {
+    if (!g.holds(r)) continue;
+    if (Parameter* p = g.model(r).params().find(name)) {
+      w.put_i64(r);
+      wire_put_tensor(w, p->data());
+    }
+  }
+  return w.buffer();
+}
+
 std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
                                              const ModelOptions& options, int tp_size,
                                              LoadFormat format, Nodes* nodes) {

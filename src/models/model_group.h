@@ -92,6 +92,12 @@ class ModelGroup {
 // rank's device (rank r gets cuda:(index + r), or the CPU); the tp_rank/tp_size/comm and pp_rank
 // fields are filled per rank. Errors name the problem: too few GPUs (with the count visible),
 // heads or sizes not divisible, a model that cannot be split into stages.
+// The command that asks every worker for its ranks' shards of the parameter `name`, and a
+// worker's answer: (rank, tensor) for each of its ranks that holds it (the drafter gathers the
+// target's embedding and head this way).
+std::string model_group_shard_command(const std::string& name);
+std::string model_group_shard_reply(ModelGroup& g, Wire& command);
+
 // With `nodes` of several nodes, this process loads only the ranks node_of_rank places on it
 // (CPU ranks so far); the nodes must be started with the same model and parallel flags.
 std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,

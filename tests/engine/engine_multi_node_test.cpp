@@ -13,6 +13,7 @@
 #include "common/fixtures.h"
 #include "common/test_util.h"
 #include "engine/tp_runner.h"
+#include "models/draft_model.h"
 #include "engine_test_util.h"
 #include "models/model_group.h"
 
@@ -158,6 +159,61 @@ INSTANTIATE_TEST_SUITE_P(
       return fmt::format("{}_tp{}_pp{}_nodes{}{}", c.fixture, c.tp, c.pp, c.nnodes,
                          c.ep ? "_ep" : "");
     });
+
+// Speculative decoding over nodes: the drafter runs whole on the head (which holds the leader) and
+// gathers the target's embedding and head from every rank, the workers answering for theirs
+// (with -pp 2 the embedding is on the worker). The drafter's tensors are the one-process group's
+// bit for bit, and the tokens with K = 1 and 3 equal plain decoding's, with the same draft and
+// accepted counts as one process.
+TEST(MultiNodeSpec, DrafterOnTheHeadMatchesOneProcess) {
+  for (const NodesCase& c :
+       {NodesCase{"deepseek_v3_mtp", 2, 1, 2}, NodesCase{"qwen3_next_mtp", 1, 2, 2}}) {
+    SCOPED_TRACE(c.fixture);
+    auto one = model_group_load(fixture_dir(c.fixture), options(c), c.tp);
+    LoadedDrafter d1 = drafter_load(fixture_dir(c.fixture), *one, ModelOptions{});
+    const Workload w = random_workload(6, 30, 12, one->model().vocab_size(), 71);
+    std::vector<std::vector<int32_t>> plain;
+    {
+      LLMEngine e(*one, test_config());
+      for (const auto& o : e.generate(w.prompts, w.params))
+        plain.push_back(o.outputs.at(0).token_ids);
+    }
+    std::vector<EngineStats> want_stats;
+    for (int k : {1, 3}) {
+      EngineConfig sc = test_config();
+      sc.speculative_method = "mtp";
+      sc.num_speculative_tokens = k;
+      LLMEngine e(*one, sc, {}, {}, d1.model.get());
+      e.generate(w.prompts, w.params);
+      want_stats.push_back(e.stats());
+    }
+    run_on_nodes(c, [&](ModelGroup& g) {
+      LoadedDrafter d = drafter_load(fixture_dir(c.fixture), g, ModelOptions{});
+      EXPECT_EQ(d.shared, d1.shared);
+      EXPECT_FALSE(d.shared.empty());
+      for (const std::string& n : d.shared)
+        EXPECT_EQ(
+            max_abs_diff(d.model->params().find(n)->data(), d1.model->params().find(n)->data()),
+            0.0f)
+            << n;
+      size_t i = 0;
+      for (int k : {1, 3}) {
+        EngineConfig sc = test_config();
+        sc.speculative_method = "mtp";
+        sc.num_speculative_tokens = k;
+        LLMEngine e(g, sc, {}, {}, d.model.get());
+        const auto out = e.generate(w.prompts, w.params);
+        for (size_t r = 0; r < out.size(); ++r)
+          EXPECT_EQ(out[r].outputs.at(0).token_ids, plain[r]) << "K " << k << " request " << r;
+        EXPECT_GT(e.stats().spec_num_drafts, 0);
+        EXPECT_EQ(e.stats().spec_num_drafts, want_stats[i].spec_num_drafts) << "K " << k;
+        EXPECT_EQ(e.stats().spec_num_accepted_tokens, want_stats[i].spec_num_accepted_tokens)
+            << "K " << k;
+        ++i;
+      }
+    });
+  }
+}
 
 // Nodes started with other flags than the head's are named before any weight is read.
 TEST(MultiNodeErrors, MismatchedFlagsAndUnevenSplitsAreNamed) {
