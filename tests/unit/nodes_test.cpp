@@ -9,6 +9,7 @@
 #include <functional>
 #include <thread>
 
+#include "common/compare.h"
 #include "common/test_util.h"
 #include "core/error.h"
 #include "dist/comm_group.h"
@@ -136,11 +137,14 @@ void reference(int size, int64_t n, std::vector<Tensor>& sums, std::vector<Tenso
 TEST(Nodes, GroupsAcrossNodesGiveOneProcesssBits) {
   // 4 ranks: in blocks (0,0,1,1), interleaved (0,1,0,1), and 3 nodes (0,1,1,2); a large tensor
   // (8 MB a rank) that fills the sockets' buffers while both nodes send at once.
-  for (const auto& [node_of, n] :
+  for (const auto& c :
        std::vector<std::pair<std::vector<int>, int64_t>>{{{0, 0, 1, 1}, 5},
                                                          {{0, 1, 0, 1}, 7},
                                                          {{0, 1, 1, 2}, 3},
                                                          {{0, 0, 1, 1}, int64_t{1} << 20}}) {
+    // Not structured bindings: clang 14 (the sanitizer build) cannot capture those in lambdas.
+    const std::vector<int>& node_of = c.first;
+    const int64_t n = c.second;
     std::vector<Tensor> want_sum, want_gather;
     reference(4, n, want_sum, want_gather);
     const int nnodes = *std::max_element(node_of.begin(), node_of.end()) + 1;
