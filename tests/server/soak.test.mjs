@@ -212,6 +212,11 @@ async function phase(count, seed, seconds) {
 
 before(async () => {
   dir = makeModelDir(SRC, 'atom-soak-');
+  // Under ASan (sanitize.sh's ASAN_OPTIONS) freed memory waits in a quarantine, 256 MiB by
+  // default, which the RSS check below would read as growth (448 -> 563 MiB once): the server
+  // gets a small one; use-after-free is still caught for the most recent 16 MiB freed.
+  if (process.env.ASAN_OPTIONS && !process.env.ASAN_OPTIONS.includes('quarantine_size_mb'))
+    process.env.ASAN_OPTIONS += ':quarantine_size_mb=16';
   server = await startServe(BIN, ['serve', dir, '--device', 'cpu', '--load-format', 'dummy', '--host', '127.0.0.1',
     '--port', '0', '--max-model-len', String(MAX_MODEL_LEN), '--served-model-name', 'soak', '--max-num-seqs', '32']);
   base = `http://127.0.0.1:${server.port}`;
@@ -268,8 +273,9 @@ test(`soak: ${REQUESTS} random requests, ${CONCURRENCY} at a time`, async () => 
   assert.ok(m1.generation - m0.generation >= okGen, `generation tokens: metrics ${m1.generation - m0.generation}, clients ${okGen}`);
   assert.ok(m1.prompt - m0.prompt >= okPrompt, `prompt tokens: metrics ${m1.prompt - m0.prompt}, clients ${okPrompt}`);
 
-  // Memory back near the warm baseline: 48 MiB or 25 %, whichever is more.
-  const margin = Math.max(48, rss0 * 0.25);
+  // Memory back near the warm baseline: 48 MiB or 25 %, whichever is more; under ASan 50 %, as
+  // its allocator keeps the peak's regions (244 -> 300 MiB with a 16 MiB quarantine, 2026-12-06).
+  const margin = Math.max(48, rss0 * (process.env.ASAN_OPTIONS ? 0.5 : 0.25));
   assert.ok(rss1 <= rss0 + margin, `RSS ${rss0.toFixed(0)} -> ${rss1.toFixed(0)} MiB (margin ${margin.toFixed(0)})`);
   const fates = {};
   for (const r of results) fates[r.fate] = (fates[r.fate] || 0) + 1;
