@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <tuple>
+#include <utility>
 
 #include "core/error.h"
 
@@ -11,23 +13,33 @@ namespace atom {
 
 namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-}  // namespace
 
-RankCacheFacts rank_cache_facts(ModelGroup* group, const Model& model, DType kv_cache_dtype,
-                                int block_size) {
+// The largest block and state slot over `model` and the ranks of `group` in this process.
+std::pair<size_t, size_t> largest_block_and_slot(ModelGroup* group, const Model& model,
+                                                 DType kv_cache_dtype, int block_size) {
   std::vector<const Model*> ranks{&model};
   if (group)
     for (int r = 0; r < group->world_size(); ++r)
       if (group->holds(r) && &group->model(r) != &model) ranks.push_back(&group->model(r));
-  RankCacheFacts f;
+  size_t block = 0, slot = 0;
   for (const Model* m : ranks) {
-    f.block_bytes = std::max(
-        f.block_bytes,
+    block = std::max(
+        block,
         KvCache::page_bytes(cache_specs_with_dtype(m->cache_specs(), kv_cache_dtype), block_size));
-    f.state_slot_bytes = std::max(f.state_slot_bytes, KvCache::state_slot_bytes(m->state_specs()));
-    f.recurrent = f.recurrent || !m->state_specs().empty();
+    slot = std::max(slot, KvCache::state_slot_bytes(m->state_specs()));
   }
-  return f;
+  return {block, slot};
+}
+}  // namespace
+
+std::string kv_cache_plan_reply(ModelGroup& group, Wire& command) {
+  const auto kv = static_cast<DType>(command.i64());
+  const int block_size = static_cast<int>(command.i64());
+  const auto [block, slot] = largest_block_and_slot(&group, group.model(), kv, block_size);
+  Wire r;
+  r.put_i64(static_cast<int64_t>(block));
+  r.put_i64(static_cast<int64_t>(slot));
+  return r.buffer();
 }
 
 KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c, ModelGroup* group) {
@@ -53,18 +65,17 @@ KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& c, ModelGroup*
     w.put_i64(c.block_size);
     group->post(w.buffer());
   }
-  RankCacheFacts facts = rank_cache_facts(group, model, p.kv_cache_dtype, c.block_size);
+  std::tie(p.block_bytes, p.state_slot_bytes) =
+      largest_block_and_slot(group, model, p.kv_cache_dtype, c.block_size);
   if (group && group->multi_node()) {
     for (const std::string& r : group->collect()) {
       Wire w(r);
-      facts.block_bytes = std::max(facts.block_bytes, static_cast<size_t>(w.i64()));
-      facts.state_slot_bytes = std::max(facts.state_slot_bytes, static_cast<size_t>(w.i64()));
-      facts.recurrent = facts.recurrent || w.i64() != 0;
+      p.block_bytes = std::max(p.block_bytes, static_cast<size_t>(w.i64()));
+      p.state_slot_bytes = std::max(p.state_slot_bytes, static_cast<size_t>(w.i64()));
     }
   }
-  p.block_bytes = facts.block_bytes;
-  p.state_slot_bytes = facts.state_slot_bytes;
-  const bool recurrent = facts.recurrent;
+  // A group agreed at load whether any rank (of any node) keeps recurrent state.
+  const bool recurrent = group ? group->recurrent() : !model.state_specs().empty();
   if (c.state_checkpoint_interval_tokens < 0 ||
       c.state_checkpoint_interval_tokens % c.block_size != 0)
     fail("state_checkpoint_interval_tokens must be a non-negative multiple of block_size {}, got "

@@ -73,16 +73,9 @@ struct KvCachePlan {
 KvCachePlan kv_cache_plan(const Model& model, const EngineConfig& config,
                           ModelGroup* group = nullptr);
 
-// What the plan needs from the ranks of this process: the largest block and state slot, and
-// whether any keeps recurrent state. On several nodes the head asks the workers for theirs
-// (engine/tp_runner.h's "plan" command) and takes the largest.
-struct RankCacheFacts {
-  size_t block_bytes = 0;
-  size_t state_slot_bytes = 0;
-  bool recurrent = false;
-};
-RankCacheFacts rank_cache_facts(ModelGroup* group, const Model& model, DType kv_cache_dtype,
-                                int block_size);
+// A worker node's answer to the plan's question (its "plan" command, engine/tp_runner.h): the
+// largest block and state slot among its ranks, which the head's kv_cache_plan takes into its own.
+std::string kv_cache_plan_reply(ModelGroup& group, Wire& command);
 
 // --kv-cache-dtype: "auto" -> nullopt (the activation dtype); "fp8", "fp8_e4m3" -> F8E4M3; "bf16",
 // "bfloat16" -> BF16. Anything else is an Error naming the flag and the accepted values.

@@ -216,14 +216,7 @@ void tp_runner_follow(ModelGroup& models) {
       Wire w(std::move(*c));
       const std::string op = w.str();
       if (op == "plan") {
-        const auto kv = static_cast<DType>(w.i64());
-        const int block_size = static_cast<int>(w.i64());
-        const RankCacheFacts f = rank_cache_facts(&models, models.model(), kv, block_size);
-        Wire r;
-        r.put_i64(static_cast<int64_t>(f.block_bytes));
-        r.put_i64(static_cast<int64_t>(f.state_slot_bytes));
-        r.put_i64(f.recurrent ? 1 : 0);
-        payload = r.buffer();
+        payload = kv_cache_plan_reply(models, w);
       } else if (op == "shard") {
         payload = model_group_shard_reply(models, w);
       } else if (op == "init") {

@@ -16,8 +16,8 @@
 #include <utility>
 
 #include "common/fixtures.h"
+#include "common/nodes_util.h"
 #include "common/test_util.h"
-#include "dist/socket.h"
 #include "engine/sequence_runner.h"
 #include "loader/safetensors.h"
 #include "models/loading.h"
@@ -172,12 +172,7 @@ TEST(EngineCli, TwoNodesOverLoopback) {
       "--ignore-eos",
       fixture_dir("llama3_gqa"), join(ref.greedy_prompt), ref.greedy_tokens.size());
   for (const std::string parallel : {" -tp 2", " -pp 2 -tp 2"}) {
-    int port = 0;
-    {
-      Listener l("127.0.0.1", 0);
-      port = l.port();
-    }
-    const std::string nodes = fmt::format(" --nnodes 2 --master-port {}", port);
+    const std::string nodes = fmt::format(" --nnodes 2 --master-port {}", free_port());
     int worker_rc = -1;
     std::vector<std::string> worker_out;
     std::thread worker([&] {

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "common/fixtures.h"
+#include "common/nodes_util.h"
 #include "common/test_util.h"
 #include "engine/tp_runner.h"
 #include "models/draft_model.h"
@@ -38,39 +39,20 @@ ModelOptions options(const NodesCase& c) {
   return o;
 }
 
-int free_port() {
-  Listener l("127.0.0.1", 0);
-  return l.port();
-}
-
 // Loads the case on every node at once; runs head(group) on node 0 while the workers follow.
 void run_on_nodes(const NodesCase& c, const std::function<void(ModelGroup&)>& head) {
-  const int port = free_port();
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(c.nnodes));
-  for (int k = 0; k < c.nnodes; ++k)
-    threads.emplace_back([&, k] {
-      try {
-        NodeOptions no;
-        no.nnodes = c.nnodes;
-        no.node_rank = k;
-        no.master_port = port;
-        no.timeout_s = 120;
-        Nodes nodes(no);
+  on_nodes(
+      c.nnodes,
+      [&](Nodes& nodes) {
         auto group =
             model_group_load(fixture_dir(c.fixture), options(c), c.tp, LoadFormat::kAuto, &nodes);
-        EXPECT_EQ(group->is_worker(), k != 0);
-        if (k == 0)
+        EXPECT_EQ(group->is_worker(), nodes.rank() != 0);
+        if (nodes.rank() == 0)
           head(*group);
         else
           tp_runner_follow(*group);
-      } catch (...) {
-        errors[static_cast<size_t>(k)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+      },
+      120);
 }
 
 class MultiNode : public ::testing::TestWithParam<NodesCase> {};
@@ -215,49 +197,27 @@ TEST(MultiNodeSpec, DrafterOnTheHeadMatchesOneProcess) {
   }
 }
 
+// Each node's error from loading llama3_gqa with tp_of(node) ranks over 2 nodes ("" if it loaded).
+std::vector<std::string> load_errors(const std::function<int(int node)>& tp_of) {
+  std::vector<std::string> errors(2);
+  on_nodes(2, [&](Nodes& nodes) {
+    try {
+      model_group_load(fixture_dir("llama3_gqa"), {}, tp_of(nodes.rank()), LoadFormat::kAuto,
+                       &nodes);
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(nodes.rank())] = e.what();
+    }
+  });
+  return errors;
+}
+
 // Nodes started with other flags than the head's are named before any weight is read.
 TEST(MultiNodeErrors, MismatchedFlagsAndUnevenSplitsAreNamed) {
-  const int port = free_port();
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int k = 0; k < 2; ++k)
-    threads.emplace_back([&, k] {
-      try {
-        NodeOptions no;
-        no.nnodes = 2;
-        no.node_rank = k;
-        no.master_port = port;
-        no.timeout_s = 60;
-        Nodes nodes(no);
-        model_group_load(fixture_dir("llama3_gqa"), {}, k == 0 ? 2 : 4, LoadFormat::kAuto, &nodes);
-      } catch (const Error& e) {
-        errors[static_cast<size_t>(k)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (const std::string& e : errors)
+  for (const std::string& e : load_errors([](int node) { return node == 0 ? 2 : 4; }))
     EXPECT_NE(e.find("node 1 was started with other model and parallel flags"), std::string::npos)
         << e;
   // 3 ranks do not split over 2 nodes: each node says so before reading anything.
-  const int port2 = free_port();
-  threads.clear();
-  for (int k = 0; k < 2; ++k)
-    threads.emplace_back([&, k] {
-      try {
-        NodeOptions no;
-        no.nnodes = 2;
-        no.node_rank = k;
-        no.master_port = port2;
-        no.timeout_s = 60;
-        Nodes nodes(no);
-        model_group_load(fixture_dir("llama3_gqa"), {}, 3, LoadFormat::kAuto, &nodes);
-        errors[static_cast<size_t>(k)].clear();
-      } catch (const Error& e) {
-        errors[static_cast<size_t>(k)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (const std::string& e : errors)
+  for (const std::string& e : load_errors([](int) { return 3; }))
     EXPECT_NE(e.find("= 3 ranks do not split evenly over --nnodes 2"), std::string::npos) << e;
   // A node that never joins is named after the timeout.
   NodeOptions two;

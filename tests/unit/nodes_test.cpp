@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/compare.h"
+#include "common/nodes_util.h"
 #include "common/test_util.h"
 #include "core/error.h"
 #include "dist/comm_group.h"
@@ -19,36 +20,6 @@
 
 namespace atom::test {
 namespace {
-
-// A port nothing listens on now (the kernel's choice for a listener just closed).
-int free_port() {
-  Listener l("127.0.0.1", 0);
-  return l.port();
-}
-
-// Runs body(node) for nodes 0..n-1 at once, each with its Nodes joined to one store.
-void on_nodes(int n, const std::function<void(Nodes&)>& body) {
-  const int port = free_port();
-  std::vector<std::thread> threads;
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-  for (int k = 0; k < n; ++k)
-    threads.emplace_back([&, k] {
-      try {
-        NodeOptions o;
-        o.nnodes = n;
-        o.node_rank = k;
-        o.master_port = port;
-        o.timeout_s = 60;
-        Nodes nodes(o);
-        body(nodes);
-      } catch (...) {
-        errors[static_cast<size_t>(k)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
 
 TEST(Nodes, PlacementPutsTheLeaderOnNodeZero) {
   // 4 ranks on 2 nodes, leader rank 0 (pp 1): ranks 0,1 on node 0.
