@@ -5,6 +5,8 @@ export DEBIAN_FRONTEND=noninteractive
 pkgs=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libfmt-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libcli11-dev
       libxxhash-dev libgtest-dev python3 python3-jinja2 python3-numpy curl
+      # src/vision: PNG and JPEG decoding.
+      libpng-dev libjpeg62-turbo-dev
       # scripts/sanitize.sh: clang, its sanitizer and libFuzzer runtimes (-fsanitize=fuzzer links
       # libclang-rt-14-dev's; libfuzzer-14-dev's standalone libFuzzer.a is not needed), OpenMP for
       # clang, and llvm-symbolizer for readable reports.

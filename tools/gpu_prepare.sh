@@ -13,12 +13,12 @@ deps="$src/.gpu-deps"
 mkdir -p "$deps/debs"
 # What scripts/install_deps.sh installs for the build, as .deb files: the headers, the static and
 # shared libraries and the CMake / pkg-config files. httplib's pkg-config file requires openssl,
-# zlib and brotli (Requires.private), so their -dev packages come too; fmt and httplib are shared
-# libraries, so their runtime packages come for running the binaries; pkgconf in case the image
-# has no pkg-config.
+# zlib and brotli (Requires.private), so their -dev packages come too; fmt, httplib, libpng and
+# libjpeg-turbo (src/vision) are shared libraries, so their runtime packages come for running the
+# binaries; pkgconf in case the image has no pkg-config.
 pkgs=(nlohmann-json3-dev libfmt-dev libfmt9 libpcre2-dev libutf8proc-dev libcli11-dev libxxhash-dev
       libgtest-dev libcpp-httplib-dev libcpp-httplib0.11 libssl-dev zlib1g-dev libbrotli-dev
-      libbrotli1 pkgconf-bin libpkgconf3)
+      libbrotli1 pkgconf-bin libpkgconf3 libpng-dev libpng16-16 libjpeg62-turbo-dev libjpeg62-turbo)
 missing=()
 for p in "${pkgs[@]}"; do
   ls "$deps/debs/${p}_"*.deb >/dev/null 2>&1 || missing+=("$p")
