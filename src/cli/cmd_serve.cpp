@@ -37,6 +37,7 @@ struct ServeArgs {
   std::vector<std::string> served_model_names;
   std::string chat_template;
   std::string default_chat_template_kwargs;
+  std::string limit_mm_per_prompt;  // vLLM's JSON: {"image": N}
   std::string generation_config = "auto";
   bool enable_prompt_tokens_details = false;
   bool enable_auto_tool_choice = false;
@@ -92,6 +93,31 @@ void serve(ServeArgs& a) {
     }
     if (!default_kwargs.is_object())
       atom::fail("--default-chat-template-kwargs must be a JSON object");
+  }
+  // --limit-mm-per-prompt '{"image": N}' (or vLLM's {"image": {"count": N, ...}}): images per
+  // prompt; other modalities are none here.
+  int max_images = atom::server::ProtocolLimits{}.max_images;
+  if (!a.limit_mm_per_prompt.empty()) {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(a.limit_mm_per_prompt);
+    } catch (const nlohmann::json::exception& e) {
+      atom::fail("--limit-mm-per-prompt is not JSON: {}", e.what());
+    }
+    if (!j.is_object())
+      atom::fail("--limit-mm-per-prompt must be a JSON object such as '{{\"image\": 4}}'");
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      const nlohmann::json& v =
+          it.value().is_object() && it.value().contains("count") ? it.value()["count"] : it.value();
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 1024)
+        atom::fail("--limit-mm-per-prompt: '{}' must be a count from 0 to 1024, got {}", it.key(),
+                   it.value().dump());
+      if (it.key() == "image")
+        max_images = static_cast<int>(v.get<int64_t>());
+      else
+        atom::log_info("--limit-mm-per-prompt: '{}' is ignored: atom's models take images only",
+                       it.key());
+    }
   }
 
   // Signals go to a dedicated thread (blocked here, before any thread starts).
@@ -178,6 +204,7 @@ void serve(ServeArgs& a) {
   so.max_body_bytes = static_cast<size_t>(a.max_body_bytes);
   so.http = a.http;
   so.limits.max_logprobs = a.max_logprobs;
+  so.limits.max_images = max_images;
   atom::server::Metrics metrics(so.served_model_names[0]);
   metrics.set_cache_config(
       {{"block_size", std::to_string(engine.kv_plan().block_size)},
@@ -267,6 +294,9 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
   cmd->add_option("--default-chat-template-kwargs", a->default_chat_template_kwargs,
                   "JSON object of template variables applied to every chat request, e.g. "
                   "'{\"enable_thinking\": false}'");
+  cmd->add_option("--limit-mm-per-prompt", a->limit_mm_per_prompt,
+                  "JSON object of the most items per prompt by modality, e.g. '{\"image\": 4}' "
+                  "(default: 8 images; 0 refuses them)");
   cmd->add_option("--generation-config", a->generation_config,
                   "auto (the model's generation_config.json), vllm (ignore it), or a folder")
       ->capture_default_str();

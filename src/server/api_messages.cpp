@@ -56,6 +56,9 @@ void append_message(json& msgs, const json& m, size_t i) {
     bad_request("messages", where + ".content must be a string or a list of content blocks");
   std::string text, thinking;
   json calls = json::array();
+  // A user turn with images: its text and image blocks in order, as chat content parts.
+  json parts = json::array();
+  bool images = false;
   for (size_t j = 0; j < content.size(); ++j) {
     const json& b = content[j];
     const std::string bw = fmt::format("{}.content[{}]", where, j);
@@ -70,6 +73,31 @@ void append_message(json& msgs, const json& m, size_t i) {
     if (type == "text") {
       if (!text.empty()) text += "\n";
       text += need_string("text");
+      parts.push_back({{"type", "text"}, {"text", b["text"]}});
+    } else if (type == "image" && role == "user") {
+      // {"type": "image", "source": {"type": "base64", "media_type", "data"}}: served as the
+      // chat image part of its data: URL (checked and decoded there, named as here).
+      if (!b.contains("source") || !b["source"].is_object())
+        bad_request("messages", bw + " needs a 'source' object");
+      const json& src = b["source"];
+      const std::string st =
+          src.contains("type") && src["type"].is_string() ? src["type"].get<std::string>() : "";
+      if (st == "url")
+        bad_request("messages",
+                    bw + ": the server fetches no URLs; send the image as a base64 source "
+                         "({\"type\": \"base64\", \"media_type\": \"image/png\", \"data\": ...})");
+      if (st != "base64")
+        bad_request("messages",
+                    fmt::format("{}.source.type '{}' is not supported (base64 is)", bw, st));
+      if (!src.contains("media_type") || !src["media_type"].is_string() || !src.contains("data") ||
+          !src["data"].is_string())
+        bad_request("messages", bw + ".source needs string 'media_type' and 'data'");
+      parts.push_back({{"type", "image_url"},
+                       {"image_url",
+                        {{"url", "data:" + src["media_type"].get<std::string>() + ";base64," +
+                                     src["data"].get<std::string>()}}},
+                       {"atom_where", bw}});
+      images = true;
     } else if (type == "tool_result" && role == "user") {
       const std::string& id = need_string("tool_use_id");
       std::string out =
@@ -97,6 +125,8 @@ void append_message(json& msgs, const json& m, size_t i) {
     if (!thinking.empty()) turn["reasoning_content"] = thinking;
     if (!calls.empty()) turn["tool_calls"] = calls;
     msgs.push_back(std::move(turn));
+  } else if (images) {
+    msgs.push_back({{"role", "user"}, {"content", std::move(parts)}});
   } else if (!text.empty()) {
     msgs.push_back({{"role", "user"}, {"content", text}});
   }
@@ -358,9 +388,12 @@ void handle_messages_count_tokens(HttpServer& s, const httplib::Request& req,
   ChatRequest r = chat_request_parse(messages_to_chat(body, true), s.options().limits);
   s.check_model(r.model);
   r.chat_template_kwargs = chat_template_variables(r, s.options().default_chat_template_kwargs);
+  const std::vector<vision::VisionInput> images = chat_images(s, r);
   const std::string prompt = s.backend().render_chat(r);
   const auto ids = s.backend().tokenize(prompt, r.add_special_tokens);
-  res.set_content(json{{"input_tokens", ids.size()}}.dump(), "application/json");
+  const int64_t image_tokens = chat_image_tokens(s, ids, images);
+  res.set_content(json{{"input_tokens", static_cast<int64_t>(ids.size()) + image_tokens}}.dump(),
+                  "application/json");
 }
 
 }  // namespace atom::server

@@ -66,6 +66,43 @@ std::string content_text(const json& content, const std::string& where) {
                          "input");
 }
 
+// A message's content as chat content: its text (content_text), or with input_image parts
+// ({"type": "input_image", "image_url": "data:..."}) the list of chat parts, each image named as
+// the request names it.
+json message_content(const json& content, const std::string& where) {
+  bool images = false;
+  if (content.is_array())
+    for (const auto& p : content)
+      images |= p.is_object() && p.contains("type") && p["type"] == "input_image";
+  if (!images) return content_text(content, where);
+  json parts = json::array();
+  for (size_t j = 0; j < content.size(); ++j) {
+    const json& p = content[j];
+    const std::string pw = fmt::format("{}.content[{}]", where, j);
+    if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
+      bad_request("input", pw + " must be an object with a string 'type'");
+    const std::string& type = p["type"].get_ref<const std::string&>();
+    if (type == "input_image") {
+      if (!p.contains("image_url") || !p["image_url"].is_string())
+        bad_request("input", pw + (p.contains("file_id")
+                                       ? ": file_id images are not supported; send the image as "
+                                         "a data: URL in 'image_url'"
+                                       : " needs a string 'image_url' (a data: URL)"));
+      parts.push_back(
+          {{"type", "image_url"}, {"image_url", {{"url", p["image_url"]}}}, {"atom_where", pw}});
+    } else if (type == "input_text" || type == "output_text" || type == "text") {
+      if (!p.contains("text") || !p["text"].is_string())
+        bad_request("input", pw + " needs a string 'text'");
+      parts.push_back({{"type", "text"}, {"text", p["text"]}});
+    } else {
+      bad_request("input", fmt::format("{}.type '{}' is not supported (text and input_image "
+                                       "parts are)",
+                                       pw, type));
+    }
+  }
+  return parts;
+}
+
 const std::string& string_field(const json& o, const char* key, const std::string& where) {
   if (!o.contains(key) || !o[key].is_string())
     bad_request("input", fmt::format("{} needs a string '{}'", where, key));
@@ -103,7 +140,11 @@ json input_messages(const json& input) {
                                 where, role));
       json m = {
           {"role", role},
-          {"content", content_text(it.contains("content") ? it["content"] : json(nullptr), where)}};
+          {"content",
+           role == "user"
+               ? message_content(it.contains("content") ? it["content"] : json(nullptr), where)
+               : json(
+                     content_text(it.contains("content") ? it["content"] : json(nullptr), where))}};
       if (role == "assistant")
         assistant_turn(std::move(m));
       else

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "server/protocol.h"
+#include "vision/image.h"
 
 namespace atom::server {
 
@@ -59,6 +60,9 @@ struct BackendRequest {
   std::vector<int32_t> prompt_ids;
   SamplingRequest sampling;
   std::chrono::steady_clock::time_point arrival;
+  // The prompt's images (a model that takes them), in order: one image placeholder token
+  // (BackendInfo::image_token_id) in prompt_ids each, which the engine expands.
+  std::vector<vision::VisionInput> images;
 };
 
 struct BackendInfo {
@@ -69,6 +73,12 @@ struct BackendInfo {
   int64_t created = 0;     // unix time of start-up
   bool reasoning = false;  // the chat template emits <think> blocks
   bool harmony = false;    // the chat template writes harmony channels (gpt-oss)
+  // A model that takes images: its image placeholder token (one per image in a rendered prompt)
+  // and its image processor's parameters; -1: the model takes no images.
+  int32_t image_token_id = -1;
+  vision::ProcessorParams image_processor;
+  // A prompt with images is prefilled in one step: at most this many tokens (0: no bound).
+  int64_t max_image_prompt_tokens = 0;
 };
 
 struct BackendStats {

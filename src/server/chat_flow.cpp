@@ -1,8 +1,54 @@
 #include "server/chat_flow.h"
 
+#include <algorithm>
+
 #include "server/reasoning.h"
 
 namespace atom::server {
+
+std::vector<vision::VisionInput> chat_images(HttpServer& s, const ChatRequest& r) {
+  std::vector<vision::VisionInput> out;
+  if (r.images.empty()) return out;
+  const BackendInfo& info = s.backend().info();
+  if (info.image_token_id < 0)
+    bad_request("messages", fmt::format("{}: this model ({}) takes no images; send text only",
+                                        r.images[0].where, info.model_name));
+  for (const ChatImage& im : r.images) {
+    const std::vector<uint8_t> bytes = image_data_url_decode(im.url, im.where);
+    try {
+      out.push_back(vision::process_image_bytes(bytes, info.image_processor));
+    } catch (const ApiError&) {
+      throw;
+    } catch (const Error& e) {
+      bad_request("messages", fmt::format("{}: {}", im.where, e.what()));
+    }
+  }
+  return out;
+}
+
+int64_t chat_image_tokens(HttpServer& s, const std::vector<int32_t>& ids,
+                          const std::vector<vision::VisionInput>& images) {
+  const BackendInfo& info = s.backend().info();
+  if (info.image_token_id < 0) return 0;
+  const auto placeholders =
+      static_cast<size_t>(std::count(ids.begin(), ids.end(), info.image_token_id));
+  if (placeholders != images.size())
+    bad_request("messages",
+                fmt::format("the prompt has {} image placeholder token(s) (id {}) for {} image(s): "
+                            "each image part renders one, and text must not contain it",
+                            placeholders, info.image_token_id, images.size()));
+  int64_t extra = 0;
+  for (const auto& im : images) extra += im.num_tokens - 1;
+  if (!images.empty() && info.max_image_prompt_tokens > 0 &&
+      static_cast<int64_t>(ids.size()) + extra > info.max_image_prompt_tokens)
+    bad_request(
+        "messages",
+        fmt::format("a prompt with images is prefilled in one step, and this one's {} "
+                    "tokens (its images' included) exceed the server's "
+                    "--max-num-batched-tokens ({})",
+                    static_cast<int64_t>(ids.size()) + extra, info.max_image_prompt_tokens));
+  return extra;
+}
 
 ChatFlow chat_flow_start(HttpServer& s, ChatRequest& r, const std::string& id_prefix) {
   s.check_model(r.model);
@@ -49,6 +95,8 @@ ChatFlow chat_flow_start(HttpServer& s, ChatRequest& r, const std::string& id_pr
   // The parsers read markers that are special tokens in these tokenizers (all of harmony's).
   if (f.harmony || (auto_tools && tool_parser_keeps_special_tokens(tool_parser)))
     r.sampling.skip_special_tokens = false;
+  // Images are read before the template runs: a bad one costs no rendering.
+  std::vector<vision::VisionInput> images = chat_images(s, r);
   f.prompt = s.backend().render_chat(r);
   // Constrained answers of reasoning models: the block is written freely, the grammar follows it;
   // where the prompt closed the block, or thinking is off, the grammar applies from the first
@@ -59,7 +107,7 @@ ChatFlow chat_flow_start(HttpServer& s, ChatRequest& r, const std::string& id_pr
       r.sampling.structured->after_reasoning = StructuredOutput::Reasoning{
           probe->format().start, probe->format().end, probe->format().starts_in_reasoning};
   std::vector<int32_t> ids = s.backend().tokenize(f.prompt, r.add_special_tokens);
-  check_prompt(s, ids, r.sampling, true);
+  check_prompt(s, ids, r.sampling, true, chat_image_tokens(s, ids, images));
   f.job = std::make_shared<Job>(s, r.sampling);
   f.job->set_choice_setup([&](ChoiceState& c) {
     if (f.harmony) {
@@ -79,7 +127,7 @@ ChatFlow chat_flow_start(HttpServer& s, ChatRequest& r, const std::string& id_pr
       c.tool_parser = make_tool_parser(tool_parser, o);
     }
   });
-  f.job->add_prompt(std::move(ids), f.prompt);
+  f.job->add_prompt(std::move(ids), f.prompt, std::move(images));
   f.job->set_choice_setup(nullptr);  // only add_prompt uses it, with this scope's variables
   f.job->submit_all(r.request_id, id_prefix);
   return f;

@@ -26,6 +26,16 @@ struct ChatFlow {
 // job (request ids "<id_prefix>-…"). Throws ApiError naming the parameter at fault.
 ChatFlow chat_flow_start(HttpServer& s, ChatRequest& r, const std::string& id_prefix);
 
+// The request's images (its image content parts) decoded and processed for the model, in order,
+// on the calling (HTTP) thread. A 400 naming the part: a model that takes no images, a URL that
+// is not a base64 PNG or JPEG data: URL, an image malformed, truncated or too large.
+std::vector<vision::VisionInput> chat_images(HttpServer& s, const ChatRequest& r);
+
+// The prompt's image placeholder tokens checked against its images (a 400 unless there is one
+// per image); returns the tokens the images add to the prompt (less their placeholders).
+int64_t chat_image_tokens(HttpServer& s, const std::vector<int32_t>& ids,
+                          const std::vector<vision::VisionInput>& images);
+
 // A finished choice's whole answer, taken apart.
 struct ChatMessage {
   std::string content, reasoning;

@@ -30,7 +30,8 @@ using Clock = std::chrono::steady_clock;
 struct EngineRequest {
   std::string id;
   std::vector<int32_t> prompt_ids;
-  std::string prompt_text;  // for echo
+  std::string prompt_text;                  // for echo
+  std::vector<vision::VisionInput> images;  // handed to the backend at submit_all
   int prompt_tokens = 0;
   int cached_tokens = 0;
   std::vector<TokenLogprob> prompt_logprobs;
@@ -98,11 +99,15 @@ class Job : public std::enable_shared_from_this<Job> {
   // Gives each choice its reasoning and tool-call parsers.
   void set_choice_setup(std::function<void(ChoiceState&)> setup) { setup_ = std::move(setup); }
 
-  void add_prompt(std::vector<int32_t> ids, std::string text) {
+  // `images`: one per image placeholder token of `ids`, in order (the engine expands them).
+  void add_prompt(std::vector<int32_t> ids, std::string text,
+                  std::vector<vision::VisionInput> images = {}) {
     EngineRequest r;
     r.prompt_ids = std::move(ids);
     r.prompt_text = std::move(text);
     r.prompt_tokens = static_cast<int>(r.prompt_ids.size());
+    for (const auto& im : images) r.prompt_tokens += static_cast<int>(im.num_tokens) - 1;
+    r.images = std::move(images);
     requests_.push_back(std::move(r));
     for (int j = 0; j < sampling_.n; ++j) {
       ChoiceState c;
@@ -117,7 +122,7 @@ class Job : public std::enable_shared_from_this<Job> {
     for (size_t p = 0; p < requests_.size(); ++p) {
       EngineRequest& r = requests_[p];
       r.id = requests_.size() == 1 ? base : fmt::format("{}-{}", base, p);
-      BackendRequest b{r.id, r.prompt_ids, sampling_, arrival_};
+      BackendRequest b{r.id, r.prompt_ids, sampling_, arrival_, std::move(r.images)};
       auto q = queue_;
       const int idx = static_cast<int>(p);
       s_.backend().submit(std::move(b), [q, idx](RequestUpdate u) { q->push(idx, std::move(u)); });
@@ -259,15 +264,16 @@ class Job : public std::enable_shared_from_this<Job> {
   std::function<void(ChoiceState&)> setup_;
 };
 
-// Tokenised prompt checks shared by both endpoints.
+// Tokenised prompt checks shared by both endpoints. image_tokens: what the prompt's image
+// placeholders expand by (their images' tokens less the placeholders).
 inline void check_prompt(HttpServer& s, const std::vector<int32_t>& ids, SamplingRequest& sampling,
-                         bool chat) {
+                         bool chat, int64_t image_tokens = 0) {
   const BackendInfo& info = s.backend().info();
   if (ids.empty()) bad_request("prompt", "The prompt is empty.");
   for (int32_t id : ids)
     if (id < 0 || id >= info.vocab_size)
       bad_request("prompt", fmt::format("Token id {} is out of vocabulary", id));
-  const int64_t n = static_cast<int64_t>(ids.size());
+  const int64_t n = static_cast<int64_t>(ids.size()) + image_tokens;
   if (!sampling.max_tokens && chat)
     sampling.max_tokens = std::max<int64_t>(1, info.max_model_len - n);
   const int64_t want = sampling.max_tokens.value_or(16);

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 
+#include <cctype>
 #include <cerrno>
+#include <cstring>
 #include <cmath>
 #include <limits>
 
@@ -375,9 +377,73 @@ std::vector<Prompt> parse_prompts(const Fields& f) {
   return r;
 }
 
-// Chat message content given as a list of parts is flattened to text (join_text_parts); null or
-// missing is "".
-json normalise_messages(const json& messages) {
+// The data URL of an image content part, or nullptr when `part` is no image part: OpenAI's
+// {"type": "image_url", "image_url": {"url": ...}} (or "image_url": "..."), the Responses API's
+// {"type": "input_image", "image_url": ...} and {"type": "image", "image": ...}, as vLLM takes
+// them. A malformed image part is a 400 naming it.
+const json* image_part_url(const json& part, const std::string& type, const std::string& pw) {
+  const char* key = type == "image_url" || type == "input_image" ? "image_url"
+                    : type == "image"                            ? "image"
+                                                                 : nullptr;
+  if (!key) return nullptr;
+  if (!part.contains(key))
+    bad_request("messages", fmt::format("{} ({} part) needs '{}'", pw, type, key));
+  const json& v = part[key];
+  if (v.is_string()) return &v;
+  if (v.is_object() && v.contains("url") && v["url"].is_string()) return &v["url"];
+  bad_request("messages", fmt::format("{}.{} must be a data: URL string or an object with a string "
+                                      "'url'",
+                                      pw, key));
+}
+
+// Content parts with images: the list the chat template sees (text parts {"type": "text",
+// "text"}, image parts {"type": "image"}, as vLLM passes them), the images appended to `images`.
+json content_with_images(const json& parts, const std::string& where, const ProtocolLimits& limits,
+                         std::vector<ChatImage>& images) {
+  json out = json::array();
+  for (size_t j = 0; j < parts.size(); ++j) {
+    const json& part = parts[j];
+    std::string pw = fmt::format("{}[{}]", where, j);
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
+      bad_request("messages", pw + " must be an object with a string 'type'");
+    const std::string& type = part["type"].get_ref<const std::string&>();
+    if (const json* url = image_part_url(part, type, pw)) {
+      // Parts converted from another API name themselves as that API's request does.
+      if (part.contains("atom_where") && part["atom_where"].is_string())
+        pw = part["atom_where"].get<std::string>();
+      if (static_cast<int>(images.size()) >= limits.max_images)
+        bad_request("messages",
+                    fmt::format("{}: at most {} image(s) may be provided in one prompt (the "
+                                "server's --limit-mm-per-prompt)",
+                                pw, limits.max_images));
+      images.push_back({pw, url->get<std::string>()});
+      out.push_back({{"type", "image"}});
+    } else if (type == "text" || type == "input_text" || type == "output_text") {
+      if (!part.contains("text") || !part["text"].is_string())
+        bad_request("messages", pw + " needs a string 'text'");
+      out.push_back({{"type", "text"}, {"text", part["text"]}});
+    } else {
+      bad_request(
+          "messages",
+          fmt::format("{}.type '{}' is not supported (text and image parts are)", pw, type));
+    }
+  }
+  return out;
+}
+
+bool has_image_part(const json& parts) {
+  for (const auto& part : parts)
+    if (part.is_object() && part.contains("type") && part["type"].is_string()) {
+      const std::string& t = part["type"].get_ref<const std::string&>();
+      if (t == "image_url" || t == "input_image" || t == "image") return true;
+    }
+  return false;
+}
+
+// Chat message content given as a list of text parts is flattened to text (join_text_parts), a
+// list with image parts kept as parts (content_with_images); null or missing is "".
+json normalise_messages(const json& messages, const ProtocolLimits& limits,
+                        std::vector<ChatImage>& images) {
   if (!messages.is_array() || messages.empty())
     bad_request("messages", "'messages' must be a non-empty list");
   json out = json::array();
@@ -388,8 +454,10 @@ json normalise_messages(const json& messages) {
       bad_request("messages", fmt::format("messages[{}].role must be a string", i));
     json n = m;
     if (m.contains("content") && m["content"].is_array()) {
-      n["content"] = join_text_parts(m["content"], {"text"}, fmt::format("messages[{}].content", i),
-                                     "messages");
+      const std::string where = fmt::format("messages[{}].content", i);
+      n["content"] = has_image_part(m["content"])
+                         ? content_with_images(m["content"], where, limits, images)
+                         : json(join_text_parts(m["content"], {"text"}, where, "messages"));
     } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
       bad_request("messages",
                   fmt::format("messages[{}].content must be a string, a list of parts or null", i));
@@ -403,7 +471,92 @@ json normalise_messages(const json& messages) {
   return out;
 }
 
+int base64_value(unsigned char c) {
+  if (c >= 'A' && c <= 'Z') return c - 'A';
+  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+  if (c >= '0' && c <= '9') return c - '0' + 52;
+  if (c == '+' || c == '-') return 62;  // standard and URL-safe alphabets
+  if (c == '/' || c == '_') return 63;
+  return -1;
+}
+
 }  // namespace
+
+std::vector<uint8_t> image_data_url_decode(const std::string& url, const std::string& where) {
+  auto refuse = [&](const std::string& why) { bad_request("messages", where + ": " + why); };
+  auto starts = [&](const char* prefix) {
+    const size_t n = std::strlen(prefix);
+    if (url.size() < n) return false;
+    for (size_t i = 0; i < n; ++i)
+      if (std::tolower(static_cast<unsigned char>(url[i])) != prefix[i]) return false;
+    return true;
+  };
+  if (starts("http://") || starts("https://"))
+    refuse("the server fetches no URLs; send the image as a data: URL "
+           "(data:image/png;base64,... or data:image/jpeg;base64,...)");
+  if (!starts("data:")) {
+    const size_t colon = url.find(':');
+    refuse(colon != std::string::npos && colon < 16
+               ? fmt::format("'{}' URLs are not supported; send the image as a data: URL "
+                             "(data:image/png;base64,...)",
+                             url.substr(0, colon))
+               : std::string("the image must be a data: URL (data:image/png;base64,...)"));
+  }
+  const size_t comma = url.find(',');
+  if (comma == std::string::npos) refuse("the data: URL has no ',' before its data");
+  // data:<media type>[;parameter=value]*;base64,<data>
+  std::string media_type;
+  bool base64 = false;
+  {
+    const std::string header = url.substr(5, comma - 5);
+    size_t pos = 0;
+    for (int k = 0; pos <= header.size(); ++k) {
+      const size_t semi = std::min(header.find(';', pos), header.size());
+      std::string item = header.substr(pos, semi - pos);
+      for (char& c : item) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (k == 0)
+        media_type = item;
+      else if (item == "base64")
+        base64 = true;
+      pos = semi + 1;
+    }
+  }
+  if (media_type != "image/png" && media_type != "image/jpeg" && media_type != "image/jpg")
+    refuse(fmt::format("unsupported image media type '{}' (PNG and JPEG are supported: "
+                       "image/png, image/jpeg)",
+                       media_type.size() > 64 ? media_type.substr(0, 64) + "..." : media_type));
+  if (!base64) refuse("the data: URL must be base64-encoded (data:image/png;base64,...)");
+  std::vector<uint8_t> out;
+  out.reserve((url.size() - comma) / 4 * 3 + 3);
+  uint32_t acc = 0;
+  int bits = 0;
+  size_t padding = 0;
+  for (size_t i = comma + 1; i < url.size(); ++i) {
+    const auto c = static_cast<unsigned char>(url[i]);
+    if (c == ' ' || c == '\n' || c == '\r' || c == '\t') continue;  // MIME line breaks
+    if (c == '=') {
+      ++padding;
+      continue;
+    }
+    const int v = base64_value(c);
+    if (v < 0 || padding)
+      refuse(
+          fmt::format("the data: URL is not valid base64 (character {} at offset {} of its data)",
+                      c >= 0x20 && c < 0x7f ? fmt::format("'{}'", static_cast<char>(c))
+                                            : fmt::format("0x{:02x}", c),
+                      i - comma - 1));
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<uint8_t>(acc >> bits));
+    }
+  }
+  if (bits >= 6 || padding > 2)
+    refuse("the data: URL is not valid base64 (its length is not a whole number of bytes)");
+  if (out.empty()) refuse("the data: URL holds no image");
+  return out;
+}
 
 json request_body_parse(const std::string& text) {
   json j;
@@ -458,7 +611,7 @@ ChatRequest chat_request_parse(const json& body, const ProtocolLimits& limits) {
   ChatRequest r;
   r.model = f.opt_string("model");
   if (!f.has("messages")) bad_request("messages", "'messages' is required");
-  r.messages = normalise_messages(f.at("messages"));
+  r.messages = normalise_messages(f.at("messages"), limits, r.images);
   r.stream = f.get_bool("stream", false);
   r.stream_options = parse_stream_options(f, r.stream);
   r.echo = f.get_bool("echo", false);

@@ -76,9 +76,20 @@ struct CompletionRequest {
   std::optional<std::string> request_id;
 };
 
+// An image a chat message carries (an image content part), as sent: decoded and processed for
+// the model by the chat flow (chat_images), on the HTTP thread.
+struct ChatImage {
+  std::string where;  // the part, "messages[i].content[j]", for errors
+  std::string url;    // a data: URL (image_data_url_decode checks it)
+};
+
 struct ChatRequest {
   std::optional<std::string> model;
-  nlohmann::ordered_json messages;        // list of {role, content, ...}
+  // List of {role, content, ...}. Content given as a list of text parts is one string (their
+  // texts joined by newlines); a list with image parts stays a list for the chat template, as
+  // vLLM passes it: {"type": "text", "text": ...} and {"type": "image"} (the image in `images`).
+  nlohmann::ordered_json messages;
+  std::vector<ChatImage> images;          // the image parts' images, in prompt order
   nlohmann::ordered_json tools;           // null or a non-empty list
   std::string tool_choice = "none";       // none | auto | required | named
   std::optional<std::string> named_tool;  // tool_choice {"type":"function","function":{"name"}}
@@ -101,6 +112,7 @@ struct ChatRequest {
 struct ProtocolLimits {
   int max_logprobs = 20;
   int max_n = 128;
+  int max_images = 8;  // per prompt: vLLM's --limit-mm-per-prompt '{"image": N}'
 };
 
 CompletionRequest completion_request_parse(const nlohmann::ordered_json& body,
@@ -120,6 +132,11 @@ nlohmann::ordered_json chat_template_variables(const ChatRequest& request,
 std::string join_text_parts(const nlohmann::ordered_json& parts,
                             std::initializer_list<const char*> types, const std::string& where,
                             const std::string& param);
+
+// The image bytes of a data: URL (data:image/png;base64,... or image/jpeg): a remote http(s) URL,
+// another scheme, another media type, a URL that is not base64 or bad base64 is an ApiError
+// (400, param "messages") whose message begins with `where`.
+std::vector<uint8_t> image_data_url_decode(const std::string& url, const std::string& where);
 
 // The JSON body of a request as text; an ApiError (400) when it is not a JSON object.
 nlohmann::ordered_json request_body_parse(const std::string& text);

@@ -41,6 +41,11 @@ class FakeBackend : public server::Backend {
   bool reasoning = false;
   bool harmony = false;  // as if the chat template wrote harmony channels (gpt-oss)
   int64_t max_model_len = 256;
+  // As a model that takes images: the chat template renders an image part as kImagePlaceholder,
+  // which tokenizes to this id (-1: the model takes no images).
+  static constexpr const char* kImagePlaceholder = "<|media_pad|>";
+  int32_t image_token_id = -1;
+  int64_t max_image_prompt_tokens = 0;
   // Replies chosen by the prompt: the first whose key the prompt's text contains, else `reply`.
   std::vector<std::pair<std::string, std::string>> replies;
 
@@ -48,12 +53,22 @@ class FakeBackend : public server::Backend {
     const_cast<server::BackendInfo&>(info_).reasoning = reasoning;
     const_cast<server::BackendInfo&>(info_).harmony = harmony;
     const_cast<server::BackendInfo&>(info_).max_model_len = max_model_len;
+    const_cast<server::BackendInfo&>(info_).image_token_id = image_token_id;
+    const_cast<server::BackendInfo&>(info_).max_image_prompt_tokens = max_image_prompt_tokens;
     return info_;
   }
   std::vector<int32_t> tokenize(const std::string& text, bool add_special) override {
     std::vector<int32_t> r;
     if (add_special) r.push_back(0);
-    for (unsigned char c : text) r.push_back(c + kOffset);
+    const std::string pad = kImagePlaceholder;
+    for (size_t i = 0; i < text.size(); ++i) {
+      if (image_token_id >= 0 && text.compare(i, pad.size(), pad) == 0) {
+        r.push_back(image_token_id);
+        i += pad.size() - 1;
+        continue;
+      }
+      r.push_back(static_cast<unsigned char>(text[i]) + kOffset);
+    }
     return r;
   }
   std::string detokenize(std::span<const int32_t> ids, bool skip_special) override {
@@ -78,9 +93,12 @@ class FakeBackend : public server::Backend {
     for (const auto& m : r.messages) {
       if (m.value("role", "") == "raise")
         throw server::ApiError(400, "BadRequestError", "template error: raise role");
-      s += "<|" + m.value("role", "") + "|>" +
-           (m.contains("content") && m["content"].is_string() ? m["content"].get<std::string>()
-                                                              : "");
+      s += "<|" + m.value("role", "") + "|>";
+      if (m.contains("content") && m["content"].is_string()) s += m["content"].get<std::string>();
+      if (m.contains("content") && m["content"].is_array())  // parts with images
+        for (const auto& part : m["content"])
+          s += part.value("type", "") == "image" ? std::string(kImagePlaceholder)
+                                                 : part.value("text", "");
     }
     if (r.add_generation_prompt) s += "<|assistant|>";
     if (reasoning && r.chat_template_kwargs.value("enable_thinking", true)) s += "<think>";
@@ -117,7 +135,9 @@ class FakeBackend : public server::Backend {
           aborted = aborted_[req.id];
         }
         server::RequestUpdate u;
+        // As the engine: each image's placeholder counts as the image's tokens.
         u.prompt_tokens = static_cast<int>(req.prompt_ids.size());
+        for (const auto& im : req.images) u.prompt_tokens += static_cast<int>(im.num_tokens) - 1;
         if (step == 0 && req.sampling.prompt_logprobs)
           for (int32_t id : req.prompt_ids) u.prompt_logprobs.push_back({id, -1.0f, {{id, -1.0f}}});
         const bool out_of_reply = step >= static_cast<int64_t>(reply.size());
