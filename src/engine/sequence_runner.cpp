@@ -25,15 +25,19 @@ class SingleSequence {
   }
 
   // Appends `tokens` to the context; returns logits of the listed rows (indices into `tokens`).
-  Tensor step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& logit_rows) {
+  Tensor step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& logit_rows,
+              std::shared_ptr<const InputEmbeds> embeds = nullptr) {
     Batch b = append(tokens, logit_rows);
+    b.input_embeds = std::move(embeds);
     return runner_->execute(b);
   }
 
   // Appends `tokens`; returns the argmax token of each listed row (computed on the device).
   std::vector<int32_t> step_greedy(const std::vector<int32_t>& tokens,
-                                   const std::vector<int32_t>& logit_rows) {
+                                   const std::vector<int32_t>& logit_rows,
+                                   std::shared_ptr<const InputEmbeds> embeds = nullptr) {
     Batch b = append(tokens, logit_rows);
+    b.input_embeds = std::move(embeds);
     return runner_->execute_greedy(b);
   }
 
@@ -76,15 +80,35 @@ class SingleSequence {
   int len_ = 0;
 };
 
+// The runs of `e` (rows of a whole prompt) that fall in tokens [start, start + n), relative to
+// `start`; null when none does.
+std::shared_ptr<const InputEmbeds> embeds_for(const InputEmbeds* e, int64_t start, int64_t n) {
+  if (!e) return nullptr;
+  auto part = std::make_shared<InputEmbeds>();
+  for (const InputEmbeds::Run& r : e->runs) {
+    const int64_t end = r.dst_row + r.values.size(0);
+    const int64_t lo = std::max(r.dst_row, start), hi = std::min(end, start + n);
+    if (lo < hi) part->runs.push_back({lo - start, r.values.narrow(0, lo - r.dst_row, hi - lo)});
+  }
+  if (part->runs.empty()) return nullptr;
+  return part;
+}
+
 // Model or ModelGroup: the sequence runs on one device or on every rank.
 template <typename Models>
 Tensor score_with(Models& models, const Model& model, const std::vector<int32_t>& tokens, int chunk,
-                  int block_size, std::optional<DType> kv_cache_dtype) {
+                  int block_size, std::optional<DType> kv_cache_dtype,
+                  const InputEmbeds* embeds = nullptr) {
   const int T = static_cast<int>(tokens.size());
   ATOM_CHECK(T > 0, "score needs at least one token");
   for (int32_t t : tokens)
     if (t < 0 || t >= model.vocab_size())
       fail("token id {} is outside the vocabulary [0, {})", t, model.vocab_size());
+  if (embeds)
+    for (const InputEmbeds::Run& r : embeds->runs)
+      if (r.dst_row < 0 || r.values.dim() != 2 || r.dst_row + r.values.size(0) > T)
+        fail("input embeddings {} at row {} fall outside the {} tokens", r.values.str(), r.dst_row,
+             T);
   SingleSequence seq(models, T, block_size, kv_cache_dtype);
   Tensor out = Tensor::empty({T, model.vocab_size()}, DType::kF32);
   const int step = chunk > 0 ? chunk : T;
@@ -92,7 +116,7 @@ Tensor score_with(Models& models, const Model& model, const std::vector<int32_t>
     const int n = std::min(step, T - s);
     std::vector<int32_t> part(tokens.begin() + s, tokens.begin() + s + n), rows(n);
     for (int i = 0; i < n; ++i) rows[i] = i;
-    Tensor logits = seq.step(part, rows);
+    Tensor logits = seq.step(part, rows, embeds_for(embeds, s, n));
     std::memcpy(out.ptr<float>() + static_cast<int64_t>(s) * model.vocab_size(), logits.data(),
                 logits.nbytes());
   }
@@ -102,7 +126,8 @@ Tensor score_with(Models& models, const Model& model, const std::vector<int32_t>
 template <typename Models>
 GreedyResult greedy_with(Models& models, const Model& model, const std::vector<int32_t>& prompt,
                          int max_tokens, const std::vector<int64_t>& eos, bool ignore_eos,
-                         int block_size, std::optional<DType> kv_cache_dtype) {
+                         int block_size, std::optional<DType> kv_cache_dtype,
+                         const InputEmbeds* embeds = nullptr) {
   ATOM_CHECK(!prompt.empty(), "generate needs a non-empty prompt");
   for (int32_t t : prompt)
     if (t < 0 || t >= model.vocab_size())
@@ -112,7 +137,9 @@ GreedyResult greedy_with(Models& models, const Model& model, const std::vector<i
   if (max_tokens <= 0) return r;
   SingleSequence seq(models, static_cast<int>(prompt.size()) + max_tokens, block_size,
                      kv_cache_dtype);
-  int32_t next = seq.step_greedy(prompt, {static_cast<int32_t>(prompt.size()) - 1}).at(0);
+  int32_t next = seq.step_greedy(prompt, {static_cast<int32_t>(prompt.size()) - 1},
+                                 embeds_for(embeds, 0, static_cast<int64_t>(prompt.size())))
+                     .at(0);
   for (int i = 0; i < max_tokens; ++i) {
     r.token_ids.push_back(next);
     if (!ignore_eos && std::find(eos.begin(), eos.end(), next) != eos.end()) {
@@ -127,8 +154,8 @@ GreedyResult greedy_with(Models& models, const Model& model, const std::vector<i
 }  // namespace
 
 Tensor score_tokens(Model& model, const std::vector<int32_t>& tokens, int chunk, int block_size,
-                    std::optional<DType> kv_cache_dtype) {
-  return score_with(model, model, tokens, chunk, block_size, kv_cache_dtype);
+                    std::optional<DType> kv_cache_dtype, const InputEmbeds* embeds) {
+  return score_with(model, model, tokens, chunk, block_size, kv_cache_dtype, embeds);
 }
 
 Tensor score_tokens(ModelGroup& models, const std::vector<int32_t>& tokens, int chunk,
@@ -138,8 +165,9 @@ Tensor score_tokens(ModelGroup& models, const std::vector<int32_t>& tokens, int 
 
 GreedyResult generate_greedy(Model& model, const std::vector<int32_t>& prompt, int max_tokens,
                              const std::vector<int64_t>& eos, bool ignore_eos, int block_size,
-                             std::optional<DType> kv_cache_dtype) {
-  return greedy_with(model, model, prompt, max_tokens, eos, ignore_eos, block_size, kv_cache_dtype);
+                             std::optional<DType> kv_cache_dtype, const InputEmbeds* embeds) {
+  return greedy_with(model, model, prompt, max_tokens, eos, ignore_eos, block_size, kv_cache_dtype,
+                     embeds);
 }
 
 GreedyResult generate_greedy(ModelGroup& models, const std::vector<int32_t>& prompt, int max_tokens,

@@ -15,8 +15,10 @@ namespace atom {
 // Logits [T, vocab] F32 for every position of `tokens`. chunk > 0 prefills in chunks of that
 // many tokens (each chunk attends to the cached context of the previous ones). kv_cache_dtype:
 // the KV cache's element type (unset: the activation dtype).
+// embeds: embedding rows replaced (a multimodal prompt's image features), rows of `tokens`.
 Tensor score_tokens(Model& model, const std::vector<int32_t>& tokens, int chunk = 0,
-                    int block_size = 16, std::optional<DType> kv_cache_dtype = std::nullopt);
+                    int block_size = 16, std::optional<DType> kv_cache_dtype = std::nullopt,
+                    const InputEmbeds* embeds = nullptr);
 // The same over every rank of a tensor-parallel group (rank 0's logits).
 Tensor score_tokens(ModelGroup& models, const std::vector<int32_t>& tokens, int chunk = 0,
                     int block_size = 16, std::optional<DType> kv_cache_dtype = std::nullopt);
@@ -29,7 +31,8 @@ struct GreedyResult {
 // Greedy decoding: up to max_tokens new tokens; stops at any of `eos` unless ignore_eos.
 GreedyResult generate_greedy(Model& model, const std::vector<int32_t>& prompt, int max_tokens,
                              const std::vector<int64_t>& eos, bool ignore_eos, int block_size = 16,
-                             std::optional<DType> kv_cache_dtype = std::nullopt);
+                             std::optional<DType> kv_cache_dtype = std::nullopt,
+                             const InputEmbeds* embeds = nullptr);
 GreedyResult generate_greedy(ModelGroup& models, const std::vector<int32_t>& prompt, int max_tokens,
                              const std::vector<int64_t>& eos, bool ignore_eos, int block_size = 16,
                              std::optional<DType> kv_cache_dtype = std::nullopt);

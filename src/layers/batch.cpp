@@ -102,6 +102,7 @@ void Batch::copy_host_from(const Batch& from) {
 #undef ATOM_BATCH_COPY_FIELD
   block_size = from.block_size;
   state_copies = from.state_copies;
+  input_embeds = from.input_embeds;
 }
 
 Batch Batch::slice(int first, int last) const {
@@ -143,6 +144,15 @@ Batch Batch::slice(int first, int last) const {
   for (const int32_t i : logits_indices)
     if (i >= t0 && i < t1) b.logits_indices.push_back(i - t0);
   b.block_size = block_size;
+  if (input_embeds) {
+    auto e = std::make_shared<InputEmbeds>();
+    for (const InputEmbeds::Run& r : input_embeds->runs) {
+      const int64_t lo = std::max<int64_t>(r.dst_row, t0);
+      const int64_t hi = std::min<int64_t>(r.dst_row + r.values.size(0), t1);
+      if (lo < hi) e->runs.push_back({lo - t0, r.values.narrow(0, lo - r.dst_row, hi - lo)});
+    }
+    if (!e->runs.empty()) b.input_embeds = std::move(e);
+  }
   return b;
 }
 

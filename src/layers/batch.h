@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -38,6 +39,19 @@ enum class BatchExtent : int {
      recurrent state after this row, -1 none (speculative verification rows) */                   \
   X(page_indices, BatchExtent::kFree)                 /* physical page of each logical page */
 
+// Rows of a step's token embeddings replaced by other values: a multimodal prompt's image
+// features at its placeholder tokens (transformers' masked_scatter of inputs_embeds), which the
+// token embedding layer writes over its lookup (VocabParallelEmbedding::forward). Runs of
+// consecutive rows: rows [dst_row, dst_row + values.size(0)) of the step's tokens take `values`
+// [n, hidden] (F32 on the CPU; a view of a request's image features).
+struct InputEmbeds {
+  struct Run {
+    int64_t dst_row = 0;
+    Tensor values;
+  };
+  std::vector<Run> runs;
+};
+
 struct Batch {
 #define ATOM_BATCH_HOST_FIELD(name, extent) std::vector<int32_t> name;
   ATOM_BATCH_FIELDS(ATOM_BATCH_HOST_FIELD)
@@ -48,6 +62,8 @@ struct Batch {
   // checkpoints taken after the previous step, then checkpoints restored for admitted sequences.
   std::vector<std::pair<int32_t, int32_t>> state_copies;
   int max_context_len = 0;
+  // Embedding rows replaced for this step (null: none).
+  std::shared_ptr<const InputEmbeds> input_embeds;
 
   int num_tokens() const { return static_cast<int>(token_ids.size()); }
   int num_seqs() const { return static_cast<int>(context_lens.size()); }

@@ -40,6 +40,18 @@ Tensor VocabParallelEmbedding::forward(Step& step, const Tensor& ids) {
   Tensor out = step.empty({ids.numel(), hidden_}, ctx_.act_dtype);
   kernels::embedding(out, ids, weight_->data(), start_);
   if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(out);
+  if (step.batch.input_embeds) {
+    for (const InputEmbeds::Run& r : step.batch.input_embeds->runs) {
+      const int64_t n = r.values.dim() == 2 ? r.values.size(0) : -1;
+      ATOM_CHECK(
+          n >= 0 && r.values.size(1) == hidden_ && r.dst_row >= 0 && r.dst_row + n <= out.size(0),
+          "input embeddings: {} at row {} do not fit the step's {} tokens of width {}",
+          r.values.str(), r.dst_row, out.size(0), hidden_);
+      Tensor dst = out.narrow(0, r.dst_row, n);
+      tensor_assign(
+          dst, r.values.device().is_cpu() ? r.values : tensor_cast_cpu(r.values, r.values.dtype()));
+    }
+  }
   return out;
 }
 

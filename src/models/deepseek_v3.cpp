@@ -8,6 +8,7 @@
 // speculative decoding (DeepSeekMTP, models/deepseek_mtp.h).
 #include "models/deepseek.h"
 #include "models/deepseek_mtp.h"
+#include "models/moonvit.h"
 
 namespace atom {
 
@@ -47,12 +48,34 @@ class DeepseekV3ForCausalLM : public DecoderOnlyLM<DeepseekV3DecoderLayer> {
   }
 };
 
+// Kimi-K2.5 / K2.6 (KimiK25ForConditionalGeneration; transformers'
+// Kimi_K25ForConditionalGeneration): this text model under language_model.*, the MoonViT vision
+// tower (vision_tower.*) and its patchmerger projector (mm_projector.*), whose features replace the
+// prompt's image placeholder tokens (Batch::input_embeds).
+class KimiK25ForConditionalGeneration : public DeepseekV3ForCausalLM {
+ public:
+  KimiK25ForConditionalGeneration(const ModelConfig& c, const ModelOptions& o)
+      : DeepseekV3ForCausalLM(c, o),
+        vision_(ctx(), MoonVitConfig::parse(c), "vision_tower", "mm_projector") {}
+  VisionEncoder* vision_encoder() override { return &vision_; }
+  WeightLoadSpec weight_load_spec() const override {
+    WeightLoadSpec s = DeepseekV3ForCausalLM::weight_load_spec();
+    s.weights_mapping.prefix.push_back({"language_model.model.", "model."});
+    s.weights_mapping.prefix.push_back({"language_model.lm_head.", "lm_head."});
+    return s;
+  }
+
+ private:
+  MoonVit vision_;
+};
+
 }  // namespace
 
 // The checkpoint's MTP layers as a drafter (models/deepseek_mtp.h).
 using DeepseekV3MTP = DeepSeekMTP<DeepseekV3DecoderLayer, 256, 1>;
 
 ATOM_REGISTER_MODEL("DeepseekV3ForCausalLM", DeepseekV3ForCausalLM);
+ATOM_REGISTER_MODEL("KimiK25ForConditionalGeneration", KimiK25ForConditionalGeneration);
 ATOM_REGISTER_DRAFTER("DeepseekV3ForCausalLM", DeepseekV3MTP);
 
 }  // namespace atom

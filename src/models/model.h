@@ -15,6 +15,8 @@
 
 namespace atom {
 
+class VisionEncoder;  // models/moonvit.h
+
 struct ModelOptions {
   Device device = Device::cpu();
   // Activation dtype. Default: F32 on the CPU reference backend, BF16 (F16 for F16 checkpoints)
@@ -97,6 +99,9 @@ class Model {
   virtual Tensor forward(Step& step) = 0;
   // Logits [len(batch.logits_indices), vocab] F32 for the rows the batch asks for.
   virtual Tensor compute_logits(Step& step, const Tensor& hidden) = 0;
+  // The vision tower of a model that takes images (its features go in through
+  // Batch::input_embeds at the image placeholder tokens); null for text-only models.
+  virtual VisionEncoder* vision_encoder() { return nullptr; }
 
  protected:
   LayerContext& ctx() { return ctx_; }

@@ -1,0 +1,379 @@
+#include "models/moonvit.h"
+
+#include <cmath>
+
+#include "core/convert.h"
+#include "core/error.h"
+#include "core/parallel.h"
+#include "kernels/layer_norm.h"
+#include "kernels/linear.h"
+
+namespace atom {
+
+namespace {
+
+// The first of `keys` present in `f`, else `fallback`.
+int64_t int_of(const ConfigFields& f, std::initializer_list<const char*> keys, int64_t fallback,
+               IntRange range = {}) {
+  for (const char* k : keys)
+    if (f.has(k)) return f.get_int(k, range);
+  return fallback;
+}
+
+double double_of(const ConfigFields& f, std::initializer_list<const char*> keys, double fallback) {
+  for (const char* k : keys)
+    if (f.has(k)) return f.get_double(k, RealRange{0.0, 1.0});
+  return fallback;
+}
+
+float cubic1(float x, float A) { return ((A + 2) * x - (A + 3)) * x * x + 1; }
+float cubic2(float x, float A) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; }
+
+// torch's bicubic source taps for output index `dst` of `out` over `in` (align_corners=False).
+void cubic_taps(int64_t dst, int64_t in, int64_t out, int64_t idx[4], float wt[4]) {
+  const float A = -0.75f;
+  const float scale = static_cast<float>(in) / static_cast<float>(out);
+  const float real = scale * (static_cast<float>(dst) + 0.5f) - 0.5f;
+  const float fl = std::floor(real);
+  const float t = real - fl;
+  wt[0] = cubic2(t + 1.0f, A);
+  wt[1] = cubic1(t, A);
+  wt[2] = cubic1(1.0f - t, A);
+  wt[3] = cubic2(2.0f - t, A);
+  for (int k = 0; k < 4; ++k)
+    idx[k] = std::min<int64_t>(std::max<int64_t>(static_cast<int64_t>(fl) - 1 + k, 0), in - 1);
+}
+
+float gelu_tanh(float x) {
+  const float c = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.0f + std::tanh(c * (x + 0.044715f * x * x * x)));
+}
+
+float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.7071067811865476f)); }
+
+Tensor f32(const Tensor& t) {
+  return t.dtype() == DType::kF32 ? t : tensor_cast_cpu(t, DType::kF32);
+}
+
+}  // namespace
+
+MoonVitConfig MoonVitConfig::parse(const ModelConfig& c) {
+  ATOM_CHECK(c.root.obj().contains("vision_config") && c.root.obj()["vision_config"].is_object(),
+             "{}: vision_config is missing or not an object", c.path);
+  const ConfigFields v(c.root.obj()["vision_config"], c.path + " vision_config");
+  MoonVitConfig m;
+  const IntRange positive{1, 1 << 20};
+  m.patch_size = int_of(v, {"patch_size"}, 14, IntRange{1, 64});
+  m.hidden = int_of(v, {"vt_hidden_size", "hidden_size"}, 1152, positive);
+  m.heads = int_of(v, {"vt_num_attention_heads", "num_attention_heads"}, 16, IntRange{1, 1024});
+  m.layers = int_of(v, {"vt_num_hidden_layers", "num_hidden_layers"}, 27, IntRange{1, 1024});
+  m.intermediate = int_of(v, {"vt_intermediate_size", "intermediate_size"}, 4304, positive);
+  m.pos_h = int_of(v, {"init_pos_emb_height", "pos_emb_height"}, 64, IntRange{1, 4096});
+  m.pos_w = int_of(v, {"init_pos_emb_width", "pos_emb_width"}, 64, IntRange{1, 4096});
+  if (m.hidden % m.heads != 0 || m.head_dim() % 4 != 0)
+    v.bad("hidden_size", "must be num_attention_heads heads of a width divisible by 4 (the 2D "
+                         "rotary embedding), got " +
+                             std::to_string(m.hidden) + " over " + std::to_string(m.heads));
+  if (v.has("merge_kernel_size")) {
+    const auto k = v.get_int_list("merge_kernel_size");
+    if (k.size() != 2 || k[0] != 2 || k[1] != 2)
+      v.bad("merge_kernel_size", "only the 2x2 merge is implemented");
+  }
+  const std::string act = v.get_string("hidden_act", "gelu_pytorch_tanh");
+  if (act != "gelu_pytorch_tanh" && act != "gelu_tanh")
+    v.bad("hidden_act", "must be gelu_pytorch_tanh, got '" + act + "'");
+  if (v.has("mm_projector_type") && v.get_string("mm_projector_type") != "patchmerger")
+    v.bad("mm_projector_type", "only patchmerger (Kimi-K2.5) is implemented, got '" +
+                                   v.get_string("mm_projector_type") + "'");
+  if (v.has("merge_type") && v.get_string("merge_type") != "sd2_tpool")
+    v.bad("merge_type", "only sd2_tpool is implemented, got '" + v.get_string("merge_type") + "'");
+  m.projector_eps = c.root.has("projection_layer_norm_eps")
+                        ? c.root.get_double("projection_layer_norm_eps", RealRange{0.0, 1.0})
+                        : double_of(v, {"projector_ln_eps"}, 1e-5);
+  const int64_t proj_hidden = int_of(c.root, {"projection_hidden_size"}, m.hidden, positive);
+  if (proj_hidden != m.hidden)
+    c.root.bad("projection_hidden_size", "must be the vision width " + std::to_string(m.hidden));
+  m.text_hidden = c.hidden_size;
+  m.image_token_id = int_of(c.root, {"image_token_id", "media_placeholder_token_id"}, -1,
+                            IntRange{0, c.vocab_size - 1});
+  if (m.image_token_id < 0)
+    c.root.bad("image_token_id", "is missing (or media_placeholder_token_id)");
+  return m;
+}
+
+struct MoonVit::Block {
+  Parameter *norm0_w, *norm0_b, *norm1_w, *norm1_b;
+  std::unique_ptr<ReplicatedLinear> wqkv, wo, fc0, fc1;
+};
+
+Tensor bicubic_resize_hwc(const Tensor& src, int64_t h, int64_t w) {
+  ATOM_CHECK(src.dim() == 3 && src.dtype() == DType::kF32 && src.device().is_cpu(),
+             "bicubic_resize_hwc: src must be F32 [H, W, C] on the CPU, got {}", src.str());
+  ATOM_CHECK(h > 0 && w > 0, "bicubic_resize_hwc: size {}x{}", h, w);
+  const int64_t H = src.size(0), W = src.size(1), C = src.size(2);
+  const Tensor s = src.contiguous();
+  const float* in = s.ptr<float>();
+  Tensor out = Tensor::zeros({h, w, C}, DType::kF32);
+  float* o = out.ptr<float>();
+#pragma omp parallel for
+  for (int64_t y = 0; y < h; ++y) {
+    int64_t iy[4], ix[4];
+    float wy[4], wx[4];
+    cubic_taps(y, H, h, iy, wy);
+    for (int64_t x = 0; x < w; ++x) {
+      cubic_taps(x, W, w, ix, wx);
+      float* dst = o + (y * w + x) * C;
+      for (int a = 0; a < 4; ++a) {
+        for (int b = 0; b < 4; ++b) {
+          const float k = wy[a] * wx[b];
+          const float* row = in + (iy[a] * W + ix[b]) * C;
+          for (int64_t ch = 0; ch < C; ++ch) dst[ch] += k * row[ch];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+MoonVit::MoonVit(LayerContext& ctx, MoonVitConfig cfg, const std::string& tower,
+                 const std::string& projector)
+    : ctx_(ctx), cfg_(std::move(cfg)) {
+  const int64_t D = cfg_.hidden, p = cfg_.patch_size;
+  auto f32_param = [&](const std::string& name, Shape shape) {
+    return &ctx.params.add(name, Tensor::zeros(std::move(shape), DType::kF32, ctx.device));
+  };
+  patch_w_ = f32_param(tower + ".patch_embed.proj.weight", {D, 3, p, p});
+  patch_b_ = f32_param(tower + ".patch_embed.proj.bias", {D});
+  pos_emb_ = f32_param(tower + ".patch_embed.pos_emb.weight", {cfg_.pos_h, cfg_.pos_w, D});
+  for (int64_t i = 0; i < cfg_.layers; ++i) {
+    const std::string b = tower + ".encoder.blocks." + std::to_string(i);
+    auto blk = std::make_unique<Block>();
+    blk->norm0_w = f32_param(b + ".norm0.weight", {D});
+    blk->norm0_b = f32_param(b + ".norm0.bias", {D});
+    blk->norm1_w = f32_param(b + ".norm1.weight", {D});
+    blk->norm1_b = f32_param(b + ".norm1.bias", {D});
+    blk->wqkv = std::make_unique<ReplicatedLinear>(ctx, b + ".wqkv", D, 3 * D, true);
+    blk->wo = std::make_unique<ReplicatedLinear>(ctx, b + ".wo", D, D, true);
+    blk->fc0 = std::make_unique<ReplicatedLinear>(ctx, b + ".mlp.fc0", D, cfg_.intermediate, true);
+    blk->fc1 = std::make_unique<ReplicatedLinear>(ctx, b + ".mlp.fc1", cfg_.intermediate, D, true);
+    blocks_.push_back(std::move(blk));
+  }
+  final_w_ = f32_param(tower + ".encoder.final_layernorm.weight", {D});
+  final_b_ = f32_param(tower + ".encoder.final_layernorm.bias", {D});
+  pre_norm_w_ = f32_param(projector + ".pre_norm.weight", {D});
+  pre_norm_b_ = f32_param(projector + ".pre_norm.bias", {D});
+  proj0_ = std::make_unique<ReplicatedLinear>(ctx, projector + ".proj.0", 4 * D, 4 * D, true);
+  proj2_ =
+      std::make_unique<ReplicatedLinear>(ctx, projector + ".proj.2", 4 * D, cfg_.text_hidden, true);
+}
+
+MoonVit::~MoonVit() = default;
+
+int64_t MoonVit::tokens_for(const ImageGrid& g) const {
+  return g.t * (g.h / cfg_.merge_h) * (g.w / cfg_.merge_w);
+}
+
+void MoonVit::check_grids(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) const {
+  ATOM_CHECK(ctx_.device.is_cpu(),
+             "MoonViT: images run on the CPU reference only for now; this model is on {} "
+             "(issue 38: the vision tower's CUDA path)",
+             ctx_.device.str());
+  const int64_t p = cfg_.patch_size;
+  ATOM_CHECK(pixel_values.dim() == 4 && pixel_values.size(1) == 3 && pixel_values.size(2) == p &&
+                 pixel_values.size(3) == p && pixel_values.dtype() == DType::kF32,
+             "MoonViT: pixel_values must be F32 [patches, 3, {}, {}], got {}", p, p,
+             pixel_values.str());
+  ATOM_CHECK(!grids.empty(), "MoonViT: no images");
+  int64_t total = 0;
+  for (size_t i = 0; i < grids.size(); ++i) {
+    const ImageGrid& g = grids[i];
+    ATOM_CHECK(g.t == 1,
+               "MoonViT: image {} has {} frames; video (the temporal merge) is not "
+               "implemented",
+               i, g.t);
+    ATOM_CHECK(g.h > 0 && g.w > 0 && g.h % cfg_.merge_h == 0 && g.w % cfg_.merge_w == 0 &&
+                   g.h <= 4096 && g.w <= 4096,
+               "MoonViT: image {}'s grid {}x{} is not a positive multiple of the 2x2 merge", i, g.h,
+               g.w);
+    total += g.num_patches();
+  }
+  ATOM_CHECK(total == pixel_values.size(0),
+             "MoonViT: the grids give {} patches, pixel_values has {}", total,
+             pixel_values.size(0));
+}
+
+Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<ImageGrid>& grids) {
+  const int64_t D = cfg_.hidden, P = pixel_values.size(0), H = cfg_.heads, hd = cfg_.head_dim();
+  // Patch embedding: the convolution is a linear map of each patch's 3 * p * p values.
+  Tensor x = Tensor::empty({P, D}, DType::kF32);
+  {
+    Tensor pix = pixel_values.contiguous().view({P, cfg_.patch_values()});
+    Tensor w = patch_w_->data().view({D, cfg_.patch_values()});
+    kernels::linear(x, pix, w, patch_b_->data());
+  }
+  // Learned position grid, resized to each image.
+  {
+    int64_t row = 0;
+    for (const ImageGrid& g : grids) {
+      Tensor pos = (g.h == cfg_.pos_h && g.w == cfg_.pos_w)
+                       ? pos_emb_->data()
+                       : bicubic_resize_hwc(pos_emb_->data(), g.h, g.w);
+      const float* ps = pos.ptr<float>();
+      float* xs = x.ptr<float>() + row * D;
+      for (int64_t i = 0; i < g.h * g.w * D; ++i) xs[i] += ps[i];
+      row += g.num_patches();
+    }
+  }
+  // The 2D rotary angles' cos and sin per patch and channel pair.
+  const int64_t pairs = hd / 2, nf = hd / 4;
+  std::vector<float> cosv(static_cast<size_t>(P * pairs)), sinv(cosv.size());
+  {
+    int64_t row = 0;
+    for (const ImageGrid& g : grids) {
+      for (int64_t r = 0; r < g.h; ++r)
+        for (int64_t c = 0; c < g.w; ++c) {
+          const int64_t n = row + r * g.w + c;
+          for (int64_t i = 0; i < nf; ++i) {
+            const double f =
+                std::pow(10000.0, -static_cast<double>(4 * i) / static_cast<double>(hd));
+            const float fi = static_cast<float>(f);
+            const float ax = static_cast<float>(c) * fi, ay = static_cast<float>(r) * fi;
+            cosv[n * pairs + 2 * i] = std::cos(ax);
+            sinv[n * pairs + 2 * i] = std::sin(ax);
+            cosv[n * pairs + 2 * i + 1] = std::cos(ay);
+            sinv[n * pairs + 2 * i + 1] = std::sin(ay);
+          }
+        }
+      row += g.num_patches();
+    }
+  }
+  std::vector<int64_t> starts{0};
+  for (const ImageGrid& g : grids) starts.push_back(starts.back() + g.num_patches());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  Tensor h = Tensor::empty({P, D}, DType::kF32);
+  Tensor attn = Tensor::empty({P, D}, DType::kF32);
+  for (auto& blk : blocks_) {
+    const Arena::Mark m = step.arena.mark();
+    kernels::layer_norm(h, x, blk->norm0_w->data(), blk->norm0_b->data(),
+                        static_cast<float>(cfg_.norm_eps));
+    Tensor qkv = blk->wqkv->forward(step, h).contiguous();
+    float* q = qkv.ptr<float>();
+    // Rotate q and k.
+#pragma omp parallel for
+    for (int64_t n = 0; n < P; ++n) {
+      for (int part = 0; part < 2; ++part) {
+        float* v = q + n * 3 * D + part * D;
+        for (int64_t head = 0; head < H; ++head) {
+          float* e = v + head * hd;
+          for (int64_t m2 = 0; m2 < pairs; ++m2) {
+            const float c = cosv[n * pairs + m2], s = sinv[n * pairs + m2];
+            const float re = e[2 * m2], im = e[2 * m2 + 1];
+            e[2 * m2] = re * c - im * s;
+            e[2 * m2 + 1] = re * s + im * c;
+          }
+        }
+      }
+    }
+    // Non-causal attention within each image.
+    float* out = attn.ptr<float>();
+    ParallelErrors errors;
+    for (size_t img = 0; img + 1 < starts.size(); ++img) {
+      const int64_t s0 = starts[img], len = starts[img + 1] - s0;
+#pragma omp parallel for collapse(2)
+      for (int64_t head = 0; head < H; ++head)
+        for (int64_t i = 0; i < len; ++i)
+          errors.guard([&] {
+            std::vector<float> p(static_cast<size_t>(len));
+            const float* qi = q + (s0 + i) * 3 * D + head * hd;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < len; ++j) {
+              const float* kj = q + (s0 + j) * 3 * D + D + head * hd;
+              float dot = 0;
+              for (int64_t d = 0; d < hd; ++d) dot += qi[d] * kj[d];
+              p[j] = dot * scale;
+              mx = std::max(mx, p[j]);
+            }
+            float sum = 0;
+            for (int64_t j = 0; j < len; ++j) sum += (p[j] = std::exp(p[j] - mx));
+            float* o = out + (s0 + i) * D + head * hd;
+            for (int64_t d = 0; d < hd; ++d) o[d] = 0;
+            for (int64_t j = 0; j < len; ++j) {
+              const float* vj = q + (s0 + j) * 3 * D + 2 * D + head * hd;
+              const float pj = p[j] / sum;
+              for (int64_t d = 0; d < hd; ++d) o[d] += pj * vj[d];
+            }
+          });
+    }
+    errors.rethrow();
+    Tensor a = blk->wo->forward(step, attn);
+    {
+      float* xs = x.ptr<float>();
+      const float* as = a.ptr<float>();
+      for (int64_t i = 0; i < P * D; ++i) xs[i] += as[i];
+    }
+    kernels::layer_norm(h, x, blk->norm1_w->data(), blk->norm1_b->data(),
+                        static_cast<float>(cfg_.norm_eps));
+    Tensor f = blk->fc0->forward(step, h).contiguous();
+    {
+      float* fs = f.ptr<float>();
+      for (int64_t i = 0; i < f.numel(); ++i) fs[i] = gelu_tanh(fs[i]);
+    }
+    Tensor y = blk->fc1->forward(step, f);
+    {
+      float* xs = x.ptr<float>();
+      const float* ys = y.ptr<float>();
+      for (int64_t i = 0; i < P * D; ++i) xs[i] += ys[i];
+    }
+    step.arena.release(m);
+  }
+  kernels::layer_norm(x, x, final_w_->data(), final_b_->data(), static_cast<float>(cfg_.norm_eps));
+  return x;
+}
+
+Tensor MoonVit::encode_hidden(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) {
+  check_grids(pixel_values, grids);
+  Batch batch;
+  Arena arena(Device::cpu());
+  Step step{batch, arena};
+  return tower(step, f32(pixel_values), grids);
+}
+
+Tensor MoonVit::encode(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) {
+  check_grids(pixel_values, grids);
+  Batch batch;
+  Arena arena(Device::cpu());
+  Step step{batch, arena};
+  const Tensor x = tower(step, f32(pixel_values), grids);
+  const int64_t D = cfg_.hidden;
+  int64_t tokens = 0;
+  for (const ImageGrid& g : grids) tokens += tokens_for(g);
+  // The 2x2 merge: merged token (i, j) gathers patches (2i + a, 2j + b) in (a, b) order.
+  Tensor merged = Tensor::empty({tokens * 4, D}, DType::kF32);
+  {
+    const float* xs = x.ptr<float>();
+    float* ms = merged.ptr<float>();
+    int64_t row = 0, tok = 0;
+    for (const ImageGrid& g : grids) {
+      for (int64_t i = 0; i < g.h / 2; ++i)
+        for (int64_t j = 0; j < g.w / 2; ++j, ++tok)
+          for (int64_t a = 0; a < 2; ++a)
+            for (int64_t b = 0; b < 2; ++b) {
+              const float* src = xs + (row + (2 * i + a) * g.w + (2 * j + b)) * D;
+              std::copy(src, src + D, ms + (tok * 4 + a * 2 + b) * D);
+            }
+      row += g.num_patches();
+    }
+  }
+  kernels::layer_norm(merged, merged, pre_norm_w_->data(), pre_norm_b_->data(),
+                      static_cast<float>(cfg_.projector_eps));
+  Tensor u = proj0_->forward(step, merged.view({tokens, 4 * D})).contiguous();
+  {
+    float* us = u.ptr<float>();
+    for (int64_t i = 0; i < u.numel(); ++i) us[i] = gelu_erf(us[i]);
+  }
+  Tensor out = proj2_->forward(step, u);
+  return out.clone();
+}
+
+}  // namespace atom

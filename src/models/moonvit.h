@@ -1,0 +1,102 @@
+// MoonViT, Kimi-K2.5's vision tower, and its patchmerger projector (transformers'
+// models/kimi_k25/modeling_kimi_k25.py: Kimi_K25VisionModel, Kimi_K25MultimodalProjection; the
+// checkpoint's own names, which vLLM's kimi_k25_vit.py keeps):
+//   - patch_embed.proj: a stride-14 convolution over pre-cut patches [P, 3, 14, 14], i.e. a
+//     linear map of each patch's 588 values; plus patch_embed.pos_emb.weight, a learned
+//     [pos_h, pos_w, D] grid resized to each image's (h, w) patches by bicubic interpolation
+//     (torch's F.interpolate, align_corners=False, A = -0.75, borders clamped);
+//   - encoder.blocks.N: pre-norm LayerNorm blocks, x += wo(attn(rope(wqkv(norm0(x))))),
+//     x += mlp.fc1(gelu_tanh(mlp.fc0(norm1(x)))); attention is non-causal within each image and
+//     never across images; the 2D rotary embedding turns q and k's channel pairs (2m, 2m+1) as
+//     complex numbers, pair 2i by the patch's column times freq_i and pair 2i+1 by its row times
+//     freq_i, freq_i = 10000^(-4i / head_dim), i < head_dim / 4;
+//   - encoder.final_layernorm, then the 2x2 merge: merged token (i, j) of an image is the four
+//     patches (2i + a, 2j + b), a, b in {0, 1}, in that order (the temporal mean of a video's
+//     frames is not implemented: a grid with t > 1 is refused);
+//   - mm_projector: pre_norm (LayerNorm over D, each of the four) -> [4D] -> proj.0 -> GELU (erf)
+//     -> proj.2 -> the text width.
+// The CPU computes it in fp32 (the reference); CUDA runs it on the CPU copy of nothing yet: an
+// image on a CUDA model is refused by name (issue 38).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "layers/context.h"
+#include "layers/linear.h"
+#include "loader/hf_config.h"
+#include "vision/image.h"
+
+namespace atom {
+
+// One image (or video) of a batch: t frames of h x w patches (the image processor's grid).
+using vision::ImageGrid;
+
+struct MoonVitConfig {
+  int64_t patch_size = 14;
+  int64_t hidden = 0, heads = 0, layers = 0, intermediate = 0;
+  int64_t pos_h = 64, pos_w = 64;
+  int64_t merge_h = 2, merge_w = 2;
+  double norm_eps = 1e-5;
+  double projector_eps = 1e-5;
+  int64_t text_hidden = 0;
+  int64_t image_token_id = -1;
+  int64_t head_dim() const { return hidden / heads; }
+  int64_t patch_values() const { return 3 * patch_size * patch_size; }
+
+  // From config.json: vision_config in the hub's names (vt_hidden_size, init_pos_emb_height,
+  // ...) or transformers' (hidden_size, pos_emb_height, ...); the projector's eps and the image
+  // token from the top level (projection_layer_norm_eps / image_token_id, or the hub's
+  // vision_config.projector_ln_eps / media_placeholder_token_id). An unsupported variant is an
+  // error naming the field.
+  static MoonVitConfig parse(const ModelConfig& c);
+};
+
+// What a model that takes images exposes to whoever feeds it (Model::vision_encoder).
+class VisionEncoder {
+ public:
+  virtual ~VisionEncoder() = default;
+  // pixel_values [P, 3, patch, patch] F32 on the CPU, the images' patches one image after the
+  // other (grids[i].num_patches() rows each) -> [sum(patches) / merge, text hidden] F32: the rows
+  // that replace each image's placeholder tokens, in order.
+  virtual Tensor encode(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) = 0;
+  // The same up to the tower's last hidden state (after final_layernorm), [P, D] F32.
+  virtual Tensor encode_hidden(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) = 0;
+  // Placeholder tokens one image takes in the prompt.
+  virtual int64_t tokens_for(const ImageGrid& g) const = 0;
+  virtual int64_t image_token_id() const = 0;
+};
+
+class MoonVit : public VisionEncoder {
+ public:
+  // Parameters at `tower` (vision_tower) and `projector` (mm_projector).
+  MoonVit(LayerContext& ctx, MoonVitConfig cfg, const std::string& tower,
+          const std::string& projector);
+  ~MoonVit() override;
+  Tensor encode(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) override;
+  Tensor encode_hidden(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) override;
+  int64_t tokens_for(const ImageGrid& g) const override;
+  int64_t image_token_id() const override { return cfg_.image_token_id; }
+  const MoonVitConfig& config() const { return cfg_; }
+
+ private:
+  struct Block;
+  void check_grids(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) const;
+  Tensor tower(Step& step, const Tensor& pixel_values, const std::vector<ImageGrid>& grids);
+  LayerContext& ctx_;
+  MoonVitConfig cfg_;
+  Parameter* patch_w_;  // [D, 3, p, p] F32
+  Parameter* patch_b_;  // [D] F32
+  Parameter* pos_emb_;  // [pos_h, pos_w, D] F32
+  std::vector<std::unique_ptr<Block>> blocks_;
+  Parameter *final_w_, *final_b_;
+  Parameter *pre_norm_w_, *pre_norm_b_;
+  std::unique_ptr<ReplicatedLinear> proj0_, proj2_;
+};
+
+// torch.nn.functional.interpolate(mode="bicubic", align_corners=False) of src [H, W, C] F32 to
+// [h, w, C] (the cubic convolution with A = -0.75, source indices clamped to the borders).
+Tensor bicubic_resize_hwc(const Tensor& src, int64_t h, int64_t w);
+
+}  // namespace atom

@@ -1,0 +1,242 @@
+// Kimi-K2.5 (KimiK25ForConditionalGeneration): the MoonViT vision tower, its patchmerger
+// projector and the DeepSeek-V3 text model with the image features at the placeholder tokens.
+// References:
+//   - kimi_k25 (tools/moonvit_reference.py, this machine's PyTorch): the tower and projector
+//     written from the checkpoint's definition with torch's ops, on two images (an 8 x 8 grid and
+//     a 2 x 6 one, so the 4 x 4 position grid is resized up, and down in one direction); the text
+//     model is the deepseek_v3 fixture's, whose transformers references hold for it;
+//   - kimi_k25_hf (tools/make_vision_fixture.py on the GPU machine): transformers'
+//     Kimi_K25ForConditionalGeneration end to end, logits and greedy tokens with the images; its
+//     tests skip, saying so, until that fixture is generated.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "common/fixtures.h"
+#include "engine/sequence_runner.h"
+#include "models/loading.h"
+#include "models/moonvit.h"
+
+namespace atom::test {
+namespace {
+
+// Measured on 2026-12-07 (this machine, fp32 against torch's fp32): the resize 2.2e-6, the tower
+// 2.0e-6, the projector 1.9e-6.
+constexpr float kResizeTolerance = 1e-5f;
+constexpr float kVisionTolerance = 1e-5f;
+
+bool have_hf_fixture() {
+  return std::ifstream(source_dir() + "/tests/fixtures/references/kimi_k25_hf.safetensors").good();
+}
+#define SKIP_WITHOUT_HF_FIXTURE()                                                           \
+  if (!have_hf_fixture())                                                                   \
+  GTEST_SKIP() << "tests/fixtures/references/kimi_k25_hf.safetensors is not generated yet " \
+                  "(tools/make_vision_fixture.py needs transformers, on the GPU machine)"
+
+struct VisionRef {
+  SafetensorsFile file;
+  Tensor pixel_values;
+  std::vector<ImageGrid> grids;
+  std::vector<int32_t> input_ids, greedy;
+  explicit VisionRef(const std::string& name)
+      : file(source_dir() + "/tests/fixtures/references/" + name + ".safetensors",
+             /*use_mmap=*/true) {
+    pixel_values = file.tensor("pixel_values").clone();
+    const Tensor g = file.tensor("grid_thw");
+    for (int64_t i = 0; i < g.size(0); ++i)
+      grids.push_back(
+          {g.ptr<int64_t>()[i * 3], g.ptr<int64_t>()[i * 3 + 1], g.ptr<int64_t>()[i * 3 + 2]});
+    if (name == "kimi_k25_hf") {
+      input_ids = ids_of(file.tensor("input_ids"));
+      greedy = ids_of(file.tensor("greedy"));
+    }
+  }
+  Tensor get(const char* name) { return file.tensor(name).clone(); }
+};
+
+// The image placeholders of `ids` as runs over the rows of `features`, in order.
+InputEmbeds placeholder_embeds(const std::vector<int32_t>& ids, int64_t image_token,
+                               const Tensor& features) {
+  InputEmbeds e;
+  int64_t src = 0;
+  for (size_t i = 0; i < ids.size();) {
+    if (ids[i] != image_token) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < ids.size() && ids[j] == image_token) ++j;
+    e.runs.push_back(
+        {static_cast<int64_t>(i), features.narrow(0, src, static_cast<int64_t>(j - i))});
+    src += static_cast<int64_t>(j - i);
+    i = j;
+  }
+  EXPECT_EQ(src, features.size(0)) << "placeholders and image features differ in number";
+  return e;
+}
+
+TEST(MoonVit, BicubicResizeMatchesTorch) {
+  VisionRef ref("kimi_k25_torch");
+  const Tensor src = ref.get("resize_src");
+  const Tensor up = ref.get("resize_up"), down = ref.get("resize_down");
+  const float du = expect_logits_near(bicubic_resize_hwc(src, up.size(0), up.size(1)), up,
+                                      kResizeTolerance, "bicubic 5x7 -> 9x12");
+  const float dd = expect_logits_near(bicubic_resize_hwc(src, down.size(0), down.size(1)), down,
+                                      kResizeTolerance, "bicubic 5x7 -> 3x2");
+  std::printf("bicubic resize max |Δ| vs torch: up %.3g, down %.3g\n", du, dd);
+}
+
+// tools/moonvit_reference.py: the tower written from the checkpoint's own definition in PyTorch
+// (torch's interpolate, layer_norm, GELUs, complex rotation), a reference independent of
+// transformers' port.
+TEST(KimiK25, VisionTowerAndProjectorMatchTheTorchReference) {
+  VisionRef ref("kimi_k25_torch");
+  LoadedModel m = model_load(fixture_dir("kimi_k25"), ModelOptions{});
+  VisionEncoder* v = m.model->vision_encoder();
+  ASSERT_NE(v, nullptr);
+  const float dh =
+      expect_logits_near(v->encode_hidden(ref.pixel_values, ref.grids), ref.get("vision_hidden"),
+                         kVisionTolerance, "MoonViT last hidden state");
+  const float de =
+      expect_logits_near(v->encode(ref.pixel_values, ref.grids), ref.get("image_embeds"),
+                         kVisionTolerance, "projected image features");
+  std::printf("kimi_k25: max |Δ| vs the torch reference: tower %.3g, projector %.3g\n", dh, de);
+}
+
+TEST(KimiK25, VisionTowerAndProjectorMatchTransformers) {
+  SKIP_WITHOUT_HF_FIXTURE();
+  VisionRef ref("kimi_k25_hf");
+  LoadedModel m = model_load(fixture_dir("kimi_k25_hf"), ModelOptions{});
+  VisionEncoder* v = m.model->vision_encoder();
+  ASSERT_NE(v, nullptr);
+  const float dh =
+      expect_logits_near(v->encode_hidden(ref.pixel_values, ref.grids), ref.get("vision_hidden"),
+                         kVisionTolerance, "MoonViT last hidden state");
+  const float de =
+      expect_logits_near(v->encode(ref.pixel_values, ref.grids), ref.get("image_embeds"),
+                         kVisionTolerance, "projected image features");
+  std::printf("kimi_k25: max |Δ| vs transformers: tower %.3g, projector %.3g\n", dh, de);
+}
+
+TEST(KimiK25, LogitsWithImagesMatchTransformers) {
+  SKIP_WITHOUT_HF_FIXTURE();
+  VisionRef ref("kimi_k25_hf");
+  LoadedModel m = model_load(fixture_dir("kimi_k25_hf"), ModelOptions{});
+  VisionEncoder* v = m.model->vision_encoder();
+  ASSERT_NE(v, nullptr);
+  const InputEmbeds e = placeholder_embeds(ref.input_ids, v->image_token_id(),
+                                           v->encode(ref.pixel_values, ref.grids));
+  ASSERT_EQ(e.runs.size(), ref.grids.size());
+  const Tensor want = ref.get("logits");
+  const float d = expect_logits_near(score_tokens(*m.model, ref.input_ids, 0, 16, std::nullopt, &e),
+                                     want, kCpuLogitTolerance, "kimi_k25 logits with images");
+  // Chunks of 5 cut the images' runs of placeholders.
+  const float d5 =
+      expect_logits_near(score_tokens(*m.model, ref.input_ids, 5, 16, std::nullopt, &e), want,
+                         kCpuLogitTolerance, "kimi_k25 logits with images, chunks of 5");
+  std::printf("kimi_k25: max |Δlogit| vs transformers %.3g, chunked %.3g\n", d, d5);
+  // Without the images the same ids give other logits: the features are what is compared.
+  EXPECT_GT(max_abs_diff(score_tokens(*m.model, ref.input_ids), want), 1e-2f);
+}
+
+TEST(KimiK25, GreedyWithImagesMatchesTransformers) {
+  SKIP_WITHOUT_HF_FIXTURE();
+  VisionRef ref("kimi_k25_hf");
+  LoadedModel m = model_load(fixture_dir("kimi_k25_hf"), ModelOptions{});
+  VisionEncoder* v = m.model->vision_encoder();
+  const InputEmbeds e = placeholder_embeds(ref.input_ids, v->image_token_id(),
+                                           v->encode(ref.pixel_values, ref.grids));
+  const GreedyResult r = generate_greedy(
+      *m.model, ref.input_ids, static_cast<int>(ref.greedy.size()), {}, true, 16, std::nullopt, &e);
+  EXPECT_EQ(r.token_ids, ref.greedy);
+}
+
+// The text model under the checkpoint's language_model.* names is deepseek_v3's: transformers'
+// logits and greedy tokens for it hold.
+TEST(KimiK25, TextOnlyMatchesTransformers) {
+  const Reference ref = reference_load("deepseek_v3");
+  LoadedModel m = model_load(fixture_dir("kimi_k25"), ModelOptions{});
+  const float d = expect_cpu_parity(score_tokens(*m.model, ref.input_ids), ref.logits, "kimi_k25",
+                                    "kimi_k25 text only");
+  std::printf("kimi_k25 text only: max |Δlogit| vs transformers %.3g\n", d);
+  EXPECT_EQ(generate_greedy(*m.model, ref.greedy_prompt, static_cast<int>(ref.greedy_tokens.size()),
+                            {}, true)
+                .token_ids,
+            ref.greedy_tokens);
+}
+
+// The image features replace exactly the placeholders' embeddings: rows before the first image
+// are the text model's, rows from it on change, and chunked prefill (chunks cutting the images'
+// runs) gives the same logits.
+TEST(KimiK25, ImageFeaturesReplaceThePlaceholderEmbeddings) {
+  VisionRef ref("kimi_k25_torch");
+  LoadedModel m = model_load(fixture_dir("kimi_k25"), ModelOptions{});
+  VisionEncoder* v = m.model->vision_encoder();
+  ASSERT_NE(v, nullptr);
+  const int32_t img = static_cast<int32_t>(v->image_token_id());
+  std::vector<int32_t> ids = {0, 11, 12, 13, 14, 15, 16, 17, 18};
+  const int first = static_cast<int>(ids.size());
+  ids.insert(ids.end(), static_cast<size_t>(v->tokens_for(ref.grids[0])), img);
+  for (int32_t t : {21, 22, 23}) ids.push_back(t);
+  ids.insert(ids.end(), static_cast<size_t>(v->tokens_for(ref.grids[1])), img);
+  for (int32_t t : {31, 32, 33, 34, 35, 36, 37}) ids.push_back(t);
+  const InputEmbeds e = placeholder_embeds(ids, img, v->encode(ref.pixel_values, ref.grids));
+  const Tensor with = score_tokens(*m.model, ids, 0, 16, std::nullopt, &e);
+  const Tensor without = score_tokens(*m.model, ids);
+  const int64_t V = m.model->vocab_size();
+  EXPECT_LE(max_abs_diff(with.narrow(0, 0, first), without.narrow(0, 0, first)), 0.0f);
+  EXPECT_GT(max_abs_diff(with.narrow(0, first, static_cast<int64_t>(ids.size()) - first),
+                         without.narrow(0, first, static_cast<int64_t>(ids.size()) - first)),
+            1e-2f);
+  const float d = expect_logits_near(score_tokens(*m.model, ids, 5, 16, std::nullopt, &e), with,
+                                     1e-5f, "kimi_k25 with images, chunks of 5");
+  std::printf("kimi_k25: chunked vs whole prefill with images max |Δlogit| %.3g (vocab %lld)\n", d,
+              static_cast<long long>(V));
+}
+
+TEST(KimiK25, BadImagesAreRefusedByName) {
+  VisionRef ref("kimi_k25_torch");
+  LoadedModel m = model_load(fixture_dir("kimi_k25"), ModelOptions{});
+  VisionEncoder* v = m.model->vision_encoder();
+  auto refused = [&](const Tensor& pix, std::vector<ImageGrid> grids, const std::string& what) {
+    try {
+      v->encode(pix, grids);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  std::vector<ImageGrid> g = ref.grids;
+  g.back().w += 2;
+  refused(ref.pixel_values, g, "the grids give");
+  g = ref.grids;
+  g[0].t = 2;
+  refused(ref.pixel_values, g, "frames");
+  refused(ref.pixel_values, {{1, 3, 4}}, "multiple of the 2x2 merge");
+  refused(ref.pixel_values, {}, "no images");
+  refused(ref.pixel_values.view({-1, 3, 7, 28}), ref.grids, "pixel_values must be");
+  // Embedding rows past the prompt, or of another width, are refused by name.
+  const std::vector<int32_t> ids = {0, 11, 12, 13, 14, 15};
+  const int64_t H = m.model->config().hidden_size;
+  InputEmbeds past;
+  past.runs.push_back({4, Tensor::zeros({4, H}, DType::kF32)});
+  try {
+    score_tokens(*m.model, ids, 0, 16, std::nullopt, &past);
+    ADD_FAILURE() << "rows past the prompt were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fall outside"), std::string::npos) << e.what();
+  }
+  InputEmbeds narrow;
+  narrow.runs.push_back({1, Tensor::zeros({2, H - 1}, DType::kF32)});
+  try {
+    score_tokens(*m.model, ids, 0, 16, std::nullopt, &narrow);
+    ADD_FAILURE() << "rows of another width were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("do not fit"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace atom::test

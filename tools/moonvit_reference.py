@@ -1,0 +1,239 @@
+#!/usr/bin/python3
+"""Kimi-K2.5's MoonViT tower and patchmerger projector in plain PyTorch, written from the public
+definition as the checkpoint names it (vLLM's kimi_k25_vit.py and Moonshot's modeling code, read,
+not copied): a second reference beside transformers' Kimi_K25 port (tools/make_vision_fixture.py),
+using torch's own ops for each piece (F.conv2d, F.interpolate bicubic, F.layer_norm, GELU tanh and
+erf, softmax attention per image, complex multiplication for the 2D rotary embedding).
+
+  /usr/bin/python3 tools/moonvit_reference.py OUT_DIR
+
+Runs on this machine's Debian PyTorch (python3-torch 1.13). Writes OUT_DIR/models/kimi_k25/ when
+it does not exist (the text model is tests/fixtures/models/deepseek_v3's, under the checkpoint's
+language_model.* names, so transformers' text references hold for it; the vision tower and
+projector are random, bf16-representable) and OUT_DIR/references/kimi_k25_torch.safetensors:
+  resize_src [5, 7, 3], resize_up [9, 12, 3], resize_down [3, 2, 3]   F.interpolate bicubic
+  pixel_values [P, 3, 14, 14], grid_thw [I, 3]   two images: an 8 x 8 grid and a 2 x 6 one
+  vision_hidden [P, D], image_embeds [M, H]      this forward's outputs
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def load_safetensors(path):
+    import struct
+    import numpy as np
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        raw = data[a:b]
+        dt = v["dtype"]
+        if dt == "BF16":
+            u = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
+            t = torch.from_numpy(u.view(np.float32).copy())
+        elif dt == "F32":
+            t = torch.from_numpy(np.frombuffer(raw, dtype=np.float32).copy())
+        elif dt == "I64":
+            t = torch.from_numpy(np.frombuffer(raw, dtype=np.int64).copy())
+        else:
+            raise ValueError(f"{k}: dtype {dt}")
+        out[k] = t.reshape(v["shape"])
+    return out
+
+
+def save_safetensors(tensors, path, bf16=()):
+    import struct
+    import numpy as np
+    header, blobs, off = {}, [], 0
+    for k in sorted(tensors):
+        t = tensors[k].contiguous()
+        if k in bf16:
+            u = t.float().numpy().view(np.uint32)
+            raw = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).tobytes()
+            dt = "BF16"
+        elif t.dtype == torch.int64:
+            raw, dt = t.numpy().tobytes(), "I64"
+        else:
+            raw, dt = t.float().numpy().tobytes(), "F32"
+        header[k] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def bf16_round(t):
+    import numpy as np
+    u = t.float().numpy().view(np.uint32)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return torch.from_numpy(r.astype(np.uint32).view(np.float32).copy())
+
+
+def tower(p, vc, pix, grids):
+    """The tower's last hidden state [P, D] (after final_layernorm)."""
+    D = vc["hidden_size"]
+    H = vc["num_attention_heads"]
+    hd = D // H
+    pre = "vision_tower."
+    x = F.conv2d(pix, p[pre + "patch_embed.proj.weight"], p[pre + "patch_embed.proj.bias"],
+                 stride=vc["patch_size"]).reshape(pix.shape[0], D)
+    grid = p[pre + "patch_embed.pos_emb.weight"]
+    pos, cis = [], []
+    freqs = 1.0 / (10000.0 ** (torch.arange(0, hd, 4)[: hd // 4].float() / hd))
+    for t, h, w in grids:
+        if (h, w) == tuple(grid.shape[:2]):
+            pe = grid
+        else:
+            pe = F.interpolate(grid.permute(2, 0, 1)[None], size=(h, w), mode="bicubic",
+                               align_corners=False)[0].permute(1, 2, 0)
+        pos.append(pe.reshape(h * w, D).repeat(t, 1))
+        rows = torch.arange(h).repeat_interleave(w).float()
+        cols = torch.arange(w).repeat(h).float()
+        xc = torch.polar(torch.ones(h * w, hd // 4), torch.outer(cols, freqs))
+        yc = torch.polar(torch.ones(h * w, hd // 4), torch.outer(rows, freqs))
+        cis.append(torch.stack([xc, yc], -1).reshape(h * w, hd // 2).repeat(t, 1))
+    x = x + torch.cat(pos)
+    cis = torch.cat(cis)
+    bounds = [0]
+    for t, h, w in grids:
+        bounds.append(bounds[-1] + t * h * w)
+
+    def rope(v):  # [N, H, hd] as complex pairs (2m, 2m + 1)
+        c = torch.view_as_complex(v.reshape(v.shape[0], H, hd // 2, 2).contiguous())
+        return torch.view_as_real(c * cis[:, None, :]).reshape(v.shape[0], H, hd)
+
+    i = 0
+    while pre + f"encoder.blocks.{i}.wqkv.weight" in p:
+        b = pre + f"encoder.blocks.{i}."
+        h = F.layer_norm(x, (D,), p[b + "norm0.weight"], p[b + "norm0.bias"], 1e-5)
+        qkv = F.linear(h, p[b + "wqkv.weight"], p[b + "wqkv.bias"]).reshape(-1, 3, H, hd)
+        q, k, v = rope(qkv[:, 0]), rope(qkv[:, 1]), qkv[:, 2]
+        outs = []
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            qs, ks, vs = (u[s:e].transpose(0, 1) for u in (q, k, v))  # [H, n, hd]
+            a = torch.softmax(qs @ ks.transpose(1, 2) / hd ** 0.5, dim=-1)
+            outs.append((a @ vs).transpose(0, 1).reshape(e - s, D))
+        x = x + F.linear(torch.cat(outs), p[b + "wo.weight"], p[b + "wo.bias"])
+        h = F.layer_norm(x, (D,), p[b + "norm1.weight"], p[b + "norm1.bias"], 1e-5)
+        h = F.gelu(F.linear(h, p[b + "mlp.fc0.weight"], p[b + "mlp.fc0.bias"]), approximate="tanh")
+        x = x + F.linear(h, p[b + "mlp.fc1.weight"], p[b + "mlp.fc1.bias"])
+        i += 1
+    return F.layer_norm(x, (D,), p[pre + "encoder.final_layernorm.weight"],
+                        p[pre + "encoder.final_layernorm.bias"], 1e-5)
+
+
+def project(p, vc, hidden, grids, eps):
+    """The 2x2 merge (temporal mean) and patchmerger: [sum t*h*w / 4 ... per frame set, text H]."""
+    D = vc["hidden_size"]
+    merged, at = [], 0
+    for t, h, w in grids:
+        s = hidden[at:at + t * h * w].reshape(t, h // 2, 2, w // 2, 2, D)
+        merged.append(s.permute(0, 1, 3, 2, 4, 5).mean(0).reshape(-1, 4, D))
+        at += t * h * w
+    m = torch.cat(merged)
+    m = F.layer_norm(m, (D,), p["mm_projector.pre_norm.weight"], p["mm_projector.pre_norm.bias"],
+                     eps).reshape(-1, 4 * D)
+    m = F.gelu(F.linear(m, p["mm_projector.proj.0.weight"], p["mm_projector.proj.0.bias"]))
+    return F.linear(m, p["mm_projector.proj.2.weight"], p["mm_projector.proj.2.bias"])
+
+
+def make_checkpoint(folder, src="tests/fixtures/models/deepseek_v3"):
+    """kimi_k25 from the deepseek_v3 fixture's text model and a random tower."""
+    text_cfg = json.load(open(os.path.join(src, "config.json")))
+    text = load_safetensors(os.path.join(src, "model.safetensors"))
+    vc = dict(patch_size=14, pos_emb_height=4, pos_emb_width=4, pos_emb_time=4,
+              num_attention_heads=4, num_hidden_layers=2, hidden_size=64, intermediate_size=96,
+              hidden_act="gelu_pytorch_tanh", merge_kernel_size=[2, 2], model_type="kimi_k25_vision")
+    D, I, Ht = vc["hidden_size"], vc["intermediate_size"], text_cfg["hidden_size"]
+    g = torch.Generator().manual_seed(7)
+
+    def rnd(*shape, scale=None):
+        fan = shape[-1] if len(shape) > 1 else 1
+        s = scale if scale is not None else fan ** -0.5
+        return bf16_round(torch.randn(shape, generator=g) * s)
+
+    w = {}
+    pre = "vision_tower."
+    w[pre + "patch_embed.proj.weight"] = rnd(D, 3, 14, 14, scale=588 ** -0.5)
+    w[pre + "patch_embed.proj.bias"] = rnd(D, scale=0.1)
+    w[pre + "patch_embed.pos_emb.weight"] = rnd(4, 4, D, scale=0.5)
+    for i in range(vc["num_hidden_layers"]):
+        b = pre + f"encoder.blocks.{i}."
+        for n in ("norm0", "norm1"):
+            w[b + n + ".weight"] = bf16_round(1 + 0.1 * torch.randn(D, generator=g))
+            w[b + n + ".bias"] = rnd(D, scale=0.1)
+        w[b + "wqkv.weight"], w[b + "wqkv.bias"] = rnd(3 * D, D), rnd(3 * D, scale=0.1)
+        w[b + "wo.weight"], w[b + "wo.bias"] = rnd(D, D), rnd(D, scale=0.1)
+        w[b + "mlp.fc0.weight"], w[b + "mlp.fc0.bias"] = rnd(I, D), rnd(I, scale=0.1)
+        w[b + "mlp.fc1.weight"], w[b + "mlp.fc1.bias"] = rnd(D, I), rnd(D, scale=0.1)
+    w[pre + "encoder.final_layernorm.weight"] = bf16_round(1 + 0.1 * torch.randn(D, generator=g))
+    w[pre + "encoder.final_layernorm.bias"] = rnd(D, scale=0.1)
+    w["mm_projector.pre_norm.weight"] = bf16_round(1 + 0.1 * torch.randn(D, generator=g))
+    w["mm_projector.pre_norm.bias"] = rnd(D, scale=0.1)
+    w["mm_projector.proj.0.weight"], w["mm_projector.proj.0.bias"] = rnd(4 * D, 4 * D), rnd(4 * D, scale=0.1)
+    w["mm_projector.proj.2.weight"], w["mm_projector.proj.2.bias"] = rnd(Ht, 4 * D), rnd(Ht, scale=0.1)
+    for k, v in text.items():
+        if k.startswith("model."):
+            w["language_model." + k] = v
+        elif k.startswith("lm_head."):
+            w["language_model." + k] = v
+        else:
+            raise ValueError(k)
+    os.makedirs(folder, exist_ok=True)
+    save_safetensors(w, os.path.join(folder, "model.safetensors"), bf16=set(w))
+    cfg = dict(architectures=["KimiK25ForConditionalGeneration"], model_type="kimi_k25",
+               text_config=text_cfg, vision_config=vc, projection_hidden_size=D,
+               projection_layer_norm_eps=1e-5, image_token_id=500, tie_word_embeddings=False,
+               dtype="bfloat16")
+    json.dump(cfg, open(os.path.join(folder, "config.json"), "w"), indent=2)
+    gen = os.path.join(src, "generation_config.json")
+    if os.path.exists(gen):
+        open(os.path.join(folder, "generation_config.json"), "w").write(open(gen).read())
+
+
+def main():
+    out = sys.argv[1]
+    folder = os.path.join(out, "models", "kimi_k25")
+    if not os.path.exists(os.path.join(folder, "config.json")):
+        make_checkpoint(folder)
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    vc = cfg["vision_config"]
+    p = {k: v.float() for k, v in load_safetensors(os.path.join(folder, "model.safetensors")).items()
+         if k.startswith(("vision_tower.", "mm_projector."))}
+    g = torch.Generator().manual_seed(3)
+    grids = [(1, 8, 8), (1, 2, 6)]
+    pix = torch.rand((sum(t * h * w for t, h, w in grids), 3, 14, 14), generator=g) * 2 - 1
+    with torch.no_grad():
+        hidden = tower(p, vc, pix, grids)
+        embeds = project(p, vc, hidden, grids, cfg.get("projection_layer_norm_eps", 1e-5))
+        rs = torch.randn((5, 7, 3), generator=torch.Generator().manual_seed(11))
+        chw = rs.permute(2, 0, 1)[None]
+        up = F.interpolate(chw, size=(9, 12), mode="bicubic", align_corners=False)
+        down = F.interpolate(chw, size=(3, 2), mode="bicubic", align_corners=False)
+    refs = dict(resize_src=rs, resize_up=up[0].permute(1, 2, 0), resize_down=down[0].permute(1, 2, 0),
+                pixel_values=pix, grid_thw=torch.tensor(grids, dtype=torch.int64),
+                vision_hidden=hidden, image_embeds=embeds)
+    os.makedirs(os.path.join(out, "references"), exist_ok=True)
+    save_safetensors(refs, os.path.join(out, "references", "kimi_k25_torch.safetensors"))
+    print("image_embeds", tuple(embeds.shape), "std", float(embeds.std()),
+          "hidden std", float(hidden.std()))
+
+
+if __name__ == "__main__":
+    main()
