@@ -424,6 +424,22 @@ MUTATIONS = [
      "src/engine/tp_runner.cpp",
      "    b.state_copies.emplace_back(from, static_cast<int32_t>(w.i64()));",
      "    (void)from;\n    (void)w.i64();"),
+    ("image_block_hash_not_mixed",
+     "Prompts with images: a block holding an image's placeholders hashes like its tokens alone, "
+     "so a prompt with the same tokens and another image reuses the first image's cached KV",
+     "src/engine/block_manager.cpp",
+     "      v = prompt_images_hash(*seq.request->images, v, lo, lo + block_size_);",
+     "      (void)lo;"),
+    ("image_rows_shifted_by_one",
+     "Prompts with images: the features land one row after their placeholders",
+     "src/engine/multimodal.cpp",
+     "    e->runs.push_back({row0 + lo - start,",
+     "    e->runs.push_back({row0 + lo - start + (lo + 1 < hi ? 1 : 0),"),
+    ("moonvit_rope_axes_swapped",
+     "MoonViT: the 2D rotary embedding turns pair 2i by the patch's row instead of its column",
+     "src/models/moonvit.cpp",
+     "            const float ax = static_cast<float>(c) * fi, ay = static_cast<float>(r) * fi;",
+     "            const float ax = static_cast<float>(r) * fi, ay = static_cast<float>(c) * fi;"),
 ]
 
 

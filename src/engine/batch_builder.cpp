@@ -1,6 +1,7 @@
 #include "engine/batch_builder.h"
 
 #include "core/error.h"
+#include "engine/multimodal.h"
 #include "engine/state_pool.h"
 
 namespace atom {
@@ -18,6 +19,8 @@ void batch_build(const SchedulerOutput& step, int block_size, Batch& b,
   b.state_slots.clear();
   b.state_rollback_slots.clear();
   b.state_copies = step.state_copies;
+  b.input_embeds.reset();
+  std::shared_ptr<InputEmbeds> embeds;
   rows.clear();
   b.block_size = block_size;
   b.query_start.push_back(0);
@@ -44,6 +47,7 @@ void batch_build(const SchedulerOutput& step, int block_size, Batch& b,
         rows.push_back({&seq, pos});
       }
     }
+    if (req.images) prompt_images_embeds(*req.images, start, end, row0, embeds);
     b.query_start.push_back(b.num_tokens());
     b.context_lens.push_back(end);
     const int pages = (end + block_size - 1) / block_size;
@@ -75,6 +79,7 @@ void batch_build(const SchedulerOutput& step, int block_size, Batch& b,
   }
   if (!b.state_rollback_slots.empty())
     b.state_rollback_slots.resize(static_cast<size_t>(b.num_tokens()), -1);
+  b.input_embeds = std::move(embeds);
 }
 
 }  // namespace atom

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "engine/multimodal.h"
 
 namespace atom {
 
@@ -86,8 +87,14 @@ void BlockManager::ensure_hashes(Sequence& seq, int num_full_blocks) {
   auto& h = seq.block_hashes;
   while (static_cast<int>(h.size()) < num_full_blocks) {
     const size_t i = h.size();
-    h.push_back(
-        hasher_(i == 0 ? kRootHash : h[i - 1], seq.tokens.data() + i * block_size_, block_size_));
+    uint64_t v =
+        hasher_(i == 0 ? kRootHash : h[i - 1], seq.tokens.data() + i * block_size_, block_size_);
+    // A block holding an image's placeholders is that image's too.
+    if (seq.request && seq.request->images) {
+      const int lo = static_cast<int>(i) * block_size_;
+      v = prompt_images_hash(*seq.request->images, v, lo, lo + block_size_);
+    }
+    h.push_back(v);
   }
 }
 

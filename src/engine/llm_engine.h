@@ -21,6 +21,7 @@
 #include "engine/block_manager.h"
 #include "engine/engine_config.h"
 #include "engine/model_runner.h"
+#include "engine/multimodal.h"
 #include "engine/request_output.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
@@ -70,8 +71,13 @@ class LLMEngine {
   // Queues a request. Errors (atom::Error, naming the parameter) on invalid parameters, an empty
   // or out-of-vocabulary prompt, a prompt longer than max_model_len, a duplicate id, or stop
   // strings without a detokenizer.
+  // images: the prompt's images (a model with a vision tower), one image placeholder token in
+  // the prompt each, in order; the engine expands the placeholders and computes the features
+  // (engine/multimodal.h). Also an error: images for a model without a vision tower, with
+  // speculative decoding, or a prompt with images longer than max_num_batched_tokens (it is
+  // prefilled in one step).
   void add_request(const std::string& request_id, std::vector<int32_t> prompt_token_ids,
-                   const SamplingParams& params);
+                   const SamplingParams& params, const std::vector<PromptImage>& images = {});
   // Ends a request wherever it is (waiting, prefilling, decoding), returning all its blocks.
   // Returns its final output (finish_reason abort for unfinished samples), or nothing when the
   // id is unknown or already finished.

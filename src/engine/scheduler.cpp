@@ -173,10 +173,16 @@ void Scheduler::admit_waiting(int& budget) {
     }
     const int cached = static_cast<int>(hits_.size()) * bs;
     int n = seq->num_tokens() - cached;
-    n = cap_at_checkpoint(*seq, cached, n);
-    if (config_.long_prefill_token_threshold > 0)
-      n = std::min(n, config_.long_prefill_token_threshold);
-    n = std::min(n, budget);
+    if (seq->request && seq->request->images) {
+      // A prompt with images is prefilled in one step: it waits for a step with room for all of
+      // it (LLMEngine::add_request refused one that can never have it).
+      if (n > budget) break;  // FCFS: nobody overtakes the head
+    } else {
+      n = cap_at_checkpoint(*seq, cached, n);
+      if (config_.long_prefill_token_threshold > 0)
+        n = std::min(n, config_.long_prefill_token_threshold);
+      n = std::min(n, budget);
+    }
     if (!blocks_.allocate(*seq, hits_, n)) break;  // FCFS: nobody overtakes the head
     ATOM_CHECK(states_.allocate(*seq), "state pool exhausted after can_allocate");
     if (restore >= 0) {

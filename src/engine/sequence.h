@@ -42,6 +42,7 @@ enum class SeqStatus : uint8_t { kWaiting, kRunning, kFinished };
 using Clock = std::chrono::steady_clock;
 
 struct Request;
+struct RequestImages;  // engine/multimodal.h
 
 struct Sequence {
   Request* request = nullptr;
@@ -108,6 +109,8 @@ struct Request {
   std::vector<int32_t> prompt;
   SamplingParams params;
   std::vector<int32_t> min_tokens_suppressed;  // EOS (unless ignore_eos) and stop_token_ids
+  // The prompt's images (null: none): their placeholders' places and their features.
+  std::shared_ptr<const RequestImages> images;
   Clock::time_point arrival;
   std::vector<std::unique_ptr<Sequence>> seqs;  // n of them
   // prompt_logprobs[i] for prompt position i >= 1 (entry 0 stays empty, as in vLLM).

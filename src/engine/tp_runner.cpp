@@ -74,6 +74,13 @@ std::string batch_to_bytes(const Batch& b) {
     w.put_i64(from);
     w.put_i64(to);
   }
+  // Image features at their rows (multimodal prompts), each run's rows as one tensor.
+  w.put_i64(b.input_embeds ? static_cast<int64_t>(b.input_embeds->runs.size()) : 0);
+  if (b.input_embeds)
+    for (const InputEmbeds::Run& r : b.input_embeds->runs) {
+      w.put_i64(r.dst_row);
+      wire_put_tensor(w, r.values);
+    }
   return w.buffer();
 }
 
@@ -90,6 +97,17 @@ void batch_from_bytes(Wire& w, Batch& b) {
   for (int64_t i = 0; i < copies; ++i) {
     const auto from = static_cast<int32_t>(w.i64());
     b.state_copies.emplace_back(from, static_cast<int32_t>(w.i64()));
+  }
+  const int64_t runs = w.i64();
+  if (runs < 0 || runs > (int64_t{1} << 24)) fail("a step of {} input embedding runs", runs);
+  b.input_embeds.reset();
+  if (runs > 0) {
+    auto e = std::make_shared<InputEmbeds>();
+    for (int64_t i = 0; i < runs; ++i) {
+      const int64_t row = w.i64();
+      e->runs.push_back({row, wire_tensor(w)});
+    }
+    b.input_embeds = std::move(e);
   }
 }
 

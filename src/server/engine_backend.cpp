@@ -4,7 +4,12 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
 #include "core/log.h"
+#include "models/moonvit.h"
 #include "grammar/reasoning_gate.h"
 #include "server/api_error.h"
 #include "server/responses.h"
@@ -31,6 +36,38 @@ bool template_has(const tokenizer::ChatTemplate& t, const char* text) {
   return false;
 }
 
+// The image processor's parameters of a model folder: preprocessor_config.json's
+// media_proc_cfg (Kimi-K2.5's) or its top level, over Kimi-K2.5's defaults.
+vision::ProcessorParams image_processor_params(const std::string& dir) {
+  vision::ProcessorParams p;
+  const std::filesystem::path path = std::filesystem::path(dir) / "preprocessor_config.json";
+  std::error_code ec;
+  if (dir.empty() || !std::filesystem::is_regular_file(path, ec)) return p;
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    const nlohmann::json j = nlohmann::json::parse(ss.str());
+    const nlohmann::json& c =
+        j.contains("media_proc_cfg") && j["media_proc_cfg"].is_object() ? j["media_proc_cfg"] : j;
+    if (c.contains("patch_size")) p.patch_size = c["patch_size"].get<int>();
+    if (c.contains("merge_kernel_size")) p.merge_kernel_size = c["merge_kernel_size"].get<int>();
+    if (c.contains("in_patch_limit")) p.in_patch_limit = c["in_patch_limit"].get<int64_t>();
+    if (c.contains("patch_limit_on_one_side"))
+      p.patch_limit_on_one_side = c["patch_limit_on_one_side"].get<int>();
+    for (int k = 0; k < 3; ++k) {
+      if (c.contains("image_mean")) p.image_mean[k] = c["image_mean"].at(k).get<float>();
+      if (c.contains("image_std")) p.image_std[k] = c["image_std"].at(k).get<float>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: {}", path.string(), e.what());
+  }
+  if (p.patch_size < 1 || p.merge_kernel_size < 1 || p.in_patch_limit < 1 ||
+      p.patch_limit_on_one_side < 1)
+    fail("{}: the image processor's sizes must be positive", path.string());
+  return p;
+}
+
 }  // namespace
 
 EngineBackend::EngineBackend(LLMEngine& engine, tokenizer::Tokenizer tok,
@@ -54,6 +91,11 @@ EngineBackend::EngineBackend(LLMEngine& engine, tokenizer::Tokenizer tok,
   });
   info_.reasoning = template_has(template_, "</think>");
   info_.harmony = template_has(template_, "<|channel|>");
+  if (VisionEncoder* v = engine_.model().vision_encoder()) {
+    info_.image_token_id = static_cast<int32_t>(v->image_token_id());
+    info_.image_processor = image_processor_params(options_.model_path);
+    info_.max_image_prompt_tokens = engine_.config().max_num_batched_tokens;
+  }
   blocks_total_ = engine_.block_manager().num_blocks();
   blocks_free_ = engine_.block_manager().num_free_blocks();
   slots_total_ = engine_.state_pool().enabled() ? engine_.state_pool().num_slots() : 0;
@@ -204,8 +246,18 @@ void EngineBackend::submit(BackendRequest request, std::function<void(RequestUpd
     throw ApiError(
         503, "ServiceUnavailableError",
         fmt::format("The server is overloaded: {} requests are waiting.", waiting_.load()));
-  Command c{Command::kAdd, std::move(request), {}, std::move(on_update)};
+  Command c{Command::kAdd, std::move(request), {}, std::move(on_update), {}};
   c.params = sampling_params(c.request.sampling);
+  // The images' pixel values as the engine takes them (their vectors owned by the tensors).
+  for (auto& im : c.request.images) {
+    auto owner = std::make_shared<vision::VisionInput>(std::move(im));
+    const int64_t p = owner->grid.num_patches();
+    const int64_t side = info_.image_processor.patch_size;
+    c.images.push_back({Tensor::wrap(owner->pixel_values.data(), {p, 3, side, side}, DType::kF32,
+                                     Device::cpu(), owner),
+                        owner->grid});
+  }
+  c.request.images.clear();
   ++live_;
   ++waiting_;  // counted until the engine thread admits it
   {
@@ -216,7 +268,7 @@ void EngineBackend::submit(BackendRequest request, std::function<void(RequestUpd
 }
 
 void EngineBackend::abort(const std::string& id) {
-  Command c{Command::kAbort, {}, {}, {}};
+  Command c{Command::kAbort, {}, {}, {}, {}};
   c.request.id = id;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -317,7 +369,7 @@ void EngineBackend::loop() {
         live_map_[id] = Live{std::move(c.on_update), false, c.params.n,
                              std::vector<bool>(static_cast<size_t>(c.params.n))};
         try {
-          engine_.add_request(id, std::move(c.request.prompt_ids), c.params);
+          engine_.add_request(id, std::move(c.request.prompt_ids), c.params, c.images);
         } catch (const std::exception& e) {
           final_update(id, nullptr, e.what());
         }

@@ -61,6 +61,7 @@ class EngineBackend final : public Backend {
     BackendRequest request;
     SamplingParams params;
     std::function<void(RequestUpdate)> on_update;
+    std::vector<PromptImage> images;  // the request's images, as the engine takes them
   };
   struct Live {
     std::function<void(RequestUpdate)> on_update;

@@ -1,0 +1,210 @@
+// Prompts with images through the engine (engine/multimodal.h) on Kimi-K2.5's fixture (its tower
+// and projector checked against tools/moonvit_reference.py in tests/models/kimi_k25_test.cpp): the
+// placeholders expanded at add_request, the features written over their embeddings in whatever
+// step computes them, block hashes that tell images apart, one-step prefills, and requests that
+// are refused by name while the engine goes on serving.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "engine_test_util.h"
+#include "models/moonvit.h"
+
+namespace atom::test {
+namespace {
+
+struct ImageFixture {
+  std::vector<int32_t> prompt;  // one placeholder per image
+  std::vector<int32_t> expanded;
+  std::vector<PromptImage> images;
+  int64_t image_token = 0;
+};
+
+// Text around and between the two images of the kimi_k25 fixture's torch reference (an 8 x 8 and
+// a 2 x 6 grid), one placeholder each.
+ImageFixture image_fixture() {
+  SafetensorsFile f(source_dir() + "/tests/fixtures/references/kimi_k25_torch.safetensors", true);
+  ImageFixture x;
+  const Tensor pix = f.tensor("pixel_values").clone();
+  const Tensor g = f.tensor("grid_thw");
+  int64_t row = 0;
+  for (int64_t i = 0; i < g.size(0); ++i) {
+    vision::ImageGrid grid{g.ptr<int64_t>()[i * 3], g.ptr<int64_t>()[i * 3 + 1],
+                           g.ptr<int64_t>()[i * 3 + 2]};
+    x.images.push_back({pix.narrow(0, row, grid.num_patches()).clone(), grid});
+    row += grid.num_patches();
+  }
+  VisionEncoder* v = fixture_model("kimi_k25").vision_encoder();
+  x.image_token = v->image_token_id();
+  const int32_t img = static_cast<int32_t>(x.image_token);
+  x.prompt = {0, 11, 12, 13, 14, 15, 16, 17, 18, img, 21, 22, 23, img, 31, 32, 33, 34, 35, 36, 37};
+  for (int32_t t : x.prompt) {
+    if (t != img) {
+      x.expanded.push_back(t);
+      continue;
+    }
+    const PromptImage& im = x.images[x.expanded.size() < 20 ? 0 : 1];
+    x.expanded.insert(x.expanded.end(), static_cast<size_t>(v->tokens_for(im.grid)), img);
+  }
+  return x;
+}
+
+// A random image on the grid of `like`.
+PromptImage random_image(const PromptImage& like, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  PromptImage im{Tensor::empty(like.pixel_values.shape(), DType::kF32), like.grid};
+  for (int64_t i = 0; i < im.pixel_values.numel(); ++i) im.pixel_values.ptr<float>()[i] = u(rng);
+  return im;
+}
+
+// What the single-sequence runner gives for `prompt` (collapsed) with `images`: the reference
+// the engine's batching, caching and preemption must not change.
+std::vector<int32_t> single(const ImageFixture& x, const std::vector<PromptImage>& images,
+                            int tokens) {
+  Model& m = fixture_model("kimi_k25");
+  std::vector<int32_t> p = x.prompt;
+  auto mm = prompt_images_expand(*m.vision_encoder(), p, images);
+  std::shared_ptr<InputEmbeds> e;
+  prompt_images_embeds(*mm, 0, static_cast<int>(p.size()), 0, e);
+  return generate_greedy(m, p, tokens, {}, true, 16, std::nullopt, e.get()).token_ids;
+}
+
+TEST(EngineImages, GreedyWithImagesMatchesTheSingleRunner) {
+  const ImageFixture x = image_fixture();
+  LLMEngine engine(fixture_model("kimi_k25"), test_config());
+  const int T = 12;
+  engine.add_request("a", x.prompt, greedy(T), x.images);
+  std::vector<RequestOutput> done;
+  while (engine.has_unfinished())
+    for (RequestOutput& o : engine.step().finished) done.push_back(std::move(o));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].prompt_token_ids, x.expanded);  // the expanded prompt
+  EXPECT_EQ(done[0].outputs[0].token_ids, single(x, x.images, T));
+  // Without the images' features the same expanded ids continue otherwise.
+  EXPECT_NE(done[0].outputs[0].token_ids,
+            generate_greedy(fixture_model("kimi_k25"), x.expanded, T, {}, true).token_ids);
+  expect_engine_idle(engine);
+}
+
+TEST(EngineImages, OtherImagesNeverShareCachedBlocksAndTheSameOnesDo) {
+  const ImageFixture x = image_fixture();
+  EngineConfig c = test_config();
+  c.block_size = 4;
+  LLMEngine engine(fixture_model("kimi_k25"), c);
+  const std::vector<PromptImage> other = {random_image(x.images[0], 1),
+                                          random_image(x.images[1], 2)};
+  const int T = 6;
+  auto run = [&](const std::string& id, const std::vector<PromptImage>& images) {
+    engine.add_request(id, x.prompt, greedy(T), images);
+    std::vector<RequestOutput> done;
+    while (engine.has_unfinished())
+      for (RequestOutput& o : engine.step().finished) done.push_back(std::move(o));
+    EXPECT_EQ(done.size(), 1u);
+    return done.at(0).outputs.at(0);
+  };
+  const CompletionOutput a = run("a", x.images);
+  const CompletionOutput b = run("b", other);  // same tokens, other images
+  const CompletionOutput c2 = run("c", x.images);
+  EXPECT_EQ(a.token_ids, single(x, x.images, T));
+  EXPECT_EQ(b.token_ids, single(x, other, T));
+  EXPECT_NE(a.token_ids, b.token_ids) << "the images do not change the output: a weak test";
+  EXPECT_EQ(c2.token_ids, a.token_ids);
+  // b may reuse only the blocks before the first image; c reuses past both images.
+  int first = 0;
+  while (x.prompt[static_cast<size_t>(first)] != x.image_token) ++first;
+  EXPECT_LE(b.num_cached_tokens, first / 4 * 4);
+  EXPECT_GT(c2.num_cached_tokens, static_cast<int>(x.expanded.size()) - 8);
+  expect_engine_idle(engine);
+}
+
+TEST(EngineImages, BatchedWithTextAndPreemptedRequestsMatchTheSingleRunner) {
+  const ImageFixture x = image_fixture();
+  EngineConfig c = test_config();
+  c.max_model_len = 128;
+  c.num_gpu_blocks_override = 12;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 64;
+  LLMEngine engine(fixture_model("kimi_k25"), c);
+  const int T = 24;
+  std::vector<std::vector<PromptImage>> images;
+  for (int i = 0; i < 5; ++i)
+    images.push_back({random_image(x.images[0], 10 + i), random_image(x.images[1], 20 + i)});
+  for (int i = 0; i < 5; ++i) {
+    engine.add_request("img" + std::to_string(i), x.prompt, greedy(T), images[i]);
+    engine.add_request("txt" + std::to_string(i), {5, 6, 7, int32_t(8 + i)}, greedy(T));
+  }
+  std::map<std::string, RequestOutput> done;
+  while (engine.has_unfinished())
+    for (RequestOutput& o : engine.step().finished) done[o.request_id] = std::move(o);
+  int preemptions = 0;
+  for (int i = 0; i < 5; ++i) {
+    const CompletionOutput& o = done.at("img" + std::to_string(i)).outputs.at(0);
+    EXPECT_EQ(o.token_ids, single(x, images[i], T)) << "request " << i;
+    preemptions += o.num_preemptions;
+    const std::vector<int32_t> text = {5, 6, 7, int32_t(8 + i)};
+    EXPECT_EQ(done.at("txt" + std::to_string(i)).outputs.at(0).token_ids,
+              generate_greedy(fixture_model("kimi_k25"), text, T, {}, true).token_ids);
+  }
+  EXPECT_GT(preemptions, 0) << "no request was preempted: the scenario does not test recompute";
+  expect_engine_idle(engine);
+}
+
+TEST(EngineImages, BadRequestsAreRefusedByNameAndTheEngineGoesOn) {
+  const ImageFixture x = image_fixture();
+  EngineConfig c = test_config();
+  LLMEngine engine(fixture_model("kimi_k25"), c);
+  auto refused = [&](const std::vector<int32_t>& prompt, const std::vector<PromptImage>& images,
+                     const std::string& what) {
+    try {
+      engine.add_request("bad", prompt, greedy(4), images);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused(x.prompt, {x.images[0]}, "image placeholder tokens");
+  std::vector<int32_t> no_placeholder = {5, 6, 7};
+  refused(no_placeholder, x.images, "image placeholder tokens");
+  PromptImage wrong = x.images[0];
+  wrong.grid.w += 2;
+  refused(x.prompt, {wrong, x.images[1]}, "do not fit its grid");
+  PromptImage odd = x.images[1];
+  odd.grid = {1, 3, 4};
+  odd.pixel_values = Tensor::zeros({12, 3, 14, 14}, DType::kF32);
+  refused(x.prompt, {x.images[0], odd}, "2x2 merge");
+  {
+    EngineConfig small = test_config();
+    small.max_num_batched_tokens = 16;
+    small.max_num_seqs = 16;
+    LLMEngine e2(fixture_model("kimi_k25"), small);
+    try {
+      e2.add_request("long", x.prompt, greedy(4), x.images);
+      ADD_FAILURE() << "a prompt with images longer than a step was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("max_num_batched_tokens"), std::string::npos)
+          << e.what();
+    }
+  }
+  {
+    LLMEngine text_only(fixture_model("deepseek_v3"), c);
+    try {
+      text_only.add_request("img", {5, 6}, greedy(4), x.images);
+      ADD_FAILURE() << "a text-only model took images";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("takes no images"), std::string::npos) << e.what();
+    }
+  }
+  // Nothing was queued; the engine serves the next request as before.
+  EXPECT_FALSE(engine.has_unfinished());
+  engine.add_request("good", x.prompt, greedy(8), x.images);
+  std::vector<RequestOutput> done;
+  while (engine.has_unfinished())
+    for (RequestOutput& o : engine.step().finished) done.push_back(std::move(o));
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].outputs[0].token_ids, single(x, x.images, 8));
+  expect_engine_idle(engine);
+}
+
+}  // namespace
+}  // namespace atom::test
