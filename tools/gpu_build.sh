@@ -14,13 +14,17 @@ out="${OUT:-/tmp/atom-out}"
 mkdir -p "$out"
 deps="$src/.gpu-deps"
 prefix=/tmp/atom-deps
-if [ ! -d "$deps/debs" ]; then
-  echo "gpu_build.sh: no .gpu-deps/debs: run tools/gpu_prepare.sh here and carry .gpu-deps" >&2
+if [ ! -f "$deps/prefix.tar.xz" ] && [ ! -d "$deps/debs" ]; then
+  echo "gpu_build.sh: no .gpu-deps/prefix.tar.xz: run tools/gpu_prepare.sh here and carry .gpu-deps" >&2
   exit 2
 fi
 t0=$SECONDS
 rm -rf "$prefix" && mkdir -p "$prefix"
-for f in "$deps"/debs/*.deb; do dpkg -x "$f" "$prefix"; done
+if [ -f "$deps/prefix.tar.xz" ]; then
+  tar -C "$prefix" -xJf "$deps/prefix.tar.xz"
+else
+  for f in "$deps"/debs/*.deb; do dpkg -x "$f" "$prefix"; done
+fi
 arch=x86_64-linux-gnu
 libdir="$prefix/usr/lib/$arch"
 export LD_LIBRARY_PATH="$libdir:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -42,7 +46,7 @@ if [ ! -f /usr/local/cuda/include/nccl.h ]; then
   fi
 fi
 export PATH="/usr/local/cuda/bin:$PATH"
-echo "gpu_build.sh: $(ls "$deps"/debs | wc -l) packages unpacked in $((SECONDS - t0)) s; $(nproc) cores; $(cat "$deps/COMMIT" 2>/dev/null | head -1)"
+echo "gpu_build.sh: the build dependencies unpacked in $((SECONDS - t0)) s; $(nproc) cores; $(cat "$deps/COMMIT" 2>/dev/null | head -1)"
 t=$SECONDS
 cmake -S "$src" -B "$src/build-gpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DATOM_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$prefix/usr" \

