@@ -435,6 +435,13 @@ MUTATIONS = [
      "src/engine/multimodal.cpp",
      "    e->runs.push_back({row0 + lo - start,",
      "    e->runs.push_back({row0 + lo - start + (lo + 1 < hi ? 1 : 0),"),
+    ("nodes_step_input_embeds_dropped",
+     "Several nodes: a worker's copy of the step loses the image features (its ranks embed the "
+     "placeholder tokens as text)",
+     "src/engine/tp_runner.cpp",
+     "  w.put_i64(b.input_embeds ? static_cast<int64_t>(b.input_embeds->runs.size()) : 0);\n"
+     "  if (b.input_embeds)",
+     "  w.put_i64(0);\n  if (false)"),
     ("moonvit_rope_axes_swapped",
      "MoonViT: the 2D rotary embedding turns pair 2i by the patch's row instead of its column",
      "src/models/moonvit.cpp",

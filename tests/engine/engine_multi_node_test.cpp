@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <map>
 #include <thread>
 
 #include "common/fixtures.h"
@@ -147,6 +148,40 @@ INSTANTIATE_TEST_SUITE_P(
 // (with -pp 2 the embedding is on the worker). The drafter's tensors are the one-process group's
 // bit for bit, and the tokens with K = 1 and 3 equal plain decoding's, with the same draft and
 // accepted counts as one process.
+// Prompts with images over two nodes (tp 2, a rank each): the features computed on the head
+// travel in the step's bytes to the worker's rank, whose embedding layer writes them too; the
+// engine's outputs equal one process's, and differ from the same prompts without the images.
+TEST(MultiNodeImages, ImagePromptsEqualOneProcess) {
+  const NodesCase c{"kimi_k25", 2, 1, 2};
+  const ImageFixture x = image_fixture();
+  std::vector<std::vector<PromptImage>> images = {x.images, x.images};
+  Tensor other = x.images[0].pixel_values.clone();  // another image on the same grid
+  for (int64_t i = 0; i < other.numel(); ++i) other.ptr<float>()[i] = -other.ptr<float>()[i];
+  images[1][0].pixel_values = other;
+  auto run = [&](LLMEngine& engine) {
+    for (size_t i = 0; i < images.size(); ++i)
+      engine.add_request("img" + std::to_string(i), x.prompt, greedy(8), images[i]);
+    engine.add_request("txt", {5, 6, 7, 8}, greedy(8));
+    std::map<std::string, std::vector<int32_t>> out;
+    while (engine.has_unfinished())
+      for (RequestOutput& o : engine.step().finished) out[o.request_id] = o.outputs.at(0).token_ids;
+    return out;
+  };
+  auto one = model_group_load(fixture_dir(c.fixture), options(c), c.tp);
+  std::map<std::string, std::vector<int32_t>> want;
+  {
+    LLMEngine engine(*one, test_config());
+    want = run(engine);
+  }
+  one.reset();
+  ASSERT_EQ(want.size(), 3u);
+  EXPECT_NE(want["img0"], want["img1"]) << "the images do not change the output: a weak test";
+  run_on_nodes(c, [&](ModelGroup& g) {
+    LLMEngine engine(g, test_config());
+    EXPECT_EQ(run(engine), want);
+  });
+}
+
 TEST(MultiNodeSpec, DrafterOnTheHeadMatchesOneProcess) {
   for (const NodesCase& c :
        {NodesCase{"deepseek_v3_mtp", 2, 1, 2}, NodesCase{"qwen3_next_mtp", 1, 2, 2}}) {

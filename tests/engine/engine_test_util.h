@@ -17,6 +17,7 @@
 #include "engine/sequence_runner.h"
 #include "engine/spec_decode.h"
 #include "models/loading.h"
+#include "models/moonvit.h"
 
 namespace atom::test {
 
@@ -71,6 +72,43 @@ inline Workload random_workload(int n, int max_len, int max_tokens, int64_t voca
         min_tokens + static_cast<int>(rng() % static_cast<uint32_t>(max_tokens - min_tokens + 1))));
   }
   return w;
+}
+
+// Prompts with images (Kimi-K2.5's kimi_k25 fixture).
+struct ImageFixture {
+  std::vector<int32_t> prompt;  // one placeholder per image
+  std::vector<int32_t> expanded;
+  std::vector<PromptImage> images;
+  int64_t image_token = 0;
+};
+
+// Text around and between the two images of the kimi_k25 fixture's torch reference (an 8 x 8 and
+// a 2 x 6 grid), one placeholder each.
+inline ImageFixture image_fixture() {
+  SafetensorsFile f(source_dir() + "/tests/fixtures/references/kimi_k25_torch.safetensors", true);
+  ImageFixture x;
+  const Tensor pix = f.tensor("pixel_values").clone();
+  const Tensor g = f.tensor("grid_thw");
+  int64_t row = 0;
+  for (int64_t i = 0; i < g.size(0); ++i) {
+    vision::ImageGrid grid{g.ptr<int64_t>()[i * 3], g.ptr<int64_t>()[i * 3 + 1],
+                           g.ptr<int64_t>()[i * 3 + 2]};
+    x.images.push_back({pix.narrow(0, row, grid.num_patches()).clone(), grid});
+    row += grid.num_patches();
+  }
+  VisionEncoder* v = fixture_model("kimi_k25").vision_encoder();
+  x.image_token = v->image_token_id();
+  const int32_t img = static_cast<int32_t>(x.image_token);
+  x.prompt = {0, 11, 12, 13, 14, 15, 16, 17, 18, img, 21, 22, 23, img, 31, 32, 33, 34, 35, 36, 37};
+  for (int32_t t : x.prompt) {
+    if (t != img) {
+      x.expanded.push_back(t);
+      continue;
+    }
+    const PromptImage& im = x.images[x.expanded.size() < 20 ? 0 : 1];
+    x.expanded.insert(x.expanded.end(), static_cast<size_t>(v->tokens_for(im.grid)), img);
+  }
+  return x;
 }
 
 inline void expect_engine_idle(const LLMEngine& e) {
