@@ -173,11 +173,15 @@ int64_t MoonVit::tokens_for(const ImageGrid& g) const {
   return g.t * (g.h / cfg_.merge_h) * (g.w / cfg_.merge_w);
 }
 
+std::string MoonVit::unavailable() const {
+  if (ctx_.device.is_cpu()) return "";
+  return "MoonViT: images run on the CPU reference only for now; this model is on " +
+         ctx_.device.str() + " (issue 38: the vision tower's CUDA path)";
+}
+
 void MoonVit::check_grids(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) const {
-  ATOM_CHECK(ctx_.device.is_cpu(),
-             "MoonViT: images run on the CPU reference only for now; this model is on {} "
-             "(issue 38: the vision tower's CUDA path)",
-             ctx_.device.str());
+  const std::string why = unavailable();
+  ATOM_CHECK(why.empty(), "{}", why);
   const int64_t p = cfg_.patch_size;
   ATOM_CHECK(pixel_values.dim() == 4 && pixel_values.size(1) == 3 && pixel_values.size(2) == p &&
                  pixel_values.size(3) == p && pixel_values.dtype() == DType::kF32,

@@ -66,6 +66,9 @@ class VisionEncoder {
   // Placeholder tokens one image takes in the prompt.
   virtual int64_t tokens_for(const ImageGrid& g) const = 0;
   virtual int64_t image_token_id() const = 0;
+  // Why this model cannot run its tower where it is loaded ("" when it can): the tower runs on
+  // the CPU reference only for now (issue 38: its CUDA kernels).
+  virtual std::string unavailable() const = 0;
 };
 
 class MoonVit : public VisionEncoder {
@@ -78,6 +81,7 @@ class MoonVit : public VisionEncoder {
   Tensor encode_hidden(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) override;
   int64_t tokens_for(const ImageGrid& g) const override;
   int64_t image_token_id() const override { return cfg_.image_token_id; }
+  std::string unavailable() const override;
   const MoonVitConfig& config() const { return cfg_; }
 
  private:

@@ -76,6 +76,8 @@ struct BackendInfo {
   // A model that takes images: its image placeholder token (one per image in a rendered prompt)
   // and its image processor's parameters; -1: the model takes no images.
   int32_t image_token_id = -1;
+  // Why a model with a vision tower takes no images here (its device), for the 400.
+  std::string images_unavailable;
   vision::ProcessorParams image_processor;
   // A prompt with images is prefilled in one step: at most this many tokens (0: no bound).
   int64_t max_image_prompt_tokens = 0;

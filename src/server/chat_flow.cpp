@@ -10,6 +10,8 @@ std::vector<vision::VisionInput> chat_images(HttpServer& s, const ChatRequest& r
   std::vector<vision::VisionInput> out;
   if (r.images.empty()) return out;
   const BackendInfo& info = s.backend().info();
+  if (info.image_token_id < 0 && !info.images_unavailable.empty())
+    bad_request("messages", fmt::format("{}: {}", r.images[0].where, info.images_unavailable));
   if (info.image_token_id < 0)
     bad_request("messages", fmt::format("{}: this model ({}) takes no images; send text only",
                                         r.images[0].where, info.model_name));

@@ -91,7 +91,11 @@ EngineBackend::EngineBackend(LLMEngine& engine, tokenizer::Tokenizer tok,
   });
   info_.reasoning = template_has(template_, "</think>");
   info_.harmony = template_has(template_, "<|channel|>");
-  if (VisionEncoder* v = engine_.model().vision_encoder()) {
+  VisionEncoder* v = engine_.model().vision_encoder();
+  if (v && !v->unavailable().empty()) {
+    info_.images_unavailable = v->unavailable();
+    log_warn("images will be refused: {}", info_.images_unavailable);
+  } else if (v) {
     info_.image_token_id = static_cast<int32_t>(v->image_token_id());
     info_.image_processor = image_processor_params(options_.model_path);
     info_.max_image_prompt_tokens = engine_.config().max_num_batched_tokens;

@@ -355,6 +355,17 @@ TEST_F(ChatImages, TextOnlyModelsRefuseImagesClearly) {
   EXPECT_CONTAINS(m, "messages[0].content[1]: this model (fake-model) takes no images");
 }
 
+// A vision tower that cannot run where the model is (the CUDA tower is not written yet) answers
+// its reason as a 400 before anything reaches the engine.
+TEST_F(ChatImages, ATowerThatCannotRunHereIsA400WithItsReason) {
+  backend.images_unavailable = "MoonViT: images run on the CPU reference only for now";
+  start();
+  const std::string m = error_of(post(
+      "/v1/chat/completions", chat(json::array({{{"type", "text"}, {"text", "x"}},
+                                                image_part(data_url("photo.png", "image/png"))}))));
+  EXPECT_CONTAINS(m, "messages[0].content[1]: MoonViT: images run on the CPU reference only");
+}
+
 TEST_F(ChatImages, MessagesApiImageBlocks) {
   backend.image_token_id = kPad;
   backend.reply = "a cup";

@@ -45,6 +45,7 @@ class FakeBackend : public server::Backend {
   // which tokenizes to this id (-1: the model takes no images).
   static constexpr const char* kImagePlaceholder = "<|media_pad|>";
   int32_t image_token_id = -1;
+  std::string images_unavailable;  // a vision tower that cannot run on this device
   int64_t max_image_prompt_tokens = 0;
   // Replies chosen by the prompt: the first whose key the prompt's text contains, else `reply`.
   std::vector<std::pair<std::string, std::string>> replies;
@@ -54,6 +55,7 @@ class FakeBackend : public server::Backend {
     const_cast<server::BackendInfo&>(info_).harmony = harmony;
     const_cast<server::BackendInfo&>(info_).max_model_len = max_model_len;
     const_cast<server::BackendInfo&>(info_).image_token_id = image_token_id;
+    const_cast<server::BackendInfo&>(info_).images_unavailable = images_unavailable;
     const_cast<server::BackendInfo&>(info_).max_image_prompt_tokens = max_image_prompt_tokens;
     return info_;
   }
