@@ -135,9 +135,25 @@ Tensor bicubic_resize_hwc(const Tensor& src, int64_t h, int64_t w) {
   return out;
 }
 
-MoonVit::MoonVit(LayerContext& ctx, MoonVitConfig cfg, const std::string& tower,
+namespace {
+LayerContext cpu_f32(const LayerContext& model) {
+  LayerContext c = model;
+  c.device = Device::cpu();
+  c.weight_dtype = DType::kF32;
+  c.act_dtype = DType::kF32;
+  c.tp_rank = 0;
+  c.tp_size = 1;
+  c.quant = nullptr;
+  c.fp8_resident = false;
+  c.expert_parallel = false;
+  return c;
+}
+}  // namespace
+
+MoonVit::MoonVit(const LayerContext& model, MoonVitConfig cfg, const std::string& tower,
                  const std::string& projector)
-    : ctx_(ctx), cfg_(std::move(cfg)) {
+    : ctx_(cpu_f32(model)), cfg_(std::move(cfg)) {
+  LayerContext& ctx = ctx_;
   const int64_t D = cfg_.hidden, p = cfg_.patch_size;
   auto f32_param = [&](const std::string& name, Shape shape) {
     return &ctx.params.add(name, Tensor::zeros(std::move(shape), DType::kF32, ctx.device));
@@ -173,15 +189,9 @@ int64_t MoonVit::tokens_for(const ImageGrid& g) const {
   return g.t * (g.h / cfg_.merge_h) * (g.w / cfg_.merge_w);
 }
 
-std::string MoonVit::unavailable() const {
-  if (ctx_.device.is_cpu()) return "";
-  return "MoonViT: images run on the CPU reference only for now; this model is on " +
-         ctx_.device.str() + " (issue 38: the vision tower's CUDA path)";
-}
+std::string MoonVit::unavailable() const { return ""; }
 
 void MoonVit::check_grids(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) const {
-  const std::string why = unavailable();
-  ATOM_CHECK(why.empty(), "{}", why);
   const int64_t p = cfg_.patch_size;
   ATOM_CHECK(pixel_values.dim() == 4 && pixel_values.size(1) == 3 && pixel_values.size(2) == p &&
                  pixel_values.size(3) == p && pixel_values.dtype() == DType::kF32,

@@ -15,8 +15,9 @@
 //     frames is not implemented: a grid with t > 1 is refused);
 //   - mm_projector: pre_norm (LayerNorm over D, each of the four) -> [4D] -> proj.0 -> GELU (erf)
 //     -> proj.2 -> the text width.
-// The CPU computes it in fp32 (the reference); CUDA runs it on the CPU copy of nothing yet: an
-// image on a CUDA model is refused by name (issue 38).
+// The tower runs on the CPU in fp32 wherever the text model is: its weights are held on the CPU
+// in F32 (the checkpoint's BF16 converted at load), and its features reach a CUDA model's
+// embedding rows by one host-to-device copy per run. Its CUDA kernels are issue 38's next part.
 #pragma once
 
 #include <memory>
@@ -66,15 +67,15 @@ class VisionEncoder {
   // Placeholder tokens one image takes in the prompt.
   virtual int64_t tokens_for(const ImageGrid& g) const = 0;
   virtual int64_t image_token_id() const = 0;
-  // Why this model cannot run its tower where it is loaded ("" when it can): the tower runs on
-  // the CPU reference only for now (issue 38: its CUDA kernels).
+  // Why this model cannot run its tower where it is loaded ("" when it can).
   virtual std::string unavailable() const = 0;
 };
 
 class MoonVit : public VisionEncoder {
  public:
-  // Parameters at `tower` (vision_tower) and `projector` (mm_projector).
-  MoonVit(LayerContext& ctx, MoonVitConfig cfg, const std::string& tower,
+  // Parameters at `tower` (vision_tower) and `projector` (mm_projector), in the model's registry
+  // but on the CPU in F32, unquantised and replicated on every rank, whatever `model` says.
+  MoonVit(const LayerContext& model, MoonVitConfig cfg, const std::string& tower,
           const std::string& projector);
   ~MoonVit() override;
   Tensor encode(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) override;
@@ -88,7 +89,7 @@ class MoonVit : public VisionEncoder {
   struct Block;
   void check_grids(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) const;
   Tensor tower(Step& step, const Tensor& pixel_values, const std::vector<ImageGrid>& grids);
-  LayerContext& ctx_;
+  LayerContext ctx_;  // the model's, on the CPU in F32
   MoonVitConfig cfg_;
   Parameter* patch_w_;  // [D, 3, p, p] F32
   Parameter* patch_b_;  // [D] F32

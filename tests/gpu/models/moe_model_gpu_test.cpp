@@ -14,6 +14,7 @@
 #include "engine/sequence_runner.h"
 #include "gpu_util.h"
 #include "models/loading.h"
+#include "models/moonvit.h"
 
 namespace atom::test {
 namespace {
@@ -176,6 +177,47 @@ TEST_P(GpuMoeEngine, BatchedRequestsMatchSingleSequenceRuns) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuMoeEngine,
                          ::testing::Values("qwen3_moe", "deepseek_v3", "deepseek_v32"),
                          [](const auto& info) { return info.param; });
+
+// Kimi-K2.5 on a CUDA model: the MoonViT tower runs on the CPU in F32 and its features reach the
+// GPU's embedding rows; logits with the images against the bf16 CPU model with the same features,
+// and unlike the same ids without them.
+TEST(GpuKimiK25, ImagesOnACudaModelMatchTheBf16Cpu) {
+  SafetensorsFile f(source_dir() + "/tests/fixtures/references/kimi_k25_torch.safetensors", true);
+  const Tensor pix = f.tensor("pixel_values").clone();
+  const Tensor g = f.tensor("grid_thw");
+  std::vector<vision::ImageGrid> grids;
+  for (int64_t i = 0; i < g.size(0); ++i)
+    grids.push_back(
+        {g.ptr<int64_t>()[i * 3], g.ptr<int64_t>()[i * 3 + 1], g.ptr<int64_t>()[i * 3 + 2]});
+  LoadedModel m = model_load(fixture_dir("kimi_k25"), on_gpu());
+  ModelOptions cpu_bf16;
+  cpu_bf16.act_dtype = m.model->act_dtype();
+  cpu_bf16.weight_dtype = m.model->act_dtype();
+  LoadedModel c = model_load(fixture_dir("kimi_k25"), cpu_bf16);
+  VisionEncoder* v = m.model->vision_encoder();
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->unavailable(), "");
+  const int32_t img = static_cast<int32_t>(v->image_token_id());
+  std::vector<int32_t> ids = {0, 11, 12, 13, 14, 15, 16, 17, 18};
+  InputEmbeds e;
+  const Tensor features = v->encode(pix, grids);
+  int64_t row = 0;
+  for (const vision::ImageGrid& grid : grids) {
+    const int64_t n = v->tokens_for(grid);
+    e.runs.push_back({static_cast<int64_t>(ids.size()), features.narrow(0, row, n)});
+    ids.insert(ids.end(), static_cast<size_t>(n), img);
+    row += n;
+    for (int32_t t : {21, 22, 23, 24}) ids.push_back(t);
+  }
+  // The CPU model's tower gives the same features (both F32 on the CPU).
+  EXPECT_EQ(max_abs_diff(c.model->vision_encoder()->encode(pix, grids), features), 0.0f);
+  const Tensor gpu = score_tokens(*m.model, ids, 0, 16, std::nullopt, &e);
+  const Tensor cpu = score_tokens(*c.model, ids, 0, 16, std::nullopt, &e);
+  expect_rows_near(gpu, cpu, "kimi_k25 with images, GPU vs bf16 CPU");
+  const Tensor chunked = score_tokens(*m.model, ids, 7, 4, std::nullopt, &e);
+  expect_rows_near(chunked, gpu, "kimi_k25 with images, chunked vs whole");
+  EXPECT_GT(rel_err(score_tokens(*m.model, ids), gpu), 1e-2) << "the images change nothing";
+}
 
 }  // namespace
 }  // namespace atom::test
