@@ -307,34 +307,54 @@ void LLMEngine::spec_propose(const SchedulerOutput& so) {
 
 LLMEngine::~LLMEngine() = default;
 
+VisionEncoder& LLMEngine::images_encoder() const {
+  VisionEncoder* encoder = model_.vision_encoder();
+  if (!encoder)
+    fail("this model ({}) takes no images", model_.config().architectures.empty()
+                                                ? model_.config().model_type
+                                                : model_.config().architectures[0]);
+  if (proposer_) fail("images with speculative decoding are not implemented");
+  return *encoder;
+}
+
 void LLMEngine::add_request(const std::string& request_id, std::vector<int32_t> prompt,
                             const SamplingParams& params, const std::vector<PromptImage>& images) {
+  if (images.empty()) {
+    add_request(request_id, std::move(prompt), params, std::shared_ptr<const RequestImages>());
+    return;
+  }
+  if (requests_.count(request_id)) fail("request id '{}' is already in use", request_id);
+  VisionEncoder& encoder = images_encoder();
+  // The expanded length is checked before the tower runs.
+  int64_t expanded = static_cast<int64_t>(prompt.size()) - static_cast<int64_t>(images.size());
+  for (const PromptImage& im : images) expanded += encoder.tokens_for(im.grid);
+  if (expanded > plan_.max_model_len)
+    fail("The decoder prompt (length {} with its images' tokens) is longer than the maximum "
+         "model length of {}.",
+         expanded, plan_.max_model_len);
+  if (expanded > config_.max_num_batched_tokens)
+    fail("a prompt with images is prefilled in one step and its {} tokens exceed "
+         "max_num_batched_tokens ({})",
+         expanded, config_.max_num_batched_tokens);
+  std::shared_ptr<const RequestImages> mm = prompt_images_expand(encoder, prompt, images);
+  add_request(request_id, std::move(prompt), params, std::move(mm));
+}
+
+void LLMEngine::add_request(const std::string& request_id, std::vector<int32_t> prompt,
+                            const SamplingParams& params, std::shared_ptr<const RequestImages> mm) {
   if (requests_.count(request_id)) fail("request id '{}' is already in use", request_id);
   params.validate(model_.vocab_size());
   if (prompt.empty()) fail("the prompt is empty: at least one token is needed");
   for (int32_t t : prompt)
     if (t < 0 || t >= model_.vocab_size())
       fail("prompt token id {} is outside the vocabulary [0, {})", t, model_.vocab_size());
-  std::shared_ptr<const RequestImages> mm;
-  if (!images.empty()) {
-    VisionEncoder* encoder = model_.vision_encoder();
-    if (!encoder)
-      fail("this model ({}) takes no images", model_.config().architectures.empty()
-                                                  ? model_.config().model_type
-                                                  : model_.config().architectures[0]);
-    if (proposer_) fail("images with speculative decoding are not implemented");
-    // The expanded length is checked before the tower runs.
-    int64_t expanded = static_cast<int64_t>(prompt.size()) - static_cast<int64_t>(images.size());
-    for (const PromptImage& im : images) expanded += encoder->tokens_for(im.grid);
-    if (expanded > plan_.max_model_len)
-      fail("The decoder prompt (length {} with its images' tokens) is longer than the maximum "
-           "model length of {}.",
-           expanded, plan_.max_model_len);
-    if (expanded > config_.max_num_batched_tokens)
+  if (mm) {
+    const VisionEncoder& encoder = images_encoder();
+    prompt_images_check(*mm, prompt, encoder.image_token_id(), model_.config().hidden_size);
+    if (static_cast<int64_t>(prompt.size()) > config_.max_num_batched_tokens)
       fail("a prompt with images is prefilled in one step and its {} tokens exceed "
            "max_num_batched_tokens ({})",
-           expanded, config_.max_num_batched_tokens);
-    mm = prompt_images_expand(*encoder, prompt, images);
+           prompt.size(), config_.max_num_batched_tokens);
   }
   const int P = static_cast<int>(prompt.size());
   if (P > plan_.max_model_len)

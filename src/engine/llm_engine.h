@@ -78,6 +78,12 @@ class LLMEngine {
   // prefilled in one step).
   void add_request(const std::string& request_id, std::vector<int32_t> prompt_token_ids,
                    const SamplingParams& params, const std::vector<PromptImage>& images = {});
+  // The same with the images already expanded and their features computed
+  // (prompt_images_expand, which a front end may run on its own thread, off the engine's): the
+  // prompt holds each image's placeholder run where `images` places it, and no other
+  // placeholder token.
+  void add_request(const std::string& request_id, std::vector<int32_t> prompt_token_ids,
+                   const SamplingParams& params, std::shared_ptr<const RequestImages> images);
   // Ends a request wherever it is (waiting, prefilling, decoding), returning all its blocks.
   // Returns its final output (finish_reason abort for unfinished samples), or nothing when the
   // id is unknown or already finished.
@@ -136,6 +142,9 @@ class LLMEngine {
   void check_progress(const SchedulerOutput& so);
   // Splits this step's logits rows: drawn on the model's device, or sampled on the host.
   void plan_sampling();
+
+  // The model's vision tower for a request with images; an error naming why there is none.
+  VisionEncoder& images_encoder() const;
 
   Model& model_;
   std::function<void(int, int)> on_scheduled_;

@@ -77,6 +77,36 @@ std::shared_ptr<const RequestImages> prompt_images_expand(VisionEncoder& encoder
   return out;
 }
 
+void prompt_images_check(const RequestImages& images, const std::vector<int32_t>& prompt,
+                         int64_t image_token, int64_t hidden) {
+  const Tensor& f = images.features;
+  if (!f.defined() || f.dim() != 2 || f.size(1) != hidden || f.dtype() != DType::kF32 ||
+      !f.device().is_cpu())
+    fail("image features {} are not F32 [rows, {}] on the CPU",
+         f.defined() ? f.str() : std::string("(none)"), hidden);
+  const int64_t P = static_cast<int64_t>(prompt.size());
+  int64_t end = 0, rows = 0;
+  for (size_t i = 0; i < images.images.size(); ++i) {
+    const RequestImages::Placed& im = images.images[i];
+    if (im.tokens <= 0 || im.start < end || im.start + int64_t{im.tokens} > P ||
+        im.feature_row != rows)
+      fail("image {}: its {} placeholder tokens at {} (feature row {}) do not fit the {}-token "
+           "prompt after the previous image",
+           i, im.tokens, im.start, im.feature_row, P);
+    for (int t = im.start; t < im.start + im.tokens; ++t)
+      if (prompt[static_cast<size_t>(t)] != image_token)
+        fail("image {}: prompt token {} is {}, not the image placeholder {}", i, t,
+             prompt[static_cast<size_t>(t)], image_token);
+    end = im.start + im.tokens;
+    rows += im.tokens;
+  }
+  if (rows != f.size(0)) fail("the images place {} feature rows of {}", rows, f.size(0));
+  const auto placeholders =
+      std::count(prompt.begin(), prompt.end(), static_cast<int32_t>(image_token));
+  if (placeholders != rows)
+    fail("the prompt has {} image placeholder tokens and its images fill {}", placeholders, rows);
+}
+
 void prompt_images_embeds(const RequestImages& images, int start, int end, int row0,
                           std::shared_ptr<InputEmbeds>& e) {
   for (const RequestImages::Placed& im : images.images) {

@@ -45,6 +45,13 @@ std::shared_ptr<const RequestImages> prompt_images_expand(VisionEncoder& encoder
                                                           std::vector<int32_t>& prompt,
                                                           const std::vector<PromptImage>& images);
 
+// Checks that `images` fit `prompt` (expanded): each image's run of placeholder tokens
+// (`image_token`) inside the prompt, in order and apart, its feature rows in order, no other
+// placeholder in the prompt, features [sum of tokens, hidden] F32 on the CPU; an error naming the
+// first misfit.
+void prompt_images_check(const RequestImages& images, const std::vector<int32_t>& prompt,
+                         int64_t image_token, int64_t hidden);
+
 // The image features of tokens [start, end) of a sequence whose rows begin at batch row `row0`,
 // appended to `e` (created when null).
 void prompt_images_embeds(const RequestImages& images, int start, int end, int row0,

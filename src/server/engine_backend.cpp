@@ -252,16 +252,28 @@ void EngineBackend::submit(BackendRequest request, std::function<void(RequestUpd
         fmt::format("The server is overloaded: {} requests are waiting.", waiting_.load()));
   Command c{Command::kAdd, std::move(request), {}, std::move(on_update), {}};
   c.params = sampling_params(c.request.sampling);
-  // The images' pixel values as the engine takes them (their vectors owned by the tensors).
-  for (auto& im : c.request.images) {
-    auto owner = std::make_shared<vision::VisionInput>(std::move(im));
-    const int64_t p = owner->grid.num_patches();
-    const int64_t side = info_.image_processor.patch_size;
-    c.images.push_back({Tensor::wrap(owner->pixel_values.data(), {p, 3, side, side}, DType::kF32,
+  // The images' pixel values as the engine takes them (their vectors owned by the tensors),
+  // expanded and run through the vision tower here, on the submitting thread, so that the engine
+  // thread's steps never wait for the tower.
+  if (!c.request.images.empty()) {
+    std::vector<PromptImage> images;
+    for (auto& im : c.request.images) {
+      auto owner = std::make_shared<vision::VisionInput>(std::move(im));
+      const int64_t p = owner->grid.num_patches();
+      const int64_t side = info_.image_processor.patch_size;
+      images.push_back({Tensor::wrap(owner->pixel_values.data(), {p, 3, side, side}, DType::kF32,
                                      Device::cpu(), owner),
                         owner->grid});
+    }
+    c.request.images.clear();
+    VisionEncoder* encoder = engine_.model().vision_encoder();
+    if (!encoder) throw ApiError(400, "BadRequestError", "this model takes no images", "messages");
+    try {
+      c.images = prompt_images_expand(*encoder, c.request.prompt_ids, images);
+    } catch (const Error& e) {
+      throw ApiError(400, "BadRequestError", e.what(), "messages");
+    }
   }
-  c.request.images.clear();
   ++live_;
   ++waiting_;  // counted until the engine thread admits it
   {

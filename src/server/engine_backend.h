@@ -61,7 +61,9 @@ class EngineBackend final : public Backend {
     BackendRequest request;
     SamplingParams params;
     std::function<void(RequestUpdate)> on_update;
-    std::vector<PromptImage> images;  // the request's images, as the engine takes them
+    // The request's images, expanded in request.prompt_ids with their features computed on the
+    // submitting thread (the engine thread never runs the vision tower); null: none.
+    std::shared_ptr<const RequestImages> images;
   };
   struct Live {
     std::function<void(RequestUpdate)> on_update;

@@ -159,6 +159,31 @@ TEST(EngineImages, BadRequestsAreRefusedByNameAndTheEngineGoesOn) {
       EXPECT_NE(std::string(e.what()).find("takes no images"), std::string::npos) << e.what();
     }
   }
+  // Images expanded and encoded before add_request (as the server does off the engine thread)
+  // must fit the prompt they come with.
+  std::vector<int32_t> expanded = x.prompt;
+  auto mm = prompt_images_expand(*fixture_model("kimi_k25").vision_encoder(), expanded, x.images);
+  auto refused_mm = [&](std::vector<int32_t> prompt, const std::string& what) {
+    try {
+      engine.add_request("bad", std::move(prompt), greedy(4), mm);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused_mm(x.prompt, "do not fit");  // the unexpanded prompt
+  std::vector<int32_t> shifted = expanded;
+  shifted.insert(shifted.begin() + 1, 5);
+  refused_mm(shifted, "not the image placeholder");
+  std::vector<int32_t> extra = expanded;
+  extra.push_back(static_cast<int32_t>(x.image_token));
+  refused_mm(extra, "image placeholder tokens and its images fill");
+  engine.add_request("pre", expanded, greedy(8), mm);
+  std::vector<RequestOutput> pre;
+  while (engine.has_unfinished())
+    for (RequestOutput& o : engine.step().finished) pre.push_back(std::move(o));
+  ASSERT_EQ(pre.size(), 1u);
+  EXPECT_EQ(pre[0].outputs[0].token_ids, single(x, x.images, 8));
   // Nothing was queued; the engine serves the next request as before.
   EXPECT_FALSE(engine.has_unfinished());
   engine.add_request("good", x.prompt, greedy(8), x.images);
