@@ -442,6 +442,11 @@ MUTATIONS = [
      "  w.put_i64(b.input_embeds ? static_cast<int64_t>(b.input_embeds->runs.size()) : 0);\n"
      "  if (b.input_embeds)",
      "  w.put_i64(0);\n  if (false)"),
+    ("micro_batch_input_embeds_dropped",
+     "Pipeline stages: a micro-batch cut from a step with images loses their features",
+     "src/layers/batch.cpp",
+     "    if (!e->runs.empty()) b.input_embeds = std::move(e);",
+     "    (void)e;"),
     ("moonvit_rope_axes_swapped",
      "MoonViT: the 2D rotary embedding turns pair 2i by the patch's row instead of its column",
      "src/models/moonvit.cpp",

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "engine_test_util.h"
+#include "models/model_group.h"
 #include "models/moonvit.h"
 
 namespace atom::test {
@@ -112,6 +113,41 @@ TEST(EngineImages, BatchedWithTextAndPreemptedRequestsMatchTheSingleRunner) {
   }
   EXPECT_GT(preemptions, 0) << "no request was preempted: the scenario does not test recompute";
   expect_engine_idle(engine);
+}
+
+// Images over ranks: tensor parallelism (each rank's embedding writes the features into its
+// copy of the step) and pipeline stages (the first stage's embedding; a step's sequences cut into
+// micro-batches, the runs of rows cut with them) give one rank's outputs.
+TEST(EngineImages, TensorAndPipelineRanksMatchOneRank) {
+  const ImageFixture x = image_fixture();
+  std::vector<std::vector<PromptImage>> images = {x.images, x.images, x.images};
+  for (int i = 1; i < 3; ++i) {
+    Tensor p = x.images[i - 1].pixel_values.clone();
+    for (int64_t j = 0; j < p.numel(); ++j) p.ptr<float>()[j] *= (i == 1 ? -1.0f : 0.5f);
+    images[static_cast<size_t>(i)][static_cast<size_t>(i - 1)].pixel_values = p;
+  }
+  auto run = [&](LLMEngine& engine) {
+    for (size_t i = 0; i < images.size(); ++i)
+      engine.add_request("img" + std::to_string(i), x.prompt, greedy(8), images[i]);
+    engine.add_request("txt", {5, 6, 7, 8, 9}, greedy(8));
+    std::map<std::string, std::vector<int32_t>> out;
+    while (engine.has_unfinished())
+      for (RequestOutput& o : engine.step().finished) out[o.request_id] = o.outputs.at(0).token_ids;
+    return out;
+  };
+  std::map<std::string, std::vector<int32_t>> want;
+  {
+    LLMEngine engine(fixture_model("kimi_k25"), test_config());
+    want = run(engine);
+  }
+  EXPECT_NE(want["img0"], want["img1"]) << "the images do not change the output: a weak test";
+  for (const auto& [tp, pp] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}, {2, 2}}) {
+    ModelOptions o;
+    o.pp_size = pp;
+    auto group = model_group_load(fixture_dir("kimi_k25"), o, tp);
+    LLMEngine engine(*group, test_config());
+    EXPECT_EQ(run(engine), want) << "tp " << tp << " pp " << pp;
+  }
 }
 
 TEST(EngineImages, BadRequestsAreRefusedByNameAndTheEngineGoesOn) {
