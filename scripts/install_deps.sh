@@ -14,7 +14,9 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       # scripts/check_format.sh: the pinned clang-format.
       clang-format-14
       # ccache (every build folder, C++ and nvcc: CMakeLists.txt) and lld (faster links).
-      ccache lld)
+      ccache lld
+      # mpirun (Open MPI): the tests launch atom over two nodes with it, as TensorRT-LLM is launched.
+      openmpi-bin)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

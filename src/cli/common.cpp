@@ -4,6 +4,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 
 #include <nlohmann/json.hpp>
 
@@ -153,6 +154,53 @@ std::string stage_layers(ModelGroup& m) {
 }
 }  // namespace
 
+std::optional<NodeOptions> node_options(const ModelArgs& a,
+                                        const std::function<const char*(const char*)>& env) {
+  const ModelArgs defaults;
+  NodeOptions no;
+  no.nnodes = a.nnodes;
+  no.node_rank = a.node_rank;
+  no.master_addr = a.master_addr;
+  no.master_port = a.master_port;
+  if (a.nnodes != 1 || a.node_rank != 0 || a.headless) {
+    if (a.headless && a.node_rank == 0)
+      fail("--headless is a worker's flag: give it a --node-rank from 1 to --nnodes - 1");
+    return no;
+  }
+  // An MPI launcher's processes: one node each.
+  auto number = [&](const char* k, int lo, int hi) -> std::optional<int> {
+    const char* v = env(k);
+    if (!v || !*v) return std::nullopt;
+    int x = 0;
+    const char* end = v + std::strlen(v);
+    const auto [p, ec] = std::from_chars(v, end, x);
+    if (ec != std::errc() || p != end || x < lo || x > hi)
+      fail("{}='{}': not a whole number from {} to {}", k, v, lo, hi);
+    return x;
+  };
+  const char* size_var = env("OMPI_COMM_WORLD_SIZE") ? "OMPI_COMM_WORLD_SIZE" : "PMI_SIZE";
+  const std::optional<int> size = number(size_var, 1, 1 << 16);
+  if (!size || *size == 1) return std::nullopt;
+  const bool ompi = size_var[0] == 'O';
+  const std::optional<int> rank = number(ompi ? "OMPI_COMM_WORLD_RANK" : "PMI_RANK", 0, *size - 1);
+  if (!rank) fail("{}={} without {}", size_var, *size, ompi ? "OMPI_COMM_WORLD_RANK" : "PMI_RANK");
+  const std::optional<int> local =
+      number(ompi ? "OMPI_COMM_WORLD_LOCAL_SIZE" : "MPI_LOCALNRANKS", 1, 1 << 16);
+  no.nnodes = *size;
+  no.node_rank = *rank;
+  if (a.master_addr == defaults.master_addr) {
+    if (const char* m = env("MASTER_ADDR"); m && *m)
+      no.master_addr = m;
+    else if (!local || *local < *size)
+      fail("{} processes under an MPI launcher over several hosts: give node 0's address with "
+           "--master-addr or MASTER_ADDR",
+           *size);
+  }
+  if (a.master_port == defaults.master_port)
+    if (const std::optional<int> port = number("MASTER_PORT", 1, 65535)) no.master_port = *port;
+  return no;
+}
+
 std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   ModelOptions o;
   o.device = a.device.empty() ? device_default() : device_parse(a.device);
@@ -168,16 +216,9 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
     fail("--device {}: no usable NVIDIA GPU found (or this build has no CUDA backend)",
          o.device.str());
   std::unique_ptr<Nodes> nodes;
-  if (a.nnodes != 1 || a.node_rank != 0 || a.headless) {
-    if (a.headless && a.node_rank == 0)
-      fail("--headless is a worker's flag: give it a --node-rank from 1 to --nnodes - 1");
-    NodeOptions no;
-    no.nnodes = a.nnodes;
-    no.node_rank = a.node_rank;
-    no.master_addr = a.master_addr;
-    no.master_port = a.master_port;
-    nodes = std::make_unique<Nodes>(no);
-  }
+  if (const std::optional<NodeOptions> no =
+          node_options(a, [](const char* k) { return std::getenv(k); }))
+    nodes = std::make_unique<Nodes>(*no);
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_ptr<ModelGroup> m = model_group_load(a.model, o, a.tensor_parallel_size,
                                                    load_format_parse(a.load_format), nodes.get());

@@ -4,11 +4,13 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "dist/nodes.h"
 #include "engine/engine_config.h"
 #include "models/draft_model.h"
 #include "models/loading.h"
@@ -42,6 +44,16 @@ struct ModelArgs {
   int master_port = 29500;
   bool headless = false;
 };
+
+// Where this process sits among several nodes: vLLM's --nnodes / --node-rank / --master-addr /
+// --master-port, or, without them, an MPI launcher's environment, one node per process as
+// TensorRT-LLM is launched (`mpirun -np N atom serve ...`: Open MPI's OMPI_COMM_WORLD_SIZE,
+// _RANK and _LOCAL_SIZE; MPICH's and Slurm's PMI_SIZE, PMI_RANK and MPI_LOCALNRANKS). Node 0's
+// address: --master-addr, else MASTER_ADDR, else 127.0.0.1 when every process runs on this host
+// (several hosts without an address are an error saying so); the port: --master-port, else
+// MASTER_PORT. nullopt: one node. `env` reads a variable (std::getenv).
+std::optional<NodeOptions> node_options(const ModelArgs& a,
+                                        const std::function<const char*(const char*)>& env);
 
 // What the EPLB flags ask for: the redundant experts (0 without --enable-eplb) and the steps
 // between re-placements (--eplb-config's step_interval, vLLM's default 3000); an error naming the

@@ -26,10 +26,11 @@ namespace atom::test {
 namespace {
 
 // Runs the atom binary; returns stdout lines (stderr carries logs; with_stderr: its lines too).
+// `prefix`: what the shell runs the program under (variables, a launcher).
 std::vector<std::string> run_atom(const std::string& args, int* status = nullptr,
-                                  bool with_stderr = false) {
-  const std::string cmd =
-      fmt::format("{}/atom {} {}", ATOM_BINARY_DIR, args, with_stderr ? "2>&1" : "2>/dev/null");
+                                  bool with_stderr = false, const std::string& prefix = "") {
+  const std::string cmd = fmt::format("{} {}/atom {} {}", prefix, ATOM_BINARY_DIR, args,
+                                      with_stderr ? "2>&1" : "2>/dev/null");
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -197,6 +198,42 @@ TEST(EngineCli, TwoNodesOverLoopback) {
   std::string all;
   for (const auto& l : out) all += l + "\n";
   EXPECT_NE(all.find("--headless is a worker's flag"), std::string::npos) << all;
+}
+
+// Launched by mpirun as TensorRT-LLM is (Debian's Open MPI): no --nnodes, one node per MPI
+// process from the launcher's environment, node 0 printing transformers' greedy tokens; and the
+// launcher's variables when they cannot work (several hosts without MASTER_ADDR, a rank that is
+// not a number) refused by name.
+TEST(EngineCli, NodesFromAnMpiLauncher) {
+  const Reference ref = reference_load("llama3_gqa");
+  const std::string gen = fmt::format(
+      "generate --model {} --device cpu --prompt-tokens {} --max-tokens {} --temperature 0 "
+      "--ignore-eos -tp 2",
+      fixture_dir("llama3_gqa"), join(ref.greedy_prompt), ref.greedy_tokens.size());
+  auto text = [](const std::vector<std::string>& lines) {
+    std::string all;
+    for (const auto& l : lines) all += l + "\n";
+    return all;
+  };
+  int rc = 0;
+  auto out = run_atom(gen, &rc, true,
+                      "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_LOCAL_SIZE=1");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(text(out).find("give node 0's address with --master-addr or MASTER_ADDR"),
+            std::string::npos)
+      << text(out);
+  out = run_atom(gen, &rc, true, "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=one");
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(text(out).find("OMPI_COMM_WORLD_RANK='one'"), std::string::npos) << text(out);
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "mpirun is not installed (Debian's openmpi-bin; scripts/install_deps.sh "
+                    "installs it for the tests)";
+  out = run_atom(gen, &rc, true,
+                 fmt::format("mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_PORT={}",
+                             free_port()));
+  EXPECT_EQ(rc, 0) << text(out);
+  EXPECT_NE(text(out).find(join(ref.greedy_tokens) + "\n"), std::string::npos) << text(out);
+  EXPECT_NE(text(out).find("node 1: the head node is done"), std::string::npos) << text(out);
 }
 
 // vLLM's expert-parallel flags reach the model: -tp 2 with -ep (and --enable-expert-parallel),
