@@ -433,8 +433,8 @@ MUTATIONS = [
     ("image_rows_shifted_by_one",
      "Prompts with images: the features land one row after their placeholders",
      "src/engine/multimodal.cpp",
-     "    e->runs.push_back({row0 + lo - start,",
-     "    e->runs.push_back({row0 + lo - start + (lo + 1 < hi ? 1 : 0),"),
+     "        {row0 + lo - start, images.features.narrow(",
+     "        {row0 + lo - start + (lo + 1 < hi ? 1 : 0), images.features.narrow("),
     ("nodes_step_input_embeds_dropped",
      "Several nodes: a worker's copy of the step loses the image features (its ranks embed the "
      "placeholder tokens as text)",
