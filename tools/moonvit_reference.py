@@ -85,13 +85,32 @@ def bf16_round(t):
     return torch.from_numpy(r.astype(np.uint32).view(np.float32).copy())
 
 
-def tower(p, vc, pix, grids):
-    """The tower's last hidden state [P, D] (after final_layernorm)."""
-    D = vc["hidden_size"]
-    H = vc["num_attention_heads"]
-    hd = D // H
+def vision_dims(vc):
+    """(hidden, heads, intermediate, qkv width) in the hub's names (vt_*) or transformers'."""
+    D = vc.get("vt_hidden_size", vc.get("hidden_size"))
+    H = vc.get("vt_num_attention_heads", vc.get("num_attention_heads"))
+    inter = vc.get("vt_intermediate_size", vc.get("intermediate_size"))
+    return D, H, inter, vc.get("qkv_hidden_size") or D
+
+
+def norm(x, w, b, kind, eps):
+    if kind == "layernorm":
+        return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def tower(p, vc, pix, grids, rms_eps=None):
+    """The tower's last hidden state [P, D] (after final_layernorm). Kimi-K2.5's MoonViT, or
+    Kimi-K3's MoonViT3d (norm_type rmsnorm, no biases unless attn_bias / linear_bias /
+    patch_embed_proj_bias, pos_emb_interpolation_mode bilinear), by vc's fields."""
+    D, H, _, Q = vision_dims(vc)
+    hd = Q // H
+    kind = vc.get("norm_type", "layernorm")
+    eps = 1e-5 if kind == "layernorm" else rms_eps
+    mode = vc.get("pos_emb_interpolation_mode", "bicubic")
     pre = "vision_tower."
-    x = F.conv2d(pix, p[pre + "patch_embed.proj.weight"], p[pre + "patch_embed.proj.bias"],
+    g = lambda k: p.get(k)  # noqa: E731  absent biases are None
+    x = F.conv2d(pix, p[pre + "patch_embed.proj.weight"], g(pre + "patch_embed.proj.bias"),
                  stride=vc["patch_size"]).reshape(pix.shape[0], D)
     grid = p[pre + "patch_embed.pos_emb.weight"]
     pos, cis = [], []
@@ -100,7 +119,7 @@ def tower(p, vc, pix, grids):
         if (h, w) == tuple(grid.shape[:2]):
             pe = grid
         else:
-            pe = F.interpolate(grid.permute(2, 0, 1)[None], size=(h, w), mode="bicubic",
+            pe = F.interpolate(grid.permute(2, 0, 1)[None], size=(h, w), mode=mode,
                                align_corners=False)[0].permute(1, 2, 0)
         pos.append(pe.reshape(h * w, D).repeat(t, 1))
         rows = torch.arange(h).repeat_interleave(w).float()
@@ -121,32 +140,37 @@ def tower(p, vc, pix, grids):
     i = 0
     while pre + f"encoder.blocks.{i}.wqkv.weight" in p:
         b = pre + f"encoder.blocks.{i}."
-        h = F.layer_norm(x, (D,), p[b + "norm0.weight"], p[b + "norm0.bias"], 1e-5)
-        qkv = F.linear(h, p[b + "wqkv.weight"], p[b + "wqkv.bias"]).reshape(-1, 3, H, hd)
+        h = norm(x, p[b + "norm0.weight"], g(b + "norm0.bias"), kind, eps)
+        qkv = F.linear(h, p[b + "wqkv.weight"], g(b + "wqkv.bias")).reshape(-1, 3, H, hd)
         q, k, v = rope(qkv[:, 0]), rope(qkv[:, 1]), qkv[:, 2]
         outs = []
         for s, e in zip(bounds[:-1], bounds[1:]):
             qs, ks, vs = (u[s:e].transpose(0, 1) for u in (q, k, v))  # [H, n, hd]
             a = torch.softmax(qs @ ks.transpose(1, 2) / hd ** 0.5, dim=-1)
-            outs.append((a @ vs).transpose(0, 1).reshape(e - s, D))
-        x = x + F.linear(torch.cat(outs), p[b + "wo.weight"], p[b + "wo.bias"])
-        h = F.layer_norm(x, (D,), p[b + "norm1.weight"], p[b + "norm1.bias"], 1e-5)
-        h = F.gelu(F.linear(h, p[b + "mlp.fc0.weight"], p[b + "mlp.fc0.bias"]), approximate="tanh")
-        x = x + F.linear(h, p[b + "mlp.fc1.weight"], p[b + "mlp.fc1.bias"])
+            outs.append((a @ vs).transpose(0, 1).reshape(e - s, Q))
+        x = x + F.linear(torch.cat(outs), p[b + "wo.weight"], g(b + "wo.bias"))
+        h = norm(x, p[b + "norm1.weight"], g(b + "norm1.bias"), kind, eps)
+        h = F.gelu(F.linear(h, p[b + "mlp.fc0.weight"], g(b + "mlp.fc0.bias")), approximate="tanh")
+        x = x + F.linear(h, p[b + "mlp.fc1.weight"], g(b + "mlp.fc1.bias"))
         i += 1
-    return F.layer_norm(x, (D,), p[pre + "encoder.final_layernorm.weight"],
-                        p[pre + "encoder.final_layernorm.bias"], 1e-5)
+    return norm(x, p[pre + "encoder.final_layernorm.weight"],
+                g(pre + "encoder.final_layernorm.bias"), kind, eps)
 
 
 def project(p, vc, hidden, grids, eps):
-    """The 2x2 merge (temporal mean) and patchmerger: [sum t*h*w / 4 ... per frame set, text H]."""
-    D = vc["hidden_size"]
+    """The 2x2 merge (temporal mean) and the projector: K2.5's patchmerger (pre_norm LayerNorm,
+    biases) or K3's patchmergerv2 (no biases, post_norm RMSNorm on the text width)."""
+    D = vision_dims(vc)[0]
     merged, at = [], 0
     for t, h, w in grids:
         s = hidden[at:at + t * h * w].reshape(t, h // 2, 2, w // 2, 2, D)
         merged.append(s.permute(0, 1, 3, 2, 4, 5).mean(0).reshape(-1, 4, D))
         at += t * h * w
     m = torch.cat(merged)
+    if vc.get("mm_projector_type", "patchmerger") == "patchmergerv2":
+        m = F.gelu(F.linear(m.reshape(-1, 4 * D), p["mm_projector.proj.0.weight"]))
+        m = F.linear(m, p["mm_projector.proj.2.weight"])
+        return norm(m, p["mm_projector.post_norm.weight"], None, "rmsnorm", eps)
     m = F.layer_norm(m, (D,), p["mm_projector.pre_norm.weight"], p["mm_projector.pre_norm.bias"],
                      eps).reshape(-1, 4 * D)
     m = F.gelu(F.linear(m, p["mm_projector.proj.0.weight"], p["mm_projector.proj.0.bias"]))
@@ -207,8 +231,114 @@ def make_checkpoint(folder, src="tests/fixtures/models/deepseek_v3"):
         open(os.path.join(folder, "generation_config.json"), "w").write(open(gen).read())
 
 
+def rewrite_raw(path, drop_prefixes, add):
+    """Rewrites a safetensors file keeping its other tensors' bytes and dtypes: tensors under
+    drop_prefixes go, `add` (name -> F32 tensor, stored as BF16) comes in."""
+    import struct
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    meta = header.pop("__metadata__", None)
+    keep = {k: v for k, v in header.items() if not k.startswith(drop_prefixes)}
+    tmp = path + ".new"
+    save_safetensors(add, tmp, bf16=set(add))
+    with open(tmp, "rb") as f:
+        m = struct.unpack("<Q", f.read(8))[0]
+        new_header = json.loads(f.read(m))
+        new_data = f.read()
+    os.remove(tmp)
+    out_header, blobs, off = {}, [], 0
+    for k in sorted(list(keep) + list(new_header)):
+        if k in keep:
+            a, b = keep[k]["data_offsets"]
+            raw, dt, shape = data[a:b], keep[k]["dtype"], keep[k]["shape"]
+        else:
+            a, b = new_header[k]["data_offsets"]
+            raw, dt, shape = new_data[a:b], new_header[k]["dtype"], new_header[k]["shape"]
+        out_header[k] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    if meta:
+        out_header["__metadata__"] = meta
+    h = json.dumps(out_header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for blob in blobs:
+            f.write(blob)
+
+
+K3_VISION = dict(model_type="kimi_k3_vision", patch_size=14, init_pos_emb_height=4,
+                 init_pos_emb_width=4, init_pos_emb_time=4, vt_hidden_size=32,
+                 vt_num_attention_heads=2, vt_num_hidden_layers=2, vt_intermediate_size=48,
+                 merge_kernel_size=[2, 2], merge_type="sd2_tpool", mm_projector_type="patchmergerv2",
+                 norm_type="rmsnorm", pos_emb_interpolation_mode="bilinear", projector_ln_eps=1e-5)
+
+
+def add_k3_tower(folder):
+    """Kimi-K3's MoonViT3d and patchmergerv2 (random, bf16-representable) into a K3 text fixture,
+    replacing its placeholder vision tensors; the text weights' bytes are kept."""
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    vc = dict(K3_VISION, text_hidden_size=cfg["text_config"]["hidden_size"])
+    D, H, I, _ = vision_dims(vc)
+    Ht = vc["text_hidden_size"]
+    g = torch.Generator().manual_seed(9)
+
+    def rnd(*shape, scale=None):
+        fan = shape[-1] if len(shape) > 1 else 1
+        return bf16_round(torch.randn(shape, generator=g) * (scale if scale else fan ** -0.5))
+
+    def gain(n):
+        return bf16_round(1 + 0.1 * torch.randn(n, generator=g))
+
+    w, pre = {}, "vision_tower."
+    w[pre + "patch_embed.proj.weight"] = rnd(D, 3, 14, 14, scale=588 ** -0.5)
+    w[pre + "patch_embed.pos_emb.weight"] = rnd(4, 4, D, scale=0.5)
+    for i in range(vc["vt_num_hidden_layers"]):
+        b = pre + f"encoder.blocks.{i}."
+        w[b + "norm0.weight"], w[b + "norm1.weight"] = gain(D), gain(D)
+        w[b + "wqkv.weight"], w[b + "wo.weight"] = rnd(3 * D, D), rnd(D, D)
+        w[b + "mlp.fc0.weight"], w[b + "mlp.fc1.weight"] = rnd(I, D), rnd(D, I)
+    w[pre + "encoder.final_layernorm.weight"] = gain(D)
+    w["mm_projector.proj.0.weight"] = rnd(4 * D, 4 * D)
+    w["mm_projector.proj.2.weight"] = rnd(Ht, 4 * D)
+    w["mm_projector.post_norm.weight"] = gain(Ht)
+    rewrite_raw(os.path.join(folder, "model.safetensors"), ("vision_tower.", "mm_projector."), w)
+    cfg["vision_config"] = vc
+    json.dump(cfg, open(os.path.join(folder, "config.json"), "w"), indent=2)
+
+
+def references(out, folder, name, rms_eps=None):
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    vc = cfg["vision_config"]
+    p = {k: v.float() for k, v in load_safetensors(os.path.join(folder, "model.safetensors")).items()
+         if k.startswith(("vision_tower.", "mm_projector."))}
+    g = torch.Generator().manual_seed(3)
+    grids = [(1, 8, 8), (1, 2, 6)]
+    pix = torch.rand((sum(t * h * w for t, h, w in grids), 3, 14, 14), generator=g) * 2 - 1
+    eps = cfg.get("projection_layer_norm_eps", vc.get("projector_ln_eps", 1e-5))
+    with torch.no_grad():
+        hidden = tower(p, vc, pix, grids, rms_eps)
+        embeds = project(p, vc, hidden, grids, eps)
+    refs = dict(pixel_values=pix, grid_thw=torch.tensor(grids, dtype=torch.int64),
+                vision_hidden=hidden, image_embeds=embeds)
+    save_safetensors(refs, os.path.join(out, "references", name + ".safetensors"))
+    print(name, "image_embeds", tuple(embeds.shape), "std", float(embeds.std()),
+          "hidden std", float(hidden.std()))
+
+
 def main():
     out = sys.argv[1]
+    if len(sys.argv) > 2 and sys.argv[2] == "kimi_k3":
+        # Kimi-K3's tower in the kimi_k3 fixture; its RMSNorms at nn.RMSNorm's default eps in the
+        # checkpoint's dtype (bf16: 2^-7), as the tower runs in deployment.
+        folder = os.path.join(out, "models", "kimi_k3")
+        if "vt_hidden_size" not in json.load(open(os.path.join(folder, "config.json")))["vision_config"]:
+            add_k3_tower(folder)
+        references(out, folder, "kimi_k3_vision_torch", rms_eps=2.0 ** -7)
+        return
     folder = os.path.join(out, "models", "kimi_k25")
     if not os.path.exists(os.path.join(folder, "config.json")):
         make_checkpoint(folder)

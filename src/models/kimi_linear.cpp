@@ -6,8 +6,9 @@
 // e_score_correction_bias for the choice, top-2-sum groups, renormalised, times
 // routed_scaling_factor; beside num_shared_experts shared experts), as mlp_layer_types says.
 //
-// Kimi-K3 (KimiK3ForConditionalGeneration: this text model under language_model.*, its vision
-// tower and projector skipped) is the same modelling file with Moonshot's options on:
+// Kimi-K3 (KimiK3ForConditionalGeneration: this text model under language_model.*, with the
+// MoonViT3d vision tower and patchmergerv2 projector of models/moonvit.h when vision_config
+// describes them, else skipped unread) is the same modelling file with Moonshot's options on:
 //   hidden_act "situ": every MLP and expert computes SiTU (activation_situ_beta, default 1, and
 //     activation_situ_linear_beta, default none; kernels/activation.h);
 //   mla_use_output_gate: o_proj(attn · sigmoid(g_proj(x)));
@@ -29,11 +30,14 @@
 // head_dim, short_conv_kernel_size} and first_k_dense_replace; either is read. Checkpoints
 // name MoE blocks block_sparse_moe (transformers writes that name for the dense MLPs too) with
 // experts.J.w1/w3/w2.
+#include <algorithm>
+
 #include "core/convert.h"
 #include "kernels/attn_res.h"
 #include "kernels/elementwise.h"
 #include "layers/kimi_delta_attention.h"
 #include "models/deepseek.h"
+#include "models/moonvit.h"
 
 namespace atom {
 
@@ -420,6 +424,37 @@ class KimiLinearForCausalLM : public DecoderOnlyLM<KimiDecoderLayer> {
 };
 
 // KDA ("linear_attention") and NoPE MLA ("full_attention") layers.
+// Kimi-K3 with its vision tower (vision_tower.*, mm_projector.*: MoonViT3d and patchmergerv2)
+// when vision_config describes one (vt_hidden_size); a config without it loads the text model
+// alone, the tower's tensors skipped.
+class KimiK3ForConditionalGeneration : public KimiLinearForCausalLM {
+ public:
+  KimiK3ForConditionalGeneration(const ModelConfig& c, const ModelOptions& o)
+      : KimiLinearForCausalLM(c, o) {
+    const nlohmann::json& root = c.root.obj();
+    if (root.contains("vision_config") && root["vision_config"].is_object() &&
+        root["vision_config"].contains("vt_hidden_size"))
+      vision_ =
+          std::make_unique<MoonVit>(ctx(), MoonVitConfig::parse(c), "vision_tower", "mm_projector");
+  }
+  VisionEncoder* vision_encoder() override { return vision_.get(); }
+  WeightLoadSpec weight_load_spec() const override {
+    WeightLoadSpec s = KimiLinearForCausalLM::weight_load_spec();
+    if (vision_) {
+      auto& p = s.weights_mapping.prefix;
+      p.erase(std::remove_if(p.begin(), p.end(),
+                             [](const auto& r) {
+                               return r.first == "vision_tower." || r.first == "mm_projector.";
+                             }),
+              p.end());
+    }
+    return s;
+  }
+
+ private:
+  std::unique_ptr<MoonVit> vision_;
+};
+
 ModelSupport kimi_linear_support() {
   ModelSupport s;
   s.layer_types = {"linear_attention", "full_attention"};
@@ -431,9 +466,9 @@ ModelSupport kimi_linear_support() {
 
 ATOM_REGISTER_MODEL_SUPPORTING("KimiLinearForCausalLM", KimiLinearForCausalLM,
                                kimi_linear_support());
-// Kimi-K3's text model (its vision tower is issue 38's next part).
+// Kimi-K3's text model, and with its vision tower.
 ATOM_REGISTER_MODEL_SUPPORTING("KimiK3ForCausalLM", KimiLinearForCausalLM, kimi_linear_support());
-ATOM_REGISTER_MODEL_SUPPORTING("KimiK3ForConditionalGeneration", KimiLinearForCausalLM,
+ATOM_REGISTER_MODEL_SUPPORTING("KimiK3ForConditionalGeneration", KimiK3ForConditionalGeneration,
                                kimi_linear_support());
 
 }  // namespace atom

@@ -70,10 +70,41 @@ MoonVitConfig MoonVitConfig::parse(const ModelConfig& c) {
   m.intermediate = int_of(v, {"vt_intermediate_size", "intermediate_size"}, 4304, positive);
   m.pos_h = int_of(v, {"init_pos_emb_height", "pos_emb_height"}, 64, IntRange{1, 4096});
   m.pos_w = int_of(v, {"init_pos_emb_width", "pos_emb_width"}, 64, IntRange{1, 4096});
-  if (m.hidden % m.heads != 0 || m.head_dim() % 4 != 0)
+  m.qkv_hidden = int_of(v, {"qkv_hidden_size"}, m.hidden, positive);
+  if (m.qkv_hidden % m.heads != 0 || m.head_dim() % 4 != 0)
     v.bad("hidden_size", "must be num_attention_heads heads of a width divisible by 4 (the 2D "
                          "rotary embedding), got " +
-                             std::to_string(m.hidden) + " over " + std::to_string(m.heads));
+                             std::to_string(m.qkv_hidden) + " over " + std::to_string(m.heads));
+  // K3's defaults with its projector, K2.5's with patchmerger; each field overrides.
+  const std::string projector = v.get_string("mm_projector_type", "patchmerger");
+  if (projector != "patchmerger" && projector != "patchmergerv2")
+    v.bad("mm_projector_type",
+          "must be patchmerger (Kimi-K2.5) or patchmergerv2 (Kimi-K3), got '" + projector + "'");
+  m.projector_v2 = projector == "patchmergerv2";
+  const std::string norm = v.get_string("norm_type", m.projector_v2 ? "rmsnorm" : "layernorm");
+  if (norm != "rmsnorm" && norm != "layernorm")
+    v.bad("norm_type", "must be rmsnorm or layernorm, got '" + norm + "'");
+  m.rms_norm = norm == "rmsnorm";
+  m.attn_bias = v.get_bool("attn_bias", !m.projector_v2);
+  m.mlp_bias = v.get_bool("linear_bias", !m.projector_v2);
+  m.patch_bias = v.get_bool("patch_embed_proj_bias", !m.projector_v2);
+  const std::string interp =
+      v.get_string("pos_emb_interpolation_mode", m.projector_v2 ? "bilinear" : "bicubic");
+  if (interp != "bilinear" && interp != "bicubic")
+    v.bad("pos_emb_interpolation_mode", "must be bilinear or bicubic, got '" + interp + "'");
+  m.bilinear = interp == "bilinear";
+  if (m.rms_norm) {
+    // nn.RMSNorm(eps=None): the machine epsilon of the dtype the tower runs in, the checkpoint's.
+    const double machine = c.dtype == DType::kBF16  ? 0.0078125
+                           : c.dtype == DType::kF16 ? 0.0009765625
+                                                    : 1.1920928955078125e-07;
+    m.norm_eps =
+        v.has("rms_norm_eps") ? v.get_double("rms_norm_eps", RealRange{0.0, 1.0}) : machine;
+  }
+  if (v.has("mlp_type") && v.get_string("mlp_type") != "mlp2")
+    v.bad("mlp_type", "only mlp2 (fc0 -> gelu_tanh -> fc1) is implemented");
+  if (v.has("pos_emb_type") && v.get_string("pos_emb_type") != "divided_fixed")
+    v.bad("pos_emb_type", "only divided_fixed is implemented");
   if (v.has("merge_kernel_size")) {
     const auto k = v.get_int_list("merge_kernel_size");
     if (k.size() != 2 || k[0] != 2 || k[1] != 2)
@@ -82,9 +113,6 @@ MoonVitConfig MoonVitConfig::parse(const ModelConfig& c) {
   const std::string act = v.get_string("hidden_act", "gelu_pytorch_tanh");
   if (act != "gelu_pytorch_tanh" && act != "gelu_tanh")
     v.bad("hidden_act", "must be gelu_pytorch_tanh, got '" + act + "'");
-  if (v.has("mm_projector_type") && v.get_string("mm_projector_type") != "patchmerger")
-    v.bad("mm_projector_type", "only patchmerger (Kimi-K2.5) is implemented, got '" +
-                                   v.get_string("mm_projector_type") + "'");
   if (v.has("merge_type") && v.get_string("merge_type") != "sd2_tpool")
     v.bad("merge_type", "only sd2_tpool is implemented, got '" + v.get_string("merge_type") + "'");
   m.projector_eps = c.root.has("projection_layer_norm_eps")
@@ -93,7 +121,12 @@ MoonVitConfig MoonVitConfig::parse(const ModelConfig& c) {
   const int64_t proj_hidden = int_of(c.root, {"projection_hidden_size"}, m.hidden, positive);
   if (proj_hidden != m.hidden)
     c.root.bad("projection_hidden_size", "must be the vision width " + std::to_string(m.hidden));
+  if (int_of(v, {"mm_hidden_size"}, m.hidden, positive) != m.hidden)
+    v.bad("mm_hidden_size", "must be the vision width " + std::to_string(m.hidden));
   m.text_hidden = c.hidden_size;
+  if (int_of(v, {"text_hidden_size"}, m.text_hidden, positive) != m.text_hidden)
+    v.bad("text_hidden_size",
+          "must be the text model's hidden_size " + std::to_string(m.text_hidden));
   m.image_token_id = int_of(c.root, {"image_token_id", "media_placeholder_token_id"}, -1,
                             IntRange{0, c.vocab_size - 1});
   if (m.image_token_id < 0)
@@ -135,7 +168,63 @@ Tensor bicubic_resize_hwc(const Tensor& src, int64_t h, int64_t w) {
   return out;
 }
 
+Tensor bilinear_resize_hwc(const Tensor& src, int64_t h, int64_t w) {
+  ATOM_CHECK(src.dim() == 3 && src.dtype() == DType::kF32 && src.device().is_cpu(),
+             "bilinear_resize_hwc: src must be F32 [H, W, C] on the CPU, got {}", src.str());
+  ATOM_CHECK(h > 0 && w > 0, "bilinear_resize_hwc: size {}x{}", h, w);
+  const int64_t H = src.size(0), W = src.size(1), C = src.size(2);
+  const Tensor s = src.contiguous();
+  const float* in = s.ptr<float>();
+  Tensor out = Tensor::zeros({h, w, C}, DType::kF32);
+  float* o = out.ptr<float>();
+  // torch's linear source index: (dst + 0.5) * in / out - 0.5, below 0 clamped to 0.
+  auto taps = [](int64_t dst, int64_t in, int64_t out, int64_t& i0, int64_t& i1, float& l1) {
+    const float scale = static_cast<float>(in) / static_cast<float>(out);
+    const float real = std::max(scale * (static_cast<float>(dst) + 0.5f) - 0.5f, 0.0f);
+    i0 = std::min(static_cast<int64_t>(real), in - 1);
+    i1 = std::min(i0 + 1, in - 1);
+    l1 = real - static_cast<float>(i0);
+  };
+#pragma omp parallel for
+  for (int64_t y = 0; y < h; ++y) {
+    int64_t y0, y1, x0, x1;
+    float ly, lx;
+    taps(y, H, h, y0, y1, ly);
+    for (int64_t x = 0; x < w; ++x) {
+      taps(x, W, w, x0, x1, lx);
+      const float* a = in + (y0 * W + x0) * C;
+      const float* b = in + (y0 * W + x1) * C;
+      const float* c = in + (y1 * W + x0) * C;
+      const float* d = in + (y1 * W + x1) * C;
+      float* dst = o + (y * w + x) * C;
+      for (int64_t ch = 0; ch < C; ++ch)
+        dst[ch] = (1 - ly) * ((1 - lx) * a[ch] + lx * b[ch]) + ly * ((1 - lx) * c[ch] + lx * d[ch]);
+    }
+  }
+  return out;
+}
+
 namespace {
+// x [rows, dim] F32 normalised in place: LayerNorm (w, b) or RMSNorm (w).
+void vit_norm(Tensor& out, const Tensor& x, const Parameter* w, const Parameter* b, bool rms,
+              float eps) {
+  if (!rms) {
+    kernels::layer_norm(out, x, w->data(), b->data(), eps);
+    return;
+  }
+  const int64_t rows = x.size(0), dim = x.size(1);
+  const float* xs = x.ptr<float>();
+  const float* ws = w->data().ptr<float>();
+  float* os = out.ptr<float>();
+#pragma omp parallel for
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xs[r * dim + i]) * xs[r * dim + i];
+    const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(dim)) + eps);
+    for (int64_t i = 0; i < dim; ++i) os[r * dim + i] = xs[r * dim + i] * inv * ws[i];
+  }
+}
+
 LayerContext cpu_f32(const LayerContext& model) {
   LayerContext c = model;
   c.device = Device::cpu();
@@ -158,29 +247,38 @@ MoonVit::MoonVit(const LayerContext& model, MoonVitConfig cfg, const std::string
   auto f32_param = [&](const std::string& name, Shape shape) {
     return &ctx.params.add(name, Tensor::zeros(std::move(shape), DType::kF32, ctx.device));
   };
+  const int64_t Q = cfg_.qkv_hidden;
+  const bool ln = !cfg_.rms_norm;
   patch_w_ = f32_param(tower + ".patch_embed.proj.weight", {D, 3, p, p});
-  patch_b_ = f32_param(tower + ".patch_embed.proj.bias", {D});
+  if (cfg_.patch_bias) patch_b_ = f32_param(tower + ".patch_embed.proj.bias", {D});
   pos_emb_ = f32_param(tower + ".patch_embed.pos_emb.weight", {cfg_.pos_h, cfg_.pos_w, D});
   for (int64_t i = 0; i < cfg_.layers; ++i) {
     const std::string b = tower + ".encoder.blocks." + std::to_string(i);
     auto blk = std::make_unique<Block>();
     blk->norm0_w = f32_param(b + ".norm0.weight", {D});
-    blk->norm0_b = f32_param(b + ".norm0.bias", {D});
+    blk->norm0_b = ln ? f32_param(b + ".norm0.bias", {D}) : nullptr;
     blk->norm1_w = f32_param(b + ".norm1.weight", {D});
-    blk->norm1_b = f32_param(b + ".norm1.bias", {D});
-    blk->wqkv = std::make_unique<ReplicatedLinear>(ctx, b + ".wqkv", D, 3 * D, true);
-    blk->wo = std::make_unique<ReplicatedLinear>(ctx, b + ".wo", D, D, true);
-    blk->fc0 = std::make_unique<ReplicatedLinear>(ctx, b + ".mlp.fc0", D, cfg_.intermediate, true);
-    blk->fc1 = std::make_unique<ReplicatedLinear>(ctx, b + ".mlp.fc1", cfg_.intermediate, D, true);
+    blk->norm1_b = ln ? f32_param(b + ".norm1.bias", {D}) : nullptr;
+    blk->wqkv = std::make_unique<ReplicatedLinear>(ctx, b + ".wqkv", D, 3 * Q, cfg_.attn_bias);
+    blk->wo = std::make_unique<ReplicatedLinear>(ctx, b + ".wo", Q, D, cfg_.attn_bias);
+    blk->fc0 = std::make_unique<ReplicatedLinear>(ctx, b + ".mlp.fc0", D, cfg_.intermediate,
+                                                  cfg_.mlp_bias);
+    blk->fc1 = std::make_unique<ReplicatedLinear>(ctx, b + ".mlp.fc1", cfg_.intermediate, D,
+                                                  cfg_.mlp_bias);
     blocks_.push_back(std::move(blk));
   }
   final_w_ = f32_param(tower + ".encoder.final_layernorm.weight", {D});
-  final_b_ = f32_param(tower + ".encoder.final_layernorm.bias", {D});
-  pre_norm_w_ = f32_param(projector + ".pre_norm.weight", {D});
-  pre_norm_b_ = f32_param(projector + ".pre_norm.bias", {D});
-  proj0_ = std::make_unique<ReplicatedLinear>(ctx, projector + ".proj.0", 4 * D, 4 * D, true);
+  final_b_ = ln ? f32_param(tower + ".encoder.final_layernorm.bias", {D}) : nullptr;
+  const bool v2 = cfg_.projector_v2;
+  if (v2) {
+    post_norm_w_ = f32_param(projector + ".post_norm.weight", {cfg_.text_hidden});
+  } else {
+    pre_norm_w_ = f32_param(projector + ".pre_norm.weight", {D});
+    pre_norm_b_ = f32_param(projector + ".pre_norm.bias", {D});
+  }
+  proj0_ = std::make_unique<ReplicatedLinear>(ctx, projector + ".proj.0", 4 * D, 4 * D, !v2);
   proj2_ =
-      std::make_unique<ReplicatedLinear>(ctx, projector + ".proj.2", 4 * D, cfg_.text_hidden, true);
+      std::make_unique<ReplicatedLinear>(ctx, projector + ".proj.2", 4 * D, cfg_.text_hidden, !v2);
 }
 
 MoonVit::~MoonVit() = default;
@@ -218,20 +316,22 @@ void MoonVit::check_grids(const Tensor& pixel_values, const std::vector<ImageGri
 
 Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<ImageGrid>& grids) {
   const int64_t D = cfg_.hidden, P = pixel_values.size(0), H = cfg_.heads, hd = cfg_.head_dim();
+  const int64_t Q = cfg_.qkv_hidden;
+  const float eps = static_cast<float>(cfg_.norm_eps);
   // Patch embedding: the convolution is a linear map of each patch's 3 * p * p values.
   Tensor x = Tensor::empty({P, D}, DType::kF32);
   {
     Tensor pix = pixel_values.contiguous().view({P, cfg_.patch_values()});
     Tensor w = patch_w_->data().view({D, cfg_.patch_values()});
-    kernels::linear(x, pix, w, patch_b_->data());
+    kernels::linear(x, pix, w, patch_b_ ? patch_b_->data() : Tensor());
   }
   // Learned position grid, resized to each image.
   {
     int64_t row = 0;
     for (const ImageGrid& g : grids) {
-      Tensor pos = (g.h == cfg_.pos_h && g.w == cfg_.pos_w)
-                       ? pos_emb_->data()
-                       : bicubic_resize_hwc(pos_emb_->data(), g.h, g.w);
+      Tensor pos = (g.h == cfg_.pos_h && g.w == cfg_.pos_w) ? pos_emb_->data()
+                   : cfg_.bilinear ? bilinear_resize_hwc(pos_emb_->data(), g.h, g.w)
+                                   : bicubic_resize_hwc(pos_emb_->data(), g.h, g.w);
       const float* ps = pos.ptr<float>();
       float* xs = x.ptr<float>() + row * D;
       for (int64_t i = 0; i < g.h * g.w * D; ++i) xs[i] += ps[i];
@@ -266,18 +366,17 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
   Tensor h = Tensor::empty({P, D}, DType::kF32);
-  Tensor attn = Tensor::empty({P, D}, DType::kF32);
+  Tensor attn = Tensor::empty({P, Q}, DType::kF32);
   for (auto& blk : blocks_) {
     const Arena::Mark m = step.arena.mark();
-    kernels::layer_norm(h, x, blk->norm0_w->data(), blk->norm0_b->data(),
-                        static_cast<float>(cfg_.norm_eps));
+    vit_norm(h, x, blk->norm0_w, blk->norm0_b, cfg_.rms_norm, eps);
     Tensor qkv = blk->wqkv->forward(step, h).contiguous();
     float* q = qkv.ptr<float>();
     // Rotate q and k.
 #pragma omp parallel for
     for (int64_t n = 0; n < P; ++n) {
       for (int part = 0; part < 2; ++part) {
-        float* v = q + n * 3 * D + part * D;
+        float* v = q + n * 3 * Q + part * Q;
         for (int64_t head = 0; head < H; ++head) {
           float* e = v + head * hd;
           for (int64_t m2 = 0; m2 < pairs; ++m2) {
@@ -299,10 +398,10 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
         for (int64_t i = 0; i < len; ++i)
           errors.guard([&] {
             std::vector<float> p(static_cast<size_t>(len));
-            const float* qi = q + (s0 + i) * 3 * D + head * hd;
+            const float* qi = q + (s0 + i) * 3 * Q + head * hd;
             float mx = -INFINITY;
             for (int64_t j = 0; j < len; ++j) {
-              const float* kj = q + (s0 + j) * 3 * D + D + head * hd;
+              const float* kj = q + (s0 + j) * 3 * Q + Q + head * hd;
               float dot = 0;
               for (int64_t d = 0; d < hd; ++d) dot += qi[d] * kj[d];
               p[j] = dot * scale;
@@ -310,10 +409,10 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
             }
             float sum = 0;
             for (int64_t j = 0; j < len; ++j) sum += (p[j] = std::exp(p[j] - mx));
-            float* o = out + (s0 + i) * D + head * hd;
+            float* o = out + (s0 + i) * Q + head * hd;
             for (int64_t d = 0; d < hd; ++d) o[d] = 0;
             for (int64_t j = 0; j < len; ++j) {
-              const float* vj = q + (s0 + j) * 3 * D + 2 * D + head * hd;
+              const float* vj = q + (s0 + j) * 3 * Q + 2 * Q + head * hd;
               const float pj = p[j] / sum;
               for (int64_t d = 0; d < hd; ++d) o[d] += pj * vj[d];
             }
@@ -326,8 +425,7 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
       const float* as = a.ptr<float>();
       for (int64_t i = 0; i < P * D; ++i) xs[i] += as[i];
     }
-    kernels::layer_norm(h, x, blk->norm1_w->data(), blk->norm1_b->data(),
-                        static_cast<float>(cfg_.norm_eps));
+    vit_norm(h, x, blk->norm1_w, blk->norm1_b, cfg_.rms_norm, eps);
     Tensor f = blk->fc0->forward(step, h).contiguous();
     {
       float* fs = f.ptr<float>();
@@ -341,7 +439,7 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
     }
     step.arena.release(m);
   }
-  kernels::layer_norm(x, x, final_w_->data(), final_b_->data(), static_cast<float>(cfg_.norm_eps));
+  vit_norm(x, x, final_w_, final_b_, cfg_.rms_norm, eps);
   return x;
 }
 
@@ -379,15 +477,16 @@ Tensor MoonVit::encode(const Tensor& pixel_values, const std::vector<ImageGrid>&
       row += g.num_patches();
     }
   }
-  kernels::layer_norm(merged, merged, pre_norm_w_->data(), pre_norm_b_->data(),
-                      static_cast<float>(cfg_.projector_eps));
+  const float peps = static_cast<float>(cfg_.projector_eps);
+  if (!cfg_.projector_v2) vit_norm(merged, merged, pre_norm_w_, pre_norm_b_, false, peps);
   Tensor u = proj0_->forward(step, merged.view({tokens, 4 * D})).contiguous();
   {
     float* us = u.ptr<float>();
     for (int64_t i = 0; i < u.numel(); ++i) us[i] = gelu_erf(us[i]);
   }
-  Tensor out = proj2_->forward(step, u);
-  return out.clone();
+  Tensor out = proj2_->forward(step, u).clone();
+  if (cfg_.projector_v2) vit_norm(out, out, post_norm_w_, nullptr, true, peps);
+  return out;
 }
 
 }  // namespace atom

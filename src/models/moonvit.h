@@ -1,6 +1,11 @@
 // MoonViT, Kimi-K2.5's vision tower, and its patchmerger projector (transformers'
 // models/kimi_k25/modeling_kimi_k25.py: Kimi_K25VisionModel, Kimi_K25MultimodalProjection; the
-// checkpoint's own names, which vLLM's kimi_k25_vit.py keeps):
+// checkpoint's own names, which vLLM's kimi_k25_vit.py keeps); and Kimi-K3's MoonViT3d with its
+// patchmergerv2 (Moonshot's modeling_kimi_k3.py as ROCm/ATOM's kimi_k3_vl.py ports it): the same
+// tower with RMSNorms and no biases (norm_type, attn_bias, linear_bias, patch_embed_proj_bias),
+// the position grid resized bilinearly (pos_emb_interpolation_mode), an optional qkv width
+// (qkv_hidden_size), and a projector proj.0 -> GELU -> proj.2 without biases, then an RMSNorm
+// (post_norm) on the text width. K2.5's:
 //   - patch_embed.proj: a stride-14 convolution over pre-cut patches [P, 3, 14, 14], i.e. a
 //     linear map of each patch's 588 values; plus patch_embed.pos_emb.weight, a learned
 //     [pos_h, pos_w, D] grid resized to each image's (h, w) patches by bicubic interpolation
@@ -37,20 +42,27 @@ using vision::ImageGrid;
 struct MoonVitConfig {
   int64_t patch_size = 14;
   int64_t hidden = 0, heads = 0, layers = 0, intermediate = 0;
+  int64_t qkv_hidden = 0;  // the attention's width (qkv_hidden_size; default hidden)
+  bool rms_norm = false;   // RMSNorm (K3) or LayerNorm with bias (K2.5), in the blocks and final
+  bool attn_bias = true, mlp_bias = true, patch_bias = true;
+  bool bilinear = false;      // the position grid's resize: bilinear (K3) or bicubic (K2.5)
+  bool projector_v2 = false;  // patchmergerv2 (K3) or patchmerger (K2.5)
   int64_t pos_h = 64, pos_w = 64;
   int64_t merge_h = 2, merge_w = 2;
   double norm_eps = 1e-5;
   double projector_eps = 1e-5;
   int64_t text_hidden = 0;
   int64_t image_token_id = -1;
-  int64_t head_dim() const { return hidden / heads; }
+  int64_t head_dim() const { return qkv_hidden / heads; }
   int64_t patch_values() const { return 3 * patch_size * patch_size; }
 
   // From config.json: vision_config in the hub's names (vt_hidden_size, init_pos_emb_height,
   // ...) or transformers' (hidden_size, pos_emb_height, ...); the projector's eps and the image
   // token from the top level (projection_layer_norm_eps / image_token_id, or the hub's
-  // vision_config.projector_ln_eps / media_placeholder_token_id). An unsupported variant is an
-  // error naming the field.
+  // vision_config.projector_ln_eps / media_placeholder_token_id). mm_projector_type
+  // patchmergerv2 selects K3's defaults (RMSNorms at vision_config.rms_norm_eps, else
+  // nn.RMSNorm's default in the checkpoint's dtype: 2^-7 for bf16; no biases; bilinear), each
+  // field overriding. An unsupported variant is an error naming the field.
   static MoonVitConfig parse(const ModelConfig& c);
 };
 
@@ -91,17 +103,20 @@ class MoonVit : public VisionEncoder {
   Tensor tower(Step& step, const Tensor& pixel_values, const std::vector<ImageGrid>& grids);
   LayerContext ctx_;  // the model's, on the CPU in F32
   MoonVitConfig cfg_;
-  Parameter* patch_w_;  // [D, 3, p, p] F32
-  Parameter* patch_b_;  // [D] F32
-  Parameter* pos_emb_;  // [pos_h, pos_w, D] F32
+  Parameter* patch_w_;            // [D, 3, p, p] F32
+  Parameter* patch_b_ = nullptr;  // [D] F32 (patch_bias)
+  Parameter* pos_emb_;            // [pos_h, pos_w, D] F32
   std::vector<std::unique_ptr<Block>> blocks_;
   Parameter *final_w_, *final_b_;
-  Parameter *pre_norm_w_, *pre_norm_b_;
+  Parameter *pre_norm_w_ = nullptr, *pre_norm_b_ = nullptr;  // patchmerger
+  Parameter* post_norm_w_ = nullptr;                         // patchmergerv2
   std::unique_ptr<ReplicatedLinear> proj0_, proj2_;
 };
 
 // torch.nn.functional.interpolate(mode="bicubic", align_corners=False) of src [H, W, C] F32 to
 // [h, w, C] (the cubic convolution with A = -0.75, source indices clamped to the borders).
 Tensor bicubic_resize_hwc(const Tensor& src, int64_t h, int64_t w);
+// The same with mode="bilinear" (source coordinates below 0 clamped to 0, as torch's).
+Tensor bilinear_resize_hwc(const Tensor& src, int64_t h, int64_t w);
 
 }  // namespace atom

@@ -150,6 +150,59 @@ TEST(EngineImages, TensorAndPipelineRanksMatchOneRank) {
   }
 }
 
+// Kimi-K3 (KDA layers with recurrent state, attention residuals, the latent MoE) with its
+// MoonViT3d: prompts with images batched with each other and with prefix caching through state
+// checkpoints give the single runner's tokens.
+TEST(EngineImages, KimiK3WithImagesMatchesTheSingleRunner) {
+  SafetensorsFile f(source_dir() + "/tests/fixtures/references/kimi_k3_vision_torch.safetensors",
+                    true);
+  const Tensor pix = f.tensor("pixel_values").clone();
+  const Tensor g = f.tensor("grid_thw");
+  std::vector<PromptImage> base;
+  int64_t row = 0;
+  for (int64_t i = 0; i < g.size(0); ++i) {
+    vision::ImageGrid grid{g.ptr<int64_t>()[i * 3], g.ptr<int64_t>()[i * 3 + 1],
+                           g.ptr<int64_t>()[i * 3 + 2]};
+    base.push_back({pix.narrow(0, row, grid.num_patches()).clone(), grid});
+    row += grid.num_patches();
+  }
+  Model& m = fixture_model("kimi_k3");
+  VisionEncoder* v = m.vision_encoder();
+  ASSERT_NE(v, nullptr);
+  const int32_t img = static_cast<int32_t>(v->image_token_id());
+  const std::vector<int32_t> prompt = {1, 11, 12, 13, 14, img, 21, 22, 23, img, 31, 32, 33};
+  std::vector<std::vector<PromptImage>> images = {base, base, base};
+  images[1][0] = random_image(base[0], 5);
+  images[2][1] = random_image(base[1], 6);
+  const int T = 10;
+  auto single_k3 = [&](const std::vector<PromptImage>& ims) {
+    std::vector<int32_t> p = prompt;
+    auto mm = prompt_images_expand(*v, p, ims);
+    std::shared_ptr<InputEmbeds> e;
+    prompt_images_embeds(*mm, 0, static_cast<int>(p.size()), 0, e);
+    return generate_greedy(m, p, T, {}, true, 16, std::nullopt, e.get()).token_ids;
+  };
+  EngineConfig c = test_config();
+  c.block_size = 4;
+  c.state_checkpoint_interval_tokens = 8;
+  LLMEngine engine(m, c);
+  std::map<std::string, std::vector<int32_t>> got;
+  for (int pass = 0; pass < 2; ++pass) {  // the second pass resumes from the first's checkpoints
+    for (size_t i = 0; i < images.size(); ++i)
+      engine.add_request(std::to_string(pass) + "/" + std::to_string(i), prompt, greedy(T),
+                         images[i]);
+    while (engine.has_unfinished())
+      for (RequestOutput& o : engine.step().finished) got[o.request_id] = o.outputs.at(0).token_ids;
+  }
+  for (size_t i = 0; i < images.size(); ++i) {
+    const std::vector<int32_t> want = single_k3(images[i]);
+    EXPECT_EQ(got["0/" + std::to_string(i)], want) << "request " << i;
+    EXPECT_EQ(got["1/" + std::to_string(i)], want) << "request " << i << ", second pass";
+  }
+  EXPECT_NE(got["0/0"], got["0/1"]) << "the images do not change the output: a weak test";
+  expect_engine_idle(engine);
+}
+
 TEST(EngineImages, BadRequestsAreRefusedByNameAndTheEngineGoesOn) {
   const ImageFixture x = image_fixture();
   EngineConfig c = test_config();
