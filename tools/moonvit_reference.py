@@ -115,13 +115,19 @@ def tower(p, vc, pix, grids, rms_eps=None):
     grid = p[pre + "patch_embed.pos_emb.weight"]
     pos, cis = [], []
     freqs = 1.0 / (10000.0 ** (torch.arange(0, hd, 4)[: hd // 4].float() / hd))
+    # The fixed time table of a video's frames: sin | cos of frame * 10000^(-k / (D / 2)).
+    omega = 1.0 / 10000.0 ** (torch.arange(D // 2, dtype=torch.float64) / (D / 2.0))
     for t, h, w in grids:
         if (h, w) == tuple(grid.shape[:2]):
             pe = grid
         else:
             pe = F.interpolate(grid.permute(2, 0, 1)[None], size=(h, w), mode=mode,
                                align_corners=False)[0].permute(1, 2, 0)
-        pos.append(pe.reshape(h * w, D).repeat(t, 1))
+        pe = pe.reshape(1, h * w, D).repeat(t, 1, 1)
+        if t > 1:
+            ang = torch.arange(t, dtype=torch.float64)[:, None] * omega[None]
+            pe = pe + torch.cat([ang.sin(), ang.cos()], 1).float()[:, None, :]
+        pos.append(pe.reshape(t * h * w, D))
         rows = torch.arange(h).repeat_interleave(w).float()
         cols = torch.arange(w).repeat(h).float()
         xc = torch.polar(torch.ones(h * w, hd // 4), torch.outer(cols, freqs))
@@ -310,13 +316,13 @@ def add_k3_tower(folder):
     json.dump(cfg, open(os.path.join(folder, "config.json"), "w"), indent=2)
 
 
-def references(out, folder, name, rms_eps=None):
+def references(out, folder, name, rms_eps=None, grids=((1, 8, 8), (1, 2, 6))):
     cfg = json.load(open(os.path.join(folder, "config.json")))
     vc = cfg["vision_config"]
     p = {k: v.float() for k, v in load_safetensors(os.path.join(folder, "model.safetensors")).items()
          if k.startswith(("vision_tower.", "mm_projector."))}
     g = torch.Generator().manual_seed(3)
-    grids = [(1, 8, 8), (1, 2, 6)]
+    grids = [tuple(x) for x in grids]
     pix = torch.rand((sum(t * h * w for t, h, w in grids), 3, 14, 14), generator=g) * 2 - 1
     eps = cfg.get("projection_layer_norm_eps", vc.get("projector_ln_eps", 1e-5))
     with torch.no_grad():
@@ -338,6 +344,12 @@ def main():
         if "vt_hidden_size" not in json.load(open(os.path.join(folder, "config.json")))["vision_config"]:
             add_k3_tower(folder)
         references(out, folder, "kimi_k3_vision_torch", rms_eps=2.0 ** -7)
+        return
+    if len(sys.argv) > 2 and sys.argv[2] == "video":
+        # Video grids (frames attend jointly, the fixed time table, the merge's temporal mean)
+        # through kimi_k25's tower, beside an image.
+        references(out, os.path.join(out, "models", "kimi_k25"), "kimi_k25_video_torch",
+                   grids=((3, 4, 6), (1, 2, 2), (2, 2, 4)))
         return
     folder = os.path.join(out, "models", "kimi_k25")
     if not os.path.exists(os.path.join(folder, "config.json")):

@@ -70,6 +70,7 @@ MoonVitConfig MoonVitConfig::parse(const ModelConfig& c) {
   m.intermediate = int_of(v, {"vt_intermediate_size", "intermediate_size"}, 4304, positive);
   m.pos_h = int_of(v, {"init_pos_emb_height", "pos_emb_height"}, 64, IntRange{1, 4096});
   m.pos_w = int_of(v, {"init_pos_emb_width", "pos_emb_width"}, 64, IntRange{1, 4096});
+  m.pos_t = int_of(v, {"init_pos_emb_time", "pos_emb_time"}, 4, IntRange{1, 4096});
   m.qkv_hidden = int_of(v, {"qkv_hidden_size"}, m.hidden, positive);
   if (m.qkv_hidden % m.heads != 0 || m.head_dim() % 4 != 0)
     v.bad("hidden_size", "must be num_attention_heads heads of a width divisible by 4 (the 2D "
@@ -284,7 +285,7 @@ MoonVit::MoonVit(const LayerContext& model, MoonVitConfig cfg, const std::string
 MoonVit::~MoonVit() = default;
 
 int64_t MoonVit::tokens_for(const ImageGrid& g) const {
-  return g.t * (g.h / cfg_.merge_h) * (g.w / cfg_.merge_w);
+  return (g.h / cfg_.merge_h) * (g.w / cfg_.merge_w);  // a video's frames are averaged
 }
 
 std::string MoonVit::unavailable() const { return ""; }
@@ -299,10 +300,9 @@ void MoonVit::check_grids(const Tensor& pixel_values, const std::vector<ImageGri
   int64_t total = 0;
   for (size_t i = 0; i < grids.size(); ++i) {
     const ImageGrid& g = grids[i];
-    ATOM_CHECK(g.t == 1,
-               "MoonViT: image {} has {} frames; video (the temporal merge) is not "
-               "implemented",
-               i, g.t);
+    ATOM_CHECK(g.t >= 1 && g.t <= cfg_.pos_t,
+               "MoonViT: image {} has {} frames; the tower takes 1 to {} (init_pos_emb_time)", i,
+               g.t, cfg_.pos_t);
     ATOM_CHECK(g.h > 0 && g.w > 0 && g.h % cfg_.merge_h == 0 && g.w % cfg_.merge_w == 0 &&
                    g.h <= 4096 && g.w <= 4096,
                "MoonViT: image {}'s grid {}x{} is not a positive multiple of the 2x2 merge", i, g.h,
@@ -333,8 +333,22 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
                    : cfg_.bilinear ? bilinear_resize_hwc(pos_emb_->data(), g.h, g.w)
                                    : bicubic_resize_hwc(pos_emb_->data(), g.h, g.w);
       const float* ps = pos.ptr<float>();
-      float* xs = x.ptr<float>() + row * D;
-      for (int64_t i = 0; i < g.h * g.w * D; ++i) xs[i] += ps[i];
+      for (int64_t f = 0; f < g.t; ++f) {
+        float* xs = x.ptr<float>() + (row + f * g.h * g.w) * D;
+        for (int64_t i = 0; i < g.h * g.w * D; ++i) xs[i] += ps[i];
+        if (g.t == 1) continue;
+        // A video's frame f: the fixed time table's row f (sin | cos).
+        std::vector<float> te(static_cast<size_t>(D));
+        for (int64_t k = 0; k < D / 2; ++k) {
+          const double a =
+              static_cast<double>(f) *
+              std::pow(10000.0, -static_cast<double>(k) / (static_cast<double>(D) / 2));
+          te[static_cast<size_t>(k)] = static_cast<float>(std::sin(a));
+          te[static_cast<size_t>(k + D / 2)] = static_cast<float>(std::cos(a));
+        }
+        for (int64_t n = 0; n < g.h * g.w; ++n)
+          for (int64_t k = 0; k < D; ++k) xs[n * D + k] += te[static_cast<size_t>(k)];
+      }
       row += g.num_patches();
     }
   }
@@ -344,20 +358,21 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
   {
     int64_t row = 0;
     for (const ImageGrid& g : grids) {
-      for (int64_t r = 0; r < g.h; ++r)
-        for (int64_t c = 0; c < g.w; ++c) {
-          const int64_t n = row + r * g.w + c;
-          for (int64_t i = 0; i < nf; ++i) {
-            const double f =
-                std::pow(10000.0, -static_cast<double>(4 * i) / static_cast<double>(hd));
-            const float fi = static_cast<float>(f);
-            const float ax = static_cast<float>(c) * fi, ay = static_cast<float>(r) * fi;
-            cosv[n * pairs + 2 * i] = std::cos(ax);
-            sinv[n * pairs + 2 * i] = std::sin(ax);
-            cosv[n * pairs + 2 * i + 1] = std::cos(ay);
-            sinv[n * pairs + 2 * i + 1] = std::sin(ay);
+      for (int64_t f = 0; f < g.t; ++f)
+        for (int64_t r = 0; r < g.h; ++r)
+          for (int64_t c = 0; c < g.w; ++c) {
+            const int64_t n = row + f * g.h * g.w + r * g.w + c;
+            for (int64_t i = 0; i < nf; ++i) {
+              const double f =
+                  std::pow(10000.0, -static_cast<double>(4 * i) / static_cast<double>(hd));
+              const float fi = static_cast<float>(f);
+              const float ax = static_cast<float>(c) * fi, ay = static_cast<float>(r) * fi;
+              cosv[n * pairs + 2 * i] = std::cos(ax);
+              sinv[n * pairs + 2 * i] = std::sin(ax);
+              cosv[n * pairs + 2 * i + 1] = std::cos(ay);
+              sinv[n * pairs + 2 * i + 1] = std::sin(ay);
+            }
           }
-        }
       row += g.num_patches();
     }
   }
@@ -467,12 +482,19 @@ Tensor MoonVit::encode(const Tensor& pixel_values, const std::vector<ImageGrid>&
     float* ms = merged.ptr<float>();
     int64_t row = 0, tok = 0;
     for (const ImageGrid& g : grids) {
+      const float inv_t = 1.0f / static_cast<float>(g.t);
       for (int64_t i = 0; i < g.h / 2; ++i)
         for (int64_t j = 0; j < g.w / 2; ++j, ++tok)
           for (int64_t a = 0; a < 2; ++a)
             for (int64_t b = 0; b < 2; ++b) {
-              const float* src = xs + (row + (2 * i + a) * g.w + (2 * j + b)) * D;
-              std::copy(src, src + D, ms + (tok * 4 + a * 2 + b) * D);
+              float* dst = ms + (tok * 4 + a * 2 + b) * D;
+              std::fill(dst, dst + D, 0.0f);
+              for (int64_t f = 0; f < g.t; ++f) {
+                const float* src = xs + (row + f * g.h * g.w + (2 * i + a) * g.w + (2 * j + b)) * D;
+                for (int64_t k = 0; k < D; ++k) dst[k] += src[k];
+              }
+              if (g.t > 1)
+                for (int64_t k = 0; k < D; ++k) dst[k] *= inv_t;
             }
       row += g.num_patches();
     }

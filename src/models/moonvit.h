@@ -16,8 +16,10 @@
 //     complex numbers, pair 2i by the patch's column times freq_i and pair 2i+1 by its row times
 //     freq_i, freq_i = 10000^(-4i / head_dim), i < head_dim / 4;
 //   - encoder.final_layernorm, then the 2x2 merge: merged token (i, j) of an image is the four
-//     patches (2i + a, 2j + b), a, b in {0, 1}, in that order (the temporal mean of a video's
-//     frames is not implemented: a grid with t > 1 is refused);
+//     patches (2i + a, 2j + b), a, b in {0, 1}, in that order, averaged over a video's frames;
+//   - a video (t > 1 frames, at most pos_t): every frame gets the resized grid plus a fixed time
+//     embedding (sin | cos of frame · 10000^(-k / (D / 2))), its frames attend to each other (one
+//     sequence of t·h·w patches), and it gives (h / 2)·(w / 2) tokens as an image does;
 //   - mm_projector: pre_norm (LayerNorm over D, each of the four) -> [4D] -> proj.0 -> GELU (erf)
 //     -> proj.2 -> the text width.
 // The tower runs on the CPU in fp32 wherever the text model is: its weights are held on the CPU
@@ -48,6 +50,7 @@ struct MoonVitConfig {
   bool bilinear = false;      // the position grid's resize: bilinear (K3) or bicubic (K2.5)
   bool projector_v2 = false;  // patchmergerv2 (K3) or patchmerger (K2.5)
   int64_t pos_h = 64, pos_w = 64;
+  int64_t pos_t = 4;  // the most frames a video may have (init_pos_emb_time / pos_emb_time)
   int64_t merge_h = 2, merge_w = 2;
   double norm_eps = 1e-5;
   double projector_eps = 1e-5;

@@ -212,7 +212,7 @@ TEST(KimiK25, BadImagesAreRefusedByName) {
   g.back().w += 2;
   refused(ref.pixel_values, g, "the grids give");
   g = ref.grids;
-  g[0].t = 2;
+  g[0].t = 5;  // more frames than the time table's 4
   refused(ref.pixel_values, g, "frames");
   refused(ref.pixel_values, {{1, 3, 4}}, "multiple of the 2x2 merge");
   refused(ref.pixel_values, {}, "no images");
@@ -236,6 +236,27 @@ TEST(KimiK25, BadImagesAreRefusedByName) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("do not fit"), std::string::npos) << e.what();
   }
+}
+
+// Videos through K2.5's tower beside an image: 3 frames of 4 x 6 and 2 of 2 x 4 (frames attend
+// to each other, the fixed time table on each frame, the merge's mean over frames), against
+// tools/moonvit_reference.py's forward; a video gives as many tokens as one of its frames.
+TEST(KimiK25, VideosMatchTheTorchReference) {
+  VisionRef ref("kimi_k25_video_torch");
+  LoadedModel m = model_load(fixture_dir("kimi_k25"), ModelOptions{});
+  VisionEncoder* v = m.model->vision_encoder();
+  ASSERT_NE(v, nullptr);
+  ASSERT_EQ(ref.grids.size(), 3u);
+  EXPECT_EQ(ref.grids[0].t, 3);
+  EXPECT_EQ(v->tokens_for(ref.grids[0]), 6);
+  const float dh =
+      expect_logits_near(v->encode_hidden(ref.pixel_values, ref.grids), ref.get("vision_hidden"),
+                         kVisionTolerance, "MoonViT on videos, last hidden state");
+  const float de =
+      expect_logits_near(v->encode(ref.pixel_values, ref.grids), ref.get("image_embeds"),
+                         kVisionTolerance, "MoonViT on videos, projected features");
+  std::printf("kimi_k25 videos: max |Δ| vs the torch reference: tower %.3g, projector %.3g\n", dh,
+              de);
 }
 
 // Kimi-K3's MoonViT3d (RMSNorms at bf16's machine epsilon, no biases, the position grid resized
