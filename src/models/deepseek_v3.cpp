@@ -55,9 +55,8 @@ class DeepseekV3ForCausalLM : public DecoderOnlyLM<DeepseekV3DecoderLayer> {
 class KimiK25ForConditionalGeneration : public DeepseekV3ForCausalLM {
  public:
   KimiK25ForConditionalGeneration(const ModelConfig& c, const ModelOptions& o)
-      : DeepseekV3ForCausalLM(c, o),
-        vision_(ctx(), MoonVitConfig::parse(c), "vision_tower", "mm_projector") {}
-  VisionEncoder* vision_encoder() override { return &vision_; }
+      : DeepseekV3ForCausalLM(c, o), vision_(moonvit_on_leader(ctx(), c)) {}
+  VisionEncoder* vision_encoder() override { return vision_.get(); }
   WeightLoadSpec weight_load_spec() const override {
     WeightLoadSpec s = DeepseekV3ForCausalLM::weight_load_spec();
     s.weights_mapping.prefix.push_back({"language_model.model.", "model."});
@@ -66,7 +65,7 @@ class KimiK25ForConditionalGeneration : public DeepseekV3ForCausalLM {
   }
 
  private:
-  MoonVit vision_;
+  std::unique_ptr<MoonVit> vision_;  // on the group's leader rank only
 };
 
 }  // namespace

@@ -432,15 +432,14 @@ class KimiK3ForConditionalGeneration : public KimiLinearForCausalLM {
   KimiK3ForConditionalGeneration(const ModelConfig& c, const ModelOptions& o)
       : KimiLinearForCausalLM(c, o) {
     const nlohmann::json& root = c.root.obj();
-    if (root.contains("vision_config") && root["vision_config"].is_object() &&
-        root["vision_config"].contains("vt_hidden_size"))
-      vision_ =
-          std::make_unique<MoonVit>(ctx(), MoonVitConfig::parse(c), "vision_tower", "mm_projector");
+    tower_ = root.contains("vision_config") && root["vision_config"].is_object() &&
+             root["vision_config"].contains("vt_hidden_size");
+    if (tower_) vision_ = moonvit_on_leader(ctx(), c);
   }
   VisionEncoder* vision_encoder() override { return vision_.get(); }
   WeightLoadSpec weight_load_spec() const override {
     WeightLoadSpec s = KimiLinearForCausalLM::weight_load_spec();
-    if (vision_) {
+    if (tower_) {
       auto& p = s.weights_mapping.prefix;
       p.erase(std::remove_if(p.begin(), p.end(),
                              [](const auto& r) {
@@ -452,7 +451,8 @@ class KimiK3ForConditionalGeneration : public KimiLinearForCausalLM {
   }
 
  private:
-  std::unique_ptr<MoonVit> vision_;
+  std::unique_ptr<MoonVit> vision_;  // on the group's leader rank only
+  bool tower_ = false;               // the config describes a tower (on any rank)
 };
 
 ModelSupport kimi_linear_support() {

@@ -290,6 +290,15 @@ int64_t MoonVit::tokens_for(const ImageGrid& g) const {
 
 std::string MoonVit::unavailable() const { return ""; }
 
+std::unique_ptr<MoonVit> moonvit_on_leader(LayerContext& ctx, const ModelConfig& c) {
+  const MoonVitConfig cfg = MoonVitConfig::parse(c);  // every rank checks the config
+  if (ctx.tp_rank == 0 && (ctx.stage.first() || ctx.stage.last()))
+    return std::make_unique<MoonVit>(ctx, cfg, "vision_tower", "mm_projector");
+  ctx.params.add_missing_module("vision_tower");
+  ctx.params.add_missing_module("mm_projector");
+  return nullptr;
+}
+
 void MoonVit::check_grids(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) const {
   const int64_t p = cfg_.patch_size;
   ATOM_CHECK(pixel_values.dim() == 4 && pixel_values.size(1) == 3 && pixel_values.size(2) == p &&

@@ -116,6 +116,13 @@ class MoonVit : public VisionEncoder {
   std::unique_ptr<ReplicatedLinear> proj0_, proj2_;
 };
 
+// The tower of a model that takes images (vision_tower.*, mm_projector.*), built on the ranks
+// whose model an engine may hold (ModelGroup::model(): the first rank a process holds, which is
+// tensor rank 0 of the first or, on a head node over several, of the last pipeline stage); on
+// every other rank its modules are declared missing (their tensors are not read) and null comes
+// back, so a group holds one or two F32 copies of the tower, not one per rank.
+std::unique_ptr<MoonVit> moonvit_on_leader(LayerContext& ctx, const ModelConfig& c);
+
 // torch.nn.functional.interpolate(mode="bicubic", align_corners=False) of src [H, W, C] F32 to
 // [h, w, C] (the cubic convolution with A = -0.75, source indices clamped to the borders).
 Tensor bicubic_resize_hwc(const Tensor& src, int64_t h, int64_t w);

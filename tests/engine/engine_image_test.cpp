@@ -145,6 +145,10 @@ TEST(EngineImages, TensorAndPipelineRanksMatchOneRank) {
     ModelOptions o;
     o.pp_size = pp;
     auto group = model_group_load(fixture_dir("kimi_k25"), o, tp);
+    // The tower on tensor rank 0 of the first and last stages only.
+    for (int r = 0; r < group->world_size(); ++r)
+      EXPECT_EQ(group->model(r).vision_encoder() != nullptr, r == 0 || r == group->leader())
+          << "rank " << r;
     LLMEngine engine(*group, test_config());
     EXPECT_EQ(run(engine), want) << "tp " << tp << " pp " << pp;
   }
