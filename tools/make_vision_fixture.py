@@ -191,8 +191,16 @@ def main():
             os.remove(os.path.join(folder, f))
     log("saved by transformers:", sorted(k for k in saved if "vision" in k or "projector" in k)[:40])
     if any(".wqkv." in k for k in saved):
-        ckpt = saved
-        layout = "checkpoint names as saved by transformers"
+        # transformers 5.17 writes its renames back only in part (the text layers as
+        # language_model.model.blocks.N, the projector's norm as model.mm_projector.pre_norm):
+        # the hub's own names, which the reload below must read to the same values.
+        ckpt = {}
+        for k, v in saved.items():
+            k = k.replace("language_model.model.blocks.", "language_model.model.layers.")
+            if k.startswith("model.mm_projector."):
+                k = k[len("model."):]
+            ckpt[k] = v
+        layout = "the hub's names (transformers' save, its partial renames undone)"
     else:
         ckpt = to_checkpoint_names(saved, head_dim)
         layout = "rewritten into the checkpoint's names"
@@ -220,7 +228,7 @@ def main():
         layout = "transformers' names"
     log("layout:", layout)
 
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = "cpu"  # fp32 on the CPU: no GPU kernel choices (TF32, fused attention) in the reference
     fresh.to(dev)
     with torch.no_grad():
         feats = fresh.model.get_image_features(pixel_values.to(dev), grid_thw.to(dev), return_dict=True)

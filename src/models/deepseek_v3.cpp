@@ -61,6 +61,9 @@ class KimiK25ForConditionalGeneration : public DeepseekV3ForCausalLM {
     WeightLoadSpec s = DeepseekV3ForCausalLM::weight_load_spec();
     s.weights_mapping.prefix.push_back({"language_model.model.", "model."});
     s.weights_mapping.prefix.push_back({"language_model.lm_head.", "lm_head."});
+    // transformers 5.17's save_pretrained writes the patch embedding under the encoder.
+    s.weights_mapping.prefix.push_back(
+        {"vision_tower.encoder.patch_embed.", "vision_tower.patch_embed."});
     return s;
   }
 
