@@ -134,7 +134,9 @@ TEST(HybridConfig, EachKdaLayerDeclaresItsConvAndRecurrentState) {
 
 // Kimi-K3 (its text model): the fields K3 adds are checked before any weight is read, and the
 // vision tower's and projector's tensors are skipped unread.
-TEST(HybridConfig, KimiK3FieldsAreCheckedAndTheVisionTowerSkipped) {
+// The K3 fixture's vision tower loads (models/moonvit.h); a K3 config whose vision_config does
+// not describe one (kimi_k3_mxfp4's) skips its tensors unread.
+TEST(HybridConfig, KimiK3FieldsAreCheckedAndTheVisionTowerLoadedOrSkipped) {
   auto text = [](std::function<void(nlohmann::json&)> f) {
     return [f](nlohmann::json& c) { f(c["text_config"]); };
   };
@@ -164,10 +166,28 @@ TEST(HybridConfig, KimiK3FieldsAreCheckedAndTheVisionTowerSkipped) {
                                       t["linear_attn_config"]["use_full_rank_gate"] = false;
                                     })),
                         "match no parameter", "layers.0.self_attn.g_proj.weight");
+  auto vision = [](std::function<void(nlohmann::json&)> f) {
+    return [f](nlohmann::json& c) { f(c["vision_config"]); };
+  };
+  EXPECT_ERROR_CONTAINS(load_edited("kimi_k3", vision([](auto& v) { v["norm_type"] = "batch"; })),
+                        "'norm_type'", "rmsnorm or layernorm");
+  EXPECT_ERROR_CONTAINS(
+      load_edited("kimi_k3", vision([](auto& v) { v["mm_projector_type"] = "mlp"; })),
+      "'mm_projector_type'", "patchmergerv2");
+  EXPECT_ERROR_CONTAINS(
+      load_edited("kimi_k3", vision([](auto& v) { v["pos_emb_interpolation_mode"] = "area"; })),
+      "'pos_emb_interpolation_mode'");
+  EXPECT_ERROR_CONTAINS(
+      load_edited("kimi_k3", vision([](auto& v) { v["text_hidden_size"] = 65; })),
+      "'text_hidden_size'", "hidden_size 64");
   LoadedModel m = model_load(fixture_dir("kimi_k3"), {});
-  EXPECT_EQ(m.report.tensors_not_wanted, 2);  // vision_tower.*, mm_projector.*
+  EXPECT_EQ(m.report.tensors_not_wanted, 0);  // the tower's tensors are read
+  EXPECT_NE(m.model->vision_encoder(), nullptr);
   // Layers 0, 1, 3, 4 are KDA: three conv states and a [2, 16, 16] state each.
   EXPECT_EQ(m.model->state_specs().size(), 16u);
+  LoadedModel t = model_load(fixture_dir("kimi_k3_mxfp4"), {});
+  EXPECT_EQ(t.report.tensors_not_wanted, 2);  // vision_tower.*, mm_projector.* skipped
+  EXPECT_EQ(t.model->vision_encoder(), nullptr);
 }
 
 }  // namespace
