@@ -10,11 +10,13 @@ std::vector<vision::VisionInput> chat_images(HttpServer& s, const ChatRequest& r
   std::vector<vision::VisionInput> out;
   if (r.images.empty()) return out;
   const BackendInfo& info = s.backend().info();
+  // The parameter the error names: the Responses API's input, else the messages.
+  const std::string param = r.images[0].where.rfind("input", 0) == 0 ? "input" : "messages";
   if (info.image_token_id < 0 && !info.images_unavailable.empty())
-    bad_request("messages", fmt::format("{}: {}", r.images[0].where, info.images_unavailable));
+    bad_request(param, fmt::format("{}: {}", r.images[0].where, info.images_unavailable));
   if (info.image_token_id < 0)
-    bad_request("messages", fmt::format("{}: this model ({}) takes no images; send text only",
-                                        r.images[0].where, info.model_name));
+    bad_request(param, fmt::format("{}: this model ({}) takes no images; send text only",
+                                   r.images[0].where, info.model_name));
   for (const ChatImage& im : r.images) {
     const std::vector<uint8_t> bytes = image_data_url_decode(im.url, im.where);
     try {
@@ -22,7 +24,7 @@ std::vector<vision::VisionInput> chat_images(HttpServer& s, const ChatRequest& r
     } catch (const ApiError&) {
       throw;
     } catch (const Error& e) {
-      bad_request("messages", fmt::format("{}: {}", im.where, e.what()));
+      bad_request(param, fmt::format("{}: {}", im.where, e.what()));
     }
   }
   return out;

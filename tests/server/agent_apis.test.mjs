@@ -141,7 +141,8 @@ describe('scripted answers (fake backend)', () => {
   test('responses: unsupported input items and tools are 400s naming them', async () => {
     await assert.rejects(openai.responses.create({ model: 'fake-model', input: [
       { role: 'user', content: [{ type: 'input_image', image_url: 'http://x/y.png' }] }] }),
-    (e) => e.status === 400 && e.param === 'input' && /input_image/.test(e.message));
+    (e) => e.status === 400 && e.param === 'input' &&
+      /input\[0\]\.content\[0\]: this model \(fake-model\) takes no images/.test(e.message));
     await assert.rejects(openai.responses.create({ model: 'fake-model', input: 'x', tools: [{ type: 'web_search' }] }),
       (e) => e.status === 400 && e.param === 'tools' && /web_search/.test(e.message));
     await assert.rejects(openai.responses.create({ model: 'fake-model', input: 'x', max_output_tokens: 0 }),
@@ -207,7 +208,8 @@ describe('scripted answers (fake backend)', () => {
         /max_tokens/.test(e.error.error.message));
     await assert.rejects(anthropic.messages.create({ model: 'fake-model', max_tokens: 8, messages: [{ role: 'user',
       content: [{ type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AA==' } }] }] }),
-    (e) => e.status === 400 && /messages\[0\]\.content\[0\]\.type 'image'/.test(e.error.error.message));
+    (e) => e.status === 400 &&
+      /messages\[0\]\.content\[0\]: this model \(fake-model\) takes no images/.test(e.error.error.message));
     await assert.rejects(anthropic.messages.create({ model: 'nope', max_tokens: 8, messages: [{ role: 'user', content: 'x' }] }),
       (e) => e.status === 404 && e.error.error.type === 'not_found_error');
   });
