@@ -177,9 +177,8 @@ TEST(HybridConfig, KimiK3FieldsAreCheckedAndTheVisionTowerLoadedOrSkipped) {
   EXPECT_ERROR_CONTAINS(
       load_edited("kimi_k3", vision([](auto& v) { v["pos_emb_interpolation_mode"] = "area"; })),
       "'pos_emb_interpolation_mode'");
-  EXPECT_ERROR_CONTAINS(
-      load_edited("kimi_k3", vision([](auto& v) { v["text_hidden_size"] = 65; })),
-      "'text_hidden_size'", "hidden_size 64");
+  EXPECT_ERROR_CONTAINS(load_edited("kimi_k3", vision([](auto& v) { v["text_hidden_size"] = 65; })),
+                        "'text_hidden_size'", "hidden_size 64");
   LoadedModel m = model_load(fixture_dir("kimi_k3"), {});
   EXPECT_EQ(m.report.tensors_not_wanted, 0);  // the tower's tensors are read
   EXPECT_NE(m.model->vision_encoder(), nullptr);
