@@ -145,7 +145,7 @@ TEST(ImageProcessor, MatchesTransformersSteps) {
     EXPECT_EQ(d.max_abs, 0) << d.exact << " of " << d.n << " values exact";
 
     VisionInput in = process_image_bytes(bytes, p);
-    Tensor grid = refs().tensor("grid_thw/" + key);
+    Tensor grid = refs().tensor("grid_thw/" + key).clone();  // aligned: the file packs tensors unaligned
     ASSERT_EQ(grid.numel(), 3);
     const int64_t* g = grid.ptr<int64_t>();
     EXPECT_EQ(in.grid_thw(), (std::array<int64_t, 3>{g[0], g[1], g[2]}));
@@ -156,7 +156,7 @@ TEST(ImageProcessor, MatchesTransformersSteps) {
     const int64_t per_patch = 3 * p.patch_size * p.patch_size;
     ASSERT_EQ(static_cast<int64_t>(in.pixel_values.size()), g[1] * g[2] * per_patch);
     if (has_ref("pixel_values/" + key)) {
-      Tensor pv = refs().tensor("pixel_values/" + key);
+      Tensor pv = refs().tensor("pixel_values/" + key).clone();
       ASSERT_EQ(pv.numel(), static_cast<int64_t>(in.pixel_values.size()));
       const float* want = pv.ptr<float>();
       int64_t bad = 0;
