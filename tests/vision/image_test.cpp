@@ -145,7 +145,8 @@ TEST(ImageProcessor, MatchesTransformersSteps) {
     EXPECT_EQ(d.max_abs, 0) << d.exact << " of " << d.n << " values exact";
 
     VisionInput in = process_image_bytes(bytes, p);
-    Tensor grid = refs().tensor("grid_thw/" + key).clone();  // aligned: the file packs tensors unaligned
+    Tensor grid =
+        refs().tensor("grid_thw/" + key).clone();  // aligned: the file packs tensors unaligned
     ASSERT_EQ(grid.numel(), 3);
     const int64_t* g = grid.ptr<int64_t>();
     EXPECT_EQ(in.grid_thw(), (std::array<int64_t, 3>{g[0], g[1], g[2]}));
