@@ -80,18 +80,9 @@ class SingleSequence {
   int len_ = 0;
 };
 
-// The runs of `e` (rows of a whole prompt) that fall in tokens [start, start + n), relative to
-// `start`; null when none does.
+// The runs of `e` (rows of a whole prompt) that fall in tokens [start, start + n).
 std::shared_ptr<const InputEmbeds> embeds_for(const InputEmbeds* e, int64_t start, int64_t n) {
-  if (!e) return nullptr;
-  auto part = std::make_shared<InputEmbeds>();
-  for (const InputEmbeds::Run& r : e->runs) {
-    const int64_t end = r.dst_row + r.values.size(0);
-    const int64_t lo = std::max(r.dst_row, start), hi = std::min(end, start + n);
-    if (lo < hi) part->runs.push_back({lo - start, r.values.narrow(0, lo - r.dst_row, hi - lo)});
-  }
-  if (part->runs.empty()) return nullptr;
-  return part;
+  return e ? input_embeds_window(*e, start, n) : nullptr;
 }
 
 // Model or ModelGroup: the sequence runs on one device or on every rank.

@@ -105,6 +105,18 @@ void Batch::copy_host_from(const Batch& from) {
   input_embeds = from.input_embeds;
 }
 
+std::shared_ptr<const InputEmbeds> input_embeds_window(const InputEmbeds& e, int64_t start,
+                                                       int64_t n) {
+  auto w = std::make_shared<InputEmbeds>();
+  for (const InputEmbeds::Run& r : e.runs) {
+    const int64_t lo = std::max(r.dst_row, start);
+    const int64_t hi = std::min(r.dst_row + r.values.size(0), start + n);
+    if (lo < hi) w->runs.push_back({lo - start, r.values.narrow(0, lo - r.dst_row, hi - lo)});
+  }
+  if (w->runs.empty()) return nullptr;
+  return w;
+}
+
 Batch Batch::slice(int first, int last) const {
   const int S = num_seqs();
   ATOM_CHECK(0 <= first && first < last && last <= S, "batch: slice [{}, {}) of {} sequences",
@@ -144,15 +156,7 @@ Batch Batch::slice(int first, int last) const {
   for (const int32_t i : logits_indices)
     if (i >= t0 && i < t1) b.logits_indices.push_back(i - t0);
   b.block_size = block_size;
-  if (input_embeds) {
-    auto e = std::make_shared<InputEmbeds>();
-    for (const InputEmbeds::Run& r : input_embeds->runs) {
-      const int64_t lo = std::max<int64_t>(r.dst_row, t0);
-      const int64_t hi = std::min<int64_t>(r.dst_row + r.values.size(0), t1);
-      if (lo < hi) e->runs.push_back({lo - t0, r.values.narrow(0, lo - r.dst_row, hi - lo)});
-    }
-    if (!e->runs.empty()) b.input_embeds = std::move(e);
-  }
+  if (input_embeds) b.input_embeds = input_embeds_window(*input_embeds, t0, t1 - t0);
   return b;
 }
 

@@ -52,6 +52,11 @@ struct InputEmbeds {
   std::vector<Run> runs;
 };
 
+// The runs of `e` that fall in rows [start, start + n), rebased to start there; null when none
+// does (a step's slice, a chunk of a prompt).
+std::shared_ptr<const InputEmbeds> input_embeds_window(const InputEmbeds& e, int64_t start,
+                                                       int64_t n);
+
 struct Batch {
 #define ATOM_BATCH_HOST_FIELD(name, extent) std::vector<int32_t> name;
   ATOM_BATCH_FIELDS(ATOM_BATCH_HOST_FIELD)

@@ -7,6 +7,7 @@
 #include "core/parallel.h"
 #include "kernels/layer_norm.h"
 #include "kernels/linear.h"
+#include "kernels/rms_norm.h"
 
 namespace atom {
 
@@ -140,10 +141,14 @@ struct MoonVit::Block {
   std::unique_ptr<ReplicatedLinear> wqkv, wo, fc0, fc1;
 };
 
-Tensor bicubic_resize_hwc(const Tensor& src, int64_t h, int64_t w) {
+namespace {
+// src [H, W, C] F32 resized to [h, w, C] by a separable filter: taps(dst, in, out, idx, wt) gives
+// output index dst's N source indices (clamped) and weights along an axis.
+template <int N, class Taps>
+Tensor separable_resize_hwc(const char* what, const Tensor& src, int64_t h, int64_t w, Taps taps) {
   ATOM_CHECK(src.dim() == 3 && src.dtype() == DType::kF32 && src.device().is_cpu(),
-             "bicubic_resize_hwc: src must be F32 [H, W, C] on the CPU, got {}", src.str());
-  ATOM_CHECK(h > 0 && w > 0, "bicubic_resize_hwc: size {}x{}", h, w);
+             "{}: src must be F32 [H, W, C] on the CPU, got {}", what, src.str());
+  ATOM_CHECK(h > 0 && w > 0, "{}: size {}x{}", what, h, w);
   const int64_t H = src.size(0), W = src.size(1), C = src.size(2);
   const Tensor s = src.contiguous();
   const float* in = s.ptr<float>();
@@ -151,79 +156,50 @@ Tensor bicubic_resize_hwc(const Tensor& src, int64_t h, int64_t w) {
   float* o = out.ptr<float>();
 #pragma omp parallel for
   for (int64_t y = 0; y < h; ++y) {
-    int64_t iy[4], ix[4];
-    float wy[4], wx[4];
-    cubic_taps(y, H, h, iy, wy);
+    int64_t iy[N], ix[N];
+    float wy[N], wx[N];
+    taps(y, H, h, iy, wy);
     for (int64_t x = 0; x < w; ++x) {
-      cubic_taps(x, W, w, ix, wx);
+      taps(x, W, w, ix, wx);
       float* dst = o + (y * w + x) * C;
-      for (int a = 0; a < 4; ++a) {
-        for (int b = 0; b < 4; ++b) {
+      for (int a = 0; a < N; ++a)
+        for (int b = 0; b < N; ++b) {
           const float k = wy[a] * wx[b];
           const float* row = in + (iy[a] * W + ix[b]) * C;
           for (int64_t ch = 0; ch < C; ++ch) dst[ch] += k * row[ch];
         }
-      }
     }
   }
   return out;
+}
+
+// torch's linear taps: source index (dst + 0.5) * in / out - 0.5, below 0 clamped to 0.
+void linear_taps(int64_t dst, int64_t in, int64_t out, int64_t idx[2], float wt[2]) {
+  const float scale = static_cast<float>(in) / static_cast<float>(out);
+  const float real = std::max(scale * (static_cast<float>(dst) + 0.5f) - 0.5f, 0.0f);
+  idx[0] = std::min(static_cast<int64_t>(real), in - 1);
+  idx[1] = std::min(idx[0] + 1, in - 1);
+  wt[1] = real - static_cast<float>(idx[0]);
+  wt[0] = 1.0f - wt[1];
+}
+}  // namespace
+
+Tensor bicubic_resize_hwc(const Tensor& src, int64_t h, int64_t w) {
+  return separable_resize_hwc<4>("bicubic_resize_hwc", src, h, w, cubic_taps);
 }
 
 Tensor bilinear_resize_hwc(const Tensor& src, int64_t h, int64_t w) {
-  ATOM_CHECK(src.dim() == 3 && src.dtype() == DType::kF32 && src.device().is_cpu(),
-             "bilinear_resize_hwc: src must be F32 [H, W, C] on the CPU, got {}", src.str());
-  ATOM_CHECK(h > 0 && w > 0, "bilinear_resize_hwc: size {}x{}", h, w);
-  const int64_t H = src.size(0), W = src.size(1), C = src.size(2);
-  const Tensor s = src.contiguous();
-  const float* in = s.ptr<float>();
-  Tensor out = Tensor::zeros({h, w, C}, DType::kF32);
-  float* o = out.ptr<float>();
-  // torch's linear source index: (dst + 0.5) * in / out - 0.5, below 0 clamped to 0.
-  auto taps = [](int64_t dst, int64_t in, int64_t out, int64_t& i0, int64_t& i1, float& l1) {
-    const float scale = static_cast<float>(in) / static_cast<float>(out);
-    const float real = std::max(scale * (static_cast<float>(dst) + 0.5f) - 0.5f, 0.0f);
-    i0 = std::min(static_cast<int64_t>(real), in - 1);
-    i1 = std::min(i0 + 1, in - 1);
-    l1 = real - static_cast<float>(i0);
-  };
-#pragma omp parallel for
-  for (int64_t y = 0; y < h; ++y) {
-    int64_t y0, y1, x0, x1;
-    float ly, lx;
-    taps(y, H, h, y0, y1, ly);
-    for (int64_t x = 0; x < w; ++x) {
-      taps(x, W, w, x0, x1, lx);
-      const float* a = in + (y0 * W + x0) * C;
-      const float* b = in + (y0 * W + x1) * C;
-      const float* c = in + (y1 * W + x0) * C;
-      const float* d = in + (y1 * W + x1) * C;
-      float* dst = o + (y * w + x) * C;
-      for (int64_t ch = 0; ch < C; ++ch)
-        dst[ch] = (1 - ly) * ((1 - lx) * a[ch] + lx * b[ch]) + ly * ((1 - lx) * c[ch] + lx * d[ch]);
-    }
-  }
-  return out;
+  return separable_resize_hwc<2>("bilinear_resize_hwc", src, h, w, linear_taps);
 }
 
 namespace {
-// x [rows, dim] F32 normalised in place: LayerNorm (w, b) or RMSNorm (w).
+// x [rows, dim] F32 normalised: LayerNorm (w, b) or RMSNorm (w).
 void vit_norm(Tensor& out, const Tensor& x, const Parameter* w, const Parameter* b, bool rms,
               float eps) {
-  if (!rms) {
+  if (rms)
+    kernels::rms_norm(out, x, nullptr, w->data(), eps);
+  else
     kernels::layer_norm(out, x, w->data(), b->data(), eps);
-    return;
-  }
-  const int64_t rows = x.size(0), dim = x.size(1);
-  const float* xs = x.ptr<float>();
-  const float* ws = w->data().ptr<float>();
-  float* os = out.ptr<float>();
-#pragma omp parallel for
-  for (int64_t r = 0; r < rows; ++r) {
-    double ss = 0;
-    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xs[r * dim + i]) * xs[r * dim + i];
-    const float inv = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(dim)) + eps);
-    for (int64_t i = 0; i < dim; ++i) os[r * dim + i] = xs[r * dim + i] * inv * ws[i];
-  }
 }
 
 LayerContext cpu_f32(const LayerContext& model) {
@@ -364,6 +340,10 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
   // The 2D rotary angles' cos and sin per patch and channel pair.
   const int64_t pairs = hd / 2, nf = hd / 4;
   std::vector<float> cosv(static_cast<size_t>(P * pairs)), sinv(cosv.size());
+  std::vector<float> freqs(static_cast<size_t>(nf));  // 10000^(-4i / head_dim)
+  for (int64_t i = 0; i < nf; ++i)
+    freqs[static_cast<size_t>(i)] = static_cast<float>(
+        std::pow(10000.0, -static_cast<double>(4 * i) / static_cast<double>(hd)));
   {
     int64_t row = 0;
     for (const ImageGrid& g : grids) {
@@ -372,9 +352,7 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
           for (int64_t c = 0; c < g.w; ++c) {
             const int64_t n = row + f * g.h * g.w + r * g.w + c;
             for (int64_t i = 0; i < nf; ++i) {
-              const double f =
-                  std::pow(10000.0, -static_cast<double>(4 * i) / static_cast<double>(hd));
-              const float fi = static_cast<float>(f);
+              const float fi = freqs[static_cast<size_t>(i)];
               const float ax = static_cast<float>(c) * fi, ay = static_cast<float>(r) * fi;
               cosv[n * pairs + 2 * i] = std::cos(ax);
               sinv[n * pairs + 2 * i] = std::sin(ax);
