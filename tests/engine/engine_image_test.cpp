@@ -158,18 +158,7 @@ TEST(EngineImages, TensorAndPipelineRanksMatchOneRank) {
 // MoonViT3d: prompts with images batched with each other and with prefix caching through state
 // checkpoints give the single runner's tokens.
 TEST(EngineImages, KimiK3WithImagesMatchesTheSingleRunner) {
-  SafetensorsFile f(source_dir() + "/tests/fixtures/references/kimi_k3_vision_torch.safetensors",
-                    true);
-  const Tensor pix = f.tensor("pixel_values").clone();
-  const Tensor g = f.tensor("grid_thw");
-  std::vector<PromptImage> base;
-  int64_t row = 0;
-  for (int64_t i = 0; i < g.size(0); ++i) {
-    vision::ImageGrid grid{g.ptr<int64_t>()[i * 3], g.ptr<int64_t>()[i * 3 + 1],
-                           g.ptr<int64_t>()[i * 3 + 2]};
-    base.push_back({pix.narrow(0, row, grid.num_patches()).clone(), grid});
-    row += grid.num_patches();
-  }
+  const std::vector<PromptImage> base = prompt_images_of(reference_images("kimi_k3_vision_torch"));
   Model& m = fixture_model("kimi_k3");
   VisionEncoder* v = m.vision_encoder();
   ASSERT_NE(v, nullptr);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/fixtures.h"
+#include "common/reference_images.h"
 #include "core/error.h"
 #include "engine/llm_engine.h"
 #include "engine/sequence_runner.h"
@@ -84,28 +85,27 @@ struct ImageFixture {
 
 // Text around and between the two images of the kimi_k25 fixture's torch reference (an 8 x 8 and
 // a 2 x 6 grid), one placeholder each.
+// A reference's images as the engine takes them (owned copies).
+inline std::vector<PromptImage> prompt_images_of(const ReferenceImages& r) {
+  std::vector<PromptImage> images;
+  for (size_t i = 0; i < r.grids.size(); ++i) images.push_back({r.patches(i).clone(), r.grids[i]});
+  return images;
+}
+
 inline ImageFixture image_fixture() {
-  SafetensorsFile f(source_dir() + "/tests/fixtures/references/kimi_k25_torch.safetensors", true);
   ImageFixture x;
-  const Tensor pix = f.tensor("pixel_values").clone();
-  const Tensor g = f.tensor("grid_thw");
-  int64_t row = 0;
-  for (int64_t i = 0; i < g.size(0); ++i) {
-    vision::ImageGrid grid{g.ptr<int64_t>()[i * 3], g.ptr<int64_t>()[i * 3 + 1],
-                           g.ptr<int64_t>()[i * 3 + 2]};
-    x.images.push_back({pix.narrow(0, row, grid.num_patches()).clone(), grid});
-    row += grid.num_patches();
-  }
+  x.images = prompt_images_of(reference_images("kimi_k25_torch"));
   VisionEncoder* v = fixture_model("kimi_k25").vision_encoder();
   x.image_token = v->image_token_id();
   const int32_t img = static_cast<int32_t>(x.image_token);
   x.prompt = {0, 11, 12, 13, 14, 15, 16, 17, 18, img, 21, 22, 23, img, 31, 32, 33, 34, 35, 36, 37};
+  size_t next = 0;
   for (int32_t t : x.prompt) {
     if (t != img) {
       x.expanded.push_back(t);
       continue;
     }
-    const PromptImage& im = x.images[x.expanded.size() < 20 ? 0 : 1];
+    const PromptImage& im = x.images[next++];
     x.expanded.insert(x.expanded.end(), static_cast<size_t>(v->tokens_for(im.grid)), img);
   }
   return x;

@@ -6,15 +6,14 @@
 //     a 2 x 6 one, so the 4 x 4 position grid is resized up, and down in one direction); the text
 //     model is the deepseek_v3 fixture's, whose transformers references hold for it;
 //   - kimi_k25_hf (tools/make_vision_fixture.py on the GPU machine): transformers'
-//     Kimi_K25ForConditionalGeneration end to end, logits and greedy tokens with the images; its
-//     tests skip, saying so, until that fixture is generated.
+//     Kimi_K25ForConditionalGeneration end to end, logits and greedy tokens with the images.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 
 #include "common/fixtures.h"
+#include "common/reference_images.h"
 #include "engine/sequence_runner.h"
 #include "models/loading.h"
 #include "models/moonvit.h"
@@ -35,14 +34,6 @@ constexpr float kVisionTolerance = 1e-5f;
 constexpr float kTransformersVisionTolerance = 1e-3f;
 constexpr float kTransformersLogitTolerance = 1e-3f;
 
-bool have_hf_fixture() {
-  return std::ifstream(source_dir() + "/tests/fixtures/references/kimi_k25_hf.safetensors").good();
-}
-#define SKIP_WITHOUT_HF_FIXTURE()                                                           \
-  if (!have_hf_fixture())                                                                   \
-  GTEST_SKIP() << "tests/fixtures/references/kimi_k25_hf.safetensors is not generated yet " \
-                  "(tools/make_vision_fixture.py needs transformers, on the GPU machine)"
-
 struct VisionRef {
   SafetensorsFile file;
   Tensor pixel_values;
@@ -51,11 +42,9 @@ struct VisionRef {
   explicit VisionRef(const std::string& name)
       : file(source_dir() + "/tests/fixtures/references/" + name + ".safetensors",
              /*use_mmap=*/true) {
-    pixel_values = file.tensor("pixel_values").clone();
-    const Tensor g = file.tensor("grid_thw");
-    for (int64_t i = 0; i < g.size(0); ++i)
-      grids.push_back(
-          {g.ptr<int64_t>()[i * 3], g.ptr<int64_t>()[i * 3 + 1], g.ptr<int64_t>()[i * 3 + 2]});
+    ReferenceImages r = reference_images(file);
+    pixel_values = r.pixel_values;
+    grids = r.grids;
     if (name == "kimi_k25_hf") {
       input_ids = ids_of(file.tensor("input_ids"));
       greedy = ids_of(file.tensor("greedy"));
@@ -63,6 +52,16 @@ struct VisionRef {
   }
   Tensor get(const char* name) { return file.tensor(name).clone(); }
 };
+
+// `v`'s last hidden state and projected features of `ref`'s images against the reference's,
+// each within `tol`; prints both differences after `what`.
+void expect_tower_matches(VisionEncoder& v, VisionRef& ref, float tol, const std::string& what) {
+  const float dh = expect_logits_near(v.encode_hidden(ref.pixel_values, ref.grids),
+                                      ref.get("vision_hidden"), tol, what + ", last hidden state");
+  const float de = expect_logits_near(v.encode(ref.pixel_values, ref.grids),
+                                      ref.get("image_embeds"), tol, what + ", projected features");
+  std::printf("%s: max |Δ| tower %.3g, projector %.3g\n", what.c_str(), dh, de);
+}
 
 // The image placeholders of `ids` as runs over the rows of `features`, in order.
 InputEmbeds placeholder_embeds(const std::vector<int32_t>& ids, int64_t image_token,
@@ -104,32 +103,18 @@ TEST(KimiK25, VisionTowerAndProjectorMatchTheTorchReference) {
   LoadedModel m = model_load(fixture_dir("kimi_k25"), ModelOptions{});
   VisionEncoder* v = m.model->vision_encoder();
   ASSERT_NE(v, nullptr);
-  const float dh =
-      expect_logits_near(v->encode_hidden(ref.pixel_values, ref.grids), ref.get("vision_hidden"),
-                         kVisionTolerance, "MoonViT last hidden state");
-  const float de =
-      expect_logits_near(v->encode(ref.pixel_values, ref.grids), ref.get("image_embeds"),
-                         kVisionTolerance, "projected image features");
-  std::printf("kimi_k25: max |Δ| vs the torch reference: tower %.3g, projector %.3g\n", dh, de);
+  expect_tower_matches(*v, ref, kVisionTolerance, "kimi_k25 vs the torch reference");
 }
 
 TEST(KimiK25, VisionTowerAndProjectorMatchTransformers) {
-  SKIP_WITHOUT_HF_FIXTURE();
   VisionRef ref("kimi_k25_hf");
   LoadedModel m = model_load(fixture_dir("kimi_k25_hf"), ModelOptions{});
   VisionEncoder* v = m.model->vision_encoder();
   ASSERT_NE(v, nullptr);
-  const float dh =
-      expect_logits_near(v->encode_hidden(ref.pixel_values, ref.grids), ref.get("vision_hidden"),
-                         kTransformersVisionTolerance, "MoonViT last hidden state");
-  const float de =
-      expect_logits_near(v->encode(ref.pixel_values, ref.grids), ref.get("image_embeds"),
-                         kTransformersVisionTolerance, "projected image features");
-  std::printf("kimi_k25: max |Δ| vs transformers: tower %.3g, projector %.3g\n", dh, de);
+  expect_tower_matches(*v, ref, kTransformersVisionTolerance, "kimi_k25 vs transformers");
 }
 
 TEST(KimiK25, LogitsWithImagesMatchTransformers) {
-  SKIP_WITHOUT_HF_FIXTURE();
   VisionRef ref("kimi_k25_hf");
   LoadedModel m = model_load(fixture_dir("kimi_k25_hf"), ModelOptions{});
   VisionEncoder* v = m.model->vision_encoder();
@@ -151,7 +136,6 @@ TEST(KimiK25, LogitsWithImagesMatchTransformers) {
 }
 
 TEST(KimiK25, GreedyWithImagesMatchesTransformers) {
-  SKIP_WITHOUT_HF_FIXTURE();
   VisionRef ref("kimi_k25_hf");
   LoadedModel m = model_load(fixture_dir("kimi_k25_hf"), ModelOptions{});
   VisionEncoder* v = m.model->vision_encoder();
@@ -258,14 +242,7 @@ TEST(KimiK25, VideosMatchTheTorchReference) {
   ASSERT_EQ(ref.grids.size(), 3u);
   EXPECT_EQ(ref.grids[0].t, 3);
   EXPECT_EQ(v->tokens_for(ref.grids[0]), 6);
-  const float dh =
-      expect_logits_near(v->encode_hidden(ref.pixel_values, ref.grids), ref.get("vision_hidden"),
-                         kVisionTolerance, "MoonViT on videos, last hidden state");
-  const float de =
-      expect_logits_near(v->encode(ref.pixel_values, ref.grids), ref.get("image_embeds"),
-                         kVisionTolerance, "MoonViT on videos, projected features");
-  std::printf("kimi_k25 videos: max |Δ| vs the torch reference: tower %.3g, projector %.3g\n", dh,
-              de);
+  expect_tower_matches(*v, ref, kVisionTolerance, "kimi_k25 videos vs the torch reference");
 }
 
 // Kimi-K3's MoonViT3d (RMSNorms at bf16's machine epsilon, no biases, the position grid resized
@@ -278,13 +255,7 @@ TEST(KimiK3Vision, TowerAndProjectorMatchTheTorchReference) {
   VisionEncoder* v = m.model->vision_encoder();
   ASSERT_NE(v, nullptr);
   EXPECT_EQ(v->image_token_id(), 511);  // media_placeholder_token_id
-  const float dh =
-      expect_logits_near(v->encode_hidden(ref.pixel_values, ref.grids), ref.get("vision_hidden"),
-                         kVisionTolerance, "MoonViT3d last hidden state");
-  const float de =
-      expect_logits_near(v->encode(ref.pixel_values, ref.grids), ref.get("image_embeds"),
-                         kVisionTolerance, "patchmergerv2 features");
-  std::printf("kimi_k3: max |Δ| vs the torch reference: tower %.3g, projector %.3g\n", dh, de);
+  expect_tower_matches(*v, ref, kVisionTolerance, "kimi_k3 vs the torch reference");
   // A K3 config without a described tower (kimi_k3_mxfp4's) loads the text model alone.
   LoadedModel t = model_load(fixture_dir("kimi_k3_mxfp4"), ModelOptions{});
   EXPECT_EQ(t.model->vision_encoder(), nullptr);

@@ -13,6 +13,7 @@
 #include "common/fixtures.h"
 #include "server/api_error.h"
 #include "server/fake_backend.h"
+#include "server/fake_server.h"
 #include "server/http_server.h"
 #include "server/protocol.h"
 #include "vision/image.h"
@@ -190,37 +191,10 @@ TEST(ChatParse, ImageLimitAndMalformedPartsAreRefusedByName) {
 }
 
 // The server over a fake backend that takes images (or not).
-class ChatImages : public ::testing::Test {
+class ChatImages : public FakeServerTest {
  protected:
-  FakeBackend backend;
-  server::Metrics metrics{"fake-model"};
-  std::unique_ptr<server::HttpServer> srv;
-  std::thread thread;
-  std::unique_ptr<httplib::Client> cli;
   static constexpr int32_t kPad = 2;
 
-  void start(server::ServerOptions o = {}) {
-    o.host = "127.0.0.1";
-    o.port = 0;
-    o.served_model_names = {"fake-model"};
-    srv = std::make_unique<server::HttpServer>(backend, metrics, o);
-    ASSERT_TRUE(srv->bind());
-    thread = std::thread([this] { srv->serve(); });
-    cli = std::make_unique<httplib::Client>("127.0.0.1", srv->port());
-    cli->set_read_timeout(20, 0);
-    for (int i = 0; i < 100; ++i) {
-      if (auto r = cli->Get("/health"); r && r->status == 200) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    FAIL() << "server did not start";
-  }
-  void TearDown() override {
-    if (srv) srv->stop();
-    if (thread.joinable()) thread.join();
-  }
-  httplib::Result post(const std::string& path, const json& body) {
-    return cli->Post(path.c_str(), body.dump(), "application/json");
-  }
   // The error message of a 400 (OpenAI's envelope or Anthropic's).
   static std::string error_of(const httplib::Result& r) {
     EXPECT_TRUE(r);

@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "common/fixtures.h"
+#include "common/reference_images.h"
 #include "engine/llm_engine.h"
 #include "engine/sequence_runner.h"
 #include "gpu_util.h"
@@ -182,13 +183,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuMoeEngine,
 // GPU's embedding rows; logits with the images against the bf16 CPU model with the same features,
 // and unlike the same ids without them.
 TEST(GpuKimiK25, ImagesOnACudaModelMatchTheBf16Cpu) {
-  SafetensorsFile f(source_dir() + "/tests/fixtures/references/kimi_k25_torch.safetensors", true);
-  const Tensor pix = f.tensor("pixel_values").clone();
-  const Tensor g = f.tensor("grid_thw");
-  std::vector<vision::ImageGrid> grids;
-  for (int64_t i = 0; i < g.size(0); ++i)
-    grids.push_back(
-        {g.ptr<int64_t>()[i * 3], g.ptr<int64_t>()[i * 3 + 1], g.ptr<int64_t>()[i * 3 + 2]});
+  const ReferenceImages r = reference_images("kimi_k25_torch");
+  const Tensor& pix = r.pixel_values;
+  const std::vector<vision::ImageGrid>& grids = r.grids;
   LoadedModel m = model_load(fixture_dir("kimi_k25"), on_gpu());
   ModelOptions cpu_bf16;
   cpu_bf16.act_dtype = m.model->act_dtype();
