@@ -116,6 +116,7 @@ void append_message(json& msgs, const json& m, size_t i) {
     } else if (type == "redacted_thinking" && role == "assistant") {
       // Encrypted by another server: nothing this model can read.
     } else {
+      refuse_video_part(type, bw, "messages");
       bad_request("messages",
                   fmt::format("{}.type '{}' is not supported in a {} message", bw, type, role));
     }

@@ -95,6 +95,7 @@ json message_content(const json& content, const std::string& where) {
         bad_request("input", pw + " needs a string 'text'");
       parts.push_back({{"type", "text"}, {"text", p["text"]}});
     } else {
+      refuse_video_part(type, pw, "input");
       bad_request("input", fmt::format("{}.type '{}' is not supported (text and input_image "
                                        "parts are)",
                                        pw, type));

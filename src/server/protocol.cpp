@@ -423,6 +423,7 @@ json content_with_images(const json& parts, const std::string& where, const Prot
         bad_request("messages", pw + " needs a string 'text'");
       out.push_back({{"type", "text"}, {"text", part["text"]}});
     } else {
+      refuse_video_part(type, pw, "messages");
       bad_request(
           "messages",
           fmt::format("{}.type '{}' is not supported (text and image parts are)", pw, type));
@@ -694,6 +695,15 @@ json chat_template_variables(const ChatRequest& r, const json& defaults) {
   return vars;
 }
 
+void refuse_video_part(const std::string& type, const std::string& where,
+                       const std::string& param) {
+  if (type == "video_url" || type == "video" || type == "input_video")
+    bad_request(param, fmt::format("{}: '{}' parts are not supported: videos are not supported by "
+                                   "this server (it takes text and images; send a video's frames "
+                                   "as image parts)",
+                                   where, type));
+}
+
 std::string join_text_parts(const json& parts, std::initializer_list<const char*> types,
                             const std::string& where, const std::string& param) {
   std::string text;
@@ -703,6 +713,7 @@ std::string join_text_parts(const json& parts, std::initializer_list<const char*
     if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
       bad_request(param, pw + " must be an object with a string 'type'");
     const std::string& type = part["type"].get_ref<const std::string&>();
+    refuse_video_part(type, pw, param);
     if (std::none_of(types.begin(), types.end(), [&](const char* t) { return type == t; }))
       bad_request(
           param, fmt::format("{}.type '{}' is not supported by this model (text parts are: {})", pw,

@@ -133,6 +133,11 @@ std::string join_text_parts(const nlohmann::ordered_json& parts,
                             std::initializer_list<const char*> types, const std::string& where,
                             const std::string& param);
 
+// A video content part (vLLM's `video_url` and `video`, `input_video`, an Anthropic `video`
+// block) is a 400 naming `param` and the part (`where`) and saying the server takes no videos;
+// any other type returns.
+void refuse_video_part(const std::string& type, const std::string& where, const std::string& param);
+
 // The image bytes of a data: URL (data:image/png;base64,... or image/jpeg): a remote http(s) URL,
 // another scheme, another media type, a URL that is not base64 or bad base64 is an ApiError
 // (400, param "messages") whose message begins with `where`.

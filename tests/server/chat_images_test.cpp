@@ -2,7 +2,7 @@
 // errors, the image content parts of /v1/chat/completions, /v1/messages and /v1/responses as the
 // chat template sees them, the images handed to the backend (processed as atom_vision processes
 // the same bytes), the per-prompt limit, and every refusal naming its part, over a fake backend
-// that takes images.
+// that takes images; also video parts refused by name.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -184,10 +184,36 @@ TEST(ChatParse, ImageLimitAndMalformedPartsAreRefusedByName) {
   EXPECT_CONTAINS(bad({{"type", "image_url"}}), "messages[0].content[1] (image_url part) needs");
   EXPECT_CONTAINS(bad({{"type", "image_url"}, {"image_url", 7}}),
                   "messages[0].content[1].image_url must be a data: URL string or an object");
-  EXPECT_CONTAINS(bad({{"type", "video_url"}}),
-                  "messages[0].content[1].type 'video_url' is not supported (text and image "
+  EXPECT_CONTAINS(bad({{"type", "input_audio"}}),
+                  "messages[0].content[1].type 'input_audio' is not supported (text and image "
                   "parts are)");
   EXPECT_CONTAINS(bad({{"type", "text"}}), "messages[0].content[1] needs a string 'text'");
+}
+
+// Video parts (vLLM's video_url and video, input_video) are refused by name in any content: the
+// server decodes no video containers.
+TEST(ChatParse, VideoPartsAreRefusedByNameAsUnsupported) {
+  for (const char* type : {"video_url", "video", "input_video"}) {
+    SCOPED_TRACE(type);
+    const json video = {{"type", type}, {type, {{"url", "data:video/mp4;base64,AAAA"}}}};
+    // Beside text only, beside an image, and in a tool message.
+    for (const json& parts :
+         {json::array({{{"type", "text"}, {"text", "x"}}, video}),
+          json::array({{{"type", "image_url"}, {"image_url", "data:x"}}, video})}) {
+      EXPECT_CONTAINS(refusal([&] {
+                        server::chat_request_parse({{"messages", user(parts)}});
+                      }),
+                      fmt::format("messages[0].content[1]: '{}' parts are not supported: videos "
+                                  "are not supported by this server",
+                                  type));
+    }
+    const json tool =
+        json::array({{{"role", "tool"}, {"tool_call_id", "c"}, {"content", json::array({video})}}});
+    EXPECT_CONTAINS(refusal([&] {
+                      server::chat_request_parse({{"messages", tool}});
+                    }),
+                    "messages[0].content[0]: '" + std::string(type) + "' parts are not supported");
+  }
 }
 
 // The server over a fake backend that takes images (or not).
@@ -387,6 +413,73 @@ TEST_F(ChatImages, MessagesApiImageBlocks) {
   json nosrc = {{"type", "image"}};
   EXPECT_CONTAINS(error_of(post("/v1/messages", body(json::array({nosrc})))),
                   "messages[0].content[0] needs a 'source' object");
+}
+
+// A video part is a 400 naming it through every API, while a request beside it is served.
+TEST_F(ChatImages, VideoPartsAreRefusedThroughEveryApi) {
+  backend.image_token_id = kPad;
+  backend.reply = "fine";
+  backend.delay = std::chrono::milliseconds(20);
+  start();
+  std::thread good([&] {
+    httplib::Client c("127.0.0.1", srv->port());
+    c.set_read_timeout(20, 0);
+    auto r = c.Post("/v1/chat/completions",
+                    chat(json::array({image_part(data_url("gray1.png", "image/png"))}), 8).dump(),
+                    "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(json::parse(r->body)["choices"][0]["message"]["content"], "fine");
+  });
+  const std::string unsupported =
+      "parts are not supported: videos are not supported by this server";
+  const json video_url = {{"type", "video_url"},
+                          {"video_url", {{"url", "data:video/mp4;base64,AAAAIGZ0eXBpc29t"}}}};
+  EXPECT_CONTAINS(
+      error_of(post("/v1/chat/completions",
+                    chat(json::array({{{"type", "text"}, {"text", "what happens?"}}, video_url})))),
+      "messages[0].content[1]: 'video_url' " + unsupported);
+  EXPECT_CONTAINS(
+      error_of(
+          post("/v1/chat/completions",
+               chat(json::array({{{"type", "video"}, {"video", "data:video/mp4;base64,AA"}}})))),
+      "messages[0].content[0]: 'video' " + unsupported);
+  EXPECT_CONTAINS(error_of(post("/tokenize", {{"messages", user(json::array({video_url}))}})),
+                  "messages[0].content[0]: 'video_url' " + unsupported);
+  const json input_video = {{"type", "input_video"}, {"video_url", "data:video/mp4;base64,AA"}};
+  for (const json& content :
+       {json::array({{{"type", "input_text"}, {"text", "see"}}, input_video}),
+        json::array({{{"type", "input_image"}, {"image_url", data_url("gray1.png", "image/png")}},
+                     input_video})}) {
+    auto r =
+        post("/v1/responses", {{"input", json::array({{{"role", "user"}, {"content", content}}})}});
+    EXPECT_CONTAINS(error_of(r), "input[0].content[1]: 'input_video' " + unsupported);
+    EXPECT_EQ(json::parse(r->body)["error"]["param"], "input");
+  }
+  const json video_block = {
+      {"type", "video"},
+      {"source", {{"type", "base64"}, {"media_type", "video/mp4"}, {"data", "AAAA"}}}};
+  auto msgs = [](json content) {
+    return json{{"model", "fake-model"},
+                {"max_tokens", 8},
+                {"messages", json::array({{{"role", "user"}, {"content", content}}})}};
+  };
+  auto r =
+      post("/v1/messages", msgs(json::array({{{"type", "text"}, {"text", "x"}}, video_block})));
+  EXPECT_CONTAINS(error_of(r), "messages[0].content[1]: 'video' " + unsupported);
+  EXPECT_EQ(json::parse(r->body)["type"], "error");
+  EXPECT_CONTAINS(
+      error_of(post("/v1/messages",
+                    msgs(json::array({{{"type", "tool_result"},
+                                       {"tool_use_id", "t"},
+                                       {"content", json::array({{{"type", "text"}, {"text", "x"}},
+                                                                video_block})}}})))),
+      "messages[0].content[0].content[1]: 'video' " + unsupported);
+  good.join();
+  EXPECT_EQ(srv->in_flight(), 0);
+  // Still serving.
+  r = post("/v1/chat/completions", chat(json::array({{{"type", "text"}, {"text", "x"}}})));
+  EXPECT_EQ(r->status, 200) << r->body;
 }
 
 TEST_F(ChatImages, ResponsesApiInputImage) {
