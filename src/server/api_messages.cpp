@@ -37,6 +37,63 @@ std::string blocks_text(const json& content, const std::string& where, const std
   return join_text_parts(content, {"text"}, where, param);
 }
 
+// An image block ({"type": "image", "source": {"type": "base64", "media_type", "data"}}) as the
+// chat image part of its data: URL (checked and decoded there, named `bw` as here).
+json image_block_part(const json& b, const std::string& bw) {
+  if (!b.contains("source") || !b["source"].is_object())
+    bad_request("messages", bw + " needs a 'source' object");
+  const json& src = b["source"];
+  const std::string st =
+      src.contains("type") && src["type"].is_string() ? src["type"].get<std::string>() : "";
+  if (st == "url")
+    bad_request("messages",
+                bw + ": the server fetches no URLs; send the image as a base64 source "
+                     "({\"type\": \"base64\", \"media_type\": \"image/png\", \"data\": ...})");
+  if (st != "base64")
+    bad_request("messages",
+                fmt::format("{}.source.type '{}' is not supported (base64 is)", bw, st));
+  if (!src.contains("media_type") || !src["media_type"].is_string() || !src.contains("data") ||
+      !src["data"].is_string())
+    bad_request("messages", bw + ".source needs string 'media_type' and 'data'");
+  return {{"type", "image_url"},
+          {"image_url",
+           {{"url", "data:" + src["media_type"].get<std::string>() + ";base64," +
+                        src["data"].get<std::string>()}}},
+          {"atom_where", bw}};
+}
+
+// A tool_result's content: a string, or text blocks joined as one string; with image blocks the
+// list of chat parts (text and image, in order), so the tool message's images reach the model as
+// a user turn's do (the chat template renders a tool message's parts as it does a user's).
+json tool_result_content(const json& content, const std::string& where) {
+  bool images = false;
+  if (content.is_array())
+    for (const auto& b : content)
+      images |= b.is_object() && b.contains("type") && b["type"] == "image";
+  if (!images) return blocks_text(content, where, "messages");
+  json parts = json::array();
+  for (size_t j = 0; j < content.size(); ++j) {
+    const json& b = content[j];
+    const std::string bw = fmt::format("{}[{}]", where, j);
+    if (!b.is_object() || !b.contains("type") || !b["type"].is_string())
+      bad_request("messages", bw + " must be an object with a string 'type'");
+    const std::string& type = b["type"].get_ref<const std::string&>();
+    if (type == "image") {
+      parts.push_back(image_block_part(b, bw));
+    } else if (type == "text") {
+      if (!b.contains("text") || !b["text"].is_string())
+        bad_request("messages", bw + " needs a string 'text'");
+      parts.push_back({{"type", "text"}, {"text", b["text"]}});
+    } else {
+      refuse_video_part(type, bw, "messages");
+      bad_request("messages", fmt::format("{}.type '{}' is not supported in a tool_result (text "
+                                          "and image blocks are)",
+                                          bw, type));
+    }
+  }
+  return parts;
+}
+
 // One Anthropic message as chat messages: a user turn's tool_result blocks become tool messages
 // (before its text), an assistant turn's tool_use blocks its tool_calls, thinking its reasoning.
 void append_message(json& msgs, const json& m, size_t i) {
@@ -75,34 +132,15 @@ void append_message(json& msgs, const json& m, size_t i) {
       text += need_string("text");
       parts.push_back({{"type", "text"}, {"text", b["text"]}});
     } else if (type == "image" && role == "user") {
-      // {"type": "image", "source": {"type": "base64", "media_type", "data"}}: served as the
-      // chat image part of its data: URL (checked and decoded there, named as here).
-      if (!b.contains("source") || !b["source"].is_object())
-        bad_request("messages", bw + " needs a 'source' object");
-      const json& src = b["source"];
-      const std::string st =
-          src.contains("type") && src["type"].is_string() ? src["type"].get<std::string>() : "";
-      if (st == "url")
-        bad_request("messages",
-                    bw + ": the server fetches no URLs; send the image as a base64 source "
-                         "({\"type\": \"base64\", \"media_type\": \"image/png\", \"data\": ...})");
-      if (st != "base64")
-        bad_request("messages",
-                    fmt::format("{}.source.type '{}' is not supported (base64 is)", bw, st));
-      if (!src.contains("media_type") || !src["media_type"].is_string() || !src.contains("data") ||
-          !src["data"].is_string())
-        bad_request("messages", bw + ".source needs string 'media_type' and 'data'");
-      parts.push_back({{"type", "image_url"},
-                       {"image_url",
-                        {{"url", "data:" + src["media_type"].get<std::string>() + ";base64," +
-                                     src["data"].get<std::string>()}}},
-                       {"atom_where", bw}});
+      parts.push_back(image_block_part(b, bw));
       images = true;
     } else if (type == "tool_result" && role == "user") {
       const std::string& id = need_string("tool_use_id");
-      std::string out =
-          b.contains("content") ? blocks_text(b["content"], bw + ".content", "messages") : "";
-      msgs.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", out}});
+      msgs.push_back(
+          {{"role", "tool"},
+           {"tool_call_id", id},
+           {"content", b.contains("content") ? tool_result_content(b["content"], bw + ".content")
+                                             : json("")}});
     } else if (type == "tool_use" && role == "assistant") {
       const std::string& id = need_string("id");
       const std::string& name = need_string("name");

@@ -2,7 +2,8 @@
 // errors, the image content parts of /v1/chat/completions, /v1/messages and /v1/responses as the
 // chat template sees them, the images handed to the backend (processed as atom_vision processes
 // the same bytes), the per-prompt limit, and every refusal naming its part, over a fake backend
-// that takes images; also video parts refused by name.
+// that takes images; also a tool result's images (Messages tool_result image blocks), and video
+// parts refused by name.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -413,6 +414,113 @@ TEST_F(ChatImages, MessagesApiImageBlocks) {
   json nosrc = {{"type", "image"}};
   EXPECT_CONTAINS(error_of(post("/v1/messages", body(json::array({nosrc})))),
                   "messages[0].content[0] needs a 'source' object");
+}
+
+// A tool_result's image blocks reach the model as a user turn's do: the tool message's content is
+// its parts (text and image, in order) for the template, the image is decoded and handed to the
+// backend, counted in usage and count_tokens and toward --limit-mm-per-prompt; a URL source or a
+// bad image is a 400 naming the block.
+TEST_F(ChatImages, MessagesApiToolResultImages) {
+  backend.image_token_id = kPad;
+  backend.reply = "a cup";
+  server::ServerOptions o;
+  o.limits.max_images = 2;
+  start(o);
+  auto image_block = [](const std::string& file, const std::string& type) {
+    return json{
+        {"type", "image"},
+        {"source", {{"type", "base64"}, {"media_type", type}, {"data", base64(image_file(file))}}}};
+  };
+  // A tool call, then its result: text, an image, text.
+  auto body = [](json result_content, json user_extra = json::array()) {
+    json user_content = json::array({{{"type", "tool_result"},
+                                      {"tool_use_id", "toolu_1"},
+                                      {"content", std::move(result_content)}}});
+    for (auto& b : user_extra) user_content.push_back(b);
+    return json{
+        {"model", "fake-model"},
+        {"max_tokens", 8},
+        {"messages", json::array({{{"role", "user"}, {"content", "take a screenshot"}},
+                                  {{"role", "assistant"},
+                                   {"content", json::array({{{"type", "tool_use"},
+                                                             {"id", "toolu_1"},
+                                                             {"name", "screenshot"},
+                                                             {"input", json::object()}}})}},
+                                  {{"role", "user"}, {"content", std::move(user_content)}}})}};
+  };
+  const json result = json::array({{{"type", "text"}, {"text", "here:"}},
+                                   image_block("photo.jpg", "image/jpeg"),
+                                   {{"type", "text"}, {"text", "done"}}});
+  auto r = post("/v1/messages", body(result));
+  ASSERT_EQ(r->status, 200) << r->body;
+  const server::BackendRequest req = backend.last_request();
+  ASSERT_EQ(req.images.size(), 1u);
+  expect_same_image(req.images[0], "photo.jpg");
+  // The template saw the tool message's parts in order, the image as its placeholder.
+  const std::string prompt = backend.detokenize(req.prompt_ids, false);
+  EXPECT_CONTAINS(prompt, "<|tool|>here:" + backend.detokenize(std::vector<int32_t>{kPad}, false) +
+                              "done<|assistant|>");
+  ASSERT_EQ(std::count(req.prompt_ids.begin(), req.prompt_ids.end(), kPad), 1);
+  const int64_t expanded =
+      static_cast<int64_t>(req.prompt_ids.size()) + req.images[0].num_tokens - 1;
+  EXPECT_EQ(json::parse(r->body)["usage"]["input_tokens"], expanded);
+  r = post("/v1/messages/count_tokens", body(result));
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["input_tokens"], expanded);
+  // The same conversation through /v1/chat/completions (a tool message with an image part) gives
+  // the backend the same prompt and image.
+  const json chat_msgs =
+      json::array({{{"role", "user"}, {"content", "take a screenshot"}},
+                   {{"role", "assistant"},
+                    {"content", nullptr},
+                    {"tool_calls",
+                     json::array({{{"id", "toolu_1"},
+                                   {"type", "function"},
+                                   {"function", {{"name", "screenshot"}, {"arguments", "{}"}}}}})}},
+                   {{"role", "tool"},
+                    {"tool_call_id", "toolu_1"},
+                    {"content", json::array({{{"type", "text"}, {"text", "here:"}},
+                                             image_part(data_url("photo.jpg", "image/jpeg")),
+                                             {{"type", "text"}, {"text", "done"}}})}}});
+  r = post("/v1/chat/completions", {{"messages", chat_msgs}, {"max_tokens", 8}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(backend.last_request().prompt_ids, req.prompt_ids);
+  ASSERT_EQ(backend.last_request().images.size(), 1u);
+  expect_same_image(backend.last_request().images[0], "photo.jpg");
+
+  // Tool-result images and the user's count together toward --limit-mm-per-prompt (2).
+  r = post("/v1/messages", body(json::array({image_block("gray1.png", "image/png"),
+                                             image_block("gray1.png", "image/png")}),
+                                json::array({image_block("photo.png", "image/png")})));
+  EXPECT_CONTAINS(error_of(r), "messages[2].content[1]: at most 2 image(s) may be provided");
+  r = post("/v1/messages", body(json::array({image_block("gray1.png", "image/png")}),
+                                json::array({image_block("photo.png", "image/png")})));
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(backend.last_request().images.size(), 2u);
+  // A URL source, a bad image and another block type, each named by its place in the result.
+  const json url_block = {{"type", "image"},
+                          {"source", {{"type", "url"}, {"url", "https://example.com/a.png"}}}};
+  EXPECT_CONTAINS(error_of(post("/v1/messages",
+                                body(json::array({{{"type", "text"}, {"text", "x"}}, url_block})))),
+                  "messages[2].content[0].content[1]: the server fetches no URLs; send the image "
+                  "as a base64 source");
+  json trunc = image_block("photo.jpg", "image/jpeg");
+  trunc["source"]["data"] = base64({0xFF, 0xD8, 0xFF, 0xE0, 0x00, 0x10});
+  EXPECT_CONTAINS(error_of(post("/v1/messages", body(json::array({trunc})))),
+                  "messages[2].content[0].content[0]: ");
+  EXPECT_CONTAINS(
+      error_of(post("/v1/messages",
+                    body(json::array({image_block("gray1.png", "image/png"),
+                                      {{"type", "document"}, {"source", json::object()}}})))),
+      "messages[2].content[0].content[1].type 'document' is not supported in a tool_result");
+  // Text-only results are one string, as before.
+  r = post(
+      "/v1/messages",
+      body(json::array({{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}})));
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_TRUE(backend.last_request().images.empty());
+  EXPECT_CONTAINS(backend.detokenize(backend.last_request().prompt_ids, false),
+                  "<|tool|>a\nb<|assistant|>");
 }
 
 // A video part is a 400 naming it through every API, while a request beside it is served.
