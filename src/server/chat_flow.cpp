@@ -30,10 +30,11 @@ std::vector<vision::VisionInput> chat_images(HttpServer& s, const ChatRequest& r
   return out;
 }
 
-int64_t chat_image_tokens(HttpServer& s, const std::vector<int32_t>& ids,
-                          const std::vector<vision::VisionInput>& images) {
-  const BackendInfo& info = s.backend().info();
-  if (info.image_token_id < 0) return 0;
+namespace {
+
+// A 400 unless the prompt holds one image placeholder token per image.
+void check_placeholders(const BackendInfo& info, const std::vector<int32_t>& ids,
+                        const std::vector<vision::VisionInput>& images) {
   const auto placeholders =
       static_cast<size_t>(std::count(ids.begin(), ids.end(), info.image_token_id));
   if (placeholders != images.size())
@@ -41,6 +42,15 @@ int64_t chat_image_tokens(HttpServer& s, const std::vector<int32_t>& ids,
                 fmt::format("the prompt has {} image placeholder token(s) (id {}) for {} image(s): "
                             "each image part renders one, and text must not contain it",
                             placeholders, info.image_token_id, images.size()));
+}
+
+}  // namespace
+
+int64_t chat_image_tokens(HttpServer& s, const std::vector<int32_t>& ids,
+                          const std::vector<vision::VisionInput>& images) {
+  const BackendInfo& info = s.backend().info();
+  if (info.image_token_id < 0) return 0;
+  check_placeholders(info, ids, images);
   int64_t extra = 0;
   for (const auto& im : images) extra += im.num_tokens - 1;
   if (!images.empty() && info.max_image_prompt_tokens > 0 &&
@@ -52,6 +62,23 @@ int64_t chat_image_tokens(HttpServer& s, const std::vector<int32_t>& ids,
                     "--max-num-batched-tokens ({})",
                     static_cast<int64_t>(ids.size()) + extra, info.max_image_prompt_tokens));
   return extra;
+}
+
+std::vector<int32_t> chat_prompt_expand(HttpServer& s, const std::vector<int32_t>& ids,
+                                        const std::vector<vision::VisionInput>& images) {
+  const BackendInfo& info = s.backend().info();
+  if (info.image_token_id < 0) return ids;
+  check_placeholders(info, ids, images);
+  std::vector<int32_t> out;
+  size_t next = 0;
+  for (int32_t t : ids) {
+    if (t != info.image_token_id) {
+      out.push_back(t);
+      continue;
+    }
+    out.insert(out.end(), static_cast<size_t>(images[next++].num_tokens), t);
+  }
+  return out;
 }
 
 ChatFlow chat_flow_start(HttpServer& s, ChatRequest& r, const std::string& id_prefix) {

@@ -36,6 +36,12 @@ std::vector<vision::VisionInput> chat_images(HttpServer& s, const ChatRequest& r
 int64_t chat_image_tokens(HttpServer& s, const std::vector<int32_t>& ids,
                           const std::vector<vision::VisionInput>& images);
 
+// The prompt as the engine runs it (prompt_images_expand, without the tower): each image's
+// placeholder token repeated its image's token count (num_tokens) times. A 400 unless there is
+// one placeholder per image. `ids` as is for a model that takes no images.
+std::vector<int32_t> chat_prompt_expand(HttpServer& s, const std::vector<int32_t>& ids,
+                                        const std::vector<vision::VisionInput>& images);
+
 // A finished choice's whole answer, taken apart.
 struct ChatMessage {
   std::string content, reasoning;

@@ -17,6 +17,7 @@
 #include "server/api_error.h"
 #include "server/api_messages.h"
 #include "server/api_responses.h"
+#include "server/chat_flow.h"
 #include "server/generation.h"
 #include "server/responses.h"
 
@@ -379,7 +380,11 @@ void HttpServer::routes() {
         ChatRequest chat = chat_request_parse(body, options_.limits);
         chat.chat_template_kwargs =
             chat_template_variables(chat, options_.default_chat_template_kwargs);
-        ids = backend_.tokenize(backend_.render_chat(chat), chat.add_special_tokens);
+        // Images are decoded and processed as chat does (a bad one is the same 400) and each
+        // placeholder expanded to its image's tokens, as the engine expands it; no tower runs.
+        const std::vector<vision::VisionInput> images = chat_images(*this, chat);
+        ids = chat_prompt_expand(
+            *this, backend_.tokenize(backend_.render_chat(chat), chat.add_special_tokens), images);
       } else {
         if (!body.contains("prompt") || !body["prompt"].is_string())
           bad_request("prompt", "'prompt' must be a string");

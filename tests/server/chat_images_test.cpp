@@ -2,8 +2,8 @@
 // errors, the image content parts of /v1/chat/completions, /v1/messages and /v1/responses as the
 // chat template sees them, the images handed to the backend (processed as atom_vision processes
 // the same bytes), the per-prompt limit, and every refusal naming its part, over a fake backend
-// that takes images; also a tool result's images (Messages tool_result image blocks), and video
-// parts refused by name.
+// that takes images; also a tool result's images (Messages tool_result image blocks), /tokenize's
+// prompt with each image's placeholder expanded, and video parts refused by name.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -521,6 +521,71 @@ TEST_F(ChatImages, MessagesApiToolResultImages) {
   EXPECT_TRUE(backend.last_request().images.empty());
   EXPECT_CONTAINS(backend.detokenize(backend.last_request().prompt_ids, false),
                   "<|tool|>a\nb<|assistant|>");
+}
+
+// /tokenize with messages returns the prompt as the engine runs it: each image's placeholder
+// repeated its image's token count, counted; a bad image is the 400 chat gives.
+TEST_F(ChatImages, TokenizeExpandsEachImagesPlaceholder) {
+  backend.image_token_id = kPad;
+  server::ServerOptions o;
+  o.limits.max_images = 2;
+  start(o);
+  const json content = json::array({{{"type", "text"}, {"text", "what?"}},
+                                    image_part(data_url("photo.png", "image/png")),
+                                    image_part(data_url("gray1.png", "image/png"))});
+  const vision::VisionInput photo = vision::process_image_bytes(image_file("photo.png"));
+  const vision::VisionInput gray = vision::process_image_bytes(image_file("gray1.png"));
+  ASSERT_EQ(photo.num_tokens, 35);
+  ASSERT_EQ(gray.num_tokens, 4);
+  auto r = post("/tokenize", {{"messages", user(content)}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json j = json::parse(r->body);
+  // The rendered prompt: "<|user|>what?" PAD PAD "<|assistant|>", each PAD expanded.
+  std::vector<int32_t> want = backend.tokenize("<|user|>what?", false);
+  want.insert(want.end(), 35, kPad);
+  want.insert(want.end(), 4, kPad);
+  for (int32_t t : backend.tokenize("<|assistant|>", false)) want.push_back(t);
+  EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), want);
+  EXPECT_EQ(j["count"], want.size());
+  // The count is what chat's usage.prompt_tokens reports for the same messages.
+  r = post("/v1/chat/completions", chat(content));
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["usage"]["prompt_tokens"], j["count"]);
+  // Text-only messages are as before.
+  r = post("/tokenize", {{"messages", user("hi")}});
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["count"],
+            backend.tokenize("<|user|>hi<|assistant|>", false).size());
+  // Bad images: chat's 400s, named by the part.
+  EXPECT_CONTAINS(
+      error_of(post("/tokenize",
+                    {{"messages", user(json::array({image_part("https://example.com/a.png")}))}})),
+      "messages[0].content[0]: the server fetches no URLs");
+  const std::vector<uint8_t> bytes = image_file("photo.png");
+  EXPECT_CONTAINS(
+      error_of(post("/tokenize",
+                    {{"messages",
+                      user(json::array({image_part(
+                          "data:image/png;base64," +
+                          base64(std::vector<uint8_t>(bytes.begin(), bytes.begin() + 200)))}))}})),
+      "messages[0].content[0]: ");
+  EXPECT_CONTAINS(
+      error_of(post(
+          "/tokenize",
+          {{"messages", user(json::array({image_part(data_url("gray1.png", "image/png")),
+                                          image_part(data_url("gray1.png", "image/png")),
+                                          image_part(data_url("gray1.png", "image/png"))}))}})),
+      "messages[0].content[2]: at most 2 image(s)");
+  EXPECT_CONTAINS(
+      error_of(post(
+          "/tokenize",
+          {{"messages", user(json::array({{{"type", "text"}, {"text", "<|media_pad|>"}},
+                                          image_part(data_url("gray1.png", "image/png"))}))}})),
+      "the prompt has 2 image placeholder token(s) (id 2) for 1 image(s)");
+  // A text-only model refuses them as chat does.
+  backend.image_token_id = -1;
+  EXPECT_CONTAINS(error_of(post("/tokenize", {{"messages", user(content)}})),
+                  "messages[0].content[1]: this model (fake-model) takes no images");
 }
 
 // A video part is a 400 naming it through every API, while a request beside it is served.

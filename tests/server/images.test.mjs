@@ -131,6 +131,92 @@ test('Kimi-K2.5 fixture: an image reaches the model, counted in usage; a remote 
   }
 });
 
+// An image a tool returned reaches the model as a user's does: as an OpenAI tool message's image
+// part and as an Anthropic tool_result's image block (the same prompt, the same answer, counted);
+// /tokenize counts each image's tokens as the engine does; video parts are refused by name.
+test('Kimi-K2.5 fixture: tool-result images, /tokenize with images, video parts refused', { skip: SKIP }, async () => {
+  const { vocab, pad } = fixtureConfig();
+  const dir = kimiModelDir(vocab);
+  const s = await startServe(BIN, ['serve', dir, '--device', 'cpu', '--load-format', 'auto', '--host', '127.0.0.1',
+    '--port', '0', '--max-model-len', '256', '--served-model-name', 'kimi-tiny', '--limit-mm-per-prompt', '{"image": 2}']);
+  try {
+    const base = `http://127.0.0.1:${s.port}`;
+    const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'none', maxRetries: 0 });
+    const post = async (route, body) => {
+      const r = await fetch(`${base}${route}`, { method: 'POST', headers: { 'content-type': 'application/json' },
+        body: JSON.stringify(body) });
+      return { status: r.status, body: await r.json() };
+    };
+    const b64 = (name) => image(name).toString('base64');
+    const call = { id: 'toolu_1', type: 'function', function: { name: 'screenshot', arguments: '{}' } };
+    const chatMessages = (name) => [
+      { role: 'user', content: 'take a screenshot' },
+      { role: 'assistant', content: null, tool_calls: [call] },
+      { role: 'tool', tool_call_id: 'toolu_1', content: [{ type: 'text', text: 'here' },
+        { type: 'image_url', image_url: { url: dataUrl(name, 'image/png') } }] }];
+    const ask = (messages) => client.chat.completions.create({ model: 'kimi-tiny', max_tokens: 3, temperature: 0,
+      logprobs: true, top_logprobs: 3, messages });
+    const first = (r) => r.choices[0].logprobs.content[0].top_logprobs.map((t) => t.logprob);
+    const photo = await ask(chatMessages('photo.png'));
+    const gray = await ask(chatMessages('gray1.png'));
+    // The tool message's image is expanded (photo.png 35 tokens, gray1.png 4) and its features
+    // reach the model.
+    assert.equal(photo.usage.prompt_tokens, gray.usage.prompt_tokens + 35 - 4);
+    assert.notDeepEqual(first(photo), first(gray));
+    // The same conversation through the Messages API: the same prompt, so the same greedy answer.
+    const anthropic = (content) => ({ model: 'kimi-tiny', max_tokens: 3, temperature: 0, messages: [
+      { role: 'user', content: 'take a screenshot' },
+      { role: 'assistant', content: [{ type: 'tool_use', id: 'toolu_1', name: 'screenshot', input: {} }] },
+      { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content }] }] });
+    const imageBlock = (name) => ({ type: 'image', source: { type: 'base64', media_type: 'image/png', data: b64(name) } });
+    const m = await post('/v1/messages', anthropic([{ type: 'text', text: 'here' }, imageBlock('photo.png')]));
+    assert.equal(m.status, 200, JSON.stringify(m.body));
+    assert.equal(m.body.usage.input_tokens + (m.body.usage.cache_read_input_tokens ?? 0), photo.usage.prompt_tokens);
+    assert.equal(m.body.content.find((b) => b.type === 'text')?.text ?? '', photo.choices[0].message.content);
+    const counted = await post('/v1/messages/count_tokens', anthropic([{ type: 'text', text: 'here' }, imageBlock('photo.png')]));
+    assert.equal(counted.body.input_tokens, photo.usage.prompt_tokens);
+    // A URL source in a tool_result, and one image too many (two in the result, one from the user).
+    const url = await post('/v1/messages', anthropic([{ type: 'image', source: { type: 'url', url: 'https://example.com/a.png' } }]));
+    assert.equal(url.status, 400);
+    assert.match(url.body.error.message, /messages\[2\]\.content\[0\]\.content\[0\]: the server fetches no URLs/);
+    const many = anthropic([imageBlock('gray1.png'), imageBlock('gray1.png')]);
+    many.messages[2].content.push(imageBlock('gray1.png'));
+    const tooMany = await post('/v1/messages', many);
+    assert.equal(tooMany.status, 400);
+    assert.match(tooMany.body.error.message, /messages\[2\]\.content\[1\]: at most 2 image\(s\)/);
+
+    // /tokenize: the prompt as the engine runs it, photo.png's placeholder as its 35 tokens.
+    const tok = await post('/tokenize', { model: 'kimi-tiny', messages: chatMessages('photo.png') });
+    assert.equal(tok.status, 200, JSON.stringify(tok.body));
+    assert.equal(tok.body.count, photo.usage.prompt_tokens);
+    assert.equal(tok.body.tokens.length, tok.body.count);
+    assert.equal(tok.body.tokens.filter((t) => t === pad).length, 35);
+    const run = tok.body.tokens.indexOf(pad);
+    assert.deepEqual(tok.body.tokens.slice(run, run + 35), new Array(35).fill(pad));
+    const bad = await post('/tokenize', { messages: [{ role: 'user', content: [
+      { type: 'image_url', image_url: { url: `data:image/png;base64,${image('photo.png').subarray(0, 300).toString('base64')}` } }] }] });
+    assert.equal(bad.status, 400);
+    assert.match(bad.body.error.message, /messages\[0\]\.content\[0\]: /);
+
+    // Video parts: a 400 naming the part; a request beside them is served.
+    const [ok, video] = await Promise.all([
+      ask(chatMessages('gray1.png')),
+      client.chat.completions.create({ model: 'kimi-tiny', max_tokens: 2, messages: [{ role: 'user', content: [
+        { type: 'text', text: 'what happens?' }, { type: 'video_url', video_url: { url: 'data:video/mp4;base64,AAAA' } }] }] })
+        .then(() => null, (e) => e),
+    ]);
+    assert.deepEqual(first(ok), first(gray));
+    assert.equal(video?.status, 400);
+    assert.match(video.message, /messages\[0\]\.content\[1\]: 'video_url' parts are not supported: videos are not supported by this server/);
+    const vblock = await post('/v1/messages', { model: 'kimi-tiny', max_tokens: 2, messages: [{ role: 'user', content: [
+      { type: 'video', source: { type: 'base64', media_type: 'video/mp4', data: 'AAAA' } }] }] });
+    assert.equal(vblock.status, 400);
+    assert.match(vblock.body.error.message, /messages\[0\]\.content\[0\]: 'video' parts are not supported/);
+  } finally {
+    s.proc.kill('SIGTERM');
+  }
+});
+
 test('a text-only model refuses an image part by name; a bad --limit-mm-per-prompt stops start-up', async () => {
   const dir = makeByteModelDir(SRC, 'atom-images-text-');
   const s = await startServe(BIN, ['serve', dir, '--device', 'cpu', '--load-format', 'dummy', '--host', '127.0.0.1',
