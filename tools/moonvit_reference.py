@@ -99,10 +99,11 @@ def norm(x, w, b, kind, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def tower(p, vc, pix, grids, rms_eps=None):
+def tower(p, vc, pix, grids, rms_eps=None, trace=None):
     """The tower's last hidden state [P, D] (after final_layernorm). Kimi-K2.5's MoonViT, or
     Kimi-K3's MoonViT3d (norm_type rmsnorm, no biases unless attn_bias / linear_bias /
-    patch_embed_proj_bias, pos_emb_interpolation_mode bilinear), by vc's fields."""
+    patch_embed_proj_bias, pos_emb_interpolation_mode bilinear), by vc's fields. trace: a list
+    that gets the embedded patches (position grid added) and then each block's output."""
     D, H, _, Q = vision_dims(vc)
     hd = Q // H
     kind = vc.get("norm_type", "layernorm")
@@ -134,6 +135,8 @@ def tower(p, vc, pix, grids, rms_eps=None):
         yc = torch.polar(torch.ones(h * w, hd // 4), torch.outer(rows, freqs))
         cis.append(torch.stack([xc, yc], -1).reshape(h * w, hd // 2).repeat(t, 1))
     x = x + torch.cat(pos)
+    if trace is not None:
+        trace.append(x)
     cis = torch.cat(cis)
     bounds = [0]
     for t, h, w in grids:
@@ -158,6 +161,8 @@ def tower(p, vc, pix, grids, rms_eps=None):
         h = norm(x, p[b + "norm1.weight"], g(b + "norm1.bias"), kind, eps)
         h = F.gelu(F.linear(h, p[b + "mlp.fc0.weight"], g(b + "mlp.fc0.bias")), approximate="tanh")
         x = x + F.linear(h, p[b + "mlp.fc1.weight"], g(b + "mlp.fc1.bias"))
+        if trace is not None:
+            trace.append(x)
         i += 1
     return norm(x, p[pre + "encoder.final_layernorm.weight"],
                 g(pre + "encoder.final_layernorm.bias"), kind, eps)

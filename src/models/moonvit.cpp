@@ -1,13 +1,19 @@
 #include "models/moonvit.h"
 
 #include <cmath>
+#include <functional>
 
 #include "core/convert.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/elementwise.h"
+#include "kernels/encoder.h"
 #include "kernels/layer_norm.h"
 #include "kernels/linear.h"
 #include "kernels/rms_norm.h"
+#ifdef ATOM_HAVE_CUDA
+#include "core/cuda_stream.h"
+#endif
 
 namespace atom {
 
@@ -44,13 +50,6 @@ void cubic_taps(int64_t dst, int64_t in, int64_t out, int64_t idx[4], float wt[4
   for (int k = 0; k < 4; ++k)
     idx[k] = std::min<int64_t>(std::max<int64_t>(static_cast<int64_t>(fl) - 1 + k, 0), in - 1);
 }
-
-float gelu_tanh(float x) {
-  const float c = 0.7978845608028654f;  // sqrt(2 / pi)
-  return 0.5f * x * (1.0f + std::tanh(c * (x + 0.044715f * x * x * x)));
-}
-
-float gelu_erf(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.7071067811865476f)); }
 
 Tensor f32(const Tensor& t) {
   return t.dtype() == DType::kF32 ? t : tensor_cast_cpu(t, DType::kF32);
@@ -202,11 +201,13 @@ void vit_norm(Tensor& out, const Tensor& x, const Parameter* w, const Parameter*
     kernels::layer_norm(out, x, w->data(), b->data(), eps);
 }
 
-LayerContext cpu_f32(const LayerContext& model) {
+// The model's context for the tower: unquantised and unsplit, on the model's device, in F32 on
+// the CPU and in the activations' dtype (BF16) on CUDA.
+LayerContext tower_ctx(const LayerContext& model) {
   LayerContext c = model;
-  c.device = Device::cpu();
-  c.weight_dtype = DType::kF32;
-  c.act_dtype = DType::kF32;
+  const DType t = model.device.is_cpu() ? DType::kF32 : model.act_dtype;
+  c.weight_dtype = t;
+  c.act_dtype = t;
   c.tp_rank = 0;
   c.tp_size = 1;
   c.quant = nullptr;
@@ -214,28 +215,35 @@ LayerContext cpu_f32(const LayerContext& model) {
   c.expert_parallel = false;
   return c;
 }
+
+// A host tensor on `device` (itself on the CPU).
+Tensor upload(const Tensor& host, Device device) {
+  return device.is_cpu() ? host : host.to(device);
+}
 }  // namespace
 
 MoonVit::MoonVit(const LayerContext& model, MoonVitConfig cfg, const std::string& tower,
                  const std::string& projector)
-    : ctx_(cpu_f32(model)), cfg_(std::move(cfg)) {
+    : ctx_(tower_ctx(model)), cfg_(std::move(cfg)), state_(std::make_unique<DeviceState>()) {
   LayerContext& ctx = ctx_;
   const int64_t D = cfg_.hidden, p = cfg_.patch_size;
-  auto f32_param = [&](const std::string& name, Shape shape) {
-    return &ctx.params.add(name, Tensor::zeros(std::move(shape), DType::kF32, ctx.device));
+  auto param = [&](const std::string& name, Shape shape) {
+    return &ctx.params.add(name, Tensor::zeros(std::move(shape), ctx.weight_dtype, ctx.device));
   };
   const int64_t Q = cfg_.qkv_hidden;
   const bool ln = !cfg_.rms_norm;
-  patch_w_ = f32_param(tower + ".patch_embed.proj.weight", {D, 3, p, p});
-  if (cfg_.patch_bias) patch_b_ = f32_param(tower + ".patch_embed.proj.bias", {D});
-  pos_emb_ = f32_param(tower + ".patch_embed.pos_emb.weight", {cfg_.pos_h, cfg_.pos_w, D});
+  patch_w_ = param(tower + ".patch_embed.proj.weight", {D, 3, p, p});
+  if (cfg_.patch_bias) patch_b_ = param(tower + ".patch_embed.proj.bias", {D});
+  // The position grid is resized on the host, per image: it stays there in F32.
+  pos_emb_ = &ctx.params.add(tower + ".patch_embed.pos_emb.weight",
+                             Tensor::zeros({cfg_.pos_h, cfg_.pos_w, D}, DType::kF32));
   for (int64_t i = 0; i < cfg_.layers; ++i) {
     const std::string b = tower + ".encoder.blocks." + std::to_string(i);
     auto blk = std::make_unique<Block>();
-    blk->norm0_w = f32_param(b + ".norm0.weight", {D});
-    blk->norm0_b = ln ? f32_param(b + ".norm0.bias", {D}) : nullptr;
-    blk->norm1_w = f32_param(b + ".norm1.weight", {D});
-    blk->norm1_b = ln ? f32_param(b + ".norm1.bias", {D}) : nullptr;
+    blk->norm0_w = param(b + ".norm0.weight", {D});
+    blk->norm0_b = ln ? param(b + ".norm0.bias", {D}) : nullptr;
+    blk->norm1_w = param(b + ".norm1.weight", {D});
+    blk->norm1_b = ln ? param(b + ".norm1.bias", {D}) : nullptr;
     blk->wqkv = std::make_unique<ReplicatedLinear>(ctx, b + ".wqkv", D, 3 * Q, cfg_.attn_bias);
     blk->wo = std::make_unique<ReplicatedLinear>(ctx, b + ".wo", Q, D, cfg_.attn_bias);
     blk->fc0 = std::make_unique<ReplicatedLinear>(ctx, b + ".mlp.fc0", D, cfg_.intermediate,
@@ -244,14 +252,14 @@ MoonVit::MoonVit(const LayerContext& model, MoonVitConfig cfg, const std::string
                                                   cfg_.mlp_bias);
     blocks_.push_back(std::move(blk));
   }
-  final_w_ = f32_param(tower + ".encoder.final_layernorm.weight", {D});
-  final_b_ = ln ? f32_param(tower + ".encoder.final_layernorm.bias", {D}) : nullptr;
+  final_w_ = param(tower + ".encoder.final_layernorm.weight", {D});
+  final_b_ = ln ? param(tower + ".encoder.final_layernorm.bias", {D}) : nullptr;
   const bool v2 = cfg_.projector_v2;
   if (v2) {
-    post_norm_w_ = f32_param(projector + ".post_norm.weight", {cfg_.text_hidden});
+    post_norm_w_ = param(projector + ".post_norm.weight", {cfg_.text_hidden});
   } else {
-    pre_norm_w_ = f32_param(projector + ".pre_norm.weight", {D});
-    pre_norm_b_ = f32_param(projector + ".pre_norm.bias", {D});
+    pre_norm_w_ = param(projector + ".pre_norm.weight", {D});
+    pre_norm_b_ = param(projector + ".pre_norm.bias", {D});
   }
   proj0_ = std::make_unique<ReplicatedLinear>(ctx, projector + ".proj.0", 4 * D, 4 * D, !v2);
   proj2_ =
@@ -299,203 +307,217 @@ void MoonVit::check_grids(const Tensor& pixel_values, const std::vector<ImageGri
              pixel_values.size(0));
 }
 
-Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<ImageGrid>& grids) {
-  const int64_t D = cfg_.hidden, P = pixel_values.size(0), H = cfg_.heads, hd = cfg_.head_dim();
-  const int64_t Q = cfg_.qkv_hidden;
-  const float eps = static_cast<float>(cfg_.norm_eps);
-  // Patch embedding: the convolution is a linear map of each patch's 3 * p * p values.
-  Tensor x = Tensor::empty({P, D}, DType::kF32);
-  {
-    Tensor pix = pixel_values.contiguous().view({P, cfg_.patch_values()});
-    Tensor w = patch_w_->data().view({D, cfg_.patch_values()});
-    kernels::linear(x, pix, w, patch_b_ ? patch_b_->data() : Tensor());
-  }
-  // Learned position grid, resized to each image.
-  {
-    int64_t row = 0;
-    for (const ImageGrid& g : grids) {
-      Tensor pos = (g.h == cfg_.pos_h && g.w == cfg_.pos_w) ? pos_emb_->data()
-                   : cfg_.bilinear ? bilinear_resize_hwc(pos_emb_->data(), g.h, g.w)
-                                   : bicubic_resize_hwc(pos_emb_->data(), g.h, g.w);
-      const float* ps = pos.ptr<float>();
-      for (int64_t f = 0; f < g.t; ++f) {
-        float* xs = x.ptr<float>() + (row + f * g.h * g.w) * D;
-        for (int64_t i = 0; i < g.h * g.w * D; ++i) xs[i] += ps[i];
-        if (g.t == 1) continue;
-        // A video's frame f: the fixed time table's row f (sin | cos).
-        std::vector<float> te(static_cast<size_t>(D));
-        for (int64_t k = 0; k < D / 2; ++k) {
-          const double a =
-              static_cast<double>(f) *
-              std::pow(10000.0, -static_cast<double>(k) / (static_cast<double>(D) / 2));
-          te[static_cast<size_t>(k)] = static_cast<float>(std::sin(a));
-          te[static_cast<size_t>(k + D / 2)] = static_cast<float>(std::cos(a));
-        }
-        for (int64_t n = 0; n < g.h * g.w; ++n)
-          for (int64_t k = 0; k < D; ++k) xs[n * D + k] += te[static_cast<size_t>(k)];
-      }
-      row += g.num_patches();
-    }
-  }
-  // The 2D rotary angles' cos and sin per patch and channel pair.
-  const int64_t pairs = hd / 2, nf = hd / 4;
-  std::vector<float> cosv(static_cast<size_t>(P * pairs)), sinv(cosv.size());
+namespace {
+// The tower's positional inputs, built on the host: the resized position grid plus, for a
+// video's frames, the fixed time table ([P, D] F32); and the 2D rotary angles' cos and sin per
+// patch and channel pair ([P, head_dim / 2] F32 each).
+struct Positions {
+  Tensor pos, cos, sin;
+};
+
+Positions positions(const MoonVitConfig& cfg,
+                    const std::function<Tensor(const ImageGrid&)>& grid_of,
+                    const std::vector<ImageGrid>& grids, int64_t P) {
+  const int64_t D = cfg.hidden, hd = cfg.head_dim(), pairs = hd / 2, nf = hd / 4;
+  Positions r{Tensor::empty({P, D}, DType::kF32), Tensor::empty({P, pairs}, DType::kF32),
+              Tensor::empty({P, pairs}, DType::kF32)};
   std::vector<float> freqs(static_cast<size_t>(nf));  // 10000^(-4i / head_dim)
   for (int64_t i = 0; i < nf; ++i)
     freqs[static_cast<size_t>(i)] = static_cast<float>(
         std::pow(10000.0, -static_cast<double>(4 * i) / static_cast<double>(hd)));
-  {
-    int64_t row = 0;
-    for (const ImageGrid& g : grids) {
-      for (int64_t f = 0; f < g.t; ++f)
-        for (int64_t r = 0; r < g.h; ++r)
-          for (int64_t c = 0; c < g.w; ++c) {
-            const int64_t n = row + f * g.h * g.w + r * g.w + c;
-            for (int64_t i = 0; i < nf; ++i) {
-              const float fi = freqs[static_cast<size_t>(i)];
-              const float ax = static_cast<float>(c) * fi, ay = static_cast<float>(r) * fi;
-              cosv[n * pairs + 2 * i] = std::cos(ax);
-              sinv[n * pairs + 2 * i] = std::sin(ax);
-              cosv[n * pairs + 2 * i + 1] = std::cos(ay);
-              sinv[n * pairs + 2 * i + 1] = std::sin(ay);
-            }
+  float* pos = r.pos.ptr<float>();
+  float* cosv = r.cos.ptr<float>();
+  float* sinv = r.sin.ptr<float>();
+  int64_t row = 0;
+  for (const ImageGrid& g : grids) {
+    const Tensor grid = grid_of(g);
+    const float* ps = grid.ptr<float>();
+    const int64_t hw = g.h * g.w;
+    for (int64_t f = 0; f < g.t; ++f) {
+      float* dst = pos + (row + f * hw) * D;
+      std::copy(ps, ps + hw * D, dst);
+      if (g.t > 1) {
+        // A video's frame f: the fixed time table's row f (sin | cos).
+        std::vector<float> te(static_cast<size_t>(D));
+        for (int64_t k = 0; k < D / 2; ++k) {
+          const double ang =
+              static_cast<double>(f) *
+              std::pow(10000.0, -static_cast<double>(k) / (static_cast<double>(D) / 2));
+          te[static_cast<size_t>(k)] = static_cast<float>(std::sin(ang));
+          te[static_cast<size_t>(k + D / 2)] = static_cast<float>(std::cos(ang));
+        }
+        for (int64_t n = 0; n < hw; ++n)
+          for (int64_t k = 0; k < D; ++k) dst[n * D + k] += te[static_cast<size_t>(k)];
+      }
+      for (int64_t y = 0; y < g.h; ++y)
+        for (int64_t x = 0; x < g.w; ++x) {
+          const int64_t n = row + f * hw + y * g.w + x;
+          for (int64_t i = 0; i < nf; ++i) {
+            const float fi = freqs[static_cast<size_t>(i)];
+            const float ax = static_cast<float>(x) * fi, ay = static_cast<float>(y) * fi;
+            cosv[n * pairs + 2 * i] = std::cos(ax);
+            sinv[n * pairs + 2 * i] = std::sin(ax);
+            cosv[n * pairs + 2 * i + 1] = std::cos(ay);
+            sinv[n * pairs + 2 * i + 1] = std::sin(ay);
           }
-      row += g.num_patches();
+        }
     }
+    row += g.num_patches();
   }
+  return r;
+}
+
+// Columns padded for CUDA's GEMMs: rows of 16 bytes (the patch's 3 · 14 · 14 = 588 values are
+// not); the CPU takes any width.
+int64_t padded_cols(int64_t cols, Device device) {
+  return device.is_cpu() ? cols : (cols + 7) / 8 * 8;
+}
+
+// src [R, C] on the host as [R, cols] of `dtype` (zeros past C).
+Tensor host_padded(const Tensor& src, int64_t cols, DType dtype) {
+  const Tensor f = tensor_cast_cpu(src, DType::kF32);
+  const int64_t R = f.size(0), C = f.size(1);
+  Tensor p = Tensor::zeros({R, cols}, DType::kF32);
+  for (int64_t r = 0; r < R; ++r)
+    std::copy(f.ptr<float>() + r * C, f.ptr<float>() + (r + 1) * C, p.ptr<float>() + r * cols);
+  return dtype == DType::kF32 ? p : tensor_cast_cpu(p, dtype);
+}
+}  // namespace
+
+// The stream a tower on CUDA runs on: its own, so that encoding an image on a server thread
+// overlaps the engine's steps instead of queueing behind them.
+struct MoonVit::DeviceState {
+#ifdef ATOM_HAVE_CUDA
+  std::unique_ptr<CudaStream> stream;
+#endif
+  Tensor patch_w;  // patch_embed.proj.weight [D, padded patch values] on the device
+  // The position grid resized to the last few image sizes (h, w), on the host in F32.
+  std::vector<std::pair<std::pair<int64_t, int64_t>, Tensor>> grids;
+};
+
+Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<ImageGrid>& grids) {
+  const int64_t D = cfg_.hidden, P = pixel_values.size(0), H = cfg_.heads, hd = cfg_.head_dim();
+  const int64_t Q = cfg_.qkv_hidden;
+  const Device dev = ctx_.device;
+  const DType at = ctx_.act_dtype;
+  const float eps = static_cast<float>(cfg_.norm_eps);
+  // Patch embedding: the convolution is a linear map of each patch's 3 · p · p values.
+  const int64_t K = cfg_.patch_values(), Kp = padded_cols(K, dev);
+  if (!state_->patch_w.defined())
+    state_->patch_w = upload(host_padded(patch_w_->data().view({D, K}), Kp, at), dev);
+  Tensor x = step.arena.alloc({P, D}, at);
+  {
+    const Tensor pix = upload(host_padded(pixel_values.contiguous().view({P, K}), Kp, at), dev);
+    kernels::linear(x, pix, state_->patch_w, patch_b_ ? patch_b_->data() : Tensor());
+  }
+  auto grid_of = [&](const ImageGrid& g) {
+    auto& cache = state_->grids;
+    for (auto& [hw, t] : cache)
+      if (hw == std::pair{g.h, g.w}) return t;
+    const Tensor& src = pos_emb_->data();
+    Tensor t = (g.h == cfg_.pos_h && g.w == cfg_.pos_w) ? src
+               : cfg_.bilinear                          ? bilinear_resize_hwc(src, g.h, g.w)
+                                                        : bicubic_resize_hwc(src, g.h, g.w);
+    if (cache.size() >= 8) cache.erase(cache.begin());
+    cache.emplace_back(std::pair{g.h, g.w}, t);
+    return t;
+  };
+  const Positions host = positions(cfg_, grid_of, grids, P);
+  {
+    const Tensor pos = upload(at == DType::kF32 ? host.pos : tensor_cast_cpu(host.pos, at), dev);
+    kernels::add(x, x, pos);
+  }
+  const Tensor cosv = upload(host.cos, dev), sinv = upload(host.sin, dev);
   std::vector<int64_t> starts{0};
   for (const ImageGrid& g : grids) starts.push_back(starts.back() + g.num_patches());
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const kernels::EncoderAttention attn_args{static_cast<int>(H), static_cast<int>(hd),
+                                            1.0f / std::sqrt(static_cast<float>(hd))};
 
-  Tensor h = Tensor::empty({P, D}, DType::kF32);
-  Tensor attn = Tensor::empty({P, Q}, DType::kF32);
+  Tensor h = step.arena.alloc({P, D}, at);
+  Tensor attn = step.arena.alloc({P, Q}, at);
   for (auto& blk : blocks_) {
     const Arena::Mark m = step.arena.mark();
     vit_norm(h, x, blk->norm0_w, blk->norm0_b, cfg_.rms_norm, eps);
-    Tensor qkv = blk->wqkv->forward(step, h).contiguous();
-    float* q = qkv.ptr<float>();
-    // Rotate q and k.
-#pragma omp parallel for
-    for (int64_t n = 0; n < P; ++n) {
-      for (int part = 0; part < 2; ++part) {
-        float* v = q + n * 3 * Q + part * Q;
-        for (int64_t head = 0; head < H; ++head) {
-          float* e = v + head * hd;
-          for (int64_t m2 = 0; m2 < pairs; ++m2) {
-            const float c = cosv[n * pairs + m2], s = sinv[n * pairs + m2];
-            const float re = e[2 * m2], im = e[2 * m2 + 1];
-            e[2 * m2] = re * c - im * s;
-            e[2 * m2 + 1] = re * s + im * c;
-          }
-        }
-      }
-    }
-    // Non-causal attention within each image.
-    float* out = attn.ptr<float>();
-    ParallelErrors errors;
-    for (size_t img = 0; img + 1 < starts.size(); ++img) {
-      const int64_t s0 = starts[img], len = starts[img + 1] - s0;
-#pragma omp parallel for collapse(2)
-      for (int64_t head = 0; head < H; ++head)
-        for (int64_t i = 0; i < len; ++i)
-          errors.guard([&] {
-            std::vector<float> p(static_cast<size_t>(len));
-            const float* qi = q + (s0 + i) * 3 * Q + head * hd;
-            float mx = -INFINITY;
-            for (int64_t j = 0; j < len; ++j) {
-              const float* kj = q + (s0 + j) * 3 * Q + Q + head * hd;
-              float dot = 0;
-              for (int64_t d = 0; d < hd; ++d) dot += qi[d] * kj[d];
-              p[j] = dot * scale;
-              mx = std::max(mx, p[j]);
-            }
-            float sum = 0;
-            for (int64_t j = 0; j < len; ++j) sum += (p[j] = std::exp(p[j] - mx));
-            float* o = out + (s0 + i) * Q + head * hd;
-            for (int64_t d = 0; d < hd; ++d) o[d] = 0;
-            for (int64_t j = 0; j < len; ++j) {
-              const float* vj = q + (s0 + j) * 3 * Q + 2 * Q + head * hd;
-              const float pj = p[j] / sum;
-              for (int64_t d = 0; d < hd; ++d) o[d] += pj * vj[d];
-            }
-          });
-    }
-    errors.rethrow();
-    Tensor a = blk->wo->forward(step, attn);
-    {
-      float* xs = x.ptr<float>();
-      const float* as = a.ptr<float>();
-      for (int64_t i = 0; i < P * D; ++i) xs[i] += as[i];
-    }
+    Tensor qkv = blk->wqkv->forward(step, h);
+    Tensor qk = qkv.narrow(1, 0, 2 * Q);
+    kernels::rotate_pairs(qk, cosv, sinv, static_cast<int>(hd));
+    kernels::encoder_attention(attn, qkv, starts, attn_args, step.arena);
+    const Tensor a = blk->wo->forward(step, attn);
+    kernels::add(x, x, a);
     vit_norm(h, x, blk->norm1_w, blk->norm1_b, cfg_.rms_norm, eps);
-    Tensor f = blk->fc0->forward(step, h).contiguous();
-    {
-      float* fs = f.ptr<float>();
-      for (int64_t i = 0; i < f.numel(); ++i) fs[i] = gelu_tanh(fs[i]);
-    }
-    Tensor y = blk->fc1->forward(step, f);
-    {
-      float* xs = x.ptr<float>();
-      const float* ys = y.ptr<float>();
-      for (int64_t i = 0; i < P * D; ++i) xs[i] += ys[i];
-    }
+    Tensor f = blk->fc0->forward(step, h);
+    kernels::gelu(f, f, /*tanh_approx=*/true);
+    const Tensor y = blk->fc1->forward(step, f);
+    kernels::add(x, x, y);
     step.arena.release(m);
   }
-  vit_norm(x, x, final_w_, final_b_, cfg_.rms_norm, eps);
-  return x;
+  Tensor out = step.arena.alloc({P, D}, at);
+  vit_norm(out, x, final_w_, final_b_, cfg_.rms_norm, eps);
+  return out;
+}
+
+template <class F>
+Tensor MoonVit::on_device(F&& body) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Batch batch;
+  Arena arena(ctx_.device);
+  Step step{batch, arena};
+#ifdef ATOM_HAVE_CUDA
+  if (!ctx_.device.is_cpu()) {
+    if (!state_->stream) state_->stream = std::make_unique<CudaStream>(ctx_.device.index);
+    CudaStreamGuard guard(state_->stream->get());
+    Tensor r = tensor_cast_cpu(body(step), DType::kF32);
+    state_->stream->synchronize();
+    return r;
+  }
+#endif
+  return tensor_cast_cpu(body(step), DType::kF32);
 }
 
 Tensor MoonVit::encode_hidden(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) {
   check_grids(pixel_values, grids);
-  Batch batch;
-  Arena arena(Device::cpu());
-  Step step{batch, arena};
-  return tower(step, f32(pixel_values), grids);
+  return on_device([&](Step& step) { return tower(step, f32(pixel_values), grids); });
 }
 
 Tensor MoonVit::encode(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) {
   check_grids(pixel_values, grids);
-  Batch batch;
-  Arena arena(Device::cpu());
-  Step step{batch, arena};
-  const Tensor x = tower(step, f32(pixel_values), grids);
-  const int64_t D = cfg_.hidden;
-  int64_t tokens = 0;
-  for (const ImageGrid& g : grids) tokens += tokens_for(g);
-  // The 2x2 merge: merged token (i, j) gathers patches (2i + a, 2j + b) in (a, b) order.
-  Tensor merged = Tensor::empty({tokens * 4, D}, DType::kF32);
-  {
-    const float* xs = x.ptr<float>();
-    float* ms = merged.ptr<float>();
+  return on_device([&](Step& step) {
+    const Tensor x = tower(step, f32(pixel_values), grids);
+    const int64_t D = cfg_.hidden;
+    const Device dev = ctx_.device;
+    int64_t tokens = 0;
+    for (const ImageGrid& g : grids) tokens += tokens_for(g);
+    // The 2x2 merge: merged token (i, j) gathers patches (2i + a, 2j + b) in (a, b) order, each
+    // averaged over a video's frames.
+    Tensor merged = step.arena.alloc({tokens * 4, D}, x.dtype());
     int64_t row = 0, tok = 0;
     for (const ImageGrid& g : grids) {
-      const float inv_t = 1.0f / static_cast<float>(g.t);
+      const int64_t n = tokens_for(g) * 4;
+      Tensor idx = Tensor::empty({n * g.t}, DType::kI32);
+      int32_t* ix = idx.ptr<int32_t>();
       for (int64_t i = 0; i < g.h / 2; ++i)
-        for (int64_t j = 0; j < g.w / 2; ++j, ++tok)
+        for (int64_t j = 0; j < g.w / 2; ++j)
           for (int64_t a = 0; a < 2; ++a)
-            for (int64_t b = 0; b < 2; ++b) {
-              float* dst = ms + (tok * 4 + a * 2 + b) * D;
-              std::fill(dst, dst + D, 0.0f);
-              for (int64_t f = 0; f < g.t; ++f) {
-                const float* src = xs + (row + f * g.h * g.w + (2 * i + a) * g.w + (2 * j + b)) * D;
-                for (int64_t k = 0; k < D; ++k) dst[k] += src[k];
-              }
-              if (g.t > 1)
-                for (int64_t k = 0; k < D; ++k) dst[k] *= inv_t;
-            }
+            for (int64_t b = 0; b < 2; ++b)
+              for (int64_t f = 0; f < g.t; ++f)
+                *ix++ = static_cast<int32_t>(row + f * g.h * g.w + (2 * i + a) * g.w + (2 * j + b));
+      Tensor dst = merged.narrow(0, tok * 4, n);
+      kernels::gather_mean_rows(dst, x, upload(idx, dev), static_cast<int>(g.t));
       row += g.num_patches();
+      tok += tokens_for(g);
     }
-  }
-  const float peps = static_cast<float>(cfg_.projector_eps);
-  if (!cfg_.projector_v2) vit_norm(merged, merged, pre_norm_w_, pre_norm_b_, false, peps);
-  Tensor u = proj0_->forward(step, merged.view({tokens, 4 * D})).contiguous();
-  {
-    float* us = u.ptr<float>();
-    for (int64_t i = 0; i < u.numel(); ++i) us[i] = gelu_erf(us[i]);
-  }
-  Tensor out = proj2_->forward(step, u).clone();
-  if (cfg_.projector_v2) vit_norm(out, out, post_norm_w_, nullptr, true, peps);
-  return out;
+    const float peps = static_cast<float>(cfg_.projector_eps);
+    if (!cfg_.projector_v2) vit_norm(merged, merged, pre_norm_w_, pre_norm_b_, false, peps);
+    Tensor u = proj0_->forward(step, merged.view({tokens, 4 * D}));
+    kernels::gelu(u, u, /*tanh_approx=*/false);
+    Tensor out = proj2_->forward(step, u);
+    if (cfg_.projector_v2) {
+      Tensor normed = step.arena.alloc(out.shape(), out.dtype());
+      vit_norm(normed, out, post_norm_w_, nullptr, true, peps);
+      return normed;
+    }
+    return out;
+  });
 }
 
 }  // namespace atom

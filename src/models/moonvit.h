@@ -22,12 +22,14 @@
 //     sequence of t·h·w patches), and it gives (h / 2)·(w / 2) tokens as an image does;
 //   - mm_projector: pre_norm (LayerNorm over D, each of the four) -> [4D] -> proj.0 -> GELU (erf)
 //     -> proj.2 -> the text width.
-// The tower runs on the CPU in fp32 wherever the text model is: its weights are held on the CPU
-// in F32 (the checkpoint's BF16 converted at load), and its features reach a CUDA model's
-// embedding rows by one host-to-device copy per run. Its CUDA kernels are issue 38's next part.
+// The tower runs where the text model is, on tensor rank 0: on the CPU in fp32, on CUDA in the
+// activations' dtype (BF16) on a stream of its own (kernels/encoder.h: the attention is two
+// batched cuBLAS GEMMs around a softmax). The position grid is resized on the host. Its features
+// come back to the CPU in F32 and reach the text model's embedding rows through the batch.
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -89,7 +91,8 @@ class VisionEncoder {
 class MoonVit : public VisionEncoder {
  public:
   // Parameters at `tower` (vision_tower) and `projector` (mm_projector), in the model's registry
-  // but on the CPU in F32, unquantised and replicated on every rank, whatever `model` says.
+  // on its device, unquantised and unsplit whatever `model` says: F32 on the CPU, the
+  // activations' dtype on CUDA; the position grid on the CPU in F32.
   MoonVit(const LayerContext& model, MoonVitConfig cfg, const std::string& tower,
           const std::string& projector);
   ~MoonVit() override;
@@ -102,10 +105,17 @@ class MoonVit : public VisionEncoder {
 
  private:
   struct Block;
+  struct DeviceState;
   void check_grids(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) const;
   Tensor tower(Step& step, const Tensor& pixel_values, const std::vector<ImageGrid>& grids);
-  LayerContext ctx_;  // the model's, on the CPU in F32
+  // body(step) on the tower's device (its own stream on CUDA), one call at a time; its result
+  // comes back on the CPU in F32.
+  template <class F>
+  Tensor on_device(F&& body);
+  LayerContext ctx_;  // the model's, unquantised, in F32 on the CPU and BF16 on CUDA
   MoonVitConfig cfg_;
+  std::unique_ptr<DeviceState> state_;
+  std::mutex mu_;
   Parameter* patch_w_;            // [D, 3, p, p] F32
   Parameter* patch_b_ = nullptr;  // [D] F32 (patch_bias)
   Parameter* pos_emb_;            // [pos_h, pos_w, D] F32
@@ -120,7 +130,7 @@ class MoonVit : public VisionEncoder {
 // whose model an engine may hold (ModelGroup::model(): the first rank a process holds, which is
 // tensor rank 0 of the first or, on a head node over several, of the last pipeline stage); on
 // every other rank its modules are declared missing (their tensors are not read) and null comes
-// back, so a group holds one or two F32 copies of the tower, not one per rank.
+// back, so a group holds one or two copies of the tower, not one per rank.
 std::unique_ptr<MoonVit> moonvit_on_leader(LayerContext& ctx, const ModelConfig& c);
 
 // torch.nn.functional.interpolate(mode="bicubic", align_corners=False) of src [H, W, C] F32 to

@@ -1,0 +1,181 @@
+// CUDA entry points of the encoder ops (kernels/encoder.h). Encoder attention is two strided
+// batched cuBLAS GEMMs per sequence (heads as the batch) around a row softmax: S = scale · Q Kᵀ in
+// F32, P = softmax(S) in the activations' type, O = P V. Any head_dim works (MoonViT's is 72),
+// and the GEMMs run on the tensor cores; the score buffers cost memory traffic a fused kernel
+// would not, measured in docs/performance.md.
+#include "kernels/encoder.h"
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+#include "kernels/cuda/encoder_launch.h"
+#include "kernels/cuda/host_common.h"
+
+namespace atom::kernels::cuda {
+
+namespace {
+
+constexpr int64_t kScoreBudget = int64_t{256} << 20;  // bytes of S and P at once
+
+const char* cublas_name(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "not initialized";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "alloc failed";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "invalid value";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "arch mismatch";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "execution failed";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "not supported";
+    default:
+      return "error";
+  }
+}
+
+std::mutex& cublas_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+// The device's cuBLAS handle (callers hold cublas_mutex()).
+cublasHandle_t cublas_handle() {
+  static std::map<int, cublasHandle_t> handles;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  cublasHandle_t& h = handles[dev];
+  if (!h) {
+    const cublasStatus_t st = cublasCreate(&h);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      h = nullptr;
+      fail("encoder_attention: cublasCreate failed ({})", cublas_name(st));
+    }
+  }
+  return h;
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      fail("encoder_attention: dtype {} is not supported", dtype_name(t));
+  }
+}
+
+void check_cublas(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) fail("encoder_attention: {} failed ({})", what, cublas_name(st));
+}
+
+}  // namespace
+
+void encoder_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t>& starts,
+                       const EncoderAttention& a, Arena& scratch) {
+  check_rows("encoder_attention", out, "out");
+  check_rows("encoder_attention", qkv, "qkv");
+  const int64_t H = a.heads, D = a.head_dim, Q = H * D;
+  ATOM_CHECK(H > 0 && D > 0 && qkv.size(1) == 3 * Q && out.size(1) == Q &&
+                 out.size(0) == qkv.size(0) && out.dtype() == qkv.dtype() && starts.size() >= 2 &&
+                 starts.front() == 0 && starts.back() == qkv.size(0),
+             "encoder_attention: qkv {} out {}, {} heads of {}, {} sequence starts", qkv.str(),
+             out.str(), H, D, starts.size());
+  for (size_t s = 0; s + 1 < starts.size(); ++s)
+    ATOM_CHECK(starts[s] < starts[s + 1], "encoder_attention: sequence {} is empty", s);
+  const DType t = qkv.dtype();
+  const cudaDataType_t ct = cuda_type(t);
+  const int64_t esize = dtype_bits(t) / 8;
+  const int64_t ldq = qkv.size(0) > 1 ? qkv.stride(0) : qkv.size(1);
+  const int64_t ldo = out.size(0) > 1 ? out.stride(0) : out.size(1);
+  const char* base = static_cast<const char*>(qkv.data());
+  char* obase = static_cast<char*>(out.data());
+  const float alpha = a.scale, one = 1.0f, zero = 0.0f;
+  const cudaStream_t stream = current_stream();
+  std::lock_guard<std::mutex> lock(cublas_mutex());
+  cublasHandle_t handle = cublas_handle();
+  check_cublas(cublasSetStream(handle, stream), "cublasSetStream");
+  for (size_t s = 0; s + 1 < starts.size(); ++s) {
+    const int64_t s0 = starts[s], L = starts[s + 1] - s0;
+    // Chunks of heads, then of query rows, whose S (F32) and P fit the budget.
+    const int64_t row_bytes = L * (4 + esize);
+    int64_t hc = std::clamp<int64_t>(kScoreBudget / std::max<int64_t>(1, L * row_bytes), 1, H);
+    int64_t qc = L;
+    if (hc == 1) qc = std::clamp<int64_t>(kScoreBudget / row_bytes, 1, L);
+    for (int64_t h0 = 0; h0 < H; h0 += hc) {
+      const int64_t nh = std::min(hc, H - h0);
+      for (int64_t q0 = 0; q0 < L; q0 += qc) {
+        const int64_t nq = std::min(qc, L - q0);
+        const Arena::Mark m = scratch.mark();
+        Tensor S = scratch.alloc({nh * nq, L}, DType::kF32);
+        Tensor P = scratch.alloc({nh * nq, L}, t);
+        const char* q = base + ((s0 + q0) * ldq + h0 * D) * esize;
+        const char* k = base + (s0 * ldq + Q + h0 * D) * esize;
+        const char* v = base + (s0 * ldq + 2 * Q + h0 * D) * esize;
+        // Column-major: Sᵀ [L, nq] = K [L, D] · Qᵀ [D, nq] per head, i.e. S = Q Kᵀ row-major.
+        check_cublas(
+            cublasGemmStridedBatchedEx(
+                handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(L), static_cast<int>(nq),
+                static_cast<int>(D), &alpha, k, ct, static_cast<int>(ldq), D, q, ct,
+                static_cast<int>(ldq), D, &zero, S.data(), CUDA_R_32F, static_cast<int>(L), nq * L,
+                static_cast<int>(nh), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            "the score GEMM");
+        launch_softmax_rows(S.ptr<float>(), P.data(), elem_of(t, "encoder_attention"), nh * nq, L,
+                            stream);
+        launch_check("encoder_attention");
+        // Oᵀ [D, nq] = Vᵀ [D, L] · Pᵀ [L, nq] per head, into out's columns h · D.
+        check_cublas(cublasGemmStridedBatchedEx(
+                         handle, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(D),
+                         static_cast<int>(nq), static_cast<int>(L), &one, v, ct,
+                         static_cast<int>(ldq), D, P.data(), ct, static_cast<int>(L), nq * L, &zero,
+                         obase + ((s0 + q0) * ldo + h0 * D) * esize, ct, static_cast<int>(ldo), D,
+                         static_cast<int>(nh), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "the value GEMM");
+        scratch.release(m);
+      }
+    }
+  }
+}
+
+void rotate_pairs(Tensor& x, const Tensor& cos, const Tensor& sin, int head_dim) {
+  check_rows("rotate_pairs", x, "x");
+  const int64_t T = x.size(0);
+  ATOM_CHECK(head_dim > 0 && head_dim % 2 == 0 && x.size(1) % head_dim == 0 &&
+                 cos.shape() == Shape({T, head_dim / 2}) && sin.shape() == cos.shape() &&
+                 cos.dtype() == DType::kF32 && sin.dtype() == DType::kF32 && cos.is_contiguous() &&
+                 sin.is_contiguous(),
+             "rotate_pairs: x {} cos {} sin {} head_dim {}", x.str(), cos.str(), sin.str(),
+             head_dim);
+  launch_rotate_pairs(mat_of(x, "rotate_pairs"), cos.ptr<float>(), sin.ptr<float>(), head_dim,
+                      current_stream());
+  launch_check("rotate_pairs");
+}
+
+void gelu(Tensor& out, const Tensor& x, bool tanh_approx) {
+  check_rows("gelu", out, "out");
+  check_rows("gelu", x, "x");
+  ATOM_CHECK(out.shape() == x.shape(), "gelu: {} -> {}", x.str(), out.str());
+  launch_gelu(mat_of(out, "gelu"), mat_of(x, "gelu"), tanh_approx, current_stream());
+  launch_check("gelu");
+}
+
+void gather_mean_rows(Tensor& out, const Tensor& x, const Tensor& indices, int n) {
+  check_rows("gather_mean_rows", out, "out");
+  check_rows("gather_mean_rows", x, "x");
+  ATOM_CHECK(
+      n > 0 && is_i32(indices) && indices.numel() == out.size(0) * n && out.size(1) == x.size(1),
+      "gather_mean_rows: x {} indices {} out {} n {}", x.str(), indices.str(), out.str(), n);
+  launch_gather_mean_rows(mat_of(out, "gather_mean_rows"), mat_of(x, "gather_mean_rows"),
+                          indices.ptr<int32_t>(), n, current_stream());
+  launch_check("gather_mean_rows");
+}
+
+}  // namespace atom::kernels::cuda

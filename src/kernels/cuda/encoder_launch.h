@@ -1,0 +1,18 @@
+// The launchers of encoder.cu (kernels/encoder.h's small kernels), as launch.h declares the others.
+#pragma once
+
+#include "kernels/cuda/launch.h"
+
+namespace atom::kernels::cuda {
+
+// p[r] = softmax(s[r]) over rows of `cols` F32 scores, p of type ptype, both [rows, cols] packed.
+void launch_softmax_rows(const float* s, void* p, Elem ptype, int64_t rows, int64_t cols,
+                         cudaStream_t stream);
+// cs, sn [x.rows, head_dim / 2] F32
+void launch_rotate_pairs(Mat x, const float* cs, const float* sn, int head_dim,
+                         cudaStream_t stream);
+void launch_gelu(Mat out, Mat x, bool tanh_approx, cudaStream_t stream);
+// idx [out.rows * n]
+void launch_gather_mean_rows(Mat out, Mat x, const int32_t* idx, int n, cudaStream_t stream);
+
+}  // namespace atom::kernels::cuda

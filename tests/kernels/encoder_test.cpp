@@ -1,0 +1,144 @@
+// CUDA encoder ops (kernels/encoder.h: the vision towers' attention, pair rotation, GELU and
+// gathered mean) against the CPU reference, on the same inputs.
+#include "kernels/encoder.h"
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "gpu_util.h"
+
+namespace atom::test {
+namespace {
+
+// A [rows, cols] view with rows `pad` elements longer than cols, random, on the host and on the
+// GPU (the same values).
+struct Strided {
+  Tensor host_base, gpu_base, host, dev;
+};
+Strided strided_random(int64_t rows, int64_t cols, int64_t pad, DType dt, uint64_t seed,
+                       float lo = -1.0f, float hi = 1.0f) {
+  Strided s;
+  s.host_base = random_cpu({rows, cols + pad}, dt, seed, lo, hi);
+  s.gpu_base = s.host_base.to(gpu());
+  s.host = s.host_base.narrow(1, 0, cols);
+  s.dev = s.gpu_base.narrow(1, 0, cols);
+  return s;
+}
+
+struct AttnCase {
+  std::vector<int64_t> lens;
+  int heads, head_dim;
+  DType dt;
+  double tol;
+};
+
+TEST(GpuEncoder, AttentionOverVariableLengthSequences) {
+  // F32 runs cuBLAS in F32 (no TF32); BF16 rounds the probabilities to BF16 before P V.
+  const AttnCase cases[] = {
+      {{37, 128, 5}, 4, 72, DType::kF32, 1e-5}, {{37, 128, 5}, 4, 72, DType::kBF16, 1e-2},
+      {{1, 300}, 16, 64, DType::kBF16, 1e-2},   {{200}, 2, 80, DType::kF16, 5e-3},
+      {{7000}, 1, 64, DType::kBF16, 1e-2},  // 7000² · 6 bytes > 256 MiB: chunks of query rows
+  };
+  for (const AttnCase& c : cases) {
+    std::vector<int64_t> starts{0};
+    for (int64_t l : c.lens) starts.push_back(starts.back() + l);
+    const int64_t T = starts.back(), Q = int64_t{c.heads} * c.head_dim;
+    // Scores spread over several units so the softmax is not flat.
+    Strided qkv = strided_random(T, 3 * Q, 8, c.dt, 17 + T, -2.0f, 2.0f);
+    const kernels::EncoderAttention a{c.heads, c.head_dim,
+                                      1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+    Tensor want = Tensor::empty({T, Q}, c.dt);
+    Arena host_arena(Device::cpu());
+    kernels::encoder_attention(want, qkv.host, starts, a, host_arena);
+    Tensor got = Tensor::empty({T, Q}, c.dt, gpu());
+    poison(got);
+    Arena arena(gpu());
+    kernels::encoder_attention(got, qkv.dev, starts, a, arena);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const double e = rel_err(to_f32_cpu(got), to_f32_cpu(want), "encoder_attention");
+    std::printf("encoder_attention T=%lld H=%d D=%d %s: rel err %.3g\n", static_cast<long long>(T),
+                c.heads, c.head_dim, dtype_name(c.dt), e);
+    EXPECT_LE(e, c.tol) << "T " << T << " heads " << c.heads << " head_dim " << c.head_dim << " "
+                        << dtype_name(c.dt);
+  }
+}
+
+// Attention never crosses sequences: changing the second sequence leaves the first's rows alone.
+TEST(GpuEncoder, AttentionStaysWithinItsSequence) {
+  const int H = 2, D = 72;
+  const int64_t Q = H * D;
+  const std::vector<int64_t> starts{0, 50, 90};
+  Tensor a = random_cpu({90, 3 * Q}, DType::kBF16, 5);
+  Tensor b = a.clone();
+  Tensor other = random_cpu({40, 3 * Q}, DType::kBF16, 6);
+  b.narrow(0, 50, 40).copy_from(other);
+  const kernels::EncoderAttention args{H, D, 0.2f};
+  Arena arena(gpu());
+  Tensor oa = Tensor::empty({90, Q}, DType::kBF16, gpu()), ob = oa.clone();
+  kernels::encoder_attention(oa, a.to(gpu()), starts, args, arena);
+  kernels::encoder_attention(ob, b.to(gpu()), starts, args, arena);
+  EXPECT_TRUE(
+      same_bytes(host(oa).narrow(0, 0, 50).contiguous(), host(ob).narrow(0, 0, 50).contiguous()));
+  EXPECT_GT(max_abs_diff(to_f32_cpu(host(oa).narrow(0, 50, 40).contiguous()),
+                         to_f32_cpu(host(ob).narrow(0, 50, 40).contiguous())),
+            0.01f);
+}
+
+TEST(GpuEncoder, RotatePairsOnStridedRows) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const int64_t T = 129;
+    const int hd = 72;
+    Strided x = strided_random(T, 2 * 3 * hd, 24, dt, 9);
+    const Tensor cs = random_cpu({T, hd / 2}, DType::kF32, 10);
+    const Tensor sn = random_cpu({T, hd / 2}, DType::kF32, 11);
+    kernels::rotate_pairs(x.host, cs, sn, hd);
+    Tensor xd = x.dev;
+    kernels::rotate_pairs(xd, cs.to(gpu()), sn.to(gpu()), hd);
+    // The padding columns stay as they were, the rotated ones agree to the storage's rounding.
+    const Tensor got = to_f32_cpu(x.gpu_base), want = to_f32_cpu(x.host_base);
+    EXPECT_LE(rel_err(got, want), dt == DType::kF32 ? 1e-6 : 4e-3) << dtype_name(dt);
+    EXPECT_GT(rel_err(want, to_f32_cpu(random_cpu({T, 2 * 3 * hd + 24}, dt, 9))), 0.1)
+        << "nothing rotated";
+  }
+}
+
+TEST(GpuEncoder, GeluBothForms) {
+  for (bool tanh_approx : {true, false})
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      Strided x = strided_random(77, 300, 4, dt, 21, -6.0f, 6.0f);
+      Tensor want = Tensor::empty({77, 300}, dt), got = Tensor::empty({77, 300}, dt, gpu());
+      poison(got);
+      kernels::gelu(want, x.host, tanh_approx);
+      kernels::gelu(got, x.dev, tanh_approx);
+      EXPECT_LE(rel_err(to_f32_cpu(got), to_f32_cpu(want)), dt == DType::kF32 ? 1e-6 : 4e-3)
+          << tanh_approx << " " << dtype_name(dt);
+      // gelu(-6) ~ 0 and gelu(6) ~ 6: the two forms differ measurably in between.
+      const float v = to_f32_cpu(want).ptr<float>()[0], in = to_f32_cpu(x.host).ptr<float>()[0];
+      EXPECT_NEAR(v, 0.5f * in * (1.0f + std::erf(in / std::sqrt(2.0f))), 0.02f * std::abs(in));
+    }
+}
+
+TEST(GpuEncoder, GatherMeanRows) {
+  for (int n : {1, 3}) {
+    const Tensor x = random_cpu({50, 200}, DType::kBF16, 31);
+    std::vector<int32_t> idx;
+    for (int r = 0; r < 40; ++r)
+      for (int j = 0; j < n; ++j) idx.push_back((r * 7 + j * 13) % 50);
+    Tensor want = Tensor::empty({40, 200}, DType::kBF16);
+    kernels::gather_mean_rows(want, x, i32(idx), n);
+    Tensor got = Tensor::empty({40, 200}, DType::kBF16, gpu());
+    poison(got);
+    kernels::gather_mean_rows(got, x.to(gpu()), i32(idx).to(gpu()), n);
+    EXPECT_LE(rel_err(to_f32_cpu(got), to_f32_cpu(want)), 4e-3) << n;
+    // An independent check of one row: the mean of its sources.
+    const Tensor xf = to_f32_cpu(x), wf = to_f32_cpu(want);
+    float mean = 0;
+    for (int j = 0; j < n; ++j)
+      mean += xf.ptr<float>()[idx[static_cast<size_t>(5 * n + j)] * 200 + 3];
+    EXPECT_NEAR(wf.ptr<float>()[5 * 200 + 3], mean / static_cast<float>(n), 0.01f);
+  }
+}
+
+}  // namespace
+}  // namespace atom::test

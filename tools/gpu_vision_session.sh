@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One GPU call for issue 38's vision tower on CUDA: builds gpu_test and cuda_vision_bench, runs the
+# encoder kernels' and the Kimi towers' GPU tests, the tower benchmark against transformers' in
+# the same run, and the layer-by-layer comparison of transformers' tower with the reference.
+# Run from the repository root: bash tools/gpu_vision_session.sh [steps]
+#   steps: test,bench,diff,k3,all (k3: ATOM_K3_SHARED_EXPERT_OVERLAP off/on; all: the whole gpu_test)
+set -u
+out="${OUT:-/tmp/vision-out}"
+mkdir -p "$out"
+steps=",${1:-test,bench,diff},"
+ATOM_GPU_TARGETS="${ATOM_GPU_TARGETS:-gpu_test cuda_vision_bench cuda_e2e_bench}" bash tools/gpu_build.sh none > "$out/build.txt" 2>&1
+echo "build: rc $? $(tail -1 "$out/build.txt")"
+export LD_LIBRARY_PATH=/tmp/atom-deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+if [[ "$steps" == *",test,"* ]]; then
+  timeout 300 ./build-gpu/tests/kernels/gpu_test --gtest_filter='GpuEncoder*:GpuKimiK25*:GpuKimiK3*' > "$out/gpu_test_vision.txt" 2>&1
+  echo "gpu_test vision: rc $?"
+  grep -E "rel err|GPU tower|^\[  (PASSED|FAILED)|Failure|Expected|Which is|actual" "$out/gpu_test_vision.txt" | head -40
+fi
+if [[ "$steps" == *",bench,"* ]]; then
+  timeout 240 ./build-gpu/bench/cuda_vision_bench --model bench/models/kimi-k25-1l > "$out/vision_bench.txt" 2>&1
+  echo "cuda_vision_bench: rc $?"; cat "$out/vision_bench.txt" | tail -12
+  grids=$(sed -n 's/.*(\([0-9]*\)x\([0-9]*\) patches).*/\1x\2/p' "$out/vision_bench.txt" | tr '\n' ',' | sed 's/,$//')
+  (cd bench && timeout 240 python3 vision_torch.py --grids "${grids:-32x32,74x74}") > "$out/vision_torch.txt" 2>&1
+  echo "vision_torch: rc $?"; tail -8 "$out/vision_torch.txt"
+fi
+if [[ "$steps" == *",diff,"* ]]; then
+  timeout 120 python3 tools/moonvit_layer_diff.py tests/fixtures > "$out/layer_diff.txt" 2>&1
+  echo "layer diff: rc $?"; tail -12 "$out/layer_diff.txt"
+fi
+if [[ "$steps" == *",k3,"* ]]; then
+  # ATOM_K3_SHARED_EXPERT_OVERLAP off and on, Kimi-K3's width (3 layers, MXFP4 experts).
+  for ov in 0 1; do
+    ATOM_K3_SHARED_EXPERT_OVERLAP=$ov timeout 200 ./build-gpu/bench/cuda_e2e_bench --model bench/models/kimi-k3-3l \
+      --prefill 2048 --batch 1,32 > "$out/k3_overlap_$ov.txt" 2>&1
+    echo "kimi-k3-3l overlap $ov: rc $?"; tail -5 "$out/k3_overlap_$ov.txt"
+  done
+fi
+if [[ "$steps" == *",all,"* ]]; then
+  timeout 400 ./build-gpu/tests/kernels/gpu_test > "$out/gpu_test.txt" 2>&1
+  echo "gpu_test: rc $?"; grep -E "^\[  (PASSED|FAILED) |tests ran" "$out/gpu_test.txt" | head -30
+fi
