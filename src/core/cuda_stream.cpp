@@ -30,6 +30,33 @@ CudaStream::~CudaStream() {
 
 void CudaStream::synchronize() const { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
+ForkedStream::ForkedStream(int device) {
+  cuda_device_check(device);
+  CUDA_CHECK(cudaSetDevice(device));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaEventCreateWithFlags(&forked_, cudaEventDisableTiming));
+  CUDA_CHECK(cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming));
+}
+
+ForkedStream::~ForkedStream() {
+  if (stream_) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+  if (forked_) cudaEventDestroy(forked_);
+  if (joined_) cudaEventDestroy(joined_);
+}
+
+void ForkedStream::fork() {
+  CUDA_CHECK(cudaEventRecord(forked_, cuda_current_stream()));
+  CUDA_CHECK(cudaStreamWaitEvent(stream_, forked_, 0));
+}
+
+void ForkedStream::join() {
+  CUDA_CHECK(cudaEventRecord(joined_, stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(cuda_current_stream(), joined_, 0));
+}
+
 void cuda_device_check(int device) {
   static std::atomic<uint64_t> passed{0};
   if (device >= 0 && device < 64 && (passed.load() >> device & 1)) return;

@@ -39,6 +39,25 @@ class CudaStream {
   cudaStream_t stream_ = nullptr;
 };
 
+// A second stream beside the calling thread's current one, for work that may run alongside it:
+// fork() makes it wait for everything the current stream has enqueued, join() makes the current
+// stream wait for everything enqueued on it since. Both are stream-ordered (events), so they are
+// captured into a CUDA graph as a fork and a join of its nodes. Made outside any capture.
+class ForkedStream {
+ public:
+  explicit ForkedStream(int device);
+  ~ForkedStream();
+  ForkedStream(const ForkedStream&) = delete;
+  ForkedStream& operator=(const ForkedStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+  void fork();
+  void join();
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t forked_ = nullptr, joined_ = nullptr;
+};
+
 // Throws a clear error unless `device` exists and is a GPU this build carries kernels for
 // (compute capability 9.0: H100, H200; the kernels are built for sm_90a). Cached once it passed.
 void cuda_device_check(int device);

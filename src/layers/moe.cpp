@@ -5,6 +5,9 @@
 #include <mutex>
 
 #include "core/convert.h"
+#ifdef ATOM_HAVE_CUDA
+#include "core/cuda_stream.h"
+#endif
 #include "core/env.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -854,6 +857,16 @@ void SparseMoeBlock::route(Step& step, const Tensor& x, Tensor& topk_ids, Tensor
 }
 
 Tensor SparseMoeBlock::forward(Step& step, const Tensor& x, const Tensor& out) {
+  // shared_overlap: the shared experts first, on the side stream, joined before their sum.
+  Tensor s;
+#ifdef ATOM_HAVE_CUDA
+  if (o_.shared_overlap && shared_ && !ctx_.device.is_cpu()) {
+    if (!side_) side_ = std::make_shared<ForkedStream>(ctx_.device.index);
+    side_->fork();
+    CudaStreamGuard on_side(side_->get());
+    s = shared_->forward(step, x);
+  }
+#endif
   Tensor ids, weights;
   route(step, x, ids, weights);
   const bool reduce = ctx_.tp_size > 1;
@@ -869,7 +882,10 @@ Tensor SparseMoeBlock::forward(Step& step, const Tensor& x, const Tensor& out) {
     experts_.forward(step, x, ids, weights, y);
   }
   if (shared_) {
-    Tensor s = shared_->forward(step, x);
+#ifdef ATOM_HAVE_CUDA
+    if (s.defined()) side_->join();
+#endif
+    if (!s.defined()) s = shared_->forward(step, x);
     if (latent_down_ && reduce) ctx_.comm->all_reduce_sum(s);
     if (shared_gate_) {
       Tensor g = shared_gate_->forward(step, x);  // [T, 1], the same on every rank

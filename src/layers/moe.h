@@ -29,6 +29,8 @@
 
 namespace atom {
 
+class ForkedStream;
+
 // The spec's make_expert_params_mapping: for experts 0..num_experts-1, checkpoint names
 // "experts.E.<gate>." -> w13 part "w1", "experts.E.<up>." -> w13 part "w3", "experts.E.<down>." ->
 // w2 part "w2" (transformers' per-expert layout: gate_proj/up_proj/down_proj; Mixtral's w1/w3/w2).
@@ -216,6 +218,9 @@ struct SparseMoeOptions {
   int64_t latent_hidden = 0;
   bool latent_norm = false;
   double latent_norm_eps = 1e-6;
+  // On CUDA, the unfused shared experts run on a second stream while the router and the routed
+  // experts run on the step's (Kimi-K3's ATOM_K3_SHARED_EXPERT_OVERLAP); the same values.
+  bool shared_overlap = false;
   std::string gate_name = "gate";
   std::string shared_name = "shared_experts";
   std::string shared_gate_name = "shared_expert_gate";
@@ -246,6 +251,7 @@ class SparseMoeBlock : public FeedForward {
   // Latent MoE: hidden -> latent_hidden, latent_hidden -> hidden (replicated), the latent norm.
   std::unique_ptr<ReplicatedLinear> latent_down_, latent_up_;
   std::unique_ptr<RMSNorm> latent_norm_;
+  std::shared_ptr<ForkedStream> side_;  // shared_overlap on CUDA, made on the first forward
 };
 
 // Whether shared experts load as slots of the fused layer (ATOM_MOE_FUSE_SHARED_EXPERTS, default

@@ -33,6 +33,7 @@
 #include <algorithm>
 
 #include "core/convert.h"
+#include "core/env.h"
 #include "kernels/attn_res.h"
 #include "kernels/elementwise.h"
 #include "layers/kimi_delta_attention.h"
@@ -227,6 +228,9 @@ std::unique_ptr<FeedForward> kimi_linear_mlp(LayerContext& ctx, const ModelConfi
     if (o.latent_hidden < 1) t.bad("routed_expert_hidden_size", "must be positive or null");
     o.latent_norm = t.get_bool("latent_moe_use_norm", false);
     o.latent_norm_eps = c.rms_norm_eps;
+    // The shared experts (on the full hidden size) on a second CUDA stream beside the routed
+    // ones, as the spec's switch says; off by default.
+    o.shared_overlap = env_bool("ATOM_K3_SHARED_EXPERT_OVERLAP", false);
   }
   o.hidden = c.hidden_size;
   o.num_experts = kimi_num_experts(c);
