@@ -72,10 +72,17 @@ MoonVitConfig MoonVitConfig::parse(const ModelConfig& c) {
   m.pos_w = int_of(v, {"init_pos_emb_width", "pos_emb_width"}, 64, IntRange{1, 4096});
   m.pos_t = int_of(v, {"init_pos_emb_time", "pos_emb_time"}, 4, IntRange{1, 4096});
   m.qkv_hidden = int_of(v, {"qkv_hidden_size"}, m.hidden, positive);
-  if (m.qkv_hidden % m.heads != 0 || m.head_dim() % 4 != 0)
-    v.bad("hidden_size", "must be num_attention_heads heads of a width divisible by 4 (the 2D "
-                         "rotary embedding), got " +
-                             std::to_string(m.qkv_hidden) + " over " + std::to_string(m.heads));
+  if (m.qkv_hidden % m.heads != 0 || m.head_dim() % 4 != 0) {
+    // The field that sets the attention's width, in the names the config uses.
+    const char* width = v.has("qkv_hidden_size")  ? "qkv_hidden_size"
+                        : v.has("vt_hidden_size") ? "vt_hidden_size"
+                                                  : "hidden_size";
+    const char* heads =
+        v.has("vt_num_attention_heads") ? "vt_num_attention_heads" : "num_attention_heads";
+    v.bad(width, std::string("must be ") + heads +
+                     " heads of a width divisible by 4 (the 2D rotary embedding), got " +
+                     std::to_string(m.qkv_hidden) + " over " + std::to_string(m.heads));
+  }
   // K3's defaults with its projector, K2.5's with patchmerger; each field overrides.
   const std::string projector = v.get_string("mm_projector_type", "patchmerger");
   if (projector != "patchmerger" && projector != "patchmergerv2")
@@ -113,7 +120,7 @@ MoonVitConfig MoonVitConfig::parse(const ModelConfig& c) {
   }
   const std::string act = v.get_string("hidden_act", "gelu_pytorch_tanh");
   if (act != "gelu_pytorch_tanh" && act != "gelu_tanh")
-    v.bad("hidden_act", "must be gelu_pytorch_tanh, got '" + act + "'");
+    v.bad("hidden_act", "must be gelu_pytorch_tanh (or gelu_tanh), got '" + act + "'");
   if (v.has("merge_type") && v.get_string("merge_type") != "sd2_tpool")
     v.bad("merge_type", "only sd2_tpool is implemented, got '" + v.get_string("merge_type") + "'");
   m.projector_eps = c.root.has("projection_layer_norm_eps")

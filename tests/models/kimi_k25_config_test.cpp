@@ -63,6 +63,9 @@ TEST(KimiK25Config, BadVisionValuesAreErrorsNamingTheField) {
                         "field 'hidden_size'", "64 over 3");
   EXPECT_ERROR_CONTAINS(load_k25(vision([](auto& v) { v["num_attention_heads"] = 32; })),
                         "field 'hidden_size'", "divisible by 4");
+  // The width's own field is named: qkv_hidden_size where the config sets it.
+  EXPECT_ERROR_CONTAINS(load_k25(vision([](auto& v) { v["qkv_hidden_size"] = 66; })),
+                        "field 'qkv_hidden_size'", "66 over 4");
   EXPECT_ERROR_CONTAINS(load_k25(vision([](auto& v) { v["patch_size"] = 0; })),
                         "field 'patch_size'", "[1, 64]");
   EXPECT_ERROR_CONTAINS(load_k25(vision([](auto& v) { v["pos_emb_time"] = 0; })),
