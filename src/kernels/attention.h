@@ -36,7 +36,7 @@ inline void kv_cache_write(Tensor& k_cache, Tensor& v_cache, const Tensor& k, co
 // Attention of each sequence's new tokens over its whole cached context (prefill, chunked
 // prefill, prefix-cached prefill and decode alike). Query i of a sequence with q new tokens and
 // context L sits at context index L - q + i and sees keys j <= that index (and, with a sliding
-// window W, j > index - W).
+// window W, j > index - W); with causal off, every query sees all L keys.
 struct AttentionArgs {
   int num_heads = 0;     // query heads on this rank
   int num_kv_heads = 0;  // key/value heads on this rank
@@ -44,6 +44,9 @@ struct AttentionArgs {
   float scale = 1.0f;
   int sliding_window = 0;      // 0: full attention
   float logit_softcap = 0.0f;  // 0: none
+  // false: every query sees its sequence's whole context, none masked by position (an encoder's
+  // attention over its sequence; sliding_window must be 0).
+  bool causal = true;
   // Upper bounds over the batch (CUDA sizes its grid and its context split from them, so a
   // CUDA graph may be captured with bounds that hold for every replay).
   int max_query_len = 0;

@@ -14,12 +14,18 @@ namespace atom::kernels {
 // softmax in fp32: out_h = softmax(scale · q_h k_hᵀ) v_h per head h.
 //   out [T, H * D]    qkv [T, 3 * H * D], each row [q | k | v] (rows may be strided)
 //   starts: the sequences' first rows on the host, [S + 1], 0 = starts[0] < ... < starts[S] = T
-//   scratch: CUDA's score buffers come from it, at most about 256 MiB at once (longer sequences
-//   go in chunks of heads and of query rows); the CPU uses none.
+//   scratch: CUDA's buffers come from it (kGemm's scores at most about 256 MiB at once, longer
+//   sequences in chunks of heads and of query rows; kFlash's padded copies); the CPU uses none.
+// CUDA's two ways (the CPU has one): kFlash, the paged flash-attention kernels without the causal
+// mask, q, k and v copied into heads padded to 64 or 128 (BF16/F16, head_dim <= 128); kGemm, two
+// strided-batched cuBLAS GEMMs per sequence around a row softmax, the scores in memory (any dtype
+// and head_dim). kAuto: ATOM_ENCODER_ATTENTION=flash|gemm when set, else kFlash where it applies.
+enum class EncoderAttentionBackend { kAuto, kFlash, kGemm };
 struct EncoderAttention {
   int heads = 0;
   int head_dim = 0;
   float scale = 1.0f;
+  EncoderAttentionBackend backend = EncoderAttentionBackend::kAuto;
 };
 namespace cpu {
 void encoder_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t>& starts,

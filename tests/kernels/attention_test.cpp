@@ -32,6 +32,7 @@ struct AttnCase {
   bool fp8 = false;
   kernels::KvScales scales = {};
   bool every_code = false;
+  bool causal = true;  // false: every query sees its whole context (AttentionArgs::causal)
 };
 
 std::string describe(const AttnCase& c) {
@@ -42,6 +43,7 @@ std::string describe(const AttnCase& c) {
           ? fmt::format(" fp8 k{} v{}{}", c.scales.k, c.scales.v, c.every_code ? " every code" : "")
           : "");
   for (const auto& q : c.seqs) s += fmt::format(" {}/{}", q.query, q.context);
+  if (!c.causal) s += " non-causal";
   return s;
 }
 
@@ -102,6 +104,7 @@ void check_attention(const AttnCase& c, uint64_t seed) {
   a.max_query_len = max_q;
   a.max_context_len = c.context_bound > 0 ? c.context_bound : max_c;
   a.kv_scales = c.scales;
+  a.causal = c.causal;
   Tensor cqs = i32(qs), ccl = i32(cl), cpip = i32(pip), cpid = i32(pid);
   kernels::AttentionBatch cb{&cqs, &ccl, &cpip, &cpid};
   Tensor ref = Tensor::empty({T, qw}, c.dt);
@@ -126,6 +129,30 @@ void check_attention(const AttnCase& c, uint64_t seed) {
   EXPECT_LE(rel_err(out, ref), tol)
       << describe(c) << (need > 0 && c.workspace ? " (split)" : "") << " backend "
       << static_cast<int>(kernels::cuda::cuda_tuning().attention_backend);
+}
+
+// Non-causal attention (the vision encoders' flash path): every query over its whole context, on
+// the wgmma and mma.sync prefill kernels, decode mode, the simple kernel (head_dim 96, F32) and
+// an FP8 cache, against the CPU's non-causal reference.
+TEST(GpuAttention, NonCausalOnEveryKernel) {
+  std::vector<AttnCase> cases = {
+      {16, 16, 128, 1, {{300, 300}, {17, 17}, {129, 129}}},
+      {16, 16, 64, 16, {{200, 333}, {1, 64}, {5, 9}}},
+      {8, 8, 64, 16, {{12, 12}, {3, 40}}},  // decode mode: rows * group <= 16
+      {4, 4, 96, 16, {{70, 70}, {1, 30}}},  // the simple kernel
+      {4, 4, 64, 16, {{50, 80}}, 0, false, 0.0f, DType::kF32},
+      {8, 8, 128, 16, {{150, 150}}, 0, false, 0.0f, DType::kBF16, true, 0, true, {0.5f, 0.25f}},
+  };
+  for (AttnCase& c : cases) c.causal = false;
+  using kernels::cuda::cuda_tuning_with;
+  using kernels::cuda::CudaTuning;
+  using kernels::cuda::CudaTuningScope;
+  using kernels::cuda::PrefillAttention;
+  for (PrefillAttention b : {PrefillAttention::kAuto, PrefillAttention::kMma}) {
+    const CudaTuningScope s(cuda_tuning_with([&](CudaTuning& t) { t.attention_backend = b; }));
+    uint64_t seed = 5000;
+    for (const AttnCase& c : cases) check_attention(c, seed += 10);
+  }
 }
 
 TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {

@@ -33,12 +33,17 @@ struct AttnCase {
   double tol;
 };
 
+using Backend = kernels::EncoderAttentionBackend;
+
+// Each backend against the CPU on the same inputs: the flash kernels without the causal mask
+// (heads padded to 64 or 128) and the cuBLAS GEMMs around a softmax.
 TEST(GpuEncoder, AttentionOverVariableLengthSequences) {
-  // F32 runs cuBLAS in F32 (no TF32); BF16 rounds the probabilities to BF16 before P V.
+  // F32 runs cuBLAS in F32 (no TF32); BF16/F16 round the probabilities before P V.
   const AttnCase cases[] = {
       {{37, 128, 5}, 4, 72, DType::kF32, 1e-5}, {{37, 128, 5}, 4, 72, DType::kBF16, 1e-2},
-      {{1, 300}, 16, 64, DType::kBF16, 1e-2},   {{200}, 2, 80, DType::kF16, 5e-3},
-      {{7000}, 1, 64, DType::kBF16, 1e-2},  // 7000² · 6 bytes > 256 MiB: chunks of query rows
+      {{1, 300}, 16, 64, DType::kBF16, 1e-2},   {{200, 3, 17}, 2, 80, DType::kF16, 5e-3},
+      {{1000}, 16, 72, DType::kBF16, 1e-2},     {{9, 700}, 3, 128, DType::kBF16, 1e-2},
+      {{7000}, 1, 64, DType::kBF16, 1e-2},  // 7000² · 6 bytes > 256 MiB: kGemm in query chunks
   };
   for (const AttnCase& c : cases) {
     std::vector<int64_t> starts{0};
@@ -46,22 +51,33 @@ TEST(GpuEncoder, AttentionOverVariableLengthSequences) {
     const int64_t T = starts.back(), Q = int64_t{c.heads} * c.head_dim;
     // Scores spread over several units so the softmax is not flat.
     Strided qkv = strided_random(T, 3 * Q, 8, c.dt, 17 + T, -2.0f, 2.0f);
-    const kernels::EncoderAttention a{c.heads, c.head_dim,
-                                      1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+    kernels::EncoderAttention a{c.heads, c.head_dim,
+                                1.0f / std::sqrt(static_cast<float>(c.head_dim))};
     Tensor want = Tensor::empty({T, Q}, c.dt);
     Arena host_arena(Device::cpu());
     kernels::encoder_attention(want, qkv.host, starts, a, host_arena);
-    Tensor got = Tensor::empty({T, Q}, c.dt, gpu());
-    poison(got);
-    Arena arena(gpu());
-    kernels::encoder_attention(got, qkv.dev, starts, a, arena);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    const double e = rel_err(to_f32_cpu(got), to_f32_cpu(want), "encoder_attention");
-    std::printf("encoder_attention T=%lld H=%d D=%d %s: rel err %.3g\n", static_cast<long long>(T),
-                c.heads, c.head_dim, dtype_name(c.dt), e);
-    EXPECT_LE(e, c.tol) << "T " << T << " heads " << c.heads << " head_dim " << c.head_dim << " "
-                        << dtype_name(c.dt);
+    for (Backend b : {Backend::kFlash, Backend::kGemm}) {
+      if (b == Backend::kFlash && c.dt == DType::kF32) continue;
+      a.backend = b;
+      Tensor got = Tensor::empty({T, Q}, c.dt, gpu());
+      poison(got);
+      Arena arena(gpu());
+      kernels::encoder_attention(got, qkv.dev, starts, a, arena);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const char* name = b == Backend::kFlash ? "flash" : "gemm";
+      const double e = rel_err(to_f32_cpu(got), to_f32_cpu(want), "encoder_attention");
+      std::printf("encoder_attention %s T=%lld H=%d D=%d %s: rel err %.3g\n", name,
+                  static_cast<long long>(T), c.heads, c.head_dim, dtype_name(c.dt), e);
+      EXPECT_LE(e, c.tol) << name << " T " << T << " heads " << c.heads << " head_dim "
+                          << c.head_dim << " " << dtype_name(c.dt);
+    }
   }
+  // The flash path refuses what it cannot take when asked for by name.
+  Tensor f32 = Tensor::zeros({4, 3 * 64}, DType::kF32, gpu()),
+         o = Tensor::empty({4, 64}, DType::kF32, gpu());
+  Arena arena(gpu());
+  EXPECT_THROW(kernels::encoder_attention(o, f32, {0, 4}, {1, 64, 1.0f, Backend::kFlash}, arena),
+               Error);
 }
 
 // Attention never crosses sequences: changing the second sequence leaves the first's rows alone.

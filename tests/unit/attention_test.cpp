@@ -14,6 +14,7 @@
 #include "common/tensor_util.h"
 #include "core/half.h"
 #include "kernels/attention.h"
+#include "kernels/encoder.h"
 #include "kernels/random.h"
 
 namespace atom {
@@ -160,6 +161,61 @@ TEST(CpuPagedAttention, ANanQueryPoisonsOnlyItsRow) {
       const bool nan_expected = t == 40 && i < D;  // head 0 of token 40
       EXPECT_EQ(std::isnan(out.ptr<float>()[t * H * D + i]), nan_expected) << t << " " << i;
     }
+}
+
+// Non-causal paged attention (AttentionArgs::causal off) equals the encoder's attention, an
+// independent loop, when each sequence's keys are its own rows: two sequences over shuffled pages
+// of 4 tokens, head_dim 72.
+TEST(CpuPagedAttention, NonCausalEqualsTheEncodersAttention) {
+  const int H = 3, D = 72, Q = H * D;
+  const std::vector<int64_t> starts{0, 11, 30};
+  const int64_t T = starts.back();
+  const Tensor qkv = test::random_cpu({T, 3 * Q}, DType::kF32, 77, -2.0f, 2.0f);
+  kernels::EncoderAttention ea{H, D, 0.2f};
+  Tensor want = Tensor::empty({T, Q}, DType::kF32);
+  Arena arena(Device::cpu());
+  kernels::encoder_attention(want, qkv, starts, ea, arena);
+  // Pages of 4 tokens, token t of the batch in slot perm[t / 4] * 4 + t % 4 of its sequence's
+  // pages.
+  const int bs = 4, pages = 12;
+  Tensor kc = Tensor::zeros({pages, bs, H, D}, DType::kF32), vc = kc.clone();
+  std::vector<int32_t> qs, cl, pip{0}, pid;
+  int next = pages - 1;
+  for (size_t s = 0; s + 1 < starts.size(); ++s) {
+    const int64_t s0 = starts[s], len = starts[s + 1] - s0;
+    qs.push_back(static_cast<int32_t>(s0));
+    cl.push_back(static_cast<int32_t>(len));
+    for (int64_t p = 0; p < (len + bs - 1) / bs; ++p) pid.push_back(next--);
+    pip.push_back(static_cast<int32_t>(pid.size()));
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t page = pid[static_cast<size_t>(pip[s] + j / bs)], slot = page * bs + j % bs;
+      for (int64_t c = 0; c < Q; ++c) {
+        kc.ptr<float>()[slot * Q + c] = qkv.ptr<float>()[(s0 + j) * 3 * Q + Q + c];
+        vc.ptr<float>()[slot * Q + c] = qkv.ptr<float>()[(s0 + j) * 3 * Q + 2 * Q + c];
+      }
+    }
+  }
+  qs.push_back(static_cast<int32_t>(T));
+  kernels::AttentionArgs a;
+  a.num_heads = H;
+  a.num_kv_heads = H;
+  a.head_dim = D;
+  a.scale = 0.2f;
+  a.causal = false;
+  a.max_query_len = 19;
+  a.max_context_len = 19;
+  Tensor tqs = test::i32(qs), tcl = test::i32(cl), tpip = test::i32(pip), tpid = test::i32(pid);
+  const kernels::AttentionBatch b{&tqs, &tcl, &tpip, &tpid};
+  Tensor got = Tensor::empty({T, Q}, DType::kF32);
+  kernels::paged_attention(got, qkv.narrow(1, 0, Q), kc, vc, b, Tensor(), a);
+  float worst = 0;
+  for (int64_t i = 0; i < T * Q; ++i)
+    worst = std::max(worst, std::abs(got.ptr<float>()[i] - want.ptr<float>()[i]));
+  EXPECT_LE(worst, 1e-5f);
+  // The causal mask would change every row but each sequence's last.
+  a.causal = true;
+  kernels::paged_attention(got, qkv.narrow(1, 0, Q), kc, vc, b, Tensor(), a);
+  EXPECT_GT(std::abs(got.ptr<float>()[0] - want.ptr<float>()[0]), 1e-3f);
 }
 
 }  // namespace

@@ -126,7 +126,7 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
       const int L = cl[w.s], qlen = qs[w.s + 1] - qs[w.s];
       const int R = w.t1 - w.t0, NQ = R * group;
       // Query row i = r * group + g: token w.t0 + r, head w.kvh * group + g, at position qpos(r).
-      auto qpos = [&](int r) { return L - qlen + (w.t0 + r - qs[w.s]); };
+      auto qpos = [&](int r) { return a.causal ? L - qlen + (w.t0 + r - qs[w.s]) : L - 1; };
       auto lo_of = [&](int r) {
         return a.sliding_window > 0 ? std::max(0, qpos(r) - a.sliding_window + 1) : 0;
       };

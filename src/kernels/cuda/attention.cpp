@@ -18,6 +18,10 @@ namespace atom::kernels::cuda {
 namespace {
 
 constexpr int kMaxSplits = 32;
+// AttnLaunch::window for non-causal attention (AttentionArgs::causal off): the kernels read a
+// negative window as "every query at position L - 1" (attention_common.cuh's cta_range and each
+// kernel's per-row positions), so all L keys are visible and no sliding window applies.
+constexpr int kNonCausalWindow = -1;
 constexpr int kDecodeTileKeys = 64;  // kDecodeBlockN (attention_common.cuh)
 
 bool tensor_core_shape(const AttentionArgs& a, DType dtype, const CudaTuning& tuning) {
@@ -148,7 +152,9 @@ void paged_attention(Tensor& out, const Tensor& q, const Tensor& k_cache, const 
   l.num_kv_heads = Hk;
   l.head_dim = D;
   l.block_size = static_cast<int>(k_cache.size(1));
-  l.window = a.sliding_window;
+  ATOM_CHECK(a.causal || a.sliding_window == 0,
+             "paged_attention: a sliding window needs causal attention");
+  l.window = a.causal ? a.sliding_window : kNonCausalWindow;
   l.max_query_len = a.max_query_len;
   l.scale = a.scale;
   l.softcap = a.logit_softcap;

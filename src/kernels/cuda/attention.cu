@@ -72,7 +72,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_attention_kernel(AttnLaunch
   for (int ma = 0; ma < MA; ++ma)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      qpos[ma][h] = r.L - r.qlen + min((r.m0 + local_row(ma, h)) / r.G, r.qlen - 1);
+      qpos[ma][h] = a.window < 0 ? r.L - 1  // non-causal
+                                 : r.L - r.qlen + min((r.m0 + local_row(ma, h)) / r.G, r.qlen - 1);
 
   const T* qg = static_cast<const T*>(a.q);
   const T* kc = static_cast<const T*>(a.k_cache);

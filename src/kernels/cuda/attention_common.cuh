@@ -25,7 +25,8 @@ struct CtaRange {
   int kv_begin, kv_end, n_tiles;
 };
 
-// Row tile `mtile` of (sequence, kv head) seq_head = s * num_kv_heads + kh.
+// Row tile `mtile` of (sequence, kv head) seq_head = s * num_kv_heads + kh. A negative window is
+// non-causal attention: every row's query position is L - 1.
 __device__ __forceinline__ CtaRange cta_range(const AttnLaunch& a, int mtile, int seq_head, int bm,
                                               int bn) {
   CtaRange r;
@@ -38,8 +39,8 @@ __device__ __forceinline__ CtaRange cta_range(const AttnLaunch& a, int mtile, in
   r.rows = r.qlen * r.G;
   r.m0 = mtile * bm;
   const int i_lo = r.m0 / r.G, i_hi = min(r.qlen - 1, (r.m0 + bm - 1) / r.G);
-  r.qpos_lo = r.L - r.qlen + i_lo;
-  r.qpos_hi = r.L - r.qlen + i_hi;
+  r.qpos_lo = a.window < 0 ? r.L - 1 : r.L - r.qlen + i_lo;
+  r.qpos_hi = a.window < 0 ? r.L - 1 : r.L - r.qlen + i_hi;
   r.kv_end = r.qpos_hi + 1;
   r.kv_begin = (a.window > 0 ? max(0, r.qpos_lo - a.window + 1) : 0) / bn * bn;
   r.n_tiles = (r.kv_end - r.kv_begin + bn - 1) / bn;

@@ -107,7 +107,8 @@ __global__ void __launch_bounds__(kWarps * 32) flash_fp8_kernel(AttnLaunch a) {
   int qpos[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
-    qpos[h] = r.L - r.qlen + min((r.m0 + row_base + g + 8 * h) / r.G, r.qlen - 1);
+    qpos[h] = a.window < 0 ? r.L - 1  // non-causal
+                           : r.L - r.qlen + min((r.m0 + row_base + g + 8 * h) / r.G, r.qlen - 1);
 
   // Q in the k-step order above, times scale * k_scale, in FP16. Chunk k8 of a row holds logical
   // columns 8 k8 .. 8 k8 + 7, i.e. k step s = k8 / 2, fragment columns 8 (k8 % 2) + i, whose dims

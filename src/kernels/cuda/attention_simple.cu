@@ -37,7 +37,7 @@ __global__ void attention_simple_kernel(AttnLaunch a) {
   }
   const int s = lo;
   const int q0 = a.query_start[s], qlen = a.query_start[s + 1] - q0, L = a.context_lens[s];
-  const int qpos = L - qlen + static_cast<int>(t - q0);
+  const int qpos = a.window < 0 ? L - 1 : L - qlen + static_cast<int>(t - q0);  // < 0: non-causal
   const int kvh = h / (a.num_heads / a.num_kv_heads);
   const int first = a.window > 0 ? max(0, qpos - a.window + 1) : 0;
   const int D = a.head_dim;

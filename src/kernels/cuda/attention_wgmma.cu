@@ -377,7 +377,8 @@ __global__ void __launch_bounds__(128 * NWG + (kPipe >= 4 ? 128 : 0), NWG == 1 ?
   // A work tile's start: its rows' query positions, O and the running max and sum cleared.
   auto start_tile = [&] {
     for (int h = 0; h < 2; ++h)
-      qpos[h] = r.L - r.qlen + min((r.m0 + row0 + 8 * h) / r.G, r.qlen - 1);
+      qpos[h] = a.window < 0 ? r.L - 1  // non-causal
+                             : r.L - r.qlen + min((r.m0 + row0 + 8 * h) / r.G, r.qlen - 1);
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
     m_run[0] = m_run[1] = -INFINITY;

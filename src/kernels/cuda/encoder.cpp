@@ -1,13 +1,19 @@
-// CUDA entry points of the encoder ops (kernels/encoder.h). Encoder attention is two strided
-// batched cuBLAS GEMMs per sequence (heads as the batch) around a row softmax: S = scale · Q Kᵀ in
-// F32, P = softmax(S) in the activations' type, O = P V. Any head_dim works (MoonViT's is 72),
-// and the GEMMs run on the tensor cores; the score buffers cost memory traffic a fused kernel
-// would not, measured in docs/performance.md.
+// CUDA entry points of the encoder ops (kernels/encoder.h). Encoder attention runs either
+//   * kFlash: the paged flash-attention kernels (kernels/attention.h) with the causal mask off,
+//     q, k and v copied into heads padded to 64 or 128 channels (zeros change no score and give
+//     zero output channels, cut on the way out), k and v as a cache of one-token pages; or
+//   * kGemm: two strided batched cuBLAS GEMMs per sequence (heads as the batch) around a row
+//     softmax: S = scale · Q Kᵀ in F32, P = softmax(S) in the activations' type, O = P V; any
+//     dtype and head_dim, the scores written to memory.
 #include "kernels/encoder.h"
+
+#include "kernels/attention.h"
 
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -79,18 +85,11 @@ void check_cublas(cublasStatus_t st, const char* what) {
 
 }  // namespace
 
-void encoder_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t>& starts,
-                       const EncoderAttention& a, Arena& scratch) {
-  check_rows("encoder_attention", out, "out");
-  check_rows("encoder_attention", qkv, "qkv");
+namespace {
+
+void gemm_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t>& starts,
+                    const EncoderAttention& a, Arena& scratch) {
   const int64_t H = a.heads, D = a.head_dim, Q = H * D;
-  ATOM_CHECK(H > 0 && D > 0 && qkv.size(1) == 3 * Q && out.size(1) == Q &&
-                 out.size(0) == qkv.size(0) && out.dtype() == qkv.dtype() && starts.size() >= 2 &&
-                 starts.front() == 0 && starts.back() == qkv.size(0),
-             "encoder_attention: qkv {} out {}, {} heads of {}, {} sequence starts", qkv.str(),
-             out.str(), H, D, starts.size());
-  for (size_t s = 0; s + 1 < starts.size(); ++s)
-    ATOM_CHECK(starts[s] < starts[s + 1], "encoder_attention: sequence {} is empty", s);
   const DType t = qkv.dtype();
   const cudaDataType_t ct = cuda_type(t);
   const int64_t esize = dtype_bits(t) / 8;
@@ -143,6 +142,97 @@ void encoder_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t
       }
     }
   }
+}
+
+// The sequences as a batch of the paged kernels: each sequence's q rows over its own keys, the
+// keys held as one-token pages in token order.
+void flash_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t>& starts,
+                     const EncoderAttention& a, Arena& scratch) {
+  const int64_t T = qkv.size(0), H = a.heads, D = a.head_dim, Q = H * D;
+  const int Dp = D <= 64 ? 64 : 128;
+  const DType t = qkv.dtype();
+  const cudaStream_t stream = current_stream();
+  const Arena::Mark m = scratch.mark();
+  Tensor qp = scratch.alloc({T, H * Dp}, t), kp = scratch.alloc({T, H * Dp}, t);
+  Tensor vp = scratch.alloc({T, H * Dp}, t), op = scratch.alloc({T, H * Dp}, t);
+  Tensor* parts[3] = {&qp, &kp, &vp};
+  for (int part = 0; part < 3; ++part)
+    launch_copy_heads(mat_of(*parts[part], "encoder_attention"),
+                      mat_of(qkv.narrow(1, part * Q, Q), "encoder_attention"), static_cast<int>(H),
+                      Dp, static_cast<int>(D), stream);
+  launch_check("encoder_attention (copy)");
+  // query_start (= page_indptr: one page per token) [S + 1], context_lens [S], pages [T].
+  const int S = static_cast<int>(starts.size()) - 1;
+  std::vector<int32_t> host(static_cast<size_t>(2 * S + 1 + T));
+  int max_len = 0;
+  for (int s = 0; s <= S; ++s) host[static_cast<size_t>(s)] = static_cast<int32_t>(starts[s]);
+  for (int s = 0; s < S; ++s) {
+    const int len = static_cast<int>(starts[s + 1] - starts[s]);
+    host[static_cast<size_t>(S + 1 + s)] = len;
+    max_len = std::max(max_len, len);
+  }
+  for (int64_t i = 0; i < T; ++i)
+    host[static_cast<size_t>(2 * S + 1 + i)] = static_cast<int32_t>(i);
+  Tensor idx = scratch.alloc({static_cast<int64_t>(host.size())}, DType::kI32);
+  CUDA_CHECK(cudaMemcpyAsync(idx.data(), host.data(), host.size() * sizeof(int32_t),
+                             cudaMemcpyHostToDevice, stream));
+  const Tensor starts_dev = idx.narrow(0, 0, S + 1), lens = idx.narrow(0, S + 1, S);
+  const Tensor pages = idx.narrow(0, 2 * S + 1, T);
+  AttentionArgs args;
+  args.num_heads = static_cast<int>(H);
+  args.num_kv_heads = static_cast<int>(H);
+  args.head_dim = Dp;
+  args.scale = a.scale;
+  args.causal = false;
+  args.max_query_len = max_len;
+  args.max_context_len = max_len;
+  const AttentionBatch batch{&starts_dev, &lens, &starts_dev, &pages};
+  const Tensor kc = kp.view({T, 1, H, Dp}), vc = vp.view({T, 1, H, Dp});
+  cuda::paged_attention(op, qp, kc, vc, batch, Tensor(), args);
+  launch_copy_heads(mat_of(out, "encoder_attention"), mat_of(op, "encoder_attention"),
+                    static_cast<int>(H), static_cast<int>(D), Dp, stream);
+  launch_check("encoder_attention (copy)");
+  // `host` must outlive its asynchronous copy.
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  scratch.release(m);
+}
+
+EncoderAttentionBackend backend_of(const EncoderAttention& a, DType t) {
+  EncoderAttentionBackend b = a.backend;
+  if (b == EncoderAttentionBackend::kAuto) {
+    const char* e = std::getenv("ATOM_ENCODER_ATTENTION");
+    b = e && std::strcmp(e, "gemm") == 0 ? EncoderAttentionBackend::kGemm
+                                         : EncoderAttentionBackend::kFlash;
+  }
+  const bool flash_ok = (t == DType::kBF16 || t == DType::kF16) && a.head_dim <= 128;
+  if (b == EncoderAttentionBackend::kFlash && !flash_ok) {
+    ATOM_CHECK(a.backend != EncoderAttentionBackend::kFlash,
+               "encoder_attention: the flash path takes BF16/F16 heads of at most 128, got {} "
+               "heads of {}",
+               dtype_name(t), a.head_dim);
+    b = EncoderAttentionBackend::kGemm;
+  }
+  return b;
+}
+
+}  // namespace
+
+void encoder_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t>& starts,
+                       const EncoderAttention& a, Arena& scratch) {
+  check_rows("encoder_attention", out, "out");
+  check_rows("encoder_attention", qkv, "qkv");
+  const int64_t H = a.heads, D = a.head_dim, Q = H * D;
+  ATOM_CHECK(H > 0 && D > 0 && qkv.size(1) == 3 * Q && out.size(1) == Q &&
+                 out.size(0) == qkv.size(0) && out.dtype() == qkv.dtype() && starts.size() >= 2 &&
+                 starts.front() == 0 && starts.back() == qkv.size(0),
+             "encoder_attention: qkv {} out {}, {} heads of {}, {} sequence starts", qkv.str(),
+             out.str(), H, D, starts.size());
+  for (size_t s = 0; s + 1 < starts.size(); ++s)
+    ATOM_CHECK(starts[s] < starts[s + 1], "encoder_attention: sequence {} is empty", s);
+  if (backend_of(a, qkv.dtype()) == EncoderAttentionBackend::kFlash)
+    flash_attention(out, qkv, starts, a, scratch);
+  else
+    gemm_attention(out, qkv, starts, a, scratch);
 }
 
 void rotate_pairs(Tensor& x, const Tensor& cos, const Tensor& sin, int head_dim) {

@@ -76,7 +76,25 @@ __global__ void gather_mean_rows_kernel(Mat out, Mat x, const int32_t* idx, int 
   }
 }
 
+__global__ void copy_heads_kernel(Mat dst, Mat src, int heads, int dd, int ds) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t per_row = static_cast<int64_t>(heads) * dd, n = dst.rows * per_row;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / per_row, k = i % per_row, h = k / dd, c = k % dd;
+    const float v = c < ds ? load_elem(row_of(src, r), src.type, h * ds + c) : 0.0f;
+    store_elem(row_of(dst, r), dst.type, k, v);
+  }
+}
+
 }  // namespace
+
+void launch_copy_heads(Mat dst, Mat src, int heads, int dd, int ds, cudaStream_t stream) {
+  const int64_t n = dst.rows * heads * dd;
+  if (n == 0) return;
+  launch(copy_heads_kernel, grid_for(n, kThreads), kThreads, 0, stream, dst, src, heads, dd, ds);
+}
 
 void launch_softmax_rows(const float* s, void* p, Elem ptype, int64_t rows, int64_t cols,
                          cudaStream_t stream) {

@@ -12,6 +12,9 @@ void launch_softmax_rows(const float* s, void* p, Elem ptype, int64_t rows, int6
 void launch_rotate_pairs(Mat x, const float* cs, const float* sn, int head_dim,
                          cudaStream_t stream);
 void launch_gelu(Mat out, Mat x, bool tanh_approx, cudaStream_t stream);
+// dst[r, h * dd + c] = c < ds ? src[r, h * ds + c] : 0 for h < heads, c < dd (heads re-pitched
+// from ds to dd channels: padded with zeros, or cut)
+void launch_copy_heads(Mat dst, Mat src, int heads, int dd, int ds, cudaStream_t stream);
 // idx [out.rows * n]
 void launch_gather_mean_rows(Mat out, Mat x, const int32_t* idx, int n, cudaStream_t stream);
 
