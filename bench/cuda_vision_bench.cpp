@@ -6,6 +6,7 @@
 // over several runs, images per second and the fraction of the matmul rate its FLOPs reach;
 // then the time to first token of one image plus `text` prompt tokens: the tower, then the
 // prefill of the expanded prompt (a fresh cache each time) up to the first token's logits.
+// The tower runs with each attention path (ATOM_ENCODER_ATTENTION flash, gemm).
 // bench/vision_torch.py runs transformers' Kimi-K2.5 tower on the same grids.
 #include <fmt/format.h>
 
@@ -66,36 +67,41 @@ int main(int argc, char** argv) {
         static_cast<long long>(vc.heads), static_cast<long long>(vc.head_dim()),
         static_cast<long long>(vc.intermediate), static_cast<long long>(vc.text_hidden));
     std::printf("\n%-34s %10s %10s %12s %10s\n", "case", "patches", "time", "images/s", "% matmul");
-    for (int size : sizes) {
-      const vision::ImageGrid g = vision::image_grid(size, size, vision::ProcessorParams{});
-      const int64_t P = g.num_patches();
-      Tensor pix = Tensor::empty({P, 3, vc.patch_size, vc.patch_size}, DType::kF32);
-      kernels::fill_uniform(pix, 7 + size, -1.0f, 1.0f);
-      const std::vector<vision::ImageGrid> grids{g};
-      std::vector<double> ts;
-      for (int rep = 0; rep < 6; ++rep) {
-        const double a = now();
-        const Tensor f = tower->encode(pix, grids);
-        ts.push_back(now() - a);
+    // Both attention paths (kernels/encoder.h), then the default for the time to first token.
+    for (const char* backend : {"flash", "gemm"})
+      for (int size : sizes) {
+        ::setenv("ATOM_ENCODER_ATTENTION", backend, 1);
+        const vision::ImageGrid g = vision::image_grid(size, size, vision::ProcessorParams{});
+        const int64_t P = g.num_patches();
+        Tensor pix = Tensor::empty({P, 3, vc.patch_size, vc.patch_size}, DType::kF32);
+        kernels::fill_uniform(pix, 7 + size, -1.0f, 1.0f);
+        const std::vector<vision::ImageGrid> grids{g};
+        std::vector<double> ts;
+        for (int rep = 0; rep < 6; ++rep) {
+          const double a = now();
+          const Tensor f = tower->encode(pix, grids);
+          ts.push_back(now() - a);
+        }
+        std::sort(ts.begin() + 1, ts.end());
+        const double t = ts[3];  // the median of the five after the first
+        const double D = static_cast<double>(vc.hidden), Q = static_cast<double>(vc.qkv_hidden),
+                     I = static_cast<double>(vc.intermediate), p = static_cast<double>(P);
+        const double tokens = static_cast<double>(tower->tokens_for(g));
+        // Per block: wqkv, wo, fc0, fc1 and attention (QKᵀ and PV over all pairs); the patch
+        // embedding; the projector's two linears.
+        const double flops =
+            static_cast<double>(vc.layers) *
+                (2.0 * p * (D * 3 * Q + Q * D + 2 * D * I) + 4.0 * p * p * Q) +
+            2.0 * p * D * static_cast<double>(vc.patch_values()) +
+            2.0 * tokens * (16 * D * D + 4 * D * static_cast<double>(vc.text_hidden));
+        std::printf(
+            "%-34s %10lld %7.2f ms %12.1f %9.1f%%\n",
+            fmt::format("tower {} {}x{} ({}x{} patches)", backend, size, size, g.h, g.w).c_str(),
+            static_cast<long long>(P), t * 1e3, 1.0 / t, 100.0 * flops / bench::kMatmul / t);
+        std::fflush(stdout);
       }
-      std::sort(ts.begin() + 1, ts.end());
-      const double t = ts[3];  // the median of the five after the first
-      const double D = static_cast<double>(vc.hidden), Q = static_cast<double>(vc.qkv_hidden),
-                   I = static_cast<double>(vc.intermediate), p = static_cast<double>(P);
-      const double tokens = static_cast<double>(tower->tokens_for(g));
-      // Per block: wqkv, wo, fc0, fc1 and attention (QKᵀ and PV over all pairs); the patch
-      // embedding; the projector's two linears.
-      const double flops =
-          static_cast<double>(vc.layers) *
-              (2.0 * p * (D * 3 * Q + Q * D + 2 * D * I) + 4.0 * p * p * Q) +
-          2.0 * p * D * static_cast<double>(vc.patch_values()) +
-          2.0 * tokens * (16 * D * D + 4 * D * static_cast<double>(vc.text_hidden));
-      std::printf("%-34s %10lld %7.2f ms %12.1f %9.1f%%\n",
-                  fmt::format("tower {}x{} ({}x{} patches)", size, size, g.h, g.w).c_str(),
-                  static_cast<long long>(P), t * 1e3, 1.0 / t, 100.0 * flops / bench::kMatmul / t);
-      std::fflush(stdout);
-    }
-    // Time to first token: one image of the first size and `text` tokens around it.
+    // Time to first token: one image of each size and `text` tokens around it.
+    ::unsetenv("ATOM_ENCODER_ATTENTION");
     for (int size : sizes) {
       const vision::ImageGrid g = vision::image_grid(size, size, vision::ProcessorParams{});
       const int64_t P = g.num_patches(), n = tower->tokens_for(g);

@@ -20,7 +20,7 @@ fi
 if [[ "$steps" == *",bench,"* ]]; then
   timeout 240 ./build-gpu/bench/cuda_vision_bench --model bench/models/kimi-k25-1l > "$out/vision_bench.txt" 2>&1
   echo "cuda_vision_bench: rc $?"; cat "$out/vision_bench.txt" | tail -12
-  grids=$(sed -n 's/.*(\([0-9]*\)x\([0-9]*\) patches).*/\1x\2/p' "$out/vision_bench.txt" | tr '\n' ',' | sed 's/,$//')
+  grids=$(grep flash "$out/vision_bench.txt" | sed -n "s/.*(\([0-9]*\)x\([0-9]*\) patches).*/\1x\2/p" | tr '\n' ',' | sed 's/,$//')
   (cd bench && timeout 240 python3 vision_torch.py --grids "${grids:-32x32,74x74}") > "$out/vision_torch.txt" 2>&1
   echo "vision_torch: rc $?"; tail -8 "$out/vision_torch.txt"
 fi
