@@ -23,6 +23,9 @@ if [[ "$steps" == *",bench,"* ]]; then
   grids=$(grep flash "$out/vision_bench.txt" | sed -n "s/.*(\([0-9]*\)x\([0-9]*\) patches).*/\1x\2/p" | tr '\n' ',' | sed 's/,$//')
   (cd bench && timeout 240 python3 vision_torch.py --grids "${grids:-32x32,74x74}") > "$out/vision_torch.txt" 2>&1
   echo "vision_torch: rc $?"; tail -8 "$out/vision_torch.txt"
+  # Time to first token at Kimi-K3's text width (3 layers, MXFP4 experts) with K2.5's tower.
+  timeout 200 ./build-gpu/bench/cuda_vision_bench --model bench/models/kimi-k3-3l-vision --sizes 448,1024 > "$out/vision_bench_k3.txt" 2>&1
+  echo "cuda_vision_bench k3: rc $?"; grep -E "TTFT|Error|error" "$out/vision_bench_k3.txt" | tail -4
 fi
 if [[ "$steps" == *",diff,"* ]]; then
   timeout 120 python3 tools/moonvit_layer_diff.py tests/fixtures > "$out/layer_diff.txt" 2>&1
