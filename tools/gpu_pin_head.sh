@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Makes the next GPU call build the committed tree (HEAD) even while others have work in progress
+# in this checkout: the device tool copies the working tree, so this packs HEAD's version of every
+# modified tracked file into .gpu-deps/head-files.tar and lists the untracked (not ignored) files
+# in .gpu-deps/untracked.txt; tools/gpu_apply_head.sh, run first on the GPU machine, puts those
+# files back and removes the untracked ones there. Run after tools/gpu_prepare.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .gpu-deps
+rm -f .gpu-deps/head-files.tar .gpu-deps/untracked.txt
+mapfile -t changed < <(git diff --name-only HEAD)
+if [ ${#changed[@]} -gt 0 ]; then
+  # Files deleted in the working tree are still in HEAD: archive what HEAD has.
+  git archive -o .gpu-deps/head-files.tar HEAD -- "${changed[@]}"
+fi
+git ls-files --others --exclude-standard > .gpu-deps/untracked.txt
+echo "gpu_pin_head.sh: ${#changed[@]} modified files pinned to HEAD, $(wc -l < .gpu-deps/untracked.txt) untracked to drop"
