@@ -8,6 +8,7 @@ set -u
 out="${OUT:-/tmp/vision-out}"
 mkdir -p "$out"
 steps=",${1:-test,bench,diff},"
+bash tools/gpu_apply_head.sh
 ATOM_GPU_TARGETS="${ATOM_GPU_TARGETS:-gpu_test cuda_vision_bench cuda_e2e_bench}" bash tools/gpu_build.sh none > "$out/build.txt" 2>&1
 echo "build: rc $? $(tail -1 "$out/build.txt")"
 export LD_LIBRARY_PATH=/tmp/atom-deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
