@@ -38,8 +38,11 @@ struct Pool {
 WindowCompressor::WindowCompressor(LayerContext& ctx, const std::string& prefix,
                                    const WindowCompressorOptions& o)
     : o_(o),
-      wkv_(ctx, prefix + ".wkv", o.hidden, (o.overlap ? 2 : 1) * o.head_dim, false),
-      wgate_(ctx, prefix + ".wgate", o.hidden, (o.overlap ? 2 : 1) * o.head_dim, false) {
+      // Unquantised in every checkpoint (DeepSeek's FP8 releases keep the compressors BF16).
+      wkv_(ctx, prefix + ".wkv", o.hidden, (o.overlap ? 2 : 1) * o.head_dim, false,
+           LinearStorage::kUnquantized),
+      wgate_(ctx, prefix + ".wgate", o.hidden, (o.overlap ? 2 : 1) * o.head_dim, false,
+             LinearStorage::kUnquantized) {
   ATOM_CHECK(o.ratio >= 1 && o.head_dim >= 2 && o.rot_dim >= 0 && o.rot_dim <= o.head_dim &&
                  o.rot_dim % 2 == 0,
              "{}: a compressor of windows of {} into entries of {} with RoPE over {}", prefix,

@@ -1,6 +1,7 @@
 #include "layers/linear.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -67,10 +68,22 @@ Tensor full_f32(int64_t n, float v) {
   return t;
 }
 
-// A CPU F32 copy of a checkpoint scale (F32, BF16 or F16 as checkpoints ship them).
+// A CPU F32 copy of a checkpoint scale (F32, BF16 or F16 as checkpoints ship them, or F8_E8M0
+// exponents b, 2^(b - 127): DeepSeek's ue8m0 scale_fmt).
 Tensor scale_f32(const Tensor& s, const std::string& what) {
+  if (s.dtype() == DType::kE8M0) {
+    const Tensor c = s.to(Device::cpu()).contiguous();
+    Tensor out = Tensor::empty(c.shape(), DType::kF32);
+    const uint8_t* b = static_cast<const uint8_t*>(c.data());
+    for (int64_t i = 0; i < c.numel(); ++i) {
+      if (b[i] == 0xFF) fail("{}: E8M0 scale {} is NaN (0xFF)", what, i);
+      out.ptr<float>()[i] = std::ldexp(1.0f, static_cast<int>(b[i]) - 127);
+    }
+    return out;
+  }
   if (s.dtype() != DType::kF32 && s.dtype() != DType::kBF16 && s.dtype() != DType::kF16)
-    fail("{}: scale is {}, expected F32 (or BF16/F16)", what, dtype_name(s.dtype()));
+    fail("{}: scale is {}, expected F32 (or BF16/F16, or F8_E8M0 exponents)", what,
+         dtype_name(s.dtype()));
   return tensor_cast_cpu(s, DType::kF32);
 }
 }  // namespace

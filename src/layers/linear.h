@@ -41,7 +41,8 @@ struct LinearLayout {
 enum class LinearStorage { kAuto, kDequantize, kUnquantized };
 
 // W [N, K] F32 = float(w) * scale, for an FP8 weight `w` [N, K] (F8_E4M3) and its checkpoint
-// scale (F32/BF16/F16): kBlock [ceil(N / bn), ceil(K / bk)], kChannel [N] or [N, 1], kTensor
+// scale (F32/BF16/F16, or F8_E8M0 exponents b meaning 2^(b - 127)): kBlock [ceil(N / bn), ceil(K /
+// bk)], kChannel [N] or [N, 1], kTensor
 // [] or [1]. A wrong dtype or shape is an error naming `what`.
 Tensor fp8_dequantize(const Tensor& w, const Tensor& scale, const LinearQuant& q,
                       const std::string& what);

@@ -35,10 +35,9 @@ std::vector<ExpertParamMapping> fused_moe_expert_mapping(const std::string& gate
   return m;
 }
 
-std::vector<ExpertParamMapping> fused_moe_mxfp4_pack_mapping(const std::string& gate,
-                                                             const std::string& down,
-                                                             const std::string& up,
-                                                             int64_t num_experts) {
+std::vector<ExpertParamMapping> fused_moe_mxfp4_pack_mapping(
+    const std::string& gate, const std::string& down, const std::string& up, int64_t num_experts,
+    const std::string& values, const std::string& scales) {
   // fused_moe_expert_mapping's entries, each projection's two tensors apart.
   std::vector<ExpertParamMapping> m;
   for (const ExpertParamMapping& e : fused_moe_expert_mapping(gate, down, up, num_experts)) {
@@ -46,8 +45,8 @@ std::vector<ExpertParamMapping> fused_moe_mxfp4_pack_mapping(const std::string& 
     const std::string part = std::string("ct_mxfp4_") + (e.shard == "w1"   ? "gate"
                                                          : e.shard == "w3" ? "up"
                                                                            : "down");
-    m.push_back({param, e.ckpt + "weight_packed", e.expert, part + "_packed"});
-    m.push_back({param, e.ckpt + "weight_scale", e.expert, part + "_scale"});
+    m.push_back({param, e.ckpt + values, e.expert, part + "_packed"});
+    m.push_back({param, e.ckpt + scales, e.expert, part + "_scale"});
   }
   return m;
 }
@@ -82,18 +81,36 @@ std::map<std::string, FusedMoEStackedFormat> fused_moe_mxfp4_pack_formats() {
     f[std::string("ct_mxfp4_") + names[slot]] = [buf, slot](FusedMoEWriter& w, const Tensor& t,
                                                             int e) {
       ATOM_CHECK(e >= 0, "MXFP4 expert tensor without an expert index");
-      if (t.dtype() != DType::kU8 || t.dim() != 2)
-        fail("MXFP4 expert {} tensor {}: expected U8 [rows, K/2] values or [rows, K/32] scales", e,
-             t.str());
+      // Values are U8 (compressed-tensors) or I8 (DeepSeek's float4_e2m1fn_x2), scales U8 or
+      // F8_E8M0: the same bytes either way.
+      const bool scale = slot % 2 == 1;
+      const bool byte_ok =
+          t.dtype() == DType::kU8 || (scale ? t.dtype() == DType::kE8M0 : t.dtype() == DType::kI8);
+      if (!byte_ok || t.dim() != 2)
+        fail("MXFP4 expert {} tensor {}: expected {}", e, t.str(),
+             scale ? "[rows, K/32] scales (U8 or F8_E8M0)" : "[rows, K/2] values (U8 or I8)");
       const bool down = slot >= 4;
       Tensor packed, scales;
       {
         std::lock_guard<std::mutex> lock(buf->mu);
         Mxfp4PackBuffer::Expert& x = buf->experts[e];
-        x.t[slot] = t.clone();
+        x.t[slot] = Tensor::empty(t.shape(), DType::kU8);
+        std::memcpy(x.t[slot].data(), t.contiguous().data(), t.nbytes());
         const int first = down ? 4 : 0, n = down ? 2 : 4;
         for (int i = first; i < first + n; ++i)
           if (!x.t[i].defined()) return;  // its partners have not come yet
+        // Each projection's scales against its own values, so the error names the projection.
+        for (int i = first; i < first + n; i += 2) {
+          const Tensor &v = x.t[i], &sc = x.t[i + 1];
+          if (v.size(1) % 16 != 0 || sc.shape() != Shape{v.size(0), v.size(1) / 16})
+            fail("MXFP4 expert {} {}: scales {} do not pair with values {} (scales [rows, K/32] "
+                 "for values [rows, K/2])",
+                 e,
+                 i == 0   ? "gate"
+                 : i == 2 ? "up"
+                          : "down",
+                 shape_str(sc.shape()), shape_str(v.shape()));
+        }
         if (down) {
           packed = x.t[4];
           scales = x.t[5];
@@ -646,7 +663,10 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
   // expert part's weight waits for its weight_scale (or the scale for its weight) and is
   // dequantised to the weight dtype at load, on every device for now (a fused FP8 expert GEMM
   // is separate work).
-  const LinearQuant quant = ctx.quant ? ctx.quant->linear(prefix) : LinearQuant{};
+  // (MXFP4 experts are not FP8, whatever the linears' method: DeepSeek-V4's FP4 experts beside
+  // FP8 linears.)
+  const LinearQuant quant =
+      ctx.quant && o.quant != ExpertQuant::kMxfp4 ? ctx.quant->linear(prefix) : LinearQuant{};
   struct Pending {
     std::mutex mu;
     std::map<std::string, std::pair<Tensor, Tensor>> parts;  // part key -> (weight, scale)

@@ -79,10 +79,12 @@ using FusedMoEStackedFormat =
 // nibble first: MXFP4 blocks [rows, K/32, 16] laid flat) and "experts.J.<proj>.weight_scale"
 // [rows, K/32] U8 (e8m0). The mapping routes them to this layer's w13 / w2; the formats pair each
 // expert's tensors (in any order, on any loader thread) and hand them to the writer's MXFP4 calls.
-std::vector<ExpertParamMapping> fused_moe_mxfp4_pack_mapping(const std::string& gate,
-                                                             const std::string& down,
-                                                             const std::string& up,
-                                                             int64_t num_experts);
+// DeepSeek-V4's FP4 experts are the same bytes under other names: `values` "weight" [rows, K/2]
+// I8 (float4_e2m1fn_x2, the low nibble first) and `scales` "scale" [rows, K/32] F8_E8M0, one
+// scale per 32 values along K (the input axis).
+std::vector<ExpertParamMapping> fused_moe_mxfp4_pack_mapping(
+    const std::string& gate, const std::string& down, const std::string& up, int64_t num_experts,
+    const std::string& values = "weight_packed", const std::string& scales = "weight_scale");
 std::map<std::string, FusedMoEStackedFormat> fused_moe_mxfp4_pack_formats();
 
 // The routed experts one rank holds. Without expert parallelism: all of them. With it, vLLM's

@@ -118,6 +118,11 @@ namespace {
 void parse_fp8(const ConfigFields& q, QuantizationConfig& c) {
   if (q.has("fmt") && q.get_string("fmt") != "e4m3")
     q.bad("fmt", "is '" + q.get_string("fmt") + "'; atom reads e4m3 FP8 weights only");
+  // DeepSeek's releases (V3.1 on, V4, V4.1) name their scales' format: ue8m0, powers of two
+  // (stored as F8_E8M0 bytes or as F32 values). The scale tensor's dtype says how to read it.
+  if (q.has("scale_fmt") && q.get_string("scale_fmt") != "ue8m0")
+    q.bad("scale_fmt", "is '" + q.get_string("scale_fmt") +
+                           "'; atom reads FP8 scales as floats or ue8m0 (E8M0 exponents)");
   const std::string act = q.get_string("activation_scheme", "dynamic");
   if (act != "dynamic" && act != "static")
     q.bad("activation_scheme", "is '" + act + "', not dynamic or static");

@@ -8,7 +8,8 @@
 //   fp8                 weight_block_size [bn, bk]: weight [N, K] F8_E4M3 with weight_scale_inv
 //                       [ceil(N / bn), ceil(K / bk)] (partial edge blocks), activations 1×bk
 //                       groups, dynamic; without weight_block_size, one weight_scale per tensor
-//                       and activation_scheme dynamic or static (input_scale).
+//                       and activation_scheme dynamic or static (input_scale). scale_fmt: absent
+//                       or ue8m0 (scales stored as F8_E8M0 exponents, 2^(b - 127), or as floats).
 //   compressed-tensors  config_groups.*.weights {num_bits 8, type float, strategy channel
 //                       (weight_scale [N, 1]) | tensor ([1])}, input_activations dynamic (per
 //                       token), static per tensor (input_scale [1]) or absent (weight-only);

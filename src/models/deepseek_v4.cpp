@@ -28,11 +28,20 @@
 // every expert, or whole experts with --enable-expert-parallel) and their sum all-reduced; the
 // attention, compressors and hyper-connections are replicated on every rank, the shared expert
 // split like a dense MLP.
-// CPU only so far (issue 35: the CUDA kernels and FP8/FP4 weights come next).
+// DeepSeek's quantised releases (quantization_config quant_method fp8, weight_block_size [128, 128]
+// for V4, [32, 32] for V4.1, scale_fmt ue8m0; expert_dtype fp4 at the top level or in the
+// quantization_config) load too: wq_a, wq_b, wkv, wo_a, wo_b, indexer.wq_b and the shared
+// expert are FP8 e4m3 "weight" with block scales "scale" beside it (F32, or F8_E8M0 exponents),
+// the routed experts FP4 e2m1 "weight" [rows, K/2] I8 (the low nibble first) with F8_E8M0
+// "scale" [rows, K/32]; the router, compressors, indexer.weights_proj, embed and head stay BF16.
+// The CPU dequantises every one at load to the F32 weights (layers/linear.h's FP8 block path,
+// layers/moe.h's MXFP4 path).
+// CPU only so far (issue 35: the CUDA kernels, and keeping the weights FP8/FP4, come next).
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "core/convert.h"
 #include "kernels/elementwise.h"
@@ -64,6 +73,9 @@ struct V4Config {
   int64_t experts, top_k, moe_inter, shared;
   double scaling, limit, eps;
   std::string scoring;
+  // The checkpoint's quantisation: FP8 linears (quantization_config), and the routed experts'
+  // format (expert_dtype: fp4, or fp8 / absent for the linears' method).
+  bool quantized = false, fp4_experts = false;
 
   explicit V4Config(const ModelConfig& c) {
     const ConfigFields& t = c.text;
@@ -181,6 +193,20 @@ struct V4Config {
     if (scoring != "sqrtsoftplus" && scoring != "sigmoid" && scoring != "softmax")
       t.bad("scoring_func",
             "must be 'sqrtsoftplus', 'sigmoid' or 'softmax', got '" + scoring + "'");
+    // expert_dtype: V4 states it at the top level, V4.1 in its quantization_config. Without a
+    // quantization_config the checkpoint is full precision, whatever it says.
+    quantized = c.quantization.has_value();
+    std::string expert_dtype;
+    auto read_expert_dtype = [&](const ConfigFields& f) {
+      if (!f.has("expert_dtype")) return;
+      expert_dtype = f.get_string("expert_dtype");
+      if (expert_dtype != "fp4" && expert_dtype != "fp8")
+        f.bad("expert_dtype", "must be 'fp4' or 'fp8', got '" + expert_dtype + "'");
+    };
+    read_expert_dtype(t);
+    if (quantized)
+      read_expert_dtype(ConfigFields(c.quantization->raw, t.where() + " (quantization_config)"));
+    fp4_experts = quantized && expert_dtype == "fp4";
   }
 
   int rate(const std::string& layer_type) const { return rates.at(layer_type); }
@@ -225,6 +251,8 @@ class DeepseekV4Attention {
         wq_b_(ctx, prefix + ".wq_b", v.q_lora, v.heads * v.head_dim, false),
         wkv_(ctx, prefix + ".wkv", v.hidden, v.head_dim, false),
         kv_norm_(ctx, prefix + ".norm", v.head_dim, v.eps),
+        wo_a_(ctx, prefix + ".wo_a", v.heads * v.head_dim / v.o_groups, v.o_groups * v.o_lora,
+              false, LinearStorage::kDequantize),
         wo_b_(ctx, prefix + ".wo_b", v.o_groups * v.o_lora, v.hidden, false) {
     ATOM_CHECK(ctx.device.is_cpu() && ctx.act_dtype == DType::kF32,
                "{}: DeepSeek-V4 runs on the CPU backend (F32) only so far; its CUDA kernels "
@@ -233,10 +261,13 @@ class DeepseekV4Attention {
     const bool compressed = type_ != kSliding;
     inv_freq_ = inv_freq_of(compressed ? v.compress_rope : v.main_rope, v.rot_dim,
                             c.max_position_embeddings, &attention_factor_);
-    wo_a_ = &ctx.params.add(
-        prefix + ".wo_a.weight",
-        ctx.param_tensor({v.o_groups * v.o_lora, v.heads * v.head_dim / v.o_groups}, DType::kF32));
     sinks_ = &ctx.params.add(prefix + ".attn_sink", ctx.param_tensor({v.heads}, DType::kF32));
+    // The grouped product reads wo_a's weight directly, in F32 (a BF16 checkpoint's weight is kept
+    // BF16 by the linear; an FP8 one is dequantised to F32).
+    ctx.params.add_post_load([this] {
+      const Tensor& w = wo_a_.weight().data();
+      wo_a_f32_ = w.dtype() == DType::kF32 ? w : tensor_cast_cpu(w, DType::kF32);
+    });
     raw_index_ = static_cast<int>(ctx.cache_specs->size());
     ctx.cache_specs->push_back(CacheSpec::rows(static_cast<int>(v.head_dim), 1, ctx.act_dtype));
     if (!compressed) return;
@@ -255,8 +286,9 @@ class DeepseekV4Attention {
     index_compressor_ = std::make_unique<WindowCompressor>(ctx, prefix + ".indexer.compressor", o);
     index_wq_b_ = std::make_unique<ReplicatedLinear>(ctx, prefix + ".indexer.wq_b", v.q_lora,
                                                      v.index_heads * v.index_head_dim, false);
-    index_weights_ = std::make_unique<ReplicatedLinear>(ctx, prefix + ".indexer.weights_proj",
-                                                        v.hidden, v.index_heads, false);
+    index_weights_ =
+        std::make_unique<ReplicatedLinear>(ctx, prefix + ".indexer.weights_proj", v.hidden,
+                                           v.index_heads, false, LinearStorage::kUnquantized);
   }
 
   Tensor forward(Step& step, const Tensor& x) {
@@ -342,7 +374,8 @@ class DeepseekV4Attention {
     // Grouped output projection: group g's heads through wo_a's block g, then wo_b.
     const int64_t G = v_.o_groups, gin = H * D / G, gout = v_.o_lora;
     Tensor a = step.empty({T, G * gout}, DType::kF32);
-    const float* wa = wo_a_->data().ptr<float>();
+    check_cpu_f32(wo_a_f32_, "wo_a's weight");
+    const float* wa = wo_a_f32_.ptr<float>();
     for (int64_t i = 0; i < T; ++i)
       for (int64_t g = 0; g < G; ++g)
         for (int64_t r = 0; r < gout; ++r)
@@ -394,8 +427,9 @@ class DeepseekV4Attention {
   RMSNorm q_norm_;
   ReplicatedLinear wq_b_, wkv_;
   RMSNorm kv_norm_;
+  ReplicatedLinear wo_a_;  // [o_groups * o_lora, heads * head_dim / o_groups]: group g's rows
+  Tensor wo_a_f32_;        // its weight in F32 (the weight itself unless that is BF16)
   ReplicatedLinear wo_b_;
-  Parameter* wo_a_;
   Parameter* sinks_;
   std::vector<float> inv_freq_;
   float attention_factor_ = 1.0f;
@@ -412,7 +446,7 @@ class DeepseekV4Moe {
       : ctx_(ctx),
         v_(v),
         hash_(v.mlp_layer_types.at(static_cast<size_t>(layer)) == "hash_moe"),
-        gate_(ctx, prefix + ".gate", v.hidden, v.experts, false),
+        gate_(ctx, prefix + ".gate", v.hidden, v.experts, false, LinearStorage::kUnquantized),
         experts_(ctx, prefix + ".experts", experts_options(v)) {
     args_.scoring = v.scoring == "softmax"   ? kernels::RouterScoring::kSoftmax
                     : v.scoring == "sigmoid" ? kernels::RouterScoring::kSigmoid
@@ -481,6 +515,10 @@ class DeepseekV4Moe {
     o.hidden = v.hidden;
     o.intermediate = v.moe_inter;
     o.activation = kernels::Glu::silu_clamped(static_cast<float>(v.limit));
+    if (v.fp4_experts) {  // E2M1 values with E8M0 scales per 32: the MXFP4 path
+      o.quant = ExpertQuant::kMxfp4;
+      o.stacked_formats = fused_moe_mxfp4_pack_formats();  // one buffer per layer
+    }
     return o;
   }
 
@@ -531,6 +569,8 @@ class DeepseekV4ForCausalLM : public Model {
   // hand on the streams.
   DeepseekV4ForCausalLM(const ModelConfig& c, const ModelOptions& o) : Model(c, o), v_(c) {
     LayerContext& x = ctx();
+    // The shared expert's parts by DeepSeek's names (their quantisation is looked up by them).
+    x.packed_modules = {{"w1", "gate_up_proj", "0"}, {"w3", "gate_up_proj", "1"}};
     const PipelineStage& st = x.stage;
     if (st.first())
       embed_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens", c.vocab_size,
@@ -577,9 +617,14 @@ class DeepseekV4ForCausalLM : public Model {
     return logits_for_batch(step, hidden, *head_);
   }
 
+  std::vector<std::string> quantization_methods() const override { return {"fp8"}; }
+
   WeightLoadSpec weight_load_spec() const override {
     WeightLoadSpec s = Model::weight_load_spec();
-    s.expert_mapping = fused_moe_expert_mapping("w1", "w2", "w3", v_.experts);
+    // FP4 experts: experts.J.w1.weight (values) and .scale (renamed weight_scale below).
+    s.expert_mapping = v_.fp4_experts ? fused_moe_mxfp4_pack_mapping("w1", "w2", "w3", v_.experts,
+                                                                     "weight", "weight_scale")
+                                      : fused_moe_expert_mapping("w1", "w2", "w3", v_.experts);
     // The shared expert's w1 / w3 / w2 feed GatedMlp's gate_up_proj (parts 0, 1) and down_proj
     // (the routed experts' names match the expert mapping first).
     s.packed_modules = {
@@ -592,6 +637,34 @@ class DeepseekV4ForCausalLM : public Model {
     s.weights_mapping.prefix.push_back({"hc_head_base", "model.hc_head.hc_base"});
     s.weights_mapping.prefix.push_back({"hc_head_scale", "model.hc_head.hc_scale"});
     s.weights_mapping.prefix.push_back({"layers.", "model.layers."});
+    if (!v_.quantized) return s;
+    // DeepSeek's scale beside each quantised weight: "<module>.scale" is the layers'
+    // weight_scale.
+    s.weights_mapping.suffix.push_back({".scale", ".weight_scale"});
+    // Every quantised module's weight has its scale and every scale its weight: a missing one is
+    // named before any data is read.
+    // (The routed experts are FP4, or FP8 by the linears' method.)
+    s.check_names = [](const std::vector<std::string>& names) {
+      static const char* const kFp8[] = {
+          ".attn.wq_a",         ".attn.wq_b",         ".attn.wkv",
+          ".attn.wo_a",         ".attn.wo_b",         ".indexer.wq_b",
+          ".shared_experts.w1", ".shared_experts.w2", ".shared_experts.w3"};
+      const std::set<std::string> all(names.begin(), names.end());
+      for (const auto& n : names) {
+        if (n.starts_with("mtp.")) continue;
+        if (n.ends_with(".scale")) {
+          const std::string w = n.substr(0, n.size() - 6) + ".weight";
+          if (!all.count(w)) fail("quantisation scale '{}' has no weight '{}'", n, w);
+          continue;
+        }
+        if (!n.ends_with(".weight")) continue;
+        const std::string m = n.substr(0, n.size() - 7);
+        bool q = m.find(".ffn.experts.") != std::string::npos;
+        for (const char* suffix : kFp8) q = q || m.ends_with(suffix);
+        if (q && !all.count(m + ".scale"))
+          fail("quantised weight '{}' has no scale '{}.scale' (quantization_config)", n, m);
+      }
+    };
     return s;
   }
 
