@@ -476,7 +476,7 @@ MUTATIONS = [
      "Patch merge: a video's frames summed, not averaged",
      "src/kernels/cpu/encoder.cpp",
      "      store(po, out.dtype(), c, n == 1 ? acc : acc * inv);",
-     "      store(po, out.dtype(), c, acc);"),
+     "      store(po, out.dtype(), c, n == 1 ? acc : acc * inv * static_cast<float>(n));"),
 ]
 
 
