@@ -26,7 +26,8 @@ vc = cfg["vision_config"]
 params = {}
 for f in sorted(os.listdir(folder)):
     if f.endswith(".safetensors"):
-        params.update({k: v.float() for k, v in ref.load_safetensors(os.path.join(folder, f)).items()})
+        params.update({k.replace("vision_tower.encoder.patch_embed.", "vision_tower.patch_embed."):
+                       v.float() for k, v in ref.load_safetensors(os.path.join(folder, f)).items()})
 pix = refs["pixel_values"].float()
 grids = [tuple(int(v) for v in g) for g in refs["grid_thw"]]
 

@@ -13,12 +13,12 @@ namespace {
 
 // A [rows, cols] view with rows `pad` elements longer than cols, random, on the host and on the
 // GPU (the same values).
-struct Strided {
+struct StridedPair {
   Tensor host_base, gpu_base, host, dev;
 };
-Strided strided_random(int64_t rows, int64_t cols, int64_t pad, DType dt, uint64_t seed,
-                       float lo = -1.0f, float hi = 1.0f) {
-  Strided s;
+StridedPair strided_pair(int64_t rows, int64_t cols, int64_t pad, DType dt, uint64_t seed,
+                         float lo = -1.0f, float hi = 1.0f) {
+  StridedPair s;
   s.host_base = random_cpu({rows, cols + pad}, dt, seed, lo, hi);
   s.gpu_base = s.host_base.to(gpu());
   s.host = s.host_base.narrow(1, 0, cols);
@@ -26,7 +26,7 @@ Strided strided_random(int64_t rows, int64_t cols, int64_t pad, DType dt, uint64
   return s;
 }
 
-struct AttnCase {
+struct EncoderAttnCase {
   std::vector<int64_t> lens;
   int heads, head_dim;
   DType dt;
@@ -39,18 +39,18 @@ using Backend = kernels::EncoderAttentionBackend;
 // (heads padded to 64 or 128) and the cuBLAS GEMMs around a softmax.
 TEST(GpuEncoder, AttentionOverVariableLengthSequences) {
   // F32 runs cuBLAS in F32 (no TF32); BF16/F16 round the probabilities before P V.
-  const AttnCase cases[] = {
+  const EncoderAttnCase cases[] = {
       {{37, 128, 5}, 4, 72, DType::kF32, 1e-5}, {{37, 128, 5}, 4, 72, DType::kBF16, 1e-2},
       {{1, 300}, 16, 64, DType::kBF16, 1e-2},   {{200, 3, 17}, 2, 80, DType::kF16, 5e-3},
       {{1000}, 16, 72, DType::kBF16, 1e-2},     {{9, 700}, 3, 128, DType::kBF16, 1e-2},
       {{7000}, 1, 64, DType::kBF16, 1e-2},  // 7000² · 6 bytes > 256 MiB: kGemm in query chunks
   };
-  for (const AttnCase& c : cases) {
+  for (const EncoderAttnCase& c : cases) {
     std::vector<int64_t> starts{0};
     for (int64_t l : c.lens) starts.push_back(starts.back() + l);
     const int64_t T = starts.back(), Q = int64_t{c.heads} * c.head_dim;
     // Scores spread over several units so the softmax is not flat.
-    Strided qkv = strided_random(T, 3 * Q, 8, c.dt, 17 + T, -2.0f, 2.0f);
+    StridedPair qkv = strided_pair(T, 3 * Q, 8, c.dt, 17 + T, -2.0f, 2.0f);
     kernels::EncoderAttention a{c.heads, c.head_dim,
                                 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
     Tensor want = Tensor::empty({T, Q}, c.dt);
@@ -67,7 +67,8 @@ TEST(GpuEncoder, AttentionOverVariableLengthSequences) {
       const char* name = b == Backend::kFlash ? "flash" : "gemm";
       const double e = rel_err(to_f32_cpu(got), to_f32_cpu(want), "encoder_attention");
       std::printf("encoder_attention %s T=%lld H=%d D=%d %s: rel err %.3g\n", name,
-                  static_cast<long long>(T), c.heads, c.head_dim, dtype_name(c.dt), e);
+                  static_cast<long long>(T), c.heads, c.head_dim,
+                  std::string(dtype_name(c.dt)).c_str(), e);
       EXPECT_LE(e, c.tol) << name << " T " << T << " heads " << c.heads << " head_dim "
                           << c.head_dim << " " << dtype_name(c.dt);
     }
@@ -105,7 +106,7 @@ TEST(GpuEncoder, RotatePairsOnStridedRows) {
   for (DType dt : {DType::kF32, DType::kBF16}) {
     const int64_t T = 129;
     const int hd = 72;
-    Strided x = strided_random(T, 2 * 3 * hd, 24, dt, 9);
+    StridedPair x = strided_pair(T, 2 * 3 * hd, 24, dt, 9);
     const Tensor cs = random_cpu({T, hd / 2}, DType::kF32, 10);
     const Tensor sn = random_cpu({T, hd / 2}, DType::kF32, 11);
     kernels::rotate_pairs(x.host, cs, sn, hd);
@@ -122,7 +123,7 @@ TEST(GpuEncoder, RotatePairsOnStridedRows) {
 TEST(GpuEncoder, GeluBothForms) {
   for (bool tanh_approx : {true, false})
     for (DType dt : {DType::kF32, DType::kBF16}) {
-      Strided x = strided_random(77, 300, 4, dt, 21, -6.0f, 6.0f);
+      StridedPair x = strided_pair(77, 300, 4, dt, 21, -6.0f, 6.0f);
       Tensor want = Tensor::empty({77, 300}, dt), got = Tensor::empty({77, 300}, dt, gpu());
       poison(got);
       kernels::gelu(want, x.host, tanh_approx);
