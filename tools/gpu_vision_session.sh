@@ -28,10 +28,6 @@ if [[ "$steps" == *",bench,"* ]]; then
   timeout 200 ./build-gpu/bench/cuda_vision_bench --model bench/models/kimi-k3-3l-vision --sizes 448,1024 > "$out/vision_bench_k3.txt" 2>&1
   echo "cuda_vision_bench k3: rc $?"; grep -E "TTFT|Error|error" "$out/vision_bench_k3.txt" | tail -4
 fi
-if [[ "$steps" == *",diff,"* ]]; then
-  timeout 120 python3 tools/moonvit_layer_diff.py tests/fixtures > "$out/layer_diff.txt" 2>&1
-  echo "layer diff: rc $?"; tail -12 "$out/layer_diff.txt"
-fi
 if [[ "$steps" == *",k3,"* ]]; then
   # ATOM_K3_SHARED_EXPERT_OVERLAP off and on, Kimi-K3's width (3 layers, MXFP4 experts).
   for ov in 0 1; do
@@ -39,6 +35,10 @@ if [[ "$steps" == *",k3,"* ]]; then
       --prefill 2048 --batch 1,32 > "$out/k3_overlap_$ov.txt" 2>&1
     echo "kimi-k3-3l overlap $ov: rc $?"; tail -5 "$out/k3_overlap_$ov.txt"
   done
+fi
+if [[ "$steps" == *",diff,"* ]]; then
+  timeout 120 python3 tools/moonvit_layer_diff.py tests/fixtures > "$out/layer_diff.txt" 2>&1
+  echo "layer diff: rc $?"; tail -12 "$out/layer_diff.txt"
 fi
 if [[ "$steps" == *",all,"* ]]; then
   timeout 400 ./build-gpu/tests/kernels/gpu_test > "$out/gpu_test.txt" 2>&1
