@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    ::setenv("ATOM_VISION_CUDA", "1", 1);  // the tower on the GPU
     ModelOptions mo;
     mo.device = Device::cuda(0);
     LoadedModel lm = model_load(model_dir, mo, load_format_parse(load));

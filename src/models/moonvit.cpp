@@ -4,6 +4,7 @@
 #include <functional>
 
 #include "core/convert.h"
+#include "core/env.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/elementwise.h"
@@ -210,9 +211,13 @@ void vit_norm(Tensor& out, const Tensor& x, const Parameter* w, const Parameter*
 
 // The model's context for the tower: unquantised and unsplit, on the model's device, in F32 on
 // the CPU and in the activations' dtype (BF16) on CUDA.
+// ATOM_VISION_CUDA=1 runs the tower on a CUDA model's GPU; until its kernels have passed their
+// GPU tests (tests/kernels/encoder_test.cpp, GpuKimiK25.*; issue 38) it stays on the CPU by
+// default.
 LayerContext tower_ctx(const LayerContext& model) {
   LayerContext c = model;
-  const DType t = model.device.is_cpu() ? DType::kF32 : model.act_dtype;
+  if (!model.device.is_cpu() && !env_bool("ATOM_VISION_CUDA", false)) c.device = Device::cpu();
+  const DType t = c.device.is_cpu() ? DType::kF32 : model.act_dtype;
   c.weight_dtype = t;
   c.act_dtype = t;
   c.tp_rank = 0;

@@ -22,8 +22,9 @@
 //     sequence of t·h·w patches), and it gives (h / 2)·(w / 2) tokens as an image does;
 //   - mm_projector: pre_norm (LayerNorm over D, each of the four) -> [4D] -> proj.0 -> GELU (erf)
 //     -> proj.2 -> the text width.
-// The tower runs where the text model is, on tensor rank 0: on the CPU in fp32, on CUDA in the
-// activations' dtype (BF16) on a stream of its own (kernels/encoder.h: the attention is two
+// The tower runs on tensor rank 0: on the CPU in fp32 (a CUDA model's too, unless
+// ATOM_VISION_CUDA=1), or with ATOM_VISION_CUDA=1 on the model's GPU in the activations' dtype
+// (BF16) on a stream of its own (kernels/encoder.h: the attention is two
 // batched cuBLAS GEMMs around a softmax). The position grid is resized on the host. Its features
 // come back to the CPU in F32 and reach the text model's embedding rows through the batch.
 #pragma once

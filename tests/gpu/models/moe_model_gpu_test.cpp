@@ -228,7 +228,9 @@ TEST(GpuKimiK25, TowerOnTheGpuMatchesTheReference) {
         source_dir() + "/tests/fixtures/references/" + k.reference + ".safetensors",
         /*use_mmap=*/true);
     const ReferenceImages r = reference_images(f);
+    ::setenv("ATOM_VISION_CUDA", "1", 1);
     LoadedModel m = model_load(fixture_dir(k.fixture), on_gpu());
+    ::unsetenv("ATOM_VISION_CUDA");
     LoadedModel c = model_load(fixture_dir(k.fixture), ModelOptions{});
     VisionEncoder* v = m.model->vision_encoder();
     ASSERT_NE(v, nullptr) << k.fixture;
