@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <span>
 
 #include "gpu_util.h"
 #include "kernels/cuda_tuning.h"
@@ -131,6 +132,18 @@ void check_attention(const AttnCase& c, uint64_t seed) {
       << static_cast<int>(kernels::cuda::cuda_tuning().attention_backend);
 }
 
+// Every case on the default prefill backend (wgmma where it applies) and on mma.sync, case i with
+// seed seed0 + 10 (i + 1).
+void check_on_prefill_backends(std::span<const AttnCase> cases, uint64_t seed0) {
+  using kernels::cuda::PrefillAttention;
+  for (PrefillAttention b : {PrefillAttention::kAuto, PrefillAttention::kMma}) {
+    const kernels::cuda::CudaTuningScope s(kernels::cuda::cuda_tuning_with(
+        [&](kernels::cuda::CudaTuning& t) { t.attention_backend = b; }));
+    uint64_t seed = seed0;
+    for (const AttnCase& c : cases) check_attention(c, seed += 10);
+  }
+}
+
 // Non-causal attention (the vision encoders' flash path): every query over its whole context, on
 // the wgmma and mma.sync prefill kernels, decode mode, the simple kernel (head_dim 96, F32) and
 // an FP8 cache, against the CPU's non-causal reference.
@@ -144,15 +157,7 @@ TEST(GpuAttention, NonCausalOnEveryKernel) {
       {8, 8, 128, 16, {{150, 150}}, 0, false, 0.0f, DType::kBF16, true, 0, true, {0.5f, 0.25f}},
   };
   for (AttnCase& c : cases) c.causal = false;
-  using kernels::cuda::cuda_tuning_with;
-  using kernels::cuda::CudaTuning;
-  using kernels::cuda::CudaTuningScope;
-  using kernels::cuda::PrefillAttention;
-  for (PrefillAttention b : {PrefillAttention::kAuto, PrefillAttention::kMma}) {
-    const CudaTuningScope s(cuda_tuning_with([&](CudaTuning& t) { t.attention_backend = b; }));
-    uint64_t seed = 5000;
-    for (const AttnCase& c : cases) check_attention(c, seed += 10);
-  }
+  check_on_prefill_backends(cases, 5000);
 }
 
 TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {
@@ -174,15 +179,11 @@ TEST(GpuAttention, PrefillChunkedAndDecodeRagged) {
       {16, 4, 128, 16, {{140, 200}, {1, 77}}, 0, false, 0.0f, DType::kF16},
       {8, 8, 64, 16, {{190, 190}}, 0, true, 0.0f, DType::kF16},
   };
+  check_on_prefill_backends(cases, 1000);
   using kernels::cuda::cuda_tuning_with;
   using kernels::cuda::CudaTuning;
   using kernels::cuda::CudaTuningScope;
   using kernels::cuda::PrefillAttention;
-  for (PrefillAttention b : {PrefillAttention::kAuto, PrefillAttention::kMma}) {
-    const CudaTuningScope s(cuda_tuning_with([&](CudaTuning& t) { t.attention_backend = b; }));
-    uint64_t seed = 1000;
-    for (const AttnCase& c : cases) check_attention(c, seed += 10);
-  }
   {
     const CudaTuningScope s(cuda_tuning_with([](CudaTuning& t) { t.wgmma_warpgroups = 1; }));
     for (size_t i = 0; i < std::size(cases); ++i) check_attention(cases[i], 1400 + 10 * i);

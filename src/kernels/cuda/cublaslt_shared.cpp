@@ -23,6 +23,19 @@ Shared& shared() {
 
 }  // namespace
 
+cudaDataType_t cuda_data_type(DType t, const char* op) {
+  switch (t) {
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
+    default:
+      fail("{}: dtype {} is not supported on CUDA", op, dtype_name(t));
+  }
+}
+
 cublasLtHandle_t lt_handle(int device, std::string* why) {
   ATOM_CHECK(device >= 0 && device < 64, "cuBLASLt: device {}", device);
   Shared& s = shared();

@@ -10,9 +10,14 @@
 #include <cstddef>
 #include <string>
 
+#include "core/dtype.h"
+
 namespace atom::kernels::cuda {
 
 inline constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+
+// cuBLAS's element type for F32, BF16 and F16; an Error naming `op` for any other dtype.
+cudaDataType_t cuda_data_type(DType t, const char* op);
 
 // The cuBLASLt handle of `device`, or nullptr with `why` set when cublasLtCreate fails.
 cublasLtHandle_t lt_handle(int device, std::string* why);

@@ -17,6 +17,7 @@
 #include <map>
 #include <mutex>
 
+#include "kernels/cuda/cublaslt_shared.h"
 #include "kernels/cuda/encoder_launch.h"
 #include "kernels/cuda/host_common.h"
 
@@ -66,19 +67,6 @@ cublasHandle_t cublas_handle() {
   return h;
 }
 
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return CUDA_R_32F;
-    case DType::kBF16:
-      return CUDA_R_16BF;
-    case DType::kF16:
-      return CUDA_R_16F;
-    default:
-      fail("encoder_attention: dtype {} is not supported", dtype_name(t));
-  }
-}
-
 void check_cublas(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS) fail("encoder_attention: {} failed ({})", what, cublas_name(st));
 }
@@ -91,7 +79,7 @@ void gemm_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t>& 
                     const EncoderAttention& a, Arena& scratch) {
   const int64_t H = a.heads, D = a.head_dim, Q = H * D;
   const DType t = qkv.dtype();
-  const cudaDataType_t ct = cuda_type(t);
+  const cudaDataType_t ct = cuda_data_type(t, "encoder_attention");
   const int64_t esize = dtype_bits(t) / 8;
   const int64_t ldq = qkv.size(0) > 1 ? qkv.stride(0) : qkv.size(1);
   const int64_t ldo = out.size(0) > 1 ? out.stride(0) : out.size(1);
@@ -174,6 +162,7 @@ void flash_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t>&
   for (int64_t i = 0; i < T; ++i)
     host[static_cast<size_t>(2 * S + 1 + i)] = static_cast<int32_t>(i);
   Tensor idx = scratch.alloc({static_cast<int64_t>(host.size())}, DType::kI32);
+  // From pageable memory the copy returns once `host` is staged, so it may go out of scope after.
   CUDA_CHECK(cudaMemcpyAsync(idx.data(), host.data(), host.size() * sizeof(int32_t),
                              cudaMemcpyHostToDevice, stream));
   const Tensor starts_dev = idx.narrow(0, 0, S + 1), lens = idx.narrow(0, S + 1, S);
@@ -192,8 +181,6 @@ void flash_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t>&
   launch_copy_heads(mat_of(out, "encoder_attention"), mat_of(op, "encoder_attention"),
                     static_cast<int>(H), static_cast<int>(D), Dp, stream);
   launch_check("encoder_attention (copy)");
-  // `host` must outlive its asynchronous copy.
-  CUDA_CHECK(cudaStreamSynchronize(stream));
   scratch.release(m);
 }
 

@@ -63,19 +63,6 @@ LtDevice& lt_device(int device) {
   return d;
 }
 
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return CUDA_R_32F;
-    case DType::kBF16:
-      return CUDA_R_16BF;
-    case DType::kF16:
-      return CUDA_R_16F;
-    default:
-      fail("linear: dtype {} is not supported on CUDA", dtype_name(t));
-  }
-}
-
 int alignment(const void* p) {
   const uintptr_t v = reinterpret_cast<uintptr_t>(p);
   int a = 256;
@@ -91,18 +78,21 @@ Plan make_plan(cublasLtHandle_t h, const PlanKey& key, DType in, DType out, DTyp
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   if (key.bias_type >= 0) {
     const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bt = cuda_type(bias);
+    const cudaDataType_t bt = cuda_data_type(bias, "linear");
     CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
     CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
   }
   // Column-major view: outᵀ [N, M] = w [N, K] (stored as Kx N col-major, transposed) · xᵀ [K, M].
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.w, cuda_type(in), static_cast<uint64_t>(key.k),
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.w, cuda_data_type(in, "linear"),
+                                          static_cast<uint64_t>(key.k),
                                           static_cast<uint64_t>(key.n), key.k));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.x, cuda_type(in), static_cast<uint64_t>(key.k),
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.x, cuda_data_type(in, "linear"),
+                                          static_cast<uint64_t>(key.k),
                                           static_cast<uint64_t>(key.m), key.ldx));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.o, cuda_type(out), static_cast<uint64_t>(key.n),
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.o, cuda_data_type(out, "linear"),
+                                          static_cast<uint64_t>(key.n),
                                           static_cast<uint64_t>(key.m), key.ldo));
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
