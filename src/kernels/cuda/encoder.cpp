@@ -188,6 +188,8 @@ EncoderAttentionBackend backend_of(const EncoderAttention& a, DType t) {
   EncoderAttentionBackend b = a.backend;
   if (b == EncoderAttentionBackend::kAuto) {
     const char* e = std::getenv("ATOM_ENCODER_ATTENTION");
+    ATOM_CHECK(!e || !*e || std::strcmp(e, "flash") == 0 || std::strcmp(e, "gemm") == 0,
+               "ATOM_ENCODER_ATTENTION must be flash or gemm, got '{}'", e);
     b = e && std::strcmp(e, "gemm") == 0 ? EncoderAttentionBackend::kGemm
                                          : EncoderAttentionBackend::kFlash;
   }
