@@ -40,16 +40,21 @@ WindowCompressor::WindowCompressor(LayerContext& ctx, const std::string& prefix,
     : o_(o),
       // Unquantised in every checkpoint (DeepSeek's FP8 releases keep the compressors BF16).
       wkv_(ctx, prefix + ".wkv", o.hidden, (o.overlap ? 2 : 1) * o.head_dim, false,
-           LinearStorage::kUnquantized),
-      wgate_(ctx, prefix + ".wgate", o.hidden, (o.overlap ? 2 : 1) * o.head_dim, false,
-             LinearStorage::kUnquantized) {
+           LinearStorage::kUnquantized) {
+  ATOM_CHECK(o.gated || o.ratio == 1, "{}: a compressor without a gate pools windows of 1, not {}",
+             prefix, o.ratio);
+  if (o.gated)
+    wgate_ = std::make_unique<ReplicatedLinear>(ctx, prefix + ".wgate", o.hidden,
+                                                (o.overlap ? 2 : 1) * o.head_dim, false,
+                                                LinearStorage::kUnquantized);
   ATOM_CHECK(o.ratio >= 1 && o.head_dim >= 2 && o.rot_dim >= 0 && o.rot_dim <= o.head_dim &&
                  o.rot_dim % 2 == 0,
              "{}: a compressor of windows of {} into entries of {} with RoPE over {}", prefix,
              o.ratio, o.head_dim, o.rot_dim);
   ATOM_CHECK(ctx.device.is_cpu(), "{}: compressed attention runs on the CPU only so far", prefix);
   const int64_t width = (o.overlap ? 2 : 1) * o.head_dim;
-  ape_ = &ctx.params.add(prefix + ".ape", ctx.param_tensor({o.ratio, width}, DType::kF32));
+  if (o.position_bias)
+    ape_ = &ctx.params.add(prefix + ".ape", ctx.param_tensor({o.ratio, width}, DType::kF32));
   norm_ = &ctx.params.add(prefix + ".norm.weight", ctx.param_tensor({o.head_dim}, DType::kF32));
   ATOM_CHECK(ctx.cache_specs && ctx.state_specs, "{}: layer context collects no cache specs",
              prefix);
@@ -70,19 +75,19 @@ const Tensor& WindowCompressor::entries(Step& step) const {
   return plane;
 }
 
-void WindowCompressor::forward(Step& step, const Tensor& x) {
+void WindowCompressor::forward(Step& step, const Tensor& x, const EntryHook& on_entry) {
   const Batch& b = step.batch;
   ATOM_CHECK(b.state_rollback_slots.empty(),
              "compressed attention: speculative verification rows are not supported");
   Tensor kv = wkv_.forward(step, x);
-  Tensor gate = wgate_.forward(step, x);
+  Tensor gate = wgate_ ? wgate_->forward(step, x) : Tensor();
   const Tensor& plane = entries(step);
   Tensor& state = step.kv->state.at(static_cast<size_t>(state_index_));
   const int64_t D = o_.head_dim, width = (o_.overlap ? 2 : 1) * D, r = o_.ratio;
   const int64_t slot_floats = (o_.overlap ? 2 : 1) * 3 * D;
-  const float* ape = ape_->data().ptr<float>();
+  const float* ape = ape_ ? ape_->data().ptr<float>() : nullptr;
   const float* nw = norm_->data().ptr<float>();
-  std::vector<float> z(static_cast<size_t>(width));
+  std::vector<float> z(static_cast<size_t>(width)), latent;
   for (int s = 0; s < b.num_seqs(); ++s) {
     const auto [q0, q1, start] = seq_rows(b, s);
     float* st =
@@ -96,8 +101,9 @@ void WindowCompressor::forward(Step& step, const Tensor& x) {
         if (o_.overlap) next.clear();
       }
       const float* c = kv.ptr<float>() + i * width;
-      const float* g = gate.ptr<float>() + i * width;
-      for (int64_t k = 0; k < width; ++k) z[k] = g[k] + ape[j * width + k];
+      const float* g = wgate_ ? gate.ptr<float>() + i * width : nullptr;
+      for (int64_t k = 0; k < width; ++k)
+        z[k] = (g ? g[k] : 0.0f) + (ape ? ape[j * width + k] : 0.0f);
       if (o_.overlap) {
         cur.add(z.data() + D, c + D);  // Cb: this window's entry
         next.add(z.data(), c);         // Ca: the next window's
@@ -115,7 +121,13 @@ void WindowCompressor::forward(Step& step, const Tensor& x) {
       const float inv =
           1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(D)) + o_.norm_eps);
       for (int64_t d = 0; d < D; ++d) e[d] = nw[d] * (e[d] * inv);
-      rope_tail(e, D, o_.rot_dim, (p / r) * r, o_.inv_freq, o_.attention_factor);
+      if (on_entry) {
+        latent.assign(e, e + D);
+        rope_tail(e, D, o_.rot_dim, (p / r) * r, o_.inv_freq, o_.attention_factor);
+        on_entry(s, p / r, latent.data());
+      } else {
+        rope_tail(e, D, o_.rot_dim, (p / r) * r, o_.inv_freq, o_.attention_factor);
+      }
       if (o_.overlap) {
         std::copy(next.m, next.m + 3 * D, cur.m);
         next.clear();

@@ -17,11 +17,15 @@
 // rot_dim channels at position w r. The softmax runs online (running max, sum and weighted sum
 // per channel) in a per-request state slot: a window's partial sums follow its request across
 // steps, chunks, preemption (recomputed) and prefix-cache hits (the state pool's checkpoints).
+// DeepSeek-V4.1's CSA2 uses the same pooling without overlap, position bias or (windows of one
+// token) gate (WindowCompressorOptions::position_bias, gated).
 // CPU only so far (issue 35).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -87,6 +91,10 @@ struct WindowCompressorOptions {
   std::vector<float> inv_freq;
   float attention_factor = 1.0f;
   float norm_eps = 1e-6f;
+  // DeepSeek-V4.1's CSA2 compressor: no learned position bias (no "<prefix>.ape"; zeros), and
+  // windows of one token have no gate (no "<prefix>.wgate"; a softmax over one slot is 1).
+  bool position_bias = true;
+  bool gated = true;
 };
 
 class WindowCompressor {
@@ -96,9 +104,14 @@ class WindowCompressor {
   // entries (a row per r tokens) and its state (the online softmax of the windows in progress).
   WindowCompressor(LayerContext& ctx, const std::string& prefix, const WindowCompressorOptions& o);
 
+  // Called for every entry a step completes, after it is written: sequence s of the batch, window
+  // w, and the entry's D values after the norm and before RoPE (DeepSeek-V4.1's index key is
+  // projected from them).
+  using EntryHook = std::function<void(int s, int64_t w, const float* latent)>;
+
   // Adds x's tokens [T, hidden] (the step's rows, sequence after sequence) to their windows and
   // writes the entry of every window they complete.
-  void forward(Step& step, const Tensor& x);
+  void forward(Step& step, const Tensor& x, const EntryHook& on_entry = {});
   // The entries plane; entries complete before position p (inclusive): (p + 1) / ratio.
   const Tensor& entries(Step& step) const;
   int ratio() const { return o_.ratio; }
@@ -106,8 +119,9 @@ class WindowCompressor {
 
  private:
   WindowCompressorOptions o_;
-  ReplicatedLinear wkv_, wgate_;
-  Parameter* ape_;
+  ReplicatedLinear wkv_;
+  std::unique_ptr<ReplicatedLinear> wgate_;  // null: not gated
+  Parameter* ape_ = nullptr;                 // null: no position bias
   Parameter* norm_;
   int cache_index_ = -1;
   int state_index_ = -1;

@@ -10,6 +10,8 @@
 //          then (iters - 1) times rows and columns normalised (each sum + eps)
 //   in   = Σ_j pre_j x_j ;  y = sublayer(norm(in))
 //   x'_k = post_k y + Σ_j comb[j, k] x_j
+// DeepSeek-V4.1's single-pass form collapses a site's input by the previous site's pre (stream 0
+// alone before the first) and carries its own on (pre(), collapse()).
 // The final head collapses the streams once more: by learned weights (DeepSeek-V4's hc_head:
 // sigmoid(f · fnᵀ · scale + base) + eps) or by their mean (GLM-5.3).
 // The maps are kernels (kernels/hyper_connection.h, CPU and CUDA); the streams are F32 on every
@@ -46,6 +48,11 @@ class HyperConnection {
   Mix mix(Step& step, const Tensor& streams) const;
   // streams[t, k] = post[t, k] y[t] + Σ_j comb[t, j, k] streams[t, j], in place; y [T, D].
   static void write_back(const Mix& m, const Tensor& y, Tensor& streams);
+  // The pre weights alone, [T, hc] F32: what mix() collapses the streams by. DeepSeek-V4.1's
+  // single-pass mHC carries them to the next site, which collapses by them (CPU only so far).
+  Tensor pre(Step& step, const Tensor& streams) const;
+  // Σ_j pre[t, j] streams[t, j] -> [T, D] F32 (pre [T, hc] F32; CPU only so far).
+  static Tensor collapse(Step& step, const Tensor& streams, const Tensor& pre);
 
  private:
   HyperConnectionOptions o_;

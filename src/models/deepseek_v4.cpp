@@ -51,6 +51,7 @@
 #include "layers/moe.h"
 #include "layers/norm.h"
 #include "layers/rotary.h"
+#include "models/deepseek_v4_parts.h"
 #include "models/llama.h"
 
 namespace atom {
@@ -219,13 +220,6 @@ std::vector<float> inv_freq_of(const RopeConfig& r, int64_t rot_dim, int64_t max
   return t.inv_freq;
 }
 
-void check_cpu_f32(const Tensor& t, const char* what) {
-  ATOM_CHECK(
-      t.device().is_cpu() && t.dtype() == DType::kF32 && t.is_contiguous(),
-      "DeepSeek-V4: {} {} must be contiguous F32 on the CPU (it runs on the CPU only so far)", what,
-      t.str());
-}
-
 // x · rsqrt(mean(x²) + eps), in place over n values (transformers' unweighted RMSNorm).
 void rms_unweighted(float* x, int64_t n, float eps) {
   double ss = 0;
@@ -234,11 +228,9 @@ void rms_unweighted(float* x, int64_t n, float eps) {
   for (int64_t i = 0; i < n; ++i) x[i] *= r;
 }
 
-float dot(const float* a, const float* b, int64_t n) {
-  float s = 0;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
+void check_cpu_f32(const Tensor& t, const char* what) { deepseek_v4_check_cpu_f32(t, what); }
+
+float dot(const float* a, const float* b, int64_t n) { return deepseek_v4_dot(a, b, n); }
 
 class DeepseekV4Attention {
  public:
@@ -350,37 +342,17 @@ class DeepseekV4Attention {
           for (int64_t w : index_compressor_ ? select(step, b, s, i, p, iq, iw) : all(n))
             keys.push_back(erows.row(ent, w));
         }
-        std::vector<float> logit(keys.size());
         for (int64_t h = 0; h < H; ++h) {
-          const float* qh = q.ptr<float>() + (i * H + h) * D;
-          float mx = sinks[h];
-          for (size_t k = 0; k < keys.size(); ++k) {
-            logit[k] = dot(qh, keys[k], D) * scale;
-            mx = std::max(mx, logit[k]);
-          }
-          float sum = std::exp(sinks[h] - mx);
-          for (float& l : logit) sum += (l = std::exp(l - mx));
           float* oh = o.ptr<float>() + (i * H + h) * D;
-          std::fill(oh, oh + D, 0.0f);
-          for (size_t k = 0; k < keys.size(); ++k) {
-            const float pk = logit[k] / sum;
-            for (int64_t d = 0; d < D; ++d) oh[d] += pk * keys[k][d];
-          }
+          deepseek_v4_sink_attention(q.ptr<float>() + (i * H + h) * D, keys, D, sinks[h], scale,
+                                     oh);
           rope_tail(oh, D, R, b.positions[static_cast<size_t>(i)], inv_freq_, attention_factor_,
                     /*inverse=*/true);
         }
       }
     }
     // Grouped output projection: group g's heads through wo_a's block g, then wo_b.
-    const int64_t G = v_.o_groups, gin = H * D / G, gout = v_.o_lora;
-    Tensor a = step.empty({T, G * gout}, DType::kF32);
-    check_cpu_f32(wo_a_f32_, "wo_a's weight");
-    const float* wa = wo_a_f32_.ptr<float>();
-    for (int64_t i = 0; i < T; ++i)
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t r = 0; r < gout; ++r)
-          a.ptr<float>()[i * G * gout + g * gout + r] =
-              dot(o.ptr<float>() + i * H * D + g * gin, wa + (g * gout + r) * gin, gin);
+    Tensor a = deepseek_v4_grouped_wo_a(step, o, wo_a_f32_, v_.o_groups, v_.o_lora);
     return wo_b_.forward(step, a);
   }
 
@@ -438,101 +410,21 @@ class DeepseekV4Attention {
   std::unique_ptr<ReplicatedLinear> index_wq_b_, index_weights_;
 };
 
-// The mixture of experts of every DeepSeek-V4 layer.
-class DeepseekV4Moe {
- public:
-  DeepseekV4Moe(LayerContext& ctx, const ModelConfig& c, const V4Config& v, int64_t layer,
-                const std::string& prefix)
-      : ctx_(ctx),
-        v_(v),
-        hash_(v.mlp_layer_types.at(static_cast<size_t>(layer)) == "hash_moe"),
-        gate_(ctx, prefix + ".gate", v.hidden, v.experts, false, LinearStorage::kUnquantized),
-        experts_(ctx, prefix + ".experts", experts_options(v)) {
-    args_.scoring = v.scoring == "softmax"   ? kernels::RouterScoring::kSoftmax
-                    : v.scoring == "sigmoid" ? kernels::RouterScoring::kSigmoid
-                                             : kernels::RouterScoring::kSqrtSoftplus;
-    args_.top_k = static_cast<int>(v.top_k);
-    args_.renormalize = true;
-    args_.routed_scaling_factor = static_cast<float>(v.scaling);
-    experts_.bind_router(args_);
-    if (hash_) {
-      tid2eid_ = &ctx.params.add(prefix + ".gate.tid2eid",
-                                 ctx.param_tensor({c.vocab_size, v.top_k}, DType::kI64));
-      const std::string name = prefix + ".gate.tid2eid";
-      ctx.params.add_post_load([this, name] {
-        const Tensor& t = tid2eid_->data();
-        table_.resize(static_cast<size_t>(t.numel()));
-        for (int64_t i = 0; i < t.numel(); ++i) {
-          const int64_t e = t.ptr<int64_t>()[i];
-          if (e < 0 || e >= v_.experts)
-            fail("{}: token {} routes to expert {}, not one of the {} experts", name, i / v_.top_k,
-                 e, v_.experts);
-          table_[static_cast<size_t>(i)] = static_cast<int32_t>(e);
-        }
-      });
-    } else if (args_.scoring != kernels::RouterScoring::kSoftmax) {
-      bias_ = &ctx.params.add(prefix + ".gate.bias", ctx.param_tensor({v.experts}, DType::kF32));
-    }
-    // The shared expert (w1 / w3 / w2, loaded as gate_up_proj / down_proj): the clamped SwiGLU,
-    // left unreduced to join the routed experts' one all-reduce.
-    if (v.shared > 0)
-      shared_ = std::make_unique<GatedMlp>(
-          ctx, prefix + ".shared_experts", v.hidden, v.moe_inter, false,
-          /*reduce_results=*/false, kernels::Glu::silu_clamped(static_cast<float>(v.limit)));
-  }
-
-  Tensor forward(Step& step, const Tensor& x) {
-    const int64_t T = x.size(0), H = v_.hidden;
-    Tensor logits = gate_.forward(step, x);
-    check_cpu_f32(logits, "router logits");
-    Tensor ids = step.empty({T, v_.top_k}, DType::kI32);
-    Tensor weights = step.empty({T, v_.top_k}, DType::kF32);
-    kernels::RouterArgs a = args_;
-    Tensor fixed;
-    if (hash_) {
-      fixed = step.empty({T, v_.top_k}, DType::kI32);
-      for (int64_t i = 0; i < T; ++i) {
-        const int64_t tok = step.batch.token_ids[static_cast<size_t>(i)];
-        ATOM_CHECK(tok >= 0 && static_cast<size_t>((tok + 1) * v_.top_k) <= table_.size(),
-                   "DeepSeek-V4 hash routing: token id {} outside the tid2eid table", tok);
-        std::copy_n(table_.data() + tok * v_.top_k, v_.top_k, fixed.ptr<int32_t>() + i * v_.top_k);
-      }
-      a.fixed_ids = &fixed;
-    }
-    kernels::moe_route(ids, weights, logits, bias_ ? bias_->data() : Tensor(), a);
-    Tensor out = step.empty({T, H}, DType::kF32);
-    experts_.forward(step, x, ids, weights, out);
-    if (shared_) kernels::add(out, out, shared_->forward(step, x));
-    // Tensor (or expert) parallelism: one all-reduce of the ranks' partial sums.
-    if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(out);
-    return out;
-  }
-
- private:
-  static FusedMoEOptions experts_options(const V4Config& v) {
-    FusedMoEOptions o;
-    o.num_experts = v.experts;
-    o.hidden = v.hidden;
-    o.intermediate = v.moe_inter;
-    o.activation = kernels::Glu::silu_clamped(static_cast<float>(v.limit));
-    if (v.fp4_experts) {  // E2M1 values with E8M0 scales per 32: the MXFP4 path
-      o.quant = ExpertQuant::kMxfp4;
-      o.stacked_formats = fused_moe_mxfp4_pack_formats();  // one buffer per layer
-    }
-    return o;
-  }
-
-  LayerContext& ctx_;
-  const V4Config& v_;
-  bool hash_;
-  kernels::RouterArgs args_;
-  ReplicatedLinear gate_;
-  FusedMoE experts_;
-  Parameter* bias_ = nullptr;
-  Parameter* tid2eid_ = nullptr;
-  std::vector<int32_t> table_;  // tid2eid, checked
-  std::unique_ptr<GatedMlp> shared_;
-};
+DeepseekV4MoeOptions moe_options(const ModelConfig& c, const V4Config& v, int64_t layer) {
+  DeepseekV4MoeOptions o;
+  o.hidden = v.hidden;
+  o.vocab = c.vocab_size;
+  o.experts = v.experts;
+  o.top_k = v.top_k;
+  o.moe_inter = v.moe_inter;
+  o.shared = v.shared;
+  o.scaling = v.scaling;
+  o.limit = v.limit;
+  o.scoring = v.scoring;
+  o.fp4_experts = v.fp4_experts;
+  o.hash = v.mlp_layer_types.at(static_cast<size_t>(layer)) == "hash_moe";
+  return o;
+}
 
 class DeepseekV4DecoderLayer {
  public:
@@ -543,7 +435,7 @@ class DeepseekV4DecoderLayer {
         attn_hc_(ctx, p + ".hc_attn_fn", p + ".hc_attn_base", p + ".hc_attn_scale", v.hc),
         ffn_hc_(ctx, p + ".hc_ffn_fn", p + ".hc_ffn_base", p + ".hc_ffn_scale", v.hc),
         attn_(ctx, c, v, i, p + ".attn"),
-        ffn_(ctx, c, v, i, p + ".ffn") {}
+        ffn_(ctx, moe_options(c, v, i), p + ".ffn") {}
 
   // streams [T, hc, hidden], updated in place.
   void forward(Step& step, Tensor& streams) {
@@ -621,50 +513,7 @@ class DeepseekV4ForCausalLM : public Model {
 
   WeightLoadSpec weight_load_spec() const override {
     WeightLoadSpec s = Model::weight_load_spec();
-    // FP4 experts: experts.J.w1.weight (values) and .scale (renamed weight_scale below).
-    s.expert_mapping = v_.fp4_experts ? fused_moe_mxfp4_pack_mapping("w1", "w2", "w3", v_.experts,
-                                                                     "weight", "weight_scale")
-                                      : fused_moe_expert_mapping("w1", "w2", "w3", v_.experts);
-    // The shared expert's w1 / w3 / w2 feed GatedMlp's gate_up_proj (parts 0, 1) and down_proj
-    // (the routed experts' names match the expert mapping first).
-    s.packed_modules = {
-        {"w1", "gate_up_proj", "0"}, {"w3", "gate_up_proj", "1"}, {"w2", "down_proj", ""}};
-    // DeepSeek's release names the top-level tensors without "model." (and embed / hc_head_*).
-    s.weights_mapping.prefix.push_back({"mtp.", std::nullopt});
-    s.weights_mapping.prefix.push_back({"embed.", "model.embed_tokens."});
-    s.weights_mapping.prefix.push_back({"norm.", "model.norm."});
-    s.weights_mapping.prefix.push_back({"hc_head_fn", "model.hc_head.hc_fn"});
-    s.weights_mapping.prefix.push_back({"hc_head_base", "model.hc_head.hc_base"});
-    s.weights_mapping.prefix.push_back({"hc_head_scale", "model.hc_head.hc_scale"});
-    s.weights_mapping.prefix.push_back({"layers.", "model.layers."});
-    if (!v_.quantized) return s;
-    // DeepSeek's scale beside each quantised weight: "<module>.scale" is the layers'
-    // weight_scale.
-    s.weights_mapping.suffix.push_back({".scale", ".weight_scale"});
-    // Every quantised module's weight has its scale and every scale its weight: a missing one is
-    // named before any data is read.
-    // (The routed experts are FP4, or FP8 by the linears' method.)
-    s.check_names = [](const std::vector<std::string>& names) {
-      static const char* const kFp8[] = {
-          ".attn.wq_a",         ".attn.wq_b",         ".attn.wkv",
-          ".attn.wo_a",         ".attn.wo_b",         ".indexer.wq_b",
-          ".shared_experts.w1", ".shared_experts.w2", ".shared_experts.w3"};
-      const std::set<std::string> all(names.begin(), names.end());
-      for (const auto& n : names) {
-        if (n.starts_with("mtp.")) continue;
-        if (n.ends_with(".scale")) {
-          const std::string w = n.substr(0, n.size() - 6) + ".weight";
-          if (!all.count(w)) fail("quantisation scale '{}' has no weight '{}'", n, w);
-          continue;
-        }
-        if (!n.ends_with(".weight")) continue;
-        const std::string m = n.substr(0, n.size() - 7);
-        bool q = m.find(".ffn.experts.") != std::string::npos;
-        for (const char* suffix : kFp8) q = q || m.ends_with(suffix);
-        if (q && !all.count(m + ".scale"))
-          fail("quantised weight '{}' has no scale '{}.scale' (quantization_config)", n, m);
-      }
-    };
+    deepseek_v4_release_names(s, v_.experts, v_.fp4_experts, v_.quantized);
     return s;
   }
 

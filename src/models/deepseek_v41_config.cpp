@@ -38,10 +38,10 @@ int64_t positive(const ConfigFields& t, const std::string& key) {
   return t.get_int(key, IntRange{1, INT32_MAX});
 }
 
-// The native quantisation block; anything else has no reader.
-void check_native_quantization(const ConfigFields& text) {
-  if (!text.has("quantization_config"))
-    text.bad("quantization_config", "is missing (DeepSeek-V4.1 checkpoints are native FP8)");
+// The native quantisation block; anything else has no reader. Without one the weights are full
+// precision (BF16 or F32: the test fixtures), and false is returned.
+bool check_native_quantization(const ConfigFields& text) {
+  if (!text.has("quantization_config")) return false;
   if (!text.obj()["quantization_config"].is_object())
     text.bad("quantization_config", "must be an object");
   const ConfigFields q(text.obj()["quantization_config"], text.where() + " (quantization_config)");
@@ -55,6 +55,7 @@ void check_native_quantization(const ConfigFields& text) {
     q.bad("activation_scheme", "must be 'dynamic' (FP8 activations quantised per 32 values)");
   if (q.get_string("expert_dtype", "") != "fp4")
     q.bad("expert_dtype", "must be 'fp4' (DeepSeek-V4.1's routed experts are native FP4)");
+  return true;
 }
 
 }  // namespace
@@ -182,7 +183,7 @@ DeepseekV41Config DeepseekV41Config::parse(const ModelConfig& c) {
   v.text = ConfigFields(std::move(folded), c.text.where());
   const ConfigFields& t = v.text;
 
-  check_native_quantization(t);
+  v.quantized = check_native_quantization(t);
 
   v.hidden = positive(t, "hidden_size");
   v.vocab = positive(t, "vocab_size");

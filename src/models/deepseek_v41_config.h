@@ -1,13 +1,13 @@
 // DeepSeek-V4.1's config (DeepseekV41ForCausalLM; ROCm/ATOM's atom/models/deepseek_v41/config.py,
 // no transformers model) and its CSA2 attention topology, read and checked once before anything
-// is built. Config only: the model itself is not written yet, so nothing registers the
-// architecture and a V4.1 checkpoint is still refused by name at load (docs/deepseek_v41.md).
+// is built. The model is models/deepseek_v41.cpp (docs/deepseek_v41.md).
 //   * The file: model_type deepseek_v41 with a text_config (model_type deepseek_v41_text) and a
 //     vision_config, both required; atom serves the text model and only records that a tower
 //     exists. The root's architectures, dtype, bos/eos/pad/image_token_id and
 //     quantization_config are folded into the text fields where the text config lacks them.
-//   * Weights in the native format only: quant_method fp8, weight_block_size [32, 32], scale_fmt
-//     ue8m0, activation_scheme dynamic (per-32 FP8 activations), expert_dtype fp4.
+//   * Weights in the native format: quant_method fp8, weight_block_size [32, 32], scale_fmt
+//     ue8m0, activation_scheme dynamic (per-32 FP8 activations), expert_dtype fp4; or, without a
+//     quantization_config, full precision (BF16 / F32, the test fixtures).
 //   * CSA2: compress_ratios gives each layer (num_hidden_layers backbone layers, then
 //     num_nextn_predict_layers draft layers) 0 (sliding window only), 1 or 2. A compressed layer
 //     takes its compressed KV from the latest kv_source_layer_ids layer at or before it and its
@@ -79,7 +79,9 @@ struct DeepseekV41Config {
   std::optional<int64_t> bos_token_id, pad_token_id, image_token_id;
   std::vector<int64_t> eos_token_ids;
   // The native quantisation (the only one V4.1 reads): FP8 weights in 32 x 32 blocks with UE8M0
-  // scales, dynamic FP8 activations per 32, FP4 routed experts.
+  // scales, dynamic FP8 activations per 32, FP4 routed experts. Without a quantization_config
+  // (quantized false) the weights are full precision, BF16 or F32 (atom's test fixtures).
+  bool quantized = false;
   int64_t weight_block_rows = 32, weight_block_cols = 32, activation_block = 32;
 
   std::vector<V41LayerAttention> attention;  // one per backbone and draft layer

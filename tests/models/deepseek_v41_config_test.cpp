@@ -1,7 +1,7 @@
 // DeepSeek-V4.1's config and CSA2 topology (models/deepseek_v41_config.h), from configs built as
 // JSON: a hand-worked topology (the roles below were written from the rules, layer by layer, not
 // from the code's output), the released layout's shape, each refused value an error naming its
-// field, and the architecture still absent from the registry (the model is not written yet).
+// field, and the architecture in the registry (models/deepseek_v41.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -294,8 +294,10 @@ TEST(DeepseekV41Config, QuantizationErrorsNameTheField) {
   EXPECT_ERROR_CONTAINS(with("activation_scheme", "static"), "field 'activation_scheme'");
   EXPECT_ERROR_CONTAINS(with("expert_dtype", "fp8"), "field 'expert_dtype'", "fp4");
   json j = small_config();
+  EXPECT_TRUE(parse(j).quantized);
+  // Without a quantization_config the weights are full precision (the test fixtures).
   j.erase("quantization_config");
-  EXPECT_ERROR_CONTAINS(parse(j), "field 'quantization_config'", "missing");
+  EXPECT_FALSE(parse(j).quantized);
   // The text config's own block is the one checked when it has one.
   j = small_config();
   j["text_config"]["quantization_config"] = j["quantization_config"];
@@ -444,10 +446,10 @@ TEST(DeepseekV41Config, TopologyErrorsNameTheField) {
                         "field 'candidate_source_layer_id'", "missing");
 }
 
-// The model is not written yet: nothing may load a V4.1 checkpoint.
-TEST(DeepseekV41Config, ArchitectureIsNotRegistered) {
+// The model (models/deepseek_v41.cpp) registers the architecture.
+TEST(DeepseekV41Config, ArchitectureIsRegistered) {
   const auto list = model_registry_list();
-  EXPECT_EQ(std::find(list.begin(), list.end(), "DeepseekV41ForCausalLM"), list.end());
+  EXPECT_NE(std::find(list.begin(), list.end(), "DeepseekV41ForCausalLM"), list.end());
 }
 
 }  // namespace

@@ -1,0 +1,543 @@
+// DeepSeek-V4.1 (DeepseekV41ForCausalLM; ROCm/ATOM's atom/models/deepseek_v41/, no transformers
+// model), text only, on the CPU in F32. It is DeepSeek-V4 (models/deepseek_v4.cpp, whose mixture
+// of experts, attention core, grouped output projection and release names it shares through
+// models/deepseek_v4_parts.h) with:
+//   * CSA2 (models/deepseek_v41_config.h resolves each layer's role once): compress_ratios 0 is
+//     the sliding window only; 1 or 2 adds compressed rows. A FULL layer owns a compressor (groups
+//     of `ratio` tokens, no overlap, no position bias: norm(Σ_j softmax_j(wgate x_j) wkv x_j), or
+//     norm(wkv x) for ratio 1; the main row is that latent with RoPE at the group's first
+//     position) and the index keys rope(k_norm(indexer.wk(latent))); FULL and REINDEX layers score
+//     their top-k (Σ_h w_h ReLU(q_h · k), w = weights_proj(x) index_head_dim^-½ index_n_heads^-½,
+//     q = rope(indexer.wq_b(q_norm(wq_a x)))) over their KV owner's keys; REUSE layers take their
+//     top-k owner's rows. The candidate source keeps candidate_topk_blocks blocks per query
+//     (v41_candidate_blocks) and the REINDEX layers after it score only inside them
+//     (v41_select_rows). A query at position p sees (p + 1) / ratio rows.
+//   * Attention as V4's but without the per-head query norm: keys are the chosen compressed rows
+//     of the KV owner, then the sliding window; the window RoPE (rope_theta) on window-only
+//     layers, the compress RoPE (compress_rope_theta, YaRN without an attention factor) on the
+//     others.
+//   * Single-pass mHC (HyperConnection::pre / collapse): each site predicts its mixes from the
+//     residual, collapses the residual by the previous site's pre (the embedding's stream 0
+//     before the first), writes back with its own post and comb, and carries its pre on; the last
+//     pre collapses the streams before the final norm (no hc_head).
+//   * Engram (layers/engram.h) on engram_layer_ids, before the attention site: each stream j
+//     gains sigmoid(gate_j) v from the n-gram hash rows of the token and its predecessors (their
+//     ids kept in a per-token plane of the paged cache, so decode, chunked prefill and prefix
+//     caching see the history), eps rms_norm_eps.
+//   * The MoE is V4's (no hash layers); gate.bias_vl (the image tokens' routing bias) is not read.
+// The vision tower's tensors (vision.*, aligner.*, image_start/end/newline) and the DSpark draft
+// stages (mtp.*) are skipped unread; an image request is refused by the engine (a text model).
+// Not done: the compressed vocabulary of Engram (token ids are hashed as they are, which is what
+// a checkpoint without a tokenizer folder — the fixture — means, but not DeepSeek's release); the
+// index plane in FP8 / FP4 (index_cache_dtype is checked, the CPU keeps the keys in F32) and the
+// FP8 rounding of window keys; FP8 / FP4 V4.1 checkpoints (only full precision is tested); CUDA;
+// tensor and pipeline parallelism (refused); speculative decoding (DSpark).
+#include "models/deepseek_v41.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <numeric>
+
+#include "core/convert.h"
+#include "layers/compressed_kv.h"
+#include "layers/embedding.h"
+#include "layers/engram.h"
+#include "layers/hyper_connection.h"
+#include "layers/norm.h"
+#include "layers/rotary.h"
+#include "models/deepseek_v41_config.h"
+#include "models/deepseek_v4_parts.h"
+#include "models/llama.h"
+
+namespace atom {
+
+std::vector<int64_t> v41_candidate_blocks(std::span<const float> scores, int64_t B, int64_t count) {
+  const int64_t n = static_cast<int64_t>(scores.size());
+  if (n == 0) return {};
+  const int64_t blocks = (n + B - 1) / B;
+  std::vector<std::pair<float, int64_t>> best(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t w = b * B; w < std::min(n, (b + 1) * B); ++w)
+      m = std::max(m, scores[static_cast<size_t>(w)]);
+    best[static_cast<size_t>(b)] = {m, b};
+  }
+  best.back().first = std::numeric_limits<float>::infinity();  // the newest block is kept
+  const int64_t k = std::min(count, blocks);
+  std::partial_sort(best.begin(), best.begin() + k, best.end(), [](const auto& x, const auto& y) {
+    return x.first > y.first || (x.first == y.first && x.second < y.second);
+  });
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < k; ++i) out.push_back(best[static_cast<size_t>(i)].second);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<int64_t> v41_select_rows(std::span<const float> scores, int64_t topk,
+                                     const std::vector<int64_t>* candidates, int64_t B) {
+  std::vector<std::pair<float, int64_t>> allowed;
+  for (int64_t w = 0; w < static_cast<int64_t>(scores.size()); ++w)
+    if (!candidates || std::binary_search(candidates->begin(), candidates->end(), w / B))
+      allowed.push_back({scores[static_cast<size_t>(w)], w});
+  if (static_cast<int64_t>(allowed.size()) > topk) {
+    std::partial_sort(allowed.begin(), allowed.begin() + topk, allowed.end(),
+                      [](const auto& x, const auto& y) {
+                        return x.first > y.first || (x.first == y.first && x.second < y.second);
+                      });
+    allowed.resize(static_cast<size_t>(topk));
+  }
+  std::vector<int64_t> out;
+  for (const auto& a : allowed) out.push_back(a.second);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+namespace {
+
+// The text fields the model reads beyond DeepseekV41Config.
+struct V41Options {
+  DeepseekV41Config cfg;
+  int64_t candidate_source = -1, candidate_block = 0, candidate_blocks = 0;
+  RopeConfig window_rope, compress_rope;
+  HyperConnectionOptions hc;
+  DeepseekV4MoeOptions moe;
+  std::optional<EngramConfig> engram;
+
+  explicit V41Options(const ModelConfig& c) : cfg(DeepseekV41Config::parse(c)) {
+    const ConfigFields& t = cfg.text;
+    candidate_source = t.get_int("candidate_source_layer_id", IntRange{-1, INT32_MAX});
+    if (candidate_source >= 0) {
+      candidate_block = t.get_int("candidate_block_size", IntRange{1, INT32_MAX});
+      candidate_blocks = t.get_int("candidate_topk_blocks", IntRange{1, INT32_MAX});
+    }
+    window_rope = RopeConfig{};
+    window_rope.theta = t.get_double("rope_theta", 10000.0, RealRange::positive());
+    compress_rope = c.rope;
+    compress_rope.theta = t.get_double("compress_rope_theta", 160000.0, RealRange::positive());
+    if (compress_rope.type == "yarn" && !compress_rope.attention_factor)
+      compress_rope.attention_factor = 1.0;
+    hc.hidden = cfg.hidden;
+    hc.hc_mult = static_cast<int>(cfg.hc_mult);
+    hc.sinkhorn_iters = static_cast<int>(cfg.hc_sinkhorn_iters);
+    hc.hc_eps = static_cast<float>(cfg.hc_eps);
+    hc.norm_eps = static_cast<float>(cfg.eps);
+    moe.hidden = cfg.hidden;
+    moe.vocab = cfg.vocab;
+    moe.experts = cfg.experts;
+    moe.top_k = cfg.top_k;
+    moe.moe_inter = cfg.moe_inter;
+    moe.shared = 1;
+    moe.scaling = t.get_double("routed_scaling_factor", 1.5, RealRange::positive());
+    moe.limit = t.get_double("swiglu_limit", 10.0, RealRange::positive());
+    moe.scoring = t.get_string("scoring_func", "sqrtsoftplus");
+    if (moe.scoring != "sqrtsoftplus")
+      t.bad("scoring_func", "must be 'sqrtsoftplus' (DeepSeek-V4.1), got '" + moe.scoring + "'");
+    moe.fp4_experts = cfg.quantized;  // expert_dtype fp4, checked by the config
+    if (!cfg.engram_layer_ids.empty()) engram = EngramConfig::parse(t);
+  }
+
+  const V41LayerAttention& role(int64_t layer) const {
+    return cfg.attention.at(static_cast<size_t>(layer));
+  }
+};
+
+void check_cpu_f32(const Tensor& t, const char* what) { deepseek_v4_check_cpu_f32(t, what); }
+
+class DeepseekV41Attention;
+
+// The layers' attention modules, so that a layer reaches its KV, top-k and candidate owners
+// (earlier layers of the same step).
+using AttentionTable = std::vector<DeepseekV41Attention*>;
+
+class DeepseekV41Attention {
+ public:
+  DeepseekV41Attention(LayerContext& ctx, const ModelConfig& c, const V41Options& v, int64_t layer,
+                       const std::string& prefix, const AttentionTable& table)
+      : v_(v),
+        role_(v.role(layer)),
+        table_(table),
+        wq_a_(ctx, prefix + ".wq_a", v.cfg.hidden, v.cfg.q_lora, false),
+        q_norm_(ctx, prefix + ".q_norm", v.cfg.q_lora, v.cfg.eps),
+        wq_b_(ctx, prefix + ".wq_b", v.cfg.q_lora, v.cfg.heads * v.cfg.head_dim, false),
+        wkv_(ctx, prefix + ".wkv", v.cfg.hidden, v.cfg.head_dim, false),
+        kv_norm_(ctx, prefix + ".kv_norm", v.cfg.head_dim, v.cfg.eps),
+        wo_a_(ctx, prefix + ".wo_a", v.cfg.heads * v.cfg.head_dim / v.cfg.o_groups,
+              v.cfg.o_groups * v.cfg.o_lora, false, LinearStorage::kDequantize),
+        wo_b_(ctx, prefix + ".wo_b", v.cfg.o_groups * v.cfg.o_lora, v.cfg.hidden, false) {
+    ATOM_CHECK(ctx.device.is_cpu() && ctx.act_dtype == DType::kF32,
+               "{}: DeepSeek-V4.1 runs on the CPU backend (F32) only so far; its CUDA kernels "
+               "are not written yet",
+               prefix);
+    const RopeTables rt = rope_tables(role_.ratio ? v.compress_rope : v.window_rope,
+                                      static_cast<int>(v.cfg.rope_dim), c.max_position_embeddings);
+    inv_freq_ = rt.inv_freq;
+    attention_factor_ = rt.attention_factor;
+    sinks_ = &ctx.params.add(prefix + ".attn_sink", ctx.param_tensor({v.cfg.heads}, DType::kF32));
+    ctx.params.add_post_load([this] {
+      const Tensor& w = wo_a_.weight().data();
+      wo_a_f32_ = w.dtype() == DType::kF32 ? w : tensor_cast_cpu(w, DType::kF32);
+    });
+    raw_index_ = static_cast<int>(ctx.cache_specs->size());
+    ctx.cache_specs->push_back(CacheSpec::rows(static_cast<int>(v.cfg.head_dim), 1, ctx.act_dtype));
+    if (role_.owns_compressor()) {
+      WindowCompressorOptions o;
+      o.hidden = v.cfg.hidden;
+      o.head_dim = v.cfg.head_dim;
+      o.ratio = role_.ratio;
+      o.overlap = false;
+      o.position_bias = false;
+      o.gated = role_.ratio > 1;
+      o.rot_dim = v.cfg.rope_dim;
+      o.inv_freq = inv_freq_;
+      o.attention_factor = attention_factor_;
+      o.norm_eps = static_cast<float>(v.cfg.eps);
+      compressor_ = std::make_unique<WindowCompressor>(ctx, prefix + ".compressor", o);
+      index_wk_ = std::make_unique<ReplicatedLinear>(ctx, prefix + ".indexer.wk", v.cfg.head_dim,
+                                                     v.cfg.index_head_dim, false,
+                                                     LinearStorage::kUnquantized);
+      index_k_norm_ = std::make_unique<RMSNorm>(ctx, prefix + ".indexer.k_norm",
+                                                v.cfg.index_head_dim, v.cfg.eps);
+      // The index keys: F32 on the CPU whatever index_cache_dtype names (not quantised yet).
+      index_plane_ = static_cast<int>(ctx.cache_specs->size());
+      ctx.cache_specs->push_back(
+          CacheSpec::rows(static_cast<int>(v.cfg.index_head_dim), role_.ratio, ctx.act_dtype));
+    }
+    if (role_.owns_indexer()) {
+      index_wq_b_ =
+          std::make_unique<ReplicatedLinear>(ctx, prefix + ".indexer.wq_b", v.cfg.q_lora,
+                                             v.cfg.index_heads * v.cfg.index_head_dim, false);
+      index_weights_ =
+          std::make_unique<ReplicatedLinear>(ctx, prefix + ".indexer.weights_proj", v.cfg.hidden,
+                                             v.cfg.index_heads, false, LinearStorage::kUnquantized);
+    }
+  }
+
+  Tensor forward(Step& step, const Tensor& x) {
+    const Batch& b = step.batch;
+    const int64_t T = x.size(0), H = v_.cfg.heads, D = v_.cfg.head_dim, R = v_.cfg.rope_dim;
+    Tensor q_res = q_norm_.forward(step, wq_a_.forward(step, x));
+    Tensor q = wq_b_.forward(step, q_res);
+    Tensor kv = kv_norm_.forward(step, wkv_.forward(step, x));
+    check_cpu_f32(q, "queries");
+    check_cpu_f32(kv, "keys");
+    const Tensor& raw = step.kv->plane(static_cast<size_t>(raw_index_), CacheKind::kRows);
+    check_cpu_f32(raw, "the key/value cache");
+    for (int s = 0; s < b.num_seqs(); ++s) {
+      const PagedRows rows = paged_rows(b, s, 1);
+      const auto [q0, q1, start] = seq_rows(b, s);
+      for (int64_t i = q0; i < q1; ++i) {
+        const int64_t pos = b.positions[static_cast<size_t>(i)];
+        for (int64_t h = 0; h < H; ++h)
+          rope_tail(q.ptr<float>() + (i * H + h) * D, D, R, pos, inv_freq_, attention_factor_);
+        float* k = kv.ptr<float>() + i * D;
+        rope_tail(k, D, R, pos, inv_freq_, attention_factor_);
+        std::copy(k, k + D, rows.row(raw, start + (i - q0)));
+      }
+    }
+    if (compressor_) compress(step, x);
+    selected_.assign(static_cast<size_t>(T), {});
+    candidates_.assign(static_cast<size_t>(T), {});
+    if (role_.ratio) {
+      if (role_.owns_indexer())
+        select(step, x, q_res);
+      else
+        selected_ = owner(role_.topk_owner).selected_;
+    }
+    Tensor o = step.empty({T, H * D}, DType::kF32);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const float* sinks = sinks_->data().ptr<float>();
+    const DeepseekV41Attention* kv_owner = role_.ratio ? &owner(role_.kv_owner) : nullptr;
+    for (int s = 0; s < b.num_seqs(); ++s) {
+      const PagedRows raw_rows = paged_rows(b, s, 1);
+      const auto [q0, q1, start] = seq_rows(b, s);
+      for (int64_t i = q0; i < q1; ++i) {
+        const int64_t p = start + (i - q0);
+        std::vector<const float*> keys;
+        if (kv_owner) {
+          const PagedRows erows = paged_rows(b, s, role_.ratio);
+          const Tensor& ent = kv_owner->compressor_->entries(step);
+          for (int64_t w : selected_[static_cast<size_t>(i)]) keys.push_back(erows.row(ent, w));
+        }
+        for (int64_t k = std::max<int64_t>(0, p - v_.cfg.window + 1); k <= p; ++k)
+          keys.push_back(raw_rows.row(raw, k));
+        for (int64_t h = 0; h < H; ++h) {
+          float* oh = o.ptr<float>() + (i * H + h) * D;
+          deepseek_v4_sink_attention(q.ptr<float>() + (i * H + h) * D, keys, D, sinks[h], scale,
+                                     oh);
+          rope_tail(oh, D, R, b.positions[static_cast<size_t>(i)], inv_freq_, attention_factor_,
+                    /*inverse=*/true);
+        }
+      }
+    }
+    Tensor a = deepseek_v4_grouped_wo_a(step, o, wo_a_f32_, v_.cfg.o_groups, v_.cfg.o_lora);
+    return wo_b_.forward(step, a);
+  }
+
+ private:
+  const DeepseekV41Attention& owner(int64_t layer) const {
+    const DeepseekV41Attention* a = table_.at(static_cast<size_t>(layer));
+    ATOM_CHECK(a, "DeepSeek-V4.1: layer {} reads layer {}, which this model does not hold",
+               role_.layer, layer);
+    return *a;
+  }
+
+  const Tensor& index_plane(Step& step) const {
+    const Tensor& p = step.kv->plane(static_cast<size_t>(index_plane_), CacheKind::kRows);
+    check_cpu_f32(p, "the index key cache");
+    return p;
+  }
+
+  // The compressor's rows, and for each one the index key rope(k_norm(wk(latent))) at the group's
+  // first position.
+  void compress(Step& step, const Tensor& x) {
+    struct Entry {
+      int s;
+      int64_t w;
+    };
+    std::vector<Entry> done;
+    std::vector<float> latents;
+    compressor_->forward(step, x, [&](int s, int64_t w, const float* latent) {
+      done.push_back({s, w});
+      latents.insert(latents.end(), latent, latent + v_.cfg.head_dim);
+    });
+    if (done.empty()) return;
+    const int64_t n = static_cast<int64_t>(done.size()), DI = v_.cfg.index_head_dim;
+    Tensor lat = step.empty({n, v_.cfg.head_dim}, DType::kF32);
+    std::copy(latents.begin(), latents.end(), lat.ptr<float>());
+    Tensor keys = index_k_norm_->forward(step, index_wk_->forward(step, lat));
+    check_cpu_f32(keys, "index keys");
+    const Tensor& plane = index_plane(step);
+    for (int64_t e = 0; e < n; ++e) {
+      const Entry& d = done[static_cast<size_t>(e)];
+      float* k = keys.ptr<float>() + e * DI;
+      rope_tail(k, DI, v_.cfg.rope_dim, d.w * role_.ratio, inv_freq_, attention_factor_);
+      std::copy(k, k + DI, paged_rows(step.batch, d.s, role_.ratio).row(plane, d.w));
+    }
+  }
+
+  // This layer's top-k rows (and, on the candidate source, its candidate blocks) per query.
+  void select(Step& step, const Tensor& x, const Tensor& q_res) {
+    const Batch& b = step.batch;
+    const int64_t NH = v_.cfg.index_heads, DI = v_.cfg.index_head_dim, r = role_.ratio;
+    Tensor iq = index_wq_b_->forward(step, q_res);
+    Tensor iw = index_weights_->forward(step, x);
+    check_cpu_f32(iq, "indexer queries");
+    check_cpu_f32(iw, "indexer weights");
+    const float ws = 1.0f / (std::sqrt(static_cast<float>(DI)) * std::sqrt(static_cast<float>(NH)));
+    const Tensor& plane = owner(role_.kv_owner).index_plane(step);
+    const DeepseekV41Attention* cand =
+        role_.candidate_source() >= 0 ? &owner(role_.candidate_source()) : nullptr;
+    for (int s = 0; s < b.num_seqs(); ++s) {
+      const PagedRows rows = paged_rows(b, s, static_cast<int>(r));
+      const auto [q0, q1, start] = seq_rows(b, s);
+      for (int64_t i = q0; i < q1; ++i) {
+        const int64_t p = start + (i - q0), n = (p + 1) / r;
+        float* qi = iq.ptr<float>() + i * NH * DI;
+        for (int64_t h = 0; h < NH; ++h)
+          rope_tail(qi + h * DI, DI, v_.cfg.rope_dim, b.positions[static_cast<size_t>(i)],
+                    inv_freq_, attention_factor_);
+        std::vector<float> score(static_cast<size_t>(n));
+        for (int64_t w = 0; w < n; ++w) {
+          const float* k = rows.row(plane, w);
+          float acc = 0;
+          for (int64_t h = 0; h < NH; ++h)
+            acc += std::max(deepseek_v4_dot(qi + h * DI, k, DI), 0.0f) *
+                   (iw.ptr<float>()[i * NH + h] * ws);
+          score[static_cast<size_t>(w)] = acc;
+        }
+        if (role_.produces_candidates())
+          candidates_[static_cast<size_t>(i)] =
+              v41_candidate_blocks(score, v_.candidate_block, v_.candidate_blocks);
+        selected_[static_cast<size_t>(i)] = v41_select_rows(
+            score, v_.cfg.index_topk, cand ? &cand->candidates_[static_cast<size_t>(i)] : nullptr,
+            v_.candidate_block);
+      }
+    }
+  }
+
+  const V41Options& v_;
+  const V41LayerAttention& role_;
+  const AttentionTable& table_;
+  ReplicatedLinear wq_a_;
+  RMSNorm q_norm_;
+  ReplicatedLinear wq_b_, wkv_;
+  RMSNorm kv_norm_;
+  ReplicatedLinear wo_a_;
+  Tensor wo_a_f32_;
+  ReplicatedLinear wo_b_;
+  Parameter* sinks_;
+  std::vector<float> inv_freq_;
+  float attention_factor_ = 1.0f;
+  int raw_index_ = -1, index_plane_ = -1;
+  std::unique_ptr<WindowCompressor> compressor_;
+  std::unique_ptr<ReplicatedLinear> index_wk_;
+  std::unique_ptr<RMSNorm> index_k_norm_;
+  std::unique_ptr<ReplicatedLinear> index_wq_b_, index_weights_;
+  // This step's choices per batch row (read by the layers after this one in the same step).
+  std::vector<std::vector<int64_t>> selected_, candidates_;
+};
+
+// One layer's Engram read, with the compressed ids of the tokens before the step (a per-token
+// plane of the paged cache) as its n-grams' history.
+class DeepseekV41Engram {
+ public:
+  DeepseekV41Engram(LayerContext& ctx, const V41Options& v, const EngramHash& hash, int64_t layer,
+                    const std::string& prefix)
+      : hash_(hash),
+        engram_(ctx, prefix, hash, layer, v.cfg.hidden, v.cfg.hc_mult, v.cfg.eps),
+        history_(hash.config().max_ngram_size - 1) {
+    ids_index_ = static_cast<int>(ctx.cache_specs->size());
+    ctx.cache_specs->push_back(CacheSpec::rows(1, 1, ctx.act_dtype));
+  }
+
+  // streams [T, hc, D] += the Engram read.
+  void forward(Step& step, Tensor& streams) {
+    const Batch& b = step.batch;
+    const int64_t T = streams.size(0);
+    const Tensor& ids = step.kv->plane(static_cast<size_t>(ids_index_), CacheKind::kRows);
+    check_cpu_f32(ids, "the Engram id cache");
+    // Token ids are hashed as they are: the compressed vocabulary is not applied (see above).
+    const int64_t pad = hash_.config().pad_token_id;
+    Tensor emb = step.empty({T, engram_.width()}, DType::kF32);
+    for (int s = 0; s < b.num_seqs(); ++s) {
+      const PagedRows rows = paged_rows(b, s, 1);
+      const auto [q0, q1, start] = seq_rows(b, s);
+      for (int64_t i = q0; i < q1; ++i)
+        *rows.row(ids, start + (i - q0)) = static_cast<float>(b.token_ids[static_cast<size_t>(i)]);
+      const int64_t first = std::max<int64_t>(0, start - history_);
+      std::vector<int64_t> seq;
+      for (int64_t p = first; p < start + (q1 - q0); ++p)
+        seq.push_back(static_cast<int64_t>(*rows.row(ids, p)));
+      engram_.embed(seq, pad, static_cast<size_t>(start - first),
+                    std::span<float>(emb.ptr<float>() + q0 * engram_.width(),
+                                     static_cast<size_t>((q1 - q0) * engram_.width())));
+    }
+    const Tensor add = engram_.forward(step, streams, emb);
+    float* out = streams.ptr<float>();
+    const float* a = add.ptr<float>();
+    for (int64_t i = 0; i < streams.numel(); ++i) out[i] += a[i];
+  }
+
+ private:
+  const EngramHash& hash_;
+  Engram engram_;
+  int64_t history_;
+  int ids_index_ = -1;
+};
+
+class DeepseekV41DecoderLayer {
+ public:
+  DeepseekV41DecoderLayer(LayerContext& ctx, const ModelConfig& c, const V41Options& v,
+                          const EngramHash* hash, int64_t i, const std::string& p,
+                          const AttentionTable& table)
+      : attn_norm_(ctx, p + ".attn_norm", v.cfg.hidden, v.cfg.eps),
+        ffn_norm_(ctx, p + ".ffn_norm", v.cfg.hidden, v.cfg.eps),
+        attn_hc_(ctx, p + ".hc_attn_fn", p + ".hc_attn_base", p + ".hc_attn_scale", v.hc),
+        ffn_hc_(ctx, p + ".hc_ffn_fn", p + ".hc_ffn_base", p + ".hc_ffn_scale", v.hc),
+        attn_(ctx, c, v, i, p + ".attn", table),
+        ffn_(ctx, v.moe, p + ".ffn") {
+    if (std::binary_search(v.cfg.engram_layer_ids.begin(), v.cfg.engram_layer_ids.end(), i))
+      engram_ = std::make_unique<DeepseekV41Engram>(ctx, v, *hash, i, p + ".engram");
+  }
+
+  DeepseekV41Attention& attention() { return attn_; }
+
+  // streams [T, hc, D] and pre [T, hc] (the previous site's), updated in place.
+  void forward(Step& step, Tensor& streams, Tensor& pre) {
+    if (engram_) engram_->forward(step, streams);
+    HyperConnection::Mix m = attn_hc_.mix(step, streams);
+    const Tensor attn_pre = attn_hc_.pre(step, streams);
+    Tensor a = attn_.forward(
+        step, attn_norm_.forward(step, HyperConnection::collapse(step, streams, pre)));
+    HyperConnection::write_back(m, a, streams);
+    m = ffn_hc_.mix(step, streams);
+    const Tensor ffn_pre = ffn_hc_.pre(step, streams);
+    Tensor f = ffn_.forward(
+        step, ffn_norm_.forward(step, HyperConnection::collapse(step, streams, attn_pre)));
+    HyperConnection::write_back(m, f, streams);
+    std::copy_n(ffn_pre.ptr<float>(), pre.numel(), pre.ptr<float>());
+  }
+
+ private:
+  RMSNorm attn_norm_, ffn_norm_;
+  HyperConnection attn_hc_, ffn_hc_;
+  DeepseekV41Attention attn_;
+  DeepseekV4Moe ffn_;
+  std::unique_ptr<DeepseekV41Engram> engram_;
+};
+
+class DeepseekV41ForCausalLM : public Model {
+ public:
+  DeepseekV41ForCausalLM(const ModelConfig& c, const ModelOptions& o) : Model(c, o), v_(c) {
+    LayerContext& x = ctx();
+    ATOM_CHECK(x.tp_size == 1 && x.stage.first() && x.stage.last(),
+               "DeepSeek-V4.1 runs on one rank only so far (no tensor or pipeline parallelism): "
+               "its layers read other layers' compressed rows and top-k");
+    x.packed_modules = {{"w1", "gate_up_proj", "0"}, {"w3", "gate_up_proj", "1"}};
+    if (v_.engram) hash_ = std::make_unique<EngramHash>(*v_.engram);
+    embed_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens", c.vocab_size,
+                                                      c.hidden_size);
+    table_.assign(static_cast<size_t>(c.num_hidden_layers), nullptr);
+    layers_ = make_layers<DeepseekV41DecoderLayer>(
+        x, c.num_hidden_layers, "model.layers", [&](int64_t i, const std::string& prefix) {
+          auto l =
+              std::make_unique<DeepseekV41DecoderLayer>(x, c, v_, hash_.get(), i, prefix, table_);
+          table_[static_cast<size_t>(i)] = &l->attention();
+          return l;
+        });
+    norm_ = std::make_unique<RMSNorm>(x, "model.norm", c.hidden_size, c.rms_norm_eps);
+    head_ = std::make_unique<ParallelLMHead>(x, "head", c.vocab_size, c.hidden_size);
+  }
+
+  Tensor forward(Step& step) override {
+    const int64_t hc = v_.hc.hc_mult;
+    Tensor streams =
+        hc_streams_from_embedding(step, embed_->forward(step, step.batch.dev.token_ids), hc);
+    // The first site collapses by stream 0 alone.
+    Tensor pre = step.empty({streams.size(0), hc}, DType::kF32);
+    for (int64_t t = 0; t < streams.size(0); ++t)
+      for (int64_t j = 0; j < hc; ++j) pre.ptr<float>()[t * hc + j] = j == 0 ? 1.0f : 0.0f;
+    for (auto& layer : layers_) {
+      const Arena::Mark scratch = step.arena.mark();
+      layer->forward(step, streams, pre);
+      step.arena.release(scratch);
+    }
+    return norm_->forward(step, HyperConnection::collapse(step, streams, pre));
+  }
+
+  Tensor compute_logits(Step& step, const Tensor& hidden) override {
+    return logits_for_batch(step, hidden, *head_);
+  }
+
+  std::vector<std::string> quantization_methods() const override { return {"fp8"}; }
+
+  WeightLoadSpec weight_load_spec() const override {
+    WeightLoadSpec s = Model::weight_load_spec();
+    // Text only: the vision tower and the image tokens' routing bias are skipped unread.
+    for (const char* p : {"vision.", "aligner.", "image_start", "image_end", "image_newline"})
+      s.weights_mapping.prefix.push_back({p, std::nullopt});
+    s.weights_mapping.suffix.push_back({".gate.bias_vl", std::nullopt});
+    deepseek_v4_release_names(s, v_.cfg.experts, v_.moe.fp4_experts, v_.cfg.quantized);
+    return s;
+  }
+
+ private:
+  V41Options v_;
+  std::unique_ptr<EngramHash> hash_;  // before the layers, which hold references to it
+  AttentionTable table_;
+  std::unique_ptr<VocabParallelEmbedding> embed_;
+  std::vector<std::unique_ptr<DeepseekV41DecoderLayer>> layers_;
+  std::unique_ptr<RMSNorm> norm_;
+  std::unique_ptr<ParallelLMHead> head_;
+};
+
+ModelSupport deepseek_v41_support() { return ModelSupport{}; }
+
+}  // namespace
+
+ATOM_REGISTER_MODEL_SUPPORTING("DeepseekV41ForCausalLM", DeepseekV41ForCausalLM,
+                               deepseek_v41_support());
+
+}  // namespace atom

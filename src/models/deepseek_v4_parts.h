@@ -1,0 +1,71 @@
+// The pieces DeepSeek-V4 (models/deepseek_v4.cpp) and DeepSeek-V4.1 (models/deepseek_v41.cpp)
+// share: the mixture of experts of every layer, the attention's per-query core (sliding-window
+// and compressed keys with a sink logit per head), the grouped output projection, and the
+// checkpoint's release names. CPU only so far (F32), as both models.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/moe.h"
+#include "layers/linear.h"
+#include "layers/mlp.h"
+#include "layers/moe.h"
+#include "loader/weight_loading.h"
+
+namespace atom {
+
+// "DeepSeek-V4: <what> <t> must be contiguous F32 on the CPU" unless it is.
+void deepseek_v4_check_cpu_f32(const Tensor& t, const char* what);
+
+float deepseek_v4_dot(const float* a, const float* b, int64_t n);
+
+// One query head over `keys` (each D wide, read as key and value), with a sink logit: out[D] =
+// Σ_k softmax([sink, q·k scale])_k key_k (the sink's share is dropped).
+void deepseek_v4_sink_attention(const float* q, const std::vector<const float*>& keys, int64_t D,
+                                float sink, float scale, float* out);
+
+// The grouped output projection's first half: o [T, heads · head_dim] F32 in o_groups groups of
+// consecutive heads, group g through rows [g o_lora, (g + 1) o_lora) of wo_a [o_groups o_lora,
+// heads head_dim / o_groups] F32 -> [T, o_groups o_lora] (then wo_b).
+Tensor deepseek_v4_grouped_wo_a(Step& step, const Tensor& o, const Tensor& wo_a, int64_t o_groups,
+                                int64_t o_lora);
+
+struct DeepseekV4MoeOptions {
+  int64_t hidden = 0, vocab = 0, experts = 0, top_k = 0, moe_inter = 0, shared = 0;
+  double scaling = 1.0, limit = 10.0;
+  std::string scoring = "sqrtsoftplus";  // sqrtsoftplus | sigmoid | softmax
+  bool fp4_experts = false;              // E2M1 routed experts with E8M0 scales per 32 (MXFP4)
+  bool hash = false;  // experts chosen by the frozen tid2eid table of the input token
+};
+
+// The mixture of experts of a DeepSeek-V4 / V4.1 layer: scores (sqrt(softplus) by default), a
+// correction bias for the choice ("<prefix>.gate.bias"), no groups, renormalised and scaled
+// weights; hash layers route by "<prefix>.gate.tid2eid". Routed and shared experts apply the
+// clamped SwiGLU silu(min(g, limit)) · clamp(u, ±limit); one all-reduce of the sum under tensor
+// parallelism.
+class DeepseekV4Moe {
+ public:
+  DeepseekV4Moe(LayerContext& ctx, const DeepseekV4MoeOptions& o, const std::string& prefix);
+  Tensor forward(Step& step, const Tensor& x);
+
+ private:
+  LayerContext& ctx_;
+  DeepseekV4MoeOptions o_;
+  kernels::RouterArgs args_;
+  ReplicatedLinear gate_;
+  FusedMoE experts_;
+  Parameter* bias_ = nullptr;
+  Parameter* tid2eid_ = nullptr;
+  std::vector<int32_t> table_;  // tid2eid, checked
+  std::unique_ptr<GatedMlp> shared_;
+};
+
+// DeepSeek's release names (no "model." prefix; embed, norm, head; layers.N; the experts'
+// w1 / w3 / w2, FP4 or not; ".scale" beside each quantised weight when `quantized`) on top of
+// `s`. The MTP stages (mtp.*) are never read.
+void deepseek_v4_release_names(WeightLoadSpec& s, int64_t experts, bool fp4_experts,
+                               bool quantized);
+
+}  // namespace atom
