@@ -217,6 +217,12 @@ TEST(GpuMoe, RouterMatchesCpu) {
        on_rank(sigmoid(8, true, 8, 4, GroupScore::kMax, 2.5f, 1, 64), 192, 64), 1, false, 32,
        1.0f / 8, -2.0f},
       {"topk-softmax E32 top4, rank holding 0..10", 300, 32, on_rank(topk_softmax(4), 0, 11)},
+      {"sigmoid E896 top16 bias renorm x1.5 + shared (Kimi-K3)", 70, 896,
+       sigmoid(16, true, 1, 1, GroupScore::kTop2Sum, 1.5f, 1, 896), 2, true, 512, 1.0f / 64, -4.0f},
+      {"softmax E1024 top16, 1 token", 1, 1024, softmax(16, false), 0, false, 1024, 1.0f / 128,
+       -4.0f},
+      {"sigmoid E1024 top8 G8/4 max", 9, 1024, sigmoid(8, false, 8, 4, GroupScore::kMax, 1.0f), 0,
+       false, 1024, 1.0f / 128, -4.0f},
       {"sqrt-softplus E256 top6 renorm x1.5 (DeepSeek-V4)", 200, 256, sqrt_softplus(6, 1.5f)},
       {"sqrt-softplus E64 top8, rank holding 32..63", 65, 64,
        on_rank(sqrt_softplus(8, 1.0f), 32, 32)},
@@ -326,7 +332,7 @@ TEST(GpuMoe, RouterContinuousDeepSeekV3) {
 }
 
 TEST(GpuMoe, RouterRejectsWhatItCannotRoute) {
-  Tensor l = Tensor::empty({2, 600}, DType::kF32, gpu());
+  Tensor l = Tensor::empty({2, 1100}, DType::kF32, gpu());  // over kMoeRouteMaxExperts
   Tensor ids = Tensor::empty({2, 4}, DType::kI32, gpu()),
          w = Tensor::empty({2, 4}, DType::kF32, gpu());
   EXPECT_THROW(kernels::moe_route(ids, w, l, Tensor(), softmax(4, true)), Error);

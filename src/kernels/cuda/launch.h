@@ -249,7 +249,7 @@ struct MoeRouteLaunch {
   unsigned long long* expert_load = nullptr;  // [E], or null
   const int32_t* fixed_ids = nullptr;         // [T, top_k] given choices (hash routing), or null
 };
-inline constexpr int kMoeRouteMaxExperts = 512, kMoeRouteMaxTopK = 16;
+inline constexpr int kMoeRouteMaxExperts = 1024, kMoeRouteMaxTopK = 16;
 void launch_moe_route(const MoeRouteLaunch& a, cudaStream_t s);
 
 // ---- fused_moe.cu, fused_moe_gemm.cu

@@ -9,6 +9,7 @@
 // on values held in registers instead (warp_topk_finite: one shuffle reduction a pick, no pass
 // over shared memory), which gives the same picks.
 #include <algorithm>
+#include <atomic>
 #include <climits>
 
 #include "kernels/cuda/device_common.cuh"
@@ -239,8 +240,12 @@ void launch_moe_route(const MoeRouteLaunch& a, cudaStream_t s) {
   if (a.num_tokens <= 0) return;
   const unsigned grid = static_cast<unsigned>((a.num_tokens + kWarps - 1) / kWarps);
   const int64_t warps = std::min<int64_t>(a.num_tokens, kWarps);  // the warps that route
-  launch(moe_route_kernel, grid, kWarps * 32,
-         static_cast<size_t>(warps) * scratch_bytes(a.num_experts), s, a);
+  const size_t bytes = static_cast<size_t>(warps) * scratch_bytes(a.num_experts);
+  // Over 48 KB (Kimi-K3's 896 experts: 4 warps of 12.7 KB) needs the opt-in, once per device.
+  static std::atomic<uint64_t> opted{0};
+  if (bytes > 48 * 1024)
+    max_dynamic_smem_once(opted, moe_route_kernel, kWarps * scratch_bytes(kMaxE));
+  launch(moe_route_kernel, grid, kWarps * 32, bytes, s, a);
 }
 
 }  // namespace atom::kernels::cuda
