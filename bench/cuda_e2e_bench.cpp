@@ -149,7 +149,9 @@ int main(int argc, char** argv) {
     if (n.moe_layers > 0) {  // per layer, from the sums over layers
       n.expert_slot_params /= n.moe_layers;
       n.expert_slot_bytes /= n.moe_layers;
-      n.top_k = static_cast<int>(c.text.get_int("num_experts_per_tok"));
+      // Kimi-Linear and Kimi-K3 name it num_experts_per_token.
+      n.top_k = static_cast<int>(c.text.get_int(
+          c.text.has("num_experts_per_tok") ? "num_experts_per_tok" : "num_experts_per_token"));
     }
     n.layers = static_cast<int>(c.num_hidden_layers);
     n.heads = static_cast<int>(c.num_attention_heads);
