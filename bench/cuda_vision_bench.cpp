@@ -1,5 +1,7 @@
 // Vision tower throughput and the time to first token of a one-image chat, on one GPU:
 //   cuda_vision_bench --model DIR [--sizes 448,1024] [--text 32] [--load-format dummy]
+//                     [--backends flash,gemm] [--reps 6] [--ttft 1]
+// (--backends flash --reps 2 --ttft 0: few enough kernels to run under ncu)
 // DIR: a multimodal model (Kimi-K2.5, Kimi-K3) with its text layers cut to fit; weights random.
 // For each square image size: the processor's grid for that size (vision::image_grid), the
 // tower and projector (MoonVit::encode, host to host: pixel upload, features back in F32) timed
@@ -36,7 +38,8 @@ double now() {
 int main(int argc, char** argv) {
   std::string model_dir, load = "dummy";
   std::vector<int> sizes = {448, 1024};
-  int text = 32;
+  int text = 32, reps = 6, ttft = 1;
+  std::vector<std::string> backends = {"flash", "gemm"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -48,6 +51,19 @@ int main(int argc, char** argv) {
       sizes = bench::int_list(next());
     else if (a == "--text")
       text = std::atoi(next().c_str());
+    else if (a == "--reps")
+      reps = std::max(2, std::atoi(next().c_str()));
+    else if (a == "--ttft")
+      ttft = std::atoi(next().c_str());
+    else if (a == "--backends") {
+      backends.clear();
+      std::string l = next();
+      for (size_t p = 0; p <= l.size();) {
+        const size_t q = std::min(l.find(',', p), l.size());
+        if (q > p) backends.push_back(l.substr(p, q - p));
+        p = q + 1;
+      }
+    }
   }
   if (model_dir.empty()) {
     std::fprintf(stderr, "usage: cuda_vision_bench --model DIR [--sizes 448,1024] [--text 32]\n");
@@ -67,24 +83,26 @@ int main(int argc, char** argv) {
         model_dir.c_str(), static_cast<long long>(vc.layers), static_cast<long long>(vc.hidden),
         static_cast<long long>(vc.heads), static_cast<long long>(vc.head_dim()),
         static_cast<long long>(vc.intermediate), static_cast<long long>(vc.text_hidden));
-    std::printf("\n%-34s %10s %10s %12s %10s\n", "case", "patches", "time", "images/s", "% matmul");
+    std::printf("\n%-34s %10s %10s %12s %10s %10s\n", "case", "patches", "time", "images/s",
+                "% matmul", "first");
     // Both attention paths (kernels/encoder.h), then the default for the time to first token.
-    for (const char* backend : {"flash", "gemm"})
+    for (const std::string& backend : backends)
       for (int size : sizes) {
-        ::setenv("ATOM_ENCODER_ATTENTION", backend, 1);
+        ::setenv("ATOM_ENCODER_ATTENTION", backend.c_str(), 1);
         const vision::ImageGrid g = vision::image_grid(size, size, vision::ProcessorParams{});
         const int64_t P = g.num_patches();
         Tensor pix = Tensor::empty({P, 3, vc.patch_size, vc.patch_size}, DType::kF32);
         kernels::fill_uniform(pix, 7 + size, -1.0f, 1.0f);
         const std::vector<vision::ImageGrid> grids{g};
         std::vector<double> ts;
-        for (int rep = 0; rep < 6; ++rep) {
+        for (int rep = 0; rep < reps; ++rep) {
           const double a = now();
           const Tensor f = tower->encode(pix, grids);
           ts.push_back(now() - a);
         }
+        const double first = ts[0];  // a new size: its positional tables built on the host
         std::sort(ts.begin() + 1, ts.end());
-        const double t = ts[3];  // the median of the five after the first
+        const double t = ts[(ts.size() + 1) / 2];  // the median of those after the first
         const double D = static_cast<double>(vc.hidden), Q = static_cast<double>(vc.qkv_hidden),
                      I = static_cast<double>(vc.intermediate), p = static_cast<double>(P);
         const double tokens = static_cast<double>(tower->tokens_for(g));
@@ -96,14 +114,15 @@ int main(int argc, char** argv) {
             2.0 * p * D * static_cast<double>(vc.patch_values()) +
             2.0 * tokens * (16 * D * D + 4 * D * static_cast<double>(vc.text_hidden));
         std::printf(
-            "%-34s %10lld %7.2f ms %12.1f %9.1f%%\n",
+            "%-34s %10lld %7.2f ms %12.1f %9.1f%% %7.2f ms\n",
             fmt::format("tower {} {}x{} ({}x{} patches)", backend, size, size, g.h, g.w).c_str(),
-            static_cast<long long>(P), t * 1e3, 1.0 / t, 100.0 * flops / bench::kMatmul / t);
+            static_cast<long long>(P), t * 1e3, 1.0 / t, 100.0 * flops / bench::kMatmul / t,
+            first * 1e3);
         std::fflush(stdout);
       }
     // Time to first token: one image of each size and `text` tokens around it.
     ::unsetenv("ATOM_ENCODER_ATTENTION");
-    for (int size : sizes) {
+    for (int size : ttft ? sizes : std::vector<int>{}) {
       const vision::ImageGrid g = vision::image_grid(size, size, vision::ProcessorParams{});
       const int64_t P = g.num_patches(), n = tower->tokens_for(g);
       Tensor pix = Tensor::empty({P, 3, vc.patch_size, vc.patch_size}, DType::kF32);

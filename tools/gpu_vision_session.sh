@@ -3,7 +3,8 @@
 # encoder kernels' and the Kimi towers' GPU tests, the tower benchmark against transformers' in
 # the same run, and the layer-by-layer comparison of transformers' tower with the reference.
 # Run from the repository root: bash tools/gpu_vision_session.sh [steps]
-#   steps: test,bench,diff,k3,all (k3: ATOM_K3_SHARED_EXPERT_OVERLAP off/on; all: the whole gpu_test)
+#   steps: test,bench,diff,k3,prof,all (k3: ATOM_K3_SHARED_EXPERT_OVERLAP off/on; prof: ncu's
+#   per-kernel times of two 1024x1024 tower runs; all: the whole gpu_test)
 set -u
 out="${OUT:-/tmp/vision-out}"
 mkdir -p "$out"
@@ -14,7 +15,7 @@ echo "build: rc $? $(tail -1 "$out/build.txt")"
 export LD_LIBRARY_PATH=/tmp/atom-deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 if [[ "$steps" == *",test,"* ]]; then
-  timeout 300 ./build-gpu/tests/kernels/gpu_test --gtest_filter='GpuEncoder*:GpuKimiK25*:GpuKimiK3*' > "$out/gpu_test_vision.txt" 2>&1
+  timeout 300 ./build-gpu/tests/kernels/gpu_test --gtest_filter='GpuEncoder*:GpuKimiK25*:GpuKimiK3*:GpuMoe.Router*' > "$out/gpu_test_vision.txt" 2>&1
   echo "gpu_test vision: rc $?"
   grep -E "rel err|GPU tower|^\[  (PASSED|FAILED)|Failure|Expected|Which is|actual" "$out/gpu_test_vision.txt" | head -40
 fi
@@ -35,6 +36,26 @@ if [[ "$steps" == *",k3,"* ]]; then
       --prefill 2048 --batch 1,32 > "$out/k3_overlap_$ov.txt" 2>&1
     echo "kimi-k3-3l overlap $ov: rc $?"; tail -5 "$out/k3_overlap_$ov.txt"
   done
+fi
+if [[ "$steps" == *",prof,"* ]]; then
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 300 "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv \
+    ./build-gpu/bench/cuda_vision_bench --model bench/models/kimi-k25-1l --sizes 1024 --backends flash \
+    --reps 2 --ttft 0 > "$out/vision_ncu.txt" 2>&1
+  echo "ncu: rc $?"
+  python3 - "$out/vision_ncu.txt" <<'PY'
+import csv, sys, collections
+scale = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0}
+t, n = collections.Counter(), collections.Counter()
+lines = [l for l in open(sys.argv[1], errors="replace") if l.startswith('"')]
+for r in csv.DictReader(lines):
+    if r.get("Metric Name") != "gpu__time_duration.sum": continue
+    k = r["Kernel Name"][:100] + "  grid " + r.get("Grid Size", "")
+    t[k] += float(r["Metric Value"].replace(",", "")) * scale.get(r["Metric Unit"], 1e-6); n[k] += 1
+print(f"ncu: {sum(n.values())} launches, {sum(t.values()):.1f} ms of GPU time in all (two tower runs and the load)")
+for k, v in t.most_common(16): print(f"  {v:9.2f} ms {n[k]:5d}x  {k}")
+PY
+  grep -E "tower flash" "$out/vision_ncu.txt" | head -2
 fi
 if [[ "$steps" == *",diff,"* ]]; then
   timeout 120 python3 tools/moonvit_layer_diff.py tests/fixtures > "$out/layer_diff.txt" 2>&1

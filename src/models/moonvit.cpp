@@ -1,6 +1,8 @@
 #include "models/moonvit.h"
 
 #include <cmath>
+#include <array>
+#include <cstddef>
 #include <functional>
 
 #include "core/convert.h"
@@ -211,12 +213,11 @@ void vit_norm(Tensor& out, const Tensor& x, const Parameter* w, const Parameter*
 
 // The model's context for the tower: unquantised and unsplit, on the model's device, in F32 on
 // the CPU and in the activations' dtype (BF16) on CUDA.
-// ATOM_VISION_CUDA=1 runs the tower on a CUDA model's GPU; until its kernels have passed their
-// GPU tests (tests/kernels/encoder_test.cpp, GpuKimiK25.*; issue 38) it stays on the CPU by
-// default.
+// A CUDA model's tower runs on its GPU (tests/kernels/encoder_test.cpp, GpuKimiK25.*);
+// ATOM_VISION_CUDA=0 keeps it on the CPU in F32 instead.
 LayerContext tower_ctx(const LayerContext& model) {
   LayerContext c = model;
-  if (!model.device.is_cpu() && !env_bool("ATOM_VISION_CUDA", false)) c.device = Device::cpu();
+  if (!model.device.is_cpu() && !env_bool("ATOM_VISION_CUDA", true)) c.device = Device::cpu();
   const DType t = c.device.is_cpu() ? DType::kF32 : model.act_dtype;
   c.weight_dtype = t;
   c.act_dtype = t;
@@ -405,7 +406,29 @@ struct MoonVit::DeviceState {
   Tensor patch_w;  // patch_embed.proj.weight [D, padded patch values] on the device
   // The position grid resized to the last few image sizes (h, w), on the host in F32.
   std::vector<std::pair<std::pair<int64_t, int64_t>, Tensor>> grids;
+  // The positional inputs of the last few grids (t, h, w), on the tower's device: pos in the
+  // activations' dtype, cos and sin in F32. Built on the host (the resize, a video's time table,
+  // the rotary angles: tens of milliseconds for a 1024x1024 image) once per size.
+  struct Tables {
+    std::array<int64_t, 3> thw;
+    Tensor pos, cos, sin;
+  };
+  std::vector<Tables> tables;
+  int64_t table_bytes = 0;
 };
+
+const Tensor& MoonVit::resized_grid(const ImageGrid& g) {
+  auto& cache = state_->grids;
+  for (auto& [hw, t] : cache)
+    if (hw == std::pair{g.h, g.w}) return t;
+  const Tensor& src = pos_emb_->data();
+  Tensor t = (g.h == cfg_.pos_h && g.w == cfg_.pos_w) ? src
+             : cfg_.bilinear                          ? bilinear_resize_hwc(src, g.h, g.w)
+                                                      : bicubic_resize_hwc(src, g.h, g.w);
+  if (cache.size() >= 8) cache.erase(cache.begin());
+  cache.emplace_back(std::pair{g.h, g.w}, std::move(t));
+  return cache.back().second;
+}
 
 Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<ImageGrid>& grids) {
   const int64_t D = cfg_.hidden, P = pixel_values.size(0), H = cfg_.heads, hd = cfg_.head_dim();
@@ -419,27 +442,73 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
     state_->patch_w = upload(host_padded(patch_w_->data().view({D, K}), Kp, at), dev);
   Tensor x = step.arena.alloc({P, D}, at);
   {
-    const Tensor pix = upload(host_padded(pixel_values.contiguous().view({P, K}), Kp, at), dev);
+    const Tensor flat = pixel_values.contiguous().view({P, K});
+    Tensor pix = flat;
+    if (!dev.is_cpu()) {
+      // F32 up as they are, then cast into zero-padded rows of the activations' dtype on the
+      // device (the padding must be zeros: the weight's padded columns are, and 0 * NaN is not).
+      // (In the step's arena, as everything this call's kernels read: the arena outlives the
+      // stream's synchronisation, a tensor freed earlier could be handed to another stream.)
+      Tensor up = step.arena.alloc({P, K}, DType::kF32);
+      up.copy_from(flat);
+      pix = step.arena.alloc({P, Kp}, at);
+      pix.zero_();
+      Tensor body = pix.narrow(1, 0, K);
+      kernels::cast(body, up);
+    }
     kernels::linear(x, pix, state_->patch_w, patch_b_ ? patch_b_->data() : Tensor());
   }
-  auto grid_of = [&](const ImageGrid& g) {
-    auto& cache = state_->grids;
-    for (auto& [hw, t] : cache)
-      if (hw == std::pair{g.h, g.w}) return t;
-    const Tensor& src = pos_emb_->data();
-    Tensor t = (g.h == cfg_.pos_h && g.w == cfg_.pos_w) ? src
-               : cfg_.bilinear                          ? bilinear_resize_hwc(src, g.h, g.w)
-                                                        : bicubic_resize_hwc(src, g.h, g.w);
-    if (cache.size() >= 8) cache.erase(cache.begin());
-    cache.emplace_back(std::pair{g.h, g.w}, t);
-    return t;
+  const int64_t pairs = hd / 2;
+  auto tables_of = [&](const ImageGrid& g) -> const DeviceState::Tables& {
+    const std::array<int64_t, 3> thw{g.t, g.h, g.w};
+    auto& cache = state_->tables;
+    for (const auto& e : cache)
+      if (e.thw == thw) return e;
+    const Positions host = positions(
+        cfg_, [&](const ImageGrid& gg) { return resized_grid(gg); }, {g}, g.num_patches());
+    DeviceState::Tables e{thw,
+                          upload(at == DType::kF32 ? host.pos : tensor_cast_cpu(host.pos, at), dev),
+                          upload(host.cos, dev), upload(host.sin, dev)};
+    const int64_t bytes = e.pos.nbytes() + e.cos.nbytes() + e.sin.nbytes();
+    // At most eight sizes and 256 MiB, oldest out first; never the tables of this call's own
+    // grids, which its kernels may not have read yet.
+    for (size_t i = 0; i < cache.size() &&
+                       (cache.size() >= 8 || state_->table_bytes + bytes > (int64_t{256} << 20));) {
+      bool mine = false;
+      for (const ImageGrid& o : grids) mine = mine || cache[i].thw == std::array{o.t, o.h, o.w};
+      if (mine) {
+        ++i;
+        continue;
+      }
+      state_->table_bytes -= cache[i].pos.nbytes() + cache[i].cos.nbytes() + cache[i].sin.nbytes();
+      cache.erase(cache.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    state_->table_bytes += bytes;
+    cache.push_back(std::move(e));
+    return cache.back();
   };
-  const Positions host = positions(cfg_, grid_of, grids, P);
-  {
-    const Tensor pos = upload(at == DType::kF32 ? host.pos : tensor_cast_cpu(host.pos, at), dev);
+  Tensor cosv, sinv;
+  if (grids.size() == 1) {
+    const DeviceState::Tables& e = tables_of(grids[0]);
+    kernels::add(x, x, e.pos);
+    cosv = e.cos;
+    sinv = e.sin;
+  } else {
+    // Several images: their tables copied (on the device) into one of each.
+    Tensor pos = step.arena.alloc({P, D}, at);
+    cosv = step.arena.alloc({P, pairs}, DType::kF32);
+    sinv = step.arena.alloc({P, pairs}, DType::kF32);
+    int64_t row = 0;
+    for (const ImageGrid& g : grids) {
+      const int64_t n = g.num_patches();
+      const DeviceState::Tables& e = tables_of(g);
+      pos.narrow(0, row, n).copy_from(e.pos);
+      cosv.narrow(0, row, n).copy_from(e.cos);
+      sinv.narrow(0, row, n).copy_from(e.sin);
+      row += n;
+    }
     kernels::add(x, x, pos);
   }
-  const Tensor cosv = upload(host.cos, dev), sinv = upload(host.sin, dev);
   std::vector<int64_t> starts{0};
   for (const ImageGrid& g : grids) starts.push_back(starts.back() + g.num_patches());
   const kernels::EncoderAttention attn_args{static_cast<int>(H), static_cast<int>(hd),
@@ -478,7 +547,14 @@ Tensor MoonVit::on_device(F&& body) {
   if (!ctx_.device.is_cpu()) {
     if (!state_->stream) state_->stream = std::make_unique<CudaStream>(ctx_.device.index);
     CudaStreamGuard guard(state_->stream->get());
-    Tensor r = tensor_cast_cpu(body(step), DType::kF32);
+    Tensor y = body(step);
+    if (y.dtype() != DType::kF32 || !y.is_contiguous()) {
+      // To F32 on the device: the copy back is then the whole conversion.
+      Tensor f = step.arena.alloc(y.shape(), DType::kF32);
+      kernels::cast(f, y);
+      y = f;
+    }
+    Tensor r = y.to(Device::cpu());
     state_->stream->synchronize();
     return r;
   }
@@ -514,7 +590,12 @@ Tensor MoonVit::encode(const Tensor& pixel_values, const std::vector<ImageGrid>&
               for (int64_t f = 0; f < g.t; ++f)
                 *ix++ = static_cast<int32_t>(row + f * g.h * g.w + (2 * i + a) * g.w + (2 * j + b));
       Tensor dst = merged.narrow(0, tok * 4, n);
-      kernels::gather_mean_rows(dst, x, upload(idx, dev), static_cast<int>(g.t));
+      Tensor didx = idx;
+      if (!dev.is_cpu()) {
+        didx = step.arena.alloc(idx.shape(), DType::kI32);
+        didx.copy_from(idx);
+      }
+      kernels::gather_mean_rows(dst, x, didx, static_cast<int>(g.t));
       row += g.num_patches();
       tok += tokens_for(g);
     }

@@ -22,11 +22,12 @@
 //     sequence of t·h·w patches), and it gives (h / 2)·(w / 2) tokens as an image does;
 //   - mm_projector: pre_norm (LayerNorm over D, each of the four) -> [4D] -> proj.0 -> GELU (erf)
 //     -> proj.2 -> the text width.
-// The tower runs on tensor rank 0: on the CPU in fp32 (a CUDA model's too, unless
-// ATOM_VISION_CUDA=1), or with ATOM_VISION_CUDA=1 on the model's GPU in the activations' dtype
-// (BF16) on a stream of its own (kernels/encoder.h: the attention is two
-// batched cuBLAS GEMMs around a softmax). The position grid is resized on the host. Its features
-// come back to the CPU in F32 and reach the text model's embedding rows through the batch.
+// The tower runs on tensor rank 0: on the CPU in fp32, on a CUDA model's GPU in the activations'
+// dtype (BF16) on a stream of its own (kernels/encoder.h: non-causal flash attention, or two
+// batched cuBLAS GEMMs around a softmax; ATOM_VISION_CUDA=0 keeps a CUDA model's tower on the
+// CPU). The position grid is resized and the positional tables built on the host, once per image
+// size (cached on the tower's device). Its features come back to the CPU in F32 and reach the
+// text model's embedding rows through the batch.
 #pragma once
 
 #include <memory>
@@ -109,6 +110,8 @@ class MoonVit : public VisionEncoder {
   struct DeviceState;
   void check_grids(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) const;
   Tensor tower(Step& step, const Tensor& pixel_values, const std::vector<ImageGrid>& grids);
+  // The position grid resized to g's (h, w) (bicubic or bilinear), on the host in F32; cached.
+  const Tensor& resized_grid(const ImageGrid& g);
   // body(step) on the tower's device (its own stream on CUDA), one call at a time; its result
   // comes back on the CPU in F32.
   template <class F>
