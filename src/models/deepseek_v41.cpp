@@ -76,15 +76,18 @@ std::vector<int64_t> v41_candidate_blocks(std::span<const float> scores, int64_t
 }
 
 std::vector<int64_t> v41_select_rows(std::span<const float> scores, int64_t topk,
-                                     const std::vector<int64_t>* candidates, int64_t B) {
+                                     const std::vector<int64_t>* candidates, int64_t B,
+                                     bool large_position) {
   std::vector<std::pair<float, int64_t>> allowed;
   for (int64_t w = 0; w < static_cast<int64_t>(scores.size()); ++w)
     if (!candidates || std::binary_search(candidates->begin(), candidates->end(), w / B))
       allowed.push_back({scores[static_cast<size_t>(w)], w});
   if (static_cast<int64_t>(allowed.size()) > topk) {
     std::partial_sort(allowed.begin(), allowed.begin() + topk, allowed.end(),
-                      [](const auto& x, const auto& y) {
-                        return x.first > y.first || (x.first == y.first && x.second < y.second);
+                      [large_position](const auto& x, const auto& y) {
+                        return x.first > y.first ||
+                               (x.first == y.first &&
+                                (large_position ? x.second > y.second : x.second < y.second));
                       });
     allowed.resize(static_cast<size_t>(topk));
   }
@@ -352,7 +355,7 @@ class DeepseekV41Attention {
               v41_candidate_blocks(score, v_.candidate_block, v_.candidate_blocks);
         selected_[static_cast<size_t>(i)] = v41_select_rows(
             score, v_.cfg.index_topk, cand ? &cand->candidates_[static_cast<size_t>(i)] : nullptr,
-            v_.candidate_block);
+            v_.candidate_block, v_.cfg.index_topk_tie_break == "large_position");
       }
     }
   }

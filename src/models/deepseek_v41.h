@@ -17,10 +17,12 @@ namespace atom {
 std::vector<int64_t> v41_candidate_blocks(std::span<const float> scores, int64_t block_size,
                                           int64_t count);
 
-// The rows one query attends to: the `topk` best-scored visible rows (ties: the smaller row),
-// restricted to `candidates` (blocks of block_size rows, from the candidate source) when given;
-// every allowed row when there are no more than topk. Ascending.
+// The rows one query attends to: the `topk` best-scored visible rows (ties: the smaller row, or
+// the larger with large_position — index_topk_tie_break), restricted to `candidates` (blocks of
+// block_size rows, from the candidate source) when given; every allowed row when there are no
+// more than topk. Ascending.
 std::vector<int64_t> v41_select_rows(std::span<const float> scores, int64_t topk,
-                                     const std::vector<int64_t>* candidates, int64_t block_size);
+                                     const std::vector<int64_t>* candidates, int64_t block_size,
+                                     bool large_position = false);
 
 }  // namespace atom

@@ -178,6 +178,11 @@ TEST(DeepseekV41, CandidateBlocksAndTopKByHand) {
   // Ties: the smaller row.
   EXPECT_EQ(v41_select_rows(tie, 2, nullptr, 2), (std::vector<int64_t>{0, 2}));
   EXPECT_EQ(v41_select_rows(tie, 1, nullptr, 2), (std::vector<int64_t>{0}));
+  // index_topk_tie_break large_position: the larger row.
+  EXPECT_EQ(v41_select_rows(tie, 1, nullptr, 2, true), (std::vector<int64_t>{2}));
+  const std::vector<float> zeros = {0.0f, 0.0f, 0.0f, 1.0f};
+  EXPECT_EQ(v41_select_rows(zeros, 2, nullptr, 2, true), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(v41_select_rows(zeros, 2, nullptr, 2), (std::vector<int64_t>{0, 3}));
 }
 
 void v41_load_edited(const std::function<void(nlohmann::json&)>& edit) {
