@@ -128,7 +128,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineWorkload,
                          ::testing::Values("llama3_gqa", "qwen3_sliding", "qwen3_moe", "mixtral",
                                            "glm4_moe", "gpt_oss", "deepseek_v2_lite", "deepseek_v3",
                                            "glm_moe_dsa", "qwen3_next", "qwen3_5", "kimi_linear",
-                                           "deepseek_v4", "glm5_next", "kimi_k3"),
+                                           "deepseek_v4", "deepseek_v41", "glm5_next", "kimi_k3"),
                          [](const auto& info) { return info.param; });
 
 // The prefix cache's hit count, exactly, on a workload whose sharing is known by construction
