@@ -12,6 +12,9 @@ and vision_config, model.safetensors in DeepSeek's release names, BF16 weights w
 coefficients, sinks and routing biases F32, two vision tensors the text model must skip), reloads
 the saved folder fresh in fp32 and writes FIXTURES_DIR/references/deepseek_v41.safetensors in
 tools/make_fixtures.py's format (input_ids, logits, greedy_prompt, greedy_tokens, greedy_margins).
+Then the same for deepseek_v41_fp8 (3 layers) in DeepSeek's native format: FP8 e4m3 linears in
+32 x 32 blocks with F8_E8M0 scales, FP4 e2m1 routed experts (tools/make_v4_quantized_fixture.py's
+encoders), the reference reading the file back through its own decoder (load_dequantized).
 
 What the forward computes (per layer, CSA2 role from config.py's rules):
   * Engram (engram layers), before the attention seam: per hyper-connection stream j,
@@ -455,24 +458,121 @@ def greedy(model, prompt, steps):
     return gen, margins
 
 
-def main():
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
-    text = dict(TEXT)
+# ----------------------------------------------------------------------------------------------
+# The native quantised format (tools/make_v4_quantized_fixture.py's encoders): FP8 e4m3 linears in
+# 32 x 32 blocks with F8_E8M0 scales ".scale", FP4 e2m1 routed experts ([rows, K/2] I8, the low
+# nibble the even column) with F8_E8M0 scales per 32 values along K.
+FP8_MODULES = (".attn.wq_a", ".attn.wq_b", ".attn.wkv", ".attn.wo_a", ".attn.wo_b",
+               ".indexer.wq_b", ".shared_experts.w1", ".shared_experts.w2", ".shared_experts.w3",
+               ".engram.wkv")
+QUANT = dict(quant_method="fp8", fmt="e4m3", weight_block_size=[32, 32], scale_fmt="ue8m0",
+             activation_scheme="dynamic", expert_dtype="fp4")
+
+
+def save_quantized(W, f32, path):
+    import make_v4_quantized_fixture as mq
+    out = {}
+    for name, t in W.items():
+        mod = name[:-len(".weight")] if name.endswith(".weight") else None
+        v = t.float().numpy()
+        if mod and mod.endswith(FP8_MODULES):
+            codes, (sdtype, sc), _ = mq.quantize_fp8(mq_bf16(v), 32, 32, True)
+            out[name] = ("F8_E4M3", v.shape, codes.tobytes())
+            out[mod + ".scale"] = (sdtype, sc.shape, sc.tobytes())
+        elif mod and ".ffn.experts." in mod:
+            packed, sc, _ = mq.quantize_fp4(mq_bf16(v))
+            out[name] = ("I8", packed.shape, packed.view(np.int8).tobytes())
+            out[mod + ".scale"] = ("F8_E8M0", sc.shape, sc.tobytes())
+        elif name in f32:
+            out[name] = ("F32", v.shape, np.ascontiguousarray(v, np.float32).tobytes())
+        else:
+            out[name] = ("BF16", v.shape, mq.bf16_bytes(mq_bf16(v)))
+    mq.write_safetensors(path, out)
+
+
+def mq_bf16(v):
+    """v rounded to BF16 values (nearest even), as F32."""
+    u = np.ascontiguousarray(v, np.float32).view(np.uint32)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def load_dequantized(path):
+    """Every tensor of a native-format file as F32: FP8 codes times their block's 2^(e - 127),
+    FP4 nibbles times their group's 2^(e - 127); decoded here from the bit layouts."""
+    import struct
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    raw = {k: (e, data[e["data_offsets"][0]:e["data_offsets"][1]])
+           for k, e in header.items() if k != "__metadata__"}
+
+    def e4m3(b):
+        e, m = (b >> 3) & 15, (b & 7).astype(np.float64)
+        v = np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * 2.0 ** (e.astype(np.float64) - 7))
+        return np.where(b & 0x80, -v, v)
+
+    e2m1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    out = {}
+    for k, (e, b) in raw.items():
+        if k.endswith(".scale"):
+            continue
+        shape, dt = e["shape"], e["dtype"]
+        if dt == "BF16":
+            v = (np.frombuffer(b, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        elif dt == "F32":
+            v = np.frombuffer(b, np.float32)
+        elif dt == "F8_E4M3":
+            se, sb = raw[k[:-len(".weight")] + ".scale"]
+            sc = 2.0 ** (np.frombuffer(sb, np.uint8).astype(np.float64) - 127)
+            sc = sc.reshape(se["shape"])
+            rows, cols = shape
+            full = np.repeat(np.repeat(sc, 32, 0), 32, 1)[:rows, :cols]
+            v = e4m3(np.frombuffer(b, np.uint8).reshape(shape)) * full
+        elif dt == "I8":
+            se, sb = raw[k[:-len(".weight")] + ".scale"]
+            sc = 2.0 ** (np.frombuffer(sb, np.uint8).astype(np.float64) - 127)
+            sc = sc.reshape(se["shape"])
+            u = np.frombuffer(b, np.uint8).reshape(shape)
+            nib = np.stack([u & 15, u >> 4], -1).reshape(shape[0], shape[1] * 2)
+            val = np.where(nib & 8, -e2m1[nib & 7], e2m1[nib & 7])
+            v = val * np.repeat(sc, 32, 1)
+            shape = list(v.shape)
+        else:
+            raise ValueError(f"{k}: {dt}")
+        out[k] = torch.from_numpy(np.asarray(v, np.float32).reshape(shape).copy())
+    return out
+
+
+# The quantised fixture: 3 layers (FULL ratio 2 with Engram; FULL ratio 1; REUSE), experts of
+# 32 (FP4 groups of 32 along K), in DeepSeek's native format.
+TEXT_FP8 = dict(TEXT, num_hidden_layers=3, num_nextn_predict_layers=0,
+                moe_intermediate_size=32, compress_ratios=[2, 1, 1], kv_source_layer_ids=[0, 1],
+                index_source_layer_ids=[0, 1], candidate_source_layer_id=-1,
+                engram_layer_ids=[0])
+
+
+def build(root, name, text, quantized):
+    text = dict(text)
     text["engram_num_embeddings"] = engram_rows(text)
     config = dict(ROOT)
+    if quantized:
+        config["quantization_config"] = QUANT
     config["text_config"] = text
     V = text["vocab_size"]
+    out_dir = os.path.join(root, "models", name)
+    os.makedirs(out_dir, exist_ok=True)
+    weights = os.path.join(out_dir, "model.safetensors")
     for attempt in range(40):
         g = torch.Generator().manual_seed(1000 + attempt)
         W, f32 = random_weights(text, g)
         ids = torch.randint(3, V, (PROMPT_TOKENS,), generator=g).tolist()
         prompt = torch.randint(3, V, (GREEDY_PROMPT,), generator=g).tolist()
         # Round to what the file holds, then check the choices on the reloaded weights below.
-        out_dir = os.path.join(root, "models", NAME)
-        os.makedirs(out_dir, exist_ok=True)
-        save_safetensors(W, os.path.join(out_dir, "model.safetensors"),
-                         bf16=[k for k in W if k not in f32])
+        if quantized:
+            save_quantized(W, f32, weights)
+        else:
+            save_safetensors(W, weights, bf16=[k for k in W if k not in f32])
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump(config, f, indent=2)
             f.write("\n")
@@ -482,15 +582,15 @@ def main():
         # Reload fresh, fp32.
         with open(os.path.join(out_dir, "config.json")) as f:
             cfg = json.load(f)["text_config"]
-        model = Model(cfg, {k: v.float() for k, v in
-                            load_safetensors(os.path.join(out_dir, "model.safetensors")).items()})
+        loaded = load_dequantized(weights) if quantized else load_safetensors(weights)
+        model = Model(cfg, {k: v.float() for k, v in loaded.items()})
         logits = model.forward(ids)
         gen, margins = greedy(model, prompt, GREEDY_STEPS)
         m = model.margins
         ok = (m["router"] > ROUTER_MARGIN and m["index"] > INDEX_MARGIN and
               m["blocks"] > INDEX_MARGIN and min(margins) > GREEDY_MARGIN and
               len(set(gen)) >= 4)
-        print(f"attempt {attempt}: router {m['router']:.3g} index {m['index']:.3g} blocks "
+        print(f"{name} attempt {attempt}: router {m['router']:.3g} index {m['index']:.3g} blocks "
               f"{m['blocks']:.3g} greedy min margin {min(margins):.3g} tokens {gen}")
         if ok:
             break
@@ -504,8 +604,16 @@ def main():
         "greedy_prompt": torch.tensor(prompt, dtype=torch.int64),
         "greedy_tokens": torch.tensor(gen, dtype=torch.int64),
         "greedy_margins": torch.tensor(margins, dtype=torch.float32),
-    }, os.path.join(ref_dir, NAME + ".safetensors"))
-    print("logits std", float(logits.std()), "greedy", gen)
+    }, os.path.join(ref_dir, name + ".safetensors"))
+    print(name, "logits std", float(logits.std()), "greedy", gen,
+          "size", os.path.getsize(weights))
+
+
+def main():
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
+    build(root, NAME, TEXT, quantized=False)
+    build(root, NAME + "_fp8", TEXT_FP8, quantized=True)
 
 
 if __name__ == "__main__":

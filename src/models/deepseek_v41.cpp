@@ -30,7 +30,8 @@
 // Not done: the compressed vocabulary of Engram (token ids are hashed as they are, which is what
 // a checkpoint without a tokenizer folder — the fixture — means, but not DeepSeek's release); the
 // index plane in FP8 / FP4 (index_cache_dtype is checked, the CPU keeps the keys in F32) and the
-// FP8 rounding of window keys; FP8 / FP4 V4.1 checkpoints (only full precision is tested); CUDA;
+// FP8 rounding of window keys and activations (native FP8 / FP4 weights are dequantised at
+// load); the FP8 Engram tables; CUDA;
 // tensor and pipeline parallelism (refused); speculative decoding (DSpark).
 #include "models/deepseek_v41.h"
 

@@ -162,12 +162,12 @@ void deepseek_v4_release_names(WeightLoadSpec& s, int64_t experts, bool fp4_expe
   s.weights_mapping.suffix.push_back({".scale", ".weight_scale"});
   // Every quantised module's weight has its scale and every scale its weight: a missing one is
   // named before any data is read.
-  // (The routed experts are FP4, or FP8 by the linears' method.)
+  // (The routed experts are FP4, or FP8 by the linears' method; V4.1's Engram projection is FP8.)
   s.check_names = [](const std::vector<std::string>& names) {
     static const char* const kFp8[] = {
-        ".attn.wq_a",         ".attn.wq_b",         ".attn.wkv",
-        ".attn.wo_a",         ".attn.wo_b",         ".indexer.wq_b",
-        ".shared_experts.w1", ".shared_experts.w2", ".shared_experts.w3"};
+        ".attn.wq_a",         ".attn.wq_b",    ".attn.wkv",          ".attn.wo_a",
+        ".attn.wo_b",         ".indexer.wq_b", ".shared_experts.w1", ".shared_experts.w2",
+        ".shared_experts.w3", ".engram.wkv"};
     const std::set<std::string> all(names.begin(), names.end());
     for (const auto& n : names) {
       if (n.starts_with("mtp.")) continue;
