@@ -80,9 +80,10 @@ std::shared_ptr<const RequestImages> prompt_images_expand(VisionEncoder& encoder
 void prompt_images_check(const RequestImages& images, const std::vector<int32_t>& prompt,
                          int64_t image_token, int64_t hidden) {
   const Tensor& f = images.features;
-  if (!f.defined() || f.dim() != 2 || f.size(1) != hidden || f.dtype() != DType::kF32 ||
+  if (!f.defined() || f.dim() != 2 || f.size(1) != hidden ||
+      (f.dtype() != DType::kF32 && f.dtype() != DType::kBF16 && f.dtype() != DType::kF16) ||
       !f.device().is_cpu())
-    fail("image features {} are not F32 [rows, {}] on the CPU",
+    fail("image features {} are not F32, BF16 or F16 [rows, {}] on the CPU",
          f.defined() ? f.str() : std::string("(none)"), hidden);
   const int64_t P = static_cast<int64_t>(prompt.size());
   int64_t end = 0, rows = 0;

@@ -34,7 +34,7 @@ struct RequestImages {
     uint64_t hash = 0;    // of its pixel values and grid
   };
   std::vector<Placed> images;  // in prompt order
-  Tensor features;             // [sum of tokens, hidden] F32 on the CPU
+  Tensor features;             // [sum of tokens, hidden] on the CPU, F32 or the tower's BF16/F16
 };
 
 // Expands each of `prompt`'s image placeholder tokens (the encoder's image_token_id, one per
@@ -47,8 +47,8 @@ std::shared_ptr<const RequestImages> prompt_images_expand(VisionEncoder& encoder
 
 // Checks that `images` fit `prompt` (expanded): each image's run of placeholder tokens
 // (`image_token`) inside the prompt, in order and apart, its feature rows in order, no other
-// placeholder in the prompt, features [sum of tokens, hidden] F32 on the CPU; an error naming the
-// first misfit.
+// placeholder in the prompt, features [sum of tokens, hidden] F32/BF16/F16 on the CPU; an error
+// naming the first misfit.
 void prompt_images_check(const RequestImages& images, const std::vector<int32_t>& prompt,
                          int64_t image_token, int64_t hidden);
 

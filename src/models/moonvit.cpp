@@ -538,7 +538,7 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
 }
 
 template <class F>
-Tensor MoonVit::on_device(F&& body) {
+Tensor MoonVit::on_device(DType out_dtype, F&& body) {
   std::lock_guard<std::mutex> lock(mu_);
   Batch batch;
   Arena arena(ctx_.device);
@@ -548,9 +548,9 @@ Tensor MoonVit::on_device(F&& body) {
     if (!state_->stream) state_->stream = std::make_unique<CudaStream>(ctx_.device.index);
     CudaStreamGuard guard(state_->stream->get());
     Tensor y = body(step);
-    if (y.dtype() != DType::kF32 || !y.is_contiguous()) {
-      // To F32 on the device: the copy back is then the whole conversion.
-      Tensor f = step.arena.alloc(y.shape(), DType::kF32);
+    if (y.dtype() != out_dtype || !y.is_contiguous()) {
+      // Converted on the device: the copy back is then the whole conversion.
+      Tensor f = step.arena.alloc(y.shape(), out_dtype);
       kernels::cast(f, y);
       y = f;
     }
@@ -559,17 +559,19 @@ Tensor MoonVit::on_device(F&& body) {
     return r;
   }
 #endif
-  return tensor_cast_cpu(body(step), DType::kF32);
+  return tensor_cast_cpu(body(step), out_dtype);
 }
 
 Tensor MoonVit::encode_hidden(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) {
   check_grids(pixel_values, grids);
-  return on_device([&](Step& step) { return tower(step, f32(pixel_values), grids); });
+  return on_device(DType::kF32, [&](Step& step) { return tower(step, f32(pixel_values), grids); });
 }
 
 Tensor MoonVit::encode(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) {
   check_grids(pixel_values, grids);
-  return on_device([&](Step& step) {
+  // In the tower's dtype: F32 on the CPU, the activations' (BF16) from a GPU, whose features
+  // then come back at half the bytes and go to the embedding rows without a conversion.
+  return on_device(ctx_.act_dtype, [&](Step& step) {
     const Tensor x = tower(step, f32(pixel_values), grids);
     const int64_t D = cfg_.hidden;
     const Device dev = ctx_.device;

@@ -78,8 +78,9 @@ class VisionEncoder {
  public:
   virtual ~VisionEncoder() = default;
   // pixel_values [P, 3, patch, patch] F32 on the CPU, the images' patches one image after the
-  // other (grids[i].num_patches() rows each) -> [sum(patches) / merge, text hidden] F32: the rows
-  // that replace each image's placeholder tokens, in order.
+  // other (grids[i].num_patches() rows each) -> [sum(patches) / merge, text hidden] on the CPU:
+  // the rows that replace each image's placeholder tokens, in order; F32 from a tower on the
+  // CPU, the activations' dtype (BF16) from one on a GPU.
   virtual Tensor encode(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) = 0;
   // The same up to the tower's last hidden state (after final_layernorm), [P, D] F32.
   virtual Tensor encode_hidden(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) = 0;
@@ -113,9 +114,9 @@ class MoonVit : public VisionEncoder {
   // The position grid resized to g's (h, w) (bicubic or bilinear), on the host in F32; cached.
   const Tensor& resized_grid(const ImageGrid& g);
   // body(step) on the tower's device (its own stream on CUDA), one call at a time; its result
-  // comes back on the CPU in F32.
+  // comes back on the CPU in out_dtype (converted on the device).
   template <class F>
-  Tensor on_device(F&& body);
+  Tensor on_device(DType out_dtype, F&& body);
   LayerContext ctx_;  // the model's, unquantised, in F32 on the CPU and BF16 on CUDA
   MoonVitConfig cfg_;
   std::unique_ptr<DeviceState> state_;
