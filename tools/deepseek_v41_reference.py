@@ -20,8 +20,10 @@ What the forward computes (per layer, CSA2 role from config.py's rules):
   * Engram (engram layers), before the attention seam: per hyper-connection stream j,
     R_j += sigmoid(sgn(g) sqrt(max(|g|, 1e-6))) v, g = <rms(k_j) k_weight_j, rms(R_j) q_weight_j>
     / sqrt(D), [k_0..k_{hc-1}, v] = wkv(table rows of the n-gram hash heads), eps rms_norm_eps.
-    Token ids are hashed as they are (the fixture has no tokenizer: the compressed vocabulary is
-    the identity).
+    Token ids go through Engram's compressed vocabulary first (tools/engram_vocab_reference.py's
+    rules) when the checkpoint has a tokenizer: deepseek_v41's is a byte-level BPE of the 256
+    bytes, where "A" and "a", or " ", "\t" and "\n", share an id; deepseek_v41_fp8 has none (ids
+    hashed as they are).
   * Single-pass mHC: at each seam the mixes (pre, post, comb; V4's Sinkhorn) are predicted from
     the residual, the sublayer's input is the residual collapsed by the PREVIOUS seam's pre (the
     embedding's stream 0 first), the residual is expanded with this seam's post and comb, and this
@@ -155,8 +157,8 @@ def rms(x, w=None, eps=1e-6):
 
 # ----------------------------------------------------------------------------------------------
 class Model:
-    def __init__(self, c, W):
-        self.c, self.W = c, W
+    def __init__(self, c, W, lookup=None):
+        self.c, self.W, self.lookup = c, W, lookup
         self.topo = topology(c)
         rd = c["qk_rope_head_dim"]
         self.window_freqs = rope_freqs(rd, c["rope_theta"])
@@ -205,8 +207,9 @@ class Model:
         c, p = self.c, f"layers.{L}.engram"
         N, heads = c["engram_max_ngram_size"], c["engram_n_heads"]
         mult = er.multipliers(c["engram_seed"], L, N, c["engram_compressed_vocab_size"])
-        rows = er.hash_rows(np.asarray(ids, dtype=np.int64), mult, self.hash_sizes[L], N, heads,
-                            c["engram_pad_token_id"])
+        lookup = self.lookup if self.lookup is not None else np.arange(c["vocab_size"])
+        rows = er.hash_rows(lookup[np.asarray(ids, dtype=np.int64)], mult, self.hash_sizes[L], N,
+                            heads, int(lookup[c["engram_pad_token_id"]]))
         T, D, hc = R.shape[0], c["hidden_size"], c["hc_mult"]
         emb = self.w(p + ".embed.weight")[torch.from_numpy(rows)].reshape(T, -1)
         kv = emb @ self.w(p + ".wkv.weight").t()
@@ -459,6 +462,42 @@ def greedy(model, prompt, steps):
 
 
 # ----------------------------------------------------------------------------------------------
+# A byte-level BPE tokenizer of the 256 bytes (token i is byte i), and Engram's compressed
+# vocabulary of it by tools/engram_vocab_reference.py's rules.
+def write_tokenizer(out_dir):
+    import engram_vocab_reference as evr
+    b2c = {b: c for c, b in evr.bytes_to_unicode().items()}
+    bl = dict(type="ByteLevel", add_prefix_space=False, trim_offsets=True, use_regex=True)
+    tok = dict(version="1.0", truncation=None, padding=None, added_tokens=[], normalizer=None,
+               pre_tokenizer=bl, post_processor=None, decoder=bl,
+               model=dict(type="BPE", dropout=None, unk_token=None,
+                          continuing_subword_prefix=None, end_of_word_suffix=None,
+                          fuse_unk=False, byte_fallback=False,
+                          vocab={b2c[i]: i for i in range(256)}, merges=[]))
+    with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tok, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+
+
+def compressed_lookup(tokenizer_json):
+    import engram_vocab_reference as evr
+    j = json.load(open(tokenizer_json, encoding="utf-8"))
+    byte_of = evr.bytes_to_unicode()
+    tokens = {v: k for k, v in j["model"]["vocab"].items()}
+    keys, lookup = {}, []
+    for tid in range(len(tokens)):
+        tok = tokens[tid]
+        text = bytes(byte_of[ch] for ch in tok).decode("utf-8", errors="replace")
+        if "\ufffd" in text:
+            key = tok
+        else:
+            n = evr.normalize(text)
+            key = n if n else text
+        lookup.append(keys.setdefault(key, len(keys)))
+    return np.asarray(lookup, dtype=np.int64), len(keys)
+
+
+# ----------------------------------------------------------------------------------------------
 # The native quantised format (tools/make_v4_quantized_fixture.py's encoders): FP8 e4m3 linears in
 # 32 x 32 blocks with F8_E8M0 scales ".scale", FP4 e2m1 routed experts ([rows, K/2] I8, the low
 # nibble the even column) with F8_E8M0 scales per 32 values along K.
@@ -552,16 +591,21 @@ TEXT_FP8 = dict(TEXT, num_hidden_layers=3, num_nextn_predict_layers=0,
                 engram_layer_ids=[0])
 
 
-def build(root, name, text, quantized):
+def build(root, name, text, quantized, tokenizer):
     text = dict(text)
     text["engram_num_embeddings"] = engram_rows(text)
+    out_dir = os.path.join(root, "models", name)
+    os.makedirs(out_dir, exist_ok=True)
+    lookup = None
+    if tokenizer:
+        write_tokenizer(out_dir)
+        lookup, size = compressed_lookup(os.path.join(out_dir, "tokenizer.json"))
+        text["engram_compressed_vocab_size"] = size
     config = dict(ROOT)
     if quantized:
         config["quantization_config"] = QUANT
     config["text_config"] = text
     V = text["vocab_size"]
-    out_dir = os.path.join(root, "models", name)
-    os.makedirs(out_dir, exist_ok=True)
     weights = os.path.join(out_dir, "model.safetensors")
     for attempt in range(40):
         g = torch.Generator().manual_seed(1000 + attempt)
@@ -583,7 +627,7 @@ def build(root, name, text, quantized):
         with open(os.path.join(out_dir, "config.json")) as f:
             cfg = json.load(f)["text_config"]
         loaded = load_dequantized(weights) if quantized else load_safetensors(weights)
-        model = Model(cfg, {k: v.float() for k, v in loaded.items()})
+        model = Model(cfg, {k: v.float() for k, v in loaded.items()}, lookup)
         logits = model.forward(ids)
         gen, margins = greedy(model, prompt, GREEDY_STEPS)
         m = model.margins
@@ -612,8 +656,8 @@ def build(root, name, text, quantized):
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
-    build(root, NAME, TEXT, quantized=False)
-    build(root, NAME + "_fp8", TEXT_FP8, quantized=True)
+    build(root, NAME, TEXT, quantized=False, tokenizer=True)
+    build(root, NAME + "_fp8", TEXT_FP8, quantized=True, tokenizer=False)
 
 
 if __name__ == "__main__":

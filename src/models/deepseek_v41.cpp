@@ -21,22 +21,23 @@
 //     before the first), writes back with its own post and comb, and carries its pre on; the last
 //     pre collapses the streams before the final norm (no hc_head).
 //   * Engram (layers/engram.h) on engram_layer_ids, before the attention site: each stream j
-//     gains sigmoid(gate_j) v from the n-gram hash rows of the token and its predecessors (their
-//     ids kept in a per-token plane of the paged cache, so decode, chunked prefill and prefix
-//     caching see the history), eps rms_norm_eps.
+//     gains sigmoid(gate_j) v from the n-gram hash rows of the token and its predecessors, their
+//     ids first mapped through the compressed vocabulary of the tokenizer beside config.json
+//     (tokenizer/engram_vocab.h; none: the ids as they are) and kept in a per-token plane of the
+//     paged cache, so decode, chunked prefill and prefix caching see the history; eps
+//     rms_norm_eps.
 //   * The MoE is V4's (no hash layers); gate.bias_vl (the image tokens' routing bias) is not read.
 // The vision tower's tensors (vision.*, aligner.*, image_start/end/newline) and the DSpark draft
 // stages (mtp.*) are skipped unread; an image request is refused by the engine (a text model).
-// Not done: the compressed vocabulary of Engram (token ids are hashed as they are, which is what
-// a checkpoint without a tokenizer folder — the fixture — means, but not DeepSeek's release); the
-// index plane in FP8 / FP4 (index_cache_dtype is checked, the CPU keeps the keys in F32) and the
-// FP8 rounding of window keys and activations (native FP8 / FP4 weights are dequantised at
-// load); the FP8 Engram tables; CUDA;
-// tensor and pipeline parallelism (refused); speculative decoding (DSpark).
+// Not done: the index plane in FP8 / FP4 (index_cache_dtype is checked, the CPU keeps the keys in
+// F32) and the FP8 rounding of window keys and activations (native FP8 / FP4 weights are
+// dequantised at load); the FP8 Engram tables; CUDA; tensor and pipeline parallelism (refused);
+// speculative decoding (DSpark).
 #include "models/deepseek_v41.h"
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -51,6 +52,7 @@
 #include "models/deepseek_v41_config.h"
 #include "models/deepseek_v4_parts.h"
 #include "models/llama.h"
+#include "tokenizer/engram_vocab.h"
 
 namespace atom {
 
@@ -108,6 +110,7 @@ struct V41Options {
   HyperConnectionOptions hc;
   DeepseekV4MoeOptions moe;
   std::optional<EngramConfig> engram;
+  std::optional<tokenizer::CompressedVocab> vocab;  // Engram's, from the checkpoint's tokenizer
 
   explicit V41Options(const ModelConfig& c) : cfg(DeepseekV41Config::parse(c)) {
     const ConfigFields& t = cfg.text;
@@ -140,6 +143,18 @@ struct V41Options {
       t.bad("scoring_func", "must be 'sqrtsoftplus' (DeepSeek-V4.1), got '" + moe.scoring + "'");
     moe.fp4_experts = cfg.quantized;  // expert_dtype fp4, checked by the config
     if (!cfg.engram_layer_ids.empty()) engram = EngramConfig::parse(t);
+    // Engram hashes compressed ids: the tokenizer beside config.json, when there is one, gives
+    // them (tokenizer/engram_vocab.h); without one the ids are hashed as they are.
+    const std::filesystem::path config_path(c.path);
+    if (engram && config_path.has_parent_path() &&
+        std::filesystem::exists(config_path.parent_path() / "tokenizer.json")) {
+      vocab = tokenizer::engram_compressed_vocab(
+          tokenizer::Tokenizer::from_dir(config_path.parent_path()));
+      if (vocab->size != engram->compressed_vocab_size)
+        t.bad("engram_compressed_vocab_size",
+              fmt::format("is {}, but the tokenizer's compressed vocabulary has {} ids",
+                          engram->compressed_vocab_size, vocab->size));
+    }
   }
 
   const V41LayerAttention& role(int64_t layer) const {
@@ -384,12 +399,13 @@ class DeepseekV41Attention {
 };
 
 // One layer's Engram read, with the compressed ids of the tokens before the step (a per-token
-// plane of the paged cache) as its n-grams' history.
+// plane of the paged cache, F32: exact up to 2^24 ids) as its n-grams' history.
 class DeepseekV41Engram {
  public:
   DeepseekV41Engram(LayerContext& ctx, const V41Options& v, const EngramHash& hash, int64_t layer,
                     const std::string& prefix)
-      : hash_(hash),
+      : v_(v),
+        hash_(hash),
         engram_(ctx, prefix, hash, layer, v.cfg.hidden, v.cfg.hc_mult, v.cfg.eps),
         history_(hash.config().max_ngram_size - 1) {
     ids_index_ = static_cast<int>(ctx.cache_specs->size());
@@ -402,14 +418,16 @@ class DeepseekV41Engram {
     const int64_t T = streams.size(0);
     const Tensor& ids = step.kv->plane(static_cast<size_t>(ids_index_), CacheKind::kRows);
     check_cpu_f32(ids, "the Engram id cache");
-    // Token ids are hashed as they are: the compressed vocabulary is not applied (see above).
-    const int64_t pad = hash_.config().pad_token_id;
+    // Compressed ids (the tokenizer's CompressedVocab; without a tokenizer the ids themselves).
+    auto compress = [&](int64_t id) { return v_.vocab ? (*v_.vocab)(id) : id; };
+    const int64_t pad = compress(hash_.config().pad_token_id);
     Tensor emb = step.empty({T, engram_.width()}, DType::kF32);
     for (int s = 0; s < b.num_seqs(); ++s) {
       const PagedRows rows = paged_rows(b, s, 1);
       const auto [q0, q1, start] = seq_rows(b, s);
       for (int64_t i = q0; i < q1; ++i)
-        *rows.row(ids, start + (i - q0)) = static_cast<float>(b.token_ids[static_cast<size_t>(i)]);
+        *rows.row(ids, start + (i - q0)) =
+            static_cast<float>(compress(b.token_ids[static_cast<size_t>(i)]));
       const int64_t first = std::max<int64_t>(0, start - history_);
       std::vector<int64_t> seq;
       for (int64_t p = first; p < start + (q1 - q0); ++p)
@@ -425,6 +443,7 @@ class DeepseekV41Engram {
   }
 
  private:
+  const V41Options& v_;
   const EngramHash& hash_;
   Engram engram_;
   int64_t history_;

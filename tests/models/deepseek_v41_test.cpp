@@ -2,6 +2,7 @@
 // PyTorch forward written from ROCm/ATOM's public definition, on its tiny fixture
 // (tests/fixtures/models/deepseek_v41: 5 layers covering every CSA2 role — window, FULL at ratio
 // 2 with Engram, FULL at ratio 1 as the candidate source, REINDEX inside its candidates, REUSE —
+// and a byte-level tokenizer whose compressed vocabulary Engram hashes;
 // a prompt of 40 tokens past the window of 8, top-k 4 and two candidate blocks of 4): the
 // logits, the greedy tokens, decoding one token at a time and in chunks against whole-prompt
 // scoring, the engine alone, batched and with chunked prefill and the prefix cache, the CSA2
@@ -40,10 +41,11 @@ double v41_max_rel(const Tensor& got, const Tensor& want) {
   return d / m;
 }
 
-// Measured on this machine (2026-12-07, F32 on the CPU): max |Δlogit| / max |logit| 1.1e-6,
-// normalised L2 error 8.8e-7. The bound is 1e-4 relative. Planted bugs each fail it and the greedy
-// test (measured max relative error): Engram skipped 1.16, the single-pass mHC collapsing by the
-// site's own pre 0.90, REINDEX taking its KV owner's top-k 0.49, the candidate blocks ignored 0.49.
+// Measured on this machine (2026-12-07, F32 on the CPU): max |Δlogit| / max |logit| 1.4e-6,
+// normalised L2 error 9.4e-7. The bound is 1e-4 relative. Planted bugs each fail it and the greedy
+// test (measured max relative error): Engram's compressed vocabulary not applied 1.29, Engram
+// skipped 1.11, the single-pass mHC collapsing by the site's own pre 0.59, the candidate blocks
+// ignored 0.49, REINDEX taking its KV owner's top-k 0.44.
 TEST(DeepseekV41, LogitsMatchTheReference) {
   const Reference ref = reference_load(kV41);
   const Tensor got = score_tokens(v41_model(), ref.input_ids);
@@ -225,6 +227,10 @@ TEST(DeepseekV41, RefusalsNameTheField) {
   EXPECT_ERROR_CONTAINS(
       v41_load_edited([](auto& c) { c["text_config"]["scoring_func"] = "sigmoid"; }),
       "'scoring_func'");
+  // The tokenizer beside config.json compresses 256 byte tokens into 227 ids.
+  EXPECT_ERROR_CONTAINS(
+      v41_load_edited([](auto& c) { c["text_config"]["engram_compressed_vocab_size"] = 256; }),
+      "'engram_compressed_vocab_size'", "227");
 }
 
 }  // namespace
