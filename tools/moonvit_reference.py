@@ -14,6 +14,10 @@ projector are random, bf16-representable) and OUT_DIR/references/kimi_k25_torch.
   resize_src [5, 7, 3], resize_up [9, 12, 3], resize_down [3, 2, 3]   F.interpolate bicubic
   pixel_values [P, 3, 14, 14], grid_thw [I, 3]   two images: an 8 x 8 grid and a 2 x 6 one
   vision_hidden [P, D], image_embeds [M, H]      this forward's outputs
+  /usr/bin/python3 tools/moonvit_reference.py OUT_DIR float64
+writes OUT_DIR/references/kimi_k25_hf_f64.safetensors: the kimi_k25_hf fixture's tower and
+projector in float64 on transformers' own images (vision_hidden, image_embeds); kimi_k3 and video
+write the K3 tower's and the video references.
 """
 import json
 import os
@@ -349,6 +353,30 @@ def main():
         if "vt_hidden_size" not in json.load(open(os.path.join(folder, "config.json")))["vision_config"]:
             add_k3_tower(folder)
         references(out, folder, "kimi_k3_vision_torch", rms_eps=2.0 ** -7)
+        return
+    if len(sys.argv) > 2 and sys.argv[2] == "float64":
+        # The kimi_k25_hf fixture (made by transformers) in float64 on transformers' own images:
+        # the exact answer both float32 towers approximate (its patch embedding reaches ~600, so
+        # each float32 tower's summation order shows at 1e-4).
+        folder = os.path.join(out, "models", "kimi_k25_hf")
+        cfg = json.load(open(os.path.join(folder, "config.json")))
+        p = {}
+        for f in sorted(os.listdir(folder)):
+            if f.endswith(".safetensors"):
+                p.update({k.replace("vision_tower.encoder.patch_embed.", "vision_tower.patch_embed."):
+                          v.double() for k, v in load_safetensors(os.path.join(folder, f)).items()
+                          if k.startswith(("vision_tower.", "mm_projector."))})
+        hf = load_safetensors(os.path.join(out, "references", "kimi_k25_hf.safetensors"))
+        grids = [tuple(int(v) for v in g) for g in hf["grid_thw"]]
+        with torch.no_grad():
+            hidden = tower(p, cfg["vision_config"], hf["pixel_values"].double(), grids)
+            embeds = project(p, cfg["vision_config"], hidden, grids,
+                             cfg.get("projection_layer_norm_eps", 1e-5))
+        for name, t in (("vision_hidden", hidden), ("image_embeds", embeds)):
+            print(name, "transformers (float32) vs float64: max |diff|",
+                  float((hf[name].double() - t).abs().max()))
+        save_safetensors(dict(vision_hidden=hidden.float(), image_embeds=embeds.float()),
+                         os.path.join(out, "references", "kimi_k25_hf_f64.safetensors"))
         return
     if len(sys.argv) > 2 and sys.argv[2] == "video":
         # Video grids (frames attend jointly, the fixed time table, the merge's temporal mean)

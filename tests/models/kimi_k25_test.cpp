@@ -114,6 +114,26 @@ TEST(KimiK25, VisionTowerAndProjectorMatchTransformers) {
   expect_tower_matches(*v, ref, kTransformersVisionTolerance, "kimi_k25 vs transformers");
 }
 
+// The same fixture and images against the PyTorch reference in float64
+// (tools/moonvit_reference.py OUT float64). transformers' float32 tower is 2.66e-4 (tower) and
+// 9.2e-5 (features) from it: the fixture's patch embedding reaches values near 600, where each
+// float32 tower's summation order shows; atom's is 8.2e-5 and 4.5e-5 from it.
+TEST(KimiK25, VisionTowerAndProjectorMatchAFloat64Reference) {
+  VisionRef images("kimi_k25_hf");
+  const SafetensorsFile f64(source_dir() + "/tests/fixtures/references/kimi_k25_hf_f64.safetensors",
+                            /*use_mmap=*/true);
+  LoadedModel m = model_load(fixture_dir("kimi_k25_hf"), ModelOptions{});
+  VisionEncoder* v = m.model->vision_encoder();
+  ASSERT_NE(v, nullptr);
+  const float dh = expect_logits_near(v->encode_hidden(images.pixel_values, images.grids),
+                                      f64.tensor("vision_hidden").clone(), 1e-4f,
+                                      "kimi_k25_hf vs float64, last hidden state");
+  const float de = expect_logits_near(v->encode(images.pixel_values, images.grids),
+                                      f64.tensor("image_embeds").clone(), 1e-4f,
+                                      "kimi_k25_hf vs float64, projected features");
+  std::printf("kimi_k25_hf vs the float64 reference: max |Δ| tower %.3g, projector %.3g\n", dh, de);
+}
+
 TEST(KimiK25, LogitsWithImagesMatchTransformers) {
   VisionRef ref("kimi_k25_hf");
   LoadedModel m = model_load(fixture_dir("kimi_k25_hf"), ModelOptions{});
