@@ -409,7 +409,8 @@ class DeepseekV41Engram {
         engram_(ctx, prefix, hash, layer, v.cfg.hidden, v.cfg.hc_mult, v.cfg.eps),
         history_(hash.config().max_ngram_size - 1) {
     ids_index_ = static_cast<int>(ctx.cache_specs->size());
-    ctx.cache_specs->push_back(CacheSpec::rows(1, 1, ctx.act_dtype));
+    // F32 whatever the KV cache's dtype: the ids must stay exact.
+    ctx.cache_specs->push_back(CacheSpec::rows(1, 1, DType::kF32, /*keeps_dtype=*/true));
   }
 
   // streams [T, hc, D] += the Engram read.

@@ -242,6 +242,12 @@ TEST(DeepseekV41, RefusalsNameTheField) {
   EXPECT_ERROR_CONTAINS(
       v41_load_edited([](auto& c) { c["text_config"]["scoring_func"] = "sigmoid"; }),
       "'scoring_func'");
+  // A BF16 or FP8 KV cache on the CPU: refused by name, never a float written into a narrower
+  // plane.
+  EXPECT_ERROR_CONTAINS(score_tokens(v41_model(), {5, 6, 7}, 0, 16, DType::kBF16),
+                        "must be contiguous F32");
+  EXPECT_ERROR_CONTAINS(score_tokens(v41_model(), {5, 6, 7}, 0, 16, DType::kF8E4M3),
+                        "must be contiguous F32");
   // The tokenizer beside config.json compresses 256 byte tokens into 227 ids.
   EXPECT_ERROR_CONTAINS(
       v41_load_edited([](auto& c) { c["text_config"]["engram_compressed_vocab_size"] = 256; }),
