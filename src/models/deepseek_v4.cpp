@@ -37,6 +37,8 @@
 // The CPU dequantises every one at load to the F32 weights (layers/linear.h's FP8 block path,
 // layers/moe.h's MXFP4 path).
 // CPU only so far (issue 35: the CUDA kernels, and keeping the weights FP8/FP4, come next).
+// The mixture of experts, the attention's per-query core, the grouped wo_a and the release names
+// are models/deepseek_v4_parts.h, shared with DeepSeek-V4.1 (models/deepseek_v41.cpp).
 #include <algorithm>
 #include <cmath>
 #include <limits>
