@@ -13,8 +13,9 @@ coefficients, sinks and routing biases F32, two vision tensors the text model mu
 the saved folder fresh in fp32 and writes FIXTURES_DIR/references/deepseek_v41.safetensors in
 tools/make_fixtures.py's format (input_ids, logits, greedy_prompt, greedy_tokens, greedy_margins).
 Then the same for deepseek_v41_fp8 (3 layers) in DeepSeek's native format: FP8 e4m3 linears in
-32 x 32 blocks with F8_E8M0 scales, FP4 e2m1 routed experts (tools/make_v4_quantized_fixture.py's
-encoders), the reference reading the file back through its own decoder (load_dequantized).
+32 x 32 blocks with F8_E8M0 scales, the Engram table FP8 with an F8_E8M0 scale per 32 values of a
+row, FP4 e2m1 routed experts (tools/make_v4_quantized_fixture.py's encoders), the reference
+reading the file back through its own decoder (load_dequantized).
 
 What the forward computes (per layer, CSA2 role from config.py's rules):
   * Engram (engram layers), before the attention seam: per hyper-connection stream j,
@@ -514,8 +515,10 @@ def save_quantized(W, f32, path):
     for name, t in W.items():
         mod = name[:-len(".weight")] if name.endswith(".weight") else None
         v = t.float().numpy()
-        if mod and mod.endswith(FP8_MODULES):
-            codes, (sdtype, sc), _ = mq.quantize_fp8(mq_bf16(v), 32, 32, True)
+        if mod and mod.endswith(FP8_MODULES + (".engram.embed",)):
+            # The Engram table: one scale per 32 values of a row; the linears: 32 x 32 blocks.
+            bn = 1 if mod.endswith(".engram.embed") else 32
+            codes, (sdtype, sc), _ = mq.quantize_fp8(mq_bf16(v), bn, 32, True)
             out[name] = ("F8_E4M3", v.shape, codes.tobytes())
             out[mod + ".scale"] = (sdtype, sc.shape, sc.tobytes())
         elif mod and ".ffn.experts." in mod:
@@ -566,7 +569,8 @@ def load_dequantized(path):
             sc = 2.0 ** (np.frombuffer(sb, np.uint8).astype(np.float64) - 127)
             sc = sc.reshape(se["shape"])
             rows, cols = shape
-            full = np.repeat(np.repeat(sc, 32, 0), 32, 1)[:rows, :cols]
+            bn = 1 if k.endswith(".engram.embed.weight") else 32
+            full = np.repeat(np.repeat(sc, bn, 0), 32, 1)[:rows, :cols]
             v = e4m3(np.frombuffer(b, np.uint8).reshape(shape)) * full
         elif dt == "I8":
             se, sb = raw[k[:-len(".weight")] + ".scale"]
@@ -584,11 +588,12 @@ def load_dequantized(path):
 
 
 # The quantised fixture: 3 layers (FULL ratio 2 with Engram; FULL ratio 1; REUSE), experts of
-# 32 (FP4 groups of 32 along K), in DeepSeek's native format.
+# 32 (FP4 groups of 32 along K), Engram rows of 32 (one FP8 scale each), in DeepSeek's native
+# format.
 TEXT_FP8 = dict(TEXT, num_hidden_layers=3, num_nextn_predict_layers=0,
                 moe_intermediate_size=32, compress_ratios=[2, 1, 1], kv_source_layer_ids=[0, 1],
                 index_source_layer_ids=[0, 1], candidate_source_layer_id=-1,
-                engram_layer_ids=[0])
+                engram_layer_ids=[0], engram_head_dim=32)
 
 
 def build(root, name, text, quantized, tokenizer):

@@ -4,11 +4,12 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/half.h"
 
 namespace atom {
 
 Engram::Engram(LayerContext& ctx, const std::string& prefix, const EngramHash& hash,
-               int64_t layer_id, int64_t hidden, int64_t hc_mult, double eps)
+               int64_t layer_id, int64_t hidden, int64_t hc_mult, double eps, bool fp8_table)
     : hash_(hash),
       layer_id_(layer_id),
       hidden_(hidden),
@@ -24,8 +25,16 @@ Engram::Engram(LayerContext& ctx, const std::string& prefix, const EngramHash& h
   const std::vector<int64_t>& sizes = hash.head_sizes(layer_id);  // an Error if not an engram layer
   rows_ = 0;
   for (int64_t s : sizes) rows_ += s;
+  const int64_t d = hash.config().head_dim;
+  ATOM_CHECK(!fp8_table || d % 32 == 0,
+             "{}: an FP8 table has a scale per 32 values of a row; head_dim {} is not a multiple "
+             "of 32",
+             prefix, d);
   table_ = &ctx.params.add(prefix + ".embed.weight",
-                           Tensor::zeros({rows_, hash.config().head_dim}, DType::kF32));
+                           Tensor::zeros({rows_, d}, fp8_table ? DType::kF8E4M3 : DType::kF32));
+  if (fp8_table)
+    table_scale_ = &ctx.params.add(prefix + ".embed.weight_scale",
+                                   Tensor::zeros({rows_, d / 32}, DType::kE8M0));
   k_weight_ =
       &ctx.params.add(prefix + ".k_weight", ctx.param_tensor({hc_mult, hidden}, DType::kF32));
   q_weight_ =
@@ -40,12 +49,21 @@ void Engram::embed(std::span<const int64_t> ids, int64_t pad_id, size_t begin,
   ATOM_CHECK(static_cast<int64_t>(out.size()) == n * width_,
              "Engram: {} floats for {} positions of width {}", out.size(), n, width_);
   const std::vector<int64_t> rows = hash_.rows(ids, layer_id_, pad_id, begin);
-  const float* table = table_->data().ptr<float>();
   for (int64_t t = 0; t < n; ++t)
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t r = rows[static_cast<size_t>(t * heads + h)];
       ATOM_CHECK(r >= 0 && r < rows_, "Engram: table row {} of {}", r, rows_);
-      std::copy(table + r * d, table + (r + 1) * d, out.data() + t * width_ + h * d);
+      float* o = out.data() + t * width_ + h * d;
+      if (!table_scale_) {
+        const float* table = table_->data().ptr<float>();
+        std::copy(table + r * d, table + (r + 1) * d, o);
+        continue;
+      }
+      // FP8 e4m3 codes times 2^(e - 127), one exponent per 32 values.
+      const uint8_t* codes = table_->data().ptr<uint8_t>() + r * d;
+      const uint8_t* exps = table_scale_->data().ptr<uint8_t>() + r * (d / 32);
+      for (int64_t c = 0; c < d; ++c)
+        o[c] = f8e4m3_to_f32(codes[c]) * std::ldexp(1.0f, int{exps[c / 32]} - 127);
     }
 }
 

@@ -10,8 +10,9 @@
 // in fp32, eps 1e-20 (the gains used as they are, not 1 + w). No short convolution (V4.1 has
 // none). Parameters under `prefix`: embed.weight [table rows, head_dim], wkv.weight
 // [(hc_mult + 1) H, heads · head_dim], k_weight and q_weight [hc_mult, H]. The table is held on
-// the CPU in F32 (the reference's tables, 98 GB of FP8 each in the release, are read on the host
-// too; their FP8 form and e8m0 scales are not read yet), the rest where the model is.
+// the CPU (the reference's tables, 98 GB of FP8 each in the release, are read on the host too):
+// F32, or the release's FP8 with e8m0 scales per 32 values (fp8_table), decoded row by row as
+// read; the rest where the model is.
 #pragma once
 
 #include <span>
@@ -25,8 +26,11 @@ namespace atom {
 
 class Engram {
  public:
+  // fp8_table: the table as DeepSeek-V4.1's release stores it, F8_E4M3 "embed.weight" [rows,
+  // head_dim] with F8_E8M0 "embed.weight_scale" [rows, head_dim / 32] (one power of two per 32
+  // values of a row); kept so, each row read decoded.
   Engram(LayerContext& ctx, const std::string& prefix, const EngramHash& hash, int64_t layer_id,
-         int64_t hidden, int64_t hc_mult, double eps = 1e-20);
+         int64_t hidden, int64_t hc_mult, double eps = 1e-20, bool fp8_table = false);
 
   int64_t width() const { return width_; }  // heads · head_dim
 
@@ -43,7 +47,8 @@ class Engram {
   const EngramHash& hash_;
   int64_t layer_id_, hidden_, hc_, width_, rows_;
   float eps_;
-  Parameter* table_;  // [rows, head_dim] F32 on the CPU
+  Parameter* table_;                  // [rows, head_dim] F32 (or F8_E4M3) on the CPU
+  Parameter* table_scale_ = nullptr;  // fp8_table: [rows, head_dim / 32] E8M0
   ReplicatedLinear wkv_;
   Parameter *k_weight_, *q_weight_;  // [hc, H]
 };

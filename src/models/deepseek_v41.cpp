@@ -406,7 +406,8 @@ class DeepseekV41Engram {
                     const std::string& prefix)
       : v_(v),
         hash_(hash),
-        engram_(ctx, prefix, hash, layer, v.cfg.hidden, v.cfg.hc_mult, v.cfg.eps),
+        engram_(ctx, prefix, hash, layer, v.cfg.hidden, v.cfg.hc_mult, v.cfg.eps,
+                /*fp8_table=*/v.cfg.quantized),
         history_(hash.config().max_ngram_size - 1) {
     ids_index_ = static_cast<int>(ctx.cache_specs->size());
     // F32 whatever the KV cache's dtype: the ids must stay exact.

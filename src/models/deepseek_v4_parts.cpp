@@ -167,7 +167,7 @@ void deepseek_v4_release_names(WeightLoadSpec& s, int64_t experts, bool fp4_expe
     static const char* const kFp8[] = {
         ".attn.wq_a",         ".attn.wq_b",    ".attn.wkv",          ".attn.wo_a",
         ".attn.wo_b",         ".indexer.wq_b", ".shared_experts.w1", ".shared_experts.w2",
-        ".shared_experts.w3", ".engram.wkv"};
+        ".shared_experts.w3", ".engram.wkv",   ".engram.embed"};
     const std::set<std::string> all(names.begin(), names.end());
     for (const auto& n : names) {
       if (n.starts_with("mtp.")) continue;
