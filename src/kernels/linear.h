@@ -50,6 +50,41 @@ inline bool linear_silu_mul(Tensor& out, const Tensor& x, const Tensor& w,
 #endif
 }
 
+// out = gelu_tanh(x · wᵀ + bias) (kernels/encoder.h's gelu, tanh form) in one op where one
+// applies (CUDA: cuBLASLt's GELU epilogue, for M above the skinny kernel's and out in x's dtype):
+// the same values as linear() then gelu() up to rounding. Returns false, computing nothing,
+// where none applies (the CPU, decode-sized M); the caller then runs the two ops.
+namespace cuda {
+bool linear_gelu(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias);
+}
+inline bool linear_gelu(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias = {}) {
+  check_same_device("linear_gelu", out.device(), {&x, &w, &bias});
+  if (out.device().is_cpu()) return false;
+#ifdef ATOM_HAVE_CUDA
+  return cuda::linear_gelu(out, x, w, bias);
+#else
+  return false;
+#endif
+}
+
+// out += x · wᵀ + bias (a residual added in the product: cuBLASLt's beta = 1 on CUDA, for M above
+// the skinny kernel's and out in x's dtype): the same values as linear() into a temporary then
+// add() up to rounding. Returns false, computing nothing, where none applies (the CPU,
+// decode-sized M); the caller then runs the two ops.
+namespace cuda {
+bool linear_accumulate(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias);
+}
+inline bool linear_accumulate(Tensor& out, const Tensor& x, const Tensor& w,
+                              const Tensor& bias = {}) {
+  check_same_device("linear_accumulate", out.device(), {&x, &w, &bias});
+  if (out.device().is_cpu()) return false;
+#ifdef ATOM_HAVE_CUDA
+  return cuda::linear_accumulate(out, x, w, bias);
+#else
+  return false;
+#endif
+}
+
 // A [q; k; v] projection followed by RoPE on q and k and the paged cache write of k and v
 // (kernels/rope.h: rope_kv_cache_write), for linear_rope_kv.
 struct QkvRope {

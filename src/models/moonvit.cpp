@@ -397,6 +397,18 @@ Tensor host_padded(const Tensor& src, int64_t cols, DType dtype) {
 }
 }  // namespace
 
+namespace {
+Tensor bias_of(LinearBase& l) { return l.bias() ? l.bias()->data() : Tensor(); }
+
+// x += l(in): one GEMM accumulating into x where the backend has it (kernels::linear_accumulate),
+// else the product into a step tensor and an add.
+void residual_linear(Step& step, Tensor& x, LinearBase& l, const Tensor& in, bool fused) {
+  if (fused && kernels::linear_accumulate(x, in, l.weight().data(), bias_of(l))) return;
+  const Tensor y = l.forward(step, in);
+  kernels::add(x, x, y);
+}
+}  // namespace
+
 // The stream a tower on CUDA runs on: its own, so that encoding an image on a server thread
 // overlaps the engine's steps instead of queueing behind them.
 struct MoonVit::DeviceState {
@@ -516,6 +528,9 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
 
   Tensor h = step.arena.alloc({P, D}, at);
   Tensor attn = step.arena.alloc({P, Q}, at);
+  // ATOM_VISION_EPILOGUES=0: GELU and the residual adds as their own kernels on CUDA too (the
+  // unfused path, for comparison).
+  static const bool fused = env_bool("ATOM_VISION_EPILOGUES", true);
   for (auto& blk : blocks_) {
     const Arena::Mark m = step.arena.mark();
     vit_norm(h, x, blk->norm0_w, blk->norm0_b, cfg_.rms_norm, eps);
@@ -523,13 +538,16 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
     Tensor qk = qkv.narrow(1, 0, 2 * Q);
     kernels::rotate_pairs(qk, cosv, sinv, static_cast<int>(hd));
     kernels::encoder_attention(attn, qkv, starts, attn_args, step.arena);
-    const Tensor a = blk->wo->forward(step, attn);
-    kernels::add(x, x, a);
+    // x += wo(attn); f = gelu_tanh(fc0(h)); x += fc1(f): in the GEMMs' epilogues where the
+    // backend has them (CUDA), else as separate ops.
+    residual_linear(step, x, *blk->wo, attn, fused);
     vit_norm(h, x, blk->norm1_w, blk->norm1_b, cfg_.rms_norm, eps);
-    Tensor f = blk->fc0->forward(step, h);
-    kernels::gelu(f, f, /*tanh_approx=*/true);
-    const Tensor y = blk->fc1->forward(step, f);
-    kernels::add(x, x, y);
+    Tensor f = step.arena.alloc({P, blk->fc0->out_per_rank()}, at);
+    if (!fused || !kernels::linear_gelu(f, h, blk->fc0->weight().data(), bias_of(*blk->fc0))) {
+      blk->fc0->forward(step, h, f);
+      kernels::gelu(f, f, /*tanh_approx=*/true);
+    }
+    residual_linear(step, x, *blk->fc1, f, fused);
     step.arena.release(m);
   }
   Tensor out = step.arena.alloc({P, D}, at);

@@ -7,6 +7,8 @@
 #include "gpu_util.h"
 #include "kernels/activation.h"
 #include "kernels/cuda_tuning.h"
+#include "kernels/elementwise.h"
+#include "kernels/encoder.h"
 #include "kernels/rope.h"
 
 namespace atom::test {
@@ -116,6 +118,91 @@ TEST(GpuLinear, SiluMulFusedMatchesLinearThenSiluMul) {
   Tensor cx = Tensor::empty({1, 64}, DType::kBF16), cw = Tensor::empty({64, 64}, DType::kBF16);
   Tensor co = Tensor::empty({1, 32}, DType::kBF16);
   EXPECT_FALSE(kernels::linear_silu_mul(co, cx, cw));
+}
+
+// cuBLASLt's GELU and accumulating (beta = 1) epilogues: close to linear() then gelu() / add() on
+// the GPU and on the CPU (the CPU's F32 product, GELU and add rounded to BF16 once each); not
+// applied (false) at decode-sized M or on the CPU. MoonViT's shapes (fc0 1152 -> 4304, wo and
+// fc1 back into the residual) and odd ones, with and without a bias, strided rows.
+TEST(GpuLinear, GeluAndAccumulateEpiloguesMatchTheOpsApart) {
+  struct Case {
+    int64_t m, n, k;
+    DType dt;
+    bool bias, strided_x;
+    float wr = 0.1f;  // weights in [-wr, wr]
+  };
+  uint64_t seed = 900;
+  // F32 (no output rounding; products of magnitude ~2, where GELU's erf and tanh forms differ by
+  // up to 4.7e-4): shows that the epilogue computes the tanh form.
+  for (const Case& c :
+       {Case{1024, 4304, 1152, DType::kBF16, true, false},
+        Case{300, 1152, 4304, DType::kBF16, true, true},
+        Case{77, 200, 96, DType::kBF16, false, false}, Case{129, 136, 72, DType::kF16, true, true},
+        Case{100, 256, 128, DType::kF32, true, false, 0.5f}}) {
+    SCOPED_TRACE("M=" + std::to_string(c.m) + " N=" + std::to_string(c.n) +
+                 " K=" + std::to_string(c.k));
+    const int64_t kx = c.strided_x ? c.k + 24 : c.k;
+    Tensor xw = random_cpu({c.m, kx}, c.dt, ++seed, -1, 1);
+    Tensor x = xw.narrow(1, c.strided_x ? 16 : 0, c.k);
+    Tensor w = random_cpu({c.n, c.k}, c.dt, ++seed, -c.wr, c.wr);
+    Tensor b = c.bias ? random_cpu({c.n}, c.dt, ++seed, -1, 1) : Tensor();
+    Tensor r0 = random_cpu({c.m, c.n}, c.dt, ++seed, -2, 2);  // the residual
+    Tensor gx = xw.to(gpu()).narrow(1, c.strided_x ? 16 : 0, c.k);
+    Tensor gw = w.to(gpu()), gb = c.bias ? b.to(gpu()) : Tensor();
+    // CPU: F32 product, then the ops.
+    Tensor y = Tensor::empty({c.m, c.n}, DType::kF32), yx = Tensor::empty({c.m, c.n}, DType::kF32);
+    Tensor x32 = Tensor::empty(x.shape(), DType::kF32), w32 = Tensor::empty(w.shape(), DType::kF32);
+    kernels::cast(x32, x);
+    kernels::cast(w32, w);
+    Tensor b32;
+    if (c.bias) {
+      b32 = Tensor::empty({c.n}, DType::kF32);
+      Tensor rows = b32.view({1, c.n});
+      kernels::cast(rows, b.view({1, c.n}));
+    }
+    kernels::linear(y, x32, w32, b32);
+    Tensor ref_gelu = Tensor::empty({c.m, c.n}, DType::kF32);
+    kernels::gelu(ref_gelu, y, /*tanh_approx=*/true);
+    Tensor ref_acc = Tensor::empty({c.m, c.n}, DType::kF32);
+    kernels::cast(yx, r0);
+    kernels::add(ref_acc, yx, y);
+    // GPU, fused.
+    Tensor g = Tensor::empty({c.m, c.n}, c.dt, gpu());
+    poison(g);
+    ASSERT_TRUE(kernels::linear_gelu(g, gx, gw, gb));
+    Tensor acc = r0.to(gpu());
+    ASSERT_TRUE(kernels::linear_accumulate(acc, gx, gw, gb));
+    // GPU, apart.
+    Tensor g2 = Tensor::empty({c.m, c.n}, c.dt, gpu()), p = Tensor::empty({c.m, c.n}, c.dt, gpu());
+    kernels::linear(g2, gx, gw, gb);
+    kernels::gelu(g2, g2, /*tanh_approx=*/true);
+    Tensor acc2 = r0.to(gpu());
+    kernels::linear(p, gx, gw, gb);
+    kernels::add(acc2, acc2, p);
+    const double eg = rel_err(g, ref_gelu), eg2 = rel_err(g2, ref_gelu);
+    const double ea = rel_err(acc, ref_acc), ea2 = rel_err(acc2, ref_acc);
+    std::printf(
+        "M=%lld N=%lld K=%lld: gelu fused %.3g apart %.3g; accumulate fused %.3g apart %.3g\n",
+        static_cast<long long>(c.m), static_cast<long long>(c.n), static_cast<long long>(c.k), eg,
+        eg2, ea, ea2);
+    // One BF16 rounding of the output (2^-9 relative, ~2e-3 as an L2 ratio) and, apart, one more
+    // of the product before the op.
+    const double tol = c.dt == DType::kF32 ? 1e-5 : 4e-3;  // measured F32 1.3e-6
+    EXPECT_LE(eg, tol);
+    EXPECT_LE(ea, tol);
+    EXPECT_LE(rel_err(g, g2), 6e-3);
+    EXPECT_LE(rel_err(acc, acc2), 6e-3);
+  }
+  const kernels::cuda::CudaTuningScope scope(skinny_max_m(4));
+  Tensor x2 = Tensor::empty({2, 64}, DType::kBF16, gpu()),
+         w = Tensor::empty({64, 64}, DType::kBF16, gpu());
+  Tensor o2 = Tensor::empty({2, 64}, DType::kBF16, gpu());
+  EXPECT_FALSE(kernels::linear_gelu(o2, x2, w));
+  EXPECT_FALSE(kernels::linear_accumulate(o2, x2, w));
+  Tensor cx = Tensor::empty({8, 64}, DType::kBF16), cw = Tensor::empty({64, 64}, DType::kBF16);
+  Tensor co = Tensor::empty({8, 64}, DType::kBF16);
+  EXPECT_FALSE(kernels::linear_gelu(co, cx, cw));
+  EXPECT_FALSE(kernels::linear_accumulate(co, cx, cw));
 }
 
 // The [q; k; v] projection with RoPE and the cache write in its epilogue: byte-identical to

@@ -30,12 +30,18 @@ namespace atom::kernels::cuda {
 
 namespace {
 
+// What cuBLASLt applies after the product: nothing, or GELU (tanh form); either with the bias
+// when bias_type >= 0. The accumulating form (out += x · wᵀ) is beta = 1 on the same plan.
+enum class Epi { kNone = 0, kGelu = 1 };
+
 struct PlanKey {
   int64_t m, n, k, ldx, ldo;
   int in_type, out_type, bias_type;  // bias_type -1: no bias epilogue
   int align_x, align_w, align_o;
+  int epi;  // Epi
   auto tie() const {
-    return std::tie(m, n, k, ldx, ldo, in_type, out_type, bias_type, align_x, align_w, align_o);
+    return std::tie(m, n, k, ldx, ldo, in_type, out_type, bias_type, align_x, align_w, align_o,
+                    epi);
   }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
@@ -76,11 +82,16 @@ Plan make_plan(cublasLtHandle_t h, const PlanKey& key, DType in, DType out, DTyp
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
-  if (key.bias_type >= 0) {
-    const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
-    const cudaDataType_t bt = cuda_data_type(bias, "linear");
+  const bool gelu = key.epi == static_cast<int>(Epi::kGelu);
+  if (key.bias_type >= 0 || gelu) {
+    const cublasLtEpilogue_t ep =
+        key.bias_type >= 0 ? (gelu ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS)
+                           : CUBLASLT_EPILOGUE_GELU;
     CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+  }
+  if (key.bias_type >= 0) {
+    const cudaDataType_t bt = cuda_data_type(bias, "linear");
     CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
   }
@@ -201,6 +212,11 @@ bool linear_rope_kv(Tensor& out, const Tensor& x, const Tensor& w, const Tensor&
   return true;
 }
 
+namespace {
+bool lt_linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, Epi epi,
+               bool accumulate);
+}  // namespace
+
 void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
             const LinearHints& hints) {
   check_rows("linear", out, "out");
@@ -218,9 +234,6 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
   ATOM_CHECK(in == od || od == DType::kF32, "linear: {} inputs cannot write {}", dtype_name(in),
              dtype_name(od));
   if (M == 0 || N == 0) return;
-  const cudaStream_t stream = current_stream();
-  const int64_t ldx = M > 1 ? x.stride(0) : K, ldo = M > 1 ? out.stride(0) : N;
-
   if (skinny_applies(x, w)) {
     // After decode attention: one of the four first weight loads before the wait. H200, batch-1
     // decode: 4.150-4.183 ms against 4.199-4.250 with all four (docs/performance.md, fifth pass);
@@ -230,8 +243,23 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
     return;
   }
 
+  lt_linear(out, x, w, bias, Epi::kNone, false);
+}
+
+namespace {
+
+// out = epi(x · wᵀ + bias) (+ out when accumulate) through cuBLASLt, for linear()'s checked
+// arguments. Returns false, computing nothing, when the bias cannot ride in the epilogue and the
+// epilogue is not the plain one (the caller then runs the ops apart).
+bool lt_linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, Epi epi,
+               bool accumulate) {
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const DType in = x.dtype(), od = out.dtype();
+  const int64_t ldx = M > 1 ? x.stride(0) : K, ldo = M > 1 ? out.stride(0) : N;
+  const cudaStream_t stream = current_stream();
   // The bias epilogue takes a bias of the output's dtype; any other bias is added afterwards.
   const bool fuse_bias = bias.defined() && bias.dtype() == od && alignment(bias.data()) >= 16;
+  if (bias.defined() && !fuse_bias && (epi != Epi::kNone || accumulate)) return false;
   int device = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   LtDevice& d = lt_device(device);
@@ -245,7 +273,8 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
                     fuse_bias ? static_cast<int>(bias.dtype()) : -1,
                     alignment(x.data()),
                     alignment(w.data()),
-                    alignment(out.data())};
+                    alignment(out.data()),
+                    static_cast<int>(epi)};
   std::lock_guard<std::mutex> lock(d.mu);
   auto it = d.plans.find(key);
   if (it == d.plans.end())
@@ -256,11 +285,46 @@ void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
     CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
   }
-  const float alpha = 1.0f, beta = 0.0f;
+  // D = epilogue(alpha · w x + beta · C) with C = D = out: beta = 1 adds what out holds.
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   CUBLAS_CHECK(cublasLtMatmul(d.handle, p.op, &alpha, w.data(), p.w, x.data(), p.x, &beta,
                               out.data(), p.o, out.data(), p.o, &p.algo,
                               lt_workspace(device, stream, true), kLtWorkspaceBytes, stream));
   if (bias.defined() && !fuse_bias) add_bias(out, bias);
+  return true;
+}
+
+}  // namespace
+
+namespace {
+// linear()'s argument checks.
+void check_linear(const char* what, const Tensor& out, const Tensor& x, const Tensor& w,
+                  const Tensor& bias) {
+  check_rows(what, out, "out");
+  check_rows(what, x, "x");
+  ATOM_CHECK(w.dim() == 2 && w.is_contiguous(), "{}: weight must be contiguous 2-D, got {}", what,
+             w.str());
+  ATOM_CHECK(w.size(1) == x.size(1) && out.size(0) == x.size(0) && out.size(1) == w.size(0),
+             "{}: x {} · w {}ᵀ -> out {}", what, x.str(), w.str(), out.str());
+  ATOM_CHECK(!bias.defined() || (bias.numel() == w.size(0) && bias.is_contiguous()),
+             "{}: bias {} for N={}", what, bias.str(), w.size(0));
+  ATOM_CHECK(x.dtype() == w.dtype(), "{}: x {} and w {} must share a dtype on CUDA", what, x.str(),
+             w.str());
+}
+}  // namespace
+
+bool linear_gelu(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  check_linear("linear_gelu", out, x, w, bias);
+  if (out.dtype() != x.dtype() || skinny_applies(x, w)) return false;
+  if (x.size(0) == 0 || w.size(0) == 0) return true;
+  return lt_linear(out, x, w, bias, Epi::kGelu, false);
+}
+
+bool linear_accumulate(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
+  check_linear("linear_accumulate", out, x, w, bias);
+  if (out.dtype() != x.dtype() || skinny_applies(x, w)) return false;
+  if (x.size(0) == 0 || w.size(0) == 0) return true;
+  return lt_linear(out, x, w, bias, Epi::kNone, true);
 }
 
 bool linear_heads(Tensor& out, const Tensor& x, const Tensor& w, int heads, int64_t out_head_stride,
