@@ -212,6 +212,29 @@ TEST(GpuKimiK25, ImagesOnACudaModelMatchTheBf16Cpu) {
   const Tensor chunked = score_tokens(*m.model, ids, 7, 4, std::nullopt, &e);
   expect_rows_near(chunked, gpu, "kimi_k25 with images, chunked vs whole");
   EXPECT_GT(rel_err(score_tokens(*m.model, ids), gpu), 1e-2) << "the images change nothing";
+  // The GPU tower's own features (BF16 on the CPU, as the engine receives them) in place of the
+  // CPU tower's F32 ones: the same logits up to the tower's BF16 rounding (its features are 7e-3
+  // from the CPU tower's; this random text model carries that into the logits at about 2e-2 a
+  // row, measured median 0.021, H100 2026-12-07), and every row within 0.15 but a routing flip's
+  // (features placed in the wrong rows, or not at all, move rows by order 1).
+  const Tensor own = v->encode(pix, grids);
+  EXPECT_EQ(own.dtype(), m.model->act_dtype());
+  EXPECT_TRUE(own.device().is_cpu());
+  InputEmbeds e2 = e;
+  row = 0;
+  for (InputEmbeds::Run& run : e2.runs) {
+    const int64_t n = run.values.size(0);
+    run.values = own.narrow(0, row, n);
+    row += n;
+  }
+  double median = 0;
+  const Tensor with_own = score_tokens(*m.model, ids, 0, 16, std::nullopt, &e2);
+  const int far = rows_beyond(with_own, gpu, 0.15, &median);
+  std::printf("  kimi_k25 with the GPU tower's BF16 features vs the CPU tower's: median row rel "
+              "err %.3g, %d of %lld rows beyond 0.15\n",
+              median, far, static_cast<long long>(gpu.size(0)));
+  EXPECT_LE(median, 4e-2);
+  EXPECT_LE(far, kMaxFlippedRows);  // measured 1: a routing flip
 }
 
 // The tower on the GPU (BF16, kernels::encoder_attention over both images at once) against the
