@@ -3,8 +3,9 @@
 # encoder kernels' and the Kimi towers' GPU tests, the tower benchmark against transformers' in
 # the same run, and the layer-by-layer comparison of transformers' tower with the reference.
 # Run from the repository root: bash tools/gpu_vision_session.sh [steps]
-#   steps: test,bench,diff,k3,prof,all (k3: ATOM_K3_SHARED_EXPERT_OVERLAP off/on; prof: ncu's
-#   per-kernel times of two 1024x1024 tower runs; all: the whole gpu_test)
+#   steps: test,bench,diff,k3,prof,rope,all (k3: ATOM_K3_SHARED_EXPERT_OVERLAP off/on; prof: ncu's
+#   per-kernel times of two 1024x1024 tower runs; rope: GpuEncoder.AttentionWithRopeTables* and
+#   the tower with ATOM_VISION_FUSED_ROPE off and on in one run; all: the whole gpu_test)
 set -u
 out="${OUT:-/tmp/vision-out}"
 mkdir -p "$out"
@@ -35,6 +36,15 @@ if [[ "$steps" == *",k3,"* ]]; then
     ATOM_K3_SHARED_EXPERT_OVERLAP=$ov timeout 200 ./build-gpu/bench/cuda_e2e_bench --model bench/models/kimi-k3-3l \
       --prefill 2048 --batch 1,32 > "$out/k3_overlap_$ov.txt" 2>&1
     echo "kimi-k3-3l overlap $ov: rc $?"; tail -5 "$out/k3_overlap_$ov.txt"
+  done
+fi
+if [[ "$steps" == *",rope,"* ]]; then
+  timeout 120 ./build-gpu/tests/kernels/gpu_test --gtest_filter='GpuEncoder*:GpuKimiK25*' > "$out/gpu_test_rope.txt" 2>&1
+  echo "gpu_test rope: rc $?"
+  grep -E "rope|GPU tower|rows beyond|^\[  (PASSED|FAILED)|Failure|Expected|Which is|exception" "$out/gpu_test_rope.txt" | head -30
+  for r in 0 1; do
+    ATOM_VISION_FUSED_ROPE=$r timeout 60 ./build-gpu/bench/cuda_vision_bench --model bench/models/kimi-k25-1l \
+      --sizes 448,1024 --backends flash --reps 6 --ttft 0 2>&1 | grep "tower flash" | sed "s/^/fused rope $r: /"
   done
 fi
 if [[ "$steps" == *",prof,"* ]]; then

@@ -20,12 +20,17 @@ namespace atom::kernels {
 // mask, q, k and v copied into heads padded to 64 or 128 (BF16/F16, head_dim <= 128); kGemm, two
 // strided-batched cuBLAS GEMMs per sequence around a row softmax, the scores in memory (any dtype
 // and head_dim). kAuto: ATOM_ENCODER_ATTENTION=flash|gemm when set, else kFlash where it applies.
+// rope_cos / rope_sin ([T, head_dim / 2] F32 contiguous, on qkv's device; null: none): q and k
+// are first turned as rotate_pairs() does. qkv's q and k columns may then hold the rotated values
+// (the CPU and kGemm rotate them in place; kFlash rotates into its padded copies, in one pass).
 enum class EncoderAttentionBackend { kAuto, kFlash, kGemm };
 struct EncoderAttention {
   int heads = 0;
   int head_dim = 0;
   float scale = 1.0f;
   EncoderAttentionBackend backend = EncoderAttentionBackend::kAuto;
+  const Tensor* rope_cos = nullptr;
+  const Tensor* rope_sin = nullptr;
 };
 namespace cpu {
 void encoder_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t>& starts,
@@ -35,10 +40,19 @@ namespace cuda {
 void encoder_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t>& starts,
                        const EncoderAttention& a, Arena& scratch);
 }
+inline void rotate_pairs(Tensor& x, const Tensor& cos, const Tensor& sin, int head_dim);
 inline void encoder_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t>& starts,
                               const EncoderAttention& a, Arena& scratch) {
   check_same_device("encoder_attention", out.device(), {&qkv});
-  if (out.device().is_cpu()) return cpu::encoder_attention(out, qkv, starts, a);
+  ATOM_CHECK(!a.rope_cos == !a.rope_sin, "encoder_attention: rope_cos and rope_sin go together");
+  if (a.rope_cos) check_same_device("encoder_attention", out.device(), {a.rope_cos, a.rope_sin});
+  if (out.device().is_cpu()) {
+    if (a.rope_cos) {
+      Tensor qk = qkv.narrow(1, 0, 2 * static_cast<int64_t>(a.heads) * a.head_dim);
+      rotate_pairs(qk, *a.rope_cos, *a.rope_sin, a.head_dim);
+    }
+    return cpu::encoder_attention(out, qkv, starts, a);
+  }
   ATOM_KERNEL_CUDA("encoder_attention", cuda::encoder_attention(out, qkv, starts, a, scratch));
 }
 

@@ -523,20 +523,33 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
   }
   std::vector<int64_t> starts{0};
   for (const ImageGrid& g : grids) starts.push_back(starts.back() + g.num_patches());
-  const kernels::EncoderAttention attn_args{static_cast<int>(H), static_cast<int>(hd),
-                                            1.0f / std::sqrt(static_cast<float>(hd))};
+  kernels::EncoderAttention attn_args{static_cast<int>(H), static_cast<int>(hd),
+                                      1.0f / std::sqrt(static_cast<float>(hd))};
 
   Tensor h = step.arena.alloc({P, D}, at);
   Tensor attn = step.arena.alloc({P, Q}, at);
-  // ATOM_VISION_EPILOGUES=0: GELU and the residual adds as their own kernels on CUDA too (the
-  // unfused path, for comparison).
+  // ATOM_VISION_EPILOGUES=0: the RoPE, GELU and the residual adds as their own kernels on CUDA
+  // too (the unfused path, for comparison).
   static const bool fused = env_bool("ATOM_VISION_EPILOGUES", true);
+  // The RoPE inside the attention: on the CPU always (the same rotation, in place); on CUDA with
+  // ATOM_VISION_FUSED_ROPE=1 only, until GpuEncoder.AttentionWithRopeTablesMatchesCpu has run on
+  // a GPU (written 2026-12-07; no device time was left to run it).
+  static const bool fused_rope = env_bool("ATOM_VISION_FUSED_ROPE", false);
+  const bool rope_inside = fused && (dev.is_cpu() || fused_rope);
+  if (rope_inside) {
+    attn_args.rope_cos = &cosv;
+    attn_args.rope_sin = &sinv;
+  }
   for (auto& blk : blocks_) {
     const Arena::Mark m = step.arena.mark();
     vit_norm(h, x, blk->norm0_w, blk->norm0_b, cfg_.rms_norm, eps);
     Tensor qkv = blk->wqkv->forward(step, h);
-    Tensor qk = qkv.narrow(1, 0, 2 * Q);
-    kernels::rotate_pairs(qk, cosv, sinv, static_cast<int>(hd));
+    // The 2D RoPE of q and k inside the attention (on CUDA's flash path, in the pass that pads
+    // the heads), or first.
+    if (!rope_inside) {
+      Tensor qk = qkv.narrow(1, 0, 2 * Q);
+      kernels::rotate_pairs(qk, cosv, sinv, static_cast<int>(hd));
+    }
     kernels::encoder_attention(attn, qkv, starts, attn_args, step.arena);
     // x += wo(attn); f = gelu_tanh(fc0(h)); x += fc1(f): in the GEMMs' epilogues where the
     // backend has them (CUDA), else as separate ops.

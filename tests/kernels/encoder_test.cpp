@@ -81,6 +81,64 @@ TEST(GpuEncoder, AttentionOverVariableLengthSequences) {
                Error);
 }
 
+// The RoPE tables given to the attention (EncoderAttention::rope_cos/sin): on the flash path q and
+// k are turned in the pass that pads the heads. Against the CPU (which turns them in place), and
+// byte for byte against rotate_pairs() then the attention without tables on the GPU.
+TEST(GpuEncoder, AttentionWithRopeTablesMatchesCpu) {
+  const EncoderAttnCase cases[] = {
+      {{37, 128, 5}, 4, 72, DType::kBF16, 1e-2},
+      {{300}, 16, 64, DType::kBF16, 1e-2},
+      {{200, 3, 17}, 2, 80, DType::kF16, 5e-3},
+  };
+  for (const EncoderAttnCase& c : cases) {
+    std::vector<int64_t> starts{0};
+    for (int64_t l : c.lens) starts.push_back(starts.back() + l);
+    const int64_t T = starts.back(), Q = int64_t{c.heads} * c.head_dim, P = c.head_dim / 2;
+    const StridedPair qkv = strided_pair(T, 3 * Q, 8, c.dt, 31 + T, -2.0f, 2.0f);
+    const Tensor ang = random_cpu({T, P}, DType::kF32, 5 + T, -3.0f, 3.0f);
+    Tensor cs = Tensor::empty({T, P}, DType::kF32), sn = Tensor::empty({T, P}, DType::kF32);
+    for (int64_t i = 0; i < T * P; ++i) {
+      cs.ptr<float>()[i] = std::cos(ang.ptr<float>()[i]);
+      sn.ptr<float>()[i] = std::sin(ang.ptr<float>()[i]);
+    }
+    const Tensor gcs = cs.to(gpu()), gsn = sn.to(gpu());
+    kernels::EncoderAttention a{c.heads, c.head_dim,
+                                1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+    a.rope_cos = &cs;
+    a.rope_sin = &sn;
+    Tensor want = Tensor::empty({T, Q}, c.dt);
+    Arena host_arena(Device::cpu());
+    Tensor host_qkv = qkv.host.contiguous().clone();
+    kernels::encoder_attention(want, host_qkv, starts, a, host_arena);
+    a.rope_cos = &gcs;
+    a.rope_sin = &gsn;
+    for (Backend b : {Backend::kFlash, Backend::kGemm}) {
+      a.backend = b;
+      const Tensor base = qkv.gpu_base.clone();  // each run turns its own copy
+      Tensor dev = base.narrow(1, 0, 3 * Q);
+      Tensor got = Tensor::empty({T, Q}, c.dt, gpu());
+      poison(got);
+      Arena arena(gpu());
+      kernels::encoder_attention(got, dev, starts, a, arena);
+      const char* name = b == Backend::kFlash ? "flash" : "gemm";
+      const double e = rel_err(to_f32_cpu(got), to_f32_cpu(want), "encoder_attention");
+      std::printf("encoder_attention + rope %s T=%lld H=%d D=%d: rel err %.3g\n", name,
+                  static_cast<long long>(T), c.heads, c.head_dim, e);
+      EXPECT_LE(e, c.tol) << name;
+      if (b != Backend::kFlash) continue;
+      // The same rotation first, in place, then the attention without tables.
+      const Tensor base2 = qkv.gpu_base.clone();
+      Tensor dev2 = base2.narrow(1, 0, 3 * Q), qk = base2.narrow(1, 0, 2 * Q);
+      kernels::rotate_pairs(qk, gcs, gsn, c.head_dim);
+      kernels::EncoderAttention plain = a;
+      plain.rope_cos = plain.rope_sin = nullptr;
+      Tensor two = Tensor::empty({T, Q}, c.dt, gpu());
+      kernels::encoder_attention(two, dev2, starts, plain, arena);
+      EXPECT_TRUE(same_bytes(got, two)) << "flash with tables vs rotate_pairs then flash";
+    }
+  }
+}
+
 // Attention never crosses sequences: changing the second sequence leaves the first's rows alone.
 TEST(GpuEncoder, AttentionStaysWithinItsSequence) {
   const int H = 2, D = 72;

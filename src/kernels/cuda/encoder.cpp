@@ -144,10 +144,23 @@ void flash_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t>&
   Tensor qp = scratch.alloc({T, H * Dp}, t), kp = scratch.alloc({T, H * Dp}, t);
   Tensor vp = scratch.alloc({T, H * Dp}, t), op = scratch.alloc({T, H * Dp}, t);
   Tensor* parts[3] = {&qp, &kp, &vp};
-  for (int part = 0; part < 3; ++part)
-    launch_copy_heads(mat_of(*parts[part], "encoder_attention"),
-                      mat_of(qkv.narrow(1, part * Q, Q), "encoder_attention"), static_cast<int>(H),
-                      Dp, static_cast<int>(D), stream);
+  const float* cs = a.rope_cos ? a.rope_cos->ptr<float>() : nullptr;
+  const float* sn = a.rope_sin ? a.rope_sin->ptr<float>() : nullptr;
+  for (int part = 0; part < 3; ++part) {
+    // q and k turned on the way into their padded copies (two channels a thread), else the
+    // rotation in place and the plain copy.
+    const Mat dst = mat_of(*parts[part], "encoder_attention");
+    Tensor src = qkv.narrow(1, part * Q, Q);
+    // (The two-channel copies only with tables until their GPU test has run: issue 38.)
+    const bool turn = cs && part < 2;
+    if (cs && launch_copy_head_pairs(dst, mat_of(src, "encoder_attention"), static_cast<int>(H), Dp,
+                                     static_cast<int>(D), turn ? cs : nullptr, turn ? sn : nullptr,
+                                     stream))
+      continue;
+    if (turn) rotate_pairs(src, *a.rope_cos, *a.rope_sin, static_cast<int>(D));
+    launch_copy_heads(dst, mat_of(src, "encoder_attention"), static_cast<int>(H), Dp,
+                      static_cast<int>(D), stream);
+  }
   launch_check("encoder_attention (copy)");
   // query_start (= page_indptr: one page per token) [S + 1], context_lens [S], pages [T].
   const int S = static_cast<int>(starts.size()) - 1;
@@ -178,8 +191,11 @@ void flash_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t>&
   const AttentionBatch batch{&starts_dev, &lens, &starts_dev, &pages};
   const Tensor kc = kp.view({T, 1, H, Dp}), vc = vp.view({T, 1, H, Dp});
   cuda::paged_attention(op, qp, kc, vc, batch, Tensor(), args);
-  launch_copy_heads(mat_of(out, "encoder_attention"), mat_of(op, "encoder_attention"),
-                    static_cast<int>(H), static_cast<int>(D), Dp, stream);
+  if (!cs || !launch_copy_head_pairs(mat_of(out, "encoder_attention"),
+                                     mat_of(op, "encoder_attention"), static_cast<int>(H),
+                                     static_cast<int>(D), Dp, nullptr, nullptr, stream))
+    launch_copy_heads(mat_of(out, "encoder_attention"), mat_of(op, "encoder_attention"),
+                      static_cast<int>(H), static_cast<int>(D), Dp, stream);
   launch_check("encoder_attention (copy)");
   scratch.release(m);
 }
@@ -218,10 +234,21 @@ void encoder_attention(Tensor& out, const Tensor& qkv, const std::vector<int64_t
              out.str(), H, D, starts.size());
   for (size_t s = 0; s + 1 < starts.size(); ++s)
     ATOM_CHECK(starts[s] < starts[s + 1], "encoder_attention: sequence {} is empty", s);
-  if (backend_of(a, qkv.dtype()) == EncoderAttentionBackend::kFlash)
+  if (a.rope_cos)
+    for (const Tensor* t : {a.rope_cos, a.rope_sin})
+      ATOM_CHECK(t->shape() == Shape({qkv.size(0), D / 2}) && t->dtype() == DType::kF32 &&
+                     t->is_contiguous() && D % 2 == 0,
+                 "encoder_attention: rope tables {} for {} rows of heads of {}", t->str(),
+                 qkv.size(0), D);
+  if (backend_of(a, qkv.dtype()) == EncoderAttentionBackend::kFlash) {
     flash_attention(out, qkv, starts, a, scratch);
-  else
+  } else {
+    if (a.rope_cos) {
+      Tensor qk = qkv.narrow(1, 0, 2 * Q);
+      rotate_pairs(qk, *a.rope_cos, *a.rope_sin, static_cast<int>(D));
+    }
     gemm_attention(out, qkv, starts, a, scratch);
+  }
 }
 
 void rotate_pairs(Tensor& x, const Tensor& cos, const Tensor& sin, int head_dim) {

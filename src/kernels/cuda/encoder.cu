@@ -88,7 +88,57 @@ __global__ void copy_heads_kernel(Mat dst, Mat src, int heads, int dd, int ds) {
   }
 }
 
+// copy_heads_kernel two channels a thread (BF16/F16 pairs as one 4-byte access), optionally
+// turning each source pair (2m, 2m + 1) by row r's angle m first (cs, sn [rows, ds / 2]; null:
+// none): the padded q and k of the flash path written in one pass from the unrotated rows.
+template <typename T>
+__global__ void copy_head_pairs_kernel(Mat dst, Mat src, int heads, int dd, int ds, const float* cs,
+                                       const float* sn) {
+  pdl_wait();
+  pdl_launch_dependents();
+  using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+  const int dp = dd / 2, sp = ds / 2;
+  const int64_t per_row = static_cast<int64_t>(heads) * dp, n = dst.rows * per_row;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / per_row;
+    const int k = static_cast<int>(i - r * per_row), h = k / dp, m = k - h * dp;
+    float2 v = make_float2(0.0f, 0.0f);
+    if (m < sp) {
+      const T2 x = reinterpret_cast<const T2*>(row_of(src, r))[h * sp + m];
+      v = make_float2(to_float(x.x), to_float(x.y));
+      if (cs) {
+        const float c = cs[r * sp + m], s = sn[r * sp + m];
+        v = make_float2(v.x * c - v.y * s, v.x * s + v.y * c);
+      }
+    }
+    T2 o;
+    o.x = from_float<T>(v.x);
+    o.y = from_float<T>(v.y);
+    reinterpret_cast<T2*>(row_of(dst, r))[k] = o;
+  }
+}
+
 }  // namespace
+
+bool launch_copy_head_pairs(Mat dst, Mat src, int heads, int dd, int ds, const float* cs,
+                            const float* sn, cudaStream_t stream) {
+  auto even = [](const Mat& m) {
+    return (reinterpret_cast<uintptr_t>(m.data) & 3) == 0 && (m.rows <= 1 || m.stride % 2 == 0);
+  };
+  if (dst.type != src.type || dst.type == Elem::kF32 || dd % 2 || ds % 2 || !even(dst) ||
+      !even(src))
+    return false;
+  const int64_t n = dst.rows * heads * (dd / 2);
+  if (n == 0) return true;
+  if (dst.type == Elem::kBF16)
+    launch(copy_head_pairs_kernel<__nv_bfloat16>, grid_for(n, kThreads), kThreads, 0, stream, dst,
+           src, heads, dd, ds, cs, sn);
+  else
+    launch(copy_head_pairs_kernel<__half>, grid_for(n, kThreads), kThreads, 0, stream, dst, src,
+           heads, dd, ds, cs, sn);
+  return true;
+}
 
 void launch_copy_heads(Mat dst, Mat src, int heads, int dd, int ds, cudaStream_t stream) {
   const int64_t n = dst.rows * heads * dd;
