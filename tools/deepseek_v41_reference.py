@@ -11,7 +11,9 @@ Builds a tiny random checkpoint, saves it as a Hugging Face folder (config.json 
 and vision_config, model.safetensors in DeepSeek's release names, BF16 weights with the mHC
 coefficients, sinks and routing biases F32, two vision tensors the text model must skip), reloads
 the saved folder fresh in fp32 and writes FIXTURES_DIR/references/deepseek_v41.safetensors in
-tools/make_fixtures.py's format (input_ids, logits, greedy_prompt, greedy_tokens, greedy_margins).
+tools/make_fixtures.py's format (input_ids, logits, greedy_prompt, greedy_tokens, greedy_margins),
+its index plane FP8 (the config's index_cache_dtype), and deepseek_v41_fp4_index.safetensors, the
+same weights with index_cache_dtype fp4.
 Then the same for deepseek_v41_fp8 (3 layers) in DeepSeek's native format: FP8 e4m3 linears in
 32 x 32 blocks with F8_E8M0 scales, the Engram table FP8 with an F8_E8M0 scale per 32 values of a
 row, FP4 e2m1 routed experts (tools/make_v4_quantized_fixture.py's encoders), the reference
@@ -49,7 +51,14 @@ What the forward computes (per layer, CSA2 role from config.py's rules):
     newest visible block always kept. REUSE layers take their top-k owner's rows.
   * V4's MoE: sqrt(softplus) scores, selection by score + gate.bias, renormalised weights times
     routed_scaling_factor; routed and shared experts silu(min(g, limit)) * clamp(u, +-limit).
-The index plane's FP8/FP4 storage and the FP8 rounding of the window keys are not modelled (fp32).
+  * The index plane (index_cache_dtype; ROCm/ATOM's index_write.py and paged_scoring.py): the
+    scorer reads the keys as stored and the query as it rounds it. fp8 (default): each key row is
+    one block, s = 2^ceil(log2(max(amax, 1e-4) / 448)) (ue8m0), codes e4m3(k / s) nearest even;
+    the query e4m3 with one fp32 scale amax / 448 per (token, head) row (not a power of two).
+    fp4: keys and query alike E2M1 (nearest even) with s = 2^ceil(log2(amax / 6)) per 32
+    elements. Written here from the formats' arithmetic (torch 1.13 has no float8 type); the
+    F32 plane (index_cache_dtype "none", this tool only) is kept to show what the rounding moves.
+The FP8 rounding of the window keys and of the activations is not modelled (fp32).
 """
 import json
 import math
@@ -72,7 +81,7 @@ TEXT = dict(
     model_type="deepseek_v41_text", hidden_size=64, vocab_size=256, num_hidden_layers=5,
     num_nextn_predict_layers=1, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
     qk_rope_head_dim=8, q_lora_rank=48, o_lora_rank=16, o_groups=2, index_n_heads=4,
-    index_head_dim=16, index_topk=4, sliding_window=8, moe_intermediate_size=16,
+    index_head_dim=32, index_topk=4, sliding_window=8, moe_intermediate_size=16,
     n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, routed_scaling_factor=1.5,
     swiglu_limit=10.0, scoring_func="sqrtsoftplus", hc_mult=4, hc_sinkhorn_iters=20,
     hc_eps=1e-6, rms_norm_eps=1e-6, max_position_embeddings=512, rope_theta=10000.0,
@@ -157,9 +166,66 @@ def rms(x, w=None, eps=1e-6):
 
 
 # ----------------------------------------------------------------------------------------------
+# The index plane's formats, as the rounding of an fp32 tensor (values on the format's grid).
+def e4m3_round(v):
+    """float8_e4m3fn, nearest even, saturating at 448 (|v| < 2^-6: multiples of 2^-9)."""
+    v = v.double().clamp(-448.0, 448.0)
+    _, e = torch.frexp(v)  # |v| = m 2^e, m in [0.5, 1)
+    quantum = torch.where(v.abs() < 2.0 ** -6, torch.full_like(v, 2.0 ** -9),
+                          torch.pow(2.0, (e - 4).double()))
+    return (torch.round(v / quantum) * quantum).clamp(-448.0, 448.0).float()
+
+
+def e2m1_round(v):
+    """E2M1 (0, 0.5, 1, 1.5, 2, 3, 4, 6), nearest even, saturating at 6."""
+    v = v.double().clamp(-6.0, 6.0)
+    a = v.abs()
+    quantum = torch.where(a < 2, torch.full_like(v, 0.5),
+                          torch.where(a < 4, torch.full_like(v, 1.0), torch.full_like(v, 2.0)))
+    return (torch.round(v / quantum) * quantum).clamp(-6.0, 6.0).float()
+
+
+def pow2_ceil(v):
+    """2^ceil(log2(v)) for positive v, exactly."""
+    m, e = torch.frexp(v.double())
+    return torch.pow(2.0, torch.where(m == 0.5, e - 1, e).double())
+
+
+def index_key(k, fmt):
+    """Index keys [n, D] as the plane stores them, read back."""
+    if fmt == "fp8":
+        scale = (k.abs().amax(-1, keepdim=True).clamp(min=1e-4) / 448.0).float()  # fp32
+        scale = pow2_ceil(scale).float()
+        return e4m3_round(k * (1.0 / scale)) * scale
+    if fmt == "fp4":
+        return fp4_round(k)
+    assert fmt == "none"
+    return k
+
+
+def fp4_round(x):
+    g = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+    amax = g.abs().amax(-1, keepdim=True).double().clamp(min=6 * 2.0 ** -126)
+    scale = pow2_ceil(amax / 6).float()
+    return (e2m1_round(g / scale) * scale).reshape(x.shape)
+
+
+def index_query(q, fmt):
+    """The index query [.., heads, D] as the scorer takes it."""
+    if fmt == "fp8":
+        scale = q.abs().amax(-1, keepdim=True) / 448.0
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        return torch.where(scale > 0, e4m3_round(q / safe) * safe, q)
+    if fmt == "fp4":
+        return fp4_round(q)
+    return q
+
+
+# ----------------------------------------------------------------------------------------------
 class Model:
     def __init__(self, c, W, lookup=None):
         self.c, self.W, self.lookup = c, W, lookup
+        self.index_fmt = c.get("index_cache_dtype", "fp8")
         self.topo = topology(c)
         rd = c["qk_rope_head_dim"]
         self.window_freqs = rope_freqs(rd, c["rope_theta"])
@@ -275,13 +341,14 @@ class Model:
         main = rope(latent, rows_pos, freqs)
         key = rms(latent @ self.w(p + ".indexer.wk.weight").t(),
                   self.w(p + ".indexer.k_norm.weight"), c["rms_norm_eps"])
-        state[L] = dict(main=main, index=rope(key, rows_pos, freqs))
+        state[L] = dict(main=main, index=index_key(rope(key, rows_pos, freqs), self.index_fmt))
 
     def select(self, L, x, qr, state, freqs):
         c, spec, p = self.c, self.topo[L], f"layers.{L}.attn.indexer"
         T, NH, DI, r = x.shape[0], c["index_n_heads"], c["index_head_dim"], spec["ratio"]
         k = state[spec["kv_owner"]]["index"]  # [n, DI]
         iq = rope((qr @ self.w(p + ".wq_b.weight").t()).view(T, NH, DI), list(range(T)), freqs)
+        iq = index_query(iq, self.index_fmt)
         wts = (x @ self.w(p + ".weights_proj.weight").t()) * (DI ** -0.5 * NH ** -0.5)
         topk, B, nb = c["index_topk"], c["candidate_block_size"], c["candidate_topk_blocks"]
         state.setdefault(L, {})
@@ -596,7 +663,10 @@ TEXT_FP8 = dict(TEXT, num_hidden_layers=3, num_nextn_predict_layers=0,
                 engram_layer_ids=[0], engram_head_dim=32)
 
 
-def build(root, name, text, quantized, tokenizer):
+def build(root, name, text, quantized, tokenizer, also_fp4=False):
+    """The fixture and its reference with the config's index plane (fp8); with also_fp4, a second
+    reference of the same weights with index_cache_dtype fp4 (NAME_fp4_index), every choice of
+    both away from a tie."""
     text = dict(text)
     text["engram_num_embeddings"] = engram_rows(text)
     out_dir = os.path.join(root, "models", name)
@@ -632,36 +702,49 @@ def build(root, name, text, quantized, tokenizer):
         with open(os.path.join(out_dir, "config.json")) as f:
             cfg = json.load(f)["text_config"]
         loaded = load_dequantized(weights) if quantized else load_safetensors(weights)
-        model = Model(cfg, {k: v.float() for k, v in loaded.items()}, lookup)
-        logits = model.forward(ids)
-        gen, margins = greedy(model, prompt, GREEDY_STEPS)
-        m = model.margins
-        ok = (m["router"] > ROUTER_MARGIN and m["index"] > INDEX_MARGIN and
-              m["blocks"] > INDEX_MARGIN and min(margins) > GREEDY_MARGIN and
-              len(set(gen)) >= 4)
-        print(f"{name} attempt {attempt}: router {m['router']:.3g} index {m['index']:.3g} blocks "
-              f"{m['blocks']:.3g} greedy min margin {min(margins):.3g} tokens {gen}")
+        loaded = {k: v.float() for k, v in loaded.items()}
+        runs = {}
+        ok = True
+        for fmt in [cfg["index_cache_dtype"]] + (["fp4"] if also_fp4 else []):
+            model = Model(dict(cfg, index_cache_dtype=fmt), loaded, lookup)
+            logits = model.forward(ids)
+            gen, margins = greedy(model, prompt, GREEDY_STEPS)
+            m = model.margins
+            ok = ok and (m["router"] > ROUTER_MARGIN and m["index"] > INDEX_MARGIN and
+                         m["blocks"] > INDEX_MARGIN and min(margins) > GREEDY_MARGIN and
+                         len(set(gen)) >= 4)
+            print(f"{name} attempt {attempt} index {fmt}: router {m['router']:.3g} index "
+                  f"{m['index']:.3g} blocks {m['blocks']:.3g} greedy min margin "
+                  f"{min(margins):.3g} tokens {gen}")
+            runs[fmt] = (logits, gen, margins)
         if ok:
             break
     else:
         raise SystemExit("no draw kept every choice away from a tie")
     ref_dir = os.path.join(root, "references")
     os.makedirs(ref_dir, exist_ok=True)
-    save_safetensors({
-        "input_ids": torch.tensor(ids, dtype=torch.int64),
-        "logits": logits.contiguous(),
-        "greedy_prompt": torch.tensor(prompt, dtype=torch.int64),
-        "greedy_tokens": torch.tensor(gen, dtype=torch.int64),
-        "greedy_margins": torch.tensor(margins, dtype=torch.float32),
-    }, os.path.join(ref_dir, name + ".safetensors"))
-    print(name, "logits std", float(logits.std()), "greedy", gen,
-          "size", os.path.getsize(weights))
+    # What the index plane's rounding moves: the same weights with the keys and query in fp32.
+    plain = Model(dict(cfg, index_cache_dtype="none"), loaded, lookup).forward(ids)
+    for fmt, (logits, gen, margins) in runs.items():
+        rel = float((logits - plain).abs().max() / plain.abs().max())
+        print(f"{name} index {fmt}: max |dlogit| / max |logit| against an fp32 index plane "
+              f"{rel:.3g}")
+        out = name + ("" if fmt == cfg["index_cache_dtype"] else "_" + fmt + "_index")
+        save_safetensors({
+            "input_ids": torch.tensor(ids, dtype=torch.int64),
+            "logits": logits.contiguous(),
+            "greedy_prompt": torch.tensor(prompt, dtype=torch.int64),
+            "greedy_tokens": torch.tensor(gen, dtype=torch.int64),
+            "greedy_margins": torch.tensor(margins, dtype=torch.float32),
+        }, os.path.join(ref_dir, out + ".safetensors"))
+        print(out, "logits std", float(logits.std()), "greedy", gen,
+              "size", os.path.getsize(weights))
 
 
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
-    build(root, NAME, TEXT, quantized=False, tokenizer=True)
+    build(root, NAME, TEXT, quantized=False, tokenizer=True, also_fp4=True)
     build(root, NAME + "_fp8", TEXT_FP8, quantized=True, tokenizer=False)
 
 

@@ -1,9 +1,12 @@
 #include "layers/compressed_kv.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/error.h"
+#include "core/half.h"
 
 namespace atom {
 
@@ -34,6 +37,93 @@ struct Pool {
 };
 
 }  // namespace
+
+namespace {
+
+// ceil(log2(v)) for a positive finite v, exactly (frexp: v = m 2^e, m in [0.5, 1)).
+int ceil_log2(double v) {
+  int e = 0;
+  const double m = std::frexp(v, &e);
+  return m == 0.5 ? e - 1 : e;
+}
+
+constexpr float kE2M1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+// E2M1 code of x (already scaled), nearest, ties to the even code, saturating at 6.
+uint8_t e2m1_code(float x) {
+  const float a = std::min(std::abs(x), 6.0f);
+  uint8_t best = 0;
+  for (uint8_t c = 1; c < 8; ++c) {
+    const float dc = std::abs(a - kE2M1[c]), db = std::abs(a - kE2M1[best]);
+    if (dc < db || (dc == db && (c % 2) == 0)) best = c;
+  }
+  return static_cast<uint8_t>(best | (std::signbit(x) && best ? 8u : 0u));
+}
+
+float e2m1_value(uint8_t c) { return (c & 8u) ? -kE2M1[c & 7u] : kE2M1[c & 7u]; }
+
+// The E8M0 exponent byte of a group of 32 (2^ceil(log2(amax / 6))).
+uint8_t fp4_group_scale(const float* x) {
+  float amax = 0;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::abs(x[i]));
+  const double v = std::max(static_cast<double>(amax), 6.0 * std::ldexp(1.0, -126)) / 6.0;
+  return static_cast<uint8_t>(std::clamp(ceil_log2(v), -127, 127) + 127);
+}
+
+}  // namespace
+
+int64_t index_fp8_row_bytes(int64_t d) { return d + 4; }
+
+void index_fp8_store(const float* k, int64_t d, uint8_t* row) {
+  float amax = 0;
+  for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::abs(k[i]));
+  const float raw = std::max(amax, 1e-4f) / 448.0f;  // in F32, as the writer computes it
+  const float scale = std::ldexp(1.0f, ceil_log2(raw));
+  const float inv = 1.0f / scale;
+  for (int64_t i = 0; i < d; ++i) row[i] = f32_to_f8e4m3(std::clamp(k[i] * inv, -448.0f, 448.0f));
+  std::memcpy(row + d, &scale, 4);
+}
+
+void index_fp8_load(const uint8_t* row, int64_t d, float* out) {
+  float scale;
+  std::memcpy(&scale, row + d, 4);
+  for (int64_t i = 0; i < d; ++i) out[i] = f8e4m3_to_f32(row[i]) * scale;
+}
+
+void index_fp4_store(const float* k, int64_t d, uint8_t* values, uint8_t* scales) {
+  ATOM_CHECK(d % 32 == 0, "the FP4 index plane needs rows of a multiple of 32, got {}", d);
+  for (int64_t g = 0; g < d / 32; ++g) {
+    const float* x = k + g * 32;
+    scales[g] = fp4_group_scale(x);
+    const float inv = std::ldexp(1.0f, 127 - static_cast<int>(scales[g]));
+    for (int i = 0; i < 32; i += 2)
+      values[g * 16 + i / 2] =
+          static_cast<uint8_t>(e2m1_code(x[i] * inv) | (e2m1_code(x[i + 1] * inv) << 4));
+  }
+}
+
+void index_fp4_load(const uint8_t* values, const uint8_t* scales, int64_t d, float* out) {
+  for (int64_t i = 0; i < d; ++i) {
+    const uint8_t b = values[i / 2];
+    const float s = std::ldexp(1.0f, static_cast<int>(scales[i / 32]) - 127);
+    out[i] = e2m1_value(i % 2 ? static_cast<uint8_t>(b >> 4) : static_cast<uint8_t>(b & 15u)) * s;
+  }
+}
+
+void index_fp8_round_query(float* q, int64_t d) {
+  float amax = 0;
+  for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::abs(q[i]));
+  if (amax == 0) return;
+  const float scale = amax / 448.0f;
+  for (int64_t i = 0; i < d; ++i) q[i] = f8e4m3_to_f32(f32_to_f8e4m3(q[i] / scale)) * scale;
+}
+
+void index_fp4_round_query(float* q, int64_t d) {
+  ATOM_CHECK(d % 32 == 0, "the FP4 index query needs rows of a multiple of 32, got {}", d);
+  std::vector<uint8_t> v(static_cast<size_t>(d / 2)), s(static_cast<size_t>(d / 32));
+  index_fp4_store(q, d, v.data(), s.data());
+  index_fp4_load(v.data(), s.data(), d, q);
+}
 
 WindowCompressor::WindowCompressor(LayerContext& ctx, const std::string& prefix,
                                    const WindowCompressorOptions& o)

@@ -29,10 +29,13 @@
 //   * The MoE is V4's (no hash layers); gate.bias_vl (the image tokens' routing bias) is not read.
 // The vision tower's tensors (vision.*, aligner.*, image_start/end/newline) and the DSpark draft
 // stages (mtp.*) are skipped unread; an image request is refused by the engine (a text model).
-// Not done: the index plane in FP8 / FP4 (index_cache_dtype is checked, the CPU keeps the keys in
-// F32) and the FP8 rounding of window keys and activations (native FP8 / FP4 weights are
-// dequantised at load); the FP8 Engram tables; CUDA; tensor and pipeline parallelism (refused);
-// speculative decoding (DSpark).
+// The index plane is stored as index_cache_dtype says (layers/compressed_kv.h): fp8 (default),
+// e4m3 codes with a ue8m0 F32 scale per key; fp4, E2M1 codes and an E8M0 scale per 32 elements
+// in two planes; the scorer reads the keys back from those bytes and rounds the query as
+// ROCm/ATOM's scorers do (fp8: e4m3 with an F32 scale per (token, head); fp4: as the keys).
+// Not done: the FP8 rounding of window keys and activations (native FP8 / FP4 weights are
+// dequantised at load); CUDA; tensor and pipeline parallelism (refused); speculative decoding
+// (DSpark).
 #include "models/deepseek_v41.h"
 
 #include <algorithm>
@@ -177,6 +180,7 @@ class DeepseekV41Attention {
       : v_(v),
         role_(v.role(layer)),
         table_(table),
+        fp4_(v.cfg.index_cache_dtype == "fp4"),
         wq_a_(ctx, prefix + ".wq_a", v.cfg.hidden, v.cfg.q_lora, false),
         q_norm_(ctx, prefix + ".q_norm", v.cfg.q_lora, v.cfg.eps),
         wq_b_(ctx, prefix + ".wq_b", v.cfg.q_lora, v.cfg.heads * v.cfg.head_dim, false),
@@ -218,10 +222,19 @@ class DeepseekV41Attention {
                                                      LinearStorage::kUnquantized);
       index_k_norm_ = std::make_unique<RMSNorm>(ctx, prefix + ".indexer.k_norm",
                                                 v.cfg.index_head_dim, v.cfg.eps);
-      // The index keys: F32 on the CPU whatever index_cache_dtype names (not quantised yet).
+      // The index keys, stored as index_cache_dtype says (layers/compressed_kv.h): fp8, a row of
+      // e4m3 codes and its F32 scale; fp4, a plane of E2M1 codes and one of E8M0 scales. Bytes,
+      // whatever --kv-cache-dtype says.
+      const int di = static_cast<int>(v.cfg.index_head_dim);
       index_plane_ = static_cast<int>(ctx.cache_specs->size());
-      ctx.cache_specs->push_back(
-          CacheSpec::rows(static_cast<int>(v.cfg.index_head_dim), role_.ratio, ctx.act_dtype));
+      if (fp4_) {
+        ctx.cache_specs->push_back(CacheSpec::rows(di / 2, role_.ratio, DType::kU8, true));
+        index_scale_plane_ = static_cast<int>(ctx.cache_specs->size());
+        ctx.cache_specs->push_back(CacheSpec::rows(di / 32, role_.ratio, DType::kU8, true));
+      } else {
+        ctx.cache_specs->push_back(CacheSpec::rows(static_cast<int>(index_fp8_row_bytes(di)),
+                                                   role_.ratio, DType::kU8, true));
+      }
     }
     if (role_.owns_indexer()) {
       index_wq_b_ =
@@ -302,10 +315,31 @@ class DeepseekV41Attention {
     return *a;
   }
 
-  const Tensor& index_plane(Step& step) const {
-    const Tensor& p = step.kv->plane(static_cast<size_t>(index_plane_), CacheKind::kRows);
-    check_cpu_f32(p, "the index key cache");
+  const Tensor& index_plane(Step& step, bool scales = false) const {
+    const Tensor& p = step.kv->plane(
+        static_cast<size_t>(scales ? index_scale_plane_ : index_plane_), CacheKind::kRows);
+    ATOM_CHECK(p.device().is_cpu() && p.dtype() == DType::kU8,
+               "DeepSeek-V4.1: the index key cache must be bytes on the CPU");
     return p;
+  }
+
+  // Index key row w of sequence s as stored (the owner's plane), written / read back in F32.
+  void store_index_key(Step& step, int s, int64_t w, const float* k) const {
+    const PagedRows rows = paged_rows(step.batch, s, role_.ratio);
+    const int64_t DI = v_.cfg.index_head_dim;
+    if (fp4_)
+      index_fp4_store(k, DI, rows.bytes(index_plane(step), w),
+                      rows.bytes(index_plane(step, true), w));
+    else
+      index_fp8_store(k, DI, rows.bytes(index_plane(step), w));
+  }
+  void load_index_key(Step& step, const PagedRows& rows, int64_t w, float* out) const {
+    const int64_t DI = v_.cfg.index_head_dim;
+    if (fp4_)
+      index_fp4_load(rows.bytes(index_plane(step), w), rows.bytes(index_plane(step, true), w), DI,
+                     out);
+    else
+      index_fp8_load(rows.bytes(index_plane(step), w), DI, out);
   }
 
   // The compressor's rows, and for each one the index key rope(k_norm(wk(latent))) at the group's
@@ -327,12 +361,11 @@ class DeepseekV41Attention {
     std::copy(latents.begin(), latents.end(), lat.ptr<float>());
     Tensor keys = index_k_norm_->forward(step, index_wk_->forward(step, lat));
     check_cpu_f32(keys, "index keys");
-    const Tensor& plane = index_plane(step);
     for (int64_t e = 0; e < n; ++e) {
       const Entry& d = done[static_cast<size_t>(e)];
       float* k = keys.ptr<float>() + e * DI;
       rope_tail(k, DI, v_.cfg.rope_dim, d.w * role_.ratio, inv_freq_, attention_factor_);
-      std::copy(k, k + DI, paged_rows(step.batch, d.s, role_.ratio).row(plane, d.w));
+      store_index_key(step, d.s, d.w, k);
     }
   }
 
@@ -345,21 +378,33 @@ class DeepseekV41Attention {
     check_cpu_f32(iq, "indexer queries");
     check_cpu_f32(iw, "indexer weights");
     const float ws = 1.0f / (std::sqrt(static_cast<float>(DI)) * std::sqrt(static_cast<float>(NH)));
-    const Tensor& plane = owner(role_.kv_owner).index_plane(step);
+    const DeepseekV41Attention& kv_owner = owner(role_.kv_owner);
     const DeepseekV41Attention* cand =
         role_.candidate_source() >= 0 ? &owner(role_.candidate_source()) : nullptr;
     for (int s = 0; s < b.num_seqs(); ++s) {
       const PagedRows rows = paged_rows(b, s, static_cast<int>(r));
       const auto [q0, q1, start] = seq_rows(b, s);
+      // The visible keys, read back from the plane as the scorer sees them (codes x scales).
+      const int64_t visible = (start + (q1 - q0)) / r;
+      std::vector<float> keys(static_cast<size_t>(visible * DI));
+      for (int64_t w = 0; w < visible; ++w)
+        kv_owner.load_index_key(step, rows, w, keys.data() + w * DI);
       for (int64_t i = q0; i < q1; ++i) {
         const int64_t p = start + (i - q0), n = (p + 1) / r;
         float* qi = iq.ptr<float>() + i * NH * DI;
-        for (int64_t h = 0; h < NH; ++h)
+        // The query rounded as the scorer takes it: fp8, e4m3 with an F32 scale per (token,
+        // head); fp4, the keys' E2M1 with a ceil-E8M0 scale per 32 elements.
+        for (int64_t h = 0; h < NH; ++h) {
           rope_tail(qi + h * DI, DI, v_.cfg.rope_dim, b.positions[static_cast<size_t>(i)],
                     inv_freq_, attention_factor_);
+          if (fp4_)
+            index_fp4_round_query(qi + h * DI, DI);
+          else
+            index_fp8_round_query(qi + h * DI, DI);
+        }
         std::vector<float> score(static_cast<size_t>(n));
         for (int64_t w = 0; w < n; ++w) {
-          const float* k = rows.row(plane, w);
+          const float* k = keys.data() + w * DI;
           float acc = 0;
           for (int64_t h = 0; h < NH; ++h)
             acc += std::max(deepseek_v4_dot(qi + h * DI, k, DI), 0.0f) *
@@ -379,6 +424,7 @@ class DeepseekV41Attention {
   const V41Options& v_;
   const V41LayerAttention& role_;
   const AttentionTable& table_;
+  bool fp4_;  // index_cache_dtype: fp4, else fp8
   ReplicatedLinear wq_a_;
   RMSNorm q_norm_;
   ReplicatedLinear wq_b_, wkv_;
@@ -389,7 +435,7 @@ class DeepseekV41Attention {
   Parameter* sinks_;
   std::vector<float> inv_freq_;
   float attention_factor_ = 1.0f;
-  int raw_index_ = -1, index_plane_ = -1;
+  int raw_index_ = -1, index_plane_ = -1, index_scale_plane_ = -1;
   std::unique_ptr<WindowCompressor> compressor_;
   std::unique_ptr<ReplicatedLinear> index_wk_;
   std::unique_ptr<RMSNorm> index_k_norm_;

@@ -244,6 +244,12 @@ DeepseekV41Config DeepseekV41Config::parse(const ModelConfig& c) {
   v.index_cache_dtype = t.get_string("index_cache_dtype", "fp8");
   if (v.index_cache_dtype != "fp8" && v.index_cache_dtype != "fp4")
     t.bad("index_cache_dtype", "must be 'fp8' or 'fp4', got '" + v.index_cache_dtype + "'");
+  // FP4 keys carry a scale per 32 elements.
+  if (v.index_cache_dtype == "fp4" && v.index_head_dim % 32 != 0)
+    t.bad("index_cache_dtype",
+          fmt::format("'fp4' needs index_head_dim to be a multiple of 32 (a scale per 32 "
+                      "elements), got {}",
+                      v.index_head_dim));
 
   if (t.has("bos_token_id")) v.bos_token_id = t.get_int("bos_token_id");
   if (t.has("pad_token_id")) v.pad_token_id = t.get_int("pad_token_id");

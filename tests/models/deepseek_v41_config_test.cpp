@@ -239,7 +239,14 @@ TEST(DeepseekV41Config, RootFieldsFoldIntoTheTextConfig) {
 TEST(DeepseekV41Config, IndexCacheDtype) {
   EXPECT_EQ(parse(small_config()).index_cache_dtype, "fp8");
   EXPECT_EQ(parse_text([](json& t) { t["index_cache_dtype"] = "fp8"; }).index_cache_dtype, "fp8");
-  EXPECT_EQ(parse_text([](json& t) { t["index_cache_dtype"] = "fp4"; }).index_cache_dtype, "fp4");
+  EXPECT_EQ(parse_text([](json& t) {
+              t["index_cache_dtype"] = "fp4";
+              t["index_head_dim"] = 32;
+            }).index_cache_dtype,
+            "fp4");
+  // FP4 keys carry a scale per 32 elements: index_head_dim 16 cannot hold one.
+  EXPECT_ERROR_CONTAINS(parse_text([](json& t) { t["index_cache_dtype"] = "fp4"; }),
+                        "field 'index_cache_dtype'", "multiple of 32", "16");
   for (const char* bad : {"bf16", "fp16", "FP8", ""})
     EXPECT_ERROR_CONTAINS(parse_text([bad](json& t) { t["index_cache_dtype"] = bad; }),
                           "(text_config): field 'index_cache_dtype'", "'fp8' or 'fp4'");

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <cstring>
 #include <set>
 
 #include "common/fixtures.h"
@@ -20,6 +21,7 @@
 #include "loader/safetensors.h"
 #include "models/deepseek_v41.h"
 #include "models/loading.h"
+#include "layers/compressed_kv.h"
 
 namespace atom::test {
 namespace {
@@ -43,11 +45,17 @@ double v41_max_rel(const Tensor& got, const Tensor& want) {
   return d / m;
 }
 
-// Measured on this machine (2026-12-07, F32 on the CPU): max |Δlogit| / max |logit| 1.4e-6,
-// normalised L2 error 9.4e-7. The bound is 1e-4 relative. Planted bugs each fail it and the greedy
-// test (measured max relative error): Engram's compressed vocabulary not applied 1.29, Engram
-// skipped 1.11, the single-pass mHC collapsing by the site's own pre 0.59, the candidate blocks
-// ignored 0.49, REINDEX taking its KV owner's top-k 0.44.
+// The fixture's index plane is FP8 (index_cache_dtype "fp8", the default): keys stored as e4m3
+// codes with a ue8m0 F32 scale per row, the query rounded to e4m3 with an F32 scale per head, as
+// the reference models them. Measured on this machine (2026-12-07, F32 on the CPU): max |Δlogit|
+// / max |logit| 1.6e-6, normalised L2 error 1.0e-6. The bound is 1e-4 relative. Planted bugs
+// each fail it and the greedy test (measured max relative error, on the fixture's previous draw,
+// with an F32 index plane): Engram's compressed vocabulary not applied 1.29, Engram skipped
+// 1.11, the single-pass mHC collapsing by the site's own pre 0.59, the candidate blocks ignored
+// 0.49, REINDEX taking its KV owner's top-k 0.44. On this draw, the index plane's (see
+// Fp4IndexPlaneMatchesTheReference for FP4): the FP8 keys' scale ignored on read 0.46 (greedy
+// still 12 of 12; 0.55 on deepseek_v41_fp8); the FP8 query left unrounded 0.45 (3 of 12 greedy
+// tokens); the keys' scale amax / 448 in F32 instead of its ue8m0 power of two 0.49 (1 of 12).
 TEST(DeepseekV41, LogitsMatchTheReference) {
   const Reference ref = reference_load(kV41);
   const Tensor got = score_tokens(v41_model(), ref.input_ids);
@@ -58,7 +66,7 @@ TEST(DeepseekV41, LogitsMatchTheReference) {
 }
 
 // Free-running greedy decoding reproduces every one of the reference's 12 tokens (margins >=
-// 0.026).
+// 0.11; index gaps >= 3.6e-3, router gaps >= 4.3e-4 in the reference).
 TEST(DeepseekV41, GreedyTokensAreTheReferences) {
   const Reference ref = reference_load(kV41);
   const GreedyResult g = generate_greedy(v41_model(), ref.greedy_prompt,
@@ -156,9 +164,10 @@ TEST(DeepseekV41, EngineAloneBatchedAndChunked) {
 // Engram, FULL ratio 1, REUSE): FP8 e4m3 linears (the attention's, the indexer's wq_b, the shared
 // expert, Engram's wkv) in 32 x 32 blocks with F8_E8M0 scales, the Engram table FP8 with a scale
 // per 32 values of a row (kept FP8, rows decoded as read), FP4 routed experts; dequantised at
-// load. The reference decoded the same file itself (tools/deepseek_v41_reference.py,
-// load_dequantized) and ran its forward on it. Measured: max relative |Δ| 7.4e-7; all 12 greedy
-// tokens; the table's scales ignored: 1.21.
+// load; the index plane FP8. The reference decoded the same file itself
+// (tools/deepseek_v41_reference.py, load_dequantized) and ran its forward on it. Measured: max
+// relative |Δ| 7.4e-7; all 12 greedy tokens; the table's scales ignored: 1.21 (on the previous
+// draw).
 TEST(DeepseekV41, NativeFp8Fp4CheckpointMatchesTheReference) {
   const std::string name = "deepseek_v41_fp8";
   const Reference ref = reference_load(name);
@@ -170,6 +179,73 @@ TEST(DeepseekV41, NativeFp8Fp4CheckpointMatchesTheReference) {
   const GreedyResult g = generate_greedy(*m.model, ref.greedy_prompt,
                                          static_cast<int>(ref.greedy_tokens.size()), {}, true);
   EXPECT_EQ(g.token_ids, ref.greedy_tokens);
+}
+
+// The index plane in FP4 (index_cache_dtype "fp4" in a copy of the fixture): E2M1 keys in one
+// plane, their E8M0 scales (one per 32) in another; the query rounded alike. Against the
+// reference's forward with the same rounding (tests/fixtures/references/
+// deepseek_v41_fp4_index.safetensors, the same weights). Measured: max |Δlogit| / max |logit|
+// 1.6e-6, L2 1.1e-6, 12 of 12 greedy tokens, chunks of 3 or 7 over pages of 4 or 16 equal to
+// whole scoring. The reference moves by 0.49 (FP4) and 0.23 (FP8) from an F32 index plane with the
+// same weights: the rounding changes which rows are chosen, so these tests see it. Planted bugs
+// (measured): the E8M0 scales ignored on read, 0.48; the FP4 query left unrounded, 0.51. E2M1
+// ties to the smaller code instead of the even one: only IndexPlaneFormatsByHand fails (no key
+// of the fixture sits on a midpoint).
+TEST(DeepseekV41, Fp4IndexPlaneMatchesTheReference) {
+  const Reference ref = reference_load("deepseek_v41_fp4_index");
+  TempDir d;
+  copy_dir(fixture_dir(kV41), d.str());
+  nlohmann::json c = json_load_file(d.file("config.json"));
+  c["text_config"]["index_cache_dtype"] = "fp4";
+  write_file(d.file("config.json"), c.dump());
+  LoadedModel m = model_load(d.str(), {});
+  const Tensor got = score_tokens(*m.model, ref.input_ids);
+  const double rel = v41_max_rel(got, ref.logits), l2 = rel_err(got, ref.logits, kV41);
+  std::printf("deepseek_v41 (fp4 index): max |Δlogit| / max |logit| %.3g, L2 %.3g\n", rel, l2);
+  EXPECT_LE(rel, 1e-4);
+  EXPECT_LE(l2, 1e-4);
+  const GreedyResult g = generate_greedy(*m.model, ref.greedy_prompt,
+                                         static_cast<int>(ref.greedy_tokens.size()), {}, true);
+  EXPECT_EQ(g.token_ids, ref.greedy_tokens);
+  for (int chunk : {3, 7})
+    for (int block : {4, 16})
+      EXPECT_LE(v41_max_rel(score_tokens(*m.model, ref.input_ids, chunk, block), got), 1e-5)
+          << "chunks of " << chunk << ", pages of " << block;
+}
+
+// The index plane's formats on values worked by hand (layers/compressed_kv.h).
+TEST(DeepseekV41, IndexPlaneFormatsByHand) {
+  // FP8: amax 3 -> 3 / 448 rounded up to 2^-7; 1.1 * 128 = 140.8 -> 144 (e4m3 steps of 16 in
+  // [128, 256)) -> 1.125.
+  const float k[4] = {1.1f, -0.5f, 3.0f, 0.0f};
+  uint8_t row[8];
+  index_fp8_store(k, 4, row);
+  float scale;
+  std::memcpy(&scale, row + 4, 4);
+  EXPECT_EQ(scale, 0.0078125f);
+  float back[4];
+  index_fp8_load(row, 4, back);
+  EXPECT_EQ(std::vector<float>(back, back + 4), (std::vector<float>{1.125f, -0.5f, 3.0f, 0.0f}));
+  // FP4: amax 3 -> 2^ceil(log2(3 / 6)) = 0.5 (E8M0 126); x / 0.5 = 6, 0.6 -> 0.5, -2.2 -> -2,
+  // 0.75 -> 1 (the tie to the even code), 2.5 -> 2 (tie), the rest 0.
+  std::vector<float> x(32, 0.0f);
+  x[0] = 3.0f, x[1] = 0.3f, x[2] = -1.1f, x[3] = 0.375f, x[4] = 1.25f;
+  uint8_t values[16], scales[1];
+  index_fp4_store(x.data(), 32, values, scales);
+  EXPECT_EQ(scales[0], 126);
+  EXPECT_EQ(values[0], 0x17);  // codes 7 (6) and 1 (0.5)
+  EXPECT_EQ(values[1], 0x2c);  // codes 12 (-2) and 2 (1)
+  EXPECT_EQ(values[2], 0x04);  // code 4 (2) and 0
+  std::vector<float> y(32);
+  index_fp4_load(values, scales, 32, y.data());
+  EXPECT_EQ(std::vector<float>(y.begin(), y.begin() + 6),
+            (std::vector<float>{3.0f, 0.25f, -1.0f, 0.5f, 1.0f, 0.0f}));
+  // The FP8 query: an F32 scale amax / 448 (not a power of two); 0.3 -> 67.2 -> 64.
+  float q[3] = {2.0f, 1.0f, 0.3f};
+  index_fp8_round_query(q, 3);
+  EXPECT_EQ(q[0], 2.0f);
+  EXPECT_EQ(q[1], 1.0f);
+  EXPECT_FLOAT_EQ(q[2], 64.0f * (2.0f / 448.0f));
 }
 
 // The fixture holds tensors of the vision tower and the image tokens' routing bias, which the
