@@ -38,6 +38,7 @@ struct ServeArgs {
   std::string chat_template;
   std::string default_chat_template_kwargs;
   std::string limit_mm_per_prompt;  // vLLM's JSON: {"image": N}
+  double mm_processor_cache_gb = 4.0;
   std::string generation_config = "auto";
   bool enable_prompt_tokens_details = false;
   bool enable_auto_tool_choice = false;
@@ -120,6 +121,9 @@ void serve(ServeArgs& a) {
     }
   }
 
+  if (!(a.mm_processor_cache_gb >= 0.0 && a.mm_processor_cache_gb <= 1024.0))
+    atom::fail("--mm-processor-cache-gb must be from 0 to 1024, got {}", a.mm_processor_cache_gb);
+
   // Signals go to a dedicated thread (blocked here, before any thread starts).
   sigset_t sigs;
   sigemptyset(&sigs);
@@ -188,6 +192,7 @@ void serve(ServeArgs& a) {
   bo.max_waiting = a.max_waiting;
   bo.chat_template = a.chat_template;
   bo.template_limits = a.template_limits;
+  bo.image_cache_bytes = static_cast<int64_t>(a.mm_processor_cache_gb * 1073741824.0);
   atom::server::EngineBackend backend(engine, tok, bo);
 
   atom::server::ServerOptions so;
@@ -297,6 +302,10 @@ ATOM_REGISTER_COMMAND([](CLI::App& app) {
   cmd->add_option("--limit-mm-per-prompt", a->limit_mm_per_prompt,
                   "JSON object of the most items per prompt by modality, e.g. '{\"image\": 4}' "
                   "(default: 8 images; 0 refuses them)");
+  cmd->add_option("--mm-processor-cache-gb", a->mm_processor_cache_gb,
+                  "GiB of image features kept for images sent again (a chat resends its images "
+                  "each turn); 0 keeps none")
+      ->capture_default_str();
   cmd->add_option("--generation-config", a->generation_config,
                   "auto (the model's generation_config.json), vllm (ignore it), or a folder")
       ->capture_default_str();

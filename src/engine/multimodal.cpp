@@ -11,17 +11,77 @@
 
 namespace atom {
 
+namespace {
+bool same_pixels(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  const Tensor x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.data(), y.data(), x.nbytes()) == 0;
+}
+}  // namespace
+
+Tensor ImageFeatureCache::find(uint64_t hash, const PromptImage& image) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = lru_.begin(); it != lru_.end(); ++it) {
+    if (it->hash != hash || it->grid.t != image.grid.t || it->grid.h != image.grid.h ||
+        it->grid.w != image.grid.w || !same_pixels(it->pixels, image.pixel_values))
+      continue;
+    lru_.splice(lru_.begin(), lru_, it);
+    ++hits_;
+    return lru_.front().features;
+  }
+  ++misses_;
+  return Tensor();
+}
+
+void ImageFeatureCache::insert(uint64_t hash, const PromptImage& image, const Tensor& features) {
+  const int64_t bytes = static_cast<int64_t>(image.pixel_values.nbytes() + features.nbytes()) + 256;
+  if (bytes > max_bytes_) return;
+  // Its own copies: the request's buffers may be views of larger ones.
+  Entry e{hash, image.grid, image.pixel_values.contiguous().clone(), features.contiguous().clone(),
+          bytes};
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Entry& o : lru_)
+    if (o.hash == hash && o.grid.t == e.grid.t && o.grid.h == e.grid.h && o.grid.w == e.grid.w &&
+        same_pixels(o.pixels, e.pixels))
+      return;  // another request put it there meanwhile
+  while (!lru_.empty() && bytes_ + bytes > max_bytes_) {
+    bytes_ -= lru_.back().bytes;
+    lru_.pop_back();
+  }
+  bytes_ += bytes;
+  lru_.push_front(std::move(e));
+}
+
+int64_t ImageFeatureCache::hits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return hits_;
+}
+int64_t ImageFeatureCache::misses() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return misses_;
+}
+int64_t ImageFeatureCache::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
+}
+size_t ImageFeatureCache::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lru_.size();
+}
+
 std::shared_ptr<const RequestImages> prompt_images_expand(VisionEncoder& encoder,
                                                           std::vector<int32_t>& prompt,
-                                                          const std::vector<PromptImage>& images) {
+                                                          const std::vector<PromptImage>& images,
+                                                          ImageFeatureCache* cache) {
   const int64_t tok = encoder.image_token_id();
   const auto placeholders = std::count(prompt.begin(), prompt.end(), static_cast<int32_t>(tok));
   if (placeholders != static_cast<int64_t>(images.size()))
     fail("the prompt has {} image placeholder tokens (id {}) for {} images; each image needs "
          "exactly one",
          placeholders, tok, images.size());
+  if (images.empty()) fail("a prompt with images needs at least one image");
   auto out = std::make_shared<RequestImages>();
-  int64_t patches = 0, rows = 0, values = -1;
+  int64_t rows = 0, values = -1;
   for (size_t i = 0; i < images.size(); ++i) {
     const PromptImage& im = images[i];
     const Tensor& p = im.pixel_values;
@@ -31,7 +91,6 @@ std::shared_ptr<const RequestImages> prompt_images_expand(VisionEncoder& encoder
       fail("image {}: pixel_values {} do not fit its grid {}x{}x{}", i,
            p.defined() ? p.str() : std::string("(none)"), im.grid.t, im.grid.h, im.grid.w);
     values = p.size(2);
-    patches += p.size(0);
   }
   // The expanded prompt.
   std::vector<int32_t> expanded;
@@ -60,17 +119,53 @@ std::shared_ptr<const RequestImages> prompt_images_expand(VisionEncoder& encoder
     expanded.insert(expanded.end(), static_cast<size_t>(n), t);
     rows += n;
   }
-  // The features of every image at once.
-  Tensor pix = Tensor::empty({patches, 3, values, values}, DType::kF32);
-  std::vector<vision::ImageGrid> grids;
-  int64_t at = 0;
-  for (const PromptImage& im : images) {
-    const Tensor c = im.pixel_values.contiguous();
-    std::memcpy(pix.ptr<float>() + at, c.data(), c.nbytes());
-    at += c.numel();
-    grids.push_back(im.grid);
+  // The cached images' features, then those of every other image in one tower call.
+  std::vector<Tensor> feats(images.size());
+  std::vector<size_t> todo;
+  int64_t todo_patches = 0;
+  for (size_t i = 0; i < images.size(); ++i) {
+    if (cache) feats[i] = cache->find(out->images[i].hash, images[i]);
+    if (!feats[i].defined()) {
+      todo.push_back(i);
+      todo_patches += images[i].pixel_values.size(0);
+    }
   }
-  out->features = encoder.encode(pix, grids);
+  if (!todo.empty()) {
+    Tensor pix = Tensor::empty({todo_patches, 3, values, values}, DType::kF32);
+    std::vector<vision::ImageGrid> grids;
+    int64_t at = 0, todo_rows = 0;
+    for (size_t i : todo) {
+      const Tensor c = images[i].pixel_values.contiguous();
+      std::memcpy(pix.ptr<float>() + at, c.data(), c.nbytes());
+      at += c.numel();
+      grids.push_back(images[i].grid);
+      todo_rows += out->images[i].tokens;
+    }
+    const Tensor f = encoder.encode(pix, grids);
+    ATOM_CHECK(f.dim() == 2 && f.size(0) == todo_rows,
+               "the vision tower gave {} for {} image tokens", f.str(), todo_rows);
+    int64_t r = 0;
+    for (size_t i : todo) {
+      feats[i] = f.narrow(0, r, out->images[i].tokens);
+      r += out->images[i].tokens;
+      if (cache) cache->insert(out->images[i].hash, images[i], feats[i]);
+    }
+  }
+  if (feats.size() == 1) {
+    out->features = feats[0];  // (shared with the cache: features are never written)
+  } else {
+    const int64_t hidden = feats[0].size(1);
+    for (const Tensor& f : feats)
+      ATOM_CHECK(f.dim() == 2 && f.size(1) == hidden && f.dtype() == feats[0].dtype(),
+                 "the vision tower's features {} and {} differ in width or type", f.str(),
+                 feats[0].str());
+    out->features = Tensor::empty({rows, hidden}, feats[0].dtype());
+    int64_t r = 0;
+    for (const Tensor& f : feats) {
+      out->features.narrow(0, r, f.size(0)).copy_from(f.contiguous());
+      r += f.size(0);
+    }
+  }
   ATOM_CHECK(out->features.dim() == 2 && out->features.size(0) == rows,
              "the vision tower gave {} for {} image tokens", out->features.str(), rows);
   prompt = std::move(expanded);

@@ -9,7 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <list>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "core/tensor.h"
@@ -37,13 +39,45 @@ struct RequestImages {
   Tensor features;             // [sum of tokens, hidden] on the CPU, F32 or the tower's BF16/F16
 };
 
+// The features of recent images by content, so that an image sent again (a chat resends its
+// images with every turn) skips the vision tower, as vLLM's multimodal cache
+// (--mm-processor-cache-gb) does. Entries hold the features and the pixel values they came from:
+// the 64-bit content hash finds a candidate, and a hit must have the same grid and the same pixel
+// bytes (a crafted hash collision gets its own features, never another image's). At most
+// `max_bytes` of both, least recently used out first (an entry larger than the budget is not
+// kept; 0 keeps nothing). Thread-safe.
+class ImageFeatureCache {
+ public:
+  explicit ImageFeatureCache(int64_t max_bytes) : max_bytes_(max_bytes) {}
+  // The cached features of this image, or an undefined tensor.
+  Tensor find(uint64_t hash, const PromptImage& image);
+  void insert(uint64_t hash, const PromptImage& image, const Tensor& features);
+  int64_t hits() const;
+  int64_t misses() const;
+  int64_t bytes() const;
+  size_t size() const;
+
+ private:
+  struct Entry {
+    uint64_t hash;
+    vision::ImageGrid grid;
+    Tensor pixels, features;
+    int64_t bytes;
+  };
+  mutable std::mutex mu_;
+  std::list<Entry> lru_;  // most recent first
+  int64_t max_bytes_, bytes_ = 0, hits_ = 0, misses_ = 0;
+};
+
 // Expands each of `prompt`'s image placeholder tokens (the encoder's image_token_id, one per
-// image, in order) to its image's feature rows and computes the features. An error names what
-// does not fit: a placeholder count other than the image count, a pixel_values shape other than
-// the grid's, an image the tower refuses.
+// image, in order) to its image's feature rows and computes the features: in one tower call for
+// the images `cache` (when given) does not hold, which it then keeps. An error names what does
+// not fit: a placeholder count other than the image count, a pixel_values shape other than the
+// grid's, an image the tower refuses.
 std::shared_ptr<const RequestImages> prompt_images_expand(VisionEncoder& encoder,
                                                           std::vector<int32_t>& prompt,
-                                                          const std::vector<PromptImage>& images);
+                                                          const std::vector<PromptImage>& images,
+                                                          ImageFeatureCache* cache = nullptr);
 
 // Checks that `images` fit `prompt` (expanded): each image's run of placeholder tokens
 // (`image_token`) inside the prompt, in order and apart, its feature rows in order, no other

@@ -77,7 +77,8 @@ EngineBackend::EngineBackend(LLMEngine& engine, tokenizer::Tokenizer tok,
       template_(tokenizer::ChatTemplate::from_model_dir(
           options.tokenizer_path.empty() ? options.model_path : options.tokenizer_path,
           options.chat_template, options.template_limits)),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      image_cache_(options_.image_cache_bytes) {
   info_.model_name = options_.served_model_name;
   info_.model_path = options_.model_path;
   info_.max_model_len = engine_.kv_plan().max_model_len;
@@ -269,7 +270,7 @@ void EngineBackend::submit(BackendRequest request, std::function<void(RequestUpd
     VisionEncoder* encoder = engine_.model().vision_encoder();
     if (!encoder) throw ApiError(400, "BadRequestError", "this model takes no images", "messages");
     try {
-      c.images = prompt_images_expand(*encoder, c.request.prompt_ids, images);
+      c.images = prompt_images_expand(*encoder, c.request.prompt_ids, images, &image_cache_);
     } catch (const Error& e) {
       throw ApiError(400, "BadRequestError", e.what(), "messages");
     }

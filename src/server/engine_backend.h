@@ -16,6 +16,7 @@
 
 #include "grammar/matcher.h"
 #include "engine/llm_engine.h"
+#include "engine/multimodal.h"
 #include "server/backend.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -30,6 +31,9 @@ struct EngineBackendOptions {
   int max_waiting = 4096;         // queued requests beyond this get 503
   std::string chat_template;      // --chat-template: file or text; empty: the model's
   jinja::Limits template_limits;  // for the model's template and the requests' chat_template
+  // --mm-processor-cache-gb: image features kept for images sent again (ImageFeatureCache);
+  // 0 keeps none.
+  int64_t image_cache_bytes = int64_t{4} << 30;
 };
 
 class EngineBackend final : public Backend {
@@ -97,6 +101,8 @@ class EngineBackend final : public Backend {
   mutable std::shared_ptr<const grammar::TokenTrie> trie_;
   mutable std::mutex grammar_mu_;
   mutable std::unordered_map<std::string, std::shared_ptr<const LogitsConstraint>> grammars_;
+  // Features of recent images, so that a chat's images resent each turn skip the vision tower.
+  ImageFeatureCache image_cache_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -279,3 +279,81 @@ TEST(EngineImages, BadRequestsAreRefusedByNameAndTheEngineGoesOn) {
 
 }  // namespace
 }  // namespace atom::test
+
+namespace atom::test {
+namespace {
+
+// The tower behind a counter: how many images it was asked to encode.
+struct CountingEncoder : VisionEncoder {
+  VisionEncoder& inner;
+  int calls = 0, images = 0;
+  explicit CountingEncoder(VisionEncoder& v) : inner(v) {}
+  Tensor encode(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) override {
+    ++calls;
+    images += static_cast<int>(grids.size());
+    return inner.encode(pixel_values, grids);
+  }
+  Tensor encode_hidden(const Tensor& pixel_values, const std::vector<ImageGrid>& grids) override {
+    return inner.encode_hidden(pixel_values, grids);
+  }
+  int64_t tokens_for(const ImageGrid& g) const override { return inner.tokens_for(g); }
+  int64_t image_token_id() const override { return inner.image_token_id(); }
+  std::string unavailable() const override { return inner.unavailable(); }
+};
+
+// ImageFeatureCache: an image sent again skips the tower and gets the same features; only the
+// new images of a prompt are encoded, in one call; a candidate with the same hash but other
+// pixels is not a hit; the budget evicts the least recently used; 0 keeps nothing.
+TEST(ImageFeatureCache, RepeatedImagesSkipTheTowerWithTheSameFeatures) {
+  const ImageFixture x = image_fixture();
+  Model& m = fixture_model("kimi_k25");
+  CountingEncoder enc(*m.vision_encoder());
+  ImageFeatureCache cache(int64_t{1} << 30);
+  std::vector<int32_t> p1 = x.prompt;
+  const auto a = prompt_images_expand(enc, p1, x.images, &cache);
+  EXPECT_EQ(enc.calls, 1);
+  EXPECT_EQ(enc.images, 2);
+  EXPECT_EQ(cache.size(), 2u);
+  std::vector<int32_t> p2 = x.prompt;
+  const auto b = prompt_images_expand(enc, p2, x.images, &cache);
+  EXPECT_EQ(enc.calls, 1) << "both images were cached";
+  EXPECT_EQ(cache.hits(), 2);
+  EXPECT_EQ(p2, p1);
+  EXPECT_EQ(max_abs_diff(b->features, a->features), 0.0f);
+  // Without a cache: the same features (each image alone or with the other: the tower
+  // attends within an image only).
+  std::vector<int32_t> p3 = x.prompt;
+  const auto c = prompt_images_expand(*m.vision_encoder(), p3, x.images);
+  EXPECT_LE(max_abs_diff(c->features, a->features), 1e-6f);
+  // One new image beside a cached one: one call, one image.
+  const PromptImage fresh = random_image(x.images[1], 77);
+  std::vector<int32_t> p4 = x.prompt;
+  const auto d = prompt_images_expand(enc, p4, {x.images[0], fresh}, &cache);
+  EXPECT_EQ(enc.calls, 2);
+  EXPECT_EQ(enc.images, 3);
+  std::vector<int32_t> p5 = x.prompt;
+  const auto e = prompt_images_expand(*m.vision_encoder(), p5, {x.images[0], fresh});
+  EXPECT_LE(max_abs_diff(d->features, e->features), 1e-6f);
+  EXPECT_GT(max_abs_diff(d->features, a->features), 1e-3f) << "the new image's rows";
+  // Same hash, other pixels: no hit (the hash only finds candidates).
+  const uint64_t h = a->images[0].hash;
+  EXPECT_FALSE(cache.find(h, fresh).defined());
+  EXPECT_TRUE(cache.find(h, x.images[0]).defined());
+  // A budget of one entry: the older one goes.
+  const int64_t one = static_cast<int64_t>(x.images[0].pixel_values.nbytes() +
+                                           a->features.narrow(0, 0, a->images[0].tokens).nbytes()) +
+                      256;
+  ImageFeatureCache small(one);
+  small.insert(1, x.images[0], a->features.narrow(0, 0, a->images[0].tokens));
+  EXPECT_EQ(small.size(), 1u);
+  small.insert(2, fresh, a->features.narrow(0, 0, a->images[0].tokens));
+  EXPECT_EQ(small.size(), 1u);
+  EXPECT_FALSE(small.find(1, x.images[0]).defined());
+  EXPECT_TRUE(small.find(2, fresh).defined());
+  ImageFeatureCache none(0);
+  none.insert(1, x.images[0], a->features);
+  EXPECT_EQ(none.size(), 0u);
+}
+
+}  // namespace
+}  // namespace atom::test

@@ -217,7 +217,7 @@ test('Kimi-K2.5 fixture: tool-result images, /tokenize with images, video parts 
   }
 });
 
-test('a text-only model refuses an image part by name; a bad --limit-mm-per-prompt stops start-up', async () => {
+test('a text-only model refuses an image part by name; a bad --limit-mm-per-prompt or --mm-processor-cache-gb stops start-up', async () => {
   const dir = makeByteModelDir(SRC, 'atom-images-text-');
   const s = await startServe(BIN, ['serve', dir, '--device', 'cpu', '--load-format', 'dummy', '--host', '127.0.0.1',
     '--port', '0', '--max-model-len', '256', '--served-model-name', 'tiny']);
@@ -237,4 +237,6 @@ test('a text-only model refuses an image part by name; a bad --limit-mm-per-prom
   }
   await assert.rejects(startServe(BIN, ['serve', dir, '--device', 'cpu', '--load-format', 'dummy', '--host', '127.0.0.1',
     '--port', '0', '--limit-mm-per-prompt', '{"image": -1}']), /--limit-mm-per-prompt: 'image' must be a count/);
+  await assert.rejects(startServe(BIN, ['serve', dir, '--device', 'cpu', '--load-format', 'dummy', '--host', '127.0.0.1',
+    '--port', '0', '--mm-processor-cache-gb', '-1']), /--mm-processor-cache-gb must be from 0 to 1024/);
 });
