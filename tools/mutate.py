@@ -368,6 +368,11 @@ MUTATIONS = [
      "src/models/deepseek_v4_parts.cpp",
      "if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(out);",
      "if (ctx_.tp_size > 100) ctx_.comm->all_reduce_sum(out);"),
+    ("image_cache_trusts_the_hash",
+     "Image feature cache: a candidate with the same 64-bit hash is a hit without comparing pixels",
+     "src/engine/multimodal.cpp",
+     "it->grid.w != image.grid.w || !same_pixels(it->pixels, image.pixel_values))",
+     "it->grid.w != image.grid.w)"),
     ("tp_drafter_shard_rows_overlap",
      "Speculative decoding under tensor parallelism: every rank's vocabulary shard gathered into "
      "the drafter's first rows",
