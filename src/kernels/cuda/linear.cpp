@@ -213,40 +213,21 @@ bool linear_rope_kv(Tensor& out, const Tensor& x, const Tensor& w, const Tensor&
 }
 
 namespace {
-bool lt_linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias, Epi epi,
-               bool accumulate);
-}  // namespace
 
-void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
-            const LinearHints& hints) {
-  check_rows("linear", out, "out");
-  check_rows("linear", x, "x");
-  ATOM_CHECK(w.dim() == 2 && w.is_contiguous(), "linear: weight must be contiguous 2-D, got {}",
+// The argument checks of linear() and its epilogue forms, errors named by `what`.
+void check_linear(const char* what, const Tensor& out, const Tensor& x, const Tensor& w,
+                  const Tensor& bias) {
+  check_rows(what, out, "out");
+  check_rows(what, x, "x");
+  ATOM_CHECK(w.dim() == 2 && w.is_contiguous(), "{}: weight must be contiguous 2-D, got {}", what,
              w.str());
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  ATOM_CHECK(w.size(1) == K && out.size(0) == M && out.size(1) == N,
-             "linear: x {} · w {}ᵀ -> out {}", x.str(), w.str(), out.str());
-  ATOM_CHECK(!bias.defined() || (bias.numel() == N && bias.is_contiguous()),
-             "linear: bias {} for N={}", bias.str(), N);
-  ATOM_CHECK(x.dtype() == w.dtype(), "linear: x {} and w {} must share a dtype on CUDA", x.str(),
+  ATOM_CHECK(w.size(1) == x.size(1) && out.size(0) == x.size(0) && out.size(1) == w.size(0),
+             "{}: x {} · w {}ᵀ -> out {}", what, x.str(), w.str(), out.str());
+  ATOM_CHECK(!bias.defined() || (bias.numel() == w.size(0) && bias.is_contiguous()),
+             "{}: bias {} for N={}", what, bias.str(), w.size(0));
+  ATOM_CHECK(x.dtype() == w.dtype(), "{}: x {} and w {} must share a dtype on CUDA", what, x.str(),
              w.str());
-  const DType in = x.dtype(), od = out.dtype();
-  ATOM_CHECK(in == od || od == DType::kF32, "linear: {} inputs cannot write {}", dtype_name(in),
-             dtype_name(od));
-  if (M == 0 || N == 0) return;
-  if (skinny_applies(x, w)) {
-    // After decode attention: one of the four first weight loads before the wait. H200, batch-1
-    // decode: 4.150-4.183 ms against 4.199-4.250 with all four (docs/performance.md, fifth pass);
-    // fewer early loads for the other products were slower.
-    launch_skinny("linear", out, x, w, N, bias, false, {},
-                  hints.after_latency_bound ? 1 : kSkinnyEarlyLoadsAll);
-    return;
-  }
-
-  lt_linear(out, x, w, bias, Epi::kNone, false);
 }
-
-namespace {
 
 // out = epi(x · wᵀ + bias) (+ out when accumulate) through cuBLASLt, for linear()'s checked
 // arguments. Returns false, computing nothing, when the bias cannot ride in the epilogue and the
@@ -296,22 +277,25 @@ bool lt_linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias
 
 }  // namespace
 
-namespace {
-// linear()'s argument checks.
-void check_linear(const char* what, const Tensor& out, const Tensor& x, const Tensor& w,
-                  const Tensor& bias) {
-  check_rows(what, out, "out");
-  check_rows(what, x, "x");
-  ATOM_CHECK(w.dim() == 2 && w.is_contiguous(), "{}: weight must be contiguous 2-D, got {}", what,
-             w.str());
-  ATOM_CHECK(w.size(1) == x.size(1) && out.size(0) == x.size(0) && out.size(1) == w.size(0),
-             "{}: x {} · w {}ᵀ -> out {}", what, x.str(), w.str(), out.str());
-  ATOM_CHECK(!bias.defined() || (bias.numel() == w.size(0) && bias.is_contiguous()),
-             "{}: bias {} for N={}", what, bias.str(), w.size(0));
-  ATOM_CHECK(x.dtype() == w.dtype(), "{}: x {} and w {} must share a dtype on CUDA", what, x.str(),
-             w.str());
+void linear(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias,
+            const LinearHints& hints) {
+  check_linear("linear", out, x, w, bias);
+  const int64_t M = x.size(0), N = w.size(0);
+  const DType in = x.dtype(), od = out.dtype();
+  ATOM_CHECK(in == od || od == DType::kF32, "linear: {} inputs cannot write {}", dtype_name(in),
+             dtype_name(od));
+  if (M == 0 || N == 0) return;
+  if (skinny_applies(x, w)) {
+    // After decode attention: one of the four first weight loads before the wait. H200, batch-1
+    // decode: 4.150-4.183 ms against 4.199-4.250 with all four (docs/performance.md, fifth pass);
+    // fewer early loads for the other products were slower.
+    launch_skinny("linear", out, x, w, N, bias, false, {},
+                  hints.after_latency_bound ? 1 : kSkinnyEarlyLoadsAll);
+    return;
+  }
+
+  lt_linear(out, x, w, bias, Epi::kNone, false);
 }
-}  // namespace
 
 bool linear_gelu(Tensor& out, const Tensor& x, const Tensor& w, const Tensor& bias) {
   check_linear("linear_gelu", out, x, w, bias);
