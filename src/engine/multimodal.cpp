@@ -11,25 +11,22 @@
 
 namespace atom {
 
-namespace {
-bool same_pixels(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
-  const Tensor x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.data(), y.data(), x.nbytes()) == 0;
+bool ImageFeatureCache::Entry::holds(uint64_t h, const PromptImage& image) const {
+  if (hash != h || grid.t != image.grid.t || grid.h != image.grid.h || grid.w != image.grid.w ||
+      pixels.shape() != image.pixel_values.shape() || pixels.dtype() != image.pixel_values.dtype())
+    return false;
+  const Tensor p = image.pixel_values.contiguous();
+  return std::memcmp(pixels.data(), p.data(), p.nbytes()) == 0;
 }
-}  // namespace
 
 Tensor ImageFeatureCache::find(uint64_t hash, const PromptImage& image) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto it = lru_.begin(); it != lru_.end(); ++it) {
-    if (it->hash != hash || it->grid.t != image.grid.t || it->grid.h != image.grid.h ||
-        it->grid.w != image.grid.w || !same_pixels(it->pixels, image.pixel_values))
-      continue;
+    if (!it->holds(hash, image)) continue;
     lru_.splice(lru_.begin(), lru_, it);
     ++hits_;
     return lru_.front().features;
   }
-  ++misses_;
   return Tensor();
 }
 
@@ -41,9 +38,7 @@ void ImageFeatureCache::insert(uint64_t hash, const PromptImage& image, const Te
           bytes};
   std::lock_guard<std::mutex> lock(mu_);
   for (const Entry& o : lru_)
-    if (o.hash == hash && o.grid.t == e.grid.t && o.grid.h == e.grid.h && o.grid.w == e.grid.w &&
-        same_pixels(o.pixels, e.pixels))
-      return;  // another request put it there meanwhile
+    if (o.holds(hash, image)) return;  // another request put it there meanwhile
   while (!lru_.empty() && bytes_ + bytes > max_bytes_) {
     bytes_ -= lru_.back().bytes;
     lru_.pop_back();
@@ -55,14 +50,6 @@ void ImageFeatureCache::insert(uint64_t hash, const PromptImage& image, const Te
 int64_t ImageFeatureCache::hits() const {
   std::lock_guard<std::mutex> lock(mu_);
   return hits_;
-}
-int64_t ImageFeatureCache::misses() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return misses_;
-}
-int64_t ImageFeatureCache::bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return bytes_;
 }
 size_t ImageFeatureCache::size() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -121,6 +108,7 @@ std::shared_ptr<const RequestImages> prompt_images_expand(VisionEncoder& encoder
   }
   // The cached images' features, then those of every other image in one tower call.
   std::vector<Tensor> feats(images.size());
+  Tensor f;  // the tower's output for the images not cached
   std::vector<size_t> todo;
   int64_t todo_patches = 0;
   for (size_t i = 0; i < images.size(); ++i) {
@@ -141,7 +129,7 @@ std::shared_ptr<const RequestImages> prompt_images_expand(VisionEncoder& encoder
       grids.push_back(images[i].grid);
       todo_rows += out->images[i].tokens;
     }
-    const Tensor f = encoder.encode(pix, grids);
+    f = encoder.encode(pix, grids);
     ATOM_CHECK(f.dim() == 2 && f.size(0) == todo_rows,
                "the vision tower gave {} for {} image tokens", f.str(), todo_rows);
     int64_t r = 0;
@@ -151,7 +139,9 @@ std::shared_ptr<const RequestImages> prompt_images_expand(VisionEncoder& encoder
       if (cache) cache->insert(out->images[i].hash, images[i], feats[i]);
     }
   }
-  if (feats.size() == 1) {
+  if (todo.size() == images.size()) {
+    out->features = f;  // every image from the one call, in order
+  } else if (feats.size() == 1) {
     out->features = feats[0];  // (shared with the cache: features are never written)
   } else {
     const int64_t hidden = feats[0].size(1);

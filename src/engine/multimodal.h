@@ -53,20 +53,20 @@ class ImageFeatureCache {
   Tensor find(uint64_t hash, const PromptImage& image);
   void insert(uint64_t hash, const PromptImage& image, const Tensor& features);
   int64_t hits() const;
-  int64_t misses() const;
-  int64_t bytes() const;
   size_t size() const;
 
  private:
   struct Entry {
     uint64_t hash;
     vision::ImageGrid grid;
-    Tensor pixels, features;
+    Tensor pixels, features;  // pixels contiguous
     int64_t bytes;
+    // Whether this entry is `image`'s: hash, grid and pixel bytes all equal.
+    bool holds(uint64_t h, const PromptImage& image) const;
   };
   mutable std::mutex mu_;
   std::list<Entry> lru_;  // most recent first
-  int64_t max_bytes_, bytes_ = 0, hits_ = 0, misses_ = 0;
+  int64_t max_bytes_, bytes_ = 0, hits_ = 0;
 };
 
 // Expands each of `prompt`'s image placeholder tokens (the encoder's image_token_id, one per

@@ -41,20 +41,17 @@ struct PagedRows {
   int tokens_per_row = 1;
 
   // Row of window w: in the page of the window's last token.
-  float* row(const Tensor& plane, int64_t w) const {
-    const int64_t last = w * tokens_per_row + tokens_per_row - 1;
-    const int64_t rows_per_page = plane.size(1);
-    const int64_t page = pages[last / block_size];
-    const int64_t r = (last % block_size) / tokens_per_row;
-    return plane.ptr<float>() + (page * rows_per_page + r) * plane.size(3);
-  }
+  float* row(const Tensor& plane, int64_t w) const { return plane.ptr<float>() + offset(plane, w); }
   // The same row of a byte plane (kU8: a quantised format's codes and scales).
   uint8_t* bytes(const Tensor& plane, int64_t w) const {
+    return plane.ptr<uint8_t>() + offset(plane, w);
+  }
+  // Elements from the plane's start to window w's row.
+  int64_t offset(const Tensor& plane, int64_t w) const {
     const int64_t last = w * tokens_per_row + tokens_per_row - 1;
-    const int64_t rows_per_page = plane.size(1);
     const int64_t page = pages[last / block_size];
     const int64_t r = (last % block_size) / tokens_per_row;
-    return plane.ptr<uint8_t>() + (page * rows_per_page + r) * plane.size(3);
+    return (page * plane.size(1) + r) * plane.size(3);
   }
 };
 

@@ -424,6 +424,7 @@ struct MoonVit::DeviceState {
   struct Tables {
     std::array<int64_t, 3> thw;
     Tensor pos, cos, sin;
+    int64_t bytes() const { return pos.nbytes() + cos.nbytes() + sin.nbytes(); }
   };
   std::vector<Tables> tables;
   int64_t table_bytes = 0;
@@ -481,7 +482,7 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
     DeviceState::Tables e{thw,
                           upload(at == DType::kF32 ? host.pos : tensor_cast_cpu(host.pos, at), dev),
                           upload(host.cos, dev), upload(host.sin, dev)};
-    const int64_t bytes = e.pos.nbytes() + e.cos.nbytes() + e.sin.nbytes();
+    const int64_t bytes = e.bytes();
     // At most eight sizes and 256 MiB, oldest out first; never the tables of this call's own
     // grids, which its kernels may not have read yet.
     for (size_t i = 0; i < cache.size() &&
@@ -492,7 +493,7 @@ Tensor MoonVit::tower(Step& step, const Tensor& pixel_values, const std::vector<
         ++i;
         continue;
       }
-      state_->table_bytes -= cache[i].pos.nbytes() + cache[i].cos.nbytes() + cache[i].sin.nbytes();
+      state_->table_bytes -= cache[i].bytes();
       cache.erase(cache.begin() + static_cast<std::ptrdiff_t>(i));
     }
     state_->table_bytes += bytes;

@@ -26,8 +26,8 @@
 // dtype (BF16) on a stream of its own (kernels/encoder.h: non-causal flash attention, or two
 // batched cuBLAS GEMMs around a softmax; ATOM_VISION_CUDA=0 keeps a CUDA model's tower on the
 // CPU). The position grid is resized and the positional tables built on the host, once per image
-// size (cached on the tower's device). Its features come back to the CPU in F32 and reach the
-// text model's embedding rows through the batch.
+// size (cached on the tower's device). Its features come back to the CPU in the tower's dtype and
+// reach the text model's embedding rows through the batch.
 #pragma once
 
 #include <memory>
