@@ -192,6 +192,12 @@ struct Step {
   // writes its own into pp_out and computes no logits.
   const IntermediateTensors* pp_in = nullptr;
   IntermediateTensors* pp_out = nullptr;
+  // Speculative block drafters (DSpark) read the outputs of some of the target's layers: when
+  // layer_outputs is set, a model that hands them over (Model::hands_over_layer_outputs) writes
+  // the output of layer (*layer_outputs)[j] at every row into columns [j hidden, (j + 1) hidden)
+  // of *layer_outputs_out, [T, size() hidden] F32 in the step's arena (keep_layer_output).
+  const std::vector<int64_t>* layer_outputs = nullptr;
+  Tensor* layer_outputs_out = nullptr;
 
   Tensor empty(Shape shape, DType dtype) { return arena.alloc(std::move(shape), dtype); }
 };

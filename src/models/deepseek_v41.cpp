@@ -28,14 +28,16 @@
 //     rms_norm_eps.
 //   * The MoE is V4's (no hash layers); gate.bias_vl (the image tokens' routing bias) is not read.
 // The vision tower's tensors (vision.*, aligner.*, image_start/end/newline) and the DSpark draft
-// stages (mtp.*) are skipped unread; an image request is refused by the engine (a text model).
+// stages (mtp.*, the drafter's) are skipped unread; an image request is refused by the engine (a
+// text model).
 // The index plane is stored as index_cache_dtype says (layers/compressed_kv.h): fp8 (default),
 // e4m3 codes with a ue8m0 F32 scale per key; fp4, E2M1 codes and an E8M0 scale per 32 elements
 // in two planes; the scorer reads the keys back from those bytes and rounds the query as
 // ROCm/ATOM's scorers do (fp8: e4m3 with an F32 scale per (token, head); fp4: as the keys).
-// Not done: the FP8 rounding of window keys and activations (native FP8 / FP4 weights are
-// dequantised at load); CUDA; tensor and pipeline parallelism (refused); speculative decoding
-// (DSpark).
+// Speculative decoding: DSpark (models/dspark.h) reads the streams after its target layers,
+// averaged (hands_over_layer_outputs). Not done: the FP8 rounding of window keys and activations
+// (native FP8 / FP4 weights are dequantised at load); CUDA; tensor and pipeline parallelism
+// (refused).
 #include "models/deepseek_v41.h"
 
 #include <algorithm>
@@ -570,10 +572,12 @@ class DeepseekV41ForCausalLM : public Model {
     Tensor pre = step.empty({streams.size(0), hc}, DType::kF32);
     for (int64_t t = 0; t < streams.size(0); ++t)
       for (int64_t j = 0; j < hc; ++j) pre.ptr<float>()[t * hc + j] = j == 0 ? 1.0f : 0.0f;
-    for (auto& layer : layers_) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
       const Arena::Mark scratch = step.arena.mark();
-      layer->forward(step, streams, pre);
+      layers_[i]->forward(step, streams, pre);
       step.arena.release(scratch);
+      // After the release: the rows a drafter asks for outlive the layer's scratch.
+      keep_layer_output(step, static_cast<int64_t>(i), streams);
     }
     return norm_->forward(step, HyperConnection::collapse(step, streams, pre));
   }
@@ -583,6 +587,8 @@ class DeepseekV41ForCausalLM : public Model {
   }
 
   std::vector<std::string> quantization_methods() const override { return {"fp8"}; }
+  // DSpark (models/dspark.h) drafts from the streams after its target layers, averaged.
+  bool hands_over_layer_outputs() const override { return true; }
 
   WeightLoadSpec weight_load_spec() const override {
     WeightLoadSpec s = Model::weight_load_spec();

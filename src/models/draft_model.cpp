@@ -23,6 +23,16 @@ Tensor DraftModel::compute_logits(Step&, const Tensor&) {
   fail("{}: a drafter's logits come from compute_draft_logits", config().architectures.at(0));
 }
 
+Tensor BlockDraftModel::forward_draft(Step&, const Tensor&, int) {
+  fail("{}: a block drafter ({}) drafts through absorb and draft_block",
+       config().architectures.at(0), method());
+}
+
+Tensor BlockDraftModel::compute_draft_logits(Step&, const Tensor&, int) {
+  fail("{}: a block drafter ({}) drafts through absorb and draft_block",
+       config().architectures.at(0), method());
+}
+
 Tensor mtp_concat_columns(Step& step, const Tensor& a, const Tensor& b) {
   const int64_t T = a.size(0), A = a.size(1);
   ATOM_CHECK(b.size(0) == T && b.size(1) == A && a.dtype() == b.dtype(),

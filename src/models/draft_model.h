@@ -1,5 +1,6 @@
 // Speculative-decoding drafters that ship inside their target's checkpoint (the spec's MTP
-// layers: DeepSeekMTP, Qwen3NextMTP, Qwen3_5MTP). A drafter is a Model of its own, built from the
+// layers: DeepSeekMTP, Qwen3NextMTP, Qwen3_5MTP; DeepSeek-V4.1's DSpark block drafter,
+// BlockDraftModel). A drafter is a Model of its own, built from the
 // target's config and loaded from the target's checkpoint with spec_decode (the spec's
 // rewrite_spec_layer_name: only the MTP layers - DeepSeek's at index >= num_hidden_layers, the
 // Qwen hybrids' mtp.* - renamed to the drafter's parameters); the tensors it
@@ -43,6 +44,39 @@ class DraftModel : public Model {
 
   Tensor forward(Step&) override;  // an error: a drafter runs through forward_draft
   Tensor compute_logits(Step&, const Tensor&) override;
+
+  // The --speculative-config method this drafter serves ("mtp", or "dspark": BlockDraftModel).
+  virtual std::string method() const { return "mtp"; }
+  // The target layers whose outputs it drafts from (Step::layer_outputs); empty: the target's
+  // final hidden states (MTP).
+  virtual std::vector<int64_t> target_layer_outputs() const { return {}; }
+};
+
+// A drafter that proposes a whole block of tokens in one pass (DSpark, models/dspark.h) from the
+// outputs of some of the target's layers, not step by step from the final hidden states.
+class BlockDraftModel : public DraftModel {
+ public:
+  using DraftModel::DraftModel;
+
+  // Absorbs the target's rows of step.batch: layer_outputs [T, n hidden] F32 (Step::
+  // layer_outputs of target_layer_outputs()) at the batch's positions, written to this drafter's
+  // cache through the batch's slots.
+  virtual void absorb(Step& step, const Tensor& layer_outputs) = 0;
+
+  struct Block {
+    std::vector<int32_t> tokens;    // [S width], sequence-major: the drafts
+    Tensor base_logits;             // [S width, vocab] F32: the backbone's logits
+    Tensor logits;                  // [S width, vocab] F32: what the drafts are the argmax of
+    std::vector<float> confidence;  // [S width]: each draft's estimated survival probability
+  };
+  // One block of `width` drafts per sequence of step.batch, whose one row per sequence is the
+  // token the target has just chosen (the anchor) at position p + 1, p the last position the
+  // drafter absorbed; context_lens p + 1 (the block writes no cache). Tensors in the step's arena.
+  virtual Block draft_block(Step& step, int width) = 0;
+
+  // Errors: a block drafter runs through absorb and draft_block.
+  Tensor forward_draft(Step& step, const Tensor& hidden, int spec_step) override;
+  Tensor compute_draft_logits(Step& step, const Tensor& hidden, int spec_step) override;
 };
 
 // The columns of a [T, A] and b [T, A] side by side: [T, 2A] (gathered rows of a stacked copy,

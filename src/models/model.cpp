@@ -173,4 +173,33 @@ std::unique_ptr<Model> model_create(const ModelConfig& config, const ModelOption
   return model;
 }
 
+void keep_layer_output(Step& step, int64_t layer, const Tensor& x) {
+  if (!step.layer_outputs || !step.layer_outputs_out) return;
+  const std::vector<int64_t>& want = *step.layer_outputs;
+  const auto it = std::find(want.begin(), want.end(), layer);
+  if (it == want.end()) return;
+  ATOM_CHECK(x.device().is_cpu() && x.dtype() == DType::kF32 && x.is_contiguous() &&
+                 (x.dim() == 2 || x.dim() == 3),
+             "keep_layer_output: layer {}'s output {} is not [T, (hc,) hidden] F32 on the CPU",
+             layer, x.str());
+  const int64_t T = x.size(0), D = x.size(x.dim() - 1), hc = x.dim() == 3 ? x.size(1) : 1;
+  const int64_t n = static_cast<int64_t>(want.size()), j = it - want.begin();
+  Tensor& out = *step.layer_outputs_out;
+  if (!out.defined()) {
+    out = step.empty({T, n * D}, DType::kF32);
+    std::fill_n(out.ptr<float>(), out.numel(), 0.0f);
+  }
+  ATOM_CHECK(out.size(0) == T && out.size(1) == n * D,
+             "keep_layer_output: layer {} gives [{}, {}] rows into {}", layer, T, D, out.str());
+  const float* src = x.ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    float* dst = out.ptr<float>() + t * n * D + j * D;
+    for (int64_t d = 0; d < D; ++d) {
+      float acc = 0;
+      for (int64_t k = 0; k < hc; ++k) acc += src[(t * hc + k) * D + d];
+      dst[d] = acc / static_cast<float>(hc);
+    }
+  }
+}
+
 }  // namespace atom

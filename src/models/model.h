@@ -102,6 +102,9 @@ class Model {
   // The vision tower of a model that takes images (its features go in through
   // Batch::input_embeds at the image placeholder tokens); null for text-only models.
   virtual VisionEncoder* vision_encoder() { return nullptr; }
+  // Whether forward() hands the outputs of the layers in Step::layer_outputs over
+  // (keep_layer_output), for a block drafter (DSpark) that drafts from them.
+  virtual bool hands_over_layer_outputs() const { return false; }
 
  protected:
   LayerContext& ctx() { return ctx_; }
@@ -116,6 +119,11 @@ class Model {
   int eplb_step_interval_ = 0;
   LayerContext ctx_;
 };
+
+// Step::layer_outputs: when the step asks for `layer`'s output, its rows x ([T, hidden], or the
+// hyper-connection streams [T, hc, hidden], averaged over the streams) F32 on the CPU go into
+// their columns of *Step::layer_outputs_out (allocated on the step's first call).
+void keep_layer_output(Step& step, int64_t layer, const Tensor& x);
 
 // The spec's make_layers: layers "<prefix>.0" .. "<prefix>.<n - 1>", layer i built by make(i,
 // its prefix) when this pipeline stage owns it (LayerContext::stage), else left null and declared
