@@ -53,7 +53,9 @@ void engine_args_add(CLI::App* cmd, EngineArgs& a) {
   cmd->add_option_function<std::string>(
       "--speculative-config", [&c](const std::string& v) { speculative_config_parse(v, c); },
       "speculative decoding with the checkpoint's MTP layers, vLLM's JSON: "
-      "'{\"method\": \"mtp\", \"num_speculative_tokens\": K}', K in 1..4");
+      "'{\"method\": \"mtp\", \"num_speculative_tokens\": K}', K in 1..4; or with "
+      "DeepSeek-V4.1's DSpark block drafter: '{\"method\": \"dspark\", "
+      "\"num_speculative_tokens\": K}', K in 1..8");
   cmd->add_option("--spec-decode-acceptance-rate", c.spec_decode_acceptance_rate,
                   "benchmarking: accept each draft token with this probability in [0, 1] whatever "
                   "the model says (outputs are then not the model's)")

@@ -18,7 +18,7 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // --num-gpu-blocks-override it sizes the KV cache from free GPU memory; the plan takes its page
 // count.
 std::unique_ptr<StepRunner> runner_create(Model& model, ModelGroup* models, const EngineConfig& c,
-                                          KvCachePlan& plan) {
+                                          KvCachePlan& plan, const DraftModel* drafter) {
   RunnerOptions o;
   o.block_size = plan.block_size;
   o.num_pages = plan.num_blocks;  // 0: measured
@@ -32,6 +32,9 @@ std::unique_ptr<StepRunner> runner_create(Model& model, ModelGroup* models, cons
   o.num_speculative_tokens = c.num_speculative_tokens;
   o.num_state_slots = plan.num_state_slots;
   o.kv_cache_dtype = plan.kv_cache_dtype;
+  // A block drafter (DSpark) drafts from some target layers' outputs, which the runner keeps.
+  if (c.speculative_method == "dspark" && drafter && drafter->method() == "dspark")
+    o.layer_outputs = drafter->target_layer_outputs();
   std::unique_ptr<StepRunner> runner =
       models ? step_runner_create(*models, o) : std::make_unique<ModelRunner>(model, o);
   plan.num_blocks = runner->num_pages();
@@ -66,7 +69,7 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
       text_(std::move(text)),
       ranks_(models ? models->world_size() : 1),
       pp_size_(models ? models->pp_size() : 1),
-      runner_(runner_create(model, models, config, plan_)),
+      runner_(runner_create(model, models, config, plan_, drafter)),
       // Recurrent state summarises a whole prefix, so KV blocks alone cannot resume one: prefix
       // caching needs state checkpoints (--state-checkpoint-interval-tokens).
       blocks_(plan_.num_blocks, plan_.block_size,
@@ -123,12 +126,39 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
       static_cast<double>(plan_.state_slot_bytes) * plan_.num_state_slots / (1 << 20),
       plan_.max_model_len, config.max_num_seqs, config.max_num_batched_tokens,
       blocks_.prefix_caching() ? "on" : "off", graphs ? "from CUDA graphs" : "eager");
-  if (!config.speculative_method.empty()) {
+  if (config.speculative_method == "dspark") {
+    const std::string& arch = model.config().architectures.at(0);
+    if (!drafter)
+      fail("speculative decoding with method 'dspark' needs the target's drafter (drafter_load)");
+    auto* block = dynamic_cast<BlockDraftModel*>(drafter);
+    if (!block || drafter->method() != "dspark")
+      fail("speculative decoding with method 'dspark' needs DSpark stages in the checkpoint "
+           "(dspark_* in its config); {}'s drafter is '{}'",
+           arch, drafter->method());
+    if (ranks_ > 1)
+      fail("speculative decoding with method 'dspark' runs on one rank so far, not {}", ranks_);
+    if (drafter->device() != model.device())
+      fail("the drafter is on {} but the target on {}", drafter->device().str(),
+           model.device().str());
+    set_proposer(std::make_unique<DSparkProposer>(*block, plan_.num_blocks, plan_.block_size,
+                                                  plan_.kv_cache_dtype,
+                                                  config.num_speculative_tokens));
+    std::string layers;
+    for (int64_t l : drafter->target_layer_outputs())
+      layers += (layers.empty() ? "" : ", ") + std::to_string(l);
+    log_info("speculative decoding: method dspark, {} draft tokens per step in one block pass, {} "
+             "DSpark stage(s) reading target layers [{}]",
+             config.num_speculative_tokens, drafter->num_draft_layers(), layers);
+  } else if (!config.speculative_method.empty()) {
     if (config.speculative_method != "mtp")
-      fail("speculative decoding method '{}' is not supported (supported: mtp)",
+      fail("speculative decoding method '{}' is not supported (supported: mtp, dspark)",
            config.speculative_method);
     if (!drafter)
       fail("speculative decoding with method 'mtp' needs the target's drafter (drafter_load)");
+    if (drafter->method() != "mtp")
+      fail("speculative decoding with method 'mtp': {}'s drafter is '{}' (its mtp.* stages are a "
+           "block drafter): use method '{}'",
+           model.config().architectures.at(0), drafter->method(), drafter->method());
     // Under parallelism the drafter reads the leader's hidden states (rank 0 of the last stage).
     const Device lead = models ? models->model(models->leader()).device() : model.device();
     if (drafter->device() != lead)
@@ -160,8 +190,9 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
 
 void LLMEngine::set_proposer(std::unique_ptr<DraftProposer> proposer) {
   const int K = config_.num_speculative_tokens;
-  if (K < 1 || K > 4)
-    fail("speculative decoding: num_speculative_tokens must be in 1..4, got {}", K);
+  if (K < 1 || K > proposer->max_speculative_tokens())
+    fail("speculative decoding: num_speculative_tokens must be in 1..{}, got {}",
+         proposer->max_speculative_tokens(), K);
   if (!requests_.empty()) fail("speculative decoding must be set up before requests are added");
   // Rejected draft tokens roll back recurrent state through the state pool's rollback slots,
   // which every recurrent layer must fill (StateCacheSpec::rollback_rows).
@@ -296,7 +327,9 @@ void LLMEngine::spec_propose(const SchedulerOutput& so) {
     spec_reqs_.push_back({&seq, first_row, num_rows, first_pos, want});
   }
   if (spec_reqs_.empty()) return;
-  proposer_->propose(runner_->last_hidden(), spec_reqs_, plan_.block_size, spec_drafts_);
+  proposer_->propose(
+      proposer_->reads_layer_outputs() ? runner_->last_layer_outputs() : runner_->last_hidden(),
+      spec_reqs_, plan_.block_size, spec_drafts_);
   for (size_t i = 0; i < spec_reqs_.size(); ++i) {
     auto& d = spec_drafts_[i];
     if (static_cast<int>(d.size()) > spec_reqs_[i].num_drafts)

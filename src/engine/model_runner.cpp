@@ -61,6 +61,10 @@ void ModelRunner::init(const RunnerOptions& o) {
   stage_out_ = o.stage_out;
   micro_batches_ = std::max(1, o.micro_batches);
   keep_hidden_ = o.num_speculative_tokens > 0;
+  layer_outputs_ = o.layer_outputs;
+  if (!layer_outputs_.empty() && !model_.hands_over_layer_outputs())
+    fail("{} does not hand its layer outputs over (a block drafter, DSpark, drafts from them)",
+         model_.config().architectures.at(0));
   const PipelineStage& st = model_.stage();
   ATOM_CHECK((st.first() || stage_in_) && (st.last() || stage_out_),
              "runner: pipeline stage {} of {} has no link to its neighbours", st.rank, st.size);
@@ -230,6 +234,7 @@ Tensor ModelRunner::forward_logits(Batch& batch) {
   arena_.reset();
   copy_state_slots(batch.state_copies);
   hidden_ = Tensor();
+  layer_outputs_out_ = Tensor();
   if (graphs_ && graphs_->accepts(batch)) {
     const std::vector<Tensor>& out = graphs_->run(batch);
     hidden_ = out[1].narrow(0, 0, batch.num_tokens());
@@ -272,6 +277,7 @@ Tensor ModelRunner::forward_logits(Batch& batch) {
   }
   // The step's hidden states in order when every slice gave its own (speculative decoding).
   hidden_ = hidden_whole ? micro_hidden_.narrow(0, 0, batch.num_tokens()) : Tensor();
+  layer_outputs_out_ = Tensor();  // the last slice's alone: none kept over micro-batches
   if (stage_out_) return Tensor();
   ATOM_CHECK(row == R, "runner: micro-batches gave {} logits rows of the step's {}", row, R);
   return R == 0 ? l : micro_logits_.narrow(0, 0, R);  // no rows: the last slice's [0, vocab]
@@ -318,6 +324,12 @@ Tensor ModelRunner::forward_part(Batch& batch) {
     step.pp_in = &in;
   }
   if (stage_out_) step.pp_out = &out;
+  // A block drafter's target layers (one micro-batch: a later slice would overwrite them).
+  if (!layer_outputs_.empty()) {
+    layer_outputs_out_ = Tensor();
+    step.layer_outputs = &layer_outputs_;
+    step.layer_outputs_out = &layer_outputs_out_;
+  }
   hidden_ = model_.forward(step);
   if (stage_out_) {
     std::vector<Tensor> send{out.hidden, out.residual};

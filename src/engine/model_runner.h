@@ -46,6 +46,9 @@ struct RunnerOptions {
   // (micro_batch_cuts), each handed to the next stage before the next slice starts. Every rank
   // of a group must have the same value. 1: the whole step at once.
   int micro_batches = 1;
+  // Speculative block drafting (DSpark): the target layers whose outputs each step keeps
+  // (Step::layer_outputs, last_layer_outputs); eager steps of one micro-batch only.
+  std::vector<int64_t> layer_outputs;
 };
 
 // Where a step's sequences are cut into at most `parts` micro-batches of about equal token counts:
@@ -96,6 +99,7 @@ class ModelRunner final : public StepRunner {
   int num_pages() const override { return kv_.num_pages; }
   int max_model_len() const override { return max_model_len_; }
   Tensor last_hidden() const override { return hidden_; }
+  Tensor last_layer_outputs() const override { return layer_outputs_out_; }
 
  private:
   struct Cuda;
@@ -135,6 +139,8 @@ class ModelRunner final : public StepRunner {
   // drafter's input.
   bool keep_hidden_ = false;
   Tensor micro_hidden_;
+  std::vector<int64_t> layer_outputs_;  // RunnerOptions::layer_outputs
+  Tensor layer_outputs_out_;            // the last step's, in arena_
 };
 
 }  // namespace atom

@@ -325,6 +325,83 @@ void MtpProposer::propose(const Tensor& target_hidden, std::span<const DraftRequ
   }
 }
 
+DSparkProposer::DSparkProposer(BlockDraftModel& drafter, int num_pages, int block_size,
+                               DType kv_dtype, int num_speculative_tokens)
+    : drafter_(drafter), K_(num_speculative_tokens), arena_(drafter.device(), 8 << 20) {
+  ATOM_CHECK(K_ >= 1 && K_ <= kMaxTokens, "DSpark: {} draft tokens per step (1..{})", K_,
+             kMaxTokens);
+  kv_ = KvCache::allocate(cache_specs_with_dtype(drafter.cache_specs(), kv_dtype), num_pages,
+                          block_size, drafter.device());
+}
+
+void DSparkProposer::propose(const Tensor& layer_outputs, std::span<const DraftRequest> reqs,
+                             int block_size, std::vector<std::vector<int32_t>>& drafts) {
+  drafts.assign(reqs.size(), {});
+  // Absorb: every sequence's accepted rows, the target's layer outputs there.
+  batch_clear(batch_, block_size);
+  std::vector<int32_t> rows;
+  for (const DraftRequest& r : reqs) {
+    if (r.num_rows <= 0) continue;
+    const Sequence& seq = *r.seq;
+    batch_add(
+        batch_, seq, r.first_pos,
+        std::span<const int32_t>(seq.tokens.data() + r.first_pos, static_cast<size_t>(r.num_rows)),
+        false);
+    for (int j = 0; j < r.num_rows; ++j) rows.push_back(r.first_row + j);
+  }
+  if (batch_.num_tokens() == 0) return;
+  ATOM_CHECK(layer_outputs.defined(),
+             "speculative decoding (dspark): the target's runner kept no layer outputs for the "
+             "drafter");
+  batch_.validate(kv_.num_pages);
+  arena_.reset();
+  batch_.upload(arena_);
+  {
+    Tensor index = upload_i32(arena_, rows);
+    Tensor in = arena_.alloc({index.numel(), layer_outputs.size(1)}, layer_outputs.dtype());
+    kernels::gather_rows(in, layer_outputs, index);
+    Step step{batch_, arena_, &kv_};
+    drafter_.absorb(step, in);
+  }
+  // One block per sequence wanting drafts: its anchor (the token after its last accepted row, p)
+  // at p + 1, reading the context rows up to p.
+  batch_clear(batch_, block_size);
+  std::vector<size_t> which;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    const DraftRequest& r = reqs[i];
+    if (r.num_rows <= 0 || r.num_drafts <= 0) continue;
+    const Sequence& seq = *r.seq;
+    const int p = r.first_pos + r.num_rows - 1;
+    ATOM_CHECK(p + 1 < seq.num_tokens(), "drafter: row {} needs the token after it ({} tokens)", p,
+               seq.num_tokens());
+    batch_.token_ids.push_back(seq.tokens[static_cast<size_t>(p + 1)]);
+    batch_.positions.push_back(p + 1);
+    batch_.slot_mapping.push_back(-1);
+    batch_.query_start.push_back(batch_.num_tokens());
+    batch_.context_lens.push_back(p + 1);
+    const int pages = (p + 1 + block_size - 1) / block_size;
+    ATOM_CHECK(static_cast<int>(seq.block_table.size()) >= pages,
+               "drafter: positions up to {} with {} blocks", p, seq.block_table.size());
+    batch_.page_indices.insert(batch_.page_indices.end(), seq.block_table.begin(),
+                               seq.block_table.begin() + pages);
+    batch_.page_indptr.push_back(static_cast<int32_t>(batch_.page_indices.size()));
+    batch_.max_query_len = 1;
+    batch_.max_context_len = std::max(batch_.max_context_len, p + 1);
+    which.push_back(i);
+  }
+  if (which.empty()) return;
+  batch_.validate(kv_.num_pages);
+  arena_.reset();
+  batch_.upload(arena_);
+  Step step{batch_, arena_, &kv_};
+  const BlockDraftModel::Block block = drafter_.draft_block(step, K_);
+  for (size_t w = 0; w < which.size(); ++w) {
+    const int n = std::min(K_, reqs[which[w]].num_drafts);
+    drafts[which[w]].assign(block.tokens.begin() + static_cast<int64_t>(w) * K_,
+                            block.tokens.begin() + static_cast<int64_t>(w) * K_ + n);
+  }
+}
+
 std::string spec_decode_stats_line(int64_t drafts, int64_t draft_tokens, int64_t accepted,
                                    const std::vector<int64_t>& per_position) {
   const double n = static_cast<double>(std::max<int64_t>(drafts, 1));
@@ -358,14 +435,17 @@ void speculative_config_parse(const std::string& text, EngineConfig& c) {
       fail("--speculative-config: unknown key '{}' (known: method, num_speculative_tokens)", key);
     }
   }
-  if (method != "mtp")
-    fail("--speculative-config: method '{}' is not supported (supported: mtp, the drafter in "
-         "the target's checkpoint)",
+  if (method != "mtp" && method != "dspark")
+    fail("--speculative-config: method '{}' is not supported (supported: mtp, the MTP layers in "
+         "the target's checkpoint; dspark, DeepSeek-V4.1's DSpark block drafter in it)",
          method);
-  if (k < 1 || k > 4)
-    fail("--speculative-config: 'num_speculative_tokens' must be in 1..4, got {}",
-         k < 0 && !j.contains("num_speculative_tokens") ? std::string("nothing")
-                                                        : std::to_string(k));
+  const int max_k = method == "dspark" ? DSparkProposer::kMaxTokens : 4;
+  if (k < 1 || k > max_k)
+    fail(
+        "--speculative-config: 'num_speculative_tokens' must be in 1..{}, got {} (method {})",
+        max_k,
+        k < 0 && !j.contains("num_speculative_tokens") ? std::string("nothing") : std::to_string(k),
+        method);
   c.speculative_method = method;
   c.num_speculative_tokens = k;
 }

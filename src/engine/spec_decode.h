@@ -47,6 +47,11 @@ class DraftProposer {
   // sequences' block tables hold a slot for every position a draft is written at.
   virtual void propose(const Tensor& target_hidden, std::span<const DraftRequest> reqs,
                        int block_size, std::vector<std::vector<int32_t>>& drafts) = 0;
+  // Whether propose's target_hidden is the runner's last_layer_outputs (a block drafter's target
+  // layers) instead of its last_hidden.
+  virtual bool reads_layer_outputs() const { return false; }
+  // The most draft tokens per step it proposes (num_speculative_tokens).
+  virtual int max_speculative_tokens() const { return 4; }
 };
 
 struct MtpProposerOptions {
@@ -109,13 +114,38 @@ class MtpProposer final : public DraftProposer {
   std::vector<int32_t> index_host_, ids_host_;
 };
 
+// DSpark (models/dspark.h): after each target step the drafter absorbs every sequence's accepted
+// rows (the target's layer outputs there, RunnerOptions::layer_outputs) into its context rows,
+// then drafts K tokens per sequence in one block pass from the token after them (the anchor), at
+// the positions after it. The drafts are its Markov head's argmax. Its cache has the target's
+// page count and uses the sequences' block tables (context rows at the target's positions; the
+// block itself writes none).
+class DSparkProposer final : public DraftProposer {
+ public:
+  DSparkProposer(BlockDraftModel& drafter, int num_pages, int block_size, DType kv_dtype,
+                 int num_speculative_tokens);
+  void propose(const Tensor& layer_outputs, std::span<const DraftRequest> reqs, int block_size,
+               std::vector<std::vector<int32_t>>& drafts) override;
+  bool reads_layer_outputs() const override { return true; }
+  int max_speculative_tokens() const override { return kMaxTokens; }
+  static constexpr int kMaxTokens = 8;
+
+ private:
+  BlockDraftModel& drafter_;
+  int K_;
+  KvCache kv_;
+  Arena arena_;
+  Batch batch_;
+};
+
 // "mean acceptance length 1.83, accepted 0.71 0.52 0.40 per position, 120 drafts, 360 draft
 // tokens, 197 accepted": the acceptance length counts the target's own token (1 + accepted per
 // verification), per position the share of verifications whose draft there was accepted.
 std::string spec_decode_stats_line(int64_t num_drafts, int64_t num_draft_tokens,
                                    int64_t num_accepted, const std::vector<int64_t>& per_position);
 
-// --speculative-config, vLLM's JSON: {"method": "mtp", "num_speculative_tokens": K}, K in 1..4.
+// --speculative-config, vLLM's JSON: {"method": "mtp", "num_speculative_tokens": K}, K in 1..4,
+// or {"method": "dspark", ...}, K in 1..DSparkProposer::kMaxTokens.
 // Sets config.speculative_method and config.num_speculative_tokens; an Error naming the key and
 // the accepted values otherwise.
 void speculative_config_parse(const std::string& json, EngineConfig& config);

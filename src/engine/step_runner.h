@@ -66,6 +66,10 @@ class StepRunner {
   // decode graph, on the model's device, valid until the next step; undefined when the runner
   // keeps none (tensor parallelism). Speculative decoding's drafter reads it.
   virtual Tensor last_hidden() const { return Tensor(); }
+  // The outputs of RunnerOptions::layer_outputs' target layers [num_tokens, n hidden] F32 of the
+  // last step (Step::layer_outputs), valid until the next; undefined when the runner keeps none.
+  // A block drafter (DSpark) reads them.
+  virtual Tensor last_layer_outputs() const { return Tensor(); }
   // EPLB: re-places the model's redundant experts from their load on every rank at once
   // (Model::rebalance_experts); the layers whose placement changed.
   virtual int rebalance_experts() { return 0; }

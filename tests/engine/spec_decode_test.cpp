@@ -4,7 +4,8 @@
 // recurrent state rejected drafts roll back), whose random weights rarely agree with the
 // target, and with an oracle
 // drafter that proposes the target's own tokens with planted mistakes (long accepted runs, their
-// rollback, stops inside a run); the sampled distribution against the target's by chi-square;
+// rollback, stops inside a run); DSpark, DeepSeek-V4.1's block drafter, greedy against plain
+// decoding with drafts accepted; the sampled distribution against the target's by chi-square;
 // the forced-acceptance knob; the refusals.
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include "common/test_util.h"
 #include "engine/engine_test_util.h"
 #include "engine/model_runner.h"
+#include "loader/safetensors.h"
 #include "models/draft_model.h"
 
 namespace atom::test {
@@ -334,6 +336,93 @@ TEST(SpecDecode, ForcedAcceptanceRate) {
       EXPECT_NEAR(p0, 0.5, 5 * std::sqrt(0.25 / s.spec_num_drafts)) << "acceptance " << acc;
     }
   }
+}
+
+// DSpark (models/dspark.h) on DeepSeek-V4.1's fixture with two DSpark stages
+// (tests/fixtures/models/deepseek_v41_dspark, tools/dspark_reference.py), whose Markov head is
+// planted to follow the target's greedy continuation of the reference's greedy prompt: greedy
+// outputs identical with and without DSpark for K = 1, 3, 5 and 8, the greedy prompt alone
+// (its tokens also the reference's continuation) and batched among random prompts with chunked
+// prefill in pages of 4; the greedy prompt's drafts must be accepted (the planted Markov head
+// follows the target), the random prompts' mostly are not. Measured (2026-12-07): alone, K = 5
+// gives 4 verifications of 20 draft tokens with 15 accepted (mean acceptance length 4.75), K = 8
+// 16 of 21 (6.33), K = 1 8 of 10. Planted once each: the verification's state not copied into
+// the rollback slots (models/deepseek_v41.cpp) fails the token comparisons for every K; the
+// anchor taken one token early (DSparkProposer) fails the acceptance check with 0 accepted.
+TEST(SpecDecode, DSparkGreedyMatchesPlainDecoding) {
+  const std::string name = "deepseek_v41_dspark";
+  Model& target = fixture_model(name);
+  Drafter d(target, name);
+  SafetensorsFile ref(source_dir() + "/tests/fixtures/references/" + name + ".safetensors", true);
+  const std::vector<int32_t> prompt = ids_of(ref.tensor("case0_prompt"));
+  const std::vector<int32_t> trace = ids_of(ref.tensor("trace"));
+  const int n = 20;
+  ASSERT_GE(trace.size(), static_cast<size_t>(n));
+  Workload w = random_workload(6, 30, 12, target.vocab_size(), 7);
+  w.prompts.insert(w.prompts.begin() + 2, prompt);
+  w.params.insert(w.params.begin() + 2, greedy(n));
+  EngineConfig base = test_config();
+  base.block_size = 4;
+  base.max_num_seqs = 16;
+  base.max_num_batched_tokens = 24;
+  base.enable_prefix_caching = false;
+  LLMEngine plain(target, base);
+  const Outputs want = tokens_of(plain.generate(w.prompts, w.params));
+  EXPECT_EQ(want[2], std::vector<int32_t>(trace.begin(), trace.begin() + n))
+      << "plain decoding is not the reference's greedy continuation";
+  for (int k : {1, 3, 5, 8}) {
+    EngineConfig c = base;
+    c.speculative_method = "dspark";
+    c.num_speculative_tokens = k;
+    LLMEngine spec(target, c, {}, {}, d.d.model.get());
+    ASSERT_TRUE(spec.speculative());
+    EXPECT_EQ(tokens_of(spec.generate({prompt}, {greedy(n)}))[0], want[2])
+        << "K = " << k << ", alone";
+    const EngineStats alone = spec.stats();
+    EXPECT_EQ(tokens_of(spec.generate(w.prompts, w.params)), want) << "K = " << k << ", batched";
+    const EngineStats s = spec.stats();
+    // Alone, the planted Markov head's drafts are the target's: accepted, runs of more than one.
+    EXPECT_GT(alone.spec_num_accepted_tokens, 0) << "K = " << k;
+    EXPECT_LT(alone.spec_num_drafts, n) << "K = " << k << ": no step emitted more than one token";
+    EXPECT_LE(s.spec_num_accepted_tokens, s.spec_num_draft_tokens);
+    EXPECT_LE(s.spec_num_draft_tokens, k * s.spec_num_drafts);
+    std::printf(
+        "dspark K=%d: alone %lld verifications, %lld draft tokens, %lld accepted; alone "
+        "and batched %lld, %lld, %lld (alone: %s)\n",
+        k, static_cast<long long>(alone.spec_num_drafts),
+        static_cast<long long>(alone.spec_num_draft_tokens),
+        static_cast<long long>(alone.spec_num_accepted_tokens),
+        static_cast<long long>(s.spec_num_drafts), static_cast<long long>(s.spec_num_draft_tokens),
+        static_cast<long long>(s.spec_num_accepted_tokens),
+        spec_decode_stats_line(alone.spec_num_drafts, alone.spec_num_draft_tokens,
+                               alone.spec_num_accepted_tokens, alone.spec_accepted_per_position)
+            .c_str());
+    expect_engine_idle(spec);
+  }
+}
+
+// Method and drafter must agree: dspark needs DSpark stages, a checkpoint whose mtp.* stages are
+// DSpark's is not an MTP drafter, and K is bounded per method.
+TEST(SpecDecode, DSparkRefusals) {
+  EngineConfig c;
+  EXPECT_ERROR_CONTAINS(
+      speculative_config_parse(R"({"method": "dspark", "num_speculative_tokens": 9})", c),
+      "must be in 1..8, got 9");
+  speculative_config_parse(R"({"method": "dspark", "num_speculative_tokens": 5})", c);
+  EXPECT_EQ(c.speculative_method, "dspark");
+  EXPECT_EQ(c.num_speculative_tokens, 5);
+  EngineConfig dspark = test_config();
+  dspark.speculative_method = "dspark";
+  dspark.num_speculative_tokens = 5;
+  Model& v3 = fixture_model("deepseek_v3_mtp");
+  Drafter mtp(v3);
+  EXPECT_ERROR_CONTAINS(LLMEngine(v3, dspark, {}, {}, mtp.d.model.get()),
+                        "needs DSpark stages in the checkpoint");
+  Model& v41 = fixture_model("deepseek_v41_dspark");
+  Drafter block(v41, "deepseek_v41_dspark");
+  EXPECT_ERROR_CONTAINS(LLMEngine(v41, spec_config(2), {}, {}, block.d.model.get()),
+                        "use method 'dspark'");
+  EXPECT_ERROR_CONTAINS(LLMEngine(v41, dspark), "needs the target's drafter");
 }
 
 TEST(SpecDecode, Refusals) {
