@@ -70,7 +70,7 @@ std::unique_ptr<DraftModel> drafter_create(const ModelConfig& config, const Mode
   if (it == drafters().end()) {
     std::string list;
     for (const auto& a : drafter_registry_list()) list += (list.empty() ? "" : ", ") + a;
-    fail("{}: speculative decoding with method 'mtp' has no drafter for architecture '{}' (MTP "
+    fail("{}: speculative decoding has no drafter for architecture '{}' (MTP or DSpark "
          "drafters exist for: {})",
          config.path, arch, list);
   }
