@@ -140,6 +140,10 @@ struct IndexerArgs {
   int max_query_len = 0;
   int max_context_len = 0;
   float weights_scale = 1.0f;  // index_n_heads^-0.5
+  // key_cache holds one row per entry_tokens tokens (DeepSeek-V4's compressed entries, pages of a
+  // multiple of it: block_size / entry_tokens rows a page): a token at context index i sees the
+  // rows j < (i + 1) / entry_tokens, and max_context_len counts rows.
+  int entry_tokens = 1;
 };
 
 // F32 elements of scratch indexer_topk needs (CUDA: every token's scores, num_tokens x

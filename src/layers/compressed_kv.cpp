@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "kernels/compressed_kv.h"
 
 namespace atom {
 
@@ -141,7 +142,14 @@ WindowCompressor::WindowCompressor(LayerContext& ctx, const std::string& prefix,
                  o.rot_dim % 2 == 0,
              "{}: a compressor of windows of {} into entries of {} with RoPE over {}", prefix,
              o.ratio, o.head_dim, o.rot_dim);
-  ATOM_CHECK(ctx.device.is_cpu(), "{}: compressed attention runs on the CPU only so far", prefix);
+  if (!ctx.device.is_cpu() && o.rot_dim > 0) {  // the kernels' RoPE table on the device
+    Tensor host = Tensor::empty({o.rot_dim / 2}, DType::kF32);
+    ATOM_CHECK(o.inv_freq.size() == static_cast<size_t>(o.rot_dim / 2),
+               "{}: {} inverse frequencies for {} rotary channels", prefix, o.inv_freq.size(),
+               o.rot_dim);
+    std::copy(o.inv_freq.begin(), o.inv_freq.end(), host.ptr<float>());
+    inv_freq_ = host.to(ctx.device);
+  }
   const int64_t width = (o.overlap ? 2 : 1) * o.head_dim;
   if (o.position_bias)
     ape_ = &ctx.params.add(prefix + ".ape", ctx.param_tensor({o.ratio, width}, DType::kF32));
@@ -156,11 +164,14 @@ WindowCompressor::WindowCompressor(LayerContext& ctx, const std::string& prefix,
 
 const Tensor& WindowCompressor::entries(Step& step) const {
   const Tensor& plane = step.kv->plane(static_cast<size_t>(cache_index_), CacheKind::kRows);
-  // The rows are read and written as floats: another cache dtype (--kv-cache-dtype fp8) is an
-  // error here, never a write past the plane.
-  ATOM_CHECK(plane.device().is_cpu() && plane.dtype() == DType::kF32 && plane.is_contiguous(),
-             "compressed attention: the entries plane {} must be F32 on the CPU (the KV cache "
-             "dtype must be the activations')",
+  // The CPU reads and writes the rows as floats, CUDA in the activations' dtype: another cache
+  // dtype (--kv-cache-dtype fp8) is an error here, never a write past the plane.
+  ATOM_CHECK(plane.is_contiguous() && (plane.device().is_cpu() ? plane.dtype() == DType::kF32
+                                                               : plane.dtype() == DType::kBF16 ||
+                                                                     plane.dtype() == DType::kF16 ||
+                                                                     plane.dtype() == DType::kF32),
+             "compressed attention: the entries plane {} must be F32 on the CPU and BF16/F16/F32 "
+             "on CUDA (the KV cache dtype must be the activations')",
              plane.str());
   return plane;
 }
@@ -173,6 +184,24 @@ void WindowCompressor::forward(Step& step, const Tensor& x, const EntryHook& on_
   Tensor gate = wgate_ ? wgate_->forward(step, x) : Tensor();
   const Tensor& plane = entries(step);
   Tensor& state = step.kv->state.at(static_cast<size_t>(state_index_));
+  if (!plane.device().is_cpu()) {
+    ATOM_CHECK(!on_entry, "compressed attention: the entry hook runs on the CPU only");
+    kernels::CompressedBatch cb{&b.dev.query_start,  &b.dev.context_lens, &b.dev.page_indptr,
+                                &b.dev.page_indices, &b.dev.state_slots,  &b.dev.positions,
+                                b.block_size};
+    kernels::WindowPoolArgs a;
+    a.head_dim = static_cast<int>(o_.head_dim);
+    a.ratio = o_.ratio;
+    a.overlap = o_.overlap;
+    a.rot_dim = static_cast<int>(o_.rot_dim);
+    a.attention_factor = o_.attention_factor;
+    a.norm_eps = o_.norm_eps;
+    Tensor scratch = step.empty({x.size(0), o_.head_dim}, DType::kF32);
+    Tensor out = plane;  // the plane's storage, written by the kernel
+    kernels::window_pool(out, state, scratch, kv, gate, ape_ ? ape_->data() : Tensor(),
+                         norm_->data(), inv_freq_, cb, a);
+    return;
+  }
   const int64_t D = o_.head_dim, width = (o_.overlap ? 2 : 1) * D, r = o_.ratio;
   const int64_t slot_floats = (o_.overlap ? 2 : 1) * 3 * D;
   const float* ape = ape_ ? ape_->data().ptr<float>() : nullptr;

@@ -19,7 +19,7 @@
 // steps, chunks, preemption (recomputed) and prefix-cache hits (the state pool's checkpoints).
 // DeepSeek-V4.1's CSA2 uses the same pooling without overlap, position bias or (windows of one
 // token) gate (WindowCompressorOptions::position_bias, gated).
-// CPU only so far (issue 35).
+// On CUDA the pooling is kernels/compressed_kv.h's window_pool (the entry hook is CPU only).
 #pragma once
 
 #include <cmath>
@@ -148,6 +148,7 @@ class WindowCompressor {
   std::unique_ptr<ReplicatedLinear> wgate_;  // null: not gated
   Parameter* ape_ = nullptr;                 // null: no position bias
   Parameter* norm_;
+  Tensor inv_freq_;  // CUDA: inv_freq on the device
   int cache_index_ = -1;
   int state_index_ = -1;
 };

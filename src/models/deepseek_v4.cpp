@@ -36,7 +36,8 @@
 // "scale" [rows, K/32]; the router, compressors, indexer.weights_proj, embed and head stay BF16.
 // The CPU dequantises every one at load to the F32 weights (layers/linear.h's FP8 block path,
 // layers/moe.h's MXFP4 path).
-// CPU only so far (issue 35: the CUDA kernels, and keeping the weights FP8/FP4, come next).
+// On CUDA the attention runs through kernels/compressed_kv.h (forward_cuda); the CPU dequantises
+// FP8/FP4 at load, and CUDA does not yet keep them in their format.
 // The mixture of experts, the attention's per-query core, the grouped wo_a and the release names
 // are models/deepseek_v4_parts.h, shared with DeepSeek-V4.1 (models/deepseek_v41.cpp).
 #include <algorithm>
@@ -46,7 +47,10 @@
 #include <set>
 
 #include "core/convert.h"
+#include "kernels/compressed_kv.h"
 #include "kernels/elementwise.h"
+#include "kernels/linear.h"
+#include "kernels/mla.h"
 #include "layers/compressed_kv.h"
 #include "layers/embedding.h"
 #include "layers/hyper_connection.h"
@@ -248,20 +252,28 @@ class DeepseekV4Attention {
         wo_a_(ctx, prefix + ".wo_a", v.heads * v.head_dim / v.o_groups, v.o_groups * v.o_lora,
               false, LinearStorage::kDequantize),
         wo_b_(ctx, prefix + ".wo_b", v.o_groups * v.o_lora, v.hidden, false) {
-    ATOM_CHECK(ctx.device.is_cpu() && ctx.act_dtype == DType::kF32,
-               "{}: DeepSeek-V4 runs on the CPU backend (F32) only so far; its CUDA kernels "
-               "are not written yet",
-               prefix);
+    ATOM_CHECK(!ctx.device.is_cpu() || ctx.act_dtype == DType::kF32,
+               "{}: DeepSeek-V4 on the CPU computes in F32, not {}", prefix,
+               dtype_name(ctx.act_dtype));
+    ATOM_CHECK(ctx.device.is_cpu() || v.head_dim <= 512,
+               "{}: head_dim {}: the CUDA attention kernel takes heads up to 512 wide", prefix,
+               v.head_dim);
     const bool compressed = type_ != kSliding;
     inv_freq_ = inv_freq_of(compressed ? v.compress_rope : v.main_rope, v.rot_dim,
                             c.max_position_embeddings, &attention_factor_);
+    if (!ctx.device.is_cpu() && v.rot_dim > 0) {
+      Tensor host = Tensor::empty({v.rot_dim / 2}, DType::kF32);
+      std::copy(inv_freq_.begin(), inv_freq_.end(), host.ptr<float>());
+      inv_freq_dev_ = host.to(ctx.device);
+    }
     sinks_ = &ctx.params.add(prefix + ".attn_sink", ctx.param_tensor({v.heads}, DType::kF32));
-    // The grouped product reads wo_a's weight directly, in F32 (a BF16 checkpoint's weight is kept
-    // BF16 by the linear; an FP8 one is dequantised to F32).
-    ctx.params.add_post_load([this] {
-      const Tensor& w = wo_a_.weight().data();
-      wo_a_f32_ = w.dtype() == DType::kF32 ? w : tensor_cast_cpu(w, DType::kF32);
-    });
+    // The CPU's grouped product reads wo_a's weight directly, in F32 (a BF16 checkpoint's weight
+    // is kept BF16 by the linear; an FP8 one is dequantised to F32).
+    if (ctx.device.is_cpu())
+      ctx.params.add_post_load([this] {
+        const Tensor& w = wo_a_.weight().data();
+        wo_a_f32_ = w.dtype() == DType::kF32 ? w : tensor_cast_cpu(w, DType::kF32);
+      });
     raw_index_ = static_cast<int>(ctx.cache_specs->size());
     ctx.cache_specs->push_back(CacheSpec::rows(static_cast<int>(v.head_dim), 1, ctx.act_dtype));
     if (!compressed) return;
@@ -286,6 +298,7 @@ class DeepseekV4Attention {
   }
 
   Tensor forward(Step& step, const Tensor& x) {
+    if (!x.device().is_cpu()) return forward_cuda(step, x);
     const Batch& b = step.batch;
     const int64_t T = x.size(0), H = v_.heads, D = v_.head_dim, R = v_.rot_dim;
     const float eps = static_cast<float>(v_.eps);
@@ -358,6 +371,94 @@ class DeepseekV4Attention {
     return wo_b_.forward(step, a);
   }
 
+  // The same on CUDA (kernels/compressed_kv.h): the heads normalised and rotated in place, the
+  // key row rotated into the raw plane, the compressors' pooling, the Lightning Indexer's top-k
+  // over the index entries (kernels::indexer_topk over rows of r tokens), the sink attention over
+  // the window and the entries, the output rotated back, the grouped wo_a as per-group products.
+  Tensor forward_cuda(Step& step, const Tensor& x) {
+    const Batch& b = step.batch;
+    const int64_t T = x.size(0), H = v_.heads, D = v_.head_dim, R = v_.rot_dim;
+    const float eps = static_cast<float>(v_.eps);
+    const kernels::CompressedBatch cb{&b.dev.query_start,  &b.dev.context_lens, &b.dev.page_indptr,
+                                      &b.dev.page_indices, &b.dev.state_slots,  &b.dev.positions,
+                                      b.block_size};
+    Tensor q_res = q_norm_.forward(step, wq_a_.forward(step, x));
+    Tensor q = wq_b_.forward(step, q_res);
+    Tensor kv = kv_norm_.forward(step, wkv_.forward(step, x));
+    kernels::HeadsRopeArgs ra;
+    ra.heads = static_cast<int>(H);
+    ra.head_dim = static_cast<int>(D);
+    ra.rot_dim = static_cast<int>(R);
+    ra.attention_factor = attention_factor_;
+    ra.norm = true;
+    ra.norm_eps = eps;
+    kernels::heads_norm_rope(q, inv_freq_dev_, cb, ra);
+    ra.heads = 1;
+    ra.norm = false;
+    kernels::heads_norm_rope(kv, inv_freq_dev_, cb, ra);
+    Tensor& raw = step.kv->plane(static_cast<size_t>(raw_index_), CacheKind::kRows);
+    kernels::cache_rows_write(raw, kv, b.dev.slot_mapping);
+    if (compressor_) compressor_->forward(step, x);
+    Tensor topk;
+    if (index_compressor_) {
+      index_compressor_->forward(step, x);
+      Tensor iq = index_wq_b_->forward(step, q_res);
+      kernels::HeadsRopeArgs ia = ra;
+      ia.heads = static_cast<int>(v_.index_heads);
+      ia.head_dim = static_cast<int>(v_.index_head_dim);
+      kernels::heads_norm_rope(iq, inv_freq_dev_, cb, ia);
+      Tensor iw = step.empty({T, v_.index_heads}, DType::kF32);
+      kernels::linear(iw, x, index_weights_->weight().data());
+      const int r = index_compressor_->ratio();
+      kernels::IndexerArgs a;
+      a.num_heads = static_cast<int>(v_.index_heads);
+      a.head_dim = static_cast<int>(v_.index_head_dim);
+      a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(v_.index_head_dim)));
+      a.weights_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(v_.index_heads)));
+      a.top_k = static_cast<int>(v_.index_topk);
+      a.max_query_len = b.max_query_len;
+      a.max_context_len = std::max(1, b.max_context_len / r);
+      a.entry_tokens = r;
+      ATOM_CHECK(b.block_size % r == 0,
+                 "DeepSeek-V4 on CUDA: the indexer's windows of {} tokens need pages of a "
+                 "multiple of {} tokens, not {}",
+                 r, r, b.block_size);
+      kernels::AttentionBatch ab{&b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr,
+                                 &b.dev.page_indices};
+      Tensor workspace =
+          step.empty({std::max<int64_t>(1, kernels::indexer_topk_workspace_size(x.device(), T, a))},
+                     DType::kF32);
+      ab.workspace = &workspace;
+      topk = step.empty({T, v_.index_topk}, DType::kI32);
+      kernels::indexer_topk(topk, iq, iw, index_compressor_->entries(step), ab, a);
+    }
+    Tensor o = step.empty({T, H * D}, q.dtype());
+    kernels::SinkAttentionArgs sa;
+    sa.heads = static_cast<int>(H);
+    sa.head_dim = static_cast<int>(D);
+    sa.window = static_cast<int>(v_.window);
+    sa.ratio = compressor_ ? compressor_->ratio() : 0;
+    sa.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    sa.max_query_len = b.max_query_len;
+    kernels::sink_attention(o, q, raw, compressor_ ? compressor_->entries(step) : Tensor(), topk,
+                            sinks_->data(), cb, sa);
+    ra.heads = static_cast<int>(H);
+    ra.inverse = true;
+    kernels::heads_norm_rope(o, inv_freq_dev_, cb, ra);
+    // Grouped output projection: group g's heads through rows [g o_lora, (g + 1) o_lora) of wo_a.
+    const int64_t G = v_.o_groups, gin = H * D / G, gout = v_.o_lora;
+    Tensor a = step.empty({T, G * gout}, o.dtype());
+    const Tensor& w = wo_a_.weight().data();
+    Tensor a0 = a.narrow(1, 0, gout);
+    if (!kernels::linear_heads(a0, o.narrow(1, 0, gin), w.narrow(0, 0, gout), static_cast<int>(G),
+                               gout, gin, gout * gin))
+      for (int64_t g = 0; g < G; ++g) {
+        Tensor ag = a.narrow(1, g * gout, gout);
+        kernels::linear(ag, o.narrow(1, g * gin, gin), w.narrow(0, g * gout, gout));
+      }
+    return wo_b_.forward(step, a);
+  }
+
  private:
   static std::vector<int64_t> all(int64_t n) {
     std::vector<int64_t> w(static_cast<size_t>(n));
@@ -406,6 +507,7 @@ class DeepseekV4Attention {
   ReplicatedLinear wo_b_;
   Parameter* sinks_;
   std::vector<float> inv_freq_;
+  Tensor inv_freq_dev_;  // CUDA: inv_freq_ on the device
   float attention_factor_ = 1.0f;
   int raw_index_ = -1;
   std::unique_ptr<WindowCompressor> compressor_, index_compressor_;

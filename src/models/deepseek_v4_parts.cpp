@@ -5,7 +5,9 @@
 #include <set>
 
 #include "core/error.h"
+#include "kernels/compressed_kv.h"
 #include "kernels/elementwise.h"
+#include "kernels/linear.h"
 #include "models/model.h"
 
 namespace atom {
@@ -88,9 +90,23 @@ DeepseekV4Moe::DeepseekV4Moe(LayerContext& ctx, const DeepseekV4MoeOptions& v,
   if (v.hash) {
     tid2eid_ = &ctx.params.add(prefix + ".gate.tid2eid",
                                ctx.param_tensor({v.vocab, v.top_k}, DType::kI64));
+    // --load-format dummy: every token routed to top_k distinct experts spread over all of them
+    // (random bytes would name experts that do not exist).
+    tid2eid_->dummy_fill = [E = v.experts, K = v.top_k](Tensor& t, uint64_t seed) {
+      Tensor host = Tensor::empty(t.shape(), DType::kI64);
+      const int64_t stride = std::max<int64_t>(1, E / K);
+      for (int64_t tok = 0; tok < t.size(0); ++tok)
+        for (int64_t k = 0; k < K; ++k)
+          host.ptr<int64_t>()[tok * K + k] =
+              (static_cast<int64_t>((tok * 2654435761u + seed) % static_cast<uint64_t>(E)) +
+               k * stride) %
+              E;
+      t.copy_from(host);
+    };
     const std::string name = prefix + ".gate.tid2eid";
     ctx.params.add_post_load([this, name] {
-      const Tensor& t = tid2eid_->data();
+      const Tensor t = tid2eid_->data().device().is_cpu() ? tid2eid_->data()
+                                                          : tid2eid_->data().to(Device::cpu());
       table_.resize(static_cast<size_t>(t.numel()));
       for (int64_t i = 0; i < t.numel(); ++i) {
         const int64_t e = t.ptr<int64_t>()[i];
@@ -98,6 +114,11 @@ DeepseekV4Moe::DeepseekV4Moe(LayerContext& ctx, const DeepseekV4MoeOptions& v,
           fail("{}: token {} routes to expert {}, not one of the {} experts", name, i / o_.top_k, e,
                o_.experts);
         table_[static_cast<size_t>(i)] = static_cast<int32_t>(e);
+      }
+      if (!ctx_.device.is_cpu()) {  // the checked table as I32 on the device, for the kernels
+        Tensor host = Tensor::empty({o_.vocab, o_.top_k}, DType::kI32);
+        std::copy(table_.begin(), table_.end(), host.ptr<int32_t>());
+        table_dev_ = host.to(ctx_.device);
       }
     });
   } else if (args_.scoring != kernels::RouterScoring::kSoftmax) {
@@ -113,13 +134,24 @@ DeepseekV4Moe::DeepseekV4Moe(LayerContext& ctx, const DeepseekV4MoeOptions& v,
 
 Tensor DeepseekV4Moe::forward(Step& step, const Tensor& x) {
   const int64_t T = x.size(0), H = o_.hidden;
-  Tensor logits = gate_.forward(step, x);
-  deepseek_v4_check_cpu_f32(logits, "router logits");
+  const bool cpu = x.device().is_cpu();
+  Tensor logits;
+  if (cpu) {
+    logits = gate_.forward(step, x);
+    deepseek_v4_check_cpu_f32(logits, "router logits");
+  } else {  // the router takes F32 logits: the GEMM writes them so
+    logits = step.empty({T, o_.experts}, DType::kF32);
+    kernels::linear(logits, x, gate_.weight().data());
+  }
   Tensor ids = step.empty({T, o_.top_k}, DType::kI32);
   Tensor weights = step.empty({T, o_.top_k}, DType::kF32);
   kernels::RouterArgs a = args_;
   Tensor fixed;
-  if (o_.hash) {
+  if (o_.hash && !cpu) {
+    fixed = step.empty({T, o_.top_k}, DType::kI32);
+    kernels::gather_table_rows(fixed, step.batch.dev.token_ids, table_dev_);
+    a.fixed_ids = &fixed;
+  } else if (o_.hash) {
     fixed = step.empty({T, o_.top_k}, DType::kI32);
     for (int64_t i = 0; i < T; ++i) {
       const int64_t tok = step.batch.token_ids[static_cast<size_t>(i)];
@@ -130,7 +162,7 @@ Tensor DeepseekV4Moe::forward(Step& step, const Tensor& x) {
     a.fixed_ids = &fixed;
   }
   kernels::moe_route(ids, weights, logits, bias_ ? bias_->data() : Tensor(), a);
-  Tensor out = step.empty({T, H}, DType::kF32);
+  Tensor out = step.empty({T, H}, x.dtype());
   experts_.forward(step, x, ids, weights, out);
   if (shared_) kernels::add(out, out, shared_->forward(step, x));
   // Tensor (or expert) parallelism: one all-reduce of the ranks' partial sums.

@@ -1,7 +1,8 @@
 // The pieces DeepSeek-V4 (models/deepseek_v4.cpp) and DeepSeek-V4.1 (models/deepseek_v41.cpp)
 // share: the mixture of experts of every layer, the attention's per-query core (sliding-window
 // and compressed keys with a sink logit per head), the grouped output projection, and the
-// checkpoint's release names. CPU only so far (F32), as both models.
+// checkpoint's release names. The MoE runs on the CPU and CUDA; the attention helpers are the
+// CPU's (F32).
 #pragma once
 
 #include <memory>
@@ -59,6 +60,7 @@ class DeepseekV4Moe {
   Parameter* bias_ = nullptr;
   Parameter* tid2eid_ = nullptr;
   std::vector<int32_t> table_;  // tid2eid, checked
+  Tensor table_dev_;            // CUDA: table_ [vocab, top_k] I32 on the device
   std::unique_ptr<GatedMlp> shared_;
 };
 

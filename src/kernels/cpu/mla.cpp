@@ -225,7 +225,8 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
   check_rows("indexer_topk", weights, "weights");
   const int Hi = a.num_heads, D = a.head_dim, K = a.top_k;
   const int64_t T = q.size(0);
-  ATOM_CHECK(Hi > 0 && D > 0 && K > 0, "indexer_topk: {} heads of {}, top {}", Hi, D, K);
+  ATOM_CHECK(Hi > 0 && D > 0 && K > 0 && a.entry_tokens >= 1,
+             "indexer_topk: {} heads of {}, top {}, rows of {} tokens", Hi, D, K, a.entry_tokens);
   ATOM_CHECK(q.size(1) == static_cast<int64_t>(Hi) * D && weights.size(0) == T &&
                  weights.size(1) == Hi && weights.dtype() == DType::kF32,
              "indexer_topk: q {} weights {} for {} heads of {}", q.str(), weights.str(), Hi, D);
@@ -247,7 +248,7 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
     std::vector<int> order;
 #pragma omp for schedule(dynamic, 4)
     for (int64_t t = 0; t < T; ++t) {
-      const int s = ts.seq[t], n = ts.index[t] + 1;  // visible positions 0 .. index
+      const int s = ts.seq[t], n = (ts.index[t] + 1) / a.entry_tokens;  // visible rows
       row_to_float(q, t, qv.data());
       row_to_float(weights, t, w.data());
       score.assign(static_cast<size_t>(n), 0.0f);

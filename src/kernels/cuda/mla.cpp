@@ -234,7 +234,8 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
   check_rows("indexer_topk", weights, "weights");
   const int Hi = a.num_heads, D = a.head_dim, K = a.top_k;
   const int64_t T = q.size(0);
-  ATOM_CHECK(Hi > 0 && D > 0 && K > 0, "indexer_topk: {} heads of {}, top {}", Hi, D, K);
+  ATOM_CHECK(Hi > 0 && D > 0 && K > 0 && a.entry_tokens >= 1,
+             "indexer_topk: {} heads of {}, top {}, rows of {} tokens", Hi, D, K, a.entry_tokens);
   ATOM_CHECK(Hi <= kIndexerMaxHeads && D <= kIndexerMaxHeadDim && K <= kIndexerMaxTopK,
              "indexer_topk: {} heads of {}, top {}: the CUDA kernels take up to {} heads of {} "
              "and top {}",
@@ -264,6 +265,7 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
   l.top_k = K;
   l.max_context_len = std::max(1, a.max_context_len);
   l.scores = b.workspace->ptr<float>();
+  l.pool = a.entry_tokens;  // rows of the cache itself (l.pooled stays null)
   launch_indexer_topk(l, current_stream());
   launch_check("indexer_topk");
 }

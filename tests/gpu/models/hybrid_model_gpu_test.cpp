@@ -189,7 +189,7 @@ TEST_P(GpuHybridRunner, DecodeGraphsMatchEager) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuHybridRunner,
                          ::testing::Values("qwen3_next", "qwen3_5", "kimi_linear", "glm5_next",
-                                           "kimi_k3"),
+                                           "kimi_k3", "deepseek_v4"),
                          [](const auto& info) { return info.param; });
 
 // The engine on the GPU: 12 requests of mixed lengths under continuous batching (chunked prefill
@@ -247,8 +247,52 @@ TEST_P(GpuHybridEngine, BatchedAndCheckpointResumedRequestsMatchSingleRuns) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuHybridEngine,
                          ::testing::Values("qwen3_next", "qwen3_5_moe", "kimi_linear", "glm5_next",
-                                           "kimi_k3"),
+                                           "kimi_k3", "deepseek_v4"),
                          [](const auto& info) { return info.param; });
+
+// DeepSeek-V4 on the GPU (kernels/compressed_kv.h: the sink attention over the sliding window
+// and compressed entries, the window compressors' pooling, the Lightning Indexer over rows of 4
+// tokens, hash routing): bf16 against the CPU, which computes V4 in F32 only, and against
+// transformers' fp32 logits; chunked prefill with pages of 4 tokens (chunks of 7 end inside
+// compression windows; the HCA windows of 16 span pages) and token-by-token decode against the
+// whole prefill; greedy tokens teacher-forced on the CPU's. The fixture's prompt passes the
+// window (8), completes HCA (16) and CSA (4) windows and gives the indexer more entries than its
+// top 4. The bounds are the hybrids' with bf16 against F32 (not bf16 against bf16) on both
+// sides: a broken kernel (a dropped sink, a wrong entry row, a stale window state) moves every
+// row by far more.
+TEST(GpuDeepseekV4, LogitsChunkedStepwiseAndGreedy) {
+  const std::string name = "deepseek_v4";
+  const Reference ref = reference_load(name);
+  LoadedModel m = model_load(fixture_dir(name), on_gpu());
+  Tensor logits = score_tokens(*m.model, ref.input_ids);
+  LoadedModel c = model_load(fixture_dir(name), ModelOptions{});
+  Tensor cpu_logits = score_tokens(*c.model, ref.input_ids);
+  const double err_cpu = rel_err(logits, cpu_logits), err_ref = rel_err(logits, ref.logits),
+               err_cpu_ref = rel_err(cpu_logits, ref.logits);
+  std::printf("%s (%lld tokens): bf16 GPU vs F32 CPU rel err %.3g; vs transformers fp32: GPU "
+              "%.3g, CPU %.3g\n",
+              name.c_str(), static_cast<long long>(ref.input_ids.size()), err_cpu, err_ref,
+              err_cpu_ref);
+  EXPECT_LE(err_cpu_ref, 1e-4);  // the CPU path is the reference's
+  expect_rows_near(logits, cpu_logits, name + " GPU vs F32 CPU", "kimi_k3");
+  Tensor chunked = score_tokens(*m.model, ref.input_ids, /*chunk=*/7, /*block_size=*/4);
+  expect_rows_near(chunked, logits, name + " chunked vs whole", name);
+  Tensor stepwise = score_tokens(*m.model, ref.input_ids, /*chunk=*/1, /*block_size=*/16);
+  expect_rows_near(stepwise, logits, name + " token by token vs whole", name);
+  const int n = static_cast<int>(ref.greedy_tokens.size());
+  const GreedyResult h = generate_greedy(*c.model, ref.greedy_prompt, n, {}, true);
+  std::vector<int32_t> forced_in = ref.greedy_prompt;
+  forced_in.insert(forced_in.end(), h.token_ids.begin(), h.token_ids.end() - 1);
+  const Tensor fl = f32_host(score_tokens(*m.model, forced_in));
+  const int64_t V = fl.size(1), p0 = static_cast<int64_t>(ref.greedy_prompt.size()) - 1;
+  int forced = 0;
+  for (int i = 0; i < n; ++i) {
+    const float* row = fl.ptr<float>() + (p0 + i) * V;
+    forced += std::max_element(row, row + V) - row == h.token_ids[static_cast<size_t>(i)];
+  }
+  std::printf("%s: GPU argmax on the CPU's greedy tokens: %d of %d\n", name.c_str(), forced, n);
+  EXPECT_GE(forced, n - 2);
+}
 
 // ATOM_K3_SHARED_EXPERT_OVERLAP: Kimi-K3's shared experts on a second stream give the same
 // logits as on one (the same kernels on the same inputs), eager and through the engine, whose
