@@ -35,9 +35,18 @@
 // in two planes; the scorer reads the keys back from those bytes and rounds the query as
 // ROCm/ATOM's scorers do (fp8: e4m3 with an F32 scale per (token, head); fp4: as the keys).
 // Speculative decoding: DSpark (models/dspark.h) reads the streams after its target layers,
-// averaged (hands_over_layer_outputs). Not done: the FP8 rounding of window keys and activations
-// (native FP8 / FP4 weights are dequantised at load); CUDA; tensor and pipeline parallelism
-// (refused).
+// averaged (hands_over_layer_outputs); one rank only (the engine refuses it over several).
+// Tensor parallelism as V4's (models/deepseek_v4.cpp): the attention, compressors, indexers,
+// Engram and hyper-connections are replicated on every rank (so every rank holds every layer's
+// cache rows and the CSA2 reads of other layers' rows work as on one rank), the routed experts
+// split (slices, or whole experts with --enable-expert-parallel), the shared expert split like a
+// dense MLP, one all-reduce (DeepseekV4Moe). Pipeline parallelism: a stage builds its layers,
+// the first the embedding, the last the norm and head; it hands on the streams and the last
+// site's pre. A layer reading another's rows (kv_source_layer_ids, index_source_layer_ids,
+// candidate_source_layer_id) must find that layer on its own stage: a partition that puts a
+// source on an earlier stage is refused at load (v41_check_stages; no cache rows cross stages).
+// Not done: the FP8 rounding of window keys and activations (native FP8 / FP4 weights are
+// dequantised at load); CUDA.
 #include "models/deepseek_v41.h"
 
 #include <algorithm>
@@ -541,17 +550,59 @@ class DeepseekV41DecoderLayer {
   std::unique_ptr<DeepseekV41Engram> engram_;
 };
 
+// Pipeline parallelism: every layer's sources (its KV owner, top-k owner and candidate source)
+// on the stage holding the layer, else an Error naming the layer, the field and both stages. Every
+// stage checks every layer, so each refuses the same partition alike. The config makes every
+// source lie between the layer's KV owner and the layer, so the KV owner is the first to cross.
+void v41_check_stages(const V41Options& v, int64_t layers, int size,
+                      const std::vector<int>& partition) {
+  if (size == 1) return;
+  std::vector<PipelineStage> stages;
+  for (int r = 0; r < size; ++r) stages.push_back(pipeline_stage(layers, r, size, partition));
+  auto stage_of = [&](int64_t layer) -> const PipelineStage& {
+    for (const PipelineStage& s : stages)
+      if (s.owns(layer)) return s;
+    fail("DeepSeek-V4.1: layer {} is on no pipeline stage", layer);
+  };
+  for (int64_t i = 0; i < layers; ++i) {
+    const V41LayerAttention& a = v.cfg.attention.at(static_cast<size_t>(i));
+    const struct {
+      int64_t source;
+      const char *field, *what;
+    } reads[] = {{a.kv_owner, "kv_source_layer_ids", "compressed KV rows"},
+                 {a.topk_owner, "index_source_layer_ids", "top-k indices"},
+                 {a.candidate_source(), "candidate_source_layer_id", "candidate blocks"}};
+    const PipelineStage& mine = stage_of(i);
+    for (const auto& r : reads) {
+      if (r.source < 0 || r.source == i) continue;
+      const PipelineStage& theirs = stage_of(r.source);
+      if (theirs.rank == mine.rank) continue;
+      fail("DeepSeek-V4.1 under --pipeline-parallel-size {}: layer {} reads the {} of layer {} "
+           "(config.json (text_config) {}), which is on pipeline stage {} (layers {}-{}), not on "
+           "layer {}'s stage {} (layers {}-{}); stages hand on no cache rows, so choose a "
+           "partition (VLLM_PP_LAYER_PARTITION) that keeps every layer on the stage of its "
+           "sources",
+           size, i, r.what, r.source, r.field, theirs.rank, theirs.first_layer,
+           theirs.end_layer - 1, i, mine.rank, mine.first_layer, mine.end_layer - 1);
+    }
+  }
+}
+
 class DeepseekV41ForCausalLM : public Model {
  public:
+  // Pipeline parallelism: a stage builds its layers, the first the embedding, the last the norm
+  // and head; the others are missing modules (never read).
   DeepseekV41ForCausalLM(const ModelConfig& c, const ModelOptions& o) : Model(c, o), v_(c) {
     LayerContext& x = ctx();
-    ATOM_CHECK(x.tp_size == 1 && x.stage.first() && x.stage.last(),
-               "DeepSeek-V4.1 runs on one rank only so far (no tensor or pipeline parallelism): "
-               "its layers read other layers' compressed rows and top-k");
+    const PipelineStage& st = x.stage;
+    v41_check_stages(v_, c.num_hidden_layers, st.size, o.pp_layer_partition);
     x.packed_modules = {{"w1", "gate_up_proj", "0"}, {"w3", "gate_up_proj", "1"}};
     if (v_.engram) hash_ = std::make_unique<EngramHash>(*v_.engram);
-    embed_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens", c.vocab_size,
-                                                      c.hidden_size);
+    if (st.first())
+      embed_ = std::make_unique<VocabParallelEmbedding>(x, "model.embed_tokens", c.vocab_size,
+                                                        c.hidden_size);
+    else
+      x.params.add_missing_module("model.embed_tokens");
     table_.assign(static_cast<size_t>(c.num_hidden_layers), nullptr);
     layers_ = make_layers<DeepseekV41DecoderLayer>(
         x, c.num_hidden_layers, "model.layers", [&](int64_t i, const std::string& prefix) {
@@ -560,8 +611,12 @@ class DeepseekV41ForCausalLM : public Model {
           table_[static_cast<size_t>(i)] = &l->attention();
           return l;
         });
-    norm_ = std::make_unique<RMSNorm>(x, "model.norm", c.hidden_size, c.rms_norm_eps);
-    head_ = std::make_unique<ParallelLMHead>(x, "head", c.vocab_size, c.hidden_size);
+    if (st.last()) {
+      norm_ = std::make_unique<RMSNorm>(x, "model.norm", c.hidden_size, c.rms_norm_eps);
+      head_ = std::make_unique<ParallelLMHead>(x, "head", c.vocab_size, c.hidden_size);
+    } else {
+      for (const char* m : {"model.norm", "head"}) x.params.add_missing_module(m);
+    }
     // forward() keeps the state after each verification row (a pass per row).
     for (StateCacheSpec& s : *x.state_specs) s.rollback_rows = true;
   }
@@ -577,6 +632,10 @@ class DeepseekV41ForCausalLM : public Model {
     if (std::none_of(b.state_rollback_slots.begin(), b.state_rollback_slots.end(),
                      [](int32_t r) { return r >= 0; }))
       return forward_rows(step);
+    ATOM_CHECK(stage().size == 1,
+               "DeepSeek-V4.1: speculative verification (rollback rows) runs on one pipeline "
+               "stage only, not {}",
+               stage().size);
     const int S = b.num_seqs();
     const int64_t T = b.num_tokens(), D = v_.cfg.hidden;
     std::vector<bool> verifies(static_cast<size_t>(S), false);
@@ -651,20 +710,43 @@ class DeepseekV41ForCausalLM : public Model {
     return hidden;
   }
 
+  // A stage after the first starts from the previous stage's streams and pre (Step::pp_in: the
+  // streams as its hidden, the pre [T, hc] its one extra tensor); a stage before the last hands
+  // its own on the same way.
   Tensor forward_rows(Step& step) {
+    const PipelineStage& st = stage();
     const int64_t hc = v_.hc.hc_mult;
-    Tensor streams =
-        hc_streams_from_embedding(step, embed_->forward(step, step.batch.dev.token_ids), hc);
-    // The first site collapses by stream 0 alone.
-    Tensor pre = step.empty({streams.size(0), hc}, DType::kF32);
-    for (int64_t t = 0; t < streams.size(0); ++t)
-      for (int64_t j = 0; j < hc; ++j) pre.ptr<float>()[t * hc + j] = j == 0 ? 1.0f : 0.0f;
-    for (size_t i = 0; i < layers_.size(); ++i) {
+    Tensor streams, pre;
+    if (st.first()) {
+      streams =
+          hc_streams_from_embedding(step, embed_->forward(step, step.batch.dev.token_ids), hc);
+      // The first site collapses by stream 0 alone.
+      pre = step.empty({streams.size(0), hc}, DType::kF32);
+      for (int64_t t = 0; t < streams.size(0); ++t)
+        for (int64_t j = 0; j < hc; ++j) pre.ptr<float>()[t * hc + j] = j == 0 ? 1.0f : 0.0f;
+    } else {
+      streams = hc_streams_from_stage(step, hc, v_.cfg.hidden);
+      ATOM_CHECK(step.pp_in->extra.size() == 1 && step.pp_in->extra[0].defined() &&
+                     step.pp_in->extra[0].dim() == 2 &&
+                     step.pp_in->extra[0].size(0) == streams.size(0) &&
+                     step.pp_in->extra[0].size(1) == hc,
+                 "DeepSeek-V4.1 pipeline stage {}: the previous stage handed on no [{}, {}] pre",
+                 st.rank, streams.size(0), hc);
+      pre = step.pp_in->extra[0];  // the step's own copy (Step::pp_in), updated in place
+      check_cpu_f32(pre, "the previous stage's pre");
+    }
+    for (int64_t i = st.first_layer; i < st.end_layer; ++i) {
       const Arena::Mark scratch = step.arena.mark();
-      layers_[i]->forward(step, streams, pre);
+      layers_[static_cast<size_t>(i)]->forward(step, streams, pre);
       step.arena.release(scratch);
       // After the release: the rows a drafter asks for outlive the layer's scratch.
-      keep_layer_output(step, static_cast<int64_t>(i), streams);
+      keep_layer_output(step, i, streams);
+    }
+    if (!st.last()) {
+      ATOM_CHECK(step.pp_out, "pipeline stage {}: the step takes no tensors for the next stage",
+                 st.rank);
+      *step.pp_out = {streams, Tensor(), {pre}};
+      return Tensor();
     }
     return norm_->forward(step, HyperConnection::collapse(step, streams, pre));
   }
@@ -676,6 +758,7 @@ class DeepseekV41ForCausalLM : public Model {
   std::vector<std::string> quantization_methods() const override { return {"fp8"}; }
   // DSpark (models/dspark.h) drafts from the streams after its target layers, averaged.
   bool hands_over_layer_outputs() const override { return true; }
+  bool splits_into_stages() const override { return true; }
 
   WeightLoadSpec weight_load_spec() const override {
     WeightLoadSpec s = Model::weight_load_spec();

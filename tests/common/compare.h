@@ -114,6 +114,18 @@ inline double rel_err(const Tensor& a, const Tensor& b, const std::string& what 
   return d.den > 0 ? std::sqrt(d.num / d.den) : std::sqrt(d.num);
 }
 
+// max |got - want| / max |want| (the largest difference against the largest value); a failure
+// (and +inf) on a shape mismatch or an unmatched NaN/Inf, as rel_err.
+inline double max_rel_diff(const Tensor& got, const Tensor& want, const std::string& what = "") {
+  const TensorDiff d = tensor_diff(got, want);
+  if (!expect_comparable(d, got, want, what)) return std::numeric_limits<double>::infinity();
+  const Tensor w = f32_host(want);
+  double m = 0;
+  for (int64_t i = 0; i < w.numel(); ++i)
+    m = std::max(m, static_cast<double>(std::abs(w.ptr<float>()[i])));
+  return m > 0 ? d.max_abs / m : d.max_abs;
+}
+
 // Expects max |got - want| <= tol, shapes equal and no NaN/Inf; returns the measured max (for
 // printing, so that tolerances can be kept near the measured error).
 inline float expect_logits_near(const Tensor& got, const Tensor& want, float tol,

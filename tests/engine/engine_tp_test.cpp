@@ -14,9 +14,11 @@ namespace atom::test {
 namespace {
 
 std::unique_ptr<ModelGroup> tp_model(const std::string& name, int tp, bool ep = false,
-                                     int redundant = 0, int pp = 1) {
+                                     int redundant = 0, int pp = 1,
+                                     const std::vector<int>& partition = {}) {
   ModelOptions o;
   o.pp_size = pp;
+  o.pp_layer_partition = partition;
   o.expert_parallel = ep;
   o.num_redundant_experts = redundant;
   o.eplb_step_interval = 3;  // re-placed every 3 steps: many times in a workload
@@ -26,9 +28,10 @@ std::unique_ptr<ModelGroup> tp_model(const std::string& name, int tp, bool ep = 
 struct Case {
   std::string fixture;
   int tp;
-  bool ep = false;    // expert parallelism over the tp ranks
-  int redundant = 0;  // EPLB's redundant experts
-  int pp = 1;         // pipeline stages of tp ranks each
+  bool ep = false;                  // expert parallelism over the tp ranks
+  int redundant = 0;                // EPLB's redundant experts
+  int pp = 1;                       // pipeline stages of tp ranks each
+  std::vector<int> partition = {};  // their layers (VLLM_PP_LAYER_PARTITION); {}: vLLM's split
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -39,15 +42,16 @@ void PrintTo(const Case& c, std::ostream* os) {
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return info.param.fixture + "_tp" + std::to_string(info.param.tp) + (info.param.ep ? "_ep" : "") +
          (info.param.redundant ? "_redundant" + std::to_string(info.param.redundant) : "") +
-         (info.param.pp > 1 ? "_pp" + std::to_string(info.param.pp) : "");
+         (info.param.pp > 1 ? "_pp" + std::to_string(info.param.pp) : "") +
+         (info.param.partition.empty() ? "" : "_partitioned");
 }
 
 class EngineTp : public ::testing::TestWithParam<Case> {};
 
 TEST_P(EngineTp, AloneMatchesTransformers) {
-  const auto [name, tp, ep, redundant, pp] = GetParam();
+  const auto [name, tp, ep, redundant, pp, partition] = GetParam();
   const Reference ref = reference_load(name);
-  auto models = tp_model(name, tp, ep, redundant, pp);
+  auto models = tp_model(name, tp, ep, redundant, pp, partition);
   ASSERT_EQ(models->tp_size(), tp);
   LLMEngine engine(*models, test_config());
   const auto out =
@@ -72,7 +76,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama3_gqa", 1, false, 0, 2}, Case{"qwen3_tied", 1, false, 0, 3},
                       Case{"deepseek_v2_lite", 2, false, 0, 2}, Case{"qwen3_next", 1, false, 0, 2},
                       Case{"glm_moe_dsa", 1, false, 0, 3},  // a shared layer opens stage 1
-                      Case{"deepseek_v4", 1, false, 0, 2}, Case{"glm5_next", 1, false, 0, 2}),
+                      Case{"deepseek_v4", 1, false, 0, 2}, Case{"glm5_next", 1, false, 0, 2},
+                      // DeepSeek-V4.1: CSA2's reads of other layers' rows on every rank; stages
+                      // of layers 0-1 and 2-4, each layer with its sources
+                      Case{"deepseek_v41", 2}, Case{"deepseek_v41", 2, true},
+                      Case{"deepseek_v41", 1, false, 0, 2, {2, 3}}),
     case_name);
 
 struct Scenario {
@@ -117,9 +125,9 @@ class EngineTpWorkload : public ::testing::TestWithParam<Case> {};
 // The single-rank engine's tokens are the reference: the ranks only split the sums, so greedy
 // choices agree unless two logits tie to ~1e-6, which these seeded workloads do not hit.
 TEST_P(EngineTpWorkload, EveryRequestMatchesTheSingleRankEngine) {
-  const auto [name, tp, ep, redundant, pp] = GetParam();
+  const auto [name, tp, ep, redundant, pp, partition] = GetParam();
   Model& solo = fixture_model(name);
-  auto models = tp_model(name, tp, ep, redundant, pp);
+  auto models = tp_model(name, tp, ep, redundant, pp, partition);
   const Workload w = random_workload(18, 80, 12, solo.vocab_size(), 29);
   for (const Scenario& sc : scenarios()) {
     SCOPED_TRACE(sc.name);
@@ -169,7 +177,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // pipeline stages: dense, pp x tp with expert
                       // parallelism, a hybrid's states per stage
                       Case{"llama3_gqa", 1, false, 0, 3}, Case{"qwen3_moe", 2, true, 0, 2},
-                      Case{"qwen3_next", 1, false, 0, 2}, Case{"deepseek_v4", 1, false, 0, 2}),
+                      Case{"qwen3_next", 1, false, 0, 2}, Case{"deepseek_v4", 1, false, 0, 2},
+                      Case{"deepseek_v41", 2, true}, Case{"deepseek_v41", 2, false, 0, 2, {2, 3}}),
     case_name);
 
 TEST(EngineTpSampling, SeededSamplingAndLogprobsMatchTheSingleRankEngine) {
@@ -264,6 +273,27 @@ struct SpecCase {
 };
 
 class EngineTpSpec : public ::testing::TestWithParam<SpecCase> {};
+
+// DeepSeek-V4.1's DSpark drafter reads the target's layer outputs, which only a single rank's
+// runner keeps: over tensor-parallel ranks or pipeline stages (layers 0-1, 2-4) the engine refuses
+// it by name, and the target alone runs.
+TEST(EngineTpSpecErrors, DSparkOverSeveralRanksIsRefused) {
+  const std::string name = "deepseek_v41_dspark";
+  for (const auto& [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp));
+    auto models =
+        tp_model(name, tp, false, 0, pp, pp > 1 ? std::vector<int>{2, 3} : std::vector<int>{});
+    LoadedDrafter d = drafter_load(fixture_dir(name), *models, ModelOptions{});
+    EngineConfig c = test_config();
+    c.speculative_method = "dspark";
+    c.num_speculative_tokens = 3;
+    EXPECT_ERROR_CONTAINS(LLMEngine(*models, c, {}, {}, d.model.get()),
+                          "speculative decoding with method 'dspark' runs on one rank so far, "
+                          "not 2");
+    LLMEngine plain(*models, test_config());
+    EXPECT_EQ(plain.generate({{3, 4, 5}}, greedy(4)).at(0).outputs.at(0).token_ids.size(), 4u);
+  }
+}
 
 TEST_P(EngineTpSpec, GreedyMatchesPlainDecodingOnTheSameRanks) {
   const auto [name, tp, pp] = GetParam();

@@ -5,6 +5,8 @@
 // values) and transformers'; each stage reads only its share of the checkpoint.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "common/fixtures.h"
 #include "common/test_util.h"
 #include "engine/sequence_runner.h"
@@ -150,6 +152,66 @@ TEST(PipelineParallelLoad, EachStageReadsOnlyItsShare) {
   }
   EXPECT_EQ(sum, full);
   EXPECT_EQ(params, solo.model->params().all().size());
+}
+
+// DeepSeek-V4.1's fixture (compress_ratios 0 2 1 1 1: layer 1 FULL with Engram; layer 2 FULL and
+// the candidate source; 3 REINDEX and 4 REUSE on layer 2's compressed rows) in 2 stages of layers
+// 0-1 and 2-4 (VLLM_PP_LAYER_PARTITION 2,3), which keeps every layer with its sources: the streams
+// and the last site's pre handed on. Alone the stages compute exactly what one rank computes; with
+// 2 tensor-parallel ranks a stage within 1e-5 of the largest logit; greedy tokens the reference's.
+TEST(PipelineParallelDeepseekV41, StagesKeepingTheirSourcesReproduceSingleRankLogits) {
+  const std::string name = "deepseek_v41";
+  const Reference ref = reference_load(name);
+  LoadedModel solo = model_load(fixture_dir(name), {});
+  const Tensor want = score_tokens(*solo.model, ref.input_ids);
+  const Tensor solo_chunked =
+      score_tokens(*solo.model, ref.input_ids, /*chunk=*/5, /*block_size=*/4);
+  for (const int tp : {1, 2}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    ModelOptions o;
+    o.pp_size = 2;
+    o.pp_layer_partition = {2, 3};
+    auto group = model_group_load(fixture_dir(name), o, tp);
+    ASSERT_EQ(group->pp_size(), 2);
+    const Tensor whole = score_tokens(*group, ref.input_ids);
+    const Tensor chunked = score_tokens(*group, ref.input_ids, /*chunk=*/5, /*block_size=*/4);
+    const double rel_whole = max_rel_diff(whole, want),
+                 rel_chunked = max_rel_diff(chunked, solo_chunked);
+    std::printf("deepseek_v41 pp 2 (layers 0-1, 2-4) tp %d: max |Δlogit| / max |logit| vs one "
+                "rank %.3g whole, %.3g in chunks of 5 over pages of 4\n",
+                tp, rel_whole, rel_chunked);
+    EXPECT_LE(rel_whole, tp == 1 ? 0.0 : 1e-5);
+    EXPECT_LE(rel_chunked, tp == 1 ? 0.0 : 1e-5);
+    const GreedyResult g = generate_greedy(*group, ref.greedy_prompt,
+                                           static_cast<int>(ref.greedy_tokens.size()), {}, true);
+    EXPECT_EQ(g.token_ids, ref.greedy_tokens);
+  }
+}
+
+// A partition putting a layer's source on an earlier stage is refused at load, naming the layer,
+// the field and both stages: vLLM's default split of the fixture's 5 layers (0-2, 3-4) leaves
+// layers 3 and 4 without layer 2's compressed rows; with kv_source_layer_ids [1] (every compressed
+// layer on layer 1's rows, ratio 1) even layers 0-1, 2-4 are refused.
+TEST(PipelineParallelDeepseekV41, SourceOnAnEarlierStageIsRefused) {
+  ModelOptions o;
+  o.pp_size = 2;
+  EXPECT_ERROR_CONTAINS(model_group_load(fixture_dir("deepseek_v41"), o, 1),
+                        "layer 3 reads the compressed KV rows of layer 2",
+                        "(config.json (text_config) kv_source_layer_ids)",
+                        "pipeline stage 0 (layers 0-2)", "layer 3's stage 1 (layers 3-4)");
+  TempDir d;
+  copy_dir(fixture_dir("deepseek_v41"), d.str());
+  const std::string path = d.str() + "/config.json";
+  nlohmann::json c = json_load_file(path);
+  c["text_config"]["compress_ratios"] = {0, 1, 1, 1, 1, 0};
+  c["text_config"]["kv_source_layer_ids"] = {1};
+  write_file(path, c.dump());
+  o.pp_layer_partition = {2, 3};
+  EXPECT_ERROR_CONTAINS(model_group_load(d.str(), o, 1),
+                        "layer 2 reads the compressed KV rows of layer 1", "kv_source_layer_ids",
+                        "pipeline stage 0 (layers 0-1)", "layer 2's stage 1 (layers 2-4)");
+  // One stage builds the edited topology (dummy weights: the fixture's are for the other one).
+  EXPECT_NO_THROW(model_load(d.str(), {}, LoadFormat::kDummy));
 }
 
 TEST(PipelineParallelErrors, ClearMessages) {

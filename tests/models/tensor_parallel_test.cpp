@@ -208,6 +208,29 @@ INSTANTIATE_TEST_SUITE_P(
              (info.param.redundant ? "_redundant" + std::to_string(info.param.redundant) : "");
     });
 
+// DeepSeek-V4.1 (CSA2: layers 3 and 4 read layer 2's compressed rows, layer 4 layer 3's top-k,
+// both layer 2's candidate blocks; Engram on layer 1) over 2 ranks, the experts sliced or whole:
+// the attention, compressors, indexers and Engram are replicated, so every rank holds every
+// layer's cache rows; the routed and shared experts split and reduce once. Each rank's logits are
+// the single rank's within 1e-5 of the largest.
+TEST(TensorParallelDeepseekV41, RanksReproduceSingleRankLogits) {
+  const Reference ref = reference_load("deepseek_v41");
+  LoadedModel solo = model_load(fixture_dir("deepseek_v41"), {});
+  const Tensor want = score_tokens(*solo.model, ref.input_ids);
+  for (const bool ep : {false, true}) {
+    SCOPED_TRACE(ep ? "expert parallel" : "tensor parallel");
+    const std::vector<RankResult> got = run_ranks("deepseek_v41", 2, ep, ref.input_ids);
+    if (HasFailure()) return;
+    for (int r = 0; r < 2; ++r) {
+      const double rel = max_rel_diff(got[r].logits, want);
+      std::printf("deepseek_v41 %s 2, rank %d: max |Δlogit| / max |logit| vs one rank %.3g\n",
+                  ep ? "ep" : "tp", r, rel);
+      EXPECT_LE(rel, 1e-5) << "rank " << r;
+      EXPECT_EQ(got[r].expert_bytes.empty(), !ep) << "rank " << r;
+    }
+  }
+}
+
 TEST(ExpertParallelErrors, MoreRanksThanExpertsIsAClearError) {
   ParamRegistry params;
   TestLayerContext rig(params, /*tp_rank=*/1, /*tp_size=*/8);
