@@ -214,6 +214,43 @@ TEST(PipelineParallelDeepseekV41, SourceOnAnEarlierStageIsRefused) {
   EXPECT_NO_THROW(model_load(d.str(), {}, LoadFormat::kDummy));
 }
 
+// The released V4.1-Flash layout (40 + 1 layers: 0-1 window, 2-19 ratio 2, 20-39 ratio 1; KV
+// sources 2, 8, 14, 20; index sources also 25, 30, 35, 38; candidates from layer 20) on the
+// fixture's sizes, built with dummy weights stage by stage: vLLM's split in 2 (0-19, 20-39) keeps
+// every layer with its sources; in 4 (10 each) layer 10 would read layer 8's rows and is refused;
+// 4 stages starting at KV sources (8, 6, 6, 20 layers) run, the ratio-1 run of 20 layers whole.
+TEST(PipelineParallelDeepseekV41, ReleasedLayoutSplitsOnlyAtKvSources) {
+  TempDir d;
+  copy_dir(fixture_dir("deepseek_v41"), d.str());
+  const std::string path = d.str() + "/config.json";
+  nlohmann::json c = json_load_file(path);
+  nlohmann::json& t = c["text_config"];
+  std::vector<int> ratios;
+  for (int i = 0; i < 41; ++i) ratios.push_back(i < 2 || i == 40 ? 0 : i < 20 ? 2 : 1);
+  t["num_hidden_layers"] = 40;
+  t["compress_ratios"] = ratios;
+  t["kv_source_layer_ids"] = {2, 8, 14, 20};
+  t["index_source_layer_ids"] = {2, 8, 14, 20, 25, 30, 35, 38};
+  t["candidate_source_layer_id"] = 20;
+  write_file(path, c.dump());
+  auto stages = [&](int size, const std::vector<int>& partition) {
+    for (int r = 0; r < size; ++r) {
+      ModelOptions o;
+      o.pp_rank = r;
+      o.pp_size = size;
+      o.pp_layer_partition = partition;
+      model_load(d.str(), o, LoadFormat::kDummy);
+    }
+  };
+  EXPECT_NO_THROW(stages(2, {}));
+  EXPECT_ERROR_CONTAINS(stages(4, {}), "layer 10 reads the compressed KV rows of layer 8",
+                        "kv_source_layer_ids", "pipeline stage 0 (layers 0-9)",
+                        "layer 10's stage 1 (layers 10-19)");
+  EXPECT_NO_THROW(stages(4, {8, 6, 6, 20}));
+  EXPECT_ERROR_CONTAINS(stages(3, {20, 10, 10}),
+                        "layer 30 reads the compressed KV rows of layer 20");
+}
+
 TEST(PipelineParallelErrors, ClearMessages) {
   ModelOptions o;
   o.pp_size = 4;
