@@ -19,6 +19,9 @@ struct CompressedBatch {
   const Tensor* state_slots = nullptr;  // [S] (window_pool only)
   const Tensor* positions = nullptr;    // [T] (heads_norm_rope only)
   int block_size = 16;                  // tokens a page
+  // [T] or empty (window_pool only): a verification row's slot that receives the windows in
+  // progress after that row (-1 none).
+  const Tensor* rollback_slots = nullptr;
 };
 
 // Per head h < heads of x [T, heads * head_dim] (rows may be strided; F32/BF16/F16), in place:
@@ -37,7 +40,8 @@ struct HeadsRopeArgs {
 
 // The window compressor's pooling (WindowCompressor::forward): every new token of each sequence
 // into its window's online softmax (state [slots, overlap ? 2 : 1, 3, D] F32 at state_slots[s];
-// cleared at position 0; a sequence of slot -1, a decode graph's padding, is left alone), and
+// cleared at position 0; a sequence of slot -1, a decode graph's padding, is left alone; after a
+// row with rollback_slots[t] >= 0 the state is also written to that slot), and
 // each window a token completes written to its row of `plane`
 // [num_pages, rows_per_page, 1, D] (the row of window w in the page of its last token):
 // the pooled values through the weighted RMSNorm (norm_w [D] F32), then RoPE on the last rot_dim

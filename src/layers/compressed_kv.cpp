@@ -159,7 +159,8 @@ WindowCompressor::WindowCompressor(LayerContext& ctx, const std::string& prefix,
   cache_index_ = static_cast<int>(ctx.cache_specs->size());
   ctx.cache_specs->push_back(CacheSpec::rows(static_cast<int>(o.head_dim), o.ratio, ctx.act_dtype));
   state_index_ = static_cast<int>(ctx.state_specs->size());
-  ctx.state_specs->push_back({{o.overlap ? 2 : 1, 3, o.head_dim}, DType::kF32, false});
+  // rollback_rows: a verification step keeps the state after each row (forward's keep_after).
+  ctx.state_specs->push_back({{o.overlap ? 2 : 1, 3, o.head_dim}, DType::kF32, true});
 }
 
 const Tensor& WindowCompressor::entries(Step& step) const {
@@ -178,17 +179,15 @@ const Tensor& WindowCompressor::entries(Step& step) const {
 
 void WindowCompressor::forward(Step& step, const Tensor& x, const EntryHook& on_entry) {
   const Batch& b = step.batch;
-  ATOM_CHECK(b.state_rollback_slots.empty(),
-             "compressed attention: speculative verification rows are not supported");
   Tensor kv = wkv_.forward(step, x);
   Tensor gate = wgate_ ? wgate_->forward(step, x) : Tensor();
   const Tensor& plane = entries(step);
   Tensor& state = step.kv->state.at(static_cast<size_t>(state_index_));
   if (!plane.device().is_cpu()) {
     ATOM_CHECK(!on_entry, "compressed attention: the entry hook runs on the CPU only");
-    kernels::CompressedBatch cb{&b.dev.query_start,  &b.dev.context_lens, &b.dev.page_indptr,
-                                &b.dev.page_indices, &b.dev.state_slots,  &b.dev.positions,
-                                b.block_size};
+    kernels::CompressedBatch cb{&b.dev.query_start,  &b.dev.context_lens,        &b.dev.page_indptr,
+                                &b.dev.page_indices, &b.dev.state_slots,         &b.dev.positions,
+                                b.block_size,        &b.dev.state_rollback_slots};
     kernels::WindowPoolArgs a;
     a.head_dim = static_cast<int>(o_.head_dim);
     a.ratio = o_.ratio;
@@ -213,6 +212,13 @@ void WindowCompressor::forward(Step& step, const Tensor& x, const EntryHook& on_
         state.ptr<float>() + int64_t{b.state_slots.at(static_cast<size_t>(s))} * slot_floats;
     Pool cur(st, D), next(st + 3 * D, D);  // next: CSA only
     const PagedRows rows = paged_rows(b, s, o_.ratio);
+    // A speculative verification row with a rollback slot: the windows in progress after it
+    // into that slot, so the engine can resume from any accepted row.
+    auto keep_after = [&](int64_t i) {
+      if (b.state_rollback_slots.empty()) return;
+      const int32_t to = b.state_rollback_slots[static_cast<size_t>(i)];
+      if (to >= 0) std::copy(st, st + slot_floats, state.ptr<float>() + int64_t{to} * slot_floats);
+    };
     for (int64_t i = q0; i < q1; ++i) {
       const int64_t p = start + (i - q0), j = p % r;
       if (p == 0) {  // a new request: no window in progress
@@ -229,7 +235,10 @@ void WindowCompressor::forward(Step& step, const Tensor& x, const EntryHook& on_
       } else {
         cur.add(z.data(), c);
       }
-      if (j != r - 1) continue;
+      if (j != r - 1) {
+        keep_after(i);
+        continue;
+      }
       // Window p / r is complete: its entry, normalised and rotated, into its row.
       float* e = rows.row(plane, p / r);
       double ss = 0;
@@ -253,6 +262,7 @@ void WindowCompressor::forward(Step& step, const Tensor& x, const EntryHook& on_
       } else {
         cur.clear();
       }
+      keep_after(i);
     }
   }
 }

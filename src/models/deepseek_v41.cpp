@@ -617,103 +617,13 @@ class DeepseekV41ForCausalLM : public Model {
     } else {
       for (const char* m : {"model.norm", "head"}) x.params.add_missing_module(m);
     }
-    // forward() keeps the state after each verification row (a pass per row).
-    for (StateCacheSpec& s : *x.state_specs) s.rollback_rows = true;
-  }
-
-  // A speculative verification step (rows with rollback slots) runs row by row: every sequence's
-  // row j in pass j (the other sequences' rows in the first), and after each pass the state slots
-  // of every recurrent layer (the compressors' windows in progress) are copied into the row's
-  // rollback slot, so that the engine can roll back to the state after any accepted row
-  // (StateCacheSpec::rollback_rows, set for every state this model has). Costs K + 1 passes of
-  // the batch's verifying sequences.
-  Tensor forward(Step& step) override {
-    const Batch& b = step.batch;
-    if (std::none_of(b.state_rollback_slots.begin(), b.state_rollback_slots.end(),
-                     [](int32_t r) { return r >= 0; }))
-      return forward_rows(step);
-    ATOM_CHECK(stage().size == 1,
-               "DeepSeek-V4.1: speculative verification (rollback rows) runs on one pipeline "
-               "stage only, not {}",
-               stage().size);
-    const int S = b.num_seqs();
-    const int64_t T = b.num_tokens(), D = v_.cfg.hidden;
-    std::vector<bool> verifies(static_cast<size_t>(S), false);
-    int passes = 1;
-    for (int s = 0; s < S; ++s) {
-      const auto [q0, q1, start] = seq_rows(b, s);
-      for (int64_t i = q0; i < q1; ++i)
-        if (b.state_rollback_slots[static_cast<size_t>(i)] >= 0) verifies[s] = true;
-      if (verifies[s]) passes = std::max(passes, static_cast<int>(q1 - q0));
-    }
-    Tensor hidden = step.empty({T, D}, DType::kF32);
-    if (step.layer_outputs)
-      *step.layer_outputs_out =
-          step.empty({T, static_cast<int64_t>(step.layer_outputs->size()) * D}, DType::kF32);
-    for (int j = 0; j < passes; ++j) {
-      Batch sub;
-      sub.block_size = b.block_size;
-      sub.query_start = {0};
-      sub.page_indptr = {0};
-      std::vector<int64_t> rows;  // the step's rows in this pass
-      for (int s = 0; s < S; ++s) {
-        const auto [q0, q1, start] = seq_rows(b, s);
-        const int64_t r0 = verifies[s] ? q0 + j : q0, r1 = verifies[s] ? q0 + j + 1 : q1;
-        if ((!verifies[s] && j > 0) || r0 >= q1) continue;
-        for (int64_t i = r0; i < r1; ++i) {
-          const size_t u = static_cast<size_t>(i);
-          sub.token_ids.push_back(b.token_ids[u]);
-          sub.positions.push_back(b.positions[u]);
-          sub.slot_mapping.push_back(b.slot_mapping[u]);
-          rows.push_back(i);
-        }
-        sub.query_start.push_back(sub.num_tokens());
-        const int ctx = static_cast<int>(start + (r1 - q0));
-        sub.context_lens.push_back(ctx);
-        sub.page_indices.insert(sub.page_indices.end(),
-                                b.page_indices.begin() + b.page_indptr[static_cast<size_t>(s)],
-                                b.page_indices.begin() + b.page_indptr[static_cast<size_t>(s) + 1]);
-        sub.page_indptr.push_back(static_cast<int32_t>(sub.page_indices.size()));
-        if (!b.state_slots.empty())
-          sub.state_slots.push_back(b.state_slots[static_cast<size_t>(s)]);
-        sub.max_query_len = std::max(sub.max_query_len, static_cast<int>(r1 - r0));
-        sub.max_context_len = std::max(sub.max_context_len, ctx);
-      }
-      const Arena::Mark scratch = step.arena.mark();
-      sub.upload(step.arena);
-      Step part{sub, step.arena, step.kv};
-      Tensor outputs;
-      part.layer_outputs = step.layer_outputs;
-      part.layer_outputs_out = &outputs;
-      const Tensor h = forward_rows(part);
-      check_cpu_f32(h, "hidden states");
-      for (size_t k = 0; k < rows.size(); ++k) {
-        std::copy_n(h.ptr<float>() + static_cast<int64_t>(k) * D, D,
-                    hidden.ptr<float>() + rows[k] * D);
-        if (step.layer_outputs) {
-          const int64_t W = outputs.size(1);
-          std::copy_n(outputs.ptr<float>() + static_cast<int64_t>(k) * W, W,
-                      step.layer_outputs_out->ptr<float>() + rows[k] * W);
-        }
-      }
-      step.arena.release(scratch);
-      // The state after row j of each verifying sequence, into that row's rollback slot.
-      for (int s = 0; s < S; ++s) {
-        const auto [q0, q1, start] = seq_rows(b, s);
-        if (!verifies[s] || q0 + j >= q1) continue;
-        const int32_t to = b.state_rollback_slots[static_cast<size_t>(q0 + j)];
-        if (to < 0) continue;
-        const int32_t from = b.state_slots.at(static_cast<size_t>(s));
-        for (Tensor& t : step.kv->state) t.select(0, to).copy_from(t.select(0, from));
-      }
-    }
-    return hidden;
   }
 
   // A stage after the first starts from the previous stage's streams and pre (Step::pp_in: the
   // streams as its hidden, the pre [T, hc] its one extra tensor); a stage before the last hands
-  // its own on the same way.
-  Tensor forward_rows(Step& step) {
+  // its own on the same way. A speculative verification step runs in one pass: the compressors
+  // keep their windows in progress after each row in its rollback slot (WindowCompressor).
+  Tensor forward(Step& step) override {
     const PipelineStage& st = stage();
     const int64_t hc = v_.hc.hc_mult;
     Tensor streams, pre;

@@ -103,6 +103,11 @@ void window_pool(Tensor& plane, Tensor& state, Tensor& scratch, const Tensor& kv
   WindowPoolLaunch l;
   l.b = ckv_batch(op, b);
   l.b.state_slots = b.state_slots->ptr<int32_t>();
+  if (b.rollback_slots && b.rollback_slots->defined() && b.rollback_slots->numel() > 0) {
+    ATOM_CHECK(is_i32_vec(b.rollback_slots) && b.rollback_slots->numel() == T,
+               "window_pool: rollback slots {} for {} rows", b.rollback_slots->str(), T);
+    l.b.rollback_slots = b.rollback_slots->ptr<int32_t>();
+  }
   l.plane = plane.data();
   l.plane_type = elem_of(plane.dtype(), op);
   l.rows_per_page = static_cast<int>(plane.size(1));

@@ -125,6 +125,21 @@ __global__ void __launch_bounds__(kThreads) window_pool_kernel(WindowPoolLaunch 
   float* st = a.state + static_cast<int64_t>(slot) * (a.overlap ? 6 : 3) * D;
   Pool1 cur{st[d], st[D + d], st[2 * D + d]}, next{-INFINITY, 0.0f, 0.0f};
   if (a.overlap) next = Pool1{st[3 * D + d], st[4 * D + d], st[5 * D + d]};
+  const int slot_floats = (a.overlap ? 6 : 3) * D;
+  // A verification row's rollback slot takes the windows in progress after the row.
+  auto keep_after = [&](int i) {
+    const int to = a.b.rollback_slots ? a.b.rollback_slots[i] : -1;
+    if (to < 0) return;
+    float* rs = a.state + static_cast<int64_t>(to) * slot_floats;
+    rs[d] = cur.m;
+    rs[D + d] = cur.s;
+    rs[2 * D + d] = cur.a;
+    if (a.overlap) {
+      rs[3 * D + d] = next.m;
+      rs[4 * D + d] = next.s;
+      rs[5 * D + d] = next.a;
+    }
+  };
   for (int i = q0; i < q1; ++i) {
     const int p = start + (i - q0), j = p % r;
     if (p == 0) {
@@ -142,7 +157,10 @@ __global__ void __launch_bounds__(kThreads) window_pool_kernel(WindowPoolLaunch 
     } else {
       cur.add(z_of(d), load_elem(kv, a.kv.type, d));
     }
-    if (j != r - 1) continue;
+    if (j != r - 1) {
+      keep_after(i);
+      continue;
+    }
     a.scratch[static_cast<int64_t>(i) * D + d] = cur.a / cur.s;
     if (a.overlap) {
       cur = next;
@@ -150,6 +168,7 @@ __global__ void __launch_bounds__(kThreads) window_pool_kernel(WindowPoolLaunch 
     } else {
       cur.clear();
     }
+    keep_after(i);
   }
   st[d] = cur.m;
   st[D + d] = cur.s;

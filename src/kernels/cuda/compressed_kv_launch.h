@@ -12,6 +12,7 @@ struct CkvBatch {
   const int32_t* page_indices = nullptr;
   const int32_t* state_slots = nullptr;
   const int32_t* positions = nullptr;
+  const int32_t* rollback_slots = nullptr;  // [T] or null
   int num_seqs = 0;
   int block_size = 16;
 };
