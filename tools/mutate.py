@@ -368,6 +368,12 @@ MUTATIONS = [
      "src/models/deepseek_v4_parts.cpp",
      "if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(out);",
      "if (ctx_.tp_size > 100) ctx_.comm->all_reduce_sum(out);"),
+    ("compressor_rollback_rows_dropped",
+     "Compressed KV: a speculative verification row's rollback slot never receives the windows "
+     "in progress after it",
+     "src/layers/compressed_kv.cpp",
+     "if (to >= 0) std::copy(st, st + slot_floats,",
+     "if (to >= 0 && false) std::copy(st, st + slot_floats,"),
     ("image_cache_trusts_the_hash",
      "Image feature cache: a candidate with the same 64-bit hash is a hit without comparing pixels",
      "src/engine/multimodal.cpp",

@@ -245,5 +245,67 @@ TEST(GpuCompressedKv, IndexerOverEntryRowsMatchesCpu) {
   EXPECT_GT(full, 10);
 }
 
+// A verification step's rollback slots (CompressedBatch::rollback_slots) hold the windows in
+// progress after each of its rows: one call over five rows (positions 0-4, CSA's overlapping
+// windows of 4, so one window completes at row 3) against five calls of one row each, whose slot
+// after each call is the state after that row; the completed entry alike.
+TEST(GpuCompressedKv, WindowPoolRollbackSlotsHoldTheStateAfterEachRow) {
+  const int D = 16, r = 4, n = 5, bs = 8;
+  const int64_t W = 2 * D;
+  Tensor kv = random_cpu({n, W}, DType::kF32, 31, -1, 1).to(gpu());
+  Tensor gate = random_cpu({n, W}, DType::kF32, 32, -2, 2).to(gpu());
+  Tensor ape = random_cpu({r, W}, DType::kF32, 33, -1, 1).to(gpu());
+  Tensor nw = random_cpu({D}, DType::kF32, 34, 0.5f, 1.5f).to(gpu());
+  Tensor inv = random_cpu({4}, DType::kF32, 35, 0.01f, 1.0f).to(gpu());
+  kernels::WindowPoolArgs a;
+  a.head_dim = D;
+  a.ratio = r;
+  a.overlap = true;
+  a.rot_dim = 8;
+  auto run = [&](Tensor& plane, Tensor& state, int first, int count, const Tensor* rollback) {
+    CkvPages b({first + count}, {count}, bs, 1);
+    for (int32_t& p : b.pid) p = 0;  // one page, page 0
+    b.g_pid = ckv_i32(b.pid).to(gpu());
+    Tensor slots = ckv_i32({0}).to(gpu());
+    kernels::CompressedBatch cb = b.dev();
+    cb.state_slots = &slots;
+    cb.rollback_slots = rollback;
+    Tensor scratch = Tensor::empty({count, D}, DType::kF32, gpu());
+    kernels::window_pool(plane, state, scratch, kv.narrow(0, first, count),
+                         gate.narrow(0, first, count), ape, nw, inv, cb, a);
+  };
+  Tensor plane_a = Tensor::zeros({1, bs / r, 1, D}, DType::kF32, gpu());
+  Tensor state_a = Tensor::zeros({n + 1, 2, 3, D}, DType::kF32, gpu());
+  Tensor rb = ckv_i32({1, 2, 3, 4, 5}).to(gpu());
+  run(plane_a, state_a, 0, n, &rb);
+  Tensor plane_b = Tensor::zeros({1, bs / r, 1, D}, DType::kF32, gpu());
+  Tensor state_b = Tensor::zeros({n + 1, 2, 3, D}, DType::kF32, gpu());
+  for (int i = 0; i < n; ++i) {
+    run(plane_b, state_b, i, 1, nullptr);
+    Tensor to = state_b.select(0, i + 1);
+    to.copy_from(state_b.select(0, 0));
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const Tensor sa = state_a.to(Device::cpu()), sb = state_b.to(Device::cpu());
+  // A cleared window's running max is -inf on both sides (CSA's next window after row 3).
+  double worst = 0;
+  int cleared = 0;
+  for (int64_t k = 0; k < sa.numel(); ++k) {
+    const float x = sa.ptr<float>()[k], y = sb.ptr<float>()[k];
+    if (std::isinf(x) || std::isinf(y)) {
+      EXPECT_EQ(x, y) << "element " << k;
+      cleared += std::isinf(y);
+      continue;
+    }
+    worst = std::max(worst, std::abs(static_cast<double>(x) - y) / std::max(1.0f, std::abs(y)));
+  }
+  EXPECT_LE(worst, 1e-6);
+  EXPECT_GT(cleared, 0);
+  const double pe = rel_err(plane_a, plane_b);
+  std::printf("window_pool rollback slots vs row-by-row: worst slot rel err %.3g, entries %.3g\n",
+              worst, pe);
+  EXPECT_LE(pe, 1e-6);
+}
+
 }  // namespace
 }  // namespace atom::test
