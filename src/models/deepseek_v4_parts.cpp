@@ -147,17 +147,17 @@ Tensor DeepseekV4Moe::forward(Step& step, const Tensor& x) {
   Tensor weights = step.empty({T, o_.top_k}, DType::kF32);
   kernels::RouterArgs a = args_;
   Tensor fixed;
-  if (o_.hash && !cpu) {
+  if (o_.hash) {  // the input tokens' rows of tid2eid
     fixed = step.empty({T, o_.top_k}, DType::kI32);
-    kernels::gather_table_rows(fixed, step.batch.dev.token_ids, table_dev_);
-    a.fixed_ids = &fixed;
-  } else if (o_.hash) {
-    fixed = step.empty({T, o_.top_k}, DType::kI32);
-    for (int64_t i = 0; i < T; ++i) {
-      const int64_t tok = step.batch.token_ids[static_cast<size_t>(i)];
-      ATOM_CHECK(tok >= 0 && static_cast<size_t>((tok + 1) * o_.top_k) <= table_.size(),
-                 "DeepSeek-V4 hash routing: token id {} outside the tid2eid table", tok);
-      std::copy_n(table_.data() + tok * o_.top_k, o_.top_k, fixed.ptr<int32_t>() + i * o_.top_k);
+    if (!cpu) {
+      kernels::gather_table_rows(fixed, step.batch.dev.token_ids, table_dev_);
+    } else {
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t tok = step.batch.token_ids[static_cast<size_t>(i)];
+        ATOM_CHECK(tok >= 0 && static_cast<size_t>((tok + 1) * o_.top_k) <= table_.size(),
+                   "DeepSeek-V4 hash routing: token id {} outside the tid2eid table", tok);
+        std::copy_n(table_.data() + tok * o_.top_k, o_.top_k, fixed.ptr<int32_t>() + i * o_.top_k);
+      }
     }
     a.fixed_ids = &fixed;
   }
