@@ -11,21 +11,9 @@ namespace atom::kernels::cuda {
 
 namespace {
 
-__device__ __forceinline__ int seq_of_token(const int32_t* qs, int S, int t) {
-  int lo = 0, hi = S - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (qs[mid] <= t)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
-
 // Context index of token t (the cache index of the row it writes).
 __device__ __forceinline__ int context_index(const CkvBatch& b, int t, int* seq) {
-  const int s = seq_of_token(b.query_start, b.num_seqs, t);
+  const int s = seq_of_row(b.query_start, b.num_seqs, t);
   *seq = s;
   const int q0 = b.query_start[s], ql = b.query_start[s + 1] - q0;
   return b.context_lens[s] - ql + (t - q0);

@@ -39,6 +39,19 @@ __device__ __forceinline__ void store_elem(void* p, Elem t, int64_t i, float v) 
   }
 }
 
+// The sequence of row t (query_start ascending, S + 1 entries): the last s with qs[s] <= t.
+__device__ __forceinline__ int seq_of_row(const int32_t* qs, int S, int t) {
+  int lo = 0, hi = S - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (qs[mid] <= t)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo;
+}
+
 __device__ __forceinline__ char* row_of(const Mat& m, int64_t r) {
   return static_cast<char*>(m.data) + r * m.stride * (m.type == Elem::kF32 ? 4 : 2);
 }

@@ -34,19 +34,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// The sequence of row t (query_start ascending, S + 1 entries): the last s with qs[s] <= t.
-__device__ __forceinline__ int seq_of_row(const int32_t* qs, int S, int t) {
-  int lo = 0, hi = S - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (qs[mid] <= t)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
-
 // Whether any row of [q0, q1) has a rollback slot, block-wide (every thread of the block calls
 // it). Strided over the block, so a long prefill beside verification rows costs few loads.
 __device__ __forceinline__ bool block_keeps_rows(const int32_t* rb, int q0, int q1) {

@@ -10,19 +10,6 @@ namespace atom::kernels::cuda {
 
 namespace {
 
-// The sequence of token t: the last s with query_start[s] <= t.
-__device__ __forceinline__ int seq_of(const int32_t* qs, int S, int t) {
-  int lo = 0, hi = S - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (qs[mid] <= t)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  return lo;
-}
-
 // Element offset of context position j's row in a one-row-per-token cache of `width`.
 __device__ __forceinline__ int64_t cache_row(const int32_t* pages, int bs, int j, int width) {
   return (static_cast<int64_t>(pages[j / bs]) * bs + j % bs) * width;
@@ -117,7 +104,7 @@ __global__ void __launch_bounds__(32 * kSimpleWarps) mla_simple_kernel(MlaLaunch
   const int64_t t = blockIdx.x / H;
   const int h = static_cast<int>(blockIdx.x % H);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int s = seq_of(a.query_start, a.num_seqs, static_cast<int>(t));
+  const int s = seq_of_row(a.query_start, a.num_seqs, static_cast<int>(t));
   const int q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
   const int qpos = a.context_lens[s] - ql + (static_cast<int>(t) - q0);
   const int32_t* pages = a.page_indices + a.page_indptr[s];
@@ -186,7 +173,7 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(IndexerLau
   float* ws = qs + Hi * D;  // [Hi]
   float* ks = ws + Hi;      // [kScoreThreads][D + 1]
   const int64_t t = blockIdx.x;
-  const int s = seq_of(a.query_start, a.num_seqs, static_cast<int>(t));
+  const int s = seq_of_row(a.query_start, a.num_seqs, static_cast<int>(t));
   const int q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
   const int n = (a.context_lens[s] - ql + (static_cast<int>(t) - q0) + 1) / a.pool;
   const int j0 = blockIdx.y * kScoreThreads;
@@ -238,7 +225,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_select_kernel(IndexerLau
   __shared__ int sel_digit, remaining, n_gt, warp_counts[32];
   const int64_t t = blockIdx.x;
   const int tid = threadIdx.x, K = a.top_k;
-  const int s = seq_of(a.query_start, a.num_seqs, static_cast<int>(t));
+  const int s = seq_of_row(a.query_start, a.num_seqs, static_cast<int>(t));
   const int q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
   const int n = (a.context_lens[s] - ql + (static_cast<int>(t) - q0) + 1) / a.pool;
   const float* sc = a.scores + t * a.max_context_len;
@@ -353,7 +340,7 @@ __global__ void kpool_expand_kernel(IndexerLaunch a, int32_t* out, int width, bo
   pdl_wait();
   pdl_launch_dependents();
   const int t = blockIdx.x, P = a.pool;
-  const int s = seq_of(a.query_start, a.num_seqs, t);
+  const int s = seq_of_row(a.query_start, a.num_seqs, t);
   const int q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
   const int i = a.context_lens[s] - ql + (t - q0), n = (i + 1) / P;
   const int take = min(n, a.top_k), tail_len = tail ? i - n * P + 1 : 0;
