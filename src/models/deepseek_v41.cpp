@@ -139,22 +139,8 @@ struct V41Options {
     compress_rope.theta = t.get_double("compress_rope_theta", 160000.0, RealRange::positive());
     if (compress_rope.type == "yarn" && !compress_rope.attention_factor)
       compress_rope.attention_factor = 1.0;
-    hc.hidden = cfg.hidden;
-    hc.hc_mult = static_cast<int>(cfg.hc_mult);
-    hc.sinkhorn_iters = static_cast<int>(cfg.hc_sinkhorn_iters);
-    hc.hc_eps = static_cast<float>(cfg.hc_eps);
-    hc.norm_eps = static_cast<float>(cfg.eps);
-    moe.hidden = cfg.hidden;
-    moe.vocab = cfg.vocab;
-    moe.experts = cfg.experts;
-    moe.top_k = cfg.top_k;
-    moe.moe_inter = cfg.moe_inter;
-    moe.shared = 1;
-    moe.scaling = t.get_double("routed_scaling_factor", 1.5, RealRange::positive());
-    moe.limit = t.get_double("swiglu_limit", 10.0, RealRange::positive());
-    moe.scoring = t.get_string("scoring_func", "sqrtsoftplus");
-    if (moe.scoring != "sqrtsoftplus")
-      t.bad("scoring_func", "must be 'sqrtsoftplus' (DeepSeek-V4.1), got '" + moe.scoring + "'");
+    hc = deepseek_v41_hc_options(cfg);
+    moe = deepseek_v41_moe_options(cfg);
     moe.fp4_experts = cfg.quantized;  // expert_dtype fp4, checked by the config
     if (!cfg.engram_layer_ids.empty()) engram = EngramConfig::parse(t);
     // Engram hashes compressed ids: the tokenizer beside config.json, when there is one, gives

@@ -8,6 +8,8 @@
 #include "kernels/compressed_kv.h"
 #include "kernels/elementwise.h"
 #include "kernels/linear.h"
+#include "layers/hyper_connection.h"
+#include "models/deepseek_v41_config.h"
 #include "models/model.h"
 
 namespace atom {
@@ -168,6 +170,33 @@ Tensor DeepseekV4Moe::forward(Step& step, const Tensor& x) {
   // Tensor (or expert) parallelism: one all-reduce of the ranks' partial sums.
   if (ctx_.tp_size > 1) ctx_.comm->all_reduce_sum(out);
   return out;
+}
+
+DeepseekV4MoeOptions deepseek_v41_moe_options(const DeepseekV41Config& cfg) {
+  const ConfigFields& t = cfg.text;
+  DeepseekV4MoeOptions moe;
+  moe.hidden = cfg.hidden;
+  moe.vocab = cfg.vocab;
+  moe.experts = cfg.experts;
+  moe.top_k = cfg.top_k;
+  moe.moe_inter = cfg.moe_inter;
+  moe.shared = 1;
+  moe.scaling = t.get_double("routed_scaling_factor", 1.5, RealRange::positive());
+  moe.limit = t.get_double("swiglu_limit", 10.0, RealRange::positive());
+  moe.scoring = t.get_string("scoring_func", "sqrtsoftplus");
+  if (moe.scoring != "sqrtsoftplus")
+    t.bad("scoring_func", "must be 'sqrtsoftplus' (DeepSeek-V4.1), got '" + moe.scoring + "'");
+  return moe;
+}
+
+HyperConnectionOptions deepseek_v41_hc_options(const DeepseekV41Config& cfg) {
+  HyperConnectionOptions hc;
+  hc.hidden = cfg.hidden;
+  hc.hc_mult = static_cast<int>(cfg.hc_mult);
+  hc.sinkhorn_iters = static_cast<int>(cfg.hc_sinkhorn_iters);
+  hc.hc_eps = static_cast<float>(cfg.hc_eps);
+  hc.norm_eps = static_cast<float>(cfg.eps);
+  return hc;
 }
 
 void deepseek_v4_release_names(WeightLoadSpec& s, int64_t experts, bool fp4_experts,

@@ -64,6 +64,14 @@ class DeepseekV4Moe {
   std::unique_ptr<GatedMlp> shared_;
 };
 
+struct DeepseekV41Config;
+struct HyperConnectionOptions;
+// The MoE and hyper-connection options of a DeepSeek-V4.1 layer, or of a DSpark stage (V4.1's
+// decoder layers): sizes from the parsed config, routed_scaling_factor, swiglu_limit and
+// scoring_func (sqrt-softplus only) from its text config.
+DeepseekV4MoeOptions deepseek_v41_moe_options(const DeepseekV41Config& cfg);
+HyperConnectionOptions deepseek_v41_hc_options(const DeepseekV41Config& cfg);
+
 // DeepSeek's release names (no "model." prefix; embed, norm, head; layers.N; the experts'
 // w1 / w3 / w2, FP4 or not; ".scale" beside each quantised weight when `quantized`) on top of
 // `s`. The MTP stages (mtp.*) are never read.

@@ -84,20 +84,8 @@ struct DSparkOptions {
     const RopeTables rt = rope_tables(rope, static_cast<int>(cfg.rope_dim), cfg.max_positions);
     inv_freq = rt.inv_freq;
     attention_factor = rt.attention_factor;
-    hc.hidden = cfg.hidden;
-    hc.hc_mult = static_cast<int>(cfg.hc_mult);
-    hc.sinkhorn_iters = static_cast<int>(cfg.hc_sinkhorn_iters);
-    hc.hc_eps = static_cast<float>(cfg.hc_eps);
-    hc.norm_eps = static_cast<float>(cfg.eps);
-    moe.hidden = cfg.hidden;
-    moe.vocab = cfg.vocab;
-    moe.experts = cfg.experts;
-    moe.top_k = cfg.top_k;
-    moe.moe_inter = cfg.moe_inter;
-    moe.shared = 1;
-    moe.scaling = t.get_double("routed_scaling_factor", 1.5, RealRange::positive());
-    moe.limit = t.get_double("swiglu_limit", 10.0, RealRange::positive());
-    moe.scoring = t.get_string("scoring_func", "sqrtsoftplus");
+    hc = deepseek_v41_hc_options(cfg);
+    moe = deepseek_v41_moe_options(cfg);
   }
 };
 
