@@ -150,6 +150,14 @@ DType kv_cache_dtype_for(const Model& model, const std::string& name) {
   if (model.device().is_cuda() && t != act && t != DType::kF8E4M3)
     fail("--kv-cache-dtype {}: on {} the KV cache holds the activation dtype {} or fp8, not {}",
          name, model.device().str(), dtype_name(act), dtype_name(t));
+  // Row planes (CacheKind::kRows: DeepSeek-V4's window and compressed rows) are read in the
+  // activation dtype by every backend so far; one that keeps its own dtype is not converted.
+  if (t != act)
+    for (const CacheSpec& s : model.cache_specs())
+      if (s.kind == CacheKind::kRows && !s.keeps_dtype)
+        fail("--kv-cache-dtype {}: {} keeps its key/value rows (sliding-window and compressed "
+             "rows) in the activation dtype {} only; {} caches are not supported for it yet",
+             name, model.config().architectures.at(0), dtype_name(act), dtype_name(t));
   return t;
 }
 

@@ -33,6 +33,24 @@ TEST(KvCacheDtype, ParsesVllmNamesAndRefusesOthers) {
   EXPECT_THROW(kv_cache_plan(fixture_model("llama3_gqa"), c), Error);
 }
 
+// DeepSeek-V4's row planes are read in the activation dtype only: another KV cache dtype is
+// refused before anything is allocated, naming the model (it failed at the first forward, inside
+// the compressor, before).
+TEST(KvCacheDtype, RowPlanesRefuseAnotherDtypeNamingTheModel) {
+  Model& model = fixture_model("deepseek_v4");
+  EngineConfig c = test_config();
+  c.kv_cache_dtype = "fp8";
+  try {
+    kv_cache_plan(model, c);
+    ADD_FAILURE() << "fp8 accepted for DeepSeek-V4's row planes";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DeepseekV4ForCausalLM"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--kv-cache-dtype fp8"), std::string::npos) << e.what();
+  }
+  c.kv_cache_dtype = "auto";
+  EXPECT_EQ(kv_cache_plan(model, c).kv_cache_dtype, DType::kF32);
+}
+
 TEST(KvCacheDtype, OneBytePerElementFitsFourTimesTheF32Blocks) {
   Model& model = fixture_model("llama3_gqa");
   EngineConfig c = test_config();
