@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "kernels/compressed_kv.h"
+#include "layers/rotary.h"
 
 namespace atom {
 
@@ -143,12 +144,10 @@ WindowCompressor::WindowCompressor(LayerContext& ctx, const std::string& prefix,
              "{}: a compressor of windows of {} into entries of {} with RoPE over {}", prefix,
              o.ratio, o.head_dim, o.rot_dim);
   if (!ctx.device.is_cpu() && o.rot_dim > 0) {  // the kernels' RoPE table on the device
-    Tensor host = Tensor::empty({o.rot_dim / 2}, DType::kF32);
     ATOM_CHECK(o.inv_freq.size() == static_cast<size_t>(o.rot_dim / 2),
                "{}: {} inverse frequencies for {} rotary channels", prefix, o.inv_freq.size(),
                o.rot_dim);
-    std::copy(o.inv_freq.begin(), o.inv_freq.end(), host.ptr<float>());
-    inv_freq_ = host.to(ctx.device);
+    inv_freq_ = inv_freq_tensor(o.inv_freq, ctx.device);
   }
   const int64_t width = (o.overlap ? 2 : 1) * o.head_dim;
   if (o.position_bias)
@@ -212,34 +211,9 @@ void WindowCompressor::forward(Step& step, const Tensor& x, const EntryHook& on_
         state.ptr<float>() + int64_t{b.state_slots.at(static_cast<size_t>(s))} * slot_floats;
     Pool cur(st, D), next(st + 3 * D, D);  // next: CSA only
     const PagedRows rows = paged_rows(b, s, o_.ratio);
-    // A speculative verification row with a rollback slot: the windows in progress after it
-    // into that slot, so the engine can resume from any accepted row.
-    auto keep_after = [&](int64_t i) {
-      if (b.state_rollback_slots.empty()) return;
-      const int32_t to = b.state_rollback_slots[static_cast<size_t>(i)];
-      if (to >= 0) std::copy(st, st + slot_floats, state.ptr<float>() + int64_t{to} * slot_floats);
-    };
-    for (int64_t i = q0; i < q1; ++i) {
-      const int64_t p = start + (i - q0), j = p % r;
-      if (p == 0) {  // a new request: no window in progress
-        cur.clear();
-        if (o_.overlap) next.clear();
-      }
-      const float* c = kv.ptr<float>() + i * width;
-      const float* g = wgate_ ? gate.ptr<float>() + i * width : nullptr;
-      for (int64_t k = 0; k < width; ++k)
-        z[k] = (g ? g[k] : 0.0f) + (ape ? ape[j * width + k] : 0.0f);
-      if (o_.overlap) {
-        cur.add(z.data() + D, c + D);  // Cb: this window's entry
-        next.add(z.data(), c);         // Ca: the next window's
-      } else {
-        cur.add(z.data(), c);
-      }
-      if (j != r - 1) {
-        keep_after(i);
-        continue;
-      }
-      // Window p / r is complete: its entry, normalised and rotated, into its row.
+    // Window p / r is complete: its entry, normalised and rotated, into its row; the next
+    // window begins.
+    auto complete_window = [&](int64_t p) {
       float* e = rows.row(plane, p / r);
       double ss = 0;
       for (int64_t d = 0; d < D; ++d) {
@@ -262,7 +236,31 @@ void WindowCompressor::forward(Step& step, const Tensor& x, const EntryHook& on_
       } else {
         cur.clear();
       }
-      keep_after(i);
+    };
+    for (int64_t i = q0; i < q1; ++i) {
+      const int64_t p = start + (i - q0), j = p % r;
+      if (p == 0) {  // a new request: no window in progress
+        cur.clear();
+        if (o_.overlap) next.clear();
+      }
+      const float* c = kv.ptr<float>() + i * width;
+      const float* g = wgate_ ? gate.ptr<float>() + i * width : nullptr;
+      for (int64_t k = 0; k < width; ++k)
+        z[k] = (g ? g[k] : 0.0f) + (ape ? ape[j * width + k] : 0.0f);
+      if (o_.overlap) {
+        cur.add(z.data() + D, c + D);  // Cb: this window's entry
+        next.add(z.data(), c);         // Ca: the next window's
+      } else {
+        cur.add(z.data(), c);
+      }
+      if (j == r - 1) complete_window(p);
+      // A speculative verification row with a rollback slot: the windows in progress after it
+      // into that slot, so the engine can resume from any accepted row.
+      if (!b.state_rollback_slots.empty()) {
+        const int32_t to = b.state_rollback_slots[static_cast<size_t>(i)];
+        if (to >= 0)
+          std::copy(st, st + slot_floats, state.ptr<float>() + int64_t{to} * slot_floats);
+      }
     }
   }
 }

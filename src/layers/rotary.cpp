@@ -92,9 +92,13 @@ RotaryEmbedding::RotaryEmbedding(LayerContext& ctx, int head_dim, const RopeConf
              "rotary dimension {} for head_dim {}", rot_dim_, head_dim);
   const RopeTables t = rope_tables(rope, rot_dim_, max_position_embeddings);
   scale_ = t.attention_factor;
-  Tensor host = Tensor::empty({rot_dim_ / 2}, DType::kF32);
-  std::copy(t.inv_freq.begin(), t.inv_freq.end(), host.ptr<float>());
-  inv_freq_ = host.to(ctx.device);
+  inv_freq_ = inv_freq_tensor(t.inv_freq, ctx.device);
+}
+
+Tensor inv_freq_tensor(const std::vector<float>& inv_freq, Device device) {
+  Tensor host = Tensor::empty({static_cast<int64_t>(inv_freq.size())}, DType::kF32);
+  std::copy(inv_freq.begin(), inv_freq.end(), host.ptr<float>());
+  return host.to(device);
 }
 
 void RotaryEmbedding::forward(Step& step, Tensor& q, Tensor& k) const {

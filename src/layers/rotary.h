@@ -19,6 +19,9 @@ struct RopeTables {
 // rot_dim = int(head_dim * partial_rotary_factor); max_position_embeddings feeds yarn defaults.
 RopeTables rope_tables(const RopeConfig& rope, int rot_dim, int64_t max_position_embeddings);
 
+// An inv_freq table as the kernels take it: F32 [inv_freq.size()] on `device`.
+Tensor inv_freq_tensor(const std::vector<float>& inv_freq, Device device);
+
 class RotaryEmbedding {
  public:
   RotaryEmbedding(LayerContext& ctx, int head_dim, const RopeConfig& rope,

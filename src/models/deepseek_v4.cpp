@@ -261,11 +261,8 @@ class DeepseekV4Attention {
     const bool compressed = type_ != kSliding;
     inv_freq_ = inv_freq_of(compressed ? v.compress_rope : v.main_rope, v.rot_dim,
                             c.max_position_embeddings, &attention_factor_);
-    if (!ctx.device.is_cpu() && v.rot_dim > 0) {
-      Tensor host = Tensor::empty({v.rot_dim / 2}, DType::kF32);
-      std::copy(inv_freq_.begin(), inv_freq_.end(), host.ptr<float>());
-      inv_freq_dev_ = host.to(ctx.device);
-    }
+    if (!ctx.device.is_cpu() && v.rot_dim > 0)
+      inv_freq_dev_ = inv_freq_tensor(inv_freq_, ctx.device);
     sinks_ = &ctx.params.add(prefix + ".attn_sink", ctx.param_tensor({v.heads}, DType::kF32));
     // The CPU's grouped product reads wo_a's weight directly, in F32 (a BF16 checkpoint's weight
     // is kept BF16 by the linear; an FP8 one is dequantised to F32).

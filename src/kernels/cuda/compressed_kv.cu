@@ -110,22 +110,19 @@ __global__ void __launch_bounds__(kThreads) window_pool_kernel(WindowPoolLaunch 
   if (q0 == q1 || slot < 0) return;  // slot -1: a decode graph's padding sequence
   const int start = a.b.context_lens[s] - (q1 - q0);
   const int width = a.overlap ? 2 * D : D;
-  float* st = a.state + static_cast<int64_t>(slot) * (a.overlap ? 6 : 3) * D;
+  const int slot_floats = (a.overlap ? 6 : 3) * D;
+  float* st = a.state + static_cast<int64_t>(slot) * slot_floats;
   Pool1 cur{st[d], st[D + d], st[2 * D + d]}, next{-INFINITY, 0.0f, 0.0f};
   if (a.overlap) next = Pool1{st[3 * D + d], st[4 * D + d], st[5 * D + d]};
-  const int slot_floats = (a.overlap ? 6 : 3) * D;
-  // A verification row's rollback slot takes the windows in progress after the row.
-  auto keep_after = [&](int i) {
-    const int to = a.b.rollback_slots ? a.b.rollback_slots[i] : -1;
-    if (to < 0) return;
-    float* rs = a.state + static_cast<int64_t>(to) * slot_floats;
-    rs[d] = cur.m;
-    rs[D + d] = cur.s;
-    rs[2 * D + d] = cur.a;
+  // This channel of the windows in progress into a state slot.
+  auto store = [&](float* to) {
+    to[d] = cur.m;
+    to[D + d] = cur.s;
+    to[2 * D + d] = cur.a;
     if (a.overlap) {
-      rs[3 * D + d] = next.m;
-      rs[4 * D + d] = next.s;
-      rs[5 * D + d] = next.a;
+      to[3 * D + d] = next.m;
+      to[4 * D + d] = next.s;
+      to[5 * D + d] = next.a;
     }
   };
   for (int i = q0; i < q1; ++i) {
@@ -145,27 +142,20 @@ __global__ void __launch_bounds__(kThreads) window_pool_kernel(WindowPoolLaunch 
     } else {
       cur.add(z_of(d), load_elem(kv, a.kv.type, d));
     }
-    if (j != r - 1) {
-      keep_after(i);
-      continue;
+    if (j == r - 1) {  // the window is complete: its pooled values, and the next one begins
+      a.scratch[static_cast<int64_t>(i) * D + d] = cur.a / cur.s;
+      if (a.overlap) {
+        cur = next;
+        next.clear();
+      } else {
+        cur.clear();
+      }
     }
-    a.scratch[static_cast<int64_t>(i) * D + d] = cur.a / cur.s;
-    if (a.overlap) {
-      cur = next;
-      next.clear();
-    } else {
-      cur.clear();
-    }
-    keep_after(i);
+    // A verification row's rollback slot takes the windows in progress after the row.
+    const int keep = a.b.rollback_slots ? a.b.rollback_slots[i] : -1;
+    if (keep >= 0) store(a.state + static_cast<int64_t>(keep) * slot_floats);
   }
-  st[d] = cur.m;
-  st[D + d] = cur.s;
-  st[2 * D + d] = cur.a;
-  if (a.overlap) {
-    st[3 * D + d] = next.m;
-    st[4 * D + d] = next.s;
-    st[5 * D + d] = next.a;
-  }
+  store(st);
 }
 
 // Block per token: a window its token completes gets the weighted RMSNorm and RoPE at the
