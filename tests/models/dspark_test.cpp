@@ -14,6 +14,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <nlohmann/json.hpp>
 
 #include "common/fixtures.h"
 #include "common/test_util.h"
@@ -164,6 +166,38 @@ TEST(DSpark, RefusesACheckpointWithoutDSparkStages) {
   LoadedModel target = model_load(fixture_dir("deepseek_v41"), {});
   EXPECT_ERROR_CONTAINS(drafter_load(fixture_dir("deepseek_v41"), *target.model, {}),
                         "dspark_block_size");
+}
+
+// The dspark_* fields are untrusted: each bad value is an error naming its field.
+TEST(DSpark, BadFieldsAreErrorsNamingThem) {
+  // The drafter reads its fields from the target's config: both load from the edited folder.
+  auto load_edited = [](const std::function<void(nlohmann::json&)>& edit) {
+    TempDir d;
+    copy_dir(fixture_dir("deepseek_v41_dspark"), d.str());
+    nlohmann::json c = json_load_file(d.str() + "/config.json");
+    edit(c["text_config"]);
+    write_file(d.str() + "/config.json", c.dump());
+    LoadedModel target = model_load(d.str(), {});
+    drafter_load(d.str(), *target.model, {});
+  };
+  EXPECT_ERROR_CONTAINS(load_edited([](auto& t) { t.erase("dspark_block_size"); }),
+                        "'dspark_block_size' is missing");
+  EXPECT_ERROR_CONTAINS(load_edited([](auto& t) { t["dspark_block_size"] = 0; }),
+                        "'dspark_block_size' must be in");
+  EXPECT_ERROR_CONTAINS(load_edited([](auto& t) { t["dspark_noise_token_id"] = 256; }),
+                        "'dspark_noise_token_id'");
+  EXPECT_ERROR_CONTAINS(load_edited([](auto& t) { t["dspark_markov_rank"] = -1; }),
+                        "'dspark_markov_rank'");
+  EXPECT_ERROR_CONTAINS(load_edited([](auto& t) {
+                          t["dspark_target_layer_ids"] = nlohmann::json::array({1, 5});
+                        }),
+                        "'dspark_target_layer_ids'", "layer 5");
+  EXPECT_ERROR_CONTAINS(
+      load_edited([](auto& t) { t["dspark_target_layer_ids"] = nlohmann::json::array(); }),
+      "'dspark_target_layer_ids'", "must name target layers");
+  EXPECT_ERROR_CONTAINS(load_edited([](auto& t) { t["dspark_num_layers"] = 0; }),
+                        "'dspark_num_layers'");
+  EXPECT_NO_THROW(load_edited([](auto&) {}));
 }
 
 }  // namespace
