@@ -77,6 +77,22 @@ size_t leading(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
   return i;
 }
 
+// How many of `tokens` (a greedy continuation of `prompt` by another model) are `model`'s argmax
+// when it is fed the prompt and the tokens before each (teacher-forced).
+int teacher_forced_agreement(Model& model, const std::vector<int32_t>& prompt,
+                             const std::vector<int32_t>& tokens) {
+  std::vector<int32_t> in = prompt;
+  in.insert(in.end(), tokens.begin(), tokens.end() - 1);
+  const Tensor fl = f32_host(score_tokens(model, in));
+  const int64_t V = fl.size(1), p0 = static_cast<int64_t>(prompt.size()) - 1;
+  int agree = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const float* row = fl.ptr<float>() + (p0 + static_cast<int64_t>(i)) * V;
+    agree += std::max_element(row, row + V) - row == tokens[i];
+  }
+  return agree;
+}
+
 TEST_P(GpuHybridParity, LogitsChunkedStepwiseAndGreedy) {
   const Reference ref = reference_load(GetParam());
   LoadedModel m = model_load(fixture_dir(GetParam()), on_gpu());
@@ -112,15 +128,7 @@ TEST_P(GpuHybridParity, LogitsChunkedStepwiseAndGreedy) {
   // Free-running greedy stops agreeing at the first near-tie (kimi_linear: the bf16 CPU, the GPU
   // and fp32 transformers all part at step 3), so also teacher-forced: the GPU's argmax at every
   // step of the bf16 CPU's greedy sequence.
-  std::vector<int32_t> forced_in = ref.greedy_prompt;
-  forced_in.insert(forced_in.end(), h.token_ids.begin(), h.token_ids.end() - 1);
-  const Tensor fl = f32_host(score_tokens(*m.model, forced_in));
-  const int64_t V = fl.size(1), p0 = static_cast<int64_t>(ref.greedy_prompt.size()) - 1;
-  int forced = 0;
-  for (int i = 0; i < n; ++i) {
-    const float* row = fl.ptr<float>() + (p0 + i) * V;
-    forced += std::max_element(row, row + V) - row == h.token_ids[static_cast<size_t>(i)];
-  }
+  const int forced = teacher_forced_agreement(*m.model, ref.greedy_prompt, h.token_ids);
   std::printf("%s: GPU and bf16 CPU greedy tokens agree for %zu of %d steps (transformers: GPU "
               "%zu, bf16 CPU %zu); teacher-forced on the CPU's tokens: %d of %d\n",
               GetParam().c_str(), agree, n, agree_ref, leading(h.token_ids, ref.greedy_tokens),
@@ -281,15 +289,7 @@ TEST(GpuDeepseekV4, LogitsChunkedStepwiseAndGreedy) {
   expect_rows_near(stepwise, logits, name + " token by token vs whole", name);
   const int n = static_cast<int>(ref.greedy_tokens.size());
   const GreedyResult h = generate_greedy(*c.model, ref.greedy_prompt, n, {}, true);
-  std::vector<int32_t> forced_in = ref.greedy_prompt;
-  forced_in.insert(forced_in.end(), h.token_ids.begin(), h.token_ids.end() - 1);
-  const Tensor fl = f32_host(score_tokens(*m.model, forced_in));
-  const int64_t V = fl.size(1), p0 = static_cast<int64_t>(ref.greedy_prompt.size()) - 1;
-  int forced = 0;
-  for (int i = 0; i < n; ++i) {
-    const float* row = fl.ptr<float>() + (p0 + i) * V;
-    forced += std::max_element(row, row + V) - row == h.token_ids[static_cast<size_t>(i)];
-  }
+  const int forced = teacher_forced_agreement(*m.model, ref.greedy_prompt, h.token_ids);
   std::printf("%s: GPU argmax on the CPU's greedy tokens: %d of %d\n", name.c_str(), forced, n);
   EXPECT_GE(forced, n - 2);
 }
