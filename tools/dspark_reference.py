@@ -32,8 +32,9 @@ whose next token, the anchor x0, the target has just chosen):
   * Markov head: x_{k+1} = argmax_v U_k(v) + (W1[x_k] W2^T)(v), left to right from x0; the drafts
     are x_1 .. x_T. Confidence c_k = sigmoid(proj([h_k ; W1[x_k]])), h pre-norm.
 Not modelled: the FP8 e4m3 fake-quantisation of the key/value rows' non-RoPE lanes (the
-definition's QAT, blocks of 64; fp32 here as atom's V4.1 keeps its window keys), the confidence-
-scheduled verify length (the definition's phase 2).
+definition's QAT, blocks of 64; fp32 here as atom's V4.1 keeps its window keys). The confidence-
+scheduled verify length (the definition's phase 2) is the engine's, tested on its own
+(tests/engine/verify_schedule_test.cpp).
 
 The drafter's weights are random except the Markov head, which is planted so that drafts can be
 accepted: W1 gives each token of the target's greedy continuation of the fixture's greedy prompt

@@ -374,6 +374,18 @@ MUTATIONS = [
      "src/layers/compressed_kv.cpp",
      "if (to >= 0)",
      "if (to >= 0 && false)"),
+    ("verify_schedule_confidence_as_survival",
+     "DSpark's verify lengths: a draft's survival is its own confidence instead of the product "
+     "of its block's confidences up to it",
+     "src/engine/verify_schedule.cpp",
+     "a *= std::max(0.0f, confidence[i]);",
+     "a = std::max(0.0f, confidence[i]);"),
+    ("verify_schedule_no_early_stop",
+     "DSpark's verify lengths: a draft that lowers the rate is skipped instead of ending the "
+     "admission (later, faster sizes admitted)",
+     "src/engine/verify_schedule.cpp",
+     "if (!(next > theta)) break;",
+     "if (!(next > theta)) continue;"),
     ("image_cache_trusts_the_hash",
      "Image feature cache: a candidate with the same 64-bit hash is a hit without comparing pixels",
      "src/engine/multimodal.cpp",

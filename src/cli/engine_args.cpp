@@ -55,7 +55,10 @@ void engine_args_add(CLI::App* cmd, EngineArgs& a) {
       "speculative decoding with the checkpoint's MTP layers, vLLM's JSON: "
       "'{\"method\": \"mtp\", \"num_speculative_tokens\": K}', K in 1..4; or with "
       "DeepSeek-V4.1's DSpark block drafter: '{\"method\": \"dspark\", "
-      "\"num_speculative_tokens\": K}', K in 1..8");
+      "\"num_speculative_tokens\": K}', K in 1..8, with \"confidence_schedule\": true to verify "
+      "per sequence only the drafts its confidence head and the engine's throughput make worth "
+      "it (optional \"sts_temperatures\": [K numbers], \"sps_table\": [[tokens, steps per "
+      "second], ...], measured as it runs when absent)");
   cmd->add_option("--spec-decode-acceptance-rate", c.spec_decode_acceptance_rate,
                   "benchmarking: accept each draft token with this probability in [0, 1] whatever "
                   "the model says (outputs are then not the model's)")

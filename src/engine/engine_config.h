@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "models/model.h"
 #include "models/model_group.h"
@@ -31,6 +33,14 @@ struct EngineConfig {
   // Speculative decoding (--speculative-config, engine/spec_decode.h): "mtp" (the drafter in the
   // target's checkpoint), or empty: off.
   std::string speculative_method;
+  // DSpark (--speculative-config's confidence_schedule, engine/verify_schedule.h): each step, how
+  // many of its K drafts each sequence verifies, from the drafter's confidence head and the
+  // engine's throughput profile, instead of all K. sts_temperatures: empty or K positive
+  // per-position temperatures calibrating the confidences; sps_table: (tokens, forward steps per
+  // second) points of the profile, empty: measured as the engine runs.
+  bool spec_confidence_schedule = false;
+  std::vector<float> spec_sts_temperatures;
+  std::vector<std::pair<int, double>> spec_sps_table;
   // Benchmarking only (--spec-decode-acceptance-rate): in [0, 1], each draft token is accepted
   // with this probability whatever the target says (random weights accept nothing), so outputs are
   // not the model's; < 0: off.

@@ -140,15 +140,33 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
     if (drafter->device() != model.device())
       fail("the drafter is on {} but the target on {}", drafter->device().str(),
            model.device().str());
-    set_proposer(std::make_unique<DSparkProposer>(*block, plan_.num_blocks, plan_.block_size,
-                                                  plan_.kv_cache_dtype,
-                                                  config.num_speculative_tokens));
+    DSparkProposer::Schedule schedule;
+    schedule.on = config.spec_confidence_schedule;
+    schedule.temperatures = config.spec_sts_temperatures;
+    schedule.sps_table = config.spec_sps_table;
+    if (!schedule.temperatures.empty() &&
+        static_cast<int>(schedule.temperatures.size()) != config.num_speculative_tokens)
+      fail("DSpark's confidence schedule: {} temperatures for {} draft positions",
+           schedule.temperatures.size(), config.num_speculative_tokens);
+    set_proposer(std::make_unique<DSparkProposer>(
+        *block, plan_.num_blocks, plan_.block_size, plan_.kv_cache_dtype,
+        config.num_speculative_tokens, std::move(schedule)));
     std::string layers;
     for (int64_t l : drafter->target_layer_outputs())
       layers += (layers.empty() ? "" : ", ") + std::to_string(l);
     log_info("speculative decoding: method dspark, {} draft tokens per step in one block pass, {} "
-             "DSpark stage(s) reading target layers [{}]",
-             config.num_speculative_tokens, drafter->num_draft_layers(), layers);
+             "DSpark stage(s) reading target layers [{}], {}",
+             config.num_speculative_tokens, drafter->num_draft_layers(), layers,
+             !config.spec_confidence_schedule ? std::string("every draft verified")
+             : config.spec_sps_table.empty()
+                 ? std::string("verify lengths from the confidence head and the measured "
+                               "throughput")
+                 : fmt::format("verify lengths from the confidence head and a given throughput "
+                               "profile of {} points",
+                               config.spec_sps_table.size()));
+  } else if (config.spec_confidence_schedule) {
+    fail("a confidence schedule needs speculative decoding with method 'dspark', not '{}'",
+         config.speculative_method);
   } else if (!config.speculative_method.empty()) {
     if (config.speculative_method != "mtp")
       fail("speculative decoding method '{}' is not supported (supported: mtp, dspark)",
@@ -635,7 +653,10 @@ StepOutput LLMEngine::step() {
     out.tokens.reserve(so.seqs.size());
     batch_build(so, plan_.block_size, batch_, rows_);
     plan_sampling();
+    const Clock::time_point forward_start = Clock::now();
     runner_->execute_sampling(batch_, sampling_, samples_);
+    if (proposer_)
+      proposer_->record_step(batch_.num_tokens(), seconds(Clock::now() - forward_start));
     const Tensor& host = samples_.host_logits;
     const int64_t V = model_.vocab_size();
     for (const PromptRow& pr : prompt_rows_) {

@@ -1,5 +1,7 @@
 #include "engine/spec_decode.h"
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "core/device.h"
@@ -326,10 +328,18 @@ void MtpProposer::propose(const Tensor& target_hidden, std::span<const DraftRequ
 }
 
 DSparkProposer::DSparkProposer(BlockDraftModel& drafter, int num_pages, int block_size,
-                               DType kv_dtype, int num_speculative_tokens)
-    : drafter_(drafter), K_(num_speculative_tokens), arena_(drafter.device(), 8 << 20) {
+                               DType kv_dtype, int num_speculative_tokens, Schedule schedule)
+    : drafter_(drafter),
+      K_(num_speculative_tokens),
+      schedule_(std::move(schedule)),
+      profile_(schedule_.sps_table),
+      arena_(drafter.device(), 8 << 20) {
   ATOM_CHECK(K_ >= 1 && K_ <= kMaxTokens, "DSpark: {} draft tokens per step (1..{})", K_,
              kMaxTokens);
+  ATOM_CHECK(
+      schedule_.temperatures.empty() || static_cast<int>(schedule_.temperatures.size()) == K_,
+      "DSpark: {} confidence temperatures for {} draft positions", schedule_.temperatures.size(),
+      K_);
   kv_ = KvCache::allocate(cache_specs_with_dtype(drafter.cache_specs(), kv_dtype), num_pages,
                           block_size, drafter.device());
 }
@@ -395,8 +405,26 @@ void DSparkProposer::propose(const Tensor& layer_outputs, std::span<const DraftR
   batch_.upload(arena_);
   Step step{batch_, arena_, &kv_};
   const BlockDraftModel::Block block = drafter_.draft_block(step, K_);
+  // The confidence schedule: each block's confidences, positions past what its sequence wants at
+  // 0 (never verified), calibrated, then every block's verify length at once.
+  std::vector<int> keep;
+  if (schedule_.on) {
+    ATOM_CHECK(block.confidence.size() == which.size() * static_cast<size_t>(K_),
+               "DSpark: {} confidences for {} blocks of {}", block.confidence.size(), which.size(),
+               K_);
+    std::vector<float> c(block.confidence);
+    confidence_calibrate(c, K_, schedule_.temperatures);
+    for (size_t w = 0; w < which.size(); ++w)
+      for (int k = reqs[which[w]].num_drafts; k < K_; ++k) c[w * K_ + static_cast<size_t>(k)] = 0;
+    keep = verify_lengths_schedule(c, static_cast<int>(which.size()), K_, profile_);
+  }
   for (size_t w = 0; w < which.size(); ++w) {
-    const int n = std::min(K_, reqs[which[w]].num_drafts);
+    int n = std::min(K_, reqs[which[w]].num_drafts);
+    if (schedule_.on) {
+      drafted_ += n;
+      n = std::min(n, keep[w]);
+      kept_ += n;
+    }
     drafts[which[w]].assign(block.tokens.begin() + static_cast<int64_t>(w) * K_,
                             block.tokens.begin() + static_cast<int64_t>(w) * K_ + n);
   }
@@ -423,6 +451,9 @@ void speculative_config_parse(const std::string& text, EngineConfig& c) {
   if (!j.is_object()) fail("--speculative-config must be a JSON object, got {}", text);
   std::string method;
   int k = -1;
+  bool schedule = false;
+  std::vector<float> temperatures;
+  std::vector<std::pair<int, double>> sps;
   for (const auto& [key, v] : j.items()) {
     if (key == "method") {
       if (!v.is_string()) fail("--speculative-config: 'method' must be a string, got {}", v.dump());
@@ -431,8 +462,41 @@ void speculative_config_parse(const std::string& text, EngineConfig& c) {
       if (!v.is_number_integer())
         fail("--speculative-config: 'num_speculative_tokens' must be an integer, got {}", v.dump());
       k = v.get<int>();
+    } else if (key == "confidence_schedule") {
+      if (!v.is_boolean())
+        fail("--speculative-config: 'confidence_schedule' must be true or false, got {}", v.dump());
+      schedule = v.get<bool>();
+    } else if (key == "sts_temperatures") {
+      if (!v.is_array())
+        fail("--speculative-config: 'sts_temperatures' must be an array of numbers, got {}",
+             v.dump());
+      for (const auto& t : v) {
+        if (!t.is_number() || !(t.get<double>() > 0) || !std::isfinite(t.get<double>()))
+          fail("--speculative-config: 'sts_temperatures' must hold positive numbers, got {}",
+               t.dump());
+        temperatures.push_back(t.get<float>());
+      }
+    } else if (key == "sps_table") {
+      if (!v.is_array() || v.empty())
+        fail("--speculative-config: 'sps_table' must be a non-empty array of [tokens, steps per "
+             "second] pairs, got {}",
+             v.dump());
+      for (const auto& p : v) {
+        if (!p.is_array() || p.size() != 2 || !p[0].is_number_integer() ||
+            p[0].get<int64_t>() < 1 || p[0].get<int64_t>() > (1 << 30) || !p[1].is_number() ||
+            !(p[1].get<double>() > 0) || !std::isfinite(p[1].get<double>()))
+          fail("--speculative-config: 'sps_table' entries must be [tokens >= 1, steps per second "
+               "> 0], got {}",
+               p.dump());
+        for (const auto& [b, _] : sps)
+          if (b == p[0].get<int>())
+            fail("--speculative-config: 'sps_table' lists {} tokens twice", b);
+        sps.emplace_back(p[0].get<int>(), p[1].get<double>());
+      }
     } else {
-      fail("--speculative-config: unknown key '{}' (known: method, num_speculative_tokens)", key);
+      fail("--speculative-config: unknown key '{}' (known: method, num_speculative_tokens, "
+           "confidence_schedule, sts_temperatures, sps_table)",
+           key);
     }
   }
   if (method != "mtp" && method != "dspark")
@@ -446,8 +510,22 @@ void speculative_config_parse(const std::string& text, EngineConfig& c) {
         max_k,
         k < 0 && !j.contains("num_speculative_tokens") ? std::string("nothing") : std::to_string(k),
         method);
+  if (schedule && method != "dspark")
+    fail("--speculative-config: 'confidence_schedule' needs method 'dspark' (a drafter with a "
+         "confidence head), not '{}'",
+         method);
+  if (!schedule && (j.contains("sts_temperatures") || j.contains("sps_table")))
+    fail("--speculative-config: 'sts_temperatures' and 'sps_table' need 'confidence_schedule': "
+         "true");
+  if (j.contains("sts_temperatures") && static_cast<int>(temperatures.size()) != k)
+    fail("--speculative-config: 'sts_temperatures' must hold one temperature per draft position, "
+         "{} (num_speculative_tokens), got {}",
+         k, temperatures.size());
   c.speculative_method = method;
   c.num_speculative_tokens = k;
+  c.spec_confidence_schedule = schedule;
+  c.spec_sts_temperatures = std::move(temperatures);
+  c.spec_sps_table = std::move(sps);
 }
 
 }  // namespace atom

@@ -24,6 +24,7 @@
 #include "core/arena.h"
 #include "engine/engine_config.h"
 #include "engine/sequence.h"
+#include "engine/verify_schedule.h"
 #include "layers/batch.h"
 #include "layers/context.h"
 #include "models/draft_model.h"
@@ -52,6 +53,12 @@ class DraftProposer {
   virtual bool reads_layer_outputs() const { return false; }
   // The most draft tokens per step it proposes (num_speculative_tokens).
   virtual int max_speculative_tokens() const { return 4; }
+  // The target's forward step of `tokens` tokens took `seconds` (a proposer that sizes its
+  // proposals by the engine's throughput listens).
+  virtual void record_step(int tokens, double seconds) {
+    (void)tokens;
+    (void)seconds;
+  }
 };
 
 struct MtpProposerOptions {
@@ -120,19 +127,38 @@ class MtpProposer final : public DraftProposer {
 // the positions after it. The drafts are its Markov head's argmax. Its cache has the target's
 // page count and uses the sequences' block tables (context rows at the target's positions; the
 // block itself writes none).
+//
+// With a confidence schedule (engine/verify_schedule.h) each sequence keeps only the first l_r of
+// its drafts, l_r chosen over all the step's blocks from the confidence head and the engine's
+// throughput profile.
+struct DSparkSchedule {
+  bool on = false;
+  std::vector<float> temperatures;                // empty or [K]
+  std::vector<std::pair<int, double>> sps_table;  // empty: measured
+};
+
 class DSparkProposer final : public DraftProposer {
  public:
+  using Schedule = DSparkSchedule;
   DSparkProposer(BlockDraftModel& drafter, int num_pages, int block_size, DType kv_dtype,
-                 int num_speculative_tokens);
+                 int num_speculative_tokens, Schedule schedule = {});
   void propose(const Tensor& layer_outputs, std::span<const DraftRequest> reqs, int block_size,
                std::vector<std::vector<int32_t>>& drafts) override;
   bool reads_layer_outputs() const override { return true; }
   int max_speculative_tokens() const override { return kMaxTokens; }
+  void record_step(int tokens, double seconds) override { profile_.record(tokens, seconds); }
+  const ThroughputProfile& profile() const { return profile_; }
+  // With a schedule: the drafts the blocks proposed and those the schedule kept, so far.
+  int64_t drafted() const { return drafted_; }
+  int64_t kept() const { return kept_; }
   static constexpr int kMaxTokens = 8;
 
  private:
   BlockDraftModel& drafter_;
   int K_;
+  Schedule schedule_;
+  ThroughputProfile profile_;
+  int64_t drafted_ = 0, kept_ = 0;
   KvCache kv_;
   Arena arena_;
   Batch batch_;

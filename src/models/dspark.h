@@ -21,7 +21,8 @@
 // dspark_target_layer_ids, dspark_noise_token_id, dspark_markov_rank, dspark_num_layers (else the
 // mtp.N stages counted in the checkpoint). RoPE: rope_theta on the last qk_rope_head_dim channels.
 // Not modelled: the definition's FP8 fake-quantisation of the key rows (QAT; F32 here, as the V4.1
-// target keeps its window keys) and its confidence-scheduled verify length.
+// target keeps its window keys). The confidences drive the engine's verify lengths when asked
+// (engine/verify_schedule.h).
 #pragma once
 
 #include <cstdint>

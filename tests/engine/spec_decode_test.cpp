@@ -401,6 +401,68 @@ TEST(SpecDecode, DSparkGreedyMatchesPlainDecoding) {
   }
 }
 
+// DSpark with the confidence schedule (engine/verify_schedule.h): whatever the throughput profile
+// the greedy outputs are plain decoding's (a dropped draft only costs a step), and the profile
+// decides how many drafts are verified: a flat one every draft (as without the schedule), a cost
+// per token and nothing else (SPS = 1 / B) none, a fixed cost per step plus one per token some;
+// measured as the engine runs (no table), at most as many as without the schedule.
+TEST(SpecDecode, DSparkConfidenceScheduleKeepsOutputsAndFollowsTheProfile) {
+  const std::string name = "deepseek_v41_dspark";
+  Model& target = fixture_model(name);
+  Drafter d(target, name);
+  SafetensorsFile ref(source_dir() + "/tests/fixtures/references/" + name + ".safetensors", true);
+  Workload w = random_workload(5, 30, 12, target.vocab_size(), 7);
+  w.prompts.insert(w.prompts.begin() + 1, ids_of(ref.tensor("case0_prompt")));
+  w.params.insert(w.params.begin() + 1, greedy(20));
+  EngineConfig base = test_config();
+  base.block_size = 4;
+  base.max_num_seqs = 16;
+  base.max_num_batched_tokens = 24;
+  base.enable_prefix_caching = false;
+  LLMEngine plain(target, base);
+  const Outputs want = tokens_of(plain.generate(w.prompts, w.params));
+  base.speculative_method = "dspark";
+  base.num_speculative_tokens = 5;
+  auto run = [&](const char* what, bool schedule, std::vector<std::pair<int, double>> table,
+                 std::vector<float> temperatures = {}) {
+    EngineConfig c = base;
+    c.spec_confidence_schedule = schedule;
+    c.spec_sps_table = std::move(table);
+    c.spec_sts_temperatures = std::move(temperatures);
+    LLMEngine spec(target, c, {}, {}, d.d.model.get());
+    EXPECT_EQ(tokens_of(spec.generate(w.prompts, w.params)), want) << what;
+    expect_engine_idle(spec);
+    const EngineStats s = spec.stats();
+    std::printf("%s: %lld verifications, %lld draft tokens, %lld accepted\n", what,
+                static_cast<long long>(s.spec_num_drafts),
+                static_cast<long long>(s.spec_num_draft_tokens),
+                static_cast<long long>(s.spec_num_accepted_tokens));
+    return s;
+  };
+  auto table = [](double fixed) {
+    std::vector<std::pair<int, double>> t;
+    for (int b = 1; b <= 64; ++b) t.emplace_back(b, 1.0 / (fixed + b));
+    return t;
+  };
+  const EngineStats all = run("every draft", false, {});
+  ASSERT_GT(all.spec_num_accepted_tokens, 0);
+  const EngineStats flat = run("flat profile", true, {{1, 10.0}});
+  EXPECT_EQ(flat.spec_num_draft_tokens, all.spec_num_draft_tokens);
+  EXPECT_EQ(flat.spec_num_accepted_tokens, all.spec_num_accepted_tokens);
+  const EngineStats none = run("cost per token", true, table(0));
+  EXPECT_EQ(none.spec_num_draft_tokens, 0);
+  const EngineStats some = run("fixed cost of 4 tokens per step", true, table(4));
+  EXPECT_GT(some.spec_num_draft_tokens, 0);
+  EXPECT_LT(some.spec_num_draft_tokens, all.spec_num_draft_tokens);
+  // Hotter temperatures flatten the confidences towards 1/2 (survival 1/2^k), colder ones push
+  // them apart: the same profile verifies a different number of drafts.
+  const EngineStats hot =
+      run("fixed cost of 4, temperatures 8", true, table(4), std::vector<float>(5, 8.0f));
+  EXPECT_NE(hot.spec_num_draft_tokens, some.spec_num_draft_tokens);
+  const EngineStats measured = run("measured profile", true, {});
+  EXPECT_LE(measured.spec_num_draft_tokens, all.spec_num_draft_tokens);
+}
+
 // Sampled requests (seeded, temperature 0.5 and 1.0, top_p, a repetition penalty, n = 2) give
 // the same tokens with and without DSpark: the engine's seeded sampler draws each verification
 // row as plain decoding draws that output position. Measured: 49 verifications, 187 draft
@@ -450,6 +512,39 @@ TEST(SpecDecode, DSparkRefusals) {
   speculative_config_parse(R"({"method": "dspark", "num_speculative_tokens": 5})", c);
   EXPECT_EQ(c.speculative_method, "dspark");
   EXPECT_EQ(c.num_speculative_tokens, 5);
+  EXPECT_FALSE(c.spec_confidence_schedule);
+  speculative_config_parse(
+      R"({"method": "dspark", "num_speculative_tokens": 3, "confidence_schedule": true,
+          "sts_temperatures": [1.5, 2, 2.5], "sps_table": [[64, 20.5], [1, 100]]})",
+      c);
+  EXPECT_TRUE(c.spec_confidence_schedule);
+  EXPECT_EQ(c.spec_sts_temperatures, std::vector<float>({1.5f, 2.0f, 2.5f}));
+  EXPECT_EQ(c.spec_sps_table, (std::vector<std::pair<int, double>>{{64, 20.5}, {1, 100.0}}));
+  // The schedule's keys: bad values named.
+  for (const auto& [json, error] : std::vector<std::pair<std::string, std::string>>{
+           {R"("confidence_schedule": 1)", "'confidence_schedule' must be true or false"},
+           {R"("confidence_schedule": true, "sts_temperatures": [1, 0, 1])",
+            "'sts_temperatures' must hold positive numbers, got 0"},
+           {R"("confidence_schedule": true, "sts_temperatures": [1, 1])",
+            "one temperature per draft position, 3 (num_speculative_tokens), got 2"},
+           {R"("confidence_schedule": true, "sps_table": [])", "'sps_table' must be a non-empty"},
+           {R"("confidence_schedule": true, "sps_table": [[0, 5]])",
+            "entries must be [tokens >= 1, steps per second > 0], got [0,5]"},
+           {R"("confidence_schedule": true, "sps_table": [[4, -1]])", "got [4,-1]"},
+           {R"("confidence_schedule": true, "sps_table": [[4, 1], [4, 2]])",
+            "lists 4 tokens twice"},
+           {R"("sps_table": [[4, 1]])", "need 'confidence_schedule': true"},
+       }) {
+    SCOPED_TRACE(json);
+    EXPECT_ERROR_CONTAINS(
+        speculative_config_parse(
+            R"({"method": "dspark", "num_speculative_tokens": 3, )" + json + "}", c),
+        error);
+  }
+  EXPECT_ERROR_CONTAINS(
+      speculative_config_parse(
+          R"({"method": "mtp", "num_speculative_tokens": 3, "confidence_schedule": true})", c),
+      "'confidence_schedule' needs method 'dspark'");
   EngineConfig dspark = test_config();
   dspark.speculative_method = "dspark";
   dspark.num_speculative_tokens = 5;
