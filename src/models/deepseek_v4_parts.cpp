@@ -199,8 +199,8 @@ HyperConnectionOptions deepseek_v41_hc_options(const DeepseekV41Config& cfg) {
   return hc;
 }
 
-void deepseek_v4_release_names(WeightLoadSpec& s, int64_t experts, bool fp4_experts,
-                               bool quantized) {
+void deepseek_v4_release_names(WeightLoadSpec& s, int64_t experts, bool fp4_experts, bool quantized,
+                               bool draft_stages) {
   // FP4 experts: experts.J.w1.weight (values) and .scale (renamed weight_scale below).
   s.expert_mapping = fp4_experts ? fused_moe_mxfp4_pack_mapping("w1", "w2", "w3", experts, "weight",
                                                                 "weight_scale")
@@ -223,15 +223,16 @@ void deepseek_v4_release_names(WeightLoadSpec& s, int64_t experts, bool fp4_expe
   s.weights_mapping.suffix.push_back({".scale", ".weight_scale"});
   // Every quantised module's weight has its scale and every scale its weight: a missing one is
   // named before any data is read.
-  // (The routed experts are FP4, or FP8 by the linears' method; V4.1's Engram projection is FP8.)
-  s.check_names = [](const std::vector<std::string>& names) {
+  // (The routed experts are FP4, or FP8 by the linears' method; V4.1's Engram projection is FP8,
+  // and so is a DSpark stage's main_proj, as ROCm/ATOM's checkpoint schema has it.)
+  s.check_names = [draft_stages](const std::vector<std::string>& names) {
     static const char* const kFp8[] = {
         ".attn.wq_a",         ".attn.wq_b",    ".attn.wkv",          ".attn.wo_a",
         ".attn.wo_b",         ".indexer.wq_b", ".shared_experts.w1", ".shared_experts.w2",
-        ".shared_experts.w3", ".engram.wkv",   ".engram.embed"};
+        ".shared_experts.w3", ".engram.wkv",   ".engram.embed",      ".main_proj"};
     const std::set<std::string> all(names.begin(), names.end());
     for (const auto& n : names) {
-      if (n.starts_with("mtp.")) continue;
+      if (n.starts_with("mtp.") != draft_stages) continue;  // the other model's
       if (n.ends_with(".scale")) {
         const std::string w = n.substr(0, n.size() - 6) + ".weight";
         if (!all.count(w)) fail("quantisation scale '{}' has no weight '{}'", n, w);

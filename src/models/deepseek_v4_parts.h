@@ -74,8 +74,11 @@ HyperConnectionOptions deepseek_v41_hc_options(const DeepseekV41Config& cfg);
 
 // DeepSeek's release names (no "model." prefix; embed, norm, head; layers.N; the experts'
 // w1 / w3 / w2, FP4 or not; ".scale" beside each quantised weight when `quantized`) on top of
-// `s`. The MTP stages (mtp.*) are never read.
-void deepseek_v4_release_names(WeightLoadSpec& s, int64_t experts, bool fp4_experts,
-                               bool quantized);
+// `s`. The MTP stages (mtp.*) are never read. When `quantized`, every quantised weight of the
+// backbone (draft_stages false) or of the DSpark stages mtp.* (draft_stages true: their
+// drafter's, models/dspark.h, which reads them under their own names) must have its scale and
+// every scale its weight, checked by name before any data is read.
+void deepseek_v4_release_names(WeightLoadSpec& s, int64_t experts, bool fp4_experts, bool quantized,
+                               bool draft_stages = false);
 
 }  // namespace atom

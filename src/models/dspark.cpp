@@ -76,9 +76,6 @@ struct DSparkOptions {
   explicit DSparkOptions(const ModelConfig& c)
       : cfg(DeepseekV41Config::parse(c)), d(DSparkConfig::parse(c, cfg.layers, cfg.vocab)) {
     const ConfigFields& t = cfg.text;
-    if (cfg.quantized)
-      t.bad("quantization_config",
-            "DSpark stages in DeepSeek's FP8 format are not read yet (full-precision only)");
     RopeConfig rope;
     rope.theta = t.get_double("rope_theta", 10000.0, RealRange::positive());
     const RopeTables rt = rope_tables(rope, static_cast<int>(cfg.rope_dim), cfg.max_positions);
@@ -86,6 +83,9 @@ struct DSparkOptions {
     attention_factor = rt.attention_factor;
     hc = deepseek_v41_hc_options(cfg);
     moe = deepseek_v41_moe_options(cfg);
+    // DeepSeek's native format quantises the stages as the target's layers: FP4 routed experts
+    // (expert_dtype fp4, checked by the config), FP8 linears (the layers' own storage).
+    moe.fp4_experts = cfg.quantized;
   }
 };
 
@@ -259,6 +259,11 @@ class DeepseekV41DSpark : public BlockDraftModel {
                           x.param_tensor({1, f.hidden + v_.d.markov_rank}, DType::kF32));
   }
 
+  // DeepSeek's native format (the target's, models/deepseek_v41.cpp), dequantised at load on the
+  // CPU: the stages' wq_a, wq_b, wkv, wo_a, wo_b, shared expert and main_proj FP8 e4m3 in 32 x 32
+  // blocks with F8_E8M0 scales, the routed experts FP4 e2m1 with an F8_E8M0 scale per 32 along
+  // K; the routers, norms, hyper-connections and the Markov and confidence heads as stored.
+  std::vector<std::string> quantization_methods() const override { return {"fp8"}; }
   int num_draft_layers() const override { return static_cast<int>(v_.d.num_stages); }
   std::string method() const override { return "dspark"; }
   std::vector<int64_t> target_layer_outputs() const override { return v_.d.target_layer_ids; }
@@ -270,7 +275,8 @@ class DeepseekV41DSpark : public BlockDraftModel {
 
   WeightLoadSpec weight_load_spec() const override {
     WeightLoadSpec s = Model::weight_load_spec();
-    deepseek_v4_release_names(s, v_.cfg.experts, false, false);
+    deepseek_v4_release_names(s, v_.cfg.experts, v_.moe.fp4_experts, v_.cfg.quantized,
+                              /*draft_stages=*/true);
     std::erase_if(s.weights_mapping.prefix, [](const auto& p) { return p.first == "mtp."; });
     s.spec_decode = true;
     s.spec_layer_rewrite = [](const std::string& name, int64_t) -> std::optional<std::string> {

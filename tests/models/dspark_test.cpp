@@ -10,15 +10,30 @@
 // (one layer early) gives 0.26 to 0.51 (the drafts stay the reference's: the Markov head is
 // planted to follow the target, so the logits are what catch it). The engine with DSpark is in
 // tests/engine/spec_decode_test.cpp.
+//
+// DSparkFp8.*: the stages in DeepSeek's native FP8 / FP4 format (tools/make_dspark_fp8_fixture.py)
+// load as the target's layers do, dequantised at load: the target and drafter from the quantised
+// folder against those from its numpy-dequantised twin, max |Δ| / max |want| 0 for the target
+// logits and for every block's base and biased logits, confidences equal, drafts identical
+// (bounds 1e-5, 1e-6); the quantisation itself moves the base logits from the unquantised
+// fixture's by 1.1 to 1.7 relative. Planted once: the stages' FP8 scales skipped (2^0) gives 0.95
+// to 1.3 (base logits), confidences off by up to 0.91, every block's drafts different; the
+// stages' scale check by name off leaves 4 of the 5 bad-stage errors without the tensor's name.
+// With DSpark (K = 5) on the quantised folder the engine's greedy outputs are plain decoding's,
+// alone and among 5 random prompts; 1 of 75 drafts accepted alone, 5 of 535 in all (the planted
+// Markov head follows the unquantised target) (2026-12-07, this machine).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "common/fixtures.h"
 #include "common/test_util.h"
+#include "engine/llm_engine.h"
 #include "loader/safetensors.h"
 #include "models/draft_model.h"
 #include "models/dspark.h"
@@ -71,6 +86,68 @@ double max_rel(const Tensor& got, const Tensor& want) {
   return d / m;
 }
 
+// What a target and its drafter give for a batch of prompts (host copies): the target over the
+// prompts in one batch (pages of 4, sequence s in pages [16 s, 16 s + 16)) handing over the
+// drafter's layers, the drafter absorbing every row, then a block of `width` drafts after each
+// prompt's greedy token (the anchor).
+struct DraftRun {
+  Tensor target_logits;  // [S, vocab]: each prompt's last row
+  std::vector<int32_t> anchors;
+  BlockDraftModel::Block block;  // base_logits and logits cloned out of the step's arena
+};
+
+DraftRun run_draft(Model& target, BlockDraftModel& drafter,
+                   const std::vector<std::vector<int32_t>>& prompts, int width) {
+  const int S = static_cast<int>(prompts.size());
+  std::vector<int> zero(prompts.size(), 0), lens;
+  for (const auto& p : prompts) lens.push_back(static_cast<int>(p.size()));
+  const int pages = S * kPagesPerSeq;
+  KvCache tkv = KvCache::allocate(target.cache_specs(), pages, kBlock, Device::cpu(),
+                                  target.state_specs(), S);
+  KvCache dkv = KvCache::allocate(drafter.cache_specs(), pages, kBlock, Device::cpu());
+  Arena tarena(Device::cpu(), 32 << 20), darena(Device::cpu(), 32 << 20);
+
+  Batch tb = seqs_batch(prompts, zero, true, lens);
+  for (int s = 0; s < S; ++s) tb.logits_indices.push_back(tb.query_start[s + 1] - 1);
+  tb.upload(tarena);
+  Step ts{tb, tarena, &tkv};
+  const std::vector<int64_t> layers = drafter.target_layer_outputs();
+  Tensor outputs;
+  ts.layer_outputs = &layers;
+  ts.layer_outputs_out = &outputs;
+  Tensor hidden = target.forward(ts);
+  DraftRun r;
+  r.target_logits = target.compute_logits(ts, hidden).clone();
+  EXPECT_TRUE(outputs.defined());
+  EXPECT_EQ(outputs.size(0), tb.num_tokens());
+  EXPECT_EQ(outputs.size(1), static_cast<int64_t>(layers.size()) * target.config().hidden_size);
+
+  Step as{tb, darena, &dkv};
+  drafter.absorb(as, outputs);
+  const int64_t V = r.target_logits.size(1);
+  std::vector<std::vector<int32_t>> anchors;
+  for (int s = 0; s < S; ++s) {
+    const float* row = r.target_logits.ptr<float>() + s * V;
+    r.anchors.push_back(static_cast<int32_t>(std::max_element(row, row + V) - row));
+    anchors.push_back({r.anchors.back()});
+  }
+  Batch db = seqs_batch(anchors, lens, false, lens);  // x0 at p + 1 = len, context p + 1
+  db.upload(darena);
+  Step ds{db, darena, &dkv};
+  r.block = drafter.draft_block(ds, width);
+  r.block.base_logits = r.block.base_logits.clone();
+  r.block.logits = r.block.logits.clone();
+  return r;
+}
+
+// The reference's prompts case0..case{n-1}.
+std::vector<std::vector<int32_t>> reference_prompts(const SafetensorsFile& ref, int n) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < n; ++i)
+    prompts.push_back(ids_of(ref.tensor("case" + std::to_string(i) + "_prompt")));
+  return prompts;
+}
+
 TEST(DSpark, DraftBlockMatchesTheReference) {
   const std::string dir = fixture_dir(kDSpark);
   SafetensorsFile ref(source_dir() + "/tests/fixtures/references/" + kDSpark + ".safetensors",
@@ -87,51 +164,15 @@ TEST(DSpark, DraftBlockMatchesTheReference) {
   ASSERT_TRUE(target.model->hands_over_layer_outputs());
 
   const int S = 3, W = 5;
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<int> zero, lens;
-  for (int i = 0; i < S; ++i) {
-    prompts.push_back(ids_of(ref.tensor("case" + std::to_string(i) + "_prompt")));
-    zero.push_back(0);
-    lens.push_back(static_cast<int>(prompts.back().size()));
-  }
-  const int pages = S * kPagesPerSeq;
-  KvCache tkv = KvCache::allocate(target.model->cache_specs(), pages, kBlock, Device::cpu(),
-                                  target.model->state_specs(), S);
-  KvCache dkv = KvCache::allocate(drafter->cache_specs(), pages, kBlock, Device::cpu());
-  Arena tarena(Device::cpu(), 32 << 20), darena(Device::cpu(), 32 << 20);
-
-  // The target over the three prompts in one batch, handing over layers 1, 3 and 4.
-  Batch tb = seqs_batch(prompts, zero, true, lens);
-  for (int s = 0; s < S; ++s) tb.logits_indices.push_back(tb.query_start[s + 1] - 1);
-  tb.upload(tarena);
-  Step ts{tb, tarena, &tkv};
-  const std::vector<int64_t> layers = drafter->target_layer_outputs();
-  Tensor outputs;
-  ts.layer_outputs = &layers;
-  ts.layer_outputs_out = &outputs;
-  Tensor hidden = target.model->forward(ts);
-  Tensor tlogits = target.model->compute_logits(ts, hidden);
-  ASSERT_TRUE(outputs.defined());
-  ASSERT_EQ(outputs.size(0), tb.num_tokens());
-  ASSERT_EQ(outputs.size(1), 3 * target.model->config().hidden_size);
-
-  // The drafter absorbs every row, then drafts a block after each prompt's greedy token.
-  Step as{tb, darena, &dkv};
-  drafter->absorb(as, outputs);
-  std::vector<std::vector<int32_t>> anchors;
-  for (int s = 0; s < S; ++s) {
-    const int64_t V = tlogits.size(1);
-    const float* row = tlogits.ptr<float>() + s * V;
-    anchors.push_back({static_cast<int32_t>(std::max_element(row, row + V) - row)});
-    EXPECT_EQ(anchors.back()[0], ids_of(ref.tensor("case" + std::to_string(s) + "_anchor"))[0])
+  const std::vector<std::vector<int32_t>> prompts = reference_prompts(ref, S);
+  // The target over the three prompts in one batch, handing over layers 1, 3 and 4; the drafter
+  // absorbs every row, then drafts a block after each prompt's greedy token.
+  const DraftRun r = run_draft(*target.model, *drafter, prompts, W);
+  const BlockDraftModel::Block& block = r.block;
+  for (int s = 0; s < S; ++s)
+    EXPECT_EQ(r.anchors[static_cast<size_t>(s)],
+              ids_of(ref.tensor("case" + std::to_string(s) + "_anchor"))[0])
         << "the target disagrees with the reference's anchor, case " << s;
-  }
-  std::vector<int> next;
-  for (int s = 0; s < S; ++s) next.push_back(lens[static_cast<size_t>(s)] + 0);
-  Batch db = seqs_batch(anchors, next, false, lens);  // x0 at p + 1 = len, context p + 1
-  db.upload(darena);
-  Step ds{db, darena, &dkv};
-  BlockDraftModel::Block block = drafter->draft_block(ds, W);
   ASSERT_EQ(block.tokens.size(), static_cast<size_t>(S * W));
   const int64_t V = block.logits.size(1);
   for (int s = 0; s < S; ++s) {
@@ -148,9 +189,9 @@ TEST(DSpark, DraftBlockMatchesTheReference) {
       dc = std::max(dc,
                     static_cast<double>(std::abs(block.confidence[static_cast<size_t>(s * W + k)] -
                                                  conf.ptr<float>()[k])));
-    std::printf("dspark %s (%d tokens): base logits max rel %.3g, biased %.3g, confidence max "
+    std::printf("dspark %s (%zu tokens): base logits max rel %.3g, biased %.3g, confidence max "
                 "|d| %.3g, drafts %s\n",
-                c.c_str(), lens[static_cast<size_t>(s)], base, biased, dc,
+                c.c_str(), prompts[static_cast<size_t>(s)].size(), base, biased, dc,
                 testing::PrintToString(got).c_str());
     EXPECT_LE(base, kDSparkRel) << c;
     EXPECT_LE(biased, kDSparkRel) << c;
@@ -198,6 +239,173 @@ TEST(DSpark, BadFieldsAreErrorsNamingThem) {
   EXPECT_ERROR_CONTAINS(load_edited([](auto& t) { t["dspark_num_layers"] = 0; }),
                         "'dspark_num_layers'");
   EXPECT_NO_THROW(load_edited([](auto&) {}));
+}
+
+// DeepSeek's native FP8 / FP4 format for the stages too (tools/make_dspark_fp8_fixture.py:
+// tests/fixtures/models/deepseek_v41_dspark_fp8/quantized, the DSpark fixture with the target's
+// and the stages' linears FP8 in 32 x 32 blocks with E8M0 scales, main_proj too, the routed
+// experts FP4, the Engram table FP8; dequantized/, the same values decoded by numpy into BF16).
+// The target and drafter loaded from each give the same target logits, base and biased block
+// logits, confidences and drafts for the three prompts.
+std::string dspark_fp8_dir(const std::string& which) {
+  return fixture_dir("deepseek_v41_dspark_fp8") + "/" + which;
+}
+
+TEST(DSparkFp8, StagesInTheNativeFormatDraftAsTheirDequantisedCheckpoint) {
+  SafetensorsFile ref(source_dir() + "/tests/fixtures/references/" + kDSpark + ".safetensors",
+                      true);
+  const std::vector<std::vector<int32_t>> prompts = reference_prompts(ref, 3);
+  const int S = 3, W = 5;
+  auto run = [&](const std::string& dir) {
+    LoadedModel target = model_load(dir, {});
+    LoadedDrafter d = drafter_load(dir, *target.model, {});
+    auto* drafter = dynamic_cast<BlockDraftModel*>(d.model.get());
+    EXPECT_NE(drafter, nullptr);
+    EXPECT_EQ(d.shared.size(), 2u);
+    return run_draft(*target.model, *drafter, prompts, W);
+  };
+  const DraftRun q = run(dspark_fp8_dir("quantized"));
+  const DraftRun dq = run(dspark_fp8_dir("dequantized"));
+  // The full-precision fixture before quantisation: the format moved the values, so a loader
+  // that read the codes without their scales (or not at all) could not pass.
+  const DraftRun full = run(fixture_dir(kDSpark));
+  const double target_rel = max_rel(q.target_logits, dq.target_logits);
+  std::printf("dspark fp8: target logits max rel %.3g (quantized vs dequantized), %.3g (vs the "
+              "unquantised fixture)\n",
+              target_rel, max_rel(q.target_logits, full.target_logits));
+  EXPECT_LE(target_rel, 1e-5);
+  EXPECT_EQ(q.anchors, dq.anchors);
+  ASSERT_EQ(q.block.tokens.size(), static_cast<size_t>(S * W));
+  ASSERT_EQ(dq.block.tokens.size(), q.block.tokens.size());
+  double moved = 0;
+  for (int s = 0; s < S; ++s) {
+    const auto rows = [&](const Tensor& t) { return t.narrow(0, s * W, W); };
+    const double base = max_rel(rows(q.block.base_logits), rows(dq.block.base_logits));
+    const double biased = max_rel(rows(q.block.logits), rows(dq.block.logits));
+    const double from_full = max_rel(rows(q.block.base_logits), rows(full.block.base_logits));
+    moved = std::max(moved, from_full);
+    double dc = 0;
+    for (int k = 0; k < W; ++k) {
+      const size_t i = static_cast<size_t>(s * W + k);
+      dc = std::max(dc,
+                    static_cast<double>(std::abs(q.block.confidence[i] - dq.block.confidence[i])));
+    }
+    const std::vector<int32_t> got(q.block.tokens.begin() + s * W,
+                                   q.block.tokens.begin() + (s + 1) * W);
+    const std::vector<int32_t> want(dq.block.tokens.begin() + s * W,
+                                    dq.block.tokens.begin() + (s + 1) * W);
+    std::printf("dspark fp8 case%d (%zu tokens): base logits max rel %.3g, biased %.3g, "
+                "confidence max |d| %.3g (quantized vs dequantized); base logits vs the "
+                "unquantised fixture %.3g; drafts %s\n",
+                s, prompts[static_cast<size_t>(s)].size(), base, biased, dc, from_full,
+                testing::PrintToString(got).c_str());
+    EXPECT_LE(base, 1e-5) << "case " << s;
+    EXPECT_LE(biased, 1e-5) << "case " << s;
+    EXPECT_LE(dc, 1e-6) << "case " << s;
+    EXPECT_EQ(got, want) << "case " << s;
+  }
+  EXPECT_GT(moved, 1e-3) << "the quantisation changed nothing the drafter computes";
+}
+
+// A stage's quantised tensors that do not fit together are errors naming the tensor, before any
+// data is read (the target, which does not read the stages, loads).
+TEST(DSparkFp8, BadQuantizedStagesAreErrorsNamingTheTensor) {
+  using TensorList = std::vector<std::pair<std::string, Tensor>>;
+  auto load_edited = [](const std::function<void(TensorList&)>& edit) {
+    TempDir d;
+    copy_dir(dspark_fp8_dir("quantized"), d.str());
+    const std::string file = d.file("model.safetensors");
+    TensorList all;
+    {
+      SafetensorsFile f(file, /*use_mmap=*/false);
+      for (const auto& e : f.header().entries) all.emplace_back(e.name, f.tensor(e).contiguous());
+    }
+    edit(all);
+    std::filesystem::remove(file);
+    safetensors_write(file, all);
+    LoadedModel target = model_load(d.str(), {});
+    drafter_load(d.str(), *target.model, {});
+  };
+  auto drop = [](const std::string& name) {
+    return [name](TensorList& all) {
+      std::erase_if(all, [&](const auto& p) { return p.first == name; });
+    };
+  };
+  EXPECT_ERROR_CONTAINS(load_edited(drop("mtp.0.attn.wq_b.scale")), "mtp.0.attn.wq_b.weight",
+                        "no scale");
+  EXPECT_ERROR_CONTAINS(load_edited(drop("mtp.0.main_proj.scale")), "mtp.0.main_proj.weight",
+                        "no scale");
+  EXPECT_ERROR_CONTAINS(load_edited(drop("mtp.1.ffn.experts.6.w2.scale")),
+                        "mtp.1.ffn.experts.6.w2.weight", "no scale");
+  EXPECT_ERROR_CONTAINS(load_edited(drop("mtp.1.ffn.shared_experts.w3.weight")),
+                        "mtp.1.ffn.shared_experts.w3.scale", "has no weight");
+  // A scale grid of the wrong shape (wkv [32, 64] in 32 x 32 blocks is [1, 2]).
+  EXPECT_ERROR_CONTAINS(load_edited([](TensorList& all) {
+                          for (auto& [n, v] : all)
+                            if (n == "mtp.1.attn.wkv.scale")
+                              v = Tensor::zeros({2, 2}, DType::kE8M0);
+                        }),
+                        "mtp.1.attn.wkv.scale", "[2, 2]", "[1, 2]");
+  EXPECT_NO_THROW(load_edited([](TensorList&) {}));
+}
+
+// The engine on the quantised checkpoint: greedy outputs with DSpark (K = 5) are plain decoding's,
+// for the reference's greedy prompt alone and among random prompts (chunked prefill in pages of
+// 4), and drafts are accepted.
+TEST(DSparkFp8, GreedyWithDSparkMatchesPlainDecoding) {
+  const std::string dir = dspark_fp8_dir("quantized");
+  LoadedModel target = model_load(dir, {});
+  LoadedDrafter d = drafter_load(dir, *target.model, {});
+  SafetensorsFile ref(source_dir() + "/tests/fixtures/references/" + kDSpark + ".safetensors",
+                      true);
+  std::vector<std::vector<int32_t>> prompts = {ids_of(ref.tensor("case0_prompt"))};
+  std::mt19937 rng(11);
+  for (int i = 0; i < 5; ++i) {
+    std::vector<int32_t> p(3 + rng() % 28);
+    for (auto& t : p) t = static_cast<int32_t>(3 + rng() % 250);
+    prompts.push_back(p);
+  }
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_tokens = 20;
+  greedy.ignore_eos = true;
+  const std::vector<SamplingParams> params(prompts.size(), greedy);
+  EngineConfig c;
+  c.block_size = 4;
+  c.max_num_seqs = 16;
+  c.max_num_batched_tokens = 24;
+  c.max_model_len = 256;
+  c.kv_cache_memory = int64_t{64} << 20;
+  c.enable_prefix_caching = false;
+  auto tokens_of = [](const std::vector<RequestOutput>& outs) {
+    std::vector<std::vector<int32_t>> t;
+    for (const auto& o : outs) t.push_back(o.outputs.at(0).token_ids);
+    return t;
+  };
+  LLMEngine plain(*target.model, c);
+  const auto want = tokens_of(plain.generate(prompts, params));
+  c.speculative_method = "dspark";
+  c.num_speculative_tokens = 5;
+  LLMEngine spec(*target.model, c, {}, {}, d.model.get());
+  ASSERT_TRUE(spec.speculative());
+  EXPECT_EQ(tokens_of(spec.generate({prompts[0]}, {greedy}))[0], want[0]) << "alone";
+  const EngineStats alone = spec.stats();
+  EXPECT_EQ(tokens_of(spec.generate(prompts, params)), want) << "batched";
+  const EngineStats all = spec.stats();
+  std::printf("dspark fp8 K=5: alone %lld verifications, %lld draft tokens, %lld accepted; alone "
+              "and batched %lld, %lld, %lld\n",
+              static_cast<long long>(alone.spec_num_drafts),
+              static_cast<long long>(alone.spec_num_draft_tokens),
+              static_cast<long long>(alone.spec_num_accepted_tokens),
+              static_cast<long long>(all.spec_num_drafts),
+              static_cast<long long>(all.spec_num_draft_tokens),
+              static_cast<long long>(all.spec_num_accepted_tokens));
+  // Few drafts are accepted: the Markov head was planted on the unquantised target's greedy
+  // continuation, which the quantisation moved.
+  EXPECT_GT(all.spec_num_accepted_tokens, 0);
+  EXPECT_LE(all.spec_num_accepted_tokens, all.spec_num_draft_tokens);
+  EXPECT_FALSE(spec.has_unfinished());
+  EXPECT_EQ(spec.block_manager().num_free_blocks(), spec.block_manager().num_blocks());
 }
 
 }  // namespace
