@@ -83,6 +83,11 @@ struct DSparkOptions {
     attention_factor = rt.attention_factor;
     hc = deepseek_v41_hc_options(cfg);
     moe = deepseek_v41_moe_options(cfg);
+    // The stages' own mixture (the released config's dspark_n_routed_experts and
+    // dspark_num_experts_per_tok, from which ROCm/ATOM builds the draft MoE), else the target's.
+    moe.experts = t.get_int("dspark_n_routed_experts", cfg.experts, IntRange{1, 1 << 16});
+    moe.top_k = t.get_int("dspark_num_experts_per_tok", std::min(cfg.top_k, moe.experts),
+                          IntRange{1, moe.experts});
     // DeepSeek's native format quantises the stages as the target's layers: FP4 routed experts
     // (expert_dtype fp4, checked by the config), FP8 linears (the layers' own storage).
     moe.fp4_experts = cfg.quantized;
@@ -275,9 +280,12 @@ class DeepseekV41DSpark : public BlockDraftModel {
 
   WeightLoadSpec weight_load_spec() const override {
     WeightLoadSpec s = Model::weight_load_spec();
-    deepseek_v4_release_names(s, v_.cfg.experts, v_.moe.fp4_experts, v_.cfg.quantized,
+    deepseek_v4_release_names(s, v_.moe.experts, v_.moe.fp4_experts, v_.cfg.quantized,
                               /*draft_stages=*/true);
     std::erase_if(s.weights_mapping.prefix, [](const auto& p) { return p.first == "mtp."; });
+    // The released checkpoint names the Markov tables after the modules that once held them.
+    s.weights_mapping.substr.emplace_back(".markov_head.embed.", ".markov_head.markov_w1.");
+    s.weights_mapping.substr.emplace_back(".markov_head.head.", ".markov_head.markov_w2.");
     s.spec_decode = true;
     s.spec_layer_rewrite = [](const std::string& name, int64_t) -> std::optional<std::string> {
       if (!name.starts_with("mtp.")) return std::nullopt;  // the target's

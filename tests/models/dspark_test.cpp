@@ -30,8 +30,10 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 
 #include "common/fixtures.h"
+#include "common/tensor_util.h"
 #include "common/test_util.h"
 #include "engine/llm_engine.h"
 #include "loader/safetensors.h"
@@ -239,6 +241,120 @@ TEST(DSpark, BadFieldsAreErrorsNamingThem) {
   EXPECT_ERROR_CONTAINS(load_edited([](auto& t) { t["dspark_num_layers"] = 0; }),
                         "'dspark_num_layers'");
   EXPECT_NO_THROW(load_edited([](auto&) {}));
+}
+
+// The released checkpoint's spellings: the Markov tables under markov_head.embed / .head (the
+// modules that once held them), and the stages' own mixture (dspark_n_routed_experts,
+// dspark_num_experts_per_tok, ROCm/ATOM's draft MoE). A copy of the fixture with the tables
+// renamed drafts exactly as the fixture; one whose stages have 12 experts, the 4 new ones with
+// random weights but a correction bias of -1e4 so that the router never picks them, drafts
+// exactly as the fixture's 8 too (so the field is read and the tensors land where the router
+// looks); dspark_num_experts_per_tok 3 instead of the target's 2 changes the drafts' logits (the
+// field reaches the router); bad values, and tensors of another count, are errors naming them.
+TEST(DSpark, ReleasedNamesAndTheStagesOwnExperts) {
+  using TensorList = std::vector<std::pair<std::string, Tensor>>;
+  SafetensorsFile ref(source_dir() + "/tests/fixtures/references/" + kDSpark + ".safetensors",
+                      true);
+  const std::vector<std::vector<int32_t>> prompts = reference_prompts(ref, 3);
+  const int W = 5;
+  auto run = [&](const std::string& dir) {
+    LoadedModel target = model_load(dir, {});
+    LoadedDrafter d = drafter_load(dir, *target.model, {});
+    auto* drafter = dynamic_cast<BlockDraftModel*>(d.model.get());
+    EXPECT_NE(drafter, nullptr);
+    return run_draft(*target.model, *drafter, prompts, W);
+  };
+  // A copy of the fixture with its tensors and its text config edited.
+  auto edited = [](TempDir& d, const std::function<void(TensorList&)>& tensors,
+                   const std::function<void(nlohmann::json&)>& config) {
+    copy_dir(fixture_dir(kDSpark), d.str());
+    const std::string file = d.file("model.safetensors");
+    TensorList all;
+    {
+      SafetensorsFile f(file, /*use_mmap=*/false);
+      for (const auto& e : f.header().entries) all.emplace_back(e.name, f.tensor(e).contiguous());
+    }
+    tensors(all);
+    std::filesystem::remove(file);
+    safetensors_write(file, all);
+    nlohmann::json c = json_load_file(d.str() + "/config.json");
+    config(c["text_config"]);
+    write_file(d.str() + "/config.json", c.dump());
+  };
+  auto same = [&](const DraftRun& got, const DraftRun& want, const char* what) {
+    EXPECT_EQ(got.block.tokens, want.block.tokens) << what;
+    EXPECT_EQ(max_rel(got.block.logits, want.block.logits), 0.0) << what;
+    EXPECT_EQ(got.block.confidence, want.block.confidence) << what;
+  };
+  const DraftRun base = run(fixture_dir(kDSpark));
+
+  TempDir renamed;
+  edited(
+      renamed,
+      [](TensorList& all) {
+        for (auto& [n, t] : all) {
+          n = std::regex_replace(n, std::regex(R"(\.markov_head\.markov_w1\.)"),
+                                 ".markov_head.embed.");
+          n = std::regex_replace(n, std::regex(R"(\.markov_head\.markov_w2\.)"),
+                                 ".markov_head.head.");
+        }
+      },
+      [](nlohmann::json&) {});
+  same(run(renamed.str()), base, "markov_head.embed / .head");
+
+  // Stages of 12 experts: the gate's 4 new rows and the new experts random, their correction
+  // bias -1e4 (never picked).
+  auto twelve = [](TensorList& all) {
+    uint64_t seed = 40;
+    TensorList extra;
+    for (auto& [n, t] : all) {
+      if (!n.starts_with("mtp.")) continue;
+      if (n.ends_with(".ffn.gate.weight") || n.ends_with(".ffn.gate.bias")) {
+        const Tensor old = f32_host(t);
+        const bool bias = n.ends_with(".bias");
+        Tensor grown = bias ? Tensor::zeros({12}, DType::kF32)
+                            : random_cpu({12, old.size(1)}, DType::kF32, seed++, -0.1f, 0.1f);
+        std::copy_n(old.ptr<float>(), old.numel(), grown.ptr<float>());
+        if (bias)
+          for (int e = 8; e < 12; ++e) grown.ptr<float>()[e] = -1e4f;
+        t = grown;
+      }
+      const std::string tag = ".ffn.experts.0.";
+      if (const size_t at = n.find(tag); at != std::string::npos)
+        for (int e = 8; e < 12; ++e)
+          extra.emplace_back(n.substr(0, at) + ".ffn.experts." + std::to_string(e) + "." +
+                                 n.substr(at + tag.size()),
+                             random_cpu(t.shape(), DType::kF32, seed++, -0.5f, 0.5f));
+    }
+    all.insert(all.end(), extra.begin(), extra.end());
+  };
+  TempDir grown;
+  edited(grown, twelve, [](nlohmann::json& t) { t["dspark_n_routed_experts"] = 12; });
+  same(run(grown.str()), base, "12 experts, 4 never routed");
+
+  TempDir three;
+  edited(
+      three, [](TensorList&) {}, [](nlohmann::json& t) { t["dspark_num_experts_per_tok"] = 3; });
+  const DraftRun top3 = run(three.str());
+  const double moved = max_rel(top3.block.base_logits, base.block.base_logits);
+  std::printf("dspark: 3 experts per token instead of 2 moves the base logits by %.3g\n", moved);
+  EXPECT_GT(moved, 1e-3) << "dspark_num_experts_per_tok is not read";
+
+  auto load = [&](const std::function<void(TensorList&)>& tensors,
+                  const std::function<void(nlohmann::json&)>& config) {
+    TempDir d;
+    edited(d, tensors, config);
+    LoadedModel target = model_load(d.str(), {});
+    drafter_load(d.str(), *target.model, {});
+  };
+  const auto none = [](TensorList&) {};
+  EXPECT_ERROR_CONTAINS(load(none, [](auto& t) { t["dspark_n_routed_experts"] = 0; }),
+                        "'dspark_n_routed_experts'");
+  EXPECT_ERROR_CONTAINS(load(none, [](auto& t) { t["dspark_num_experts_per_tok"] = 9; }),
+                        "'dspark_num_experts_per_tok'");
+  // The config says 12, the stages hold 8.
+  EXPECT_ERROR_CONTAINS(load(none, [](auto& t) { t["dspark_n_routed_experts"] = 12; }),
+                        "mtp.0.ffn.gate.", "expected [12");
 }
 
 // DeepSeek's native FP8 / FP4 format for the stages too (tools/make_dspark_fp8_fixture.py:
