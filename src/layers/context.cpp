@@ -11,7 +11,8 @@ PipelineStage pipeline_stage(int64_t num_layers, int rank, int size,
                              const std::vector<int>& partition) {
   if (size < 1 || rank < 0 || rank >= size)
     fail("pipeline-parallel rank {} of size {} is invalid", rank, size);
-  if (num_layers < size)
+  // One stage is the whole model, whatever its layers (a model without layers too).
+  if (size > 1 && num_layers < size)
     fail("--pipeline-parallel-size {} is more than the model's {} layers (num_hidden_layers)", size,
          num_layers);
   PipelineStage s;
