@@ -338,6 +338,17 @@ TEST(SpecDecode, ForcedAcceptanceRate) {
   }
 }
 
+// The DSpark engine tests' base: pages of 4, up to 16 sequences, chunked prefill of 24 tokens,
+// no prefix caching.
+EngineConfig dspark_base_config() {
+  EngineConfig c = test_config();
+  c.block_size = 4;
+  c.max_num_seqs = 16;
+  c.max_num_batched_tokens = 24;
+  c.enable_prefix_caching = false;
+  return c;
+}
+
 // DSpark (models/dspark.h) on DeepSeek-V4.1's fixture with two DSpark stages
 // (tests/fixtures/models/deepseek_v41_dspark, tools/dspark_reference.py), whose Markov head is
 // planted to follow the target's greedy continuation of the reference's greedy prompt: greedy
@@ -361,11 +372,7 @@ TEST(SpecDecode, DSparkGreedyMatchesPlainDecoding) {
   Workload w = random_workload(6, 30, 12, target.vocab_size(), 7);
   w.prompts.insert(w.prompts.begin() + 2, prompt);
   w.params.insert(w.params.begin() + 2, greedy(n));
-  EngineConfig base = test_config();
-  base.block_size = 4;
-  base.max_num_seqs = 16;
-  base.max_num_batched_tokens = 24;
-  base.enable_prefix_caching = false;
+  EngineConfig base = dspark_base_config();
   LLMEngine plain(target, base);
   const Outputs want = tokens_of(plain.generate(w.prompts, w.params));
   EXPECT_EQ(want[2], std::vector<int32_t>(trace.begin(), trace.begin() + n))
@@ -414,11 +421,7 @@ TEST(SpecDecode, DSparkConfidenceScheduleKeepsOutputsAndFollowsTheProfile) {
   Workload w = random_workload(5, 30, 12, target.vocab_size(), 7);
   w.prompts.insert(w.prompts.begin() + 1, ids_of(ref.tensor("case0_prompt")));
   w.params.insert(w.params.begin() + 1, greedy(20));
-  EngineConfig base = test_config();
-  base.block_size = 4;
-  base.max_num_seqs = 16;
-  base.max_num_batched_tokens = 24;
-  base.enable_prefix_caching = false;
+  EngineConfig base = dspark_base_config();
   LLMEngine plain(target, base);
   const Outputs want = tokens_of(plain.generate(w.prompts, w.params));
   base.speculative_method = "dspark";

@@ -243,6 +243,29 @@ TEST(DSpark, BadFieldsAreErrorsNamingThem) {
   EXPECT_NO_THROW(load_edited([](auto&) {}));
 }
 
+using TensorList = std::vector<std::pair<std::string, Tensor>>;
+
+// A copy of checkpoint folder `from` in `to` with its tensors and its text config edited.
+void copy_edited(const std::string& from, TempDir& to,
+                 const std::function<void(TensorList&)>& tensors,
+                 const std::function<void(nlohmann::json&)>& config = {}) {
+  copy_dir(from, to.str());
+  const std::string file = to.file("model.safetensors");
+  TensorList all;
+  {
+    SafetensorsFile f(file, /*use_mmap=*/false);
+    for (const auto& e : f.header().entries) all.emplace_back(e.name, f.tensor(e).contiguous());
+  }
+  tensors(all);
+  std::filesystem::remove(file);
+  safetensors_write(file, all);
+  if (config) {
+    nlohmann::json c = json_load_file(to.str() + "/config.json");
+    config(c["text_config"]);
+    write_file(to.str() + "/config.json", c.dump());
+  }
+}
+
 // The released checkpoint's spellings: the Markov tables under markov_head.embed / .head (the
 // modules that once held them), and the stages' own mixture (dspark_n_routed_experts,
 // dspark_num_experts_per_tok, ROCm/ATOM's draft MoE). A copy of the fixture with the tables
@@ -252,7 +275,6 @@ TEST(DSpark, BadFieldsAreErrorsNamingThem) {
 // looks); dspark_num_experts_per_tok 3 instead of the target's 2 changes the drafts' logits (the
 // field reaches the router); bad values, and tensors of another count, are errors naming them.
 TEST(DSpark, ReleasedNamesAndTheStagesOwnExperts) {
-  using TensorList = std::vector<std::pair<std::string, Tensor>>;
   SafetensorsFile ref(source_dir() + "/tests/fixtures/references/" + kDSpark + ".safetensors",
                       true);
   const std::vector<std::vector<int32_t>> prompts = reference_prompts(ref, 3);
@@ -264,22 +286,9 @@ TEST(DSpark, ReleasedNamesAndTheStagesOwnExperts) {
     EXPECT_NE(drafter, nullptr);
     return run_draft(*target.model, *drafter, prompts, W);
   };
-  // A copy of the fixture with its tensors and its text config edited.
   auto edited = [](TempDir& d, const std::function<void(TensorList&)>& tensors,
                    const std::function<void(nlohmann::json&)>& config) {
-    copy_dir(fixture_dir(kDSpark), d.str());
-    const std::string file = d.file("model.safetensors");
-    TensorList all;
-    {
-      SafetensorsFile f(file, /*use_mmap=*/false);
-      for (const auto& e : f.header().entries) all.emplace_back(e.name, f.tensor(e).contiguous());
-    }
-    tensors(all);
-    std::filesystem::remove(file);
-    safetensors_write(file, all);
-    nlohmann::json c = json_load_file(d.str() + "/config.json");
-    config(c["text_config"]);
-    write_file(d.str() + "/config.json", c.dump());
+    copy_edited(fixture_dir(kDSpark), d, tensors, config);
   };
   auto same = [&](const DraftRun& got, const DraftRun& want, const char* what) {
     EXPECT_EQ(got.block.tokens, want.block.tokens) << what;
@@ -426,19 +435,9 @@ TEST(DSparkFp8, StagesInTheNativeFormatDraftAsTheirDequantisedCheckpoint) {
 // A stage's quantised tensors that do not fit together are errors naming the tensor, before any
 // data is read (the target, which does not read the stages, loads).
 TEST(DSparkFp8, BadQuantizedStagesAreErrorsNamingTheTensor) {
-  using TensorList = std::vector<std::pair<std::string, Tensor>>;
   auto load_edited = [](const std::function<void(TensorList&)>& edit) {
     TempDir d;
-    copy_dir(dspark_fp8_dir("quantized"), d.str());
-    const std::string file = d.file("model.safetensors");
-    TensorList all;
-    {
-      SafetensorsFile f(file, /*use_mmap=*/false);
-      for (const auto& e : f.header().entries) all.emplace_back(e.name, f.tensor(e).contiguous());
-    }
-    edit(all);
-    std::filesystem::remove(file);
-    safetensors_write(file, all);
+    copy_edited(dspark_fp8_dir("quantized"), d, edit);
     LoadedModel target = model_load(d.str(), {});
     drafter_load(d.str(), *target.model, {});
   };
