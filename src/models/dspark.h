@@ -21,10 +21,10 @@
 // dspark_target_layer_ids, dspark_noise_token_id, dspark_markov_rank, dspark_num_layers (else the
 // mtp.N stages counted in the checkpoint), dspark_n_routed_experts and dspark_num_experts_per_tok
 // (the stages' mixture; else the target's). The Markov tables load as markov_head.markov_w{1,2} or
-// as the release's markov_head.embed / .head. RoPE: rope_theta on the last qk_rope_head_dim channels.
-// Not modelled: the definition's FP8 fake-quantisation of the key rows (QAT; F32 here, as the V4.1
-// target keeps its window keys). The confidences drive the engine's verify lengths when asked
-// (engine/verify_schedule.h).
+// as the release's markov_head.embed / .head. RoPE: rope_theta on the last qk_rope_head_dim
+// channels. Not modelled: the definition's FP8 fake-quantisation of the key rows (QAT; F32 here, as
+// the V4.1 target keeps its window keys). The confidences drive the engine's verify lengths when
+// asked (engine/verify_schedule.h).
 #pragma once
 
 #include <cstdint>
