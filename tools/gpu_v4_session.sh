@@ -16,7 +16,7 @@ export LD_LIBRARY_PATH=/tmp/atom-deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/l
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 if [[ "$steps" == *",test,"* ]]; then
   timeout 240 ./build-gpu/tests/kernels/gpu_test \
-    --gtest_filter='GpuCompressedKv*:GpuDeepseekV4*:*deepseek_v4*:GpuIndexer*:GpuKpool*:GpuMla*:GpuGatedDelta*:GpuKimiDelta*' > "$out/gpu_test_v4.txt" 2>&1
+    --gtest_filter='GpuPp*:GpuCompressedKv*:GpuDeepseekV4*:*deepseek_v4*:GpuIndexer*:GpuKpool*:GpuMla*:GpuGatedDelta*:GpuKimiDelta*' > "$out/gpu_test_v4.txt" 2>&1
   echo "gpu_test v4: rc $?"
   grep -E "rel err|agree|argmax|requests equal|decode graphs|lists equal|^\[  (PASSED|FAILED)|Failure|Expected|Which is|actual|error" "$out/gpu_test_v4.txt" | head -50
 fi

@@ -158,8 +158,19 @@ int ModelRunner::pages_from_memory(const RunnerOptions& o) {
     arena_.reset();
     b.upload(arena_);
     Step step{b, arena_, &scratch};
+    // Pipeline stages profile together, as a step runs: a later stage starts from what the one
+    // before handed on, an earlier one hands its tensors on and computes no logits.
+    IntermediateTensors in, out;
+    if (stage_in_) {
+      receive_stage_input(in, b.num_tokens());
+      step.pp_in = &in;
+    }
+    if (stage_out_) step.pp_out = &out;
     Tensor h = model_.forward(step);
-    model_.compute_logits(step, h);
+    if (stage_out_)
+      send_stage_output(out);
+    else
+      model_.compute_logits(step, h);
     cuda_->stream.synchronize();
     arena_.reset();  // one block as large as the profiled step
   }
@@ -309,18 +320,7 @@ Tensor ModelRunner::forward_part(Batch& batch) {
   // last stage).
   IntermediateTensors in, out;
   if (stage_in_) {
-    std::vector<Tensor> got = stage_in_->recv();
-    ATOM_CHECK(got.size() >= 2 && got[0].defined() && got[0].size(0) == batch.num_tokens(),
-               "runner: stage {} received {} tensors for a step of {} tokens", model_.stage().rank,
-               got.size(), batch.num_tokens());
-    // The link's host copies are this step's own: on the CPU they are used as they are, on a GPU
-    // uploaded into the step's arena.
-    if (!model_.device().is_cpu())
-      for (Tensor& t : got)
-        if (t.defined()) t = upload(t.data(), t.shape(), t.dtype());
-    in.hidden = got[0];
-    in.residual = got[1];
-    in.extra.assign(got.begin() + 2, got.end());
+    receive_stage_input(in, batch.num_tokens());
     step.pp_in = &in;
   }
   if (stage_out_) step.pp_out = &out;
@@ -332,12 +332,35 @@ Tensor ModelRunner::forward_part(Batch& batch) {
   }
   hidden_ = model_.forward(step);
   if (stage_out_) {
-    std::vector<Tensor> send{out.hidden, out.residual};
-    send.insert(send.end(), out.extra.begin(), out.extra.end());
-    stage_out_->send(send);
+    send_stage_output(out);
     return Tensor();
   }
   return model_.compute_logits(step, hidden_);
+}
+
+void ModelRunner::receive_stage_input(IntermediateTensors& in, int num_tokens) {
+  std::vector<Tensor> got = stage_in_->recv();
+  ATOM_CHECK(got.size() >= 2 && got[0].defined() && got[0].size(0) == num_tokens,
+             "runner: stage {} received {} tensors for a step of {} tokens", model_.stage().rank,
+             got.size(), num_tokens);
+  // The link's host copies are this step's own: on the CPU they are used as they are, on a GPU
+  // uploaded into the step's arena.
+  if (!model_.device().is_cpu())
+    for (Tensor& t : got)
+      if (t.defined()) t = upload(t.data(), t.shape(), t.dtype());
+  in.hidden = got[0];
+  in.residual = got[1];
+  in.extra.assign(got.begin() + 2, got.end());
+}
+
+void ModelRunner::send_stage_output(const IntermediateTensors& out) {
+  std::vector<Tensor> send{out.hidden, out.residual};
+  send.insert(send.end(), out.extra.begin(), out.extra.end());
+#ifdef ATOM_HAVE_CUDA
+  // The link copies the tensors to the host outside this runner's stream: they must be written.
+  if (cuda_) cuda_->stream.synchronize();
+#endif
+  stage_out_->send(send);
 }
 
 void ModelRunner::copy_state_slots(const std::vector<std::pair<int32_t, int32_t>>& copies) {

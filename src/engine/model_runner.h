@@ -110,6 +110,10 @@ class ModelRunner final : public StepRunner {
   Tensor forward_logits(Batch& batch);
   // One forward pass of `batch` (a step or one of its micro-batches) through this stage.
   Tensor forward_part(Batch& batch);
+  // Pipeline stages: the previous stage's tensors for a step of num_tokens tokens (on a GPU
+  // uploaded into the step's arena), and this stage's handed on (written first).
+  void receive_stage_input(IntermediateTensors& in, int num_tokens);
+  void send_stage_output(const IntermediateTensors& out);
   // Every recurrent layer's state slot `from` copied into slot `to`, pair by pair, in order.
   void copy_state_slots(const std::vector<std::pair<int32_t, int32_t>>& copies);
   void sample_rows(const Tensor& logits, const StepSampling& want, std::vector<int32_t>& tokens);

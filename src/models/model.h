@@ -33,6 +33,10 @@ struct ModelOptions {
   int pp_size = 1;
   // The layers of each stage (vLLM's VLLM_PP_LAYER_PARTITION); empty: vLLM's even split.
   std::vector<int> pp_layer_partition;
+  // model_group_load on CUDA: every rank on `device` instead of one GPU each (tests of the
+  // pipeline on a machine with one GPU; a tensor-parallel group of several ranks on one GPU is
+  // refused, NCCL does not run two ranks of a communicator on one device).
+  bool ranks_share_device = false;
   // Mixtures of experts: load shared experts as slots of the fused experts layer instead of a
   // separate MLP (the same values either way). Default: ATOM_MOE_FUSE_SHARED_EXPERTS (off).
   std::optional<bool> fuse_shared_experts;

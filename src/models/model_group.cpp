@@ -147,18 +147,26 @@ std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
     return g;
   }
   const Device first = options.device;
-  if (pp > 1 && first.is_cuda())
-    fail("--pipeline-parallel-size {}: pipeline parallelism runs on CPU ranks only so far (the "
-         "stages hand their tensors on through the host, and CUDA graphs and the memory profile do "
-         "not take a stage's input yet)",
+  const bool share = options.ranks_share_device && first.is_cuda();
+  // The CUDA path of the stages (eager steps, the memory profile through the stages, links through
+  // the host) runs only under the one-GPU test hook until a GPU has verified it.
+  if (pp > 1 && first.is_cuda() && !share)
+    fail("--pipeline-parallel-size {}: pipeline parallelism runs on CPU ranks only so far (its "
+         "CUDA path, eager stages with their tensors handed on through the host, is not verified "
+         "on a GPU yet)",
          pp);
+  if (share && tp_size > 1)
+    fail("ranks_share_device: a tensor-parallel group of {} ranks cannot share {} (NCCL runs one "
+         "rank of a communicator per device)",
+         tp_size, first.str());
   std::vector<Device> devices;
   for (int r = 0; r < world; ++r)
-    devices.push_back(first.is_cpu() ? Device::cpu() : Device::cuda(first.index + r));
-  if (first.is_cuda()) {
+    devices.push_back(first.is_cpu() || share ? first : Device::cuda(first.index + r));
+  if (first.is_cuda() && !share) {
     const int visible = cuda_device_count();
     if (first.index + world > visible)
-      fail("--tensor-parallel-size {} needs {} GPUs ({} to {}), but {} {} visible", tp_size, world,
+      fail("--tensor-parallel-size {}{} needs {} GPUs ({} to {}), but {} {} visible", tp_size,
+           pp > 1 ? fmt::format(" x --pipeline-parallel-size {}", pp) : std::string(), world,
            devices.front().str(), devices.back().str(), visible, visible == 1 ? "is" : "are");
   }
   // The node of each rank (all 0 on one node), and this process's ranks.

@@ -263,6 +263,10 @@ TEST(PipelineParallelErrors, ClearMessages) {
   o.device = Device::cuda(0);
   EXPECT_ERROR_CONTAINS(model_group_load(fixture_dir("llama3_gqa"), o, 1),
                         "pipeline parallelism runs on CPU ranks only so far");
+  o.tp_size = 2;
+  o.ranks_share_device = true;
+  EXPECT_ERROR_CONTAINS(model_group_load(fixture_dir("llama3_gqa"), o, 2),
+                        "a tensor-parallel group of 2 ranks cannot share cuda");
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Tensor parallelism on two GPUs: NCCL collectives against sums and concatenations computed on
+// Pipeline parallelism's two stages on one GPU (GpuPp, any machine with a GPU). Tensor
+// parallelism on two GPUs: NCCL collectives against sums and concatenations computed on
 // the host (eagerly and replayed from a CUDA graph), two ranks' logits against one GPU's and
 // transformers' fp32 fixtures, decode through every rank's CUDA graphs against eager decode, and
 // the engine over two ranks. Skipped, saying so, with fewer than two GPUs.
@@ -258,6 +259,65 @@ TEST(GpuTp, EngineOnTwoRanks) {
     }
     const auto outs = e.generate(prompts, params);
     EXPECT_EQ(outs[0].outputs.at(0).token_ids, outs[1].outputs.at(0).token_ids) << eager;
+    EXPECT_EQ(e.block_manager().num_free_blocks(), e.block_manager().num_blocks());
+  }
+}
+
+// Pipeline parallelism on one GPU: two stages as threads on cuda:0 (ModelOptions::
+// ranks_share_device), the hidden state and residual handed on through the host. The stages run
+// the one rank's kernels layer by layer, so their logits are the one rank's (within 1e-3, a tenth
+// of one BF16 rounding: any other computation would move them by a rounding), and transformers'
+// within the tensor-parallel bound, whole, chunked and token by token; the engine (its memory
+// profile run through both stages, then eager steps in micro-batches) gives the reference's
+// greedy tokens, and a batch of mixed lengths completes with every block returned.
+TEST(GpuPp, TwoStagesOnOneGpuMatchOneRank) {
+  for (const std::string name : {"llama3_gqa", "qwen3_sliding"}) {
+    SCOPED_TRACE(name);
+    const Reference ref = reference_load(name);
+    LoadedModel one = model_load(fixture_dir(name), on_gpu());
+    const Tensor want = score_tokens(*one.model, ref.input_ids);
+    ModelOptions o = on_gpu();
+    o.pp_size = 2;
+    o.ranks_share_device = true;
+    auto models = model_group_load(fixture_dir(name), o, 1);
+    ASSERT_EQ(models->pp_size(), 2);
+    ASSERT_EQ(models->model(1).device(), Device::cuda(0));
+    const Tensor got = score_tokens(*models, ref.input_ids);
+    const double err_one = rel_err(got, want, name), err_ref = rel_err(got, ref.logits, name);
+    const double err_chunked = rel_err(score_tokens(*models, ref.input_ids, 7, 4), want, name);
+    const double err_stepwise = rel_err(score_tokens(*models, ref.input_ids, 1, 16), want, name);
+    std::printf("%s: pp 2 on one GPU vs one rank rel err %.3g (chunked %.3g, token by token "
+                "%.3g); vs transformers fp32 %.3g\n",
+                name.c_str(), err_one, err_chunked, err_stepwise, err_ref);
+    EXPECT_LE(err_one, 1e-3);
+    EXPECT_LE(err_chunked, 2e-2);
+    EXPECT_LE(err_stepwise, 2e-2);
+    EXPECT_LE(err_ref, 2e-2);
+
+    const float noise = 2.0f * max_margin_error(got, ref.logits);
+    EngineConfig c;
+    c.max_model_len = 256;
+    c.max_num_seqs = 8;
+    c.max_num_batched_tokens = 512;
+    c.gpu_memory_utilization = 0.4;  // per stage, both on this GPU
+    LLMEngine e(*models, c);
+    EXPECT_TRUE(e.kv_plan().from_gpu_memory);
+    EXPECT_GE(static_cast<int64_t>(e.kv_plan().num_blocks) * e.kv_plan().block_size, 256);
+    SamplingParams g;
+    g.temperature = 0;
+    g.ignore_eos = true;
+    g.max_tokens = static_cast<int>(ref.greedy_tokens.size());
+    const auto tokens = e.generate({ref.greedy_prompt}, g).at(0).outputs.at(0).token_ids;
+    expect_greedy_agrees(name, tokens, ref.greedy_tokens, noise, leading_steps_above(name, noise));
+    std::vector<std::vector<int32_t>> prompts;
+    for (int k = 0; k < 6; ++k) {
+      std::vector<int32_t> p;
+      for (int j = 0; j < 9 + 23 * k; ++j) p.push_back(3 + (j * 31 + k) % 900);
+      prompts.push_back(p);
+    }
+    g.max_tokens = 12;
+    const auto outs = e.generate(prompts, g);
+    for (const auto& out : outs) EXPECT_EQ(out.outputs.at(0).token_ids.size(), 12u);
     EXPECT_EQ(e.block_manager().num_free_blocks(), e.block_manager().num_blocks());
   }
 }
