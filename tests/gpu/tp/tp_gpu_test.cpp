@@ -55,6 +55,22 @@ Tensor host_concat(const std::vector<Tensor>& xs) {
   return out;
 }
 
+// The engine tests' config: sequences of up to 256 tokens, 8 of them, steps of 512 tokens.
+EngineConfig fixture_engine_config(double gpu_memory_utilization) {
+  EngineConfig c;
+  c.max_model_len = 256;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 512;
+  c.gpu_memory_utilization = gpu_memory_utilization;
+  return c;
+}
+
+// The KV cache was sized from GPU memory and holds a whole sequence.
+void expect_kv_from_gpu_memory(const LLMEngine& e) {
+  EXPECT_TRUE(e.kv_plan().from_gpu_memory);
+  EXPECT_GE(static_cast<int64_t>(e.kv_plan().num_blocks) * e.kv_plan().block_size, 256);
+}
+
 TEST(GpuTp, NcclAllReduceAndAllGatherEagerAndInCudaGraphs) {
   SKIP_WITHOUT_TWO_GPUS();
   const int tp = 2;
@@ -218,17 +234,12 @@ TEST(GpuTp, EngineOnTwoRanks) {
   auto models = model_group_load(fixture_dir("llama3_gqa"), on_gpu(), 2);
   // The noise level of the greedy check, measured as in GpuTpParity.
   const float noise = 2.0f * max_margin_error(score_tokens(*models, ref.input_ids), ref.logits);
-  EngineConfig c;
-  c.max_model_len = 256;
-  c.max_num_seqs = 8;
-  c.max_num_batched_tokens = 512;
-  c.gpu_memory_utilization = 0.5;
+  EngineConfig c = fixture_engine_config(0.5);
   for (bool eager : {false, true}) {
     c.enforce_eager = eager;
     LLMEngine e(*models, c);
     // Each rank sized its cache from its own GPU; they kept the smaller count.
-    EXPECT_TRUE(e.kv_plan().from_gpu_memory);
-    EXPECT_GE(static_cast<int64_t>(e.kv_plan().num_blocks) * e.kv_plan().block_size, 256);
+    expect_kv_from_gpu_memory(e);
     SamplingParams g;
     g.temperature = 0;
     g.ignore_eos = true;
@@ -295,14 +306,8 @@ TEST(GpuPp, TwoStagesOnOneGpuMatchOneRank) {
     EXPECT_LE(err_ref, 2e-2);
 
     const float noise = 2.0f * max_margin_error(got, ref.logits);
-    EngineConfig c;
-    c.max_model_len = 256;
-    c.max_num_seqs = 8;
-    c.max_num_batched_tokens = 512;
-    c.gpu_memory_utilization = 0.4;  // per stage, both on this GPU
-    LLMEngine e(*models, c);
-    EXPECT_TRUE(e.kv_plan().from_gpu_memory);
-    EXPECT_GE(static_cast<int64_t>(e.kv_plan().num_blocks) * e.kv_plan().block_size, 256);
+    LLMEngine e(*models, fixture_engine_config(0.4));  // per stage, both on this GPU
+    expect_kv_from_gpu_memory(e);
     SamplingParams g;
     g.temperature = 0;
     g.ignore_eos = true;
