@@ -144,10 +144,6 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
     schedule.on = config.spec_confidence_schedule;
     schedule.temperatures = config.spec_sts_temperatures;
     schedule.sps_table = config.spec_sps_table;
-    if (!schedule.temperatures.empty() &&
-        static_cast<int>(schedule.temperatures.size()) != config.num_speculative_tokens)
-      fail("DSpark's confidence schedule: {} temperatures for {} draft positions",
-           schedule.temperatures.size(), config.num_speculative_tokens);
     set_proposer(std::make_unique<DSparkProposer>(
         *block, plan_.num_blocks, plan_.block_size, plan_.kv_cache_dtype,
         config.num_speculative_tokens, std::move(schedule)));
@@ -653,7 +649,7 @@ StepOutput LLMEngine::step() {
     out.tokens.reserve(so.seqs.size());
     batch_build(so, plan_.block_size, batch_, rows_);
     plan_sampling();
-    const Clock::time_point forward_start = Clock::now();
+    const Clock::time_point forward_start = proposer_ ? Clock::now() : Clock::time_point{};
     runner_->execute_sampling(batch_, sampling_, samples_);
     if (proposer_)
       proposer_->record_step(batch_.num_tokens(), seconds(Clock::now() - forward_start));

@@ -336,10 +336,9 @@ DSparkProposer::DSparkProposer(BlockDraftModel& drafter, int num_pages, int bloc
       arena_(drafter.device(), 8 << 20) {
   ATOM_CHECK(K_ >= 1 && K_ <= kMaxTokens, "DSpark: {} draft tokens per step (1..{})", K_,
              kMaxTokens);
-  ATOM_CHECK(
-      schedule_.temperatures.empty() || static_cast<int>(schedule_.temperatures.size()) == K_,
-      "DSpark: {} confidence temperatures for {} draft positions", schedule_.temperatures.size(),
-      K_);
+  if (!schedule_.temperatures.empty() && static_cast<int>(schedule_.temperatures.size()) != K_)
+    fail("DSpark's confidence schedule: {} temperatures for {} draft positions",
+         schedule_.temperatures.size(), K_);
   kv_ = KvCache::allocate(cache_specs_with_dtype(drafter.cache_specs(), kv_dtype), num_pages,
                           block_size, drafter.device());
 }

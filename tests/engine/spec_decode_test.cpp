@@ -466,6 +466,45 @@ TEST(SpecDecode, DSparkConfidenceScheduleKeepsOutputsAndFollowsTheProfile) {
   EXPECT_LE(measured.spec_num_draft_tokens, all.spec_num_draft_tokens);
 }
 
+// DSpark on DeepSeek's native FP8 / FP4 checkpoint (tests/fixtures/models/deepseek_v41_dspark_fp8/
+// quantized, tools/make_dspark_fp8_fixture.py; its drafter against the dequantised twin:
+// tests/models/dspark_test.cpp): greedy outputs with DSpark (K = 5) are plain decoding's, the
+// reference's greedy prompt alone and among 5 random prompts, and drafts are accepted — few: the
+// Markov head was planted on the unquantised target's greedy continuation, which the quantisation
+// moved (measured 2026-12-07: 1 of 75 alone, 2 of 343 in all).
+TEST(SpecDecode, DSparkFp8GreedyMatchesPlainDecoding) {
+  const std::string name = "deepseek_v41_dspark_fp8/quantized";
+  Model& target = fixture_model(name);
+  Drafter d(target, name);
+  SafetensorsFile ref(source_dir() + "/tests/fixtures/references/deepseek_v41_dspark.safetensors",
+                      true);
+  Workload w = random_workload(5, 30, 20, target.vocab_size(), 11);
+  w.prompts.insert(w.prompts.begin(), ids_of(ref.tensor("case0_prompt")));
+  w.params.insert(w.params.begin(), greedy(20));
+  EngineConfig c = dspark_base_config();
+  LLMEngine plain(target, c);
+  const Outputs want = tokens_of(plain.generate(w.prompts, w.params));
+  c.speculative_method = "dspark";
+  c.num_speculative_tokens = 5;
+  LLMEngine spec(target, c, {}, {}, d.d.model.get());
+  ASSERT_TRUE(spec.speculative());
+  EXPECT_EQ(tokens_of(spec.generate({w.prompts[0]}, {w.params[0]}))[0], want[0]) << "alone";
+  const EngineStats alone = spec.stats();
+  EXPECT_EQ(tokens_of(spec.generate(w.prompts, w.params)), want) << "batched";
+  const EngineStats all = spec.stats();
+  std::printf("dspark fp8 K=5: alone %lld verifications, %lld draft tokens, %lld accepted; alone "
+              "and batched %lld, %lld, %lld\n",
+              static_cast<long long>(alone.spec_num_drafts),
+              static_cast<long long>(alone.spec_num_draft_tokens),
+              static_cast<long long>(alone.spec_num_accepted_tokens),
+              static_cast<long long>(all.spec_num_drafts),
+              static_cast<long long>(all.spec_num_draft_tokens),
+              static_cast<long long>(all.spec_num_accepted_tokens));
+  EXPECT_GT(all.spec_num_accepted_tokens, 0);
+  EXPECT_LE(all.spec_num_accepted_tokens, all.spec_num_draft_tokens);
+  expect_engine_idle(spec);
+}
+
 // Sampled requests (seeded, temperature 0.5 and 1.0, top_p, a repetition penalty, n = 2) give
 // the same tokens with and without DSpark: the engine's seeded sampler draws each verification
 // row as plain decoding draws that output position. Measured: 49 verifications, 187 draft
@@ -560,6 +599,16 @@ TEST(SpecDecode, DSparkRefusals) {
   EXPECT_ERROR_CONTAINS(LLMEngine(v41, spec_config(2), {}, {}, block.d.model.get()),
                         "use method 'dspark'");
   EXPECT_ERROR_CONTAINS(LLMEngine(v41, dspark), "needs the target's drafter");
+  // A config built in code, past the parser: temperatures for the wrong number of positions.
+  EngineConfig sts = dspark;
+  sts.spec_confidence_schedule = true;
+  sts.spec_sts_temperatures = {1.0f, 2.0f};
+  EXPECT_ERROR_CONTAINS(LLMEngine(v41, sts, {}, {}, block.d.model.get()),
+                        "DSpark's confidence schedule: 2 temperatures for 5 draft positions");
+  EngineConfig mtp_schedule = spec_config(2);
+  mtp_schedule.spec_confidence_schedule = true;
+  EXPECT_ERROR_CONTAINS(LLMEngine(v3, mtp_schedule, {}, {}, mtp.d.model.get()),
+                        "a confidence schedule needs speculative decoding with method 'dspark'");
 }
 
 TEST(SpecDecode, Refusals) {

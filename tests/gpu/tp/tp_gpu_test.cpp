@@ -71,6 +71,22 @@ void expect_kv_from_gpu_memory(const LLMEngine& e) {
   EXPECT_GE(static_cast<int64_t>(e.kv_plan().num_blocks) * e.kv_plan().block_size, 256);
 }
 
+// Greedy sampling of max_tokens tokens, ignoring EOS.
+SamplingParams greedy_params(int max_tokens) {
+  SamplingParams g;
+  g.temperature = 0;
+  g.ignore_eos = true;
+  g.max_tokens = max_tokens;
+  return g;
+}
+
+// The k-th prompt of a batch of mixed lengths: 9 + 23 k tokens.
+std::vector<int32_t> mixed_length_prompt(int k) {
+  std::vector<int32_t> p;
+  for (int j = 0; j < 9 + 23 * k; ++j) p.push_back(3 + (j * 31 + k) % 900);
+  return p;
+}
+
 TEST(GpuTp, NcclAllReduceAndAllGatherEagerAndInCudaGraphs) {
   SKIP_WITHOUT_TWO_GPUS();
   const int tp = 2;
@@ -240,10 +256,7 @@ TEST(GpuTp, EngineOnTwoRanks) {
     LLMEngine e(*models, c);
     // Each rank sized its cache from its own GPU; they kept the smaller count.
     expect_kv_from_gpu_memory(e);
-    SamplingParams g;
-    g.temperature = 0;
-    g.ignore_eos = true;
-    g.max_tokens = static_cast<int>(ref.greedy_tokens.size());
+    SamplingParams g = greedy_params(static_cast<int>(ref.greedy_tokens.size()));
     const auto tokens = e.generate({ref.greedy_prompt}, g).at(0).outputs.at(0).token_ids;
     {
       SCOPED_TRACE(eager ? "eager" : "graphs");
@@ -263,9 +276,7 @@ TEST(GpuTp, EngineOnTwoRanks) {
     std::vector<std::vector<int32_t>> prompts = {ref.greedy_prompt, ref.greedy_prompt};
     std::vector<SamplingParams> params = {s, host};
     for (int k = 0; k < 6; ++k) {
-      std::vector<int32_t> p;
-      for (int j = 0; j < 9 + 23 * k; ++j) p.push_back(3 + (j * 31 + k) % 900);
-      prompts.push_back(p);
+      prompts.push_back(mixed_length_prompt(k));
       params.push_back(g);
     }
     const auto outs = e.generate(prompts, params);
@@ -308,18 +319,11 @@ TEST(GpuPp, TwoStagesOnOneGpuMatchOneRank) {
     const float noise = 2.0f * max_margin_error(got, ref.logits);
     LLMEngine e(*models, fixture_engine_config(0.4));  // per stage, both on this GPU
     expect_kv_from_gpu_memory(e);
-    SamplingParams g;
-    g.temperature = 0;
-    g.ignore_eos = true;
-    g.max_tokens = static_cast<int>(ref.greedy_tokens.size());
+    SamplingParams g = greedy_params(static_cast<int>(ref.greedy_tokens.size()));
     const auto tokens = e.generate({ref.greedy_prompt}, g).at(0).outputs.at(0).token_ids;
     expect_greedy_agrees(name, tokens, ref.greedy_tokens, noise, leading_steps_above(name, noise));
     std::vector<std::vector<int32_t>> prompts;
-    for (int k = 0; k < 6; ++k) {
-      std::vector<int32_t> p;
-      for (int j = 0; j < 9 + 23 * k; ++j) p.push_back(3 + (j * 31 + k) % 900);
-      prompts.push_back(p);
-    }
+    for (int k = 0; k < 6; ++k) prompts.push_back(mixed_length_prompt(k));
     g.max_tokens = 12;
     const auto outs = e.generate(prompts, g);
     for (const auto& out : outs) EXPECT_EQ(out.outputs.at(0).token_ids.size(), 12u);
