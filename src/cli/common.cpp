@@ -32,6 +32,12 @@ void model_args_add_placement(CLI::App* cmd, ModelArgs& a) {
                   "pipeline stages, each of --tensor-parallel-size ranks holding consecutive "
                   "layers (vLLM's partition; CPU ranks only so far)")
       ->capture_default_str();
+  cmd->add_option("--data-parallel-size,--dp", a.data_parallel_size,
+                  "data-parallel attention ranks (with --tensor-parallel-size 1; latent-attention "
+                  "models): each holds every attention head and the KV of its own sequences, the "
+                  "other layers are split over the same ranks (experts with "
+                  "--enable-expert-parallel); CPU ranks only so far")
+      ->capture_default_str();
   // vLLM's -ep is rewritten to this name before parsing (main.cpp), as -tp is.
   cmd->add_flag("--enable-expert-parallel", a.enable_expert_parallel,
                 "mixtures of experts: each of the --tensor-parallel-size ranks holds whole routed "
@@ -207,6 +213,18 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   o.act_dtype = dtype_arg_parse(a.dtype);
   o.expert_parallel = a.enable_expert_parallel;
   o.pp_size = a.pipeline_parallel_size;
+  int ranks = a.tensor_parallel_size;
+  if (a.data_parallel_size < 1)
+    fail("--data-parallel-size must be at least 1, got {}", a.data_parallel_size);
+  if (a.data_parallel_size > 1) {
+    if (a.tensor_parallel_size != 1)
+      fail("--data-parallel-size {} with --tensor-parallel-size {}: attention tensor-parallel "
+           "within each data-parallel rank is not supported yet; use --tensor-parallel-size 1 (the "
+           "{} ranks then split the other layers between them)",
+           a.data_parallel_size, a.tensor_parallel_size, a.data_parallel_size);
+    o.data_parallel_attention = true;
+    ranks = a.data_parallel_size;
+  }
   if (const char* p = std::getenv("VLLM_PP_LAYER_PARTITION"); p && *p && o.pp_size > 1)
     o.pp_layer_partition = pp_layer_partition_parse(p);
   const EplbArgs eplb = eplb_args_parse(a);
@@ -220,8 +238,8 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
           node_options(a, [](const char* k) { return std::getenv(k); }))
     nodes = std::make_unique<Nodes>(*no);
   const auto t0 = std::chrono::steady_clock::now();
-  std::unique_ptr<ModelGroup> m = model_group_load(a.model, o, a.tensor_parallel_size,
-                                                   load_format_parse(a.load_format), nodes.get());
+  std::unique_ptr<ModelGroup> m =
+      model_group_load(a.model, o, ranks, load_format_parse(a.load_format), nodes.get());
   if (nodes) m->own_nodes(std::move(nodes));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const LoadReport& report = m->report();
@@ -230,7 +248,12 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
       m->world_size() == 1
           ? o.device.str()
           : fmt::format("{} {}-parallel ranks from {}{}", m->tp_size(),
-                        o.expert_parallel ? "tensor- and expert" : "tensor", o.device.str(),
+                        o.data_parallel_attention
+                            ? (o.expert_parallel ? "data-parallel attention, expert"
+                                                 : "data-parallel attention, tensor")
+                        : o.expert_parallel ? "tensor- and expert"
+                                            : "tensor",
+                        o.device.str(),
                         m->pp_size() == 1 ? std::string() : stage_layers(*m));
   const std::string others =
       report.tensors_other_ranks == 0

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   for (std::string& a : args) {
     if (a == "-tp" || a.rfind("-tp=", 0) == 0) a = "--tensor-parallel-size" + a.substr(3);
     if (a == "-pp" || a.rfind("-pp=", 0) == 0) a = "--pipeline-parallel-size" + a.substr(3);
+    if (a == "-dp" || a.rfind("-dp=", 0) == 0) a = "--data-parallel-size" + a.substr(3);
     if (a == "-ep") a = "--enable-expert-parallel";
   }
   std::vector<char*> args_c;

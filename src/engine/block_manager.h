@@ -10,6 +10,11 @@
 //
 // Everything is O(blocks touched): the free list is intrusive and doubly linked, so taking a hit
 // block out of it, or allocating one, is O(1).
+//
+// Partitions (data-parallel attention: each rank's KV cache holds its own pages): blocks
+// [p * B, (p + 1) * B) form partition p, with its own free list and its own prefix cache. A
+// sequence takes every block from its partition (Sequence::partition), and hits only blocks
+// cached there; the hash chain itself does not depend on the partition.
 #pragma once
 
 #include <cstdint>
@@ -27,28 +32,36 @@ uint64_t block_hash_xxh64(uint64_t parent, const int32_t* tokens, int n);
 
 class BlockManager {
  public:
+  // num_blocks split into `partitions` equal partitions (num_blocks must divide).
   BlockManager(int num_blocks, int block_size, bool enable_prefix_caching,
-               BlockHasher hasher = block_hash_xxh64);
+               BlockHasher hasher = block_hash_xxh64, int partitions = 1);
 
   int block_size() const { return block_size_; }
   int num_blocks() const { return num_blocks_; }
-  // Blocks no sequence holds (including cached ones that can still be hit).
+  int num_partitions() const { return static_cast<int>(parts_.size()); }
+  int partition_blocks() const { return num_blocks_ / num_partitions(); }
+  int partition_of(int block) const { return block / partition_blocks(); }
+  // Blocks no sequence holds (including cached ones that can still be hit), in all partitions or
+  // in partition p.
   int num_free_blocks() const { return num_free_; }
+  int num_free_blocks(int p) const { return parts_.at(static_cast<size_t>(p)).num_free; }
   int num_used_blocks() const { return num_blocks_ - num_free_; }
-  int num_cached_blocks() const { return static_cast<int>(cached_.size()); }
+  int num_cached_blocks() const;
   bool prefix_caching() const { return prefix_caching_; }
 
-  // Cached blocks holding a prefix of seq's tokens, longest first-to-last run, verified token by
-  // token. At most num_tokens - 1 tokens are covered: the last known token is always computed so
-  // that its logits exist. Claims nothing.
+  // Cached blocks of seq's partition holding a prefix of seq's tokens, longest first-to-last
+  // run, verified token by token. At most num_tokens - 1 tokens are covered: the last known token
+  // is always computed so that its logits exist. Claims nothing.
   void find_cached_prefix(Sequence& seq, std::vector<int32_t>& hits);
 
-  // Admission: takes `hits` (from find_cached_prefix, now) and allocates new blocks so that the
-  // sequence can hold hits * block_size + num_new_tokens tokens. Returns false (changing nothing)
-  // when there are not enough free blocks.
+  // Whether allocate(seq, hits, num_new_tokens) would succeed now (in seq's partition).
+  bool can_allocate(const Sequence& seq, std::span<const int32_t> hits, int num_new_tokens) const;
+  // Admission: takes `hits` (from find_cached_prefix, now) and allocates new blocks of seq's
+  // partition so that the sequence can hold hits * block_size + num_new_tokens tokens. Returns
+  // false (changing nothing) when there are not enough free blocks there.
   bool allocate(Sequence& seq, std::span<const int32_t> hits, int num_new_tokens);
-  // A running sequence about to compute num_new_tokens more: grows its block table. Returns false
-  // (changing nothing) when there are not enough free blocks.
+  // A running sequence about to compute num_new_tokens more: grows its block table from its
+  // partition. Returns false (changing nothing) when there are not enough free blocks there.
   bool append_slots(Sequence& seq, int num_new_tokens);
   // Returns every block of seq (reference counts down; blocks reaching zero become free, cached
   // ones stay hittable) and clears its table.
@@ -74,10 +87,19 @@ class BlockManager {
     bool in_free_list = false;
   };
 
+  // One partition's free list and prefix cache.
+  struct Partition {
+    std::unordered_map<uint64_t, int> cached;  // hash -> block
+    int free_head = -1, free_tail = -1, num_free = 0;
+  };
+  Partition& part(int b) { return parts_[static_cast<size_t>(partition_of(b))]; }
+  Partition& part_of(const Sequence& seq);
+  const Partition& part_of(const Sequence& seq) const;
+
   void free_list_remove(int b);
   void free_list_push_front(int b);
   void free_list_push_back(int b);
-  int take_free_block();  // allocates: pops the free list head, evicting its cached content
+  int take_free_block(Partition& p);  // allocates: pops the free list head, evicting its content
   void ensure_hashes(Sequence& seq, int num_full_blocks);
   const int32_t* block_tokens(int b) const {
     return &block_tokens_[static_cast<size_t>(b) * block_size_];
@@ -87,9 +109,9 @@ class BlockManager {
   bool prefix_caching_;
   BlockHasher hasher_;
   std::vector<Block> blocks_;
-  std::vector<int32_t> block_tokens_;         // [num_blocks, block_size] tokens of cached blocks
-  std::unordered_map<uint64_t, int> cached_;  // hash -> block
-  int free_head_ = -1, free_tail_ = -1, num_free_ = 0;
+  std::vector<int32_t> block_tokens_;  // [num_blocks, block_size] tokens of cached blocks
+  std::vector<Partition> parts_;
+  int num_free_ = 0;  // over all partitions
 };
 
 }  // namespace atom

@@ -74,7 +74,8 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
       // caching needs state checkpoints (--state-checkpoint-interval-tokens).
       blocks_(plan_.num_blocks, plan_.block_size,
               config.enable_prefix_caching &&
-                  (plan_.state_slots_per_request == 0 || plan_.num_checkpoint_slots > 0)),
+                  (plan_.state_slots_per_request == 0 || plan_.num_checkpoint_slots > 0),
+              block_hash_xxh64, runner_->page_partitions()),
       states_(plan_.num_state_slots - plan_.num_checkpoint_slots, plan_.state_slots_per_request),
       scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
                                  config.long_prefill_token_threshold,
@@ -104,7 +105,10 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
       ranks_ == 1
           ? model.device().str()
           : fmt::format("{} ranks from {} ({}{}, KV per rank)", ranks_, model.device().str(),
-                        pp_size_ == 1 ? std::string("tensor parallel")
+                        runner_->page_partitions() > 1
+                            ? fmt::format("data-parallel attention, each rank {} of the blocks",
+                                          plan_.num_blocks / runner_->page_partitions())
+                        : pp_size_ == 1 ? std::string("tensor parallel")
                                       : fmt::format("{} pipeline stages of {} "
                                                     "tensor-parallel ranks",
                                                     pp_size_, ranks_ / pp_size_),
@@ -126,6 +130,10 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
       static_cast<double>(plan_.state_slot_bytes) * plan_.num_state_slots / (1 << 20),
       plan_.max_model_len, config.max_num_seqs, config.max_num_batched_tokens,
       blocks_.prefix_caching() ? "on" : "off", graphs ? "from CUDA graphs" : "eager");
+  if (!config.speculative_method.empty() && runner_->page_partitions() > 1)
+    fail("speculative decoding (method '{}') with data-parallel attention over {} ranks is not "
+         "supported yet",
+         config.speculative_method, runner_->page_partitions());
   if (config.speculative_method == "dspark") {
     const std::string& arch = model.config().architectures.at(0);
     if (!drafter)

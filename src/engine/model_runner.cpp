@@ -62,6 +62,12 @@ void ModelRunner::init(const RunnerOptions& o) {
   micro_batches_ = std::max(1, o.micro_batches);
   keep_hidden_ = o.num_speculative_tokens > 0;
   layer_outputs_ = o.layer_outputs;
+  dp_size_ = o.dp_size;
+  dp_rank_ = o.dp_rank;
+  ATOM_CHECK(dp_size_ >= 1 && dp_rank_ >= 0 && dp_rank_ < dp_size_,
+             "runner: data-parallel rank {} of {}", dp_rank_, dp_size_);
+  ATOM_CHECK(dp_size_ == 1 || model_.data_parallel_attention(),
+             "runner: data-parallel ranks for a model whose attention is not data-parallel");
   if (!layer_outputs_.empty() && !model_.hands_over_layer_outputs())
     fail("{} does not hand its layer outputs over (a block drafter, DSpark, drafts from them)",
          model_.config().architectures.at(0));
@@ -107,7 +113,7 @@ void ModelRunner::init(const RunnerOptions& o) {
   kv_ = KvCache::allocate(cache_specs_, pages, o.block_size, dev, model_.state_specs(),
                           o.num_state_slots);
 #ifdef ATOM_HAVE_CUDA
-  if (dev.is_cuda() && !o.enforce_eager && st.size == 1) {
+  if (dev.is_cuda() && !o.enforce_eager && st.size == 1 && dp_size_ == 1) {
     const int seqs = std::min(o.max_num_seqs, std::max(1, pages));
     graphs_ = std::make_unique<DecodeGraphs>(model_, kv_, max_model_len_, seqs,
                                              decode_query_lens(model_, o));
@@ -241,7 +247,10 @@ void ModelRunner::capture_decode_graphs() {
 
 Tensor ModelRunner::forward_logits(Batch& batch) {
   batch.block_size = kv_.block_size;
-  batch.validate(kv_.num_pages, kv_.state.empty() ? -1 : kv_.num_state_slots);
+  // Data-parallel attention: the step's pages are every rank's (this rank's share is cut out in
+  // forward_part).
+  batch.validate(static_cast<int64_t>(kv_.num_pages) * dp_size_,
+                 kv_.state.empty() ? -1 : kv_.num_state_slots);
   arena_.reset();
   copy_state_slots(batch.state_copies);
   hidden_ = Tensor();
@@ -316,6 +325,21 @@ std::vector<int> micro_batch_cuts(const Batch& batch, int parts) {
 Tensor ModelRunner::forward_part(Batch& batch) {
   batch.upload(arena_);
   Step step{batch, arena_, &kv_};
+  // Data-parallel attention: this rank's sequences as a step of their own on its cache; the
+  // step itself addresses no cache.
+  Step local{dp_local_, arena_, &kv_};
+  DataParallelStep dp;
+  if (dp_size_ > 1) {
+    dp_local_ = batch.page_share(dp_rank_ * kv_.num_pages, kv_.num_pages, dp_rows_, dp_scatter_);
+    dp_local_.validate(kv_.num_pages, kv_.state.empty() ? -1 : kv_.num_state_slots);
+    dp_local_.upload(arena_);
+    dp.local = &local;
+    dp.local_tokens = static_cast<int64_t>(dp_rows_.size());
+    dp.rows = upload(dp_rows_.data(), {dp.local_tokens}, DType::kI32);
+    dp.scatter = upload(dp_scatter_.data(), {batch.num_tokens()}, DType::kI32);
+    step.kv = nullptr;
+    step.dp = &dp;
+  }
   // Pipeline stages: the previous stage's tensors in, this stage's out (no logits before the
   // last stage).
   IntermediateTensors in, out;

@@ -106,11 +106,12 @@ void Scheduler::preempt(Sequence* seq) {
   waiting_.push_front(seq);
 }
 
-// The most recently admitted running sequence that has no work in this step yet.
-Sequence* Scheduler::pick_victim() {
+// The most recently admitted running sequence of `partition` that has no work in this step yet
+// (another partition's blocks would not help).
+Sequence* Scheduler::pick_victim(int partition) {
   for (auto it = running_.rbegin(); it != running_.rend(); ++it) {
     Sequence* s = *it;
-    if (!s->finished() && !s->in_step) {
+    if (!s->finished() && !s->in_step && s->partition == partition) {
       running_.erase(std::next(it).base());
       return s;
     }
@@ -122,7 +123,7 @@ Sequence* Scheduler::pick_victim() {
 bool Scheduler::schedule_running(Sequence* seq, int num_new_tokens) {
   seq->in_step = true;  // never its own victim while others remain
   while (!blocks_.append_slots(*seq, num_new_tokens)) {
-    Sequence* victim = pick_victim();
+    Sequence* victim = pick_victim(seq->partition);
     if (!victim) {  // everyone else is in this step already: give way
       seq->in_step = false;
       running_.erase(std::find(running_.begin(), running_.end(), seq));
@@ -152,37 +153,62 @@ void Scheduler::admit_waiting(int& budget) {
       continue;
     }
     if (!states_.can_allocate()) break;
-    if (seq->collects_prompt_logprobs)
-      hits_.clear();
-    else
-      blocks_.find_cached_prefix(*seq, hits_);
-    int restore = -1;  // the checkpoint slot this sequence's state starts from
-    if (checkpoints()) {
-      // KV blocks alone cannot resume a recurrent state: the hits are cut back to the longest
-      // prefix whose state was checkpointed.
-      const int per = config_.state_checkpoint_interval / bs;
-      size_t keep = hits_.size() / static_cast<size_t>(per) * static_cast<size_t>(per);
-      for (; keep > 0; keep -= static_cast<size_t>(per)) {
-        const int i = find_checkpoint(hits_[keep - 1]);
-        if (i >= 0) {
-          restore = i;
-          break;
+    // The prefix hits in seq's partition, the checkpoint its state resumes from (-1: none) and
+    // the tokens it computes now (-1: a prompt with images that waits for a step with room).
+    int restore = -1, n = 0;
+    auto plan = [&] {
+      if (seq->collects_prompt_logprobs)
+        hits_.clear();
+      else
+        blocks_.find_cached_prefix(*seq, hits_);
+      restore = -1;
+      if (checkpoints()) {
+        // KV blocks alone cannot resume a recurrent state: the hits are cut back to the longest
+        // prefix whose state was checkpointed.
+        const int per = config_.state_checkpoint_interval / bs;
+        size_t keep = hits_.size() / static_cast<size_t>(per) * static_cast<size_t>(per);
+        for (; keep > 0; keep -= static_cast<size_t>(per)) {
+          const int i = find_checkpoint(hits_[keep - 1]);
+          if (i >= 0) {
+            restore = i;
+            break;
+          }
+        }
+        hits_.resize(keep);
+      }
+      n = seq->num_tokens() - static_cast<int>(hits_.size()) * bs;
+      if (seq->request && seq->request->images) {
+        // A prompt with images is prefilled in one step: it waits for a step with room for all
+        // of it (LLMEngine::add_request refused one that can never have it).
+        if (n > budget) n = -1;
+      } else {
+        n = cap_at_checkpoint(*seq, static_cast<int>(hits_.size()) * bs, n);
+        if (config_.long_prefill_token_threshold > 0)
+          n = std::min(n, config_.long_prefill_token_threshold);
+        n = std::min(n, budget);
+      }
+    };
+    if (blocks_.num_partitions() > 1) {
+      // Partitions (data-parallel attention): the one where the sequence fits with the longest
+      // cached prefix, then the most free blocks, then the lowest index.
+      int best = -1, best_hits = -1, best_free = -1;
+      for (int p = 0; p < blocks_.num_partitions(); ++p) {
+        seq->partition = p;
+        plan();
+        if (n < 0 || !blocks_.can_allocate(*seq, hits_, n)) continue;
+        const int h = static_cast<int>(hits_.size()), f = blocks_.num_free_blocks(p);
+        if (h > best_hits || (h == best_hits && f > best_free)) {
+          best = p;
+          best_hits = h;
+          best_free = f;
         }
       }
-      hits_.resize(keep);
+      if (best < 0) break;  // FCFS: nobody overtakes the head
+      seq->partition = best;
     }
+    plan();
+    if (n < 0) break;  // FCFS: nobody overtakes the head
     const int cached = static_cast<int>(hits_.size()) * bs;
-    int n = seq->num_tokens() - cached;
-    if (seq->request && seq->request->images) {
-      // A prompt with images is prefilled in one step: it waits for a step with room for all of
-      // it (LLMEngine::add_request refused one that can never have it).
-      if (n > budget) break;  // FCFS: nobody overtakes the head
-    } else {
-      n = cap_at_checkpoint(*seq, cached, n);
-      if (config_.long_prefill_token_threshold > 0)
-        n = std::min(n, config_.long_prefill_token_threshold);
-      n = std::min(n, budget);
-    }
     if (!blocks_.allocate(*seq, hits_, n)) break;  // FCFS: nobody overtakes the head
     ATOM_CHECK(states_.allocate(*seq), "state pool exhausted after can_allocate");
     if (restore >= 0) {
@@ -220,7 +246,11 @@ const SchedulerOutput& Scheduler::schedule() {
     if (seq->status != SeqStatus::kRunning || seq->in_step ||
         seq->num_tokens() - seq->num_computed_tokens != 1)
       continue;
-    if (!schedule_running(seq, 1)) break;  // seq itself gave way: nothing else can fit
+    // seq itself gave way: nothing else can fit (in another partition something may).
+    if (!schedule_running(seq, 1)) {
+      if (blocks_.num_partitions() == 1) break;
+      continue;
+    }
     --budget;
   }
   // 2. Prefill chunks (and recomputes) of running sequences.
@@ -233,7 +263,10 @@ const SchedulerOutput& Scheduler::schedule() {
       n = std::min(n, config_.long_prefill_token_threshold);
     n = std::min(n, budget);
     n = cap_at_checkpoint(*seq, seq->num_computed_tokens, n);
-    if (!schedule_running(seq, n)) break;
+    if (!schedule_running(seq, n)) {
+      if (blocks_.num_partitions() == 1) break;
+      continue;
+    }
     budget -= n;
   }
   // 3. New work, unless memory is short right now.

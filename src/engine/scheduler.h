@@ -12,7 +12,9 @@
 // When a running sequence needs a block and none is free, the most recently admitted sequence not
 // yet scheduled this step is preempted by recompute: its blocks and state slots are returned and
 // it goes back to the front of the waiting queue (its tokens are kept; its prefix blocks usually
-// stay in the prefix cache). Outputs are identical afterwards because the forward pass is
+// stay in the prefix cache). With block partitions (data-parallel attention) a new sequence goes to
+// the partition where it fits with the longest cached prefix (then the most free blocks), and a
+// victim comes from the needy sequence's own partition. Outputs are identical afterwards because the forward pass is
 // deterministic per row and sampling is keyed by (seed, position).
 #pragma once
 
@@ -83,7 +85,7 @@ class Scheduler {
 
  private:
   bool schedule_running(Sequence* seq, int num_new_tokens);
-  Sequence* pick_victim();
+  Sequence* pick_victim(int partition);
   void preempt(Sequence* seq);
   bool waits_for_leader(const Sequence* seq) const;
   void admit_waiting(int& budget);

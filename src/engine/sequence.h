@@ -56,6 +56,9 @@ struct Sequence {
   SeqStatus status = SeqStatus::kWaiting;
   int num_computed_tokens = 0;         // tokens whose KV (and state) are in the cache
   std::vector<int32_t> block_table;    // physical block of each logical block
+  // The block manager's partition its blocks come from (data-parallel attention: the rank whose
+  // cache holds them); chosen at admission, kept while it holds blocks.
+  int partition = 0;
   std::vector<uint64_t> block_hashes;  // chained hash of each full block of `tokens`
   std::vector<int32_t> state_slots;    // committed slot, then one rollback slot per draft token
   int num_cached_tokens = -1;          // prefix-cache hit at first admission (-1: not yet)

@@ -61,6 +61,9 @@ class StepRunner {
   virtual int64_t graph_steps() const { return 0; }
   virtual int block_size() const = 0;
   virtual int num_pages() const = 0;
+  // The page numbers split into this many equal partitions, each held by one data-parallel
+  // attention rank (a sequence's pages all come from one: BlockManager partitions).
+  virtual int page_partitions() const { return 1; }
   virtual int max_model_len() const = 0;
   // Hidden states [num_tokens, hidden] (after the final norm) of the last step, eager or from a
   // decode graph, on the model's device, valid until the next step; undefined when the runner

@@ -140,6 +140,11 @@ TpRunner::TpRunner(ModelGroup& models, const RunnerOptions& options)
       copies_(static_cast<size_t>(models.world_size())) {
   RunnerOptions o = options;
   o.agree_pages = [this](int pages) { return threads_.min_over_ranks(pages); };
+  for (int r = 0; r < models.world_size(); ++r)
+    if (models.holds(r)) {
+      if (models.model(r).data_parallel_attention()) dp_ = models.tp_size();
+      break;
+    }
   try {
     on_all_nodes(options_to_bytes(options), [&] {
       threads_.run([&](int r) {
@@ -147,6 +152,10 @@ TpRunner::TpRunner(ModelGroup& models, const RunnerOptions& options)
         ro.stage_in = models_.link_in(r);
         ro.stage_out = models_.link_out(r);
         if (models_.pp_size() > 1) ro.micro_batches = models_.pp_size();
+        if (dp_ > 1) {
+          ro.dp_size = dp_;
+          ro.dp_rank = r % models_.tp_size();
+        }
         runners_[static_cast<size_t>(r)] = std::make_unique<ModelRunner>(models_.model(r), ro);
       });
     });

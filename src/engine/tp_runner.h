@@ -36,7 +36,9 @@ class TpRunner final : public StepRunner {
     return runners_[static_cast<size_t>(leader_)]->graph_buckets();
   }
   int block_size() const override { return lead().block_size(); }
-  int num_pages() const override { return lead().num_pages(); }
+  // Data-parallel attention: every rank's pages, rank r's the partition r.
+  int num_pages() const override { return lead().num_pages() * dp_; }
+  int page_partitions() const override { return dp_; }
   int max_model_len() const override { return lead().max_model_len(); }
   int rebalance_experts() override;
   // The leader's hidden states of the last step (speculative decoding's drafter reads them: after
@@ -69,6 +71,7 @@ class TpRunner final : public StepRunner {
   ModelGroup& models_;
   RankThreads& threads_;
   int leader_;
+  int dp_ = 1;  // data-parallel attention ranks (the tensor-parallel ranks), else 1
   bool head_;  // the head of several nodes: commands go to the workers
   std::vector<std::unique_ptr<ModelRunner>> runners_;
   // Every rank but the leader uploads its own copy of the step: a Batch holds its device views.

@@ -97,6 +97,14 @@ struct Batch {
   // slices' logits in order are this batch's. state_copies stay with this batch (the runner makes
   // them once, before the first slice).
   Batch slice(int first, int last) const;
+  // The sequences whose pages lie in [first_page, first_page + num_pages) (a data-parallel rank's
+  // share of the engine's pages: every page of a sequence is in one share, else an Error) as a
+  // batch of their own, host fields only: their token rows in order, their pages and cache slots
+  // rebased to the share, the logits rows among their tokens. rows[i]: this batch's row of the
+  // share's row i; scatter[t]: the share's row of this batch's row t, or the share's token count
+  // where another share holds it. state_copies and input embeddings stay with this batch.
+  Batch page_share(int first_page, int num_pages, std::vector<int32_t>& rows,
+                   std::vector<int32_t>& scatter) const;
 };
 
 }  // namespace atom

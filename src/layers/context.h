@@ -173,6 +173,12 @@ struct LayerContext {
   // The pipeline stage this model is (the whole model: stage 0 of 1).
   PipelineStage stage{};
 
+  // Data-parallel attention (vLLM's --data-parallel-size for DeepSeek's latent attention): the
+  // context attention layers are built in (tp 1: every head on every rank, a solo communicator),
+  // while the ranks split the step's sequences between them (Step::dp, layers/dp_attention.h)
+  // and every other layer stays tensor- or expert-parallel over them. Null otherwise.
+  LayerContext* data_parallel_attention = nullptr;
+
   // Expert parallelism in effect: asked for, over more than one rank.
   bool experts_split() const { return expert_parallel && tp_size > 1; }
 
@@ -180,6 +186,19 @@ struct LayerContext {
   Tensor param_tensor(Shape shape, DType dtype) const {
     return Tensor::zeros(std::move(shape), dtype, device);
   }
+};
+
+struct Step;
+
+// Data-parallel attention's share of a step on this rank (the ModelRunner builds it): the
+// sequences whose KV pages this rank's cache holds, as a step of their own, and where their token
+// rows sit in the step's.
+struct DataParallelStep {
+  Step* local = nullptr;  // the rank's sequences: their rows, pages rebased to this rank's cache
+  Tensor rows;            // [T_local] I32: the step's row of each local row
+  // [T] I32: the local row of each of the step's rows, T_local where another rank owns it
+  Tensor scatter;
+  int64_t local_tokens = 0;
 };
 
 // One forward step.
@@ -198,6 +217,9 @@ struct Step {
   // of *layer_outputs_out, [T, size() hidden] F32 in the step's arena (keep_layer_output).
   const std::vector<int64_t>* layer_outputs = nullptr;
   Tensor* layer_outputs_out = nullptr;
+  // Data-parallel attention (LayerContext::data_parallel_attention): this rank's sequences.
+  // The step's own kv is then null: only the local step addresses this rank's cache.
+  const DataParallelStep* dp = nullptr;
 
   Tensor empty(Shape shape, DType dtype) { return arena.alloc(std::move(shape), dtype); }
 };

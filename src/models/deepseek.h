@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "layers/dp_attention.h"
 #include "layers/indexer.h"
 #include "layers/mla.h"
 #include "layers/moe.h"
@@ -55,15 +56,21 @@ std::unique_ptr<FeedForward> deepseek_v32_family_mlp(LayerContext& ctx, const Mo
                                                      float swiglu_limit = 0.0f);
 
 // The self-attention of a DeepSeek decoder layer: MLA, with RoPE on interleaved pairs where
-// Interleave(config) says so.
+// Interleave(config) says so. With data-parallel attention (the models that use it say
+// supports_data_parallel_attention) every rank holds every head and attends for its own
+// sequences (layers/dp_attention.h).
 template <bool (*Interleave)(const ModelConfig&)>
 class DeepseekAttention {
  public:
   DeepseekAttention(LayerContext& ctx, const ModelConfig& c, int64_t, const std::string& prefix)
-      : mla_(ctx, prefix, deepseek_mla_options(c, Interleave(c))) {}
-  Tensor forward(Step& step, const Tensor& x) { return mla_.forward(step, x); }
+      : ctx_(ctx), mla_(attention_context(ctx), prefix, deepseek_mla_options(c, Interleave(c))) {}
+  Tensor forward(Step& step, const Tensor& x) {
+    return data_parallel_attention(step, ctx_, x,
+                                   [this](Step& s, const Tensor& xs) { return mla_.forward(s, xs); });
+  }
 
  private:
+  LayerContext& ctx_;
   MultiHeadLatentAttention mla_;
 };
 

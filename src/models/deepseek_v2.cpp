@@ -44,6 +44,7 @@ class DeepseekV2ForCausalLM
   WeightLoadSpec weight_load_spec() const override {
     return deepseek_weight_load_spec(*this, deepseek_num_experts(config(), 64), 2);
   }
+  bool supports_data_parallel_attention() const override { return true; }
 };
 
 }  // namespace

@@ -46,6 +46,7 @@ class DeepseekV3ForCausalLM : public DecoderOnlyLM<DeepseekV3DecoderLayer> {
   WeightLoadSpec weight_load_spec() const override {
     return deepseek_weight_load_spec(*this, deepseek_num_experts(config(), 256), 1);
   }
+  bool supports_data_parallel_attention() const override { return true; }
 };
 
 // Kimi-K2.5 / K2.6 (KimiK25ForConditionalGeneration; transformers'

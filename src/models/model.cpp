@@ -89,6 +89,13 @@ Model::Model(const ModelConfig& config, const ModelOptions& options)
     fail("tensor-parallel rank {} of size {} is invalid", options.tp_rank, options.tp_size);
   if (options.tp_size > 1 && (!options.comm || options.comm->size() != options.tp_size))
     fail("tensor-parallel size {} needs a communicator of that size", options.tp_size);
+  if (options.data_parallel_attention && options.tp_size > 1) {
+    attention_ctx_ = std::make_unique<LayerContext>(ctx_);
+    attention_ctx_->tp_rank = 0;
+    attention_ctx_->tp_size = 1;
+    attention_ctx_->comm = &solo_;
+    ctx_.data_parallel_attention = attention_ctx_.get();
+  }
 }
 
 int Model::rebalance_experts() {

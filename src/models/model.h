@@ -49,6 +49,11 @@ struct ModelOptions {
   // steps their placement follows the experts' load (vLLM's step_interval; 0: never).
   int num_redundant_experts = 0;
   int eplb_step_interval = 3000;
+  // Data-parallel attention (vLLM's --data-parallel-size): the tp_size ranks split the step's
+  // sequences for attention, each holding every head and only its sequences' KV, instead of
+  // splitting the heads (LayerContext::data_parallel_attention); the other layers stay tensor-
+  // (or expert-) parallel over them. For models with supports_data_parallel_attention().
+  bool data_parallel_attention = false;
 };
 
 // The fused modules every model starts from: q/k/v_proj -> qkv_proj, gate/up_proj ->
@@ -83,6 +88,11 @@ class Model {
   int eplb_step_interval() const { return eplb_layers_.empty() ? 0 : eplb_step_interval_; }
   const std::vector<FusedMoE*>& eplb_layers() const { return eplb_layers_; }
   bool expert_parallel() const { return ctx_.experts_split(); }
+  // Whether the ranks split sequences instead of heads for attention (ModelOptions), and whether
+  // the model's attention layers can (they are built in attention_context() and run through
+  // data_parallel_attention(), layers/dp_attention.h).
+  bool data_parallel_attention() const { return ctx_.data_parallel_attention != nullptr; }
+  virtual bool supports_data_parallel_attention() const { return false; }
   // The pipeline stage this model is (stage 0 of 1 without pipeline parallelism).
   const PipelineStage& stage() const { return ctx_.stage; }
   // Whether the model builds only its stage's modules and runs from Step::pp_in to Step::pp_out
@@ -122,6 +132,7 @@ class Model {
   std::vector<FusedMoE*> eplb_layers_;
   int eplb_step_interval_ = 0;
   LayerContext ctx_;
+  std::unique_ptr<LayerContext> attention_ctx_;  // ctx_.data_parallel_attention
 };
 
 // Step::layer_outputs: when the step asks for `layer`'s output, its rows x ([T, hidden], or the

@@ -135,8 +135,9 @@ std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
            "NCCL's bootstrap over --master-addr is not written yet)",
            nnodes, options.device.str());
     nodes->check_same("model and parallel flags",
-                      fmt::format("{} tp {} pp {} ep {} redundant {}", model_dir, tp_size, pp,
-                                  options.expert_parallel, options.num_redundant_experts));
+                      fmt::format("{} tp {} pp {} ep {} redundant {} dp attention {}", model_dir,
+                                  tp_size, pp, options.expert_parallel,
+                                  options.num_redundant_experts, options.data_parallel_attention));
     g->nodes_ = nodes;
   }
   if (world == 1) {
@@ -155,6 +156,16 @@ std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
          "CUDA path, eager stages with their tensors handed on through the host, is not verified "
          "on a GPU yet)",
          pp);
+  // Data-parallel attention's CUDA path (a second, local step uploaded per rank, eager steps) is
+  // not verified on GPUs (several are needed: NCCL runs one rank of a communicator per device).
+  if (options.data_parallel_attention && first.is_cuda())
+    fail("--data-parallel-size {}: data-parallel attention runs on CPU ranks only so far (its "
+         "CUDA path is not verified on GPUs yet)",
+         tp_size);
+  if (options.data_parallel_attention && pp > 1)
+    fail("--data-parallel-size {} with --pipeline-parallel-size {}: data-parallel attention "
+         "within pipeline stages is not supported yet",
+         tp_size, pp);
   if (share && tp_size > 1)
     fail("ranks_share_device: a tensor-parallel group of {} ranks cannot share {} (NCCL runs one "
          "rank of a communicator per device)",

@@ -12,6 +12,8 @@
 #include <random>
 #include <set>
 
+#include "core/error.h"
+
 namespace atom {
 namespace {
 
@@ -26,8 +28,8 @@ struct Harness {
   std::vector<uint64_t> shadow;  // [num_blocks * block_size]
   std::vector<std::unique_ptr<Sequence>> live;
 
-  Harness(int blocks, int bs, bool caching, BlockHasher h = block_hash_xxh64)
-      : bm(blocks, bs, caching, h), shadow(static_cast<size_t>(blocks) * bs, 0) {}
+  Harness(int blocks, int bs, bool caching, BlockHasher h = block_hash_xxh64, int partitions = 1)
+      : bm(blocks, bs, caching, h, partitions), shadow(static_cast<size_t>(blocks) * bs, 0) {}
 
   // Marks [num_computed, num_computed + n) computed, writing the shadow KV.
   void compute(Sequence& s, int n) {
@@ -55,7 +57,15 @@ struct Harness {
     bm.check_invariants();
     std::map<int, int> held;
     for (const auto& s : live)
-      for (int32_t b : s->block_table) ++held[b];
+      for (int32_t b : s->block_table) {
+        ++held[b];
+        ASSERT_EQ(bm.partition_of(b), s->partition) << "block " << b << " of another partition";
+      }
+    std::vector<int> free_in(static_cast<size_t>(bm.num_partitions()), 0);
+    for (int b = 0; b < bm.num_blocks(); ++b) free_in[static_cast<size_t>(bm.partition_of(b))] +=
+        held[b] == 0;
+    for (int p = 0; p < bm.num_partitions(); ++p)
+      ASSERT_EQ(bm.num_free_blocks(p), free_in[static_cast<size_t>(p)]) << "partition " << p;
     int used = 0;
     for (int b = 0; b < bm.num_blocks(); ++b) {
       ASSERT_EQ(bm.ref_count(b), held[b]) << "block " << b;
@@ -73,12 +83,16 @@ std::unique_ptr<Sequence> make_seq(std::vector<int32_t> tokens) {
   return s;
 }
 
-TEST(BlockManager, RandomOperationsKeepInvariants) {
+// Random admissions, growth and frees; with partitions (data-parallel attention) each sequence
+// takes a random partition, which every block it holds and every hit must belong to.
+void random_operations(int partitions) {
+  int64_t cross_partition_misses = 0;
   for (int trial = 0; trial < 40; ++trial) {
     std::mt19937 rng(1000 + trial);
     const int bs = 1 + static_cast<int>(rng() % 5);
     const bool caching = trial % 4 != 3;
-    Harness h(8 + static_cast<int>(rng() % 40), bs, caching);
+    Harness h(partitions * (8 + static_cast<int>(rng() % 40)), bs, caching, block_hash_xxh64,
+              partitions);
     // A few shared stems make prefix hits frequent.
     std::vector<std::vector<int32_t>> stems(3);
     for (auto& st : stems)
@@ -93,9 +107,21 @@ TEST(BlockManager, RandomOperationsKeepInvariants) {
         for (int extra = static_cast<int>(rng() % 10); extra > 0; --extra)
           t.push_back(static_cast<int32_t>(rng() % 7));
         auto s = make_seq(t);
+        s->partition = static_cast<int>(rng() % static_cast<unsigned>(partitions));
+        if (partitions > 1 && caching) {
+          // The same prompt in every partition: hits only where that partition cached it.
+          for (int p = 0; p < partitions; ++p) {
+            s->partition = p;
+            h.bm.find_cached_prefix(*s, hits);
+            for (int32_t b : hits) ASSERT_EQ(h.bm.partition_of(b), p);
+            cross_partition_misses += hits.empty();
+          }
+          s->partition = static_cast<int>(rng() % static_cast<unsigned>(partitions));
+        }
         h.bm.find_cached_prefix(*s, hits);
         ASSERT_LE(static_cast<int>(hits.size()) * bs, s->num_tokens() - 1);
         h.check_hits(*s, hits);
+        const int free_part_before = h.bm.num_free_blocks(s->partition);
         const int cached = static_cast<int>(hits.size()) * bs;
         const int n = 1 + static_cast<int>(rng() % (s->num_tokens() - cached));
         const int free_before = h.bm.num_free_blocks();
@@ -107,6 +133,11 @@ TEST(BlockManager, RandomOperationsKeepInvariants) {
         } else {
           ASSERT_EQ(h.bm.num_free_blocks(), free_before) << "failed allocate changed state";
           ASSERT_TRUE(s->block_table.empty());
+          int free_hits = 0;  // hit blocks in the free list count as free
+          for (int32_t x : hits) free_hits += h.bm.ref_count(x) == 0;
+          ASSERT_LT(free_part_before - free_hits,
+                    (cached + n + bs - 1) / bs - static_cast<int>(hits.size()))
+              << "allocate failed with room in the sequence's partition";
         }
       } else if (kind == 1) {  // a running sequence computes more (appending a token if done)
         Sequence& s = *h.live[rng() % h.live.size()];
@@ -128,6 +159,65 @@ TEST(BlockManager, RandomOperationsKeepInvariants) {
     if (caching && trial == 0) {
       EXPECT_GT(total_hits, 0) << "the workload should produce hits";
     }
+  }
+  if (partitions > 1) {
+    EXPECT_GT(cross_partition_misses, 0) << "some prefix should be cached in one partition only";
+  }
+}
+
+TEST(BlockManager, RandomOperationsKeepInvariants) { random_operations(1); }
+
+TEST(BlockManager, PartitionsKeepInvariantsAndTheirOwnBlocks) {
+  random_operations(2);
+  random_operations(3);
+}
+
+// Partition p owns blocks [p B, (p + 1) B): a sequence's blocks, its hits and the room it may use
+// are its partition's alone.
+TEST(BlockManager, PartitionsAllocateAndCacheApart) {
+  Harness h(12, 2, true, block_hash_xxh64, 3);  // partitions of 4 blocks
+  EXPECT_EQ(h.bm.partition_blocks(), 4);
+  auto a = make_seq({1, 2, 3, 4, 5, 6, 7});
+  a->partition = 1;
+  std::vector<int32_t> hits;
+  h.bm.find_cached_prefix(*a, hits);
+  ASSERT_TRUE(h.bm.allocate(*a, hits, 7));
+  for (int32_t b : a->block_table) EXPECT_TRUE(b >= 4 && b < 8) << b;
+  EXPECT_EQ(h.bm.num_free_blocks(1), 0);
+  EXPECT_EQ(h.bm.num_free_blocks(0), 4);
+  h.compute(*a, 7);
+  h.live.push_back(std::move(a));
+  // Partition 1 is full: another sequence there does not fit, one in partition 2 does.
+  auto b = make_seq({9, 9, 9});
+  b->partition = 1;
+  h.bm.find_cached_prefix(*b, hits);
+  EXPECT_FALSE(h.bm.can_allocate(*b, hits, 3));
+  EXPECT_FALSE(h.bm.allocate(*b, hits, 3));
+  b->partition = 2;
+  ASSERT_TRUE(h.bm.allocate(*b, hits, 3));
+  for (int32_t x : b->block_table) EXPECT_GE(x, 8);
+  // a's prefix is cached in partition 1 only.
+  auto c = make_seq({1, 2, 3, 4, 5, 6, 7, 8});
+  for (int p = 0; p < 3; ++p) {
+    c->partition = p;
+    h.bm.find_cached_prefix(*c, hits);
+    EXPECT_EQ(hits.size(), p == 1 ? 3u : 0u) << "partition " << p;
+  }
+  // Growing past the partition fails even with free blocks elsewhere.
+  Sequence& held = *h.live[0];
+  held.tokens.push_back(8);
+  held.tokens.push_back(9);
+  EXPECT_FALSE(h.bm.append_slots(held, 2));
+  EXPECT_GT(h.bm.num_free_blocks(), 2);
+  h.bm.free(*b);
+  h.check_refcounts();
+  try {
+    BlockManager bad(10, 4, true, block_hash_xxh64, 3);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("10 blocks do not split into 3 partitions"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -84,5 +84,48 @@ TEST(MicroBatch, CutsBalanceTokensWithAtLeastOneSequenceEach) {
   EXPECT_EQ(micro_batch_cuts(unsorted, 2), (std::vector<int>{0, 4}));
 }
 
+// Data-parallel attention's share of a step: the sequences on pages [first, first + n), rebased.
+TEST(DataParallelShare, PageShareKeepsItsSequencesRowsAndRebasesPages) {
+  const Batch b = four_sequences();  // pages: 10-11 | 12-14 | 15 | 16-17
+  std::vector<int32_t> rows, scatter;
+  const Batch s = b.page_share(12, 4, rows, scatter);  // sequences 1 and 2
+  s.validate(4);
+  EXPECT_EQ(rows, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(scatter, (std::vector<int32_t>{2, 2, 2, 2, 2, 0, 1, 2, 2, 2}));
+  EXPECT_EQ(s.token_ids, (std::vector<int32_t>{100, 200}));
+  EXPECT_EQ(s.positions, (std::vector<int32_t>{8, 1}));
+  EXPECT_EQ(s.query_start, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(s.context_lens, (std::vector<int32_t>{9, 2}));
+  EXPECT_EQ(s.page_indptr, (std::vector<int32_t>{0, 3, 4}));
+  EXPECT_EQ(s.page_indices, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(s.slot_mapping, (std::vector<int32_t>{b.slot_mapping[5] - 48, b.slot_mapping[6] - 48}));
+  EXPECT_EQ(s.state_slots, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(s.logits_indices, (std::vector<int32_t>{0, 1}));
+  EXPECT_TRUE(s.state_copies.empty());
+  // A share nobody's pages are in: no rows, every row another's.
+  const Batch none = b.page_share(40, 8, rows, scatter);
+  EXPECT_EQ(none.num_seqs(), 0);
+  EXPECT_TRUE(rows.empty());
+  EXPECT_EQ(scatter, std::vector<int32_t>(10, 0));
+  // The first and last sequences together: rows out of order with the others between.
+  Batch ends = b;
+  ends.page_indices = {0, 1, 12, 13, 14, 15, 2, 3};
+  for (int t = 0; t < ends.num_tokens(); ++t) {
+    const int seq = t < 5 ? 0 : t < 6 ? 1 : t < 7 ? 2 : 3;
+    const int pos = ends.positions[static_cast<size_t>(t)];
+    const int first = ends.page_indptr[static_cast<size_t>(seq)];
+    ends.slot_mapping[static_cast<size_t>(t)] =
+        ends.page_indices[static_cast<size_t>(first + pos / 4)] * 4 + pos % 4;
+  }
+  const Batch e = ends.page_share(0, 4, rows, scatter);
+  EXPECT_EQ(rows, (std::vector<int32_t>{0, 1, 2, 3, 4, 7, 8, 9}));
+  EXPECT_EQ(e.logits_indices, (std::vector<int32_t>{4, 5, 6, 7}));
+  EXPECT_EQ(e.page_indices, (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(e.state_rollback_slots, (std::vector<int32_t>{-1, -1, -1, -1, -1, 20, 21, 22}));
+  // A sequence with pages in two shares is a bug the runner must not paper over.
+  EXPECT_ERROR_CONTAINS(b.page_share(11, 4, rows, scatter),
+                        "holds pages inside and outside the share [11, 15)");
+}
+
 }  // namespace
 }  // namespace atom::test

@@ -39,9 +39,9 @@ struct Sim {
   bool saw_mixed_step = false;
   int64_t steps = 0;
 
-  Sim(SchedulerConfig c, int blocks, int bs, bool caching, int state_slots = 0)
+  Sim(SchedulerConfig c, int blocks, int bs, bool caching, int state_slots = 0, int partitions = 1)
       : cfg(c),
-        bm(blocks, bs, caching),
+        bm(blocks, bs, caching, block_hash_xxh64, partitions),
         pool(state_slots, state_slots > 0 ? 1 : 0),
         sched(c, bm, pool),
         shadow(static_cast<size_t>(blocks) * bs, 0) {}
@@ -79,6 +79,8 @@ struct Sim {
       Sequence& q = *s.seq;
       const int start = q.num_computed_tokens, end = start + s.num_new_tokens;
       ASSERT_LE(end, q.num_tokens());
+      for (int32_t b : q.block_table)
+        ASSERT_EQ(bm.partition_of(b), q.partition) << "a block of another partition";
       ASSERT_GE(static_cast<int>(q.block_table.size()) * bs, end);
       if (pool.enabled()) {
         ASSERT_EQ(q.state_slots.size(), 1u);
@@ -124,9 +126,11 @@ std::vector<int32_t> alone_output(std::vector<int32_t> prompt, int max_tokens) {
   return {t.begin() + static_cast<std::ptrdiff_t>(p), t.end()};
 }
 
-TEST(Scheduler, RandomWorkloadsRespectBudgetsAndKeepKvConsistent) {
+// partitions > 1: data-parallel attention's block partitions, each able to hold a sequence.
+void random_workloads(int partitions) {
   int64_t preemptions = 0, hits = 0;
   bool mixed = false;
+  std::set<int> used_partitions;
   for (int trial = 0; trial < 60; ++trial) {
     std::mt19937 rng(7 + trial);
     SchedulerConfig c;
@@ -135,8 +139,8 @@ TEST(Scheduler, RandomWorkloadsRespectBudgetsAndKeepKvConsistent) {
     c.long_prefill_token_threshold = trial % 3 == 0 ? 1 + static_cast<int>(rng() % 8) : 0;
     const int bs = 1 + static_cast<int>(rng() % 4);
     const int max_len = 48;
-    const int blocks = (max_len + bs - 1) / bs + static_cast<int>(rng() % 24);
-    Sim sim(c, blocks, bs, trial % 5 != 4, trial % 2 ? c.max_num_seqs : 0);
+    const int blocks = partitions * ((max_len + bs - 1) / bs + static_cast<int>(rng() % 24));
+    Sim sim(c, blocks, bs, trial % 5 != 4, trial % 2 ? c.max_num_seqs : 0, partitions);
     std::vector<std::vector<int32_t>> stems(3);
     for (auto& st : stems)
       for (int i = 0; i < 30; ++i) st.push_back(static_cast<int32_t>(rng() % 5));
@@ -150,11 +154,12 @@ TEST(Scheduler, RandomWorkloadsRespectBudgetsAndKeepKvConsistent) {
       // Arrivals interleave with steps.
       for (int k = static_cast<int>(rng() % 3); k > 0 && sim.sched.has_unfinished(); --k) {
         sim.step();
-        if (HasFatalFailure()) return;
+        if (::testing::Test::HasFatalFailure()) return;
       }
     }
     sim.run_to_end();
-    if (HasFatalFailure()) return;
+    if (::testing::Test::HasFatalFailure()) return;
+    for (const auto& [seq, out] : expect) used_partitions.insert(seq->partition);
     for (const auto& [seq, out] : expect)
       ASSERT_EQ(
           std::vector<int32_t>(seq->tokens.begin() + seq->num_prompt_tokens, seq->tokens.end()),
@@ -169,6 +174,65 @@ TEST(Scheduler, RandomWorkloadsRespectBudgetsAndKeepKvConsistent) {
   EXPECT_GT(preemptions, 0) << "the workloads should exercise preemption";
   EXPECT_GT(hits, 0) << "the workloads should exercise prefix hits";
   EXPECT_TRUE(mixed) << "some step should mix decodes and prefill chunks";
+  EXPECT_EQ(static_cast<int>(used_partitions.size()), partitions) << "some partition never used";
+}
+
+TEST(Scheduler, RandomWorkloadsRespectBudgetsAndKeepKvConsistent) { random_workloads(1); }
+
+TEST(Scheduler, PartitionedRandomWorkloadsKeepEachSequenceInItsPartition) {
+  random_workloads(2);
+  random_workloads(3);
+}
+
+// Data-parallel attention's partitions: a new sequence goes where its prefix is cached, else to
+// the partition with the most free blocks; a sequence that needs a block preempts one of its own
+// partition, never another's.
+TEST(Scheduler, PartitionsPlaceByCachedPrefixThenFreeBlocksAndPreemptWithin) {
+  SchedulerConfig c;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 64;
+  Sim sim(c, /*blocks=*/16, /*bs=*/4, true, 0, /*partitions=*/2);  // 8 blocks each
+  const std::vector<int32_t> stem = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8};
+  Sequence* a = sim.add(stem, 4);  // 3 blocks, then a fourth
+  sim.step();
+  EXPECT_EQ(a->partition, 0) << "ties go to the lowest partition";
+  Sequence* b = sim.add({7, 7, 7, 7, 7}, 2);
+  sim.step();
+  EXPECT_EQ(b->partition, 1) << "the partition with the most free blocks";
+  sim.run_to_end();
+  // The stem is cached in partition 0 only. A blocker running there leaves it fewer free blocks
+  // than partition 1, yet a prompt sharing the stem goes there, to its cached prefix.
+  Sequence* blocker = sim.add({8, 8, 8, 8, 8}, 20);
+  sim.step();
+  ASSERT_EQ(blocker->partition, 0) << "both partitions all free: the lowest";
+  ASSERT_LT(sim.bm.num_free_blocks(0), sim.bm.num_free_blocks(1));
+  std::vector<int32_t> again = stem;
+  again.push_back(4);
+  Sequence* c0 = sim.add(again, 1);
+  sim.step();
+  EXPECT_EQ(c0->partition, 0);
+  EXPECT_EQ(c0->num_cached_tokens, 12);
+  sim.run_to_end();
+  // Four one-block prompts admitted in one step alternate between the partitions (most free
+  // blocks, ties to the lowest). The two of partition 0 then outgrow it (8 + 7 blocks of 8) while
+  // the two of partition 1 grow to fill theirs exactly: one of partition 0 is preempted, and
+  // never one of partition 1, whose blocks would not help.
+  Sim p(c, 16, 4, false, 0, 2);
+  Sequence* grow = p.add({1, 1, 1, 1}, 28);  // grows to 8 blocks: all of its partition
+  Sequence* x = p.add({2}, 14);               // grows to 4 blocks
+  Sequence* other = p.add({3, 3, 3, 3}, 24);  // grows to 7 blocks
+  Sequence* y = p.add({4}, 14);
+  p.step();
+  ASSERT_EQ(grow->partition, 0);
+  ASSERT_EQ(x->partition, 1);
+  ASSERT_EQ(other->partition, 0);
+  ASSERT_EQ(y->partition, 1);
+  p.run_to_end();
+  EXPECT_GT(grow->num_preemptions + other->num_preemptions, 0)
+      << "partition 0 should run out of blocks";
+  EXPECT_EQ(x->num_preemptions + y->num_preemptions, 0)
+      << "a sequence of partition 1 was preempted for partition 0";
+  EXPECT_TRUE(grow->finished() && x->finished() && other->finished() && y->finished());
 }
 
 TEST(Scheduler, FirstComeFirstServedAdmission) {
