@@ -71,17 +71,22 @@ class DeepseekV32Attention {
       : DeepseekV32Attention(ctx, c, prefix, deepseek_mla_options(c, /*interleaved=*/true)) {}
   DeepseekV32Attention(LayerContext& ctx, const ModelConfig& c, const std::string& prefix,
                        const MlaOptions& mla)
-      : mla_(ctx, prefix, mla),
-        indexer_(ctx, prefix + ".indexer",
+      : ctx_(ctx),
+        mla_(attention_context(ctx), prefix, mla),
+        indexer_(attention_context(ctx), prefix + ".indexer",
                  deepseek_indexer_options(c, mla, /*interleaved_rope=*/false), mla_.rotary()) {}
 
+  // With data-parallel attention, on this rank's sequences (their indexer keys in its cache).
   Tensor forward(Step& step, const Tensor& x) {
-    auto p = mla_.project(step, x);  // q, q_resid; (c_kv | k_pe) cached
-    Tensor topk = indexer_.forward(step, x, p.q_resid);
-    return mla_.attend(step, p, topk);
+    return data_parallel_attention(step, ctx_, x, [this](Step& s, const Tensor& xs) {
+      auto p = mla_.project(s, xs);  // q, q_resid; (c_kv | k_pe) cached
+      Tensor topk = indexer_.forward(s, xs, p.q_resid);
+      return mla_.attend(s, p, topk);
+    });
   }
 
  private:
+  LayerContext& ctx_;
   MultiHeadLatentAttention mla_;
   SparseAttentionIndexer indexer_;
 };
@@ -101,6 +106,7 @@ class DeepseekV32ForCausalLM
   WeightLoadSpec weight_load_spec() const override {
     return deepseek_weight_load_spec(*this, deepseek_num_experts(config(), 256), 1);
   }
+  bool supports_data_parallel_attention() const override { return true; }
 };
 
 }  // namespace

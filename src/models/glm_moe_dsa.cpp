@@ -34,20 +34,26 @@ class GlmMoeDsaAttention {
 
   GlmMoeDsaAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer,
                      const std::string& prefix, const MlaOptions& mla)
-      : mla_(ctx, prefix, mla) {
+      : ctx_(ctx), mla_(attention_context(ctx), prefix, mla) {
     if (dsa_indexer_types(c).at(static_cast<size_t>(layer)) == "full")
       indexer_ = std::make_unique<SparseAttentionIndexer>(
-          ctx, prefix + ".indexer", deepseek_indexer_options(c, mla, /*interleaved_rope=*/true),
-          mla_.rotary());
+          attention_context(ctx), prefix + ".indexer",
+          deepseek_indexer_options(c, mla, /*interleaved_rope=*/true), mla_.rotary());
   }
 
+  // With data-parallel attention, on this rank's sequences: their selection in the first rows of
+  // the state (the same rows in every layer of the step).
   Tensor forward(Step& step, const Tensor& x, State& state) {
-    auto p = mla_.project(step, x);
-    if (indexer_) indexer_->forward(step, x, p.q_resid, state.topk);  // else: the last full one's
-    return mla_.attend(step, p, state.topk);
+    return data_parallel_attention(step, ctx_, x, [&](Step& s, const Tensor& xs) {
+      Tensor topk = state.topk.narrow(0, 0, xs.size(0));
+      auto p = mla_.project(s, xs);
+      if (indexer_) indexer_->forward(s, xs, p.q_resid, topk);  // else: the last full one's
+      return mla_.attend(s, p, topk);
+    });
   }
 
  private:
+  LayerContext& ctx_;
   MultiHeadLatentAttention mla_;
   std::unique_ptr<SparseAttentionIndexer> indexer_;  // "full" layers only
 };
@@ -67,6 +73,7 @@ class GlmMoeDsaForCausalLM
   WeightLoadSpec weight_load_spec() const override {
     return deepseek_weight_load_spec(*this, deepseek_num_experts(config(), 256), 1);
   }
+  bool supports_data_parallel_attention() const override { return true; }
 };
 
 }  // namespace

@@ -74,7 +74,8 @@ LoadedModel model_load(const std::string& model_dir, const ModelOptions& options
          model_dir, config.architectures.at(0), options.pp_size);
   if (r.model->data_parallel_attention() && !r.model->supports_data_parallel_attention())
     fail("{}: {} runs attention tensor-parallel only (--data-parallel-size {}): data-parallel "
-         "attention is implemented for the latent-attention models (DeepSeek-V2/V3, Kimi-K2)",
+         "attention is implemented for the latent-attention models (DeepSeek-V2/V3/V3.2, Kimi-K2, "
+         "GLM-5)",
          model_dir, config.architectures.at(0), options.tp_size);
   if (format == LoadFormat::kDummy) {
     model_fill_dummy(*r.model);

@@ -58,37 +58,16 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineDp,
                          ::testing::Values(DpCase{"deepseek_v2_lite", 2},
                                            DpCase{"deepseek_v2_lite", 4, true},
                                            DpCase{"deepseek_v3", 2, true}, DpCase{"deepseek_v3", 4},
-                                           DpCase{"deepseek_v3_plain", 2}),
+                                           DpCase{"deepseek_v3_plain", 2},
+                                           DpCase{"deepseek_v32", 2, true},
+                                           DpCase{"glm_moe_dsa", 2}, DpCase{"glm_moe_dsa", 4}),
                          dp_case_name);
 
-struct DpScenario {
-  std::string name;
-  EngineConfig config;
-  bool run_twice = false;
-  bool expect_preemption = false;
-};
-
-std::vector<DpScenario> dp_scenarios() {
-  std::vector<DpScenario> s;
-  s.push_back({"one_batch", test_config()});
-  DpScenario chunked{"chunked_mixed_steps", test_config()};
-  chunked.config.max_num_seqs = 6;
-  chunked.config.max_num_batched_tokens = 16;
-  s.push_back(chunked);
+std::vector<EngineScenario> dp_scenarios() {
   // Each rank's cache holds 8 blocks of 16 tokens, one sequence of max_model_len: the partitions
   // run out and preempt.
-  DpScenario pre{"preempted", test_config()};
-  pre.config.max_model_len = 128;
-  pre.config.num_gpu_blocks_override = 8;
-  pre.config.max_num_seqs = 8;
-  pre.config.max_num_batched_tokens = 48;
-  pre.expect_preemption = true;
-  s.push_back(pre);
-  DpScenario cached{"prefix_cache", test_config()};
-  cached.config.block_size = 4;
-  cached.run_twice = true;
-  s.push_back(cached);
-  return s;
+  return {scenario_one_batch(), scenario_chunked(6, 16), scenario_preempted(8, 8, 48),
+          scenario_prefix_cache()};
 }
 
 class EngineDpWorkload : public ::testing::TestWithParam<DpCase> {};
@@ -101,7 +80,7 @@ TEST_P(EngineDpWorkload, EveryRequestMatchesTheSingleRankEngine) {
   Model& solo = fixture_model(name);
   auto models = dp_model(name, dp, ep);
   const Workload w = random_workload(18, 80, 12, solo.vocab_size(), 29);
-  for (const DpScenario& sc : dp_scenarios()) {
+  for (const EngineScenario& sc : dp_scenarios()) {
     SCOPED_TRACE(sc.name);
     LLMEngine one(solo, sc.config);
     const auto want = one.generate(w.prompts, w.params);
@@ -132,7 +111,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, EngineDpWorkload,
                          ::testing::Values(DpCase{"deepseek_v2_lite", 2},
                                            DpCase{"deepseek_v3", 2, true},
                                            DpCase{"deepseek_v3", 4, true},
-                                           DpCase{"kimi_k25_hf", 2}),
+                                           DpCase{"kimi_k25_hf", 2}, DpCase{"deepseek_v32", 2},
+                                           DpCase{"glm_moe_dsa", 2, true}),
                          dp_case_name);
 
 // Three prompts on pages of two ranks' caches (8 pages of 4 tokens each): the step's logits are

@@ -29,47 +29,18 @@ TEST_P(EngineGreedy, AloneMatchesTransformers) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineGreedy, ::testing::ValuesIn(fixture_names()),
                          [](const auto& info) { return info.param; });
 
-struct Scenario {
-  std::string name;
-  EngineConfig config;
-  bool run_twice = false;  // second pass hits the prefix cache
-  bool expect_preemption = false;
-};
-
-std::vector<Scenario> scenarios() {
-  std::vector<Scenario> s;
-  s.push_back({"one_batch", test_config()});
-  Scenario chunked{"chunked_mixed_steps", test_config()};
-  chunked.config.max_num_seqs = 8;
-  chunked.config.max_num_batched_tokens = 16;
-  s.push_back(chunked);
-  Scenario thr{"long_prefill_threshold_no_cache", test_config()};
+std::vector<EngineScenario> scenarios() {
+  EngineScenario thr{"long_prefill_threshold_no_cache", test_config()};
   thr.config.long_prefill_token_threshold = 5;
   thr.config.enable_prefix_caching = false;
-  s.push_back(thr);
-  Scenario pre{"preempted", test_config()};
-  pre.config.max_model_len = 128;
-  pre.config.num_gpu_blocks_override = 10;  // 8 hold one longest sequence
-  pre.config.max_num_seqs = 8;
-  pre.config.max_num_batched_tokens = 64;
-  pre.expect_preemption = true;
-  s.push_back(pre);
-  Scenario cached{"prefix_cache_small_blocks", test_config()};
-  cached.config.block_size = 4;
-  cached.run_twice = true;
-  s.push_back(cached);
-  // Recurrent models: their state checkpointed every 8 tokens, so the second pass resumes
-  // prefixes from checkpoints (8 checkpoint slots for 31 requests: reused as they go), in
-  // chunks of a 32-token budget that end at the checkpoint boundaries.
-  Scenario ckpt{"prefix_cache_state_checkpoints", test_config()};
-  ckpt.config.block_size = 4;
-  ckpt.config.state_checkpoint_interval_tokens = 8;
-  ckpt.config.max_num_seqs = 8;
-  ckpt.config.num_state_checkpoints = 8;
-  ckpt.config.max_num_batched_tokens = 32;
-  ckpt.run_twice = true;
-  s.push_back(ckpt);
-  return s;
+  // 10 blocks: 8 hold one longest sequence. The state checkpoints: 8 slots for 31 requests,
+  // reused as they go, in chunks of a 32-token budget.
+  return {scenario_one_batch(),
+          scenario_chunked(8, 16),
+          thr,
+          scenario_preempted(10, 8, 64),
+          scenario_prefix_cache("prefix_cache_small_blocks"),
+          scenario_state_checkpoints(8, 32)};
 }
 
 class EngineWorkload : public ::testing::TestWithParam<std::string> {};
@@ -87,7 +58,7 @@ TEST_P(EngineWorkload, EveryRequestMatchesTheSingleSequenceRunner) {
         generate_greedy(model, w.prompts[i], w.params[i].max_tokens, {}, true).token_ids);
   ASSERT_EQ(want[15], ref.greedy_tokens);
 
-  for (const Scenario& sc : scenarios()) {
+  for (const EngineScenario& sc : scenarios()) {
     SCOPED_TRACE(sc.name);
     LLMEngine engine(model, sc.config);
     for (int pass = 0; pass < (sc.run_twice ? 2 : 1); ++pass) {

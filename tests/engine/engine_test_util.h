@@ -49,6 +49,53 @@ inline EngineConfig test_config() {
   return c;
 }
 
+// A way to run a workload through the engine (the workload tests compare every request's tokens
+// with a reference under each).
+struct EngineScenario {
+  std::string name;
+  EngineConfig config;
+  bool run_twice = false;  // the second pass hits the prefix cache
+  bool expect_preemption = false;
+};
+
+inline EngineScenario scenario_one_batch() { return {"one_batch", test_config()}; }
+// Prefill in chunks beside decodes: budgets of `seqs` sequences and `tokens` tokens a step.
+inline EngineScenario scenario_chunked(int seqs, int tokens) {
+  EngineScenario s{"chunked_mixed_steps", test_config()};
+  s.config.max_num_seqs = seqs;
+  s.config.max_num_batched_tokens = tokens;
+  return s;
+}
+// `blocks` blocks of 16 tokens (8 hold one sequence of max_model_len 128): sequences preempted
+// and recomputed.
+inline EngineScenario scenario_preempted(int blocks, int seqs, int tokens) {
+  EngineScenario s{"preempted", test_config()};
+  s.config.max_model_len = 128;
+  s.config.num_gpu_blocks_override = blocks;
+  s.config.max_num_seqs = seqs;
+  s.config.max_num_batched_tokens = tokens;
+  s.expect_preemption = true;
+  return s;
+}
+// Blocks of 4 tokens, the workload run twice: the second pass from the prefix cache.
+inline EngineScenario scenario_prefix_cache(std::string name = "prefix_cache") {
+  EngineScenario s{std::move(name), test_config()};
+  s.config.block_size = 4;
+  s.run_twice = true;
+  return s;
+}
+// Recurrent models: their state checkpointed every 8 tokens into 8 checkpoint slots, so the
+// second pass resumes prefixes from checkpoints, in chunks of `tokens` that end at the
+// checkpoint boundaries.
+inline EngineScenario scenario_state_checkpoints(int seqs, int tokens) {
+  EngineScenario s = scenario_prefix_cache("prefix_cache_state_checkpoints");
+  s.config.state_checkpoint_interval_tokens = 8;
+  s.config.num_state_checkpoints = 8;
+  s.config.max_num_seqs = seqs;
+  s.config.max_num_batched_tokens = tokens;
+  return s;
+}
+
 struct Workload {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<SamplingParams> params;

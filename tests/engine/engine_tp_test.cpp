@@ -83,41 +83,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"deepseek_v41", 1, false, 0, 2, {2, 3}}),
     case_name);
 
-struct Scenario {
-  std::string name;
-  EngineConfig config;
-  bool run_twice = false;
-  bool expect_preemption = false;
-};
-
-std::vector<Scenario> scenarios() {
-  std::vector<Scenario> s;
-  s.push_back({"one_batch", test_config()});
-  Scenario chunked{"chunked_mixed_steps", test_config()};
-  chunked.config.max_num_seqs = 6;
-  chunked.config.max_num_batched_tokens = 16;
-  s.push_back(chunked);
-  Scenario pre{"preempted", test_config()};
-  pre.config.max_model_len = 128;
-  pre.config.num_gpu_blocks_override = 10;
-  pre.config.max_num_seqs = 6;
-  pre.config.max_num_batched_tokens = 48;
-  pre.expect_preemption = true;
-  s.push_back(pre);
-  Scenario cached{"prefix_cache", test_config()};
-  cached.config.block_size = 4;
-  cached.run_twice = true;
-  s.push_back(cached);
+std::vector<EngineScenario> scenarios() {
   // The hybrids' prefixes through state checkpoints (each rank checkpoints its own heads' state).
-  Scenario ckpt{"prefix_cache_state_checkpoints", test_config()};
-  ckpt.config.block_size = 4;
-  ckpt.config.state_checkpoint_interval_tokens = 8;
-  ckpt.config.num_state_checkpoints = 8;
-  ckpt.config.max_num_seqs = 6;
-  ckpt.config.max_num_batched_tokens = 32;
-  ckpt.run_twice = true;
-  s.push_back(ckpt);
-  return s;
+  return {scenario_one_batch(), scenario_chunked(6, 16), scenario_preempted(10, 6, 48),
+          scenario_prefix_cache(), scenario_state_checkpoints(6, 32)};
 }
 
 class EngineTpWorkload : public ::testing::TestWithParam<Case> {};
@@ -129,7 +98,7 @@ TEST_P(EngineTpWorkload, EveryRequestMatchesTheSingleRankEngine) {
   Model& solo = fixture_model(name);
   auto models = tp_model(name, tp, ep, redundant, pp, partition);
   const Workload w = random_workload(18, 80, 12, solo.vocab_size(), 29);
-  for (const Scenario& sc : scenarios()) {
+  for (const EngineScenario& sc : scenarios()) {
     SCOPED_TRACE(sc.name);
     LLMEngine one(solo, sc.config);
     const auto want = one.generate(w.prompts, w.params);
