@@ -130,10 +130,6 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
       static_cast<double>(plan_.state_slot_bytes) * plan_.num_state_slots / (1 << 20),
       plan_.max_model_len, config.max_num_seqs, config.max_num_batched_tokens,
       blocks_.prefix_caching() ? "on" : "off", graphs ? "from CUDA graphs" : "eager");
-  if (!config.speculative_method.empty() && runner_->page_partitions() > 1)
-    fail("speculative decoding (method '{}') with data-parallel attention over {} ranks is not "
-         "supported yet",
-         config.speculative_method, runner_->page_partitions());
   if (config.speculative_method == "dspark") {
     const std::string& arch = model.config().architectures.at(0);
     if (!drafter)

@@ -12,7 +12,6 @@
 #include "common/test_util.h"
 #include "engine/tp_runner.h"
 #include "engine_test_util.h"
-#include "models/draft_model.h"
 #include "models/model_group.h"
 
 namespace atom::test {
@@ -211,17 +210,6 @@ TEST(EngineDpErrors, ClearMessages) {
   gpu.device = Device::cuda(0);
   EXPECT_ERROR_CONTAINS(model_group_load(fixture_dir("deepseek_v2_lite"), gpu, 2),
                         "data-parallel attention runs on CPU ranks only so far");
-  // Speculative decoding over data-parallel ranks is refused; the target alone runs.
-  auto models = dp_model("deepseek_v3_mtp", 2);
-  LoadedDrafter d = drafter_load(fixture_dir("deepseek_v3_mtp"), *models, ModelOptions{});
-  EngineConfig c = test_config();
-  c.speculative_method = "mtp";
-  c.num_speculative_tokens = 2;
-  EXPECT_ERROR_CONTAINS(LLMEngine(*models, c, {}, {}, d.model.get()),
-                        "speculative decoding (method 'mtp') with data-parallel attention over 2 "
-                        "ranks is not supported yet");
-  LLMEngine plain(*models, test_config());
-  EXPECT_EQ(plain.generate({{3, 4, 5}}, greedy(4)).at(0).outputs.at(0).token_ids.size(), 4u);
 }
 
 }  // namespace

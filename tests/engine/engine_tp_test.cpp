@@ -15,8 +15,9 @@ namespace {
 
 std::unique_ptr<ModelGroup> tp_model(const std::string& name, int tp, bool ep = false,
                                      int redundant = 0, int pp = 1,
-                                     const std::vector<int>& partition = {}) {
+                                     const std::vector<int>& partition = {}, bool dp = false) {
   ModelOptions o;
+  o.data_parallel_attention = dp;  // the tp ranks split sequences for attention instead
   o.pp_size = pp;
   o.pp_layer_partition = partition;
   o.expert_parallel = ep;
@@ -239,6 +240,7 @@ struct SpecCase {
   std::string fixture;
   int tp;
   int pp = 1;
+  bool dp = false;  // data-parallel attention over the tp ranks
 };
 
 class EngineTpSpec : public ::testing::TestWithParam<SpecCase> {};
@@ -265,9 +267,9 @@ TEST(EngineTpSpecErrors, DSparkOverSeveralRanksIsRefused) {
 }
 
 TEST_P(EngineTpSpec, GreedyMatchesPlainDecodingOnTheSameRanks) {
-  const auto [name, tp, pp] = GetParam();
+  const auto [name, tp, pp, dp] = GetParam();
   Model& solo = fixture_model(name);
-  auto models = tp_model(name, tp, false, 0, pp);
+  auto models = tp_model(name, tp, false, 0, pp, {}, dp);
   LoadedDrafter d = drafter_load(fixture_dir(name), *models, ModelOptions{});
   LoadedDrafter d1 = drafter_load(fixture_dir(name), solo, ModelOptions{});
   // The gathered tensors are the single-rank target's, bit for bit.
@@ -342,10 +344,14 @@ INSTANTIATE_TEST_SUITE_P(
                       SpecCase{"qwen3_5_moe_mtp", 2},
                       // pipeline stages: the drafter on the last, its
                       // embedding from the first; micro-batches
-                      SpecCase{"deepseek_v3_mtp", 1, 2}, SpecCase{"qwen3_next_mtp", 2, 2}),
+                      SpecCase{"deepseek_v3_mtp", 1, 2}, SpecCase{"qwen3_next_mtp", 2, 2},
+                      // data-parallel attention: the drafter whole on the leader, its cache over
+                      // every rank's pages; the ranks verify their own sequences' drafts
+                      SpecCase{"deepseek_v3_mtp", 2, 1, true}, SpecCase{"deepseek_v3_mtp", 4, 1, true}),
     [](const auto& info) {
       return info.param.fixture + "_tp" + std::to_string(info.param.tp) +
-             (info.param.pp > 1 ? "_pp" + std::to_string(info.param.pp) : std::string());
+             (info.param.pp > 1 ? "_pp" + std::to_string(info.param.pp) : std::string()) +
+             (info.param.dp ? "_dp" : "");
     });
 
 }  // namespace
