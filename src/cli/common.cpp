@@ -33,10 +33,11 @@ void model_args_add_placement(CLI::App* cmd, ModelArgs& a) {
                   "layers (vLLM's partition; CPU ranks only so far)")
       ->capture_default_str();
   cmd->add_option("--data-parallel-size,--dp", a.data_parallel_size,
-                  "data-parallel attention ranks (with --tensor-parallel-size 1; latent-attention "
-                  "models): each holds every attention head and the KV of its own sequences, the "
-                  "other layers are split over the same ranks (experts with "
-                  "--enable-expert-parallel); CPU ranks only so far")
+                  "data-parallel attention (latent-attention models): D groups of "
+                  "--tensor-parallel-size ranks, each group attending for its own sequences with "
+                  "its heads split over its ranks and holding only their KV; the other layers are "
+                  "split over all the ranks (experts with --enable-expert-parallel); CPU ranks "
+                  "only so far")
       ->capture_default_str();
   // vLLM's -ep is rewritten to this name before parsing (main.cpp), as -tp is.
   cmd->add_flag("--enable-expert-parallel", a.enable_expert_parallel,
@@ -217,13 +218,11 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
   if (a.data_parallel_size < 1)
     fail("--data-parallel-size must be at least 1, got {}", a.data_parallel_size);
   if (a.data_parallel_size > 1) {
-    if (a.tensor_parallel_size != 1)
-      fail("--data-parallel-size {} with --tensor-parallel-size {}: attention tensor-parallel "
-           "within each data-parallel rank is not supported yet; use --tensor-parallel-size 1 (the "
-           "{} ranks then split the other layers between them)",
-           a.data_parallel_size, a.tensor_parallel_size, a.data_parallel_size);
+    // vLLM's -dp D -tp T: D groups of T ranks, each group's attention tensor-parallel over its
+    // ranks; the other layers over all D x T.
     o.data_parallel_attention = true;
-    ranks = a.data_parallel_size;
+    o.attention_tp_size = a.tensor_parallel_size;
+    ranks = a.data_parallel_size * a.tensor_parallel_size;
   }
   if (const char* p = std::getenv("VLLM_PP_LAYER_PARTITION"); p && *p && o.pp_size > 1)
     o.pp_layer_partition = pp_layer_partition_parse(p);

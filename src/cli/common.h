@@ -26,9 +26,10 @@ struct ModelArgs {
   // --pipeline-parallel-size (also -pp): stages of tensor_parallel_size ranks each, holding
   // consecutive layers (ModelOptions::pp_size).
   int pipeline_parallel_size = 1;
-  // --data-parallel-size (also -dp): with --tensor-parallel-size 1, that many ranks split the
-  // sequences for attention (ModelOptions::data_parallel_attention) and the rest of the model
-  // (experts with --enable-expert-parallel) over them.
+  // --data-parallel-size (also -dp): that many groups of --tensor-parallel-size ranks split the
+  // sequences for attention (ModelOptions::data_parallel_attention), each group's heads split
+  // over its ranks, and the rest of the model (experts with --enable-expert-parallel) over all
+  // the ranks.
   int data_parallel_size = 1;
   std::string dtype = "auto";  // --dtype: the activations' dtype
   // --enable-expert-parallel (also -ep): the ranks split the routed experts instead of slicing

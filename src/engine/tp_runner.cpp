@@ -142,7 +142,7 @@ TpRunner::TpRunner(ModelGroup& models, const RunnerOptions& options)
   o.agree_pages = [this](int pages) { return threads_.min_over_ranks(pages); };
   for (int r = 0; r < models.world_size(); ++r)
     if (models.holds(r)) {
-      if (models.model(r).data_parallel_attention()) dp_ = models.tp_size();
+      dp_ = models.model(r).data_parallel_size();
       break;
     }
   try {
@@ -154,7 +154,7 @@ TpRunner::TpRunner(ModelGroup& models, const RunnerOptions& options)
         if (models_.pp_size() > 1) ro.micro_batches = models_.pp_size();
         if (dp_ > 1) {
           ro.dp_size = dp_;
-          ro.dp_rank = r % models_.tp_size();
+          ro.dp_rank = models_.model(r).data_parallel_rank();
         }
         runners_[static_cast<size_t>(r)] = std::make_unique<ModelRunner>(models_.model(r), ro);
       });

@@ -174,9 +174,10 @@ struct LayerContext {
   PipelineStage stage{};
 
   // Data-parallel attention (vLLM's --data-parallel-size for DeepSeek's latent attention): the
-  // context attention layers are built in (tp 1: every head on every rank, a solo communicator),
-  // while the ranks split the step's sequences between them (Step::dp, layers/dp_attention.h)
-  // and every other layer stays tensor- or expert-parallel over them. Null otherwise.
+  // context attention layers are built in (tp 1 and a solo communicator: every head on every
+  // rank; or tp T over a group of T ranks and its communicator), while the ranks (groups) split
+  // the step's sequences between them (Step::dp, layers/dp_attention.h) and every other layer
+  // stays tensor- or expert-parallel over all of them. Null otherwise.
   LayerContext* data_parallel_attention = nullptr;
 
   // Expert parallelism in effect: asked for, over more than one rank.

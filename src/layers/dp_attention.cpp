@@ -24,7 +24,12 @@ Tensor data_parallel_attention(Step& step, const LayerContext& ctx, const Tensor
     const Tensor a = attend(*dp.local, xs);
     ATOM_CHECK(a.dim() == 2 && a.size(0) == L && a.size(1) == H && a.dtype() == x.dtype(),
                "data-parallel attention: the attention gave {} for {} rows of {}", a.str(), L, H);
-    padded.narrow(0, 0, L).copy_from(a);
+    // Attention tensor-parallel within a group of ranks: every rank of the group holds the
+    // group's rows whole after its o_proj, and only the group's first adds them in.
+    if (ctx.data_parallel_attention->tp_rank == 0)
+      padded.narrow(0, 0, L).copy_from(a);
+    else
+      padded.narrow(0, 0, L).zero_();
   }
   Tensor out = step.empty({T, H}, x.dtype());
   kernels::gather_rows(out, padded, dp.scatter);

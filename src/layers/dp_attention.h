@@ -4,7 +4,10 @@
 // Here instead every rank holds every head (the attention's weights are built with
 // LayerContext::data_parallel_attention, tp 1) and the ranks split the step's sequences: rank r
 // attends for the sequences whose KV pages its cache holds (the engine's block partition r), so
-// its cache holds only theirs and N ranks hold N times the sequences. Around the attention:
+// its cache holds only theirs and N ranks hold N times the sequences. With groups of T ranks
+// (vLLM's -dp D -tp T) group g attends for partition g, its heads split over its T ranks (that
+// context's tp T and the group's communicator); every rank of the group then holds the group's
+// rows whole and only its first adds them in below. Around the attention:
 //
 //   x_local = x[rows]                   (this rank's sequences' token rows)
 //   a_local = attention(local step, x_local)

@@ -76,7 +76,7 @@ LoadedModel model_load(const std::string& model_dir, const ModelOptions& options
     fail("{}: {} runs attention tensor-parallel only (--data-parallel-size {}): data-parallel "
          "attention is implemented for the latent-attention models (DeepSeek-V2/V3/V3.2, Kimi-K2, "
          "GLM-5)",
-         model_dir, config.architectures.at(0), options.tp_size);
+         model_dir, config.architectures.at(0), r.model->data_parallel_size());
   if (format == LoadFormat::kDummy) {
     model_fill_dummy(*r.model);
     return r;

@@ -89,11 +89,16 @@ Model::Model(const ModelConfig& config, const ModelOptions& options)
     fail("tensor-parallel rank {} of size {} is invalid", options.tp_rank, options.tp_size);
   if (options.tp_size > 1 && (!options.comm || options.comm->size() != options.tp_size))
     fail("tensor-parallel size {} needs a communicator of that size", options.tp_size);
-  if (options.data_parallel_attention && options.tp_size > 1) {
+  const int A = options.attention_tp_size;
+  if (options.data_parallel_attention && options.tp_size > A) {
+    if (A < 1 || options.tp_size % A != 0)
+      fail("data-parallel attention: {} ranks do not split into groups of {}", options.tp_size, A);
+    if (A > 1 && (!options.attention_comm || options.attention_comm->size() != A))
+      fail("data-parallel attention groups of {} ranks need a communicator of that size", A);
     attention_ctx_ = std::make_unique<LayerContext>(ctx_);
-    attention_ctx_->tp_rank = 0;
-    attention_ctx_->tp_size = 1;
-    attention_ctx_->comm = &solo_;
+    attention_ctx_->tp_rank = options.tp_rank % A;
+    attention_ctx_->tp_size = A;
+    attention_ctx_->comm = A > 1 ? options.attention_comm : &solo_;
     ctx_.data_parallel_attention = attention_ctx_.get();
   }
 }

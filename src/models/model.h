@@ -54,6 +54,11 @@ struct ModelOptions {
   // splitting the heads (LayerContext::data_parallel_attention); the other layers stay tensor-
   // (or expert-) parallel over them. For models with supports_data_parallel_attention().
   bool data_parallel_attention = false;
+  // Data-parallel attention over groups of this many consecutive ranks (vLLM's -dp D -tp T: D
+  // groups of T): a group attends for its sequences with its heads split tensor-parallel over its
+  // ranks (attention_comm, the group's communicator; null when 1).
+  int attention_tp_size = 1;
+  Communicator* attention_comm = nullptr;
 };
 
 // The fused modules every model starts from: q/k/v_proj -> qkv_proj, gate/up_proj ->
@@ -92,6 +97,14 @@ class Model {
   // the model's attention layers can (they are built in attention_context() and run through
   // data_parallel_attention(), layers/dp_attention.h).
   bool data_parallel_attention() const { return ctx_.data_parallel_attention != nullptr; }
+  // Data-parallel attention's groups (ModelOptions::attention_tp_size): how many, and this rank's
+  // (the block partition whose sequences it attends for). 1 and 0 without it.
+  int data_parallel_size() const {
+    return data_parallel_attention() ? ctx_.tp_size / ctx_.data_parallel_attention->tp_size : 1;
+  }
+  int data_parallel_rank() const {
+    return data_parallel_attention() ? ctx_.tp_rank / ctx_.data_parallel_attention->tp_size : 0;
+  }
   virtual bool supports_data_parallel_attention() const { return false; }
   // The pipeline stage this model is (stage 0 of 1 without pipeline parallelism).
   const PipelineStage& stage() const { return ctx_.stage; }

@@ -135,9 +135,10 @@ std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
            "NCCL's bootstrap over --master-addr is not written yet)",
            nnodes, options.device.str());
     nodes->check_same("model and parallel flags",
-                      fmt::format("{} tp {} pp {} ep {} redundant {} dp attention {}", model_dir,
-                                  tp_size, pp, options.expert_parallel,
-                                  options.num_redundant_experts, options.data_parallel_attention));
+                      fmt::format("{} tp {} pp {} ep {} redundant {} dp attention {} of {}",
+                                  model_dir, tp_size, pp, options.expert_parallel,
+                                  options.num_redundant_experts, options.data_parallel_attention,
+                                  options.attention_tp_size));
     g->nodes_ = nodes;
   }
   if (world == 1) {
@@ -158,14 +159,25 @@ std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
          pp);
   // Data-parallel attention's CUDA path (a second, local step uploaded per rank, eager steps) is
   // not verified on GPUs (several are needed: NCCL runs one rank of a communicator per device).
-  if (options.data_parallel_attention && first.is_cuda())
-    fail("--data-parallel-size {}: data-parallel attention runs on CPU ranks only so far (its "
-         "CUDA path is not verified on GPUs yet)",
-         tp_size);
-  if (options.data_parallel_attention && pp > 1)
-    fail("--data-parallel-size {} with --pipeline-parallel-size {}: data-parallel attention "
-         "within pipeline stages is not supported yet",
-         tp_size, pp);
+  const int A = options.attention_tp_size;
+  if (options.data_parallel_attention) {
+    if (A < 1 || tp_size % A != 0)
+      fail("data-parallel attention: {} ranks do not split into groups of --tensor-parallel-size "
+           "{}",
+           tp_size, A);
+    if (first.is_cuda())
+      fail("--data-parallel-size {}: data-parallel attention runs on CPU ranks only so far (its "
+           "CUDA path is not verified on GPUs yet)",
+           tp_size / A);
+    if (pp > 1)
+      fail("--data-parallel-size {} with --pipeline-parallel-size {}: data-parallel attention "
+           "within pipeline stages is not supported yet",
+           tp_size / A, pp);
+    if (A > 1 && nnodes > 1)
+      fail("--data-parallel-size {} with --tensor-parallel-size {} over --nnodes {}: "
+           "data-parallel attention groups of several ranks run on one node so far",
+           tp_size / A, A, nnodes);
+  }
   if (share && tp_size > 1)
     fail("ranks_share_device: a tensor-parallel group of {} ranks cannot share {} (NCCL runs one "
          "rank of a communicator per device)",
@@ -206,6 +218,9 @@ std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
     else
       g->comms_.push_back(comm_group_create(devices[static_cast<size_t>(s * tp_size)], tp_size));
   }
+  if (options.data_parallel_attention && A > 1 && tp_size > A)
+    for (int d = 0; d < tp_size / A; ++d)
+      g->attention_comms_.push_back(comm_group_create(devices[static_cast<size_t>(d * A)], A));
   for (int r = 0; r < (pp - 1) * tp_size; ++r) {
     const int from = node_of[static_cast<size_t>(r)];
     const int to = node_of[static_cast<size_t>(r + tp_size)];
@@ -228,6 +243,8 @@ std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
   g->threads_->set_failure_hook([gp = g.get()] {
     for (auto& c : gp->comms_)
       if (c) c->abort();
+    for (auto& c : gp->attention_comms_)
+      if (c) c->abort();
     for (auto& l : gp->links_) l->abort();
   });
   g->models_.resize(static_cast<size_t>(world));
@@ -239,6 +256,8 @@ std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
     o.tp_rank = t;
     o.tp_size = tp_size;
     o.comm = &g->comms_[static_cast<size_t>(stage)]->communicator(t);
+    if (!g->attention_comms_.empty())
+      o.attention_comm = &g->attention_comms_[static_cast<size_t>(t / A)]->communicator(t % A);
     o.pp_rank = stage;
     o.pp_size = pp;
     LoadedModel m = model_load(model_dir, o, format);

@@ -82,6 +82,8 @@ class ModelGroup {
   int tp_ = 1, pp_ = 1;
   bool recurrent_ = false;
   std::vector<std::unique_ptr<CommGroup>> comms_;  // one per stage
+  // Data-parallel attention's groups of ModelOptions::attention_tp_size ranks (when more than 1).
+  std::vector<std::unique_ptr<CommGroup>> attention_comms_;
   std::vector<std::unique_ptr<StageLink>> links_;  // stage s rank t -> stage s + 1: s * tp + t
   std::unique_ptr<RankThreads> threads_;
   std::vector<std::unique_ptr<Model>> models_;

@@ -164,28 +164,31 @@ TEST(EngineCli, PipelineParallelFlagsAndLayerPartition) {
 
 // vLLM's data-parallel flags for DeepSeek: -dp 2 (and --data-parallel-size 2 with -ep) run
 // attention data-parallel over two CPU ranks, each holding every head and its own sequences' KV,
-// giving transformers' greedy tokens and saying so in the load log; with -tp 2, or for a model
+// giving transformers' greedy tokens and saying so in the load log; -dp 2 -tp 2: two groups of two
+// ranks, each group's heads split over its ranks. Heads that do not split over -tp, or a model
 // whose attention cannot run data-parallel, refused by name.
 TEST(EngineCli, DataParallelAttentionFlags) {
   const Reference ref = reference_load("deepseek_v3");
   const std::string gen = fmt::format(
       "generate --model {} --prompt-tokens {} --max-tokens {} --temperature 0 --ignore-eos",
       fixture_dir("deepseek_v3"), join(ref.greedy_prompt), ref.greedy_tokens.size());
-  for (const std::string& flags :
-       {std::string(" -dp 2"), std::string(" --data-parallel-size 2 -ep")}) {
+  for (const auto& [flags, ranks] :
+       {std::pair{std::string(" -dp 2"), 2}, std::pair{std::string(" --data-parallel-size 2 -ep"), 2},
+        std::pair{std::string(" -dp 2 -tp 2 -ep"), 4}}) {
     int rc = 0;
     const auto out = run_atom(gen + flags, &rc, /*with_stderr=*/true);
     EXPECT_EQ(rc, 0) << flags;
     std::string all;
     for (const auto& l : out) all += l + "\n";
-    EXPECT_NE(all.find("2 data-parallel attention"), std::string::npos) << all;
+    EXPECT_NE(all.find(std::to_string(ranks) + " data-parallel attention"), std::string::npos)
+        << all;
     EXPECT_NE(all.find("data-parallel attention, each rank"), std::string::npos) << all;
     ASSERT_FALSE(out.empty());
     EXPECT_EQ(out.back(), join(ref.greedy_tokens)) << flags;
   }
   const Reference llama = reference_load("llama3_gqa");
   const std::pair<std::string, const char*> bad[] = {
-      {gen + " -dp 2 -tp 2", "--data-parallel-size 2 with --tensor-parallel-size 2"},
+      {gen + " -dp 2 -tp 3", "must be a positive multiple of the tensor-parallel size 3"},
       {gen + " -dp 0", "--data-parallel-size must be at least 1, got 0"},
       {fmt::format("generate --model {} --prompt-tokens {} --max-tokens 2 -dp 2",
                    fixture_dir("llama3_gqa"), join(llama.greedy_prompt)),
