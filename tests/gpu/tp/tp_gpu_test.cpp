@@ -80,10 +80,11 @@ SamplingParams greedy_params(int max_tokens) {
   return g;
 }
 
-// The k-th prompt of a batch of mixed lengths: 9 + 23 k tokens.
-std::vector<int32_t> mixed_length_prompt(int k) {
+// The k-th prompt of a batch of mixed lengths: 9 + 23 k tokens, ids in [3, min(903, vocab)).
+std::vector<int32_t> mixed_length_prompt(int k, int64_t vocab = 903) {
   std::vector<int32_t> p;
-  for (int j = 0; j < 9 + 23 * k; ++j) p.push_back(3 + (j * 31 + k) % 900);
+  const int64_t span = std::min<int64_t>(900, vocab - 3);
+  for (int j = 0; j < 9 + 23 * k; ++j) p.push_back(static_cast<int32_t>(3 + (j * 31 + k) % span));
   return p;
 }
 
@@ -323,7 +324,7 @@ TEST(GpuPp, TwoStagesOnOneGpuMatchOneRank) {
     const auto tokens = e.generate({ref.greedy_prompt}, g).at(0).outputs.at(0).token_ids;
     expect_greedy_agrees(name, tokens, ref.greedy_tokens, noise, leading_steps_above(name, noise));
     std::vector<std::vector<int32_t>> prompts;
-    for (int k = 0; k < 6; ++k) prompts.push_back(mixed_length_prompt(k));
+    for (int k = 0; k < 6; ++k) prompts.push_back(mixed_length_prompt(k, models->model().vocab_size()));
     g.max_tokens = 12;
     const auto outs = e.generate(prompts, g);
     for (const auto& out : outs) EXPECT_EQ(out.outputs.at(0).token_ids.size(), 12u);
