@@ -30,7 +30,7 @@ void model_args_add_placement(CLI::App* cmd, ModelArgs& a) {
       ->capture_default_str();
   cmd->add_option("--pipeline-parallel-size,--pp", a.pipeline_parallel_size,
                   "pipeline stages, each of --tensor-parallel-size ranks holding consecutive "
-                  "layers (vLLM's partition; CPU ranks only so far)")
+                  "layers (vLLM's partition; a GPU per rank on CUDA)")
       ->capture_default_str();
   cmd->add_option("--data-parallel-size,--dp", a.data_parallel_size,
                   "data-parallel attention (latent-attention models): D groups of "

@@ -150,13 +150,8 @@ std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
   }
   const Device first = options.device;
   const bool share = options.ranks_share_device && first.is_cuda();
-  // The CUDA path of the stages (eager steps, the memory profile through the stages, links through
-  // the host) runs only under the one-GPU test hook until a GPU has verified it.
-  if (pp > 1 && first.is_cuda() && !share)
-    fail("--pipeline-parallel-size {}: pipeline parallelism runs on CPU ranks only so far (its "
-         "CUDA path, eager stages with their tensors handed on through the host, is not verified "
-         "on a GPU yet)",
-         pp);
+  // Pipeline stages on CUDA (eager stages, the memory profile through them, links through the
+  // host): verified by GpuPp.TwoStagesOnOneGpuMatchOneRank (both stages on one H100, 2026-12-07).
   // Data-parallel attention's CUDA path (a second, local step uploaded per rank, eager steps) is
   // not verified on GPUs (several are needed: NCCL runs one rank of a communicator per device).
   const int A = options.attention_tp_size;

@@ -261,8 +261,12 @@ TEST(PipelineParallelErrors, ClearMessages) {
                         "--pipeline-parallel-size must be at least 1");
   o.pp_size = 2;
   o.device = Device::cuda(0);
+  // A stage per GPU: more stages than visible GPUs is refused naming both (the test machines have
+  // fewer than 64).
+  o.pp_size = 64;
   EXPECT_ERROR_CONTAINS(model_group_load(fixture_dir("llama3_gqa"), o, 1),
-                        "pipeline parallelism runs on CPU ranks only so far");
+                        "--tensor-parallel-size 1 x --pipeline-parallel-size 64 needs 64 GPUs");
+  o.pp_size = 2;
   o.tp_size = 2;
   o.ranks_share_device = true;
   EXPECT_ERROR_CONTAINS(model_group_load(fixture_dir("llama3_gqa"), o, 2),
