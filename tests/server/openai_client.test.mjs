@@ -337,6 +337,32 @@ for (const [flags, engineLine] of [
   }
 });
 
+// vLLM's DeepSeek recipe: -dp 2 -ep, attention data-parallel over two CPU ranks (each holding every
+// MLA head and its own requests' KV), the experts split between them. Three requests at once: the
+// reference prompt gives transformers' greedy tokens whichever rank attends for it.
+test('-dp 2 -ep serves DeepSeek-V3 with data-parallel attention', async () => {
+  const dir = makeModelDir(SRC, 'atom-serve-dp-', 'tests/fixtures/models/deepseek_v3', { byteTokenizer: true });
+  const ref = path.join(SRC, 'tests/fixtures/references/deepseek_v3.safetensors');
+  const prompt = safetensorsInts(ref, 'greedy_prompt'), want = safetensorsInts(ref, 'greedy_tokens');
+  const s = await startServe(BIN, ['serve', dir, '--device', 'cpu', '--host', '127.0.0.1', '--port', '0',
+    '--max-model-len', '256', '--served-model-name', 'tiny-qwen3', '-dp', '2', '-ep']);
+  try {
+    assert.match(s.log(), /2 data-parallel attention, expert-parallel ranks/);
+    assert.match(s.log(), /engine on 2 ranks from cpu \(data-parallel attention, each rank \d+ of the blocks/);
+    const one = () => fetch(`http://127.0.0.1:${s.port}/v1/completions`, { method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ model: modelName, prompt, max_tokens: want.length, temperature: 0, ignore_eos: true,
+        return_token_ids: true }) }).then(async (r) => ({ status: r.status, body: await r.json() }));
+    for (const { status, body } of await Promise.all([one(), one(), one()])) {
+      assert.equal(status, 200, JSON.stringify(body));
+      assert.deepEqual(body.choices[0].token_ids, want);
+    }
+  } finally {
+    s.proc.kill('SIGKILL');
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('a mixture of experts (GLM-4.5 shape) serves transformers\' greedy tokens, streamed and not', async () => {
   // The glm4_moe fixture (grouped sigmoid routing, shared experts) with a byte-level tokenizer
   // that fits its vocabulary, prompted with token ids.
