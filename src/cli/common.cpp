@@ -252,8 +252,7 @@ std::unique_ptr<ModelGroup> model_args_load(const ModelArgs& a) {
                                                  : "data-parallel attention, tensor")
                         : o.expert_parallel ? "tensor- and expert"
                                             : "tensor",
-                        o.device.str(),
-                        m->pp_size() == 1 ? std::string() : stage_layers(*m));
+                        o.device.str(), m->pp_size() == 1 ? std::string() : stage_layers(*m));
   const std::string others =
       report.tensors_other_ranks == 0
           ? std::string()

@@ -267,13 +267,12 @@ void BlockManager::check_invariants() const {
     for (int b = q * B; b < (q + 1) * B; ++b) {
       const Block& k = blocks_[b];
       ATOM_CHECK(k.ref_count >= 0, "block {} has ref count {}", b, k.ref_count);
-      ATOM_CHECK((k.ref_count == 0) == k.in_free_list,
-                 "block {}: ref count {} but in free list {}", b, k.ref_count, k.in_free_list);
+      ATOM_CHECK((k.ref_count == 0) == k.in_free_list, "block {}: ref count {} but in free list {}",
+                 b, k.ref_count, k.in_free_list);
       free_count += k.in_free_list;
       if (k.cached) {
         auto it = p.cached.find(k.hash);
-        ATOM_CHECK(it != p.cached.end() && it->second == b, "cached block {} is not in the map",
-                   b);
+        ATOM_CHECK(it != p.cached.end() && it->second == b, "cached block {} is not in the map", b);
       }
     }
     for (int b = p.free_head, prev = -1; b >= 0; prev = b, b = blocks_[b].next) {

@@ -109,9 +109,9 @@ LLMEngine::LLMEngine(Model& model, ModelGroup* models, const EngineConfig& confi
                             ? fmt::format("data-parallel attention, each rank {} of the blocks",
                                           plan_.num_blocks / runner_->page_partitions())
                         : pp_size_ == 1 ? std::string("tensor parallel")
-                                      : fmt::format("{} pipeline stages of {} "
-                                                    "tensor-parallel ranks",
-                                                    pp_size_, ranks_ / pp_size_),
+                                        : fmt::format("{} pipeline stages of {} "
+                                                      "tensor-parallel ranks",
+                                                      pp_size_, ranks_ / pp_size_),
                         !model.expert_parallel() ? ""
                         : model.eplb_step_interval() > 0
                             ? fmt::format(", experts split over the ranks "

@@ -14,8 +14,8 @@
 // it goes back to the front of the waiting queue (its tokens are kept; its prefix blocks usually
 // stay in the prefix cache). With block partitions (data-parallel attention) a new sequence goes to
 // the partition where it fits with the longest cached prefix (then the most free blocks), and a
-// victim comes from the needy sequence's own partition. Outputs are identical afterwards because the forward pass is
-// deterministic per row and sampling is keyed by (seed, position).
+// victim comes from the needy sequence's own partition. Outputs are identical afterwards because
+// the forward pass is deterministic per row and sampling is keyed by (seed, position).
 #pragma once
 
 #include <cstdint>

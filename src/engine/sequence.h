@@ -54,8 +54,8 @@ struct Sequence {
 
   // --- KV cache state (scheduler, block manager, state pool) ---
   SeqStatus status = SeqStatus::kWaiting;
-  int num_computed_tokens = 0;         // tokens whose KV (and state) are in the cache
-  std::vector<int32_t> block_table;    // physical block of each logical block
+  int num_computed_tokens = 0;       // tokens whose KV (and state) are in the cache
+  std::vector<int32_t> block_table;  // physical block of each logical block
   // The block manager's partition its blocks come from (data-parallel attention: the rank whose
   // cache holds them); chosen at admission, kept while it holds blocks.
   int partition = 0;

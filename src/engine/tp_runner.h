@@ -72,7 +72,7 @@ class TpRunner final : public StepRunner {
   RankThreads& threads_;
   int leader_;
   int dp_ = 1;  // data-parallel attention ranks (the tensor-parallel ranks), else 1
-  bool head_;  // the head of several nodes: commands go to the workers
+  bool head_;   // the head of several nodes: commands go to the workers
   std::vector<std::unique_ptr<ModelRunner>> runners_;
   // Every rank but the leader uploads its own copy of the step: a Batch holds its device views.
   std::vector<Batch> copies_;

@@ -225,7 +225,8 @@ Batch Batch::page_share(int first_page, int num_pages, std::vector<int32_t>& row
   for (int32_t& slot : b.slot_mapping)
     if (slot >= 0) slot = static_cast<int32_t>(slot - first_slot);
   for (int32_t i : logits_indices)
-    if (scatter[static_cast<size_t>(i)] < L) b.logits_indices.push_back(scatter[static_cast<size_t>(i)]);
+    if (scatter[static_cast<size_t>(i)] < L)
+      b.logits_indices.push_back(scatter[static_cast<size_t>(i)]);
   return b;
 }
 

@@ -65,8 +65,8 @@ class DeepseekAttention {
   DeepseekAttention(LayerContext& ctx, const ModelConfig& c, int64_t, const std::string& prefix)
       : ctx_(ctx), mla_(attention_context(ctx), prefix, deepseek_mla_options(c, Interleave(c))) {}
   Tensor forward(Step& step, const Tensor& x) {
-    return data_parallel_attention(step, ctx_, x,
-                                   [this](Step& s, const Tensor& xs) { return mla_.forward(s, xs); });
+    return data_parallel_attention(
+        step, ctx_, x, [this](Step& s, const Tensor& xs) { return mla_.forward(s, xs); });
   }
 
  private:

@@ -134,11 +134,11 @@ std::unique_ptr<ModelGroup> model_group_load(const std::string& model_dir,
       fail("--nnodes {}: ranks on several nodes run on CPU ranks only so far ({} asked for; "
            "NCCL's bootstrap over --master-addr is not written yet)",
            nnodes, options.device.str());
-    nodes->check_same("model and parallel flags",
-                      fmt::format("{} tp {} pp {} ep {} redundant {} dp attention {} of {}",
-                                  model_dir, tp_size, pp, options.expert_parallel,
-                                  options.num_redundant_experts, options.data_parallel_attention,
-                                  options.attention_tp_size));
+    nodes->check_same(
+        "model and parallel flags",
+        fmt::format("{} tp {} pp {} ep {} redundant {} dp attention {} of {}", model_dir, tp_size,
+                    pp, options.expert_parallel, options.num_redundant_experts,
+                    options.data_parallel_attention, options.attention_tp_size));
     g->nodes_ = nodes;
   }
   if (world == 1) {

@@ -62,8 +62,8 @@ struct Harness {
         ASSERT_EQ(bm.partition_of(b), s->partition) << "block " << b << " of another partition";
       }
     std::vector<int> free_in(static_cast<size_t>(bm.num_partitions()), 0);
-    for (int b = 0; b < bm.num_blocks(); ++b) free_in[static_cast<size_t>(bm.partition_of(b))] +=
-        held[b] == 0;
+    for (int b = 0; b < bm.num_blocks(); ++b)
+      free_in[static_cast<size_t>(bm.partition_of(b))] += held[b] == 0;
     for (int p = 0; p < bm.num_partitions(); ++p)
       ASSERT_EQ(bm.num_free_blocks(p), free_in[static_cast<size_t>(p)]) << "partition " << p;
     int used = 0;

@@ -172,9 +172,9 @@ TEST(EngineCli, DataParallelAttentionFlags) {
   const std::string gen = fmt::format(
       "generate --model {} --prompt-tokens {} --max-tokens {} --temperature 0 --ignore-eos",
       fixture_dir("deepseek_v3"), join(ref.greedy_prompt), ref.greedy_tokens.size());
-  for (const auto& [flags, ranks] :
-       {std::pair{std::string(" -dp 2"), 2}, std::pair{std::string(" --data-parallel-size 2 -ep"), 2},
-        std::pair{std::string(" -dp 2 -tp 2 -ep"), 4}}) {
+  for (const auto& [flags, ranks] : {std::pair{std::string(" -dp 2"), 2},
+                                     std::pair{std::string(" --data-parallel-size 2 -ep"), 2},
+                                     std::pair{std::string(" -dp 2 -tp 2 -ep"), 4}}) {
     int rc = 0;
     const auto out = run_atom(gen + flags, &rc, /*with_stderr=*/true);
     EXPECT_EQ(rc, 0) << flags;

@@ -18,8 +18,7 @@ namespace atom::test {
 namespace {
 
 // dp groups of tp ranks (vLLM's -dp D -tp T): D x T ranks in all.
-std::unique_ptr<ModelGroup> dp_model(const std::string& name, int dp, bool ep = false,
-                                     int tp = 1) {
+std::unique_ptr<ModelGroup> dp_model(const std::string& name, int dp, bool ep = false, int tp = 1) {
   ModelOptions o;
   o.data_parallel_attention = true;
   o.attention_tp_size = tp;
@@ -60,18 +59,16 @@ TEST_P(EngineDp, AloneMatchesTransformers) {
   expect_engine_idle(engine);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, EngineDp,
-                         ::testing::Values(DpCase{"deepseek_v2_lite", 2},
-                                           DpCase{"deepseek_v2_lite", 4, true},
-                                           DpCase{"deepseek_v3", 2, true}, DpCase{"deepseek_v3", 4},
-                                           DpCase{"deepseek_v3_plain", 2},
-                                           DpCase{"deepseek_v32", 2, true},
-                                           DpCase{"glm_moe_dsa", 2}, DpCase{"glm_moe_dsa", 4},
-                                           // groups of two tensor-parallel ranks
-                                           DpCase{"deepseek_v2_lite", 2, false, 2},
-                                           DpCase{"deepseek_v3", 2, true, 2},
-                                           DpCase{"glm_moe_dsa", 2, false, 2}),
-                         dp_case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, EngineDp,
+    ::testing::Values(DpCase{"deepseek_v2_lite", 2}, DpCase{"deepseek_v2_lite", 4, true},
+                      DpCase{"deepseek_v3", 2, true}, DpCase{"deepseek_v3", 4},
+                      DpCase{"deepseek_v3_plain", 2}, DpCase{"deepseek_v32", 2, true},
+                      DpCase{"glm_moe_dsa", 2}, DpCase{"glm_moe_dsa", 4},
+                      // groups of two tensor-parallel ranks
+                      DpCase{"deepseek_v2_lite", 2, false, 2}, DpCase{"deepseek_v3", 2, true, 2},
+                      DpCase{"glm_moe_dsa", 2, false, 2}),
+    dp_case_name);
 
 std::vector<EngineScenario> dp_scenarios() {
   // Each rank's cache holds 8 blocks of 16 tokens, one sequence of max_model_len: the partitions
@@ -120,8 +117,8 @@ TEST_P(EngineDpWorkload, EveryRequestMatchesTheSingleRankEngine) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, EngineDpWorkload,
                          ::testing::Values(DpCase{"deepseek_v2_lite", 2},
                                            DpCase{"deepseek_v3", 2, true},
-                                           DpCase{"deepseek_v3", 4, true},
-                                           DpCase{"kimi_k25_hf", 2}, DpCase{"deepseek_v32", 2},
+                                           DpCase{"deepseek_v3", 4, true}, DpCase{"kimi_k25_hf", 2},
+                                           DpCase{"deepseek_v32", 2},
                                            DpCase{"glm_moe_dsa", 2, true},
                                            DpCase{"deepseek_v3", 2, true, 2}),
                          dp_case_name);
@@ -225,8 +222,9 @@ TEST(EngineDpErrors, ClearMessages) {
   pp.pp_size = 2;
   EXPECT_ERROR_CONTAINS(model_group_load(fixture_dir("deepseek_v2_lite"), pp, 2),
                         "data-parallel attention within pipeline stages is not supported yet");
-  EXPECT_ERROR_CONTAINS(dp_model("deepseek_v3", 2, false, 3),
-                        "num_attention_heads (4) must be a positive multiple of the tensor-parallel size 3");
+  EXPECT_ERROR_CONTAINS(
+      dp_model("deepseek_v3", 2, false, 3),
+      "num_attention_heads (4) must be a positive multiple of the tensor-parallel size 3");
   ModelOptions gpu;
   gpu.data_parallel_attention = true;
   gpu.device = Device::cuda(0);

@@ -347,7 +347,8 @@ INSTANTIATE_TEST_SUITE_P(
                       SpecCase{"deepseek_v3_mtp", 1, 2}, SpecCase{"qwen3_next_mtp", 2, 2},
                       // data-parallel attention: the drafter whole on the leader, its cache over
                       // every rank's pages; the ranks verify their own sequences' drafts
-                      SpecCase{"deepseek_v3_mtp", 2, 1, true}, SpecCase{"deepseek_v3_mtp", 4, 1, true}),
+                      SpecCase{"deepseek_v3_mtp", 2, 1, true},
+                      SpecCase{"deepseek_v3_mtp", 4, 1, true}),
     [](const auto& info) {
       return info.param.fixture + "_tp" + std::to_string(info.param.tp) +
              (info.param.pp > 1 ? "_pp" + std::to_string(info.param.pp) : std::string()) +

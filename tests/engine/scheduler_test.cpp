@@ -218,7 +218,7 @@ TEST(Scheduler, PartitionsPlaceByCachedPrefixThenFreeBlocksAndPreemptWithin) {
   // the two of partition 1 grow to fill theirs exactly: one of partition 0 is preempted, and
   // never one of partition 1, whose blocks would not help.
   Sim p(c, 16, 4, false, 0, 2);
-  Sequence* grow = p.add({1, 1, 1, 1}, 28);  // grows to 8 blocks: all of its partition
+  Sequence* grow = p.add({1, 1, 1, 1}, 28);   // grows to 8 blocks: all of its partition
   Sequence* x = p.add({2}, 14);               // grows to 4 blocks
   Sequence* other = p.add({3, 3, 3, 3}, 24);  // grows to 7 blocks
   Sequence* y = p.add({4}, 14);

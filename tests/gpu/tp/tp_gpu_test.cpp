@@ -324,7 +324,8 @@ TEST(GpuPp, TwoStagesOnOneGpuMatchOneRank) {
     const auto tokens = e.generate({ref.greedy_prompt}, g).at(0).outputs.at(0).token_ids;
     expect_greedy_agrees(name, tokens, ref.greedy_tokens, noise, leading_steps_above(name, noise));
     std::vector<std::vector<int32_t>> prompts;
-    for (int k = 0; k < 6; ++k) prompts.push_back(mixed_length_prompt(k, models->model().vocab_size()));
+    for (int k = 0; k < 6; ++k)
+      prompts.push_back(mixed_length_prompt(k, models->model().vocab_size()));
     g.max_tokens = 12;
     const auto outs = e.generate(prompts, g);
     for (const auto& out : outs) EXPECT_EQ(out.outputs.at(0).token_ids.size(), 12u);
