@@ -53,10 +53,7 @@ TEST_P(EngineDp, AloneMatchesTransformers) {
   EXPECT_EQ(models->model().data_parallel_size(), dp);
   LLMEngine engine(*models, test_config());
   EXPECT_EQ(engine.block_manager().num_partitions(), dp);
-  const auto out =
-      engine.generate({ref.greedy_prompt}, greedy(static_cast<int>(ref.greedy_tokens.size())));
-  EXPECT_EQ(out.at(0).outputs.at(0).token_ids, ref.greedy_tokens);
-  expect_engine_idle(engine);
+  expect_alone_gives_reference(engine, ref);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -96,13 +93,7 @@ TEST_P(EngineDpWorkload, EveryRequestMatchesTheSingleRankEngine) {
     EXPECT_EQ(engine.kv_plan().num_blocks, dp * one.kv_plan().num_blocks);
     EXPECT_EQ(engine.block_manager().num_partitions(), dp);
     for (int pass = 0; pass < (sc.run_twice ? 2 : 1); ++pass) {
-      const auto out = engine.generate(w.prompts, w.params);
-      int cached = 0;
-      for (size_t i = 0; i < out.size(); ++i) {
-        EXPECT_EQ(out[i].outputs.at(0).token_ids, want[i].outputs.at(0).token_ids)
-            << "request " << i << " pass " << pass;
-        cached += out[i].outputs[0].num_cached_tokens;
-      }
+      const int cached = expect_same_tokens(engine.generate(w.prompts, w.params), want, pass);
       if (pass == 1) {
         EXPECT_GT(cached, 300) << "the second pass should be served from the partitions' caches";
       }

@@ -166,6 +166,28 @@ inline void expect_engine_idle(const LLMEngine& e) {
   e.block_manager().check_invariants();
 }
 
+// The reference prompt alone through `engine`: transformers' greedy tokens, the engine idle after.
+inline void expect_alone_gives_reference(LLMEngine& engine, const Reference& ref) {
+  const auto out =
+      engine.generate({ref.greedy_prompt}, greedy(static_cast<int>(ref.greedy_tokens.size())));
+  EXPECT_EQ(out.at(0).outputs.at(0).token_ids, ref.greedy_tokens);
+  expect_engine_idle(engine);
+}
+
+// Every request of `got` has the tokens of the same request in `want` (pass: for the message);
+// returns the prompt tokens `got`'s requests found in the prefix cache.
+inline int expect_same_tokens(const std::vector<RequestOutput>& got,
+                              const std::vector<RequestOutput>& want, int pass) {
+  EXPECT_EQ(got.size(), want.size());
+  int cached = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    EXPECT_EQ(got[i].outputs.at(0).token_ids, want[i].outputs.at(0).token_ids)
+        << "request " << i << " pass " << pass;
+    cached += got[i].outputs.at(0).num_cached_tokens;
+  }
+  return cached;
+}
+
 // log_softmax of one row, in long double.
 inline std::vector<double> log_softmax(const float* row, int64_t V) {
   long double mx = row[0], sum = 0;

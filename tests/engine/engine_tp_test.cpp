@@ -55,10 +55,7 @@ TEST_P(EngineTp, AloneMatchesTransformers) {
   auto models = tp_model(name, tp, ep, redundant, pp, partition);
   ASSERT_EQ(models->tp_size(), tp);
   LLMEngine engine(*models, test_config());
-  const auto out =
-      engine.generate({ref.greedy_prompt}, greedy(static_cast<int>(ref.greedy_tokens.size())));
-  EXPECT_EQ(out.at(0).outputs.at(0).token_ids, ref.greedy_tokens);
-  expect_engine_idle(engine);
+  expect_alone_gives_reference(engine, ref);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -106,13 +103,7 @@ TEST_P(EngineTpWorkload, EveryRequestMatchesTheSingleRankEngine) {
     LLMEngine engine(*models, sc.config);
     EXPECT_EQ(engine.kv_plan().num_blocks, one.kv_plan().num_blocks);
     for (int pass = 0; pass < (sc.run_twice ? 2 : 1); ++pass) {
-      const auto out = engine.generate(w.prompts, w.params);
-      int cached = 0;
-      for (size_t i = 0; i < out.size(); ++i) {
-        EXPECT_EQ(out[i].outputs.at(0).token_ids, want[i].outputs.at(0).token_ids)
-            << "request " << i << " pass " << pass;
-        cached += out[i].outputs[0].num_cached_tokens;
-      }
+      const int cached = expect_same_tokens(engine.generate(w.prompts, w.params), want, pass);
       if (pass == 1 && solo.state_specs().empty()) {
         EXPECT_GT(cached, 300) << "the second pass should be served from the cache";
       } else if (pass == 1 && sc.config.state_checkpoint_interval_tokens > 0) {
