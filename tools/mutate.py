@@ -394,9 +394,9 @@ MUTATIONS = [
      "  (void)ctx.comm;"),
     ("dp_runner_every_rank_is_rank_0",
      "Data-parallel attention: every rank takes partition 0's sequences as its own",
-     "src/engine/tp_runner.cpp",
-     "ro.dp_rank = models_.model(r).data_parallel_rank();",
-     "ro.dp_rank = 0 * r;"),
+     "src/models/model.h",
+     "return data_parallel_attention() ? ctx_.tp_rank / ctx_.data_parallel_attention->tp_size : 0;",
+     "return data_parallel_attention() ? 0 * ctx_.tp_rank : 0;"),
     ("dp_attention_every_group_rank_adds_its_rows",
      "Data-parallel attention over groups of tensor-parallel ranks: every rank of a group adds the "
      "group's rows (counted once per rank)",

@@ -62,12 +62,8 @@ void ModelRunner::init(const RunnerOptions& o) {
   micro_batches_ = std::max(1, o.micro_batches);
   keep_hidden_ = o.num_speculative_tokens > 0;
   layer_outputs_ = o.layer_outputs;
-  dp_size_ = o.dp_size;
-  dp_rank_ = o.dp_rank;
-  ATOM_CHECK(dp_size_ >= 1 && dp_rank_ >= 0 && dp_rank_ < dp_size_,
-             "runner: data-parallel rank {} of {}", dp_rank_, dp_size_);
-  ATOM_CHECK(dp_size_ == 1 || model_.data_parallel_attention(),
-             "runner: data-parallel ranks for a model whose attention is not data-parallel");
+  dp_size_ = model_.data_parallel_size();
+  dp_rank_ = model_.data_parallel_rank();
   if (!layer_outputs_.empty() && !model_.hands_over_layer_outputs())
     fail("{} does not hand its layer outputs over (a block drafter, DSpark, drafts from them)",
          model_.config().architectures.at(0));

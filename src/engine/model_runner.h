@@ -49,11 +49,6 @@ struct RunnerOptions {
   // Speculative block drafting (DSpark): the target layers whose outputs each step keeps
   // (Step::layer_outputs, last_layer_outputs); eager steps of one micro-batch only.
   std::vector<int64_t> layer_outputs;
-  // Data-parallel attention (Model::data_parallel_attention): this rank is dp_rank of dp_size; the
-  // engine's page numbers span every rank's cache, this rank's being [dp_rank num_pages,
-  // (dp_rank + 1) num_pages), and the sequences on them are the ones it attends for
-  // (Step::dp). Steps run eagerly.
-  int dp_size = 1, dp_rank = 0;
 };
 
 // Where a step's sequences are cut into at most `parts` micro-batches of about equal token counts:
@@ -150,8 +145,10 @@ class ModelRunner final : public StepRunner {
   Tensor micro_hidden_;
   std::vector<int64_t> layer_outputs_;  // RunnerOptions::layer_outputs
   Tensor layer_outputs_out_;            // the last step's, in arena_
-  // Data-parallel attention: RunnerOptions::dp_size / dp_rank, and this rank's share of the
-  // step (Batch::page_share), reused across steps.
+  // Data-parallel attention (the model's data_parallel_size / data_parallel_rank): the engine's
+  // page numbers span every rank's cache, this rank's being [dp_rank num_pages, (dp_rank + 1)
+  // num_pages), and the sequences on them are the ones it attends for (Step::dp); steps run
+  // eagerly. This rank's share of the step (Batch::page_share), reused across steps.
   int dp_size_ = 1, dp_rank_ = 0;
   Batch dp_local_;
   std::vector<int32_t> dp_rows_, dp_scatter_;

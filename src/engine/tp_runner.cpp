@@ -152,10 +152,6 @@ TpRunner::TpRunner(ModelGroup& models, const RunnerOptions& options)
         ro.stage_in = models_.link_in(r);
         ro.stage_out = models_.link_out(r);
         if (models_.pp_size() > 1) ro.micro_batches = models_.pp_size();
-        if (dp_ > 1) {
-          ro.dp_size = dp_;
-          ro.dp_rank = models_.model(r).data_parallel_rank();
-        }
         runners_[static_cast<size_t>(r)] = std::make_unique<ModelRunner>(models_.model(r), ro);
       });
     });

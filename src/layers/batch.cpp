@@ -167,30 +167,22 @@ Batch Batch::page_share(int first_page, int num_pages, std::vector<int32_t>& row
              num_pages);
   const int64_t end_page = static_cast<int64_t>(first_page) + num_pages;
   auto in_share = [&](int32_t p) { return p >= first_page && p < end_page; };
-  Batch b;
-  b.block_size = block_size;
-  b.query_start = {0};
-  b.page_indptr = {0};
-  rows.clear();
+  // The share's sequences, their rows and their pages (rebased) with the offsets into both.
   std::vector<int> seqs;
+  std::vector<int32_t> starts{0}, pages, indptr{0};
+  rows.clear();
   for (int s = 0; s < S; ++s) {
     const int p0 = page_indptr[s], p1 = page_indptr[s + 1];
-    if (p0 == p1 || !in_share(page_indices[p0])) {
-      for (int i = p0; i < p1; ++i)
-        ATOM_CHECK(!in_share(page_indices[i]),
-                   "batch: sequence {} holds pages inside and outside the share [{}, {})", s,
-                   first_page, end_page);
-      continue;
-    }
-    for (int i = p0; i < p1; ++i) {
-      ATOM_CHECK(in_share(page_indices[i]),
+    const bool mine = p0 < p1 && in_share(page_indices[p0]);
+    for (int i = p0; i < p1; ++i)
+      ATOM_CHECK(in_share(page_indices[i]) == mine,
                  "batch: sequence {} holds pages inside and outside the share [{}, {})", s,
                  first_page, end_page);
-      b.page_indices.push_back(page_indices[i] - first_page);
-    }
-    b.page_indptr.push_back(static_cast<int32_t>(b.page_indices.size()));
+    if (!mine) continue;
+    for (int i = p0; i < p1; ++i) pages.push_back(page_indices[i] - first_page);
+    indptr.push_back(static_cast<int32_t>(pages.size()));
     for (int t = query_start[s]; t < query_start[s + 1]; ++t) rows.push_back(t);
-    b.query_start.push_back(static_cast<int32_t>(rows.size()));
+    starts.push_back(static_cast<int32_t>(rows.size()));
     seqs.push_back(s);
   }
   const int L = static_cast<int>(rows.size());
@@ -209,18 +201,18 @@ Batch Batch::page_share(int first_page, int num_pages, std::vector<int32_t>& row
         for (int s : seqs) r.push_back(f[static_cast<size_t>(s)]);
         break;
       default:
-        break;  // the offsets and free fields: above and below
+        break;  // the offsets and free fields: below
     }
     return r;
   };
-  const std::vector<int32_t> query_start_kept = b.query_start, page_indptr_kept = b.page_indptr,
-                             page_indices_kept = b.page_indices;
+  Batch b;
 #define ATOM_BATCH_SHARE_FIELD(name, extent) b.name = take(name, extent);
   ATOM_BATCH_FIELDS(ATOM_BATCH_SHARE_FIELD)
 #undef ATOM_BATCH_SHARE_FIELD
-  b.query_start = query_start_kept;
-  b.page_indptr = page_indptr_kept;
-  b.page_indices = page_indices_kept;
+  b.block_size = block_size;
+  b.query_start = std::move(starts);
+  b.page_indptr = std::move(indptr);
+  b.page_indices = std::move(pages);
   const int64_t first_slot = static_cast<int64_t>(first_page) * block_size;
   for (int32_t& slot : b.slot_mapping)
     if (slot >= 0) slot = static_cast<int32_t>(slot - first_slot);
