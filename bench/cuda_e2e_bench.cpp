@@ -124,13 +124,15 @@ int main(int argc, char** argv) {
     ModelNumbers n;
     for (const auto& [name, p] : model.params().all()) {
       if (name.ends_with("embed_tokens.weight") && !c.tie_word_embeddings) continue;
-      // An expert's weights (MXFP4: U8 blocks of two weights a byte), scales and biases are
-      // read only where the expert is routed to.
+      // An expert's weights (MXFP4: U8 blocks of two weights a byte; FP8: a byte a weight),
+      // scales and biases are read only where the expert is routed to. (An FP8 checkpoint's
+      // experts dequantised at load keep a [1] placeholder for their scales: not per slot.)
       const bool expert_w =
           name.ends_with("experts.w13_weight") || name.ends_with("experts.w2_weight");
-      if (expert_w || name.ends_with("experts.w13_weight_scale") ||
-          name.ends_with("experts.w2_weight_scale") || name.ends_with("experts.w13_bias") ||
-          name.ends_with("experts.w2_bias")) {
+      if ((expert_w || name.ends_with("experts.w13_weight_scale") ||
+           name.ends_with("experts.w2_weight_scale") || name.ends_with("experts.w13_bias") ||
+           name.ends_with("experts.w2_bias")) &&
+          p->data().dim() >= 2) {
         const Tensor& w = p->data();
         n.slots = static_cast<int>(w.size(0));
         if (name.ends_with("w13_weight")) ++n.moe_layers;

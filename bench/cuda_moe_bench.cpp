@@ -5,8 +5,10 @@
 // E 8, top-2) at batch 1, and gpt-oss-20b's (H 2880, I 2880, E 32, top-4, the clamped SwiGLU
 // with expert biases) at decode batches and 8k routed rows. Routing is uniform top-k without
 // repeats, a different draw for each timed call (8 draws rotated), so the experts a call reads
-// are not left in L2 by the one before.
-//   cuda_moe_bench [--counts FILE] [--paths] [--mxfp4-only]
+// are not left in L2 by the one before. Qwen3-30B-A3B's experts also run as Qwen3-30B-A3B-FP8
+// ships them (e4m3 with 128x128 block scales, W8A16: the kernels expand them to BF16 as they load
+// them), beside the BF16 cases in the same run.
+//   cuda_moe_bench [--counts FILE] [--paths] [--mxfp4-only] [--fp8-only]
 // --counts writes the per-expert row counts of the 2k- and 16k-routed-row cases (one line each)
 // for bench/moe_grouped_mm_torch.py, which times torch._grouped_mm on the same distribution.
 // --paths also times both fused_moe paths (decode kernels, grouped GEMMs) at a few batches.
@@ -79,8 +81,8 @@ Routing draw(const Model& m, int64_t T, int draws, uint64_t seed) {
 
 void bench_case(const Model& m, const Tensor& w13, const Tensor& w2, int64_t T,
                 const std::string& tag, FILE* counts_out, const Tensor* b13 = nullptr,
-                const Tensor* b2 = nullptr, const Tensor* s13 = nullptr,
-                const Tensor* s2 = nullptr) {
+                const Tensor* b2 = nullptr, const Tensor* s13 = nullptr, const Tensor* s2 = nullptr,
+                int fp8_block = 0) {
   const int draws = 8;
   Routing r = draw(m, T, draws, 77 + static_cast<uint64_t>(T));
   Tensor x = rnd({T, m.H}, DType::kBF16, 5);
@@ -92,12 +94,15 @@ void bench_case(const Model& m, const Tensor& w13, const Tensor& w2, int64_t T,
   ex.w2_bias = b2;
   ex.w13_scales = s13;
   ex.w2_scales = s2;
+  ex.fp8_block_n = ex.fp8_block_k = fp8_block;
   if (m.gpt_oss) ex.activation.kind = kernels::MoeActivation::kSwigluOai;
   const int64_t wsb = kernels::fused_moe_workspace_bytes(kGpu, T, m.K, ex, DType::kBF16);
   Tensor ws = Tensor::empty({std::max<int64_t>(wsb, 1)}, DType::kU8, kGpu);
   const int64_t rows = T * m.K;
-  // MXFP4: half a byte a weight plus a scale byte per 32
-  const double weight_bytes = s13 ? 3.0 * m.H * m.I * (0.5 + 1.0 / 32) : 3.0 * m.H * m.I * 2;
+  // MXFP4: half a byte a weight plus a scale byte per 32; FP8: a byte a weight plus 4 per block
+  const double weight_bytes = fp8_block ? 3.0 * m.H * m.I * (1.0 + 4.0 / (fp8_block * fp8_block))
+                              : s13     ? 3.0 * m.H * m.I * (0.5 + 1.0 / 32)
+                                        : 3.0 * m.H * m.I * 2;
   const double expert_bytes = weight_bytes + (b13 ? 2.0 * m.I * 2 : 0) + (b2 ? m.H * 2 : 0);
   const double bytes = r.distinct * expert_bytes + 2.0 * T * m.H * 2;
   const double flops = 2.0 * 3.0 * m.H * m.I * rows;
@@ -122,14 +127,45 @@ int main(int argc, char** argv) {
   std::string counts_path;
   bool paths = false;
   bool mxfp4_only = false;  // only the MXFP4 gpt-oss cases
+  bool fp8_only = false;    // only the FP8 and BF16 qwen3-30b-a3b cases
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--counts") && i + 1 < argc) counts_path = argv[++i];
     if (!std::strcmp(argv[i], "--paths")) paths = true;
     if (!std::strcmp(argv[i], "--mxfp4-only")) mxfp4_only = true;
+    if (!std::strcmp(argv[i], "--fp8-only")) fp8_only = true;
   }
   FILE* counts = counts_path.empty() ? nullptr : std::fopen(counts_path.c_str(), "w");
   std::printf("== fused_moe (bf16, fp32 accumulate): bandwidth counts the distinct experts' "
               "weights + x + out; FLOP = 6 H I per routed row\n");
+  if (fp8_only) {
+    // Qwen3-30B-A3B's experts in BF16 and in FP8 (128x128 blocks), the same batches.
+    const Model q{"qwen3-30b-a3b", 2048, 768, 128, 8};
+    const Model q8{"qwen3-30b-a3b fp8", 2048, 768, 128, 8};
+    Tensor w13 = rnd({q.E, 2 * q.I, q.H}, DType::kBF16, 1, -0.02f, 0.02f);
+    Tensor w2 = rnd({q.E, q.H, q.I}, DType::kBF16, 2, -0.02f, 0.02f);
+    Tensor c13 = rnd({q.E, 2 * q.I, q.H}, DType::kF8E4M3, 1, -224.0f, 224.0f);
+    Tensor c2 = rnd({q.E, q.H, q.I}, DType::kF8E4M3, 2, -224.0f, 224.0f);
+    Tensor s13 = rnd({q.E, 2 * q.I / 128, q.H / 128}, DType::kF32, 3, 1e-4f, 2e-4f);
+    Tensor s2 = rnd({q.E, q.H / 128, q.I / 128}, DType::kF32, 4, 1e-4f, 2e-4f);
+    for (int64_t T : {1, 2, 8, 32, 64, 256, 2048, 16384}) {
+      bench_case(q, w13, w2, T, "", nullptr);
+      bench_case(q8, c13, c2, T, "", nullptr, nullptr, nullptr, &s13, &s2, 128);
+    }
+    if (paths)
+      for (int64_t T : {1, 8, 32, 64}) {
+        {
+          const Tuned s(cuda_tuning_with([](CudaTuning& t) { t.moe_decode_max_rows_fp8 = 0; }));
+          bench_case(q8, c13, c2, T, " gemm path", nullptr, nullptr, nullptr, &s13, &s2, 128);
+        }
+        for (int depth : {2, 4}) {
+          const Tuned s(cuda_tuning_with(
+              [&](CudaTuning& t) { t.moe_decode_max_rows_fp8 = 512, t.moe_decode_depth = depth; }));
+          bench_case(q8, c13, c2, T, fmt::format(" decode path, depth {}", depth), nullptr, nullptr,
+                     nullptr, &s13, &s2, 128);
+        }
+      }
+    return 0;
+  }
   if (!mxfp4_only) {
     const Model q{"qwen3-30b-a3b", 2048, 768, 128, 8};
     Tensor w13 = rnd({q.E, 2 * q.I, q.H}, DType::kBF16, 1, -0.02f, 0.02f);

@@ -51,6 +51,8 @@ CudaTuning CudaTuning::from_env() {
       std::clamp<long>(env_int("ATOM_MOE_DECODE_MAX_ROWS", 8), 0, kMoeDecodeMaxRowsCap));
   t.moe_decode_max_rows_mxfp4 = static_cast<int>(
       std::clamp<long>(env_int("ATOM_MOE_DECODE_MAX_ROWS_MXFP4", 256), 0, kMoeDecodeMaxRowsCap));
+  t.moe_decode_max_rows_fp8 = static_cast<int>(
+      std::clamp<long>(env_int("ATOM_MOE_DECODE_MAX_ROWS_FP8", 64), 0, kMoeDecodeMaxRowsCap));
   t.moe_decode_depth = static_cast<int>(env_int("ATOM_MOE_DECODE_DEPTH", 2));
   t.moe_gemm_tile_rows = static_cast<int>(env_int("ATOM_MOE_GEMM_TILE_ROWS", 0));
   t.moe_dense_min_rows = static_cast<int>(env_int("ATOM_MOE_DENSE_MIN_ROWS", 256));
@@ -67,6 +69,7 @@ CudaTuning CudaTuning::normalized() const {
   t.fp8_skinny_rows = t.fp8_skinny_rows == 2 || t.fp8_skinny_rows == 4 ? t.fp8_skinny_rows : 0;
   t.moe_decode_max_rows = std::clamp(t.moe_decode_max_rows, 0, kMoeDecodeMaxRowsCap);
   t.moe_decode_max_rows_mxfp4 = std::clamp(t.moe_decode_max_rows_mxfp4, 0, kMoeDecodeMaxRowsCap);
+  t.moe_decode_max_rows_fp8 = std::clamp(t.moe_decode_max_rows_fp8, 0, kMoeDecodeMaxRowsCap);
   t.moe_decode_depth = t.moe_decode_depth == 4 ? 4 : 2;
   t.moe_gemm_tile_rows =
       t.moe_gemm_tile_rows == 64 || t.moe_gemm_tile_rows == 128 ? t.moe_gemm_tile_rows : 0;

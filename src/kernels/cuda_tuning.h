@@ -123,6 +123,9 @@ struct CudaTuning {
   // ATOM_MOE_DECODE_MAX_ROWS_MXFP4; default 256 (gpt-oss-20b's and -120b's experts on the H200: the
   // decode kernels win at every batch measured, 1 to 64 tokens of top-4; docs/performance.md).
   int moe_decode_max_rows_mxfp4 = 256;
+  // The same threshold for FP8 experts (W8A16: half the bytes of BF16, the same per-k-step
+  // expansion in the grouped GEMMs as MXFP4). ATOM_MOE_DECODE_MAX_ROWS_FP8; default 64.
+  int moe_decode_max_rows_fp8 = 64;
   // k steps (128 elements of each of a lane's two weight rows) the decode kernels load per group:
   // 2 or 4 (ATOM_MOE_DECODE_DEPTH).
   int moe_decode_depth = 2;

@@ -112,11 +112,23 @@ struct MoeExperts {
   // the scales are U8 e8m0 exponents (value = e2m1 * 2^(e - 127)), one per 32 consecutive k,
   // stored k-group-major so that a tile's rows of one group are contiguous: w13_scales
   // [S, H/32, 2I], w2_scales [S, I/32, H]. Both set, or neither.
+  //
+  // FP8 experts (W8A16 on CUDA; the CPU computes the same weights in fp32, as its reference does
+  // when it dequantises at load): w13 and w2 hold F8E4M3
+  // codes [S, 2I, H] and [S, H, I], and the scales are F32 per block of fp8_block_n rows and
+  // fp8_block_k columns (0: the whole row), w13_scales [S, 2I / bn, ceil(H / bk)] (2I a multiple
+  // of bn: the gate rows' blocks, then the up rows') and w2_scales [S, ceil(H / bn), ceil(I / bk)];
+  // weight = bf16(float(code) * scale), the value the loader writes when it dequantises the same
+  // checkpoint at load. DeepSeek-V3's and Qwen3-FP8's 128x128 blocks; per-channel scales are
+  // blocks of 1 row and the whole k.
   const Tensor* w13_scales = nullptr;
   const Tensor* w2_scales = nullptr;
+  int fp8_block_n = 0, fp8_block_k = 0;
   Glu activation;  // act(gate, up) (kernels/activation.h)
 
-  bool mxfp4() const { return w13_scales != nullptr || w2_scales != nullptr; }
+  bool fp8() const { return w13 != nullptr && w13->dtype() == DType::kF8E4M3; }
+  bool mxfp4() const { return !fp8() && (w13_scales != nullptr || w2_scales != nullptr); }
+  bool quantized() const { return fp8() || mxfp4(); }
   int64_t hidden() const;        // H, from w2's rows
   int64_t intermediate() const;  // I, from w13's rows
 };

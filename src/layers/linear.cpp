@@ -88,6 +88,10 @@ Tensor scale_f32(const Tensor& s, const std::string& what) {
 }
 }  // namespace
 
+Tensor fp8_scale_to_f32(const Tensor& scale, const std::string& what) {
+  return scale_f32(scale, what);
+}
+
 void fp8_check_weight(const Tensor& w, int64_t N, int64_t K, const std::string& what) {
   if (w.dtype() != DType::kF8E4M3)
     fail("{}: the quantization_config stores this layer as FP8, but the checkpoint weight is {} "

@@ -51,6 +51,9 @@ Tensor fp8_dequantize(const Tensor& w, const Tensor& scale, const LinearQuant& q
 inline DType fp8_dequantized_dtype(const LayerContext& ctx) {
   return ctx.device.is_cpu() ? DType::kF32 : ctx.weight_dtype;
 }
+// A CPU F32 copy of an FP8 checkpoint weight's scale (F32, BF16, F16, or F8_E8M0 exponents b
+// meaning 2^(b - 127)); an Error naming `what` for another dtype or a NaN exponent.
+Tensor fp8_scale_to_f32(const Tensor& scale, const std::string& what);
 // Checks an FP8 checkpoint weight and its scale fit `q` for a [N, K] weight (what names them).
 void fp8_check_weight(const Tensor& w, int64_t N, int64_t K, const std::string& what);
 void fp8_check_scale(const Tensor& scale, int64_t N, int64_t K, const LinearQuant& q,

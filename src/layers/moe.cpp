@@ -581,6 +581,44 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
              "channels on each of {} ranks: packed experts need whole 32-value groups)",
              prefix, dtype_name(ctx.weight_dtype), o.hidden, inter_rank_, tp);
   if (packed_) inter_padded_ = (inter_padded_ + 31) / 32 * 32;
+  // FP8 experts (DeepSeek-V3's, Qwen3-FP8's 128x128 blocks, per-channel compressed-tensors): kept
+  // FP8 with their scales where FP8 weights stay resident (LayerContext::fp8_resident: CUDA by
+  // default, where the fused kernels expand each code with its block's scale just before the
+  // MMAs, W8A16 with BF16 activations, the dequantised value to the bit; the CPU when asked,
+  // computing the same fp32 weights as its reference) and this rank's slice cuts whole blocks;
+  // elsewhere (the CPU reference, EPLB's copies, fused shared experts, ATOM_MOE_FP8_EXPERTS=0)
+  // each expert is dequantised to the weight dtype at load.
+  // (MXFP4 experts are not FP8, whatever the linears' method: DeepSeek-V4's FP4 experts beside
+  // FP8 linears.)
+  const LinearQuant quant =
+      ctx.quant && o.quant != ExpertQuant::kMxfp4 ? ctx.quant->linear(prefix) : LinearQuant{};
+  if (quant.fp8 && ctx.fp8_resident && (ctx.device.is_cpu() || ctx.act_dtype == DType::kBF16) &&
+      env_bool("ATOM_MOE_FP8_EXPERTS", true)) {
+    const bool block = quant.scales == Fp8Scales::kBlock,
+               channel = quant.scales == Fp8Scales::kChannel;
+    const int bn = block ? quant.block_n : 1, bk = block ? quant.block_k : 0;
+    std::string why;
+    if (!block && !channel)
+      why = "per-tensor scales";
+    else if (R > 0)
+      why = "redundant experts (EPLB copies float experts only)";
+    else if (o.num_shared_slots > 0)
+      why = "fused shared experts";
+    else if (o.hidden % 64 != 0 || bk % 64 != 0 || inter_rank_ % 64 != 0 ||
+             (inter_rank_ != o.intermediate &&
+              (inter_rank_ % bn != 0 || (bk > 0 && inter_rank_ % bk != 0))))
+      why = fmt::format("hidden size {}, {} of {} intermediate channels a rank, blocks of {} x {}: "
+                        "the kernels need multiples of 64, and a rank's slice whole blocks",
+                        o.hidden, inter_rank_, o.intermediate, bn, bk);
+    if (why.empty()) {
+      fp8_bn_ = bn;
+      fp8_bk_ = bk;
+      inter_padded_ = (inter_padded_ + 127) / 128 * 128;
+    } else {
+      log_warn("{}: FP8 experts dequantised to {} at load ({})", prefix,
+               dtype_name(ctx.weight_dtype), why);
+    }
+  }
   const int64_t E = o.num_experts, H = o.hidden, I = o.intermediate, Ir = inter_rank_,
                 Ip = inter_padded_, S = o.num_shared_slots;
   const int64_t start = inter_start();
@@ -659,21 +697,16 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
          S > 0 ? fmt::format(" and the shared experts as expert {}", E) : std::string(), expert,
          shard);
   };
-  // FP8 experts (DeepSeek-V3's block-scaled checkpoints, looked up by the experts' module): each
-  // expert part's weight waits for its weight_scale (or the scale for its weight) and is
-  // dequantised to the weight dtype at load, on every device for now (a fused FP8 expert GEMM
-  // is separate work).
-  // (MXFP4 experts are not FP8, whatever the linears' method: DeepSeek-V4's FP4 experts beside
-  // FP8 linears.)
-  const LinearQuant quant =
-      ctx.quant && o.quant != ExpertQuant::kMxfp4 ? ctx.quant->linear(prefix) : LinearQuant{};
+  // FP8 experts (looked up by the experts' module): each expert part's weight waits for its
+  // weight_scale (or the scale for its weight), then is written FP8 with its scales (fp8_bn_ > 0)
+  // or dequantised to the weight dtype.
   struct Pending {
     std::mutex mu;
     std::map<std::string, std::pair<Tensor, Tensor>> parts;  // part key -> (weight, scale)
   };
   // An FP8 part of `weight` (is_scale: its scale) arrived; writes it once both are here.
-  auto fp8_arrive = [write_part, quant](Parameter& weight, Pending& pending, const Tensor& t,
-                                        const std::string& shard, int expert, bool is_scale) {
+  auto fp8_arrive = [this, write_part, quant](Parameter& weight, Pending& pending, const Tensor& t,
+                                              const std::string& shard, int expert, bool is_scale) {
     const std::string what = fmt::format("{} (expert {} part {})", weight.name(), expert, shard);
     if (expert < 0)
       fail("{}: stacked FP8 expert tensors are not supported (FP8 checkpoints store experts one "
@@ -694,14 +727,39 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
       s = ps;
       pending.parts.erase(key);
     }
-    write_part(weight, fp8_dequantize(w, s, quant, what), shard, expert);
+    if (fp8_bn_ == 0) return write_part(weight, fp8_dequantize(w, s, quant, what), shard, expert);
+    // The codes through the layout (this rank's rows of w1 / w3, its columns of w2), then the
+    // scales of the same rows or columns.
+    const bool down = shard == "w2";
+    const int64_t N = down ? o_.hidden : o_.intermediate, K = down ? o_.intermediate : o_.hidden;
+    fp8_check_weight(w, N, K, what);
+    fp8_check_scale(s, N, K, quant, what);
+    write_part(weight, w, shard, expert);
+    const int64_t bn = fp8_bn_, bk = fp8_bk_, Ir = inter_rank_, start = inter_start();
+    const int64_t gr = (N + bn - 1) / bn, gk = bk ? (K + bk - 1) / bk : 1;
+    const Tensor sf = fp8_scale_to_f32(s, what).contiguous().view({gr, gk});
+    Parameter& sp = &weight == w13_ ? *w13_scale_ : *w2_scale_;
+    for (const int64_t slot : slots_of(expert)) {
+      Tensor dst = sp.data().select(0, slot);
+      // A slice starts on a block boundary; only a whole expert's may end in a partial block.
+      if (!down) {
+        const int64_t nr = (Ir + bn - 1) / bn;
+        Tensor rows = dst.narrow(0, shard == "w1" ? 0 : inter_padded_ / bn, nr);
+        tensor_assign(rows, sf.narrow(0, start / bn, nr).contiguous());
+      } else {
+        const int64_t c0 = bk ? start / bk : 0, nc = bk ? (Ir + bk - 1) / bk : 1;
+        Tensor cols = dst.narrow(1, 0, nc);
+        assign_2d(cols, sf.narrow(1, c0, nc));
+      }
+    }
   };
   // Expert parallelism: the loader skips the tensors of experts another rank holds (the shared
   // experts, expert E, are never fused then).
   std::function<bool(int)> holds;
   if (ep) holds = [this](int e) { return this->holds(e); };
-  auto add_weight = [&](const std::string& name, Shape shape,
-                        const std::shared_ptr<ExpertLayout>& layout) -> Parameter* {
+  auto add_weight = [&](const std::string& name, Shape shape, Shape scale_shape,
+                        const std::shared_ptr<ExpertLayout>& layout,
+                        Parameter** scale_param) -> Parameter* {
     const auto parts = expert_parts(local_, E, S, layout->shards);
     if (!quant.fp8) {
       Parameter* p = &ctx.params.add(name, ctx.param_tensor(std::move(shape), ctx.weight_dtype),
@@ -711,8 +769,10 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
       return p;
     }
     auto pending = std::make_shared<Pending>();
+    const bool keep = fp8_bn_ > 0;
     Parameter* p = &ctx.params.add(
-        name, ctx.param_tensor(std::move(shape), fp8_dequantized_dtype(ctx)),
+        name,
+        ctx.param_tensor(std::move(shape), keep ? DType::kF8E4M3 : fp8_dequantized_dtype(ctx)),
         [fp8_arrive, pending](Parameter& w, const Tensor& t, const std::string& shard, int e) {
           fp8_arrive(w, *pending, t, shard, e, false);
         },
@@ -720,14 +780,23 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
     layout->stageable = false;  // FP8 parts go through the loader, which pairs them
     p->expert_layout = layout;
     p->holds_expert = holds;
-    ctx.params
-        .add(
-            name + "_scale", ctx.param_tensor({1}, DType::kF32),
-            [fp8_arrive, pending, p](Parameter&, const Tensor& t, const std::string& shard, int e) {
-              fp8_arrive(*p, *pending, t, shard, e, true);
-            },
-            parts)
-        .holds_expert = holds;
+    Parameter& sp = ctx.params.add(
+        name + "_scale", ctx.param_tensor(keep ? std::move(scale_shape) : Shape{1}, DType::kF32),
+        [fp8_arrive, pending, p](Parameter&, const Tensor& t, const std::string& shard, int e) {
+          fp8_arrive(*p, *pending, t, shard, e, true);
+        },
+        parts);
+    sp.holds_expert = holds;
+    if (keep) {
+      *scale_param = &sp;
+      // --load-format dummy: the codes uniform in +-224 (model_fill_dummy) and every scale
+      // 1/(224 sqrt(fan in)), the spread of the other weights.
+      const double fan_in = static_cast<double>(p->data().size(2));
+      sp.dummy_fill = [fan_in](Tensor& t, uint64_t) {
+        const float v = static_cast<float>(1.0 / (224.0 * std::sqrt(fan_in)));
+        kernels::fill_uniform(t, 0, v, v);
+      };
+    }
     return p;
   };
   auto loader = write_part;
@@ -753,8 +822,12 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
       kernels::fill_uniform_bytes(t, seed, 118, 120);
     };
   } else {
-    w13_ = add_weight(w13_name, {slots_, 2 * Ip, H}, w13_layout);
-    w2_ = add_weight(w2_name, {slots_, H, Ip}, w2_layout);
+    const int64_t bn = std::max(fp8_bn_, 1), bk = fp8_bk_;
+    auto blocks = [](int64_t n, int64_t b) { return b == 0 ? 1 : (n + b - 1) / b; };
+    w13_ = add_weight(w13_name, {slots_, 2 * Ip, H}, {slots_, 2 * Ip / bn, blocks(H, bk)},
+                      w13_layout, &w13_scale_);
+    w2_ = add_weight(w2_name, {slots_, H, Ip}, {slots_, blocks(H, bn), blocks(Ip, bk)}, w2_layout,
+                     &w2_scale_);
   }
   if (o.bias) {
     ATOM_CHECK(S == 0, "{}: fused shared experts with expert biases", prefix);
@@ -777,6 +850,8 @@ void FusedMoE::forward(Step& step, const Tensor& x, const Tensor& topk_ids,
   w.w2_bias = w2_bias_ ? &w2_bias_->data() : nullptr;
   w.w13_scales = w13_scale_ ? &w13_scale_->data() : nullptr;
   w.w2_scales = w2_scale_ ? &w2_scale_->data() : nullptr;
+  w.fp8_block_n = fp8_bn_;
+  w.fp8_block_k = fp8_bk_;
   w.activation = o_.activation;
   const int64_t bytes = kernels::fused_moe_workspace_bytes(ctx_.device, x.size(0), topk_ids.size(1),
                                                            w, ctx_.act_dtype);

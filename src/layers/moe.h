@@ -178,6 +178,8 @@ class FusedMoE {
   Parameter& w2() { return *w2_; }
   // The experts are stored MXFP4 (w13/w2 blocks plus scales), not dense.
   bool packed() const { return packed_; }
+  // The experts are stored FP8 with their block scales (w13/w2 F8E4M3 plus F32 scales).
+  bool fp8() const { return fp8_bn_ > 0; }
 
  private:
   class Writer;
@@ -193,12 +195,16 @@ class FusedMoE {
   Tensor replicas_, replica_count_, expert_load_;
   int64_t slots_, inter_rank_, inter_padded_;
   bool packed_ = false;
-  Parameter* w13_ = nullptr;        // [slots, 2 Ip, H] (packed: U8 [slots, 2 Ip, H/2])
-  Parameter* w2_ = nullptr;         // [slots, H, Ip] (packed: U8 [slots, H, Ip/2])
-  Parameter* w13_scale_ = nullptr;  // packed: U8 [slots, H/32, 2 Ip]
-  Parameter* w2_scale_ = nullptr;   // packed: U8 [slots, Ip/32, H]
-  Parameter* w13_bias_ = nullptr;   // [slots, 2 Ip]
-  Parameter* w2_bias_ = nullptr;    // [slots, H]: on rank 0 only (others zero), added once
+  // FP8 experts kept FP8: the rows and columns (0: the whole row) of a scale block; 0 otherwise.
+  int fp8_bn_ = 0, fp8_bk_ = 0;
+  Parameter* w13_ = nullptr;  // [slots, 2 Ip, H] (packed: U8 [slots, 2 Ip, H/2]; FP8: F8E4M3)
+  Parameter* w2_ = nullptr;   // [slots, H, Ip] (packed: U8 [slots, H, Ip/2]; FP8: F8E4M3)
+  // packed: U8 [slots, H/32, 2 Ip]; FP8: F32 [slots, 2 Ip / bn, ceil(H / bk)]
+  Parameter* w13_scale_ = nullptr;
+  // packed: U8 [slots, Ip/32, H]; FP8: F32 [slots, ceil(H / bn), ceil(Ip / bk)]
+  Parameter* w2_scale_ = nullptr;
+  Parameter* w13_bias_ = nullptr;  // [slots, 2 Ip]
+  Parameter* w2_bias_ = nullptr;   // [slots, H]: on rank 0 only (others zero), added once
 };
 
 struct SparseMoeOptions {

@@ -19,11 +19,18 @@
 
 #include "core/convert.h"
 #include "core/cuda_check.h"
+#include "common/test_util.h"
+#include "core/arena.h"
 #include "core/cuda_stream.h"
+#include "dist/communicator.h"
 #include "gpu_util.h"
 #include "kernels/cuda/moe_dense.h"
 #include "kernels/cuda_tuning.h"
 #include "layers/moe.h"
+#include "loader/hf_config.h"
+#include "loader/safetensors.h"
+#include "loader/weight_loading.h"
+#include "models/model.h"
 
 namespace atom::test {
 namespace {
@@ -846,6 +853,339 @@ TEST(GpuMoe, FusedMxfp4MatchesCpu) {
   };
   uint64_t seed = 9000;
   for (const MoeCase& c : cases) check_fused_mx(c, seed += 17);
+}
+
+// ---------------------------------------------------------------- FP8 experts (W8A16)
+
+// e4m3 code -> value, written out here (not taken from core/half.h): sign, 4 exponent bits (bias
+// 7), 3 mantissa bits; exponent 0 is subnormal. The NaN codes (0x7F, 0xFF) are never drawn.
+float e4m3_value(uint8_t code) {
+  const int e = (code >> 3) & 15, m = code & 7;
+  const float mag = e == 0 ? std::ldexp(m / 8.0f, -6) : std::ldexp(1.0f + m / 8.0f, e - 7);
+  return (code & 0x80) ? -mag : mag;
+}
+
+// FP8 experts in the layout kernels::MoeExperts takes (codes [S, 2Ip, H] and [S, H, Ip], F32
+// scales per bn x bk block, bk 0: one per row) and the weights they encode, each product rounded
+// once to c.dt as the loader's dequantisation rounds it. Random codes over the whole range (both
+// zeros and subnormals included, no NaN), scales 2^-12 .. 2^-9 times a random mantissa; the
+// padding rows of w13 and columns of w2 are zero codes.
+struct F8Experts {
+  Tensor c13, c2, s13, s2;  // host F8E4M3 codes and F32 scales
+  Tensor d13, d2;           // host, c.dt
+};
+
+F8Experts make_f8(const MoeCase& c, int bn, int bk, uint64_t seed) {
+  const int64_t S = c.E + c.shared, H = c.H, Ip = c.I_pad;
+  auto blocks = [](int64_t n, int64_t b) { return b == 0 ? int64_t{1} : (n + b - 1) / b; };
+  std::mt19937_64 rng(seed);
+  F8Experts f;
+  f.c13 = Tensor::empty({S, 2 * Ip, H}, DType::kF8E4M3);
+  f.c2 = Tensor::empty({S, H, Ip}, DType::kF8E4M3);
+  f.s13 = Tensor::empty({S, 2 * Ip / bn, blocks(H, bk)}, DType::kF32);
+  f.s2 = Tensor::empty({S, blocks(H, bn), blocks(Ip, bk)}, DType::kF32);
+  for (Tensor* t : {&f.s13, &f.s2})
+    for (int64_t i = 0; i < t->numel(); ++i)
+      t->ptr<float>()[i] = std::ldexp(1.0f + static_cast<float>(rng() % 1000) / 1000.0f,
+                                      -12 + static_cast<int>(rng() % 4));
+  auto code = [&](bool pad) {
+    if (pad) return uint8_t{0};
+    uint8_t b;
+    do b = static_cast<uint8_t>(rng());
+    while ((b & 0x7F) == 0x7F);
+    return b;
+  };
+  Tensor d13 = Tensor::empty({S, 2 * Ip, H}, DType::kF32),
+         d2 = Tensor::empty({S, H, Ip}, DType::kF32);
+  uint8_t* c13 = static_cast<uint8_t*>(f.c13.data());
+  uint8_t* c2 = static_cast<uint8_t*>(f.c2.data());
+  const int64_t g13 = blocks(H, bk), g2 = blocks(Ip, bk), r13 = 2 * Ip / bn, r2 = blocks(H, bn);
+  for (int64_t e = 0; e < S; ++e) {
+    for (int64_t r = 0; r < 2 * Ip; ++r)
+      for (int64_t k = 0; k < H; ++k) {
+        const int64_t i = (e * 2 * Ip + r) * H + k;
+        c13[i] = code(r % Ip >= c.I);
+        d13.ptr<float>()[i] =
+            e4m3_value(c13[i]) * f.s13.ptr<float>()[(e * r13 + r / bn) * g13 + (bk ? k / bk : 0)];
+      }
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t k = 0; k < Ip; ++k) {
+        const int64_t i = (e * H + h) * Ip + k;
+        c2[i] = code(k >= c.I);
+        d2.ptr<float>()[i] =
+            e4m3_value(c2[i]) * f.s2.ptr<float>()[(e * r2 + h / bn) * g2 + (bk ? k / bk : 0)];
+      }
+  }
+  f.d13 = tensor_cast_cpu(d13, c.dt);
+  f.d2 = tensor_cast_cpu(d2, c.dt);
+  return f;
+}
+
+// The GPU's FP8 path against the CPU reference on the weights the codes encode (the BF16 cases'
+// tolerance) and against the GPU's BF16 path on those same BF16 weights, on every path: the
+// decode kernel at both depths, the grouped GEMMs with both tiles. Each code expands to the very
+// BF16 weight, so the grouped GEMMs give the BF16 path's bytes; the decode kernels hand a lane
+// 32 consecutive k (the BF16 kernels four runs of 8), so their fp32 sums differ in order and an
+// occasional activation rounds to the neighbouring BF16 value between the two products (measured
+// up to 1.2e-5 on an H100, 2026-12-07): bound 1e-4, where a wrong scale or block moves whole
+// products (the CPU comparison's 2-3e-3 and more).
+void check_fused_f8(const MoeCase& c, int bn, int bk, uint64_t seed) {
+  SCOPED_TRACE(fmt::format("fp8 {}x{} {}", bn, bk, case_name(c)));
+  MoeInputs in = make_inputs(c, seed);
+  F8Experts f8 = make_f8(c, bn, bk, seed + 91);
+  const kernels::MoeExperts ex = experts_of(c, f8.d13, f8.d2, in.b13, in.b2);
+  Tensor ref = Tensor::empty({c.T, c.H}, DType::kF32);
+  kernels::fused_moe(ref, in.x, ex, in.ids, in.wts, nullptr);
+  Tensor gx = in.xw.to(gpu()).narrow(1, c.strided ? 16 : 0, c.H);
+  Tensor gd13 = f8.d13.to(gpu()), gd2 = f8.d2.to(gpu());
+  Tensor gc13 = f8.c13.to(gpu()), gc2 = f8.c2.to(gpu()), gs13 = f8.s13.to(gpu()),
+         gs2 = f8.s2.to(gpu());
+  Tensor gbias13 = in.b13.defined() ? in.b13.to(gpu()) : Tensor();
+  Tensor gbias2 = in.b2.defined() ? in.b2.to(gpu()) : Tensor();
+  Tensor gids = in.ids.to(gpu()), gw = in.wts.to(gpu());
+  kernels::MoeExperts gex = experts_of(c, gc13, gc2, gbias13, gbias2);
+  gex.w13_scales = &gs13;
+  gex.w2_scales = &gs2;
+  gex.fp8_block_n = bn;
+  gex.fp8_block_k = bk;
+  const int64_t KT = c.K + c.shared;
+  auto run_f8 = [&] {
+    const int64_t bytes = kernels::fused_moe_workspace_bytes(gpu(), c.T, KT, gex, c.dt);
+    Tensor ws = Tensor::empty({std::max<int64_t>(bytes, 1)}, DType::kU8, gpu());
+    poison(ws);
+    Tensor out = Tensor::empty({c.T, c.H}, c.out, gpu());
+    poison(out);
+    kernels::fused_moe(out, gx, gex, gids, gw, &ws);
+    return out;
+  };
+  const kernels::cuda::CudaTuning& base = kernels::cuda::cuda_tuning();
+  struct Path {
+    const char* name;
+    int decode_rows, tile_rows, depth;
+  };
+  std::vector<Path> paths = {
+      {"auto", base.moe_decode_max_rows_fp8, base.moe_gemm_tile_rows, base.moe_decode_depth},
+      {"gemm64", 0, 64, 2},
+      {"gemm128", 0, 128, 2}};
+  if (c.T * KT <= 512) {
+    paths.push_back({"decode", 512, 0, 2});
+    paths.push_back({"decode4", 512, 0, 4});
+  }
+  for (const Path& p : paths) {
+    SCOPED_TRACE(p.name);
+    // The BF16 path takes the same path as the FP8 one (never the per-slot dense path).
+    const kernels::cuda::CudaTuningScope scope(
+        kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
+          t.moe_decode_max_rows_fp8 = p.decode_rows;
+          t.moe_decode_max_rows = p.decode_rows;
+          t.moe_gemm_tile_rows = p.tile_rows;
+          t.moe_decode_depth = p.depth;
+          t.moe_dense_min_rows = 0;
+        }));
+    Tensor out = run_f8();
+    Tensor dense = run_gpu(c, gx, gd13, gd2, gbias13, gbias2, gids, gw);
+    const double err = rel_err(host(out), ref), err_dense = rel_err(out, dense);
+    EXPECT_LE(err, 5e-3);
+    EXPECT_LE(err_dense, 1e-4);
+    std::printf("  fp8 %dx%d %-50s %-8s err %.2e, vs the BF16 path %.2e%s\n", bn, bk,
+                case_name(c).c_str(), p.name, err, err_dense,
+                same_bytes(out, dense) ? " (same bytes)" : "");
+    Tensor again = run_f8();
+    EXPECT_TRUE(same_bytes(out, again));
+  }
+}
+
+// FP8 experts: DeepSeek-V3's / Qwen3-FP8's 128x128 blocks (partial edge blocks at H = 192 and
+// 320: rows of w2 and k of w13 past the last whole block), 64x64 blocks, per-channel scales
+// (blocks of 1 row and the whole k), padded intermediates, a fused shared slot, skewed routing,
+// strided rows, F32 outputs, 8k routed rows (128-row tiles), a clamped activation with biases.
+TEST(GpuMoe, FusedFp8MatchesCpu) {
+  struct F8Case {
+    MoeCase c;
+    int bn, bk;
+  };
+  MoeCase clamped{8, 16, 4, 0, 256, 128, 128};
+  clamped.limit = 0.5f;
+  clamped.silu_clamped = true;
+  clamped.biases = 3;
+  const F8Case cases[] = {
+      {{1, 32, 4, 0, 256, 128, 128}, 128, 128},
+      {{2, 8, 2, 0, 192, 64, 64, DType::kBF16, DType::kF32}, 128, 128},
+      {{8, 32, 4, 0, 512, 192, 256}, 128, 128},  // padded I
+      {{16, 8, 2, 1, 256, 128, 128}, 1, 0},      // per channel, a shared slot
+      {{48, 8, 2, 0, 128, 64, 64, DType::kBF16, DType::kBF16, true}, 1, 0},
+      {{37, 16, 4, 0, 256, 128, 128}, 64, 64},
+      {{100, 32, 4, 0, 256, 128, 128}, 128, 128},
+      {{600, 32, 4, 0, 320, 192, 192, DType::kBF16, DType::kBF16, false, true}, 128, 128},
+      {{2048, 32, 4, 0, 256, 128, 128}, 128, 128},  // 8k rows: 128-row tiles
+      {clamped, 128, 128},
+  };
+  uint64_t seed = 9500;
+  for (const F8Case& f : cases) check_fused_f8(f.c, f.bn, f.bk, seed += 19);
+}
+
+// Arguments the FP8 kernels cannot take are refused by name: F16 activations, a block narrower
+// than a 64-wide k step, scales of the wrong shape.
+TEST(GpuMoe, FusedFp8RejectsWhatItCannotRun) {
+  const MoeCase c{4, 8, 2, 0, 256, 128, 128};
+  F8Experts f8 = make_f8(c, 128, 128, 1);
+  Tensor gc13 = f8.c13.to(gpu()), gc2 = f8.c2.to(gpu()), gs13 = f8.s13.to(gpu()),
+         gs2 = f8.s2.to(gpu());
+  MoeInputs in = make_inputs(c, 2);
+  Tensor gids = in.ids.to(gpu()), gw = in.wts.to(gpu());
+  Tensor ws = Tensor::empty({1 << 22}, DType::kU8, gpu());
+  Tensor out = Tensor::empty({c.T, c.H}, DType::kBF16, gpu());
+  kernels::MoeExperts ex;
+  ex.w13 = &gc13;
+  ex.w2 = &gc2;
+  ex.w13_scales = &gs13;
+  ex.w2_scales = &gs2;
+  ex.fp8_block_n = 128;
+  ex.fp8_block_k = 128;
+  Tensor xh = Tensor::zeros({c.T, c.H}, DType::kF16, gpu());
+  Tensor outh = Tensor::empty({c.T, c.H}, DType::kF16, gpu());
+  EXPECT_ERROR_CONTAINS(kernels::fused_moe(outh, xh, ex, gids, gw, &ws), "FP8 experts",
+                        "BF16 activations");
+  Tensor x = Tensor::zeros({c.T, c.H}, DType::kBF16, gpu());
+  ex.fp8_block_k = 32;  // (the scales' shape too: checked first or second, both name FP8)
+  EXPECT_ERROR_CONTAINS(kernels::fused_moe(out, x, ex, gids, gw, &ws), "FP8 experts");
+  ex.fp8_block_k = 128;
+  ex.fp8_block_n = 64;  // scales for 128-row blocks
+  EXPECT_ERROR_CONTAINS(kernels::fused_moe(out, x, ex, gids, gw, &ws), "FP8 experts", "scales");
+  ex.fp8_block_n = 128;
+  kernels::fused_moe(out, x, ex, gids, gw, &ws);  // and the right ones run
+}
+
+// The fused layer loading an FP8 checkpoint on the GPU: its experts stay F8E4M3 with F32 scales
+// (this rank's rows of w1 / w3 and columns of w2 with their blocks' scales, padded to 128), and
+// its output equals the same layer loaded with ATOM_MOE_FP8_EXPERTS=0 (every expert dequantised
+// to BF16 at load, the path the CPU reference's parity tests cover) to the decode kernels' fp32
+// summation order (FusedFp8MatchesCpu: measured up to 3.7e-5, bound 1e-4), on the decode path
+// and the grouped GEMMs: DeepSeek-V3's 128x128 blocks on one rank and on rank 1 of 2, and
+// compressed-tensors' per-channel scales on rank 1 of 2.
+TEST(GpuMoe, Fp8ExpertsStayFp8AndComputeTheDequantisedLayer) {
+  const int64_t E = 4, H = 256, I = 448;
+  const char* block = R"({"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                          "weight_block_size": [128, 128]})";
+  const char* channel = R"({"quant_method": "compressed-tensors", "format": "float-quantized",
+    "quantization_status": "compressed", "ignore": ["lm_head"],
+    "config_groups": {"group_0": {"targets": ["Linear"],
+      "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "dynamic": false,
+                  "symmetric": true},
+      "input_activations": {"num_bits": 8, "type": "float", "strategy": "token",
+                            "dynamic": true, "symmetric": true}}}})";
+  struct Case {
+    const char* name;
+    const char* quant;
+    bool channel;
+    int tp_rank, tp_size;
+    int64_t I;
+  };
+  // I = 512 splits into two ranks of 256 (whole 128-row blocks); I = 448 on one rank pads to 512.
+  const Case cases[] = {{"block 128x128, 1 rank, I 448", block, false, 0, 1, I},
+                        {"block 128x128, rank 1 of 2", block, false, 1, 2, 512},
+                        {"per channel, rank 1 of 2", channel, true, 1, 2, 512}};
+  std::mt19937_64 rng(77);
+  auto codes = [&](int64_t n, int64_t k) {
+    Tensor t = Tensor::empty({n, k}, DType::kF8E4M3);
+    uint8_t* p = static_cast<uint8_t*>(t.data());
+    for (int64_t i = 0; i < n * k; ++i) {
+      uint8_t b;
+      do b = static_cast<uint8_t>(rng());
+      while ((b & 0x7F) == 0x7F);
+      p[i] = b;
+    }
+    return t;
+  };
+  auto scales = [&](int64_t n, int64_t k, bool per_channel) {
+    Tensor t = per_channel ? Tensor::empty({n, 1}, DType::kF32)
+                           : Tensor::empty({(n + 127) / 128, (k + 127) / 128}, DType::kF32);
+    for (int64_t i = 0; i < t.numel(); ++i)
+      t.ptr<float>()[i] = std::ldexp(1.0f + static_cast<float>(rng() % 1000) / 1000.0f, -11);
+    return t;
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int64_t Ic = c.I;
+    std::vector<std::pair<std::string, Tensor>> ts;
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string at = "mlp.experts." + std::to_string(e) + ".";
+      const char* sn = c.channel ? "weight_scale" : "weight_scale_inv";
+      for (const char* part : {"gate_proj", "up_proj"}) {
+        ts.emplace_back(at + part + ".weight", codes(Ic, H));
+        ts.emplace_back(at + part + "." + sn, scales(Ic, H, c.channel));
+      }
+      ts.emplace_back(at + "down_proj.weight", codes(H, Ic));
+      ts.emplace_back(at + "down_proj." + sn, scales(H, Ic, c.channel));
+    }
+    TempDir dir;
+    safetensors_write(dir.file("model.safetensors"), ts);
+    nlohmann::json root =
+        nlohmann::json::parse(std::string(R"({"quantization_config": )") + c.quant + "}");
+    const QuantizationConfig quant = *quantization_config_parse(ConfigFields(root, "config.json"));
+    struct Built {
+      ParamRegistry params;
+      std::vector<CacheSpec> caches;
+      std::vector<StateCacheSpec> states;
+      SoloCommunicator solo;
+      std::unique_ptr<LayerContext> ctx;
+      std::unique_ptr<FusedMoE> moe;
+    };
+    auto build = [&](Built& b, bool keep_fp8) {
+      b.ctx.reset(new LayerContext{b.params, gpu(), DType::kBF16, DType::kBF16, c.tp_rank,
+                                   c.tp_size, &b.solo, &b.caches, &b.states, false, &quant,
+                                   default_packed_modules(), true});
+      FusedMoEOptions o;
+      o.num_experts = E;
+      o.hidden = H;
+      o.intermediate = Ic;
+      setenv("ATOM_MOE_FP8_EXPERTS", keep_fp8 ? "1" : "0", 1);
+      b.moe = std::make_unique<FusedMoE>(*b.ctx, "mlp.experts", o);
+      unsetenv("ATOM_MOE_FP8_EXPERTS");
+      WeightLoadSpec spec;
+      spec.num_hidden_layers = 1;
+      spec.packed_modules = default_packed_modules();
+      spec.expert_mapping = fused_moe_expert_mapping("gate_proj", "down_proj", "up_proj", E);
+      load_weights(b.params, Checkpoint(dir.str()), spec, {});
+    };
+    Built f8, bf;
+    build(f8, true);
+    build(bf, false);
+    ASSERT_TRUE(f8.moe->fp8());
+    ASSERT_FALSE(bf.moe->fp8());
+    const int64_t Ir = Ic / c.tp_size, Ip = (Ir + 127) / 128 * 128;
+    EXPECT_EQ(f8.moe->w13().data().dtype(), DType::kF8E4M3);
+    EXPECT_EQ(f8.moe->w13().data().shape(), (Shape{E, 2 * Ip, H}));
+    EXPECT_EQ(f8.moe->w2().data().shape(), (Shape{E, H, Ip}));
+    EXPECT_EQ(bf.moe->w13().data().dtype(), DType::kBF16);
+    // The BF16 layer pads to its own multiple; both hold this rank's Ir channels.
+    for (const int64_t T : {int64_t{3}, int64_t{200}}) {
+      const int K = 2;
+      Tensor x = random_cpu({T, H}, DType::kBF16, 5 + T, -1, 1).to(gpu());
+      Tensor ids = Tensor::empty({T, K}, DType::kI32), wts = Tensor::empty({T, K}, DType::kF32);
+      for (int64_t i = 0; i < T * K; ++i) {
+        ids.ptr<int32_t>()[i] = static_cast<int32_t>((i / K + (i % K) * 3) % E);
+        wts.ptr<float>()[i] = 0.25f + 0.5f * static_cast<float>(i % 2);
+      }
+      Tensor gids = ids.to(gpu()), gw = wts.to(gpu());
+      auto run = [&](Built& b) {
+        Batch batch;
+        Arena arena(gpu());
+        Step step{batch, arena};
+        Tensor out = Tensor::empty({T, H}, DType::kBF16, gpu());
+        b.moe->forward(step, x, gids, gw, out);
+        return f32_host(out);
+      };
+      const Tensor a = run(f8), d = run(bf);
+      const double err = rel_err(a, d);
+      std::printf("  fp8 layer %-32s T=%lld: rel err vs dequantised at load %.2e\n", c.name,
+                  static_cast<long long>(T), err);
+      EXPECT_LE(err, 1e-4);
+      double norm = 0;
+      for (int64_t i = 0; i < a.numel(); ++i) norm += std::abs(a.ptr<float>()[i]);
+      EXPECT_GT(norm, 1.0);  // not a zero layer
+    }
+  }
 }
 
 TEST(GpuMoe, FusedRejectsWhatItCannotRun) {

@@ -444,6 +444,107 @@ TEST(Fp8Experts, BlockScaledExpertsDequantised) {
   EXPECT_EQ(bad, 0);
 }
 
+// FP8 experts kept FP8 (fp8_resident, as on CUDA): the layer stores this rank's codes (its rows
+// of w1 / w3, its columns of w2, the intermediate padded to 128 with zero codes) and the scales of
+// their blocks, and computes exactly the layer that dequantised the same checkpoint at load:
+// DeepSeek-V3's 128x128 blocks (partial edge blocks: H 192) on one rank and on rank 1 of 2,
+// compressed-tensors' per-channel scales on rank 1 of 2; a slice that cuts a block is dequantised.
+TEST(Fp8Experts, ResidentExpertsStayFp8AndComputeTheDequantisedLayer) {
+  const int64_t E = 3, H = 192;
+  struct Case {
+    const char* name;
+    std::string quant;
+    bool channel;
+    int tp_rank, tp_size;
+    int64_t I;
+    bool kept;
+  };
+  const Case cases[] = {
+      {"block 128x128, 1 rank, I 320", kBlock128, false, 0, 1, 320, true},
+      {"block 128x128, rank 1 of 2", kBlock128, false, 1, 2, 512, true},
+      {"per channel, rank 1 of 2", compressed_tensors("channel", kDynamicTokens), true, 1, 2, 384,
+       true},
+      {"block 128x128, rank 1 of 2 cutting a block", kBlock128, false, 1, 2, 384, false}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<std::pair<std::string, Tensor>> ts;
+    for (int e = 0; e < E; ++e) {
+      const std::string at = "model.layers.1.mlp.experts." + std::to_string(e) + ".";
+      const char* sn = c.channel ? "weight_scale" : "weight_scale_inv";
+      const float base = 0.01f * (e + 1);
+      auto sc = [&](int64_t n, int64_t k, float b) {
+        return c.channel ? channel_scales(n, b, true) : block_scales(n, k, 128, 128, b);
+      };
+      ts.emplace_back(at + "gate_proj.weight", fp8_weight(c.I, H));
+      ts.emplace_back(at + "gate_proj." + sn, sc(c.I, H, base));
+      ts.emplace_back(at + "up_proj.weight", fp8_weight(c.I, H));
+      ts.emplace_back(at + "up_proj." + sn, sc(c.I, H, 2 * base));
+      ts.emplace_back(at + "down_proj.weight", fp8_weight(H, c.I));
+      ts.emplace_back(at + "down_proj." + sn, sc(H, c.I, 3 * base));
+    }
+    FusedMoEOptions o;
+    o.num_experts = E;
+    o.hidden = H;
+    o.intermediate = c.I;
+    Rig kept(c.quant, true, c.tp_rank, c.tp_size), deq(c.quant, false, c.tp_rank, c.tp_size);
+    FusedMoE mk(kept.ctx, "model.layers.1.mlp.experts", o);
+    FusedMoE md(deq.ctx, "model.layers.1.mlp.experts", o);
+    const auto mapping = fused_moe_expert_mapping("gate_proj", "down_proj", "up_proj", E);
+    kept.load(ts, mapping);
+    deq.load(ts, mapping);
+    EXPECT_EQ(mk.fp8(), c.kept);
+    EXPECT_FALSE(md.fp8());
+    const int64_t Ir = c.I / c.tp_size;
+    if (c.kept) {
+      const int64_t Ip = (Ir + 127) / 128 * 128;
+      EXPECT_EQ(mk.w13().data().dtype(), DType::kF8E4M3);
+      EXPECT_EQ(mk.w13().data().shape(), (Shape{E, 2 * Ip, H}));
+      EXPECT_EQ(mk.w2().data().shape(), (Shape{E, H, Ip}));
+      // This rank's codes, where they belong: gate row r of expert e is checkpoint row start + r.
+      const int64_t start = c.tp_rank * Ir;
+      const uint8_t* w13 = static_cast<const uint8_t*>(mk.w13().data().data());
+      const uint8_t* w2 = static_cast<const uint8_t*>(mk.w2().data().data());
+      int bad = 0;
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t r = 0; r < Ip; ++r)
+          for (int64_t k = 0; k < H; ++k) {
+            bad += w13[(e * 2 * Ip + r) * H + k] != (r < Ir ? code(start + r, k) : 0);
+            bad += w13[(e * 2 * Ip + Ip + r) * H + k] != (r < Ir ? code(start + r, k) : 0);
+            bad += w2[(e * H + k) * Ip + r] != (r < Ir ? code(k, start + r) : 0);
+          }
+      EXPECT_EQ(bad, 0);
+    }
+    for (const int64_t T : {int64_t{1}, int64_t{7}}) {
+      const int K = 2;
+      Tensor x = Tensor::empty({T, H}, DType::kF32);
+      for (int64_t i = 0; i < T * H; ++i)
+        x.ptr<float>()[i] = 0.01f * static_cast<float>(i % 37) - 0.15f;
+      Tensor ids = Tensor::empty({T, K}, DType::kI32), wts = Tensor::empty({T, K}, DType::kF32);
+      for (int64_t i = 0; i < T * K; ++i) {
+        ids.ptr<int32_t>()[i] = static_cast<int32_t>((i / K + (i % K) * 2) % E);
+        wts.ptr<float>()[i] = 0.25f + 0.5f * static_cast<float>(i % 2);
+      }
+      auto run = [&](FusedMoE& m) {
+        Batch batch;
+        Arena arena(Device::cpu());
+        Step step{batch, arena};
+        Tensor out = Tensor::empty({T, H}, DType::kF32);
+        m.forward(step, x, ids, wts, out);
+        return out;
+      };
+      const Tensor a = run(mk), d = run(md);
+      int differ = 0;
+      double norm = 0;
+      for (int64_t i = 0; i < T * H; ++i) {
+        differ += !(a.ptr<float>()[i] == d.ptr<float>()[i]);
+        norm += std::abs(d.ptr<float>()[i]);
+      }
+      EXPECT_EQ(differ, 0) << "T=" << T;
+      EXPECT_GT(norm, 1e-3);
+    }
+  }
+}
+
 // ---- whole FP8 checkpoints (the fixtures made by tools/make_fixtures.py) ----------------------
 
 void edit_tensors(const std::string& path,

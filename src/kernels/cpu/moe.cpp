@@ -97,6 +97,24 @@ void fused_moe_check(const Tensor& out, const Tensor& x, const MoeExperts& w,
                "and [S, H, I/2], scales w13 {} and w2 {} U8 [S, H/32, 2I] and [S, I/32, H], with "
                "H and I multiples of 32",
                x.str(), w13.str(), w2.str(), s13.str(), s2.str());
+  } else if (w.fp8()) {
+    ATOM_CHECK(w.w13_scales && w.w2_scales && w.fp8_block_n >= 1 && w.fp8_block_k >= 0,
+               "fp8 experts need w13_scales, w2_scales and a block of at least 1 row (got {} x {})",
+               w.fp8_block_n, w.fp8_block_k);
+    const Tensor& s13 = *w.w13_scales;
+    const Tensor& s2 = *w.w2_scales;
+    const int64_t bn = w.fp8_block_n, bk = w.fp8_block_k;
+    auto blocks = [](int64_t n, int64_t b) { return b == 0 ? 1 : (n + b - 1) / b; };
+    const Shape want13{S, 2 * I / bn, blocks(H, bk)}, want2{S, blocks(H, bn), blocks(I, bk)};
+    ATOM_CHECK(w13.dtype() == DType::kF8E4M3 && w2.dtype() == DType::kF8E4M3 &&
+                   s13.dtype() == DType::kF32 && s2.dtype() == DType::kF32 && s13.is_contiguous() &&
+                   s2.is_contiguous() && w13.size(1) == 2 * I && w13.size(2) == H &&
+                   w2.size(0) == S && w2.size(1) == H && w2.size(2) == I && (2 * I) % bn == 0 &&
+                   s13.shape() == want13 && s2.shape() == want2,
+               "fused_moe: FP8 experts for x {}: codes w13 {} and w2 {} must be F8E4M3 [S, 2I, H] "
+               "and [S, H, I], scales w13 {} and w2 {} F32 {} and {} ({} x {} blocks)",
+               x.str(), w13.str(), w2.str(), s13.str(), s2.str(), shape_str(want13),
+               shape_str(want2), bn, bk);
   } else {
     ATOM_CHECK(w13.size(1) == 2 * I && w13.size(2) == H && w2.size(0) == S && w2.size(1) == H &&
                    w2.size(2) == I,
@@ -229,11 +247,23 @@ void moe_route(Tensor& topk_ids, Tensor& topk_weights, const Tensor& logits,
   }
 }
 
+namespace {
+// w [N, K] (slot e's codes as floats) *= its F32 block scales [S, ceil(N / bn), gk] (bk 0: one
+// per row).
+void fp8_scale_slot(float* w, const Tensor& scales, int64_t e, int64_t N, int64_t K, int64_t bn,
+                    int64_t bk) {
+  const int64_t gr = (N + bn - 1) / bn, gk = bk ? (K + bk - 1) / bk : 1;
+  const float* s = scales.ptr<float>() + e * gr * gk;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) w[n * K + k] *= s[(n / bn) * gk + (bk ? k / bk : 0)];
+}
+}  // namespace
+
 void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& topk_ids,
                const Tensor& topk_weights, Tensor* workspace) {
   fused_moe_check(out, x, w, topk_ids, topk_weights);
-  ATOM_CHECK(!w.mxfp4(), "fused_moe: the CPU takes dense expert weights (MXFP4 checkpoints are "
-                         "dequantised at load on the CPU)");
+  ATOM_CHECK(!w.mxfp4(), "fused_moe: the CPU takes dense or FP8 expert weights (MXFP4 "
+                         "checkpoints are dequantised at load on the CPU)");
   const Tensor& w13 = *w.w13;
   const Tensor& w2 = *w.w2;
   const int64_t T = x.size(0), H = x.size(1), S = w13.size(0), I = w13.size(1) / 2;
@@ -266,6 +296,10 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
       for (int64_t i = 0; i < w13_slot; ++i)
         w13f[i] = load(w13.data(), w13.dtype(), e * w13_slot + i);
       for (int64_t i = 0; i < w2_slot; ++i) w2f[i] = load(w2.data(), w2.dtype(), e * w2_slot + i);
+      if (w.fp8()) {  // float(code) * scale: the very values of the checkpoint dequantised at load
+        fp8_scale_slot(w13f.data(), *w.w13_scales, e, 2 * I, H, w.fp8_block_n, w.fp8_block_k);
+        fp8_scale_slot(w2f.data(), *w.w2_scales, e, H, I, w.fp8_block_n, w.fp8_block_k);
+      }
       if (w.w13_bias)
         for (int64_t n = 0; n < 2 * I; ++n)
           b13[n] = load(w.w13_bias->data(), w.w13_bias->dtype(), e * 2 * I + n);

@@ -3,7 +3,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/cuda/host_common.h"
-#include "kernels/cuda/launch_mxfp4.h"
+#include "kernels/cuda/launch_moe_quant.h"
 #include "kernels/embedding.h"
 #include "kernels/random.h"
 

@@ -5,7 +5,7 @@
 
 #include "core/half.h"
 #include "kernels/cuda/device_common.cuh"
-#include "kernels/cuda/launch_mxfp4.h"
+#include "kernels/cuda/launch_moe_quant.h"
 #include "kernels/rng.h"
 
 namespace atom::kernels::cuda {

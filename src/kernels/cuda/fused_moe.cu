@@ -18,10 +18,12 @@
 // dependents), and the last CTA of each 16-column chunk (a ticket per chunk, zeroed by the w13
 // kernel) sums every token's K rows in j order into out. GPT-OSS's experts take a second
 // instantiation (kExt): w13's epilogue adds the gate/up biases and applies SiLU·mul or the
-// clamped SwiGLU, w2's adds the output bias to y. MXFP4 experts (W4A16) take a third (kMx, with
-// the extended epilogue): a lane's k step is one 32-value group of each of its rows, 16 bytes and
-// a scale byte, expanded to BF16 (mxfp4_expand, fused_moe.cuh) just before its MMAs; a load group
-// is twice as many k steps. (A persistent variant, every CTA
+// clamped SwiGLU, w2's adds the output bias to y. MXFP4 experts (W4A16) take a third (kQ kQMx,
+// with the extended epilogue): a lane's k step is one 32-value group of each of its rows, 16 bytes
+// and a scale byte, expanded to BF16 (mxfp4_expand, fused_moe.cuh) just before its MMAs; a load
+// group is twice as many k steps. FP8 experts (W8A16, kQF8) likewise: a lane's k step is 32
+// consecutive e4m3 codes of each row (32 bytes) and the F32 scale of their block (a block spans
+// whole 32-value runs: fp8_bk % 64 == 0), expanded by fp8_expand. (A persistent variant, every CTA
 // sorting the routing once and each warp streaming its items with three k steps in flight
 // across item boundaries, ran slower on the H200: docs/performance.md.)
 //
@@ -35,14 +37,19 @@
 
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/fused_moe.cuh"
-#include "kernels/cuda/launch_mxfp4.h"
+#include "kernels/cuda/launch_moe_quant.h"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/moe_dense.h"
 
 namespace atom::kernels::cuda {
 
+using moe::fp8_expand;
+using moe::fp8_scale_index;
 using moe::kMaxTileRows;
 using moe::kMinTileRows;
+using moe::kQF8;
+using moe::kQMx;
+using moe::kQNone;
 using moe::mxfp4_expand;
 
 namespace {
@@ -113,7 +120,7 @@ constexpr int kMaxNT = 4;              // 8-token MMA tiles per pass
 
 struct DecodeArgs {
   MoeLaunch m;
-  MoeMxfp4Scales mx;  // MXFP4 experts: their scales (else null)
+  MoeQuantScales mx;  // MXFP4 or FP8 experts: their scales (else null)
   void* act;          // [T * K, I] of m.type
   float* y;           // [T * K, H]
   int* counters;      // [ceil(H / 16)] tickets of w2's column chunks
@@ -185,22 +192,68 @@ __device__ void decode_route(const MoeLaunch& m, int a, DecodeShared& sh) {
 
 // The first k (within a k step) of word u of a lane of quad position c. 16-bit weights: the quad's
 // four lanes read 64 contiguous bytes of a row per word (u * 32 + c * 8), so every load
-// instruction uses whole 32-byte sectors. MXFP4: lane c's k step is the 32-value group c, whose
-// expansion gives words of 8 consecutive values (c * 32 + u * 8). The dot product may visit k in
-// any order, as long as a lane's weight word and its token word cover the same k.
+// instruction uses whole 32-byte sectors. MXFP4 and FP8: lane c's k step is the 32-value run c,
+// whose expansion gives words of 8 consecutive values (c * 32 + u * 8). The dot product may visit k
+// in any order, as long as a lane's weight word and its token word cover the same k.
 __device__ __forceinline__ int word_k(int c, int u, bool mx) {
   return mx ? c * 32 + u * 8 : u * 32 + c * 8;
 }
 
 // Loads the weight words of k steps [st, st + D) (those below s1) of this lane's two rows.
-// kMx: a k step of a lane is one 32-value MXFP4 group of each row: its 16 bytes go to
+// kQMx: a k step of a lane is one 32-value MXFP4 group of each row: its 16 bytes go to
 // w[dd][r][0] and its scale to w[dd][r][1].x, expanded to BF16 where decode_mma uses them.
-template <typename T, bool kW13, int D, bool kMx>
+// kQF8: 32 e4m3 codes of each row, in w[dd][r][0] and [1], and their block's F32 scale in
+// w[dd][r][2].x.
+template <typename T, bool kW13, int D, int kQ>
 __device__ __forceinline__ void decode_load_weights(const DecodeArgs& d, int e, int st, int s1,
                                                     uint4 (&w)[D][2][kWords]) {
   const MoeLaunch& m = d.m;
   const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-  if constexpr (kMx) {
+  if constexpr (kQ == kQF8) {
+    int64_t row0, row1, R, Kd;
+    bool v0 = true, v1 = true;
+    const uint8_t* base;
+    const float* sb;
+    if (kW13) {
+      row0 = static_cast<int64_t>(blockIdx.x) * 8 + g;
+      row1 = m.I + row0;
+      R = 2 * m.I;
+      Kd = m.H;
+      base = static_cast<const uint8_t*>(m.w13);
+      sb = static_cast<const float*>(d.mx.s13);
+    } else {
+      const int64_t h0 = static_cast<int64_t>(blockIdx.x) * 16 + g, h1 = h0 + 8;
+      v0 = h0 < m.H;
+      v1 = h1 < m.H;
+      row0 = v0 ? h0 : 0;
+      row1 = v1 ? h1 : 0;
+      R = m.H;
+      Kd = m.I;
+      base = static_cast<const uint8_t*>(m.w2);
+      sb = static_cast<const float*>(d.mx.s2);
+    }
+    const int bn = d.mx.fp8_bn, bk = d.mx.fp8_bk;
+    const int64_t gk = bk ? (Kd + bk - 1) / bk : 1, gr = (R + bn - 1) / bn;
+    base += static_cast<int64_t>(e) * R * Kd;
+    sb += static_cast<int64_t>(e) * gr * gk;
+    const uint8_t* r0 = base + row0 * Kd;
+    const uint8_t* r1 = base + row1 * Kd;
+#pragma unroll
+    for (int dd = 0; dd < D; ++dd) {
+      const int64_t k = static_cast<int64_t>(st + dd) * kStep + c * 32;
+      const bool in = st + dd < s1 && k < Kd;
+      const bool i0 = in && v0, i1 = in && v1;
+      const uint4 z = make_uint4(0, 0, 0, 0);
+      w[dd][0][0] = i0 ? __ldcs(reinterpret_cast<const uint4*>(r0 + k)) : z;
+      w[dd][0][1] = i0 ? __ldcs(reinterpret_cast<const uint4*>(r0 + k + 16)) : z;
+      w[dd][1][0] = i1 ? __ldcs(reinterpret_cast<const uint4*>(r1 + k)) : z;
+      w[dd][1][1] = i1 ? __ldcs(reinterpret_cast<const uint4*>(r1 + k + 16)) : z;
+      w[dd][0][2].x = i0 ? __float_as_uint(__ldg(sb + fp8_scale_index(row0, k, bn, bk, gk))) : 0u;
+      w[dd][1][2].x = i1 ? __float_as_uint(__ldg(sb + fp8_scale_index(row1, k, bn, bk, gk))) : 0u;
+    }
+    return;
+  }
+  if constexpr (kQ == kQMx) {
     const uint8_t* r0;
     const uint8_t* r1;
     const uint8_t* q0;  // the rows' scales of group 0; group stride gs
@@ -279,7 +332,7 @@ __device__ __forceinline__ void decode_load_weights(const DecodeArgs& d, int e, 
 // blockIdx.x * 8 + g, K = H, B = x rows; else output columns blockIdx.x * 16 + g (+ 8), K = I,
 // B = act rows. The block's warps split K into contiguous ranges of k steps; each loads D steps
 // of its two rows at a time. preloaded: the first pass's first group is already in w.
-template <typename T, int NT, bool kW13, int D, bool kMx, typename Epi>
+template <typename T, int NT, bool kW13, int D, int kQ, typename Epi>
 __device__ __forceinline__ void decode_mma(const DecodeArgs& d, DecodeShared& sh, int e,
                                            uint4 (&w)[D][2][kWords], bool preloaded,
                                            Epi&& epilogue) {
@@ -312,14 +365,16 @@ __device__ __forceinline__ void decode_mma(const DecodeArgs& d, DecodeShared& sh
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[tt][i] = 0.0f;
     for (int st = s0; st < s1; st += D) {
-      if (!(preloaded && p == 0 && st == s0)) decode_load_weights<T, kW13, D, kMx>(d, e, st, s1, w);
+      if (!(preloaded && p == 0 && st == s0)) decode_load_weights<T, kW13, D, kQ>(d, e, st, s1, w);
 #pragma unroll
       for (int dd = 0; dd < D; ++dd) {
         if (st + dd >= s1) break;
         uint4 wr[2][kWords];  // this step's BF16 words of the two rows
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          if constexpr (kMx) {
+          if constexpr (kQ == kQF8) {
+            fp8_expand(w[dd][r][0], w[dd][r][1], __uint_as_float(w[dd][r][2].x), wr[r]);
+          } else if constexpr (kQ == kQMx) {
             mxfp4_expand(w[dd][r][0], w[dd][r][1].x, wr[r]);
           } else {
 #pragma unroll
@@ -333,7 +388,7 @@ __device__ __forceinline__ void decode_mma(const DecodeArgs& d, DecodeShared& sh
           uint4 xv[kWords];
 #pragma unroll
           for (int u = 0; u < kWords; ++u) {
-            const int64_t k = kb + word_k(c, u, kMx);
+            const int64_t k = kb + word_k(c, u, kQ != kQNone);
             xv[u] = brow[tt] && k < Kd ? __ldg(reinterpret_cast<const uint4*>(brow[tt] + k))
                                        : make_uint4(0, 0, 0, 0);
           }
@@ -370,7 +425,7 @@ __device__ __forceinline__ void decode_mma(const DecodeArgs& d, DecodeShared& sh
   }
 }
 
-template <typename T, int NT, int D, bool kExt, bool kMx>
+template <typename T, int NT, int D, bool kExt, int kQ>
 __global__ void __launch_bounds__(kDecThreads) moe_decode_w13_kernel(DecodeArgs d) {
   __shared__ DecodeShared sh;
   pdl_wait();               // topk_ids come from the router
@@ -385,7 +440,7 @@ __global__ void __launch_bounds__(kDecThreads) moe_decode_w13_kernel(DecodeArgs 
   const int64_t i = static_cast<int64_t>(blockIdx.x) * 8 + (lane >> 2);
   T* act = static_cast<T*>(d.act);
   const int64_t I = d.m.I;
-  decode_mma<T, NT, true, D, kMx>(d, sh, e, w, false, [&](int q0, int ncols, float(&acc)[NT][4]) {
+  decode_mma<T, NT, true, D, kQ>(d, sh, e, w, false, [&](int q0, int ncols, float(&acc)[NT][4]) {
     // acc[tt]: gate (i, tokens 2c, 2c + 1), up (i, tokens 2c, 2c + 1)
     [[maybe_unused]] float bg = 0.0f, bu = 0.0f;
     if (kExt && d.m.b13) {
@@ -432,7 +487,7 @@ __device__ void decode_combine(const DecodeArgs& d, const DecodeShared& sh, int 
   }
 }
 
-template <typename T, int NT, int D, bool kExt, bool kMx>
+template <typename T, int NT, int D, bool kExt, int kQ>
 __global__ void __launch_bounds__(kDecThreads) moe_decode_w2_kernel(DecodeArgs d) {
   __shared__ DecodeShared sh;
   pdl_launch_dependents();
@@ -452,11 +507,11 @@ __global__ void __launch_bounds__(kDecThreads) moe_decode_w2_kernel(DecodeArgs d
     const int nsteps = static_cast<int>((d.m.I + kStep - 1) / kStep);
     const int per = (nsteps + kDecWarps - 1) / kDecWarps;
     const int s0 = warp * per, s1 = min(nsteps, s0 + per);
-    if (s0 < s1) decode_load_weights<T, false, D, kMx>(d, e, s0, s1, w);
+    if (s0 < s1) decode_load_weights<T, false, D, kQ>(d, e, s0, s1, w);
   }
   pdl_wait();  // act comes from the w13 kernel
   const int64_t h0 = static_cast<int64_t>(blockIdx.x) * 16 + (lane >> 2), H = d.m.H;
-  decode_mma<T, NT, false, D, kMx>(d, sh, e, w, true, [&](int q0, int ncols, float(&acc)[NT][4]) {
+  decode_mma<T, NT, false, D, kQ>(d, sh, e, w, true, [&](int q0, int ncols, float(&acc)[NT][4]) {
     // acc[tt]: (h0, tokens 2c, 2c + 1), (h0 + 8, tokens 2c, 2c + 1)
     float b0 = 0.0f, b1 = 0.0f;
     if (kExt && d.m.b2) {
@@ -486,44 +541,47 @@ __global__ void __launch_bounds__(kDecThreads) moe_decode_w2_kernel(DecodeArgs d
   decode_combine(d, sh, static_cast<int>(blockIdx.x));
 }
 
-template <typename T, int NT, int D, bool kExt, bool kMx>
+template <typename T, int NT, int D, bool kExt, int kQ>
 void launch_decode_nt(const DecodeArgs& d, cudaStream_t s) {
   const MoeLaunch& m = d.m;
   const unsigned A = static_cast<unsigned>(std::min<int64_t>(m.S, m.T * m.K));
-  launch(moe_decode_w13_kernel<T, NT, D, kExt, kMx>, dim3(static_cast<unsigned>(m.I / 8), A),
+  launch(moe_decode_w13_kernel<T, NT, D, kExt, kQ>, dim3(static_cast<unsigned>(m.I / 8), A),
          kDecThreads, 0, s, d);
-  launch(moe_decode_w2_kernel<T, NT, D, kExt, kMx>, dim3(static_cast<unsigned>(d.n_counters), A),
+  launch(moe_decode_w2_kernel<T, NT, D, kExt, kQ>, dim3(static_cast<unsigned>(d.n_counters), A),
          kDecThreads, 0, s, d);
 }
 
-template <typename T, int D, bool kExt, bool kMx>
+template <typename T, int D, bool kExt, int kQ>
 void launch_decode_depth(const DecodeArgs& d, cudaStream_t s) {
   // Tokens per pass: up to T of them share a slot (the fused shared slots take every token).
   if (d.m.T <= 8)
-    launch_decode_nt<T, 1, D, kExt, kMx>(d, s);
+    launch_decode_nt<T, 1, D, kExt, kQ>(d, s);
   else if (d.m.T <= 16)
-    launch_decode_nt<T, 2, D, kExt, kMx>(d, s);
+    launch_decode_nt<T, 2, D, kExt, kQ>(d, s);
   else
-    launch_decode_nt<T, 4, D, kExt, kMx>(d, s);
+    launch_decode_nt<T, 4, D, kExt, kQ>(d, s);
 }
 
-// MXFP4 weights take twice the k steps per load group (a step is 17 bytes of a row, not 64).
-template <typename T, bool kExt, bool kMx>
+// MXFP4 weights take twice the k steps per load group (a step is 17 bytes of a row, not 64), FP8
+// weights 1.5 to 2 times (a step is 36 bytes of a row in 5 registers; 8 steps would hold 144).
+template <typename T, bool kExt, int kQ>
 void launch_decode_ext(const DecodeArgs& d, cudaStream_t s) {
   if (d.m.decode_depth == 4)
-    launch_decode_depth<T, kMx ? 8 : 4, kExt, kMx>(d, s);
+    launch_decode_depth<T, kQ == kQMx ? 8 : kQ == kQF8 ? 6 : 4, kExt, kQ>(d, s);
   else
-    launch_decode_depth<T, kMx ? 4 : 2, kExt, kMx>(d, s);
+    launch_decode_depth<T, kQ != kQNone ? 4 : 2, kExt, kQ>(d, s);
 }
 
 template <typename T>
 void launch_decode(const DecodeArgs& d, cudaStream_t s) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    if (d.mx.s13) return launch_decode_ext<T, true, true>(d, s);  // W4A16, every epilogue
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // W8A16 and W4A16, every epilogue
+    if (d.mx.fp8_bn) return launch_decode_ext<T, true, kQF8>(d, s);
+    if (d.mx.s13) return launch_decode_ext<T, true, kQMx>(d, s);
+  }
   if (d.m.act != 0 || d.m.b13 || d.m.b2)
-    launch_decode_ext<T, true, false>(d, s);
+    launch_decode_ext<T, true, kQNone>(d, s);
   else
-    launch_decode_ext<T, false, false>(d, s);
+    launch_decode_ext<T, false, kQNone>(d, s);
 }
 
 // ---------------------------------------------------------------- grouped-GEMM path
@@ -705,7 +763,7 @@ SortArgs launch_sort(const MoeLaunch& m, const Layout& L, cudaStream_t s) {
 }
 
 template <typename T>
-void launch_gemm_path(const MoeLaunch& m, const MoeMxfp4Scales& mx, const Layout& L,
+void launch_gemm_path(const MoeLaunch& m, const MoeQuantScales& mx, const Layout& L,
                       cudaStream_t s) {
   char* ws = static_cast<char*>(m.workspace);
   const SortArgs sa = launch_sort(m, L, s);
@@ -726,6 +784,8 @@ void launch_gemm_path(const MoeLaunch& m, const MoeMxfp4Scales& mx, const Layout
   g.a_stride = m.x.stride;
   g.w = m.w13;
   g.scales = mx.s13;
+  g.fp8_bn = mx.fp8_bn;
+  g.fp8_bk = mx.fp8_bk;
   g.out = act;
   g.bias = m.b13;
   g.act = m.act;
@@ -744,7 +804,7 @@ void launch_gemm_path(const MoeLaunch& m, const MoeMxfp4Scales& mx, const Layout
 }
 
 template <typename T>
-void launch_typed(const MoeLaunch& m, const MoeMxfp4Scales& mx, cudaStream_t s) {
+void launch_typed(const MoeLaunch& m, const MoeQuantScales& mx, cudaStream_t s) {
   const Layout L = layout(m.T, m.K, m.S, m.H, m.I, 2);
   if (m.K == 0 || m.S == 0) {  // nothing routed: zeros
     launch_combine<T>(m, static_cast<const T*>(nullptr), 0, s);
@@ -819,12 +879,12 @@ void moe_dense_combine(const MoeLaunch& m, const MoeDense& d, cudaStream_t s) {
 void launch_fused_moe(const MoeLaunch& m, cudaStream_t s) {
   if (m.T <= 0) return;
   if (m.type == Elem::kBF16)
-    launch_typed<__nv_bfloat16>(m, MoeMxfp4Scales{}, s);
+    launch_typed<__nv_bfloat16>(m, MoeQuantScales{}, s);
   else
-    launch_typed<__half>(m, MoeMxfp4Scales{}, s);
+    launch_typed<__half>(m, MoeQuantScales{}, s);
 }
 
-void launch_fused_moe_mxfp4(const MoeLaunch& m, const MoeMxfp4Scales& scales, cudaStream_t s) {
+void launch_fused_moe_quant(const MoeLaunch& m, const MoeQuantScales& scales, cudaStream_t s) {
   if (m.T <= 0) return;
   launch_typed<__nv_bfloat16>(m, scales, s);  // BF16 activations only (checked by the caller)
 }

@@ -7,9 +7,14 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/fp8.cuh"
 #include "kernels/cuda/launch.h"
 
 namespace atom::kernels::cuda::moe {
+
+// The expert weights' storage, a template argument of the kernels: 16-bit (the activation type),
+// MXFP4 (W4A16) or FP8 e4m3 with F32 block scales (W8A16).
+inline constexpr int kQNone = 0, kQMx = 1, kQF8 = 2;
 
 // Rows of a grouped-GEMM tile (64 or 128, MoeLaunch::gemm_tile_rows): each slot's rows are
 // padded to a multiple of it in the sorted order, and every tile holds rows of one slot.
@@ -54,14 +59,46 @@ __device__ __forceinline__ void mxfp4_expand(const uint4& packed, uint32_t scale
   }
 }
 
+// FP8 -> BF16: the 32 e4m3 codes of lo (k 0-15) and hi (k 16-31) times `scale`, each product
+// formed in fp32 and rounded once to BF16 (the value the loader writes when it dequantises an
+// FP8 checkpoint weight at load), as 32 BF16 values in out[0..3] in k order (out[u] word j holds
+// values 8u + 2j and 8u + 2j + 1).
+__device__ __forceinline__ uint32_t fp8x2_scaled_bf16x2(uint32_t two, float scale) {
+  const uint32_t h = fp8x2_to_f16x2(two);
+  __half2 hv;
+  memcpy(&hv, &h, 4);
+  const float2 f = __half22float2(hv);
+  return bf162_bits(__floats2bfloat162_rn(f.x * scale, f.y * scale));
+}
+__device__ __forceinline__ void fp8_expand(const uint4& lo, const uint4& hi, float scale,
+                                           uint4 (&out)[4]) {
+  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+    out[u] = make_uint4(fp8x2_scaled_bf16x2(w[2 * u] & 0xffffu, scale),
+                        fp8x2_scaled_bf16x2(w[2 * u] >> 16, scale),
+                        fp8x2_scaled_bf16x2(w[2 * u + 1] & 0xffffu, scale),
+                        fp8x2_scaled_bf16x2(w[2 * u + 1] >> 16, scale));
+}
+
+// The F32 scale of weight row `row` at k of an FP8 expert whose scales are [rows / bn blocks,
+// gk] (bk 0: one scale per row).
+__device__ __forceinline__ int64_t fp8_scale_index(int64_t row, int64_t k, int bn, int bk,
+                                                   int64_t gk) {
+  return (row / bn) * gk + (bk ? k / bk : 0);
+}
+
 // The sorted order and tile table the counting sort writes (device pointers), and the operands
 // of one grouped GEMM.
 struct GemmArgs {
   const void* a = nullptr;  // w13: x [T, H] (rows a_stride apart); w2: act [P, I]
   int64_t a_stride = 0;
-  const void* w = nullptr;       // w13 [S, 2I, H] or w2 [S, H, I] (MXFP4: U8 blocks, k halved)
-  const void* scales = nullptr;  // MXFP4: w13 [S, H/32, 2I] or w2 [S, I/32, H]; else null
-  void* out = nullptr;           // w13: act [P, I]; w2: y [T * K, H] (unweighted expert outputs)
+  const void* w =
+      nullptr;  // w13 [S, 2I, H] or w2 [S, H, I] (MXFP4: U8 blocks, k halved; FP8: e4m3)
+  // MXFP4: w13 [S, H/32, 2I] or w2 [S, I/32, H] U8; FP8: F32 [S, rows / fp8_bn, gk]; else null
+  const void* scales = nullptr;
+  int fp8_bn = 0, fp8_bk = 0;  // FP8 experts (fp8_bn > 0): rows and k (0: all) of a scale
+  void* out = nullptr;         // w13: act [P, I]; w2: y [T * K, H] (unweighted expert outputs)
   const int* sorted_rows = nullptr;  // [P]: row t * K + j of each sorted position, -1 padding
   // [MT]; tile t holds sorted positions [t, t + 1) * tile_rows_cap
   const int* tile_expert = nullptr;

@@ -24,11 +24,15 @@
 // activation, which is SiLU·mul or the clamped SwiGLU; w2 adds the slot's output bias before y is
 // rounded. The biases are read as pairs of elements (a thread's two adjacent columns) from L2.
 //
-// MXFP4 experts (kMx, BF16 only, with the extended epilogue): the stages hold the B tile's blocks
+// MXFP4 experts (kQMx, BF16 only, with the extended epilogue): the stages hold the B tile's blocks
 // and scales (cp.async; the scales are stored k-group-major, so a tile's rows of one group are
 // contiguous); at each k step every thread expands one tile row into one of two BF16 B buffers
 // in the layout above (a fence and a barrier before the MMAs read it), then the MMAs run as for
 // BF16 weights. The expansion is exact: the results are the BF16 path's on the encoded weights.
+// FP8 experts (kQF8, likewise): a stage holds the tile's e4m3 codes (kBN rows of 64 bytes) and
+// one F32 scale a row (a 64-wide k step lies in one scale block: fp8_bk % 64 == 0), expanded
+// into BF16 as the loader's dequantisation rounds them, so again the results are the BF16 path's
+// on the weights the codes and scales encode.
 #include <algorithm>
 #include <atomic>
 #include <type_traits>
@@ -45,27 +49,35 @@ namespace {
 constexpr int kBN = 256, kBK = 64;
 constexpr int kThreads = 256;
 
-// kMx: a stage holds the B tile's MXFP4 bytes (kBN rows of 32 bytes) and its scales (two
-// groups of kBN bytes) instead of BF16; each k step expands them into one of two BF16 B buffers
-// (the swizzled layout the MMAs read), one tile row a thread.
-template <int kBM, bool kMx = false>
+// 4 bytes global -> shared (through L1: a scale serves many tiles); zero-filled when !valid.
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+
+// kQMx: a stage holds the B tile's MXFP4 bytes (kBN rows of 32 bytes) and its scales (two
+// groups of kBN bytes) instead of BF16; kQF8: its e4m3 codes (kBN rows of 64 bytes) and a F32
+// scale a row. Each k step expands them into one of two BF16 B buffers (the swizzled layout the
+// MMAs read), one tile row a thread.
+template <int kBM, int kQ = kQNone>
 struct Cfg {
   static constexpr int kStages = kBM == 64 ? 5 : 4, kAhead = kStages - 2;
   static constexpr int kStageA = kBM * kBK * 2;
-  // bytes (kMx: blocks and scales, padded so that every stage stays 1024-byte aligned)
-  static constexpr int kStageB =
-      kMx ? (kBN * kBK / 2 + 2 * kBN + 1023) / 1024 * 1024 : kBN * kBK * 2;
+  // bytes (quantised: codes and scales, padded so that every stage stays 1024-byte aligned)
+  static constexpr int kStageB = kQ == kQMx   ? (kBN * kBK / 2 + 2 * kBN + 1023) / 1024 * 1024
+                                 : kQ == kQF8 ? (kBN * kBK + 4 * kBN + 1023) / 1024 * 1024
+                                              : kBN * kBK * 2;
   static constexpr int kStageBytes = kStageA + kStageB;
-  static constexpr int kBBuf = kBN * kBK * 2;  // a BF16 B buffer (kMx: two of them)
-  static constexpr int kSmem = kStages * kStageBytes + (kMx ? 2 * kBBuf : 0) + 1024;
+  static constexpr int kBBuf = kBN * kBK * 2;  // a BF16 B buffer (kQ: two of them)
+  static constexpr int kSmem = kStages * kStageBytes + (kQ != kQNone ? 2 * kBBuf : 0) + 1024;
   static constexpr int kARows = kBM / 32;  // A rows a loader thread copies
   static constexpr int kNH = kBM / 64;     // 128-column halves of the tile per warpgroup
   static_assert(kStageBytes % 1024 == 0, "stages stay 1024-byte aligned");
 };
 
-template <typename T, bool kW13, int kBM, bool kExt, bool kMx>
+template <typename T, bool kW13, int kBM, bool kExt, int kQ>
 __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
-  using C = Cfg<kBM, kMx>;
+  using C = Cfg<kBM, kQ>;
   pdl_wait();  // the tile table (sort kernel) and, for w2, act (the w13 GEMM)
   pdl_launch_dependents();
   const int n_tiles_n =
@@ -79,10 +91,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
   const int nk = static_cast<int>((kdim + kBK - 1) / kBK);
   const T* A = static_cast<const T*>(g.a);
   const T* W = static_cast<const T*>(g.w);
-  const uint8_t* WQ = static_cast<const uint8_t*>(g.w);       // kMx: blocks
-  const uint8_t* SQ = static_cast<const uint8_t*>(g.scales);  // kMx: scales [S, G, R]
+  const uint8_t* WQ = static_cast<const uint8_t*>(g.w);       // quantised: codes
+  const uint8_t* SQ = static_cast<const uint8_t*>(g.scales);  // kQMx: scales [S, G, R]
+  const float* SF = static_cast<const float*>(g.scales);      // kQF8: scales [S, gr, gk]
   const int64_t n_groups = kdim / 32, R = kW13 ? 2 * g.I : g.H;
-  const uint32_t sbuf = sbase + C::kStages * C::kStageBytes;  // kMx: the BF16 B buffers
+  const int fbn = g.fp8_bn > 0 ? g.fp8_bn : 1, fbk = g.fp8_bk;
+  const int64_t fgk = fbk ? (kdim + fbk - 1) / fbk : 1, fgr = (R + fbn - 1) / fbn;
+  const uint32_t sbuf = sbase + C::kStages * C::kStageBytes;  // kQ: the BF16 B buffers
   // The weight row (within its slot) of B tile row `row`, and whether it exists.
   auto tile_wrow = [&](int n, int row, bool& v) -> int64_t {
     if (kW13) {  // rows [64 q, 64 q + 64): gate (q even) or up (q odd) of index block q / 2
@@ -140,7 +155,29 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
         const bool v = aval[q] && kv;
         cp_async16(sa + ldst + q * 32 * 128, v ? asrc[q] + k : A, v);
       }
-      if constexpr (kMx) {
+      if constexpr (kQ == kQF8) {
+        // codes: 16-byte chunk ci & 3 of tile row ci >> 2, ci = tid + 256 q
+        const int64_t k0 = static_cast<int64_t>(lkt) * kBK;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int ci = tid + kThreads * q, row = ci >> 2, part = ci & 3;
+          bool v;
+          const int64_t wrow = tile_wrow(l_n, row, v);
+          const int64_t kq = k0 + part * 16;
+          v = v && kq < kdim;
+          cp_async16(sb + row * 64 + part * 16,
+                     v ? WQ + (static_cast<int64_t>(l_e) * R + wrow) * kdim + kq : WQ, v);
+        }
+        // the scale of tile row tid at this k step
+        bool v;
+        const int64_t wrow = tile_wrow(l_n, tid, v);
+        v = v && k0 < kdim;
+        cp_async4(sb + kBN * 64 + tid * 4,
+                  v ? SF + static_cast<int64_t>(l_e) * fgr * fgk +
+                          fp8_scale_index(wrow, k0, fbn, fbk, fgk)
+                    : SF,
+                  v);
+      } else if constexpr (kQ == kQMx) {
         // blocks: tile rows pr and pr + 128, 16-byte half ph of their 32 bytes
         const int pr = tid >> 1, ph = tid & 1;
         const int64_t kq = static_cast<int64_t>(lkt) * kBK + ph * 32;
@@ -213,7 +250,34 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
       fence_proxy_async();  // this thread's cp.async data, before the tensor cores read it
       __syncthreads();
       uint32_t sb = sbase + (step % C::kStages) * C::kStageBytes + C::kStageA;
-      if constexpr (kMx) {
+      if constexpr (kQ == kQF8) {
+        // Tile row tid: 64 codes and their scale -> 64 BF16 values in B buffer step & 1 (as kQMx).
+        const uint32_t dst = sbuf + (step & 1) * C::kBBuf;
+        uint4 pk[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(pk[q].x), "=r"(pk[q].y), "=r"(pk[q].z), "=r"(pk[q].w)
+                       : "r"(sb + tid * 64 + q * 16));
+        float scale;
+        asm volatile("ld.shared.f32 %0, [%1];" : "=f"(scale) : "r"(sb + kBN * 64 + tid * 4));
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          uint4 o[4];
+          fp8_expand(pk[2 * q], pk[2 * q + 1], scale, o);
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const int chunk = q * 4 + u;
+            const uint32_t a = dst + tid * 128 + ((chunk ^ (tid & 7)) << 4);
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a), "r"(o[u].x),
+                         "r"(o[u].y), "r"(o[u].z), "r"(o[u].w)
+                         : "memory");
+          }
+        }
+        fence_proxy_async();  // the BF16 tile, before the tensor cores read it
+        __syncthreads();
+        sb = dst;
+      } else if constexpr (kQ == kQMx) {
         // Tile row tid: 32 bytes and two scales -> 64 BF16 values in B buffer step & 1 (read
         // by the MMAs of step - 2 at the latest, retired by this step's barrier).
         const uint32_t dst = sbuf + (step & 1) * C::kBBuf;
@@ -324,11 +388,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
   cp_async_wait<0>();
 }
 
-template <typename T, bool kW13, int kBM, bool kExt, bool kMx>
+template <typename T, bool kW13, int kBM, bool kExt, int kQ>
 void launch_gemm(const GemmArgs& g, cudaStream_t s) {
   static std::atomic<uint64_t> smem_done{0};
-  auto kernel = moe_gemm_kernel<T, kW13, kBM, kExt, kMx>;
-  using C = Cfg<kBM, kMx>;
+  auto kernel = moe_gemm_kernel<T, kW13, kBM, kExt, kQ>;
+  using C = Cfg<kBM, kQ>;
   max_dynamic_smem_once(smem_done, kernel, C::kSmem);
   const int64_t n_tiles_n = kW13 ? (g.I + 127) / 128 : (g.H + kBN - 1) / kBN;
   const int64_t items = static_cast<int64_t>(g.max_tiles) * n_tiles_n;
@@ -337,19 +401,21 @@ void launch_gemm(const GemmArgs& g, cudaStream_t s) {
   launch(kernel, grid, kThreads, C::kSmem, s, g);
 }
 
-template <typename T, bool kW13, bool kExt, bool kMx>
+template <typename T, bool kW13, bool kExt, int kQ>
 void launch_rows(const GemmArgs& g, cudaStream_t s) {
-  g.tile_rows_cap == 128 ? launch_gemm<T, kW13, 128, kExt, kMx>(g, s)
-                         : launch_gemm<T, kW13, 64, kExt, kMx>(g, s);
+  g.tile_rows_cap == 128 ? launch_gemm<T, kW13, 128, kExt, kQ>(g, s)
+                         : launch_gemm<T, kW13, 64, kExt, kQ>(g, s);
 }
 
 template <typename T, bool kW13>
 void launch_ext(const GemmArgs& g, cudaStream_t s) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    if (g.scales) return launch_rows<T, kW13, true, true>(g, s);  // W4A16, every epilogue
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // W8A16 and W4A16, every epilogue
+    if (g.fp8_bn) return launch_rows<T, kW13, true, kQF8>(g, s);
+    if (g.scales) return launch_rows<T, kW13, true, kQMx>(g, s);
+  }
   // The extended epilogue where it changes anything (w2 has no activation).
   const bool ext = g.bias != nullptr || (kW13 && g.act != 0);
-  ext ? launch_rows<T, kW13, true, false>(g, s) : launch_rows<T, kW13, false, false>(g, s);
+  ext ? launch_rows<T, kW13, true, kQNone>(g, s) : launch_rows<T, kW13, false, kQNone>(g, s);
 }
 
 template <bool kW13>

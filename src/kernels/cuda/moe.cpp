@@ -7,7 +7,7 @@
 
 #include "kernels/activation.h"
 #include "kernels/cuda/host_common.h"
-#include "kernels/cuda/launch_mxfp4.h"
+#include "kernels/cuda/launch_moe_quant.h"
 #include "kernels/cuda/moe_dense.h"
 #include "kernels/cuda_tuning.h"
 #include "kernels/linear.h"
@@ -130,6 +130,13 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
                "fused_moe: MXFP4 experts take BF16 activations and 16-byte aligned scales, got "
                "x {}",
                x.str());
+  else if (w.fp8())
+    // A lane's 32 codes (decode) and a 64-wide k step (GEMMs) lie in one scale block.
+    ATOM_CHECK(x.dtype() == DType::kBF16 && H % 64 == 0 && I % 64 == 0 && w.fp8_block_k % 64 == 0,
+               "fused_moe: FP8 experts on CUDA take BF16 activations, hidden and intermediate "
+               "sizes that are multiples of 64 and scale blocks of a multiple of 64 columns, got "
+               "x {}, I {}, blocks of {} x {}",
+               x.str(), I, w.fp8_block_n, w.fp8_block_k);
   else
     ATOM_CHECK((x.dtype() == DType::kBF16 || x.dtype() == DType::kF16) &&
                    w13.dtype() == x.dtype() && w2.dtype() == x.dtype(),
@@ -191,7 +198,9 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   l.type = elem_of(x.dtype(), "fused_moe");
   l.workspace = ws;
   const CudaTuning& tuning = cuda_tuning();
-  l.decode = T * K <= (w.mxfp4() ? tuning.moe_decode_max_rows_mxfp4 : tuning.moe_decode_max_rows) &&
+  l.decode = T * K <= (w.fp8()     ? tuning.moe_decode_max_rows_fp8
+                       : w.mxfp4() ? tuning.moe_decode_max_rows_mxfp4
+                                   : tuning.moe_decode_max_rows) &&
              T * K <= kMoeDecodeMaxRowsCap;
   l.decode_depth = tuning.moe_decode_depth;
   const int tile_rows = tuning.moe_gemm_tile_rows;
@@ -203,17 +212,21 @@ void fused_moe(Tensor& out, const Tensor& x, const MoeExperts& w, const Tensor& 
   l.alpha = act.alpha;
   l.limit = act.limit;
   const int64_t R = T * K, in_use = std::min<int64_t>(S, R);
-  const bool dense = !w.mxfp4() && !l.decode && !l.b13 && !l.b2 && l.act == 0 &&
+  const bool dense = !w.quantized() && !l.decode && !l.b13 && !l.b2 && l.act == 0 &&
                      tuning.moe_dense_min_rows > 0 && R >= kMoeDenseMinRoutedRows &&
                      R >= int64_t{tuning.moe_dense_min_rows} * in_use &&
                      in_use <= tuning.moe_dense_max_slots && !stream_capturing(current_stream());
   if (dense) {
     fused_moe_dense(l, w13, w2, out.device(), x.dtype());
-  } else if (w.mxfp4()) {
-    MoeMxfp4Scales sc;
+  } else if (w.quantized()) {
+    MoeQuantScales sc;
     sc.s13 = w.w13_scales->data();
     sc.s2 = w.w2_scales->data();
-    launch_fused_moe_mxfp4(l, sc, current_stream());
+    if (w.fp8()) {
+      sc.fp8_bn = w.fp8_block_n;
+      sc.fp8_bk = w.fp8_block_k;
+    }
+    launch_fused_moe_quant(l, sc, current_stream());
   } else {
     launch_fused_moe(l, current_stream());
   }
