@@ -5,7 +5,8 @@
 # kernel benchmark (Qwen3-30B-A3B's experts in BF16 and FP8, both paths), the end-to-end decode
 # and prefill of bench/models/qwen3-30b-a3b-fp8 with its experts kept FP8 and dequantised at load
 # (ATOM_MOE_FP8_EXPERTS) and of the BF16 model, all in the same call; `throughput` adds
-# `atom bench throughput` on the FP8 and BF16 models.
+# `atom bench throughput` on the FP8 model both ways (ATOM_FP8_MOE_MODEL: another folder of
+# bench/models, e.g. deepseek-v2-lite-fp8).
 # Run from the repository root: bash tools/gpu_fp8_moe_session.sh [steps]
 #   steps: test,kernel,e2e,throughput (default test,kernel,e2e)
 set -u
@@ -42,7 +43,7 @@ fi
 if [[ "$steps" == *",throughput,"* ]]; then
   # The FP8 checkpoint with its experts kept FP8, then dequantised to BF16 at load.
   for v in 1 0; do
-    m=qwen3-30b-a3b-fp8
+    m=${ATOM_FP8_MOE_MODEL:-qwen3-30b-a3b-fp8}
     ATOM_MOE_FP8_EXPERTS=$v timeout "${ATOM_TP_TIMEOUT:-170}" ./build-gpu/bin/atom bench throughput --model bench/models/$m --load-format dummy --device cuda \
       --input-len 1000 --output-len 1000 --num-prompts 512 --max-num-seqs 256 \
       --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 \
