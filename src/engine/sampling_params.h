@@ -42,6 +42,14 @@ struct SamplingParams {
   std::shared_ptr<const LogitsConstraint> constraint;
 
   bool greedy() const { return temperature < kGreedyEpsilon; }
+  // Greedy sampling of exactly n tokens (EOS ignored): the benchmarks' and tests' requests.
+  static SamplingParams greedy_tokens(int n) {
+    SamplingParams p;
+    p.temperature = 0;
+    p.max_tokens = n;
+    p.ignore_eos = true;
+    return p;
+  }
   bool has_penalties() const {
     return repetition_penalty != 1.0 || presence_penalty != 0.0 || frequency_penalty != 0.0;
   }

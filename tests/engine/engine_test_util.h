@@ -31,13 +31,7 @@ inline Model& fixture_model(const std::string& name) {
   return *it->second.model;
 }
 
-inline SamplingParams greedy(int max_tokens) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = max_tokens;
-  p.ignore_eos = true;
-  return p;
-}
+inline SamplingParams greedy(int max_tokens) { return SamplingParams::greedy_tokens(max_tokens); }
 
 // A small cache for tests: the default 4 GiB cap is far more than these models need.
 inline EngineConfig test_config() {

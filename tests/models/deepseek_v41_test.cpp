@@ -95,14 +95,6 @@ TEST(DeepseekV41, IncrementalDecodeEqualsWholePromptScoring) {
   }
 }
 
-SamplingParams v41_greedy(int n) {
-  SamplingParams p;
-  p.temperature = 0;
-  p.max_tokens = n;
-  p.ignore_eos = true;
-  return p;
-}
-
 EngineConfig v41_engine_config() {
   EngineConfig c;
   c.max_num_seqs = 16;
@@ -121,8 +113,9 @@ TEST(DeepseekV41, EngineAloneBatchedAndChunked) {
   Model& model = v41_model();
   {
     LLMEngine engine(model, v41_engine_config());
-    const auto out = engine.generate({ref.greedy_prompt},
-                                     v41_greedy(static_cast<int>(ref.greedy_tokens.size())));
+    const auto out =
+        engine.generate({ref.greedy_prompt},
+                        SamplingParams::greedy_tokens(static_cast<int>(ref.greedy_tokens.size())));
     EXPECT_EQ(out.at(0).outputs.at(0).token_ids, ref.greedy_tokens);
   }
   std::vector<std::vector<int32_t>> prompts;
@@ -143,7 +136,7 @@ TEST(DeepseekV41, EngineAloneBatchedAndChunked) {
   c.num_state_checkpoints = 8;
   LLMEngine engine(model, c);
   for (int pass = 0; pass < 2; ++pass) {
-    const auto out = engine.generate(prompts, v41_greedy(6));
+    const auto out = engine.generate(prompts, SamplingParams::greedy_tokens(6));
     ASSERT_EQ(out.size(), prompts.size());
     int64_t cached = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -266,7 +259,7 @@ TEST(DeepseekV41, ImageRequestIsRefusedByName) {
   LLMEngine engine(v41_model(), v41_engine_config());
   PromptImage img;
   img.pixel_values = Tensor::zeros({4, 3, 2, 2}, DType::kF32);
-  EXPECT_ERROR_CONTAINS(engine.add_request("img", {5, 6}, v41_greedy(2), {img}),
+  EXPECT_ERROR_CONTAINS(engine.add_request("img", {5, 6}, SamplingParams::greedy_tokens(2), {img}),
                         "DeepseekV41ForCausalLM", "takes no images");
 }
 

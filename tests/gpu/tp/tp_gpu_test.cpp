@@ -71,15 +71,6 @@ void expect_kv_from_gpu_memory(const LLMEngine& e) {
   EXPECT_GE(static_cast<int64_t>(e.kv_plan().num_blocks) * e.kv_plan().block_size, 256);
 }
 
-// Greedy sampling of max_tokens tokens, ignoring EOS.
-SamplingParams greedy_params(int max_tokens) {
-  SamplingParams g;
-  g.temperature = 0;
-  g.ignore_eos = true;
-  g.max_tokens = max_tokens;
-  return g;
-}
-
 // The k-th prompt of a batch of mixed lengths: 9 + 23 k tokens, ids in [3, min(903, vocab)).
 std::vector<int32_t> mixed_length_prompt(int k, int64_t vocab = 903) {
   std::vector<int32_t> p;
@@ -257,7 +248,7 @@ TEST(GpuTp, EngineOnTwoRanks) {
     LLMEngine e(*models, c);
     // Each rank sized its cache from its own GPU; they kept the smaller count.
     expect_kv_from_gpu_memory(e);
-    SamplingParams g = greedy_params(static_cast<int>(ref.greedy_tokens.size()));
+    SamplingParams g = SamplingParams::greedy_tokens(static_cast<int>(ref.greedy_tokens.size()));
     const auto tokens = e.generate({ref.greedy_prompt}, g).at(0).outputs.at(0).token_ids;
     {
       SCOPED_TRACE(eager ? "eager" : "graphs");
@@ -320,7 +311,7 @@ TEST(GpuPp, TwoStagesOnOneGpuMatchOneRank) {
     const float noise = 2.0f * max_margin_error(got, ref.logits);
     LLMEngine e(*models, fixture_engine_config(0.4));  // per stage, both on this GPU
     expect_kv_from_gpu_memory(e);
-    SamplingParams g = greedy_params(static_cast<int>(ref.greedy_tokens.size()));
+    SamplingParams g = SamplingParams::greedy_tokens(static_cast<int>(ref.greedy_tokens.size()));
     const auto tokens = e.generate({ref.greedy_prompt}, g).at(0).outputs.at(0).token_ids;
     expect_greedy_agrees(name, tokens, ref.greedy_tokens, noise, leading_steps_above(name, noise));
     std::vector<std::vector<int32_t>> prompts;
