@@ -49,6 +49,19 @@ namespace {
 constexpr int kBN = 256, kBK = 64;
 constexpr int kThreads = 256;
 
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, const uint4& v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
+}
+
 // 4 bytes global -> shared (through L1: a scale serves many tiles); zero-filled when !valid.
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 4 : 0;
@@ -250,59 +263,38 @@ __global__ void __launch_bounds__(kThreads, 1) moe_gemm_kernel(GemmArgs g) {
       fence_proxy_async();  // this thread's cp.async data, before the tensor cores read it
       __syncthreads();
       uint32_t sb = sbase + (step % C::kStages) * C::kStageBytes + C::kStageA;
-      if constexpr (kQ == kQF8) {
-        // Tile row tid: 64 codes and their scale -> 64 BF16 values in B buffer step & 1 (as kQMx).
+      if constexpr (kQ != kQNone) {
+        // Tile row tid -> 64 BF16 values in B buffer step & 1 (read by the MMAs of step - 2 at
+        // the latest, retired by this step's barrier), 32 values a half q: kQF8 from 64 codes and
+        // their scale, kQMx from 32 bytes and two scales.
         const uint32_t dst = sbuf + (step & 1) * C::kBBuf;
-        uint4 pk[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q)
-          asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(pk[q].x), "=r"(pk[q].y), "=r"(pk[q].z), "=r"(pk[q].w)
-                       : "r"(sb + tid * 64 + q * 16));
-        float scale;
-        asm volatile("ld.shared.f32 %0, [%1];" : "=f"(scale) : "r"(sb + kBN * 64 + tid * 4));
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          uint4 o[4];
-          fp8_expand(pk[2 * q], pk[2 * q + 1], scale, o);
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const int chunk = q * 4 + u;
-            const uint32_t a = dst + tid * 128 + ((chunk ^ (tid & 7)) << 4);
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a), "r"(o[u].x),
-                         "r"(o[u].y), "r"(o[u].z), "r"(o[u].w)
-                         : "memory");
-          }
-        }
-        fence_proxy_async();  // the BF16 tile, before the tensor cores read it
-        __syncthreads();
-        sb = dst;
-      } else if constexpr (kQ == kQMx) {
-        // Tile row tid: 32 bytes and two scales -> 64 BF16 values in B buffer step & 1 (read
-        // by the MMAs of step - 2 at the latest, retired by this step's barrier).
-        const uint32_t dst = sbuf + (step & 1) * C::kBBuf;
-        uint4 pk[2];
+        uint4 pk[kQ == kQF8 ? 4 : 2];
         uint32_t sc[2];
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(pk[0].x), "=r"(pk[0].y), "=r"(pk[0].z), "=r"(pk[0].w)
-                     : "r"(sb + tid * 32));
-        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(pk[1].x), "=r"(pk[1].y), "=r"(pk[1].z), "=r"(pk[1].w)
-                     : "r"(sb + tid * 32 + 16));
+        float scale = 0.0f;
+        if constexpr (kQ == kQF8) {
 #pragma unroll
-        for (int q = 0; q < 2; ++q)
-          asm volatile("ld.shared.u8 %0, [%1];" : "=r"(sc[q]) : "r"(sb + kBN * 32 + q * kBN + tid));
+          for (int q = 0; q < 4; ++q) pk[q] = ld_shared_v4(sb + tid * 64 + q * 16);
+          asm volatile("ld.shared.f32 %0, [%1];" : "=f"(scale) : "r"(sb + kBN * 64 + tid * 4));
+        } else {
+#pragma unroll
+          for (int q = 0; q < 2; ++q) pk[q] = ld_shared_v4(sb + tid * 32 + q * 16);
+#pragma unroll
+          for (int q = 0; q < 2; ++q)
+            asm volatile("ld.shared.u8 %0, [%1];"
+                         : "=r"(sc[q])
+                         : "r"(sb + kBN * 32 + q * kBN + tid));
+        }
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
           uint4 o[4];
-          mxfp4_expand(pk[q], sc[q], o);
+          if constexpr (kQ == kQF8)
+            fp8_expand(pk[2 * q], pk[2 * q + 1], scale, o);
+          else
+            mxfp4_expand(pk[q], sc[q], o);
 #pragma unroll
           for (int u = 0; u < 4; ++u) {
             const int chunk = q * 4 + u;
-            const uint32_t a = dst + tid * 128 + ((chunk ^ (tid & 7)) << 4);
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a), "r"(o[u].x),
-                         "r"(o[u].y), "r"(o[u].z), "r"(o[u].w)
-                         : "memory");
+            st_shared_v4(dst + tid * 128 + ((chunk ^ (tid & 7)) << 4), o[u]);
           }
         }
         fence_proxy_async();  // the BF16 tile, before the tensor cores read it
