@@ -127,6 +127,8 @@ struct MoeExperts {
   Glu activation;  // act(gate, up) (kernels/activation.h)
 
   bool fp8() const { return w13 != nullptr && w13->dtype() == DType::kF8E4M3; }
+  // FP8 scale blocks of b along an extent of n (b 0: one block, the whole extent).
+  static int64_t fp8_blocks(int64_t n, int64_t b) { return b == 0 ? 1 : (n + b - 1) / b; }
   bool mxfp4() const { return !fp8() && (w13_scales != nullptr || w2_scales != nullptr); }
   bool quantized() const { return fp8() || mxfp4(); }
   int64_t hidden() const;        // H, from w2's rows

@@ -736,18 +736,18 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
     fp8_check_scale(s, N, K, quant, what);
     write_part(weight, w, shard, expert);
     const int64_t bn = fp8_bn_, bk = fp8_bk_, Ir = inter_rank_, start = inter_start();
-    const int64_t gr = (N + bn - 1) / bn, gk = bk ? (K + bk - 1) / bk : 1;
-    const Tensor sf = fp8_scale_to_f32(s, what).contiguous().view({gr, gk});
+    const Tensor sf = fp8_scale_to_f32(s, what).contiguous().view(
+        {kernels::MoeExperts::fp8_blocks(N, bn), kernels::MoeExperts::fp8_blocks(K, bk)});
     Parameter& sp = &weight == w13_ ? *w13_scale_ : *w2_scale_;
     for (const int64_t slot : slots_of(expert)) {
       Tensor dst = sp.data().select(0, slot);
       // A slice starts on a block boundary; only a whole expert's may end in a partial block.
       if (!down) {
-        const int64_t nr = (Ir + bn - 1) / bn;
+        const int64_t nr = kernels::MoeExperts::fp8_blocks(Ir, bn);
         Tensor rows = dst.narrow(0, shard == "w1" ? 0 : inter_padded_ / bn, nr);
         tensor_assign(rows, sf.narrow(0, start / bn, nr).contiguous());
       } else {
-        const int64_t c0 = bk ? start / bk : 0, nc = bk ? (Ir + bk - 1) / bk : 1;
+        const int64_t c0 = bk ? start / bk : 0, nc = kernels::MoeExperts::fp8_blocks(Ir, bk);
         Tensor cols = dst.narrow(1, 0, nc);
         assign_2d(cols, sf.narrow(1, c0, nc));
       }
@@ -787,16 +787,7 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
         },
         parts);
     sp.holds_expert = holds;
-    if (keep) {
-      *scale_param = &sp;
-      // --load-format dummy: the codes uniform in +-224 (model_fill_dummy) and every scale
-      // 1/(224 sqrt(fan in)), the spread of the other weights.
-      const double fan_in = static_cast<double>(p->data().size(2));
-      sp.dummy_fill = [fan_in](Tensor& t, uint64_t) {
-        const float v = static_cast<float>(1.0 / (224.0 * std::sqrt(fan_in)));
-        kernels::fill_uniform(t, 0, v, v);
-      };
-    }
+    if (keep) *scale_param = &sp;  // --load-format dummy fills it as any FP8 weight's scale
     return p;
   };
   auto loader = write_part;
@@ -823,7 +814,7 @@ FusedMoE::FusedMoE(LayerContext& ctx, const std::string& prefix, const FusedMoEO
     };
   } else {
     const int64_t bn = std::max(fp8_bn_, 1), bk = fp8_bk_;
-    auto blocks = [](int64_t n, int64_t b) { return b == 0 ? 1 : (n + b - 1) / b; };
+    auto blocks = kernels::MoeExperts::fp8_blocks;
     w13_ = add_weight(w13_name, {slots_, 2 * Ip, H}, {slots_, 2 * Ip / bn, blocks(H, bk)},
                       w13_layout, &w13_scale_);
     w2_ = add_weight(w2_name, {slots_, H, Ip}, {slots_, blocks(H, bn), blocks(Ip, bk)}, w2_layout,

@@ -29,27 +29,32 @@ void model_fill_dummy(Model& model, uint64_t seed) {
   // Counter-based values (kernels/random.h) generated where the parameter lives: an 8B model
   // fills in milliseconds on a GPU, and the CPU gives the very same values.
   //
-  // FP8 weights (an FP8 checkpoint's layers kept FP8 on the device) hold uniform values in
-  // ±224 (of e4m3's ±448) and every scale is 1/(224 sqrt(fan_in)), so the dequantised weights
-  // have the same spread as the others'; static activation scales are 8/448 (activations of a
-  // few units after the norms). The FP8 codes are drawn where the weight lives, as the others.
-  std::map<std::string, int64_t> fan_in;  // by layer: its FP8 weight's columns
+  // FP8 weights (an FP8 checkpoint's layers kept FP8 on the device: "<layer>.weight", and fused
+  // experts' "<experts>.w13_weight" / "w2_weight") hold uniform values in ±224 (of e4m3's ±448)
+  // and every scale beside them ("weight_scale" after the same prefix) is 1/(224 sqrt(fan_in)),
+  // so the dequantised weights have the same spread as the others'; static activation scales are
+  // 8/448 (activations of a few units after the norms). The FP8 codes are drawn where the weight
+  // lives, as the others.
+  auto prefix_of = [](const std::string& name, std::string_view suffix) {
+    return name.ends_with(suffix) ? name.substr(0, name.size() - suffix.size()) : std::string();
+  };
+  std::map<std::string, int64_t> fan_in;  // by prefix: its FP8 weight's columns
   for (const auto& [name, p] : model.params().all())
-    if (p->data().dtype() == DType::kF8E4M3 && name.ends_with(".weight"))
-      fan_in[name.substr(0, name.size() - 7)] = p->data().size(-1);
+    if (p->data().dtype() == DType::kF8E4M3 && name.ends_with("weight"))
+      fan_in[prefix_of(name, "weight")] = p->data().size(-1);
   for (const auto& [name, p] : model.params().all()) {
     Tensor& d = p->data();
-    const size_t dot = name.rfind('.');
-    const std::string layer = dot == std::string::npos ? "" : name.substr(0, dot);
+    const std::string scale_of = prefix_of(name, "weight_scale"),
+                      input_of = prefix_of(name, ".input_scale");
     if (p->dummy_fill) {
       p->dummy_fill(d, seed ^ fnv1a(name));
     } else if (d.dtype() == DType::kF8E4M3) {
       kernels::fill_uniform(d, seed ^ fnv1a(name), -224.0f, 224.0f);
-    } else if (name.ends_with(".weight_scale") && fan_in.count(layer)) {
+    } else if (!scale_of.empty() && fan_in.count(scale_of)) {
       const float s =
-          static_cast<float>(1.0 / (224.0 * std::sqrt(static_cast<double>(fan_in[layer]))));
+          static_cast<float>(1.0 / (224.0 * std::sqrt(static_cast<double>(fan_in[scale_of]))));
       kernels::fill_uniform(d, 0, s, s);
-    } else if (name.ends_with(".input_scale") && fan_in.count(layer)) {
+    } else if (!input_of.empty() && fan_in.count(input_of + ".")) {
       kernels::fill_uniform(d, 0, 8.0f / 448.0f, 8.0f / 448.0f);
     } else if (name.ends_with("norm.weight") && d.dim() == 1) {
       kernels::fill_uniform(d, 0, 1.0f, 1.0f);

@@ -104,8 +104,8 @@ void fused_moe_check(const Tensor& out, const Tensor& x, const MoeExperts& w,
     const Tensor& s13 = *w.w13_scales;
     const Tensor& s2 = *w.w2_scales;
     const int64_t bn = w.fp8_block_n, bk = w.fp8_block_k;
-    auto blocks = [](int64_t n, int64_t b) { return b == 0 ? 1 : (n + b - 1) / b; };
-    const Shape want13{S, 2 * I / bn, blocks(H, bk)}, want2{S, blocks(H, bn), blocks(I, bk)};
+    const Shape want13{S, 2 * I / bn, MoeExperts::fp8_blocks(H, bk)},
+        want2{S, MoeExperts::fp8_blocks(H, bn), MoeExperts::fp8_blocks(I, bk)};
     ATOM_CHECK(w13.dtype() == DType::kF8E4M3 && w2.dtype() == DType::kF8E4M3 &&
                    s13.dtype() == DType::kF32 && s2.dtype() == DType::kF32 && s13.is_contiguous() &&
                    s2.is_contiguous() && w13.size(1) == 2 * I && w13.size(2) == H &&
@@ -252,8 +252,8 @@ namespace {
 // per row).
 void fp8_scale_slot(float* w, const Tensor& scales, int64_t e, int64_t N, int64_t K, int64_t bn,
                     int64_t bk) {
-  const int64_t gr = (N + bn - 1) / bn, gk = bk ? (K + bk - 1) / bk : 1;
-  const float* s = scales.ptr<float>() + e * gr * gk;
+  const int64_t gk = MoeExperts::fp8_blocks(K, bk);
+  const float* s = scales.ptr<float>() + e * MoeExperts::fp8_blocks(N, bn) * gk;
   for (int64_t n = 0; n < N; ++n)
     for (int64_t k = 0; k < K; ++k) w[n * K + k] *= s[(n / bn) * gk + (bk ? k / bk : 0)];
 }
