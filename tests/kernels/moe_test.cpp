@@ -767,28 +767,25 @@ MxExperts make_mx(const MoeCase& c, uint64_t seed) {
   return m;
 }
 
-// The GPU's MXFP4 path against the CPU reference on the weights the codes encode (the tolerance
-// of the BF16 cases) and against the GPU's BF16 path on those same weights, which it must match
-// to fp32 summation order (the expansion is exact and the k order is the same), on every path.
-void check_fused_mx(const MoeCase& c, uint64_t seed) {
-  SCOPED_TRACE("mxfp4 " + case_name(c));
-  MoeInputs in = make_inputs(c, seed);
-  MxExperts mx = make_mx(c, seed + 77);
-  const kernels::MoeExperts ex = experts_of(c, mx.d13, mx.d2, in.b13, in.b2);
+// fused_moe over quantised experts (gex: codes, scales and biases on the GPU) for the inputs
+// `in` on every path: the tuned default, the grouped GEMMs with both tiles and, up to 512 routed
+// rows, the decode kernels at both depths (decode_rows: the tuning's threshold for this storage).
+// Each run is checked against the CPU reference on the weights the codes encode (d13, d2 on the
+// host; the BF16 cases' 5e-3) and against the GPU's BF16 path on those weights, which takes the
+// same path (never the per-slot dense path), within dense_tol; a second run gives the same bytes.
+void check_quantized_paths(const MoeCase& c, const std::string& label, const MoeInputs& in,
+                           const Tensor& d13, const Tensor& d2, const kernels::MoeExperts& gex,
+                           int kernels::cuda::CudaTuning::*decode_rows, double dense_tol) {
+  const kernels::MoeExperts ex = experts_of(c, d13, d2, in.b13, in.b2);
   Tensor ref = Tensor::empty({c.T, c.H}, DType::kF32);
   kernels::fused_moe(ref, in.x, ex, in.ids, in.wts, nullptr);
   Tensor gx = in.xw.to(gpu()).narrow(1, c.strided ? 16 : 0, c.H);
-  Tensor gd13 = mx.d13.to(gpu()), gd2 = mx.d2.to(gpu());
-  Tensor gb13 = mx.b13.to(gpu()), gb2 = mx.b2.to(gpu()), gs13 = mx.s13.to(gpu()),
-         gs2 = mx.s2.to(gpu());
+  Tensor gd13 = d13.to(gpu()), gd2 = d2.to(gpu());
   Tensor gbias13 = in.b13.defined() ? in.b13.to(gpu()) : Tensor();
   Tensor gbias2 = in.b2.defined() ? in.b2.to(gpu()) : Tensor();
   Tensor gids = in.ids.to(gpu()), gw = in.wts.to(gpu());
-  kernels::MoeExperts gex = experts_of(c, gb13, gb2, gbias13, gbias2);
-  gex.w13_scales = &gs13;
-  gex.w2_scales = &gs2;
   const int64_t KT = c.K + c.shared;
-  auto run_mx = [&] {
+  auto run_quantized = [&] {
     const int64_t bytes = kernels::fused_moe_workspace_bytes(gpu(), c.T, KT, gex, c.dt);
     Tensor ws = Tensor::empty({std::max<int64_t>(bytes, 1)}, DType::kU8, gpu());
     poison(ws);
@@ -803,7 +800,7 @@ void check_fused_mx(const MoeCase& c, uint64_t seed) {
     int decode_rows, tile_rows, depth;
   };
   std::vector<Path> paths = {
-      {"auto", base.moe_decode_max_rows_mxfp4, base.moe_gemm_tile_rows, base.moe_decode_depth},
+      {"auto", base.*decode_rows, base.moe_gemm_tile_rows, base.moe_decode_depth},
       {"gemm64", 0, 64, 2},
       {"gemm128", 0, 128, 2}};
   if (c.T * KT <= 512) {
@@ -812,24 +809,43 @@ void check_fused_mx(const MoeCase& c, uint64_t seed) {
   }
   for (const Path& p : paths) {
     SCOPED_TRACE(p.name);
-    // The BF16 path takes the same path as the MXFP4 one.
     const kernels::cuda::CudaTuningScope scope(
         kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
-          t.moe_decode_max_rows_mxfp4 = p.decode_rows;
+          t.*decode_rows = p.decode_rows;
           t.moe_decode_max_rows = p.decode_rows;
           t.moe_gemm_tile_rows = p.tile_rows;
           t.moe_decode_depth = p.depth;
+          t.moe_dense_min_rows = 0;
         }));
-    Tensor out = run_mx();
+    Tensor out = run_quantized();
     Tensor dense = run_gpu(c, gx, gd13, gd2, gbias13, gbias2, gids, gw);
     const double err = rel_err(host(out), ref), err_dense = rel_err(out, dense);
     EXPECT_LE(err, 5e-3);
-    EXPECT_LE(err_dense, 1e-5);
-    std::printf("  mxfp4 %-52s %-8s err %.2e, vs the BF16 path %.2e%s\n", case_name(c).c_str(),
-                p.name, err, err_dense, same_bytes(out, dense) ? " (same bytes)" : "");
-    Tensor again = run_mx();
+    EXPECT_LE(err_dense, dense_tol);
+    std::printf("  %s %-52s %-8s err %.2e, vs the BF16 path %.2e%s\n", label.c_str(),
+                case_name(c).c_str(), p.name, err, err_dense,
+                same_bytes(out, dense) ? " (same bytes)" : "");
+    Tensor again = run_quantized();
     EXPECT_TRUE(same_bytes(out, again));
   }
+}
+
+// The GPU's MXFP4 path against the CPU reference on the weights the codes encode (the tolerance
+// of the BF16 cases) and against the GPU's BF16 path on those same weights, which it must match
+// to fp32 summation order (the expansion is exact and the k order is the same), on every path.
+void check_fused_mx(const MoeCase& c, uint64_t seed) {
+  SCOPED_TRACE("mxfp4 " + case_name(c));
+  MoeInputs in = make_inputs(c, seed);
+  MxExperts mx = make_mx(c, seed + 77);
+  Tensor gb13 = mx.b13.to(gpu()), gb2 = mx.b2.to(gpu()), gs13 = mx.s13.to(gpu()),
+         gs2 = mx.s2.to(gpu());
+  Tensor gbias13 = in.b13.defined() ? in.b13.to(gpu()) : Tensor();
+  Tensor gbias2 = in.b2.defined() ? in.b2.to(gpu()) : Tensor();
+  kernels::MoeExperts gex = experts_of(c, gb13, gb2, gbias13, gbias2);
+  gex.w13_scales = &gs13;
+  gex.w2_scales = &gs2;
+  check_quantized_paths(c, "mxfp4", in, mx.d13, mx.d2, gex,
+                        &kernels::cuda::CudaTuning::moe_decode_max_rows_mxfp4, 1e-5);
 }
 
 // GPT-OSS's experts in MXFP4: the clamped SwiGLU (limits the products cross, and 7), expert
@@ -933,66 +949,17 @@ void check_fused_f8(const MoeCase& c, int bn, int bk, uint64_t seed) {
   SCOPED_TRACE(fmt::format("fp8 {}x{} {}", bn, bk, case_name(c)));
   MoeInputs in = make_inputs(c, seed);
   F8Experts f8 = make_f8(c, bn, bk, seed + 91);
-  const kernels::MoeExperts ex = experts_of(c, f8.d13, f8.d2, in.b13, in.b2);
-  Tensor ref = Tensor::empty({c.T, c.H}, DType::kF32);
-  kernels::fused_moe(ref, in.x, ex, in.ids, in.wts, nullptr);
-  Tensor gx = in.xw.to(gpu()).narrow(1, c.strided ? 16 : 0, c.H);
-  Tensor gd13 = f8.d13.to(gpu()), gd2 = f8.d2.to(gpu());
   Tensor gc13 = f8.c13.to(gpu()), gc2 = f8.c2.to(gpu()), gs13 = f8.s13.to(gpu()),
          gs2 = f8.s2.to(gpu());
   Tensor gbias13 = in.b13.defined() ? in.b13.to(gpu()) : Tensor();
   Tensor gbias2 = in.b2.defined() ? in.b2.to(gpu()) : Tensor();
-  Tensor gids = in.ids.to(gpu()), gw = in.wts.to(gpu());
   kernels::MoeExperts gex = experts_of(c, gc13, gc2, gbias13, gbias2);
   gex.w13_scales = &gs13;
   gex.w2_scales = &gs2;
   gex.fp8_block_n = bn;
   gex.fp8_block_k = bk;
-  const int64_t KT = c.K + c.shared;
-  auto run_f8 = [&] {
-    const int64_t bytes = kernels::fused_moe_workspace_bytes(gpu(), c.T, KT, gex, c.dt);
-    Tensor ws = Tensor::empty({std::max<int64_t>(bytes, 1)}, DType::kU8, gpu());
-    poison(ws);
-    Tensor out = Tensor::empty({c.T, c.H}, c.out, gpu());
-    poison(out);
-    kernels::fused_moe(out, gx, gex, gids, gw, &ws);
-    return out;
-  };
-  const kernels::cuda::CudaTuning& base = kernels::cuda::cuda_tuning();
-  struct Path {
-    const char* name;
-    int decode_rows, tile_rows, depth;
-  };
-  std::vector<Path> paths = {
-      {"auto", base.moe_decode_max_rows_fp8, base.moe_gemm_tile_rows, base.moe_decode_depth},
-      {"gemm64", 0, 64, 2},
-      {"gemm128", 0, 128, 2}};
-  if (c.T * KT <= 512) {
-    paths.push_back({"decode", 512, 0, 2});
-    paths.push_back({"decode4", 512, 0, 4});
-  }
-  for (const Path& p : paths) {
-    SCOPED_TRACE(p.name);
-    // The BF16 path takes the same path as the FP8 one (never the per-slot dense path).
-    const kernels::cuda::CudaTuningScope scope(
-        kernels::cuda::cuda_tuning_with([&](kernels::cuda::CudaTuning& t) {
-          t.moe_decode_max_rows_fp8 = p.decode_rows;
-          t.moe_decode_max_rows = p.decode_rows;
-          t.moe_gemm_tile_rows = p.tile_rows;
-          t.moe_decode_depth = p.depth;
-          t.moe_dense_min_rows = 0;
-        }));
-    Tensor out = run_f8();
-    Tensor dense = run_gpu(c, gx, gd13, gd2, gbias13, gbias2, gids, gw);
-    const double err = rel_err(host(out), ref), err_dense = rel_err(out, dense);
-    EXPECT_LE(err, 5e-3);
-    EXPECT_LE(err_dense, 1e-4);
-    std::printf("  fp8 %dx%d %-50s %-8s err %.2e, vs the BF16 path %.2e%s\n", bn, bk,
-                case_name(c).c_str(), p.name, err, err_dense,
-                same_bytes(out, dense) ? " (same bytes)" : "");
-    Tensor again = run_f8();
-    EXPECT_TRUE(same_bytes(out, again));
-  }
+  check_quantized_paths(c, fmt::format("fp8 {}x{}", bn, bk), in, f8.d13, f8.d2, gex,
+                        &kernels::cuda::CudaTuning::moe_decode_max_rows_fp8, 1e-4);
 }
 
 // FP8 experts: DeepSeek-V3's / Qwen3-FP8's 128x128 blocks (partial edge blocks at H = 192 and
