@@ -545,6 +545,27 @@ TEST(Fp8Experts, ResidentExpertsStayFp8AndComputeTheDequantisedLayer) {
   }
 }
 
+// A checkpoint scale that does not fit its kept FP8 expert is an error naming the expert's part.
+TEST(Fp8Experts, ResidentExpertRefusesAMisshapenScale) {
+  Rig r(kBlock128, true);
+  FusedMoEOptions o;
+  o.num_experts = 1;
+  o.hidden = 192;
+  o.intermediate = 256;
+  FusedMoE m(r.ctx, "model.layers.1.mlp.experts", o);
+  ASSERT_TRUE(m.fp8());
+  const std::string at = "model.layers.1.mlp.experts.0.";
+  EXPECT_ERROR_CONTAINS(
+      r.load({{at + "gate_proj.weight", fp8_weight(256, 192)},
+              {at + "gate_proj.weight_scale_inv", block_scales(256, 192, 128, 64)},
+              {at + "up_proj.weight", fp8_weight(256, 192)},
+              {at + "up_proj.weight_scale_inv", block_scales(256, 192, 128, 128)},
+              {at + "down_proj.weight", fp8_weight(192, 256)},
+              {at + "down_proj.weight_scale_inv", block_scales(192, 256, 128, 128)}},
+             fused_moe_expert_mapping("gate_proj", "down_proj", "up_proj", 1)),
+      "w13_weight (expert 0 part w1)", "weight scale has shape [2, 3]");
+}
+
 // ---- whole FP8 checkpoints (the fixtures made by tools/make_fixtures.py) ----------------------
 
 void edit_tensors(const std::string& path,
