@@ -10,7 +10,11 @@
 // weight and the same activation quantisation, so a kernel test compares like with like.
 #pragma once
 
+#include <algorithm>
+
+#include "kernels/activation.h"
 #include "kernels/dispatch.h"
+#include "kernels/rms_norm.h"
 
 namespace atom::kernels {
 
@@ -63,6 +67,107 @@ inline void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const T
   check_same_device("linear_fp8", out.device(), {&x, &w.w, &w.scale, &w.input_scale, &bias});
   if (out.device().is_cpu()) return cpu::linear_fp8(out, x, w, bias);
   ATOM_KERNEL_CUDA("linear_fp8", cuda::linear_fp8(out, x, w, bias, workspace));
+}
+
+// ---- Activations quantised ahead of the product ----
+// The op before an FP8 product (an RMSNorm, SiLU·mul) may write the product's quantised input
+// itself instead of its 16-bit output (the spec's *_QUANT_FUSION switches), saving the 16-bit
+// write and read and the quantisation's own pass. What it writes is exactly what linear_fp8
+// would have computed from that output: the same rule (above) on the same rounded values.
+
+// How a product quantises its input (a weight's activation, block_k and input_scale).
+struct Fp8Quant {
+  Fp8Activation activation = Fp8Activation::kBlockDynamic;  // never kNone
+  int64_t block_k = 128;                                    // kBlockDynamic: columns per group
+  Tensor input_scale;                                       // kTensorStatic: [1] F32
+  static Fp8Quant of(const Fp8Weight& w) { return {w.activation, w.block_k, w.input_scale}; }
+  // Columns per scale for rows of k columns (the whole row unless kBlockDynamic).
+  int64_t group(int64_t k) const {
+    return activation == Fp8Activation::kBlockDynamic ? block_k : std::max<int64_t>(k, 1);
+  }
+};
+
+// Quantised activations: codes [M, K] F8E4M3 (contiguous) and the F32 scales, that of row m and
+// group g at scales[g * fp8_scale_ld(M) + m] (kTensorStatic: input_scale in every row's place).
+// `scales` holds fp8_input_scale_count(M, K, quant) floats: beyond the [G, ld] grid, room for the
+// CUDA path to lay a grid out again for cuBLASLt.
+struct Fp8Input {
+  Tensor codes;
+  Tensor scales;
+  Fp8Quant quant;
+  int64_t rows() const { return codes.size(0); }
+  int64_t cols() const { return codes.size(1); }
+};
+inline int64_t fp8_scale_ld(int64_t m) { return (m + 3) / 4 * 4; }
+inline int64_t fp8_input_scale_count(int64_t m, int64_t k, const Fp8Quant& q) {
+  const int64_t g = q.group(k);
+  return 2 * ((k + g - 1) / g) * fp8_scale_ld(m);
+}
+// Checks `in` is a well-formed quantised input of `op` (shapes, dtypes, the scales' length).
+void check_fp8_input(const char* op, const Fp8Input& in);
+
+// in = the quantisation of x [M, K] (rows strided) by in.quant: what linear_fp8 computes inside.
+namespace cpu {
+void quantize_fp8(Fp8Input& in, const Tensor& x);
+void linear_fp8(Tensor& out, const Fp8Input& x, const Fp8Weight& w, const Tensor& bias);
+}  // namespace cpu
+namespace cuda {
+void quantize_fp8(Fp8Input& in, const Tensor& x);
+void linear_fp8(Tensor& out, const Fp8Input& x, const Fp8Weight& w, const Tensor& bias,
+                const Tensor& workspace);
+}  // namespace cuda
+
+inline void quantize_fp8(Fp8Input& in, const Tensor& x) {
+  check_same_device("quantize_fp8", x.device(), {&in.codes, &in.scales, &in.quant.input_scale});
+  if (x.device().is_cpu()) return cpu::quantize_fp8(in, x);
+  ATOM_KERNEL_CUDA("quantize_fp8", cuda::quantize_fp8(in, x));
+}
+
+// out [M, N] = x · Wᵀ (+ bias) on activations quantised before the call; x.quant must be the
+// weight's (Fp8Quant::of(w)). Equal, bit for bit, to linear_fp8 on the activations x quantises.
+inline void linear_fp8(Tensor& out, const Fp8Input& x, const Fp8Weight& w, const Tensor& bias = {},
+                       const Tensor& workspace = {}) {
+  check_same_device("linear_fp8", out.device(),
+                    {&x.codes, &x.scales, &w.w, &w.scale, &w.input_scale, &bias});
+  if (out.device().is_cpu()) return cpu::linear_fp8(out, x, w, bias);
+  ATOM_KERNEL_CUDA("linear_fp8", cuda::linear_fp8(out, x, w, bias, workspace));
+}
+
+// The fused ops. Each writes into `in` (codes and scales allocated by the caller, in.quant the
+// product's) exactly what quantize_fp8 writes from the unfused op's output, and returns true; on
+// CUDA a shape the fused kernel does not take (rows over 8,192 values for the norm, 1x128 groups
+// of another width, F32 activations, unaligned rows) returns false, computing nothing, and the
+// caller runs the two ops.
+//   rms_norm_fp8: rms_norm(x) (with the residual add, as kernels::rms_norm), rounded to x's dtype
+//   glu_fp8: glu(x) (x [M, 2 I] -> [M, I]), rounded to x's dtype
+namespace cpu {
+bool rms_norm_fp8(Fp8Input& in, const Tensor& x, Tensor* residual, const Tensor& w, float eps,
+                  RmsNormKind kind);
+bool glu_fp8(Fp8Input& in, const Tensor& x, const Glu& a);
+}  // namespace cpu
+namespace cuda {
+bool rms_norm_fp8(Fp8Input& in, const Tensor& x, Tensor* residual, const Tensor& w, float eps,
+                  RmsNormKind kind);
+bool glu_fp8(Fp8Input& in, const Tensor& x, const Glu& a);
+}  // namespace cuda
+
+inline bool rms_norm_fp8(Fp8Input& in, const Tensor& x, Tensor* residual, const Tensor& w,
+                         float eps, RmsNormKind kind = RmsNormKind::kLlama) {
+  check_same_device("rms_norm_fp8", x.device(),
+                    {&in.codes, &in.scales, &in.quant.input_scale, residual, &w});
+  if (x.device().is_cpu()) return cpu::rms_norm_fp8(in, x, residual, w, eps, kind);
+  bool done = false;
+  ATOM_KERNEL_CUDA("rms_norm_fp8", done = cuda::rms_norm_fp8(in, x, residual, w, eps, kind));
+  return done;
+}
+
+inline bool glu_fp8(Fp8Input& in, const Tensor& x, const Glu& a) {
+  check_same_device("glu_fp8", x.device(), {&in.codes, &in.scales, &in.quant.input_scale});
+  glu_check("glu_fp8", a);
+  if (x.device().is_cpu()) return cpu::glu_fp8(in, x, a);
+  bool done = false;
+  ATOM_KERNEL_CUDA("glu_fp8", done = cuda::glu_fp8(in, x, a));
+  return done;
 }
 
 }  // namespace atom::kernels

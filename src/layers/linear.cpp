@@ -424,6 +424,45 @@ Tensor LinearBase::forward(Step& step, const Tensor& x, const Tensor& out) {
   return y;
 }
 
+std::optional<kernels::Fp8Quant> LinearBase::input_quant() const {
+  if (!fp8_ || quant_.inputs == Fp8Inputs::kNone || in_ % 16 != 0) return std::nullopt;
+  return kernels::Fp8Quant::of(fp8_weight());
+}
+
+kernels::Fp8Input LinearBase::fp8_input(Step& step, int64_t rows) const {
+  const std::optional<kernels::Fp8Quant> q = input_quant();
+  ATOM_CHECK(q, "linear '{}': its input is not quantised before the product", weight_->name());
+  kernels::Fp8Input in;
+  in.quant = *q;
+  in.codes = step.empty({rows, in_}, DType::kF8E4M3);
+  in.scales = step.empty({kernels::fp8_input_scale_count(rows, in_, *q)}, DType::kF32);
+  return in;
+}
+
+Tensor LinearBase::forward(Step& step, const LinearInput& x, const Tensor& out) {
+  if (!x.quantised()) return forward(step, x.x, out);
+  ATOM_CHECK(input_quant(), "linear '{}': given quantised activations, but its product takes {}",
+             weight_->name(), fp8_ ? "16-bit activations (W8A16)" : "no FP8");
+  const int64_t rows = x.q.rows();
+  Tensor y;
+  if (out.defined()) {
+    ATOM_CHECK(out.dim() == 2 && out.size(0) == rows && out.size(1) == out_ &&
+                   out.dtype() == ctx_.act_dtype && out.is_contiguous(),
+               "linear: output {} for {} quantised inputs must be contiguous [{}, {}] of {}",
+               out.str(), rows, rows, out_, dtype_name(ctx_.act_dtype));
+    y = out;
+  } else {
+    y = step.empty({rows, out_}, ctx_.act_dtype);
+  }
+  const Tensor bias = bias_ ? bias_->data() : Tensor();
+  kernels::linear_fp8(y, x.q, fp8_weight(), reduces() ? Tensor() : bias);
+  if (reduces()) {
+    ctx_.comm->all_reduce_sum(y);
+    if (bias_) kernels::add_bias(y, bias_->data());
+  }
+  return y;
+}
+
 ReplicatedLinear::ReplicatedLinear(LayerContext& ctx, const std::string& prefix, int64_t in,
                                    int64_t out, bool bias, LinearStorage storage)
     : LinearBase(ctx, in, out) {

@@ -10,6 +10,7 @@
 // they are dequantised to the weight dtype at load and computed as any other weight.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,11 +67,33 @@ LinearQuant linear_quant_for(const LayerContext& ctx, const std::string& prefix,
                              const std::vector<std::string>& shards,
                              std::vector<std::string>* ckpt_names = nullptr);
 
+// A linear layer's input as the op before it wrote it: activations, or (an op fused with the FP8
+// activation quantisation: kernels::rms_norm_fp8, glu_fp8) codes and scales for the layer's FP8
+// product (LinearBase::input_quant). Converts from either.
+struct LinearInput {
+  Tensor x;                               // undefined when quantised
+  kernels::Fp8Input q;                    // codes undefined when not
+  LinearInput(const Tensor& t) : x(t) {}  // NOLINT: implicit, as the layers' Tensor inputs
+  LinearInput(kernels::Fp8Input in) : q(std::move(in)) {}  // NOLINT
+  bool quantised() const { return q.codes.defined(); }
+  int64_t rows() const { return quantised() ? q.rows() : x.size(0); }
+};
+
 class LinearBase {
  public:
   // y = x · Wᵀ (+ b)   x [T, in_per_rank] -> [T, out_per_rank], written into `out` when it is
   // given (a caller-owned buffer), else into a new tensor of the step.
   virtual Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor());
+  // The same on activations quantised before the call (x.quant must be input_quant()'s); a
+  // plain input goes to the overload above.
+  Tensor forward(Step& step, const LinearInput& x, const Tensor& out = Tensor());
+  // How this layer quantises its input when the op before it may do so itself: an FP8 weight
+  // kept FP8 (fp8()) with dynamic or static activations and a K the kernels take whole (a
+  // multiple of 16); nullopt otherwise (16-bit weights, W8A16).
+  std::optional<kernels::Fp8Quant> input_quant() const;
+  // Codes and scales for `rows` inputs of this layer (input_quant() defined), in the step's
+  // scratch.
+  kernels::Fp8Input fp8_input(Step& step, int64_t rows) const;
   int64_t in_per_rank() const { return in_; }
   int64_t out_per_rank() const { return out_; }
   // The weight as stored: [out_per_rank, in_per_rank] of the weight dtype, or F8_E4M3 when
@@ -103,6 +126,8 @@ class LinearBase {
   Tensor output(Step& step, const Tensor& x, const Tensor& out) const;
   // y = x · Wᵀ (+ bias) by the stored form of the weight.
   void product(Tensor& y, const Tensor& x, const Tensor& bias);
+  // Whether forward sums the rank's partial products over the ranks (then adds the bias).
+  virtual bool reduces() const { return false; }
   // Registers the weight (and bias) at `prefix` in the layer's method with loaders cutting this
   // rank's share by `layout` (parts' ckpt_name filled here), and for FP8 its weight_scale
   // (checkpoint weight_scale or weight_scale_inv) and input_scale (static activations). A
@@ -147,7 +172,11 @@ class RowParallelLinear : public LinearBase {
   RowParallelLinear(LayerContext& ctx, const std::string& prefix, int64_t in, int64_t out,
                     bool bias, bool reduce_results = true,
                     LinearStorage storage = LinearStorage::kAuto);
+  using LinearBase::forward;
   Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor()) override;
+
+ protected:
+  bool reduces() const override { return ctx_.tp_size > 1 && reduce_; }
 
  private:
   bool reduce_;

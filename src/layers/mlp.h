@@ -26,12 +26,20 @@ class GatedMlp : public FeedForward {
   GatedMlp(LayerContext& ctx, const std::string& prefix, int64_t hidden, int64_t intermediate,
            bool bias, bool reduce_results = true, const kernels::Glu& act = kernels::Glu());
   Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor()) override;
+  // The same on x as the op before wrote it (quantised for gate_up_proj: input_linear()).
+  Tensor forward(Step& step, const LinearInput& x, const Tensor& out = Tensor());
+  // The product that reads x, for an op before it that writes its quantised input.
+  const LinearBase& input_linear() const { return gate_up_proj_; }
+  // The spec's ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_SILU_MUL_QUANT: the activation written as
+  // down_proj's FP8 input (kernels::glu_fp8) where down_proj quantises its input.
+  void set_fused_act_quant(bool on) { fuse_act_quant_ = on; }
 
  private:
   LayerContext& ctx_;
   MergedColumnParallelLinear gate_up_proj_;  // hidden -> 2 * intermediate / tp
   RowParallelLinear down_proj_;              // intermediate / tp -> hidden (all-reduce)
   kernels::Glu act_;
+  bool fuse_act_quant_ = false;
 };
 
 }  // namespace atom

@@ -24,6 +24,17 @@ Tensor RMSNorm::forward(Step& step, const Tensor& x, Tensor& residual) {
   return out;
 }
 
+kernels::Fp8Input RMSNorm::forward_fp8(Step& step, const Tensor& x, Tensor* residual,
+                                       const LinearBase& next) {
+  ATOM_CHECK(!residual || residual->defined(), "rms_norm: the residual stream is undefined");
+  kernels::Fp8Input in = next.fp8_input(step, x.size(0));
+  if (!kernels::rms_norm_fp8(in, x, residual, weight_->data(), eps_, kind_)) {
+    Tensor y = residual ? forward(step, x, *residual) : forward(step, x);
+    kernels::quantize_fp8(in, y);
+  }
+  return in;
+}
+
 kernels::QkNorm RMSNorm::heads(const RMSNorm& q_norm, const RMSNorm& k_norm) {
   ATOM_CHECK(
       q_norm.eps_ == k_norm.eps_ && q_norm.kind_ == k_norm.kind_ && q_norm.dim_ == k_norm.dim_,

@@ -28,13 +28,32 @@ inline ModelSupport llama_support() {
   return s;
 }
 
+// The spec's Llama fusion switches, read from the environment ("1" on; off by default until
+// measured on the GPU machine):
+// ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_RMSNORM_QUANT, the decoder layer's two RMSNorms written as
+// the FP8 input of the product after them (kernels::rms_norm_fp8) where that product quantises
+// its input; ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_SILU_MUL_QUANT, the MLP's SiLU · up written as
+// down_proj's (kernels::glu_fp8). Equal to the unfused ops bit for bit; they apply to every model
+// built on LlamaDecoderLayer whose modules take quantised input (input_linear()).
+bool llama_fused_rmsnorm_quant();
+bool llama_fused_silu_mul_quant();
+
+// A module whose first product may take its input quantised by the op before it.
+template <class M>
+concept TakesQuantisedInput = requires(M& m, Step& s, const LinearInput& x) {
+  { m.input_linear() } -> std::convertible_to<const LinearBase&>;
+  m.forward(s, x);
+};
+
 class LlamaAttention {
  public:
   // sliding_window < 0: llama_layer_window(c, layer). sinks: a learned sink logit per head,
   // "<prefix>.sinks" (GPT-OSS).
   LlamaAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer, const std::string& prefix,
                  int sliding_window = -1, bool sinks = false);
-  Tensor forward(Step& step, const Tensor& x);
+  Tensor forward(Step& step, const LinearInput& x);
+  // The product that reads x (for a norm that writes its quantised input).
+  const LinearBase& input_linear() const { return qkv_proj_; }
 
  private:
   QKVParallelLinear qkv_proj_;  // hidden -> (Hq + 2 Hk) * D on this rank
@@ -48,7 +67,9 @@ class LlamaAttention {
 class LlamaMlp : public GatedMlp {
  public:
   LlamaMlp(LayerContext& ctx, const ModelConfig& c, int64_t layer, const std::string& prefix)
-      : GatedMlp(ctx, prefix, c.hidden_size, c.intermediate_size, c.mlp_bias) {}
+      : GatedMlp(ctx, prefix, c.hidden_size, c.intermediate_size, c.mlp_bias) {
+    set_fused_act_quant(llama_fused_silu_mul_quant());
+  }
 };
 
 // The feed-forward a model picks for each layer (a dense MLP or a mixture of experts) behind one
@@ -115,22 +136,32 @@ class LlamaDecoderLayer {
         self_attn_(ctx, c, layer, prefix + ".self_attn"),
         post_attention_layernorm_(ctx, prefix + ".post_attention_layernorm", c.hidden_size,
                                   c.rms_norm_eps, Norm),
-        mlp_(ctx, c, layer, prefix + ".mlp") {}
+        mlp_(ctx, c, layer, prefix + ".mlp"),
+        fuse_norm_quant_(llama_fused_rmsnorm_quant()) {}
 
   // residual [T, hidden]: the residual stream, updated in place. h: the previous layer's output,
   // not yet added to it (undefined before the first layer). Writes this layer's output, before
   // its residual add, into `out` (not h's buffer).
   void forward(Step& step, const Tensor& h, Tensor& residual, const Tensor& out, State& state) {
-    Tensor x = h.defined() ? input_layernorm_.forward(step, h, residual)  // residual += h
-                           : input_layernorm_.forward(step, residual);
     Tensor a;
     if constexpr (HasLayerState<SelfAttention>) {
+      Tensor x = h.defined() ? input_layernorm_.forward(step, h, residual)  // residual += h
+                             : input_layernorm_.forward(step, residual);
       a = self_attn_.forward(step, x, state);
+    } else if constexpr (TakesQuantisedInput<SelfAttention>) {
+      a = self_attn_.forward(step, norm_for(step, input_layernorm_, h.defined() ? h : residual,
+                                            h.defined() ? &residual : nullptr, self_attn_));
     } else {
+      Tensor x = h.defined() ? input_layernorm_.forward(step, h, residual)
+                             : input_layernorm_.forward(step, residual);
       a = self_attn_.forward(step, x);
     }
-    x = post_attention_layernorm_.forward(step, a, residual);
-    mlp_.forward(step, x, out);
+    if constexpr (TakesQuantisedInput<Mlp>) {
+      mlp_.forward(step, norm_for(step, post_attention_layernorm_, a, &residual, mlp_), out);
+    } else {
+      Tensor x = post_attention_layernorm_.forward(step, a, residual);
+      mlp_.forward(step, x, out);
+    }
   }
 
  protected:
@@ -141,10 +172,20 @@ class LlamaDecoderLayer {
   Mlp& mlp() { return mlp_; }
 
  private:
+  // norm(x) (residual += x first when given), quantised for `next`'s first product where the
+  // switch is on and that product quantises its input.
+  template <class Next>
+  LinearInput norm_for(Step& step, RMSNorm& norm, const Tensor& x, Tensor* residual, Next& next) {
+    if (fuse_norm_quant_ && next.input_linear().input_quant())
+      return norm.forward_fp8(step, x, residual, next.input_linear());
+    return residual ? norm.forward(step, x, *residual) : norm.forward(step, x);
+  }
+
   RMSNorm input_layernorm_;
   SelfAttention self_attn_;
   RMSNorm post_attention_layernorm_;
   Mlp mlp_;
+  bool fuse_norm_quant_;
 };
 
 // model.embed_tokens -> model.layers.N -> model.norm -> lm_head.

@@ -27,7 +27,7 @@ Qwen3Attention::Qwen3Attention(LayerContext& ctx, const ModelConfig& c, int64_t 
   o_proj_.set_hints({.after_latency_bound = true});  // it follows decode attention
 }
 
-Tensor Qwen3Attention::forward(Step& step, const Tensor& x) {
+Tensor Qwen3Attention::forward(Step& step, const LinearInput& x) {
   Tensor qkv = qkv_proj_.forward(step, x);
   Tensor q = qkv.narrow(1, 0, q_size_);
   Tensor k = qkv.narrow(1, q_size_, kv_size_);

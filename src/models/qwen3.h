@@ -12,7 +12,9 @@ int qwen3_layer_window(const ModelConfig& c, int64_t layer);
 class Qwen3Attention {
  public:
   Qwen3Attention(LayerContext& ctx, const ModelConfig& c, int64_t layer, const std::string& prefix);
-  Tensor forward(Step& step, const Tensor& x);
+  Tensor forward(Step& step, const LinearInput& x);
+  // The product that reads x (for a norm that writes its quantised input).
+  const LinearBase& input_linear() const { return qkv_proj_; }
 
  private:
   QKVParallelLinear qkv_proj_;

@@ -473,5 +473,163 @@ TEST(GpuLinearFp8, GraphReplayMatchesEager) {
     }
 }
 
+// Quantised inputs (kernels::Fp8Input) on the device, for `rows` x `cols` and the weight's quant.
+kernels::Fp8Input gpu_input(int64_t rows, int64_t cols, const kernels::Fp8Quant& q) {
+  kernels::Fp8Input in;
+  in.quant = q;
+  in.codes = Tensor::empty({rows, cols}, DType::kF8E4M3, gpu());
+  in.scales = Tensor::empty({kernels::fp8_input_scale_count(rows, cols, q)}, DType::kF32, gpu());
+  poison(in.codes);
+  poison(in.scales);
+  return in;
+}
+
+// The scales' [G, fp8_scale_ld(M)] grid of quantised inputs, on the host.
+std::vector<float> scale_grid(const kernels::Fp8Input& in) {
+  const int64_t g = in.quant.group(in.cols()), G = (in.cols() + g - 1) / g;
+  const Tensor h = host(in.scales);
+  const int64_t ld = kernels::fp8_scale_ld(in.rows());
+  std::vector<float> v;
+  for (int64_t i = 0; i < G; ++i)
+    for (int64_t m = 0; m < in.rows(); ++m) v.push_back(h.ptr<float>()[i * ld + m]);
+  return v;
+}
+
+// A product on activations quantised before the call (what a fused norm or activation writes):
+// the same bytes as the product on the activations, on every path the dispatch takes for the
+// cases above (K a multiple of 16), cuBLASLt's included, and the ragged cut (M = 1,025 and
+// 2,051: cuBLASLt on the first rows with the scales laid out again, the skinny kernel on the
+// last).
+TEST(GpuLinearFp8, QuantisedInputsComputeTheSameProduct) {
+  std::vector<Case> cases;
+  for (const Case& c : kCases)
+    if (c.a != Fp8Activation::kNone && c.k % 16 == 0) cases.push_back(c);
+  cases.push_back({1025, 384, 512, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128,
+                   true, DType::kBF16});
+  cases.push_back({2051, 384, 512, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128, 128,
+                   false, DType::kF32});
+  cases.push_back({4096, 1024, 2048, Fp8Granularity::kChannel, Fp8Activation::kTokenDynamic, 0, 0,
+                   false, DType::kBF16});
+  std::map<std::string, int> paths;
+  uint64_t seed = 9700;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("M={} N={} K={} {}", c.m, c.n, c.k, mode_name(c)));
+    const Fp8Weight gw = to_gpu(make_weight(c, seed += 5));
+    const Tensor gx = random_cpu({c.m, c.k}, DType::kBF16, seed + 1, -2.0f, 2.0f).to(gpu());
+    const Tensor b = c.bias ? random_cpu({c.n}, DType::kF32, seed + 2).to(gpu()) : Tensor();
+    Tensor want = Tensor::empty({c.m, c.n}, c.out, gpu()),
+           got = Tensor::empty({c.m, c.n}, c.out, gpu());
+    poison(got);
+    kernels::linear_fp8(want, gx, gw, b);
+    kernels::Fp8Input in = gpu_input(c.m, c.k, kernels::Fp8Quant::of(gw));
+    kernels::quantize_fp8(in, gx);
+    kernels::linear_fp8(got, in, gw, b);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(same_bytes(got, want));
+    ++paths[kernels::cuda::linear_fp8_kernel_for(gx, gw, want)];
+  }
+  for (const auto& [k, n] : paths) std::cout << "  " << k << ": " << n << " cases\n";
+  EXPECT_GE(paths["cublaslt"], 3);
+  EXPECT_EQ(paths["cublaslt+tail"], 2);
+  EXPECT_GE(paths["skinny"], 3);
+}
+
+// The fused ops against the unfused ones on the device (rms_norm then quantize_fp8; glu then
+// quantize_fp8): the same codes, scales and residual stream, byte for byte, for every
+// quantisation (1x128 groups with a partial last group, per token, static), norm kinds, BF16 and
+// F16, with and without the residual add, rows of up to 8,192 (norm) and 14,336 (activation)
+// values; rows wider than the fused kernels take are declined (false) and computed unfused by
+// the caller.
+TEST(GpuLinearFp8, FusedNormAndActivationWriteTheUnfusedCodes) {
+  using kernels::RmsNormKind;
+  struct NCase {
+    int64_t m, k;
+    Fp8Activation a;
+    bool residual;
+    RmsNormKind kind;
+    DType dt;
+    bool fused;  // the fused kernel takes it
+  };
+  const NCase norms[] = {
+      {1, 4096, Fp8Activation::kTokenDynamic, true, RmsNormKind::kLlama, DType::kBF16, true},
+      {7, 7168, Fp8Activation::kBlockDynamic, true, RmsNormKind::kLlama, DType::kBF16, true},
+      {300, 8192, Fp8Activation::kBlockDynamic, false, RmsNormKind::kGemma, DType::kBF16, true},
+      {5, 2880, Fp8Activation::kTensorStatic, true, RmsNormKind::kGptOss, DType::kF16, true},
+      {3, 200, Fp8Activation::kBlockDynamic, true, RmsNormKind::kLlama, DType::kBF16, true},
+      {64, 4096, Fp8Activation::kTokenDynamic, false, RmsNormKind::kLlama, DType::kBF16, true},
+      {2, 16384, Fp8Activation::kTokenDynamic, true, RmsNormKind::kLlama, DType::kBF16, false},
+  };
+  uint64_t seed = 9900;
+  auto quant_of = [](Fp8Activation a) {
+    kernels::Fp8Quant q;
+    q.activation = a;
+    q.block_k = 128;
+    if (a == Fp8Activation::kTensorStatic) {
+      Tensor s = Tensor::empty({1}, DType::kF32);
+      s.ptr<float>()[0] = 1.0f / 100.0f;  // some values saturate
+      q.input_scale = s.to(gpu());
+    }
+    return q;
+  };
+  auto expect_same = [](const kernels::Fp8Input& a, const kernels::Fp8Input& b) {
+    EXPECT_TRUE(same_bytes(a.codes, b.codes));
+    const std::vector<float> sa = scale_grid(a), sb = scale_grid(b);
+    EXPECT_TRUE(sa.size() == sb.size() && std::memcmp(sa.data(), sb.data(), sa.size() * 4) == 0);
+  };
+  for (const NCase& c : norms) {
+    SCOPED_TRACE(fmt::format("norm M={} K={} a={} residual={} kind={} {}", c.m, c.k,
+                             static_cast<int>(c.a), c.residual, static_cast<int>(c.kind),
+                             dtype_name(c.dt)));
+    const Tensor x = random_cpu({c.m, c.k}, c.dt, seed += 3, -2.0f, 2.0f).to(gpu());
+    const Tensor h = random_cpu({c.m, c.k}, c.dt, seed + 1, -2.0f, 2.0f);
+    const Tensor w = random_cpu({c.k}, c.dt, seed + 2, -1.5f, 1.5f).to(gpu());
+    Tensor ra = h.to(gpu()), rb = h.to(gpu());
+    const kernels::Fp8Quant q = quant_of(c.a);
+    kernels::Fp8Input fa = gpu_input(c.m, c.k, q), fb = gpu_input(c.m, c.k, q);
+    const bool fused = kernels::rms_norm_fp8(fa, x, c.residual ? &ra : nullptr, w, 1e-5f, c.kind);
+    EXPECT_EQ(fused, c.fused);
+    if (!fused) continue;
+    Tensor y = Tensor::empty({c.m, c.k}, c.dt, gpu());
+    kernels::rms_norm(y, x, c.residual ? &rb : nullptr, w, 1e-5f, c.kind);
+    kernels::quantize_fp8(fb, y);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    expect_same(fa, fb);
+    EXPECT_TRUE(same_bytes(ra, rb));
+  }
+  struct GCase {
+    int64_t m, inter;
+    Fp8Activation a;
+    kernels::Glu act;
+    DType dt;
+    bool fused;
+  };
+  const GCase glus[] = {
+      {1, 14336, Fp8Activation::kTokenDynamic, kernels::Glu::silu(), DType::kBF16, true},
+      {64, 14336, Fp8Activation::kBlockDynamic, kernels::Glu::silu(), DType::kBF16, true},
+      {300, 1536, Fp8Activation::kTensorStatic, kernels::Glu::silu(), DType::kBF16, true},
+      {3, 200, Fp8Activation::kBlockDynamic, kernels::Glu::silu(), DType::kBF16, true},
+      {5, 2048, Fp8Activation::kTokenDynamic, kernels::Glu::silu(), DType::kF16, true},
+      {17, 2880, Fp8Activation::kBlockDynamic, kernels::Glu::silu_clamped(7.0f), DType::kBF16,
+       true},
+      {9, 8200, Fp8Activation::kTokenDynamic, kernels::Glu::silu(), DType::kBF16, true},
+      {2, 20480, Fp8Activation::kTokenDynamic, kernels::Glu::silu(), DType::kBF16, false},
+  };
+  for (const GCase& c : glus) {
+    SCOPED_TRACE(fmt::format("glu M={} I={} a={} act={} {}", c.m, c.inter, static_cast<int>(c.a),
+                             static_cast<int>(c.act.kind), dtype_name(c.dt)));
+    const Tensor x = random_cpu({c.m, 2 * c.inter}, c.dt, seed += 3, -4.0f, 4.0f).to(gpu());
+    const kernels::Fp8Quant q = quant_of(c.a);
+    kernels::Fp8Input fa = gpu_input(c.m, c.inter, q), fb = gpu_input(c.m, c.inter, q);
+    const bool fused = kernels::glu_fp8(fa, x, c.act);
+    EXPECT_EQ(fused, c.fused);
+    if (!fused) continue;
+    Tensor y = Tensor::empty({c.m, c.inter}, c.dt, gpu());
+    kernels::glu(y, x, c.act);
+    kernels::quantize_fp8(fb, y);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    expect_same(fa, fb);
+  }
+}
+
 }  // namespace
 }  // namespace atom::test

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "common/fixtures.h"
 #include "common/test_util.h"
@@ -774,6 +775,35 @@ TEST_P(Fp8Resident, KeptWeightsAreTheDequantisedWeights) {
     ++layers;
   }
   EXPECT_GT(layers, 5);
+}
+
+// The spec's fusion switches (ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_RMSNORM_QUANT,
+// ..._SILU_MUL_QUANT): the norms and the MLP's activation written as the next product's FP8
+// input compute the unfused model exactly (the same logits, bit for bit), with the FP8 weights
+// kept as CUDA keeps them. tools/mutate.py plants a fused path that drops the residual add.
+TEST_P(Fp8Resident, FusedQuantisationComputesTheUnfusedModel) {
+  const Reference ref = reference_load(GetParam());
+  ModelOptions o;
+  o.fp8_resident = true;
+  auto logits_with = [&](const char* on) {
+    setenv("ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_RMSNORM_QUANT", on, 1);
+    setenv("ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_SILU_MUL_QUANT", on, 1);
+    LoadedModel m = model_load(fixture_dir(GetParam()), o);
+    unsetenv("ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_RMSNORM_QUANT");
+    unsetenv("ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_SILU_MUL_QUANT");
+    return score_tokens(*m.model, ref.input_ids);
+  };
+  const Tensor fused = logits_with("1"), unfused = logits_with("0");
+  ASSERT_EQ(fused.shape(), unfused.shape());
+  const Tensor a = tensor_cast_cpu(fused, DType::kF32), b = tensor_cast_cpu(unfused, DType::kF32);
+  int64_t differ = 0, nonfinite = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const float x = a.ptr<float>()[i], y = b.ptr<float>()[i];
+    nonfinite += !std::isfinite(x) || !std::isfinite(y);
+    differ += std::memcmp(&x, &y, 4) != 0;
+  }
+  EXPECT_EQ(nonfinite, 0);
+  EXPECT_EQ(differ, 0) << "of " << a.numel() << " logits";
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Fp8Resident, ::testing::ValuesIn(fp8_fixture_names()),

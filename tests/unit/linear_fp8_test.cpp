@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <iostream>
 #include <random>
 #include <vector>
@@ -242,6 +243,112 @@ TEST(LinearFp8Cpu, RejectsBadScaleShape) {
   w.block_k = 128;
   w.activation = Fp8Activation::kTensorStatic;  // no input_scale
   EXPECT_THROW(kernels::linear_fp8(out, x, w), std::exception);
+}
+
+// Activations quantised before the call (kernels::Fp8Input, what a fused RMSNorm or SiLU·mul
+// writes): the codes and scales are the rule's (checked against the definition here, not the
+// kernel's own quantisation), and the product on them is the product on the activations, bit for
+// bit; a weight that quantises its input another way refuses them by name. The fused ops on the
+// CPU write what the unfused op followed by quantize_fp8 writes.
+TEST(LinearFp8Cpu, QuantisedInputsAreTheRuleAndComputeTheSameProduct) {
+  struct QCase {
+    int64_t m, n, k;
+    Fp8Granularity g;
+    Fp8Activation a;
+    int bk;
+  };
+  const QCase cases[] = {
+      {5, 70, 300, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 128},
+      {3, 40, 96, Fp8Granularity::kBlock, Fp8Activation::kBlockDynamic, 32},
+      {6, 50, 77, Fp8Granularity::kChannel, Fp8Activation::kTokenDynamic, 0},
+      {2, 41, 64, Fp8Granularity::kTensor, Fp8Activation::kTensorStatic, 0},
+  };
+  uint64_t seed = 300;
+  for (const QCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "M=" << c.m << " K=" << c.k << " a=" << int(c.a));
+    Fp8Weight w;
+    w.w = random_f8({c.n, c.k}, seed++);
+    w.granularity = c.g;
+    w.activation = c.a;
+    if (c.g == Fp8Granularity::kBlock) {
+      w.block_n = 64;
+      w.block_k = c.bk;
+      w.scale = test::random_cpu({(c.n + 63) / 64, (c.k + c.bk - 1) / c.bk}, DType::kF32, seed++,
+                                 0.01f, 0.03f);
+    } else {
+      w.scale = test::random_cpu({c.g == Fp8Granularity::kChannel ? c.n : 1}, DType::kF32, seed++,
+                                 0.01f, 0.03f);
+    }
+    if (c.a == Fp8Activation::kTensorStatic) w.input_scale = f32({1}, {0.004f});
+    Tensor x = test::random_cpu({c.m, c.k}, DType::kF32, seed++, -2.0f, 2.0f);
+    for (int64_t k = 0; k < 40; ++k) x.ptr<float>()[k] = 0.0f;  // a zero group: the floor
+    kernels::Fp8Input in;
+    in.quant = kernels::Fp8Quant::of(w);
+    in.codes = Tensor::empty({c.m, c.k}, DType::kF8E4M3);
+    in.scales = Tensor::empty({kernels::fp8_input_scale_count(c.m, c.k, in.quant)}, DType::kF32);
+    kernels::quantize_fp8(in, x);
+    const int64_t group = c.a == Fp8Activation::kBlockDynamic ? c.bk : c.k,
+                  G = (c.k + group - 1) / group, ld = (c.m + 3) / 4 * 4;
+    int bad = 0;
+    for (int64_t m = 0; m < c.m; ++m)
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t k0 = g * group, k1 = std::min(c.k, k0 + group);
+        float amax = 0.0f;
+        for (int64_t k = k0; k < k1; ++k)
+          amax = std::max(amax, std::fabs(x.ptr<float>()[m * c.k + k]));
+        const float s =
+            c.a == Fp8Activation::kTensorStatic ? 0.004f : std::max(amax, 1e-4f) / 448.0f;
+        bad += in.scales.ptr<float>()[g * ld + m] != s;
+        for (int64_t k = k0; k < k1; ++k)
+          bad += in.codes.ptr<uint8_t>()[m * c.k + k] !=
+                 f32_to_f8e4m3(x.ptr<float>()[m * c.k + k] / s);
+      }
+    EXPECT_EQ(bad, 0);
+    Tensor a = Tensor::empty({c.m, c.n}, DType::kF32), b = Tensor::empty({c.m, c.n}, DType::kF32);
+    kernels::linear_fp8(a, x, w);
+    kernels::linear_fp8(b, in, w);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.nbytes()), 0);
+    // Quantised for another product: refused.
+    Fp8Weight other = w;
+    other.activation = c.a == Fp8Activation::kTokenDynamic ? Fp8Activation::kTensorStatic
+                                                           : Fp8Activation::kTokenDynamic;
+    other.input_scale = f32({1}, {0.004f});
+    try {
+      kernels::linear_fp8(b, in, other);
+      ADD_FAILURE() << "activations quantised for another product were taken";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("quantised for another product"), std::string::npos)
+          << e.what();
+    }
+  }
+  // The fused ops (the CPU's are the reference: the op, then the quantisation).
+  const Tensor x = test::random_cpu({4, 256}, DType::kF32, 900, -2.0f, 2.0f);
+  const Tensor h = test::random_cpu({4, 256}, DType::kF32, 901, -2.0f, 2.0f);
+  const Tensor wn = test::random_cpu({256}, DType::kF32, 902, 0.5f, 1.5f);
+  kernels::Fp8Quant q;
+  q.block_k = 128;
+  auto input = [&](int64_t m, int64_t k) {
+    kernels::Fp8Input in;
+    in.quant = q;
+    in.codes = Tensor::empty({m, k}, DType::kF8E4M3);
+    in.scales = Tensor::empty({kernels::fp8_input_scale_count(m, k, q)}, DType::kF32);
+    return in;
+  };
+  Tensor res_a = h.clone(), res_b = h.clone(), y = Tensor::empty({4, 256}, DType::kF32);
+  kernels::Fp8Input fa = input(4, 256), fb = input(4, 256);
+  ASSERT_TRUE(kernels::rms_norm_fp8(fa, x, &res_a, wn, 1e-6f));
+  kernels::rms_norm(y, x, &res_b, wn, 1e-6f);
+  kernels::quantize_fp8(fb, y);
+  EXPECT_EQ(std::memcmp(fa.codes.data(), fb.codes.data(), fa.codes.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(fa.scales.data(), fb.scales.data(), 2 * 4 * 4), 0);  // the [2, 4] grid
+  EXPECT_EQ(std::memcmp(res_a.data(), res_b.data(), res_a.nbytes()), 0);
+  Tensor act = Tensor::empty({4, 128}, DType::kF32);
+  kernels::Fp8Input ga = input(4, 128), gb = input(4, 128);
+  ASSERT_TRUE(kernels::glu_fp8(ga, x, kernels::Glu::silu()));
+  kernels::glu(act, x, kernels::Glu::silu());
+  kernels::quantize_fp8(gb, act);
+  EXPECT_EQ(std::memcmp(ga.codes.data(), gb.codes.data(), ga.codes.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(ga.scales.data(), gb.scales.data(), 4 * 4), 0);
 }
 
 }  // namespace

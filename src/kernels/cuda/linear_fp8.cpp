@@ -292,4 +292,184 @@ void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& 
   launch_check(("linear_fp8 (" + k + ")").c_str());
 }
 
+namespace {
+// The launch description of quantised activations (rows strided by K, scales by
+// fp8_scale_ld(M)).
+Fp8Act8 act8_of(const Fp8Input& in) {
+  Fp8Act8 a;
+  a.xq = in.codes.ptr<uint8_t>();
+  a.ldq = in.cols();
+  a.sx = in.scales.ptr<float>();
+  a.ld_sx = fp8_scale_ld(in.rows());
+  a.group = in.quant.group(in.cols());
+  return a;
+}
+}  // namespace
+
+void quantize_fp8(Fp8Input& in, const Tensor& x) {
+  check_fp8_input("quantize_fp8", in);
+  check_rows("quantize_fp8", x, "x");
+  ATOM_CHECK(
+      x.size(0) == in.rows() && x.size(1) == in.cols() &&
+          (x.dtype() == DType::kBF16 || x.dtype() == DType::kF16 || x.dtype() == DType::kF32),
+      "quantize_fp8: x {} into codes {}", x.str(), in.codes.str());
+  if (in.rows() == 0 || in.cols() == 0) return;
+  launch_fp8_act_quant(mat_of(x, "quantize_fp8"), act_of(in.quant.activation),
+                       in.quant.activation == Fp8Activation::kTensorStatic
+                           ? in.quant.input_scale.ptr<float>()
+                           : nullptr,
+                       act8_of(in), current_stream());
+  launch_check("quantize_fp8");
+}
+
+void linear_fp8(Tensor& out, const Fp8Input& x, const Fp8Weight& w, const Tensor& bias,
+                const Tensor& workspace) {
+  check_fp8_input("linear_fp8", x);
+  check_linear_fp8_args(out, x.codes, w, bias);
+  ATOM_CHECK(w.activation == x.quant.activation &&
+                 (w.activation != Fp8Activation::kBlockDynamic || w.block_k == x.quant.block_k),
+             "linear_fp8: activations quantised for another product (activation {} block_k {}, "
+             "the weight wants {} {})",
+             static_cast<int>(x.quant.activation), x.quant.block_k, static_cast<int>(w.activation),
+             w.block_k);
+  ATOM_CHECK(out.dtype() == DType::kBF16 || out.dtype() == DType::kF32,
+             "linear_fp8: CUDA output must be BF16 or F32, got {}", out.str());
+  const int64_t M = x.rows(), K = x.cols(), N = w.w.size(0);
+  if (M == 0 || N == 0) return;
+  ATOM_CHECK(K > 0, "linear_fp8: K = 0");
+  const cudaStream_t stream = current_stream();
+  const Fp8Act8 a = act8_of(x);
+  auto run = [&](Tensor& o, int64_t row0, int64_t rows, const Fp8Act8& act) {
+    Fp8GemmArgs g;
+    g.m = rows;
+    g.k = K;
+    g.n = N;
+    g.act = act_of(w.activation);
+    g.gran = gran_of(w.granularity);
+    g.bn = w.block_n;
+    g.bk = w.block_k;
+    g.w = w.w.ptr<uint8_t>();
+    g.sw = w.scale.ptr<float>();
+    g.a = act;
+    g.a.xq += row0 * K;
+    g.out = mat_of(o, "linear_fp8");
+    if (bias.defined()) {
+      g.bias = bias.data();
+      g.bias_type = elem_of(bias.dtype(), "linear_fp8");
+    }
+    const int splits = splits_for(rows, N, K);
+    const std::string k = choose(g, splits);
+    if (k == "cublaslt" && g.gran == Fp8Gran::kBlock && g.a.ld_sx != rows) {
+      // cuBLASLt reads the 1x128 scales as [K / 128, rows]: the grid's first `rows` rows laid
+      // out again in the room after it (fp8_input_scale_count).
+      const int64_t groups = (K + g.a.group - 1) / g.a.group;
+      float* dst = x.scales.ptr<float>() + groups * a.ld_sx;
+      CUDA_CHECK(cudaMemcpy2DAsync(dst, rows * sizeof(float), g.a.sx, g.a.ld_sx * sizeof(float),
+                                   rows * sizeof(float), groups, cudaMemcpyDeviceToDevice, stream));
+      g.a.sx = dst;
+      g.a.ld_sx = rows;
+    }
+    if (k == "cublaslt") {
+      launch_fp8_gemm_cublaslt(g, stream);
+    } else if (k == "skinny") {
+      const int r = cuda_tuning().fp8_skinny_rows ? cuda_tuning().fp8_skinny_rows
+                    : rows == 1                   ? 4
+                                                  : 2;
+      launch_fp8_gemm_skinny(g, stream, r);
+    } else if (k == "wgmma_tma") {
+      launch_fp8_gemm_tma(g, stream);
+    } else if (k == "wgmma") {
+      launch_fp8_gemm_wgmma(g, stream);
+    } else if (k == "wgmma_splitk") {
+      const int64_t bytes = round_up(int64_t{splits} * rows * N * 4, 256);
+      uint8_t* ws;
+      if (workspace.defined()) {
+        ATOM_CHECK(workspace.is_contiguous() && static_cast<int64_t>(workspace.nbytes()) >= bytes &&
+                       workspace.device() == out.device(),
+                   "linear_fp8: needs a workspace of {} bytes on {} for split-K, got {}", bytes,
+                   out.device().str(), workspace.str());
+        ws = static_cast<uint8_t*>(workspace.data());
+      } else {
+        ws = static_cast<uint8_t*>(fallback_workspace(bytes, stream));
+      }
+      g.splits = splits;
+      g.partial = reinterpret_cast<float*>(ws);
+      launch_fp8_gemm_wgmma(g, stream);
+    } else {
+      launch_fp8_gemm_general(g, stream);
+    }
+    launch_check(("linear_fp8 (" + k + ", quantised input)").c_str());
+  };
+  // The cut of the 16-bit entry point (cublaslt_head_rows): rows [0, head) through cuBLASLt,
+  // the rest through the kernel their own dispatch picks; the tail's scales sit at row `head`
+  // of the same grid.
+  int64_t head = 0;
+  if (M % 4 != 0 && M >= kCublasLtSplitMinRows && cuda_tuning().fp8_cublaslt_split &&
+      w.granularity == Fp8Granularity::kBlock && w.activation == Fp8Activation::kBlockDynamic) {
+    Fp8GemmArgs g;
+    g.m = M - M % 4;
+    g.k = K;
+    g.n = N;
+    g.act = act_of(w.activation);
+    g.gran = gran_of(w.granularity);
+    g.bn = w.block_n;
+    g.bk = w.block_k;
+    g.w = w.w.ptr<uint8_t>();
+    g.sw = w.scale.ptr<float>();
+    g.a = a;
+    g.a.ld_sx = g.m;
+    g.out = mat_of(out.narrow(0, 0, g.m), "linear_fp8");
+    if (std::string(choose(g, splits_for(g.m, N, K))) == "cublaslt") head = g.m;
+  }
+  if (head > 0) {
+    Tensor out_head = out.narrow(0, 0, head), out_tail = out.narrow(0, head, M - head);
+    run(out_head, 0, head, a);
+    Fp8Act8 tail = a;
+    tail.sx += head;
+    run(out_tail, head, M - head, tail);
+    return;
+  }
+  run(out, 0, M, a);
+}
+
+bool rms_norm_fp8(Fp8Input& in, const Tensor& x, Tensor* residual, const Tensor& w, float eps,
+                  RmsNormKind kind) {
+  check_fp8_input("rms_norm_fp8", in);
+  check_rows("rms_norm_fp8", x, "x");
+  const int64_t rows = x.size(0), width = x.size(1);
+  ATOM_CHECK(in.rows() == rows && in.cols() == width && w.numel() == width && w.is_contiguous(),
+             "rms_norm_fp8: x {} w {} into codes {}", x.str(), w.str(), in.codes.str());
+  Mat res;
+  if (residual) {
+    check_rows("rms_norm_fp8", *residual, "residual");
+    ATOM_CHECK(
+        residual->size(0) == rows && residual->size(1) == width && residual->dtype() == x.dtype(),
+        "rms_norm_fp8: residual {} for x {}", residual->str(), x.str());
+    res = mat_of(*residual, "rms_norm_fp8");
+  }
+  const bool done = launch_rms_norm_fp8(
+      mat_of(x, "rms_norm_fp8"), residual ? &res : nullptr, w.data(),
+      elem_of(w.dtype(), "rms_norm_fp8"), eps, static_cast<int>(kind), act_of(in.quant.activation),
+      in.quant.activation == Fp8Activation::kTensorStatic ? in.quant.input_scale.ptr<float>()
+                                                          : nullptr,
+      act8_of(in), current_stream());
+  if (done) launch_check("rms_norm_fp8");
+  return done;
+}
+
+bool glu_fp8(Fp8Input& in, const Tensor& x, const Glu& a) {
+  check_fp8_input("glu_fp8", in);
+  check_rows("glu_fp8", x, "x");
+  ATOM_CHECK(x.size(1) % 2 == 0 && in.rows() == x.size(0) && in.cols() == x.size(1) / 2,
+             "glu_fp8: x {} into codes {}", x.str(), in.codes.str());
+  const GluConstants c = glu_constants(a);
+  const bool done = launch_glu_fp8(
+      mat_of(x, "glu_fp8"), in.cols(), c.act, c.alpha, c.limit, act_of(in.quant.activation),
+      in.quant.activation == Fp8Activation::kTensorStatic ? in.quant.input_scale.ptr<float>()
+                                                          : nullptr,
+      act8_of(in), current_stream());
+  if (done) launch_check("glu_fp8");
+  return done;
+}
+
 }  // namespace atom::kernels::cuda

@@ -96,16 +96,6 @@ __global__ void __launch_bounds__(256)
     for (int64_t k = K + tid; k < a.ldq; k += 256) q[k] = 0;
 }
 
-// Eight e4m3 codes of v / s, in the order of v.
-__device__ __forceinline__ uint2 quant8(const float (&v)[8], float s) {
-  uint2 r;
-  r.x = float2_to_fp8x2(__fdiv_rn(v[0], s), __fdiv_rn(v[1], s)) |
-        (float2_to_fp8x2(__fdiv_rn(v[2], s), __fdiv_rn(v[3], s)) << 16);
-  r.y = float2_to_fp8x2(__fdiv_rn(v[4], s), __fdiv_rn(v[5], s)) |
-        (float2_to_fp8x2(__fdiv_rn(v[6], s), __fdiv_rn(v[7], s)) << 16);
-  return r;
-}
-
 // kBlock, 128-column groups, one pass: half-warp h of block b takes the (row, group) pair
 // b * 16 + h (groups of a row consecutive); lane l of it the chunk at column 128 g + 8 l.
 template <typename T>

@@ -27,6 +27,18 @@ struct Fp8Act8 {
 void launch_fp8_act_quant(Mat x, Fp8Act mode, const float* input_scale, const Fp8Act8& a,
                           cudaStream_t s);
 
+// The fused ops (fused_quant.cu): an RMSNorm (rms_norm.cu's, the residual add first when
+// `residual`; rows of x.cols values, w [x.cols]) or a gated activation (x [M, 2 I], act as
+// launch_glu) whose output, rounded to x's 16-bit type, is quantised by `mode` into `a` in the
+// same kernel. False, launching nothing, for what they do not take: F32 x, columns not a multiple
+// of 8, unaligned rows, 1x128 groups of another width, norm rows over 8,192 values, per-token
+// activation rows over 16,384.
+bool launch_rms_norm_fp8(Mat x, const Mat* residual, const void* w, Elem w_type, float eps,
+                         int kind, Fp8Act mode, const float* input_scale, const Fp8Act8& a,
+                         cudaStream_t s);
+bool launch_glu_fp8(Mat x, int64_t I, int act, float alpha, float limit, Fp8Act mode,
+                    const float* input_scale, const Fp8Act8& a, cudaStream_t s);
+
 struct Fp8GemmArgs {
   Mat out;    // [M, N] BF16 or F32
   Mat x;      // kNone: the BF16 activations
