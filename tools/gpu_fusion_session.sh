@@ -2,9 +2,9 @@
 # One GPU call for issue 34 item 1's fusion switches: builds gpu_test, cuda_e2e_bench and atom;
 # runs the FP8 linear kernel tests (the fused norm and activation against the unfused ops, the
 # product on quantised inputs) and the FP8 model parity tests; then each FP8 model's decode step
-# and prefill (bench/cuda_e2e_bench) and Llama-3.1-8B FP8's `atom bench throughput` with the
-# switches on and off (ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_RMSNORM_QUANT and ..._SILU_MUL_QUANT
-# together), all in the same call.
+# and prefill (bench/cuda_e2e_bench: Llama-3.1-8B per-channel, Qwen3-8B and DeepSeek-V2-Lite
+# 128x128 blocks) and Llama-3.1-8B FP8's `atom bench throughput` with the spec's fusion switches
+# on and off (Llama's two and DeepSeek's two together), all in the same call.
 # Run from the repository root: bash tools/gpu_fusion_session.sh [steps]
 #   steps: test,e2e,throughput (default all three)
 set -u
@@ -18,6 +18,7 @@ export LD_LIBRARY_PATH=/tmp/atom-deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/l
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 fuse() {
   export ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_RMSNORM_QUANT=$1 ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_SILU_MUL_QUANT=$1
+  export ATOM_ENABLE_DS_INPUT_RMSNORM_QUANT_FUSION=$1 ATOM_ENABLE_DS_QKNORM_QUANT_FUSION=$1
 }
 if [[ "$steps" == *",test,"* ]]; then
   timeout 200 ./build-gpu/tests/kernels/gpu_test \
@@ -26,10 +27,10 @@ if [[ "$steps" == *",test,"* ]]; then
   grep -E "^\[  (PASSED|FAILED)|^\[  FAILED|Failure|Expected|Which is|cases$" "$out/gpu_test_fusion.txt" | head -40
 fi
 if [[ "$steps" == *",e2e,"* ]]; then
-  for m in llama-3.1-8b-fp8-dynamic qwen3-8b-fp8; do
+  for m in llama-3.1-8b-fp8-dynamic qwen3-8b-fp8 deepseek-v2-lite-fp8; do
     for v in 1 0; do
       fuse $v
-      timeout 100 ./build-gpu/bench/cuda_e2e_bench --model bench/models/$m --load-format dummy \
+      timeout 80 ./build-gpu/bench/cuda_e2e_bench --model bench/models/$m --load-format dummy \
         --prefill 2048,8192 --batch 1,32,256 --prompt 512 --steps 32 > "$out/e2e_${m}_fused$v.txt" 2>&1
       echo "e2e $m fused=$v: rc $?"; grep -v "^\[atom" "$out/e2e_${m}_fused$v.txt" | tail -7
     done

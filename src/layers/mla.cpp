@@ -120,11 +120,29 @@ void MultiHeadLatentAttention::absorb_weights() {
   tensor_assign(w_uk_t_, t);
 }
 
-MultiHeadLatentAttention::Projected MultiHeadLatentAttention::project(Step& step, const Tensor& x) {
+const LinearBase* MultiHeadLatentAttention::input_linear() const {
+  const LinearBase* first =
+      q_proj_ ? static_cast<const LinearBase*>(q_proj_.get()) : q_a_proj_.get();
+  const auto q = first->input_quant();
+  if (!q || q->activation == kernels::Fp8Activation::kTensorStatic) return nullptr;
+  auto same = [&](const LinearBase& l) {
+    const auto o = l.input_quant();
+    return o && o->activation == q->activation && o->block_k == q->block_k;
+  };
+  if (!same(kv_a_proj_with_mqa_) || (g_proj_ && !same(*g_proj_))) return nullptr;
+  return first;
+}
+
+MultiHeadLatentAttention::Projected MultiHeadLatentAttention::project(Step& step,
+                                                                      const LinearInput& x) {
   ATOM_CHECK(step.kv, "multi-head latent attention needs a KV cache");
   Projected p;
   if (q_proj_) {
     p.q = q_proj_->forward(step, x);
+  } else if (fuse_q_norm_quant_ && q_b_proj_->input_quant()) {
+    const Tensor q_a = q_a_proj_->forward(step, x);
+    p.q = q_b_proj_->forward(
+        step, LinearInput(q_a_layernorm_->forward_fp8(step, q_a, nullptr, *q_b_proj_)));
   } else {
     p.q_resid = q_a_layernorm_->forward(step, q_a_proj_->forward(step, x));
     p.q = q_b_proj_->forward(step, p.q_resid);

@@ -64,11 +64,19 @@ class MultiHeadLatentAttention {
     Tensor q_resid;  // q_a_layernorm(q_a_proj(x)) [T, q_lora_rank] (undefined without q LoRA)
     Tensor gate;     // g_proj(x) [T, H_rank * v] (MlaOptions::output_gate), else undefined
   };
-  Projected project(Step& step, const Tensor& x);
+  // x may come quantised for input_linear() (a norm fused with the quantisation).
+  Projected project(Step& step, const LinearInput& x);
   // Attention of the projected queries over the cache, then o_proj: [T, hidden] (all-reduced).
   // topk [T, K] I32: context positions each token attends to (sparse attention), or undefined.
   Tensor attend(Step& step, const Projected& p, const Tensor& topk = Tensor());
-  Tensor forward(Step& step, const Tensor& x) { return attend(step, project(step, x)); }
+  Tensor forward(Step& step, const LinearInput& x) { return attend(step, project(step, x)); }
+  // The product that reads x first (q_proj, or q_a_proj), when every product reading x
+  // (kv_a_proj_with_mqa, g_proj) quantises its input the same way, dynamically: then one quantised
+  // x serves them all. nullptr otherwise (16-bit or W8A16 weights, static scales, mixed).
+  const LinearBase* input_linear() const;
+  // The spec's ATOM_ENABLE_DS_QKNORM_QUANT_FUSION: q_a_layernorm written as q_b_proj's quantised
+  // input (Projected::q_resid then stays undefined: only for callers that do not read it).
+  void set_fused_q_norm_quant(bool on) { fuse_q_norm_quant_ = on; }
 
   // The RoPE of the qk_rope_head_dim channels (an Error when there are none).
   const RotaryEmbedding& rotary() const;
@@ -93,6 +101,7 @@ class MultiHeadLatentAttention {
   float scale_;
   int cache_index_;
   Tensor w_uk_t_;  // [H_rank, L, nope]: W_UK_hᵀ, in the weights' dtype
+  bool fuse_q_norm_quant_ = false;
 };
 
 }  // namespace atom

@@ -28,8 +28,10 @@ class GatedMlp : public FeedForward {
   Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor()) override;
   // The same on x as the op before wrote it (quantised for gate_up_proj: input_linear()).
   Tensor forward(Step& step, const LinearInput& x, const Tensor& out = Tensor());
-  // The product that reads x, for an op before it that writes its quantised input.
-  const LinearBase& input_linear() const { return gate_up_proj_; }
+  // The product that reads x, for an op before it that writes its quantised input; nullptr
+  // unless set_fused_input_quant.
+  const LinearBase* input_linear() const { return fuse_input_quant_ ? &gate_up_proj_ : nullptr; }
+  void set_fused_input_quant(bool on) { fuse_input_quant_ = on; }
   // The spec's ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_SILU_MUL_QUANT: the activation written as
   // down_proj's FP8 input (kernels::glu_fp8) where down_proj quantises its input.
   void set_fused_act_quant(bool on) { fuse_act_quant_ = on; }
@@ -39,7 +41,7 @@ class GatedMlp : public FeedForward {
   MergedColumnParallelLinear gate_up_proj_;  // hidden -> 2 * intermediate / tp
   RowParallelLinear down_proj_;              // intermediate / tp -> hidden (all-reduce)
   kernels::Glu act_;
-  bool fuse_act_quant_ = false;
+  bool fuse_act_quant_ = false, fuse_input_quant_ = false;
 };
 
 }  // namespace atom

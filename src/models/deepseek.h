@@ -55,6 +55,13 @@ std::unique_ptr<FeedForward> deepseek_v32_family_mlp(LayerContext& ctx, const Mo
                                                      int default_groups, int default_keep,
                                                      float swiglu_limit = 0.0f);
 
+// The spec's DeepSeek fusion switches, read from the environment ("1" on; off by default until
+// measured on the GPU machine): ATOM_ENABLE_DS_INPUT_RMSNORM_QUANT_FUSION, input_layernorm
+// written as the FP8 input that q_proj / q_a_proj and kv_a_proj_with_mqa share;
+// ATOM_ENABLE_DS_QKNORM_QUANT_FUSION, q_a_layernorm written as q_b_proj's.
+bool deepseek_fused_input_norm_quant();
+bool deepseek_fused_q_norm_quant();
+
 // The self-attention of a DeepSeek decoder layer: MLA, with RoPE on interleaved pairs where
 // Interleave(config) says so. With data-parallel attention (the models that use it say
 // supports_data_parallel_attention) every rank holds every head and attends for its own
@@ -63,15 +70,27 @@ template <bool (*Interleave)(const ModelConfig&)>
 class DeepseekAttention {
  public:
   DeepseekAttention(LayerContext& ctx, const ModelConfig& c, int64_t, const std::string& prefix)
-      : ctx_(ctx), mla_(attention_context(ctx), prefix, deepseek_mla_options(c, Interleave(c))) {}
-  Tensor forward(Step& step, const Tensor& x) {
+      : ctx_(ctx),
+        mla_(attention_context(ctx), prefix, deepseek_mla_options(c, Interleave(c))),
+        fuse_input_quant_(deepseek_fused_input_norm_quant() && !ctx.data_parallel_attention) {
+    mla_.set_fused_q_norm_quant(deepseek_fused_q_norm_quant());
+  }
+  Tensor forward(Step& step, const LinearInput& x) {
+    if (x.quantised()) return mla_.forward(step, x);  // no data-parallel attention (input_linear)
     return data_parallel_attention(
-        step, ctx_, x, [this](Step& s, const Tensor& xs) { return mla_.forward(s, xs); });
+        step, ctx_, x.x, [this](Step& s, const Tensor& xs) { return mla_.forward(s, xs); });
+  }
+  // The product that reads x, for input_layernorm to write its quantised input
+  // (ATOM_ENABLE_DS_INPUT_RMSNORM_QUANT_FUSION; not under data-parallel attention, which gathers
+  // 16-bit rows); nullptr when off or when MLA's products quantise differently.
+  const LinearBase* input_linear() const {
+    return fuse_input_quant_ ? mla_.input_linear() : nullptr;
   }
 
  private:
   LayerContext& ctx_;
   MultiHeadLatentAttention mla_;
+  bool fuse_input_quant_;
 };
 
 }  // namespace atom

@@ -15,7 +15,8 @@ int llama_layer_window(const ModelConfig& c, int64_t layer) {
 
 LlamaAttention::LlamaAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer,
                                const std::string& prefix, int sliding_window, bool sinks)
-    : qkv_proj_(ctx, prefix + ".qkv_proj", c.hidden_size, c.head_dim, c.num_attention_heads,
+    : fuse_input_quant_(llama_fused_rmsnorm_quant()),
+      qkv_proj_(ctx, prefix + ".qkv_proj", c.hidden_size, c.head_dim, c.num_attention_heads,
                 c.num_key_value_heads, c.attention_bias),
       o_proj_(ctx, prefix + ".o_proj", c.num_attention_heads * c.head_dim, c.hidden_size,
               c.attention_bias),

@@ -38,10 +38,12 @@ inline ModelSupport llama_support() {
 bool llama_fused_rmsnorm_quant();
 bool llama_fused_silu_mul_quant();
 
-// A module whose first product may take its input quantised by the op before it.
+// A module whose first product may take its input quantised by the op before it: input_linear()
+// is that product, or nullptr where the module's own switch is off or its products quantise
+// differently.
 template <class M>
 concept TakesQuantisedInput = requires(M& m, Step& s, const LinearInput& x) {
-  { m.input_linear() } -> std::convertible_to<const LinearBase&>;
+  { m.input_linear() } -> std::convertible_to<const LinearBase*>;
   m.forward(s, x);
 };
 
@@ -52,10 +54,12 @@ class LlamaAttention {
   LlamaAttention(LayerContext& ctx, const ModelConfig& c, int64_t layer, const std::string& prefix,
                  int sliding_window = -1, bool sinks = false);
   Tensor forward(Step& step, const LinearInput& x);
-  // The product that reads x (for a norm that writes its quantised input).
-  const LinearBase& input_linear() const { return qkv_proj_; }
+  // The product that reads x, for the norm before it to write its quantised input
+  // (ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_RMSNORM_QUANT); nullptr when the switch is off.
+  const LinearBase* input_linear() const { return fuse_input_quant_ ? &qkv_proj_ : nullptr; }
 
  private:
+  bool fuse_input_quant_;
   QKVParallelLinear qkv_proj_;  // hidden -> (Hq + 2 Hk) * D on this rank
   RowParallelLinear o_proj_;    // Hq * D -> hidden (all-reduce)
   RotaryEmbedding rotary_;
@@ -69,6 +73,7 @@ class LlamaMlp : public GatedMlp {
   LlamaMlp(LayerContext& ctx, const ModelConfig& c, int64_t layer, const std::string& prefix)
       : GatedMlp(ctx, prefix, c.hidden_size, c.intermediate_size, c.mlp_bias) {
     set_fused_act_quant(llama_fused_silu_mul_quant());
+    set_fused_input_quant(llama_fused_rmsnorm_quant());
   }
 };
 
@@ -136,8 +141,7 @@ class LlamaDecoderLayer {
         self_attn_(ctx, c, layer, prefix + ".self_attn"),
         post_attention_layernorm_(ctx, prefix + ".post_attention_layernorm", c.hidden_size,
                                   c.rms_norm_eps, Norm),
-        mlp_(ctx, c, layer, prefix + ".mlp"),
-        fuse_norm_quant_(llama_fused_rmsnorm_quant()) {}
+        mlp_(ctx, c, layer, prefix + ".mlp") {}
 
   // residual [T, hidden]: the residual stream, updated in place. h: the previous layer's output,
   // not yet added to it (undefined before the first layer). Writes this layer's output, before
@@ -172,12 +176,12 @@ class LlamaDecoderLayer {
   Mlp& mlp() { return mlp_; }
 
  private:
-  // norm(x) (residual += x first when given), quantised for `next`'s first product where the
-  // switch is on and that product quantises its input.
+  // norm(x) (residual += x first when given), quantised for `next`'s first product where `next`
+  // asks for it (its switch) and that product quantises its input.
   template <class Next>
   LinearInput norm_for(Step& step, RMSNorm& norm, const Tensor& x, Tensor* residual, Next& next) {
-    if (fuse_norm_quant_ && next.input_linear().input_quant())
-      return norm.forward_fp8(step, x, residual, next.input_linear());
+    if (const LinearBase* l = next.input_linear(); l && l->input_quant())
+      return norm.forward_fp8(step, x, residual, *l);
     return residual ? norm.forward(step, x, *residual) : norm.forward(step, x);
   }
 
@@ -185,7 +189,6 @@ class LlamaDecoderLayer {
   SelfAttention self_attn_;
   RMSNorm post_attention_layernorm_;
   Mlp mlp_;
-  bool fuse_norm_quant_;
 };
 
 // model.embed_tokens -> model.layers.N -> model.norm -> lm_head.

@@ -1,6 +1,8 @@
 // Qwen3 (transformers' modular_qwen3.py): Llama with per-head RMSNorm on q and k before RoPE.
 #include "models/qwen3.h"
 
+#include "core/env.h"
+
 namespace atom {
 
 int qwen3_layer_window(const ModelConfig& c, int64_t layer) {
@@ -12,7 +14,9 @@ int qwen3_layer_window(const ModelConfig& c, int64_t layer) {
 
 Qwen3Attention::Qwen3Attention(LayerContext& ctx, const ModelConfig& c, int64_t layer,
                                const std::string& prefix)
-    : qkv_proj_(ctx, prefix + ".qkv_proj", c.hidden_size, c.head_dim, c.num_attention_heads,
+    : fuse_input_quant_(llama_fused_rmsnorm_quant()),
+      fuse_qk_norm_rope_(env_bool("ATOM_ENABLE_QK_NORM_ROPE_CACHE_QUANT_FUSION", true)),
+      qkv_proj_(ctx, prefix + ".qkv_proj", c.hidden_size, c.head_dim, c.num_attention_heads,
                 c.num_key_value_heads, c.attention_bias),
       o_proj_(ctx, prefix + ".o_proj", c.num_attention_heads * c.head_dim, c.hidden_size,
               c.attention_bias),
@@ -34,9 +38,13 @@ Tensor Qwen3Attention::forward(Step& step, const LinearInput& x) {
   Tensor v = qkv.narrow(1, q_size_ + kv_size_, kv_size_);
   // q_norm and k_norm (over head_dim, each head on its own), RoPE and the cache write: one
   // kernel on CUDA.
-  const kernels::QkNorm norms = RMSNorm::heads(q_norm_, k_norm_);
-  Tensor o = attn_.forward(step, q, k, v, rotary_, &norms);
-  return o_proj_.forward(step, o);
+  if (fuse_qk_norm_rope_) {
+    const kernels::QkNorm norms = RMSNorm::heads(q_norm_, k_norm_);
+    return o_proj_.forward(step, attn_.forward(step, q, k, v, rotary_, &norms));
+  }
+  q_norm_.forward_heads_inplace(step, q);
+  k_norm_.forward_heads_inplace(step, k);
+  return o_proj_.forward(step, attn_.forward(step, q, k, v, rotary_));
 }
 
 class Qwen3ForCausalLM : public DecoderOnlyLM<LlamaDecoderLayer<Qwen3Attention>> {

@@ -18,6 +18,32 @@ namespace {
 
 class Parity : public ::testing::TestWithParam<std::string> {};
 
+// The spec's ATOM_ENABLE_QK_NORM_ROPE_CACHE_QUANT_FUSION (Qwen3, Qwen3-MoE): q_norm and k_norm
+// inside the RoPE + cache-write kernel, or as their own kernel first: the same logits (on the
+// CPU, where both are fp32), and both within transformers' parity bound.
+TEST(Qwen3Switches, QkNormInsideRopeOrApartComputeTheSameLogits) {
+  for (const char* name : {"qwen3_sliding", "qwen3_moe"}) {
+    SCOPED_TRACE(name);
+    const Reference ref = reference_load(name);
+    auto logits_with = [&](const char* on) {
+      setenv("ATOM_ENABLE_QK_NORM_ROPE_CACHE_QUANT_FUSION", on, 1);
+      LoadedModel m = model_load(fixture_dir(name), ModelOptions{});
+      unsetenv("ATOM_ENABLE_QK_NORM_ROPE_CACHE_QUANT_FUSION");
+      return score_tokens(*m.model, ref.input_ids);
+    };
+    const Tensor fused = logits_with("1"), apart = logits_with("0");
+    expect_cpu_parity(apart, ref.logits, name, name);
+    const Tensor a = tensor_cast_cpu(fused, DType::kF32), b = tensor_cast_cpu(apart, DType::kF32);
+    ASSERT_EQ(a.numel(), b.numel());
+    float worst = 0.0f;
+    for (int64_t i = 0; i < a.numel(); ++i)
+      worst = std::max(worst, std::fabs(a.ptr<float>()[i] - b.ptr<float>()[i]));
+    ASSERT_FALSE(std::isnan(worst));
+    std::printf("%s: QK norm inside RoPE vs apart, max |dlogit| %.3g\n", name, worst);
+    EXPECT_LE(worst, 1e-5f);
+  }
+}
+
 TEST_P(Parity, LogitsMatchTransformers) {
   const Reference ref = reference_load(GetParam());
   LoadedModel m = model_load(fixture_dir(GetParam()), ModelOptions{});

@@ -777,20 +777,24 @@ TEST_P(Fp8Resident, KeptWeightsAreTheDequantisedWeights) {
   EXPECT_GT(layers, 5);
 }
 
-// The spec's fusion switches (ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_RMSNORM_QUANT,
-// ..._SILU_MUL_QUANT): the norms and the MLP's activation written as the next product's FP8
-// input compute the unfused model exactly (the same logits, bit for bit), with the FP8 weights
-// kept as CUDA keeps them. tools/mutate.py plants a fused path that drops the residual add.
+// The spec's fusion switches (Llama's ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_RMSNORM_QUANT and
+// ..._SILU_MUL_QUANT, DeepSeek's ATOM_ENABLE_DS_INPUT_RMSNORM_QUANT_FUSION and
+// ATOM_ENABLE_DS_QKNORM_QUANT_FUSION): the norms and the MLP's activation written as the next
+// product's FP8 input compute the unfused model exactly (the same logits, bit for bit), with the
+// FP8 weights kept as CUDA keeps them. tools/mutate.py plants fused paths that drop the residual
+// add, take another activation, and normalise q with the kv norm's weight.
 TEST_P(Fp8Resident, FusedQuantisationComputesTheUnfusedModel) {
   const Reference ref = reference_load(GetParam());
   ModelOptions o;
   o.fp8_resident = true;
+  const char* switches[] = {"ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_RMSNORM_QUANT",
+                            "ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_SILU_MUL_QUANT",
+                            "ATOM_ENABLE_DS_INPUT_RMSNORM_QUANT_FUSION",
+                            "ATOM_ENABLE_DS_QKNORM_QUANT_FUSION"};
   auto logits_with = [&](const char* on) {
-    setenv("ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_RMSNORM_QUANT", on, 1);
-    setenv("ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_SILU_MUL_QUANT", on, 1);
+    for (const char* s : switches) setenv(s, on, 1);
     LoadedModel m = model_load(fixture_dir(GetParam()), o);
-    unsetenv("ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_RMSNORM_QUANT");
-    unsetenv("ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_SILU_MUL_QUANT");
+    for (const char* s : switches) unsetenv(s);
     return score_tokens(*m.model, ref.input_ids);
   };
   const Tensor fused = logits_with("1"), unfused = logits_with("0");
