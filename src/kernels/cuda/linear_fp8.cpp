@@ -130,10 +130,12 @@ void* fallback_workspace(int64_t bytes, cudaStream_t s) {
   return e.first;
 }
 
-Fp8GemmArgs args_of(const Tensor& x, const Fp8Weight& w, const Layout& l) {
+// The product's description for m rows of k columns (g.x, the 16-bit activations kNone reads,
+// is the caller's to set).
+Fp8GemmArgs args_of(int64_t m, int64_t k, const Fp8Weight& w, const Layout& l) {
   Fp8GemmArgs g;
-  g.m = x.size(0);
-  g.k = x.size(1);
+  g.m = m;
+  g.k = k;
   g.n = w.w.size(0);
   g.act = act_of(w.activation);
   g.gran = gran_of(w.granularity);
@@ -141,7 +143,6 @@ Fp8GemmArgs args_of(const Tensor& x, const Fp8Weight& w, const Layout& l) {
   g.bk = w.block_k;
   g.w = w.w.ptr<uint8_t>();
   g.sw = w.scale.ptr<float>();
-  g.x = mat_of(x, "linear_fp8");
   g.a.ldq = l.ldq;
   g.a.ld_sx = l.ld_sx;
   g.a.group = l.group;
@@ -183,19 +184,43 @@ const char* choose(Fp8GemmArgs g, int splits) {
 // 4,097 one more weight read against a GEMM 20-30% faster than atom's (docs/performance.md).
 constexpr int64_t kCublasLtSplitMinRows = 1024;
 
-// The rows the cut sends to cuBLASLt, or 0 when the call is not cut.
-int64_t cublaslt_head_rows(const Tensor& x, const Fp8Weight& w, const Tensor& out) {
-  const int64_t M = x.size(0), tail = M % 4;
+// The rows the cut sends to cuBLASLt for M x K activations, or 0 when the call is not cut.
+int64_t cublaslt_head_rows(int64_t M, int64_t K, const Fp8Weight& w, const Tensor& out) {
+  const int64_t tail = M % 4;
   if (tail == 0 || M < kCublasLtSplitMinRows || !cuda_tuning().fp8_cublaslt_split ||
       w.granularity != Fp8Granularity::kBlock || w.activation != Fp8Activation::kBlockDynamic)
     return 0;
-  const Tensor head = x.narrow(0, 0, M - tail);
-  const Tensor head_out = out.defined() ? out.narrow(0, 0, M - tail) : Tensor();
-  const Layout l = layout_of(head.size(0), head.size(1), w);
-  Fp8GemmArgs g = args_of(head, w, l);
-  g.out = head_out.defined() ? mat_of(head_out, "linear_fp8")
-                             : Mat{kAlignedProbe, g.m, g.n, g.n, Elem::kBF16};
+  const Layout l = layout_of(M - tail, K, w);
+  Fp8GemmArgs g = args_of(M - tail, K, w, l);
+  g.out = out.defined() ? mat_of(out.narrow(0, 0, M - tail), "linear_fp8")
+                        : Mat{kAlignedProbe, g.m, g.n, g.n, Elem::kBF16};
   return std::string(choose(g, l.splits)) == "cublaslt" ? M - tail : 0;
+}
+
+// Launches the product by kernel `k` (choose's name); `partial`: split-K's fp32 totals.
+void launch_gemm(const std::string& k, Fp8GemmArgs g, int splits, float* partial,
+                 cudaStream_t stream) {
+  if (k == "cublaslt") {
+    launch_fp8_gemm_cublaslt(g, stream);  // the bias too
+  } else if (k == "skinny") {
+    // Four weight rows per block at M = 1, two above (H200: 2.5/2.3/3.0 against 2.4/1.8/2.9
+    // TB/s at M = 1 for 7168x7168, 2112x7168, 4096x14336; two rows faster from M = 3 on).
+    const int rows = cuda_tuning().fp8_skinny_rows ? cuda_tuning().fp8_skinny_rows
+                     : g.m == 1                    ? 4
+                                                   : 2;
+    launch_fp8_gemm_skinny(g, stream, rows);
+  } else if (k == "wgmma_tma") {
+    launch_fp8_gemm_tma(g, stream);
+  } else if (k == "wgmma") {
+    launch_fp8_gemm_wgmma(g, stream);
+  } else if (k == "wgmma_splitk") {
+    g.splits = splits;
+    g.partial = partial;
+    launch_fp8_gemm_wgmma(g, stream);
+  } else {
+    launch_fp8_gemm_general(g, stream);
+  }
+  launch_check(("linear_fp8 (" + k + ")").c_str());
 }
 
 }  // namespace
@@ -205,9 +230,10 @@ int64_t linear_fp8_workspace_bytes(int64_t m, int64_t k, const Fp8Weight& w) {
 }
 
 const char* linear_fp8_kernel_for(const Tensor& x, const Fp8Weight& w, const Tensor& out) {
-  if (cublaslt_head_rows(x, w, out) > 0) return "cublaslt+tail";
+  if (cublaslt_head_rows(x.size(0), x.size(1), w, out) > 0) return "cublaslt+tail";
   const Layout l = layout_of(x.size(0), x.size(1), w);
-  Fp8GemmArgs g = args_of(x, w, l);
+  Fp8GemmArgs g = args_of(x.size(0), x.size(1), w, l);
+  g.x = mat_of(x, "linear_fp8");
   g.out =
       out.defined() ? mat_of(out, "linear_fp8") : Mat{kAlignedProbe, g.m, g.n, g.n, Elem::kBF16};
   return choose(g, l.splits);
@@ -215,7 +241,8 @@ const char* linear_fp8_kernel_for(const Tensor& x, const Fp8Weight& w, const Ten
 
 std::string linear_fp8_cublaslt_status(const Tensor& x, const Fp8Weight& w, const Tensor& out) {
   const Layout l = layout_of(x.size(0), x.size(1), w);
-  Fp8GemmArgs g = args_of(x, w, l);
+  Fp8GemmArgs g = args_of(x.size(0), x.size(1), w, l);
+  g.x = mat_of(x, "linear_fp8");
   g.out = mat_of(out, "linear_fp8");
   if (g.act != Fp8Act::kNone) {
     g.a.xq = kAlignedProbe;
@@ -235,7 +262,7 @@ void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& 
   const int64_t M = x.size(0), K = x.size(1), N = w.w.size(0);
   if (M == 0 || N == 0) return;
   ATOM_CHECK(K > 0, "linear_fp8: K = 0");
-  if (const int64_t head = cublaslt_head_rows(x, w, out); head > 0) {
+  if (const int64_t head = cublaslt_head_rows(M, K, w, out); head > 0) {
     // Two calls in stream order on the same workspace (sized for M rows, enough for each part).
     Tensor out_head = out.narrow(0, 0, head), out_tail = out.narrow(0, head, M - head);
     cuda::linear_fp8(out_head, x.narrow(0, 0, head), w, bias, workspace);
@@ -244,7 +271,8 @@ void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& 
   }
   const cudaStream_t stream = current_stream();
   const Layout l = layout_of(M, K, w);
-  Fp8GemmArgs g = args_of(x, w, l);
+  Fp8GemmArgs g = args_of(M, K, w, l);
+  g.x = mat_of(x, "linear_fp8");
   g.out = mat_of(out, "linear_fp8");
   if (bias.defined()) {
     g.bias = bias.data();
@@ -271,25 +299,12 @@ void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& 
         g.x, g.act, g.act == Fp8Act::kStatic ? w.input_scale.ptr<float>() : nullptr, g.a, stream);
     launch_check("linear_fp8 (activation quantisation)");
   }
-  if (k == "cublaslt") {
-    launch_fp8_gemm_cublaslt(g, stream);  // the bias too
-  } else if (k == "skinny") {
-    // Four weight rows per block at M = 1, two above (H200: 2.5/2.3/3.0 against 2.4/1.8/2.9
-    // TB/s at M = 1 for 7168x7168, 2112x7168, 4096x14336; two rows faster from M = 3 on).
-    const int rows = cuda_tuning().fp8_skinny_rows ? cuda_tuning().fp8_skinny_rows : M == 1 ? 4 : 2;
-    launch_fp8_gemm_skinny(g, stream, rows);
-  } else if (k == "wgmma_tma")
-    launch_fp8_gemm_tma(g, stream);
-  else if (k == "wgmma")
-    launch_fp8_gemm_wgmma(g, stream);
-  else if (k == "wgmma_splitk") {
-    g.splits = l.splits;
-    g.partial =
-        reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(g.a.xq) + l.q_bytes + l.sx_bytes);
-    launch_fp8_gemm_wgmma(g, stream);
-  } else
-    launch_fp8_gemm_general(g, stream);
-  launch_check(("linear_fp8 (" + k + ")").c_str());
+  // Split-K's totals after the quantised activations in the workspace.
+  float* partial =
+      k == "wgmma_splitk"
+          ? reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(g.a.xq) + l.q_bytes + l.sx_bytes)
+          : nullptr;
+  launch_gemm(k, g, l.splits, partial, stream);
 }
 
 namespace {
@@ -340,16 +355,7 @@ void linear_fp8(Tensor& out, const Fp8Input& x, const Fp8Weight& w, const Tensor
   const cudaStream_t stream = current_stream();
   const Fp8Act8 a = act8_of(x);
   auto run = [&](Tensor& o, int64_t row0, int64_t rows, const Fp8Act8& act) {
-    Fp8GemmArgs g;
-    g.m = rows;
-    g.k = K;
-    g.n = N;
-    g.act = act_of(w.activation);
-    g.gran = gran_of(w.granularity);
-    g.bn = w.block_n;
-    g.bk = w.block_k;
-    g.w = w.w.ptr<uint8_t>();
-    g.sw = w.scale.ptr<float>();
+    Fp8GemmArgs g = args_of(rows, K, w, Layout{});
     g.a = act;
     g.a.xq += row0 * K;
     g.out = mat_of(o, "linear_fp8");
@@ -369,59 +375,25 @@ void linear_fp8(Tensor& out, const Fp8Input& x, const Fp8Weight& w, const Tensor
       g.a.sx = dst;
       g.a.ld_sx = rows;
     }
-    if (k == "cublaslt") {
-      launch_fp8_gemm_cublaslt(g, stream);
-    } else if (k == "skinny") {
-      const int r = cuda_tuning().fp8_skinny_rows ? cuda_tuning().fp8_skinny_rows
-                    : rows == 1                   ? 4
-                                                  : 2;
-      launch_fp8_gemm_skinny(g, stream, r);
-    } else if (k == "wgmma_tma") {
-      launch_fp8_gemm_tma(g, stream);
-    } else if (k == "wgmma") {
-      launch_fp8_gemm_wgmma(g, stream);
-    } else if (k == "wgmma_splitk") {
+    float* partial = nullptr;
+    if (k == "wgmma_splitk") {
       const int64_t bytes = round_up(int64_t{splits} * rows * N * 4, 256);
-      uint8_t* ws;
       if (workspace.defined()) {
         ATOM_CHECK(workspace.is_contiguous() && static_cast<int64_t>(workspace.nbytes()) >= bytes &&
                        workspace.device() == out.device(),
                    "linear_fp8: needs a workspace of {} bytes on {} for split-K, got {}", bytes,
                    out.device().str(), workspace.str());
-        ws = static_cast<uint8_t*>(workspace.data());
+        partial = workspace.ptr<float>();
       } else {
-        ws = static_cast<uint8_t*>(fallback_workspace(bytes, stream));
+        partial = static_cast<float*>(fallback_workspace(bytes, stream));
       }
-      g.splits = splits;
-      g.partial = reinterpret_cast<float*>(ws);
-      launch_fp8_gemm_wgmma(g, stream);
-    } else {
-      launch_fp8_gemm_general(g, stream);
     }
-    launch_check(("linear_fp8 (" + k + ", quantised input)").c_str());
+    launch_gemm(k, g, splits, partial, stream);
   };
   // The cut of the 16-bit entry point (cublaslt_head_rows): rows [0, head) through cuBLASLt,
   // the rest through the kernel their own dispatch picks; the tail's scales sit at row `head`
   // of the same grid.
-  int64_t head = 0;
-  if (M % 4 != 0 && M >= kCublasLtSplitMinRows && cuda_tuning().fp8_cublaslt_split &&
-      w.granularity == Fp8Granularity::kBlock && w.activation == Fp8Activation::kBlockDynamic) {
-    Fp8GemmArgs g;
-    g.m = M - M % 4;
-    g.k = K;
-    g.n = N;
-    g.act = act_of(w.activation);
-    g.gran = gran_of(w.granularity);
-    g.bn = w.block_n;
-    g.bk = w.block_k;
-    g.w = w.w.ptr<uint8_t>();
-    g.sw = w.scale.ptr<float>();
-    g.a = a;
-    g.a.ld_sx = g.m;
-    g.out = mat_of(out.narrow(0, 0, g.m), "linear_fp8");
-    if (std::string(choose(g, splits_for(g.m, N, K))) == "cublaslt") head = g.m;
-  }
-  if (head > 0) {
+  if (const int64_t head = cublaslt_head_rows(M, K, w, out); head > 0) {
     Tensor out_head = out.narrow(0, 0, head), out_tail = out.narrow(0, head, M - head);
     run(out_head, 0, head, a);
     Fp8Act8 tail = a;
