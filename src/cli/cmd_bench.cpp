@@ -104,6 +104,13 @@ void run_throughput(const BenchArgs& a) {
   std::printf("Engine: %lld steps, %lld preemptions, prefix cache hit rate %.1f%%\n",
               static_cast<long long>(st.num_steps), static_cast<long long>(st.num_preemptions),
               100.0 * hit_rate);
+  // Per step: the whole step, and the host's own part (all but the forward with sampling).
+  const double steps = static_cast<double>(std::max<int64_t>(st.num_steps, 1));
+  const double step_ms = 1e3 * st.step_seconds / steps,
+               host_ms = 1e3 * (st.step_seconds - st.forward_seconds) / steps;
+  std::printf("Engine step: mean %.3f ms, of which host %.3f ms (%.1f%%: scheduling, batch, "
+              "outputs)\n",
+              step_ms, host_ms, st.step_seconds > 0 ? 100.0 * host_ms / step_ms : 0.0);
   const double acceptance_length =
       st.spec_num_drafts
           ? 1.0 + static_cast<double>(st.spec_num_accepted_tokens) / st.spec_num_drafts
@@ -131,6 +138,8 @@ void run_throughput(const BenchArgs& a) {
               {"p99_tpot_ms", percentile(tpot, 99)},
               {"num_steps", st.num_steps},
               {"num_preemptions", st.num_preemptions},
+              {"mean_step_ms", step_ms},
+              {"mean_step_host_ms", host_ms},
               {"prefix_cache_hit_rate", hit_rate},
               {"spec_decode_num_drafts", st.spec_num_drafts},
               {"spec_decode_num_draft_tokens", st.spec_num_draft_tokens},

@@ -644,6 +644,7 @@ StepOutput LLMEngine::step() {
   StepOutput out;
   returned_.clear();  // outputs handed back last step no longer need their requests
   if (scheduler_.has_unfinished()) {
+    const Clock::time_point step_start = Clock::now();
     if (proposer_) spec_append_drafts();
     const SchedulerOutput& so = scheduler_.schedule();
     check_progress(so);
@@ -653,10 +654,11 @@ StepOutput LLMEngine::step() {
     out.tokens.reserve(so.seqs.size());
     batch_build(so, plan_.block_size, batch_, rows_);
     plan_sampling();
-    const Clock::time_point forward_start = proposer_ ? Clock::now() : Clock::time_point{};
+    const Clock::time_point forward_start = Clock::now();
     runner_->execute_sampling(batch_, sampling_, samples_);
-    if (proposer_)
-      proposer_->record_step(batch_.num_tokens(), seconds(Clock::now() - forward_start));
+    const double forward = seconds(Clock::now() - forward_start);
+    stats_.forward_seconds += forward;
+    if (proposer_) proposer_->record_step(batch_.num_tokens(), forward);
     const Tensor& host = samples_.host_logits;
     const int64_t V = model_.vocab_size();
     for (const PromptRow& pr : prompt_rows_) {
@@ -748,6 +750,7 @@ StepOutput LLMEngine::step() {
       ++stats_.eplb_rebalances;
       stats_.eplb_layers_moved += runner_->rebalance_experts();
     }
+    stats_.step_seconds += seconds(Clock::now() - step_start);
   }
   for (auto& o : parked_) out.finished.push_back(std::move(o));
   parked_.clear();

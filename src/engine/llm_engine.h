@@ -47,6 +47,12 @@ struct EngineStats {
   // EPLB: re-placements run (every Model::eplb_step_interval() steps) and the layers they moved.
   int64_t eplb_rebalances = 0;
   int64_t eplb_layers_moved = 0;
+  // Wall time inside step() that ran a batch, and of it the model's forward with sampling
+  // (ModelRunner::execute_sampling: the launches, the device's time, the copy back). The rest,
+  // step_seconds - forward_seconds, is the host's own per step: scheduling, building the batch,
+  // host-side sampling and logprobs, appending tokens, detokenizing, finishing requests.
+  double step_seconds = 0;
+  double forward_seconds = 0;
 };
 
 class LLMEngine {

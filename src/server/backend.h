@@ -91,6 +91,9 @@ struct BackendStats {
   int64_t state_slots_total = 0;  // recurrent-state slots (0 for models without recurrent layers)
   int64_t state_slots_free = 0;
   int64_t num_preemptions = 0;
+  // Engine steps that ran a batch, their wall time and its host part (EngineStats).
+  int64_t num_steps = 0;
+  double step_seconds = 0, step_host_seconds = 0;
   int64_t prefix_cache_queries = 0;
   int64_t prefix_cache_hits = 0;
   // Speculative decoding (empty spec_accepted_per_position: off).

@@ -10,6 +10,7 @@
 #include <ctime>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -151,6 +152,40 @@ void bench_stats_add(json& r, const std::string& m, std::vector<double> s,
   for (double p : percentiles) r["p" + pct_name(p) + "_" + m + "_ms"] = percentile(s, p);
 }
 
+// The server's engine-step counters (atom's /metrics: atom:engine_steps_total,
+// atom:engine_step_seconds_total, atom:engine_step_host_seconds_total); nullopt from a server
+// without them (another engine) or without /metrics.
+static std::optional<EngineStepTotals> engine_step_totals(httplib::Client& cli,
+                                                          const httplib::Headers& headers) {
+  auto r = cli.Get("/metrics", headers);
+  if (!r || r->status != 200) return std::nullopt;
+  auto value = [&](const std::string& name) -> std::optional<double> {
+    // A sample line: name{labels} value
+    size_t at = 0;
+    while ((at = r->body.find(name, at)) != std::string::npos) {
+      const bool line_start = at == 0 || r->body[at - 1] == '\n';
+      const size_t end = r->body.find('\n', at);
+      const std::string line = r->body.substr(at, end == std::string::npos ? end : end - at);
+      at += name.size();
+      if (!line_start || line.size() <= name.size() ||
+          (line[name.size()] != '{' && line[name.size()] != ' '))
+        continue;
+      const size_t sp = line.rfind(' ');
+      try {
+        return std::stod(line.substr(sp + 1));
+      } catch (const std::exception&) {
+        return std::nullopt;
+      }
+    }
+    return std::nullopt;
+  };
+  const auto steps = value("atom:engine_steps_total"),
+             secs = value("atom:engine_step_seconds_total"),
+             host = value("atom:engine_step_host_seconds_total");
+  if (!steps || !secs || !host) return std::nullopt;
+  return EngineStepTotals{*steps, *secs, *host};
+}
+
 json bench_serve_run(const BenchServeOptions& o) {
   if (o.num_prompts < 1) fail("--num-prompts must be at least 1");
   if (o.random_input_len < 1 || o.random_output_len < 1)
@@ -170,6 +205,7 @@ json bench_serve_run(const BenchServeOptions& o) {
       vocab = m["data"][0]["vocab_size"].get<int64_t>();
   }
   if (vocab <= 0) vocab = 32000;
+  const std::optional<EngineStepTotals> steps_before = engine_step_totals(probe, headers);
 
   // The random dataset: per request an input and output length in [len(1-r), len(1+r)], random ids.
   std::mt19937_64 rng(o.seed);
@@ -232,6 +268,7 @@ json bench_serve_run(const BenchServeOptions& o) {
   }
   for (auto& t : threads) t.join();
   const double duration = std::chrono::duration<double>(Clock::now() - t0).count();
+  const std::optional<EngineStepTotals> steps_after = engine_step_totals(probe, headers);
 
   int completed = 0;
   int64_t total_in = 0, total_out = 0;
@@ -273,6 +310,16 @@ json bench_serve_run(const BenchServeOptions& o) {
   bench_stats_add(res, "tpot", tpots, o.metric_percentiles);
   bench_stats_add(res, "itl", itls, o.metric_percentiles);
   bench_stats_add(res, "e2el", e2els, o.metric_percentiles);
+  // The server's own engine steps over the run (atom's /metrics; absent for other servers).
+  double step_ms = 0, host_ms = 0, num_steps = 0;
+  if (steps_before && steps_after && steps_after->steps > steps_before->steps) {
+    num_steps = steps_after->steps - steps_before->steps;
+    step_ms = 1e3 * (steps_after->seconds - steps_before->seconds) / num_steps;
+    host_ms = 1e3 * (steps_after->host_seconds - steps_before->host_seconds) / num_steps;
+    res["server_engine_steps"] = static_cast<int64_t>(num_steps);
+    res["server_mean_step_ms"] = step_ms;
+    res["server_mean_step_host_ms"] = host_ms;
+  }
   res["errors"] = errors;
 
   std::string t = "============ Serving Benchmark Result ============\n";
@@ -309,6 +356,12 @@ json bench_serve_run(const BenchServeOptions& o) {
       line(fmt::format("P{} {} (ms):", pct_name(p), upper),
            fmt::format("{:.2f}",
                        res["p" + pct_name(p) + "_" + std::string(key) + "_ms"].get<double>()));
+  }
+  if (num_steps > 0) {
+    t += fmt::format("{:-^50}\n", "Server engine steps");
+    line("Steps:", fmt::format("{:.0f}", num_steps));
+    line("Mean step (ms):", fmt::format("{:.3f}", step_ms));
+    line("Mean host time per step (ms):", fmt::format("{:.3f}", host_ms));
   }
   t += std::string(50, '=') + "\n";
   std::fputs(t.c_str(), stdout);

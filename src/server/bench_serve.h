@@ -44,7 +44,14 @@ struct RequestRecord {
   std::string generated_text;
 };
 
-// Runs the benchmark; returns the result object (also printed as vLLM's table).
+// An atom server's engine-step totals (its /metrics counters).
+struct EngineStepTotals {
+  double steps = 0, seconds = 0, host_seconds = 0;
+};
+
+// Runs the benchmark; returns the result object (also printed as vLLM's table), with the
+// server's engine steps over the run (server_engine_steps, server_mean_step_ms,
+// server_mean_step_host_ms) when the server reports them.
 nlohmann::ordered_json bench_serve_run(const BenchServeOptions& o);
 
 // Mean, median, std and the given percentiles (ms) of `values` (seconds), with vLLM's key names.

@@ -303,6 +303,9 @@ BackendStats EngineBackend::stats() {
   s.state_slots_total = slots_total_;
   s.state_slots_free = slots_free_;
   s.num_preemptions = preemptions_;
+  s.num_steps = steps_;
+  s.step_seconds = 1e-9 * static_cast<double>(step_ns_);
+  s.step_host_seconds = 1e-9 * static_cast<double>(step_host_ns_);
   s.prefix_cache_queries = prefix_queries_;
   s.prefix_cache_hits = prefix_hits_;
   s.spec_num_drafts = spec_drafts_;
@@ -484,6 +487,9 @@ void EngineBackend::loop() {
       }
       const EngineStats st = engine_.stats();
       preemptions_ = st.num_preemptions;
+      steps_ = st.num_steps;
+      step_ns_ = static_cast<int64_t>(1e9 * st.step_seconds);
+      step_host_ns_ = static_cast<int64_t>(1e9 * (st.step_seconds - st.forward_seconds));
       prefix_queries_ = st.prefix_cache_queries;
       prefix_hits_ = st.prefix_cache_hits;
       spec_drafts_ = st.spec_num_drafts;

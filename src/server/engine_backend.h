@@ -118,6 +118,8 @@ class EngineBackend final : public Backend {
   std::atomic<int> spec_positions_{0};
   std::atomic<int64_t> blocks_total_{0}, blocks_free_{0}, slots_total_{0}, slots_free_{0},
       preemptions_{0}, prefix_queries_{0}, prefix_hits_{0};
+  // Engine step totals (nanoseconds), copied from the engine's loop.
+  std::atomic<int64_t> steps_{0}, step_ns_{0}, step_host_ns_{0};
   std::unordered_map<std::string, Live> live_map_;  // engine thread only
   std::thread thread_;
 };

@@ -356,6 +356,7 @@ void HttpServer::routes() {
     metrics_.set_waiting(st.waiting);
     metrics_.set_prefix_cache(st.prefix_cache_queries, st.prefix_cache_hits);
     metrics_.set_preemptions(st.num_preemptions);
+    metrics_.set_engine_steps(st.num_steps, st.step_seconds, st.step_host_seconds);
     if (!st.spec_accepted_per_position.empty())
       metrics_.set_spec_decode(st.spec_num_drafts, st.spec_num_draft_tokens,
                                st.spec_num_accepted_tokens, st.spec_accepted_per_position);

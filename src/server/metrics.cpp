@@ -102,6 +102,12 @@ void Metrics::set_preemptions(int64_t total) {
   ATOM_LOCKED;
   preemptions_ = total;
 }
+void Metrics::set_engine_steps(int64_t steps, double seconds, double host_seconds) {
+  ATOM_LOCKED;
+  engine_steps_ = steps;
+  engine_step_s_ = seconds;
+  engine_step_host_s_ = host_seconds;
+}
 void Metrics::add_request_success(const std::string& r) {
   ATOM_LOCKED;
   ++success_[r];
@@ -190,6 +196,17 @@ std::string Metrics::render() const {
   counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
           prefix_hits_);
   counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", preemptions_);
+  counter("atom:engine_steps", "Engine steps that ran a batch.", engine_steps_);
+  auto counter_f = [&](const char* name, const char* help, double v) {
+    o += fmt::format("# HELP {}_total {}\n# TYPE {}_total counter\n{}_total{{{}}} {:.9g}\n", name,
+                     help, name, name, base, v);
+  };
+  counter_f("atom:engine_step_seconds", "Wall time of the engine steps that ran a batch.",
+            engine_step_s_);
+  counter_f("atom:engine_step_host_seconds",
+            "Of it, the host's own (scheduling, batch building, outputs): all but the forward "
+            "with sampling.",
+            engine_step_host_s_);
   if (!spec_per_pos_.empty()) {
     counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", spec_drafts_);
     counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", spec_draft_tokens_);

@@ -27,6 +27,9 @@ class Metrics {
   // Engine totals (counters the engine keeps).
   void set_prefix_cache(int64_t queried_tokens, int64_t hit_tokens);
   void set_preemptions(int64_t total);
+  // Engine steps that ran a batch, their wall seconds and the host's part of them
+  // (atom:engine_steps, atom:engine_step_seconds, atom:engine_step_host_seconds).
+  void set_engine_steps(int64_t steps, double seconds, double host_seconds);
   // Speculative decoding totals (vllm:spec_decode_*); rendered once accepted_per_position is set
   // (one entry per draft position).
   void set_spec_decode(int64_t num_drafts, int64_t num_draft_tokens, int64_t num_accepted_tokens,
@@ -67,6 +70,8 @@ class Metrics {
   int64_t prompt_tokens_ = 0, generation_tokens_ = 0, prefix_queries_ = 0, prefix_hits_ = 0,
           preemptions_ = 0;
   int64_t spec_drafts_ = 0, spec_draft_tokens_ = 0, spec_accepted_ = 0;
+  int64_t engine_steps_ = 0;
+  double engine_step_s_ = 0, engine_step_host_s_ = 0;
   std::vector<int64_t> spec_per_pos_;
   std::map<std::string, int64_t> success_;
   std::map<std::string, int64_t> http_;  // "handler\tmethod\tstatus"

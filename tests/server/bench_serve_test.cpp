@@ -49,6 +49,11 @@ TEST(BenchServe, RandomDatasetConcurrencyAndReport) {
        {"mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "p50_e2el_ms", "std_ttft_ms"})
     EXPECT_TRUE(r.contains(k)) << k;
   EXPECT_LE(r["median_ttft_ms"].get<double>(), r["p99_ttft_ms"].get<double>());
+  // The server's engine steps over the run, from its /metrics counters (the fake's rule: a step
+  // per request, 4 ms, 1 ms of it host).
+  EXPECT_EQ(r["server_engine_steps"], 12);
+  EXPECT_NEAR(r["server_mean_step_ms"].get<double>(), 4.0, 1e-6);
+  EXPECT_NEAR(r["server_mean_step_host_ms"].get<double>(), 1.0, 1e-6);
   const auto saved = nlohmann::json::parse(read_file(o.result_file));
   EXPECT_EQ(saved["completed"], 12);
 }

@@ -192,6 +192,10 @@ class FakeBackend : public server::Backend {
     s.running = live_;
     s.kv_blocks_total = 100;
     s.kv_blocks_free = 100 - live_;
+    // Engine steps as a rule of its own: one per request submitted, 4 ms each, 1 ms of it host.
+    s.num_steps = total_submitted_;
+    s.step_seconds = 0.004 * total_submitted_;
+    s.step_host_seconds = 0.001 * total_submitted_;
     return s;
   }
 
