@@ -21,10 +21,15 @@ fuse() {
   export ATOM_ENABLE_DS_INPUT_RMSNORM_QUANT_FUSION=$1 ATOM_ENABLE_DS_QKNORM_QUANT_FUSION=$1
 }
 if [[ "$steps" == *",test,"* ]]; then
-  timeout 200 ./build-gpu/tests/kernels/gpu_test \
-    --gtest_filter='GpuLinearFp8.*:*GpuFp8Parity*:*Fp8*Engine*' > "$out/gpu_test_fusion.txt" 2>&1
-  echo "gpu_test: rc $?"
-  grep -E "^\[  (PASSED|FAILED)|^\[  FAILED|Failure|Expected|Which is|cases$" "$out/gpu_test_fusion.txt" | head -40
+  # The kernels, then the FP8 models on the GPU with the switches on and off.
+  for v in 1 0; do
+    fuse $v
+    filter='*GpuFp8Parity*'
+    [ $v = 1 ] && filter='GpuLinearFp8.*:*GpuFp8Parity*'
+    timeout 200 ./build-gpu/tests/kernels/gpu_test --gtest_filter="$filter" > "$out/gpu_test_fused$v.txt" 2>&1
+    echo "gpu_test fused=$v: rc $?"
+    grep -E "^\[  (PASSED|FAILED)|^\[  FAILED|Failure|Expected|Which is|cases$|rel|margin" "$out/gpu_test_fused$v.txt" | head -30
+  done
 fi
 if [[ "$steps" == *",e2e,"* ]]; then
   for m in llama-3.1-8b-fp8-dynamic qwen3-8b-fp8 deepseek-v2-lite-fp8; do
