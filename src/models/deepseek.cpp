@@ -5,9 +5,9 @@
 namespace atom {
 
 bool deepseek_fused_input_norm_quant() {
-  return env_bool("ATOM_ENABLE_DS_INPUT_RMSNORM_QUANT_FUSION", false);
+  return env_bool("ATOM_ENABLE_DS_INPUT_RMSNORM_QUANT_FUSION", true);
 }
-bool deepseek_fused_q_norm_quant() { return env_bool("ATOM_ENABLE_DS_QKNORM_QUANT_FUSION", false); }
+bool deepseek_fused_q_norm_quant() { return env_bool("ATOM_ENABLE_DS_QKNORM_QUANT_FUSION", true); }
 
 MlaOptions deepseek_mla_options(const ModelConfig& c, bool interleaved_rope) {
   const ConfigFields& t = c.text;

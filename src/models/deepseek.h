@@ -55,8 +55,8 @@ std::unique_ptr<FeedForward> deepseek_v32_family_mlp(LayerContext& ctx, const Mo
                                                      int default_groups, int default_keep,
                                                      float swiglu_limit = 0.0f);
 
-// The spec's DeepSeek fusion switches, read from the environment ("1" on; off by default until
-// measured on the GPU machine): ATOM_ENABLE_DS_INPUT_RMSNORM_QUANT_FUSION, input_layernorm
+// The spec's DeepSeek fusion switches, read from the environment (default on, as measured faster;
+// "0" turns one off): ATOM_ENABLE_DS_INPUT_RMSNORM_QUANT_FUSION, input_layernorm
 // written as the FP8 input that q_proj / q_a_proj and kv_a_proj_with_mqa share;
 // ATOM_ENABLE_DS_QKNORM_QUANT_FUSION, q_a_layernorm written as q_b_proj's.
 bool deepseek_fused_input_norm_quant();
