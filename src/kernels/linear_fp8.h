@@ -105,6 +105,10 @@ inline int64_t fp8_input_scale_count(int64_t m, int64_t k, const Fp8Quant& q) {
 }
 // Checks `in` is a well-formed quantised input of `op` (shapes, dtypes, the scales' length).
 void check_fp8_input(const char* op, const Fp8Input& in);
+// check_linear_fp8_args for a product on quantised inputs, and that they were quantised the way
+// the weight quantises its input (an error naming both otherwise).
+void check_linear_fp8_input(const Tensor& out, const Fp8Input& x, const Fp8Weight& w,
+                            const Tensor& bias);
 
 // in = the quantisation of x [M, K] (rows strided) by in.quant: what linear_fp8 computes inside.
 namespace cpu {

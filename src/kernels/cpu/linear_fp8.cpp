@@ -102,26 +102,29 @@ void quantize_fp8(Fp8Input& in, const Tensor& x) {
   }
 }
 
-void linear_fp8(Tensor& out, const Fp8Input& x, const Fp8Weight& w, const Tensor& bias) {
+}  // namespace cpu
+
+void check_linear_fp8_input(const Tensor& out, const Fp8Input& x, const Fp8Weight& w,
+                            const Tensor& bias) {
   check_fp8_input("linear_fp8", x);
-  Fp8Weight wq = w;
   // Shapes and scale grids as for 16-bit activations (the codes stand in for x).
-  check_linear_fp8_args(out, x.codes, wq, bias);
+  check_linear_fp8_args(out, x.codes, w, bias);
   ATOM_CHECK(w.activation == x.quant.activation &&
                  (w.activation != Fp8Activation::kBlockDynamic || w.block_k == x.quant.block_k),
              "linear_fp8: activations quantised for another product (activation {} block_k {}, "
              "the weight wants {} {})",
              static_cast<int>(x.quant.activation), x.quant.block_k, static_cast<int>(w.activation),
              w.block_k);
-  const int64_t M = x.rows(), K = x.cols(), N = w.w.size(0);
-  // Activation groups: columns [g ga, (g + 1) ga) of a row share scale sx[g * ld + m].
-  const int64_t ga = x.quant.group(K), ld = fp8_scale_ld(M);
-  std::vector<float> xv(static_cast<size_t>(M * K));
-  const uint8_t* xq = x.codes.ptr<uint8_t>();
-  for (int64_t i = 0; i < M * K; ++i) xv[i] = f8e4m3_to_f32(xq[i]);
-  const float* sx = x.scales.ptr<float>();
-  // Weight scale of (n, k): block (n / bn, k / bk), channel n, tensor 0. The reduction is split
-  // at the boundaries of both the weight's k blocks and the activation's groups.
+}
+
+namespace cpu {
+namespace {
+// out [M, N] = x · Wᵀ (+ bias) on activations xv [M, K] as floats: each k-range between the
+// weight's k blocks and the activation's groups of ga columns summed in fp32, then scaled by the
+// group's scale sx[(k / ga) * ld + m] (1 without sx) times the weight block's.
+void product(Tensor& out, const std::vector<float>& xv, const float* sx, int64_t ld, int64_t ga,
+             const Fp8Weight& w, const Tensor& bias) {
+  const int64_t M = out.size(0), K = w.w.size(1), N = w.w.size(0);
   const float* sw = w.scale.ptr<float>();
   const int64_t bn = w.granularity == Fp8Granularity::kBlock ? w.block_n : 1;
   const int64_t bk = w.granularity == Fp8Granularity::kBlock ? w.block_k : std::max<int64_t>(K, 1);
@@ -146,14 +149,14 @@ void linear_fp8(Tensor& out, const Fp8Input& x, const Fp8Weight& w, const Tensor
     bf.resize(static_cast<size_t>(N));
     for (int64_t n = 0; n < N; ++n) bf[n] = load(bias.data(), bias.dtype(), n);
   }
-  const uint8_t* wqp = w.w.ptr<uint8_t>();
+  const uint8_t* wq = w.w.ptr<uint8_t>();
   std::vector<float> of(static_cast<size_t>(M * N));
 #pragma omp parallel if (M * N * K > kParallelMin * 16)
   {
     std::vector<float> wrow(static_cast<size_t>(K));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < N; ++n) {
-      for (int64_t k = 0; k < K; ++k) wrow[k] = f8e4m3_to_f32(wqp[n * K + k]);
+      for (int64_t k = 0; k < K; ++k) wrow[k] = f8e4m3_to_f32(wq[n * K + k]);
       for (int64_t m = 0; m < M; ++m) {
         const float* xr = xv.data() + m * K;
         float acc = 0.0f;
@@ -161,7 +164,8 @@ void linear_fp8(Tensor& out, const Fp8Input& x, const Fp8Weight& w, const Tensor
           const int64_t k0 = cuts[c], k1 = cuts[c + 1];
           float part = 0.0f;
           for (int64_t k = k0; k < k1; ++k) part += xr[k] * wrow[k];
-          acc += part * (sx[(k0 / ga) * ld + m] * wscale(n, k0 / bk));
+          const float a = sx ? sx[(k0 / ga) * ld + m] : 1.0f;
+          acc += part * (a * wscale(n, k0 / bk));
         }
         if (!bf.empty()) acc += bf[n];
         of[m * N + n] = acc;
@@ -170,12 +174,22 @@ void linear_fp8(Tensor& out, const Fp8Input& x, const Fp8Weight& w, const Tensor
   }
   for (int64_t m = 0; m < M; ++m) float_to_row(out, m, of.data() + m * N);
 }
+}  // namespace
 
-// The FP8 product of 16-bit or F32 activations: quantised as above (kNone: taken as they are,
-// each value in fp32), then the product on the codes.
+void linear_fp8(Tensor& out, const Fp8Input& x, const Fp8Weight& w, const Tensor& bias) {
+  check_linear_fp8_input(out, x, w, bias);
+  const int64_t M = x.rows(), K = x.cols();
+  std::vector<float> xv(static_cast<size_t>(M * K));
+  const uint8_t* xq = x.codes.ptr<uint8_t>();
+  for (int64_t i = 0; i < M * K; ++i) xv[i] = f8e4m3_to_f32(xq[i]);
+  product(out, xv, x.scales.ptr<float>(), fp8_scale_ld(M), x.quant.group(K), w, bias);
+}
+
+// The FP8 product of 16-bit or F32 activations: quantised as above, then the product on the codes;
+// kNone (W8A16): the activations as they are, each value in fp32.
 void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& bias) {
   check_linear_fp8_args(out, x, w, bias);
-  const int64_t M = x.size(0), K = x.size(1), N = w.w.size(0);
+  const int64_t M = x.size(0), K = x.size(1);
   if (w.activation != Fp8Activation::kNone) {
     Fp8Input in;
     in.quant = Fp8Quant::of(w);
@@ -184,47 +198,9 @@ void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& 
     cpu::quantize_fp8(in, x);
     return cpu::linear_fp8(out, in, w, bias);
   }
-  // W8A16: the activations as they are, against the dequantised weight.
-  const float* sw = w.scale.ptr<float>();
-  const int64_t bn = w.granularity == Fp8Granularity::kBlock ? w.block_n : 1;
-  const int64_t bk = w.granularity == Fp8Granularity::kBlock ? w.block_k : std::max<int64_t>(K, 1);
-  const int64_t GK = (K + bk - 1) / bk;
   std::vector<float> xv(static_cast<size_t>(M * K));
   for (int64_t m = 0; m < M; ++m) row_to_float(x, m, xv.data() + m * K);
-  std::vector<float> bf;
-  if (bias.defined()) {
-    bf.resize(static_cast<size_t>(N));
-    for (int64_t n = 0; n < N; ++n) bf[n] = load(bias.data(), bias.dtype(), n);
-  }
-  std::vector<int64_t> cuts;
-  for (int64_t k = 0; k < K; k += bk) cuts.push_back(k);
-  cuts.push_back(K);
-  const uint8_t* wqp = w.w.ptr<uint8_t>();
-  std::vector<float> of(static_cast<size_t>(M * N));
-#pragma omp parallel if (M * N * K > kParallelMin * 16)
-  {
-    std::vector<float> wrow(static_cast<size_t>(K));
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < N; ++n) {
-      for (int64_t k = 0; k < K; ++k) wrow[k] = f8e4m3_to_f32(wqp[n * K + k]);
-      for (int64_t m = 0; m < M; ++m) {
-        const float* xr = xv.data() + m * K;
-        float acc = 0.0f;
-        for (size_t c = 0; c + 1 < cuts.size(); ++c) {
-          const int64_t k0 = cuts[c], k1 = cuts[c + 1];
-          float part = 0.0f;
-          for (int64_t k = k0; k < k1; ++k) part += xr[k] * wrow[k];
-          const float s = w.granularity == Fp8Granularity::kBlock
-                              ? sw[(n / bn) * GK + k0 / bk]
-                              : (w.granularity == Fp8Granularity::kChannel ? sw[n] : sw[0]);
-          acc += part * s;
-        }
-        if (!bf.empty()) acc += bf[n];
-        of[m * N + n] = acc;
-      }
-    }
-  }
-  for (int64_t m = 0; m < M; ++m) float_to_row(out, m, of.data() + m * N);
+  product(out, xv, nullptr, 0, std::max<int64_t>(K, 1), w, bias);
 }
 
 // The reference of the fused ops: the unfused op into a buffer of x's dtype, then the

@@ -339,14 +339,7 @@ void quantize_fp8(Fp8Input& in, const Tensor& x) {
 
 void linear_fp8(Tensor& out, const Fp8Input& x, const Fp8Weight& w, const Tensor& bias,
                 const Tensor& workspace) {
-  check_fp8_input("linear_fp8", x);
-  check_linear_fp8_args(out, x.codes, w, bias);
-  ATOM_CHECK(w.activation == x.quant.activation &&
-                 (w.activation != Fp8Activation::kBlockDynamic || w.block_k == x.quant.block_k),
-             "linear_fp8: activations quantised for another product (activation {} block_k {}, "
-             "the weight wants {} {})",
-             static_cast<int>(x.quant.activation), x.quant.block_k, static_cast<int>(w.activation),
-             w.block_k);
+  check_linear_fp8_input(out, x, w, bias);
   ATOM_CHECK(out.dtype() == DType::kBF16 || out.dtype() == DType::kF32,
              "linear_fp8: CUDA output must be BF16 or F32, got {}", out.str());
   const int64_t M = x.rows(), K = x.cols(), N = w.w.size(0);
