@@ -11,13 +11,8 @@
 #   steps: test,kernel,e2e,throughput (default test,kernel,e2e)
 set -u
 out="${OUT:-/tmp/fp8moe-out}"
-mkdir -p "$out"
 steps=",${1:-test,kernel,e2e},"
-bash tools/gpu_apply_head.sh
-ATOM_GPU_TARGETS="${ATOM_GPU_TARGETS:-gpu_test cuda_moe_bench cuda_e2e_bench atom}" bash tools/gpu_build.sh none > "$out/build.txt" 2>&1
-echo "build: rc $? $(grep -m3 -E 'error' "$out/build.txt")"
-export LD_LIBRARY_PATH=/tmp/atom-deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+source tools/gpu_preamble.sh "gpu_test cuda_moe_bench cuda_e2e_bench atom"
 if [[ "$steps" == *",test,"* ]]; then
   timeout 240 ./build-gpu/tests/kernels/gpu_test \
     --gtest_filter='GpuMoe.*:*GpuMoeParity*:*GpuFp8Parity*:GpuGptOssMxfp4*:*GpuMoeEngine*' > "$out/gpu_test_moe.txt" 2>&1

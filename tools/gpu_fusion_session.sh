@@ -9,13 +9,8 @@
 #   steps: test,e2e,throughput (default all three)
 set -u
 out="${OUT:-/tmp/fusion-out}"
-mkdir -p "$out"
 steps=",${1:-test,e2e,throughput},"
-bash tools/gpu_apply_head.sh
-ATOM_GPU_TARGETS="${ATOM_GPU_TARGETS:-gpu_test cuda_e2e_bench atom}" bash tools/gpu_build.sh none > "$out/build.txt" 2>&1
-echo "build: rc $? $(grep -m3 -E 'error' "$out/build.txt")"
-export LD_LIBRARY_PATH=/tmp/atom-deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+source tools/gpu_preamble.sh "gpu_test cuda_e2e_bench atom"
 fuse() {
   export ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_RMSNORM_QUANT=$1 ATOM_LLAMA_ENABLE_AITER_TRITON_FUSED_SILU_MUL_QUANT=$1
   export ATOM_ENABLE_DS_INPUT_RMSNORM_QUANT_FUSION=$1 ATOM_ENABLE_DS_QKNORM_QUANT_FUSION=$1
@@ -49,6 +44,6 @@ if [[ "$steps" == *",throughput,"* ]]; then
       --load-format dummy --device cuda --input-len 1000 --output-len 1000 --num-prompts 512 \
       --max-num-seqs 256 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 \
       --kv-cache-dtype fp8 --output-json "$out/throughput_${m}_fused$v.json" > "$out/throughput_${m}_fused$v.log" 2>&1
-    echo "throughput $m fused=$v: rc $?"; grep -vE "^\[atom" "$out/throughput_${m}_fused$v.log" | tail -4
+    echo "throughput $m fused=$v: rc $?"; grep -E "^Throughput|^Engine|^TTFT" "$out/throughput_${m}_fused$v.log"
   done
 fi

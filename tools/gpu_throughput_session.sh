@@ -9,13 +9,8 @@
 # others their time within the call's 600 s.
 set -u
 out="${OUT:-/tmp/throughput-out}"
-mkdir -p "$out"
 models="${1:-llama-3.1-8b-fp8-dynamic,gpt-oss-120b,qwen3-30b-a3b,deepseek-v2-lite}"
-bash tools/gpu_apply_head.sh
-ATOM_GPU_TARGETS="${ATOM_GPU_TARGETS:-atom}" bash tools/gpu_build.sh none > "$out/build.txt" 2>&1
-echo "build: rc $? $(grep -m3 -E 'error' "$out/build.txt")"
-export LD_LIBRARY_PATH=/tmp/atom-deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+source tools/gpu_preamble.sh "atom"
 IFS=, read -r -a list <<< "$models"
 for m in "${list[@]}"; do
   kv=()
@@ -25,5 +20,5 @@ for m in "${list[@]}"; do
     --max-num-seqs 256 --max-num-batched-tokens 8192 --gpu-memory-utilization 0.9 "${kv[@]}" \
     --output-json "$out/throughput_$m.json" > "$out/throughput_$m.log" 2>&1
   echo "throughput $m ${kv[*]}: rc $?"
-  grep -vE "^\[atom" "$out/throughput_$m.log" | tail -4
+  grep -E "^Throughput|^Engine|^TTFT" "$out/throughput_$m.log"
 done

@@ -7,13 +7,8 @@
 # Run from the repository root: bash tools/gpu_v4_session.sh [steps]   steps: test,bench,hf
 set -u
 out="${OUT:-/tmp/v4-out}"
-mkdir -p "$out"
 steps=",${1:-test,bench,hf},"
-bash tools/gpu_apply_head.sh
-ATOM_GPU_TARGETS="${ATOM_GPU_TARGETS:-gpu_test cuda_e2e_bench atom}" bash tools/gpu_build.sh none > "$out/build.txt" 2>&1
-echo "build: rc $? $(grep -m3 -E 'error' "$out/build.txt")"
-export LD_LIBRARY_PATH=/tmp/atom-deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+source tools/gpu_preamble.sh "gpu_test cuda_e2e_bench atom"
 if [[ "$steps" == *",test,"* ]]; then
   timeout 240 ./build-gpu/tests/kernels/gpu_test \
     --gtest_filter='GpuPp*:GpuCompressedKv*:GpuDeepseekV4*:*deepseek_v4*:GpuIndexer*:GpuKpool*:GpuMla*:GpuGatedDelta*:GpuKimiDelta*' > "$out/gpu_test_v4.txt" 2>&1

@@ -8,13 +8,8 @@
 #   the tower with ATOM_VISION_FUSED_ROPE off and on in one run; all: the whole gpu_test)
 set -u
 out="${OUT:-/tmp/vision-out}"
-mkdir -p "$out"
 steps=",${1:-test,bench,diff},"
-bash tools/gpu_apply_head.sh
-ATOM_GPU_TARGETS="${ATOM_GPU_TARGETS:-gpu_test cuda_vision_bench cuda_e2e_bench}" bash tools/gpu_build.sh none > "$out/build.txt" 2>&1
-echo "build: rc $? $(tail -1 "$out/build.txt")"
-export LD_LIBRARY_PATH=/tmp/atom-deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+source tools/gpu_preamble.sh "gpu_test cuda_vision_bench cuda_e2e_bench"
 if [[ "$steps" == *",test,"* ]]; then
   timeout 300 ./build-gpu/tests/kernels/gpu_test --gtest_filter='GpuEncoder*:GpuKimiK25*:GpuKimiK3*:GpuMoe.Router*' > "$out/gpu_test_vision.txt" 2>&1
   echo "gpu_test vision: rc $?"
