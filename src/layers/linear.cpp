@@ -394,13 +394,23 @@ void LinearBase::init_params(const std::string& prefix, LinearLayout layout, boo
   }
 }
 
-Tensor LinearBase::output(Step& step, const Tensor& x, const Tensor& out) const {
-  if (!out.defined()) return step.empty({x.size(0), out_}, ctx_.act_dtype);
-  ATOM_CHECK(out.dim() == 2 && out.size(0) == x.size(0) && out.size(1) == out_ &&
+Tensor LinearBase::output(Step& step, int64_t rows, const Tensor& out) const {
+  if (!out.defined()) return step.empty({rows, out_}, ctx_.act_dtype);
+  ATOM_CHECK(out.dim() == 2 && out.size(0) == rows && out.size(1) == out_ &&
                  out.dtype() == ctx_.act_dtype && out.is_contiguous(),
-             "linear: output {} for input {} must be contiguous [{}, {}] of {}", out.str(), x.str(),
-             x.size(0), out_, dtype_name(ctx_.act_dtype));
+             "linear: output {} for {} input rows must be contiguous [{}, {}] of {}", out.str(),
+             rows, rows, out_, dtype_name(ctx_.act_dtype));
   return out;
+}
+
+void LinearBase::finish(Tensor& y) {
+  if (!reduces()) return;
+  ctx_.comm->all_reduce_sum(y);
+  if (bias_) kernels::add_bias(y, bias_->data());
+}
+
+Tensor LinearBase::bias_in_product() const {
+  return bias_ && !reduces() ? bias_->data() : Tensor();
 }
 
 void LinearBase::product(Tensor& y, const Tensor& x, const Tensor& bias) {
@@ -419,8 +429,9 @@ bool LinearBase::forward_rope_kv(Tensor& out, const Tensor& x, const kernels::Qk
 }
 
 Tensor LinearBase::forward(Step& step, const Tensor& x, const Tensor& out) {
-  Tensor y = output(step, x, out);
-  product(y, x, bias_ ? bias_->data() : Tensor());
+  Tensor y = output(step, x.size(0), out);
+  product(y, x, bias_in_product());
+  finish(y);
   return y;
 }
 
@@ -443,23 +454,9 @@ Tensor LinearBase::forward(Step& step, const LinearInput& x, const Tensor& out) 
   if (!x.quantised()) return forward(step, x.x, out);
   ATOM_CHECK(input_quant(), "linear '{}': given quantised activations, but its product takes {}",
              weight_->name(), fp8_ ? "16-bit activations (W8A16)" : "no FP8");
-  const int64_t rows = x.q.rows();
-  Tensor y;
-  if (out.defined()) {
-    ATOM_CHECK(out.dim() == 2 && out.size(0) == rows && out.size(1) == out_ &&
-                   out.dtype() == ctx_.act_dtype && out.is_contiguous(),
-               "linear: output {} for {} quantised inputs must be contiguous [{}, {}] of {}",
-               out.str(), rows, rows, out_, dtype_name(ctx_.act_dtype));
-    y = out;
-  } else {
-    y = step.empty({rows, out_}, ctx_.act_dtype);
-  }
-  const Tensor bias = bias_ ? bias_->data() : Tensor();
-  kernels::linear_fp8(y, x.q, fp8_weight(), reduces() ? Tensor() : bias);
-  if (reduces()) {
-    ctx_.comm->all_reduce_sum(y);
-    if (bias_) kernels::add_bias(y, bias_->data());
-  }
+  Tensor y = output(step, x.q.rows(), out);
+  kernels::linear_fp8(y, x.q, fp8_weight(), bias_in_product());
+  finish(y);
   return y;
 }
 
@@ -496,18 +493,6 @@ RowParallelLinear::RowParallelLinear(LayerContext& ctx, const std::string& prefi
   l.cols = in_;
   l.ckpt_cols = in;
   init_params(prefix, std::move(l), bias, storage);
-}
-
-Tensor RowParallelLinear::forward(Step& step, const Tensor& x, const Tensor& out) {
-  Tensor y = output(step, x, out);
-  if (ctx_.tp_size == 1 || !reduce_) {
-    product(y, x, bias_ ? bias_->data() : Tensor());
-    return y;
-  }
-  product(y, x, Tensor());
-  ctx_.comm->all_reduce_sum(y);
-  if (bias_) kernels::add_bias(y, bias_->data());
-  return y;
 }
 
 namespace {

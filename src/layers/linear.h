@@ -83,7 +83,7 @@ class LinearBase {
  public:
   // y = x · Wᵀ (+ b)   x [T, in_per_rank] -> [T, out_per_rank], written into `out` when it is
   // given (a caller-owned buffer), else into a new tensor of the step.
-  virtual Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor());
+  Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor());
   // The same on activations quantised before the call (x.quant must be input_quant()'s); a
   // plain input goes to the overload above.
   Tensor forward(Step& step, const LinearInput& x, const Tensor& out = Tensor());
@@ -122,12 +122,17 @@ class LinearBase {
  protected:
   LinearBase(LayerContext& ctx, int64_t in_per_rank, int64_t out_per_rank)
       : ctx_(ctx), in_(in_per_rank), out_(out_per_rank) {}
-  // `out` checked against this layer's output for x, or a new step tensor when undefined.
-  Tensor output(Step& step, const Tensor& x, const Tensor& out) const;
+  // `out` checked against this layer's output for `rows` inputs, or a new step tensor when
+  // undefined.
+  Tensor output(Step& step, int64_t rows, const Tensor& out) const;
   // y = x · Wᵀ (+ bias) by the stored form of the weight.
   void product(Tensor& y, const Tensor& x, const Tensor& bias);
   // Whether forward sums the rank's partial products over the ranks (then adds the bias).
   virtual bool reduces() const { return false; }
+  // The bias the product adds itself: none when the sum over the ranks adds it once after.
+  Tensor bias_in_product() const;
+  // After the product: the sum over the ranks and the bias, where the layer reduces.
+  void finish(Tensor& y);
   // Registers the weight (and bias) at `prefix` in the layer's method with loaders cutting this
   // rank's share by `layout` (parts' ckpt_name filled here), and for FP8 its weight_scale
   // (checkpoint weight_scale or weight_scale_inv) and input_scale (static activations). A
@@ -172,8 +177,6 @@ class RowParallelLinear : public LinearBase {
   RowParallelLinear(LayerContext& ctx, const std::string& prefix, int64_t in, int64_t out,
                     bool bias, bool reduce_results = true,
                     LinearStorage storage = LinearStorage::kAuto);
-  using LinearBase::forward;
-  Tensor forward(Step& step, const Tensor& x, const Tensor& out = Tensor()) override;
 
  protected:
   bool reduces() const override { return ctx_.tp_size > 1 && reduce_; }
