@@ -40,6 +40,16 @@ inline Mat mat_of(const Tensor& t, const char* op) {
   return m;
 }
 
+// The residual stream of a fused residual add + norm over x: x's shape and dtype, rows
+// contiguous (an error naming `op` otherwise).
+inline Mat residual_mat(const char* op, const Tensor& residual, const Tensor& x) {
+  check_rows(op, residual, "residual");
+  ATOM_CHECK(residual.size(0) == x.size(0) && residual.size(1) == x.size(1) &&
+                 residual.dtype() == x.dtype(),
+             "{}: residual {} for x {}", op, residual.str(), x.str());
+  return mat_of(residual, op);
+}
+
 // An activation as the kernels take it (moe_act_times in device_common.cuh): its kind, and
 // SiTU's beta and linear_beta in the alpha and limit slots.
 struct GluConstants {

@@ -92,6 +92,11 @@ Fp8Act act_of(Fp8Activation a) {
   }
 }
 
+// The checkpoint's input_scale of static activations (a device pointer), else null.
+const float* static_scale(const Fp8Quant& q) {
+  return q.activation == Fp8Activation::kTensorStatic ? q.input_scale.ptr<float>() : nullptr;
+}
+
 Fp8Gran gran_of(Fp8Granularity g) {
   switch (g) {
     case Fp8Granularity::kTensor:
@@ -295,8 +300,7 @@ void linear_fp8(Tensor& out, const Tensor& x, const Fp8Weight& w, const Tensor& 
     }
     g.a.xq = ws;
     g.a.sx = reinterpret_cast<float*>(ws + l.q_bytes);
-    launch_fp8_act_quant(
-        g.x, g.act, g.act == Fp8Act::kStatic ? w.input_scale.ptr<float>() : nullptr, g.a, stream);
+    launch_fp8_act_quant(g.x, g.act, static_scale(Fp8Quant::of(w)), g.a, stream);
     launch_check("linear_fp8 (activation quantisation)");
   }
   // Split-K's totals after the quantised activations in the workspace.
@@ -330,10 +334,7 @@ void quantize_fp8(Fp8Input& in, const Tensor& x) {
       "quantize_fp8: x {} into codes {}", x.str(), in.codes.str());
   if (in.rows() == 0 || in.cols() == 0) return;
   launch_fp8_act_quant(mat_of(x, "quantize_fp8"), act_of(in.quant.activation),
-                       in.quant.activation == Fp8Activation::kTensorStatic
-                           ? in.quant.input_scale.ptr<float>()
-                           : nullptr,
-                       act8_of(in), current_stream());
+                       static_scale(in.quant), act8_of(in), current_stream());
   launch_check("quantize_fp8");
 }
 
@@ -404,20 +405,11 @@ bool rms_norm_fp8(Fp8Input& in, const Tensor& x, Tensor* residual, const Tensor&
   const int64_t rows = x.size(0), width = x.size(1);
   ATOM_CHECK(in.rows() == rows && in.cols() == width && w.numel() == width && w.is_contiguous(),
              "rms_norm_fp8: x {} w {} into codes {}", x.str(), w.str(), in.codes.str());
-  Mat res;
-  if (residual) {
-    check_rows("rms_norm_fp8", *residual, "residual");
-    ATOM_CHECK(
-        residual->size(0) == rows && residual->size(1) == width && residual->dtype() == x.dtype(),
-        "rms_norm_fp8: residual {} for x {}", residual->str(), x.str());
-    res = mat_of(*residual, "rms_norm_fp8");
-  }
-  const bool done = launch_rms_norm_fp8(
-      mat_of(x, "rms_norm_fp8"), residual ? &res : nullptr, w.data(),
-      elem_of(w.dtype(), "rms_norm_fp8"), eps, static_cast<int>(kind), act_of(in.quant.activation),
-      in.quant.activation == Fp8Activation::kTensorStatic ? in.quant.input_scale.ptr<float>()
-                                                          : nullptr,
-      act8_of(in), current_stream());
+  const Mat res = residual ? residual_mat("rms_norm_fp8", *residual, x) : Mat{};
+  const bool done = launch_rms_norm_fp8(mat_of(x, "rms_norm_fp8"), residual ? &res : nullptr,
+                                        w.data(), elem_of(w.dtype(), "rms_norm_fp8"), eps,
+                                        static_cast<int>(kind), act_of(in.quant.activation),
+                                        static_scale(in.quant), act8_of(in), current_stream());
   if (done) launch_check("rms_norm_fp8");
   return done;
 }
@@ -428,11 +420,9 @@ bool glu_fp8(Fp8Input& in, const Tensor& x, const Glu& a) {
   ATOM_CHECK(x.size(1) % 2 == 0 && in.rows() == x.size(0) && in.cols() == x.size(1) / 2,
              "glu_fp8: x {} into codes {}", x.str(), in.codes.str());
   const GluConstants c = glu_constants(a);
-  const bool done = launch_glu_fp8(
-      mat_of(x, "glu_fp8"), in.cols(), c.act, c.alpha, c.limit, act_of(in.quant.activation),
-      in.quant.activation == Fp8Activation::kTensorStatic ? in.quant.input_scale.ptr<float>()
-                                                          : nullptr,
-      act8_of(in), current_stream());
+  const bool done = launch_glu_fp8(mat_of(x, "glu_fp8"), in.cols(), c.act, c.alpha, c.limit,
+                                   act_of(in.quant.activation), static_scale(in.quant), act8_of(in),
+                                   current_stream());
   if (done) launch_check("glu_fp8");
   return done;
 }

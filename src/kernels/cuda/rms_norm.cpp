@@ -18,14 +18,7 @@ void rms_norm(Tensor& out, const Tensor& x, Tensor* residual, const Tensor& w, f
   ATOM_CHECK(dim > 0 && width % dim == 0 && out.size(0) == rows && out.size(1) == width &&
                  out.dtype() == x.dtype() && w.is_contiguous(),
              "rms_norm: x {} out {} w {}", x.str(), out.str(), w.str());
-  Mat res;
-  if (residual) {
-    check_rows("rms_norm", *residual, "residual");
-    ATOM_CHECK(
-        residual->size(0) == rows && residual->size(1) == width && residual->dtype() == x.dtype(),
-        "rms_norm: residual {} for x {}", residual->str(), x.str());
-    res = mat_of(*residual, "rms_norm");
-  }
+  const Mat res = residual ? residual_mat("rms_norm", *residual, x) : Mat{};
   launch_rms_norm(mat_of(out, "rms_norm"), mat_of(x, "rms_norm"), residual ? &res : nullptr,
                   w.data(), elem_of(w.dtype(), "rms_norm"), dim, eps, static_cast<int>(kind),
                   current_stream());
