@@ -147,25 +147,16 @@ class LlamaDecoderLayer {
   // not yet added to it (undefined before the first layer). Writes this layer's output, before
   // its residual add, into `out` (not h's buffer).
   void forward(Step& step, const Tensor& h, Tensor& residual, const Tensor& out, State& state) {
+    // residual += h first, except before the first layer (the residual stream is x itself).
+    const Tensor& x = h.defined() ? h : residual;
+    Tensor* add_to = h.defined() ? &residual : nullptr;
     Tensor a;
     if constexpr (HasLayerState<SelfAttention>) {
-      Tensor x = h.defined() ? input_layernorm_.forward(step, h, residual)  // residual += h
-                             : input_layernorm_.forward(step, residual);
-      a = self_attn_.forward(step, x, state);
-    } else if constexpr (TakesQuantisedInput<SelfAttention>) {
-      a = self_attn_.forward(step, norm_for(step, input_layernorm_, h.defined() ? h : residual,
-                                            h.defined() ? &residual : nullptr, self_attn_));
+      a = self_attn_.forward(step, norm_for(step, input_layernorm_, x, add_to, self_attn_), state);
     } else {
-      Tensor x = h.defined() ? input_layernorm_.forward(step, h, residual)
-                             : input_layernorm_.forward(step, residual);
-      a = self_attn_.forward(step, x);
+      a = self_attn_.forward(step, norm_for(step, input_layernorm_, x, add_to, self_attn_));
     }
-    if constexpr (TakesQuantisedInput<Mlp>) {
-      mlp_.forward(step, norm_for(step, post_attention_layernorm_, a, &residual, mlp_), out);
-    } else {
-      Tensor x = post_attention_layernorm_.forward(step, a, residual);
-      mlp_.forward(step, x, out);
-    }
+    mlp_.forward(step, norm_for(step, post_attention_layernorm_, a, &residual, mlp_), out);
   }
 
  protected:
@@ -176,13 +167,18 @@ class LlamaDecoderLayer {
   Mlp& mlp() { return mlp_; }
 
  private:
-  // norm(x) (residual += x first when given), quantised for `next`'s first product where `next`
-  // asks for it (its switch) and that product quantises its input.
+  // norm(x) (residual += x first when given) for `next`: quantised for its first product where
+  // `next` takes quantised input, asks for it (its switch) and that product quantises its input
+  // (a LinearInput either way); a Tensor for any other module.
   template <class Next>
-  LinearInput norm_for(Step& step, RMSNorm& norm, const Tensor& x, Tensor* residual, Next& next) {
-    if (const LinearBase* l = next.input_linear(); l && l->input_quant())
-      return norm.forward_fp8(step, x, residual, *l);
-    return residual ? norm.forward(step, x, *residual) : norm.forward(step, x);
+  auto norm_for(Step& step, RMSNorm& norm, const Tensor& x, Tensor* residual, Next& next) {
+    if constexpr (TakesQuantisedInput<Next>) {
+      if (const LinearBase* l = next.input_linear(); l && l->input_quant())
+        return LinearInput(norm.forward_fp8(step, x, residual, *l));
+      return LinearInput(residual ? norm.forward(step, x, *residual) : norm.forward(step, x));
+    } else {
+      return residual ? norm.forward(step, x, *residual) : norm.forward(step, x);
+    }
   }
 
   RMSNorm input_layernorm_;
