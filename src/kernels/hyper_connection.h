@@ -9,9 +9,12 @@
 //          (sinkhorn_iters - 1) times rows and columns normalised (each sum + hc_eps)
 //                                                                             -> comb [T, hc, hc]
 //   input = Σ_j pre_j x_j                                  -> input [T, D] (any float dtype)
+//   DeepSeek-V4.1's single-pass form (HcCarry): input = Σ_j by_j x_j by the previous site's pre
+//   (by [T, hc] F32), and this site's pre written to pre_out [T, hc] F32.
 // hc_write_back: x'_k = post_k y + Σ_j comb[j, k] x_j, in place; y [T, D] any float dtype.
 // hc_head: out = Σ_j w_j x_j with w = sigmoid(m scale0 + base) + hc_eps (fn [hc, hc D], base
 //   [hc], scale [1]), or w = 1 / hc when fn is undefined (the mean); out [T, D] any float dtype.
+// hc_collapse: out = Σ_j by_j x_j (by [T, hc] F32; V4.1's last collapse, by the last site's pre).
 // hc_expand: every stream the embedding, streams[t, j] = e[t]; e [T, D] any float dtype.
 #pragma once
 
@@ -24,6 +27,13 @@ struct HcArgs {
   int sinkhorn_iters = 20;
   float hc_eps = 1e-6f;
   float norm_eps = 1e-6f;
+};
+
+// hc_mix's single-pass form (null: none): collapse by `by` instead of the site's own pre, and
+// write the site's pre to `pre_out`.
+struct HcCarry {
+  const Tensor* by = nullptr;
+  Tensor* pre_out = nullptr;
 };
 
 // The shape and dtype checks of every backend (each adds its own limits).
@@ -66,6 +76,23 @@ inline void mix(const Tensor& input, const Tensor& post, const Tensor& comb, con
   rows("hc_mix", input, "input", x);
   maps("hc_mix", post, comb, x);
 }
+// A [T, hc] F32 map of the streams' tokens (HcCarry's, hc_collapse's).
+inline void weights(const char* op, const Tensor* w, const char* name, const Tensor& x) {
+  if (!w) return;
+  ATOM_CHECK(w->dtype() == DType::kF32 && w->is_contiguous() &&
+                 w->shape() == Shape({x.size(0), x.size(1)}),
+             "{}: {} {} for streams {}: expected contiguous F32 [T, hc]", op, name, w->str(),
+             x.str());
+}
+inline void carry(const HcCarry& c, const Tensor& x) {
+  weights("hc_mix", c.by, "the carried pre", x);
+  weights("hc_mix", c.pre_out, "pre_out", x);
+}
+inline void collapse(const Tensor& out, const Tensor& x, const Tensor& by) {
+  streams("hc_collapse", x);
+  rows("hc_collapse", out, "out", x);
+  weights("hc_collapse", &by, "weights", x);
+}
 inline void write_back(const Tensor& x, const Tensor& y, const Tensor& post, const Tensor& comb) {
   streams("hc_write_back", x);
   rows("hc_write_back", y, "sublayer output", x);
@@ -85,7 +112,8 @@ inline void expand(const Tensor& x, const Tensor& e) {
 
 namespace cpu {
 void hc_mix(Tensor& input, Tensor& post, Tensor& comb, const Tensor& streams, const Tensor& fn,
-            const Tensor& base, const Tensor& scale, const HcArgs& a);
+            const Tensor& base, const Tensor& scale, const HcArgs& a, const HcCarry& carry);
+void hc_collapse(Tensor& out, const Tensor& streams, const Tensor& by);
 void hc_write_back(Tensor& streams, const Tensor& y, const Tensor& post, const Tensor& comb);
 void hc_head(Tensor& out, const Tensor& streams, const Tensor& fn, const Tensor& base,
              const Tensor& scale, const HcArgs& a);
@@ -95,7 +123,8 @@ namespace cuda {
 // The CUDA kernels take up to kHcMaxStreams streams.
 inline constexpr int kHcMaxStreams = 16;
 void hc_mix(Tensor& input, Tensor& post, Tensor& comb, const Tensor& streams, const Tensor& fn,
-            const Tensor& base, const Tensor& scale, const HcArgs& a);
+            const Tensor& base, const Tensor& scale, const HcArgs& a, const HcCarry& carry);
+void hc_collapse(Tensor& out, const Tensor& streams, const Tensor& by);
 void hc_write_back(Tensor& streams, const Tensor& y, const Tensor& post, const Tensor& comb);
 void hc_head(Tensor& out, const Tensor& streams, const Tensor& fn, const Tensor& base,
              const Tensor& scale, const HcArgs& a);
@@ -103,10 +132,18 @@ void hc_expand(Tensor& streams, const Tensor& e);
 }  // namespace cuda
 
 inline void hc_mix(Tensor& input, Tensor& post, Tensor& comb, const Tensor& streams,
-                   const Tensor& fn, const Tensor& base, const Tensor& scale, const HcArgs& a) {
-  check_same_device("hc_mix", input.device(), {&post, &comb, &streams, &fn, &base, &scale});
-  if (input.device().is_cpu()) return cpu::hc_mix(input, post, comb, streams, fn, base, scale, a);
-  ATOM_KERNEL_CUDA("hc_mix", cuda::hc_mix(input, post, comb, streams, fn, base, scale, a));
+                   const Tensor& fn, const Tensor& base, const Tensor& scale, const HcArgs& a,
+                   const HcCarry& carry = {}) {
+  check_same_device("hc_mix", input.device(),
+                    {&post, &comb, &streams, &fn, &base, &scale, carry.by, carry.pre_out});
+  if (input.device().is_cpu())
+    return cpu::hc_mix(input, post, comb, streams, fn, base, scale, a, carry);
+  ATOM_KERNEL_CUDA("hc_mix", cuda::hc_mix(input, post, comb, streams, fn, base, scale, a, carry));
+}
+inline void hc_collapse(Tensor& out, const Tensor& streams, const Tensor& by) {
+  check_same_device("hc_collapse", out.device(), {&streams, &by});
+  if (out.device().is_cpu()) return cpu::hc_collapse(out, streams, by);
+  ATOM_KERNEL_CUDA("hc_collapse", cuda::hc_collapse(out, streams, by));
 }
 inline void hc_write_back(Tensor& streams, const Tensor& y, const Tensor& post,
                           const Tensor& comb) {

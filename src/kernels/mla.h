@@ -12,6 +12,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/dispatch.h"
+#include "kernels/index_plane.h"
 
 namespace atom::kernels {
 
@@ -144,10 +145,35 @@ struct IndexerArgs {
   // multiple of it: block_size / entry_tokens rows a page): a token at context index i sees the
   // rows j < (i + 1) / entry_tokens, and max_context_len counts rows.
   int entry_tokens = 1;
+  // DeepSeek-V4.1's quantised index plane (kernels/index_plane.h): kFp8, key_cache U8 [num_pages,
+  // rows, 1, D + 4] (codes and the row's F32 scale); kFp4, key_cache U8 [.., D / 2] with
+  // IndexerPlanes::key_scales U8 [.., D / 32]. Each query head is rounded as the scorers take it
+  // (index_fp8_round_query / index_fp4_round_query) before its products.
+  IndexKeyFormat key_format = IndexKeyFormat::kPlain;
+  // Ties at equal scores: the higher position first (V4.1's index_topk_tie_break
+  // "large_position"); else the lower.
+  bool large_position_first = false;
+  // Rows a candidate block (IndexerPlanes' candidates; V4.1's candidate_block_size).
+  int candidate_block = 0;
+};
+
+// The indexer's optional planes (null: none).
+struct IndexerPlanes {
+  const Tensor* key_scales = nullptr;  // kFp4's scales
+  // [T, C] I32 block ids (-1 unused): only the rows of these blocks (row j in block j /
+  // candidate_block) are chosen from; a query with fewer than top_k such rows gets them all, then
+  // -1 entries. (V4.1's layers after its candidate source.)
+  const Tensor* candidates_in = nullptr;
+  // [T, C] I32 out: each query's C blocks of the highest maximum score over its visible rows, the
+  // newest block (holding the last visible row) always kept, ties the lower block first, in
+  // ascending block order, then -1 entries. (V4.1's candidate source; its own top_k is
+  // unrestricted.)
+  Tensor* candidates_out = nullptr;
 };
 
 // F32 elements of scratch indexer_topk needs (CUDA: every token's scores, num_tokens x
-// max_context_len; 0 on the CPU). Pass it as the batch's workspace.
+// max_context_len, and with candidate_block its blocks' maxima; 0 on the CPU). Pass it as the
+// batch's workspace.
 namespace cuda {
 int64_t indexer_topk_workspace_size(int64_t num_tokens, const IndexerArgs& a);
 }
@@ -163,20 +189,25 @@ inline int64_t indexer_topk_workspace_size(Device device, int64_t num_tokens,
 
 namespace cpu {
 void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Tensor& key_cache,
-                  const AttentionBatch& b, const IndexerArgs& a);
+                  const AttentionBatch& b, const IndexerArgs& a, const IndexerPlanes& p);
 }
 namespace cuda {
 void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Tensor& key_cache,
-                  const AttentionBatch& b, const IndexerArgs& a);
+                  const AttentionBatch& b, const IndexerArgs& a, const IndexerPlanes& p);
 }
 
+// The key cache's and the optional planes' checks (every backend).
+void indexer_cache_check(const char* op, const Tensor& topk, const Tensor& key_cache,
+                         const IndexerArgs& a, const IndexerPlanes& p);
+
 inline void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights,
-                         const Tensor& key_cache, const AttentionBatch& b, const IndexerArgs& a) {
-  check_same_device(
-      "indexer_topk", topk.device(),
-      {&q, &weights, &key_cache, b.query_start, b.context_lens, b.page_indptr, b.page_indices});
-  if (topk.device().is_cpu()) return cpu::indexer_topk(topk, q, weights, key_cache, b, a);
-  ATOM_KERNEL_CUDA("indexer_topk", cuda::indexer_topk(topk, q, weights, key_cache, b, a));
+                         const Tensor& key_cache, const AttentionBatch& b, const IndexerArgs& a,
+                         const IndexerPlanes& p = {}) {
+  check_same_device("indexer_topk", topk.device(),
+                    {&q, &weights, &key_cache, b.query_start, b.context_lens, b.page_indptr,
+                     b.page_indices, p.key_scales, p.candidates_in, p.candidates_out});
+  if (topk.device().is_cpu()) return cpu::indexer_topk(topk, q, weights, key_cache, b, a, p);
+  ATOM_KERNEL_CUDA("indexer_topk", cuda::indexer_topk(topk, q, weights, key_cache, b, a, p));
 }
 
 // The k-pool indexer's choice (GLM-5.3's Glm5NextTextIndexer). Each token's row of rows_cache

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/index_plane.h"
 #include "layers/context.h"
 #include "layers/linear.h"
 
@@ -87,25 +88,15 @@ inline void rope_tail(float* v, int64_t width, int64_t rot_dim, int64_t position
   }
 }
 
-// DeepSeek-V4.1's index plane (index_cache_dtype), as ROCm/ATOM's writer and scorers define it:
-//   fp8: a row of D e4m3 codes and one F32 scale (4 bytes, native order) per key: the row is the
-//        quantisation block, s = 2^ceil(log2(max(amax, 1e-4) / 448)) (ue8m0), codes =
-//        e4m3(clamp(k / s, ±448)), nearest even. D + 4 bytes a row.
-//   fp4: two planes, the values (D / 2 bytes a row, two E2M1 codes a byte, the low nibble the even
-//        element) and the scales (D / 32 E8M0 bytes a row): a scale per 32 elements,
-//        s = 2^ceil(log2(amax / 6)) (amax floored at 6 * 2^-126), codes = e2m1(k / s), nearest
-//        even. D must be a multiple of 32.
-// The scorer reads the keys back as codes times scales.
-int64_t index_fp8_row_bytes(int64_t d);
-void index_fp8_store(const float* k, int64_t d, uint8_t* row);
-void index_fp8_load(const uint8_t* row, int64_t d, float* out);
-void index_fp4_store(const float* k, int64_t d, uint8_t* values, uint8_t* scales);
-void index_fp4_load(const uint8_t* values, const uint8_t* scales, int64_t d, float* out);
-// The index query as the scorers round it, in place. fp8: e4m3 with one F32 scale per row
-// (a (token, head) row: s = amax / 448, not a power of two; codes = e4m3(x / s)); fp4: the keys'
-// arithmetic (a ceil-E8M0 scale per 32 elements).
-void index_fp8_round_query(float* q, int64_t d);
-void index_fp4_round_query(float* q, int64_t d);
+// DeepSeek-V4.1's index plane (index_cache_dtype): its row formats, the same code on the host and
+// the device, are kernels/index_plane.h's.
+using kernels::index_fp4_load;
+using kernels::index_fp4_round_query;
+using kernels::index_fp4_store;
+using kernels::index_fp8_load;
+using kernels::index_fp8_round_query;
+using kernels::index_fp8_row_bytes;
+using kernels::index_fp8_store;
 
 struct WindowCompressorOptions {
   int64_t hidden = 0;

@@ -46,13 +46,20 @@ HyperConnection::HyperConnection(LayerContext& ctx, const std::string& fn, const
   scale_ = &ctx.params.add(scale, ctx.param_tensor({3}, DType::kF32));
 }
 
-HyperConnection::Mix HyperConnection::mix(Step& step, const Tensor& x) const {
+HyperConnection::Mix HyperConnection::mix(Step& step, const Tensor& x,
+                                          const Tensor* carried) const {
   check_streams(x, o_, "hyper-connection");
   const int64_t T = x.size(0), hc = o_.hc_mult, D = o_.hidden;
   Mix m{step.empty({T, D}, act_dtype_), step.empty({T, hc}, DType::kF32),
-        step.empty({T, hc, hc}, DType::kF32)};
+        step.empty({T, hc, hc}, DType::kF32), Tensor()};
+  kernels::HcCarry c;
+  if (carried) {
+    m.pre = step.empty({T, hc}, DType::kF32);
+    c.by = carried;
+    c.pre_out = &m.pre;
+  }
   kernels::hc_mix(m.input, m.post, m.comb, x, fn_->data(), base_->data(), scale_->data(),
-                  hc_args(o_));
+                  hc_args(o_), c);
   return m;
 }
 
@@ -60,47 +67,9 @@ void HyperConnection::write_back(const Mix& m, const Tensor& y, Tensor& x) {
   kernels::hc_write_back(x, y, m.post, m.comb);
 }
 
-Tensor HyperConnection::pre(Step& step, const Tensor& x) const {
-  check_streams(x, o_, "hyper-connection");
-  ATOM_CHECK(x.device().is_cpu(), "hyper-connection: the pre weights alone run on the CPU only");
-  const int64_t T = x.size(0), hc = o_.hc_mult, W = hc * o_.hidden;
-  Tensor out = step.empty({T, hc}, DType::kF32);
-  const float* fn = fn_->data().ptr<float>();
-  const float* base = base_->data().ptr<float>();
-  const float scale = scale_->data().ptr<float>()[0];
-  for (int64_t t = 0; t < T; ++t) {
-    const float* f = x.ptr<float>() + t * W;
-    double ss = 0;
-    for (int64_t c = 0; c < W; ++c) ss += static_cast<double>(f[c]) * f[c];
-    const float r = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(W)) + o_.norm_eps);
-    for (int64_t j = 0; j < hc; ++j) {
-      float m = 0;
-      for (int64_t c = 0; c < W; ++c) m += f[c] * fn[j * W + c];
-      const float z = m * r * scale + base[j];
-      out.ptr<float>()[t * hc + j] = 1.0f / (1.0f + std::exp(-z)) + o_.hc_eps;
-    }
-  }
-  return out;
-}
-
-Tensor HyperConnection::collapse(Step& step, const Tensor& x, const Tensor& pre) {
-  ATOM_CHECK(x.dtype() == DType::kF32 && x.is_contiguous() && x.dim() == 3 && x.device().is_cpu() &&
-                 pre.dtype() == DType::kF32 && pre.is_contiguous() &&
-                 pre.shape() == Shape({x.size(0), x.size(1)}),
-             "hyper-connection collapse: streams {} and pre {} must be F32 [T, hc, D] and [T, hc] "
-             "on the CPU",
-             x.str(), pre.str());
-  const int64_t T = x.size(0), hc = x.size(1), D = x.size(2);
-  Tensor out = step.empty({T, D}, DType::kF32);
-  for (int64_t t = 0; t < T; ++t) {
-    float* o = out.ptr<float>() + t * D;
-    std::fill(o, o + D, 0.0f);
-    for (int64_t j = 0; j < hc; ++j) {
-      const float w = pre.ptr<float>()[t * hc + j];
-      const float* s = x.ptr<float>() + (t * hc + j) * D;
-      for (int64_t d = 0; d < D; ++d) o[d] += w * s[d];
-    }
-  }
+Tensor HyperConnection::collapse(Step& step, const Tensor& x, const Tensor& pre, DType dtype) {
+  Tensor out = step.empty({x.size(0), x.size(2)}, dtype);
+  kernels::hc_collapse(out, x, pre);
   return out;
 }
 

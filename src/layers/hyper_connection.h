@@ -11,7 +11,7 @@
 //   in   = Σ_j pre_j x_j ;  y = sublayer(norm(in))
 //   x'_k = post_k y + Σ_j comb[j, k] x_j
 // DeepSeek-V4.1's single-pass form collapses a site's input by the previous site's pre (stream 0
-// alone before the first) and carries its own on (pre(), collapse()).
+// alone before the first) and carries its own on (mix()'s `carried`, collapse()).
 // The final head collapses the streams once more: by learned weights (DeepSeek-V4's hc_head:
 // sigmoid(f · fnᵀ · scale + base) + eps) or by their mean (GLM-5.3).
 // The maps are kernels (kernels/hyper_connection.h, CPU and CUDA); the streams are F32 on every
@@ -43,16 +43,17 @@ class HyperConnection {
     Tensor input;  // [T, D] in the activation dtype: the streams collapsed by pre
     Tensor post;   // [T, hc]
     Tensor comb;   // [T, hc, hc]
+    Tensor pre;    // [T, hc] F32, the site's pre: only in the single-pass form (carried)
   };
-  // streams [T, hc, D] F32.
-  Mix mix(Step& step, const Tensor& streams) const;
+  // streams [T, hc, D] F32. DeepSeek-V4.1's single-pass form: `carried` [T, hc] F32 (the previous
+  // site's pre) collapses the streams into the input, and the site's own pre is returned in
+  // Mix::pre for the next site.
+  Mix mix(Step& step, const Tensor& streams, const Tensor* carried = nullptr) const;
   // streams[t, k] = post[t, k] y[t] + Σ_j comb[t, j, k] streams[t, j], in place; y [T, D].
   static void write_back(const Mix& m, const Tensor& y, Tensor& streams);
-  // The pre weights alone, [T, hc] F32: what mix() collapses the streams by. DeepSeek-V4.1's
-  // single-pass mHC carries them to the next site, which collapses by them (CPU only so far).
-  Tensor pre(Step& step, const Tensor& streams) const;
-  // Σ_j pre[t, j] streams[t, j] -> [T, D] F32 (pre [T, hc] F32; CPU only so far).
-  static Tensor collapse(Step& step, const Tensor& streams, const Tensor& pre);
+  // Σ_j pre[t, j] streams[t, j] -> [T, D] in `dtype` (pre [T, hc] F32): DeepSeek-V4.1's last
+  // collapse, by the last site's pre.
+  static Tensor collapse(Step& step, const Tensor& streams, const Tensor& pre, DType dtype);
 
  private:
   HyperConnectionOptions o_;

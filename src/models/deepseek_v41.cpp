@@ -9,9 +9,9 @@
 //     position) and the index keys rope(k_norm(indexer.wk(latent))); FULL and REINDEX layers score
 //     their top-k (Σ_h w_h ReLU(q_h · k), w = weights_proj(x) index_head_dim^-½ index_n_heads^-½,
 //     q = rope(indexer.wq_b(q_norm(wq_a x)))) over their KV owner's keys; REUSE layers take their
-//     top-k owner's rows. The candidate source keeps candidate_topk_blocks blocks per query
-//     (v41_candidate_blocks) and the REINDEX layers after it score only inside them
-//     (v41_select_rows). A query at position p sees (p + 1) / ratio rows.
+//     top-k owner's rows. The candidate source keeps candidate_topk_blocks blocks per query and
+//     the REINDEX layers after it score only inside them (kernels::indexer_topk's candidates). A
+//     query at position p sees (p + 1) / ratio rows.
 //   * Attention as V4's but without the per-head query norm: keys are the chosen compressed rows
 //     of the KV owner, then the sliding window; the window RoPE (rope_theta) on window-only
 //     layers, the compress RoPE (compress_rope_theta, YaRN without an attention factor) on the
@@ -47,8 +47,6 @@
 // source on an earlier stage is refused at load (v41_check_stages; no cache rows cross stages).
 // Not done: the FP8 rounding of window keys and activations (native FP8 / FP4 weights are
 // dequantised at load); CUDA.
-#include "models/deepseek_v41.h"
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -57,6 +55,8 @@
 #include <numeric>
 
 #include "core/convert.h"
+#include "kernels/elementwise.h"
+#include "kernels/mla.h"
 #include "layers/compressed_kv.h"
 #include "layers/embedding.h"
 #include "layers/engram.h"
@@ -69,50 +69,6 @@
 #include "tokenizer/engram_vocab.h"
 
 namespace atom {
-
-std::vector<int64_t> v41_candidate_blocks(std::span<const float> scores, int64_t B, int64_t count) {
-  const int64_t n = static_cast<int64_t>(scores.size());
-  if (n == 0) return {};
-  const int64_t blocks = (n + B - 1) / B;
-  std::vector<std::pair<float, int64_t>> best(static_cast<size_t>(blocks));
-  for (int64_t b = 0; b < blocks; ++b) {
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t w = b * B; w < std::min(n, (b + 1) * B); ++w)
-      m = std::max(m, scores[static_cast<size_t>(w)]);
-    best[static_cast<size_t>(b)] = {m, b};
-  }
-  best.back().first = std::numeric_limits<float>::infinity();  // the newest block is kept
-  const int64_t k = std::min(count, blocks);
-  std::partial_sort(best.begin(), best.begin() + k, best.end(), [](const auto& x, const auto& y) {
-    return x.first > y.first || (x.first == y.first && x.second < y.second);
-  });
-  std::vector<int64_t> out;
-  for (int64_t i = 0; i < k; ++i) out.push_back(best[static_cast<size_t>(i)].second);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-std::vector<int64_t> v41_select_rows(std::span<const float> scores, int64_t topk,
-                                     const std::vector<int64_t>* candidates, int64_t B,
-                                     bool large_position) {
-  std::vector<std::pair<float, int64_t>> allowed;
-  for (int64_t w = 0; w < static_cast<int64_t>(scores.size()); ++w)
-    if (!candidates || std::binary_search(candidates->begin(), candidates->end(), w / B))
-      allowed.push_back({scores[static_cast<size_t>(w)], w});
-  if (static_cast<int64_t>(allowed.size()) > topk) {
-    std::partial_sort(allowed.begin(), allowed.begin() + topk, allowed.end(),
-                      [large_position](const auto& x, const auto& y) {
-                        return x.first > y.first ||
-                               (x.first == y.first &&
-                                (large_position ? x.second > y.second : x.second < y.second));
-                      });
-    allowed.resize(static_cast<size_t>(topk));
-  }
-  std::vector<int64_t> out;
-  for (const auto& a : allowed) out.push_back(a.second);
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 namespace {
 
@@ -194,6 +150,8 @@ class DeepseekV41Attention {
                                       static_cast<int>(v.cfg.rope_dim), c.max_position_embeddings);
     inv_freq_ = rt.inv_freq;
     attention_factor_ = rt.attention_factor;
+    inv_freq_t_ = Tensor::empty({static_cast<int64_t>(inv_freq_.size())}, DType::kF32);
+    std::copy(inv_freq_.begin(), inv_freq_.end(), inv_freq_t_.ptr<float>());
     sinks_ = &ctx.params.add(prefix + ".attn_sink", ctx.param_tensor({v.cfg.heads}, DType::kF32));
     ctx.params.add_post_load([this] {
       const Tensor& w = wo_a_.weight().data();
@@ -266,13 +224,11 @@ class DeepseekV41Attention {
       }
     }
     if (compressor_) compress(step, x);
-    selected_.assign(static_cast<size_t>(T), {});
-    candidates_.assign(static_cast<size_t>(T), {});
     if (role_.ratio) {
       if (role_.owns_indexer())
         select(step, x, q_res);
       else
-        selected_ = owner(role_.topk_owner).selected_;
+        topk_ = owner(role_.topk_owner).topk_;
     }
     Tensor o = step.empty({T, H * D}, DType::kF32);
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -287,7 +243,9 @@ class DeepseekV41Attention {
         if (kv_owner) {
           const PagedRows erows = paged_rows(b, s, role_.ratio);
           const Tensor& ent = kv_owner->compressor_->entries(step);
-          for (int64_t w : selected_[static_cast<size_t>(i)]) keys.push_back(erows.row(ent, w));
+          const int32_t* chosen = topk_.ptr<int32_t>() + i * topk_.size(1);
+          for (int64_t k = 0; k < topk_.size(1); ++k)
+            if (chosen[k] >= 0) keys.push_back(erows.row(ent, chosen[k]));
         }
         for (int64_t k = std::max<int64_t>(0, p - v_.cfg.window + 1); k <= p; ++k)
           keys.push_back(raw_rows.row(raw, k));
@@ -312,31 +270,12 @@ class DeepseekV41Attention {
     return *a;
   }
 
-  const Tensor& index_plane(Step& step, bool scales = false) const {
-    const Tensor& p = step.kv->plane(
-        static_cast<size_t>(scales ? index_scale_plane_ : index_plane_), CacheKind::kRows);
+  Tensor& index_plane(Step& step, bool scales = false) const {
+    Tensor& p = step.kv->plane(static_cast<size_t>(scales ? index_scale_plane_ : index_plane_),
+                               CacheKind::kRows);
     ATOM_CHECK(p.device().is_cpu() && p.dtype() == DType::kU8,
                "DeepSeek-V4.1: the index key cache must be bytes on the CPU");
     return p;
-  }
-
-  // Index key row w of sequence s as stored (the owner's plane), written / read back in F32.
-  void store_index_key(Step& step, int s, int64_t w, const float* k) const {
-    const PagedRows rows = paged_rows(step.batch, s, role_.ratio);
-    const int64_t DI = v_.cfg.index_head_dim;
-    if (fp4_)
-      index_fp4_store(k, DI, rows.bytes(index_plane(step), w),
-                      rows.bytes(index_plane(step, true), w));
-    else
-      index_fp8_store(k, DI, rows.bytes(index_plane(step), w));
-  }
-  void load_index_key(Step& step, const PagedRows& rows, int64_t w, float* out) const {
-    const int64_t DI = v_.cfg.index_head_dim;
-    if (fp4_)
-      index_fp4_load(rows.bytes(index_plane(step), w), rows.bytes(index_plane(step, true), w), DI,
-                     out);
-    else
-      index_fp8_load(rows.bytes(index_plane(step), w), DI, out);
   }
 
   // The compressor's rows, and for each one the index key rope(k_norm(wk(latent))) at the group's
@@ -358,64 +297,65 @@ class DeepseekV41Attention {
     std::copy(latents.begin(), latents.end(), lat.ptr<float>());
     Tensor keys = index_k_norm_->forward(step, index_wk_->forward(step, lat));
     check_cpu_f32(keys, "index keys");
+    // Each key rotated at its group's first position, quantised into its row of the plane.
+    Tensor& plane = index_plane(step);
+    Tensor rows = step.empty({n}, DType::kI32), pos = step.empty({n}, DType::kI32);
     for (int64_t e = 0; e < n; ++e) {
       const Entry& d = done[static_cast<size_t>(e)];
-      float* k = keys.ptr<float>() + e * DI;
-      rope_tail(k, DI, v_.cfg.rope_dim, d.w * role_.ratio, inv_freq_, attention_factor_);
-      store_index_key(step, d.s, d.w, k);
+      rows.ptr<int32_t>()[e] = static_cast<int32_t>(
+          paged_rows(step.batch, d.s, role_.ratio).offset(plane, d.w) / plane.size(3));
+      pos.ptr<int32_t>()[e] = static_cast<int32_t>(d.w * role_.ratio);
     }
+    Tensor none;
+    kernels::IndexStoreArgs a;
+    a.format = fp4_ ? kernels::IndexKeyFormat::kFp4 : kernels::IndexKeyFormat::kFp8;
+    a.head_dim = static_cast<int>(DI);
+    a.rot_dim = static_cast<int>(v_.cfg.rope_dim);
+    a.attention_factor = attention_factor_;
+    kernels::index_plane_store(plane, fp4_ ? index_plane(step, true) : none, keys, rows, pos,
+                               inv_freq_t_, a);
   }
 
-  // This layer's top-k rows (and, on the candidate source, its candidate blocks) per query.
+  // This layer's top-k rows (and, on the candidate source, its candidate blocks) per query:
+  // the indexer (kernels::indexer_topk) over the KV owner's plane as stored, the query rotated
+  // here and rounded by the kernel as the scorers take it.
   void select(Step& step, const Tensor& x, const Tensor& q_res) {
     const Batch& b = step.batch;
-    const int64_t NH = v_.cfg.index_heads, DI = v_.cfg.index_head_dim, r = role_.ratio;
+    const int64_t T = x.size(0), NH = v_.cfg.index_heads, DI = v_.cfg.index_head_dim;
     Tensor iq = index_wq_b_->forward(step, q_res);
     Tensor iw = index_weights_->forward(step, x);
     check_cpu_f32(iq, "indexer queries");
     check_cpu_f32(iw, "indexer weights");
-    const float ws = 1.0f / (std::sqrt(static_cast<float>(DI)) * std::sqrt(static_cast<float>(NH)));
+    for (int64_t i = 0; i < T; ++i)
+      for (int64_t h = 0; h < NH; ++h)
+        rope_tail(iq.ptr<float>() + (i * NH + h) * DI, DI, v_.cfg.rope_dim,
+                  b.positions[static_cast<size_t>(i)], inv_freq_, attention_factor_);
     const DeepseekV41Attention& kv_owner = owner(role_.kv_owner);
     const DeepseekV41Attention* cand =
         role_.candidate_source() >= 0 ? &owner(role_.candidate_source()) : nullptr;
-    for (int s = 0; s < b.num_seqs(); ++s) {
-      const PagedRows rows = paged_rows(b, s, static_cast<int>(r));
-      const auto [q0, q1, start] = seq_rows(b, s);
-      // The visible keys, read back from the plane as the scorer sees them (codes x scales).
-      const int64_t visible = (start + (q1 - q0)) / r;
-      std::vector<float> keys(static_cast<size_t>(visible * DI));
-      for (int64_t w = 0; w < visible; ++w)
-        kv_owner.load_index_key(step, rows, w, keys.data() + w * DI);
-      for (int64_t i = q0; i < q1; ++i) {
-        const int64_t p = start + (i - q0), n = (p + 1) / r;
-        float* qi = iq.ptr<float>() + i * NH * DI;
-        // The query rounded as the scorer takes it: fp8, e4m3 with an F32 scale per (token,
-        // head); fp4, the keys' E2M1 with a ceil-E8M0 scale per 32 elements.
-        for (int64_t h = 0; h < NH; ++h) {
-          rope_tail(qi + h * DI, DI, v_.cfg.rope_dim, b.positions[static_cast<size_t>(i)],
-                    inv_freq_, attention_factor_);
-          if (fp4_)
-            index_fp4_round_query(qi + h * DI, DI);
-          else
-            index_fp8_round_query(qi + h * DI, DI);
-        }
-        std::vector<float> score(static_cast<size_t>(n));
-        for (int64_t w = 0; w < n; ++w) {
-          const float* k = keys.data() + w * DI;
-          float acc = 0;
-          for (int64_t h = 0; h < NH; ++h)
-            acc += std::max(deepseek_v4_dot(qi + h * DI, k, DI), 0.0f) *
-                   (iw.ptr<float>()[i * NH + h] * ws);
-          score[static_cast<size_t>(w)] = acc;
-        }
-        if (role_.produces_candidates())
-          candidates_[static_cast<size_t>(i)] =
-              v41_candidate_blocks(score, v_.candidate_block, v_.candidate_blocks);
-        selected_[static_cast<size_t>(i)] = v41_select_rows(
-            score, v_.cfg.index_topk, cand ? &cand->candidates_[static_cast<size_t>(i)] : nullptr,
-            v_.candidate_block, v_.cfg.index_topk_tie_break == "large_position");
-      }
+    kernels::IndexerArgs a;
+    a.num_heads = static_cast<int>(NH);
+    a.head_dim = static_cast<int>(DI);
+    a.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(DI)));
+    a.weights_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(NH)));
+    a.top_k = static_cast<int>(v_.cfg.index_topk);
+    a.max_query_len = b.max_query_len;
+    a.max_context_len = std::max(1, b.max_context_len / role_.ratio);
+    a.entry_tokens = role_.ratio;
+    a.key_format = fp4_ ? kernels::IndexKeyFormat::kFp4 : kernels::IndexKeyFormat::kFp8;
+    a.large_position_first = v_.cfg.index_topk_tie_break == "large_position";
+    a.candidate_block = static_cast<int>(v_.candidate_block);
+    kernels::IndexerPlanes p;
+    if (fp4_) p.key_scales = &kv_owner.index_plane(step, true);
+    if (cand) p.candidates_in = &cand->candidates_;
+    if (role_.produces_candidates()) {
+      candidates_ = Tensor::empty({T, v_.candidate_blocks}, DType::kI32);
+      p.candidates_out = &candidates_;
     }
+    topk_ = Tensor::empty({T, v_.cfg.index_topk}, DType::kI32);
+    const kernels::AttentionBatch ab{&b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr,
+                                     &b.dev.page_indices};
+    kernels::indexer_topk(topk_, iq, iw, kv_owner.index_plane(step), ab, a, p);
   }
 
   const V41Options& v_;
@@ -437,8 +377,10 @@ class DeepseekV41Attention {
   std::unique_ptr<ReplicatedLinear> index_wk_;
   std::unique_ptr<RMSNorm> index_k_norm_;
   std::unique_ptr<ReplicatedLinear> index_wq_b_, index_weights_;
-  // This step's choices per batch row (read by the layers after this one in the same step).
-  std::vector<std::vector<int64_t>> selected_, candidates_;
+  Tensor inv_freq_t_;  // inv_freq_ as a tensor, for the index plane's kernel
+  // This step's choices per batch row, [T, index_topk] and [T, candidate_topk_blocks] I32 (-1
+  // unused), read by the layers after this one in the same step (so not in the step's arena).
+  Tensor topk_, candidates_;
 };
 
 // One layer's Engram read, with the compressed ids of the tokens before the step (a per-token
@@ -515,17 +457,14 @@ class DeepseekV41DecoderLayer {
   // streams [T, hc, D] and pre [T, hc] (the previous site's), updated in place.
   void forward(Step& step, Tensor& streams, Tensor& pre) {
     if (engram_) engram_->forward(step, streams);
-    HyperConnection::Mix m = attn_hc_.mix(step, streams);
-    const Tensor attn_pre = attn_hc_.pre(step, streams);
-    Tensor a = attn_.forward(
-        step, attn_norm_.forward(step, HyperConnection::collapse(step, streams, pre)));
+    // Each site collapses the streams by the previous site's pre and hands its own on.
+    HyperConnection::Mix m = attn_hc_.mix(step, streams, &pre);
+    Tensor a = attn_.forward(step, attn_norm_.forward(step, m.input));
     HyperConnection::write_back(m, a, streams);
-    m = ffn_hc_.mix(step, streams);
-    const Tensor ffn_pre = ffn_hc_.pre(step, streams);
-    Tensor f = ffn_.forward(
-        step, ffn_norm_.forward(step, HyperConnection::collapse(step, streams, attn_pre)));
-    HyperConnection::write_back(m, f, streams);
-    std::copy_n(ffn_pre.ptr<float>(), pre.numel(), pre.ptr<float>());
+    HyperConnection::Mix f = ffn_hc_.mix(step, streams, &m.pre);
+    Tensor y = ffn_.forward(step, ffn_norm_.forward(step, f.input));
+    HyperConnection::write_back(f, y, streams);
+    kernels::cast(pre, f.pre);  // into the step's tensor, which outlives the layer's scratch
   }
 
  private:
@@ -644,7 +583,7 @@ class DeepseekV41ForCausalLM : public Model {
       *step.pp_out = {streams, Tensor(), {pre}};
       return Tensor();
     }
-    return norm_->forward(step, HyperConnection::collapse(step, streams, pre));
+    return norm_->forward(step, HyperConnection::collapse(step, streams, pre, act_dtype()));
   }
 
   Tensor compute_logits(Step& step, const Tensor& hidden) override {

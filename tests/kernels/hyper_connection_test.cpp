@@ -19,6 +19,10 @@ struct HcCase {
   DType act;
 };
 
+// F32 math on both sides in other orders (the GPU's dot products in float, the CPU's in
+// double); a BF16 output rounds once (2^-9 relative).
+double out_tol_of(DType act) { return act == DType::kF32 ? 1e-5 : 4e-3; }
+
 void run_hc_case(const HcCase& c, uint64_t seed) {
   const int64_t T = c.tokens, D = c.dim, hc = c.hc, rows = (2 + hc) * hc;
   kernels::HcArgs a;
@@ -80,6 +84,52 @@ void run_hc_case(const HcCase& c, uint64_t seed) {
   kernels::hc_head(gmean, gx, Tensor(), Tensor(), Tensor(), a);
   const double e_head = rel_err(host(ghead), head), e_mean = rel_err(host(gmean), mean);
 
+  // DeepSeek-V4.1's single-pass form: the site's pre out (which must be the weights hc_head
+  // computes from the first hc rows) and the input collapsed by a carried pre; the last collapse.
+  Tensor carried = random_cpu({T, hc}, DType::kF32, seed + 5, 0, 1);
+  Tensor cin = Tensor::empty({T, D}, c.act), cpost = Tensor::empty({T, hc}, DType::kF32),
+         ccomb = Tensor::empty({T, hc, hc}, DType::kF32),
+         cpre = Tensor::empty({T, hc}, DType::kF32);
+  kernels::hc_mix(cin, cpost, ccomb, x, fn, base, scale, a, {&carried, &cpre});
+  Tensor gcin = Tensor::empty({T, D}, c.act, gpu()),
+         gcpost = Tensor::empty({T, hc}, DType::kF32, gpu()),
+         gccomb = Tensor::empty({T, hc, hc}, DType::kF32, gpu()),
+         gcpre = Tensor::empty({T, hc}, DType::kF32, gpu()), gcarried = carried.to(gpu());
+  poison(gcin);
+  poison(gcpre);
+  kernels::hc_mix(gcin, gcpost, gccomb, gx, gfn, gbase, gscale, a, {&gcarried, &gcpre});
+  Tensor by_carried = Tensor::empty({T, D}, c.act), gby = Tensor::empty({T, D}, c.act, gpu());
+  kernels::hc_collapse(by_carried, x, carried);
+  poison(gby);
+  kernels::hc_collapse(gby, gx, gcarried);
+  // The CPU's pre against the sigmoid of the same mixes written here (double sums).
+  double e_pre_rule = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* xt = x.ptr<float>() + t * hc * D;
+    double ss = 0;
+    for (int64_t i = 0; i < hc * D; ++i) ss += static_cast<double>(xt[i]) * xt[i];
+    const double r = 1.0 / std::sqrt(ss / static_cast<double>(hc * D) + a.norm_eps);
+    for (int64_t j = 0; j < hc; ++j) {
+      double m = 0;
+      for (int64_t i = 0; i < hc * D; ++i) m += xt[i] * r * fn.ptr<float>()[j * hc * D + i];
+      const double want =
+          1.0 / (1.0 + std::exp(-(m * scale.ptr<float>()[0] + base.ptr<float>()[j]))) + a.hc_eps;
+      e_pre_rule = std::max(e_pre_rule, std::fabs(cpre.ptr<float>()[t * hc + j] - want));
+    }
+  }
+  const double e_cpre = rel_err(host(gcpre), cpre), e_cin = rel_err(host(gcin), cin),
+               e_cin_rule = rel_err(cin, by_carried), e_by = rel_err(host(gby), by_carried),
+               e_cpost = rel_err(host(gcpost), post);
+  std::printf("  %s single pass: pre %.3g (rule %.3g) input %.3g (= collapse by the carried pre "
+              "%.3g) collapse %.3g post %.3g\n",
+              what.c_str(), e_cpre, e_pre_rule, e_cin, e_cin_rule, e_by, e_cpost);
+  EXPECT_LE(e_cpre, 1e-5) << what;
+  EXPECT_LE(e_pre_rule, 1e-5) << what;
+  EXPECT_LE(e_cin, out_tol_of(c.act)) << what;
+  EXPECT_EQ(e_cin_rule, 0.0) << what;
+  EXPECT_LE(e_by, out_tol_of(c.act)) << what;
+  EXPECT_LE(e_cpost, 1e-5) << what;
+
   // The expansion.
   Tensor s = Tensor::empty({T, hc, D}, DType::kF32);
   kernels::hc_expand(s, y);
@@ -91,9 +141,7 @@ void run_hc_case(const HcCase& c, uint64_t seed) {
   std::printf("  %s: post %.3g comb %.3g input %.3g write-back %.3g head %.3g mean %.3g expand "
               "%.3g; |column sum - 1| <= %.3g\n",
               what.c_str(), e_post, e_comb, e_in, e_wb, e_head, e_mean, e_exp, worst_col);
-  // F32 math on both sides in other orders (the GPU's dot products in float, the CPU's in
-  // double); a BF16 output rounds once (2^-9 relative).
-  const double out_tol = c.act == DType::kF32 ? 1e-5 : 4e-3;
+  const double out_tol = out_tol_of(c.act);
   EXPECT_LE(e_post, 1e-5) << what;
   EXPECT_LE(e_comb, 1e-5) << what;
   EXPECT_LE(e_in, out_tol) << what;

@@ -14,6 +14,7 @@
 #include "kernels/cuda_tuning.h"
 #include "kernels/layer_norm.h"
 #include "kernels/linear.h"
+#include "kernels/index_plane.h"
 #include "kernels/mla.h"
 
 namespace atom::test {
@@ -420,6 +421,236 @@ TEST(GpuIndexer, ScoresAndTopkMatchTheCpu) {
   };
   uint64_t seed = 4000;
   for (const IndexerCase& c : cases) run_indexer_case(c, seed += 10);
+}
+
+// DeepSeek-V4.1's index plane store (kernels/index_plane.h): a block per key on the GPU runs the
+// CPU's row functions, so without RoPE the planes hold the same bytes; with RoPE the device's
+// cosf / sinf may move a key by an ulp across a rounding boundary, so each decoded element must
+// lie within two quantisation steps of the CPU's and few rows may differ at all.
+TEST(GpuIndexPlane, StoreWritesTheCpuBytes) {
+  const int64_t D = 128, pages = 40, rows_per_page = 16, n = 300;
+  std::mt19937 rng(77);
+  std::vector<int32_t> perm(static_cast<size_t>(pages * rows_per_page));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> rows(perm.begin(), perm.begin() + n), pos(static_cast<size_t>(n));
+  for (int64_t e = 0; e < n; e += 17) rows[static_cast<size_t>(e)] = -1;  // written nowhere
+  for (auto& p : pos) p = static_cast<int32_t>(rng() % 100000);
+  Tensor keys = random_cpu({n, D}, DType::kF32, 78, -3, 3);
+  for (int64_t e = 0; e < n; e += 13)  // tiny rows: the FP8 scale's floor, FP4's smallest scales
+    for (int64_t d = 0; d < D; ++d) keys.ptr<float>()[e * D + d] *= 1e-7f;
+  const Tensor rows_t = i32_cpu(rows), pos_t = i32_cpu(pos);
+  std::vector<float> inv(32);
+  for (int i = 0; i < 32; ++i) inv[i] = std::pow(10000.0f, -static_cast<float>(i) / 32.0f);
+  Tensor inv_t = Tensor::empty({32}, DType::kF32);
+  std::copy(inv.begin(), inv.end(), inv_t.ptr<float>());
+  for (const bool fp4 : {false, true})
+    for (const int rot : {0, 64}) {
+      const int64_t width = fp4 ? D / 2 : D + 4;
+      kernels::IndexStoreArgs a;
+      a.format = fp4 ? kernels::IndexKeyFormat::kFp4 : kernels::IndexKeyFormat::kFp8;
+      a.head_dim = static_cast<int>(D);
+      a.rot_dim = rot;
+      a.attention_factor = 1.25f;
+      Tensor cp = Tensor::zeros({pages, rows_per_page, 1, width}, DType::kU8);
+      Tensor cs = fp4 ? Tensor::zeros({pages, rows_per_page, 1, D / 32}, DType::kU8) : Tensor();
+      kernels::index_plane_store(cp, cs, keys, rows_t, pos_t, inv_t, a);
+      Tensor gp = Tensor::zeros({pages, rows_per_page, 1, width}, DType::kU8).to(gpu());
+      Tensor gs =
+          fp4 ? Tensor::zeros({pages, rows_per_page, 1, D / 32}, DType::kU8).to(gpu()) : Tensor();
+      kernels::index_plane_store(gp, gs, keys.to(gpu()), rows_t.to(gpu()), pos_t.to(gpu()),
+                                 inv_t.to(gpu()), a);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const Tensor hp = host(gp), hs = fp4 ? host(gs) : Tensor();
+      int rows_differ = 0;
+      double worst = 0;
+      for (int64_t r = 0; r < pages * rows_per_page; ++r) {
+        const uint8_t* x = cp.ptr<uint8_t>() + r * width;
+        const uint8_t* y = hp.ptr<uint8_t>() + r * width;
+        bool same = std::equal(x, x + width, y);
+        std::vector<float> vx(D), vy(D);
+        if (fp4) {
+          const uint8_t* sx = cs.ptr<uint8_t>() + r * (D / 32);
+          const uint8_t* sy = hs.ptr<uint8_t>() + r * (D / 32);
+          same = same && std::equal(sx, sx + D / 32, sy);
+          kernels::index_fp4_load(x, sx, D, vx.data());
+          kernels::index_fp4_load(y, sy, D, vy.data());
+        } else {
+          kernels::index_fp8_load(x, D, vx.data());
+          kernels::index_fp8_load(y, D, vy.data());
+        }
+        rows_differ += !same;
+        float amax = 0;
+        for (float v : vx) amax = std::max(amax, std::fabs(v));
+        for (int64_t d = 0; d < D; ++d)
+          worst = std::max(worst, amax > 0 ? std::fabs(vx[d] - vy[d]) / amax
+                                           : (std::fabs(vy[d]) > 0 ? 1.0 : 0.0));
+      }
+      std::printf("  index plane store %s, RoPE over %d: %d of %lld rows differ, worst element "
+                  "%.3g of its row's amax\n",
+                  fp4 ? "fp4" : "fp8", rot, rows_differ,
+                  static_cast<long long>(pages * rows_per_page), worst);
+      if (rot == 0) {
+        EXPECT_EQ(rows_differ, 0);
+      } else {
+        EXPECT_LE(rows_differ, n / 10);
+        EXPECT_LE(worst, fp4 ? 0.34 : 0.0725);  // two steps at the top of the format's range
+      }
+    }
+}
+
+// The indexer over DeepSeek-V4.1's quantised index planes against the CPU: the query rounded per
+// head as the scorers take it, the keys read from FP8 rows (codes and a scale) or FP4 planes (codes
+// and E8M0 scales), rows of `ratio` tokens; the candidate blocks it produces and, fed back, the
+// ones that bound it; the large-position tie rule. Scores are summed in the same order on both
+// sides from the same rounded inputs, so the lists must be equal but at near-ties (and at exact
+// ties, from repeated keys, everywhere).
+struct QuantIndexerCase {
+  std::vector<int> ctx, qlen;
+  int heads, dim, top_k, ratio, block_size;
+  kernels::IndexKeyFormat format;
+  int cand_block, cand_count;
+  bool large = false;
+  int distinct_keys = 0;  // > 0: the plane's rows repeat this many distinct rows
+};
+
+void run_quant_indexer_case(const QuantIndexerCase& c, uint64_t seed) {
+  PagedBatch b(c.ctx, c.qlen, c.block_size, static_cast<uint32_t>(seed));
+  const int64_t T = b.tokens(), rpp = c.block_size / c.ratio, nrows = b.num_pages * rpp;
+  const int H = c.heads, D = c.dim, K = c.top_k;
+  const bool fp4 = c.format == kernels::IndexKeyFormat::kFp4;
+  const int64_t width = fp4 ? D / 2 : D + 4;
+  // Every row of the plane written by the CPU store from random keys.
+  Tensor keys = random_cpu({nrows, D}, DType::kF32, seed + 1, -2, 2);
+  if (c.distinct_keys > 0)
+    for (int64_t r = c.distinct_keys; r < nrows; ++r)
+      std::copy(keys.ptr<float>() + (r % c.distinct_keys) * D,
+                keys.ptr<float>() + (r % c.distinct_keys + 1) * D, keys.ptr<float>() + r * D);
+  std::vector<int32_t> all(static_cast<size_t>(nrows)), zero(static_cast<size_t>(nrows), 0);
+  std::iota(all.begin(), all.end(), 0);
+  Tensor plane = Tensor::zeros({b.num_pages, rpp, 1, width}, DType::kU8);
+  Tensor scales = fp4 ? Tensor::zeros({b.num_pages, rpp, 1, D / 32}, DType::kU8) : Tensor();
+  kernels::IndexStoreArgs sa;
+  sa.format = c.format;
+  sa.head_dim = D;
+  kernels::index_plane_store(plane, scales, keys, i32_cpu(all), i32_cpu(zero), Tensor(), sa);
+  Tensor q = random_cpu({T, static_cast<int64_t>(H) * D}, DType::kF32, seed + 2, -1, 1);
+  Tensor w = random_cpu({T, H}, DType::kF32, seed + 3, -1, 1);
+  kernels::IndexerArgs a;
+  a.num_heads = H;
+  a.head_dim = D;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  a.weights_scale = 1.0f / std::sqrt(static_cast<float>(H));
+  a.top_k = K;
+  a.max_query_len = b.max_query_len();
+  a.max_context_len = std::max(1, b.max_context_len() / c.ratio);
+  a.entry_tokens = c.ratio;
+  a.key_format = c.format;
+  a.large_position_first = c.large;
+  a.candidate_block = c.cand_block;
+  Tensor gplane = plane.to(gpu()), gscales = fp4 ? scales.to(gpu()) : Tensor();
+  Tensor gq = q.to(gpu()), gw = w.to(gpu());
+  Tensor ws =
+      Tensor::empty({kernels::indexer_topk_workspace_size(gpu(), T, a)}, DType::kF32, gpu());
+  kernels::AttentionBatch gb = b.dev();
+  gb.workspace = &ws;
+  const auto qp = b.qpos();
+  // Pass 0 produces the candidates (unbounded); pass 1 is bounded by the CPU's.
+  Tensor cand_cpu;
+  for (int pass = 0; pass < 2; ++pass) {
+    kernels::IndexerPlanes cp, gp;
+    if (fp4) {
+      cp.key_scales = &scales;
+      gp.key_scales = &gscales;
+    }
+    Tensor cco, gco, gci;
+    if (pass == 0) {
+      cco = Tensor::empty({T, c.cand_count}, DType::kI32);
+      gco = Tensor::empty({T, c.cand_count}, DType::kI32, gpu());
+      poison(gco);
+      cp.candidates_out = &cco;
+      gp.candidates_out = &gco;
+    } else {
+      gci = cand_cpu.to(gpu());
+      cp.candidates_in = &cand_cpu;
+      gp.candidates_in = &gci;
+    }
+    Tensor ref = Tensor::empty({T, K}, DType::kI32);
+    kernels::indexer_topk(ref, q, w, plane, b.cpu(), a, cp);
+    Tensor out = Tensor::empty({T, K}, DType::kI32, gpu());
+    poison(out);
+    poison(ws);
+    kernels::indexer_topk(out, gq, gw, gplane, gb, a, gp);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const Tensor got = host(out), hco = pass == 0 ? host(gco) : Tensor();
+    int exact = 0, formed = 0, cand_exact = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t* g = got.ptr<int32_t>() + t * K;
+      const int32_t* r = ref.ptr<int32_t>() + t * K;
+      std::vector<int32_t> gs(g, g + K), rs(r, r + K);
+      std::sort(gs.begin(), gs.end());
+      std::sort(rs.begin(), rs.end());
+      exact += gs == rs;
+      // Well formed: distinct visible rows (inside the candidates on pass 1), as many as the
+      // CPU's, then -1s.
+      const int n = (qp[t] + 1) / c.ratio;
+      std::set<int32_t> seen;
+      int valid = 0;
+      bool ok = true;
+      for (int k = 0; k < K && ok; ++k) {
+        if (g[k] < 0) continue;
+        ++valid;
+        ok = g[k] < n && seen.insert(g[k]).second;
+        if (ok && pass == 1) {
+          const int32_t* ci = cand_cpu.ptr<int32_t>() + t * c.cand_count;
+          ok = std::find(ci, ci + c.cand_count, g[k] / c.cand_block) != ci + c.cand_count;
+        }
+      }
+      ok = ok && valid == static_cast<int>(std::count_if(rs.begin(), rs.end(),
+                                                         [](int32_t x) { return x >= 0; }));
+      formed += ok;
+      if (pass == 0)
+        cand_exact += std::equal(hco.ptr<int32_t>() + t * c.cand_count,
+                                 hco.ptr<int32_t>() + (t + 1) * c.cand_count,
+                                 cco.ptr<int32_t>() + t * c.cand_count);
+    }
+    std::printf("  quantised indexer (%s, %d heads of %d, rows of %d, top %d, %s ties%s), pass "
+                "%d: %d of %lld tokens equal the CPU's lists, %d well formed%s\n",
+                fp4 ? "fp4" : "fp8", H, D, c.ratio, K, c.large ? "large-position" : "low-position",
+                c.distinct_keys ? ", repeated keys" : "", pass, exact, static_cast<long long>(T),
+                formed,
+                pass == 0 ? (", candidates equal for " + std::to_string(cand_exact)).c_str() : "");
+    EXPECT_EQ(formed, T) << "pass " << pass;
+    if (c.distinct_keys > 0) {
+      EXPECT_EQ(exact, T) << "exact ties must break by position as on the CPU, pass " << pass;
+      if (pass == 0) {
+        EXPECT_EQ(cand_exact, T);
+      }
+    } else {
+      EXPECT_GE(exact, static_cast<int>(0.95 * T)) << "pass " << pass;
+      if (pass == 0) {
+        EXPECT_GE(cand_exact, static_cast<int>(0.95 * T));
+      }
+    }
+    if (pass == 0) cand_cpu = cco;
+  }
+}
+
+TEST(GpuIndexer, QuantisedPlanesAndCandidatesMatchTheCpu) {
+  using F = kernels::IndexKeyFormat;
+  const std::vector<QuantIndexerCase> cases = {
+      // V4.1's shape: 64 heads of 128, rows of 2 tokens, top 512, blocks of 64 rows, 16 kept.
+      {{6000, 2500, 90}, {1, 6, 90}, 64, 128, 512, 2, 64, F::kFp8, 64, 16},
+      {{6000, 2500, 90}, {1, 6, 90}, 64, 128, 512, 2, 64, F::kFp4, 64, 16},
+      // The fixture's shape: 4 heads of 32, rows of 1 and 2, top 4, blocks of 4, 2 kept.
+      {{40, 23}, {40, 5}, 4, 32, 4, 1, 4, F::kFp8, 4, 2},
+      {{40, 23}, {40, 5}, 4, 32, 4, 2, 4, F::kFp4, 4, 2, true},
+      // Exact ties (repeated keys), both tie rules.
+      {{700}, {9}, 8, 64, 40, 1, 16, F::kFp8, 8, 5, false, 3},
+      {{700}, {9}, 8, 64, 40, 1, 16, F::kFp4, 8, 5, true, 3},
+  };
+  uint64_t seed = 5000;
+  for (const QuantIndexerCase& c : cases) run_quant_indexer_case(c, seed += 10);
 }
 
 // The k-pool indexer (GLM-5.3): the pooled keys, the pools' scores, the top pools expanded to

@@ -19,7 +19,7 @@
 #include "engine/multimodal.h"
 #include "engine/sequence_runner.h"
 #include "loader/safetensors.h"
-#include "models/deepseek_v41.h"
+#include "kernels/mla.h"
 #include "models/loading.h"
 #include "layers/compressed_kv.h"
 
@@ -241,6 +241,59 @@ TEST(DeepseekV41, IndexPlaneFormatsByHand) {
   EXPECT_FLOAT_EQ(q[2], 64.0f * (2.0f / 448.0f));
 }
 
+// The index plane's store (kernels::index_plane_store, which the model calls): each key rotated
+// at its position (rope_tail), then quantised by the row functions above into its row; a row of
+// -1 writes nothing, and no other row is touched.
+TEST(DeepseekV41, IndexPlaneStoreRotatesAndQuantisesIntoItsRow) {
+  const int64_t D = 64, R = 4;
+  Tensor keys = Tensor::empty({3, D}, DType::kF32);
+  for (int64_t i = 0; i < keys.numel(); ++i)
+    keys.ptr<float>()[i] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + (i % 7));
+  Tensor rows = Tensor::empty({3}, DType::kI32), pos = Tensor::empty({3}, DType::kI32);
+  const int32_t row_of[3] = {5, -1, 2}, pos_of[3] = {6, 0, 3};
+  std::copy(row_of, row_of + 3, rows.ptr<int32_t>());
+  std::copy(pos_of, pos_of + 3, pos.ptr<int32_t>());
+  const std::vector<float> inv = {1.0f, 0.01f};
+  Tensor inv_t = Tensor::empty({2}, DType::kF32);
+  std::copy(inv.begin(), inv.end(), inv_t.ptr<float>());
+  for (const bool fp4 : {false, true}) {
+    const int64_t width = fp4 ? D / 2 : D + 4;
+    Tensor plane = Tensor::zeros({2, 4, 1, width}, DType::kU8);
+    Tensor scales = fp4 ? Tensor::zeros({2, 4, 1, D / 32}, DType::kU8) : Tensor();
+    kernels::IndexStoreArgs a;
+    a.format = fp4 ? kernels::IndexKeyFormat::kFp4 : kernels::IndexKeyFormat::kFp8;
+    a.head_dim = static_cast<int>(D);
+    a.rot_dim = static_cast<int>(R);
+    a.attention_factor = 1.5f;
+    kernels::index_plane_store(plane, scales, keys, rows, pos, inv_t, a);
+    std::vector<uint8_t> want(static_cast<size_t>(plane.numel()), 0),
+        want_scales(static_cast<size_t>(fp4 ? scales.numel() : 0), 0);
+    for (int e = 0; e < 3; ++e) {
+      if (row_of[e] < 0) continue;
+      std::vector<float> k(keys.ptr<float>() + e * D, keys.ptr<float>() + (e + 1) * D);
+      rope_tail(k.data(), D, R, pos_of[e], inv, 1.5f);
+      if (fp4)
+        index_fp4_store(k.data(), D, want.data() + row_of[e] * width,
+                        want_scales.data() + row_of[e] * (D / 32));
+      else
+        index_fp8_store(k.data(), D, want.data() + row_of[e] * width);
+    }
+    EXPECT_EQ(std::vector<uint8_t>(plane.ptr<uint8_t>(), plane.ptr<uint8_t>() + plane.numel()),
+              want)
+        << (fp4 ? "fp4" : "fp8");
+    if (fp4) {
+      EXPECT_EQ(std::vector<uint8_t>(scales.ptr<uint8_t>(), scales.ptr<uint8_t>() + scales.numel()),
+                want_scales);
+    }
+  }
+  // A plane of the wrong width is refused by name.
+  Tensor bad = Tensor::zeros({2, 4, 1, D}, DType::kU8), none;
+  kernels::IndexStoreArgs a;
+  a.head_dim = static_cast<int>(D);
+  EXPECT_ERROR_CONTAINS(kernels::index_plane_store(bad, none, keys, rows, pos, inv_t, a),
+                        "index_plane_store", "must be U8");
+}
+
 // The fixture holds tensors of the vision tower and the image tokens' routing bias, which the
 // text model skips by name before reading them (a checkpoint tensor matching no parameter is an
 // error, so the fixture's load shows the skip).
@@ -263,32 +316,92 @@ TEST(DeepseekV41, ImageRequestIsRefusedByName) {
                         "DeepseekV41ForCausalLM", "takes no images");
 }
 
-// The CSA2 choices on hand-made scores (worked by hand, not from the code).
+// The CSA2 choices through the indexer (kernels::indexer_topk, which the model calls) on
+// hand-made scores: one query seeing n rows of F32 keys of 2 channels, two heads of weights +1 and
+// -1 reading one channel each, so that a row's score is its key's first channel less its second
+// (the CPU indexer: Σ_h w_h relu(q_h · k)), set to the score wanted.
+struct Choice {
+  std::vector<int64_t> rows, blocks;  // ascending
+};
+Choice v41_choice(const std::vector<float>& scores, int top_k, int block,
+                  const std::vector<int32_t>* candidates_in, int candidates_out,
+                  bool large_position = false) {
+  const int64_t n = static_cast<int64_t>(scores.size());
+  auto i32 = [](std::vector<int32_t> v) {
+    Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32);
+    std::copy(v.begin(), v.end(), t.ptr<int32_t>());
+    return t;
+  };
+  const Tensor qs = i32({0, 1}), cl = i32({static_cast<int32_t>(n)}), pip = i32({0, 1}),
+               pid = i32({0});
+  Tensor cache = Tensor::zeros({1, n, 1, 2}, DType::kF32);
+  for (int64_t j = 0; j < n; ++j) {
+    cache.ptr<float>()[2 * j] = std::max(scores[j], 0.0f);
+    cache.ptr<float>()[2 * j + 1] = std::max(-scores[j], 0.0f);
+  }
+  Tensor q = Tensor::zeros({1, 4}, DType::kF32), w = Tensor::empty({1, 2}, DType::kF32);
+  q.ptr<float>()[0] = q.ptr<float>()[3] = 1.0f;
+  w.ptr<float>()[0] = 1.0f;
+  w.ptr<float>()[1] = -1.0f;
+  kernels::IndexerArgs a;
+  a.num_heads = 2;
+  a.head_dim = 2;
+  a.top_k = top_k;
+  a.max_context_len = static_cast<int>(n);
+  a.large_position_first = large_position;
+  a.candidate_block = block;
+  kernels::IndexerPlanes p;
+  Tensor cin, cout;
+  if (candidates_in) {
+    cin = Tensor::empty({1, static_cast<int64_t>(candidates_in->size())}, DType::kI32);
+    std::copy(candidates_in->begin(), candidates_in->end(), cin.ptr<int32_t>());
+    p.candidates_in = &cin;
+  }
+  if (candidates_out) {
+    cout = Tensor::empty({1, candidates_out}, DType::kI32);
+    p.candidates_out = &cout;
+  }
+  Tensor topk = Tensor::empty({1, top_k}, DType::kI32);
+  kernels::indexer_topk(topk, q, w, cache, {&qs, &cl, &pip, &pid}, a, p);
+  Choice c;
+  for (int k = 0; k < top_k; ++k)
+    if (topk.ptr<int32_t>()[k] >= 0) c.rows.push_back(topk.ptr<int32_t>()[k]);
+  std::sort(c.rows.begin(), c.rows.end());
+  for (int k = 0; k < candidates_out; ++k)
+    if (cout.ptr<int32_t>()[k] >= 0) c.blocks.push_back(cout.ptr<int32_t>()[k]);
+  // The kernel writes its candidates ascending.
+  EXPECT_TRUE(std::is_sorted(c.blocks.begin(), c.blocks.end()));
+  return c;
+}
+
 TEST(DeepseekV41, CandidateBlocksAndTopKByHand) {
+  using V = std::vector<int64_t>;
   // 10 rows in blocks of 4: block 0 = rows 0-3 (best 0.9), block 1 = rows 4-7 (best 0.95),
   // block 2 = rows 8-9 (the newest: always kept).
   const std::vector<float> s = {0.1f, 0.9f, 0.2f, 0.3f, 0.95f, 0.0f, 0.5f, 0.4f, -1.0f, -2.0f};
-  EXPECT_EQ(v41_candidate_blocks(s, 4, 2), (std::vector<int64_t>{1, 2}));
-  EXPECT_EQ(v41_candidate_blocks(s, 4, 3), (std::vector<int64_t>{0, 1, 2}));
-  EXPECT_EQ(v41_candidate_blocks(s, 4, 1), (std::vector<int64_t>{2}));
+  EXPECT_EQ(v41_choice(s, 1, 4, nullptr, 2).blocks, (V{1, 2}));
+  EXPECT_EQ(v41_choice(s, 1, 4, nullptr, 3).blocks, (V{0, 1, 2}));
+  EXPECT_EQ(v41_choice(s, 1, 4, nullptr, 1).blocks, (V{2}));
+  EXPECT_EQ(v41_choice(s, 1, 4, nullptr, 5).blocks, (V{0, 1, 2}));  // no more than there are
   // Ties go to the smaller block.
   const std::vector<float> tie = {0.5f, 0.0f, 0.5f, 0.0f, 0.1f};
-  EXPECT_EQ(v41_candidate_blocks(tie, 2, 2), (std::vector<int64_t>{0, 2}));
-  // Top 3 of all rows: 4 (0.95), 1 (0.9), 6 (0.5); ascending.
-  EXPECT_EQ(v41_select_rows(s, 3, nullptr, 4), (std::vector<int64_t>{1, 4, 6}));
+  EXPECT_EQ(v41_choice(tie, 1, 2, nullptr, 2).blocks, (V{0, 2}));
+  // Top 3 of all rows: 4 (0.95), 1 (0.9), 6 (0.5).
+  EXPECT_EQ(v41_choice(s, 3, 4, nullptr, 0).rows, (V{1, 4, 6}));
   // Inside blocks {1, 2}: rows 4-9, top 3: 4, 6, 7.
-  const std::vector<int64_t> cand = {1, 2};
-  EXPECT_EQ(v41_select_rows(s, 3, &cand, 4), (std::vector<int64_t>{4, 6, 7}));
-  // No more allowed rows than k: all of them.
-  EXPECT_EQ(v41_select_rows(s, 8, &cand, 4), (std::vector<int64_t>{4, 5, 6, 7, 8, 9}));
+  const std::vector<int32_t> cand = {1, 2};
+  EXPECT_EQ(v41_choice(s, 3, 4, &cand, 0).rows, (V{4, 6, 7}));
+  const std::vector<int32_t> cand_padded = {1, 2, -1};  // -1: unused
+  EXPECT_EQ(v41_choice(s, 3, 4, &cand_padded, 0).rows, (V{4, 6, 7}));
+  // No more allowed rows than k: all of them (the negative scores included), then -1s.
+  EXPECT_EQ(v41_choice(s, 8, 4, &cand, 0).rows, (V{4, 5, 6, 7, 8, 9}));
   // Ties: the smaller row.
-  EXPECT_EQ(v41_select_rows(tie, 2, nullptr, 2), (std::vector<int64_t>{0, 2}));
-  EXPECT_EQ(v41_select_rows(tie, 1, nullptr, 2), (std::vector<int64_t>{0}));
+  EXPECT_EQ(v41_choice(tie, 2, 2, nullptr, 0).rows, (V{0, 2}));
+  EXPECT_EQ(v41_choice(tie, 1, 2, nullptr, 0).rows, (V{0}));
   // index_topk_tie_break large_position: the larger row.
-  EXPECT_EQ(v41_select_rows(tie, 1, nullptr, 2, true), (std::vector<int64_t>{2}));
+  EXPECT_EQ(v41_choice(tie, 1, 2, nullptr, 0, true).rows, (V{2}));
   const std::vector<float> zeros = {0.0f, 0.0f, 0.0f, 1.0f};
-  EXPECT_EQ(v41_select_rows(zeros, 2, nullptr, 2, true), (std::vector<int64_t>{2, 3}));
-  EXPECT_EQ(v41_select_rows(zeros, 2, nullptr, 2), (std::vector<int64_t>{0, 3}));
+  EXPECT_EQ(v41_choice(zeros, 2, 2, nullptr, 0, true).rows, (V{2, 3}));
 }
 
 void v41_load_edited(const std::function<void(nlohmann::json&)>& edit) {

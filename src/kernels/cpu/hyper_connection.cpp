@@ -40,8 +40,9 @@ void collapse(Tensor& out, int64_t t, const float* xt, const float* w, int64_t h
 }  // namespace
 
 void hc_mix(Tensor& input, Tensor& post, Tensor& comb, const Tensor& x, const Tensor& fn,
-            const Tensor& base, const Tensor& scale, const HcArgs& a) {
+            const Tensor& base, const Tensor& scale, const HcArgs& a, const HcCarry& carry) {
   hc_checks::mix(input, post, comb, x, fn, base, scale, a);
+  hc_checks::carry(carry, x);
   const int64_t T = x.size(0), hc = a.hc, D = x.size(2), rows = (2 + hc) * hc;
   const float* f = fn.ptr<float>();
   const float* bs = base.ptr<float>();
@@ -85,8 +86,17 @@ void hc_mix(Tensor& input, Tensor& post, Tensor& comb, const Tensor& x, const Te
       }
       normalise_columns();
     }
-    collapse(input, t, xt, pre.data(), hc, D);
+    if (carry.pre_out) std::copy(pre.begin(), pre.end(), carry.pre_out->ptr<float>() + t * hc);
+    collapse(input, t, xt, carry.by ? carry.by->ptr<float>() + t * hc : pre.data(), hc, D);
   }
+}
+
+void hc_collapse(Tensor& out, const Tensor& x, const Tensor& by) {
+  hc_checks::collapse(out, x, by);
+  const int64_t T = x.size(0), hc = x.size(1), D = x.size(2);
+#pragma omp parallel for schedule(static) if (T > 1)
+  for (int64_t t = 0; t < T; ++t)
+    collapse(out, t, x.ptr<float>() + t * hc * D, by.ptr<float>() + t * hc, hc, D);
 }
 
 void hc_write_back(Tensor& x, const Tensor& y, const Tensor& post, const Tensor& comb) {

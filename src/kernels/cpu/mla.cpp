@@ -8,6 +8,41 @@
 
 #include "kernels/cpu/access.h"
 
+namespace atom::kernels {
+
+void indexer_cache_check(const char* op, const Tensor& topk, const Tensor& key_cache,
+                         const IndexerArgs& a, const IndexerPlanes& p) {
+  const int64_t D = a.head_dim, T = topk.size(0);
+  const bool fp4 = a.key_format == IndexKeyFormat::kFp4;
+  const int64_t width = a.key_format == IndexKeyFormat::kPlain ? D
+                        : fp4                                  ? D / 2
+                                                               : index_fp8_row_bytes(D);
+  ATOM_CHECK(key_cache.dim() == 4 && key_cache.is_contiguous() && key_cache.size(2) == 1 &&
+                 key_cache.size(3) == width &&
+                 (a.key_format == IndexKeyFormat::kPlain) == (key_cache.dtype() != DType::kU8),
+             "{}: key cache {} must be [num_pages, rows, 1, {}] ({})", op, key_cache.str(), width,
+             a.key_format == IndexKeyFormat::kPlain ? "of a float dtype"
+             : fp4                                  ? "U8 fp4 codes"
+                                                    : "U8 fp8 codes and scales");
+  ATOM_CHECK(!fp4 || D % 32 == 0, "{}: fp4 keys of {}: not a multiple of 32", op, D);
+  ATOM_CHECK(fp4 == (p.key_scales != nullptr), "{}: fp4 keys need their scales, other keys none",
+             op);
+  if (fp4)
+    ATOM_CHECK(p.key_scales->dtype() == DType::kU8 && p.key_scales->is_contiguous() &&
+                   p.key_scales->dim() == 4 && p.key_scales->size(0) == key_cache.size(0) &&
+                   p.key_scales->size(1) == key_cache.size(1) && p.key_scales->size(3) == D / 32,
+               "{}: fp4 scales {} for keys {}: U8 [.., {}]", op, p.key_scales->str(),
+               key_cache.str(), D / 32);
+  for (const Tensor* c : {p.candidates_in, static_cast<const Tensor*>(p.candidates_out)})
+    if (c)
+      ATOM_CHECK(a.candidate_block > 0 && c->dtype() == DType::kI32 && c->is_contiguous() &&
+                     c->dim() == 2 && c->size(0) == T && c->size(1) > 0,
+                 "{}: candidate blocks {} (blocks of {} rows) must be I32 [{}, C]", op, c->str(),
+                 a.candidate_block, T);
+}
+
+}  // namespace atom::kernels
+
 namespace atom::kernels::cpu {
 
 namespace {
@@ -220,7 +255,7 @@ void mla_paged_attention(Tensor& out, const Tensor& q, const Tensor& latent_cach
 }
 
 void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Tensor& key_cache,
-                  const AttentionBatch& b, const IndexerArgs& a) {
+                  const AttentionBatch& b, const IndexerArgs& a, const IndexerPlanes& p) {
   check_rows("indexer_topk", q, "q");
   check_rows("indexer_topk", weights, "weights");
   const int Hi = a.num_heads, D = a.head_dim, K = a.top_k;
@@ -233,32 +268,83 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
   ATOM_CHECK(topk.dim() == 2 && topk.size(0) == T && topk.size(1) == K && topk.is_contiguous() &&
                  topk.dtype() == DType::kI32,
              "indexer_topk: topk {} must be contiguous I32 [{}, {}]", topk.str(), T, K);
-  check_one_row_cache("indexer_topk", key_cache, D);
+  indexer_cache_check("indexer_topk", topk, key_cache, a, p);
   const TokenSeqs ts = token_seqs(b, T);
   const int32_t* pip = b.page_indptr->ptr<int32_t>();
   const int32_t* pid = b.page_indices->ptr<int32_t>();
-  const int64_t bs = key_cache.size(1);
+  const int64_t bs = key_cache.size(1), width = key_cache.size(3);
   const DType ct = key_cache.dtype();
   const void* cache = key_cache.data();
+  const IndexKeyFormat fmt = a.key_format;
+  const uint8_t* kscales = p.key_scales ? p.key_scales->ptr<uint8_t>() : nullptr;
+  const int B = a.candidate_block;
+  const int64_t cin = p.candidates_in ? p.candidates_in->size(1) : 0;
+  const int64_t cout = p.candidates_out ? p.candidates_out->size(1) : 0;
   int32_t* outp = topk.ptr<int32_t>();
 
 #pragma omp parallel if (T * Hi * D * 16 > kParallelMin)
   {
     std::vector<float> qv(static_cast<size_t>(Hi) * D), w(static_cast<size_t>(Hi)), key(D), score;
-    std::vector<int> order;
+    std::vector<int> order, allowed;
 #pragma omp for schedule(dynamic, 4)
     for (int64_t t = 0; t < T; ++t) {
       const int s = ts.seq[t], n = (ts.index[t] + 1) / a.entry_tokens;  // visible rows
       row_to_float(q, t, qv.data());
       row_to_float(weights, t, w.data());
+      for (int h = 0; h < Hi; ++h) {
+        if (fmt == IndexKeyFormat::kFp8) index_fp8_round_query(qv.data() + h * D, D);
+        if (fmt == IndexKeyFormat::kFp4) index_fp4_round_query(qv.data() + h * D, D);
+      }
       score.assign(static_cast<size_t>(n), 0.0f);
       for (int j = 0; j < n; ++j) {
-        const int64_t base = row_base(pip, pid, s, j, bs, D);
-        load_span(cache, ct, base, D, key.data());
+        const int64_t base = row_base(pip, pid, s, j, bs, width);
+        if (fmt == IndexKeyFormat::kFp8)
+          index_fp8_load(static_cast<const uint8_t*>(cache) + base, D, key.data());
+        else if (fmt == IndexKeyFormat::kFp4)
+          index_fp4_load(static_cast<const uint8_t*>(cache) + base,
+                         kscales + base / width * (D / 32), D, key.data());
+        else
+          load_span(cache, ct, base, D, key.data());
         score[j] = index_score(qv.data(), w.data(), key.data(), Hi, D, a.scale, a.weights_scale);
       }
-      const int keep = std::min(n, K);
-      top_by_score(score, keep, order);
+      if (cout) {
+        // The blocks' maxima, the newest kept, the best cout of them in ascending order.
+        const int nb = (n + B - 1) / B;
+        std::vector<std::pair<float, int>> best(static_cast<size_t>(nb));
+        for (int blk = 0; blk < nb; ++blk) {
+          float m = -std::numeric_limits<float>::infinity();
+          for (int j = blk * B; j < std::min(n, (blk + 1) * B); ++j) m = std::max(m, score[j]);
+          best[blk] = {m, blk};
+        }
+        if (nb > 0) best.back().first = std::numeric_limits<float>::infinity();
+        const int k = static_cast<int>(std::min<int64_t>(cout, nb));
+        std::partial_sort(best.begin(), best.begin() + k, best.end(),
+                          [](const auto& x, const auto& y) {
+                            return x.first > y.first || (x.first == y.first && x.second < y.second);
+                          });
+        std::vector<int> chosen;
+        for (int i = 0; i < k; ++i) chosen.push_back(best[i].second);
+        std::sort(chosen.begin(), chosen.end());
+        int32_t* co = p.candidates_out->ptr<int32_t>() + t * cout;
+        for (int64_t i = 0; i < cout; ++i) co[i] = i < k ? chosen[i] : -1;
+      }
+      // The rows to choose from: every visible one, or those of the candidate blocks.
+      allowed.clear();
+      const int32_t* ci = cin ? p.candidates_in->ptr<int32_t>() + t * cin : nullptr;
+      for (int j = 0; j < n; ++j) {
+        bool ok = !ci;
+        for (int64_t c = 0; ci && c < cin && !ok; ++c) ok = ci[c] >= 0 && ci[c] == j / B;
+        if (ok) allowed.push_back(j);
+      }
+      const int keep = std::min(static_cast<int>(allowed.size()), K);
+      order = allowed;
+      auto before = [&](int x, int y) {
+        const bool nx = std::isnan(score[x]), ny = std::isnan(score[y]);
+        if (nx != ny) return ny;
+        if (!nx && score[x] != score[y]) return score[x] > score[y];
+        return a.large_position_first ? x > y : x < y;
+      };
+      std::partial_sort(order.begin(), order.begin() + keep, order.end(), before);
       for (int k = 0; k < K; ++k) outp[t * K + k] = k < keep ? order[k] : -1;
     }
   }

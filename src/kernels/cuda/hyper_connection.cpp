@@ -32,8 +32,9 @@ HcLaunch collapse_launch(Tensor& out, const Tensor& x, const HcArgs& a, const ch
 }  // namespace
 
 void hc_mix(Tensor& input, Tensor& post, Tensor& comb, const Tensor& x, const Tensor& fn,
-            const Tensor& base, const Tensor& scale, const HcArgs& a) {
+            const Tensor& base, const Tensor& scale, const HcArgs& a, const HcCarry& carry) {
   hc_checks::mix(input, post, comb, x, fn, base, scale, a);
+  hc_checks::carry(carry, x);
   const int64_t rows = (2 + int64_t{a.hc}) * a.hc;
   HcLaunch l = collapse_launch(input, x, a, "hc_mix");
   l.fn = fn.ptr<float>();
@@ -42,8 +43,20 @@ void hc_mix(Tensor& input, Tensor& post, Tensor& comb, const Tensor& x, const Te
   l.rows = static_cast<int>(rows);
   l.post = post.ptr<float>();
   l.comb = comb.ptr<float>();
+  l.by = carry.by ? carry.by->ptr<float>() : nullptr;
+  l.pre_out = carry.pre_out ? carry.pre_out->ptr<float>() : nullptr;
   launch_hc_collapse(l, current_stream());
   launch_check("hc_mix");
+}
+
+void hc_collapse(Tensor& out, const Tensor& x, const Tensor& by) {
+  hc_checks::collapse(out, x, by);
+  HcArgs a;
+  a.hc = static_cast<int>(x.size(1));
+  HcLaunch l = collapse_launch(out, x, a, "hc_collapse");
+  l.by = by.ptr<float>();
+  launch_hc_collapse(l, current_stream());
+  launch_check("hc_collapse");
 }
 
 void hc_write_back(Tensor& x, const Tensor& y, const Tensor& post, const Tensor& comb) {

@@ -97,6 +97,12 @@ __global__ void __launch_bounds__(kHcThreads) hc_collapse_kernel(HcLaunch a) {
     w[threadIdx.x] = 1.0f / static_cast<float>(hc);
   }
   __syncthreads();
+  // The single-pass form: the site's own pre out, the collapse by the carried one.
+  if (threadIdx.x < hc) {
+    if (a.pre_out) a.pre_out[t * hc + threadIdx.x] = w[threadIdx.x];
+    if (a.by) w[threadIdx.x] = a.by[t * hc + threadIdx.x];
+  }
+  if (a.by) __syncthreads();
   char* o = row_of(a.out, t);
   for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.0f;

@@ -67,6 +67,10 @@ struct HcLaunch {
   float* comb = nullptr;  // [T, hc, hc]
   int sinkhorn_iters = 1;
   float hc_eps = 0.0f, norm_eps = 0.0f;
+  // DeepSeek-V4.1's single-pass form: the collapse by these [T, hc] weights (the previous site's
+  // pre) rather than the computed ones, which go to pre_out [T, hc] (each may be null).
+  const float* by = nullptr;
+  float* pre_out = nullptr;
 };
 void launch_hc_collapse(const HcLaunch& a, cudaStream_t s);
 // x[t, k] = post[t, k] y[t] + Σ_j comb[t, j, k] x[t, j], in place.
@@ -372,7 +376,38 @@ struct IndexerLaunch {
   // counting pools); cache is not read.
   int pool = 1;
   const float* pooled = nullptr;
+  // DeepSeek-V4.1's quantised plane (kernels::IndexKeyFormat: 0 plain, 1 fp8, 2 fp4): cache U8
+  // rows of key_width bytes, key_scales fp4's [.., head_dim / 32] E8M0 bytes.
+  int key_format = 0;
+  int key_width = 0;
+  const uint8_t* key_scales = nullptr;
+  bool large_position_first = false;
+  // Candidate blocks of cand_block rows: cand_in [T, cand_in_count] restricts the choice,
+  // cand_out [T, cand_out_count] receives them (block_max: scratch [T, max_blocks]).
+  int cand_block = 0;
+  const int32_t* cand_in = nullptr;
+  int cand_in_count = 0;
+  int32_t* cand_out = nullptr;
+  int cand_out_count = 0;
+  float* block_max = nullptr;
+  int max_blocks = 0;
 };
+// DeepSeek-V4.1's index plane store (kernels/index_plane.h): key e [D] F32 rotated at
+// positions[e], quantised into row rows[e] (-1: none) of plane (fp8: D + 4 bytes a row; fp4: D / 2,
+// with scales D / 32).
+struct IndexStoreLaunch {
+  uint8_t* plane = nullptr;
+  uint8_t* scales = nullptr;
+  const float* keys = nullptr;
+  const int32_t* rows = nullptr;
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  int64_t num_keys = 0;
+  int head_dim = 0, rot_dim = 0;
+  float attention_factor = 1.0f;
+  bool fp4 = false;
+};
+void launch_index_plane_store(const IndexStoreLaunch& a, cudaStream_t s);
 inline constexpr int kIndexerMaxTopK = 4096, kIndexerMaxHeadDim = 256, kIndexerMaxHeads = 128;
 void launch_indexer_topk(const IndexerLaunch& a, cudaStream_t s);
 // The k-pool indexer: each complete pool's key into a.pooled (from the rows cache a.cache of

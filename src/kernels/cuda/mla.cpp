@@ -57,8 +57,16 @@ int64_t mla_paged_attention_workspace_size(int64_t num_tokens, const MlaArgs& a,
   return static_cast<int64_t>(splits) * num_tokens * a.num_heads * (a.latent_dim + 2);
 }
 
+namespace {
+int indexer_max_blocks(const IndexerArgs& a) {
+  return a.candidate_block > 0
+             ? (std::max(1, a.max_context_len) + a.candidate_block - 1) / a.candidate_block
+             : 0;
+}
+}  // namespace
+
 int64_t indexer_topk_workspace_size(int64_t num_tokens, const IndexerArgs& a) {
-  return num_tokens * std::max(1, a.max_context_len);
+  return num_tokens * (std::max(1, a.max_context_len) + indexer_max_blocks(a));
 }
 
 namespace {
@@ -80,7 +88,7 @@ IndexerLaunch indexer_launch(const char* op, const Tensor& q, const Tensor& weig
   l.weights = weights.ptr<float>();
   l.weights_stride = T > 1 ? weights.stride(0) : weights.size(1);
   l.cache = cache.data();
-  l.cache_type = elem_of(cache.dtype(), op);
+  if (cache.dtype() != DType::kU8) l.cache_type = elem_of(cache.dtype(), op);
   l.block_size = static_cast<int>(cache.size(1));
   l.query_start = b.query_start->ptr<int32_t>();
   l.context_lens = b.context_lens->ptr<int32_t>();
@@ -229,7 +237,7 @@ void mla_paged_attention(Tensor& out, const Tensor& q, const Tensor& latent_cach
 }
 
 void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Tensor& key_cache,
-                  const AttentionBatch& b, const IndexerArgs& a) {
+                  const AttentionBatch& b, const IndexerArgs& a, const IndexerPlanes& p) {
   check_rows("indexer_topk", q, "q");
   check_rows("indexer_topk", weights, "weights");
   const int Hi = a.num_heads, D = a.head_dim, K = a.top_k;
@@ -250,7 +258,10 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
   ATOM_CHECK(topk.dim() == 2 && topk.size(0) == T && topk.size(1) == K && topk.is_contiguous() &&
                  topk.dtype() == DType::kI32,
              "indexer_topk: topk {} must be contiguous I32 [{}, {}]", topk.str(), T, K);
-  check_one_row_cache("indexer_topk", key_cache, D);
+  indexer_cache_check("indexer_topk", topk, key_cache, a, p);
+  ATOM_CHECK(!p.candidates_out || p.candidates_out->size(1) <= 1024,
+             "indexer_topk: {} candidate blocks: the CUDA kernel keeps up to 1,024",
+             p.candidates_out ? p.candidates_out->size(1) : 0);
   check_batch("indexer_topk", b);
   const int S = static_cast<int>(b.context_lens->numel());
   if (S == 0 || T == 0) return;
@@ -266,6 +277,21 @@ void indexer_topk(Tensor& topk, const Tensor& q, const Tensor& weights, const Te
   l.max_context_len = std::max(1, a.max_context_len);
   l.scores = b.workspace->ptr<float>();
   l.pool = a.entry_tokens;  // rows of the cache itself (l.pooled stays null)
+  l.key_format = static_cast<int>(a.key_format);
+  l.key_width = static_cast<int>(key_cache.size(3));
+  l.key_scales = p.key_scales ? p.key_scales->ptr<uint8_t>() : nullptr;
+  l.large_position_first = a.large_position_first;
+  l.cand_block = a.candidate_block;
+  if (p.candidates_in) {
+    l.cand_in = p.candidates_in->ptr<int32_t>();
+    l.cand_in_count = static_cast<int>(p.candidates_in->size(1));
+  }
+  if (p.candidates_out) {
+    l.cand_out = p.candidates_out->ptr<int32_t>();
+    l.cand_out_count = static_cast<int>(p.candidates_out->size(1));
+    l.max_blocks = indexer_max_blocks(a);
+    l.block_max = l.scores + T * l.max_context_len;
+  }
   launch_indexer_topk(l, current_stream());
   launch_check("indexer_topk");
 }

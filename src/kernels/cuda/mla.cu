@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/index_plane_rows.h"
 
 namespace atom::kernels::cuda {
 
@@ -183,17 +184,58 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(IndexerLau
   for (int i = threadIdx.x; i < Hi; i += blockDim.x)
     ws[i] = a.weights[t * a.weights_stride + i] * a.weights_scale;
   const int32_t* pages = a.page_indices + a.page_indptr[s];
+  if (a.key_format != 0) {
+    // Each head rounded as the scorers take it (kernels/index_plane.h, the CPU's code).
+    __syncthreads();
+    if (a.key_format == 1) {
+      for (int h = threadIdx.x; h < Hi; h += blockDim.x) index_fp8_round_query(qs + h * D, D);
+    } else {
+      for (int g = threadIdx.x; g < Hi * D / 32; g += blockDim.x)
+        index_fp4_round_query(qs + g * 32, 32);
+    }
+  }
   // The tile's key rows, coalesced: thread i loads element i of consecutive rows.
   const int rows = min(kScoreThreads, n - j0);
-  for (int e = threadIdx.x; e < rows * D; e += blockDim.x) {
-    const int r = e / D, d = e % D;
-    ks[r * (D + 1) + d] =
-        a.pooled ? a.pooled[(static_cast<int64_t>(s) * a.max_context_len + j0 + r) * D + d]
-                 : load_elem(a.cache, a.cache_type, cache_row(pages, a.block_size, j0 + r, D) + d);
+  if (a.key_format == 0) {
+    for (int e = threadIdx.x; e < rows * D; e += blockDim.x) {
+      const int r = e / D, d = e % D;
+      ks[r * (D + 1) + d] =
+          a.pooled
+              ? a.pooled[(static_cast<int64_t>(s) * a.max_context_len + j0 + r) * D + d]
+              : load_elem(a.cache, a.cache_type, cache_row(pages, a.block_size, j0 + r, D) + d);
+    }
+  } else {
+    const uint8_t* cache = static_cast<const uint8_t*>(a.cache);
+    for (int e = threadIdx.x; e < rows * D; e += blockDim.x) {
+      const int r = e / D, d = e % D;
+      const int64_t base = cache_row(pages, a.block_size, j0 + r, a.key_width);
+      float v;
+      if (a.key_format == 1) {
+        float scale;
+        memcpy(&scale, cache + base + D, 4);
+        v = f8e4m3_to_f32(cache[base + d]) * scale;
+      } else {
+        const uint8_t b = cache[base + d / 2];
+        const int sc = a.key_scales[base / a.key_width * (D / 32) + d / 32];
+        v = index_plane::e2m1_value(d % 2 ? static_cast<uint8_t>(b >> 4)
+                                          : static_cast<uint8_t>(b & 15u)) *
+            index_plane::pow2f(sc - 127);
+      }
+      ks[r * (D + 1) + d] = v;
+    }
   }
   __syncthreads();
   const int j = j0 + threadIdx.x;
   if (j >= n) return;
+  if (a.cand_in) {  // a row outside the candidate blocks is not chosen (NaN: key 0)
+    const int32_t* ci = a.cand_in + t * a.cand_in_count;
+    bool ok = false;
+    for (int c = 0; c < a.cand_in_count && !ok; ++c) ok = ci[c] >= 0 && ci[c] == j / a.cand_block;
+    if (!ok) {
+      a.scores[t * a.max_context_len + j] = __int_as_float(0x7fc00000);
+      return;
+    }
+  }
   const float* k = ks + threadIdx.x * (D + 1);
   float sum = 0.0f;
   for (int h = 0; h < Hi; ++h) {
@@ -229,8 +271,11 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_select_kernel(IndexerLau
   const int q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
   const int n = (a.context_lens[s] - ql + (static_cast<int>(t) - q0) + 1) / a.pool;
   const float* sc = a.scores + t * a.max_context_len;
-  auto composite = [](uint32_t key, int j) {
-    return (static_cast<unsigned long long>(key) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(j));
+  const bool large = a.large_position_first;
+  // Ties sort by position: the lower first, or with large_position_first the higher.
+  auto composite = [large](uint32_t key, int j) {
+    return (static_cast<unsigned long long>(key) << 32) |
+           (large ? static_cast<uint32_t>(j) : 0xFFFFFFFFu - static_cast<uint32_t>(j));
   };
   for (int i = tid; i < sort_n; i += blockDim.x) buf[i] = 0ull;
   __syncthreads();
@@ -275,8 +320,8 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_select_kernel(IndexerLau
     int taken = 0;
     const int lane = tid & 31, warp = tid >> 5;
     for (int j0 = 0; j0 < n && taken < need_ties; j0 += blockDim.x) {
-      const int j = j0 + tid;
-      const bool tie = j < n && score_key(sc[j]) == theta;
+      const int j = large ? n - 1 - (j0 + tid) : j0 + tid;
+      const bool tie = j0 + tid < n && score_key(sc[j]) == theta;
       const unsigned ballot = __ballot_sync(0xffffffffu, tie);
       if (lane == 0) warp_counts[warp] = __popc(ballot);
       __syncthreads();
@@ -306,8 +351,77 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_select_kernel(IndexerLau
       __syncthreads();
     }
   int32_t* out = a.topk + t * K;
-  for (int k = tid; k < K; k += blockDim.x)
-    out[k] = k < keep ? static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(buf[k])) : -1;
+  for (int k = tid; k < K; k += blockDim.x) {
+    const uint32_t low = static_cast<uint32_t>(buf[k]);
+    // Rows outside the candidate blocks (key 0) are never chosen.
+    const bool excluded = a.cand_in && (buf[k] >> 32) == 0;
+    out[k] = k < keep && !excluded ? static_cast<int32_t>(large ? low : 0xFFFFFFFFu - low) : -1;
+  }
+}
+
+// The candidate blocks of token blockIdx.x (IndexerLaunch::cand_out): each block's maximum
+// score over the visible rows (the newest block +inf), then the cand_out_count best (maximum
+// descending, the lower block first) by repeated arg-max, written in ascending order.
+__global__ void __launch_bounds__(256) indexer_candidates_kernel(IndexerLaunch a) {
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ float best_v[256];
+  __shared__ int best_b[256];
+  __shared__ int chosen[1024];
+  const int64_t t = blockIdx.x;
+  const int tid = threadIdx.x, B = a.cand_block, C = a.cand_out_count;
+  const int s = seq_of_row(a.query_start, a.num_seqs, static_cast<int>(t));
+  const int q0 = a.query_start[s], ql = a.query_start[s + 1] - q0;
+  const int n = (a.context_lens[s] - ql + (static_cast<int>(t) - q0) + 1) / a.pool;
+  const int nb = (n + B - 1) / B;
+  const float* sc = a.scores + t * a.max_context_len;
+  float* bm = a.block_max + t * a.max_blocks;
+  for (int blk = tid; blk < nb; blk += blockDim.x) {
+    float m = -INFINITY;
+    for (int j = blk * B; j < min(n, (blk + 1) * B); ++j) m = fmaxf(m, sc[j]);
+    bm[blk] = blk == nb - 1 ? INFINITY : m;
+  }
+  __syncthreads();
+  const int k = min(C, nb);
+  for (int c = 0; c < k; ++c) {
+    // NaN marks a block already taken.
+    float v = 0.0f;
+    int bi = -1;
+    for (int blk = tid; blk < nb; blk += blockDim.x) {
+      const float x = bm[blk];
+      if (x != x) continue;
+      if (bi < 0 || x > v) v = x, bi = blk;
+    }
+    best_v[tid] = v;
+    best_b[tid] = bi;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+      if (tid < w) {
+        const int ob = best_b[tid + w];
+        const float ov = best_v[tid + w];
+        const int mb = best_b[tid];
+        if (ob >= 0 && (mb < 0 || ov > best_v[tid] || (ov == best_v[tid] && ob < mb))) {
+          best_v[tid] = ov;
+          best_b[tid] = ob;
+        }
+      }
+      __syncthreads();
+    }
+    if (tid == 0) {
+      chosen[c] = best_b[0];
+      bm[best_b[0]] = __int_as_float(0x7fc00000);
+    }
+    __syncthreads();
+  }
+  if (tid == 0)  // ascending (insertion sort of at most 1,024)
+    for (int i = 1; i < k; ++i) {
+      const int x = chosen[i];
+      int j = i - 1;
+      for (; j >= 0 && chosen[j] > x; --j) chosen[j + 1] = chosen[j];
+      chosen[j + 1] = x;
+    }
+  __syncthreads();
+  for (int i = tid; i < C; i += blockDim.x) a.cand_out[t * C + i] = i < k ? chosen[i] : -1;
 }
 
 // The k-pool indexer's pooled keys: block (pool j, sequence s), a thread per channel; pools not
@@ -393,6 +507,8 @@ void launch_indexer_topk(const IndexerLaunch& a, cudaStream_t s) {
       static_cast<unsigned>((a.max_context_len + kScoreThreads - 1) / kScoreThreads);
   launch(indexer_score_kernel, dim3(static_cast<unsigned>(a.num_tokens), tiles ? tiles : 1),
          kScoreThreads, static_cast<size_t>(score_smem), s, a);
+  if (a.cand_out)
+    launch(indexer_candidates_kernel, static_cast<unsigned>(a.num_tokens), 256, 0, s, a);
   int sort_n = 1;
   while (sort_n < a.top_k) sort_n <<= 1;
   max_dynamic_smem_once(g_select_smem, indexer_select_kernel,
