@@ -5,6 +5,8 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "kernels/elementwise.h"
+#include "kernels/engram.h"
 
 namespace atom {
 
@@ -16,10 +18,9 @@ Engram::Engram(LayerContext& ctx, const std::string& prefix, const EngramHash& h
       hc_(hc_mult),
       width_(hash.num_hash_heads() * hash.config().head_dim),
       eps_(static_cast<float>(eps)),
+      act_dtype_(ctx.act_dtype),
       wkv_(ctx, prefix + ".wkv", hash.num_hash_heads() * hash.config().head_dim,
            (hc_mult + 1) * hidden, false) {
-  ATOM_CHECK(ctx.device.is_cpu() && ctx.act_dtype == DType::kF32,
-             "{}: Engram runs on the CPU backend (F32) only so far", prefix);
   ATOM_CHECK(hidden > 0 && hc_mult > 0, "{}: hidden {} and hc_mult {} must be positive", prefix,
              hidden, hc_mult);
   const std::vector<int64_t>& sizes = hash.head_sizes(layer_id);  // an Error if not an engram layer
@@ -67,46 +68,24 @@ void Engram::embed(std::span<const int64_t> ids, int64_t pad_id, size_t begin,
     }
 }
 
-Tensor Engram::forward(Step& step, const Tensor& streams, const Tensor& embeddings) {
-  const int64_t T = streams.size(0), H = hidden_, hc = hc_;
-  ATOM_CHECK(streams.dim() == 3 && streams.size(1) == hc && streams.size(2) == H &&
+void Engram::add(Step& step, Tensor& streams, const Tensor& embeddings) {
+  const int64_t T = streams.size(0);
+  ATOM_CHECK(streams.dim() == 3 && streams.size(1) == hc_ && streams.size(2) == hidden_ &&
                  streams.dtype() == DType::kF32 && streams.is_contiguous(),
-             "Engram: streams {} must be contiguous F32 [T, {}, {}]", streams.str(), hc, H);
-  ATOM_CHECK(embeddings.shape() == Shape({T, width_}) && embeddings.dtype() == DType::kF32,
-             "Engram: embeddings {} must be F32 [{}, {}]", embeddings.str(), T, width_);
-  const Tensor kv = wkv_.forward(step, embeddings).contiguous();  // [T, (hc + 1) H]
-  Tensor out = Tensor::empty({T, hc, H}, DType::kF32);
-  const float* x = streams.ptr<float>();
-  const float* k = kv.ptr<float>();
-  const float* kw = k_weight_->data().ptr<float>();
-  const float* qw = q_weight_->data().ptr<float>();
-  float* o = out.ptr<float>();
-  auto inv_rms = [&](const float* v) {
-    double ss = 0;
-    for (int64_t c = 0; c < H; ++c) ss += static_cast<double>(v[c]) * v[c];
-    return 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(H)) + eps_);
-  };
-  const float inv_sqrt_h = 1.0f / std::sqrt(static_cast<float>(H));
-#pragma omp parallel for schedule(static) if (T * hc * H > (1 << 15))
-  for (int64_t t = 0; t < T; ++t) {
-    const float* row = k + t * (hc + 1) * H;
-    const float* v = row + hc * H;
-    for (int64_t j = 0; j < hc; ++j) {
-      const float* kj = row + j * H;
-      const float* xj = x + (t * hc + j) * H;
-      const float ik = inv_rms(kj), iq = inv_rms(xj);
-      float g = 0;
-      for (int64_t c = 0; c < H; ++c)
-        g += (kj[c] * ik * kw[j * H + c]) * (xj[c] * iq * qw[j * H + c]);
-      g *= inv_sqrt_h;
-      const float a = std::sqrt(std::max(std::abs(g), 1e-6f));
-      g = g > 0 ? a : g < 0 ? -a : 0.0f;
-      const float s = 1.0f / (1.0f + std::exp(-g));
-      float* oj = o + (t * hc + j) * H;
-      for (int64_t c = 0; c < H; ++c) oj[c] = s * v[c];
-    }
+             "Engram: streams {} must be contiguous F32 [T, {}, {}]", streams.str(), hc_, hidden_);
+  ATOM_CHECK(embeddings.shape() == Shape({T, width_}) && embeddings.dtype() == DType::kF32 &&
+                 embeddings.device().is_cpu() && embeddings.is_contiguous(),
+             "Engram: embeddings {} must be contiguous F32 [{}, {}] on the CPU", embeddings.str(),
+             T, width_);
+  Tensor e = embeddings;
+  if (!streams.device().is_cpu()) {  // the rows up to the device, in the activations' dtype
+    Tensor up = step.empty({T, width_}, DType::kF32);
+    up.copy_from(embeddings);
+    e = step.empty({T, width_}, act_dtype_);
+    kernels::cast(e, up);
   }
-  return out;
+  const Tensor kv = wkv_.forward(step, e);  // [T, (hc + 1) H]
+  kernels::engram_gate_add(streams, kv, k_weight_->data(), q_weight_->data(), eps_);
 }
 
 }  // namespace atom

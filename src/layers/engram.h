@@ -12,7 +12,8 @@
 // [(hc_mult + 1) H, heads · head_dim], k_weight and q_weight [hc_mult, H]. The table is held on
 // the CPU (the reference's tables, 98 GB of FP8 each in the release, are read on the host too):
 // F32, or the release's FP8 with e8m0 scales per 32 values (fp8_table), decoded row by row as
-// read; the rest where the model is.
+// read; the rest where the model is: on CUDA the step's rows are copied up, wkv and the gate
+// (kernels::engram_gate_add) run on the device.
 #pragma once
 
 #include <span>
@@ -40,13 +41,15 @@ class Engram {
   void embed(std::span<const int64_t> ids, int64_t pad_id, size_t begin,
              std::span<float> out) const;
 
-  // streams [T, hc_mult, H] F32, embeddings [T, width()] F32 -> [T, hc_mult, H] F32.
-  Tensor forward(Step& step, const Tensor& streams, const Tensor& embeddings);
+  // streams [T, hc_mult, H] F32 (the model's device) += the gated read of embeddings [T,
+  // width()] F32 (on the CPU, as embed() writes them).
+  void add(Step& step, Tensor& streams, const Tensor& embeddings);
 
  private:
   const EngramHash& hash_;
   int64_t layer_id_, hidden_, hc_, width_, rows_;
   float eps_;
+  DType act_dtype_;
   Parameter* table_;                  // [rows, head_dim] F32 (or F8_E4M3) on the CPU
   Parameter* table_scale_ = nullptr;  // fp8_table: [rows, head_dim / 32] E8M0
   ReplicatedLinear wkv_;

@@ -399,34 +399,63 @@ class DeepseekV41Engram {
     ctx.cache_specs->push_back(CacheSpec::rows(1, 1, DType::kF32, /*keeps_dtype=*/true));
   }
 
-  // streams [T, hc, D] += the Engram read.
+  // streams [T, hc, D] += the Engram read. The step's compressed ids go into the plane; each
+  // sequence's ids before the step are read back from it (on CUDA: gathered on the device and
+  // copied down, the hashing and the table being the host's).
   void forward(Step& step, Tensor& streams) {
     const Batch& b = step.batch;
     const int64_t T = streams.size(0);
-    const Tensor& ids = step.kv->plane(static_cast<size_t>(ids_index_), CacheKind::kRows);
-    check_cpu_f32(ids, "the Engram id cache");
+    Tensor& ids = step.kv->plane(static_cast<size_t>(ids_index_), CacheKind::kRows);
+    ATOM_CHECK(ids.dtype() == DType::kF32 && ids.is_contiguous() && ids.numel() > 0,
+               "DeepSeek-V4.1: the Engram id cache {} must be F32", ids.str());
     // Compressed ids (the tokenizer's CompressedVocab; without a tokenizer the ids themselves).
     auto compress = [&](int64_t id) { return v_.vocab ? (*v_.vocab)(id) : id; };
     const int64_t pad = compress(hash_.config().pad_token_id);
-    Tensor emb = step.empty({T, engram_.width()}, DType::kF32);
+    Tensor cur = Tensor::empty({T, 1}, DType::kF32);
+    for (int64_t i = 0; i < T; ++i)
+      cur.ptr<float>()[i] = static_cast<float>(compress(b.token_ids[static_cast<size_t>(i)]));
+    // The history: element offsets of each sequence's last history_ positions before the step.
+    std::vector<int32_t> offsets;
     for (int s = 0; s < b.num_seqs(); ++s) {
       const PagedRows rows = paged_rows(b, s, 1);
       const auto [q0, q1, start] = seq_rows(b, s);
-      for (int64_t i = q0; i < q1; ++i)
-        *rows.row(ids, start + (i - q0)) =
-            static_cast<float>(compress(b.token_ids[static_cast<size_t>(i)]));
+      for (int64_t p = std::max<int64_t>(0, start - history_); p < start; ++p)
+        offsets.push_back(static_cast<int32_t>(rows.offset(ids, p)));
+    }
+    std::vector<float> past(offsets.size());
+    if (ids.device().is_cpu()) {
+      for (size_t k = 0; k < offsets.size(); ++k) past[k] = ids.ptr<float>()[offsets[k]];
+      kernels::cache_rows_write(ids, cur, b.dev.slot_mapping);
+    } else {
+      if (!offsets.empty()) {
+        const int64_t n = static_cast<int64_t>(offsets.size());
+        Tensor idx_host = Tensor::empty({n}, DType::kI32);
+        std::copy(offsets.begin(), offsets.end(), idx_host.ptr<int32_t>());
+        Tensor idx = step.empty({n}, DType::kI32);
+        idx.copy_from(idx_host);
+        Tensor got = step.empty({n, 1}, DType::kF32);
+        kernels::gather_rows(got, ids.view({ids.numel(), 1}), idx);
+        Tensor got_host = Tensor::empty({n, 1}, DType::kF32);
+        got_host.copy_from(got);
+        std::copy(got_host.ptr<float>(), got_host.ptr<float>() + n, past.begin());
+      }
+      Tensor up = step.empty({T, 1}, DType::kF32);
+      up.copy_from(cur);
+      kernels::cache_rows_write(ids, up, b.dev.slot_mapping);
+    }
+    Tensor emb = Tensor::empty({T, engram_.width()}, DType::kF32);
+    size_t next = 0;
+    for (int s = 0; s < b.num_seqs(); ++s) {
+      const auto [q0, q1, start] = seq_rows(b, s);
       const int64_t first = std::max<int64_t>(0, start - history_);
       std::vector<int64_t> seq;
-      for (int64_t p = first; p < start + (q1 - q0); ++p)
-        seq.push_back(static_cast<int64_t>(*rows.row(ids, p)));
+      for (int64_t p = first; p < start; ++p) seq.push_back(static_cast<int64_t>(past[next++]));
+      for (int64_t i = q0; i < q1; ++i) seq.push_back(static_cast<int64_t>(cur.ptr<float>()[i]));
       engram_.embed(seq, pad, static_cast<size_t>(start - first),
                     std::span<float>(emb.ptr<float>() + q0 * engram_.width(),
                                      static_cast<size_t>((q1 - q0) * engram_.width())));
     }
-    const Tensor add = engram_.forward(step, streams, emb);
-    float* out = streams.ptr<float>();
-    const float* a = add.ptr<float>();
-    for (int64_t i = 0; i < streams.numel(); ++i) out[i] += a[i];
+    engram_.add(step, streams, emb);
   }
 
  private:

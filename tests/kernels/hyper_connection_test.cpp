@@ -2,12 +2,13 @@
 // site's collapsed input, post weights and Sinkhorn'd comb matrix, the write-back into the
 // streams, the final head by learned weights and by the mean, and the expansion of the
 // embedding; at GLM-5.3's four streams (the compiled-in count) and at others (the generic
-// kernel), F32 and BF16 sublayer tensors.
+// kernel), F32 and BF16 sublayer tensors; DeepSeek-V4.1's single-pass form and Engram gate.
 #include <cstdio>
 
 #include "common/test_util.h"
 #include "gpu_util.h"
 #include "kernels/attn_res.h"
+#include "kernels/engram.h"
 #include "kernels/hyper_connection.h"
 
 namespace atom::test {
@@ -162,6 +163,63 @@ TEST(GpuHyperConnection, MixWriteBackHeadAndExpandMatchTheCpu) {
   };
   uint64_t seed = 9100;
   for (const HcCase& c : cases) run_hc_case(c, seed += 10);
+}
+
+// DeepSeek-V4.1's Engram gate (kernels/engram.h) on the GPU against the CPU: V4.1's four streams
+// at the fixture's width and a real one, kv in F32 and BF16 (strided rows), a decode row; and
+// against the rule written here in double for the F32 case.
+TEST(GpuEngram, GateMatchesTheCpuAndTheRule) {
+  struct Case {
+    int64_t T, hc, H;
+    DType kv_dtype;
+  };
+  uint64_t seed = 9300;
+  for (const Case& c : {Case{7, 4, 64, DType::kF32}, Case{33, 4, 4096, DType::kBF16},
+                        Case{1, 4, 4096, DType::kBF16}, Case{5, 3, 250, DType::kF32}}) {
+    seed += 10;
+    const int64_t T = c.T, hc = c.hc, H = c.H;
+    Tensor x = random_cpu({T, hc, H}, DType::kF32, seed, -2, 2);
+    // kv as a view with strided rows: the first (hc + 1) H columns of a wider tensor.
+    Tensor wide = random_cpu({T, (hc + 1) * H + 8}, c.kv_dtype, seed + 1, -1, 1);
+    Tensor kv = wide.narrow(1, 0, (hc + 1) * H);
+    Tensor kw = random_cpu({hc, H}, DType::kF32, seed + 2, 0.5f, 1.5f);
+    Tensor qw = random_cpu({hc, H}, DType::kF32, seed + 3, 0.5f, 1.5f);
+    Tensor want = x.clone();
+    kernels::engram_gate_add(want, kv, kw, qw, 1e-20f);
+    Tensor gx = x.to(gpu());
+    Tensor gwide = wide.to(gpu());
+    kernels::engram_gate_add(gx, gwide.narrow(1, 0, (hc + 1) * H), kw.to(gpu()), qw.to(gpu()),
+                             1e-20f);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const double e = rel_err(host(gx), want);
+    // The rule in double.
+    const Tensor kvf = to_f32_cpu(kv.contiguous());
+    double worst = 0;
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t j = 0; j < hc; ++j) {
+        const float* k = kvf.ptr<float>() + t * (hc + 1) * H + j * H;
+        const float* v = kvf.ptr<float>() + t * (hc + 1) * H + hc * H;
+        const float* xj = x.ptr<float>() + (t * hc + j) * H;
+        double sk = 0, sx = 0, p = 0;
+        for (int64_t i = 0; i < H; ++i) {
+          sk += static_cast<double>(k[i]) * k[i];
+          sx += static_cast<double>(xj[i]) * xj[i];
+          p += static_cast<double>(k[i]) * kw.ptr<float>()[j * H + i] * xj[i] *
+               qw.ptr<float>()[j * H + i];
+        }
+        double g = p / std::sqrt(sk / H + 1e-20) / std::sqrt(sx / H + 1e-20) / std::sqrt(H);
+        g = (g > 0 ? 1 : g < 0 ? -1 : 0) * std::sqrt(std::max(std::fabs(g), 1e-6));
+        const double sg = 1.0 / (1.0 + std::exp(-g));
+        for (int64_t i = 0; i < H; ++i)
+          worst = std::max(
+              worst, std::fabs(want.ptr<float>()[(t * hc + j) * H + i] - (xj[i] + sg * v[i])));
+      }
+    std::printf("  engram gate T %lld hc %lld H %lld %s: GPU vs CPU %.3g, CPU vs the rule %.3g\n",
+                static_cast<long long>(T), static_cast<long long>(hc), static_cast<long long>(H),
+                std::string(dtype_name(c.kv_dtype)).c_str(), e, worst);
+    EXPECT_LE(e, 1e-5);
+    EXPECT_LE(worst, 1e-4);
+  }
 }
 
 TEST(GpuHyperConnection, TooManyStreamsAreRefusedByName) {

@@ -79,7 +79,13 @@ TEST(Engram, OutputMatchesTheTorchReference) {
   Batch batch;
   Arena arena(Device::cpu());
   Step step{batch, arena};
-  const Tensor out = r.engram.forward(step, r.ref.tensor("streams").clone(), emb);
+  // The layer adds its read into the streams: the read is what it added.
+  const Tensor before = r.ref.tensor("streams").clone();
+  Tensor streams = before.clone();
+  r.engram.add(step, streams, emb);
+  Tensor out = Tensor::empty(streams.shape(), DType::kF32);
+  for (int64_t i = 0; i < out.numel(); ++i)
+    out.ptr<float>()[i] = streams.ptr<float>()[i] - before.ptr<float>()[i];
   const float d = max_diff(out, r.ref.tensor("out").clone());
   std::printf("engram vs torch: max |Δ| %.3g\n", d);
   EXPECT_LE(d, 1e-5f);
@@ -107,11 +113,11 @@ TEST(Engram, BadInputsAreNamed) {
   Batch batch;
   Arena arena(Device::cpu());
   Step step{batch, arena};
-  EXPECT_THROW(r.engram.forward(step, Tensor::zeros({2, 3, 16}, DType::kF32),
-                                Tensor::zeros({2, r.engram.width()}, DType::kF32)),
+  Tensor three_streams = Tensor::zeros({2, 3, 16}, DType::kF32),
+         four_streams = Tensor::zeros({2, 4, 16}, DType::kF32);
+  EXPECT_THROW(r.engram.add(step, three_streams, Tensor::zeros({2, r.engram.width()}, DType::kF32)),
                Error);
-  EXPECT_THROW(r.engram.forward(step, Tensor::zeros({2, 4, 16}, DType::kF32),
-                                Tensor::zeros({3, r.engram.width()}, DType::kF32)),
+  EXPECT_THROW(r.engram.add(step, four_streams, Tensor::zeros({3, r.engram.width()}, DType::kF32)),
                Error);
   ParamRegistry p2;
   LayerContext c2 = r.cpu_ctx(p2);

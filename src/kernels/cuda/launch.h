@@ -392,6 +392,17 @@ struct IndexerLaunch {
   float* block_max = nullptr;
   int max_blocks = 0;
 };
+// DeepSeek-V4.1's Engram gate (kernels/engram.h): streams [T, hc, H] += sigmoid(g) v per stream.
+struct EngramLaunch {
+  float* streams = nullptr;
+  Mat kv;  // [T, (hc + 1) H]
+  const float* k_weight = nullptr;
+  const float* q_weight = nullptr;
+  int64_t tokens = 0, hidden = 0;
+  int hc = 0;
+  float eps = 0.0f;
+};
+void launch_engram_gate(const EngramLaunch& a, cudaStream_t s);
 // DeepSeek-V4.1's index plane store (kernels/index_plane.h): key e [D] F32 rotated at
 // positions[e], quantised into row rows[e] (-1: none) of plane (fp8: D + 4 bytes a row; fp4: D / 2,
 // with scales D / 32).
