@@ -109,7 +109,8 @@ void ModelRunner::init(const RunnerOptions& o) {
   kv_ = KvCache::allocate(cache_specs_, pages, o.block_size, dev, model_.state_specs(),
                           o.num_state_slots);
 #ifdef ATOM_HAVE_CUDA
-  if (dev.is_cuda() && !o.enforce_eager && st.size == 1 && dp_size_ == 1) {
+  if (dev.is_cuda() && !o.enforce_eager && model_.runs_in_decode_graphs() && st.size == 1 &&
+      dp_size_ == 1) {
     const int seqs = std::min(o.max_num_seqs, std::max(1, pages));
     graphs_ = std::make_unique<DecodeGraphs>(model_, kv_, max_model_len_, seqs,
                                              decode_query_lens(model_, o));
@@ -187,8 +188,9 @@ int ModelRunner::pages_from_memory(const RunnerOptions& o) {
   const int q = decode_query_lens(model_, o).back();
   const double share = std::min(1.0, static_cast<double>(o.max_num_seqs) * q / tokens);
   const double graphs =
-      o.enforce_eager ? 0.0
-                      : 1.25 * share * static_cast<double>(arena_.capacity()) + 256.0 * 1024 * 1024;
+      o.enforce_eager || !model_.runs_in_decode_graphs()
+          ? 0.0
+          : 1.25 * share * static_cast<double>(arena_.capacity()) + 256.0 * 1024 * 1024;
   const double workspaces = 64.0 * 1024 * 1024;  // cuBLASLt per stream, kernel images
   // The recurrent state pool is allocated with the pages (KvCache::allocate).
   const double states = static_cast<double>(KvCache::state_slot_bytes(model_.state_specs())) *

@@ -48,7 +48,9 @@ struct HeadsRopeArgs {
 // channels at position w * ratio (inv_freq [rot_dim / 2] F32, times attention_factor).
 //   kv, gate [T, (overlap ? 2 : 1) D] (rows may be strided; gate undefined: no gate)
 //   ape [ratio, (overlap ? 2 : 1) D] F32 or undefined (no position bias)
-//   scratch [T, D] F32: the pooled values of the windows the step completes
+//   scratch [T, D] F32: the pooled values of the windows the step completes; with keep_latent,
+//   at the end, each completing token's row holds its entry after the norm and before RoPE
+//   (DeepSeek-V4.1 projects its index key from it); other rows are undefined.
 struct WindowPoolArgs {
   int head_dim = 0;
   int ratio = 1;
@@ -56,6 +58,7 @@ struct WindowPoolArgs {
   int rot_dim = 0;
   float attention_factor = 1.0f;
   float norm_eps = 1e-6f;
+  bool keep_latent = false;
 };
 
 // Attention of each new token (context index i of its sequence, heads of head_dim with the

@@ -15,7 +15,10 @@
 // of its last rot_dim channels at positions[e], times attention_factor; inv_freq [rot_dim / 2]
 // F32), then quantised into row rows[e] of the plane (a flat row index, page * rows_per_page +
 // row; -1: none): plane U8 [num_pages, rows_per_page, 1, D + 4] (fp8) or [.., D / 2] with scales
-// U8 [.., D / 32] (fp4).
+// U8 [.., D / 32] (fp4). With IndexStoreArgs::slots_ratio r > 0 the keys are a step's tokens
+// instead: rows is the batch's slot_mapping and positions its positions; token t's key is stored
+// when it completes a window of r tokens ((positions[t] + 1) % r == 0, slot >= 0), into row
+// slot / r (pages of a multiple of r tokens), rotated at the window's first position.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +35,7 @@ struct IndexStoreArgs {
   int head_dim = 0;                              // D
   int rot_dim = 0;
   float attention_factor = 1.0f;
+  int slots_ratio = 0;
 };
 
 // The checks of every backend.

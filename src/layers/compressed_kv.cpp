@@ -89,7 +89,8 @@ const Tensor& WindowCompressor::entries(Step& step) const {
   return plane;
 }
 
-void WindowCompressor::forward(Step& step, const Tensor& x, const EntryHook& on_entry) {
+void WindowCompressor::forward(Step& step, const Tensor& x, const EntryHook& on_entry,
+                               Tensor* latents) {
   const Batch& b = step.batch;
   Tensor kv = wkv_.forward(step, x);
   Tensor gate = wgate_ ? wgate_->forward(step, x) : Tensor();
@@ -107,10 +108,12 @@ void WindowCompressor::forward(Step& step, const Tensor& x, const EntryHook& on_
     a.rot_dim = static_cast<int>(o_.rot_dim);
     a.attention_factor = o_.attention_factor;
     a.norm_eps = o_.norm_eps;
+    a.keep_latent = latents != nullptr;
     Tensor scratch = step.empty({x.size(0), o_.head_dim}, DType::kF32);
     Tensor out = plane;  // the plane's storage, written by the kernel
     kernels::window_pool(out, state, scratch, kv, gate, ape_ ? ape_->data() : Tensor(),
                          norm_->data(), inv_freq_, cb, a);
+    if (latents) *latents = scratch;
     return;
   }
   const int64_t D = o_.head_dim, width = (o_.overlap ? 2 : 1) * D, r = o_.ratio;

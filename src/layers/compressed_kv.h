@@ -126,8 +126,11 @@ class WindowCompressor {
   using EntryHook = std::function<void(int s, int64_t w, const float* latent)>;
 
   // Adds x's tokens [T, hidden] (the step's rows, sequence after sequence) to their windows and
-  // writes the entry of every window they complete.
-  void forward(Step& step, const Tensor& x, const EntryHook& on_entry = {});
+  // writes the entry of every window they complete. On CUDA, with `latents`: [T, head_dim] F32
+  // whose row t, for a token completing a window, is that entry after the norm and before RoPE
+  // (the hook's values; other rows undefined), in the step's arena.
+  void forward(Step& step, const Tensor& x, const EntryHook& on_entry = {},
+               Tensor* latents = nullptr);
   // The entries plane; entries complete before position p (inclusive): (p + 1) / ratio.
   const Tensor& entries(Step& step) const;
   int ratio() const { return o_.ratio; }

@@ -443,16 +443,7 @@ class DeepseekV4Attention {
     ra.inverse = true;
     kernels::heads_norm_rope(o, inv_freq_dev_, cb, ra);
     // Grouped output projection: group g's heads through rows [g o_lora, (g + 1) o_lora) of wo_a.
-    const int64_t G = v_.o_groups, gin = H * D / G, gout = v_.o_lora;
-    Tensor a = step.empty({T, G * gout}, o.dtype());
-    const Tensor& w = wo_a_.weight().data();
-    Tensor a0 = a.narrow(1, 0, gout);
-    if (!kernels::linear_heads(a0, o.narrow(1, 0, gin), w.narrow(0, 0, gout), static_cast<int>(G),
-                               gout, gin, gout * gin))
-      for (int64_t g = 0; g < G; ++g) {
-        Tensor ag = a.narrow(1, g * gout, gout);
-        kernels::linear(ag, o.narrow(1, g * gin, gin), w.narrow(0, g * gout, gout));
-      }
+    Tensor a = deepseek_v4_grouped_wo_a(step, o, wo_a_.weight().data(), v_.o_groups, v_.o_lora);
     return wo_b_.forward(step, a);
   }
 

@@ -45,8 +45,11 @@
 // site's pre. A layer reading another's rows (kv_source_layer_ids, index_source_layer_ids,
 // candidate_source_layer_id) must find that layer on its own stage: a partition that puts a
 // source on an earlier stage is refused at load (v41_check_stages; no cache rows cross stages).
+// On CUDA the same in the activations' dtype through kernels (forward_cuda): the index plane's
+// store and scores, the indexer's candidates, Engram's gate and the single-pass
+// hyper-connections are the ops the CPU path calls too.
 // Not done: the FP8 rounding of window keys and activations (native FP8 / FP4 weights are
-// dequantised at load); CUDA.
+// dequantised at load, also on CUDA).
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -55,6 +58,7 @@
 #include <numeric>
 
 #include "core/convert.h"
+#include "kernels/compressed_kv.h"
 #include "kernels/elementwise.h"
 #include "kernels/mla.h"
 #include "layers/compressed_kv.h"
@@ -142,21 +146,23 @@ class DeepseekV41Attention {
         wo_a_(ctx, prefix + ".wo_a", v.cfg.heads * v.cfg.head_dim / v.cfg.o_groups,
               v.cfg.o_groups * v.cfg.o_lora, false, LinearStorage::kDequantize),
         wo_b_(ctx, prefix + ".wo_b", v.cfg.o_groups * v.cfg.o_lora, v.cfg.hidden, false) {
-    ATOM_CHECK(ctx.device.is_cpu() && ctx.act_dtype == DType::kF32,
-               "{}: DeepSeek-V4.1 runs on the CPU backend (F32) only so far; its CUDA kernels "
-               "are not written yet",
-               prefix);
+    ATOM_CHECK(!ctx.device.is_cpu() || ctx.act_dtype == DType::kF32,
+               "{}: DeepSeek-V4.1 on the CPU computes in F32, not {}", prefix,
+               dtype_name(ctx.act_dtype));
+    ATOM_CHECK(ctx.device.is_cpu() || v.cfg.head_dim <= 512,
+               "{}: head_dim {}: the CUDA attention kernel takes heads up to 512 wide", prefix,
+               v.cfg.head_dim);
     const RopeTables rt = rope_tables(role_.ratio ? v.compress_rope : v.window_rope,
                                       static_cast<int>(v.cfg.rope_dim), c.max_position_embeddings);
     inv_freq_ = rt.inv_freq;
     attention_factor_ = rt.attention_factor;
-    inv_freq_t_ = Tensor::empty({static_cast<int64_t>(inv_freq_.size())}, DType::kF32);
-    std::copy(inv_freq_.begin(), inv_freq_.end(), inv_freq_t_.ptr<float>());
+    inv_freq_t_ = inv_freq_tensor(inv_freq_, ctx.device);
     sinks_ = &ctx.params.add(prefix + ".attn_sink", ctx.param_tensor({v.cfg.heads}, DType::kF32));
-    ctx.params.add_post_load([this] {
-      const Tensor& w = wo_a_.weight().data();
-      wo_a_f32_ = w.dtype() == DType::kF32 ? w : tensor_cast_cpu(w, DType::kF32);
-    });
+    if (ctx.device.is_cpu())
+      ctx.params.add_post_load([this] {
+        const Tensor& w = wo_a_.weight().data();
+        wo_a_f32_ = w.dtype() == DType::kF32 ? w : tensor_cast_cpu(w, DType::kF32);
+      });
     raw_index_ = static_cast<int>(ctx.cache_specs->size());
     ctx.cache_specs->push_back(CacheSpec::rows(static_cast<int>(v.cfg.head_dim), 1, ctx.act_dtype));
     if (role_.owns_compressor()) {
@@ -201,7 +207,16 @@ class DeepseekV41Attention {
     }
   }
 
+  // This step's top-k (and candidate) tensors, in the step's scratch before the layers' (they
+  // are read by later layers of the step).
+  void begin_step(Step& step, int64_t T) {
+    if (role_.owns_indexer()) topk_ = step.empty({T, v_.cfg.index_topk}, DType::kI32);
+    if (role_.produces_candidates())
+      candidates_ = step.empty({T, v_.candidate_blocks}, DType::kI32);
+  }
+
   Tensor forward(Step& step, const Tensor& x) {
+    if (!x.device().is_cpu()) return forward_cuda(step, x);
     const Batch& b = step.batch;
     const int64_t T = x.size(0), H = v_.cfg.heads, D = v_.cfg.head_dim, R = v_.cfg.rope_dim;
     Tensor q_res = q_norm_.forward(step, wq_a_.forward(step, x));
@@ -273,9 +288,87 @@ class DeepseekV41Attention {
   Tensor& index_plane(Step& step, bool scales = false) const {
     Tensor& p = step.kv->plane(static_cast<size_t>(scales ? index_scale_plane_ : index_plane_),
                                CacheKind::kRows);
-    ATOM_CHECK(p.device().is_cpu() && p.dtype() == DType::kU8,
-               "DeepSeek-V4.1: the index key cache must be bytes on the CPU");
+    ATOM_CHECK(p.dtype() == DType::kU8, "DeepSeek-V4.1: the index key cache {} must be bytes",
+               p.str());
     return p;
+  }
+
+  // The same on CUDA (kernels/compressed_kv.h, kernels/index_plane.h, kernels/mla.h): the heads
+  // rotated in place, the key row rotated into the raw plane, the compressor's pooling (its
+  // entries' latents kept) and the index keys stored at the step's window ends, the indexer over
+  // the KV owner's plane, the sink attention over the window and the chosen rows, the output
+  // rotated back, the grouped wo_a.
+  Tensor forward_cuda(Step& step, const Tensor& x) {
+    const Batch& b = step.batch;
+    const int64_t T = x.size(0), H = v_.cfg.heads, D = v_.cfg.head_dim, R = v_.cfg.rope_dim;
+    const kernels::CompressedBatch cb{&b.dev.query_start,  &b.dev.context_lens, &b.dev.page_indptr,
+                                      &b.dev.page_indices, &b.dev.state_slots,  &b.dev.positions,
+                                      b.block_size};
+    Tensor q_res = q_norm_.forward(step, wq_a_.forward(step, x));
+    Tensor q = wq_b_.forward(step, q_res);
+    Tensor kv = kv_norm_.forward(step, wkv_.forward(step, x));
+    kernels::HeadsRopeArgs ra;
+    ra.heads = static_cast<int>(H);
+    ra.head_dim = static_cast<int>(D);
+    ra.rot_dim = static_cast<int>(R);
+    ra.attention_factor = attention_factor_;
+    kernels::heads_norm_rope(q, inv_freq_t_, cb, ra);
+    ra.heads = 1;
+    kernels::heads_norm_rope(kv, inv_freq_t_, cb, ra);
+    Tensor& raw = step.kv->plane(static_cast<size_t>(raw_index_), CacheKind::kRows);
+    kernels::cache_rows_write(raw, kv, b.dev.slot_mapping);
+    if (compressor_) compress_cuda(step, x);
+    if (role_.ratio) {
+      if (role_.owns_indexer())
+        select(step, x, q_res);
+      else
+        topk_ = owner(role_.topk_owner).topk_;
+    }
+    Tensor o = step.empty({T, H * D}, q.dtype());
+    kernels::SinkAttentionArgs sa;
+    sa.heads = static_cast<int>(H);
+    sa.head_dim = static_cast<int>(D);
+    sa.window = static_cast<int>(v_.cfg.window);
+    sa.ratio = role_.ratio;
+    sa.scale = 1.0f / std::sqrt(static_cast<float>(D));
+    sa.max_query_len = b.max_query_len;
+    kernels::sink_attention(
+        o, q, raw, role_.ratio ? owner(role_.kv_owner).compressor_->entries(step) : Tensor(),
+        role_.ratio ? topk_ : Tensor(), sinks_->data(), cb, sa);
+    ra.heads = static_cast<int>(H);
+    ra.inverse = true;
+    kernels::heads_norm_rope(o, inv_freq_t_, cb, ra);
+    Tensor a =
+        deepseek_v4_grouped_wo_a(step, o, wo_a_.weight().data(), v_.cfg.o_groups, v_.cfg.o_lora);
+    return wo_b_.forward(step, a);
+  }
+
+  // The compressor's rows on CUDA, then the index key rope(k_norm(wk(latent))) of every window
+  // the step completes (kernels::index_plane_store over the step's tokens: a token ending a
+  // window stores its key at its slot's row).
+  void compress_cuda(Step& step, const Tensor& x) {
+    const Batch& b = step.batch;
+    const int64_t T = x.size(0), D = v_.cfg.head_dim, DI = v_.cfg.index_head_dim;
+    ATOM_CHECK(b.block_size % role_.ratio == 0,
+               "DeepSeek-V4.1 on CUDA: compressed rows of {} tokens need pages of a multiple of "
+               "{} tokens, not {}",
+               role_.ratio, role_.ratio, b.block_size);
+    Tensor latents;
+    compressor_->forward(step, x, {}, &latents);
+    Tensor lat = step.empty({T, D}, x.dtype());
+    kernels::cast(lat, latents);
+    Tensor k = index_k_norm_->forward(step, index_wk_->forward(step, lat));
+    Tensor keys = step.empty({T, DI}, DType::kF32);
+    kernels::cast(keys, k);
+    Tensor none;
+    kernels::IndexStoreArgs a;
+    a.format = fp4_ ? kernels::IndexKeyFormat::kFp4 : kernels::IndexKeyFormat::kFp8;
+    a.head_dim = static_cast<int>(DI);
+    a.rot_dim = static_cast<int>(v_.cfg.rope_dim);
+    a.attention_factor = attention_factor_;
+    a.slots_ratio = role_.ratio;
+    kernels::index_plane_store(index_plane(step), fp4_ ? index_plane(step, true) : none, keys,
+                               b.dev.slot_mapping, b.dev.positions, inv_freq_t_, a);
   }
 
   // The compressor's rows, and for each one the index key rope(k_norm(wk(latent))) at the group's
@@ -324,12 +417,30 @@ class DeepseekV41Attention {
     const int64_t T = x.size(0), NH = v_.cfg.index_heads, DI = v_.cfg.index_head_dim;
     Tensor iq = index_wq_b_->forward(step, q_res);
     Tensor iw = index_weights_->forward(step, x);
-    check_cpu_f32(iq, "indexer queries");
-    check_cpu_f32(iw, "indexer weights");
-    for (int64_t i = 0; i < T; ++i)
-      for (int64_t h = 0; h < NH; ++h)
-        rope_tail(iq.ptr<float>() + (i * NH + h) * DI, DI, v_.cfg.rope_dim,
-                  b.positions[static_cast<size_t>(i)], inv_freq_, attention_factor_);
+    const bool cpu = x.device().is_cpu();
+    if (cpu) {
+      check_cpu_f32(iq, "indexer queries");
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t h = 0; h < NH; ++h)
+          rope_tail(iq.ptr<float>() + (i * NH + h) * DI, DI, v_.cfg.rope_dim,
+                    b.positions[static_cast<size_t>(i)], inv_freq_, attention_factor_);
+    } else {
+      const kernels::CompressedBatch cb{
+          &b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr, &b.dev.page_indices,
+          &b.dev.state_slots, &b.dev.positions,    b.block_size};
+      kernels::HeadsRopeArgs ra;
+      ra.heads = static_cast<int>(NH);
+      ra.head_dim = static_cast<int>(DI);
+      ra.rot_dim = static_cast<int>(v_.cfg.rope_dim);
+      ra.attention_factor = attention_factor_;
+      kernels::heads_norm_rope(iq, inv_freq_t_, cb, ra);
+      // The indexer reads F32 weights.
+      if (iw.dtype() != DType::kF32) {
+        Tensor w32 = step.empty({T, NH}, DType::kF32);
+        kernels::cast(w32, iw);
+        iw = w32;
+      }
+    }
     const DeepseekV41Attention& kv_owner = owner(role_.kv_owner);
     const DeepseekV41Attention* cand =
         role_.candidate_source() >= 0 ? &owner(role_.candidate_source()) : nullptr;
@@ -348,13 +459,16 @@ class DeepseekV41Attention {
     kernels::IndexerPlanes p;
     if (fp4_) p.key_scales = &kv_owner.index_plane(step, true);
     if (cand) p.candidates_in = &cand->candidates_;
-    if (role_.produces_candidates()) {
-      candidates_ = Tensor::empty({T, v_.candidate_blocks}, DType::kI32);
-      p.candidates_out = &candidates_;
+    if (role_.produces_candidates()) p.candidates_out = &candidates_;
+    kernels::AttentionBatch ab{&b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr,
+                               &b.dev.page_indices};
+    Tensor workspace;
+    if (!cpu) {
+      workspace =
+          step.empty({std::max<int64_t>(1, kernels::indexer_topk_workspace_size(x.device(), T, a))},
+                     DType::kF32);
+      ab.workspace = &workspace;
     }
-    topk_ = Tensor::empty({T, v_.cfg.index_topk}, DType::kI32);
-    const kernels::AttentionBatch ab{&b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr,
-                                     &b.dev.page_indices};
     kernels::indexer_topk(topk_, iq, iw, kv_owner.index_plane(step), ab, a, p);
   }
 
@@ -377,7 +491,7 @@ class DeepseekV41Attention {
   std::unique_ptr<ReplicatedLinear> index_wk_;
   std::unique_ptr<RMSNorm> index_k_norm_;
   std::unique_ptr<ReplicatedLinear> index_wq_b_, index_weights_;
-  Tensor inv_freq_t_;  // inv_freq_ as a tensor, for the index plane's kernel
+  Tensor inv_freq_t_;  // inv_freq_ as a tensor where the model is, for the kernels
   // This step's choices per batch row, [T, index_topk] and [T, candidate_topk_blocks] I32 (-1
   // unused), read by the layers after this one in the same step (so not in the step's arena).
   Tensor topk_, candidates_;
@@ -585,9 +699,11 @@ class DeepseekV41ForCausalLM : public Model {
       streams =
           hc_streams_from_embedding(step, embed_->forward(step, step.batch.dev.token_ids), hc);
       // The first site collapses by stream 0 alone.
-      pre = step.empty({streams.size(0), hc}, DType::kF32);
+      Tensor first = Tensor::empty({streams.size(0), hc}, DType::kF32);
       for (int64_t t = 0; t < streams.size(0); ++t)
-        for (int64_t j = 0; j < hc; ++j) pre.ptr<float>()[t * hc + j] = j == 0 ? 1.0f : 0.0f;
+        for (int64_t j = 0; j < hc; ++j) first.ptr<float>()[t * hc + j] = j == 0 ? 1.0f : 0.0f;
+      pre = step.empty({streams.size(0), hc}, DType::kF32);
+      pre.copy_from(first);
     } else {
       streams = hc_streams_from_stage(step, hc, v_.cfg.hidden);
       ATOM_CHECK(step.pp_in->extra.size() == 1 && step.pp_in->extra[0].defined() &&
@@ -597,8 +713,9 @@ class DeepseekV41ForCausalLM : public Model {
                  "DeepSeek-V4.1 pipeline stage {}: the previous stage handed on no [{}, {}] pre",
                  st.rank, streams.size(0), hc);
       pre = step.pp_in->extra[0];  // the step's own copy (Step::pp_in), updated in place
-      check_cpu_f32(pre, "the previous stage's pre");
     }
+    for (int64_t i = st.first_layer; i < st.end_layer; ++i)
+      table_[static_cast<size_t>(i)]->begin_step(step, streams.size(0));
     for (int64_t i = st.first_layer; i < st.end_layer; ++i) {
       const Arena::Mark scratch = step.arena.mark();
       layers_[static_cast<size_t>(i)]->forward(step, streams, pre);
@@ -623,6 +740,9 @@ class DeepseekV41ForCausalLM : public Model {
   // DSpark (models/dspark.h) drafts from the streams after its target layers, averaged.
   bool hands_over_layer_outputs() const override { return true; }
   bool splits_into_stages() const override { return true; }
+  // The step works with the host (Engram's hashing and tables, the first site's weights copied
+  // up): no decode graphs.
+  bool runs_in_decode_graphs() const override { return false; }
 
   WeightLoadSpec weight_load_spec() const override {
     WeightLoadSpec s = Model::weight_load_spec();

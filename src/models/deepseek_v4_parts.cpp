@@ -46,6 +46,18 @@ void deepseek_v4_sink_attention(const float* q, const std::vector<const float*>&
 
 Tensor deepseek_v4_grouped_wo_a(Step& step, const Tensor& o, const Tensor& wo_a, int64_t G,
                                 int64_t gout) {
+  if (!o.device().is_cpu()) {
+    const int64_t T = o.size(0), gin = o.size(1) / G;
+    Tensor a = step.empty({T, G * gout}, o.dtype());
+    Tensor a0 = a.narrow(1, 0, gout);
+    if (!kernels::linear_heads(a0, o.narrow(1, 0, gin), wo_a.narrow(0, 0, gout),
+                               static_cast<int>(G), gout, gin, gout * gin))
+      for (int64_t g = 0; g < G; ++g) {
+        Tensor ag = a.narrow(1, g * gout, gout);
+        kernels::linear(ag, o.narrow(1, g * gin, gin), wo_a.narrow(0, g * gout, gout));
+      }
+    return a;
+  }
   deepseek_v4_check_cpu_f32(o, "attention output");
   deepseek_v4_check_cpu_f32(wo_a, "wo_a's weight");
   const int64_t T = o.size(0), gin = o.size(1) / G;

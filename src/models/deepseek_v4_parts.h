@@ -27,9 +27,10 @@ float deepseek_v4_dot(const float* a, const float* b, int64_t n);
 void deepseek_v4_sink_attention(const float* q, const std::vector<const float*>& keys, int64_t D,
                                 float sink, float scale, float* out);
 
-// The grouped output projection's first half: o [T, heads · head_dim] F32 in o_groups groups of
+// The grouped output projection's first half: o [T, heads · head_dim] in o_groups groups of
 // consecutive heads, group g through rows [g o_lora, (g + 1) o_lora) of wo_a [o_groups o_lora,
-// heads head_dim / o_groups] F32 -> [T, o_groups o_lora] (then wo_b).
+// heads head_dim / o_groups] -> [T, o_groups o_lora] (then wo_b). The CPU: F32 loops; CUDA: one
+// per-head product over the groups (kernels::linear_heads) or a product per group.
 Tensor deepseek_v4_grouped_wo_a(Step& step, const Tensor& o, const Tensor& wo_a, int64_t o_groups,
                                 int64_t o_lora);
 

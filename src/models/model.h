@@ -132,6 +132,10 @@ class Model {
   // Whether forward() hands the outputs of the layers in Step::layer_outputs over
   // (keep_layer_output), for a block drafter (DSpark) that drafts from them.
   virtual bool hands_over_layer_outputs() const { return false; }
+  // Whether a decode step can be captured in a CUDA graph: false for a forward pass that works
+  // with the host inside the step (DeepSeek-V4.1's Engram hashes on the host and reads its tables
+  // there), which then runs eagerly.
+  virtual bool runs_in_decode_graphs() const { return true; }
 
  protected:
   LayerContext& ctx() { return ctx_; }

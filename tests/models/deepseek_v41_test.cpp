@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <cstring>
 #include <set>
+#include <tuple>
 
 #include "common/fixtures.h"
 #include "common/test_util.h"
@@ -285,6 +286,33 @@ TEST(DeepseekV41, IndexPlaneStoreRotatesAndQuantisesIntoItsRow) {
       EXPECT_EQ(std::vector<uint8_t>(scales.ptr<uint8_t>(), scales.ptr<uint8_t>() + scales.numel()),
                 want_scales);
     }
+  }
+  // A step's tokens at their slots (the CUDA model's form): pages of 4 tokens, windows of 2;
+  // tokens at positions 1, 2, 3 in slots 9, 10, 11 and a padding row: positions 1 and 3 end
+  // windows 0 and 1, stored in rows 9 / 2 = 4 and 11 / 2 = 5, rotated at 0 and 2.
+  {
+    Tensor k4 = Tensor::empty({4, D}, DType::kF32);
+    std::copy(keys.ptr<float>(), keys.ptr<float>() + 3 * D, k4.ptr<float>());
+    std::copy(keys.ptr<float>(), keys.ptr<float>() + D, k4.ptr<float>() + 3 * D);
+    Tensor slots = Tensor::empty({4}, DType::kI32), tpos = Tensor::empty({4}, DType::kI32);
+    const int32_t slot_of[4] = {9, 10, 11, -1}, tpos_of[4] = {1, 2, 3, 3};
+    std::copy(slot_of, slot_of + 4, slots.ptr<int32_t>());
+    std::copy(tpos_of, tpos_of + 4, tpos.ptr<int32_t>());
+    Tensor plane = Tensor::zeros({4, 2, 1, D + 4}, DType::kU8), none;
+    kernels::IndexStoreArgs a;
+    a.head_dim = static_cast<int>(D);
+    a.rot_dim = static_cast<int>(R);
+    a.slots_ratio = 2;
+    kernels::index_plane_store(plane, none, k4, slots, tpos, inv_t, a);
+    std::vector<uint8_t> want(static_cast<size_t>(plane.numel()), 0);
+    for (const auto& [e, row, at] : {std::tuple{0, 4, 0}, std::tuple{2, 5, 2}}) {
+      std::vector<float> k(keys.ptr<float>() + e * D, keys.ptr<float>() + (e + 1) * D);
+      rope_tail(k.data(), D, R, at, inv, 1.0f);
+      index_fp8_store(k.data(), D, want.data() + row * (D + 4));
+    }
+    EXPECT_EQ(std::vector<uint8_t>(plane.ptr<uint8_t>(), plane.ptr<uint8_t>() + plane.numel()),
+              want)
+        << "slots";
   }
   // A plane of the wrong width is refused by name.
   Tensor bad = Tensor::zeros({2, 4, 1, D}, DType::kU8), none;

@@ -14,13 +14,15 @@ void index_plane_store(Tensor& plane, Tensor& scales, const Tensor& keys, const 
   const bool fp4 = a.format == IndexKeyFormat::kFp4;
   std::vector<float> k(static_cast<size_t>(D));
   for (int64_t e = 0; e < n; ++e) {
-    const int64_t row = rows.ptr<int32_t>()[e];
+    int position = 0;
+    const int64_t row =
+        index_store_row(rows.ptr<int32_t>(), positions.ptr<int32_t>(), e, a.slots_ratio, &position);
     if (row < 0) continue;
     ATOM_CHECK(row < nrows, "index_plane_store: row {} beyond the plane's {}", row, nrows);
     const float* src = keys.ptr<float>() + e * D;
     std::copy(src, src + D, k.begin());
     float* r = k.data() + (D - R);
-    const float pos = static_cast<float>(positions.ptr<int32_t>()[e]);
+    const float pos = static_cast<float>(position);
     for (int64_t i = 0; i < R / 2; ++i) {
       const float ang = pos * inv_freq.ptr<float>()[i];
       const float c = std::cos(ang) * a.attention_factor, s = std::sin(ang) * a.attention_factor;

@@ -111,6 +111,7 @@ void window_pool(Tensor& plane, Tensor& state, Tensor& scratch, const Tensor& kv
   l.plane = plane.data();
   l.plane_type = elem_of(plane.dtype(), op);
   l.rows_per_page = static_cast<int>(plane.size(1));
+  l.keep_latent = a.keep_latent;
   l.state = state.ptr<float>();
   l.scratch = scratch.ptr<float>();
   l.kv = mat_of(kv, op);

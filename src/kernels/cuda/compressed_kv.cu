@@ -177,7 +177,10 @@ __global__ void __launch_bounds__(kThreads) window_finish_kernel(WindowPoolLaunc
   }
   const float total = block_sum(ss, red);
   const float inv = 1.0f / sqrtf(total / static_cast<float>(D) + a.norm_eps);
-  for (int d = threadIdx.x; d < D; d += blockDim.x) v[d] = a.norm_w[d] * (v[d] * inv);
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    v[d] = a.norm_w[d] * (v[d] * inv);
+    if (a.keep_latent) a.scratch[static_cast<int64_t>(t) * D + d] = v[d];  // read by now
+  }
   __syncthreads();
   const int64_t w = p / r;
   if (a.rot_dim > 0)

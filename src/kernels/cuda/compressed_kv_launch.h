@@ -41,6 +41,7 @@ struct WindowPoolLaunch {
   int head_dim = 0, ratio = 1, overlap = 0, rot_dim = 0;
   float attention_factor = 1.0f, norm_eps = 1e-6f;
   int64_t num_tokens = 0;
+  bool keep_latent = false;  // a completing token's scratch row: the entry before its RoPE
 };
 void launch_window_pool(const WindowPoolLaunch& a, cudaStream_t s);
 

@@ -14,12 +14,13 @@ __global__ void __launch_bounds__(kThreads) index_plane_store_kernel(IndexStoreL
   pdl_launch_dependents();
   extern __shared__ float k[];  // [D]
   const int64_t e = blockIdx.x;
-  const int64_t row = a.rows[e];
+  int position = 0;
+  const int64_t row = index_store_row(a.rows, a.positions, e, a.slots_ratio, &position);
   if (row < 0) return;
   const int D = a.head_dim, R = a.rot_dim, half = R / 2;
   const float* src = a.keys + e * D;
   for (int d = threadIdx.x; d < D - R; d += blockDim.x) k[d] = src[d];
-  const float pos = static_cast<float>(a.positions[e]);
+  const float pos = static_cast<float>(position);
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const float ang = pos * a.inv_freq[i];
     const float c = cosf(ang) * a.attention_factor, s = sinf(ang) * a.attention_factor;

@@ -13,9 +13,11 @@
 #include <cstdio>
 
 #include "common/fixtures.h"
+#include "common/test_util.h"
 #include "engine/llm_engine.h"
 #include "engine/model_runner.h"
 #include "engine/sequence_runner.h"
+#include "loader/hf_config.h"
 #include "gpu_util.h"
 #include "models/loading.h"
 
@@ -255,7 +257,7 @@ TEST_P(GpuHybridEngine, BatchedAndCheckpointResumedRequestsMatchSingleRuns) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuHybridEngine,
                          ::testing::Values("qwen3_next", "qwen3_5_moe", "kimi_linear", "glm5_next",
-                                           "kimi_k3", "deepseek_v4"),
+                                           "kimi_k3", "deepseek_v4", "deepseek_v41"),
                          [](const auto& info) { return info.param; });
 
 // DeepSeek-V4 on the GPU (kernels/compressed_kv.h: the sink attention over the sliding window
@@ -292,6 +294,54 @@ TEST(GpuDeepseekV4, LogitsChunkedStepwiseAndGreedy) {
   const int forced = teacher_forced_agreement(*m.model, ref.greedy_prompt, h.token_ids);
   std::printf("%s: GPU argmax on the CPU's greedy tokens: %d of %d\n", name.c_str(), forced, n);
   EXPECT_GE(forced, n - 2);
+}
+
+// DeepSeek-V4.1 on the GPU (its attention over the CSA2 topology: the index plane stored in FP8
+// or FP4 and scored by the indexer with candidate blocks, REINDEX and REUSE layers reading
+// earlier layers' rows; Engram's read with its host tables; single-pass hyper-connections): bf16
+// against the F32 CPU (V4.1 runs in F32 only there) and against the PyTorch reference's fp32
+// logits; chunked prefill over pages of 4 and token-by-token decode against the whole prefill;
+// greedy tokens teacher-forced on the CPU's. Decode runs eagerly (no decode graphs: Engram works
+// with the host inside the step). The bounds are V4's; bf16 may flip a top-k choice near a tie,
+// which moves a row by far less than a broken kernel moves every row. First written without a
+// GPU run (2026-12-08): the bounds are a first guess.
+TEST(GpuDeepseekV41, LogitsChunkedStepwiseAndGreedy) {
+  for (const std::string name : {"deepseek_v41", "deepseek_v41_fp4_index"}) {
+    const bool fp4 = name == "deepseek_v41_fp4_index";
+    // The FP4 plane: the fixture copied with index_cache_dtype fp4 (its own reference file).
+    TempDir d;
+    std::string dir = fixture_dir("deepseek_v41");
+    if (fp4) {
+      copy_dir(dir, d.str());
+      nlohmann::json c = json_load_file(d.file("config.json"));
+      c["text_config"]["index_cache_dtype"] = "fp4";
+      write_file(d.file("config.json"), c.dump());
+      dir = d.str();
+    }
+    const Reference ref = reference_load(name);
+    LoadedModel m = model_load(dir, on_gpu());
+    EXPECT_FALSE(m.model->runs_in_decode_graphs());
+    Tensor logits = score_tokens(*m.model, ref.input_ids);
+    LoadedModel c = model_load(dir, ModelOptions{});
+    Tensor cpu_logits = score_tokens(*c.model, ref.input_ids);
+    const double err_cpu = rel_err(logits, cpu_logits), err_ref = rel_err(logits, ref.logits),
+                 err_cpu_ref = rel_err(cpu_logits, ref.logits);
+    std::printf("%s (%lld tokens): bf16 GPU vs F32 CPU rel err %.3g; vs the reference fp32: GPU "
+                "%.3g, CPU %.3g\n",
+                name.c_str(), static_cast<long long>(ref.input_ids.size()), err_cpu, err_ref,
+                err_cpu_ref);
+    EXPECT_LE(err_cpu_ref, 1e-4) << name;  // the CPU path is the reference's
+    expect_rows_near(logits, cpu_logits, name + " GPU vs F32 CPU", "kimi_k3");
+    Tensor chunked = score_tokens(*m.model, ref.input_ids, /*chunk=*/7, /*block_size=*/4);
+    expect_rows_near(chunked, logits, name + " chunked vs whole", "kimi_k3");
+    Tensor stepwise = score_tokens(*m.model, ref.input_ids, /*chunk=*/1, /*block_size=*/16);
+    expect_rows_near(stepwise, logits, name + " token by token vs whole", "kimi_k3");
+    const int n = static_cast<int>(ref.greedy_tokens.size());
+    const GreedyResult h = generate_greedy(*c.model, ref.greedy_prompt, n, {}, true);
+    const int forced = teacher_forced_agreement(*m.model, ref.greedy_prompt, h.token_ids);
+    std::printf("%s: GPU argmax on the CPU's greedy tokens: %d of %d\n", name.c_str(), forced, n);
+    EXPECT_GE(forced, n - 2) << name;
+  }
 }
 
 // ATOM_K3_SHARED_EXPERT_OVERLAP: Kimi-K3's shared experts on a second stream give the same
