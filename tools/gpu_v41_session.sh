@@ -11,7 +11,7 @@ steps=",${1:-test,memcheck},"
 source tools/gpu_preamble.sh "gpu_test"
 if [[ "$steps" == *",test,"* ]]; then
   timeout 300 ./build-gpu/tests/kernels/gpu_test \
-    --gtest_filter='GpuIndexPlane*:GpuIndexer*:GpuHyperConnection*:GpuEngram*:GpuKpool*:GpuMla*:GpuCompressedKv*:GpuDeepseekV4*:GpuDeepseekV41*:*deepseek_v4*:*deepseek_v32*:*glm5*' \
+    --gtest_filter="${ATOM_V41_FILTER:-GpuIndexPlane*:GpuIndexer*:GpuHyperConnection*:GpuEngram*:GpuKpool*:GpuMla*:GpuCompressedKv*:GpuDeepseekV4*:GpuDeepseekV41*:*deepseek_v4*:*deepseek_v32*:*glm5*}" \
     > "$out/gpu_test_v41.txt" 2>&1
   echo "gpu_test v41: rc $?"
   grep -E "index plane|quantised indexer|single pass|engram gate|lists equal|rel err|argmax|^\[  (PASSED|FAILED)|Failure|Expected|Which is|actual|error" "$out/gpu_test_v41.txt" | head -60

@@ -103,7 +103,8 @@ inline bool same_bytes(const Tensor& a, const Tensor& b) {
 }
 
 // The GPU engine tests' workload: 12 greedy requests of 5 to 82 tokens (12 new tokens each, EOS
-// ignored) and what each decodes alone through the single-sequence runner.
+// ignored; ids below 503, or inside a smaller vocabulary) and what each decodes alone through the
+// single-sequence runner.
 struct GreedyWorkload {
   std::vector<std::vector<int32_t>> prompts;
   SamplingParams params;
@@ -116,7 +117,9 @@ inline GreedyWorkload greedy_workload(Model& model) {
   w.params.ignore_eos = true;
   for (int i = 0; i < 12; ++i) {
     std::vector<int32_t> q;
-    for (int j = 0; j < 5 + 7 * i; ++j) q.push_back(3 + (j * 37 + i * 11) % 500);
+    const int64_t span = std::min<int64_t>(500, model.vocab_size() - 3);
+    for (int j = 0; j < 5 + 7 * i; ++j)
+      q.push_back(static_cast<int32_t>(3 + (j * 37 + i * 11) % span));
     w.prompts.push_back(q);
   }
   for (const auto& q : w.prompts)

@@ -344,6 +344,29 @@ TEST(GpuDeepseekV41, LogitsChunkedStepwiseAndGreedy) {
   }
 }
 
+// DeepSeek-V4.1 on the GPU in F32 activations and weights against the F32 CPU: with the bf16
+// roundings gone the index plane's codes, and so the top-k choices, should be the CPU's (the
+// fixture's index gaps are >= 2e-4), so every row must agree closely; what bf16 moves above is
+// then the choices' sensitivity, not a kernel.
+TEST(GpuDeepseekV41, F32OnTheGpuComputesTheCpuModel) {
+  const Reference ref = reference_load("deepseek_v41");
+  ModelOptions o = on_gpu();
+  o.act_dtype = DType::kF32;
+  o.weight_dtype = DType::kF32;
+  LoadedModel m = model_load(fixture_dir("deepseek_v41"), o);
+  Tensor logits = score_tokens(*m.model, ref.input_ids);
+  LoadedModel c = model_load(fixture_dir("deepseek_v41"), ModelOptions{});
+  Tensor cpu_logits = score_tokens(*c.model, ref.input_ids);
+  const std::vector<double> e = row_errors(logits, cpu_logits);
+  int beyond = 0;
+  for (double x : e) beyond += !(x <= 1e-2);
+  std::printf("deepseek_v41 F32 GPU vs F32 CPU: rel err %.3g, row median %.3g, max %.3g, %d of "
+              "%zu rows beyond 1e-2\n",
+              rel_err(logits, cpu_logits), e[e.size() / 2], e.back(), beyond, e.size());
+  EXPECT_LE(e[e.size() / 2], 1e-3);
+  EXPECT_LE(beyond, 2);
+}
+
 // ATOM_K3_SHARED_EXPERT_OVERLAP: Kimi-K3's shared experts on a second stream give the same
 // logits as on one (the same kernels on the same inputs), eager and through the engine, whose
 // decode steps replay captured graphs with the fork and join inside.

@@ -286,14 +286,9 @@ TEST(GpuSampling, RunnerSamplesOnTheDevice) {
 namespace atom::test {
 namespace {
 
-// The hyper-connection families run on the CPU backend only so far (issue 35): on CUDA they are
-// refused by name when the model is built, never run with a wrong kernel.
-// GLM-5.3 runs on CUDA (tests/gpu/models/hybrid_model_gpu_test.cpp); DeepSeek-V4's compressors
-// and compressed attention have no CUDA kernels yet.
-TEST(GpuHyperConnection, ModelsWithoutCudaKernelsAreRefusedByName) {
-  EXPECT_ERROR_CONTAINS(model_load(fixture_dir("deepseek_v4"), on_gpu()),
-                        "runs on the CPU backend");
-}
+// The hyper-connection families (GLM-5.3, DeepSeek-V4 and V4.1) all run on CUDA now
+// (tests/gpu/models/hybrid_model_gpu_test.cpp); a hyper-connection count beyond the kernels' is
+// refused by name (GpuHyperConnection.TooManyStreamsAreRefusedByName).
 
 }  // namespace
 }  // namespace atom::test
