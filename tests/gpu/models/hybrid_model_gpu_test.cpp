@@ -302,9 +302,13 @@ TEST(GpuDeepseekV4, LogitsChunkedStepwiseAndGreedy) {
 // against the F32 CPU (V4.1 runs in F32 only there) and against the PyTorch reference's fp32
 // logits; chunked prefill over pages of 4 and token-by-token decode against the whole prefill;
 // greedy tokens teacher-forced on the CPU's. Decode runs eagerly (no decode graphs: Engram works
-// with the host inside the step). The bounds are V4's; bf16 may flip a top-k choice near a tie,
-// which moves a row by far less than a broken kernel moves every row. First written without a
-// GPU run (2026-12-08): the bounds are a first guess.
+// with the host inside the step). On this fixture a different top-k choice moves the logits by
+// 0.2-0.5 of their scale, and bf16 keys move FP8 / FP4 codes across rounding boundaries, so bf16
+// moves rows far more than in other families: measured on one H100 (2026-12-08), GPU vs CPU row
+// medians 0.053 (FP8 plane) and 0.15 (FP4) with 12 and 22 of 40 rows beyond 0.1, token by token
+// vs whole 0.018 and 0.057, teacher-forced greedy 12 and 9 of 12. The bounds are about twice
+// those; a broken kernel moves every row by about 1 (GpuDeepseekV41.F32OnTheGpuComputesTheCpuModel
+// is the strict test).
 TEST(GpuDeepseekV41, LogitsChunkedStepwiseAndGreedy) {
   for (const std::string name : {"deepseek_v41", "deepseek_v41_fp4_index"}) {
     const bool fp4 = name == "deepseek_v41_fp4_index";
@@ -331,16 +335,28 @@ TEST(GpuDeepseekV41, LogitsChunkedStepwiseAndGreedy) {
                 name.c_str(), static_cast<long long>(ref.input_ids.size()), err_cpu, err_ref,
                 err_cpu_ref);
     EXPECT_LE(err_cpu_ref, 1e-4) << name;  // the CPU path is the reference's
-    expect_rows_near(logits, cpu_logits, name + " GPU vs F32 CPU", "kimi_k3");
+    auto near = [&](const Tensor& got, const Tensor& want, const std::string& what,
+                    double median_bound, int beyond_bound) {
+      const std::vector<double> e = row_errors(got, want);
+      int beyond = 0;
+      for (double x : e) beyond += !(x <= 0.1);
+      std::printf("  %s %s: row rel err median %.3g, p90 %.3g, max %.3g, %d of %zu rows beyond "
+                  "0.1\n",
+                  name.c_str(), what.c_str(), e[e.size() / 2], e[e.size() * 9 / 10], e.back(),
+                  beyond, e.size());
+      EXPECT_LE(e[e.size() / 2], median_bound) << name << " " << what;
+      EXPECT_LE(beyond, beyond_bound) << name << " " << what;
+    };
+    near(logits, cpu_logits, "GPU vs F32 CPU", fp4 ? 0.3 : 0.1, fp4 ? 30 : 24);
     Tensor chunked = score_tokens(*m.model, ref.input_ids, /*chunk=*/7, /*block_size=*/4);
-    expect_rows_near(chunked, logits, name + " chunked vs whole", "kimi_k3");
+    near(chunked, logits, "chunked vs whole", 2e-2, 4);
     Tensor stepwise = score_tokens(*m.model, ref.input_ids, /*chunk=*/1, /*block_size=*/16);
-    expect_rows_near(stepwise, logits, name + " token by token vs whole", "kimi_k3");
+    near(stepwise, logits, "token by token vs whole", fp4 ? 0.12 : 0.04, fp4 ? 24 : 12);
     const int n = static_cast<int>(ref.greedy_tokens.size());
     const GreedyResult h = generate_greedy(*c.model, ref.greedy_prompt, n, {}, true);
     const int forced = teacher_forced_agreement(*m.model, ref.greedy_prompt, h.token_ids);
     std::printf("%s: GPU argmax on the CPU's greedy tokens: %d of %d\n", name.c_str(), forced, n);
-    EXPECT_GE(forced, n - 2) << name;
+    EXPECT_GE(forced, fp4 ? n / 2 : n - 2) << name;
   }
 }
 
