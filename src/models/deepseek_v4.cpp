@@ -376,9 +376,7 @@ class DeepseekV4Attention {
     const Batch& b = step.batch;
     const int64_t T = x.size(0), H = v_.heads, D = v_.head_dim, R = v_.rot_dim;
     const float eps = static_cast<float>(v_.eps);
-    const kernels::CompressedBatch cb{&b.dev.query_start,  &b.dev.context_lens, &b.dev.page_indptr,
-                                      &b.dev.page_indices, &b.dev.state_slots,  &b.dev.positions,
-                                      b.block_size};
+    const kernels::CompressedBatch cb = deepseek_v4_compressed_batch(b);
     Tensor q_res = q_norm_.forward(step, wq_a_.forward(step, x));
     Tensor q = wq_b_.forward(step, q_res);
     Tensor kv = kv_norm_.forward(step, wkv_.forward(step, x));

@@ -300,21 +300,12 @@ class DeepseekV41Attention {
   // rotated back, the grouped wo_a.
   Tensor forward_cuda(Step& step, const Tensor& x) {
     const Batch& b = step.batch;
-    const int64_t T = x.size(0), H = v_.cfg.heads, D = v_.cfg.head_dim, R = v_.cfg.rope_dim;
-    const kernels::CompressedBatch cb{&b.dev.query_start,  &b.dev.context_lens, &b.dev.page_indptr,
-                                      &b.dev.page_indices, &b.dev.state_slots,  &b.dev.positions,
-                                      b.block_size};
+    const int64_t T = x.size(0), H = v_.cfg.heads, D = v_.cfg.head_dim;
     Tensor q_res = q_norm_.forward(step, wq_a_.forward(step, x));
     Tensor q = wq_b_.forward(step, q_res);
     Tensor kv = kv_norm_.forward(step, wkv_.forward(step, x));
-    kernels::HeadsRopeArgs ra;
-    ra.heads = static_cast<int>(H);
-    ra.head_dim = static_cast<int>(D);
-    ra.rot_dim = static_cast<int>(R);
-    ra.attention_factor = attention_factor_;
-    kernels::heads_norm_rope(q, inv_freq_t_, cb, ra);
-    ra.heads = 1;
-    kernels::heads_norm_rope(kv, inv_freq_t_, cb, ra);
+    rope_heads(b, q, H, D);
+    rope_heads(b, kv, 1, D);
     Tensor& raw = step.kv->plane(static_cast<size_t>(raw_index_), CacheKind::kRows);
     kernels::cache_rows_write(raw, kv, b.dev.slot_mapping);
     if (compressor_) compress_cuda(step, x);
@@ -334,13 +325,24 @@ class DeepseekV41Attention {
     sa.max_query_len = b.max_query_len;
     kernels::sink_attention(
         o, q, raw, role_.ratio ? owner(role_.kv_owner).compressor_->entries(step) : Tensor(),
-        role_.ratio ? topk_ : Tensor(), sinks_->data(), cb, sa);
-    ra.heads = static_cast<int>(H);
-    ra.inverse = true;
-    kernels::heads_norm_rope(o, inv_freq_t_, cb, ra);
+        role_.ratio ? topk_ : Tensor(), sinks_->data(), deepseek_v4_compressed_batch(b), sa);
+    rope_heads(b, o, H, D, /*inverse=*/true);
     Tensor a =
         deepseek_v4_grouped_wo_a(step, o, wo_a_.weight().data(), v_.cfg.o_groups, v_.cfg.o_lora);
     return wo_b_.forward(step, a);
+  }
+
+  // CUDA: RoPE (or its inverse) on the last rope_dim channels of each of `heads` rows of `dim`
+  // of every token of x, at the token's position.
+  void rope_heads(const Batch& b, Tensor& x, int64_t heads, int64_t dim,
+                  bool inverse = false) const {
+    kernels::HeadsRopeArgs ra;
+    ra.heads = static_cast<int>(heads);
+    ra.head_dim = static_cast<int>(dim);
+    ra.rot_dim = static_cast<int>(v_.cfg.rope_dim);
+    ra.attention_factor = attention_factor_;
+    ra.inverse = inverse;
+    kernels::heads_norm_rope(x, inv_freq_t_, deepseek_v4_compressed_batch(b), ra);
   }
 
   // The compressor's rows on CUDA, then the index key rope(k_norm(wk(latent))) of every window
@@ -425,15 +427,7 @@ class DeepseekV41Attention {
           rope_tail(iq.ptr<float>() + (i * NH + h) * DI, DI, v_.cfg.rope_dim,
                     b.positions[static_cast<size_t>(i)], inv_freq_, attention_factor_);
     } else {
-      const kernels::CompressedBatch cb{
-          &b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr, &b.dev.page_indices,
-          &b.dev.state_slots, &b.dev.positions,    b.block_size};
-      kernels::HeadsRopeArgs ra;
-      ra.heads = static_cast<int>(NH);
-      ra.head_dim = static_cast<int>(DI);
-      ra.rot_dim = static_cast<int>(v_.cfg.rope_dim);
-      ra.attention_factor = attention_factor_;
-      kernels::heads_norm_rope(iq, inv_freq_t_, cb, ra);
+      rope_heads(b, iq, NH, DI);
       // The indexer reads F32 weights.
       if (iw.dtype() != DType::kF32) {
         Tensor w32 = step.empty({T, NH}, DType::kF32);

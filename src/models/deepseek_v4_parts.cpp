@@ -44,6 +44,11 @@ void deepseek_v4_sink_attention(const float* q, const std::vector<const float*>&
   }
 }
 
+kernels::CompressedBatch deepseek_v4_compressed_batch(const Batch& b) {
+  return {&b.dev.query_start, &b.dev.context_lens, &b.dev.page_indptr, &b.dev.page_indices,
+          &b.dev.state_slots, &b.dev.positions,    b.block_size};
+}
+
 Tensor deepseek_v4_grouped_wo_a(Step& step, const Tensor& o, const Tensor& wo_a, int64_t G,
                                 int64_t gout) {
   if (!o.device().is_cpu()) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/compressed_kv.h"
 #include "kernels/moe.h"
 #include "layers/linear.h"
 #include "layers/mlp.h"
@@ -33,6 +34,9 @@ void deepseek_v4_sink_attention(const float* q, const std::vector<const float*>&
 // per-head product over the groups (kernels::linear_heads) or a product per group.
 Tensor deepseek_v4_grouped_wo_a(Step& step, const Tensor& o, const Tensor& wo_a, int64_t o_groups,
                                 int64_t o_lora);
+
+// The step's device views that kernels/compressed_kv.h's kernels read (CUDA).
+kernels::CompressedBatch deepseek_v4_compressed_batch(const Batch& b);
 
 struct DeepseekV4MoeOptions {
   int64_t hidden = 0, vocab = 0, experts = 0, top_k = 0, moe_inter = 0, shared = 0;
