@@ -239,12 +239,7 @@ class DeepseekV41Attention {
       }
     }
     if (compressor_) compress(step, x);
-    if (role_.ratio) {
-      if (role_.owns_indexer())
-        select(step, x, q_res);
-      else
-        topk_ = owner(role_.topk_owner).topk_;
-    }
+    choose_rows(step, x, q_res);
     Tensor o = step.empty({T, H * D}, DType::kF32);
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     const float* sinks = sinks_->data().ptr<float>();
@@ -309,12 +304,7 @@ class DeepseekV41Attention {
     Tensor& raw = step.kv->plane(static_cast<size_t>(raw_index_), CacheKind::kRows);
     kernels::cache_rows_write(raw, kv, b.dev.slot_mapping);
     if (compressor_) compress_cuda(step, x);
-    if (role_.ratio) {
-      if (role_.owns_indexer())
-        select(step, x, q_res);
-      else
-        topk_ = owner(role_.topk_owner).topk_;
-    }
+    choose_rows(step, x, q_res);
     Tensor o = step.empty({T, H * D}, q.dtype());
     kernels::SinkAttentionArgs sa;
     sa.heads = static_cast<int>(H);
@@ -409,6 +399,15 @@ class DeepseekV41Attention {
     a.attention_factor = attention_factor_;
     kernels::index_plane_store(plane, fp4_ ? index_plane(step, true) : none, keys, rows, pos,
                                inv_freq_t_, a);
+  }
+
+  // The compressed rows each query attends to: this layer's own choice, or its top-k owner's.
+  void choose_rows(Step& step, const Tensor& x, const Tensor& q_res) {
+    if (!role_.ratio) return;
+    if (role_.owns_indexer())
+      select(step, x, q_res);
+    else
+      topk_ = owner(role_.topk_owner).topk_;
   }
 
   // This layer's top-k rows (and, on the candidate source, its candidate blocks) per query:
