@@ -11,14 +11,15 @@
 // arithmetic. The row functions are the same code on the host and the device (ATOM_HD), so the
 // CPU and CUDA planes hold the same bytes.
 //
-// index_plane_store writes a step's new keys: key e [n, D] F32 rotated (RoPE on interleaved pairs
-// of its last rot_dim channels at positions[e], times attention_factor; inv_freq [rot_dim / 2]
-// F32), then quantised into row rows[e] of the plane (a flat row index, page * rows_per_page +
-// row; -1: none): plane U8 [num_pages, rows_per_page, 1, D + 4] (fp8) or [.., D / 2] with scales
-// U8 [.., D / 32] (fp4). With IndexStoreArgs::slots_ratio r > 0 the keys are a step's tokens
-// instead: rows is the batch's slot_mapping and positions its positions; token t's key is stored
-// when it completes a window of r tokens ((positions[t] + 1) % r == 0, slot >= 0), into row
-// slot / r (pages of a multiple of r tokens), rotated at the window's first position.
+// index_plane_store writes new keys [n, D] F32 into a plane U8 [num_pages, rows_per_page, 1,
+// D + 4] (fp8) or [.., D / 2] with scales U8 [.., D / 32] (fp4). Key e sits at slot rows[e] (a
+// flat index, page * rows_per_page + row; -1: none) and position positions[e]; with
+// IndexStoreArgs::ratio r it is stored when it completes a window of r ((position + 1) % r == 0),
+// into row slot / r, rotated (RoPE on interleaved pairs of its last rot_dim channels, times
+// attention_factor; inv_freq [rot_dim / 2] F32) at the window's first position. r = 1 stores
+// every key at its own row and position; a step's tokens with the batch's slot_mapping and
+// positions and r the plane's tokens a row (pages a multiple of r) store each window a step
+// completes.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +36,7 @@ struct IndexStoreArgs {
   int head_dim = 0;                              // D
   int rot_dim = 0;
   float attention_factor = 1.0f;
-  int slots_ratio = 0;
+  int ratio = 1;  // positions a row (index_store_row)
 };
 
 // The checks of every backend.
@@ -45,9 +46,9 @@ inline void index_plane_store_check(const Tensor& plane, const Tensor& scales, c
   const int64_t D = a.head_dim;
   const bool fp4 = a.format == IndexKeyFormat::kFp4;
   ATOM_CHECK(a.format != IndexKeyFormat::kPlain && D > 0 && (!fp4 || D % 32 == 0) &&
-                 a.rot_dim >= 0 && a.rot_dim <= D && a.rot_dim % 2 == 0,
-             "index_plane_store: keys of {} ({}) with RoPE over {}", D, fp4 ? "fp4" : "fp8",
-             a.rot_dim);
+                 a.rot_dim >= 0 && a.rot_dim <= D && a.rot_dim % 2 == 0 && a.ratio >= 1,
+             "index_plane_store: keys of {} ({}) with RoPE over {}, rows of {}", D,
+             fp4 ? "fp4" : "fp8", a.rot_dim, a.ratio);
   const int64_t width = fp4 ? D / 2 : index_fp8_row_bytes(D);
   ATOM_CHECK(plane.dtype() == DType::kU8 && plane.is_contiguous() && plane.dim() == 4 &&
                  plane.size(2) == 1 && plane.size(3) == width,

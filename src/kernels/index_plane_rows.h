@@ -117,17 +117,14 @@ ATOM_HD void index_fp4_round_query(float* q, int64_t d) {
   }
 }
 
-// The row and rotary position of key e (-1: not stored), on every backend.
-ATOM_HD int64_t index_store_row(const int32_t* rows, const int32_t* positions, int64_t e,
-                                int slots_ratio, int* position) {
-  const int32_t r = rows[e], p = positions[e];
-  if (slots_ratio <= 0) {
-    *position = p;
-    return r;
-  }
-  if (r < 0 || (p + 1) % slots_ratio != 0) return -1;
-  *position = p + 1 - slots_ratio;
-  return r / slots_ratio;
+// The row and rotary position of key e (-1: not stored) at slot rows[e] and position
+// positions[e] in rows of `ratio` positions, on every backend (kernels/index_plane.h).
+ATOM_HD int64_t index_store_row(const int32_t* rows, const int32_t* positions, int64_t e, int ratio,
+                                int* position) {
+  const int32_t slot = rows[e], p = positions[e];
+  if (slot < 0 || (p + 1) % ratio != 0) return -1;
+  *position = p + 1 - ratio;
+  return slot / ratio;
 }
 
 }  // namespace atom::kernels

@@ -352,15 +352,23 @@ class DeepseekV41Attention {
     Tensor k = index_k_norm_->forward(step, index_wk_->forward(step, lat));
     Tensor keys = step.empty({T, DI}, DType::kF32);
     kernels::cast(keys, k);
+    store_index_keys(step, keys, b.dev.slot_mapping, b.dev.positions, role_.ratio);
+  }
+
+  // Index keys [n, index_head_dim] F32 rotated and quantised into this layer's plane
+  // (kernels::index_plane_store: key e at slot rows[e] and position positions[e], stored when it
+  // ends a window of `ratio` positions).
+  void store_index_keys(Step& step, const Tensor& keys, const Tensor& rows, const Tensor& positions,
+                        int ratio) const {
     Tensor none;
     kernels::IndexStoreArgs a;
     a.format = fp4_ ? kernels::IndexKeyFormat::kFp4 : kernels::IndexKeyFormat::kFp8;
-    a.head_dim = static_cast<int>(DI);
+    a.head_dim = static_cast<int>(v_.cfg.index_head_dim);
     a.rot_dim = static_cast<int>(v_.cfg.rope_dim);
     a.attention_factor = attention_factor_;
-    a.slots_ratio = role_.ratio;
-    kernels::index_plane_store(index_plane(step), fp4_ ? index_plane(step, true) : none, keys,
-                               b.dev.slot_mapping, b.dev.positions, inv_freq_t_, a);
+    a.ratio = ratio;
+    kernels::index_plane_store(index_plane(step), fp4_ ? index_plane(step, true) : none, keys, rows,
+                               positions, inv_freq_t_, a);
   }
 
   // The compressor's rows, and for each one the index key rope(k_norm(wk(latent))) at the group's
@@ -377,13 +385,13 @@ class DeepseekV41Attention {
       latents.insert(latents.end(), latent, latent + v_.cfg.head_dim);
     });
     if (done.empty()) return;
-    const int64_t n = static_cast<int64_t>(done.size()), DI = v_.cfg.index_head_dim;
+    const int64_t n = static_cast<int64_t>(done.size());
     Tensor lat = step.empty({n, v_.cfg.head_dim}, DType::kF32);
     std::copy(latents.begin(), latents.end(), lat.ptr<float>());
     Tensor keys = index_k_norm_->forward(step, index_wk_->forward(step, lat));
     check_cpu_f32(keys, "index keys");
-    // Each key rotated at its group's first position, quantised into its row of the plane.
-    Tensor& plane = index_plane(step);
+    // Each key at its row (rows of one position here), rotated at its group's first position.
+    const Tensor& plane = index_plane(step);
     Tensor rows = step.empty({n}, DType::kI32), pos = step.empty({n}, DType::kI32);
     for (int64_t e = 0; e < n; ++e) {
       const Entry& d = done[static_cast<size_t>(e)];
@@ -391,14 +399,7 @@ class DeepseekV41Attention {
           paged_rows(step.batch, d.s, role_.ratio).offset(plane, d.w) / plane.size(3));
       pos.ptr<int32_t>()[e] = static_cast<int32_t>(d.w * role_.ratio);
     }
-    Tensor none;
-    kernels::IndexStoreArgs a;
-    a.format = fp4_ ? kernels::IndexKeyFormat::kFp4 : kernels::IndexKeyFormat::kFp8;
-    a.head_dim = static_cast<int>(DI);
-    a.rot_dim = static_cast<int>(v_.cfg.rope_dim);
-    a.attention_factor = attention_factor_;
-    kernels::index_plane_store(plane, fp4_ ? index_plane(step, true) : none, keys, rows, pos,
-                               inv_freq_t_, a);
+    store_index_keys(step, keys, rows, pos, 1);
   }
 
   // The compressed rows each query attends to: this layer's own choice, or its top-k owner's.

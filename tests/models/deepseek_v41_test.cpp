@@ -302,7 +302,7 @@ TEST(DeepseekV41, IndexPlaneStoreRotatesAndQuantisesIntoItsRow) {
     kernels::IndexStoreArgs a;
     a.head_dim = static_cast<int>(D);
     a.rot_dim = static_cast<int>(R);
-    a.slots_ratio = 2;
+    a.ratio = 2;
     kernels::index_plane_store(plane, none, k4, slots, tpos, inv_t, a);
     std::vector<uint8_t> want(static_cast<size_t>(plane.numel()), 0);
     for (const auto& [e, row, at] : {std::tuple{0, 4, 0}, std::tuple{2, 5, 2}}) {

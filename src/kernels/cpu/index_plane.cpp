@@ -16,7 +16,7 @@ void index_plane_store(Tensor& plane, Tensor& scales, const Tensor& keys, const 
   for (int64_t e = 0; e < n; ++e) {
     int position = 0;
     const int64_t row =
-        index_store_row(rows.ptr<int32_t>(), positions.ptr<int32_t>(), e, a.slots_ratio, &position);
+        index_store_row(rows.ptr<int32_t>(), positions.ptr<int32_t>(), e, a.ratio, &position);
     if (row < 0) continue;
     ATOM_CHECK(row < nrows, "index_plane_store: row {} beyond the plane's {}", row, nrows);
     const float* src = keys.ptr<float>() + e * D;

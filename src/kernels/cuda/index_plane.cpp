@@ -22,7 +22,7 @@ void index_plane_store(Tensor& plane, Tensor& scales, const Tensor& keys, const 
   l.rot_dim = a.rot_dim;
   l.attention_factor = a.attention_factor;
   l.fp4 = a.format == IndexKeyFormat::kFp4;
-  l.slots_ratio = a.slots_ratio;
+  l.ratio = a.ratio;
   launch_index_plane_store(l, current_stream());
   launch_check("index_plane_store");
 }

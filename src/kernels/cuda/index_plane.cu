@@ -15,7 +15,7 @@ __global__ void __launch_bounds__(kThreads) index_plane_store_kernel(IndexStoreL
   extern __shared__ float k[];  // [D]
   const int64_t e = blockIdx.x;
   int position = 0;
-  const int64_t row = index_store_row(a.rows, a.positions, e, a.slots_ratio, &position);
+  const int64_t row = index_store_row(a.rows, a.positions, e, a.ratio, &position);
   if (row < 0) return;
   const int D = a.head_dim, R = a.rot_dim, half = R / 2;
   const float* src = a.keys + e * D;

@@ -417,7 +417,7 @@ struct IndexStoreLaunch {
   int head_dim = 0, rot_dim = 0;
   float attention_factor = 1.0f;
   bool fp4 = false;
-  int slots_ratio = 0;  // > 0: rows are slots, stored at window ends (kernels/index_plane.h)
+  int ratio = 1;  // positions a row: keys stored at window ends (kernels/index_plane.h)
 };
 void launch_index_plane_store(const IndexStoreLaunch& a, cudaStream_t s);
 inline constexpr int kIndexerMaxTopK = 4096, kIndexerMaxHeadDim = 256, kIndexerMaxHeads = 128;
